@@ -1,0 +1,37 @@
+"""eglcuda: zero-copy frame streaming between CUDA, OpenGL and other processes through EGL.
+
+Importing eglcuda loads no driver library: libEGL and libcuda are opened at first use, and a
+missing one raises :class:`Unsupported` then.
+"""
+from ._context import GLContext
+from ._cuda import CudaDevice, driver_version, get_device
+from ._display import Device, Display, client_extensions, devices
+from ._errors import (
+    ClosedError,
+    CUDAError,
+    EGLError,
+    EglCudaError,
+    Timeout,
+    Unsupported,
+    UsageError,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ClosedError",
+    "CUDAError",
+    "CudaDevice",
+    "Device",
+    "Display",
+    "EGLError",
+    "EglCudaError",
+    "GLContext",
+    "Timeout",
+    "Unsupported",
+    "UsageError",
+    "client_extensions",
+    "devices",
+    "driver_version",
+    "get_device",
+]

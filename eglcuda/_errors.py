@@ -1,0 +1,128 @@
+"""The exception hierarchy and the error-name tables.
+
+Every error eglcuda raises derives from :class:`EglCudaError`. Driver refusals carry the code,
+its name and the call that failed; missing features are :class:`Unsupported`, naming what is
+missing and where.
+"""
+from __future__ import annotations
+
+# EGL error codes (EGL 1.5 section 3.1, and the stream and device extensions).
+EGL_ERROR_NAMES: dict[int, str] = {
+    0x3000: "EGL_SUCCESS",
+    0x3001: "EGL_NOT_INITIALIZED",
+    0x3002: "EGL_BAD_ACCESS",
+    0x3003: "EGL_BAD_ALLOC",
+    0x3004: "EGL_BAD_ATTRIBUTE",
+    0x3005: "EGL_BAD_CONFIG",
+    0x3006: "EGL_BAD_CONTEXT",
+    0x3007: "EGL_BAD_CURRENT_SURFACE",
+    0x3008: "EGL_BAD_DISPLAY",
+    0x3009: "EGL_BAD_MATCH",
+    0x300A: "EGL_BAD_NATIVE_PIXMAP",
+    0x300B: "EGL_BAD_NATIVE_WINDOW",
+    0x300C: "EGL_BAD_PARAMETER",
+    0x300D: "EGL_BAD_SURFACE",
+    0x300E: "EGL_CONTEXT_LOST",
+    0x321B: "EGL_BAD_STREAM_KHR",
+    0x321C: "EGL_BAD_STATE_KHR",
+    0x322B: "EGL_BAD_DEVICE_EXT",
+}
+
+# CUresult names used when libcuda is absent or cannot name a code itself (cuGetErrorName is
+# preferred when it answers). Values from the CUDA driver API reference.
+CUDA_ERROR_NAMES: dict[int, str] = {
+    0: "CUDA_SUCCESS",
+    1: "CUDA_ERROR_INVALID_VALUE",
+    2: "CUDA_ERROR_OUT_OF_MEMORY",
+    3: "CUDA_ERROR_NOT_INITIALIZED",
+    4: "CUDA_ERROR_DEINITIALIZED",
+    100: "CUDA_ERROR_NO_DEVICE",
+    101: "CUDA_ERROR_INVALID_DEVICE",
+    200: "CUDA_ERROR_INVALID_IMAGE",
+    201: "CUDA_ERROR_INVALID_CONTEXT",
+    205: "CUDA_ERROR_MAP_FAILED",
+    206: "CUDA_ERROR_UNMAP_FAILED",
+    207: "CUDA_ERROR_ARRAY_IS_MAPPED",
+    208: "CUDA_ERROR_ALREADY_MAPPED",
+    210: "CUDA_ERROR_ALREADY_ACQUIRED",
+    211: "CUDA_ERROR_NOT_MAPPED",
+    219: "CUDA_ERROR_INVALID_GRAPHICS_CONTEXT",
+    300: "CUDA_ERROR_INVALID_SOURCE",
+    400: "CUDA_ERROR_INVALID_HANDLE",
+    401: "CUDA_ERROR_ILLEGAL_STATE",
+    500: "CUDA_ERROR_NOT_FOUND",
+    600: "CUDA_ERROR_NOT_READY",
+    700: "CUDA_ERROR_ILLEGAL_ADDRESS",
+    702: "CUDA_ERROR_LAUNCH_TIMEOUT",
+    709: "CUDA_ERROR_CONTEXT_IS_DESTROYED",
+    801: "CUDA_ERROR_NOT_SUPPORTED",
+    999: "CUDA_ERROR_UNKNOWN",
+}
+
+
+def egl_error_name(code: int) -> str:
+    """The EGL name of an error code, or its hex value if EGL defines no such code."""
+    return EGL_ERROR_NAMES.get(code, f"EGL error 0x{code:04X}")
+
+
+def cuda_error_name(code: int) -> str:
+    """The CUresult name of a code from the built-in table (see also ``CUDAError.name``)."""
+    return CUDA_ERROR_NAMES.get(code, f"CUresult {code}")
+
+
+class EglCudaError(Exception):
+    """Base class of every error raised by eglcuda."""
+
+
+class EGLError(EglCudaError):
+    """An EGL call failed; ``code`` is what ``eglGetError()`` said right after it."""
+
+    def __init__(self, code: int, call: str, doing: str = "") -> None:
+        self.code = code
+        self.name = egl_error_name(code)
+        self.call = call
+        detail = f" while {doing}" if doing else ""
+        super().__init__(f"{call} failed with {self.name} (0x{code:04X}){detail}")
+
+
+class CUDAError(EglCudaError):
+    """A CUDA driver call returned an error ``CUresult``."""
+
+    def __init__(self, code: int, call: str, name: str | None = None, description: str = "", doing: str = "") -> None:
+        self.code = code
+        self.name = name or cuda_error_name(code)
+        self.call = call
+        detail = f" while {doing}" if doing else ""
+        extra = f": {description}" if description else ""
+        super().__init__(f"{call} failed with {self.name} ({code}){extra}{detail}")
+
+
+class Unsupported(EglCudaError):
+    """A library, extension or driver entry point this operation needs is not there.
+
+    ``missing`` names it (``"libEGL.so.1"``, ``"EGL_KHR_stream"``, ``"cuEventCreateFromEGLSync"``);
+    ``where`` says on which display or driver.
+    """
+
+    def __init__(self, missing: str, where: str = "", hint: str = "") -> None:
+        self.missing = missing
+        self.where = where
+        self.hint = hint
+        text = f"{missing} is not available"
+        if where:
+            text += f" on {where}"
+        if hint:
+            text += f"; {hint}"
+        super().__init__(text)
+
+
+class ClosedError(EglCudaError, ValueError):
+    """An object was used after ``close()`` (or after the parent it depends on was closed)."""
+
+
+class UsageError(EglCudaError, ValueError):
+    """Bad input or a call out of order, caught before anything reached the driver."""
+
+
+class Timeout(EglCudaError, TimeoutError):
+    """A wait ran out of time."""

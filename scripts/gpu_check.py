@@ -1,0 +1,95 @@
+"""Where the whole library stands on a GPU machine, in one call.
+
+Runs ``python -m eglcuda info``, the GPU test tier (tests that need NVIDIA EGL + CUDA must run:
+EGLCUDA_REQUIRE_GPU=1 turns a skip for a missing platform into a failure), the EGL tier, every
+sample and the quick benchmarks; writes their logs under --out and prints one summary table.
+
+    python scripts/gpu_check.py --out /tmp/eglcuda-check
+
+Every new sample goes in SAMPLES, every quick benchmark in BENCHMARKS.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+TEST_GROUPS = [("gpu tier", "tests/gpu"), ("egl tier", "tests/egl"), ("unit", "tests/unit")]
+SAMPLES: list[tuple[str, list[str]]] = []
+BENCHMARKS: list[tuple[str, list[str]]] = [("call overhead", ["bench/call_overhead.py", "--quick"])]
+
+
+def run(name: str, args: list[str], out: pathlib.Path, timeout: int, env: dict[str, str]) -> tuple[int, str, float]:
+    log = out / (re.sub(r"\W+", "_", name) + ".log")
+    start = time.perf_counter()
+    try:
+        result = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+        code, text = result.returncode, result.stdout + result.stderr
+    except subprocess.TimeoutExpired as exc:
+        code, text = -1, f"{exc.stdout or ''}{exc.stderr or ''}\nTIMEOUT after {timeout}s"
+    log.write_text(text if isinstance(text, str) else text.decode(errors="replace"))
+    return code, text if isinstance(text, str) else "", time.perf_counter() - start
+
+
+def junit_counts(path: pathlib.Path) -> tuple[int, int, int]:
+    suite = ET.parse(path).getroot()
+    suite = suite.find("testsuite") if suite.tag == "testsuites" else suite
+    total, failed = int(suite.get("tests")), int(suite.get("failures")) + int(suite.get("errors"))
+    skipped = int(suite.get("skipped"))
+    return total - failed - skipped, skipped, failed
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="gpu-check-logs", help="folder for the logs")
+    parser.add_argument("--only", choices=["tests", "samples", "bench"], help="run one part")
+    args = parser.parse_args()
+    out = pathlib.Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, EGLCUDA_REQUIRE_GPU="1", PYOPENGL_PLATFORM="egl", PYTHONUNBUFFERED="1")
+    rows: list[tuple[str, str, str]] = []
+
+    code, text, _ = run("info", ["-m", "eglcuda", "info"], out, 120, env)
+    print(text)
+    rows.append(("info", "ok" if code == 0 else f"FAIL (exit {code})", ""))
+
+    if args.only in (None, "tests"):
+        for name, path in TEST_GROUPS:
+            xml = out / (name.replace(" ", "_") + ".xml")
+            code, text, seconds = run(name, ["-m", "pytest", path, "-ra", "-q", f"--junitxml={xml}"], out, 1500, env)
+            if xml.exists():
+                passed, skipped, failed = junit_counts(xml)
+                rows.append((f"tests: {name}", f"{passed} passed, {failed} failed, {skipped} skipped", f"{seconds:.0f}s"))
+            else:
+                rows.append((f"tests: {name}", f"FAIL (exit {code}, no report)", f"{seconds:.0f}s"))
+    if args.only in (None, "samples"):
+        for name, sample in SAMPLES:
+            code, text, seconds = run(f"sample {name}", sample, out, 600, env)
+            verdict = "PASS" if code == 0 and "PASS" in text else f"FAIL (exit {code})"
+            rows.append((f"sample: {name}", verdict, f"{seconds:.0f}s"))
+    if args.only in (None, "bench"):
+        for name, bench in BENCHMARKS:
+            code, text, seconds = run(f"bench {name}", bench, out, 900, env)
+            summary = [line.split("SUMMARY", 1)[1].strip() for line in text.splitlines() if "SUMMARY" in line]
+            rows.append((f"bench: {name}", ("; ".join(summary) or "ok") if code == 0 else f"FAIL (exit {code})",
+                         f"{seconds:.0f}s"))
+
+    width = max(len(r[0]) for r in rows)
+    print("\n" + "=" * 100)
+    for name, verdict, seconds in rows:
+        print(f"{name:<{width}}  {seconds:>5}  {verdict}")
+    bad = [r for r in rows if "FAIL" in r[1] or re.search(r"[1-9]\d* failed", r[1])]
+    print("=" * 100)
+    print("ALL GREEN" if not bad else f"{len(bad)} group(s) not green")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

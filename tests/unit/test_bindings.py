@@ -1,0 +1,115 @@
+"""The compiled declarations: every prototype is there, and the structs have the CUDA ABI layout."""
+from __future__ import annotations
+
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from eglcuda import _loader
+from eglcuda._native import ffi, lib
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+import build_ffi  # noqa: E402
+
+
+def all_prototypes():
+    return [p for name in build_ffi.HEADERS for p in build_ffi.parse_prototypes((ROOT / "csrc" / name).read_text())]
+
+
+def test_every_declared_function_is_compiled_and_in_the_entry_table():
+    prototypes = all_prototypes()
+    assert len(prototypes) > 80
+    assert sorted(_loader.ENTRIES) == sorted(p.name for p in prototypes)
+    for p in prototypes:
+        assert hasattr(lib, p.name), p.name
+        assert ffi.typeof(getattr(lib, p.name)).kind == "function"
+
+
+def test_requires_groups_name_core_cuda_or_extensions():
+    for entry in _loader.ENTRIES.values():
+        for group in entry.requires:
+            assert group in ("core", "cuda") or group.startswith("EGL_"), (entry.name, group)
+
+
+def test_versioned_cuda_symbols():
+    # cuda.h maps these to _v2 ABI names; binding the unversioned name would call an old ABI.
+    assert _loader.ENTRIES["cuMemAlloc"].symbol == "cuMemAlloc_v2"
+    assert _loader.ENTRIES["cuMemcpy2DAsync"].symbol == "cuMemcpy2DAsync_v2"
+    assert _loader.ENTRIES["cuDevicePrimaryCtxRelease"].symbol == "cuDevicePrimaryCtxRelease_v2"
+    assert _loader.ENTRIES["cuEGLStreamProducerPresentFrame"].symbol == "cuEGLStreamProducerPresentFrame"
+
+
+def test_egl_attrib_is_pointer_sized():
+    assert ffi.sizeof("EGLAttrib") == ffi.sizeof("void *") == 8
+    assert ffi.sizeof("EGLint") == 4
+    assert ffi.sizeof("EGLTimeKHR") == 8
+
+
+# Layouts from cudaEGL.h / cuda.h on LP64: CUeglFrame is a union of three pointers followed by nine
+# 4-byte fields (60 bytes, padded to 64 for pointer alignment).
+CUEGLFRAME_OFFSETS = {
+    "frame": 0, "width": 24, "height": 28, "depth": 32, "pitch": 36, "planeCount": 40,
+    "numChannels": 44, "frameType": 48, "eglColorFormat": 52, "cuFormat": 56,
+}
+CUDA_MEMCPY2D_OFFSETS = {
+    "srcXInBytes": 0, "srcY": 8, "srcMemoryType": 16, "srcHost": 24, "srcDevice": 32, "srcArray": 40,
+    "srcPitch": 48, "dstXInBytes": 56, "dstY": 64, "dstMemoryType": 72, "dstHost": 80, "dstDevice": 88,
+    "dstArray": 96, "dstPitch": 104, "WidthInBytes": 112, "Height": 120,
+}
+
+
+def test_cueglframe_layout():
+    assert ffi.sizeof("CUeglFrame") == 64
+    for field, offset in CUEGLFRAME_OFFSETS.items():
+        assert ffi.offsetof("CUeglFrame", field) == offset, field
+    frame = ffi.new("CUeglFrame *")
+    frame.frame.pPitch[2] = ffi.cast("void *", 0x1234)
+    assert int(ffi.cast("uintptr_t", frame.frame.pArray[2])) == 0x1234  # a union, not a struct
+
+
+def test_memcpy2d_and_array_descriptor_layout():
+    assert ffi.sizeof("CUDA_MEMCPY2D") == 128
+    for field, offset in CUDA_MEMCPY2D_OFFSETS.items():
+        assert ffi.offsetof("CUDA_MEMCPY2D", field) == offset, field
+    assert ffi.sizeof("CUDA_ARRAY_DESCRIPTOR") == 24
+    assert ffi.offsetof("CUDA_ARRAY_DESCRIPTOR", "NumChannels") == 20
+
+
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        ("CU_EGL_COLOR_FORMAT_YUV420_PLANAR", 0x00), ("CU_EGL_COLOR_FORMAT_YUV420_SEMIPLANAR", 0x01),
+        ("CU_EGL_COLOR_FORMAT_ARGB", 0x06), ("CU_EGL_COLOR_FORMAT_RGBA", 0x07), ("CU_EGL_COLOR_FORMAT_L", 0x08),
+        ("CU_EGL_COLOR_FORMAT_R", 0x09), ("CU_EGL_COLOR_FORMAT_YUV444_PLANAR", 0x0A),
+        ("CU_EGL_COLOR_FORMAT_ABGR", 0x0E), ("CU_EGL_COLOR_FORMAT_BGRA", 0x0F),
+        ("CU_EGL_FRAME_TYPE_ARRAY", 0), ("CU_EGL_FRAME_TYPE_PITCH", 1),
+        ("CU_EGL_RESOURCE_LOCATION_SYSMEM", 0), ("CU_EGL_RESOURCE_LOCATION_VIDMEM", 1),
+        ("EGL_STREAM_STATE_DISCONNECTED_KHR", 0x321A), ("EGL_SUPPORT_REUSE_NV", 0x3335),
+        ("EGL_STREAM_FIFO_LENGTH_KHR", 0x31FC), ("EGL_CUDA_DEVICE_NV", 0x323A),
+        ("EGL_SYNC_CUDA_EVENT_NV", 0x323C), ("EGL_GL_TEXTURE_2D_KHR", 0x30B1),
+    ],
+)
+def test_constants(name, value):
+    assert getattr(lib, name) == value
+
+
+def test_import_loads_no_driver_library_and_unbound_calls_fail_cleanly():
+    # A fresh interpreter: importing eglcuda must not open libEGL or libcuda, and a call through an
+    # unfilled slot must return a failure (CUDA_ERROR_NOT_FOUND, EGL_FALSE), not crash.
+    code = (
+        "import eglcuda\n"
+        "from eglcuda._native import ffi, lib\n"
+        "maps = open('/proc/self/maps').read()\n"
+        "assert 'libEGL' not in maps and 'libcuda' not in maps, 'loaded at import'\n"
+        "out = ffi.new('int *')\n"
+        "assert lib.cuDriverGetVersion(out) == 500\n"
+        "assert lib.eglInitialize(ffi.NULL, ffi.NULL, ffi.NULL) == 0\n"
+        "assert lib.eglGetProcAddress(b'eglInitialize') == ffi.NULL\n"
+        "print('ok')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"

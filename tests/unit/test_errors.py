@@ -1,0 +1,63 @@
+"""Error hierarchy, name tables, the loader's answer for a missing library, and input checks
+that must fire before any driver call."""
+from __future__ import annotations
+
+import pytest
+
+import eglcuda
+from eglcuda import _loader
+from eglcuda._errors import CUDA_ERROR_NAMES, EGL_ERROR_NAMES, cuda_error_name, egl_error_name
+
+
+def test_hierarchy():
+    for cls in (eglcuda.EGLError, eglcuda.CUDAError, eglcuda.Unsupported, eglcuda.ClosedError,
+                eglcuda.UsageError, eglcuda.Timeout):
+        assert issubclass(cls, eglcuda.EglCudaError)
+    assert issubclass(eglcuda.UsageError, ValueError)
+    assert issubclass(eglcuda.Timeout, TimeoutError)
+
+
+def test_egl_error_names_cover_the_spec_range():
+    for code in range(0x3000, 0x300F):
+        assert code in EGL_ERROR_NAMES
+    assert egl_error_name(0x300C) == "EGL_BAD_PARAMETER"
+    assert egl_error_name(0x321B) == "EGL_BAD_STREAM_KHR"
+    assert egl_error_name(0x1234) == "EGL error 0x1234"
+
+
+def test_egl_error_message_names_code_and_call():
+    error = eglcuda.EGLError(0x3008, "eglInitialize", "opening a display")
+    assert (error.code, error.name, error.call) == (0x3008, "EGL_BAD_DISPLAY", "eglInitialize")
+    assert str(error) == "eglInitialize failed with EGL_BAD_DISPLAY (0x3008) while opening a display"
+
+
+def test_cuda_error_names():
+    assert cuda_error_name(702) == "CUDA_ERROR_LAUNCH_TIMEOUT"
+    assert cuda_error_name(999) == "CUDA_ERROR_UNKNOWN"
+    assert cuda_error_name(12345) == "CUresult 12345"
+    assert len(set(CUDA_ERROR_NAMES.values())) == len(CUDA_ERROR_NAMES)
+    error = eglcuda.CUDAError(400, "cuEGLStreamConsumerAcquireFrame")
+    assert error.name == "CUDA_ERROR_INVALID_HANDLE"
+    assert "cuEGLStreamConsumerAcquireFrame failed with CUDA_ERROR_INVALID_HANDLE (400)" in str(error)
+
+
+def test_missing_library_is_unsupported_with_name_and_hint():
+    library = _loader._Library("libeglcuda-test-missing.so.7")
+    with pytest.raises(eglcuda.Unsupported) as info:
+        _loader._open(library, "install it from somewhere", "cuda")
+    assert info.value.missing == "libeglcuda-test-missing.so.7"
+    assert "install it from somewhere" in str(info.value)
+    # The failure is remembered: asking again answers the same without reopening.
+    with pytest.raises(eglcuda.Unsupported):
+        _loader._open(library, "install it from somewhere", "cuda")
+
+
+@pytest.mark.parametrize("ordinal", [-1, 1.0, "0", None])
+def test_for_cuda_device_rejects_bad_ordinals_before_egl(ordinal):
+    with pytest.raises(eglcuda.UsageError):
+        eglcuda.Display.for_cuda_device(ordinal)
+
+
+def test_for_device_rejects_non_devices():
+    with pytest.raises(eglcuda.UsageError):
+        eglcuda.Display.for_device("/dev/dri/renderD128")
