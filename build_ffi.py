@@ -116,6 +116,20 @@ const char *eglcuda_entry_requires(int index);
 void eglcuda_bind(int index, void *address);
 int eglcuda_is_bound(int index);
 CUresult eglcuda_ensure_current(CUcontext ctx);
+CUresult eglcuda_consumer_acquire(CUcontext ctx, CUeglStreamConnection *conn, CUgraphicsResource *resource,
+                                  CUstream *stream, unsigned int timeout_us, CUeglFrame *frame,
+                                  EGLDisplay dpy, EGLStreamKHR egl_stream, EGLuint64KHR *consumer_frame,
+                                  int *failed_call);
+CUresult eglcuda_consumer_release(CUcontext ctx, CUeglStreamConnection *conn, CUgraphicsResource resource,
+                                  CUstream *stream);
+CUresult eglcuda_producer_present(CUcontext ctx, CUeglStreamConnection *conn, const CUeglFrame *frame,
+                                  CUstream *stream);
+CUresult eglcuda_producer_return(CUcontext ctx, CUeglStreamConnection *conn, CUeglFrame *frame, CUstream *stream,
+                                 unsigned long long timeout_us);
+void *eglcuda_dlpack_new(int versioned, unsigned long long data, int device_id, int ndim, const int64_t *shape,
+                         const int64_t *strides, int read_only, long long key);
+void *eglcuda_dlpack_capsule_destructor_address(void);
+extern "Python" void eglcuda_dlpack_release(long long key);
 """
 
 
@@ -129,6 +143,8 @@ def make_builder() -> cffi.FFI:
         [
             "#include <stddef.h>",
             "#include <stdint.h>",
+            "#include <stdlib.h>",
+            "#include <time.h>",
             declarations,
             generate_dispatch(prototypes),
             (CSRC / "loader.c").read_text(),

@@ -10,3 +10,194 @@ CUresult eglcuda_ensure_current(CUcontext ctx)
         return status;
     return cuCtxSetCurrent(ctx);
 }
+
+/* ---- the per-frame path ----------------------------------------------------------------
+ * Each helper makes the context current and does one step of the stream protocol in a single
+ * call from Python (one GIL release, no Python between driver calls). On failure *failed_call
+ * says which driver call failed, for the error message. */
+
+enum { EGLCUDA_CALL_CONTEXT = 0, EGLCUDA_CALL_ACQUIRE = 1, EGLCUDA_CALL_MAP = 2, EGLCUDA_CALL_COUNTER = 3 };
+
+/* Acquire a frame, read its mapping into *frame, and (when dpy is not NULL) read the stream's
+ * consumer frame counter, which tells a new frame from a re-acquired old one. */
+CUresult eglcuda_consumer_acquire(CUcontext ctx, CUeglStreamConnection *conn, CUgraphicsResource *resource,
+                                  CUstream *stream, unsigned int timeout_us, CUeglFrame *frame,
+                                  EGLDisplay dpy, EGLStreamKHR egl_stream, EGLuint64KHR *consumer_frame,
+                                  int *failed_call)
+{
+    CUresult status = eglcuda_ensure_current(ctx);
+    if (status != CUDA_SUCCESS) { *failed_call = EGLCUDA_CALL_CONTEXT; return status; }
+    status = cuEGLStreamConsumerAcquireFrame(conn, resource, stream, timeout_us);
+    if (status != CUDA_SUCCESS) { *failed_call = EGLCUDA_CALL_ACQUIRE; return status; }
+    status = cuGraphicsResourceGetMappedEglFrame(frame, *resource, 0, 0);
+    if (status != CUDA_SUCCESS) { *failed_call = EGLCUDA_CALL_MAP; return status; }
+    if (dpy != NULL && !eglQueryStreamu64KHR(dpy, egl_stream, EGL_CONSUMER_FRAME_KHR, consumer_frame)) {
+        *failed_call = EGLCUDA_CALL_COUNTER;
+        return CUDA_ERROR_NOT_FOUND;
+    }
+    return CUDA_SUCCESS;
+}
+
+CUresult eglcuda_consumer_release(CUcontext ctx, CUeglStreamConnection *conn, CUgraphicsResource resource,
+                                  CUstream *stream)
+{
+    CUresult status = eglcuda_ensure_current(ctx);
+    if (status != CUDA_SUCCESS)
+        return status;
+    return cuEGLStreamConsumerReleaseFrame(conn, resource, stream);
+}
+
+CUresult eglcuda_producer_present(CUcontext ctx, CUeglStreamConnection *conn, const CUeglFrame *frame,
+                                  CUstream *stream)
+{
+    CUresult status = eglcuda_ensure_current(ctx);
+    if (status != CUDA_SUCCESS)
+        return status;
+    return cuEGLStreamProducerPresentFrame(conn, *frame, stream);
+}
+
+/* Take back a frame the consumer released. The driver answers CUDA_ERROR_LAUNCH_TIMEOUT while
+ * none is ready (each such call waits about a millisecond inside the driver, so this loop does
+ * not spin a core); retry until timeout_us has passed. timeout_us == 0: one try. */
+CUresult eglcuda_producer_return(CUcontext ctx, CUeglStreamConnection *conn, CUeglFrame *frame, CUstream *stream,
+                                 unsigned long long timeout_us)
+{
+    struct timespec start, now;
+    CUresult status = eglcuda_ensure_current(ctx);
+    if (status != CUDA_SUCCESS)
+        return status;
+    clock_gettime(CLOCK_MONOTONIC, &start);
+    for (;;) {
+        status = cuEGLStreamProducerReturnFrame(conn, frame, stream);
+        if (status != CUDA_ERROR_LAUNCH_TIMEOUT || timeout_us == 0)
+            return status;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        unsigned long long waited = (unsigned long long)(now.tv_sec - start.tv_sec) * 1000000ull
+                                    + (unsigned long long)((now.tv_nsec - start.tv_nsec) / 1000);
+        if (waited >= timeout_us)
+            return status;
+        if (waited < 1000) {
+            /* The driver may answer at once: never retry faster than every 100 us. */
+            struct timespec pause = {0, 100000};
+            nanosleep(&pause, NULL);
+        }
+    }
+}
+
+/* ---- DLPack export -------------------------------------------------------------------------
+ * Layouts from dlpack.h (v1.0): DLManagedTensor for the "dltensor" capsule and
+ * DLManagedTensorVersioned, which can say read-only, for "dltensor_versioned". The Python owner
+ * of the memory stays alive until the consumer calls the deleter: the deleter hands the key back
+ * to Python (eglcuda_dlpack_release), which drops its reference. */
+
+typedef struct { int32_t device_type; int32_t device_id; } eglcuda_DLDevice;
+typedef struct { uint8_t code; uint8_t bits; uint16_t lanes; } eglcuda_DLDataType;
+typedef struct {
+    void *data;
+    eglcuda_DLDevice device;
+    int32_t ndim;
+    eglcuda_DLDataType dtype;
+    int64_t *shape;
+    int64_t *strides;
+    uint64_t byte_offset;
+} eglcuda_DLTensor;
+typedef struct eglcuda_DLManagedTensor {
+    eglcuda_DLTensor dl_tensor;
+    void *manager_ctx;
+    void (*deleter)(struct eglcuda_DLManagedTensor *self);
+} eglcuda_DLManagedTensor;
+typedef struct { uint32_t major; uint32_t minor; } eglcuda_DLPackVersion;
+typedef struct eglcuda_DLManagedTensorVersioned {
+    eglcuda_DLPackVersion version;
+    void *manager_ctx;
+    void (*deleter)(struct eglcuda_DLManagedTensorVersioned *self);
+    uint64_t flags;
+    eglcuda_DLTensor dl_tensor;
+} eglcuda_DLManagedTensorVersioned;
+
+#define EGLCUDA_DL_CUDA 2
+#define EGLCUDA_DL_UINT 1
+#define EGLCUDA_DL_FLAG_READ_ONLY 1ull
+
+struct eglcuda_dlpack {
+    eglcuda_DLManagedTensor legacy;
+    eglcuda_DLManagedTensorVersioned versioned;
+    int64_t shape[3];
+    int64_t strides[3];
+    long long key;
+};
+
+/* Defined by cffi from the extern "Python" declaration in build_ffi.py. */
+static void eglcuda_dlpack_release(long long key);
+
+static void eglcuda_dlpack_free(struct eglcuda_dlpack *holder)
+{
+    long long key = holder->key;
+    free(holder);
+    eglcuda_dlpack_release(key);
+}
+
+static void eglcuda_dlpack_legacy_deleter(eglcuda_DLManagedTensor *self)
+{
+    eglcuda_dlpack_free((struct eglcuda_dlpack *)self->manager_ctx);
+}
+
+static void eglcuda_dlpack_versioned_deleter(eglcuda_DLManagedTensorVersioned *self)
+{
+    eglcuda_dlpack_free((struct eglcuda_dlpack *)self->manager_ctx);
+}
+
+/* A managed tensor of uint8 elements; strides in elements (bytes here). Returns the address of
+ * the struct the capsule must carry, or NULL when out of memory. */
+void *eglcuda_dlpack_new(int versioned, unsigned long long data, int device_id, int ndim, const int64_t *shape,
+                         const int64_t *strides, int read_only, long long key)
+{
+    struct eglcuda_dlpack *holder = calloc(1, sizeof(*holder));
+    eglcuda_DLTensor *tensor;
+    if (holder == NULL)
+        return NULL;
+    holder->key = key;
+    for (int i = 0; i < ndim && i < 3; i++) {
+        holder->shape[i] = shape[i];
+        holder->strides[i] = strides[i];
+    }
+    tensor = versioned ? &holder->versioned.dl_tensor : &holder->legacy.dl_tensor;
+    tensor->data = (void *)(uintptr_t)data;
+    tensor->device.device_type = EGLCUDA_DL_CUDA;
+    tensor->device.device_id = device_id;
+    tensor->ndim = ndim;
+    tensor->dtype.code = EGLCUDA_DL_UINT;
+    tensor->dtype.bits = 8;
+    tensor->dtype.lanes = 1;
+    tensor->shape = holder->shape;
+    tensor->strides = holder->strides;
+    if (versioned) {
+        holder->versioned.version.major = 1;
+        holder->versioned.version.minor = 0;
+        holder->versioned.manager_ctx = holder;
+        holder->versioned.deleter = eglcuda_dlpack_versioned_deleter;
+        holder->versioned.flags = read_only ? EGLCUDA_DL_FLAG_READ_ONLY : 0;
+        return &holder->versioned;
+    }
+    holder->legacy.manager_ctx = holder;
+    holder->legacy.deleter = eglcuda_dlpack_legacy_deleter;
+    return &holder->legacy;
+}
+
+/* Capsule destructor: a capsule still named "dltensor"/"dltensor_versioned" was never consumed
+ * (consumers rename it "used_..."), so its tensor is ours to delete. */
+static void eglcuda_dlpack_capsule_destructor(PyObject *capsule)
+{
+    if (PyCapsule_IsValid(capsule, "dltensor")) {
+        eglcuda_DLManagedTensor *tensor = PyCapsule_GetPointer(capsule, "dltensor");
+        tensor->deleter(tensor);
+    } else if (PyCapsule_IsValid(capsule, "dltensor_versioned")) {
+        eglcuda_DLManagedTensorVersioned *tensor = PyCapsule_GetPointer(capsule, "dltensor_versioned");
+        tensor->deleter(tensor);
+    }
+}
+
+void *eglcuda_dlpack_capsule_destructor_address(void)
+{
+    return (void *)eglcuda_dlpack_capsule_destructor;
+}

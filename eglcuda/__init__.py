@@ -6,11 +6,15 @@ missing one raises :class:`Unsupported` then.
 from ._context import GLContext
 from ._cuda import CudaDevice, driver_version, get_device
 from ._display import Device, Display, client_extensions, devices
+from ._formats import ColorFormat, Layout, PlaneGeometry, plane_geometry
+from ._frame import AcquiredFrame, Frame, Plane
+from ._stream import CudaConsumer, CudaProducer, ResourceLocation, Stream, StreamState
 from ._errors import (
     ClosedError,
     CUDAError,
     EGLError,
     EglCudaError,
+    StreamDisconnected,
     Timeout,
     Unsupported,
     UsageError,
@@ -19,6 +23,19 @@ from ._errors import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "AcquiredFrame",
+    "ColorFormat",
+    "CudaConsumer",
+    "CudaProducer",
+    "Frame",
+    "Layout",
+    "Plane",
+    "PlaneGeometry",
+    "ResourceLocation",
+    "Stream",
+    "StreamDisconnected",
+    "StreamState",
+    "plane_geometry",
     "ClosedError",
     "CUDAError",
     "CudaDevice",

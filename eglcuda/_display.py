@@ -249,6 +249,12 @@ class Display:
 
         return GLContext(self, **options)
 
+    def create_stream(self, **options) -> "Stream":
+        """An EGLStream on this display; see :class:`eglcuda.Stream` for the options."""
+        from ._stream import Stream
+
+        return Stream(self, **options)
+
     def close(self) -> None:
         """Close everything made from this display, then release it. Safe to call twice."""
         if not self._finalizer.alive:

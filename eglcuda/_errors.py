@@ -126,3 +126,7 @@ class UsageError(EglCudaError, ValueError):
 
 class Timeout(EglCudaError, TimeoutError):
     """A wait ran out of time."""
+
+
+class StreamDisconnected(EglCudaError):
+    """The other end of an EGLStream is gone (disconnected, or its process died)."""

@@ -93,10 +93,10 @@ def _native_eglimage(facts: _Facts) -> str | None:
 
 
 INTEROP_PATHS: list[InteropPath] = [
-    InteropPath("EGLStream CUDA -> CUDA", False, lambda f: f.need_stream_ext("EGL_KHR_stream")
+    InteropPath("EGLStream CUDA -> CUDA", True, lambda f: f.need_stream_ext("EGL_KHR_stream")
                 or f.need_cuda("cuEGLStreamProducerConnect", "cuEGLStreamConsumerConnectWithFlags")),
-    InteropPath("EGLStream FIFO mode", False, lambda f: f.need_stream_ext("EGL_KHR_stream_fifo")),
-    InteropPath("EGLStream last-frame reuse control", False, lambda f: f.need_stream_ext("EGL_NV_stream_reset")),
+    InteropPath("EGLStream FIFO mode", True, lambda f: f.need_stream_ext("EGL_KHR_stream_fifo")),
+    InteropPath("EGLStream last-frame reuse control", True, lambda f: f.need_stream_ext("EGL_NV_stream_reset")),
     InteropPath("EGLStream across processes (fd)", False,
                 lambda f: f.need_stream_ext("EGL_KHR_stream_cross_process_fd")),
     InteropPath("EGLStream CUDA -> GL texture", False,

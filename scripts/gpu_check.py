@@ -22,8 +22,14 @@ import xml.etree.ElementTree as ET
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 TEST_GROUPS = [("gpu tier", "tests/gpu"), ("egl tier", "tests/egl"), ("unit", "tests/unit")]
-SAMPLES: list[tuple[str, list[str]]] = []
-BENCHMARKS: list[tuple[str, list[str]]] = [("call overhead", ["bench/call_overhead.py", "--quick"])]
+SAMPLES: list[tuple[str, list[str]]] = [
+    ("cuda_to_cuda 1080p FIFO 4", ["samples/cuda_to_cuda.py", "--frames", "300"]),
+    ("cuda_to_cuda 4K mailbox", ["samples/cuda_to_cuda.py", "--width", "3840", "--height", "2160", "--fifo", "0", "--frames", "200"]),
+]
+BENCHMARKS: list[tuple[str, list[str]]] = [
+    ("call overhead", ["bench/call_overhead.py", "--quick"]),
+    ("stream round trip", ["bench/stream_roundtrip.py", "--quick"]),
+]
 
 
 def run(name: str, args: list[str], out: pathlib.Path, timeout: int, env: dict[str, str]) -> tuple[int, str, float]:

@@ -1,0 +1,155 @@
+/* C reference for bench/stream_roundtrip.py: the same driver calls eglcuda makes, with no Python.
+ *
+ *   stream_roundtrip WIDTH HEIGHT ITERATIONS serial|pipelined
+ * prints "us_per_frame=<float> fps=<float>".
+ *
+ * Types come from eglcuda's own declarations (csrc/); libEGL and libcuda are opened at run time
+ * like eglcuda does, so the build needs neither headers nor link libraries. */
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "../../csrc/egl_core.h"
+#include "../../csrc/egl_stream.h"
+#include "../../csrc/cuda_egl.h"
+
+#define FN(name) static __typeof__(&name) p_##name
+FN(eglGetProcAddress); FN(eglGetPlatformDisplay); FN(eglInitialize); FN(eglQueryDevicesEXT);
+FN(eglQueryDeviceAttribEXT); FN(eglCreateStreamKHR); FN(eglDestroyStreamKHR);
+FN(cuInit); FN(cuDeviceGet); FN(cuDevicePrimaryCtxRetain); FN(cuCtxSetCurrent); FN(cuMemAlloc);
+FN(cuStreamCreate); FN(cuEGLStreamConsumerConnect); FN(cuEGLStreamProducerConnect);
+FN(cuEGLStreamConsumerAcquireFrame); FN(cuGraphicsResourceGetMappedEglFrame); FN(cuEGLStreamConsumerReleaseFrame);
+FN(cuEGLStreamProducerPresentFrame); FN(cuEGLStreamProducerReturnFrame);
+FN(cuEGLStreamConsumerDisconnect); FN(cuEGLStreamProducerDisconnect);
+
+#define CHECK(call) do { CUresult r_ = (call); if (r_) { fprintf(stderr, "%s:%d %s -> %d\n", __FILE__, __LINE__, #call, r_); exit(1); } } while (0)
+
+static void *must(void *p, const char *what) { if (!p) { fprintf(stderr, "missing %s\n", what); exit(2); } return p; }
+#define LOAD(lib, name, sym) p_##name = (__typeof__(p_##name))must(dlsym(lib, sym), sym)
+#define LOADX(name) p_##name = (__typeof__(p_##name))must(p_eglGetProcAddress(#name), #name)
+
+static double now_s(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + t.tv_nsec * 1e-9; }
+
+enum { POOL = 6 };
+static CUeglStreamConnection consumer, producer;
+static CUcontext context;
+static CUeglFrame frames[POOL];
+static int iterations;
+
+static void *produce(void *unused)
+{
+    int free_count = POOL, next = 0;
+    CUstream stream = NULL;
+    CUeglFrame back;
+    (void)unused;
+    p_cuCtxSetCurrent(context);
+    for (int i = 0; i < iterations; i++) {
+        while (free_count == 0) {
+            if (p_cuEGLStreamProducerReturnFrame(&producer, &back, &stream) == CUDA_SUCCESS)
+                free_count++;
+        }
+        /* Frames come back in order (FIFO), so a ring index picks a free one. */
+        CHECK(p_cuEGLStreamProducerPresentFrame(&producer, frames[next], &stream));
+        next = (next + 1) % POOL;
+        free_count--;
+    }
+    return NULL;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 5) { fprintf(stderr, "usage: %s WIDTH HEIGHT ITERATIONS serial|pipelined\n", argv[0]); return 2; }
+    int width = atoi(argv[1]), height = atoi(argv[2]);
+    iterations = atoi(argv[3]);
+    int pipelined = strcmp(argv[4], "pipelined") == 0;
+    void *egl = must(dlopen("libEGL.so.1", RTLD_NOW), "libEGL.so.1");
+    void *cuda = must(dlopen("libcuda.so.1", RTLD_NOW), "libcuda.so.1");
+    LOAD(egl, eglGetProcAddress, "eglGetProcAddress"); LOAD(egl, eglGetPlatformDisplay, "eglGetPlatformDisplay");
+    LOAD(egl, eglInitialize, "eglInitialize");
+    LOADX(eglQueryDevicesEXT); LOADX(eglQueryDeviceAttribEXT); LOADX(eglCreateStreamKHR); LOADX(eglDestroyStreamKHR);
+    LOAD(cuda, cuInit, "cuInit"); LOAD(cuda, cuDeviceGet, "cuDeviceGet");
+    LOAD(cuda, cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain"); LOAD(cuda, cuCtxSetCurrent, "cuCtxSetCurrent");
+    LOAD(cuda, cuMemAlloc, "cuMemAlloc_v2"); LOAD(cuda, cuStreamCreate, "cuStreamCreate");
+    LOAD(cuda, cuEGLStreamConsumerConnect, "cuEGLStreamConsumerConnect");
+    LOAD(cuda, cuEGLStreamProducerConnect, "cuEGLStreamProducerConnect");
+    LOAD(cuda, cuEGLStreamConsumerAcquireFrame, "cuEGLStreamConsumerAcquireFrame");
+    LOAD(cuda, cuGraphicsResourceGetMappedEglFrame, "cuGraphicsResourceGetMappedEglFrame");
+    LOAD(cuda, cuEGLStreamConsumerReleaseFrame, "cuEGLStreamConsumerReleaseFrame");
+    LOAD(cuda, cuEGLStreamProducerPresentFrame, "cuEGLStreamProducerPresentFrame");
+    LOAD(cuda, cuEGLStreamProducerReturnFrame, "cuEGLStreamProducerReturnFrame");
+    LOAD(cuda, cuEGLStreamConsumerDisconnect, "cuEGLStreamConsumerDisconnect");
+    LOAD(cuda, cuEGLStreamProducerDisconnect, "cuEGLStreamProducerDisconnect");
+
+    /* The EGL device of CUDA device 0, matched through EGL_CUDA_DEVICE_NV. */
+    EGLDeviceEXT devices[16];
+    EGLint count = 0;
+    p_eglQueryDevicesEXT(16, devices, &count);
+    EGLDisplay dpy = NULL;
+    for (int i = 0; i < count && !dpy; i++) {
+        EGLAttrib ordinal = -1;
+        if (p_eglQueryDeviceAttribEXT(devices[i], EGL_CUDA_DEVICE_NV, &ordinal) && ordinal == 0)
+            dpy = p_eglGetPlatformDisplay(EGL_PLATFORM_DEVICE_EXT, devices[i], NULL);
+    }
+    must(dpy, "an EGL display for CUDA device 0");
+    p_eglInitialize(dpy, NULL, NULL);
+    CUdevice device;
+    CHECK(p_cuInit(0)); CHECK(p_cuDeviceGet(&device, 0)); CHECK(p_cuDevicePrimaryCtxRetain(&context, device));
+    CHECK(p_cuCtxSetCurrent(context));
+
+    EGLint attribs[] = {EGL_STREAM_FIFO_LENGTH_KHR, 4, EGL_NONE};
+    EGLStreamKHR stream = must(p_eglCreateStreamKHR(dpy, pipelined ? attribs : attribs + 2), "stream");
+    CHECK(p_cuEGLStreamConsumerConnect(&consumer, stream));
+    CHECK(p_cuEGLStreamProducerConnect(&producer, stream, width, height));
+    unsigned int pitch = (unsigned int)((width * 4 + 255) / 256 * 256);
+    for (int i = 0; i < POOL; i++) {
+        CUdeviceptr ptr;
+        CHECK(p_cuMemAlloc(&ptr, (size_t)pitch * height));
+        memset(&frames[i], 0, sizeof frames[i]);
+        frames[i].frame.pPitch[0] = (void *)(uintptr_t)ptr;
+        frames[i].width = width; frames[i].height = height; frames[i].depth = 1; frames[i].pitch = pitch;
+        frames[i].planeCount = 1; frames[i].numChannels = 4; frames[i].frameType = CU_EGL_FRAME_TYPE_PITCH;
+        frames[i].eglColorFormat = CU_EGL_COLOR_FORMAT_ARGB; frames[i].cuFormat = CU_AD_FORMAT_UNSIGNED_INT8;
+    }
+    CUstream consumer_stream;
+    CHECK(p_cuStreamCreate(&consumer_stream, 0));
+    CUgraphicsResource resource;
+    CUeglFrame mapped, back;
+    CUstream producer_stream = NULL;
+    double start = 0;
+    if (!pipelined) {
+        int warmup = iterations / 10 + 2;
+        for (int i = 0; i < iterations + warmup; i++) {
+            if (i == warmup) start = now_s();
+            CHECK(p_cuEGLStreamProducerPresentFrame(&producer, frames[i % 2], &producer_stream));
+            CHECK(p_cuEGLStreamConsumerAcquireFrame(&consumer, &resource, &consumer_stream, 1000000));
+            CHECK(p_cuGraphicsResourceGetMappedEglFrame(&mapped, resource, 0, 0));
+            CHECK(p_cuEGLStreamConsumerReleaseFrame(&consumer, resource, &consumer_stream));
+            if (i > 0) {  /* the stream keeps the newest frame: the previous one comes back */
+                CUresult r;
+                while ((r = p_cuEGLStreamProducerReturnFrame(&producer, &back, &producer_stream)) == CUDA_ERROR_LAUNCH_TIMEOUT) {}
+                CHECK(r);
+            }
+        }
+    } else {
+        pthread_t thread;
+        start = now_s();
+        pthread_create(&thread, NULL, produce, NULL);
+        for (int got = 0; got < iterations; got++) {
+            CHECK(p_cuEGLStreamConsumerAcquireFrame(&consumer, &resource, &consumer_stream, 1000000));
+            CHECK(p_cuGraphicsResourceGetMappedEglFrame(&mapped, resource, 0, 0));
+            CHECK(p_cuEGLStreamConsumerReleaseFrame(&consumer, resource, &consumer_stream));
+        }
+        pthread_join(thread, NULL);
+    }
+    double elapsed = now_s() - start;
+    printf("us_per_frame=%.3f fps=%.1f\n", 1e6 * elapsed / iterations, iterations / elapsed);
+    p_cuEGLStreamProducerDisconnect(&producer);
+    p_cuEGLStreamConsumerDisconnect(&consumer);
+    p_eglDestroyStreamKHR(dpy, stream);
+    return 0;
+}

@@ -1,0 +1,279 @@
+"""EGLStream CUDA -> CUDA per-frame cost: C reference vs eglcuda vs PyOpenGL + cuda-python.
+
+Serial round trip (one thread: present, acquire, map, release, return) and pipelined throughput
+(producer and consumer threads, FIFO 4), ARGB pitch-linear frames, at several sizes. All three
+stacks run in this one invocation, interleaved per size, so their ratios share the machine's state.
+
+    python bench/stream_roundtrip.py [--quick] [--markdown docs/benchmarks.md]
+
+(1) C: bench/c/stream_roundtrip.c, built here with gcc, the same driver calls with no Python.
+(2) eglcuda: the public API (Stream, CudaProducer, CudaConsumer, Frame).
+(3) What a Python user would write today: PyOpenGL's EGL bindings for the display and stream
+    (they need a current context for extension calls) and cuda-python's driver bindings.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+import eglcuda
+
+HERE = pathlib.Path(__file__).resolve().parent
+SIZES = [(640, 480), (1920, 1080), (3840, 2160), (7680, 4320)]
+
+
+def build_c() -> pathlib.Path:
+    out = HERE / "build" / "stream_roundtrip"
+    out.parent.mkdir(exist_ok=True)
+    subprocess.run(["gcc", "-O2", "-Wall", "-o", str(out), str(HERE / "c" / "stream_roundtrip.c"), "-ldl", "-lpthread"],
+                   check=True)
+    return out
+
+
+def run_c(binary: pathlib.Path, width: int, height: int, iterations: int, mode: str) -> float:
+    out = subprocess.run([str(binary), str(width), str(height), str(iterations), mode], check=True,
+                         capture_output=True, text=True, timeout=600).stdout
+    return float(out.split("us_per_frame=")[1].split()[0])
+
+
+# ---- eglcuda ----------------------------------------------------------------------------------
+
+def eglcuda_serial(display, width: int, height: int, iterations: int) -> float:
+    with display.create_stream() as stream:
+        consumer = stream.connect_cuda_consumer()
+        producer = stream.connect_cuda_producer(width, height)
+        frames = [producer.allocate_frame(), producer.allocate_frame()]
+        warmup = iterations // 10 + 2
+        start = 0.0
+        for i in range(iterations + warmup):
+            if i == warmup:
+                start = time.perf_counter()
+            producer.present(frames[i & 1])
+            consumer.acquire().release()
+            if i:
+                frames[(i - 1) & 1] = producer.return_frame(1_000_000)
+        return 1e6 * (time.perf_counter() - start) / iterations
+
+
+def eglcuda_pipelined(display, width: int, height: int, iterations: int) -> float:
+    with display.create_stream(fifo_length=4) as stream:
+        consumer = stream.connect_cuda_consumer()
+        producer = stream.connect_cuda_producer(width, height)
+        pool = [producer.allocate_frame() for _ in range(6)]
+
+        def produce():
+            free = list(pool)
+            for _ in range(iterations):
+                while not free:
+                    back = producer.return_frame(100_000)
+                    if back is not None:
+                        free.append(back)
+                producer.present(free.pop())
+
+        start = time.perf_counter()
+        thread = threading.Thread(target=produce)
+        thread.start()
+        for _ in range(iterations):
+            consumer.acquire().release()
+        thread.join()
+        return 1e6 * (time.perf_counter() - start) / iterations
+
+
+# ---- PyOpenGL + cuda-python -------------------------------------------------------------------
+
+class Stack:
+    """The display, a current context (PyOpenGL's EGL extension calls need one) and CUDA."""
+
+    def __init__(self) -> None:
+        os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
+        import ctypes
+
+        from cuda.bindings import driver as cu
+        from OpenGL import EGL
+        from OpenGL.EGL.EXT.device_base import eglQueryDevicesEXT, eglQueryDeviceAttribEXT  # noqa: F401
+
+        self.cu, self.EGL, self.ctypes = cu, EGL, ctypes
+        devices = (EGL.EGLDeviceEXT * 8)()
+        count = EGL.EGLint()
+        eglQueryDevicesEXT(8, devices, ctypes.pointer(count))
+        self.dpy = None
+        for i in range(count.value):
+            value = EGL.EGLAttrib()
+            if eglQueryDeviceAttribEXT(devices[i], 0x323A, ctypes.pointer(value)) and value.value == 0:
+                self.dpy = EGL.eglGetPlatformDisplay(0x313F, devices[i], None)
+        major, minor = EGL.EGLint(), EGL.EGLint()
+        EGL.eglInitialize(self.dpy, ctypes.pointer(major), ctypes.pointer(minor))
+        config = EGL.EGLConfig()
+        num = EGL.EGLint()
+        EGL.eglChooseConfig(self.dpy, (EGL.EGLint * 5)(EGL.EGL_SURFACE_TYPE, EGL.EGL_PBUFFER_BIT,
+                                                       EGL.EGL_RENDERABLE_TYPE, EGL.EGL_OPENGL_BIT, EGL.EGL_NONE),
+                            ctypes.pointer(config), 1, ctypes.pointer(num))
+        EGL.eglBindAPI(EGL.EGL_OPENGL_API)
+        self.context = EGL.eglCreateContext(self.dpy, config, EGL.EGL_NO_CONTEXT, None)
+        EGL.eglMakeCurrent(self.dpy, EGL.EGL_NO_SURFACE, EGL.EGL_NO_SURFACE, self.context)
+        from OpenGL.EGL.KHR.stream import eglCreateStreamKHR, eglDestroyStreamKHR
+
+        self.create_stream, self.destroy_stream = eglCreateStreamKHR, eglDestroyStreamKHR
+        self.check(cu.cuInit(0))
+        device = self.check(cu.cuDeviceGet(0))
+        self.cuda_context = self.check(cu.cuDevicePrimaryCtxRetain(device))
+        self.check(cu.cuCtxSetCurrent(self.cuda_context))
+
+    def check(self, result):
+        err, *rest = result
+        if err != self.cu.CUresult.CUDA_SUCCESS:
+            raise RuntimeError(f"cuda-python: {err}")
+        return rest[0] if len(rest) == 1 else rest
+
+    def session(self, width: int, height: int, fifo: int, count: int):
+        cu, EGL = self.cu, self.EGL
+        attribs = (EGL.EGLint * 3)(0x31FC, fifo, EGL.EGL_NONE) if fifo else (EGL.EGLint * 1)(EGL.EGL_NONE)
+        stream = self.create_stream(self.dpy, attribs)
+        handle = self.ctypes.cast(stream, self.ctypes.c_void_p).value
+        consumer = self.check(cu.cuEGLStreamConsumerConnect(handle))
+        producer = self.check(cu.cuEGLStreamProducerConnect(handle, width, height))
+        pitch = (width * 4 + 255) // 256 * 256
+        frames = []
+        for _ in range(count):
+            pointer = self.check(cu.cuMemAlloc(pitch * height))
+            frame = cu.CUeglFrame()
+            frame.frame.pPitch = [int(pointer), 0, 0]
+            frame.width, frame.height, frame.depth, frame.pitch = width, height, 1, pitch
+            frame.planeCount, frame.numChannels = 1, 4
+            frame.frameType = cu.CUeglFrameType.CU_EGL_FRAME_TYPE_PITCH
+            frame.eglColorFormat = cu.CUeglColorFormat.CU_EGL_COLOR_FORMAT_ARGB
+            frame.cuFormat = cu.CUarray_format.CU_AD_FORMAT_UNSIGNED_INT8
+            frames.append((frame, pointer))
+        consumer_stream = self.check(cu.cuStreamCreate(0))
+        return stream, consumer, producer, frames, consumer_stream
+
+    def close(self, stream, consumer, producer, frames) -> None:
+        cu = self.cu
+        cu.cuEGLStreamProducerDisconnect(producer)
+        cu.cuEGLStreamConsumerDisconnect(consumer)
+        self.destroy_stream(self.dpy, stream)
+        for _, pointer in frames:
+            cu.cuMemFree(pointer)
+
+    def serial(self, width: int, height: int, iterations: int) -> float:
+        cu = self.cu
+        stream, consumer, producer, frames, consumer_stream = self.session(width, height, 0, 2)
+        resource = cu.CUgraphicsResource()
+        producer_stream = cu.CUstream(0)
+        back = cu.CUeglFrame()
+        warmup = iterations // 10 + 2
+        start = 0.0
+        for i in range(iterations + warmup):
+            if i == warmup:
+                start = time.perf_counter()
+            self.check(cu.cuEGLStreamProducerPresentFrame(producer, frames[i & 1][0], producer_stream))
+            self.check(cu.cuEGLStreamConsumerAcquireFrame(consumer, resource, consumer_stream, 1_000_000))
+            self.check(cu.cuGraphicsResourceGetMappedEglFrame(resource, 0, 0))
+            self.check(cu.cuEGLStreamConsumerReleaseFrame(consumer, resource, consumer_stream))
+            if i:
+                while True:
+                    err, = cu.cuEGLStreamProducerReturnFrame(producer, back, producer_stream)
+                    if err != cu.CUresult.CUDA_ERROR_LAUNCH_TIMEOUT:
+                        self.check((err,))
+                        break
+        elapsed = time.perf_counter() - start
+        self.close(stream, consumer, producer, frames)
+        return 1e6 * elapsed / iterations
+
+    def pipelined(self, width: int, height: int, iterations: int) -> float:
+        cu = self.cu
+        stream, consumer, producer, frames, consumer_stream = self.session(width, height, 4, 6)
+        resource = cu.CUgraphicsResource()
+
+        def produce():
+            self.check(cu.cuCtxSetCurrent(self.cuda_context))
+            producer_stream = cu.CUstream(0)
+            back = cu.CUeglFrame()
+            free, nxt = len(frames), 0
+            for _ in range(iterations):
+                while free == 0:
+                    err, = cu.cuEGLStreamProducerReturnFrame(producer, back, producer_stream)
+                    if err == cu.CUresult.CUDA_SUCCESS:
+                        free += 1
+                self.check(cu.cuEGLStreamProducerPresentFrame(producer, frames[nxt][0], producer_stream))
+                nxt = (nxt + 1) % len(frames)
+                free -= 1
+
+        start = time.perf_counter()
+        thread = threading.Thread(target=produce)
+        thread.start()
+        for _ in range(iterations):
+            self.check(cu.cuEGLStreamConsumerAcquireFrame(consumer, resource, consumer_stream, 1_000_000))
+            self.check(cu.cuGraphicsResourceGetMappedEglFrame(resource, 0, 0))
+            self.check(cu.cuEGLStreamConsumerReleaseFrame(consumer, resource, consumer_stream))
+        thread.join()
+        elapsed = time.perf_counter() - start
+        self.close(stream, consumer, producer, frames)
+        return 1e6 * elapsed / iterations
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer iterations (the GPU check's setting)")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per cell; the median is reported")
+    parser.add_argument("--markdown", help="write the table to this markdown file (replacing its eglcuda section)")
+    args = parser.parse_args()
+    serial_n, pipe_n = (500, 500) if args.quick else (3000, 3000)
+    binary = build_c()
+    display = eglcuda.Display.for_cuda_device(0)
+    try:
+        stack = Stack()
+        stack_error = None
+    except Exception as exc:  # reported in the table
+        stack, stack_error = None, f"{type(exc).__name__}: {exc}"
+
+    rows = []
+    for width, height in SIZES:
+        for mode, iterations in (("serial", serial_n), ("pipelined", pipe_n)):
+            cells = {"C": [], "eglcuda": [], "PyOpenGL+cuda-python": []}
+            for _ in range(args.repeats):  # interleaved, so drift hits all three alike
+                cells["C"].append(run_c(binary, width, height, iterations, mode))
+                fn = eglcuda_serial if mode == "serial" else eglcuda_pipelined
+                cells["eglcuda"].append(fn(display, width, height, iterations))
+                if stack is not None:
+                    try:
+                        cells["PyOpenGL+cuda-python"].append(getattr(stack, mode)(width, height, iterations))
+                    except Exception as exc:
+                        stack_error = f"{type(exc).__name__}: {exc}"
+                        stack = None
+            med = {k: statistics.median(v) if v else float("nan") for k, v in cells.items()}
+            rows.append((f"{width}x{height}", mode, iterations, med))
+            print(f"{width}x{height} {mode:9s} C {med['C']:7.2f} us  eglcuda {med['eglcuda']:7.2f} us "
+                  f"(x{med['eglcuda'] / med['C']:.3f})  stack {med['PyOpenGL+cuda-python']:7.2f} us "
+                  f"(x{med['PyOpenGL+cuda-python'] / med['C']:.3f})", flush=True)
+    display.close()
+
+    header = ("| size | loop | C us/frame | eglcuda us/frame | eglcuda / C | PyOpenGL+cuda-python us/frame | stack / C "
+              "| eglcuda frames/s |\n|---|---|---|---|---|---|---|---|")
+    lines = [header]
+    for size, mode, iterations, med in rows:
+        lines.append(f"| {size} | {mode} | {med['C']:.2f} | {med['eglcuda']:.2f} | {med['eglcuda'] / med['C']:.3f} "
+                     f"| {med['PyOpenGL+cuda-python']:.2f} | {med['PyOpenGL+cuda-python'] / med['C']:.3f} "
+                     f"| {1e6 / med['eglcuda']:.0f} |")
+    table = "\n".join(lines)
+    print(table)
+    if stack_error:
+        print(f"PyOpenGL+cuda-python stack failed: {stack_error}")
+    worst_serial = max(m["eglcuda"] / m["C"] for _, mode, _, m in rows if mode == "serial")
+    vs_stack = [m["PyOpenGL+cuda-python"] / m["eglcuda"] for _, _, _, m in rows if m["PyOpenGL+cuda-python"] == m["PyOpenGL+cuda-python"]]
+    print(f"SUMMARY serial eglcuda/C worst x{worst_serial:.3f}; stack/eglcuda "
+          + (f"x{min(vs_stack):.2f}..x{max(vs_stack):.2f}" if vs_stack else f"n/a ({stack_error})"))
+    if args.markdown:
+        path = pathlib.Path(args.markdown)
+        path.write_text(table + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

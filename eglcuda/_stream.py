@@ -1,0 +1,501 @@
+"""EGLStream with CUDA producer and consumer (section 4.1 of NVIDIA's EGL interop guide).
+
+Order of use: ``display.create_stream()``, ``stream.connect_cuda_consumer()`` (the consumer
+connects first), ``stream.connect_cuda_producer(width, height)``, then per frame
+``producer.present(frame)``, ``consumer.acquire()`` / ``frame.release()``,
+``producer.return_frame()``.
+"""
+from __future__ import annotations
+
+import enum
+import threading
+import weakref
+from typing import Any
+
+from . import _cuda
+from ._cuda import CudaDevice, check, cuda_error, get_device
+from ._display import Display
+from ._egl import address, egl_error, int_attribs
+from ._errors import ClosedError, StreamDisconnected, Timeout, UsageError
+from ._formats import SAME_GEOMETRY, ColorFormat, Layout, check_size, color_format
+from ._frame import AcquiredFrame, Frame
+from ._interop import stream_handle
+from ._native import ffi, lib
+
+MAX_FRAMES_IN_FLIGHT = 64  # the guide: CUDA cannot present more than 64 active frames
+DEFAULT_ACQUIRE_TIMEOUT_US = 1_000_000
+_CALL_NAMES = {0: "cuCtxSetCurrent", 1: "cuEGLStreamConsumerAcquireFrame",
+               2: "cuGraphicsResourceGetMappedEglFrame", 3: "eglQueryStreamu64KHR"}
+
+
+class StreamState(enum.IntEnum):
+    """``EGL_STREAM_STATE_KHR`` values."""
+
+    CREATED = lib.EGL_STREAM_STATE_CREATED_KHR
+    CONNECTING = lib.EGL_STREAM_STATE_CONNECTING_KHR
+    EMPTY = lib.EGL_STREAM_STATE_EMPTY_KHR
+    NEW_FRAME = lib.EGL_STREAM_STATE_NEW_FRAME_AVAILABLE_KHR
+    OLD_FRAME = lib.EGL_STREAM_STATE_OLD_FRAME_AVAILABLE_KHR
+    DISCONNECTED = lib.EGL_STREAM_STATE_DISCONNECTED_KHR
+
+
+class ResourceLocation(enum.IntEnum):
+    """Where a CUDA consumer wants frames (``cuEGLStreamConsumerConnectWithFlags``)."""
+
+    SYSMEM = lib.CU_EGL_RESOURCE_LOCATION_SYSMEM
+    VIDMEM = lib.CU_EGL_RESOURCE_LOCATION_VIDMEM
+
+
+def _destroy_stream(display_address: int, stream_address: int) -> None:
+    try:
+        lib.eglDestroyStreamKHR(ffi.cast("EGLDisplay", display_address), ffi.cast("EGLStreamKHR", stream_address))
+    except Exception:  # pragma: no cover
+        pass
+
+
+def _check_us(name: str, value: Any, allow_none: bool = True) -> None:
+    if value is None and allow_none:
+        return
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 0x7FFFFFFF:
+        raise UsageError(f"{name} is a whole number of microseconds in 0..2**31-1, got {value!r}")
+
+
+class Stream:
+    """An EGLStream on a display: one producer and one consumer exchange frames through it.
+
+    :param display: the display (of the CUDA device the frames live on).
+    :param fifo_length: 0 for mailbox mode (the consumer always gets the newest frame, older
+        ones are dropped), N > 0 for a FIFO of N frames (``EGL_KHR_stream_fifo``).
+    :param latency_us: consumer latency hint (``EGL_CONSUMER_LATENCY_USEC_KHR``), microseconds.
+    :param acquire_timeout_us: the stream's acquire timeout (``EGL_CONSUMER_ACQUIRE_TIMEOUT_USEC_KHR``),
+        used by GL consumers; CUDA consumers take a timeout per :meth:`CudaConsumer.acquire`.
+    :param reuse_last_frame: with True (EGL's default) the stream keeps the newest frame so the
+        consumer always has one to acquire, and the producer cannot take it back until it presents
+        another; False (``EGL_NV_stream_reset``) lets the last frame go back too.
+    """
+
+    def __init__(self, display: Display, fifo_length: int = 0, latency_us: int | None = None,
+                 acquire_timeout_us: int | None = None, reuse_last_frame: bool = True) -> None:
+        _check_us("latency_us", latency_us)
+        _check_us("acquire_timeout_us", acquire_timeout_us)
+        if not isinstance(fifo_length, int) or isinstance(fifo_length, bool) or not 0 <= fifo_length <= 4096:
+            raise UsageError(f"fifo_length is an int in 0..4096 (0 = mailbox), got {fifo_length!r}")
+        display.require("EGL_KHR_stream")
+        attribs = []
+        if fifo_length:
+            display.require("EGL_KHR_stream_fifo")
+            attribs.append((lib.EGL_STREAM_FIFO_LENGTH_KHR, fifo_length))
+        if latency_us is not None:
+            attribs.append((lib.EGL_CONSUMER_LATENCY_USEC_KHR, latency_us))
+        if acquire_timeout_us is not None:
+            display.require("EGL_KHR_stream_consumer_gltexture")
+            attribs.append((lib.EGL_CONSUMER_ACQUIRE_TIMEOUT_USEC_KHR, acquire_timeout_us))
+        if not reuse_last_frame:
+            display.require("EGL_NV_stream_reset")
+            attribs.append((lib.EGL_SUPPORT_REUSE_NV, lib.EGL_FALSE))
+        handle = lib.eglCreateStreamKHR(display.handle, int_attribs(attribs))
+        if handle == ffi.NULL:
+            raise egl_error("eglCreateStreamKHR", "creating an EGLStream")
+        self.display = display
+        self.fifo_length = fifo_length
+        self.reuse_last_frame = reuse_last_frame
+        self._address = address(handle)
+        self._finalizer = weakref.finalize(self, _destroy_stream, display._address, self._address)
+        self.consumer: CudaConsumer | None = None
+        self.producer: CudaProducer | None = None
+        self._u64 = ffi.new("EGLuint64KHR *")
+        display._adopt(self)
+
+    # ---- queries -----------------------------------------------------------------------------
+    @property
+    def closed(self) -> bool:
+        return not self._finalizer.alive or self.display.closed
+
+    @property
+    def handle(self):
+        """The raw ``EGLStreamKHR``."""
+        if self.closed:
+            raise ClosedError("the stream is closed (or its display is)")
+        return ffi.cast("EGLStreamKHR", self._address)
+
+    def _query(self, attribute: int) -> int:
+        value = ffi.new("EGLint *")
+        if not lib.eglQueryStreamKHR(self.display.handle, self.handle, attribute, value):
+            raise egl_error("eglQueryStreamKHR", "querying the stream")
+        return value[0]
+
+    def _query_u64(self, attribute: int) -> int:
+        value = ffi.new("EGLuint64KHR *")
+        if not lib.eglQueryStreamu64KHR(self.display.handle, self.handle, attribute, value):
+            raise egl_error("eglQueryStreamu64KHR", "querying the stream's frame counters")
+        return int(value[0])
+
+    @property
+    def state(self) -> StreamState:
+        return StreamState(self._query(lib.EGL_STREAM_STATE_KHR))
+
+    @property
+    def producer_frame(self) -> int:
+        """How many frames the producer has inserted (``EGL_PRODUCER_FRAME_KHR``)."""
+        return self._query_u64(lib.EGL_PRODUCER_FRAME_KHR)
+
+    @property
+    def consumer_frame(self) -> int:
+        """The number of the frame the consumer holds or held last (``EGL_CONSUMER_FRAME_KHR``)."""
+        return self._query_u64(lib.EGL_CONSUMER_FRAME_KHR)
+
+    @property
+    def latency_us(self) -> int:
+        return self._query(lib.EGL_CONSUMER_LATENCY_USEC_KHR)
+
+    @latency_us.setter
+    def latency_us(self, value: int) -> None:
+        _check_us("latency_us", value, allow_none=False)
+        if not lib.eglStreamAttribKHR(self.display.handle, self.handle, lib.EGL_CONSUMER_LATENCY_USEC_KHR, value):
+            raise egl_error("eglStreamAttribKHR", "setting the consumer latency")
+
+    @property
+    def acquire_timeout_us(self) -> int:
+        return self._query(lib.EGL_CONSUMER_ACQUIRE_TIMEOUT_USEC_KHR)
+
+    # ---- endpoints ---------------------------------------------------------------------------
+    def connect_cuda_consumer(self, device: int | CudaDevice | None = None, cuda_stream: Any = None,
+                              location: ResourceLocation | None = None) -> "CudaConsumer":
+        """Connect CUDA as the consumer. Must come before the producer connects."""
+        return CudaConsumer(self, device, cuda_stream, location)
+
+    def connect_cuda_producer(self, width: int, height: int, device: int | CudaDevice | None = None,
+                              format: ColorFormat | str | None = None,
+                              layout: Layout | str | None = None) -> "CudaProducer":
+        """Connect CUDA as the producer of ``width`` x ``height`` frames. ``format`` and
+        ``layout`` fix what every frame must be; left None, the first presented frame fixes them."""
+        return CudaProducer(self, width, height, device, format, layout)
+
+    def _device(self, device: int | CudaDevice | None) -> CudaDevice:
+        if isinstance(device, CudaDevice):
+            return device
+        if device is None:
+            device = self.display.cuda_ordinal
+            if device is None:
+                raise UsageError("this display belongs to no CUDA device; pass device=")
+        return get_device(device)
+
+    def close(self) -> None:
+        """Disconnect both ends (producer first), then destroy the stream. Safe to call twice."""
+        if not self._finalizer.alive:
+            return
+        for end in (self.producer, self.consumer):
+            if end is not None:
+                end.close()
+        self._finalizer()
+
+    def __enter__(self) -> "Stream":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        mode = f"FIFO {self.fifo_length}" if self.fifo_length else "mailbox"
+        return f"<Stream {mode}{' closed' if self.closed else ''}>"
+
+
+def _disconnect(ordinal: int, which: str, connection, cuda_stream: int, own_stream: bool) -> None:
+    """Finalizer for both endpoints. Never raises."""
+    try:
+        device = get_device(ordinal)
+        device.make_current()
+        if which == "consumer":
+            lib.cuEGLStreamConsumerDisconnect(connection)
+        else:
+            lib.cuEGLStreamProducerDisconnect(connection)
+        if own_stream:
+            lib.cuStreamDestroy(ffi.cast("CUstream", cuda_stream))
+    except Exception:  # pragma: no cover
+        pass
+
+
+class CudaConsumer:
+    """CUDA as the consumer of a stream. Made by :meth:`Stream.connect_cuda_consumer`.
+
+    Holds at most one acquired frame at a time (the driver's rule): release it before the next
+    :meth:`acquire`. Work on an acquired frame belongs on :attr:`cuda_stream`, which the driver
+    orders after the producer's work on the frame (implicit synchronization).
+    """
+
+    def __init__(self, stream: Stream, device: int | CudaDevice | None, cuda_stream: Any,
+                 location: ResourceLocation | None) -> None:
+        if stream.closed:
+            raise ClosedError("the stream is closed")
+        if stream.consumer is not None or stream.state is not StreamState.CREATED:
+            raise UsageError(f"the stream already has a consumer (state {stream.state.name})")
+        self.stream = stream
+        self.device = stream._device(device)
+        self.device.make_current()
+        self._own_stream = cuda_stream is None
+        if self._own_stream:
+            created = ffi.new("CUstream *")
+            # Blocking (flags 0): orders with work on the legacy default stream, where many users'
+            # kernels run.
+            check(lib.cuStreamCreate(created, 0), "cuStreamCreate", "creating the consumer's CUDA stream")
+            self.cuda_stream = int(ffi.cast("uintptr_t", created[0]))
+        else:
+            self.cuda_stream = stream_handle(cuda_stream)
+        self._cu_stream = ffi.new("CUstream *", ffi.cast("CUstream", self.cuda_stream))
+        self._connection = ffi.new("CUeglStreamConnection *")
+        if location is None:
+            status = lib.cuEGLStreamConsumerConnect(self._connection, stream.handle)
+            call = "cuEGLStreamConsumerConnect"
+        else:
+            status = lib.cuEGLStreamConsumerConnectWithFlags(self._connection, stream.handle, int(ResourceLocation(location)))
+            call = "cuEGLStreamConsumerConnectWithFlags"
+        if status:
+            if self._own_stream:
+                lib.cuStreamDestroy(self._cu_stream[0])
+            raise cuda_error(status, call, "connecting the CUDA consumer")
+        self.location = location
+        self._finalizer = weakref.finalize(self, _disconnect, self.device.ordinal, "consumer", self._connection,
+                                           self.cuda_stream, self._own_stream)
+        # Reused by every acquire: the per-frame path allocates no C memory.
+        self._resource = ffi.new("CUgraphicsResource *")
+        self._egl_frame = ffi.new("CUeglFrame *")
+        self._counter = ffi.new("EGLuint64KHR *")
+        self._failed = ffi.new("int *")
+        self._use_counter = True
+        self._last_number: int | None = None
+        self._held: AcquiredFrame | None = None
+        self._lock = threading.Lock()
+        self.frames_acquired = 0
+        stream.consumer = self
+
+    @property
+    def closed(self) -> bool:
+        return not self._finalizer.alive or self.stream.closed
+
+    def acquire(self, timeout_us: int = DEFAULT_ACQUIRE_TIMEOUT_US) -> AcquiredFrame:
+        """Acquire the next frame, waiting up to ``timeout_us`` microseconds for a new one.
+
+        If none arrives in time but the stream holds an earlier frame, the driver hands that one
+        back again: the result's ``is_new`` is False. With no frame at all, raises
+        :class:`Timeout`; once the producer is gone, :class:`StreamDisconnected`. The wait
+        releases the GIL.
+        """
+        _check_us("timeout_us", timeout_us, allow_none=False)
+        with self._lock:
+            if self.closed:
+                raise ClosedError("the consumer is disconnected (or its stream closed)")
+            if self._held is not None:
+                raise UsageError("the consumer still holds a frame: release it before acquiring another")
+            stream = self.stream
+            display = stream.display
+            status = lib.eglcuda_consumer_acquire(
+                self.device.context, self._connection, self._resource, self._cu_stream, timeout_us, self._egl_frame,
+                display.handle if self._use_counter else ffi.NULL, stream.handle, self._counter, self._failed)
+            if status:
+                failed = self._failed[0]
+                if failed == 3:  # the counter query failed; the frame itself is acquired and mapped
+                    lib.eglGetError()
+                    self._use_counter = False
+                else:
+                    self._raise_acquire_error(status, _CALL_NAMES[failed], timeout_us)
+            number = int(self._counter[0]) if self._use_counter else None
+            is_new = number is None or number != self._last_number
+            self._last_number = number
+            frame = AcquiredFrame(self, self._egl_frame, self._resource[0], number, is_new)
+            self._held = frame
+            self.frames_acquired += 1
+            return frame
+
+    def _raise_acquire_error(self, status: int, call: str, timeout_us: int) -> None:
+        try:
+            state = self.stream.state
+        except Exception:
+            state = None
+        if state is StreamState.DISCONNECTED:
+            raise StreamDisconnected("the producer disconnected from the stream (acquire failed: "
+                                     f"{cuda_error(status, call)})")
+        if state in (StreamState.EMPTY, StreamState.CONNECTING) and call == "cuEGLStreamConsumerAcquireFrame":
+            raise Timeout(f"no frame arrived within {timeout_us} us (stream {state.name})")
+        raise cuda_error(status, call, "acquiring a frame")
+
+    def _release(self, frame: AcquiredFrame) -> None:
+        with self._lock:
+            if frame._released:
+                raise ClosedError("the frame was already released")
+            if frame is not self._held:
+                raise UsageError("this frame does not belong to this consumer")
+            frame._released = True
+            self._held = None
+            if self.closed:
+                return  # disconnecting released it
+            status = lib.eglcuda_consumer_release(self.device.context, self._connection, frame._resource, self._cu_stream)
+            if status:
+                raise cuda_error(status, "cuEGLStreamConsumerReleaseFrame", "releasing a frame")
+
+    def close(self) -> None:
+        """Release a held frame and disconnect. Safe to call twice."""
+        if not self._finalizer.alive:
+            return
+        with self._lock:
+            if self._held is not None:
+                self._held._released = True
+                self._held = None
+        self._finalizer()
+
+    disconnect = close
+
+    def __enter__(self) -> "CudaConsumer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class CudaProducer:
+    """CUDA as the producer of a stream. Made by :meth:`Stream.connect_cuda_producer`.
+
+    :meth:`present` checks each frame against the connection (size, format, layout) before the
+    driver sees it, because a mismatch is undefined behaviour there. Presented frames belong to
+    the stream until :meth:`return_frame` gives them back (at most 64 in flight); the driver also
+    keeps every frame ever presented associated with the stream until the producer disconnects,
+    so this producer keeps them alive until then.
+    """
+
+    def __init__(self, stream: Stream, width: int, height: int, device: int | CudaDevice | None,
+                 format: ColorFormat | str | None, layout: Layout | str | None) -> None:
+        check_size(width, height)
+        if stream.closed:
+            raise ClosedError("the stream is closed")
+        self.format = None if format is None else color_format(format)
+        self.layout = None if layout is None else Layout(layout)
+        state = stream.state
+        if stream.producer is not None or state is not StreamState.CONNECTING:
+            if state is StreamState.CREATED:
+                raise UsageError("connect the consumer first: EGLStream requires the consumer to connect "
+                                 "before the producer")
+            raise UsageError(f"the stream cannot take a producer now (state {state.name})")
+        self.stream = stream
+        self.width = width
+        self.height = height
+        self.device = stream._device(device)
+        self.device.make_current()
+        self._connection = ffi.new("CUeglStreamConnection *")
+        check(lib.cuEGLStreamProducerConnect(self._connection, stream.handle, width, height),
+              "cuEGLStreamProducerConnect", "connecting the CUDA producer")
+        self._finalizer = weakref.finalize(self, _disconnect, self.device.ordinal, "producer", self._connection, 0, False)
+        self._in_flight: dict[int, Frame] = {}
+        self._associated: dict[int, Frame] = {}
+        self._returned = ffi.new("CUeglFrame *")
+        self._present_stream = ffi.new("CUstream *")
+        self._return_stream = ffi.new("CUstream *")
+        self._lock = threading.Lock()
+        self.frames_presented = 0
+        stream.producer = self
+
+    @property
+    def closed(self) -> bool:
+        return not self._finalizer.alive or self.stream.closed
+
+    @property
+    def in_flight(self) -> int:
+        """Frames presented and not yet returned."""
+        return len(self._in_flight)
+
+    def allocate_frame(self, format: ColorFormat | str | None = None, layout: Layout | str | None = None) -> Frame:
+        """A new frame of this connection's size (and format and layout, if fixed)."""
+        fmt = format if format is not None else (self.format or ColorFormat.ARGB)
+        lay = layout if layout is not None else (self.layout or Layout.PITCH)
+        return Frame.allocate(self.width, self.height, fmt, lay, self.device)
+
+    def _check_frame(self, frame: Frame) -> None:
+        if not isinstance(frame, Frame):
+            raise UsageError(f"present takes an eglcuda.Frame, got {type(frame).__name__}")
+        frame._check_usable()
+        if frame.width != self.width or frame.height != self.height:
+            raise UsageError(f"frame is {frame.width}x{frame.height} but the producer connected for "
+                             f"{self.width}x{self.height}")
+        if self.format is not None and frame.format != self.format:
+            raise UsageError(f"frame format {frame.format.name} differs from the stream's {self.format.name}")
+        if self.layout is not None and frame.layout is not self.layout:
+            raise UsageError(f"frame layout {frame.layout.value} differs from the stream's {self.layout.value}")
+        if frame.device.ordinal != self.device.ordinal:
+            raise UsageError(f"frame lives on CUDA device {frame.device.ordinal}, the producer on {self.device.ordinal}")
+        if frame.key in self._in_flight:
+            raise UsageError("this frame is already in flight: wait for return_frame() to give it back")
+        if len(self._in_flight) >= MAX_FRAMES_IN_FLIGHT:
+            raise UsageError(f"{MAX_FRAMES_IN_FLIGHT} frames are in flight (the driver's limit): "
+                             "return_frame() one before presenting another")
+
+    def present(self, frame: Frame, cuda_stream: Any = None) -> None:
+        """Hand ``frame`` to the consumer. ``cuda_stream`` is where the work writing the frame was
+        queued (None: the legacy default stream); the consumer's work is ordered after it without
+        blocking this thread."""
+        with self._lock:
+            if self.closed:
+                raise ClosedError("the producer is disconnected (or its stream closed)")
+            self._check_frame(frame)
+            self._present_stream[0] = ffi.cast("CUstream", stream_handle(cuda_stream))
+            status = lib.eglcuda_producer_present(self.device.context, self._connection, frame._egl, self._present_stream)
+            if status:
+                self._raise_stream_error(status, "cuEGLStreamProducerPresentFrame", "presenting a frame")
+            if self.format is None:
+                self.format = frame.format
+            if self.layout is None:
+                self.layout = frame.layout
+            self._in_flight[frame.key] = frame
+            self._associated[frame.key] = frame
+            frame._producer = weakref.ref(self)
+            self.frames_presented += 1
+
+    def return_frame(self, timeout_us: int = 0) -> Frame | None:
+        """Take back a frame the consumer released: the same :class:`Frame` object that was
+        presented, or None if none came back within ``timeout_us`` microseconds.
+
+        None is also the documented answer while the stream keeps the newest frame for its
+        consumer (reuse on, the default): that frame comes back only after another is presented,
+        so with one frame in flight this returns None at once instead of waiting. The wait
+        releases the GIL."""
+        _check_us("timeout_us", timeout_us, allow_none=False)
+        with self._lock:
+            if self.closed:
+                raise ClosedError("the producer is disconnected (or its stream closed)")
+            if not self._in_flight:
+                return None
+            kept_by_stream = self.stream.reuse_last_frame and len(self._in_flight) == 1
+            status = lib.eglcuda_producer_return(self.device.context, self._connection, self._returned,
+                                                 self._return_stream, 0 if kept_by_stream else timeout_us)
+            if status == lib.CUDA_ERROR_LAUNCH_TIMEOUT:
+                return None
+            if status:
+                self._raise_stream_error(status, "cuEGLStreamProducerReturnFrame", "taking back a frame")
+            key = int(ffi.cast("uintptr_t", self._returned.frame.pPitch[0]))
+            frame = self._in_flight.pop(key, None)
+            if frame is None:
+                raise UsageError(f"the driver returned a frame eglcuda did not present (plane 0 at 0x{key:x})")
+            return frame
+
+    def _raise_stream_error(self, status: int, call: str, doing: str) -> None:
+        try:
+            state = self.stream.state
+        except Exception:
+            state = None
+        if state is StreamState.DISCONNECTED:
+            raise StreamDisconnected(f"the consumer disconnected from the stream ({doing} failed: "
+                                     f"{cuda_error(status, call)})")
+        raise cuda_error(status, call, doing)
+
+    def close(self) -> None:
+        """Disconnect; every frame presented is then free to close. Safe to call twice."""
+        if not self._finalizer.alive:
+            return
+        self._finalizer()
+        self._in_flight.clear()
+        self._associated.clear()
+
+    disconnect = close
+
+    def __enter__(self) -> "CudaProducer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,350 @@
+"""EGLStream CUDA -> CUDA in one process: every byte of every frame, misuse, threads, leaks."""
+from __future__ import annotations
+
+import gc
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import eglcuda
+from eglcuda import ColorFormat, Layout
+
+from ..conftest import require_extension
+from .streamkit import assert_frame_equals, connected, fill_random
+
+FORMATS = [ColorFormat.ARGB, ColorFormat.ABGR, ColorFormat.RGBA, ColorFormat.BGRA, ColorFormat.R,
+           ColorFormat.YUV420_PLANAR, ColorFormat.NV12, ColorFormat.YUV444_PLANAR]
+SIZES = [(2, 2), (7, 5), (33, 17), (640, 480)]
+
+
+@pytest.fixture
+def display(cuda_display):
+    require_extension(cuda_display, "EGL_KHR_stream")
+    return cuda_display
+
+
+@pytest.mark.parametrize("layout", [Layout.PITCH, Layout.ARRAY])
+@pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: f.name)
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_every_byte_arrives(display, fmt, layout, size):
+    rng = np.random.default_rng()
+    width, height = size
+    with connected(display, width, height, format=fmt, layout=layout) as (stream, producer, consumer):
+        frames = [producer.allocate_frame() for _ in range(3)]
+        for round_ in range(6):
+            frame = frames[round_ % 3] if round_ < 3 else producer.return_frame(timeout_us=1_000_000)
+            assert frame is not None, f"round {round_}: no frame came back"
+            expected = fill_random(frame, rng)
+            producer.present(frame)
+            with consumer.acquire(timeout_us=1_000_000) as acquired:
+                assert acquired.is_new
+                assert (acquired.width, acquired.height, acquired.layout) == (width, height, layout)
+                assert len(acquired.planes) == len(expected)
+                assert_frame_equals(acquired, expected)
+
+
+@pytest.mark.parametrize("fmt", [ColorFormat.ARGB, ColorFormat.NV12], ids=lambda f: f.name)
+def test_8k_frames(display, fmt):
+    rng = np.random.default_rng()
+    with connected(display, 7680, 4320, format=fmt) as (stream, producer, consumer):
+        a, b = producer.allocate_frame(), producer.allocate_frame()
+        for frame in (a, b):
+            expected = fill_random(frame, rng)
+            producer.present(frame)
+            with consumer.acquire() as acquired:
+                assert_frame_equals(acquired, expected)
+        assert producer.return_frame(timeout_us=1_000_000) is a
+
+
+def test_return_gives_back_the_same_object_and_reuse_keeps_the_last(display):
+    with connected(display, 64, 48) as (stream, producer, consumer):
+        a, b = producer.allocate_frame(), producer.allocate_frame()
+        producer.present(a)
+        consumer.acquire().release()
+        # Reuse on: the stream keeps its newest frame; the answer is None at once, not an error.
+        started = time.perf_counter()
+        assert producer.return_frame(timeout_us=500_000) is None
+        assert time.perf_counter() - started < 0.25
+        assert producer.in_flight == 1
+        producer.present(b)
+        consumer.acquire().release()
+        assert producer.return_frame(timeout_us=1_000_000) is a
+        assert producer.in_flight == 1
+
+
+def test_reuse_off_returns_the_last_frame(display):
+    require_extension(display, "EGL_NV_stream_reset")
+    with connected(display, 64, 48, reuse_last_frame=False) as (stream, producer, consumer):
+        a = producer.allocate_frame()
+        producer.present(a)
+        consumer.acquire().release()
+        assert producer.return_frame(timeout_us=1_000_000) is a
+        assert producer.in_flight == 0
+
+
+def test_acquire_without_a_new_frame_hands_back_the_old_one(display):
+    rng = np.random.default_rng()
+    with connected(display, 32, 8) as (stream, producer, consumer):
+        frame = producer.allocate_frame()
+        expected = fill_random(frame, rng)
+        producer.present(frame)
+        first = consumer.acquire()
+        number = first.number
+        first.release()
+        assert stream.state is eglcuda.StreamState.OLD_FRAME
+        started = time.perf_counter()
+        again = consumer.acquire(timeout_us=50_000)
+        waited = time.perf_counter() - started
+        assert not again.is_new and again.number == number
+        assert 0.04 < waited < 1.0  # the driver waits the whole timeout for a new frame first
+        assert_frame_equals(again, expected)
+        again.release()
+
+
+def test_state_and_counters(display):
+    stream = display.create_stream()
+    try:
+        assert stream.state is eglcuda.StreamState.CREATED
+        consumer = stream.connect_cuda_consumer()
+        assert stream.state is eglcuda.StreamState.CONNECTING
+        producer = stream.connect_cuda_producer(16, 16)
+        assert stream.state is eglcuda.StreamState.EMPTY
+        frame = producer.allocate_frame()
+        producer.present(frame)
+        assert stream.state is eglcuda.StreamState.NEW_FRAME
+        assert stream.producer_frame >= 1
+        with consumer.acquire() as acquired:
+            assert acquired.number == stream.consumer_frame
+        producer.close()
+        assert stream.state is eglcuda.StreamState.DISCONNECTED
+        stream.latency_us = 1234
+        assert stream.latency_us == 1234
+    finally:
+        stream.close()
+
+
+def test_implicit_synchronization_with_a_slow_producer_kernel(display):
+    cp = pytest.importorskip("cupy")
+    kernel = cp.RawKernel(r"""
+    extern "C" __global__ void slow_fill(unsigned char *out, size_t pitch, int width, int height,
+                                         unsigned int seed, long long spin) {
+        long long start = clock64();
+        while (clock64() - start < spin) { }
+        int x = blockIdx.x * blockDim.x + threadIdx.x, y = blockIdx.y;
+        if (x < width * 4 && y < height)
+            out[y * pitch + x] = (unsigned char)((x * 2654435761u + y * 40503u + seed) >> 13);
+    }""", "slow_fill")
+    width, height = 256, 64
+    with connected(display, width, height) as (stream, producer, consumer):
+        frame = producer.allocate_frame()
+        plane = frame.planes[0]
+        seed = int(np.random.default_rng().integers(1, 2**31))
+        cuda_stream = cp.cuda.Stream(non_blocking=True)
+        with cuda_stream:
+            started = time.perf_counter()
+            kernel(((width * 4 + 255) // 256, height), (256,),
+                   (cp.uint64(plane.pointer), cp.uint64(plane.pitch), np.int32(width), np.int32(height),
+                    np.uint32(seed), np.int64(300_000_000)))  # ~150 ms of spinning on an H100
+            producer.present(frame, cuda_stream=cuda_stream)
+            presented_after = time.perf_counter() - started
+        assert cuda_stream.done is False, "the kernel should still be running at present"
+        assert presented_after < 0.1, "present must not wait for the producer's kernel"
+        with consumer.acquire() as acquired:
+            got = acquired.planes[0].to_numpy()  # ordered on the consumer's stream only
+        x = np.arange(width * 4, dtype=np.uint64)[None, :]
+        y = np.arange(height, dtype=np.uint64)[:, None]
+        expected = (((x * 2654435761 + y * 40503 + seed) & 0xFFFFFFFF) >> 13).astype(np.uint8)
+        np.testing.assert_array_equal(got.reshape(height, width * 4), expected)
+
+
+def test_producer_and_consumer_threads_fifo(display):
+    require_extension(display, "EGL_KHR_stream_fifo")
+    rng = np.random.default_rng()
+    count, width, height = 200, 48, 16
+    payloads = [rng.integers(0, 256, (height, width, 4), dtype=np.uint8) for _ in range(count)]
+    received, errors = [], []
+    with connected(display, width, height, fifo_length=4) as (stream, producer, consumer):
+        frames = [producer.allocate_frame() for _ in range(6)]
+
+        def produce():
+            try:
+                free = list(frames)
+                for payload in payloads:
+                    while not free:
+                        back = producer.return_frame(timeout_us=100_000)
+                        if back is not None:
+                            free.append(back)
+                    frame = free.pop()
+                    frame.planes[0].copy_from(payload)
+                    producer.present(frame)
+            except Exception as exc:  # pragma: no cover - reported below
+                errors.append(exc)
+
+        def consume():
+            try:
+                while len(received) < count:
+                    with consumer.acquire(timeout_us=2_000_000) as acquired:
+                        if acquired.is_new:
+                            received.append(acquired.planes[0].to_numpy())
+            except Exception as exc:  # pragma: no cover
+                errors.append(exc)
+
+        threads = [threading.Thread(target=produce), threading.Thread(target=consume)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert not errors, errors
+    assert len(received) == count
+    for index, (got, want) in enumerate(zip(received, payloads)):
+        assert np.array_equal(got, want), f"frame {index} out of order or corrupted"
+
+
+# ---- misuse -------------------------------------------------------------------------------------
+
+def test_producer_before_consumer_is_refused(display):
+    with display.create_stream() as stream:
+        with pytest.raises(eglcuda.UsageError, match="consumer first"):
+            stream.connect_cuda_producer(64, 48)
+
+
+def test_wrong_frame_size_format_and_layout(display):
+    with connected(display, 64, 48, format=ColorFormat.ARGB, layout=Layout.PITCH) as (stream, producer, consumer):
+        with eglcuda.Frame.allocate(64, 47) as short, eglcuda.Frame.allocate(64, 48, ColorFormat.NV12) as nv12, \
+                eglcuda.Frame.allocate(64, 48, layout=Layout.ARRAY) as array:
+            for bad, message in ((short, "64x47"), (nv12, "NV12"), (array, "layout")):
+                with pytest.raises(eglcuda.UsageError, match=message):
+                    producer.present(bad)
+        assert producer.in_flight == 0
+        with pytest.raises(eglcuda.UsageError):
+            producer.present("not a frame")
+
+
+def test_too_many_frames_in_flight(display):
+    with connected(display, 8, 8) as (stream, producer, consumer):
+        frames = [producer.allocate_frame() for _ in range(65)]
+        for frame in frames[:64]:
+            producer.present(frame)
+        with pytest.raises(eglcuda.UsageError, match="64 frames"):
+            producer.present(frames[64])
+        with pytest.raises(eglcuda.UsageError, match="already in flight"):
+            producer.present(frames[0])
+
+
+def test_released_frame_and_double_release(display):
+    with connected(display, 16, 16) as (stream, producer, consumer):
+        producer.present(producer.allocate_frame())
+        acquired = consumer.acquire()
+        plane = acquired.planes[0]
+        acquired.release()
+        with pytest.raises(eglcuda.ClosedError):
+            acquired.release()
+        for use in (lambda: acquired.planes, lambda: plane.pointer, lambda: plane.__cuda_array_interface__,
+                    lambda: plane.to_numpy(), lambda: plane.__dlpack__(), lambda: acquired.to_numpy()):
+            with pytest.raises(eglcuda.ClosedError):
+                use()
+
+
+def test_acquire_while_holding_a_frame(display):
+    with connected(display, 16, 16) as (stream, producer, consumer):
+        producer.present(producer.allocate_frame())
+        with consumer.acquire():
+            with pytest.raises(eglcuda.UsageError, match="release it"):
+                consumer.acquire(timeout_us=1000)
+
+
+def test_acquire_after_close_and_present_after_disconnect(display):
+    stream = display.create_stream()
+    consumer = stream.connect_cuda_consumer()
+    producer = stream.connect_cuda_producer(16, 16)
+    frame = producer.allocate_frame()
+    producer.present(frame)
+    consumer.close()
+    with pytest.raises(eglcuda.ClosedError):
+        consumer.acquire()
+    started = time.perf_counter()
+    with pytest.raises((eglcuda.StreamDisconnected, eglcuda.CUDAError)):
+        producer.present(producer.allocate_frame())
+    assert time.perf_counter() - started < 5
+    stream.close()
+    with pytest.raises(eglcuda.ClosedError):
+        producer.present(frame)
+    frame.close()  # the producer is gone: the frame may be freed now
+
+
+def test_acquire_after_the_producer_disconnects(display):
+    with connected(display, 16, 16) as (stream, producer, consumer):
+        producer.present(producer.allocate_frame())
+        consumer.acquire().release()
+        producer.close()
+        started = time.perf_counter()
+        with pytest.raises(eglcuda.StreamDisconnected):
+            consumer.acquire(timeout_us=100_000)
+        assert time.perf_counter() - started < 2
+
+
+def test_acquire_on_an_empty_stream_times_out(display):
+    with connected(display, 16, 16) as (stream, producer, consumer):
+        started = time.perf_counter()
+        with pytest.raises(eglcuda.Timeout):
+            consumer.acquire(timeout_us=100_000)
+        assert time.perf_counter() - started < 2
+
+
+def test_presented_frame_cannot_be_closed_until_disconnect(display):
+    with connected(display, 16, 16) as (stream, producer, consumer):
+        frame = producer.allocate_frame()
+        producer.present(frame)
+        with pytest.raises(eglcuda.UsageError, match="disconnect"):
+            frame.close()
+    frame.close()
+    assert frame.closed
+
+
+@pytest.mark.parametrize("bad", [-1, 2**31, 1.5, None])
+def test_bad_timeouts(display, bad):
+    with connected(display, 16, 16) as (stream, producer, consumer):
+        with pytest.raises(eglcuda.UsageError):
+            consumer.acquire(timeout_us=bad)
+        with pytest.raises(eglcuda.UsageError):
+            producer.return_frame(timeout_us=bad)
+
+
+def test_bad_stream_options(display):
+    for options in ({"fifo_length": -1}, {"latency_us": -5}, {"fifo_length": "4"}):
+        with pytest.raises(eglcuda.UsageError):
+            display.create_stream(**options)
+
+
+# ---- leaks --------------------------------------------------------------------------------------
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_thousand_cycles_leave_gpu_memory_and_fds_flat(display, cuda_ordinal):
+    device = eglcuda.get_device(cuda_ordinal)
+
+    def cycle():
+        with connected(display, 64, 32) as (stream, producer, consumer):
+            a, b = producer.allocate_frame(), producer.allocate_frame()
+            producer.present(a)
+            consumer.acquire().release()
+            producer.present(b)
+            consumer.acquire().release()
+            assert producer.return_frame(timeout_us=1_000_000) is a
+
+    for _ in range(20):
+        cycle()
+    gc.collect()
+    free_before, fds_before = device.memory_info()[0], open_fds()
+    for _ in range(1000):
+        cycle()
+    gc.collect()
+    free_after, fds_after = device.memory_info()[0], open_fds()
+    # 1,000 leaked pairs of frames (plus driver objects) would be far above 16 MiB.
+    assert free_before - free_after < 16 << 20, (free_before, free_after)
+    assert fds_after - fds_before <= 2, (fds_before, fds_after)

@@ -1,0 +1,54 @@
+"""Plane geometry, the one place frame sizes and pitches are derived."""
+from __future__ import annotations
+
+import pytest
+
+import eglcuda
+from eglcuda._formats import ColorFormat, check_pitch, color_format, default_pitch, min_pitch, plane_geometry
+
+
+@pytest.mark.parametrize(
+    "fmt, width, height, pitch, expected",
+    [
+        (ColorFormat.ARGB, 7, 5, 28, [(7, 5, 4, 28)]),
+        (ColorFormat.R, 33, 17, 64, [(33, 17, 1, 64)]),
+        (ColorFormat.YUV420_PLANAR, 33, 17, 64, [(33, 17, 1, 64), (17, 9, 1, 32), (17, 9, 1, 32)]),
+        (ColorFormat.NV12, 33, 17, 64, [(33, 17, 1, 64), (17, 9, 2, 64)]),
+        (ColorFormat.YUV444_PLANAR, 4, 2, 256, [(4, 2, 1, 256)] * 3),
+        (ColorFormat.NV12, 2, 2, 0, [(2, 2, 1, 0), (1, 1, 2, 0)]),
+    ],
+)
+def test_plane_geometry(fmt, width, height, pitch, expected):
+    planes = plane_geometry(fmt, width, height, pitch)
+    assert [(p.width, p.height, p.channels, p.pitch) for p in planes] == expected
+    for plane in planes:
+        assert plane.pitch == 0 or plane.pitch >= plane.row_bytes
+
+
+def test_min_and_default_pitch_fit_every_plane():
+    for fmt in (ColorFormat.ARGB, ColorFormat.YUV420_PLANAR, ColorFormat.NV12, ColorFormat.YUV444_PLANAR, ColorFormat.R):
+        for width in (1, 2, 3, 33, 640, 7680):
+            pitch = default_pitch(fmt, width)
+            assert pitch % 256 == 0 and pitch >= min_pitch(fmt, width)
+            check_pitch(fmt, width, pitch)
+            for plane in plane_geometry(fmt, width, 3, pitch):
+                assert plane.pitch >= plane.row_bytes
+    assert min_pitch(ColorFormat.YUV420_PLANAR, 33) == 34  # chroma rows of 17 bytes at pitch/2
+    assert min_pitch(ColorFormat.NV12, 33) == 34  # interleaved chroma: 17 pairs
+
+
+@pytest.mark.parametrize("fmt, width, pitch", [(ColorFormat.ARGB, 8, 31), (ColorFormat.YUV420_PLANAR, 32, 33),
+                                               (ColorFormat.NV12, 33, 33), (ColorFormat.R, 4, "4")])
+def test_bad_pitch_is_refused(fmt, width, pitch):
+    with pytest.raises(eglcuda.UsageError):
+        check_pitch(fmt, width, pitch)
+
+
+def test_color_format_parsing():
+    assert color_format("argb") is ColorFormat.ARGB
+    assert color_format(0x01) is ColorFormat.NV12
+    assert color_format(ColorFormat.R) is ColorFormat.R
+    with pytest.raises(eglcuda.UsageError):
+        color_format("RGB565")
+    with pytest.raises(eglcuda.UsageError):
+        color_format(0x7777)
