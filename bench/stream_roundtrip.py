@@ -61,6 +61,31 @@ def eglcuda_serial(display, width: int, height: int, iterations: int) -> float:
         return 1e6 * (time.perf_counter() - start) / iterations
 
 
+def eglcuda_breakdown(display, width: int, height: int, iterations: int) -> dict[str, float]:
+    """Median microseconds of each public call in the serial loop (where eglcuda's time goes)."""
+    clock = time.perf_counter
+    with display.create_stream() as stream:
+        consumer = stream.connect_cuda_consumer()
+        producer = stream.connect_cuda_producer(width, height)
+        frames = [producer.allocate_frame(), producer.allocate_frame()]
+        spent: dict[str, list[float]] = {"present": [], "acquire": [], "release": [], "return_frame": []}
+        for i in range(iterations):
+            t0 = clock()
+            producer.present(frames[i & 1])
+            t1 = clock()
+            acquired = consumer.acquire()
+            t2 = clock()
+            acquired.release()
+            t3 = clock()
+            if i:
+                frames[(i - 1) & 1] = producer.return_frame(1_000_000)
+            t4 = clock()
+            if i > iterations // 10:
+                for name, seconds in zip(spent, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
+                    spent[name].append(seconds)
+        return {name: 1e6 * statistics.median(values) for name, values in spent.items()}
+
+
 def eglcuda_pipelined(display, width: int, height: int, iterations: int) -> float:
     with display.create_stream(fifo_length=4) as stream:
         consumer = stream.connect_cuda_consumer()
@@ -96,17 +121,11 @@ class Stack:
 
         from cuda.bindings import driver as cu
         from OpenGL import EGL
-        from OpenGL.EGL.EXT.device_base import eglQueryDevicesEXT, eglQueryDeviceAttribEXT  # noqa: F401
 
         self.cu, self.EGL, self.ctypes = cu, EGL, ctypes
-        devices = (EGL.EGLDeviceEXT * 8)()
-        count = EGL.EGLint()
-        eglQueryDevicesEXT(8, devices, ctypes.pointer(count))
-        self.dpy = None
-        for i in range(count.value):
-            value = EGL.EGLAttrib()
-            if eglQueryDeviceAttribEXT(devices[i], 0x323A, ctypes.pointer(value)) and value.value == 0:
-                self.dpy = EGL.eglGetPlatformDisplay(0x313F, devices[i], None)
+        # PyOpenGL checks extension functions against the current display, so the usual recipe is
+        # the default display, initialized and made current before any extension call.
+        self.dpy = EGL.eglGetDisplay(EGL.EGL_DEFAULT_DISPLAY)
         major, minor = EGL.EGLint(), EGL.EGLint()
         EGL.eglInitialize(self.dpy, ctypes.pointer(major), ctypes.pointer(minor))
         config = EGL.EGLConfig()
@@ -231,7 +250,10 @@ def main() -> int:
         stack = Stack()
         stack_error = None
     except Exception as exc:  # reported in the table
-        stack, stack_error = None, f"{type(exc).__name__}: {exc}"
+        import traceback
+
+        traceback.print_exc()
+        stack, stack_error = None, f"{type(exc).__name__}: {str(exc)[:200]}"
 
     rows = []
     for width, height in SIZES:
@@ -249,6 +271,9 @@ def main() -> int:
                         stack = None
             med = {k: statistics.median(v) if v else float("nan") for k, v in cells.items()}
             rows.append((f"{width}x{height}", mode, iterations, med))
+            if mode == "serial":
+                parts = eglcuda_breakdown(display, width, height, iterations)
+                print("  eglcuda per call (median us): " + ", ".join(f"{k} {v:.2f}" for k, v in parts.items()))
             print(f"{width}x{height} {mode:9s} C {med['C']:7.2f} us  eglcuda {med['eglcuda']:7.2f} us "
                   f"(x{med['eglcuda'] / med['C']:.3f})  stack {med['PyOpenGL+cuda-python']:7.2f} us "
                   f"(x{med['PyOpenGL+cuda-python'] / med['C']:.3f})", flush=True)

@@ -67,6 +67,7 @@ CUresult eglcuda_producer_return(CUcontext ctx, CUeglStreamConnection *conn, CUe
     if (status != CUDA_SUCCESS)
         return status;
     clock_gettime(CLOCK_MONOTONIC, &start);
+    struct timespec call = start;
     for (;;) {
         status = cuEGLStreamProducerReturnFrame(conn, frame, stream);
         if (status != CUDA_ERROR_LAUNCH_TIMEOUT || timeout_us == 0)
@@ -76,11 +77,13 @@ CUresult eglcuda_producer_return(CUcontext ctx, CUeglStreamConnection *conn, CUe
                                     + (unsigned long long)((now.tv_nsec - start.tv_nsec) / 1000);
         if (waited >= timeout_us)
             return status;
-        if (waited < 1000) {
-            /* The driver may answer at once: never retry faster than every 100 us. */
-            struct timespec pause = {0, 100000};
+        long long call_ns = (now.tv_sec - call.tv_sec) * 1000000000ll + (now.tv_nsec - call.tv_nsec);
+        if (call_ns < 20000) {
+            /* The driver answered at once instead of waiting inside: pause so we never spin. */
+            struct timespec pause = {0, 50000};
             nanosleep(&pause, NULL);
         }
+        clock_gettime(CLOCK_MONOTONIC, &call);
     }
 }
 

@@ -28,6 +28,7 @@ class ColorFormat(enum.IntEnum):
     RGBA = lib.CU_EGL_COLOR_FORMAT_RGBA
     BGRA = lib.CU_EGL_COLOR_FORMAT_BGRA
     R = lib.CU_EGL_COLOR_FORMAT_R  # one 8-bit channel
+    Y = 0x52  # CU_EGL_COLOR_FORMAT_Y: a single luma plane
     YUV420_PLANAR = lib.CU_EGL_COLOR_FORMAT_YUV420_PLANAR  # I420: Y, U, V planes
     NV12 = lib.CU_EGL_COLOR_FORMAT_YUV420_SEMIPLANAR  # Y plane + interleaved chroma plane
     YUV444_PLANAR = lib.CU_EGL_COLOR_FORMAT_YUV444_PLANAR
@@ -57,6 +58,7 @@ _SPECS: dict[ColorFormat, tuple[PlaneSpec, ...]] = {
     ColorFormat.RGBA: (PlaneSpec(1, 1, 4, 1),),
     ColorFormat.BGRA: (PlaneSpec(1, 1, 4, 1),),
     ColorFormat.R: (PlaneSpec(1, 1, 1, 1),),
+    ColorFormat.Y: (PlaneSpec(1, 1, 1, 1),),
     ColorFormat.YUV420_PLANAR: (PlaneSpec(1, 1, 1, 1), PlaneSpec(2, 2, 1, 2), PlaneSpec(2, 2, 1, 2)),
     ColorFormat.NV12: (PlaneSpec(1, 1, 1, 1), PlaneSpec(2, 2, 2, 1)),
     ColorFormat.YVU420_SEMIPLANAR: (PlaneSpec(1, 1, 1, 1), PlaneSpec(2, 2, 2, 1)),
@@ -91,6 +93,9 @@ class PlaneGeometry:
 
 def color_format(value) -> ColorFormat:
     """A :class:`ColorFormat` from an enum member, its name or its driver value."""
+    found = _BY_VALUE.get(value) if type(value) is int else None
+    if found is not None:
+        return found
     try:
         if isinstance(value, str):
             return ColorFormat[value.upper()]
@@ -104,10 +109,19 @@ def plane_specs(fmt: ColorFormat) -> tuple[PlaneSpec, ...]:
     return _SPECS[fmt]
 
 
-def check_size(width: int, height: int) -> None:
+# Formats with chroma subsampled in both directions: the driver refuses odd sizes for them
+# (measured, H100 driver 580: present or copies fail with CUDA_ERROR_INVALID_VALUE).
+EVEN_SIZE_ONLY = frozenset({ColorFormat.YUV420_PLANAR, ColorFormat.NV12, ColorFormat.YVU420_SEMIPLANAR})
+
+_BY_VALUE = {int(f): f for f in ColorFormat}
+
+
+def check_size(width: int, height: int, fmt: ColorFormat | None = None) -> None:
     for name, value in (("width", width), ("height", height)):
         if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_DIMENSION:
             raise UsageError(f"frame {name} must be an int in 1..{MAX_DIMENSION}, got {value!r}")
+    if fmt in EVEN_SIZE_ONLY and (width % 2 or height % 2):
+        raise UsageError(f"{fmt.name} frames need an even width and height, got {width}x{height}")
 
 
 def min_pitch(fmt: ColorFormat, width: int) -> int:

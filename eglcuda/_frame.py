@@ -337,10 +337,10 @@ class Frame(_FrameBase):
                  pitch_alignment: int = PLANE_ALIGNMENT) -> "Frame":
         """Allocate a frame in device memory. Pitch-linear frames get one allocation with the
         planes ``pitch_alignment`` bytes aligned; CUDA-array frames get one array per plane."""
-        check_size(width, height)
         fmt = color_format(format)
         if fmt in SAME_GEOMETRY:
             fmt = SAME_GEOMETRY[fmt]
+        check_size(width, height, fmt)
         layout = Layout(layout)
         if pitch_alignment < 1 or pitch_alignment & (pitch_alignment - 1):
             raise UsageError(f"pitch_alignment must be a power of two, got {pitch_alignment}")
@@ -380,8 +380,8 @@ class Frame(_FrameBase):
         """Wrap device memory at ``pointer`` without copying. ``pointer`` is one address (planes
         follow each other, each ``pitch_i * height_i`` bytes) or one address per plane. ``owner``
         is kept alive as long as the frame."""
-        check_size(width, height)
         fmt = color_format(format)
+        check_size(width, height, fmt)
         check_pitch(fmt, width, pitch)
         geometry = plane_geometry(fmt, width, height, pitch)
         if isinstance(pointer, int):
@@ -411,7 +411,7 @@ class Frame(_FrameBase):
         pointer0, shape0, strides0, _, _ = described[0]
         height = height if height is not None else shape0[0]
         width = width if width is not None else shape0[1]
-        check_size(width, height)
+        check_size(width, height, fmt)
         pitch = strides0[0] if strides0 else int(np.prod(shape0[1:]))
         check_pitch(fmt, width, pitch)
         geometry = plane_geometry(fmt, width, height, pitch)
@@ -474,22 +474,55 @@ class AcquiredFrame(_FrameBase):
     """
 
     read_only = True
+    __slots__ = ("_consumer", "_egl", "_resource", "number", "is_new", "_released", "_planes_cache")
 
     def __init__(self, consumer: "CudaConsumer", egl, resource, number: int | None, is_new: bool) -> None:
+        # The per-frame path: store references only. The consumer's CUeglFrame buffer stays valid
+        # while this frame is held (one frame at a time), so fields are read when asked for.
         self._consumer = consumer
+        self._egl = egl
         self._resource = resource
-        self.device = consumer.device
         self.number = number
         self.is_new = is_new
-        self.width = egl.width
-        self.height = egl.height
-        self.format = color_format(egl.eglColorFormat)
-        self.layout = Layout.ARRAY if egl.frameType == lib.CU_EGL_FRAME_TYPE_ARRAY else Layout.PITCH
-        self.pitch = egl.pitch if self.layout is Layout.PITCH else 0
-        geometry = plane_geometry(self.format, self.width, self.height, self.pitch)
-        addresses = [int(ffi.cast("uintptr_t", egl.frame.pPitch[i])) for i in range(egl.planeCount)]
-        self._planes = tuple(Plane(self, i, g, a) for i, (g, a) in enumerate(zip(geometry, addresses)))
         self._released = False
+        self._planes_cache = None
+
+    @property
+    def device(self) -> CudaDevice:  # type: ignore[override]
+        return self._consumer.device
+
+    @property
+    def width(self) -> int:  # type: ignore[override]
+        self._check_usable()
+        return self._egl.width
+
+    @property
+    def height(self) -> int:  # type: ignore[override]
+        self._check_usable()
+        return self._egl.height
+
+    @property
+    def format(self) -> ColorFormat:  # type: ignore[override]
+        self._check_usable()
+        return color_format(self._egl.eglColorFormat)
+
+    @property
+    def layout(self) -> Layout:  # type: ignore[override]
+        self._check_usable()
+        return Layout.ARRAY if self._egl.frameType == lib.CU_EGL_FRAME_TYPE_ARRAY else Layout.PITCH
+
+    @property
+    def pitch(self) -> int:  # type: ignore[override]
+        return self._egl.pitch if self.layout is Layout.PITCH else 0
+
+    @property
+    def _planes(self) -> tuple[Plane, ...]:  # type: ignore[override]
+        if self._planes_cache is None:
+            egl = self._egl
+            geometry = plane_geometry(self.format, egl.width, egl.height, self.pitch)
+            addresses = [int(ffi.cast("uintptr_t", egl.frame.pPitch[i])) for i in range(egl.planeCount)]
+            self._planes_cache = tuple(Plane(self, i, g, a) for i, (g, a) in enumerate(zip(geometry, addresses)))
+        return self._planes_cache
 
     @property
     def cuda_stream(self) -> int:
@@ -516,5 +549,7 @@ class AcquiredFrame(_FrameBase):
             self.release()
 
     def __repr__(self) -> str:
-        state = "released" if self._released else ("new" if self.is_new else "old")
+        if self._released:
+            return f"<AcquiredFrame #{self.number} released>"
+        state = "new" if self.is_new else "old"
         return f"<AcquiredFrame #{self.number} {self.width}x{self.height} {self.format.name} {self.layout.value} {state}>"

@@ -22,6 +22,7 @@ from ._frame import AcquiredFrame, Frame
 from ._interop import stream_handle
 from ._native import ffi, lib
 
+_NULL_STREAM = ffi.NULL
 MAX_FRAMES_IN_FLIGHT = 64  # the guide: CUDA cannot present more than 64 active frames
 DEFAULT_ACQUIRE_TIMEOUT_US = 1_000_000
 _CALL_NAMES = {0: "cuCtxSetCurrent", 1: "cuEGLStreamConsumerAcquireFrame",
@@ -232,6 +233,7 @@ class CudaConsumer:
         self.stream = stream
         self.device = stream._device(device)
         self.device.make_current()
+        self._context = self.device.context
         self._own_stream = cuda_stream is None
         if self._own_stream:
             created = ffi.new("CUstream *")
@@ -262,6 +264,8 @@ class CudaConsumer:
         self._counter = ffi.new("EGLuint64KHR *")
         self._failed = ffi.new("int *")
         self._use_counter = True
+        self._dpy = stream.display.handle
+        self._egl_stream = stream.handle
         self._last_number: int | None = None
         self._held: AcquiredFrame | None = None
         self._lock = threading.Lock()
@@ -280,17 +284,17 @@ class CudaConsumer:
         :class:`Timeout`; once the producer is gone, :class:`StreamDisconnected`. The wait
         releases the GIL.
         """
-        _check_us("timeout_us", timeout_us, allow_none=False)
+        if type(timeout_us) is not int or not 0 <= timeout_us <= 0x7FFFFFFF:
+            _check_us("timeout_us", timeout_us, allow_none=False)
         with self._lock:
-            if self.closed:
+            # Closing the stream or display closes this consumer first, so one flag suffices.
+            if not self._finalizer.alive:
                 raise ClosedError("the consumer is disconnected (or its stream closed)")
             if self._held is not None:
                 raise UsageError("the consumer still holds a frame: release it before acquiring another")
-            stream = self.stream
-            display = stream.display
             status = lib.eglcuda_consumer_acquire(
-                self.device.context, self._connection, self._resource, self._cu_stream, timeout_us, self._egl_frame,
-                display.handle if self._use_counter else ffi.NULL, stream.handle, self._counter, self._failed)
+                self._context, self._connection, self._resource, self._cu_stream, timeout_us, self._egl_frame,
+                self._dpy if self._use_counter else ffi.NULL, self._egl_stream, self._counter, self._failed)
             if status:
                 failed = self._failed[0]
                 if failed == 3:  # the counter query failed; the frame itself is acquired and mapped
@@ -326,9 +330,9 @@ class CudaConsumer:
                 raise UsageError("this frame does not belong to this consumer")
             frame._released = True
             self._held = None
-            if self.closed:
+            if not self._finalizer.alive:
                 return  # disconnecting released it
-            status = lib.eglcuda_consumer_release(self.device.context, self._connection, frame._resource, self._cu_stream)
+            status = lib.eglcuda_consumer_release(self._context, self._connection, frame._resource, self._cu_stream)
             if status:
                 raise cuda_error(status, "cuEGLStreamConsumerReleaseFrame", "releasing a frame")
 
@@ -363,10 +367,10 @@ class CudaProducer:
 
     def __init__(self, stream: Stream, width: int, height: int, device: int | CudaDevice | None,
                  format: ColorFormat | str | None, layout: Layout | str | None) -> None:
-        check_size(width, height)
+        self.format = None if format is None else color_format(format)
+        check_size(width, height, self.format)
         if stream.closed:
             raise ClosedError("the stream is closed")
-        self.format = None if format is None else color_format(format)
         self.layout = None if layout is None else Layout(layout)
         state = stream.state
         if stream.producer is not None or state is not StreamState.CONNECTING:
@@ -388,6 +392,9 @@ class CudaProducer:
         self._returned = ffi.new("CUeglFrame *")
         self._present_stream = ffi.new("CUstream *")
         self._return_stream = ffi.new("CUstream *")
+        self._context = self.device.context
+        self._weak_self = weakref.ref(self)
+        self._reuse = stream.reuse_last_frame
         self._lock = threading.Lock()
         self.frames_presented = 0
         stream.producer = self
@@ -403,8 +410,8 @@ class CudaProducer:
 
     def allocate_frame(self, format: ColorFormat | str | None = None, layout: Layout | str | None = None) -> Frame:
         """A new frame of this connection's size (and format and layout, if fixed)."""
-        fmt = format if format is not None else (self.format or ColorFormat.ARGB)
-        lay = layout if layout is not None else (self.layout or Layout.PITCH)
+        fmt = format if format is not None else (self.format if self.format is not None else ColorFormat.ARGB)
+        lay = layout if layout is not None else (self.layout if self.layout is not None else Layout.PITCH)
         return Frame.allocate(self.width, self.height, fmt, lay, self.device)
 
     def _check_frame(self, frame: Frame) -> None:
@@ -431,11 +438,11 @@ class CudaProducer:
         queued (None: the legacy default stream); the consumer's work is ordered after it without
         blocking this thread."""
         with self._lock:
-            if self.closed:
+            if not self._finalizer.alive:
                 raise ClosedError("the producer is disconnected (or its stream closed)")
             self._check_frame(frame)
-            self._present_stream[0] = ffi.cast("CUstream", stream_handle(cuda_stream))
-            status = lib.eglcuda_producer_present(self.device.context, self._connection, frame._egl, self._present_stream)
+            self._present_stream[0] = _NULL_STREAM if cuda_stream is None else ffi.cast("CUstream", stream_handle(cuda_stream))
+            status = lib.eglcuda_producer_present(self._context, self._connection, frame._egl, self._present_stream)
             if status:
                 self._raise_stream_error(status, "cuEGLStreamProducerPresentFrame", "presenting a frame")
             if self.format is None:
@@ -444,7 +451,7 @@ class CudaProducer:
                 self.layout = frame.layout
             self._in_flight[frame.key] = frame
             self._associated[frame.key] = frame
-            frame._producer = weakref.ref(self)
+            frame._producer = self._weak_self
             self.frames_presented += 1
 
     def return_frame(self, timeout_us: int = 0) -> Frame | None:
@@ -455,14 +462,15 @@ class CudaProducer:
         consumer (reuse on, the default): that frame comes back only after another is presented,
         so with one frame in flight this returns None at once instead of waiting. The wait
         releases the GIL."""
-        _check_us("timeout_us", timeout_us, allow_none=False)
+        if type(timeout_us) is not int or not 0 <= timeout_us <= 0x7FFFFFFF:
+            _check_us("timeout_us", timeout_us, allow_none=False)
         with self._lock:
-            if self.closed:
+            if not self._finalizer.alive:
                 raise ClosedError("the producer is disconnected (or its stream closed)")
             if not self._in_flight:
                 return None
-            kept_by_stream = self.stream.reuse_last_frame and len(self._in_flight) == 1
-            status = lib.eglcuda_producer_return(self.device.context, self._connection, self._returned,
+            kept_by_stream = self._reuse and len(self._in_flight) == 1
+            status = lib.eglcuda_producer_return(self._context, self._connection, self._returned,
                                                  self._return_stream, 0 if kept_by_stream else timeout_us)
             if status == lib.CUDA_ERROR_LAUNCH_TIMEOUT:
                 return None

@@ -67,7 +67,7 @@ def run(display, width, height, fmt, layout, frames, fifo, verbose=True) -> dict
     consumer = stream.connect_cuda_consumer()
     producer = stream.connect_cuda_producer(width, height, format=fmt, layout=layout)
     pool = [producer.allocate_frame() for _ in range(max(fifo, 1) + 2)]
-    geometry = pool[0].planes
+    geometry = [plane.geometry for plane in pool[0].planes]
     # Array planes are not linear memory: kernels work on a pitch-linear scratch plane and a
     # stream-ordered copy moves it in (producer) or out (consumer).
     scratch_p = [cp.empty((g.height, g.row_bytes), cp.uint8) for g in geometry] if layout is Layout.ARRAY else None
