@@ -27,8 +27,10 @@ class ColorFormat(enum.IntEnum):
     ABGR = lib.CU_EGL_COLOR_FORMAT_ABGR
     RGBA = lib.CU_EGL_COLOR_FORMAT_RGBA
     BGRA = lib.CU_EGL_COLOR_FORMAT_BGRA
-    R = lib.CU_EGL_COLOR_FORMAT_R  # one 8-bit channel
+    # One 8-bit channel. (CU_EGL_COLOR_FORMAT_R and _L are not offered: on the H100 with driver 580
+    # the stream refuses L at present and R at acquire, with CUDA_ERROR_UNKNOWN / _INVALID_VALUE.)
     Y = 0x52  # CU_EGL_COLOR_FORMAT_Y: a single luma plane
+    A = lib.CU_EGL_COLOR_FORMAT_A
     YUV420_PLANAR = lib.CU_EGL_COLOR_FORMAT_YUV420_PLANAR  # I420: Y, U, V planes
     NV12 = lib.CU_EGL_COLOR_FORMAT_YUV420_SEMIPLANAR  # Y plane + interleaved chroma plane
     YUV444_PLANAR = lib.CU_EGL_COLOR_FORMAT_YUV444_PLANAR
@@ -57,8 +59,8 @@ _SPECS: dict[ColorFormat, tuple[PlaneSpec, ...]] = {
     ColorFormat.ABGR: (PlaneSpec(1, 1, 4, 1),),
     ColorFormat.RGBA: (PlaneSpec(1, 1, 4, 1),),
     ColorFormat.BGRA: (PlaneSpec(1, 1, 4, 1),),
-    ColorFormat.R: (PlaneSpec(1, 1, 1, 1),),
     ColorFormat.Y: (PlaneSpec(1, 1, 1, 1),),
+    ColorFormat.A: (PlaneSpec(1, 1, 1, 1),),
     ColorFormat.YUV420_PLANAR: (PlaneSpec(1, 1, 1, 1), PlaneSpec(2, 2, 1, 2), PlaneSpec(2, 2, 1, 2)),
     ColorFormat.NV12: (PlaneSpec(1, 1, 1, 1), PlaneSpec(2, 2, 2, 1)),
     ColorFormat.YVU420_SEMIPLANAR: (PlaneSpec(1, 1, 1, 1), PlaneSpec(2, 2, 2, 1)),
@@ -109,8 +111,10 @@ def plane_specs(fmt: ColorFormat) -> tuple[PlaneSpec, ...]:
     return _SPECS[fmt]
 
 
-# Formats with chroma subsampled in both directions: the driver refuses odd sizes for them
-# (measured, H100 driver 580: present or copies fail with CUDA_ERROR_INVALID_VALUE).
+# Formats with chroma subsampled in both directions. eglcuda takes even sizes only: with odd sizes
+# its frames failed on the H100 (driver 580) at present (array layout) and in plane copies (pitch
+# layout), although a raw pitch frame of 7x5 went through; until the driver's plane geometry for
+# odd sizes is pinned down, eglcuda refuses them rather than risk wrong bytes.
 EVEN_SIZE_ONLY = frozenset({ColorFormat.YUV420_PLANAR, ColorFormat.NV12, ColorFormat.YVU420_SEMIPLANAR})
 
 _BY_VALUE = {int(f): f for f in ColorFormat}

@@ -311,6 +311,7 @@ class Frame(_FrameBase):
         geometry = plane_geometry(format, width, height, pitch if layout is Layout.PITCH else 0)
         self._planes = tuple(Plane(self, i, g, a) for i, (g, a) in enumerate(zip(geometry, plane_addresses)))
         self._producer: weakref.ReferenceType | None = None  # set while presented on a producer
+        self._checked_by: weakref.ReferenceType | None = None  # the producer that validated it
         # The driver's description, built once: present passes it without allocating.
         egl = ffi.new("CUeglFrame *")
         for i, address in enumerate(plane_addresses):

@@ -440,7 +440,13 @@ class CudaProducer:
         with self._lock:
             if not self._finalizer.alive:
                 raise ClosedError("the producer is disconnected (or its stream closed)")
-            self._check_frame(frame)
+            # A frame's geometry never changes: check it fully the first time this producer sees it.
+            if getattr(frame, "_checked_by", None) is not self._weak_self or not frame._finalizer.alive:
+                self._check_frame(frame)
+            elif frame.key in self._in_flight:
+                raise UsageError("this frame is already in flight: wait for return_frame() to give it back")
+            elif len(self._in_flight) >= MAX_FRAMES_IN_FLIGHT:
+                self._check_frame(frame)
             self._present_stream[0] = _NULL_STREAM if cuda_stream is None else ffi.cast("CUstream", stream_handle(cuda_stream))
             status = lib.eglcuda_producer_present(self._context, self._connection, frame._egl, self._present_stream)
             if status:
@@ -452,6 +458,7 @@ class CudaProducer:
             self._in_flight[frame.key] = frame
             self._associated[frame.key] = frame
             frame._producer = self._weak_self
+            frame._checked_by = self._weak_self
             self.frames_presented += 1
 
     def return_frame(self, timeout_us: int = 0) -> Frame | None:

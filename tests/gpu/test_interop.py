@@ -20,11 +20,11 @@ def display(cuda_display):
 def test_cupy_views_are_zero_copy(display):
     cp = pytest.importorskip("cupy")
     rng = np.random.default_rng()
-    with connected(display, 65, 33, format=ColorFormat.NV12) as (stream, producer, consumer):
+    with connected(display, 66, 34, format=ColorFormat.NV12) as (stream, producer, consumer):
         frame = producer.allocate_frame()
         expected = fill_random(frame, rng)
         luma = cp.asarray(frame.planes[0])
-        assert luma.data.ptr == frame.planes[0].pointer and luma.shape == (33, 65)
+        assert luma.data.ptr == frame.planes[0].pointer and luma.shape == (34, 66)
         chroma = cp.asarray(frame.planes[1])
         assert chroma.shape == (17, 33, 2)
         np.testing.assert_array_equal(cp.asnumpy(chroma), expected[1])
@@ -82,7 +82,7 @@ def test_dlpack_keeps_the_frame_alive_until_the_consumer_is_done(display):
 def test_frame_from_cupy_arrays_without_copy(display):
     cp = pytest.importorskip("cupy")
     rng = np.random.default_rng()
-    width, height = 63, 31
+    width, height = 62, 30
     pitch = eglcuda._formats.default_pitch(ColorFormat.YUV420_PLANAR, width)
     geometry = eglcuda.plane_geometry(ColorFormat.YUV420_PLANAR, width, height, pitch)
     storage = [cp.zeros((g.height, g.pitch), cp.uint8) for g in geometry]

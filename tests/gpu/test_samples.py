@@ -14,7 +14,7 @@ def test_cuda_to_cuda_sample(cuda_display):
     pytest.importorskip("cupy")
     for extra in (["--fifo", "4"], ["--fifo", "0"]):
         result = subprocess.run(
-            [sys.executable, str(ROOT / "samples" / "cuda_to_cuda.py"), "--width", "333", "--height", "97",
+            [sys.executable, str(ROOT / "samples" / "cuda_to_cuda.py"), "--width", "334", "--height", "98",
              "--frames", "60", "--formats", "ARGB,YUV420_PLANAR,NV12", *extra],
             capture_output=True, text=True, timeout=300)
         assert result.returncode == 0, result.stdout + result.stderr

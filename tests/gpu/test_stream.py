@@ -15,7 +15,7 @@ from eglcuda import ColorFormat, Layout
 from ..conftest import require_extension
 from .streamkit import assert_frame_equals, connected, fill_random
 
-FORMATS = [ColorFormat.ARGB, ColorFormat.ABGR, ColorFormat.RGBA, ColorFormat.BGRA, ColorFormat.Y,
+FORMATS = [ColorFormat.ARGB, ColorFormat.ABGR, ColorFormat.RGBA, ColorFormat.BGRA, ColorFormat.Y, ColorFormat.A,
            ColorFormat.YUV420_PLANAR, ColorFormat.NV12, ColorFormat.YUV444_PLANAR]
 SIZES = [(2, 2), (7, 5), (33, 17), (34, 18), (640, 480)]
 

@@ -11,7 +11,7 @@ from eglcuda._formats import ColorFormat, check_pitch, color_format, default_pit
     "fmt, width, height, pitch, expected",
     [
         (ColorFormat.ARGB, 7, 5, 28, [(7, 5, 4, 28)]),
-        (ColorFormat.R, 33, 17, 64, [(33, 17, 1, 64)]),
+        (ColorFormat.Y, 33, 17, 64, [(33, 17, 1, 64)]),
         (ColorFormat.YUV420_PLANAR, 33, 17, 64, [(33, 17, 1, 64), (17, 9, 1, 32), (17, 9, 1, 32)]),
         (ColorFormat.NV12, 33, 17, 64, [(33, 17, 1, 64), (17, 9, 2, 64)]),
         (ColorFormat.YUV444_PLANAR, 4, 2, 256, [(4, 2, 1, 256)] * 3),
@@ -26,7 +26,7 @@ def test_plane_geometry(fmt, width, height, pitch, expected):
 
 
 def test_min_and_default_pitch_fit_every_plane():
-    for fmt in (ColorFormat.ARGB, ColorFormat.YUV420_PLANAR, ColorFormat.NV12, ColorFormat.YUV444_PLANAR, ColorFormat.R):
+    for fmt in (ColorFormat.ARGB, ColorFormat.YUV420_PLANAR, ColorFormat.NV12, ColorFormat.YUV444_PLANAR, ColorFormat.Y):
         for width in (1, 2, 3, 33, 640, 7680):
             pitch = default_pitch(fmt, width)
             assert pitch % 256 == 0 and pitch >= min_pitch(fmt, width)
@@ -38,7 +38,7 @@ def test_min_and_default_pitch_fit_every_plane():
 
 
 @pytest.mark.parametrize("fmt, width, pitch", [(ColorFormat.ARGB, 8, 31), (ColorFormat.YUV420_PLANAR, 32, 33),
-                                               (ColorFormat.NV12, 33, 33), (ColorFormat.R, 4, "4")])
+                                               (ColorFormat.NV12, 33, 33), (ColorFormat.Y, 4, "4")])
 def test_bad_pitch_is_refused(fmt, width, pitch):
     with pytest.raises(eglcuda.UsageError):
         check_pitch(fmt, width, pitch)
@@ -47,8 +47,21 @@ def test_bad_pitch_is_refused(fmt, width, pitch):
 def test_color_format_parsing():
     assert color_format("argb") is ColorFormat.ARGB
     assert color_format(0x01) is ColorFormat.NV12
-    assert color_format(ColorFormat.R) is ColorFormat.R
+    assert color_format(ColorFormat.Y) is ColorFormat.Y
+    assert color_format("A") is ColorFormat.A
     with pytest.raises(eglcuda.UsageError):
         color_format("RGB565")
     with pytest.raises(eglcuda.UsageError):
         color_format(0x7777)
+
+
+def test_odd_sizes_are_refused_for_420_formats():
+    from eglcuda._formats import check_size
+
+    check_size(7, 5, ColorFormat.ARGB)
+    check_size(8, 6, ColorFormat.NV12)
+    for fmt in (ColorFormat.NV12, ColorFormat.YUV420_PLANAR):
+        with pytest.raises(eglcuda.UsageError, match="even"):
+            check_size(7, 6, fmt)
+        with pytest.raises(eglcuda.UsageError, match="even"):
+            check_size(8, 5, fmt)
