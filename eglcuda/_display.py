@@ -10,12 +10,16 @@ from __future__ import annotations
 import threading
 import weakref
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from . import _loader
 from ._egl import address, egl_error, pointer_attribs, split_extensions
 from ._errors import ClosedError, EGLError, Unsupported, UsageError
 from ._native import ffi, lib
+
+if TYPE_CHECKING:
+    from ._context import GLContext
+    from ._stream import Stream
 
 _refs_lock = threading.Lock()
 _refs: dict[int, int] = {}  # EGLDisplay address -> number of open Display objects

@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
-from . import _cuda
 from ._cuda import CudaDevice, check, get_device
 from ._errors import ClosedError, UsageError
 from ._formats import (
@@ -155,60 +154,60 @@ class Plane:
         consumer_stream = dlpack_stream(stream)
         if consumer_stream is not None:
             self._frame._order_before(consumer_stream)
+        # Only a 1.0 capsule can say read-only; with an unversioned one, consumers of acquired
+        # frames must still only read (EGLStream's rule).
         versioned = max_version is not None and tuple(max_version) >= (1, 0)
-        if self.read_only and not versioned:
-            # The unversioned capsule cannot say read-only; the data is still the consumer's to
-            # read only (EGLStream consumers must not write).
-            pass
         return make_capsule(self._frame, pointer, self._frame.device.ordinal, self.shape, self.strides,
                             self.read_only, versioned)
 
-    # ---- host copies -------------------------------------------------------------------------
-    def to_numpy(self) -> np.ndarray:
-        """A host copy of the plane (for debugging and tests), shaped like :attr:`shape`."""
+    # ---- copies --------------------------------------------------------------------------------
+    def _location(self, writing: bool = False) -> tuple[str, int, int]:
+        """The plane as a copy endpoint for :func:`_copy_2d` (checks it is usable first)."""
         frame = self._frame
         frame._check_usable()
+        if writing and self.read_only:
+            raise UsageError("this plane is read-only (a consumer must not write into an acquired frame)")
+        if frame.layout is Layout.ARRAY:
+            return ("array", self._address, 0)
+        return ("device", self._address, self.geometry.pitch)
+
+    def to_numpy(self) -> np.ndarray:
+        """A host copy of the plane (for debugging and tests), shaped like :attr:`shape`."""
+        source = self._location()
+        frame = self._frame
         out = np.empty(self.shape, np.uint8)
         g = self.geometry
-        source = ("array", self._address, 0) if frame.layout is Layout.ARRAY else ("device", self._address, g.pitch)
         _copy_2d(frame.device, frame.cuda_stream or 0, src=source, dst=("host", out, g.row_bytes),
                  width_bytes=g.row_bytes, height=g.height)
         return out
 
     def copy_from(self, data: np.ndarray) -> None:
         """Upload host data of this plane's :attr:`shape` (uint8) into the plane."""
+        target = self._location(writing=True)
         frame = self._frame
-        frame._check_usable()
-        if self.read_only:
-            raise UsageError("this plane is read-only (a consumer must not write into an acquired frame)")
         data = np.ascontiguousarray(data)
         if data.dtype != np.uint8 or data.size != self.height * self.geometry.row_bytes:
             raise UsageError(f"expected uint8 data of shape {self.shape}, got {data.dtype} {data.shape}")
         g = self.geometry
-        target = ("array", self._address, 0) if frame.layout is Layout.ARRAY else ("device", self._address, g.pitch)
         _copy_2d(frame.device, frame.cuda_stream or 0, src=("host", data, g.row_bytes), dst=target,
                  width_bytes=g.row_bytes, height=g.height)
 
     def copy_to_device(self, pointer: int, pitch: int, cuda_stream: Any = None) -> None:
         """Queue a copy of the plane into linear device memory (``pitch`` bytes per row) on
         ``cuda_stream`` (default: the frame's stream); does not wait."""
+        source = self._location()
         frame = self._frame
-        frame._check_usable()
         g = self.geometry
-        source = ("array", self._address, 0) if frame.layout is Layout.ARRAY else ("device", self._address, g.pitch)
-        stream = frame.cuda_stream or 0 if cuda_stream is None else stream_handle(cuda_stream)
+        stream = (frame.cuda_stream or 0) if cuda_stream is None else stream_handle(cuda_stream)
         _copy_2d(frame.device, stream, src=source, dst=("device", pointer, pitch), width_bytes=g.row_bytes,
                  height=g.height, wait=False)
 
     def copy_from_device(self, pointer: int, pitch: int, cuda_stream: Any = None) -> None:
         """Queue a copy from linear device memory (``pitch`` bytes per row) into the plane on
         ``cuda_stream`` (default: the legacy default stream); does not wait."""
+        target = self._location(writing=True)
         frame = self._frame
-        frame._check_usable()
-        if self.read_only:
-            raise UsageError("this plane is read-only (a consumer must not write into an acquired frame)")
         g = self.geometry
-        target = ("array", self._address, 0) if frame.layout is Layout.ARRAY else ("device", self._address, g.pitch)
         _copy_2d(frame.device, stream_handle(cuda_stream), src=("device", pointer, pitch), dst=target,
                  width_bytes=g.row_bytes, height=g.height, wait=False)
 

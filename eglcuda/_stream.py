@@ -12,12 +12,11 @@ import threading
 import weakref
 from typing import Any
 
-from . import _cuda
 from ._cuda import CudaDevice, check, cuda_error, get_device
 from ._display import Display
 from ._egl import address, egl_error, int_attribs
 from ._errors import ClosedError, StreamDisconnected, Timeout, UsageError
-from ._formats import SAME_GEOMETRY, ColorFormat, Layout, check_size, color_format
+from ._formats import ColorFormat, Layout, check_size, color_format
 from ._frame import AcquiredFrame, Frame
 from ._interop import stream_handle
 from ._native import ffi, lib
@@ -104,7 +103,6 @@ class Stream:
         self._finalizer = weakref.finalize(self, _destroy_stream, display._address, self._address)
         self.consumer: CudaConsumer | None = None
         self.producer: CudaProducer | None = None
-        self._u64 = ffi.new("EGLuint64KHR *")
         display._adopt(self)
 
     # ---- queries -----------------------------------------------------------------------------
@@ -134,6 +132,21 @@ class Stream:
     @property
     def state(self) -> StreamState:
         return StreamState(self._query(lib.EGL_STREAM_STATE_KHR))
+
+    def _driver_failure(self, status: int, call: str, doing: str, peer: str,
+                        timeout_us: int | None = None) -> Exception:
+        """The error for a failed endpoint call, read from the stream's state: the other end
+        (``peer``) gone, no frame yet (when ``timeout_us`` is given), or the driver's own error."""
+        try:
+            state = self.state
+        except Exception:
+            state = None
+        if state is StreamState.DISCONNECTED:
+            return StreamDisconnected(f"the {peer} disconnected from the stream ({doing} failed: "
+                                      f"{cuda_error(status, call)})")
+        if timeout_us is not None and state in (StreamState.EMPTY, StreamState.CONNECTING):
+            return Timeout(f"no frame arrived within {timeout_us} us (stream {state.name})")
+        return cuda_error(status, call, doing)
 
     @property
     def producer_frame(self) -> int:
@@ -301,7 +314,9 @@ class CudaConsumer:
                     lib.eglGetError()
                     self._use_counter = False
                 else:
-                    self._raise_acquire_error(status, _CALL_NAMES[failed], timeout_us)
+                    call = _CALL_NAMES[failed]
+                    raise self.stream._driver_failure(status, call, "acquiring a frame", "producer",
+                                                      timeout_us if call == "cuEGLStreamConsumerAcquireFrame" else None)
             number = int(self._counter[0]) if self._use_counter else None
             is_new = number is None or number != self._last_number
             self._last_number = number
@@ -309,18 +324,6 @@ class CudaConsumer:
             self._held = frame
             self.frames_acquired += 1
             return frame
-
-    def _raise_acquire_error(self, status: int, call: str, timeout_us: int) -> None:
-        try:
-            state = self.stream.state
-        except Exception:
-            state = None
-        if state is StreamState.DISCONNECTED:
-            raise StreamDisconnected("the producer disconnected from the stream (acquire failed: "
-                                     f"{cuda_error(status, call)})")
-        if state in (StreamState.EMPTY, StreamState.CONNECTING) and call == "cuEGLStreamConsumerAcquireFrame":
-            raise Timeout(f"no frame arrived within {timeout_us} us (stream {state.name})")
-        raise cuda_error(status, call, "acquiring a frame")
 
     def _release(self, frame: AcquiredFrame) -> None:
         with self._lock:
@@ -450,7 +453,7 @@ class CudaProducer:
             self._present_stream[0] = _NULL_STREAM if cuda_stream is None else ffi.cast("CUstream", stream_handle(cuda_stream))
             status = lib.eglcuda_producer_present(self._context, self._connection, frame._egl, self._present_stream)
             if status:
-                self._raise_stream_error(status, "cuEGLStreamProducerPresentFrame", "presenting a frame")
+                raise self.stream._driver_failure(status, "cuEGLStreamProducerPresentFrame", "presenting a frame", "consumer")
             if self.format is None:
                 self.format = frame.format
             if self.layout is None:
@@ -482,22 +485,12 @@ class CudaProducer:
             if status == lib.CUDA_ERROR_LAUNCH_TIMEOUT:
                 return None
             if status:
-                self._raise_stream_error(status, "cuEGLStreamProducerReturnFrame", "taking back a frame")
+                raise self.stream._driver_failure(status, "cuEGLStreamProducerReturnFrame", "taking back a frame", "consumer")
             key = int(ffi.cast("uintptr_t", self._returned.frame.pPitch[0]))
             frame = self._in_flight.pop(key, None)
             if frame is None:
                 raise UsageError(f"the driver returned a frame eglcuda did not present (plane 0 at 0x{key:x})")
             return frame
-
-    def _raise_stream_error(self, status: int, call: str, doing: str) -> None:
-        try:
-            state = self.stream.state
-        except Exception:
-            state = None
-        if state is StreamState.DISCONNECTED:
-            raise StreamDisconnected(f"the consumer disconnected from the stream ({doing} failed: "
-                                     f"{cuda_error(status, call)})")
-        raise cuda_error(status, call, doing)
 
     def close(self) -> None:
         """Disconnect; every frame presented is then free to close. Safe to call twice."""

@@ -1,6 +1,4 @@
 """Probe: which one-channel 8-bit color formats a CUDA->CUDA EGLStream carries (raw calls)."""
-import numpy as np
-
 import eglcuda
 from eglcuda._cuda import check, get_device
 from eglcuda._egl import int_attribs
