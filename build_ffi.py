@@ -125,7 +125,7 @@ CUresult eglcuda_consumer_release(CUcontext ctx, CUeglStreamConnection *conn, CU
 CUresult eglcuda_producer_present(CUcontext ctx, CUeglStreamConnection *conn, const CUeglFrame *frame,
                                   CUstream *stream);
 CUresult eglcuda_producer_return(CUcontext ctx, CUeglStreamConnection *conn, CUeglFrame *frame, CUstream *stream,
-                                 unsigned long long timeout_us);
+                                 unsigned long long timeout_us, unsigned long long *plane0);
 void *eglcuda_dlpack_new(int versioned, unsigned long long data, int device_id, int ndim, const int64_t *shape,
                          const int64_t *strides, int read_only, long long key);
 void *eglcuda_dlpack_capsule_destructor_address(void);

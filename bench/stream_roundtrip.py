@@ -241,7 +241,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer iterations (the GPU check's setting)")
     parser.add_argument("--repeats", type=int, default=3, help="runs per cell; the median is reported")
-    parser.add_argument("--markdown", help="write the table to this markdown file (replacing its eglcuda section)")
+    parser.add_argument("--markdown", help="write the markdown table to this file")
+    parser.add_argument("--svg", help="write bar charts to this path; MODE in it becomes serial / pipelined")
     args = parser.parse_args()
     serial_n, pipe_n = (500, 500) if args.quick else (3000, 3000)
     binary = build_c()
@@ -297,6 +298,16 @@ def main() -> int:
     if args.markdown:
         path = pathlib.Path(args.markdown)
         path.write_text(table + "\n")
+    if args.svg:
+        sys.path.insert(0, str(HERE))
+        from svgplot import grouped_bars
+
+        for mode in ("serial", "pipelined"):
+            picked = [(size, med) for size, m, _, med in rows if m == mode]
+            grouped_bars(pathlib.Path(args.svg.replace("MODE", mode)),
+                         f"EGLStream CUDA->CUDA, {mode} loop: us per frame (lower is better)", "us/frame",
+                         [size for size, _ in picked],
+                         {name: [med[name] for _, med in picked] for name in ("C", "eglcuda", "PyOpenGL+cuda-python")})
     return 0
 
 

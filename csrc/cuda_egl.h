@@ -111,6 +111,26 @@ typedef struct CUDA_MEMCPY2D_st {
     size_t Height;
 } CUDA_MEMCPY2D;
 
+typedef unsigned long long CUsurfObject;
+
+typedef enum CUresourcetype_enum {
+    CU_RESOURCE_TYPE_ARRAY = 0x00,
+    CU_RESOURCE_TYPE_MIPMAPPED_ARRAY = 0x01,
+    CU_RESOURCE_TYPE_LINEAR = 0x02,
+    CU_RESOURCE_TYPE_PITCH2D = 0x03
+} CUresourcetype;
+
+/* What a texture or surface object reads: only the array member is used by eglcuda; the
+ * reserved member fixes the union at 128 bytes, as in cuda.h (144 bytes in all on LP64). */
+typedef struct CUDA_RESOURCE_DESC_st {
+    CUresourcetype resType;
+    union {
+        struct { CUarray hArray; } array;
+        struct { int reserved[32]; } reserved;
+    } res;
+    unsigned int flags;
+} CUDA_RESOURCE_DESC;
+
 /* ---- constants ------------------------------------------------------------------------ */
 #define CUDA_SUCCESS 0
 #define CUDA_ERROR_NOT_FOUND 500
@@ -122,6 +142,11 @@ typedef struct CUDA_MEMCPY2D_st {
 #define CU_MEM_ATTACH_GLOBAL 0x1
 #define CU_MEM_ATTACH_HOST 0x2
 #define CU_GRAPHICS_REGISTER_FLAGS_NONE 0x00
+#define CU_GRAPHICS_REGISTER_FLAGS_SURFACE_LDST 0x04
+#define CU_STREAM_WAIT_VALUE_GEQ 0x0
+#define CU_STREAM_WAIT_VALUE_EQ 0x1
+#define CU_MEMHOSTREGISTER_DEVICEMAP 0x02
+#define CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM 91
 #define CU_DEVICE_ATTRIBUTE_INTEGRATED 18
 #define CU_DEVICE_ATTRIBUTE_PCI_BUS_ID 33
 #define CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID 34
@@ -175,6 +200,10 @@ CUresult cuGraphicsMapResources(unsigned int count, CUgraphicsResource *resource
 CUresult cuGraphicsUnmapResources(unsigned int count, CUgraphicsResource *resources, CUstream hStream);
 CUresult cuGraphicsSubResourceGetMappedArray(CUarray *pArray, CUgraphicsResource resource, unsigned int arrayIndex, unsigned int mipLevel);
 CUresult cuGraphicsGLRegisterImage(CUgraphicsResource *pCudaResource, unsigned int image, unsigned int target, unsigned int Flags);
+CUresult cuSurfObjectCreate(CUsurfObject *pSurfObject, const CUDA_RESOURCE_DESC *pResDesc);
+CUresult cuSurfObjectDestroy(CUsurfObject surfObject);
+CUresult cuStreamWaitValue32(CUstream stream, CUdeviceptr addr, unsigned int value, unsigned int flags); /* @symbol cuStreamWaitValue32_v2 */
+CUresult cuStreamWriteValue32(CUstream stream, CUdeviceptr addr, unsigned int value, unsigned int flags); /* @symbol cuStreamWriteValue32_v2 */
 
 /* @requires cuda */
 /* The EGL interop entry points (cudaEGL.h). EGL handles are passed as void *: cudaEGL.h uses

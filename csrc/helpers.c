@@ -58,9 +58,10 @@ CUresult eglcuda_producer_present(CUcontext ctx, CUeglStreamConnection *conn, co
 
 /* Take back a frame the consumer released. The driver answers CUDA_ERROR_LAUNCH_TIMEOUT while
  * none is ready (each such call waits about a millisecond inside the driver, so this loop does
- * not spin a core); retry until timeout_us has passed. timeout_us == 0: one try. */
+ * not spin a core); retry until timeout_us has passed. timeout_us == 0: one try. On success
+ * *plane0 is the frame's first plane (pointer or CUarray), the key Python finds its Frame by. */
 CUresult eglcuda_producer_return(CUcontext ctx, CUeglStreamConnection *conn, CUeglFrame *frame, CUstream *stream,
-                                 unsigned long long timeout_us)
+                                 unsigned long long timeout_us, unsigned long long *plane0)
 {
     struct timespec start, now;
     CUresult status = eglcuda_ensure_current(ctx);
@@ -70,6 +71,8 @@ CUresult eglcuda_producer_return(CUcontext ctx, CUeglStreamConnection *conn, CUe
     struct timespec call = start;
     for (;;) {
         status = cuEGLStreamProducerReturnFrame(conn, frame, stream);
+        if (status == CUDA_SUCCESS)
+            *plane0 = (unsigned long long)(uintptr_t)frame->frame.pPitch[0];
         if (status != CUDA_ERROR_LAUNCH_TIMEOUT || timeout_us == 0)
             return status;
         clock_gettime(CLOCK_MONOTONIC, &now);

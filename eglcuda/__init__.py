@@ -8,12 +8,14 @@ from ._cuda import CudaDevice, driver_version, get_device
 from ._display import Device, Display, client_extensions, devices
 from ._formats import ColorFormat, Layout, PlaneGeometry, plane_geometry
 from ._frame import AcquiredFrame, Frame, Plane
+from ._image import CudaImage, Image, MappedImage, PathChoice, TextureFormat, TEXTURE_FORMATS, image_path, siblings_alias
 from ._stream import CudaConsumer, CudaProducer, ResourceLocation, Stream, StreamState
 from ._errors import (
     ClosedError,
     CUDAError,
     EGLError,
     EglCudaError,
+    NotCoherent,
     StreamDisconnected,
     Timeout,
     Unsupported,
@@ -24,6 +26,15 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AcquiredFrame",
+    "CudaImage",
+    "Image",
+    "MappedImage",
+    "NotCoherent",
+    "PathChoice",
+    "TEXTURE_FORMATS",
+    "TextureFormat",
+    "image_path",
+    "siblings_alias",
     "ColorFormat",
     "CudaConsumer",
     "CudaProducer",

@@ -263,7 +263,8 @@ class Display:
         """Close everything made from this display, then release it. Safe to call twice."""
         if not self._finalizer.alive:
             return
-        for child in list(self._children):
+        # Contexts last: tearing down an image's CUDA registration needs its GL context.
+        for child in sorted(self._children, key=lambda c: type(c).__name__ == "GLContext"):
             child.close()
         self._finalizer()
 

@@ -130,3 +130,8 @@ class Timeout(EglCudaError, TimeoutError):
 
 class StreamDisconnected(EglCudaError):
     """The other end of an EGLStream is gone (disconnected, or its process died)."""
+
+
+class NotCoherent(EglCudaError):
+    """A CUDA view that would not alias its GL or EGL object (writes on one side would not reach
+    the other) was asked for; eglcuda refuses instead of handing back wrong data."""

@@ -310,7 +310,6 @@ class Frame(_FrameBase):
         geometry = plane_geometry(format, width, height, pitch if layout is Layout.PITCH else 0)
         self._planes = tuple(Plane(self, i, g, a) for i, (g, a) in enumerate(zip(geometry, plane_addresses)))
         self._producer: weakref.ReferenceType | None = None  # set while presented on a producer
-        self._checked_by: weakref.ReferenceType | None = None  # the producer that validated it
         # The driver's description, built once: present passes it without allocating.
         egl = ffi.new("CUeglFrame *")
         for i, address in enumerate(plane_addresses):
@@ -470,13 +469,14 @@ class AcquiredFrame(_FrameBase):
 
     ``number`` is the stream's consumer frame counter for this frame and ``is_new`` tells whether
     it is a frame not seen before: when no new frame arrives within the acquire timeout, the driver
-    hands back the previous one again (``is_new`` False).
+    hands back the previous one again (``is_new`` False). Both are None when the consumer was
+    connected with ``frame_numbers=False``.
     """
 
     read_only = True
     __slots__ = ("_consumer", "_egl", "_resource", "number", "is_new", "_released", "_planes_cache")
 
-    def __init__(self, consumer: "CudaConsumer", egl, resource, number: int | None, is_new: bool) -> None:
+    def __init__(self, consumer: "CudaConsumer", egl, resource, number: int | None, is_new: bool | None) -> None:
         # The per-frame path: store references only. The consumer's CUeglFrame buffer stays valid
         # while this frame is held (one frame at a time), so fields are read when asked for.
         self._consumer = consumer
@@ -551,5 +551,5 @@ class AcquiredFrame(_FrameBase):
     def __repr__(self) -> str:
         if self._released:
             return f"<AcquiredFrame #{self.number} released>"
-        state = "new" if self.is_new else "old"
+        state = {True: "new", False: "old", None: "unnumbered"}[self.is_new]
         return f"<AcquiredFrame #{self.number} {self.width}x{self.height} {self.format.name} {self.layout.value} {state}>"

@@ -58,6 +58,7 @@ class _Facts:
     cuda_loaded: bool
     cuda_why: str
     integrated: bool | None
+    image_choice: Any = None  # eglcuda.PathChoice from the EGLImage self-test, when it could run
 
     def need_stream_ext(self, ext: str) -> str | None:
         if self.cuda_display_extensions is None:
@@ -86,7 +87,10 @@ def _native_eglimage(facts: _Facts) -> str | None:
     why = facts.need_stream_ext("EGL_KHR_gl_texture_2D_image") or facts.need_cuda("cuGraphicsEGLRegisterImage")
     if why:
         return why
-    if facts.integrated is False:
+    choice = facts.image_choice
+    if choice is not None and not choice.native_coherent:
+        return f"self-test: {choice.reason}"
+    if choice is None and facts.integrated is False:
         return ("discrete GPU: cuGraphicsEGLRegisterImage registers a GL-texture EGLImage but the mapped "
                 "array does not alias the texture (measured on H100, driver 580)")
     return None
@@ -103,8 +107,8 @@ INTEROP_PATHS: list[InteropPath] = [
                 lambda f: f.need_stream_ext("EGL_KHR_stream_consumer_gltexture")),
     InteropPath("EGLStream GL surface -> CUDA", False,
                 lambda f: f.need_stream_ext("EGL_KHR_stream_producer_eglsurface")),
-    InteropPath("EGLImage GL texture -> CUDA (native)", False, _native_eglimage),
-    InteropPath("EGLImage GL texture -> CUDA (GL interop)", False,
+    InteropPath("EGLImage GL texture -> CUDA (native)", True, _native_eglimage),
+    InteropPath("EGLImage GL texture -> CUDA (GL interop)", True,
                 lambda f: f.need_stream_ext("EGL_KHR_gl_texture_2D_image") or f.need_cuda("cuGraphicsGLRegisterImage")),
     InteropPath("CUDA event -> EGLSync (native)", False, lambda f: f.need_stream_ext("EGL_NV_cuda_event")),
     InteropPath("EGLSync -> CUDA event (native)", False, lambda f: f.need_cuda("cuEventCreateFromEGLSync")),
@@ -188,9 +192,29 @@ def collect() -> dict[str, Any]:
             cuda_ok, cuda_why = False, str(exc)
         cuda["egl_entry_points"] = {name: _loader.is_bound(name) for name in CUDA_EGL_ENTRY_POINTS}
 
-    facts = _Facts(cuda_display_extensions, cuda_display_name, cuda_ok, cuda_why, integrated)
+    image_choice = None
+    if cuda_ok and cuda_display_extensions is not None and "EGL_KHR_gl_texture_2D_image" in cuda_display_extensions:
+        image_choice = _image_choice()
+        if isinstance(image_choice, str):
+            report["eglimage"] = {"path": None, "native_coherent": None, "reason": image_choice}
+            image_choice = None
+        else:
+            report["eglimage"] = {"path": image_choice.path, "native_coherent": image_choice.native_coherent,
+                                  "reason": image_choice.reason}
+    facts = _Facts(cuda_display_extensions, cuda_display_name, cuda_ok, cuda_why, integrated, image_choice)
     report["paths"] = [_path_status(path, facts) for path in INTEROP_PATHS]
     return report
+
+
+def _image_choice():
+    """The EGLImage path decision on CUDA device 0 (runs the coherence self-test), or why not."""
+    from ._image import image_path
+
+    try:
+        with Display.for_cuda_device(0) as display:
+            return image_path(display)
+    except Exception as exc:  # the report never raises
+        return f"self-test failed to run: {type(exc).__name__}: {exc}"
 
 
 def format_report(report: dict[str, Any]) -> str:
@@ -228,6 +252,9 @@ def format_report(report: dict[str, Any]) -> str:
         lines.append(f"  EGL interop entry points: {', '.join(have) or 'none'}")
         if lack:
             lines.append(f"  missing: {', '.join(lack)}")
+    if report.get("eglimage"):
+        choice = report["eglimage"]
+        lines.append(f"  EGLImage -> CUDA path: {choice['path'] or 'none'} ({choice['reason']})")
     lines.append("")
     lines.append("Interop paths:")
     width = max(len(p["path"]) for p in report["paths"])

@@ -116,7 +116,8 @@ def cuda_available() -> tuple[bool, str]:
 
 
 def bind_egl_extensions(extensions: frozenset[str]) -> None:
-    """Bind the functions of every listed extension that are not bound yet."""
+    """Bind the functions of every listed extension that are not bound yet (EGL extensions from
+    a display's or the client's string; GL extensions from the current GL context's list)."""
     egl()
     with _lock:
         for entry in ENTRIES.values():

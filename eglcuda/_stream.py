@@ -21,7 +21,7 @@ from ._frame import AcquiredFrame, Frame
 from ._interop import stream_handle
 from ._native import ffi, lib
 
-_NULL_STREAM = ffi.NULL
+_LAUNCH_TIMEOUT = lib.CUDA_ERROR_LAUNCH_TIMEOUT
 MAX_FRAMES_IN_FLIGHT = 64  # the guide: CUDA cannot present more than 64 active frames
 DEFAULT_ACQUIRE_TIMEOUT_US = 1_000_000
 _CALL_NAMES = {0: "cuCtxSetCurrent", 1: "cuEGLStreamConsumerAcquireFrame",
@@ -174,9 +174,15 @@ class Stream:
 
     # ---- endpoints ---------------------------------------------------------------------------
     def connect_cuda_consumer(self, device: int | CudaDevice | None = None, cuda_stream: Any = None,
-                              location: ResourceLocation | None = None) -> "CudaConsumer":
-        """Connect CUDA as the consumer. Must come before the producer connects."""
-        return CudaConsumer(self, device, cuda_stream, location)
+                              location: ResourceLocation | None = None,
+                              frame_numbers: bool = True) -> "CudaConsumer":
+        """Connect CUDA as the consumer. Must come before the producer connects.
+
+        ``frame_numbers`` (default True) reads the stream's consumer frame counter at each
+        acquire, which gives :attr:`AcquiredFrame.number` and tells a new frame from a re-acquired
+        old one (:attr:`AcquiredFrame.is_new`). It costs one EGL query per frame; a consumer that
+        never waits past its producer can turn it off (``number`` and ``is_new`` are then None)."""
+        return CudaConsumer(self, device, cuda_stream, location, frame_numbers)
 
     def connect_cuda_producer(self, width: int, height: int, device: int | CudaDevice | None = None,
                               format: ColorFormat | str | None = None,
@@ -238,7 +244,7 @@ class CudaConsumer:
     """
 
     def __init__(self, stream: Stream, device: int | CudaDevice | None, cuda_stream: Any,
-                 location: ResourceLocation | None) -> None:
+                 location: ResourceLocation | None, frame_numbers: bool = True) -> None:
         if stream.closed:
             raise ClosedError("the stream is closed")
         if stream.consumer is not None or stream.state is not StreamState.CREATED:
@@ -271,12 +277,14 @@ class CudaConsumer:
         self.location = location
         self._finalizer = weakref.finalize(self, _disconnect, self.device.ordinal, "consumer", self._connection,
                                            self.cuda_stream, self._own_stream)
+        self._connected = True  # a plain flag: the per-frame path reads it instead of the finalizer
         # Reused by every acquire: the per-frame path allocates no C memory.
         self._resource = ffi.new("CUgraphicsResource *")
         self._egl_frame = ffi.new("CUeglFrame *")
         self._counter = ffi.new("EGLuint64KHR *")
         self._failed = ffi.new("int *")
-        self._use_counter = True
+        self.frame_numbers = bool(frame_numbers)
+        self._use_counter = self.frame_numbers
         self._dpy = stream.display.handle
         self._egl_stream = stream.handle
         self._last_number: int | None = None
@@ -301,7 +309,7 @@ class CudaConsumer:
             _check_us("timeout_us", timeout_us, allow_none=False)
         with self._lock:
             # Closing the stream or display closes this consumer first, so one flag suffices.
-            if not self._finalizer.alive:
+            if not self._connected:
                 raise ClosedError("the consumer is disconnected (or its stream closed)")
             if self._held is not None:
                 raise UsageError("the consumer still holds a frame: release it before acquiring another")
@@ -317,9 +325,12 @@ class CudaConsumer:
                     call = _CALL_NAMES[failed]
                     raise self.stream._driver_failure(status, call, "acquiring a frame", "producer",
                                                       timeout_us if call == "cuEGLStreamConsumerAcquireFrame" else None)
-            number = int(self._counter[0]) if self._use_counter else None
-            is_new = number is None or number != self._last_number
-            self._last_number = number
+            if self._use_counter:
+                number = int(self._counter[0])
+                is_new = number != self._last_number
+                self._last_number = number
+            else:
+                number = is_new = None
             frame = AcquiredFrame(self, self._egl_frame, self._resource[0], number, is_new)
             self._held = frame
             self.frames_acquired += 1
@@ -327,14 +338,12 @@ class CudaConsumer:
 
     def _release(self, frame: AcquiredFrame) -> None:
         with self._lock:
-            if frame._released:
-                raise ClosedError("the frame was already released")
             if frame is not self._held:
+                if frame._released:
+                    raise ClosedError("the frame was already released")
                 raise UsageError("this frame does not belong to this consumer")
             frame._released = True
             self._held = None
-            if not self._finalizer.alive:
-                return  # disconnecting released it
             status = lib.eglcuda_consumer_release(self._context, self._connection, frame._resource, self._cu_stream)
             if status:
                 raise cuda_error(status, "cuEGLStreamConsumerReleaseFrame", "releasing a frame")
@@ -344,6 +353,7 @@ class CudaConsumer:
         if not self._finalizer.alive:
             return
         with self._lock:
+            self._connected = False
             if self._held is not None:
                 self._held._released = True
                 self._held = None
@@ -390,9 +400,15 @@ class CudaProducer:
         check(lib.cuEGLStreamProducerConnect(self._connection, stream.handle, width, height),
               "cuEGLStreamProducerConnect", "connecting the CUDA producer")
         self._finalizer = weakref.finalize(self, _disconnect, self.device.ordinal, "producer", self._connection, 0, False)
+        self._connected = True  # a plain flag: the per-frame path reads it instead of the finalizer
         self._in_flight: dict[int, Frame] = {}
+        # Every frame ever presented, by plane-0 address: the driver keeps them associated with the
+        # stream until disconnect, and Frame.close refuses meanwhile, so a frame found here is
+        # known to be open and to match the connection (checked once, on first present).
         self._associated: dict[int, Frame] = {}
         self._returned = ffi.new("CUeglFrame *")
+        self._returned_key = ffi.new("unsigned long long *")
+        self._default_stream = ffi.new("CUstream *")  # holds NULL: the legacy default stream
         self._present_stream = ffi.new("CUstream *")
         self._return_stream = ffi.new("CUstream *")
         self._context = self.device.context
@@ -441,28 +457,30 @@ class CudaProducer:
         queued (None: the legacy default stream); the consumer's work is ordered after it without
         blocking this thread."""
         with self._lock:
-            if not self._finalizer.alive:
+            if not self._connected:
                 raise ClosedError("the producer is disconnected (or its stream closed)")
+            key = getattr(frame, "key", None)
+            known = self._associated.get(key) is frame
             # A frame's geometry never changes: check it fully the first time this producer sees it.
-            if getattr(frame, "_checked_by", None) is not self._weak_self or not frame._finalizer.alive:
+            if not known or key in self._in_flight or len(self._in_flight) >= MAX_FRAMES_IN_FLIGHT:
                 self._check_frame(frame)
-            elif frame.key in self._in_flight:
-                raise UsageError("this frame is already in flight: wait for return_frame() to give it back")
-            elif len(self._in_flight) >= MAX_FRAMES_IN_FLIGHT:
-                self._check_frame(frame)
-            self._present_stream[0] = _NULL_STREAM if cuda_stream is None else ffi.cast("CUstream", stream_handle(cuda_stream))
-            status = lib.eglcuda_producer_present(self._context, self._connection, frame._egl, self._present_stream)
+            if cuda_stream is None:
+                stream = self._default_stream
+            else:
+                stream = self._present_stream
+                stream[0] = ffi.cast("CUstream", stream_handle(cuda_stream))
+            status = lib.eglcuda_producer_present(self._context, self._connection, frame._egl, stream)
             if status:
                 raise self.stream._driver_failure(status, "cuEGLStreamProducerPresentFrame", "presenting a frame", "consumer")
-            if self.format is None:
-                self.format = frame.format
-            if self.layout is None:
-                self.layout = frame.layout
-            self._in_flight[frame.key] = frame
-            self._associated[frame.key] = frame
-            frame._producer = self._weak_self
-            frame._checked_by = self._weak_self
+            self._in_flight[key] = frame
             self.frames_presented += 1
+            if not known:
+                if self.format is None:
+                    self.format = frame.format
+                if self.layout is None:
+                    self.layout = frame.layout
+                self._associated[key] = frame
+                frame._producer = self._weak_self
 
     def return_frame(self, timeout_us: int = 0) -> Frame | None:
         """Take back a frame the consumer released: the same :class:`Frame` object that was
@@ -475,18 +493,19 @@ class CudaProducer:
         if type(timeout_us) is not int or not 0 <= timeout_us <= 0x7FFFFFFF:
             _check_us("timeout_us", timeout_us, allow_none=False)
         with self._lock:
-            if not self._finalizer.alive:
+            if not self._connected:
                 raise ClosedError("the producer is disconnected (or its stream closed)")
-            if not self._in_flight:
+            in_flight = len(self._in_flight)
+            if not in_flight:
                 return None
-            kept_by_stream = self._reuse and len(self._in_flight) == 1
-            status = lib.eglcuda_producer_return(self._context, self._connection, self._returned,
-                                                 self._return_stream, 0 if kept_by_stream else timeout_us)
-            if status == lib.CUDA_ERROR_LAUNCH_TIMEOUT:
-                return None
+            kept_by_stream = self._reuse and in_flight == 1
+            status = lib.eglcuda_producer_return(self._context, self._connection, self._returned, self._return_stream,
+                                                 0 if kept_by_stream else timeout_us, self._returned_key)
             if status:
+                if status == _LAUNCH_TIMEOUT:
+                    return None
                 raise self.stream._driver_failure(status, "cuEGLStreamProducerReturnFrame", "taking back a frame", "consumer")
-            key = int(ffi.cast("uintptr_t", self._returned.frame.pPitch[0]))
+            key = self._returned_key[0]
             frame = self._in_flight.pop(key, None)
             if frame is None:
                 raise UsageError(f"the driver returned a frame eglcuda did not present (plane 0 at 0x{key:x})")
@@ -496,6 +515,8 @@ class CudaProducer:
         """Disconnect; every frame presented is then free to close. Safe to call twice."""
         if not self._finalizer.alive:
             return
+        with self._lock:
+            self._connected = False
         self._finalizer()
         self._in_flight.clear()
         self._associated.clear()

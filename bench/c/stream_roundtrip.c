@@ -1,7 +1,8 @@
 /* C reference for bench/stream_roundtrip.py: the same driver calls eglcuda makes, with no Python.
  *
- *   stream_roundtrip WIDTH HEIGHT ITERATIONS serial|pipelined
- * prints "us_per_frame=<float> fps=<float>".
+ *   stream_roundtrip WIDTH HEIGHT ITERATIONS serial|pipelined|breakdown
+ * prints "us_per_frame=<float> fps=<float>"; breakdown also prints the median microseconds of each
+ * call of the serial loop ("present=... acquire=... map=... release=... return=...").
  *
  * Types come from eglcuda's own declarations (csrc/); libEGL and libcuda are opened at run time
  * like eglcuda does, so the build needs neither headers nor link libraries. */
@@ -35,6 +36,9 @@ static void *must(void *p, const char *what) { if (!p) { fprintf(stderr, "missin
 
 static double now_s(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + t.tv_nsec * 1e-9; }
 
+static int by_value(const void *a, const void *b) { double x = *(const double *)a, y = *(const double *)b; return (x > y) - (x < y); }
+static double median_us(double *values, int n) { qsort(values, n, sizeof *values, by_value); return 1e6 * values[n / 2]; }
+
 enum { POOL = 6 };
 static CUeglStreamConnection consumer, producer;
 static CUcontext context;
@@ -67,6 +71,7 @@ int main(int argc, char **argv)
     int width = atoi(argv[1]), height = atoi(argv[2]);
     iterations = atoi(argv[3]);
     int pipelined = strcmp(argv[4], "pipelined") == 0;
+    int breakdown = strcmp(argv[4], "breakdown") == 0;
     void *egl = must(dlopen("libEGL.so.1", RTLD_NOW), "libEGL.so.1");
     void *cuda = must(dlopen("libcuda.so.1", RTLD_NOW), "libcuda.so.1");
     LOAD(egl, eglGetProcAddress, "eglGetProcAddress"); LOAD(egl, eglGetPlatformDisplay, "eglGetPlatformDisplay");
@@ -121,7 +126,34 @@ int main(int argc, char **argv)
     CUeglFrame mapped, back;
     CUstream producer_stream = NULL;
     double start = 0;
-    if (!pipelined) {
+    if (breakdown) {
+        /* The serial loop with a clock read between calls: where C's time goes. */
+        double *spent[5];
+        for (int k = 0; k < 5; k++) spent[k] = calloc(iterations, sizeof(double));
+        for (int i = 0; i < iterations; i++) {
+            double t0 = now_s();
+            CHECK(p_cuEGLStreamProducerPresentFrame(&producer, frames[i % 2], &producer_stream));
+            double t1 = now_s();
+            CHECK(p_cuEGLStreamConsumerAcquireFrame(&consumer, &resource, &consumer_stream, 1000000));
+            double t2 = now_s();
+            CHECK(p_cuGraphicsResourceGetMappedEglFrame(&mapped, resource, 0, 0));
+            double t3 = now_s();
+            CHECK(p_cuEGLStreamConsumerReleaseFrame(&consumer, resource, &consumer_stream));
+            double t4 = now_s();
+            if (i > 0) {
+                CUresult r;
+                while ((r = p_cuEGLStreamProducerReturnFrame(&producer, &back, &producer_stream)) == CUDA_ERROR_LAUNCH_TIMEOUT) {}
+                CHECK(r);
+            }
+            double t5 = now_s();
+            spent[0][i] = t1 - t0; spent[1][i] = t2 - t1; spent[2][i] = t3 - t2; spent[3][i] = t4 - t3; spent[4][i] = t5 - t4;
+        }
+        int skip = iterations / 10 + 1, n = iterations - skip;
+        printf("present=%.3f acquire=%.3f map=%.3f release=%.3f return=%.3f\n", median_us(spent[0] + skip, n),
+               median_us(spent[1] + skip, n), median_us(spent[2] + skip, n), median_us(spent[3] + skip, n),
+               median_us(spent[4] + skip, n));
+        start = now_s() - 1e-9;
+    } else if (!pipelined) {
         int warmup = iterations / 10 + 2;
         for (int i = 0; i < iterations + warmup; i++) {
             if (i == warmup) start = now_s();

@@ -21,3 +21,19 @@ def test_cuda_to_cuda_sample(cuda_display):
         lines = result.stdout.splitlines()
         assert lines[-1] == "PASS"
         assert sum(line.startswith("PASS ") for line in lines) == 6  # 3 formats x 2 layouts
+
+
+def test_gl_texture_to_cuda_sample(cuda_display):
+    pytest.importorskip("cupy")
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "samples" / "gl_texture_to_cuda.py"), "--width", "97", "--height", "41",
+         "--iterations", "5"], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.splitlines()[-1].startswith("PASS: 5 rounds")
+    assert "CUDA path: " in result.stdout
+    # Forcing the native path where the self-test found it not coherent fails loudly.
+    forced = subprocess.run(
+        [sys.executable, str(ROOT / "samples" / "gl_texture_to_cuda.py"), "--width", "16", "--height", "16",
+         "--iterations", "1", "--path", "native"], capture_output=True, text=True, timeout=300)
+    if "CUDA path: native" not in forced.stdout:
+        assert forced.returncode != 0 and "NotCoherent" in forced.stderr, forced.stdout + forced.stderr

@@ -113,6 +113,23 @@ def test_acquire_without_a_new_frame_hands_back_the_old_one(display):
         again.release()
 
 
+def test_consumer_without_frame_numbers_still_delivers_every_byte(display):
+    rng = np.random.default_rng()
+    with display.create_stream() as stream:
+        consumer = stream.connect_cuda_consumer(frame_numbers=False)
+        producer = stream.connect_cuda_producer(48, 20)
+        frames = [producer.allocate_frame(), producer.allocate_frame()]
+        for i in range(6):
+            expected = fill_random(frames[i & 1], rng)
+            producer.present(frames[i & 1])
+            with consumer.acquire() as acquired:
+                assert acquired.number is None and acquired.is_new is None
+                assert_frame_equals(acquired, expected)
+                assert "unnumbered" in repr(acquired)
+            if i:
+                assert producer.return_frame(1_000_000) is frames[(i - 1) & 1]
+
+
 def test_state_and_counters(display):
     stream = display.create_stream(latency_us=500)
     try:

@@ -31,7 +31,7 @@ def test_every_declared_function_is_compiled_and_in_the_entry_table():
 def test_requires_groups_name_core_cuda_or_extensions():
     for entry in _loader.ENTRIES.values():
         for group in entry.requires:
-            assert group in ("core", "cuda") or group.startswith("EGL_"), (entry.name, group)
+            assert group in ("core", "cuda") or group.startswith(("EGL_", "GL_")), (entry.name, group)
 
 
 def test_versioned_cuda_symbols():
@@ -39,6 +39,7 @@ def test_versioned_cuda_symbols():
     assert _loader.ENTRIES["cuMemAlloc"].symbol == "cuMemAlloc_v2"
     assert _loader.ENTRIES["cuMemcpy2DAsync"].symbol == "cuMemcpy2DAsync_v2"
     assert _loader.ENTRIES["cuDevicePrimaryCtxRelease"].symbol == "cuDevicePrimaryCtxRelease_v2"
+    assert _loader.ENTRIES["cuStreamWaitValue32"].symbol == "cuStreamWaitValue32_v2"
     assert _loader.ENTRIES["cuEGLStreamProducerPresentFrame"].symbol == "cuEGLStreamProducerPresentFrame"
 
 
@@ -76,6 +77,13 @@ def test_memcpy2d_and_array_descriptor_layout():
         assert ffi.offsetof("CUDA_MEMCPY2D", field) == offset, field
     assert ffi.sizeof("CUDA_ARRAY_DESCRIPTOR") == 24
     assert ffi.offsetof("CUDA_ARRAY_DESCRIPTOR", "NumChannels") == 20
+
+
+def test_resource_desc_layout():
+    # cuda.h: an enum, a 128-byte union (reserved int[32]) aligned to 8, then flags.
+    assert ffi.sizeof("CUDA_RESOURCE_DESC") == 144
+    assert ffi.offsetof("CUDA_RESOURCE_DESC", "res") == 8
+    assert ffi.offsetof("CUDA_RESOURCE_DESC", "flags") == 136
 
 
 @pytest.mark.parametrize(

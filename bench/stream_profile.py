@@ -1,0 +1,205 @@
+"""Where the per-frame time of an EGLStream CUDA -> CUDA round trip goes, layer by layer.
+
+One process, one stream size (1920x1080 ARGB pitch, serial loop: present, acquire, map,
+release, return), each layer measured in interleaved repeats so they share the machine's state:
+
+- ``C``: bench/c/stream_roundtrip.c, per-call medians (its ``breakdown`` mode).
+- ``raw cffi``: the driver calls straight through eglcuda's compiled bindings, no helpers, no
+  checks: the floor for any Python binding.
+- ``helpers``: eglcuda's fused C helpers (context check + call), with and without the consumer
+  frame-counter query.
+- ``api``: the public objects (``present``, ``acquire``, ``release``, ``return_frame``), with and
+  without frame numbers.
+
+    python bench/stream_profile.py [--iterations 3000] [--repeats 5]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import time
+
+import eglcuda
+from eglcuda._native import ffi, lib
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from stream_roundtrip import build_c  # noqa: E402
+
+WIDTH, HEIGHT = 1920, 1080
+
+
+def check(status: int, call: str) -> None:
+    if status:
+        raise RuntimeError(f"{call} -> {status}")
+
+
+def session(display):
+    stream = display.create_stream()
+    consumer = stream.connect_cuda_consumer()
+    producer = stream.connect_cuda_producer(WIDTH, HEIGHT)
+    frames = [producer.allocate_frame(), producer.allocate_frame()]
+    return stream, consumer, producer, frames
+
+
+def raw_loop(display, iterations: int, with_counter: bool) -> float:
+    """Driver calls through the bindings directly; optionally the counter query."""
+    stream, consumer, producer, frames = session(display)
+    with stream:
+        cons, prod = consumer._connection, producer._connection
+        resource = ffi.new("CUgraphicsResource *")
+        mapped = ffi.new("CUeglFrame *")
+        back = ffi.new("CUeglFrame *")
+        cstream, pstream = consumer._cu_stream, ffi.new("CUstream *")
+        counter = ffi.new("EGLuint64KHR *")
+        dpy, egl_stream = stream.display.handle, stream.handle
+        egl = [f._egl[0] for f in frames]
+        present, acquire = lib.cuEGLStreamProducerPresentFrame, lib.cuEGLStreamConsumerAcquireFrame
+        get_mapped, release = lib.cuGraphicsResourceGetMappedEglFrame, lib.cuEGLStreamConsumerReleaseFrame
+        ret, query = lib.cuEGLStreamProducerReturnFrame, lib.eglQueryStreamu64KHR
+        warmup = iterations // 10 + 2
+        start = 0.0
+        for i in range(iterations + warmup):
+            if i == warmup:
+                start = time.perf_counter()
+            check(present(prod, egl[i & 1], pstream), "present")
+            check(acquire(cons, resource, cstream, 1_000_000), "acquire")
+            check(get_mapped(mapped, resource[0], 0, 0), "map")
+            if with_counter:
+                query(dpy, egl_stream, lib.EGL_CONSUMER_FRAME_KHR, counter)
+            check(release(cons, resource[0], cstream), "release")
+            if i:
+                while (status := ret(prod, back, pstream)) == lib.CUDA_ERROR_LAUNCH_TIMEOUT:
+                    pass
+                check(status, "return")
+        elapsed = time.perf_counter() - start
+        producer._in_flight.clear()
+    return 1e6 * elapsed / iterations
+
+
+def helper_loop(display, iterations: int, with_counter: bool) -> float:
+    """eglcuda's fused helpers, called directly (no Python checks, no objects)."""
+    stream, consumer, producer, frames = session(display)
+    with stream:
+        ctx = consumer._context
+        cons, prod = consumer._connection, producer._connection
+        resource = ffi.new("CUgraphicsResource *")
+        mapped = ffi.new("CUeglFrame *")
+        back = ffi.new("CUeglFrame *")
+        cstream, pstream = consumer._cu_stream, ffi.new("CUstream *")
+        counter = ffi.new("EGLuint64KHR *")
+        failed = ffi.new("int *")
+        key = ffi.new("unsigned long long *")
+        dpy = stream.display.handle if with_counter else ffi.NULL
+        egl_stream = stream.handle
+        egl = [f._egl for f in frames]
+        warmup = iterations // 10 + 2
+        start = 0.0
+        for i in range(iterations + warmup):
+            if i == warmup:
+                start = time.perf_counter()
+            check(lib.eglcuda_producer_present(ctx, prod, egl[i & 1], pstream), "present")
+            check(lib.eglcuda_consumer_acquire(ctx, cons, resource, cstream, 1_000_000, mapped, dpy, egl_stream,
+                                               counter, failed), "acquire")
+            check(lib.eglcuda_consumer_release(ctx, cons, resource[0], cstream), "release")
+            if i:
+                check(lib.eglcuda_producer_return(ctx, prod, back, pstream, 1_000_000, key), "return")
+        elapsed = time.perf_counter() - start
+        producer._in_flight.clear()
+    return 1e6 * elapsed / iterations
+
+
+def api_loop(display, iterations: int, frame_numbers: bool) -> float:
+    with display.create_stream() as stream:
+        consumer = stream.connect_cuda_consumer(frame_numbers=frame_numbers)
+        producer = stream.connect_cuda_producer(WIDTH, HEIGHT)
+        frames = [producer.allocate_frame(), producer.allocate_frame()]
+        warmup = iterations // 10 + 2
+        start = 0.0
+        for i in range(iterations + warmup):
+            if i == warmup:
+                start = time.perf_counter()
+            producer.present(frames[i & 1])
+            consumer.acquire().release()
+            if i:
+                frames[(i - 1) & 1] = producer.return_frame(1_000_000)
+        return 1e6 * (time.perf_counter() - start) / iterations
+
+
+def single_call_costs(display, count: int = 20000) -> dict[str, float]:
+    """Median ns of calls the per-frame path may add: context check, counter query, a lock."""
+    import threading
+
+    stream, consumer, producer, frames = session(display)
+    out = {}
+    with stream:
+        producer.present(frames[0])
+        consumer.acquire().release()
+        ctx = consumer._context
+        counter = ffi.new("EGLuint64KHR *")
+        dpy, egl_stream = stream.display.handle, stream.handle
+        lock = threading.Lock()
+
+        def with_lock() -> None:
+            with lock:
+                pass
+        cases = {
+            "eglcuda_ensure_current": lambda: lib.eglcuda_ensure_current(ctx),
+            "eglQueryStreamu64KHR(CONSUMER_FRAME)": lambda: lib.eglQueryStreamu64KHR(
+                dpy, egl_stream, lib.EGL_CONSUMER_FRAME_KHR, counter),
+            "with threading.Lock()": with_lock,
+            "empty lambda": lambda: None,
+        }
+        for name, fn in cases.items():
+            samples = []
+            for _ in range(5):
+                t0 = time.perf_counter_ns()
+                for _ in range(count):
+                    fn()
+                samples.append((time.perf_counter_ns() - t0) / count)
+            out[name] = statistics.median(samples)
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--iterations", type=int, default=3000)
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    binary = build_c()
+    display = eglcuda.Display.for_cuda_device(0)
+    layers = {
+        "raw cffi": lambda: raw_loop(display, args.iterations, False),
+        "raw cffi + counter query": lambda: raw_loop(display, args.iterations, True),
+        "helpers": lambda: helper_loop(display, args.iterations, False),
+        "helpers + counter query": lambda: helper_loop(display, args.iterations, True),
+        "api (frame_numbers=False)": lambda: api_loop(display, args.iterations, False),
+        "api (default)": lambda: api_loop(display, args.iterations, True),
+    }
+    results: dict[str, list[float]] = {"C": [], **{name: [] for name in layers}}
+    c_calls: list[str] = []
+    for _ in range(args.repeats):
+        out = subprocess.run([str(binary), str(WIDTH), str(HEIGHT), str(args.iterations), "serial"],
+                             check=True, capture_output=True, text=True).stdout
+        results["C"].append(float(out.split("us_per_frame=")[1].split()[0]))
+        for name, fn in layers.items():
+            results[name].append(fn())
+    out = subprocess.run([str(binary), str(WIDTH), str(HEIGHT), str(args.iterations), "breakdown"],
+                         check=True, capture_output=True, text=True).stdout
+    c_calls = [line for line in out.splitlines() if line.startswith("present=")]
+    c = statistics.median(results["C"])
+    print(f"serial round trip {WIDTH}x{HEIGHT}, {args.iterations} iterations x {args.repeats} interleaved repeats, median:")
+    for name, values in results.items():
+        med = statistics.median(values)
+        print(f"  {name:28s} {med:7.2f} us/frame  x{med / c:.3f} of C  (runs: "
+              + ", ".join(f"{v:.2f}" for v in values) + ")")
+    print("C per call (median us): " + (c_calls[0] if c_calls else "n/a"))
+    for name, ns in single_call_costs(display).items():
+        print(f"  single call {name:38s} {ns:8.1f} ns")
+    display.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

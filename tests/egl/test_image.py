@@ -1,0 +1,184 @@
+"""EGLImage from a GL texture on any EGL (Mesa in CI): aliasing through a second texture, the
+image outliving its texture, bad input, and 1,000 create/close cycles."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import eglcuda
+from eglcuda._image import TEXTURE_FORMATS, _make_texture, _read_texture, _write_texture
+
+from ..conftest import require_extension
+from .test_leaks import grows
+
+RGBA8 = TEXTURE_FORMATS[0x8058]
+R8 = TEXTURE_FORMATS[0x8229]
+RG8 = TEXTURE_FORMATS[0x822B]
+R32F = TEXTURE_FORMATS[0x822E]
+
+
+@pytest.fixture
+def image_context(display):
+    require_extension(display, "EGL_KHR_image_base", "EGL_KHR_gl_texture_2D_image")
+    with display.create_context() as context:
+        yield context
+
+
+def random_texels(rng, fmt, width, height):
+    if fmt.dtype == "uint8":
+        return rng.integers(0, 256, (height, width, fmt.channels), dtype=np.uint8)
+    return rng.standard_normal((height, width, fmt.channels)).astype(fmt.dtype)
+
+
+@pytest.mark.parametrize("fmt", [RGBA8, RG8, R8], ids=lambda f: f.name)
+@pytest.mark.parametrize("size", [(1, 1), (7, 5), (64, 64), (250, 33)])
+def test_second_texture_bound_to_the_image_sees_every_texel(display, image_context, fmt, size):
+    from OpenGL import GL
+
+    rng = np.random.default_rng()
+    width, height = size
+    texels = random_texels(rng, fmt, width, height)
+    texture = _make_texture(fmt, texels)
+    shared = eglcuda.siblings_alias(display)
+    if "Mesa" in display.vendor:
+        assert shared  # Mesa's siblings share storage; NVIDIA driver 580 copies at bind
+    image_context.make_current()
+    with eglcuda.Image(image_context, texture) as image:
+        assert (image.width, image.height, image.format) == (width, height, fmt)
+        alias = image.bind_texture()
+        assert alias != texture
+        np.testing.assert_array_equal(_read_texture(fmt, alias, width, height), texels)
+        # A later write through the sibling reaches the source exactly when the self-test says
+        # siblings share storage on this display.
+        update = random_texels(rng, fmt, width, height)
+        _write_texture(fmt, alias, update)
+        GL.glFinish()
+        assert np.array_equal(_read_texture(fmt, texture, width, height), update) == shared
+        update = random_texels(rng, fmt, width, height)
+        _write_texture(fmt, texture, update)
+        GL.glFinish()
+        assert np.array_equal(_read_texture(fmt, alias, width, height), update) == shared
+        GL.glDeleteTextures([alias, texture])
+
+
+def test_image_outlives_its_texture_and_can_be_rebound(image_context):
+    from OpenGL import GL
+
+    rng = np.random.default_rng()
+    texels = random_texels(rng, RGBA8, 9, 4)
+    texture = _make_texture(RGBA8, texels)
+    image = eglcuda.Image(image_context, texture)
+    GL.glDeleteTextures([texture])
+    again = image.bind_texture()
+    np.testing.assert_array_equal(_read_texture(RGBA8, again, 9, 4), texels)
+    GL.glDeleteTextures([again])
+    image.close()
+    image.close()  # twice is fine
+    assert image.closed
+
+
+def test_bad_textures_are_refused_before_egl(image_context):
+    from OpenGL import GL
+
+    for bad in (0, -3, 1.5, "1", None, True):
+        with pytest.raises(eglcuda.UsageError):
+            eglcuda.Image(image_context, bad)
+    with pytest.raises(eglcuda.UsageError, match="not a texture"):
+        eglcuda.Image(image_context, 987654)
+    texture = _make_texture(RGBA8, np.zeros((2, 2, 4), np.uint8))
+    GL.glDeleteTextures([texture])
+    with pytest.raises(eglcuda.UsageError, match="not a texture"):
+        eglcuda.Image(image_context, texture)
+    empty = int(GL.glGenTextures(1))
+    GL.glBindTexture(GL.GL_TEXTURE_2D, empty)
+    with pytest.raises(eglcuda.UsageError, match="no storage"):
+        eglcuda.Image(image_context, empty)
+    with pytest.raises(eglcuda.UsageError):
+        eglcuda.Image(image_context, 1, level=-1)
+    with pytest.raises(eglcuda.UsageError):
+        eglcuda.Image("not a context", 1)
+
+
+def test_texture_of_another_context_is_refused(display, image_context):
+    texture = _make_texture(RGBA8, np.ones((2, 2, 4), np.uint8))
+    with display.create_context() as other:  # not sharing with image_context
+        with pytest.raises(eglcuda.UsageError, match="not a texture"):
+            eglcuda.Image(other, texture + 1000)
+    image_context.make_current()
+
+
+def test_non_2d_texture_is_refused(image_context):
+    from OpenGL import GL
+
+    cube = int(GL.glGenTextures(1))
+    GL.glBindTexture(GL.GL_TEXTURE_CUBE_MAP, cube)
+    with pytest.raises(eglcuda.UsageError, match="not a 2D texture"):
+        eglcuda.Image(image_context, cube)
+    GL.glDeleteTextures([cube])
+
+
+def test_closed_objects(display):
+    require_extension(display, "EGL_KHR_image_base", "EGL_KHR_gl_texture_2D_image")
+    context = display.create_context()
+    context.make_current()
+    texture = _make_texture(RGBA8, np.ones((2, 2, 4), np.uint8))
+    assert texture > 0
+    image = eglcuda.Image(context, texture)
+    display.close()  # closes children: the image and the context
+    assert image.closed and context.closed
+    with pytest.raises(eglcuda.ClosedError):
+        image.handle
+    with pytest.raises(eglcuda.ClosedError):
+        image.bind_texture()
+    with pytest.raises(eglcuda.ClosedError):
+        eglcuda.Image(context, texture)
+
+
+def test_unsupported_format_has_no_cuda_view_but_an_image(image_context):
+    from OpenGL import GL
+
+    texture = int(GL.glGenTextures(1))
+    GL.glBindTexture(GL.GL_TEXTURE_2D, texture)
+    GL.glTexImage2D(GL.GL_TEXTURE_2D, 0, GL.GL_RGB565, 4, 4, 0, GL.GL_RGB, GL.GL_UNSIGNED_SHORT_5_6_5, None)
+    with eglcuda.Image(image_context, texture) as image:
+        assert image.format is None
+        with pytest.raises(eglcuda.UsageError, match="no CUDA view"):
+            image.register_cuda(device=0)
+    GL.glDeleteTextures([texture])
+
+
+def test_image_create_close_is_flat(image_context):
+    from OpenGL import GL
+
+    texture = _make_texture(RGBA8, np.ones((16, 16, 4), np.uint8))
+
+    def cycle():
+        image = eglcuda.Image(image_context, texture)
+        alias = image.bind_texture()
+        GL.glDeleteTextures([alias])
+        image.close()
+
+    assert grows(cycle) < 8 << 20
+
+    def dropped():
+        eglcuda.Image(image_context, texture)  # never closed: garbage collection destroys it
+
+    assert grows(dropped, warmup=20, cycles=300) < 8 << 20
+    GL.glDeleteTextures([texture])
+
+
+def test_float_texture_works_or_the_driver_refusal_is_named(image_context):
+    # NVIDIA driver 580 refuses EGLImages of R32F textures (EGL_BAD_PARAMETER); Mesa accepts them.
+    context = image_context
+    rng = np.random.default_rng()
+    texels = random_texels(rng, R32F, 13, 6)
+    texture = _make_texture(R32F, texels)
+    try:
+        image = eglcuda.Image(context, texture)
+    except eglcuda.EGLError as exc:
+        assert exc.call == "eglCreateImageKHR" and exc.name == "EGL_BAD_PARAMETER"
+        return
+    with image:
+        assert image.format == R32F
+        alias = image.bind_texture()
+        np.testing.assert_array_equal(_read_texture(R32F, alias, 13, 6), texels)
