@@ -126,6 +126,10 @@ CUresult eglcuda_producer_present(CUcontext ctx, CUeglStreamConnection *conn, co
                                   CUstream *stream);
 CUresult eglcuda_producer_return(CUcontext ctx, CUeglStreamConnection *conn, CUeglFrame *frame, CUstream *stream,
                                  unsigned long long timeout_us, unsigned long long *plane0);
+void *eglcuda_sync_signal_queue(EGLDisplay dpy, EGLSyncKHR sync, CUstream stream, CUresult *status);
+int eglcuda_sync_signal_abandon(void *token);
+int eglcuda_sync_signal_ran(void *token);
+void eglcuda_store_flag(volatile uint32_t *flag, uint32_t value);
 void *eglcuda_dlpack_new(int versioned, unsigned long long data, int device_id, int ndim, const int64_t *shape,
                          const int64_t *strides, int read_only, long long key);
 void *eglcuda_dlpack_capsule_destructor_address(void);

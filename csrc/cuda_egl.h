@@ -133,6 +133,7 @@ typedef struct CUDA_RESOURCE_DESC_st {
 
 /* ---- constants ------------------------------------------------------------------------ */
 #define CUDA_SUCCESS 0
+#define CUDA_ERROR_OUT_OF_MEMORY 2
 #define CUDA_ERROR_NOT_FOUND 500
 #define CUDA_ERROR_LAUNCH_TIMEOUT 702
 #define CU_STREAM_NON_BLOCKING 0x1

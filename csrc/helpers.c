@@ -90,6 +90,74 @@ CUresult eglcuda_producer_return(CUcontext ctx, CUeglStreamConnection *conn, CUe
     }
 }
 
+/* ---- CUDA stream -> EGLSync emulation ---------------------------------------------------
+ * Where EGL_NV_cuda_event is missing, a reusable EGLSync is signaled by a host function queued
+ * on the CUDA stream: it runs when the stream reaches that point. The host function may still be
+ * queued when Python closes the Sync, so ownership is settled with one atomic state word: whoever
+ * comes second (the callback after an abandon, or the abandon after the callback) cleans up. */
+
+struct eglcuda_sync_signal {
+    EGLDisplay dpy;
+    EGLSyncKHR sync;
+    int state; /* 0 queued, 1 ran, 2 abandoned by its owner */
+};
+
+static void eglcuda_sync_signal_run(void *data)
+{
+    struct eglcuda_sync_signal *signal = data;
+    int expected = 0;
+    eglSignalSyncKHR(signal->dpy, signal->sync, EGL_SIGNALED_KHR);
+    if (!__atomic_compare_exchange_n(&signal->state, &expected, 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+        eglDestroySyncKHR(signal->dpy, signal->sync); /* abandoned: the sync is ours to destroy */
+        free(signal);
+    }
+}
+
+/* Queue the signal of a reusable sync on stream. Returns the token for
+ * eglcuda_sync_signal_abandon, or NULL with *status set when the host function was refused. */
+void *eglcuda_sync_signal_queue(EGLDisplay dpy, EGLSyncKHR sync, CUstream stream, CUresult *status)
+{
+    struct eglcuda_sync_signal *signal = calloc(1, sizeof(*signal));
+    if (signal == NULL) {
+        *status = CUDA_ERROR_OUT_OF_MEMORY;
+        return NULL;
+    }
+    signal->dpy = dpy;
+    signal->sync = sync;
+    *status = cuLaunchHostFunc(stream, eglcuda_sync_signal_run, signal);
+    if (*status != CUDA_SUCCESS) {
+        free(signal);
+        return NULL;
+    }
+    return signal;
+}
+
+/* The owner is done with the sync. Returns 1 when the host function already ran (the caller
+ * destroys the sync now), 0 when it has not (the host function destroys it when it runs). */
+int eglcuda_sync_signal_abandon(void *token)
+{
+    struct eglcuda_sync_signal *signal = token;
+    int expected = 0;
+    if (__atomic_compare_exchange_n(&signal->state, &expected, 2, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+        return 0;
+    free(signal);
+    return 1;
+}
+
+/* Whether the queued host function has run (the sync was signaled from the stream). */
+int eglcuda_sync_signal_ran(void *token)
+{
+    return __atomic_load_n(&((struct eglcuda_sync_signal *)token)->state, __ATOMIC_ACQUIRE) == 1;
+}
+
+/* ---- EGLSync -> CUDA stream emulation: the host side of the flag -----------------------------
+ * The stream waits (cuStreamWaitValue32) on a word of mapped pinned memory; a waiter thread sets
+ * it once the sync signals. The store must be a real, ordered store to memory the GPU polls. */
+void eglcuda_store_flag(volatile uint32_t *flag, uint32_t value)
+{
+    __atomic_store_n(flag, value, __ATOMIC_RELEASE);
+}
+
 /* ---- DLPack export -------------------------------------------------------------------------
  * Layouts from dlpack.h (v1.0): DLManagedTensor for the "dltensor" capsule and
  * DLManagedTensorVersioned, which can say read-only, for "dltensor_versioned". The Python owner

@@ -9,6 +9,7 @@ from ._display import Device, Display, client_extensions, devices
 from ._formats import ColorFormat, Layout, PlaneGeometry, plane_geometry
 from ._frame import AcquiredFrame, Frame, Plane
 from ._image import CudaImage, Image, MappedImage, PathChoice, TextureFormat, TEXTURE_FORMATS, image_path, siblings_alias
+from ._sync import CudaWait, Sync, SyncKind, SyncPaths, cuda_wait_sync, sync_after_cuda, sync_paths
 from ._stream import CudaConsumer, CudaProducer, ResourceLocation, Stream, StreamState
 from ._errors import (
     ClosedError,
@@ -26,6 +27,13 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AcquiredFrame",
+    "CudaWait",
+    "Sync",
+    "SyncKind",
+    "SyncPaths",
+    "cuda_wait_sync",
+    "sync_after_cuda",
+    "sync_paths",
     "CudaImage",
     "Image",
     "MappedImage",

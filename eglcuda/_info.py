@@ -110,8 +110,14 @@ INTEROP_PATHS: list[InteropPath] = [
     InteropPath("EGLImage GL texture -> CUDA (native)", True, _native_eglimage),
     InteropPath("EGLImage GL texture -> CUDA (GL interop)", True,
                 lambda f: f.need_stream_ext("EGL_KHR_gl_texture_2D_image") or f.need_cuda("cuGraphicsGLRegisterImage")),
-    InteropPath("CUDA event -> EGLSync (native)", False, lambda f: f.need_stream_ext("EGL_NV_cuda_event")),
-    InteropPath("EGLSync -> CUDA event (native)", False, lambda f: f.need_cuda("cuEventCreateFromEGLSync")),
+    InteropPath("EGLSync fence / reusable / server wait", True,
+                lambda f: f.need_stream_ext("EGL_KHR_fence_sync") or f.need_stream_ext("EGL_KHR_reusable_sync")),
+    InteropPath("CUDA event -> EGLSync (native)", True, lambda f: f.need_stream_ext("EGL_NV_cuda_event")),
+    InteropPath("CUDA stream -> EGLSync (emulated)", True, lambda f: f.need_stream_ext("EGL_KHR_reusable_sync")
+                or f.need_cuda("cuLaunchHostFunc")),
+    InteropPath("EGLSync -> CUDA event (native)", True, lambda f: f.need_cuda("cuEventCreateFromEGLSync")),
+    InteropPath("EGLSync -> CUDA stream (emulated)", True,
+                lambda f: f.need_cuda("cuStreamWaitValue32", "cuMemHostAlloc", "cuMemHostGetDevicePointer")),
 ]
 
 

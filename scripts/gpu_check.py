@@ -27,6 +27,7 @@ SAMPLES: list[tuple[str, list[str]]] = [
     ("cuda_to_cuda 4K mailbox", ["samples/cuda_to_cuda.py", "--width", "3840", "--height", "2160", "--fifo", "0", "--frames", "200"]),
     ("gl_texture_to_cuda 1280x720", ["samples/gl_texture_to_cuda.py", "--iterations", "20"]),
     ("gl_texture_to_cuda 333x97", ["samples/gl_texture_to_cuda.py", "--width", "333", "--height", "97"]),
+    ("cuda_event_eglsync 1024x768", ["samples/cuda_event_eglsync.py", "--rounds", "20"]),
 ]
 BENCHMARKS: list[tuple[str, list[str]]] = [
     ("call overhead", ["bench/call_overhead.py", "--quick"]),

@@ -37,3 +37,13 @@ def test_gl_texture_to_cuda_sample(cuda_display):
          "--iterations", "1", "--path", "native"], capture_output=True, text=True, timeout=300)
     if "CUDA path: native" not in forced.stdout:
         assert forced.returncode != 0 and "NotCoherent" in forced.stderr, forced.stdout + forced.stderr
+
+
+def test_cuda_event_eglsync_sample(cuda_display):
+    pytest.importorskip("cupy")
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "samples" / "cuda_event_eglsync.py"), "--width", "131", "--height", "67",
+         "--rounds", "5"], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.splitlines()[-1].startswith("PASS: 5 rounds")
+    assert "CUDA -> EGLSync: " in result.stdout and "EGLSync -> CUDA: " in result.stdout

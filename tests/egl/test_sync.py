@@ -1,0 +1,120 @@
+"""EGLSync on any EGL (Mesa in CI): fences, reusable syncs, client and server waits, threads,
+closed objects and bad input."""
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import eglcuda
+
+from ..conftest import require_extension
+from .test_leaks import grows
+
+
+@pytest.fixture
+def sync_display(display):
+    require_extension(display, "EGL_KHR_fence_sync", "EGL_KHR_reusable_sync")
+    return display
+
+
+def test_fence_signals_after_gl_work(sync_display):
+    from OpenGL import GL
+
+    rng = np.random.default_rng()
+    with sync_display.create_context():
+        texels = rng.integers(0, 256, (256, 256, 4), dtype=np.uint8)
+        texture = int(GL.glGenTextures(1))
+        GL.glBindTexture(GL.GL_TEXTURE_2D, texture)
+        GL.glTexImage2D(GL.GL_TEXTURE_2D, 0, GL.GL_RGBA8, 256, 256, 0, GL.GL_RGBA, GL.GL_UNSIGNED_BYTE, texels)
+        with eglcuda.Sync.fence(sync_display) as fence:
+            assert fence.kind is eglcuda.SyncKind.FENCE
+            assert fence.wait(timeout=5.0) is True
+            assert fence.signaled
+            assert fence.wait(timeout=0) is True  # stays signaled
+            with pytest.raises(eglcuda.UsageError, match="reusable"):
+                fence.signal()
+        GL.glDeleteTextures([texture])
+
+
+def test_fence_needs_a_current_context(sync_display):
+    with pytest.raises(eglcuda.EGLError) as error:
+        eglcuda.Sync.fence(sync_display)
+    assert error.value.call == "eglCreateSyncKHR"
+
+
+def test_reusable_signal_unsignal_and_timeouts(sync_display):
+    sync = eglcuda.Sync.reusable(sync_display)
+    assert not sync.signaled
+    started = time.perf_counter()
+    assert sync.wait(timeout=0.05) is False
+    assert 0.04 < time.perf_counter() - started < 2.0
+    sync.signal()
+    assert sync.signaled and sync.wait(timeout=0) is True
+    sync.unsignal()
+    assert not sync.signaled and sync.wait(timeout=0) is False
+    assert eglcuda.Sync.reusable(sync_display, signaled=True).signaled
+    sync.close()
+    sync.close()
+
+
+def test_signal_from_another_thread_wakes_the_waiter(sync_display):
+    sync = eglcuda.Sync.reusable(sync_display)
+    delay = 0.2
+    timer = threading.Timer(delay, sync.signal)
+    started = time.perf_counter()
+    cpu_started = time.process_time()
+    timer.start()
+    assert sync.wait(timeout=10) is True
+    waited = time.perf_counter() - started
+    cpu = time.process_time() - cpu_started
+    timer.join()
+    assert delay * 0.9 < waited < 5
+    assert cpu < waited * 0.5  # the wait sleeps, it does not spin a core
+
+
+def test_server_wait_on_a_fence(sync_display):
+    require_extension(sync_display, "EGL_KHR_wait_sync")
+    from OpenGL import GL
+
+    with sync_display.create_context():
+        with eglcuda.Sync.fence(sync_display) as fence:
+            fence.server_wait()  # returns at once; the GL commands after it wait on the GPU
+            GL.glFinish()
+            assert fence.signaled
+
+
+def test_closed_objects_and_bad_input(sync_display):
+    sync = eglcuda.Sync.reusable(sync_display)
+    for bad in (-1, "1", float("nan"), True):
+        with pytest.raises(eglcuda.UsageError):
+            sync.wait(timeout=bad)
+    sync.close()
+    assert sync.closed
+    with pytest.raises(eglcuda.ClosedError):
+        sync.signaled
+    with pytest.raises(eglcuda.ClosedError):
+        sync.wait(0)
+    with pytest.raises(eglcuda.ClosedError):
+        sync.signal()
+    other = eglcuda.Sync.reusable(sync_display)
+    sync_display.close()  # closes its syncs first
+    assert other.closed
+    with pytest.raises(eglcuda.ClosedError):
+        other.wait(0)
+
+
+def test_create_close_cycles_are_flat(sync_display):
+    def cycle():
+        sync = eglcuda.Sync.reusable(sync_display)
+        sync.signal()
+        sync.close()
+
+    assert grows(cycle) < 8 << 20
+
+    def dropped():
+        eglcuda.Sync.reusable(sync_display)  # never closed: garbage collection destroys it
+
+    assert grows(dropped, warmup=20, cycles=300) < 8 << 20

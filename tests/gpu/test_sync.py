@@ -1,0 +1,209 @@
+"""EGLSync <-> CUDA on the NVIDIA display: ordering under load in both directions, the issuing
+thread never blocked, timeouts, teardown with work in flight, and no threads or handles left."""
+from __future__ import annotations
+
+import gc
+import time
+
+import numpy as np
+import pytest
+
+import eglcuda
+from eglcuda._sync import EMULATED, NATIVE, pending_waiters
+
+from .test_stream import open_fds
+
+KERNELS = r"""
+extern "C" __global__ void spin_then_copy(const unsigned int *src, unsigned int *dst, int n, long long cycles) {
+    long long start = clock64();
+    while (clock64() - start < cycles) { }
+    for (int i = threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];
+}
+"""
+
+
+@pytest.fixture
+def cupy():
+    return pytest.importorskip("cupy")
+
+
+@pytest.fixture
+def spin(cupy):
+    kernel = cupy.RawModule(code=KERNELS).get_function("spin_then_copy")
+    rate = cupy.cuda.Device().attributes["ClockRate"] * 1000  # cycles per second
+
+    def launch(stream, src, dst, seconds):
+        with stream:
+            kernel((1,), (256,), (src, dst, np.int32(src.size), np.int64(int(seconds * rate))))
+
+    return launch
+
+
+@pytest.fixture
+def sync_display(cuda_display):
+    from ..conftest import require_extension
+
+    require_extension(cuda_display, "EGL_KHR_reusable_sync", "EGL_KHR_fence_sync")
+    return cuda_display
+
+
+def test_paths_on_this_platform(sync_display):
+    paths = eglcuda.sync_paths(sync_display)
+    assert paths.cuda_to_egl == (NATIVE if sync_display.supports("EGL_NV_cuda_event") else EMULATED)
+    assert paths.egl_to_cuda in (NATIVE, EMULATED)
+    assert paths.cuda_to_egl_reason and paths.egl_to_cuda_reason
+
+
+def test_cuda_to_egl_long_kernel_orders_gl_after_it(sync_display, cupy, spin):
+    rng = np.random.default_rng()
+    stream = cupy.cuda.Stream(non_blocking=True)
+    reader = cupy.cuda.Stream(non_blocking=True)
+    for seconds in (0.3, 0.3, 0.3):
+        src = cupy.asarray(rng.integers(0, 2**32, 1 << 16, dtype=np.uint32))
+        dst = cupy.zeros_like(src)
+        cupy.cuda.Device().synchronize()
+        spin(stream, src, dst, seconds)
+        started = time.perf_counter()
+        sync = eglcuda.sync_after_cuda(sync_display, cuda_stream=stream)
+        issued = time.perf_counter() - started
+        assert issued < 0.05  # returned at once, the kernel is still running
+        assert not sync.signaled
+        assert sync.wait(timeout=10) is True
+        waited = time.perf_counter() - started
+        assert waited > seconds * 0.7
+        # Read on a stream that is not ordered after the kernel: only the sync vouches for it.
+        np.testing.assert_array_equal(cupy.asnumpy(dst, stream=reader), cupy.asnumpy(src, stream=reader))
+        sync.close()
+
+
+def test_cuda_to_egl_gl_server_wait(sync_display, cupy, spin):
+    from OpenGL import GL
+
+    rng = np.random.default_rng()
+    stream = cupy.cuda.Stream(non_blocking=True)
+    src = cupy.asarray(rng.integers(0, 2**32, 4096, dtype=np.uint32))
+    dst = cupy.zeros_like(src)
+    with sync_display.create_context():
+        spin(stream, src, dst, 0.2)
+        started = time.perf_counter()
+        sync = eglcuda.sync_after_cuda(sync_display, cuda_stream=stream)
+        sync.server_wait()  # GL's later commands wait on the GPU; this thread does not
+        assert time.perf_counter() - started < 0.05
+        GL.glFinish()  # returns only after the sync signaled
+        assert sync.signaled
+        np.testing.assert_array_equal(cupy.asnumpy(dst), cupy.asnumpy(src))
+        sync.close()
+
+
+def test_cuda_to_egl_hundred_rounds_random_data(sync_display, cupy, spin):
+    rng = np.random.default_rng()
+    stream = cupy.cuda.Stream(non_blocking=True)
+    reader = cupy.cuda.Stream(non_blocking=True)
+    for _ in range(100):
+        src = cupy.asarray(rng.integers(0, 2**32, 1024, dtype=np.uint32))
+        dst = cupy.zeros_like(src)
+        spin(stream, src, dst, 0.002)
+        with eglcuda.sync_after_cuda(sync_display, cuda_stream=stream) as sync:
+            assert sync.wait(timeout=10)
+            np.testing.assert_array_equal(cupy.asnumpy(dst, stream=reader), cupy.asnumpy(src, stream=reader))
+
+
+def test_egl_to_cuda_stream_waits_without_blocking_the_thread(sync_display, cupy, spin):
+    rng = np.random.default_rng()
+    stream = cupy.cuda.Stream(non_blocking=True)
+    reader = cupy.cuda.Stream(non_blocking=True)
+    for _ in range(3):
+        src = cupy.asarray(rng.integers(0, 2**32, 4096, dtype=np.uint32))
+        dst = cupy.zeros_like(src)
+        cupy.cuda.Device().synchronize()
+        sync = eglcuda.Sync.reusable(sync_display)
+        started = time.perf_counter()
+        cpu_started = time.process_time()
+        wait = eglcuda.cuda_wait_sync(sync, cuda_stream=stream)
+        spin(stream, src, dst, 0.0)  # queued after the wait
+        assert time.perf_counter() - started < 0.05
+        time.sleep(0.3)
+        assert not wait.done()
+        assert not np.array_equal(cupy.asnumpy(dst, stream=reader), cupy.asnumpy(src, stream=reader))
+        sync.signal()
+        stream.synchronize()
+        np.testing.assert_array_equal(cupy.asnumpy(dst), cupy.asnumpy(src))
+        assert wait.join(5) and not wait.timed_out
+        assert time.process_time() - cpu_started < 0.2  # the waiter sleeps, it does not spin
+        sync.close()
+
+
+def test_egl_to_cuda_after_a_gl_fence(sync_display, cupy, spin):
+    from OpenGL import GL
+
+    rng = np.random.default_rng()
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with sync_display.create_context():
+        texture = int(GL.glGenTextures(1))
+        GL.glBindTexture(GL.GL_TEXTURE_2D, texture)
+        for _ in range(20):  # a long GL job
+            texels = rng.integers(0, 256, (1024, 1024, 4), dtype=np.uint8)
+            GL.glTexImage2D(GL.GL_TEXTURE_2D, 0, GL.GL_RGBA8, 1024, 1024, 0, GL.GL_RGBA, GL.GL_UNSIGNED_BYTE, texels)
+        fence = eglcuda.Sync.fence(sync_display)
+        GL.glFlush()
+        src = cupy.asarray(rng.integers(0, 2**32, 4096, dtype=np.uint32))
+        dst = cupy.zeros_like(src)
+        wait = eglcuda.cuda_wait_sync(fence, cuda_stream=stream)
+        spin(stream, src, dst, 0.0)
+        stream.synchronize()
+        assert fence.signaled and wait.join(5)
+        np.testing.assert_array_equal(cupy.asnumpy(dst), cupy.asnumpy(src))
+        fence.close()
+        GL.glDeleteTextures([texture])
+
+
+def test_a_sync_that_never_signals_times_out(sync_display, cupy):
+    stream = cupy.cuda.Stream(non_blocking=True)
+    sync = eglcuda.Sync.reusable(sync_display)
+    started = time.perf_counter()
+    assert sync.wait(timeout=0.1) is False
+    assert time.perf_counter() - started < 2
+    wait = eglcuda.cuda_wait_sync(sync, cuda_stream=stream, timeout=0.2)
+    assert wait.join(5) and wait.timed_out
+    stream.synchronize()  # released, not hung
+    sync.close()
+
+
+def test_closing_a_cuda_sync_before_the_stream_reaches_it(sync_display, cupy, spin):
+    stream = cupy.cuda.Stream(non_blocking=True)
+    src = cupy.arange(256, dtype=cupy.uint32)
+    dst = cupy.zeros_like(src)
+    spin(stream, src, dst, 0.2)
+    sync = eglcuda.sync_after_cuda(sync_display, cuda_stream=stream)
+    sync.close()  # the host function still queued destroys the sync when it runs
+    stream.synchronize()
+    np.testing.assert_array_equal(cupy.asnumpy(dst), cupy.asnumpy(src))
+
+
+def test_no_threads_or_handles_left(sync_display, cupy):
+    stream = cupy.cuda.Stream(non_blocking=True)
+
+    def cycle():
+        sync = eglcuda.sync_after_cuda(sync_display, cuda_stream=stream)
+        assert sync.wait(timeout=5)
+        other = eglcuda.Sync.reusable(sync_display)
+        wait = eglcuda.cuda_wait_sync(other, cuda_stream=stream)
+        other.signal()
+        assert wait.join(5)
+        sync.close()
+
+    for _ in range(20):
+        cycle()
+    stream.synchronize()
+    fds = open_fds()
+    for _ in range(300):
+        cycle()
+    for _ in range(50):  # dropped without close: garbage collection releases them
+        eglcuda.sync_after_cuda(sync_display, cuda_stream=stream)
+    stream.synchronize()
+    gc.collect()
+    deadline = time.time() + 5
+    while pending_waiters() and time.time() < deadline:
+        time.sleep(0.01)
+    assert pending_waiters() == 0
+    assert open_fds() - fds <= 2
