@@ -24,7 +24,7 @@ from typing import Any
 from ._cuda import CudaDevice, check, cuda_error, get_device
 from ._display import Display
 from ._egl import EGL_FOREVER, address, egl_error, pointer_attribs
-from ._errors import ClosedError, EGLError, Unsupported, UsageError
+from ._errors import ClosedError, EGLError, Timeout, Unsupported, UsageError
 from ._interop import stream_handle
 from ._loader import is_bound
 from ._native import ffi, lib
@@ -134,12 +134,24 @@ class Sync:
             return self.signaled
         raise EGLError(code, "eglClientWaitSyncKHR", "waiting for the sync")
 
-    def server_wait(self) -> None:
+    def server_wait(self, timeout: float | None = None) -> bool:
         """Server wait: GL commands issued after this in the current context wait on the GPU until
-        the sync is signaled; this thread does not wait (``eglWaitSyncKHR``)."""
+        the sync is signaled, and this thread does not wait (``eglWaitSyncKHR``). Returns False.
+
+        Some drivers accept a server wait on a reusable sync and ignore it (measured: NVIDIA
+        driver 580 lets GL run on). eglcuda tests this once per display (:func:`server_waits_reusable`);
+        where it fails, a reusable or emulated CUDA sync is waited for on this thread instead
+        (a client wait of up to ``timeout`` seconds, raising :class:`Timeout` past it), which
+        keeps GL ordered after the sync at the cost of blocking: the method then returns True."""
         self.display.require("EGL_KHR_wait_sync")
-        if not lib.eglWaitSyncKHR(self.display.handle, self.handle, 0):
+        handle = self.handle
+        if self.kind is not SyncKind.FENCE and self.path != NATIVE and not server_waits_reusable(self.display):
+            if not self.wait(timeout):
+                raise Timeout(f"the sync was not signaled within {timeout} s")
+            return True
+        if not lib.eglWaitSyncKHR(self.display.handle, handle, 0):
             raise egl_error("eglWaitSyncKHR", "queuing a server wait on the sync (is a GL context current?)")
+        return False
 
     def signal(self) -> None:
         """Signal a reusable sync (wakes every waiter)."""
@@ -169,6 +181,31 @@ class Sync:
     def __repr__(self) -> str:
         path = f" {self.path}" if self.path else ""
         return f"<Sync {self.kind.value}{path}{' closed' if self.closed else ''}>"
+
+
+_server_wait_verdicts: dict[int, bool] = {}
+
+
+def server_waits_reusable(display: Display) -> bool:
+    """Whether a GL server wait on an unsignaled reusable sync holds back later GL work on this
+    display: tested once (cached, needs a current GL context of the display) by queuing a server
+    wait, then a fence, and checking the fence stays unsignaled until the sync is signaled."""
+    if display._address not in _server_wait_verdicts:
+        blocker = Sync.reusable(display)
+        try:
+            if not lib.eglWaitSyncKHR(display.handle, blocker.handle, 0):
+                raise egl_error("eglWaitSyncKHR", "testing server waits on reusable syncs (is a GL context current?)")
+            fence = Sync.fence(display)
+            held_back = not fence.wait(timeout=0.05)
+            blocker.signal()
+            fence.wait(timeout=5)
+            fence.close()
+        finally:
+            if not blocker.closed and not blocker.signaled:
+                blocker.signal()
+            blocker.close()
+        _server_wait_verdicts[display._address] = held_back
+    return _server_wait_verdicts[display._address]
 
 
 # ---- which path each direction takes ------------------------------------------------------------

@@ -118,3 +118,20 @@ def test_create_close_cycles_are_flat(sync_display):
         eglcuda.Sync.reusable(sync_display)  # never closed: garbage collection destroys it
 
     assert grows(dropped, warmup=20, cycles=300) < 8 << 20
+
+
+def test_server_wait_on_a_reusable_sync_orders_gl_after_the_signal(sync_display):
+    require_extension(sync_display, "EGL_KHR_wait_sync")
+    from OpenGL import GL
+
+    with sync_display.create_context():
+        honoured = eglcuda._sync.server_waits_reusable(sync_display)
+        sync = eglcuda.Sync.reusable(sync_display)
+        timer = threading.Timer(0.1, sync.signal)
+        timer.start()
+        blocked = sync.server_wait(timeout=5)
+        assert blocked == (not honoured)
+        GL.glFinish()
+        assert sync.signaled  # either way, GL's later work ran after the signal
+        timer.join()
+        sync.close()
