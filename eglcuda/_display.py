@@ -247,6 +247,18 @@ class Display:
         """Track an object made from this display, to close it before the display."""
         self._children.add(child)
 
+    def cuda_device(self, device: "int | CudaDevice | None" = None) -> "CudaDevice":
+        """``device`` as a :class:`CudaDevice`; None means this display's own CUDA device."""
+        from ._cuda import CudaDevice, get_device
+
+        if isinstance(device, CudaDevice):
+            return device
+        if device is None:
+            device = self.cuda_ordinal
+            if device is None:
+                raise UsageError("this display belongs to no CUDA device; pass device=")
+        return get_device(device)
+
     def create_context(self, **options) -> "GLContext":
         """A headless OpenGL context on this display; see :class:`eglcuda.GLContext`."""
         from ._context import GLContext

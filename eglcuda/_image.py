@@ -267,7 +267,7 @@ _choice_lock = threading.Lock()
 def image_path(display: Display, device: int | CudaDevice | None = None, refresh: bool = False) -> PathChoice:
     """The path ``Image.register_cuda(path="auto")`` takes on this display and CUDA device, decided
     once (cached) by the coherence self-test. ``refresh`` runs the test again."""
-    device = _cuda_device(display, device)
+    device = display.cuda_device(device)
     key = (display._address, device.ordinal)
     with _choice_lock:
         if refresh or key not in _choices:
@@ -392,16 +392,6 @@ def _read_texture(fmt: TextureFormat, texture: int, width: int, height: int) -> 
     return out
 
 
-def _cuda_device(display: Display, device: int | CudaDevice | None) -> CudaDevice:
-    if isinstance(device, CudaDevice):
-        return device
-    if device is None:
-        device = display.cuda_ordinal
-        if device is None:
-            raise UsageError("this display belongs to no CUDA device; pass device=")
-    return get_device(device)
-
-
 # ---- the CUDA side -------------------------------------------------------------------------------
 
 def _unregister(ordinal: int, resource: int, display_address: int, context_address: int,
@@ -444,7 +434,7 @@ class CudaImage:
             raise UsageError(f"the texture's internal format 0x{image.internal_format:04X} has no CUDA view in "
                              f"eglcuda (supported: {names})")
         self.image = image
-        self.device = _cuda_device(image.display, device)
+        self.device = image.display.cuda_device(device)
         if _verified:  # the self-test itself: the path is what is being tested
             self.path_reason = "self-test"
         else:

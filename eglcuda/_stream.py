@@ -192,13 +192,7 @@ class Stream:
         return CudaProducer(self, width, height, device, format, layout)
 
     def _device(self, device: int | CudaDevice | None) -> CudaDevice:
-        if isinstance(device, CudaDevice):
-            return device
-        if device is None:
-            device = self.display.cuda_ordinal
-            if device is None:
-                raise UsageError("this display belongs to no CUDA device; pass device=")
-        return get_device(device)
+        return self.display.cuda_device(device)
 
     def close(self) -> None:
         """Disconnect both ends (producer first), then destroy the stream. Safe to call twice."""

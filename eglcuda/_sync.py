@@ -21,7 +21,7 @@ import threading
 import weakref
 from typing import Any
 
-from ._cuda import CudaDevice, check, cuda_error, get_device
+from ._cuda import CudaDevice, check, cuda_error
 from ._display import Display
 from ._egl import EGL_FOREVER, address, egl_error, pointer_attribs
 from ._errors import ClosedError, EGLError, Timeout, Unsupported, UsageError
@@ -240,16 +240,6 @@ def sync_paths(display: Display) -> SyncPaths:
     return SyncPaths(to_egl, to_egl_why, to_cuda, to_cuda_why)
 
 
-def _device(display: Display, device: int | CudaDevice | None) -> CudaDevice:
-    if isinstance(device, CudaDevice):
-        return device
-    if device is None:
-        device = display.cuda_ordinal
-        if device is None:
-            raise UsageError("this display belongs to no CUDA device; pass device=")
-    return get_device(device)
-
-
 # ---- CUDA -> EGL ---------------------------------------------------------------------------------
 
 def sync_after_cuda(display: Display, cuda_stream: Any = None, device: int | CudaDevice | None = None,
@@ -263,7 +253,7 @@ def sync_after_cuda(display: Display, cuda_stream: Any = None, device: int | Cud
         raise UsageError(f"path is 'auto', 'native' or 'emulated', got {path!r}")
     if chosen is None:
         raise Unsupported("CUDA -> EGLSync", where=display.description, hint=paths.cuda_to_egl_reason)
-    cuda_device = _device(display, device)
+    cuda_device = display.cuda_device(device)
     cuda_device.make_current()
     stream = ffi.cast("CUstream", stream_handle(cuda_stream))
     if chosen == NATIVE:
@@ -386,7 +376,7 @@ def cuda_wait_sync(sync: Sync, cuda_stream: Any = None, device: int | CudaDevice
     if chosen is None:
         raise Unsupported("EGLSync -> CUDA", where=display.description, hint=paths.egl_to_cuda_reason)
     deadline_ns = _timeout_ns(timeout)
-    cuda_device = _device(display, device)
+    cuda_device = display.cuda_device(device)
     cuda_device.make_current()
     stream = ffi.cast("CUstream", stream_handle(cuda_stream))
     handle = sync.handle
