@@ -18,6 +18,7 @@ from ._errors import ClosedError, EGLError, Unsupported, UsageError
 from ._native import ffi, lib
 
 if TYPE_CHECKING:
+    from ._cuda import CudaDevice
     from ._context import GLContext
     from ._stream import Stream
 
