@@ -25,7 +25,7 @@ import eglcuda
 from eglcuda._native import ffi, lib
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from stream_roundtrip import build_c  # noqa: E402
+from stream_roundtrip import build_c, eglcuda_serial  # noqa: E402
 
 WIDTH, HEIGHT = 1920, 1080
 
@@ -110,23 +110,6 @@ def helper_loop(display, iterations: int, with_counter: bool) -> float:
     return 1e6 * elapsed / iterations
 
 
-def api_loop(display, iterations: int, frame_numbers: bool) -> float:
-    with display.create_stream() as stream:
-        consumer = stream.connect_cuda_consumer(frame_numbers=frame_numbers)
-        producer = stream.connect_cuda_producer(WIDTH, HEIGHT)
-        frames = [producer.allocate_frame(), producer.allocate_frame()]
-        warmup = iterations // 10 + 2
-        start = 0.0
-        for i in range(iterations + warmup):
-            if i == warmup:
-                start = time.perf_counter()
-            producer.present(frames[i & 1])
-            consumer.acquire().release()
-            if i:
-                frames[(i - 1) & 1] = producer.return_frame(1_000_000)
-        return 1e6 * (time.perf_counter() - start) / iterations
-
-
 def single_call_costs(display, count: int = 20000) -> dict[str, float]:
     """Median ns of calls the per-frame path may add: context check, counter query, a lock."""
     import threading
@@ -174,8 +157,8 @@ def main() -> int:
         "raw cffi + counter query": lambda: raw_loop(display, args.iterations, True),
         "helpers": lambda: helper_loop(display, args.iterations, False),
         "helpers + counter query": lambda: helper_loop(display, args.iterations, True),
-        "api (frame_numbers=False)": lambda: api_loop(display, args.iterations, False),
-        "api (default)": lambda: api_loop(display, args.iterations, True),
+        "api (frame_numbers=False)": lambda: eglcuda_serial(display, WIDTH, HEIGHT, args.iterations, False),
+        "api (default)": lambda: eglcuda_serial(display, WIDTH, HEIGHT, args.iterations),
     }
     results: dict[str, list[float]] = {"C": [], **{name: [] for name in layers}}
     c_calls: list[str] = []

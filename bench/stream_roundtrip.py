@@ -44,9 +44,9 @@ def run_c(binary: pathlib.Path, width: int, height: int, iterations: int, mode: 
 
 # ---- eglcuda ----------------------------------------------------------------------------------
 
-def eglcuda_serial(display, width: int, height: int, iterations: int) -> float:
+def eglcuda_serial(display, width: int, height: int, iterations: int, frame_numbers: bool = True) -> float:
     with display.create_stream() as stream:
-        consumer = stream.connect_cuda_consumer()
+        consumer = stream.connect_cuda_consumer(frame_numbers=frame_numbers)
         producer = stream.connect_cuda_producer(width, height)
         frames = [producer.allocate_frame(), producer.allocate_frame()]
         warmup = iterations // 10 + 2
