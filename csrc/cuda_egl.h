@@ -142,6 +142,11 @@ typedef struct CUDA_RESOURCE_DESC_st {
 #define CU_MEMHOSTALLOC_DEVICEMAP 0x02
 #define CU_MEM_ATTACH_GLOBAL 0x1
 #define CU_MEM_ATTACH_HOST 0x2
+#define CU_MEM_ATTACH_SINGLE 0x4
+#define CU_POINTER_ATTRIBUTE_IS_MANAGED 8
+#define CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY 83
+#define CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS 89
+#define CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY 19
 #define CU_GRAPHICS_REGISTER_FLAGS_NONE 0x00
 #define CU_GRAPHICS_REGISTER_FLAGS_SURFACE_LDST 0x04
 #define CU_STREAM_WAIT_VALUE_GEQ 0x0
@@ -178,6 +183,7 @@ CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags);
 CUresult cuMemHostGetDevicePointer(CUdeviceptr *pdptr, void *p, unsigned int Flags); /* @symbol cuMemHostGetDevicePointer_v2 */
 CUresult cuMemFreeHost(void *p);
 CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags);
+CUresult cuPointerGetAttribute(void *data, int attribute, CUdeviceptr ptr);
 CUresult cuArrayCreate(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *pAllocateArray); /* @symbol cuArrayCreate_v2 */
 CUresult cuArrayDestroy(CUarray hArray);
 CUresult cuMemcpy2D(const CUDA_MEMCPY2D *pCopy); /* @symbol cuMemcpy2D_v2 */

@@ -7,9 +7,10 @@ from ._context import GLContext
 from ._cuda import CudaDevice, driver_version, get_device
 from ._display import Device, Display, client_extensions, devices
 from ._formats import ColorFormat, Layout, PlaneGeometry, plane_geometry
-from ._frame import AcquiredFrame, Frame, Plane
+from ._frame import AcquiredFrame, Attach, Frame, MemoryKind, Plane
 from ._image import CudaImage, Image, MappedImage, PathChoice, TextureFormat, TEXTURE_FORMATS, image_path, siblings_alias
 from ._sync import CudaWait, Sync, SyncKind, SyncPaths, cuda_wait_sync, sync_after_cuda, sync_paths
+from ._share import acknowledge, offer_fd, receive_fd, receive_stream, serve_stream
 from ._stream import CudaConsumer, CudaProducer, ResourceLocation, Stream, StreamState
 from ._errors import (
     ClosedError,
@@ -17,6 +18,7 @@ from ._errors import (
     EGLError,
     EglCudaError,
     NotCoherent,
+    PeerError,
     StreamDisconnected,
     Timeout,
     Unsupported,
@@ -27,6 +29,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AcquiredFrame",
+    "Attach",
+    "MemoryKind",
     "CudaWait",
     "Sync",
     "SyncKind",
@@ -55,6 +59,12 @@ __all__ = [
     "StreamDisconnected",
     "StreamState",
     "plane_geometry",
+    "PeerError",
+    "acknowledge",
+    "offer_fd",
+    "receive_fd",
+    "receive_stream",
+    "serve_stream",
     "ClosedError",
     "CUDAError",
     "CudaDevice",

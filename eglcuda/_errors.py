@@ -135,3 +135,7 @@ class StreamDisconnected(EglCudaError):
 class NotCoherent(EglCudaError):
     """A CUDA view that would not alias its GL or EGL object (writes on one side would not reach
     the other) was asked for; eglcuda refuses instead of handing back wrong data."""
+
+
+class PeerError(EglCudaError, ConnectionError):
+    """The process on the other side of a stream hand-over went away, or is not eglcuda."""

@@ -3,13 +3,14 @@
 objects that hand out zero-copy views through ``__cuda_array_interface__`` and DLPack."""
 from __future__ import annotations
 
+import enum
 import weakref
 from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
 from ._cuda import CudaDevice, check, get_device
-from ._errors import ClosedError, UsageError
+from ._errors import ClosedError, Unsupported, UsageError
 from ._formats import (
     SAME_GEOMETRY,
     ColorFormat,
@@ -28,6 +29,37 @@ if TYPE_CHECKING:
     from ._stream import CudaConsumer
 
 PLANE_ALIGNMENT = 256  # bytes between planes of one allocation, and the default pitch alignment
+
+
+class MemoryKind(str, enum.Enum):
+    """Where an allocated frame's bytes live (section 3 of NVIDIA's Tegra memory guide).
+
+    - ``DEVICE``: GPU memory (``cuMemAlloc``). Fastest for kernels; the CPU reaches it only
+      through copies. The default, and the only kind CUDA-array frames come in.
+    - ``PINNED``: page-locked host memory mapped into the GPU's address space
+      (``cuMemHostAlloc`` with ``DEVICEMAP``), "zero-copy": kernels read and write it across the
+      bus (on Tegra: the same DRAM, but uncached on the GPU side), the CPU directly.
+    - ``MANAGED``: unified memory (``cuMemAllocManaged``), one pointer valid on both sides, which
+      the driver migrates (discrete GPUs) or keeps coherent by cache maintenance (Tegra). Pass a
+      stream to :meth:`Frame.attach` to tell the driver who uses it next.
+    """
+
+    DEVICE = "device"
+    PINNED = "pinned"
+    MANAGED = "managed"
+
+
+class Attach(str, enum.Enum):
+    """Who may touch a managed frame (``cuStreamAttachMemAsync``): every stream and the CPU
+    (``GLOBAL``), the CPU only (``HOST``), or one stream (``SINGLE``)."""
+
+    GLOBAL = "global"
+    HOST = "host"
+    SINGLE = "single"
+
+
+_ATTACH_FLAGS = {Attach.GLOBAL: lib.CU_MEM_ATTACH_GLOBAL, Attach.HOST: lib.CU_MEM_ATTACH_HOST,
+                 Attach.SINGLE: lib.CU_MEM_ATTACH_SINGLE}
 
 
 def _copy_2d(device: CudaDevice, stream: int, *, src=None, dst=None, width_bytes: int, height: int,
@@ -264,7 +296,47 @@ class _FrameBase:
         return len(self.planes)
 
 
-def _free_frame(ordinal: int, layout: Layout, addresses: tuple[int, ...], wrapped: Any) -> None:
+class _HostView:
+    """Hands NumPy a host address through ``__array_interface__`` while keeping the frame alive
+    as long as the array (NumPy keeps this object as the array's base)."""
+
+    __slots__ = ("frame", "__array_interface__", "__weakref__")
+
+    def __init__(self, frame: "Frame", interface: dict[str, Any]) -> None:
+        self.frame = frame
+        self.__array_interface__ = interface
+        frame._host_views.add(self)
+
+
+def _allocate_linear(device: CudaDevice, memory: MemoryKind, size: int, what: str) -> tuple[int, int | None, int]:
+    """``size`` bytes of ``memory``: (device address, host address or None, the address to free)."""
+    if memory is MemoryKind.DEVICE:
+        pointer = ffi.new("CUdeviceptr *")
+        check(lib.cuMemAlloc(pointer, size), "cuMemAlloc", f"allocating {what} in device memory")
+        return int(pointer[0]), None, int(pointer[0])
+    if memory is MemoryKind.PINNED:
+        if not device._attribute(lib.CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY):
+            raise Unsupported("mapped pinned host memory", where=f"CUDA device {device.ordinal}")
+        host = ffi.new("void **")
+        check(lib.cuMemHostAlloc(host, size, lib.CU_MEMHOSTALLOC_PORTABLE | lib.CU_MEMHOSTALLOC_DEVICEMAP),
+              "cuMemHostAlloc", f"allocating {what} in pinned host memory")
+        host_address = int(ffi.cast("uintptr_t", host[0]))
+        pointer = ffi.new("CUdeviceptr *")
+        status = lib.cuMemHostGetDevicePointer(pointer, host[0], 0)
+        if status:
+            lib.cuMemFreeHost(host[0])
+            check(status, "cuMemHostGetDevicePointer", f"mapping {what} for the GPU")
+        return int(pointer[0]), host_address, host_address
+    if not device._attribute(lib.CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY):
+        raise Unsupported("managed (unified) memory", where=f"CUDA device {device.ordinal}")
+    pointer = ffi.new("CUdeviceptr *")
+    check(lib.cuMemAllocManaged(pointer, size, lib.CU_MEM_ATTACH_GLOBAL), "cuMemAllocManaged",
+          f"allocating {what} in managed memory")
+    return int(pointer[0]), int(pointer[0]), int(pointer[0])
+
+
+def _free_frame(ordinal: int, layout: Layout, addresses: tuple[int, ...], wrapped: Any,
+                memory: MemoryKind = MemoryKind.DEVICE) -> None:
     """Finalizer: free what eglcuda allocated (nothing for wrapped memory). Never raises."""
     try:
         if wrapped is not None:
@@ -277,6 +349,8 @@ def _free_frame(ordinal: int, layout: Layout, addresses: tuple[int, ...], wrappe
         if layout is Layout.ARRAY:
             for handle in addresses:
                 lib.cuArrayDestroy(ffi.cast("CUarray", handle))
+        elif memory is MemoryKind.PINNED:
+            lib.cuMemFreeHost(ffi.cast("void *", addresses[0]))
         else:
             lib.cuMemFree(addresses[0])
     except Exception:  # pragma: no cover - finalizers must not raise
@@ -298,8 +372,13 @@ class Frame(_FrameBase):
 
     def __init__(self, *, width: int, height: int, format: ColorFormat, layout: Layout, pitch: int,
                  device: CudaDevice, addresses: tuple[int, ...], plane_addresses: tuple[int, ...],
-                 owned: bool, keep: Any = None) -> None:
+                 owned: bool, keep: Any = None, memory: MemoryKind = MemoryKind.DEVICE,
+                 host_address: int | None = None) -> None:
         self.width = width
+        self.memory = memory
+        self._host_address = host_address  # where the CPU sees plane 0 (pinned and managed frames)
+        self._host_views: weakref.WeakSet[_HostView] = weakref.WeakSet()
+        self._closed_early = False  # closed by the user while host views lived: freed when they die
         self.height = height
         self.format = format
         self.layout = layout
@@ -327,15 +406,20 @@ class Frame(_FrameBase):
         self._egl = egl
         self.key = plane_addresses[0]  # how a returned CUeglFrame is matched to this object
         self._finalizer = weakref.finalize(self, _free_frame, device.ordinal, layout,
-                                           addresses if owned else (), None if owned else keep)
+                                           addresses if owned else (), None if owned else keep, memory)
 
     # ---- construction ------------------------------------------------------------------------
     @classmethod
     def allocate(cls, width: int, height: int, format: ColorFormat | str = ColorFormat.ARGB,
                  layout: Layout | str = Layout.PITCH, device: int | CudaDevice = 0,
-                 pitch_alignment: int = PLANE_ALIGNMENT) -> "Frame":
-        """Allocate a frame in device memory. Pitch-linear frames get one allocation with the
-        planes ``pitch_alignment`` bytes aligned; CUDA-array frames get one array per plane."""
+                 pitch_alignment: int = PLANE_ALIGNMENT, memory: MemoryKind | str = MemoryKind.DEVICE) -> "Frame":
+        """Allocate a frame. Pitch-linear frames get one allocation with the planes
+        ``pitch_alignment`` bytes aligned, in the ``memory`` kind asked for (see
+        :class:`MemoryKind`); CUDA-array frames get one array per plane, in device memory."""
+        try:
+            memory = MemoryKind(memory)
+        except ValueError:
+            raise UsageError(f"memory is one of {[m.value for m in MemoryKind]}, got {memory!r}") from None
         fmt = color_format(format)
         if fmt in SAME_GEOMETRY:
             fmt = SAME_GEOMETRY[fmt]
@@ -343,6 +427,8 @@ class Frame(_FrameBase):
         layout = Layout(layout)
         if pitch_alignment < 1 or pitch_alignment & (pitch_alignment - 1):
             raise UsageError(f"pitch_alignment must be a power of two, got {pitch_alignment}")
+        if layout is Layout.ARRAY and memory is not MemoryKind.DEVICE:
+            raise UsageError(f"CUDA-array frames live in device memory; {memory.value} memory needs layout='pitch'")
         device = device if isinstance(device, CudaDevice) else get_device(device)
         device.make_current()
         if layout is Layout.ARRAY:
@@ -366,11 +452,10 @@ class Frame(_FrameBase):
         for g in plane_geometry(fmt, width, height, pitch):
             offsets.append(total)
             total += -(-g.pitch * g.height // PLANE_ALIGNMENT) * PLANE_ALIGNMENT
-        pointer = ffi.new("CUdeviceptr *")
-        check(lib.cuMemAlloc(pointer, total), "cuMemAlloc", f"allocating a {width}x{height} {fmt.name} frame")
-        base = int(pointer[0])
+        base, host, owned_address = _allocate_linear(device, memory, total, f"a {width}x{height} {fmt.name} frame")
         return cls(width=width, height=height, format=fmt, layout=layout, pitch=pitch, device=device,
-                   addresses=(base,), plane_addresses=tuple(base + o for o in offsets), owned=True)
+                   addresses=(owned_address,), plane_addresses=tuple(base + o for o in offsets), owned=True,
+                   memory=memory, host_address=host)
 
     @classmethod
     def from_pointer(cls, pointer: int | Sequence[int], width: int, height: int, pitch: int,
@@ -429,10 +514,58 @@ class Frame(_FrameBase):
         return cls(width=width, height=height, format=fmt, layout=Layout.PITCH, pitch=pitch, device=device,
                    addresses=(), plane_addresses=tuple(d[0] for d in described), owned=False, keep=list(arrays))
 
+    # ---- memory kinds ------------------------------------------------------------------------
+    def host_array(self, plane: int = 0) -> np.ndarray:
+        """A NumPy view of a pinned or managed frame's plane in place: the CPU reads and writes
+        the frame's own bytes, no copy. Order it with the GPU yourself (synchronize the stream
+        that last wrote the frame before reading; for managed frames see :meth:`attach`).
+
+        The view keeps the memory alive: closing the frame while views exist makes the frame
+        unusable at once but frees its memory only when the last view is gone."""
+        self._check_usable()
+        if self._host_address is None:
+            raise UsageError(f"a {self.memory.value}-memory frame has no host view; allocate it with "
+                             "memory='pinned' or 'managed' (or use to_numpy() for a copy)")
+        chosen = self._planes[plane]
+        interface = {"shape": chosen.shape, "strides": chosen.strides, "typestr": "|u1", "version": 3,
+                     "data": (self._host_address + chosen._address - self._planes[0]._address, False)}
+        return np.asarray(_HostView(self, interface))
+
+    def attach(self, to: Attach | str, cuda_stream: Any = None) -> None:
+        """Tell the driver who touches this managed frame next (``cuStreamAttachMemAsync``,
+        queued on ``cuda_stream``): ``"host"`` before CPU work, ``"global"`` before GPU work on
+        any stream, ``"single"`` for work on ``cuda_stream`` only. This is the guide's tool on
+        Tegra, where ``cudaMemPrefetchAsync`` is not available; it takes effect in stream order."""
+        self._check_usable()
+        try:
+            to = Attach(to)
+        except ValueError:
+            raise UsageError(f"attach to one of {[a.value for a in Attach]}, got {to!r}") from None
+        if self.memory is not MemoryKind.MANAGED:
+            raise UsageError(f"only managed frames can be attached, this one is {self.memory.value} memory")
+        stream = stream_handle(cuda_stream)
+        if to is Attach.SINGLE and stream == 0:
+            raise UsageError("attach('single') needs the stream it attaches to, not the default stream")
+        self.device.make_current()
+        check(lib.cuStreamAttachMemAsync(ffi.cast("CUstream", stream), self._planes[0]._address, 0, _ATTACH_FLAGS[to]),
+              "cuStreamAttachMemAsync", f"attaching a managed frame to {to.value}")
+
+    def _is_managed(self) -> bool:
+        """Whether plane 0 is managed memory: allocated so here, or wrapped memory the driver
+        reports as managed (CuPy's or PyTorch's managed allocations, a raw managed pointer)."""
+        if self.memory is MemoryKind.MANAGED:
+            return True
+        if self.layout is not Layout.PITCH or self.owned:
+            return False
+        flag = ffi.new("unsigned int *")
+        self.device.make_current()
+        status = lib.cuPointerGetAttribute(flag, lib.CU_POINTER_ATTRIBUTE_IS_MANAGED, self._planes[0]._address)
+        return status == 0 and bool(flag[0])
+
     # ---- state -------------------------------------------------------------------------------
     @property
     def closed(self) -> bool:
-        return not self._finalizer.alive
+        return self._closed_early or not self._finalizer.alive
 
     @property
     def presented(self) -> bool:
@@ -441,7 +574,7 @@ class Frame(_FrameBase):
         return producer is not None and not producer.closed
 
     def _check_usable(self) -> None:
-        if not self._finalizer.alive:
+        if self._closed_early or not self._finalizer.alive:
             raise ClosedError("the frame is closed")
 
     def close(self) -> None:
@@ -450,6 +583,11 @@ class Frame(_FrameBase):
         if self.presented:
             raise UsageError("the frame was presented on a producer that is still connected; "
                              "the driver may still use it: disconnect the producer first")
+        if len(self._host_views):
+            # NumPy arrays still point into the memory: free it when the last one goes (they
+            # hold this frame), not now, which would leave them dangling.
+            self._closed_early = True
+            return
         self._finalizer()
 
     def __enter__(self) -> "Frame":
@@ -460,7 +598,8 @@ class Frame(_FrameBase):
 
     def __repr__(self) -> str:
         state = " closed" if self.closed else ""
-        return f"<Frame {self.width}x{self.height} {self.format.name} {self.layout.value}{state}>"
+        memory = "" if self.memory is MemoryKind.DEVICE else f" {self.memory.value}"
+        return f"<Frame {self.width}x{self.height} {self.format.name} {self.layout.value}{memory}{state}>"
 
 
 class AcquiredFrame(_FrameBase):

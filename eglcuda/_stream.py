@@ -8,14 +8,16 @@ connects first), ``stream.connect_cuda_producer(width, height)``, then per frame
 from __future__ import annotations
 
 import enum
+import os
 import threading
+import time
 import weakref
 from typing import Any
 
 from ._cuda import CudaDevice, check, cuda_error, get_device
 from ._display import Display
 from ._egl import address, egl_error, int_attribs
-from ._errors import ClosedError, StreamDisconnected, Timeout, UsageError
+from ._errors import ClosedError, EGLError, StreamDisconnected, Timeout, Unsupported, UsageError
 from ._formats import ColorFormat, Layout, check_size, color_format
 from ._frame import AcquiredFrame, Frame
 from ._interop import stream_handle
@@ -46,11 +48,16 @@ class ResourceLocation(enum.IntEnum):
     VIDMEM = lib.CU_EGL_RESOURCE_LOCATION_VIDMEM
 
 
-def _destroy_stream(display_address: int, stream_address: int) -> None:
+def _destroy_stream(display_address: int, stream_address: int, fd_box: list[int]) -> None:
     try:
         lib.eglDestroyStreamKHR(ffi.cast("EGLDisplay", display_address), ffi.cast("EGLStreamKHR", stream_address))
     except Exception:  # pragma: no cover
         pass
+    if fd_box:
+        try:
+            os.close(fd_box.pop())
+        except OSError:  # pragma: no cover
+            pass
 
 
 def _check_us(name: str, value: Any, allow_none: bool = True) -> None:
@@ -72,10 +79,18 @@ class Stream:
     :param reuse_last_frame: with True (EGL's default) the stream keeps the newest frame so the
         consumer always has one to acquire, and the producer cannot take it back until it presents
         another; False (``EGL_NV_stream_reset``) lets the last frame go back too.
+    :param cross_process: export the stream's file descriptor at creation
+        (``EGL_KHR_stream_cross_process_fd``), so that another process can open the stream after
+        this one connects its consumer (see :func:`eglcuda.serve_stream`). EGL hands the
+        descriptor out only once and only before any endpoint connects, hence the flag.
+
+    A stream opened from a descriptor (:meth:`from_fd`, :func:`eglcuda.receive_stream`) is the
+    same object with the same endpoints; closing it closes this process's handle only.
     """
 
     def __init__(self, display: Display, fifo_length: int = 0, latency_us: int | None = None,
-                 acquire_timeout_us: int | None = None, reuse_last_frame: bool = True) -> None:
+                 acquire_timeout_us: int | None = None, reuse_last_frame: bool = True,
+                 cross_process: bool = False) -> None:
         _check_us("latency_us", latency_us)
         _check_us("acquire_timeout_us", acquire_timeout_us)
         if not isinstance(fifo_length, int) or isinstance(fifo_length, bool) or not 0 <= fifo_length <= 4096:
@@ -93,17 +108,90 @@ class Stream:
         if not reuse_last_frame:
             display.require("EGL_NV_stream_reset")
             attribs.append((lib.EGL_SUPPORT_REUSE_NV, lib.EGL_FALSE))
+        if cross_process:
+            display.require("EGL_KHR_stream_cross_process_fd")
         handle = lib.eglCreateStreamKHR(display.handle, int_attribs(attribs))
         if handle == ffi.NULL:
             raise egl_error("eglCreateStreamKHR", "creating an EGLStream")
+        self._adopt_handle(display, handle, fifo_length, reuse_last_frame, imported=False)
+        if cross_process:
+            try:
+                self._export()
+            except BaseException:
+                self.close()
+                raise
+
+    def _adopt_handle(self, display: Display, handle, fifo_length: int, reuse_last_frame: bool,
+                      imported: bool) -> None:
         self.display = display
         self.fifo_length = fifo_length
         self.reuse_last_frame = reuse_last_frame
+        self.imported = imported
         self._address = address(handle)
-        self._finalizer = weakref.finalize(self, _destroy_stream, display._address, self._address)
+        self._fd_box: list[int] = []  # the exported (or imported) descriptor, closed with the stream
+        self._finalizer = weakref.finalize(self, _destroy_stream, display._address, self._address, self._fd_box)
         self.consumer: CudaConsumer | None = None
         self.producer: CudaProducer | None = None
         display._adopt(self)
+
+    @classmethod
+    def from_fd(cls, display: Display, fd: int) -> "Stream":
+        """Open, on ``display``, a stream another process exported
+        (``eglCreateStreamFromFileDescriptorKHR``). ``fd`` stays the caller's to close.
+
+        The stream keeps a duplicate of ``fd`` open for its whole life: closing the descriptor a
+        stream was opened from tears the stream down on NVIDIA's driver (measured: the state turns
+        DISCONNECTED and a producer's connect fails with CUDA_ERROR_UNKNOWN). Its FIFO length is
+        read from the stream; connect the endpoint this process plays as usual (the consumer side
+        connects first, in its own process)."""
+        if type(fd) is not int or fd < 0:
+            raise UsageError(f"a file descriptor is a non-negative int, got {fd!r}")
+        try:
+            own = os.dup(fd)
+        except OSError as exc:
+            raise UsageError(f"file descriptor {fd} is not open ({exc.strerror})") from None
+        try:
+            display.require("EGL_KHR_stream", "EGL_KHR_stream_cross_process_fd")
+            handle = lib.eglCreateStreamFromFileDescriptorKHR(display.handle, own)
+            if handle == ffi.NULL:
+                raise egl_error("eglCreateStreamFromFileDescriptorKHR",
+                                f"opening a stream from file descriptor {fd} (is it one another process exported?)")
+        except BaseException:
+            os.close(own)
+            raise
+        stream = cls.__new__(cls)
+        stream._adopt_handle(display, handle, 0, True, imported=True)
+        stream._fd_box.append(own)
+        stream.fifo_length = stream._query_or(lib.EGL_STREAM_FIFO_LENGTH_KHR, 0)
+        stream.reuse_last_frame = bool(stream._query_or(lib.EGL_SUPPORT_REUSE_NV, lib.EGL_TRUE))
+        return stream
+
+    def _export(self) -> int:
+        """Export the stream's descriptor once; the stream owns it."""
+        if self.imported:
+            raise UsageError("this stream was opened from a descriptor: only the process that created it can export it")
+        if self._fd_box:
+            return self._fd_box[0]
+        state = self.state
+        if state is not StreamState.CREATED:
+            raise UsageError(f"EGL exports a stream's descriptor only before any endpoint connects (state "
+                             f"{state.name}): create the stream with cross_process=True")
+        self.display.require("EGL_KHR_stream_cross_process_fd")
+        fd = lib.eglGetStreamFileDescriptorKHR(self.display.handle, self.handle)
+        if fd < 0:
+            raise egl_error("eglGetStreamFileDescriptorKHR", "exporting the stream")
+        self._fd_box.append(fd)
+        return fd
+
+    def export_fd(self) -> int:
+        """A new file descriptor for this stream, the caller's to send and close.
+
+        For a transport of your own; :func:`eglcuda.serve_stream` does the usual UNIX-socket
+        hand-over. Exporting needs a stream made with ``cross_process=True``, or one no endpoint
+        has connected to yet."""
+        if self.closed:
+            raise ClosedError("the stream is closed (or its display is)")
+        return os.dup(self._export())
 
     # ---- queries -----------------------------------------------------------------------------
     @property
@@ -122,6 +210,13 @@ class Stream:
         if not lib.eglQueryStreamKHR(self.display.handle, self.handle, attribute, value):
             raise egl_error("eglQueryStreamKHR", "querying the stream")
         return value[0]
+
+    def _query_or(self, attribute: int, default: int) -> int:
+        """An attribute this driver may not answer for: ``default`` when it refuses."""
+        try:
+            return self._query(attribute)
+        except EGLError:
+            return default
 
     def _query_u64(self, attribute: int) -> int:
         value = ffi.new("EGLuint64KHR *")
@@ -211,7 +306,8 @@ class Stream:
 
     def __repr__(self) -> str:
         mode = f"FIFO {self.fifo_length}" if self.fifo_length else "mailbox"
-        return f"<Stream {mode}{' closed' if self.closed else ''}>"
+        origin = " from fd" if self.imported else (" cross-process" if self._fd_box else "")
+        return f"<Stream {mode}{origin}{' closed' if self.closed else ''}>"
 
 
 def _disconnect(ordinal: int, which: str, connection, cuda_stream: int, own_stream: bool) -> None:
@@ -283,6 +379,7 @@ class CudaConsumer:
         self._egl_stream = stream.handle
         self._last_number: int | None = None
         self._held: AcquiredFrame | None = None
+        self._producer_seen = False  # until a producer connects, acquire must not reach the driver
         self._lock = threading.Lock()
         self.frames_acquired = 0
         stream.consumer = self
@@ -307,6 +404,8 @@ class CudaConsumer:
                 raise ClosedError("the consumer is disconnected (or its stream closed)")
             if self._held is not None:
                 raise UsageError("the consumer still holds a frame: release it before acquiring another")
+            if not self._producer_seen:
+                timeout_us = self._wait_for_producer(timeout_us)
             status = lib.eglcuda_consumer_acquire(
                 self._context, self._connection, self._resource, self._cu_stream, timeout_us, self._egl_frame,
                 self._dpy if self._use_counter else ffi.NULL, self._egl_stream, self._counter, self._failed)
@@ -323,12 +422,35 @@ class CudaConsumer:
                 number = int(self._counter[0])
                 is_new = number != self._last_number
                 self._last_number = number
+                if not is_new and self.stream.state is StreamState.DISCONNECTED:
+                    # The stream hands out its last frame forever once the producer is gone (its
+                    # process may have died): say so instead of repeating a frame that never changes.
+                    lib.eglcuda_consumer_release(self._context, self._connection, self._resource[0], self._cu_stream)
+                    raise StreamDisconnected(f"the producer disconnected from the stream (last frame {number})")
             else:
                 number = is_new = None
             frame = AcquiredFrame(self, self._egl_frame, self._resource[0], number, is_new)
             self._held = frame
             self.frames_acquired += 1
             return frame
+
+    def _wait_for_producer(self, timeout_us: int) -> int:
+        """Wait, without the driver, until a producer connects; returns the time left.
+
+        Measured on NVIDIA 580: a consumer acquire issued while a cross-process stream still
+        waits for its producer disconnects the stream (the producer's connect then fails with
+        CUDA_ERROR_UNKNOWN). So the first acquire polls the state instead, every millisecond,
+        which also gives a one-process consumer the plain timeout it would get anyway."""
+        deadline = time.monotonic() + timeout_us / 1e6
+        while True:
+            state = self.stream.state
+            if state is not StreamState.CONNECTING:
+                self._producer_seen = True
+                return max(0, int((deadline - time.monotonic()) * 1e6))
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise Timeout(f"no producer connected within {timeout_us} us (stream CONNECTING)")
+            time.sleep(min(0.001, left))
 
     def _release(self, frame: AcquiredFrame) -> None:
         with self._lock:
@@ -440,6 +562,13 @@ class CudaProducer:
             raise UsageError(f"frame layout {frame.layout.value} differs from the stream's {self.layout.value}")
         if frame.device.ordinal != self.device.ordinal:
             raise UsageError(f"frame lives on CUDA device {frame.device.ordinal}, the producer on {self.device.ordinal}")
+        if frame._is_managed():
+            # Measured: cuEGLStreamProducerPresentFrame crashes the process (SIGSEGV) on a managed
+            # frame (H100 and H200, driver 580). Refuse before the driver sees it.
+            raise Unsupported("presenting managed (unified) memory on an EGLStream",
+                              where=f"CUDA device {self.device.ordinal}",
+                              hint="the driver crashes on it; present device or pinned memory frames "
+                                   "(copy the managed data into one)")
         if frame.key in self._in_flight:
             raise UsageError("this frame is already in flight: wait for return_frame() to give it back")
         if len(self._in_flight) >= MAX_FRAMES_IN_FLIGHT:
@@ -497,6 +626,10 @@ class CudaProducer:
                                                  0 if kept_by_stream else timeout_us, self._returned_key)
             if status:
                 if status == _LAUNCH_TIMEOUT:
+                    if timeout_us and not kept_by_stream and self.stream.state is StreamState.DISCONNECTED:
+                        # A consumer gone (its process may have died) never releases: say so.
+                        raise StreamDisconnected("the consumer disconnected from the stream: presented frames "
+                                                 "will not come back")
                     return None
                 raise self.stream._driver_failure(status, "cuEGLStreamProducerReturnFrame", "taking back a frame", "consumer")
             key = self._returned_key[0]

@@ -28,10 +28,15 @@ SAMPLES: list[tuple[str, list[str]]] = [
     ("gl_texture_to_cuda 1280x720", ["samples/gl_texture_to_cuda.py", "--iterations", "20"]),
     ("gl_texture_to_cuda 333x97", ["samples/gl_texture_to_cuda.py", "--width", "333", "--height", "97"]),
     ("cuda_event_eglsync 1024x768", ["samples/cuda_event_eglsync.py", "--rounds", "20"]),
+    ("cross_process 1080p ARGB FIFO 4", ["samples/cross_process.py", "--frames", "600"]),
+    ("cross_process 4K NV12 FIFO 2", ["samples/cross_process.py", "--width", "3840", "--height", "2160",
+                                      "--format", "NV12", "--fifo", "2", "--frames", "200"]),
 ]
 BENCHMARKS: list[tuple[str, list[str]]] = [
     ("call overhead", ["bench/call_overhead.py", "--quick"]),
     ("stream round trip", ["bench/stream_roundtrip.py", "--quick"]),
+    ("cross process", ["bench/cross_process.py", "--quick"]),
+    ("memory kinds", ["bench/memory_kinds.py", "--quick"]),
 ]
 
 

@@ -1,0 +1,402 @@
+"""Frames between two processes: eglcuda's cross-process EGLStream vs CUDA IPC vs shared memory.
+
+Producer and consumer run in two spawned processes per transport and size (ARGB frames,
+1920x1080 and 3840x2160). Each pair runs two phases:
+
+- latency: one frame at a time (the next is sent only after the consumer acknowledged the last,
+  over a pipe, outside the timed span). Timed span: from just before the producer hands over a
+  frame whose content is already complete on its GPU, to the moment the consumer's CUDA stream
+  has the frame's data ready (its stream synchronized after the hand-over). Both processes stamp
+  CLOCK_MONOTONIC, which Linux shares between processes.
+- throughput: free running with 6 buffers in the ring (eglcuda: FIFO 4 plus the frames the
+  producer holds); the producer fills each frame on the GPU, the consumer checks one word of
+  each (a 4-byte read after its stream has the frame), frames/s over the whole run.
+
+Transports:
+(1) eglcuda: Stream(cross_process=True) served over a UNIX socket; present / acquire / release /
+    return_frame.
+(2) CUDA IPC through cuda-python: 6 device buffers and 6 interprocess events, their handles sent
+    once and opened once (cached); per frame the producer records the event and sends the slot
+    number over a pipe, the consumer waits on the event in its stream and sends the slot back.
+(3) Host shared memory (multiprocessing.shared_memory), registered with cuMemHostRegister when
+    the driver allows (else pageable): device->host copy in the producer, host->device copy in
+    the consumer, slot numbers over a pipe.
+
+    python bench/cross_process.py [--quick] [--markdown FILE]
+
+Needs cuda-python (IPC and the fills); CuPy is not used.
+"""
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+
+import numpy as np
+
+SIZES = [(1920, 1080), (3840, 2160)]
+TRANSPORTS = ["eglcuda", "cuda-ipc", "shm"]
+SLOTS = 6
+WARMUP = 20
+
+
+def now() -> float:
+    return time.clock_gettime(time.CLOCK_MONOTONIC)
+
+
+def driver():
+    try:
+        from cuda.bindings import driver as cu
+    except ImportError:  # cuda-python before 12.6
+        from cuda import cuda as cu
+    return cu
+
+
+class Cuda:
+    """The few driver calls both ends need, through cuda-python, on device 0's primary context."""
+
+    def __init__(self) -> None:
+        self.cu = cu = driver()
+        self.ok = cu.CUresult.CUDA_SUCCESS
+        self.check(cu.cuInit(0))
+        device = self.check(cu.cuDeviceGet(0))
+        self.context = self.check(cu.cuDevicePrimaryCtxRetain(device))
+        self.check(cu.cuCtxSetCurrent(self.context))
+        self.stream = self.check(cu.cuStreamCreate(1))  # non-blocking
+        self.word = np.zeros(1, np.uint32)
+
+    def check(self, result):
+        error, *values = result
+        if error != self.ok:
+            raise RuntimeError(f"CUDA call failed: {error}")
+        return values[0] if len(values) == 1 else (tuple(values) or None)
+
+    def alloc(self, size: int) -> int:
+        return int(self.check(self.cu.cuMemAlloc(size)))
+
+    def fill(self, pointer: int, size: int, value: int) -> None:
+        self.check(self.cu.cuMemsetD32Async(pointer, value, size // 4, self.stream))
+
+    def sync(self) -> None:
+        self.check(self.cu.cuStreamSynchronize(self.stream))
+
+    def word_at(self, pointer: int, index: int, size: int) -> int:
+        """One 4-byte word of a frame, read after the stream's earlier work."""
+        offset = (index * 2654435761 % (size // 4)) * 4
+        self.check(self.cu.cuMemcpyDtoHAsync(self.word.ctypes.data, pointer + offset, 4, self.stream))
+        self.sync()
+        return int(self.word[0])
+
+
+# ---- the producer and consumer of each transport ---------------------------------------------
+# Each end returns {"sent" or "got": [timestamps of the latency phase], "first"/"last": the
+# throughput phase's first hand-over / last check, "bad": frames whose word was wrong}.
+
+def eglcuda_producer(conn, width, height, latency_frames, throughput_frames, socket_path):
+    import eglcuda
+
+    cuda = Cuda()
+    with eglcuda.Display.for_cuda_device(0) as display:
+        stream = eglcuda.receive_stream(display, socket_path, timeout=60)
+        producer = stream.connect_cuda_producer(width, height)
+        free = [producer.allocate_frame() for _ in range(SLOTS)]
+        size = free[0].pitch * height
+
+        def take():
+            while not free:
+                back = producer.return_frame(timeout_us=2_000_000)
+                if back is not None:
+                    free.append(back)
+            return free.pop()
+
+        sent = []
+        for i in range(WARMUP + latency_frames):
+            frame = take()
+            cuda.fill(frame.planes[0].pointer, size, i)
+            cuda.sync()
+            sent.append(now())
+            producer.present(frame)
+            conn.recv()
+            back = producer.return_frame(0)
+            if back is not None:
+                free.append(back)
+        first = None
+        for i in range(throughput_frames):
+            frame = take()
+            cuda.fill(frame.planes[0].pointer, size, WARMUP + latency_frames + i)
+            first = first or now()
+            producer.present(frame, cuda_stream=cuda.stream)
+        conn.recv()  # the consumer is done: the stream may go
+        stream.close()
+    return {"sent": sent[WARMUP:], "first": first}
+
+
+def eglcuda_consumer(conn, width, height, latency_frames, throughput_frames, socket_path):
+    import eglcuda
+
+    cuda = Cuda()
+    with eglcuda.Display.for_cuda_device(0) as display:
+        stream = display.create_stream(fifo_length=4, cross_process=True)
+        consumer = stream.connect_cuda_consumer(cuda_stream=int(cuda.stream))
+        eglcuda.serve_stream(stream, socket_path, timeout=60)
+        got, bad = [], 0
+        for i in range(WARMUP + latency_frames):
+            frame = consumer.acquire(timeout_us=10_000_000)
+            cuda.sync()
+            got.append(now())
+            plane = frame.planes[0]
+            bad += cuda.word_at(plane.pointer, i, plane.pitch * height) != i
+            frame.release()
+            conn.send(None)
+        for i in range(WARMUP + latency_frames, WARMUP + latency_frames + throughput_frames):
+            frame = consumer.acquire(timeout_us=10_000_000)
+            plane = frame.planes[0]
+            bad += cuda.word_at(plane.pointer, i, plane.pitch * height) != i
+            frame.release()
+        last = now()
+        conn.send(None)
+        stream.close()
+    return {"got": got[WARMUP:], "last": last, "bad": bad}
+
+
+def ipc_producer(conn, width, height, latency_frames, throughput_frames, socket_path):
+    cuda, cu = Cuda(), driver()
+    size = width * 4 * height
+    buffers = [cuda.alloc(size) for _ in range(SLOTS)]
+    flags = cu.CUevent_flags.CU_EVENT_INTERPROCESS | cu.CUevent_flags.CU_EVENT_DISABLE_TIMING
+    events = [cuda.check(cu.cuEventCreate(int(flags))) for _ in range(SLOTS)]
+    conn.send([(bytes(cuda.check(cu.cuIpcGetMemHandle(b)).reserved), bytes(cuda.check(cu.cuIpcGetEventHandle(e)).reserved))
+               for b, e in zip(buffers, events)])
+    conn.recv()  # the consumer opened them
+    sent = []
+    for i in range(WARMUP + latency_frames):
+        slot = i % SLOTS
+        cuda.fill(buffers[slot], size, i)
+        cuda.sync()
+        sent.append(now())
+        cuda.check(cu.cuEventRecord(events[slot], cuda.stream))
+        conn.send((slot, i))
+        conn.recv()
+    free = list(range(SLOTS))
+    first = None
+    for i in range(WARMUP + latency_frames, WARMUP + latency_frames + throughput_frames):
+        while conn.poll() or not free:
+            free.append(conn.recv())
+        slot = free.pop(0)
+        cuda.fill(buffers[slot], size, i)
+        first = first or now()
+        cuda.check(cu.cuEventRecord(events[slot], cuda.stream))
+        conn.send((slot, i))
+    while conn.recv() is not None:  # slots coming back, then the consumer's done
+        pass
+    cuda.sync()
+    for b, e in zip(buffers, events):
+        cu.cuEventDestroy(e)
+        cu.cuMemFree(b)
+    return {"sent": sent[WARMUP:], "first": first}
+
+
+def ipc_consumer(conn, width, height, latency_frames, throughput_frames, socket_path):
+    cuda, cu = Cuda(), driver()
+    size = width * 4 * height
+    buffers, events = [], []
+    for mem_bytes, event_bytes in conn.recv():  # opened once, used for every frame
+        mem = cu.CUipcMemHandle()
+        mem.reserved = mem_bytes
+        buffers.append(int(cuda.check(cu.cuIpcOpenMemHandle(mem, 1))))  # CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS
+        event = cu.CUipcEventHandle()
+        event.reserved = event_bytes
+        events.append(cuda.check(cu.cuIpcOpenEventHandle(event)))
+    conn.send(None)
+    got, bad = [], 0
+    for _ in range(WARMUP + latency_frames):
+        slot, i = conn.recv()
+        cuda.check(cu.cuStreamWaitEvent(cuda.stream, events[slot], 0))
+        cuda.sync()
+        got.append(now())
+        bad += cuda.word_at(buffers[slot], i, size) != i
+        conn.send(None)
+    for _ in range(throughput_frames):
+        slot, i = conn.recv()
+        cuda.check(cu.cuStreamWaitEvent(cuda.stream, events[slot], 0))
+        bad += cuda.word_at(buffers[slot], i, size) != i
+        conn.send(slot)
+    last = now()
+    conn.send(None)
+    for b in buffers:
+        cu.cuIpcCloseMemHandle(b)
+    return {"got": got[WARMUP:], "last": last, "bad": bad}
+
+
+def _register(cuda, view: np.ndarray) -> bool:
+    """Pin shared memory for fast copies where the driver allows it."""
+    result = cuda.cu.cuMemHostRegister(view.ctypes.data, view.nbytes, 1)  # CU_MEMHOSTREGISTER_PORTABLE
+    return result[0] == cuda.ok
+
+
+def shm_producer(conn, width, height, latency_frames, throughput_frames, socket_path):
+    from multiprocessing import shared_memory
+
+    cuda, cu = Cuda(), driver()
+    size = width * 4 * height
+    shm = shared_memory.SharedMemory(create=True, size=size * SLOTS)
+    host = np.ndarray((SLOTS, size), np.uint8, buffer=shm.buf)
+    pinned = _register(cuda, host)
+    source = cuda.alloc(size)
+    conn.send(shm.name)
+    conn.recv()
+    sent = []
+    for i in range(WARMUP + latency_frames):
+        slot = i % SLOTS
+        cuda.fill(source, size, i)
+        cuda.sync()
+        sent.append(now())
+        cuda.check(cu.cuMemcpyDtoHAsync(host[slot].ctypes.data, source, size, cuda.stream))
+        cuda.sync()
+        conn.send((slot, i))
+        conn.recv()
+    free = list(range(SLOTS))
+    first = None
+    for i in range(WARMUP + latency_frames, WARMUP + latency_frames + throughput_frames):
+        while conn.poll() or not free:
+            free.append(conn.recv())
+        slot = free.pop(0)
+        cuda.fill(source, size, i)
+        first = first or now()
+        cuda.check(cu.cuMemcpyDtoHAsync(host[slot].ctypes.data, source, size, cuda.stream))
+        cuda.sync()
+        conn.send((slot, i))
+    while conn.recv() is not None:
+        pass
+    if pinned:
+        cu.cuMemHostUnregister(host.ctypes.data)
+    del host
+    shm.close()
+    shm.unlink()
+    cu.cuMemFree(source)
+    return {"sent": sent[WARMUP:], "first": first, "pinned": pinned}
+
+
+def shm_consumer(conn, width, height, latency_frames, throughput_frames, socket_path):
+    from multiprocessing import shared_memory
+
+    cuda, cu = Cuda(), driver()
+    size = width * 4 * height
+    shm = shared_memory.SharedMemory(name=conn.recv())
+    host = np.ndarray((SLOTS, size), np.uint8, buffer=shm.buf)
+    pinned = _register(cuda, host)
+    target = cuda.alloc(size)
+    conn.send(None)
+    got, bad = [], 0
+    for _ in range(WARMUP + latency_frames):
+        slot, i = conn.recv()
+        cuda.check(cu.cuMemcpyHtoDAsync(target, host[slot].ctypes.data, size, cuda.stream))
+        cuda.sync()
+        got.append(now())
+        bad += cuda.word_at(target, i, size) != i
+        conn.send(None)
+    for _ in range(throughput_frames):
+        slot, i = conn.recv()
+        cuda.check(cu.cuMemcpyHtoDAsync(target, host[slot].ctypes.data, size, cuda.stream))
+        bad += cuda.word_at(target, i, size) != i  # synchronizes: the slot may go back
+        conn.send(slot)
+    last = now()
+    conn.send(None)
+    if pinned:
+        cu.cuMemHostUnregister(host.ctypes.data)
+    del host
+    shm.close()
+    cu.cuMemFree(target)
+    return {"got": got[WARMUP:], "last": last, "bad": bad, "pinned": pinned}
+
+
+ENDS = {"eglcuda": (eglcuda_producer, eglcuda_consumer), "cuda-ipc": (ipc_producer, ipc_consumer),
+        "shm": (shm_producer, shm_consumer)}
+
+
+def _end(role, transport, conn, results, *args):
+    try:
+        function = ENDS[transport][0 if role == "producer" else 1]
+        results.put((role, function(conn, *args)))
+    except BaseException:  # noqa: BLE001 - reported by the parent
+        results.put((role, {"error": traceback.format_exc()}))
+
+
+def run_pair(transport: str, width: int, height: int, latency_frames: int, throughput_frames: int) -> dict:
+    spawn = mp.get_context("spawn")
+    producer_conn, consumer_conn = spawn.Pipe()
+    results = spawn.Queue()
+    with tempfile.TemporaryDirectory(prefix="eglcuda-bench-") as folder:
+        args = (width, height, latency_frames, throughput_frames, os.path.join(folder, "s"))
+        ends = [spawn.Process(target=_end, args=("consumer", transport, consumer_conn, results, *args)),
+                spawn.Process(target=_end, args=("producer", transport, producer_conn, results, *args))]
+        for end in ends:
+            end.start()
+        outcome = {}
+        try:
+            for _ in ends:
+                role, result = results.get(timeout=300)
+                outcome[role] = result
+        finally:
+            for end in ends:
+                end.join(30)
+                if end.is_alive():
+                    end.kill()
+    errors = [r["error"] for r in outcome.values() if "error" in r]
+    if errors:
+        raise RuntimeError(f"{transport} {width}x{height}:\n" + "\n".join(errors))
+    sent, got = outcome["producer"]["sent"], outcome["consumer"]["got"]
+    latencies = sorted(1e6 * (b - a) for a, b in zip(sent, got))
+    return {"transport": transport, "size": f"{width}x{height}", "bad": outcome["consumer"]["bad"],
+            "latency_us": statistics.median(latencies),
+            "latency_p99_us": latencies[int(0.99 * (len(latencies) - 1))],
+            "fps": throughput_frames / (outcome["consumer"]["last"] - outcome["producer"]["first"]),
+            "pinned": outcome["consumer"].get("pinned")}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer frames (the GPU check's setting)")
+    parser.add_argument("--markdown", help="write the markdown table to this file")
+    args = parser.parse_args()
+    latency_frames, throughput_frames = (100, 200) if args.quick else (300, 600)
+    rows = []
+    for width, height in SIZES:
+        for transport in TRANSPORTS:
+            row = run_pair(transport, width, height, latency_frames, throughput_frames)
+            rows.append(row)
+            print(f"{row['size']:>10} {transport:<9} latency median {row['latency_us']:9.1f} us  p99 "
+                  f"{row['latency_p99_us']:9.1f} us  {row['fps']:8.1f} frames/s  bad frames {row['bad']}"
+                  + (f"  (host memory {'pinned' if row['pinned'] else 'pageable'})" if transport == "shm" else ""),
+                  flush=True)
+    lines = [f"Cross-process, ARGB, {latency_frames} paced frames for latency (after {WARMUP} warm-up), "
+             f"{throughput_frames} free-running frames for throughput, {SLOTS} buffers; one run, both processes "
+             "spawned per transport and size.", "",
+             "| size | transport | latency median (us) | p99 (us) | latency / eglcuda | frames/s | eglcuda fps / this |",
+             "|---|---|---:|---:|---:|---:|---:|"]
+    worst = {}
+    for row in rows:
+        base = next(r for r in rows if r["size"] == row["size"] and r["transport"] == "eglcuda")
+        ratio, fps_ratio = row["latency_us"] / base["latency_us"], base["fps"] / row["fps"]
+        worst[(row["size"], row["transport"])] = ratio
+        lines.append(f"| {row['size']} | {row['transport']} | {row['latency_us']:.1f} | {row['latency_p99_us']:.1f} | "
+                     f"{ratio:.2f}x | {row['fps']:.1f} | {fps_ratio:.2f}x |")
+    table = "\n".join(lines)
+    print("\n" + table)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(table + "\n")
+    bad = sum(r["bad"] for r in rows)
+    print(f"SUMMARY 4K latency shm/eglcuda x{worst[('3840x2160', 'shm')]:.1f}, "
+          f"cuda-ipc/eglcuda x{worst[('3840x2160', 'cuda-ipc')]:.2f}; 1080p cuda-ipc/eglcuda "
+          f"x{worst[('1920x1080', 'cuda-ipc')]:.2f}; bad frames {bad}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

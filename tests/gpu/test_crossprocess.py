@@ -1,0 +1,313 @@
+"""EGLStream across processes: producer and consumer in separate, freshly spawned interpreters,
+connected through eglcuda's UNIX-socket hand-over. Data on every frame, peers killed with
+SIGKILL, bad descriptors, and 200 hand-overs without leaks."""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import eglcuda
+from eglcuda import ColorFormat
+
+from ..conftest import require_extension
+from .stream_peer import frame_content
+
+PEER = pathlib.Path(__file__).with_name("stream_peer.py")
+
+
+@pytest.fixture
+def display(cuda_display):
+    require_extension(cuda_display, "EGL_KHR_stream", "EGL_KHR_stream_fifo", "EGL_KHR_stream_cross_process_fd")
+    return cuda_display
+
+
+@pytest.fixture
+def sock_path():
+    with tempfile.TemporaryDirectory(prefix="eglcuda-") as folder:
+        yield os.path.join(folder, "s")
+
+
+class Peer:
+    """A spawned stream_peer.py; its JSON lines are collected by a reader thread."""
+
+    def __init__(self, role: str, *args: str) -> None:
+        self.process = subprocess.Popen([sys.executable, str(PEER), role, *args], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.messages: list[dict] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self.process.stdout:
+            try:
+                self.messages.append(json.loads(line))
+            except ValueError:
+                self.messages.append({"event": "noise", "line": line})
+
+    def wait_for(self, predicate, timeout: float = 30.0) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for message in list(self.messages):
+                if predicate(message):
+                    return message
+            if self.process.poll() is not None and not self._reader.is_alive():
+                break
+            time.sleep(0.005)
+        raise AssertionError(f"peer never said it; exit {self.process.poll()}, said {self.messages[-5:]}, "
+                             f"stderr {self.stderr()}")
+
+    def stderr(self) -> str:
+        if self.process.poll() is None:
+            return "(running)"
+        return self.process.stderr.read()[-3000:]
+
+    def kill(self) -> None:
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(10)
+
+    def finish(self, timeout: float = 30.0) -> int:
+        try:
+            self.process.stdin.write("bye\n")
+            self.process.stdin.flush()
+        except (BrokenPipeError, ValueError):
+            pass
+        try:
+            return self.process.wait(timeout)
+        finally:
+            if self.process.poll() is None:
+                self.process.kill()
+                self.process.wait(10)
+
+
+def serve(display, path, fifo=4):
+    stream = display.create_stream(fifo_length=fifo, cross_process=True)
+    consumer = stream.connect_cuda_consumer()
+    return stream, consumer
+
+
+def check(acquired, seed: int) -> None:
+    expected = frame_content(acquired, seed, acquired.number)
+    for index, (got, want) in enumerate(zip(acquired.to_numpy(), expected)):
+        assert got.shape == want.shape
+        bad = int(np.count_nonzero(got != want))
+        assert bad == 0, f"frame {acquired.number} plane {index}: {bad} of {got.size} bytes differ"
+
+
+@pytest.mark.parametrize("size, fmt", [((640, 480), ColorFormat.ARGB), ((333, 97), ColorFormat.ARGB),
+                                       ((1920, 1080), ColorFormat.NV12)], ids=["640x480-ARGB", "333x97-ARGB", "1080p-NV12"])
+def test_every_frame_arrives_from_another_process(display, sock_path, size, fmt):
+    seed = int(np.random.default_rng().integers(1, 2**31))
+    frames = 40
+    stream, consumer = serve(display, sock_path)
+    peer = Peer("producer", "--socket", sock_path, "--width", str(size[0]), "--height", str(size[1]),
+                "--format", fmt.name, "--frames", str(frames), "--seed", str(seed))
+    try:
+        pid = eglcuda.serve_stream(stream, sock_path, timeout=30)
+        assert pid == peer.process.pid
+        numbers = []
+        while len(numbers) < frames:
+            with consumer.acquire(timeout_us=5_000_000) as acquired:
+                assert acquired.is_new, f"frame {acquired.number} acquired twice"
+                check(acquired, seed)
+                assert (acquired.width, acquired.height) == size
+                assert acquired.format == fmt, f"sent {fmt.name}, the consumer was told {acquired.format.name}"
+                numbers.append(acquired.number)
+        assert numbers == list(range(1, frames + 1))  # FIFO: every frame, in order
+        assert peer.finish() == 0, peer.stderr()
+    finally:
+        stream.close()
+        if peer.process.poll() is None:
+            peer.kill()
+
+
+FORMATS = [ColorFormat.ARGB, ColorFormat.ABGR, ColorFormat.RGBA, ColorFormat.BGRA, ColorFormat.Y,
+           ColorFormat.YUV420_PLANAR, ColorFormat.NV12, ColorFormat.YUV444_PLANAR]
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: f.name)
+def test_each_format_across_processes(display, sock_path, fmt):
+    """Bytes and the format the consumer is told, for every format, from another process."""
+    seed = int(np.random.default_rng().integers(1, 2**31))
+    stream, consumer = serve(display, sock_path, fifo=2)
+    peer = Peer("producer", "--socket", sock_path, "--width", "64", "--height", "48", "--format", fmt.name,
+                "--frames", "3", "--seed", str(seed))
+    try:
+        eglcuda.serve_stream(stream, sock_path, timeout=30)
+        for _ in range(3):
+            with consumer.acquire(timeout_us=5_000_000) as acquired:
+                check(acquired, seed)
+                assert acquired.format == fmt, f"sent {fmt.name}, the consumer was told {acquired.format.name}"
+        assert peer.finish() == 0, peer.stderr()
+    finally:
+        stream.close()
+        if peer.process.poll() is None:
+            peer.kill()
+
+
+def test_producer_killed_mid_stream(display, sock_path):
+    seed = 7
+    stream, consumer = serve(display, sock_path)
+    peer = Peer("producer", "--socket", sock_path, "--frames", "0", "--pace-ms", "2", "--seed", str(seed))
+    try:
+        eglcuda.serve_stream(stream, sock_path, timeout=30)
+        for _ in range(10):
+            with consumer.acquire(timeout_us=5_000_000) as acquired:
+                check(acquired, seed)
+        peer.kill()
+        started = time.monotonic()
+        outcome = None
+        while time.monotonic() - started < 10:
+            try:
+                with consumer.acquire(timeout_us=200_000) as acquired:
+                    check(acquired, seed)  # frames already in the FIFO may still come: intact
+            except eglcuda.StreamDisconnected as exc:
+                outcome = exc
+                break
+            except eglcuda.Timeout:
+                continue
+        assert isinstance(outcome, eglcuda.StreamDisconnected), "the consumer never learned the producer died"
+        assert time.monotonic() - started < 5
+        consumer.close()
+    finally:
+        stream.close()
+        if peer.process.poll() is None:
+            peer.kill()
+    # The consumer's process carries on: a new stream to a new producer works.
+    stream, consumer = serve(display, sock_path)
+    peer = Peer("producer", "--socket", sock_path, "--frames", "5", "--seed", "11")
+    try:
+        eglcuda.serve_stream(stream, sock_path, timeout=30)
+        for number in range(1, 6):
+            with consumer.acquire(timeout_us=5_000_000) as acquired:
+                assert acquired.number == number
+                check(acquired, 11)
+        assert peer.finish() == 0, peer.stderr()
+    finally:
+        stream.close()
+
+
+def test_consumer_killed_mid_stream(display, sock_path):
+    peer = Peer("consumer", "--socket", sock_path)
+    stream = None
+    try:
+        stream = eglcuda.receive_stream(display, sock_path, timeout=30)
+        assert stream.imported and stream.fifo_length == 4
+        with pytest.raises(eglcuda.UsageError, match="only"):  # a received stream is not passed on
+            stream.export_fd()
+        with pytest.raises(eglcuda.UsageError, match="only its creator"):
+            eglcuda.serve_stream(stream, sock_path + "2", timeout=1)
+        producer = stream.connect_cuda_producer(640, 480)
+        free = [producer.allocate_frame() for _ in range(6)]
+        rng = np.random.default_rng()
+        for _ in range(10):
+            while not free:
+                back = producer.return_frame(timeout_us=2_000_000)
+                assert back is not None, "the live consumer released nothing for 2 s"
+                free.append(back)
+            frame = free.pop()
+            frame.planes[0].copy_from(rng.integers(0, 256, frame.planes[0].shape, dtype=np.uint8))
+            producer.present(frame)
+        peer.wait_for(lambda m: m.get("event") == "acquired" and m["number"] >= 5)
+        peer.kill()
+        started = time.monotonic()
+        outcome = None
+        while time.monotonic() - started < 10:
+            try:
+                if free:
+                    producer.present(free.pop())
+                back = producer.return_frame(timeout_us=200_000)
+                if back is not None:
+                    free.append(back)
+            except eglcuda.StreamDisconnected as exc:
+                outcome = exc
+                break
+        assert isinstance(outcome, eglcuda.StreamDisconnected), "the producer never learned the consumer died"
+        assert time.monotonic() - started < 5
+    finally:
+        if stream is not None:
+            stream.close()
+        if peer.process.poll() is None:
+            peer.kill()
+
+
+def test_bad_descriptors_and_order(display, sock_path):
+    read_end, write_end = os.pipe()
+    os.close(write_end)
+    with pytest.raises(eglcuda.UsageError, match="not open"):
+        eglcuda.Stream.from_fd(display, write_end)
+    with pytest.raises(eglcuda.UsageError):
+        eglcuda.Stream.from_fd(display, -1)
+    with open(os.devnull, "rb") as garbage:  # open, but not a stream
+        for fd in (read_end, garbage.fileno()):
+            with pytest.raises(eglcuda.EGLError) as info:
+                eglcuda.Stream.from_fd(display, fd)
+            assert info.value.call == "eglCreateStreamFromFileDescriptorKHR" and info.value.name.startswith("EGL_BAD")
+    os.close(read_end)
+
+    with display.create_stream() as plain:  # not cross-process
+        plain.connect_cuda_consumer()
+        with pytest.raises(eglcuda.UsageError, match="cross_process=True"):
+            plain.export_fd()
+        with pytest.raises(eglcuda.UsageError, match="cross_process=True"):
+            eglcuda.serve_stream(plain, sock_path, timeout=1)
+    with display.create_stream(cross_process=True) as shared:
+        with pytest.raises(eglcuda.UsageError, match="connect the consumer"):
+            eglcuda.serve_stream(shared, sock_path, timeout=1)
+        fds = [shared.export_fd(), shared.export_fd()]  # each the caller's own
+        assert len(set(fds)) == 2
+        for fd in fds:
+            os.close(fd)
+    with pytest.raises(eglcuda.ClosedError):
+        shared.export_fd()
+    assert not os.path.exists(sock_path)
+
+
+def test_nobody_takes_the_stream(display, sock_path):
+    stream, consumer = serve(display, sock_path)
+    with stream:
+        started = time.monotonic()
+        with pytest.raises(eglcuda.Timeout, match="no receiver"):
+            eglcuda.serve_stream(stream, sock_path, timeout=0.5)
+        assert time.monotonic() - started < 3
+        assert not os.path.exists(sock_path)
+
+
+def test_two_hundred_cross_process_cycles_leak_nothing(display, sock_path):
+    seed = 1  # what the peer's "cycles" role presents
+    count = 200
+    peer = Peer("cycles", "--socket", sock_path, "--count", str(count), "--seed", str(seed))
+    device = display.cuda_device()
+    fds = []
+    free_memory = []
+    try:
+        for cycle in range(count):
+            stream = display.create_stream(cross_process=True)
+            consumer = stream.connect_cuda_consumer()
+            eglcuda.serve_stream(stream, sock_path, timeout=30)
+            with consumer.acquire(timeout_us=5_000_000) as acquired:
+                assert acquired.number == 1
+                check(acquired, seed)
+            stream.close()
+            if cycle in (0, count - 1):
+                fds.append(len(os.listdir("/proc/self/fd")))
+                free_memory.append(device.memory_info()[0])
+        done = peer.wait_for(lambda m: m.get("event") in ("done", "error"), timeout=60)
+        assert done["event"] == "done", done
+        assert peer.finish() == 0, peer.stderr()
+    finally:
+        if peer.process.poll() is None:
+            peer.kill()
+    assert fds[1] == fds[0], f"this process: {fds[0]} descriptors after cycle 1, {fds[1]} after {count}"
+    assert done["fds"][1] == done["fds"][0], f"peer process: descriptors {done['fds']}"
+    for side, memory in (("this process", free_memory), ("peer", done["free_memory"])):
+        assert abs(memory[1] - memory[0]) < 64 << 20, f"{side}: free GPU memory {memory}"
