@@ -13,8 +13,8 @@ Producer and consumer run in two spawned processes per transport and size (ARGB 
   each (a 4-byte read after its stream has the frame), frames/s over the whole run.
 
 Transports:
-(1) eglcuda: Stream(cross_process=True) served over a UNIX socket; present / acquire / release /
-    return_frame.
+(1) eglcuda: Stream(cross_process=True, FIFO 4, or EGLCUDA_BENCH_FIFO) served over a UNIX
+    socket; present / acquire / release / return_frame.
 (2) CUDA IPC through cuda-python: 6 device buffers and 6 interprocess events, their handles sent
     once and opened once (cached); per frame the producer records the event and sends the slot
     number over a pipe, the consumer waits on the event in its stream and sends the slot back.
@@ -43,6 +43,7 @@ SIZES = [(1920, 1080), (3840, 2160)]
 TRANSPORTS = ["eglcuda", "cuda-ipc", "shm"]
 SLOTS = 6
 WARMUP = 20
+FIFO = int(os.environ.get("EGLCUDA_BENCH_FIFO", "4"))  # an environment variable: spawned children see it
 
 
 def now() -> float:
@@ -126,14 +127,20 @@ def eglcuda_producer(conn, width, height, latency_frames, throughput_frames, soc
             if back is not None:
                 free.append(back)
         first = None
+        spent = {"present": 0.0, "return_frame": 0.0}
         for i in range(throughput_frames):
+            started = now()
             frame = take()
+            spent["return_frame"] += now() - started
             cuda.fill(frame.planes[0].pointer, size, WARMUP + latency_frames + i)
             first = first or now()
+            started = now()
             producer.present(frame, cuda_stream=cuda.stream)
+            spent["present"] += now() - started
         conn.recv()  # the consumer is done: the stream may go
         stream.close()
-    return {"sent": sent[WARMUP:], "first": first}
+    return {"sent": sent[WARMUP:], "first": first,
+            "calls_us": {k: 1e6 * v / throughput_frames for k, v in spent.items()}}
 
 
 def eglcuda_consumer(conn, width, height, latency_frames, throughput_frames, socket_path):
@@ -141,7 +148,7 @@ def eglcuda_consumer(conn, width, height, latency_frames, throughput_frames, soc
 
     cuda = Cuda()
     with eglcuda.Display.for_cuda_device(0) as display:
-        stream = display.create_stream(fifo_length=4, cross_process=True)
+        stream = display.create_stream(fifo_length=FIFO, cross_process=True)
         consumer = stream.connect_cuda_consumer(cuda_stream=int(cuda.stream))
         eglcuda.serve_stream(stream, socket_path, timeout=60)
         got, bad = [], 0
@@ -153,15 +160,24 @@ def eglcuda_consumer(conn, width, height, latency_frames, throughput_frames, soc
             bad += cuda.word_at(plane.pointer, i, plane.pitch * height) != i
             frame.release()
             conn.send(None)
+        spent = {"acquire": 0.0, "check": 0.0, "release": 0.0}
         for i in range(WARMUP + latency_frames, WARMUP + latency_frames + throughput_frames):
+            t0 = now()
             frame = consumer.acquire(timeout_us=10_000_000)
+            t1 = now()
             plane = frame.planes[0]
             bad += cuda.word_at(plane.pointer, i, plane.pitch * height) != i
+            t2 = now()
             frame.release()
+            t3 = now()
+            spent["acquire"] += t1 - t0
+            spent["check"] += t2 - t1
+            spent["release"] += t3 - t2
         last = now()
         conn.send(None)
         stream.close()
-    return {"got": got[WARMUP:], "last": last, "bad": bad}
+    return {"got": got[WARMUP:], "last": last, "bad": bad,
+            "calls_us": {k: 1e6 * v / throughput_frames for k, v in spent.items()}}
 
 
 def ipc_producer(conn, width, height, latency_frames, throughput_frames, socket_path):
@@ -356,24 +372,36 @@ def run_pair(transport: str, width: int, height: int, latency_frames: int, throu
             "latency_us": statistics.median(latencies),
             "latency_p99_us": latencies[int(0.99 * (len(latencies) - 1))],
             "fps": throughput_frames / (outcome["consumer"]["last"] - outcome["producer"]["first"]),
-            "pinned": outcome["consumer"].get("pinned")}
+            "pinned": outcome["consumer"].get("pinned"),
+            "calls_us": {**outcome["producer"].get("calls_us", {}), **outcome["consumer"].get("calls_us", {})}}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer frames (the GPU check's setting)")
     parser.add_argument("--markdown", help="write the markdown table to this file")
+    parser.add_argument("--transports", default=",".join(TRANSPORTS), help="comma-separated subset")
+    parser.add_argument("--sizes", default=",".join(f"{w}x{h}" for w, h in SIZES), help="e.g. 1920x1080")
     args = parser.parse_args()
     latency_frames, throughput_frames = (100, 200) if args.quick else (300, 600)
+    transports = args.transports.split(",")
+    sizes = [tuple(int(v) for v in size.split("x")) for size in args.sizes.split(",")]
+    if transports != TRANSPORTS or sizes != SIZES:
+        args.markdown = None  # the table and summary need every cell
     rows = []
-    for width, height in SIZES:
-        for transport in TRANSPORTS:
+    for width, height in sizes:
+        for transport in transports:
             row = run_pair(transport, width, height, latency_frames, throughput_frames)
             rows.append(row)
             print(f"{row['size']:>10} {transport:<9} latency median {row['latency_us']:9.1f} us  p99 "
                   f"{row['latency_p99_us']:9.1f} us  {row['fps']:8.1f} frames/s  bad frames {row['bad']}"
                   + (f"  (host memory {'pinned' if row['pinned'] else 'pageable'})" if transport == "shm" else ""),
                   flush=True)
+            if transport == "eglcuda":
+                print("           eglcuda us/frame in each call: "
+                      + ", ".join(f"{k} {v:.1f}" for k, v in row["calls_us"].items()), flush=True)
+    if transports != TRANSPORTS or sizes != SIZES:
+        return 1 if sum(r["bad"] for r in rows) else 0
     lines = [f"Cross-process, ARGB, {latency_frames} paced frames for latency (after {WARMUP} warm-up), "
              f"{throughput_frames} free-running frames for throughput, {SLOTS} buffers; one run, both processes "
              "spawned per transport and size.", "",
@@ -386,6 +414,15 @@ def main() -> int:
         worst[(row["size"], row["transport"])] = ratio
         lines.append(f"| {row['size']} | {row['transport']} | {row['latency_us']:.1f} | {row['latency_p99_us']:.1f} | "
                      f"{ratio:.2f}x | {row['fps']:.1f} | {fps_ratio:.2f}x |")
+    lines += ["", "Where eglcuda's free-running frame goes, us per frame, wall time in each call (the producer "
+              "and the consumer run at once, so the two sides overlap):", "",
+              "| size | producer present | producer return_frame (waits for a free frame) | consumer acquire "
+              "(waits for a frame) | consumer 4-byte check | consumer release |", "|---|---:|---:|---:|---:|---:|"]
+    for row in rows:
+        if row["transport"] == "eglcuda":
+            c = row["calls_us"]
+            lines.append(f"| {row['size']} | {c['present']:.1f} | {c['return_frame']:.1f} | {c['acquire']:.1f} | "
+                         f"{c['check']:.1f} | {c['release']:.1f} |")
     table = "\n".join(lines)
     print("\n" + table)
     if args.markdown:

@@ -101,8 +101,13 @@ INTEROP_PATHS: list[InteropPath] = [
                 or f.need_cuda("cuEGLStreamProducerConnect", "cuEGLStreamConsumerConnectWithFlags")),
     InteropPath("EGLStream FIFO mode", True, lambda f: f.need_stream_ext("EGL_KHR_stream_fifo")),
     InteropPath("EGLStream last-frame reuse control", True, lambda f: f.need_stream_ext("EGL_NV_stream_reset")),
-    InteropPath("EGLStream across processes (fd)", False,
+    InteropPath("EGLStream across processes (fd over a UNIX socket)", True,
                 lambda f: f.need_stream_ext("EGL_KHR_stream_cross_process_fd")),
+    InteropPath("EGLStream frames in pinned host memory", True, lambda f: f.need_stream_ext("EGL_KHR_stream")
+                or f.need_cuda("cuMemHostAlloc", "cuMemHostGetDevicePointer")),
+    InteropPath("EGLStream frames in managed memory", True,
+                lambda f: "eglcuda refuses them: cuEGLStreamProducerPresentFrame crashed the process on a managed "
+                          "frame (H100/H200, driver 580); not verified on Tegra"),
     InteropPath("EGLStream CUDA -> GL texture", False,
                 lambda f: f.need_stream_ext("EGL_KHR_stream_consumer_gltexture")),
     InteropPath("EGLStream GL surface -> CUDA", False,
