@@ -10,6 +10,7 @@ from ._formats import ColorFormat, Layout, PlaneGeometry, plane_geometry
 from ._frame import AcquiredFrame, Attach, Frame, MemoryKind, Plane
 from ._image import CudaImage, Image, MappedImage, PathChoice, TextureFormat, TEXTURE_FORMATS, image_path, siblings_alias
 from ._sync import CudaWait, Sync, SyncKind, SyncPaths, cuda_wait_sync, sync_after_cuda, sync_paths
+from ._glstream import GLFrame, GLSurfaceProducer, GLTextureConsumer
 from ._share import acknowledge, offer_fd, receive_fd, receive_stream, serve_stream
 from ._stream import CudaConsumer, CudaProducer, ResourceLocation, Stream, StreamState
 from ._errors import (
@@ -73,6 +74,9 @@ __all__ = [
     "EGLError",
     "EglCudaError",
     "GLContext",
+    "GLFrame",
+    "GLSurfaceProducer",
+    "GLTextureConsumer",
     "Timeout",
     "Unsupported",
     "UsageError",

@@ -48,6 +48,9 @@ class GLContext:
     :param profile: ``"core"`` or ``"compatibility"`` (desktop GL with a version only).
     :param surfaceless: force (True) or forbid (False) a surfaceless context; None picks.
     :param pbuffer_size: (width, height) in pixels of the pbuffer when one is used.
+    :param surface_type: ``EGL_SURFACE_TYPE`` bits the config must support instead of pbuffers
+        (eglcuda's GL stream producer asks for ``EGL_STREAM_BIT_KHR``); the context is then
+        surfaceless until made current on such a surface.
     """
 
     def __init__(
@@ -58,6 +61,7 @@ class GLContext:
         profile: str | None = None,
         surfaceless: bool | None = None,
         pbuffer_size: tuple[int, int] = (16, 16),
+        surface_type: int | None = None,
     ) -> None:
         if api not in _APIS:
             raise UsageError(f"api must be one of {sorted(_APIS)}, got {api!r}")
@@ -68,6 +72,8 @@ class GLContext:
         if len(pbuffer_size) != 2 or min(pbuffer_size) < 1:
             raise UsageError(f"pbuffer_size is (width, height) >= 1, got {pbuffer_size!r}")
         can_surfaceless = display.supports("EGL_KHR_surfaceless_context")
+        if surface_type is not None:  # a config for other surfaces (a stream's): no pbuffer of its own
+            surfaceless = True
         if surfaceless and not can_surfaceless:
             display.require("EGL_KHR_surfaceless_context")
         self.surfaceless = can_surfaceless if surfaceless is None else surfaceless
@@ -80,7 +86,7 @@ class GLContext:
         count = ffi.new("EGLint *")
         wanted = int_attribs(
             [
-                (lib.EGL_SURFACE_TYPE, lib.EGL_PBUFFER_BIT),
+                (lib.EGL_SURFACE_TYPE, lib.EGL_PBUFFER_BIT if surface_type is None else surface_type),
                 (lib.EGL_RENDERABLE_TYPE, renderable),
                 (lib.EGL_RED_SIZE, 8),
                 (lib.EGL_GREEN_SIZE, 8),

@@ -108,9 +108,9 @@ INTEROP_PATHS: list[InteropPath] = [
     InteropPath("EGLStream frames in managed memory", True,
                 lambda f: "eglcuda refuses them: cuEGLStreamProducerPresentFrame crashed the process on a managed "
                           "frame (H100/H200, driver 580); not verified on Tegra"),
-    InteropPath("EGLStream CUDA -> GL texture", False,
+    InteropPath("EGLStream CUDA -> GL texture", True,
                 lambda f: f.need_stream_ext("EGL_KHR_stream_consumer_gltexture")),
-    InteropPath("EGLStream GL surface -> CUDA", False,
+    InteropPath("EGLStream GL surface -> CUDA", True,
                 lambda f: f.need_stream_ext("EGL_KHR_stream_producer_eglsurface")),
     InteropPath("EGLImage GL texture -> CUDA (native)", True, _native_eglimage),
     InteropPath("EGLImage GL texture -> CUDA (GL interop)", True,

@@ -12,7 +12,7 @@ import os
 import threading
 import time
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._cuda import CudaDevice, check, cuda_error, get_device
 from ._display import Display
@@ -22,6 +22,10 @@ from ._formats import ColorFormat, Layout, check_size, color_format
 from ._frame import AcquiredFrame, Frame
 from ._interop import stream_handle
 from ._native import ffi, lib
+
+if TYPE_CHECKING:
+    from ._context import GLContext
+    from ._glstream import GLSurfaceProducer, GLTextureConsumer
 
 _LAUNCH_TIMEOUT = lib.CUDA_ERROR_LAUNCH_TIMEOUT
 MAX_FRAMES_IN_FLIGHT = 64  # the guide: CUDA cannot present more than 64 active frames
@@ -285,6 +289,22 @@ class Stream:
         """Connect CUDA as the producer of ``width`` x ``height`` frames. ``format`` and
         ``layout`` fix what every frame must be; left None, the first presented frame fixes them."""
         return CudaProducer(self, width, height, device, format, layout)
+
+    def connect_gl_consumer(self, context: "GLContext", texture: int | None = None) -> "GLTextureConsumer":
+        """Connect GL as the consumer (``EGL_KHR_stream_consumer_gltexture``): frames arrive in an
+        external texture of ``context``, which must be current on this thread. ``texture`` is an
+        unused texture name to take, or None for one eglcuda makes. Must come before the producer."""
+        from ._glstream import GLTextureConsumer
+
+        return GLTextureConsumer(self, context, texture)
+
+    def connect_gl_producer(self, width: int, height: int, api: str = "opengl") -> "GLSurfaceProducer":
+        """Connect GL as the producer (``EGL_KHR_stream_producer_eglsurface``): a ``width`` x
+        ``height`` surface with its own GL context; render while it is current, ``swap()``
+        presents."""
+        from ._glstream import GLSurfaceProducer
+
+        return GLSurfaceProducer(self, width, height, api)
 
     def _device(self, device: int | CudaDevice | None) -> CudaDevice:
         return self.display.cuda_device(device)

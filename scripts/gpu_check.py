@@ -28,6 +28,8 @@ SAMPLES: list[tuple[str, list[str]]] = [
     ("gl_texture_to_cuda 1280x720", ["samples/gl_texture_to_cuda.py", "--iterations", "20"]),
     ("gl_texture_to_cuda 333x97", ["samples/gl_texture_to_cuda.py", "--width", "333", "--height", "97"]),
     ("cuda_event_eglsync 1024x768", ["samples/cuda_event_eglsync.py", "--rounds", "20"]),
+    ("pipeline CUDA->CUDA->GL 1280x720", ["samples/pipeline.py", "--frames", "200"]),
+    ("pipeline CUDA->CUDA->GL 333x97", ["samples/pipeline.py", "--width", "333", "--height", "97", "--frames", "50"]),
     ("cross_process 1080p ARGB FIFO 4", ["samples/cross_process.py", "--frames", "600"]),
     ("cross_process 4K NV12 FIFO 2", ["samples/cross_process.py", "--width", "3840", "--height", "2160",
                                       "--format", "NV12", "--fifo", "2", "--frames", "200"]),
