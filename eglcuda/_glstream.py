@@ -201,8 +201,14 @@ class GLTextureConsumer:
                 raise UsageError(f"texture is a GL texture name (int > 0), got {texture!r}")
             texture = name
         saved = int(GL.glGetIntegerv(GL_TEXTURE_BINDING_EXTERNAL_OES))
-        GL.glBindTexture(GL_TEXTURE_EXTERNAL_OES, texture)
-        if GL.glGetError() != GL.GL_NO_ERROR:
+        from OpenGL.error import GLError
+
+        try:
+            GL.glBindTexture(GL_TEXTURE_EXTERNAL_OES, texture)
+            refused = GL.glGetError() != GL.GL_NO_ERROR
+        except GLError:  # PyOpenGL checks errors itself unless told not to
+            refused = True
+        if refused:
             raise UsageError(f"texture {texture} cannot be bound as GL_TEXTURE_EXTERNAL_OES: it was created "
                              "with another target (a GL consumer needs an external texture; pass texture=None "
                              "to let eglcuda make one)")
