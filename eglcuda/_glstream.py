@@ -178,14 +178,9 @@ class GLTextureConsumer:
     ``context`` is current. Acquire and release in that context's thread."""
 
     def __init__(self, stream: "Stream", context: GLContext, texture: int | None) -> None:
-        from ._stream import StreamState
-
         stream.display.require("EGL_KHR_stream_consumer_gltexture")
         context = _current_context(context)
-        if stream.closed:
-            raise ClosedError("the stream is closed")
-        if stream.consumer is not None or stream.state is not StreamState.CREATED:
-            raise UsageError(f"the stream already has a consumer (state {stream.state.name})")
+        stream._check_consumer_slot()
         GL = gl()
         while GL.glGetError() != GL.GL_NO_ERROR:
             pass
@@ -331,19 +326,10 @@ class GLSurfaceProducer:
     which also makes a GL context of the surface's config (``context``)."""
 
     def __init__(self, stream: "Stream", width: int, height: int, api: str = "opengl") -> None:
-        from ._stream import StreamState
-
         stream.display.require("EGL_KHR_stream_producer_eglsurface")
         if not all(isinstance(v, int) and not isinstance(v, bool) and 0 < v <= 32768 for v in (width, height)):
             raise UsageError(f"width and height are ints in 1..32768, got {width!r}x{height!r}")
-        if stream.closed:
-            raise ClosedError("the stream is closed")
-        state = stream.state
-        if stream.producer is not None or state is not StreamState.CONNECTING:
-            if state is StreamState.CREATED:
-                raise UsageError("connect the consumer first: EGLStream requires the consumer to connect "
-                                 "before the producer")
-            raise UsageError(f"the stream cannot take a producer now (state {state.name})")
+        stream._check_producer_slot()
         self.context = GLContext(stream.display, api=api, surface_type=lib.EGL_STREAM_BIT_KHR)
         attribs = int_attribs([(lib.EGL_WIDTH, width), (lib.EGL_HEIGHT, height)])
         surface = lib.eglCreateStreamProducerSurfaceKHR(stream.display.handle, self.context.config, stream.handle, attribs)

@@ -306,6 +306,24 @@ class Stream:
 
         return GLSurfaceProducer(self, width, height, api)
 
+    def _check_consumer_slot(self) -> None:
+        """Raise unless a consumer (of any kind) may connect now."""
+        if self.closed:
+            raise ClosedError("the stream is closed")
+        if self.consumer is not None or self.state is not StreamState.CREATED:
+            raise UsageError(f"the stream already has a consumer (state {self.state.name})")
+
+    def _check_producer_slot(self) -> None:
+        """Raise unless a producer (of any kind) may connect now: EGL wants the consumer first."""
+        if self.closed:
+            raise ClosedError("the stream is closed")
+        state = self.state
+        if self.producer is not None or state is not StreamState.CONNECTING:
+            if state is StreamState.CREATED:
+                raise UsageError("connect the consumer first: EGLStream requires the consumer to connect "
+                                 "before the producer")
+            raise UsageError(f"the stream cannot take a producer now (state {state.name})")
+
     def _device(self, device: int | CudaDevice | None) -> CudaDevice:
         return self.display.cuda_device(device)
 
@@ -355,10 +373,7 @@ class CudaConsumer:
 
     def __init__(self, stream: Stream, device: int | CudaDevice | None, cuda_stream: Any,
                  location: ResourceLocation | None, frame_numbers: bool = True) -> None:
-        if stream.closed:
-            raise ClosedError("the stream is closed")
-        if stream.consumer is not None or stream.state is not StreamState.CREATED:
-            raise UsageError(f"the stream already has a consumer (state {stream.state.name})")
+        stream._check_consumer_slot()
         self.stream = stream
         self.device = stream._device(device)
         self.device.make_current()
@@ -518,15 +533,8 @@ class CudaProducer:
                  format: ColorFormat | str | None, layout: Layout | str | None) -> None:
         self.format = None if format is None else color_format(format)
         check_size(width, height, self.format)
-        if stream.closed:
-            raise ClosedError("the stream is closed")
         self.layout = None if layout is None else Layout(layout)
-        state = stream.state
-        if stream.producer is not None or state is not StreamState.CONNECTING:
-            if state is StreamState.CREATED:
-                raise UsageError("connect the consumer first: EGLStream requires the consumer to connect "
-                                 "before the producer")
-            raise UsageError(f"the stream cannot take a producer now (state {state.name})")
+        stream._check_producer_slot()
         self.stream = stream
         self.width = width
         self.height = height
