@@ -16,7 +16,6 @@ from __future__ import annotations
 import operator
 import threading
 import weakref
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -25,9 +24,7 @@ from ._egl import address, egl_error, int_attribs
 from ._errors import ClosedError, StreamDisconnected, Timeout, UsageError
 from ._gl import gl
 from ._native import ffi, lib
-
-if TYPE_CHECKING:
-    from ._stream import Stream
+from ._stream import Stream, StreamState, _check_us  # _stream imports this module only lazily
 
 GL_TEXTURE_EXTERNAL_OES = 0x8D65
 GL_TEXTURE_BINDING_EXTERNAL_OES = 0x8D67
@@ -177,7 +174,7 @@ class GLTextureConsumer:
     """GL as the consumer of a stream: made by :meth:`Stream.connect_gl_consumer` while
     ``context`` is current. Acquire and release in that context's thread."""
 
-    def __init__(self, stream: "Stream", context: GLContext, texture: int | None) -> None:
+    def __init__(self, stream: Stream, context: GLContext, texture: int | None) -> None:
         stream.display.require("EGL_KHR_stream_consumer_gltexture")
         context = _current_context(context)
         stream._check_consumer_slot()
@@ -232,8 +229,6 @@ class GLTextureConsumer:
         ``timeout_us``. Without a new frame in time the driver latches the previous one again
         (``is_new`` False); with none ever, :class:`Timeout`; once the producer is gone,
         :class:`StreamDisconnected`."""
-        from ._stream import StreamState, _check_us
-
         _check_us("timeout_us", timeout_us, allow_none=False)
         with self._lock:
             if self.closed:
@@ -325,7 +320,7 @@ class GLSurfaceProducer:
     :meth:`swap` presents what was rendered into it. Made by :meth:`Stream.connect_gl_producer`,
     which also makes a GL context of the surface's config (``context``)."""
 
-    def __init__(self, stream: "Stream", width: int, height: int, api: str = "opengl") -> None:
+    def __init__(self, stream: Stream, width: int, height: int, api: str = "opengl") -> None:
         stream.display.require("EGL_KHR_stream_producer_eglsurface")
         if not all(isinstance(v, int) and not isinstance(v, bool) and 0 < v <= 32768 for v in (width, height)):
             raise UsageError(f"width and height are ints in 1..32768, got {width!r}x{height!r}")
@@ -364,8 +359,6 @@ class GLSurfaceProducer:
 
     def swap(self) -> None:
         """Present what was rendered (``eglSwapBuffers``): the consumer gets it as the next frame."""
-        from ._stream import StreamState
-
         surface = self.surface
         if address(lib.eglGetCurrentSurface(lib.EGL_DRAW)) != self._surface_address:
             raise UsageError("the producer surface is not current on this thread: call make_current() first")

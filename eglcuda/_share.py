@@ -279,5 +279,4 @@ def receive_stream(display: "Display", path: str | os.PathLike, timeout: float =
         acknowledge(conn, opened)
     if not stream.fifo_length and isinstance(description.get("fifo_length"), int):
         stream.fifo_length = description["fifo_length"]
-    stream.served_by = description.get("pid")
     return stream
