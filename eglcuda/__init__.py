@@ -9,7 +9,8 @@ from ._display import Device, Display, client_extensions, devices
 from ._formats import ColorFormat, Layout, PlaneGeometry, plane_geometry
 from ._frame import AcquiredFrame, Attach, Frame, MemoryKind, Plane
 from ._image import CudaImage, Image, MappedImage, PathChoice, TextureFormat, TEXTURE_FORMATS, image_path, siblings_alias
-from ._sync import CudaWait, Sync, SyncKind, SyncPaths, cuda_wait_sync, sync_after_cuda, sync_paths
+from ._sync import (CudaWait, Sync, SyncKind, SyncPaths, cuda_wait_sync, gl_server_wait_path, sync_after_cuda,
+                    sync_paths)
 from ._glstream import GLFrame, GLSurfaceProducer, GLTextureConsumer
 from ._share import acknowledge, offer_fd, receive_fd, receive_stream, serve_stream
 from ._stream import CudaConsumer, CudaProducer, ResourceLocation, Stream, StreamState
@@ -39,6 +40,7 @@ __all__ = [
     "cuda_wait_sync",
     "sync_after_cuda",
     "sync_paths",
+    "gl_server_wait_path",
     "CudaImage",
     "Image",
     "MappedImage",

@@ -10,6 +10,7 @@ import contextlib
 import weakref
 from typing import Iterator
 
+from . import _timeline
 from ._display import Display
 from ._egl import address, egl_error, int_attribs
 from ._errors import ClosedError, UsageError
@@ -32,6 +33,7 @@ def _destroy(display_address: int, context_address: int, surface_address: int) -
         if surface_address:
             lib.eglDestroySurface(dpy, ffi.cast("EGLSurface", surface_address))
         lib.eglDestroyContext(dpy, ctx)
+        _timeline.forget_context(context_address)  # GL deletes its semaphores with the context
     except Exception:  # pragma: no cover - finalizers must not raise
         pass
 

@@ -59,6 +59,7 @@ class _Facts:
     cuda_why: str
     integrated: bool | None
     image_choice: Any = None  # eglcuda.PathChoice from the EGLImage self-test, when it could run
+    gl_wait: tuple[str, str] | None = None  # (path, why) of GL server waits on CUDA syncs, when probed
 
     def need_stream_ext(self, ext: str) -> str | None:
         if self.cuda_display_extensions is None:
@@ -96,6 +97,17 @@ def _native_eglimage(facts: _Facts) -> str | None:
     return None
 
 
+def _semaphore_wait(facts: _Facts) -> str | None:
+    if facts.gl_wait is None:
+        return facts.need_stream_ext("EGL_KHR_reusable_sync") or "not probed (no GL context on a CUDA display)"
+    path, why = facts.gl_wait
+    if path == "semaphore":
+        return None
+    if path == "egl":
+        return f"not needed: {why}"
+    return why
+
+
 INTEROP_PATHS: list[InteropPath] = [
     InteropPath("EGLStream CUDA -> CUDA", True, lambda f: f.need_stream_ext("EGL_KHR_stream")
                 or f.need_cuda("cuEGLStreamProducerConnect", "cuEGLStreamConsumerConnectWithFlags")),
@@ -120,6 +132,7 @@ INTEROP_PATHS: list[InteropPath] = [
     InteropPath("CUDA event -> EGLSync (native)", True, lambda f: f.need_stream_ext("EGL_NV_cuda_event")),
     InteropPath("CUDA stream -> EGLSync (emulated)", True, lambda f: f.need_stream_ext("EGL_KHR_reusable_sync")
                 or f.need_cuda("cuLaunchHostFunc")),
+    InteropPath("CUDA stream -> GL server wait (timeline semaphore)", True, _semaphore_wait),
     InteropPath("EGLSync -> CUDA event (native)", True, lambda f: f.need_cuda("cuEventCreateFromEGLSync")),
     InteropPath("EGLSync -> CUDA stream (emulated)", True,
                 lambda f: f.need_cuda("cuStreamWaitValue32", "cuMemHostAlloc", "cuMemHostGetDevicePointer")),
@@ -212,7 +225,11 @@ def collect() -> dict[str, Any]:
         else:
             report["eglimage"] = {"path": image_choice.path, "native_coherent": image_choice.native_coherent,
                                   "reason": image_choice.reason}
-    facts = _Facts(cuda_display_extensions, cuda_display_name, cuda_ok, cuda_why, integrated, image_choice)
+    gl_wait = None
+    if cuda_ok and cuda_display_extensions is not None and "EGL_KHR_reusable_sync" in cuda_display_extensions:
+        gl_wait = _gl_wait_choice()
+        report["gl_server_wait"] = {"path": gl_wait[0], "reason": gl_wait[1]}
+    facts = _Facts(cuda_display_extensions, cuda_display_name, cuda_ok, cuda_why, integrated, image_choice, gl_wait)
     report["paths"] = [_path_status(path, facts) for path in INTEROP_PATHS]
     return report
 
@@ -226,6 +243,18 @@ def _image_choice():
             return image_path(display)
     except Exception as exc:  # the report never raises
         return f"self-test failed to run: {type(exc).__name__}: {exc}"
+
+
+def _gl_wait_choice() -> tuple[str, str]:
+    """How GL server waits on CUDA syncs work on CUDA device 0, probed in a fresh GL context."""
+    from ._sync import SERVER_WAIT_CLIENT, gl_server_wait_path
+
+    try:
+        with Display.for_cuda_device(0) as display, display.create_context() as context:
+            context.make_current()
+            return gl_server_wait_path(display)
+    except Exception as exc:  # the report never raises
+        return SERVER_WAIT_CLIENT, f"probe failed to run: {type(exc).__name__}: {exc}"
 
 
 def format_report(report: dict[str, Any]) -> str:
@@ -266,6 +295,9 @@ def format_report(report: dict[str, Any]) -> str:
     if report.get("eglimage"):
         choice = report["eglimage"]
         lines.append(f"  EGLImage -> CUDA path: {choice['path'] or 'none'} ({choice['reason']})")
+    if report.get("gl_server_wait"):
+        wait = report["gl_server_wait"]
+        lines.append(f"  GL server wait on CUDA syncs: {wait['path']} ({wait['reason']})")
     lines.append("")
     lines.append("Interop paths:")
     width = max(len(p["path"]) for p in report["paths"])

@@ -16,11 +16,13 @@ from ._native import ffi, lib
 
 EGL_LIBRARY = "libEGL.so.1"
 CUDA_LIBRARY = "libcuda.so.1"
+VULKAN_LIBRARY = "libvulkan.so.1"
 EGL_INSTALL_HINT = (
     "install an EGL implementation: on Debian/Ubuntu 'apt-get install libegl1 libegl-mesa0 "
     "libgl1-mesa-dri' (Mesa, no GPU needed), or the NVIDIA driver's EGL with the glvnd loader"
 )
 CUDA_INSTALL_HINT = "install the NVIDIA driver (libcuda.so.1 ships with it, not with the CUDA toolkit)"
+VULKAN_INSTALL_HINT = "install the Vulkan loader (Debian/Ubuntu: 'apt-get install libvulkan1'); the NVIDIA driver brings the ICD"
 
 
 @dataclass
@@ -59,6 +61,7 @@ ENTRIES: dict[str, _Entry] = _read_entries()
 _lock = threading.Lock()
 _egl = _Library(EGL_LIBRARY)
 _cuda = _Library(CUDA_LIBRARY)
+_vulkan = _Library(VULKAN_LIBRARY)
 
 
 def _open(library: _Library, hint: str, group: str) -> _Library:
@@ -97,6 +100,15 @@ def cuda() -> None:
         _open(_cuda, CUDA_INSTALL_HINT, "cuda")
 
 
+def vulkan() -> None:
+    """Load the Vulkan loader (only its ``vkGetInstanceProcAddr``; everything else is reached
+    through it); raise :class:`Unsupported` if absent."""
+    if _vulkan.handle is None:
+        library = _open(_vulkan, VULKAN_INSTALL_HINT, "vulkan")
+        if library.missing:
+            raise Unsupported(", ".join(sorted(library.missing)), where=VULKAN_LIBRARY)
+
+
 def egl_available() -> tuple[bool, str]:
     """Whether libEGL loads, and why not (never raises)."""
     try:
@@ -121,7 +133,7 @@ def bind_egl_extensions(extensions: frozenset[str]) -> None:
     egl()
     with _lock:
         for entry in ENTRIES.values():
-            if entry.name in _egl.bound or "core" in entry.requires or "cuda" in entry.requires:
+            if entry.name in _egl.bound or {"core", "cuda", "vulkan"} & set(entry.requires):
                 continue
             if not any(name in extensions for name in entry.requires):
                 continue

@@ -24,13 +24,17 @@ from typing import Any
 from ._cuda import CudaDevice, check, cuda_error
 from ._display import Display
 from ._egl import EGL_FOREVER, address, egl_error, pointer_attribs
-from ._errors import ClosedError, EGLError, Timeout, Unsupported, UsageError
+from ._errors import ClosedError, EglCudaError, EGLError, Timeout, Unsupported, UsageError
 from ._interop import stream_handle
 from ._loader import is_bound
 from ._native import ffi, lib
 
 NATIVE = "native"
 EMULATED = "emulated"
+# How a GL server wait on a CUDA sync is carried out (Sync.server_wait_path).
+SERVER_WAIT_EGL = "egl"              # eglWaitSyncKHR, which the driver honours for this sync
+SERVER_WAIT_SEMAPHORE = "semaphore"  # a Vulkan timeline semaphore CUDA signals and GL waits on
+SERVER_WAIT_CLIENT = "client-wait"   # nothing GPU-side works: this thread waits (blocks)
 
 
 class SyncKind(enum.Enum):
@@ -62,10 +66,12 @@ class Sync:
     :func:`sync_after_cuda`; :meth:`close` (or garbage collection) destroys it."""
 
     def __init__(self, display: Display, handle, kind: SyncKind, path: str | None = None, token=None,
-                 keep: Any = None) -> None:
+                 keep: Any = None, device: CudaDevice | None = None) -> None:
         self.display = display
         self.kind = kind
         self.path = path  # for CUDA syncs: NATIVE or EMULATED
+        self.server_wait_path: str | None = None  # set by server_wait: SERVER_WAIT_*
+        self._device = device
         self._address = address(handle)
         self._token = token
         self._keep = keep  # what the native CUDA-event sync must outlive (the event)
@@ -136,21 +142,42 @@ class Sync:
 
     def server_wait(self, timeout: float | None = None) -> bool:
         """Server wait: GL commands issued after this in the current context wait on the GPU until
-        the sync is signaled, and this thread does not wait (``eglWaitSyncKHR``). Returns False.
+        the sync is signaled, and this thread does not wait. Returns whether this thread waited
+        (False for a real server wait); :attr:`server_wait_path` says how it was done.
 
-        Some drivers accept a server wait on a reusable sync and ignore it (measured: NVIDIA
-        driver 580 lets GL run on). eglcuda tests this once per display (:func:`server_waits_reusable`);
-        where it fails, a reusable or emulated CUDA sync is waited for on this thread instead
-        (a client wait of up to ``timeout`` seconds, raising :class:`Timeout` past it), which
-        keeps GL ordered after the sync at the cost of blocking: the method then returns True."""
+        - ``"egl"``: ``eglWaitSyncKHR``, for fences, native CUDA-event syncs, and reusable syncs
+          on drivers that honour it.
+        - ``"semaphore"``: an emulated CUDA sync on a driver that ignores ``eglWaitSyncKHR`` on
+          reusable syncs (measured: NVIDIA 580). The CUDA event behind the sync signals a
+          timeline semaphore that GL waits on (:mod:`eglcuda._timeline`; needs Vulkan and
+          ``GL_EXT_semaphore_fd`` + ``GL_NV_timeline_semaphore``).
+        - ``"client-wait"``: where neither works (or for a reusable sync signaled by hand on such
+          a driver), this thread waits for the sync, up to ``timeout`` seconds (:class:`Timeout`
+          past it). GL stays ordered after the sync, at the cost of blocking: returns True."""
         self.display.require("EGL_KHR_wait_sync")
         handle = self.handle
         if self.kind is not SyncKind.FENCE and self.path != NATIVE and not server_waits_reusable(self.display):
+            if self.kind is SyncKind.CUDA and self._keep is not None:
+                from ._timeline import bridge_for
+
+                try:
+                    bridge = bridge_for(self._device)
+                except EglCudaError:
+                    bridge = None  # no GPU-side path on this machine: the client wait below
+                if bridge is not None:
+                    try:
+                        bridge.gl_wait_for_event(self._keep.handle)
+                        self.server_wait_path = SERVER_WAIT_SEMAPHORE
+                        return False
+                    except Unsupported:
+                        pass  # this GL context lacks the semaphore extensions
+            self.server_wait_path = SERVER_WAIT_CLIENT
             if not self.wait(timeout):
                 raise Timeout(f"the sync was not signaled within {timeout} s")
             return True
         if not lib.eglWaitSyncKHR(self.display.handle, handle, 0):
             raise egl_error("eglWaitSyncKHR", "queuing a server wait on the sync (is a GL context current?)")
+        self.server_wait_path = SERVER_WAIT_EGL
         return False
 
     def signal(self) -> None:
@@ -240,6 +267,24 @@ def sync_paths(display: Display) -> SyncPaths:
     return SyncPaths(to_egl, to_egl_why, to_cuda, to_cuda_why)
 
 
+def gl_server_wait_path(display: Display, device: int | CudaDevice | None = None) -> tuple[str, str]:
+    """How :meth:`Sync.server_wait` on a sync from :func:`sync_after_cuda` works for the GL
+    context current on this thread: (``"egl"``, ``"semaphore"`` or ``"client-wait"``, why).
+    Builds what the semaphore path needs, so the first call can take tens of milliseconds."""
+    if display.supports("EGL_NV_cuda_event"):
+        return SERVER_WAIT_EGL, "eglWaitSyncKHR on an EGL_NV_cuda_event sync"
+    if server_waits_reusable(display):
+        return SERVER_WAIT_EGL, "this driver honours eglWaitSyncKHR on reusable syncs"
+    from ._timeline import bridge_for
+
+    try:
+        bridge_for(display.cuda_device(device))._gl_semaphore()
+    except EglCudaError as exc:
+        return SERVER_WAIT_CLIENT, f"eglWaitSyncKHR is ignored on reusable syncs and no semaphore path: {exc}"
+    return SERVER_WAIT_SEMAPHORE, ("eglWaitSyncKHR is ignored on reusable syncs: the CUDA event signals a Vulkan "
+                                   "timeline semaphore that GL waits on (GL_EXT_semaphore_fd, GL_NV_timeline_semaphore)")
+
+
 # ---- CUDA -> EGL ---------------------------------------------------------------------------------
 
 def sync_after_cuda(display: Display, cuda_stream: Any = None, device: int | CudaDevice | None = None,
@@ -266,17 +311,28 @@ def sync_after_cuda(display: Display, cuda_stream: Any = None, device: int | Cud
         handle = lib.eglCreateSync(display.handle, lib.EGL_SYNC_CUDA_EVENT_NV, attribs)
         if handle == ffi.NULL:
             raise egl_error("eglCreateSync", "making an EGLSync from a CUDA event (EGL_SYNC_CUDA_EVENT_NV)")
-        return Sync(display, handle, SyncKind.CUDA, NATIVE, keep=keep)
+        return Sync(display, handle, SyncKind.CUDA, NATIVE, keep=keep, device=cuda_device)
     display.require("EGL_KHR_reusable_sync")
     handle = lib.eglCreateSyncKHR(display.handle, lib.EGL_SYNC_REUSABLE_KHR, ffi.NULL)
     if handle == ffi.NULL:
         raise egl_error("eglCreateSyncKHR", "creating the reusable sync a CUDA stream signals")
-    status = ffi.new("CUresult *")
-    token = lib.eglcuda_sync_signal_queue(display.handle, handle, stream, status)
+    # The event marks the same stream point for GL server waits (see Sync.server_wait).
+    event = ffi.new("CUevent *")
+    status = lib.cuEventCreate(event, lib.CU_EVENT_DISABLE_TIMING)
+    if status:
+        lib.eglDestroySyncKHR(display.handle, handle)
+        raise cuda_error(status, "cuEventCreate", "creating the event a GL server wait follows")
+    keep = _Event(event[0])
+    status = lib.cuEventRecord(event[0], stream)
+    if status:
+        lib.eglDestroySyncKHR(display.handle, handle)
+        raise cuda_error(status, "cuEventRecord", "recording the event a GL server wait follows")
+    queued = ffi.new("CUresult *")
+    token = lib.eglcuda_sync_signal_queue(display.handle, handle, stream, queued)
     if token == ffi.NULL:
         lib.eglDestroySyncKHR(display.handle, handle)
-        raise cuda_error(status[0], "cuLaunchHostFunc", "queuing the sync's signal on the CUDA stream")
-    return Sync(display, handle, SyncKind.CUDA, EMULATED, token=token)
+        raise cuda_error(queued[0], "cuLaunchHostFunc", "queuing the sync's signal on the CUDA stream")
+    return Sync(display, handle, SyncKind.CUDA, EMULATED, token=token, keep=keep, device=cuda_device)
 
 
 class _Event:

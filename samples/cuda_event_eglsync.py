@@ -50,10 +50,13 @@ def main() -> int:
     rng = np.random.default_rng()
     kernel = cp.RawModule(code=KERNEL).get_function("xor_texels")
     failures, blocked = 0, 0.0
+    used_paths: set[str] = set()
     with eglcuda.Display.for_cuda_device(0) as display, display.create_context() as context:
         paths = eglcuda.sync_paths(display)
         print(f"CUDA -> EGLSync: {paths.cuda_to_egl} ({paths.cuda_to_egl_reason})")
         print(f"EGLSync -> CUDA: {paths.egl_to_cuda} ({paths.egl_to_cuda_reason})")
+        wait_path, wait_why = eglcuda.gl_server_wait_path(display)
+        print(f"GL server wait on the CUDA sync: {wait_path} ({wait_why})")
         texture = int(GL.glGenTextures(1))
         GL.glBindTexture(GL.GL_TEXTURE_2D, texture)
         GL.glTexParameteri(GL.GL_TEXTURE_2D, GL.GL_TEXTURE_MIN_FILTER, GL.GL_NEAREST)
@@ -77,7 +80,9 @@ def main() -> int:
                            (cp.uint64(mapped.surface), key, np.int32(width), np.int32(height)))
                 mapped.unmap(finish_cuda=False)
                 done = eglcuda.sync_after_cuda(display, cuda_stream=stream)  # CUDA -> GL
-                done.server_wait()  # GL's next commands wait on the GPU
+                if done.server_wait(timeout=10):  # GL's next commands wait on the GPU
+                    print("note: the server wait blocked this thread (no GPU-side path here)")
+                used_paths.add(done.server_wait_path)
                 blocked += time.perf_counter() - started
                 out = np.empty_like(texels)
                 GL.glPixelStorei(GL.GL_PACK_ALIGNMENT, 1)
@@ -91,6 +96,7 @@ def main() -> int:
                     print(f"round failed: {wrong} texels wrong")
         GL.glDeleteTextures([texture])
     verdict = "PASS" if failures == 0 else "FAIL"
+    print(f"GL server wait path used: {', '.join(sorted(used_paths))}")
     print(f"issuing thread blocked {1e3 * blocked / args.rounds:.2f} ms per round in the hand-over calls "
           f"(fence, stream wait, map, kernel launch, unmap, CUDA sync, server wait)")
     print(f"{verdict}: {args.rounds} rounds of {width}x{height} RGBA8, every texel checked, {failures} failed")

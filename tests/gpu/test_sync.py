@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 import eglcuda
-from eglcuda._sync import EMULATED, NATIVE, pending_waiters
+from eglcuda._sync import (EMULATED, NATIVE, SERVER_WAIT_CLIENT, SERVER_WAIT_EGL, SERVER_WAIT_SEMAPHORE,
+                           pending_waiters)
 
 from .test_stream import open_fds
 
@@ -84,18 +85,126 @@ def test_cuda_to_egl_gl_server_wait(sync_display, cupy, spin):
     src = cupy.asarray(rng.integers(0, 2**32, 4096, dtype=np.uint32))
     dst = cupy.zeros_like(src)
     with sync_display.create_context():
+        expected, why = eglcuda.gl_server_wait_path(sync_display)
         spin(stream, src, dst, 0.2)
         started = time.perf_counter()
         sync = eglcuda.sync_after_cuda(sync_display, cuda_stream=stream)
-        honoured = eglcuda._sync.server_waits_reusable(sync_display)
         blocked = sync.server_wait(timeout=10)  # GL's later commands wait for the sync
-        assert blocked == (sync.path == EMULATED and not honoured)
+        assert sync.server_wait_path == expected, why
+        assert blocked == (expected == SERVER_WAIT_CLIENT)
         if not blocked:
             assert time.perf_counter() - started < 0.05  # a real server wait: this thread went on
-        GL.glFinish()  # returns only after the sync signaled
-        assert sync.signaled
+        GL.glFinish()  # returns only after the CUDA work the sync stands for
+        assert sync.wait(timeout=1)  # its host-function signal follows within moments
         np.testing.assert_array_equal(cupy.asnumpy(dst), cupy.asnumpy(src))
         sync.close()
+
+
+def test_gl_server_wait_on_nvidia_needs_no_cpu_wait(sync_display):
+    """On the NVIDIA display, CUDA -> GL server waits are GPU-side: natively or through the
+    timeline semaphore. (Where this fails, eglcuda would fall back to blocking the thread.)"""
+    with sync_display.create_context():
+        path, why = eglcuda.gl_server_wait_path(sync_display)
+    assert path in (SERVER_WAIT_EGL, SERVER_WAIT_SEMAPHORE), why
+
+
+def test_gl_server_wait_holds_gl_back_on_the_gpu(sync_display, cupy, spin):
+    """The order of events: GL work queued after the server wait does not complete before the
+    CUDA kernel does, while the issuing thread never waited (server wait, GL fence and flush)."""
+    from OpenGL import GL
+
+    rng = np.random.default_rng()
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with sync_display.create_context():
+        if eglcuda.gl_server_wait_path(sync_display)[0] == SERVER_WAIT_CLIENT:
+            pytest.skip("no GPU-side GL server wait on this platform")
+        for _ in range(3):
+            src = cupy.asarray(rng.integers(0, 2**32, 4096, dtype=np.uint32))
+            dst = cupy.zeros_like(src)
+            cupy.cuda.Device().synchronize()
+            GL.glFinish()
+            spin(stream, src, dst, 0.3)
+            kernel_done = cupy.cuda.Event(disable_timing=True)
+            kernel_done.record(stream)
+            started = time.perf_counter()
+            sync = eglcuda.sync_after_cuda(sync_display, cuda_stream=stream)
+            assert sync.server_wait(timeout=10) is False
+            # GL work issued after the wait: GL's own fence. (An EGL fence sync would not do: on
+            # driver 580 eglCreateSyncKHR blocks while the GL queue waits on a semaphore.)
+            after = GL.glFenceSync(GL.GL_SYNC_GPU_COMMANDS_COMPLETE, 0)
+            GL.glFlush()
+            issued = time.perf_counter() - started
+            assert issued < 0.05, f"the issuing thread was held {issued * 1e3:.1f} ms"
+            time.sleep(0.1)
+            assert not kernel_done.done
+            status = GL.glClientWaitSync(after, 0, 0)
+            assert status == GL.GL_TIMEOUT_EXPIRED, "GL ran ahead of the CUDA kernel"
+            status = GL.glClientWaitSync(after, GL.GL_SYNC_FLUSH_COMMANDS_BIT, 10_000_000_000)
+            assert status in (GL.GL_ALREADY_SIGNALED, GL.GL_CONDITION_SATISFIED)
+            assert kernel_done.done
+            np.testing.assert_array_equal(cupy.asnumpy(dst), cupy.asnumpy(src))
+            GL.glDeleteSync(after)
+            sync.close()
+
+
+def test_gl_reads_what_cuda_wrote_hundred_rounds(sync_display, cupy, spin):
+    """GL copies on the GPU, after a server wait, a buffer a slow CUDA kernel has just written,
+    and the copy holds the kernel's data: 100 rounds of random data. The buffer stays mapped to
+    CUDA throughout, so map/unmap cannot order anything: only the sync does. (The copy is GPU
+    work queued after the wait; glGetBufferSubData on the shared buffer itself may be served by
+    the CPU without waiting for the GL queue.)"""
+    from OpenGL import GL
+
+    from eglcuda._cuda import check
+    from eglcuda._native import ffi, lib
+
+    rng = np.random.default_rng()
+    count = 1 << 14
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with sync_display.create_context():
+        if eglcuda.gl_server_wait_path(sync_display)[0] == SERVER_WAIT_CLIENT:
+            pytest.skip("no GPU-side GL server wait on this platform")
+        buffer, copy = (int(name) for name in GL.glGenBuffers(2))
+        GL.glBindBuffer(GL.GL_COPY_WRITE_BUFFER, copy)
+        GL.glBufferData(GL.GL_COPY_WRITE_BUFFER, 4 * count, None, GL.GL_DYNAMIC_COPY)
+        GL.glBindBuffer(GL.GL_COPY_READ_BUFFER, buffer)
+        GL.glBufferData(GL.GL_COPY_READ_BUFFER, 4 * count, None, GL.GL_DYNAMIC_COPY)
+        GL.glFinish()
+
+        def gl_copy_then_read() -> np.ndarray:
+            GL.glCopyBufferSubData(GL.GL_COPY_READ_BUFFER, GL.GL_COPY_WRITE_BUFFER, 0, 0, 4 * count)
+            return np.frombuffer(GL.glGetBufferSubData(GL.GL_COPY_WRITE_BUFFER, 0, 4 * count), dtype=np.uint32)
+        resource = ffi.new("CUgraphicsResource *")
+        sync_display.cuda_device().make_current()
+        check(lib.cuGraphicsGLRegisterBuffer(resource, buffer, 0), "cuGraphicsGLRegisterBuffer")
+        check(lib.cuGraphicsMapResources(1, resource, ffi.NULL), "cuGraphicsMapResources")
+        pointer, size = ffi.new("CUdeviceptr *"), ffi.new("size_t *")
+        check(lib.cuGraphicsResourceGetMappedPointer(pointer, size, resource[0]), "cuGraphicsResourceGetMappedPointer")
+        memory = cupy.cuda.UnownedMemory(int(pointer[0]), int(size[0]), None)
+        dst = cupy.ndarray((count,), dtype=cupy.uint32, memptr=cupy.cuda.MemoryPointer(memory, 0))
+        cupy.cuda.Device().synchronize()
+        try:
+            # Control: without the wait, GL reads the buffer before a slow kernel has written it.
+            src = cupy.asarray(rng.integers(0, 2**32, count, dtype=np.uint32))
+            spin(stream, src, dst, 0.2)
+            seen = gl_copy_then_read()
+            assert not np.array_equal(seen, cupy.asnumpy(src)), "GL waited for CUDA by itself: the test proves nothing"
+            stream.synchronize()
+            wrong_rounds = 0
+            for round_ in range(100):
+                src = cupy.asarray(rng.integers(0, 2**32, count, dtype=np.uint32))
+                spin(stream, src, dst, 0.02 if round_ % 10 == 0 else 0.002)
+                with eglcuda.sync_after_cuda(sync_display, cuda_stream=stream) as sync:
+                    assert sync.server_wait(timeout=10) is False
+                    seen = gl_copy_then_read()
+                    if not np.array_equal(seen, cupy.asnumpy(src)):
+                        wrong_rounds += 1
+                    stream.synchronize()
+            assert wrong_rounds == 0, f"{wrong_rounds} of 100 rounds: GL read before CUDA's write landed"
+        finally:
+            lib.cuGraphicsUnmapResources(1, resource, ffi.NULL)
+            lib.cuGraphicsUnregisterResource(resource[0])
+            GL.glDeleteBuffers(2, [buffer, copy])
 
 
 def test_cuda_to_egl_hundred_rounds_random_data(sync_display, cupy, spin):
@@ -210,3 +319,30 @@ def test_no_threads_or_handles_left(sync_display, cupy):
         time.sleep(0.01)
     assert pending_waiters() == 0
     assert open_fds() - fds <= 2
+
+
+def test_server_waits_in_many_gl_contexts_leave_no_fds(sync_display, cupy, spin):
+    """Each GL context imports its own fd of the semaphore; GL owns it and drops it with the
+    context: 30 contexts x 10 server waits leave the process's fds flat."""
+    from OpenGL import GL
+
+    stream = cupy.cuda.Stream(non_blocking=True)
+    src = cupy.arange(1024, dtype=cupy.uint32)
+    dst = cupy.zeros_like(src)
+
+    def round_in_a_new_context() -> None:
+        with sync_display.create_context():
+            for _ in range(10):
+                spin(stream, src, dst, 0.0)
+                with eglcuda.sync_after_cuda(sync_display, cuda_stream=stream) as sync:
+                    sync.server_wait(timeout=10)
+            GL.glFinish()
+
+    round_in_a_new_context()  # the bridge and first-use state
+    gc.collect()
+    before = open_fds()
+    for _ in range(30):
+        round_in_a_new_context()
+    gc.collect()
+    stream.synchronize()
+    assert open_fds() - before <= 2

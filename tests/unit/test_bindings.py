@@ -28,10 +28,20 @@ def test_every_declared_function_is_compiled_and_in_the_entry_table():
         assert ffi.typeof(getattr(lib, p.name)).kind == "function"
 
 
-def test_requires_groups_name_core_cuda_or_extensions():
+def test_requires_groups_name_core_cuda_vulkan_or_extensions():
     for entry in _loader.ENTRIES.values():
         for group in entry.requires:
-            assert group in ("core", "cuda") or group.startswith(("EGL_", "GL_")), (entry.name, group)
+            assert group in ("core", "cuda", "vulkan") or group.startswith(("EGL_", "GL_")), (entry.name, group)
+
+
+def test_cuda_semaphore_structs_match_cuda_h():
+    # Sizes and offsets of cuda.h's external-semaphore structs on 64-bit Linux.
+    assert ffi.sizeof("CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC") == 96
+    assert ffi.offsetof("CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC", "handle") == 8
+    assert ffi.sizeof("CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS") == 144
+    assert ffi.offsetof("CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS", "flags") == 72
+    assert ffi.offsetof("VkSemaphoreGetFdInfoKHR", "semaphore") == 16
+    assert ffi.offsetof("VkSemaphoreTypeCreateInfo", "initialValue") == 24
 
 
 def test_versioned_cuda_symbols():
