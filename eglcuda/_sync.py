@@ -28,6 +28,7 @@ from ._errors import ClosedError, EglCudaError, EGLError, Timeout, Unsupported, 
 from ._interop import stream_handle
 from ._loader import is_bound
 from ._native import ffi, lib
+from ._timeline import bridge_for
 
 NATIVE = "native"
 EMULATED = "emulated"
@@ -158,8 +159,6 @@ class Sync:
         handle = self.handle
         if self.kind is not SyncKind.FENCE and self.path != NATIVE and not server_waits_reusable(self.display):
             if self.kind is SyncKind.CUDA and self._keep is not None:
-                from ._timeline import bridge_for
-
                 try:
                     bridge = bridge_for(self._device)
                 except EglCudaError:
@@ -275,10 +274,8 @@ def gl_server_wait_path(display: Display, device: int | CudaDevice | None = None
         return SERVER_WAIT_EGL, "eglWaitSyncKHR on an EGL_NV_cuda_event sync"
     if server_waits_reusable(display):
         return SERVER_WAIT_EGL, "this driver honours eglWaitSyncKHR on reusable syncs"
-    from ._timeline import bridge_for
-
     try:
-        bridge_for(display.cuda_device(device))._gl_semaphore()
+        bridge_for(display.cuda_device(device)).gl_semaphore()
     except EglCudaError as exc:
         return SERVER_WAIT_CLIENT, f"eglWaitSyncKHR is ignored on reusable syncs and no semaphore path: {exc}"
     return SERVER_WAIT_SEMAPHORE, ("eglWaitSyncKHR is ignored on reusable syncs: the CUDA event signals a Vulkan "

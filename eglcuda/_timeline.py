@@ -203,7 +203,7 @@ class TimelineBridge:
         self._gl: dict[int, int] = {}  # EGL context address -> GL semaphore name there
         self._lock = threading.Lock()
 
-    def _gl_semaphore(self) -> int:
+    def gl_semaphore(self) -> int:
         """The semaphore's name in the GL context current on this thread (imported once)."""
         context = address(lib.eglGetCurrentContext())
         if not context:
@@ -233,7 +233,7 @@ class TimelineBridge:
         """Make the commands issued next in the current GL context wait, on the GPU, until
         ``event`` (a recorded CUDA event of this device) has completed. Returns at once."""
         with self._lock:
-            name = self._gl_semaphore()
+            name = self.gl_semaphore()
             self.device.make_current()
             self._value[0] += 1
             value = self._value[0]

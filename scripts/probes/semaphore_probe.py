@@ -31,7 +31,7 @@ def main() -> None:
     context.make_current()
     device = display.cuda_device()
     bridge = bridge_for(device)
-    name = bridge._gl_semaphore()
+    name = bridge.gl_semaphore()
     spin = cp.RawModule(code=SPIN).get_function("spin")
     rate = cp.cuda.Device().attributes["ClockRate"] * 1000
     value = ffi.new("uint64_t *", 1000)
