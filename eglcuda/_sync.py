@@ -300,30 +300,17 @@ def sync_after_cuda(display: Display, cuda_stream: Any = None, device: int | Cud
     stream = ffi.cast("CUstream", stream_handle(cuda_stream))
     if chosen == NATIVE:
         display.require("EGL_NV_cuda_event")
-        event = ffi.new("CUevent *")
-        check(lib.cuEventCreate(event, lib.CU_EVENT_DISABLE_TIMING), "cuEventCreate")
-        keep = _Event(event[0])
-        check(lib.cuEventRecord(event[0], stream), "cuEventRecord", "recording the event the sync follows")
-        attribs = pointer_attribs([(lib.EGL_CUDA_EVENT_HANDLE_NV, int(ffi.cast("uintptr_t", event[0])))])
+        keep = _Event.recorded(stream)
+        attribs = pointer_attribs([(lib.EGL_CUDA_EVENT_HANDLE_NV, int(ffi.cast("uintptr_t", keep.handle)))])
         handle = lib.eglCreateSync(display.handle, lib.EGL_SYNC_CUDA_EVENT_NV, attribs)
         if handle == ffi.NULL:
             raise egl_error("eglCreateSync", "making an EGLSync from a CUDA event (EGL_SYNC_CUDA_EVENT_NV)")
         return Sync(display, handle, SyncKind.CUDA, NATIVE, keep=keep, device=cuda_device)
     display.require("EGL_KHR_reusable_sync")
+    keep = _Event.recorded(stream)  # the same stream point, for GL server waits (Sync.server_wait)
     handle = lib.eglCreateSyncKHR(display.handle, lib.EGL_SYNC_REUSABLE_KHR, ffi.NULL)
     if handle == ffi.NULL:
         raise egl_error("eglCreateSyncKHR", "creating the reusable sync a CUDA stream signals")
-    # The event marks the same stream point for GL server waits (see Sync.server_wait).
-    event = ffi.new("CUevent *")
-    status = lib.cuEventCreate(event, lib.CU_EVENT_DISABLE_TIMING)
-    if status:
-        lib.eglDestroySyncKHR(display.handle, handle)
-        raise cuda_error(status, "cuEventCreate", "creating the event a GL server wait follows")
-    keep = _Event(event[0])
-    status = lib.cuEventRecord(event[0], stream)
-    if status:
-        lib.eglDestroySyncKHR(display.handle, handle)
-        raise cuda_error(status, "cuEventRecord", "recording the event a GL server wait follows")
     queued = ffi.new("CUresult *")
     token = lib.eglcuda_sync_signal_queue(display.handle, handle, stream, queued)
     if token == ffi.NULL:
@@ -338,6 +325,15 @@ class _Event:
     def __init__(self, handle) -> None:
         self.handle = handle
         self._finalizer = weakref.finalize(self, lib.cuEventDestroy, handle)
+
+    @classmethod
+    def recorded(cls, stream) -> "_Event":
+        """A timing-free event recorded on ``stream`` now (the current context's device)."""
+        event = ffi.new("CUevent *")
+        check(lib.cuEventCreate(event, lib.CU_EVENT_DISABLE_TIMING), "cuEventCreate")
+        owned = cls(event[0])
+        check(lib.cuEventRecord(event[0], stream), "cuEventRecord", "recording the event the sync follows")
+        return owned
 
 
 # ---- EGL -> CUDA ---------------------------------------------------------------------------------
