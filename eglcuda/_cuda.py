@@ -13,7 +13,9 @@ from . import _loader
 from ._errors import CUDAError, Unsupported, cuda_error_name
 from ._native import ffi, lib
 
-_init_lock = threading.Lock()
+# Re-entrant: the garbage collector may run a finalizer that needs it (a frame's free looks
+# up its device) on a thread that holds it, at any allocation.
+_init_lock = threading.RLock()
 _initialized = False
 
 
@@ -142,10 +144,9 @@ _devices: dict[int, CudaDevice] = {}
 
 def get_device(ordinal: int = 0) -> CudaDevice:
     """The process-wide :class:`CudaDevice` for a CUDA ordinal (created once, then shared)."""
-    with _init_lock:
-        device = _devices.get(ordinal)
+    device = _devices.get(ordinal)  # one dict read is atomic; finalizers take this path
     if device is None:
-        device = CudaDevice(ordinal)
+        created = CudaDevice(ordinal)
         with _init_lock:
-            device = _devices.setdefault(ordinal, device)
+            device = _devices.setdefault(ordinal, created)
     return device

@@ -22,7 +22,9 @@ if TYPE_CHECKING:
     from ._context import GLContext
     from ._stream import Stream
 
-_refs_lock = threading.Lock()
+# Re-entrant: a Display's finalizer takes it, and the garbage collector may run that finalizer
+# on a thread that holds it.
+_refs_lock = threading.RLock()
 _refs: dict[int, int] = {}  # EGLDisplay address -> number of open Display objects
 
 

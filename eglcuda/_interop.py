@@ -16,7 +16,9 @@ _LEGACY_DEFAULT_STREAM = 1
 _PER_THREAD_DEFAULT_STREAM = 2
 CU_STREAM_PER_THREAD = 0x2
 
-_keep_lock = threading.Lock()
+# Re-entrant: a DLPack capsule's destructor takes it, and may run (garbage collection) on a
+# thread that holds it.
+_keep_lock = threading.RLock()
 _keep_alive: dict[int, Any] = {}
 _keys = itertools.count(1)
 
