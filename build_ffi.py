@@ -126,6 +126,13 @@ CUresult eglcuda_producer_present(CUcontext ctx, CUeglStreamConnection *conn, co
                                   CUstream *stream);
 CUresult eglcuda_producer_return(CUcontext ctx, CUeglStreamConnection *conn, CUeglFrame *frame, CUstream *stream,
                                  unsigned long long timeout_us, unsigned long long *plane0);
+CUresult eglcuda_consumer_next(CUcontext ctx, CUeglStreamConnection *conn, CUgraphicsResource held,
+                               CUgraphicsResource *resource, CUstream *stream, unsigned int timeout_us,
+                               CUeglFrame *frame, EGLDisplay dpy, EGLStreamKHR egl_stream,
+                               EGLuint64KHR *consumer_frame, int *failed_call);
+CUresult eglcuda_producer_present_return(CUcontext ctx, CUeglStreamConnection *conn, const CUeglFrame *presented,
+                                         CUstream *present_stream, CUeglFrame *back, CUstream *return_stream,
+                                         unsigned long long timeout_us, unsigned long long *plane0, int *failed_call);
 void *eglcuda_sync_signal_queue(EGLDisplay dpy, EGLSyncKHR sync, CUstream stream, CUresult *status);
 int eglcuda_sync_signal_abandon(void *token);
 int eglcuda_sync_signal_ran(void *token);

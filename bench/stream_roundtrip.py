@@ -7,7 +7,9 @@ stacks run in this one invocation, interleaved per size, so their ratios share t
     python bench/stream_roundtrip.py [--quick] [--markdown docs/benchmarks.md]
 
 (1) C: bench/c/stream_roundtrip.c, built here with gcc, the same driver calls with no Python.
-(2) eglcuda: the public API (Stream, CudaProducer, CudaConsumer, Frame).
+(2) eglcuda: the public API (Stream, CudaProducer, CudaConsumer, Frame), with the four single calls
+    (present, acquire, release, return_frame) and with the loop steps (present_and_return,
+    acquire_next / frames), which make the same driver calls in two crossings per frame.
 (3) What a Python user would write today: PyOpenGL's EGL bindings for the display and stream
     (they need a current context for extension calls) and cuda-python's driver bindings.
 """
@@ -106,6 +108,60 @@ def eglcuda_pipelined(display, width: int, height: int, iterations: int) -> floa
         thread.start()
         for _ in range(iterations):
             consumer.acquire().release()
+        thread.join()
+        return 1e6 * (time.perf_counter() - start) / iterations
+
+
+def eglcuda_serial_steps(display, width: int, height: int, iterations: int) -> float:
+    """The serial round trip written with the loop steps: present_and_return + acquire_next
+    (two calls per frame instead of four; the same driver calls)."""
+    with display.create_stream() as stream:
+        consumer = stream.connect_cuda_consumer()
+        producer = stream.connect_cuda_producer(width, height)
+        free = [producer.allocate_frame() for _ in range(3)]
+        warmup = iterations // 10 + 2
+        start = 0.0
+        acquired = None
+        for i in range(iterations + warmup):
+            if i == warmup:
+                start = time.perf_counter()
+            frame = free.pop()
+            back = producer.present_and_return(frame, timeout_us=1_000_000 if not free and i > 1 else 0)
+            if back is not None:
+                free.append(back)
+            acquired = consumer.acquire_next()
+        elapsed = time.perf_counter() - start
+        acquired.release()
+        return 1e6 * elapsed / iterations
+
+
+def eglcuda_pipelined_steps(display, width: int, height: int, iterations: int) -> float:
+    """The pipelined loop with the loop steps: the producer presents and takes back in one call,
+    the consumer iterates ``consumer.frames()``."""
+    with display.create_stream(fifo_length=4) as stream:
+        consumer = stream.connect_cuda_consumer()
+        producer = stream.connect_cuda_producer(width, height)
+        pool = [producer.allocate_frame() for _ in range(6)]
+
+        def produce():
+            free = list(pool)
+            for _ in range(iterations):
+                while not free:
+                    back = producer.return_frame(100_000)
+                    if back is not None:
+                        free.append(back)
+                back = producer.present_and_return(free.pop())
+                if back is not None:
+                    free.append(back)
+
+        start = time.perf_counter()
+        thread = threading.Thread(target=produce)
+        thread.start()
+        got = 0
+        for _frame in consumer.frames():
+            got += 1
+            if got == iterations:
+                break
         thread.join()
         return 1e6 * (time.perf_counter() - start) / iterations
 
@@ -259,11 +315,13 @@ def main() -> int:
     rows = []
     for width, height in SIZES:
         for mode, iterations in (("serial", serial_n), ("pipelined", pipe_n)):
-            cells = {"C": [], "eglcuda": [], "PyOpenGL+cuda-python": []}
-            for _ in range(args.repeats):  # interleaved, so drift hits all three alike
+            cells = {"C": [], "eglcuda": [], "eglcuda steps": [], "PyOpenGL+cuda-python": []}
+            for _ in range(args.repeats):  # interleaved, so drift hits all of them alike
                 cells["C"].append(run_c(binary, width, height, iterations, mode))
                 fn = eglcuda_serial if mode == "serial" else eglcuda_pipelined
                 cells["eglcuda"].append(fn(display, width, height, iterations))
+                fn = eglcuda_serial_steps if mode == "serial" else eglcuda_pipelined_steps
+                cells["eglcuda steps"].append(fn(display, width, height, iterations))
                 if stack is not None:
                     try:
                         cells["PyOpenGL+cuda-python"].append(getattr(stack, mode)(width, height, iterations))
@@ -276,24 +334,28 @@ def main() -> int:
                 parts = eglcuda_breakdown(display, width, height, iterations)
                 print("  eglcuda per call (median us): " + ", ".join(f"{k} {v:.2f}" for k, v in parts.items()))
             print(f"{width}x{height} {mode:9s} C {med['C']:7.2f} us  eglcuda {med['eglcuda']:7.2f} us "
-                  f"(x{med['eglcuda'] / med['C']:.3f})  stack {med['PyOpenGL+cuda-python']:7.2f} us "
+                  f"(x{med['eglcuda'] / med['C']:.3f})  steps {med['eglcuda steps']:7.2f} us "
+                  f"(x{med['eglcuda steps'] / med['C']:.3f})  stack {med['PyOpenGL+cuda-python']:7.2f} us "
                   f"(x{med['PyOpenGL+cuda-python'] / med['C']:.3f})", flush=True)
     display.close()
 
-    header = ("| size | loop | C us/frame | eglcuda us/frame | eglcuda / C | PyOpenGL+cuda-python us/frame | stack / C "
-              "| eglcuda frames/s |\n|---|---|---|---|---|---|---|---|")
+    header = ("| size | loop | C us/frame | eglcuda us/frame | eglcuda / C | eglcuda steps us/frame | steps / C "
+              "| PyOpenGL+cuda-python us/frame | stack / C | eglcuda steps frames/s |\n"
+              "|---|---|---|---|---|---|---|---|---|---|")
     lines = [header]
     for size, mode, iterations, med in rows:
         lines.append(f"| {size} | {mode} | {med['C']:.2f} | {med['eglcuda']:.2f} | {med['eglcuda'] / med['C']:.3f} "
+                     f"| {med['eglcuda steps']:.2f} | {med['eglcuda steps'] / med['C']:.3f} "
                      f"| {med['PyOpenGL+cuda-python']:.2f} | {med['PyOpenGL+cuda-python'] / med['C']:.3f} "
-                     f"| {1e6 / med['eglcuda']:.0f} |")
+                     f"| {1e6 / med['eglcuda steps']:.0f} |")
     table = "\n".join(lines)
     print(table)
     if stack_error:
         print(f"PyOpenGL+cuda-python stack failed: {stack_error}")
     worst_serial = max(m["eglcuda"] / m["C"] for _, mode, _, m in rows if mode == "serial")
+    worst_steps = max(m["eglcuda steps"] / m["C"] for _, mode, _, m in rows if mode == "serial")
     vs_stack = [m["PyOpenGL+cuda-python"] / m["eglcuda"] for _, _, _, m in rows if m["PyOpenGL+cuda-python"] == m["PyOpenGL+cuda-python"]]
-    print(f"SUMMARY serial eglcuda/C worst x{worst_serial:.3f}; stack/eglcuda "
+    print(f"SUMMARY serial eglcuda/C worst x{worst_serial:.3f}, with loop steps x{worst_steps:.3f}; stack/eglcuda "
           + (f"x{min(vs_stack):.2f}..x{max(vs_stack):.2f}" if vs_stack else f"n/a ({stack_error})"))
     if args.markdown:
         path = pathlib.Path(args.markdown)
@@ -307,7 +369,8 @@ def main() -> int:
             grouped_bars(pathlib.Path(args.svg.replace("MODE", mode)),
                          f"EGLStream CUDA->CUDA, {mode} loop: us per frame (lower is better)", "us/frame",
                          [size for size, _ in picked],
-                         {name: [med[name] for _, med in picked] for name in ("C", "eglcuda", "PyOpenGL+cuda-python")})
+                         {name: [med[name] for _, med in picked]
+                          for name in ("C", "eglcuda", "eglcuda steps", "PyOpenGL+cuda-python")})
     return 0
 
 

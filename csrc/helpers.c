@@ -16,7 +16,8 @@ CUresult eglcuda_ensure_current(CUcontext ctx)
  * call from Python (one GIL release, no Python between driver calls). On failure *failed_call
  * says which driver call failed, for the error message. */
 
-enum { EGLCUDA_CALL_CONTEXT = 0, EGLCUDA_CALL_ACQUIRE = 1, EGLCUDA_CALL_MAP = 2, EGLCUDA_CALL_COUNTER = 3 };
+enum { EGLCUDA_CALL_CONTEXT = 0, EGLCUDA_CALL_ACQUIRE = 1, EGLCUDA_CALL_MAP = 2, EGLCUDA_CALL_COUNTER = 3,
+       EGLCUDA_CALL_RELEASE = 4, EGLCUDA_CALL_PRESENT = 5, EGLCUDA_CALL_RETURN = 6 };
 
 /* Acquire a frame, read its mapping into *frame, and (when dpy is not NULL) read the stream's
  * consumer frame counter, which tells a new frame from a re-acquired old one. */
@@ -88,6 +89,37 @@ CUresult eglcuda_producer_return(CUcontext ctx, CUeglStreamConnection *conn, CUe
         }
         clock_gettime(CLOCK_MONOTONIC, &call);
     }
+}
+
+/* ---- fused steps for frame loops ------------------------------------------------------------
+ * A loop makes one call from Python per frame and side instead of two: each crossing costs more
+ * than the driver's cheaper calls (see docs/benchmarks.md). */
+
+/* Release the held frame (when held is not NULL), then acquire and map the next one. A failed
+ * release stops before the acquire; *failed_call names the call that failed. */
+CUresult eglcuda_consumer_next(CUcontext ctx, CUeglStreamConnection *conn, CUgraphicsResource held,
+                               CUgraphicsResource *resource, CUstream *stream, unsigned int timeout_us,
+                               CUeglFrame *frame, EGLDisplay dpy, EGLStreamKHR egl_stream,
+                               EGLuint64KHR *consumer_frame, int *failed_call)
+{
+    if (held != NULL) {
+        CUresult status = eglcuda_consumer_release(ctx, conn, held, stream);
+        if (status != CUDA_SUCCESS) { *failed_call = EGLCUDA_CALL_RELEASE; return status; }
+    }
+    return eglcuda_consumer_acquire(ctx, conn, resource, stream, timeout_us, frame, dpy, egl_stream, consumer_frame,
+                                    failed_call);
+}
+
+/* Present a frame, then take one back as eglcuda_producer_return does (timeout_us 0: one try).
+ * A failed present stops before the return; *failed_call says which of the two failed. */
+CUresult eglcuda_producer_present_return(CUcontext ctx, CUeglStreamConnection *conn, const CUeglFrame *presented,
+                                         CUstream *present_stream, CUeglFrame *back, CUstream *return_stream,
+                                         unsigned long long timeout_us, unsigned long long *plane0, int *failed_call)
+{
+    CUresult status = eglcuda_producer_present(ctx, conn, presented, present_stream);
+    if (status != CUDA_SUCCESS) { *failed_call = EGLCUDA_CALL_PRESENT; return status; }
+    *failed_call = EGLCUDA_CALL_RETURN;
+    return eglcuda_producer_return(ctx, conn, back, return_stream, timeout_us, plane0);
 }
 
 /* ---- CUDA stream -> EGLSync emulation ---------------------------------------------------

@@ -12,7 +12,7 @@ import os
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
 
 from ._cuda import CudaDevice, check, cuda_error, get_device
 from ._display import Display
@@ -30,8 +30,12 @@ if TYPE_CHECKING:
 _LAUNCH_TIMEOUT = lib.CUDA_ERROR_LAUNCH_TIMEOUT
 MAX_FRAMES_IN_FLIGHT = 64  # the guide: CUDA cannot present more than 64 active frames
 DEFAULT_ACQUIRE_TIMEOUT_US = 1_000_000
+# Which call a fused helper (csrc/helpers.c) says failed.
 _CALL_NAMES = {0: "cuCtxSetCurrent", 1: "cuEGLStreamConsumerAcquireFrame",
-               2: "cuGraphicsResourceGetMappedEglFrame", 3: "eglQueryStreamu64KHR"}
+               2: "cuGraphicsResourceGetMappedEglFrame", 3: "eglQueryStreamu64KHR",
+               4: "cuEGLStreamConsumerReleaseFrame", 5: "cuEGLStreamProducerPresentFrame",
+               6: "cuEGLStreamProducerReturnFrame"}
+_FAILED_COUNTER, _FAILED_RELEASE, _FAILED_PRESENT = 3, 4, 5
 
 
 class StreamState(enum.IntEnum):
@@ -438,36 +442,79 @@ class CudaConsumer:
             if not self._connected:
                 raise ClosedError("the consumer is disconnected (or its stream closed)")
             if self._held is not None:
-                raise UsageError("the consumer still holds a frame: release it before acquiring another")
-            if not self._producer_seen:
-                timeout_us = self._wait_for_producer(timeout_us)
+                raise UsageError("the consumer still holds a frame: release it before acquiring another "
+                                 "(or use acquire_next, which does both)")
+            return self._acquire_locked(timeout_us, None)
+
+    def acquire_next(self, timeout_us: int = DEFAULT_ACQUIRE_TIMEOUT_US) -> AcquiredFrame:
+        """Release the frame this consumer holds (if any), then :meth:`acquire` the next one, in
+        a single call into the driver layer: the step of a consumer loop, cheaper than
+        ``release()`` + ``acquire()``. The released frame is unusable afterwards, as after
+        :meth:`AcquiredFrame.release`."""
+        if type(timeout_us) is not int or not 0 <= timeout_us <= 0x7FFFFFFF:
+            _check_us("timeout_us", timeout_us, allow_none=False)
+        with self._lock:
+            if not self._connected:
+                raise ClosedError("the consumer is disconnected (or its stream closed)")
+            return self._acquire_locked(timeout_us, self._held)
+
+    def frames(self, timeout_us: int = DEFAULT_ACQUIRE_TIMEOUT_US) -> Iterator[AcquiredFrame]:
+        """Iterate over acquired frames until the producer disconnects. Each step releases the
+        previous frame and acquires the next (:meth:`acquire_next`); leaving the loop releases
+        the last one. A frame kept past its step is released by the next step all the same."""
+        try:
+            while True:
+                try:
+                    frame = self.acquire_next(timeout_us)
+                except StreamDisconnected:
+                    return
+                yield frame
+        finally:
+            held = self._held
+            if held is not None and self._connected:
+                held.release()
+
+    def _acquire_locked(self, timeout_us: int, held: AcquiredFrame | None) -> AcquiredFrame:
+        """acquire / acquire_next with the lock held; ``held`` is released first."""
+        if not self._producer_seen:
+            timeout_us = self._wait_for_producer(timeout_us)
+        dpy = self._dpy if self._use_counter else ffi.NULL
+        if held is None:
             status = lib.eglcuda_consumer_acquire(
                 self._context, self._connection, self._resource, self._cu_stream, timeout_us, self._egl_frame,
-                self._dpy if self._use_counter else ffi.NULL, self._egl_stream, self._counter, self._failed)
-            if status:
-                failed = self._failed[0]
-                if failed == 3:  # the counter query failed; the frame itself is acquired and mapped
-                    lib.eglGetError()
-                    self._use_counter = False
-                else:
-                    call = _CALL_NAMES[failed]
-                    raise self.stream._driver_failure(status, call, "acquiring a frame", "producer",
-                                                      timeout_us if call == "cuEGLStreamConsumerAcquireFrame" else None)
-            if self._use_counter:
-                number = int(self._counter[0])
-                is_new = number != self._last_number
-                self._last_number = number
-                if not is_new and self.stream.state is StreamState.DISCONNECTED:
-                    # The stream hands out its last frame forever once the producer is gone (its
-                    # process may have died): say so instead of repeating a frame that never changes.
-                    lib.eglcuda_consumer_release(self._context, self._connection, self._resource[0], self._cu_stream)
-                    raise StreamDisconnected(f"the producer disconnected from the stream (last frame {number})")
+                dpy, self._egl_stream, self._counter, self._failed)
+        else:
+            held._released = True  # as in _release: the stream owns it from here on
+            self._held = None
+            status = lib.eglcuda_consumer_next(
+                self._context, self._connection, held._resource, self._resource, self._cu_stream, timeout_us,
+                self._egl_frame, dpy, self._egl_stream, self._counter, self._failed)
+        if status:
+            failed = self._failed[0]
+            if failed == _FAILED_COUNTER:  # the counter query failed; the frame is acquired and mapped
+                lib.eglGetError()
+                self._use_counter = False
+            elif failed == _FAILED_RELEASE:
+                raise cuda_error(status, "cuEGLStreamConsumerReleaseFrame", "releasing a frame")
             else:
-                number = is_new = None
-            frame = AcquiredFrame(self, self._egl_frame, self._resource[0], number, is_new)
-            self._held = frame
-            self.frames_acquired += 1
-            return frame
+                call = _CALL_NAMES[failed]
+                raise self.stream._driver_failure(status, call, "acquiring a frame", "producer",
+                                                  timeout_us if call == "cuEGLStreamConsumerAcquireFrame" else None)
+        if self._use_counter:
+            number = int(self._counter[0])
+            is_new = number != self._last_number
+            self._last_number = number
+            if not is_new and self.stream.state is StreamState.DISCONNECTED:
+                # The stream hands out its last frame forever once the producer is gone (its
+                # process may have died): say so instead of repeating a frame that never changes.
+                lib.eglcuda_consumer_release(self._context, self._connection, self._resource[0], self._cu_stream)
+                raise StreamDisconnected(f"the producer disconnected from the stream (last frame {number})")
+        else:
+            number = is_new = None
+        frame = AcquiredFrame(self, self._egl_frame, self._resource[0], number, is_new)
+        self._held = frame
+        self.frames_acquired += 1
+        return frame
 
     def _wait_for_producer(self, timeout_us: int) -> int:
         """Wait, without the driver, until a producer connects; returns the time left.
@@ -555,6 +602,7 @@ class CudaProducer:
         self._default_stream = ffi.new("CUstream *")  # holds NULL: the legacy default stream
         self._present_stream = ffi.new("CUstream *")
         self._return_stream = ffi.new("CUstream *")
+        self._failed = ffi.new("int *")
         self._context = self.device.context
         self._weak_self = weakref.ref(self)
         self._reuse = stream.reuse_last_frame
@@ -608,30 +656,11 @@ class CudaProducer:
         queued (None: the legacy default stream); the consumer's work is ordered after it without
         blocking this thread."""
         with self._lock:
-            if not self._connected:
-                raise ClosedError("the producer is disconnected (or its stream closed)")
-            key = getattr(frame, "key", None)
-            known = self._associated.get(key) is frame
-            # A frame's geometry never changes: check it fully the first time this producer sees it.
-            if not known or key in self._in_flight or len(self._in_flight) >= MAX_FRAMES_IN_FLIGHT:
-                self._check_frame(frame)
-            if cuda_stream is None:
-                stream = self._default_stream
-            else:
-                stream = self._present_stream
-                stream[0] = ffi.cast("CUstream", stream_handle(cuda_stream))
+            key, known, stream = self._before_present(frame, cuda_stream)
             status = lib.eglcuda_producer_present(self._context, self._connection, frame._egl, stream)
             if status:
                 raise self.stream._driver_failure(status, "cuEGLStreamProducerPresentFrame", "presenting a frame", "consumer")
-            self._in_flight[key] = frame
-            self.frames_presented += 1
-            if not known:
-                if self.format is None:
-                    self.format = frame.format
-                if self.layout is None:
-                    self.layout = frame.layout
-                self._associated[key] = frame
-                frame._producer = self._weak_self
+            self._after_present(frame, key, known)
 
     def return_frame(self, timeout_us: int = 0) -> Frame | None:
         """Take back a frame the consumer released: the same :class:`Frame` object that was
@@ -649,22 +678,72 @@ class CudaProducer:
             in_flight = len(self._in_flight)
             if not in_flight:
                 return None
-            kept_by_stream = self._reuse and in_flight == 1
+            wait_us = 0 if self._reuse and in_flight == 1 else timeout_us
             status = lib.eglcuda_producer_return(self._context, self._connection, self._returned, self._return_stream,
-                                                 0 if kept_by_stream else timeout_us, self._returned_key)
-            if status:
-                if status == _LAUNCH_TIMEOUT:
-                    if timeout_us and not kept_by_stream and self.stream.state is StreamState.DISCONNECTED:
-                        # A consumer gone (its process may have died) never releases: say so.
-                        raise StreamDisconnected("the consumer disconnected from the stream: presented frames "
-                                                 "will not come back")
-                    return None
-                raise self.stream._driver_failure(status, "cuEGLStreamProducerReturnFrame", "taking back a frame", "consumer")
-            key = self._returned_key[0]
-            frame = self._in_flight.pop(key, None)
-            if frame is None:
-                raise UsageError(f"the driver returned a frame eglcuda did not present (plane 0 at 0x{key:x})")
-            return frame
+                                                 wait_us, self._returned_key)
+            return self._after_return(status, wait_us)
+
+    def present_and_return(self, frame: Frame, cuda_stream: Any = None, timeout_us: int = 0) -> Frame | None:
+        """:meth:`present` ``frame``, then :meth:`return_frame` (waiting up to ``timeout_us``),
+        in a single call into the driver layer: the step of a producer that cycles a ring of
+        frames, cheaper than the two calls. Returns the frame taken back, or None."""
+        if type(timeout_us) is not int or not 0 <= timeout_us <= 0x7FFFFFFF:
+            _check_us("timeout_us", timeout_us, allow_none=False)
+        with self._lock:
+            key, known, stream = self._before_present(frame, cuda_stream)
+            # After this present, the stream keeps the newest frame: with reuse on and nothing
+            # else in flight, nothing can come back, so one try is enough.
+            wait_us = 0 if self._reuse and not self._in_flight else timeout_us
+            status = lib.eglcuda_producer_present_return(
+                self._context, self._connection, frame._egl, stream, self._returned, self._return_stream,
+                wait_us, self._returned_key, self._failed)
+            if status and self._failed[0] == _FAILED_PRESENT:
+                raise self.stream._driver_failure(status, "cuEGLStreamProducerPresentFrame", "presenting a frame", "consumer")
+            self._after_present(frame, key, known)
+            return self._after_return(status, wait_us)
+
+    def _before_present(self, frame: Frame, cuda_stream: Any) -> tuple[Any, bool, Any]:
+        """Checks before a present (lock held): (the frame's key, whether this producer has
+        presented it before, the CUstream box to pass)."""
+        if not self._connected:
+            raise ClosedError("the producer is disconnected (or its stream closed)")
+        key = getattr(frame, "key", None)
+        known = self._associated.get(key) is frame
+        # A frame's geometry never changes: check it fully the first time this producer sees it.
+        if not known or key in self._in_flight or len(self._in_flight) >= MAX_FRAMES_IN_FLIGHT:
+            self._check_frame(frame)
+        if cuda_stream is None:
+            return key, known, self._default_stream
+        stream = self._present_stream
+        stream[0] = ffi.cast("CUstream", stream_handle(cuda_stream))
+        return key, known, stream
+
+    def _after_present(self, frame: Frame, key: Any, known: bool) -> None:
+        self._in_flight[key] = frame
+        self.frames_presented += 1
+        if not known:
+            if self.format is None:
+                self.format = frame.format
+            if self.layout is None:
+                self.layout = frame.layout
+            self._associated[key] = frame
+            frame._producer = self._weak_self
+
+    def _after_return(self, status: int, waited_us: int) -> Frame | None:
+        """The frame a return call gave back (lock held), None for 'none yet', or the error."""
+        if status:
+            if status == _LAUNCH_TIMEOUT:
+                if waited_us and self.stream.state is StreamState.DISCONNECTED:
+                    # A consumer gone (its process may have died) never releases: say so.
+                    raise StreamDisconnected("the consumer disconnected from the stream: presented frames "
+                                             "will not come back")
+                return None
+            raise self.stream._driver_failure(status, "cuEGLStreamProducerReturnFrame", "taking back a frame", "consumer")
+        key = self._returned_key[0]
+        frame = self._in_flight.pop(key, None)
+        if frame is None:
+            raise UsageError(f"the driver returned a frame eglcuda did not present (plane 0 at 0x{key:x})")
+        return frame
 
     def close(self) -> None:
         """Disconnect; every frame presented is then free to close. Safe to call twice."""

@@ -2,7 +2,6 @@
 a kernel writing through the surface object, repeated mapping, and leaks."""
 from __future__ import annotations
 
-import os
 
 import numpy as np
 import pytest

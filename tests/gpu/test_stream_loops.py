@@ -1,0 +1,164 @@
+"""The fused loop steps: CudaProducer.present_and_return, CudaConsumer.acquire_next and
+CudaConsumer.frames. Every byte checked on random frames, the same Frame objects come back, the
+frame released by a step is unusable, and misuse is refused like the single calls refuse it."""
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import eglcuda
+from eglcuda import ColorFormat, Layout
+
+from ..conftest import require_extension
+from .streamkit import assert_frame_equals, connected, fill_random
+
+
+@pytest.fixture
+def display(cuda_display):
+    require_extension(cuda_display, "EGL_KHR_stream")
+    return cuda_display
+
+
+@pytest.mark.parametrize("fifo_length", [0, 3], ids=["mailbox", "fifo3"])
+@pytest.mark.parametrize("fmt,layout", [(ColorFormat.ARGB, Layout.PITCH), (ColorFormat.NV12, Layout.PITCH),
+                                        (ColorFormat.ARGB, Layout.ARRAY), (ColorFormat.YUV420_PLANAR, Layout.ARRAY)],
+                         ids=["ARGB-pitch", "NV12-pitch", "ARGB-array", "YUV420-array"])
+def test_serial_ring_every_byte_and_the_same_objects(display, fmt, layout, fifo_length):
+    if fifo_length:
+        require_extension(display, "EGL_KHR_stream_fifo")
+    rng = np.random.default_rng()
+    rounds = 40
+    with connected(display, 66, 34, format=fmt, layout=layout, fifo_length=fifo_length) as (stream, producer, consumer):
+        ring = [producer.allocate_frame() for _ in range(3)]
+        free = list(ring)
+        returned = 0
+        acquired = None
+        for round_ in range(rounds):
+            frame = free.pop(0)
+            expected = fill_random(frame, rng)
+            back = producer.present_and_return(frame, timeout_us=0 if round_ < 2 else 1_000_000)
+            if back is not None:
+                assert any(back is f for f in ring), "present_and_return gave back a frame not from the ring"
+                free.append(back)
+                returned += 1
+            previous = acquired
+            acquired = consumer.acquire_next(timeout_us=1_000_000)
+            if previous is not None:
+                assert previous.released
+                with pytest.raises(eglcuda.ClosedError):
+                    previous.to_numpy()
+            assert acquired.is_new and acquired.number is not None
+            assert_frame_equals(acquired, expected)
+            assert producer.in_flight + len(free) == 3
+        acquired.release()
+        assert consumer.frames_acquired == rounds and producer.frames_presented == rounds
+        # Every frame presented and released, bar the one the stream may keep, comes back.
+        assert returned >= rounds - 3
+
+
+def test_frames_iterator_threads_fifo_in_order(display):
+    require_extension(display, "EGL_KHR_stream_fifo")
+    rng = np.random.default_rng()
+    count, width, height = 150, 40, 12
+    payloads = [rng.integers(0, 256, (height, width, 4), dtype=np.uint8) for _ in range(count)]
+    received, errors = [], []
+    with connected(display, width, height, fifo_length=4) as (stream, producer, consumer):
+        pool = [producer.allocate_frame() for _ in range(6)]
+
+        def produce():
+            try:
+                free = list(pool)
+                for payload in payloads:
+                    while not free:
+                        back = producer.return_frame(timeout_us=100_000)
+                        if back is not None:
+                            free.append(back)
+                    frame = free.pop()
+                    frame.planes[0].copy_from(payload)
+                    back = producer.present_and_return(frame)
+                    if back is not None:
+                        free.append(back)
+            except Exception as exc:  # pragma: no cover - reported below
+                errors.append(exc)
+
+        thread = threading.Thread(target=produce)
+        thread.start()
+        try:
+            for acquired in consumer.frames(timeout_us=2_000_000):
+                if acquired.is_new:
+                    received.append(acquired.planes[0].to_numpy())
+                if len(received) == count:
+                    break
+        finally:
+            thread.join(120)
+        assert not errors, errors
+        assert consumer._held is None, "leaving the loop releases the last frame"
+        assert acquired.released
+    assert len(received) == count
+    for index, (got, want) in enumerate(zip(received, payloads)):
+        assert np.array_equal(got, want), f"frame {index} out of order or corrupted"
+
+
+def test_frames_iterator_ends_when_the_producer_disconnects(display):
+    rng = np.random.default_rng()
+    with connected(display, 16, 8) as (stream, producer, consumer):
+        frame = producer.allocate_frame()
+        expected = fill_random(frame, rng)
+        producer.present(frame)
+        seen = []
+        started = time.perf_counter()
+        for acquired in consumer.frames(timeout_us=100_000):
+            if not seen:
+                assert_frame_equals(acquired, expected)
+                producer.close()
+            seen.append(acquired.number)
+        assert time.perf_counter() - started < 5
+        assert len(seen) == 1, f"after the producer left, the loop went on with frames {seen[1:]}"
+        assert consumer._held is None
+
+
+def test_acquire_next_with_nothing_held_is_acquire(display):
+    rng = np.random.default_rng()
+    with connected(display, 10, 6) as (stream, producer, consumer):
+        frame = producer.allocate_frame()
+        expected = fill_random(frame, rng)
+        producer.present(frame)
+        with consumer.acquire_next() as acquired:
+            assert_frame_equals(acquired, expected)
+        # The user released it: the next step acquires again (the old frame, nothing new came).
+        again = consumer.acquire_next(timeout_us=1000)
+        assert again.is_new is False and again.number == acquired.number
+        again.release()
+
+
+def test_misuse_of_the_loop_steps(display):
+    with connected(display, 16, 16) as (stream, producer, consumer):
+        frame = producer.allocate_frame()
+        small = eglcuda.Frame.allocate(8, 8)
+        with pytest.raises(eglcuda.UsageError, match="8x8"):
+            producer.present_and_return(small)
+        assert producer.in_flight == 0
+        with pytest.raises(eglcuda.UsageError):
+            producer.present_and_return(frame, timeout_us=-1)
+        assert producer.present_and_return(frame) is None  # the stream keeps its only frame
+        with pytest.raises(eglcuda.UsageError, match="already in flight"):
+            producer.present_and_return(frame)
+        first = consumer.acquire_next()
+        second = consumer.acquire_next(timeout_us=1000)
+        with pytest.raises(eglcuda.ClosedError):
+            first.release()
+        with pytest.raises(eglcuda.ClosedError):
+            first.planes[0].pointer
+        second.release()
+        consumer.close()
+        with pytest.raises(eglcuda.ClosedError):
+            consumer.acquire_next()
+        with pytest.raises(eglcuda.ClosedError):
+            next(iter(consumer.frames()))
+        producer.close()
+        with pytest.raises(eglcuda.ClosedError):
+            producer.present_and_return(frame)
+        small.close()
