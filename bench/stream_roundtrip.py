@@ -88,7 +88,9 @@ def eglcuda_breakdown(display, width: int, height: int, iterations: int) -> dict
         return {name: 1e6 * statistics.median(values) for name, values in spent.items()}
 
 
-def eglcuda_pipelined(display, width: int, height: int, iterations: int) -> float:
+def eglcuda_pipelined(display, width: int, height: int, iterations: int, steps: bool = False) -> float:
+    """Producer and consumer threads, FIFO 4. ``steps``: the producer presents and takes back in
+    one call (present_and_return) and the consumer iterates ``consumer.frames()``."""
     with display.create_stream(fifo_length=4) as stream:
         consumer = stream.connect_cuda_consumer()
         producer = stream.connect_cuda_producer(width, height)
@@ -101,13 +103,25 @@ def eglcuda_pipelined(display, width: int, height: int, iterations: int) -> floa
                     back = producer.return_frame(100_000)
                     if back is not None:
                         free.append(back)
-                producer.present(free.pop())
+                if steps:
+                    back = producer.present_and_return(free.pop())
+                    if back is not None:
+                        free.append(back)
+                else:
+                    producer.present(free.pop())
 
         start = time.perf_counter()
         thread = threading.Thread(target=produce)
         thread.start()
-        for _ in range(iterations):
-            consumer.acquire().release()
+        if steps:
+            got = 0
+            for _frame in consumer.frames():
+                got += 1
+                if got == iterations:
+                    break
+        else:
+            for _ in range(iterations):
+                consumer.acquire().release()
         thread.join()
         return 1e6 * (time.perf_counter() - start) / iterations
 
@@ -133,37 +147,6 @@ def eglcuda_serial_steps(display, width: int, height: int, iterations: int) -> f
         elapsed = time.perf_counter() - start
         acquired.release()
         return 1e6 * elapsed / iterations
-
-
-def eglcuda_pipelined_steps(display, width: int, height: int, iterations: int) -> float:
-    """The pipelined loop with the loop steps: the producer presents and takes back in one call,
-    the consumer iterates ``consumer.frames()``."""
-    with display.create_stream(fifo_length=4) as stream:
-        consumer = stream.connect_cuda_consumer()
-        producer = stream.connect_cuda_producer(width, height)
-        pool = [producer.allocate_frame() for _ in range(6)]
-
-        def produce():
-            free = list(pool)
-            for _ in range(iterations):
-                while not free:
-                    back = producer.return_frame(100_000)
-                    if back is not None:
-                        free.append(back)
-                back = producer.present_and_return(free.pop())
-                if back is not None:
-                    free.append(back)
-
-        start = time.perf_counter()
-        thread = threading.Thread(target=produce)
-        thread.start()
-        got = 0
-        for _frame in consumer.frames():
-            got += 1
-            if got == iterations:
-                break
-        thread.join()
-        return 1e6 * (time.perf_counter() - start) / iterations
 
 
 # ---- PyOpenGL + cuda-python -------------------------------------------------------------------
@@ -320,8 +303,10 @@ def main() -> int:
                 cells["C"].append(run_c(binary, width, height, iterations, mode))
                 fn = eglcuda_serial if mode == "serial" else eglcuda_pipelined
                 cells["eglcuda"].append(fn(display, width, height, iterations))
-                fn = eglcuda_serial_steps if mode == "serial" else eglcuda_pipelined_steps
-                cells["eglcuda steps"].append(fn(display, width, height, iterations))
+                if mode == "serial":
+                    cells["eglcuda steps"].append(eglcuda_serial_steps(display, width, height, iterations))
+                else:
+                    cells["eglcuda steps"].append(eglcuda_pipelined(display, width, height, iterations, steps=True))
                 if stack is not None:
                     try:
                         cells["PyOpenGL+cuda-python"].append(getattr(stack, mode)(width, height, iterations))

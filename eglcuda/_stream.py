@@ -12,7 +12,7 @@ import os
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator, NoReturn
 
 from ._cuda import CudaDevice, check, cuda_error, get_device
 from ._display import Display
@@ -660,7 +660,10 @@ class CudaProducer:
             status = lib.eglcuda_producer_present(self._context, self._connection, frame._egl, stream)
             if status:
                 raise self.stream._driver_failure(status, "cuEGLStreamProducerPresentFrame", "presenting a frame", "consumer")
-            self._after_present(frame, key, known)
+            self._in_flight[key] = frame
+            self.frames_presented += 1
+            if not known:
+                self._first_present(frame, key)
 
     def return_frame(self, timeout_us: int = 0) -> Frame | None:
         """Take back a frame the consumer released: the same :class:`Frame` object that was
@@ -681,7 +684,10 @@ class CudaProducer:
             wait_us = 0 if self._reuse and in_flight == 1 else timeout_us
             status = lib.eglcuda_producer_return(self._context, self._connection, self._returned, self._return_stream,
                                                  wait_us, self._returned_key)
-            return self._after_return(status, wait_us)
+            if status:
+                return self._return_failed(status, wait_us)
+            frame = self._in_flight.pop(self._returned_key[0], None)
+            return frame if frame is not None else self._returned_unknown()
 
     def present_and_return(self, frame: Frame, cuda_stream: Any = None, timeout_us: int = 0) -> Frame | None:
         """:meth:`present` ``frame``, then :meth:`return_frame` (waiting up to ``timeout_us``),
@@ -699,8 +705,14 @@ class CudaProducer:
                 wait_us, self._returned_key, self._failed)
             if status and self._failed[0] == _FAILED_PRESENT:
                 raise self.stream._driver_failure(status, "cuEGLStreamProducerPresentFrame", "presenting a frame", "consumer")
-            self._after_present(frame, key, known)
-            return self._after_return(status, wait_us)
+            self._in_flight[key] = frame
+            self.frames_presented += 1
+            if not known:
+                self._first_present(frame, key)
+            if status:
+                return self._return_failed(status, wait_us)
+            back = self._in_flight.pop(self._returned_key[0], None)
+            return back if back is not None else self._returned_unknown()
 
     def _before_present(self, frame: Frame, cuda_stream: Any) -> tuple[Any, bool, Any]:
         """Checks before a present (lock held): (the frame's key, whether this producer has
@@ -718,32 +730,28 @@ class CudaProducer:
         stream[0] = ffi.cast("CUstream", stream_handle(cuda_stream))
         return key, known, stream
 
-    def _after_present(self, frame: Frame, key: Any, known: bool) -> None:
-        self._in_flight[key] = frame
-        self.frames_presented += 1
-        if not known:
-            if self.format is None:
-                self.format = frame.format
-            if self.layout is None:
-                self.layout = frame.layout
-            self._associated[key] = frame
-            frame._producer = self._weak_self
+    def _first_present(self, frame: Frame, key: Any) -> None:
+        """After this producer presented ``frame`` for the first time: fix the connection's format
+        and layout if they were open, and keep the frame associated."""
+        if self.format is None:
+            self.format = frame.format
+        if self.layout is None:
+            self.layout = frame.layout
+        self._associated[key] = frame
+        frame._producer = self._weak_self
 
-    def _after_return(self, status: int, waited_us: int) -> Frame | None:
-        """The frame a return call gave back (lock held), None for 'none yet', or the error."""
-        if status:
-            if status == _LAUNCH_TIMEOUT:
-                if waited_us and self.stream.state is StreamState.DISCONNECTED:
-                    # A consumer gone (its process may have died) never releases: say so.
-                    raise StreamDisconnected("the consumer disconnected from the stream: presented frames "
-                                             "will not come back")
-                return None
-            raise self.stream._driver_failure(status, "cuEGLStreamProducerReturnFrame", "taking back a frame", "consumer")
-        key = self._returned_key[0]
-        frame = self._in_flight.pop(key, None)
-        if frame is None:
-            raise UsageError(f"the driver returned a frame eglcuda did not present (plane 0 at 0x{key:x})")
-        return frame
+    def _return_failed(self, status: int, waited_us: int) -> None:
+        """A return call's failure (lock held): None for 'none yet', else the error."""
+        if status == _LAUNCH_TIMEOUT:
+            if waited_us and self.stream.state is StreamState.DISCONNECTED:
+                # A consumer gone (its process may have died) never releases: say so.
+                raise StreamDisconnected("the consumer disconnected from the stream: presented frames "
+                                         "will not come back")
+            return None
+        raise self.stream._driver_failure(status, "cuEGLStreamProducerReturnFrame", "taking back a frame", "consumer")
+
+    def _returned_unknown(self) -> NoReturn:
+        raise UsageError(f"the driver returned a frame eglcuda did not present (plane 0 at 0x{self._returned_key[0]:x})")
 
     def close(self) -> None:
         """Disconnect; every frame presented is then free to close. Safe to call twice."""

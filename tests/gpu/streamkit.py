@@ -33,3 +33,25 @@ def assert_frame_equals(acquired, expected: list[np.ndarray]) -> None:
         assert g.shape == e.shape, (index, g.shape, e.shape)
         mismatches = int(np.count_nonzero(g != e))
         assert mismatches == 0, f"plane {index}: {mismatches} of {g.size} bytes differ"
+
+
+def produce_payloads(producer, pool, payloads, errors: list, fused: bool = False) -> None:
+    """Producer-thread body: copy each payload into a free frame of ``pool`` and present it,
+    taking frames back as they come (``fused``: with present_and_return). Errors go to ``errors``."""
+    try:
+        free = list(pool)
+        for payload in payloads:
+            while not free:
+                back = producer.return_frame(timeout_us=100_000)
+                if back is not None:
+                    free.append(back)
+            frame = free.pop()
+            frame.planes[0].copy_from(payload)
+            if fused:
+                back = producer.present_and_return(frame)
+                if back is not None:
+                    free.append(back)
+            else:
+                producer.present(frame)
+    except Exception as exc:  # pragma: no cover - the test reports it
+        errors.append(exc)

@@ -13,7 +13,7 @@ import eglcuda
 from eglcuda import ColorFormat, Layout
 
 from ..conftest import require_extension
-from .streamkit import assert_frame_equals, connected, fill_random
+from .streamkit import assert_frame_equals, connected, fill_random, produce_payloads
 
 FORMATS = [ColorFormat.ARGB, ColorFormat.ABGR, ColorFormat.RGBA, ColorFormat.BGRA, ColorFormat.Y, ColorFormat.A,
            ColorFormat.YUV420_PLANAR, ColorFormat.NV12, ColorFormat.YUV444_PLANAR]
@@ -202,18 +202,7 @@ def test_producer_and_consumer_threads_fifo(display):
         frames = [producer.allocate_frame() for _ in range(6)]
 
         def produce():
-            try:
-                free = list(frames)
-                for payload in payloads:
-                    while not free:
-                        back = producer.return_frame(timeout_us=100_000)
-                        if back is not None:
-                            free.append(back)
-                    frame = free.pop()
-                    frame.planes[0].copy_from(payload)
-                    producer.present(frame)
-            except Exception as exc:  # pragma: no cover - reported below
-                errors.append(exc)
+            produce_payloads(producer, frames, payloads, errors)
 
         def consume():
             try:

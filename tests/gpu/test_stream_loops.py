@@ -13,7 +13,7 @@ import eglcuda
 from eglcuda import ColorFormat, Layout
 
 from ..conftest import require_extension
-from .streamkit import assert_frame_equals, connected, fill_random
+from .streamkit import assert_frame_equals, connected, fill_random, produce_payloads
 
 
 @pytest.fixture
@@ -69,20 +69,7 @@ def test_frames_iterator_threads_fifo_in_order(display):
         pool = [producer.allocate_frame() for _ in range(6)]
 
         def produce():
-            try:
-                free = list(pool)
-                for payload in payloads:
-                    while not free:
-                        back = producer.return_frame(timeout_us=100_000)
-                        if back is not None:
-                            free.append(back)
-                    frame = free.pop()
-                    frame.planes[0].copy_from(payload)
-                    back = producer.present_and_return(frame)
-                    if back is not None:
-                        free.append(back)
-            except Exception as exc:  # pragma: no cover - reported below
-                errors.append(exc)
+            produce_payloads(producer, pool, payloads, errors, fused=True)
 
         thread = threading.Thread(target=produce)
         thread.start()
