@@ -6,10 +6,13 @@ stacks run in this one invocation, interleaved per size, so their ratios share t
 
     python bench/stream_roundtrip.py [--quick] [--markdown docs/benchmarks.md]
 
-(1) C: bench/c/stream_roundtrip.c, built here with gcc, the same driver calls with no Python.
+(1) C: bench/c/stream_roundtrip.c, built here with gcc, the same driver calls with no Python; and
+    "C + counter", which also reads the stream's consumer frame counter after each acquire, as
+    eglcuda's consumer does by default (it is how AcquiredFrame.is_new tells new from old).
 (2) eglcuda: the public API (Stream, CudaProducer, CudaConsumer, Frame), with the four single calls
     (present, acquire, release, return_frame) and with the loop steps (present_and_return,
-    acquire_next / frames), which make the same driver calls in two crossings per frame.
+    acquire_next / frames), which make the same driver calls in two crossings per frame; and the
+    loop steps with frame_numbers=False ("bare"), exactly the C reference's driver calls.
 (3) What a Python user would write today: PyOpenGL's EGL bindings for the display and stream
     (they need a current context for extension calls) and cuda-python's driver bindings.
 """
@@ -88,11 +91,12 @@ def eglcuda_breakdown(display, width: int, height: int, iterations: int) -> dict
         return {name: 1e6 * statistics.median(values) for name, values in spent.items()}
 
 
-def eglcuda_pipelined(display, width: int, height: int, iterations: int, steps: bool = False) -> float:
+def eglcuda_pipelined(display, width: int, height: int, iterations: int, steps: bool = False,
+                      frame_numbers: bool = True) -> float:
     """Producer and consumer threads, FIFO 4. ``steps``: the producer presents and takes back in
     one call (present_and_return) and the consumer iterates ``consumer.frames()``."""
     with display.create_stream(fifo_length=4) as stream:
-        consumer = stream.connect_cuda_consumer()
+        consumer = stream.connect_cuda_consumer(frame_numbers=frame_numbers)
         producer = stream.connect_cuda_producer(width, height)
         pool = [producer.allocate_frame() for _ in range(6)]
 
@@ -126,11 +130,11 @@ def eglcuda_pipelined(display, width: int, height: int, iterations: int, steps: 
         return 1e6 * (time.perf_counter() - start) / iterations
 
 
-def eglcuda_serial_steps(display, width: int, height: int, iterations: int) -> float:
+def eglcuda_serial_steps(display, width: int, height: int, iterations: int, frame_numbers: bool = True) -> float:
     """The serial round trip written with the loop steps: present_and_return + acquire_next
     (two calls per frame instead of four; the same driver calls)."""
     with display.create_stream() as stream:
-        consumer = stream.connect_cuda_consumer()
+        consumer = stream.connect_cuda_consumer(frame_numbers=frame_numbers)
         producer = stream.connect_cuda_producer(width, height)
         free = [producer.allocate_frame() for _ in range(3)]
         warmup = iterations // 10 + 2
@@ -276,11 +280,67 @@ class Stack:
         return 1e6 * elapsed / iterations
 
 
+# Columns of the tables: what runs in each loop mode. "eglcuda" is the public API with its defaults
+# (four calls, frame numbers on); "steps" the loop steps; "bare" the loop steps with
+# frame_numbers=False, which makes exactly the C reference's driver calls.
+COLUMNS = ["C", "C + counter", "eglcuda", "eglcuda steps", "eglcuda steps, bare", "PyOpenGL+cuda-python"]
+# (label, numerator, denominator): each compares two stacks doing the same driver calls, except
+# the last, which compares eglcuda's default loop with the stack (which reads no frame counter).
+RATIOS = [("eglcuda / C+counter", "eglcuda", "C + counter"),
+          ("steps / C+counter", "eglcuda steps", "C + counter"),
+          ("bare / C", "eglcuda steps, bare", "C"),
+          ("stack / C", "PyOpenGL+cuda-python", "C"),
+          ("stack / bare", "PyOpenGL+cuda-python", "eglcuda steps, bare"),
+          ("stack / steps", "PyOpenGL+cuda-python", "eglcuda steps")]
+
+
+def measure(mode: str, binary, display, stack, width: int, height: int, iterations: int) -> dict:
+    """One run of every column for one size and loop mode (NaN where a column has no such loop)."""
+    nan = float("nan")
+    if mode == "serial":
+        runs = {
+            "C": lambda: run_c(binary, width, height, iterations, "serial"),
+            "C + counter": lambda: run_c(binary, width, height, iterations, "serial_counter"),
+            "eglcuda": lambda: eglcuda_serial(display, width, height, iterations),
+            "eglcuda steps": lambda: eglcuda_serial_steps(display, width, height, iterations),
+            "eglcuda steps, bare": lambda: eglcuda_serial_steps(display, width, height, iterations, frame_numbers=False),
+        }
+    else:
+        runs = {
+            "C": lambda: run_c(binary, width, height, iterations, "pipelined"),
+            "C + counter": lambda: nan,
+            "eglcuda": lambda: eglcuda_pipelined(display, width, height, iterations),
+            "eglcuda steps": lambda: eglcuda_pipelined(display, width, height, iterations, steps=True),
+            "eglcuda steps, bare": lambda: eglcuda_pipelined(display, width, height, iterations, steps=True,
+                                                             frame_numbers=False),
+        }
+    result = {name: run() for name, run in runs.items()}
+    result["PyOpenGL+cuda-python"] = getattr(stack, mode)(width, height, iterations) if stack is not None else nan
+    return result
+
+
+def markdown_tables(rows) -> str:
+    """The us/frame table (with eglcuda's frames/s) and the ratio table."""
+    def cell(value: float, digits: int) -> str:
+        return "n/a" if value != value else f"{value:.{digits}f}"
+
+    lines = ["| size | loop | " + " | ".join(f"{c} us/frame" for c in COLUMNS) + " | eglcuda steps frames/s |",
+             "|---|---|" + "---:|" * (len(COLUMNS) + 1)]
+    for size, mode, med in rows:
+        lines.append(f"| {size} | {mode} | " + " | ".join(cell(med[c], 2) for c in COLUMNS)
+                     + f" | {cell(1e6 / med['eglcuda steps'], 0)} |")
+    lines += ["", "| size | loop | " + " | ".join(label for label, _, _ in RATIOS) + " |",
+              "|---|---|" + "---:|" * len(RATIOS)]
+    for size, mode, med in rows:
+        lines.append(f"| {size} | {mode} | " + " | ".join(cell(med[a] / med[b], 3) for _, a, b in RATIOS) + " |")
+    return "\n".join(lines)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer iterations (the GPU check's setting)")
     parser.add_argument("--repeats", type=int, default=3, help="runs per cell; the median is reported")
-    parser.add_argument("--markdown", help="write the markdown table to this file")
+    parser.add_argument("--markdown", help="write the markdown tables to this file")
     parser.add_argument("--svg", help="write bar charts to this path; MODE in it becomes serial / pipelined")
     args = parser.parse_args()
     serial_n, pipe_n = (500, 500) if args.quick else (3000, 3000)
@@ -298,64 +358,46 @@ def main() -> int:
     rows = []
     for width, height in SIZES:
         for mode, iterations in (("serial", serial_n), ("pipelined", pipe_n)):
-            cells = {"C": [], "eglcuda": [], "eglcuda steps": [], "PyOpenGL+cuda-python": []}
+            cells: dict[str, list[float]] = {name: [] for name in COLUMNS}
             for _ in range(args.repeats):  # interleaved, so drift hits all of them alike
-                cells["C"].append(run_c(binary, width, height, iterations, mode))
-                fn = eglcuda_serial if mode == "serial" else eglcuda_pipelined
-                cells["eglcuda"].append(fn(display, width, height, iterations))
-                if mode == "serial":
-                    cells["eglcuda steps"].append(eglcuda_serial_steps(display, width, height, iterations))
-                else:
-                    cells["eglcuda steps"].append(eglcuda_pipelined(display, width, height, iterations, steps=True))
-                if stack is not None:
-                    try:
-                        cells["PyOpenGL+cuda-python"].append(getattr(stack, mode)(width, height, iterations))
-                    except Exception as exc:
-                        stack_error = f"{type(exc).__name__}: {exc}"
-                        stack = None
-            med = {k: statistics.median(v) if v else float("nan") for k, v in cells.items()}
-            rows.append((f"{width}x{height}", mode, iterations, med))
+                try:
+                    run = measure(mode, binary, display, stack, width, height, iterations)
+                except Exception as exc:
+                    if stack is None:
+                        raise
+                    stack_error, stack = f"{type(exc).__name__}: {exc}", None
+                    run = measure(mode, binary, display, stack, width, height, iterations)
+                for name, value in run.items():
+                    cells[name].append(value)
+            med = {k: statistics.median(v) for k, v in cells.items()}
+            rows.append((f"{width}x{height}", mode, med))
             if mode == "serial":
                 parts = eglcuda_breakdown(display, width, height, iterations)
                 print("  eglcuda per call (median us): " + ", ".join(f"{k} {v:.2f}" for k, v in parts.items()))
-            print(f"{width}x{height} {mode:9s} C {med['C']:7.2f} us  eglcuda {med['eglcuda']:7.2f} us "
-                  f"(x{med['eglcuda'] / med['C']:.3f})  steps {med['eglcuda steps']:7.2f} us "
-                  f"(x{med['eglcuda steps'] / med['C']:.3f})  stack {med['PyOpenGL+cuda-python']:7.2f} us "
-                  f"(x{med['PyOpenGL+cuda-python'] / med['C']:.3f})", flush=True)
+            print(f"{width}x{height} {mode:9s} " + "  ".join(f"{k} {v:.2f}" for k, v in med.items()), flush=True)
     display.close()
 
-    header = ("| size | loop | C us/frame | eglcuda us/frame | eglcuda / C | eglcuda steps us/frame | steps / C "
-              "| PyOpenGL+cuda-python us/frame | stack / C | eglcuda steps frames/s |\n"
-              "|---|---|---|---|---|---|---|---|---|---|")
-    lines = [header]
-    for size, mode, iterations, med in rows:
-        lines.append(f"| {size} | {mode} | {med['C']:.2f} | {med['eglcuda']:.2f} | {med['eglcuda'] / med['C']:.3f} "
-                     f"| {med['eglcuda steps']:.2f} | {med['eglcuda steps'] / med['C']:.3f} "
-                     f"| {med['PyOpenGL+cuda-python']:.2f} | {med['PyOpenGL+cuda-python'] / med['C']:.3f} "
-                     f"| {1e6 / med['eglcuda steps']:.0f} |")
-    table = "\n".join(lines)
-    print(table)
+    tables = markdown_tables(rows)
+    print(tables)
     if stack_error:
         print(f"PyOpenGL+cuda-python stack failed: {stack_error}")
-    worst_serial = max(m["eglcuda"] / m["C"] for _, mode, _, m in rows if mode == "serial")
-    worst_steps = max(m["eglcuda steps"] / m["C"] for _, mode, _, m in rows if mode == "serial")
-    vs_stack = [m["PyOpenGL+cuda-python"] / m["eglcuda"] for _, _, _, m in rows if m["PyOpenGL+cuda-python"] == m["PyOpenGL+cuda-python"]]
-    print(f"SUMMARY serial eglcuda/C worst x{worst_serial:.3f}, with loop steps x{worst_steps:.3f}; stack/eglcuda "
-          + (f"x{min(vs_stack):.2f}..x{max(vs_stack):.2f}" if vs_stack else f"n/a ({stack_error})"))
+    serial = [med for _, mode, med in rows if mode == "serial"]
+    summary = {label: max(m[a] / m[b] for m in serial) for label, a, b in RATIOS[:3]}
+    vs_stack = [m["PyOpenGL+cuda-python"] / m["eglcuda steps, bare"] for _, _, m in rows]
+    print("SUMMARY serial worst " + ", ".join(f"{k} x{v:.3f}" for k, v in summary.items())
+          + "; stack/bare " + (f"x{min(vs_stack):.2f}..x{max(vs_stack):.2f}" if stack_error is None else f"n/a ({stack_error})"))
     if args.markdown:
-        path = pathlib.Path(args.markdown)
-        path.write_text(table + "\n")
+        pathlib.Path(args.markdown).write_text(tables + "\n")
     if args.svg:
         sys.path.insert(0, str(HERE))
         from svgplot import grouped_bars
 
         for mode in ("serial", "pipelined"):
-            picked = [(size, med) for size, m, _, med in rows if m == mode]
+            picked = [(size, med) for size, m, med in rows if m == mode]
+            names = [c for c in COLUMNS if all(med[c] == med[c] for _, med in picked)]
             grouped_bars(pathlib.Path(args.svg.replace("MODE", mode)),
                          f"EGLStream CUDA->CUDA, {mode} loop: us per frame (lower is better)", "us/frame",
-                         [size for size, _ in picked],
-                         {name: [med[name] for _, med in picked]
-                          for name in ("C", "eglcuda", "eglcuda steps", "PyOpenGL+cuda-python")})
+                         [size for size, _ in picked], {name: [med[name] for _, med in picked] for name in names})
     return 0
 
 

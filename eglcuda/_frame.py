@@ -22,6 +22,7 @@ from ._formats import (
     default_pitch,
     plane_geometry,
 )
+from ._hotpath import AcquiredCore
 from ._interop import DL_CUDA, dlpack_stream, foreign_device_pointer, make_capsule, stream_handle
 from ._native import ffi, lib
 
@@ -404,6 +405,7 @@ class Frame(_FrameBase):
         egl.eglColorFormat = int(format)
         egl.cuFormat = lib.CU_AD_FORMAT_UNSIGNED_INT8
         self._egl = egl
+        self._egl_address = int(ffi.cast("uintptr_t", egl))  # what the producer's C present passes
         self.key = plane_addresses[0]  # how a returned CUeglFrame is matched to this object
         self._finalizer = weakref.finalize(self, _free_frame, device.ordinal, layout,
                                            addresses if owned else (), None if owned else keep, memory)
@@ -602,7 +604,7 @@ class Frame(_FrameBase):
         return f"<Frame {self.width}x{self.height} {self.format.name} {self.layout.value}{memory}{state}>"
 
 
-class AcquiredFrame(_FrameBase):
+class AcquiredFrame(AcquiredCore, _FrameBase):
     """A frame the CUDA consumer acquired: a read-only view of the producer's data, valid until
     :meth:`release` (or the end of a ``with`` block). After release every access raises.
 
@@ -610,21 +612,20 @@ class AcquiredFrame(_FrameBase):
     it is a frame not seen before: when no new frame arrives within the acquire timeout, the driver
     hands back the previous one again (``is_new`` False). Both are None when the consumer was
     connected with ``frame_numbers=False``.
+
+    Only the consumer makes these (its C acquire fills the base class's fields, see
+    csrc/hotpath.c); ``release`` is the base class's C method.
     """
 
     read_only = True
-    __slots__ = ("_consumer", "_egl", "_resource", "number", "is_new", "_released", "_planes_cache")
+    __slots__ = ()
+    _consumer: CudaConsumer  # the base class's field
 
-    def __init__(self, consumer: "CudaConsumer", egl, resource, number: int | None, is_new: bool | None) -> None:
-        # The per-frame path: store references only. The consumer's CUeglFrame buffer stays valid
-        # while this frame is held (one frame at a time), so fields are read when asked for.
-        self._consumer = consumer
-        self._egl = egl
-        self._resource = resource
-        self.number = number
-        self.is_new = is_new
-        self._released = False
-        self._planes_cache = None
+    @property
+    def _egl(self):
+        # The consumer's CUeglFrame buffer stays valid while this frame is held (one frame at a
+        # time), so fields are read when asked for.
+        return self._consumer._egl_frame
 
     @property
     def device(self) -> CudaDevice:  # type: ignore[override]
@@ -675,10 +676,6 @@ class AcquiredFrame(_FrameBase):
     def _check_usable(self) -> None:
         if self._released:
             raise ClosedError("the frame was released back to the stream; acquire a new one")
-
-    def release(self) -> None:
-        """Give the frame back to the stream. Raises :class:`ClosedError` if already released."""
-        self._consumer._release(self)
 
     def __enter__(self) -> "AcquiredFrame":
         return self

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import enum
 import os
-import threading
 import time
 import weakref
 from typing import TYPE_CHECKING, Any, Iterator, NoReturn
@@ -20,6 +19,8 @@ from ._egl import address, egl_error, int_attribs
 from ._errors import ClosedError, EGLError, StreamDisconnected, Timeout, Unsupported, UsageError
 from ._formats import ColorFormat, Layout, check_size, color_format
 from ._frame import AcquiredFrame, Frame
+from . import _hotpath
+from ._hotpath import ConsumerCore, ProducerCore
 from ._interop import stream_handle
 from ._native import ffi, lib
 
@@ -35,7 +36,11 @@ _CALL_NAMES = {0: "cuCtxSetCurrent", 1: "cuEGLStreamConsumerAcquireFrame",
                2: "cuGraphicsResourceGetMappedEglFrame", 3: "eglQueryStreamu64KHR",
                4: "cuEGLStreamConsumerReleaseFrame", 5: "cuEGLStreamProducerPresentFrame",
                6: "cuEGLStreamProducerReturnFrame"}
-_FAILED_COUNTER, _FAILED_RELEASE, _FAILED_PRESENT = 3, 4, 5
+
+# The C methods of the endpoints (csrc/hotpath.c) call the fused helpers of csrc/helpers.c.
+_hotpath.bind(tuple(address(ffi.addressof(lib, name)) for name in (
+    "eglcuda_producer_present", "eglcuda_producer_return", "eglcuda_producer_present_return",
+    "eglcuda_consumer_acquire", "eglcuda_consumer_next", "eglcuda_consumer_release")))
 
 
 class StreamState(enum.IntEnum):
@@ -367,12 +372,15 @@ def _disconnect(ordinal: int, which: str, connection, cuda_stream: int, own_stre
         pass
 
 
-class CudaConsumer:
+class CudaConsumer(ConsumerCore):
     """CUDA as the consumer of a stream. Made by :meth:`Stream.connect_cuda_consumer`.
 
     Holds at most one acquired frame at a time (the driver's rule): release it before the next
     :meth:`acquire`. Work on an acquired frame belongs on :attr:`cuda_stream`, which the driver
     orders after the producer's work on the frame (implicit synchronization).
+
+    The per-frame calls (:meth:`acquire`, :meth:`acquire_next`, :meth:`AcquiredFrame.release`)
+    are C methods of the base class (csrc/hotpath.c); the rare paths they call back into are here.
     """
 
     def __init__(self, stream: Stream, device: int | CudaDevice | None, cuda_stream: Any,
@@ -406,57 +414,18 @@ class CudaConsumer:
         self.location = location
         self._finalizer = weakref.finalize(self, _disconnect, self.device.ordinal, "consumer", self._connection,
                                            self.cuda_stream, self._own_stream)
-        self._connected = True  # a plain flag: the per-frame path reads it instead of the finalizer
         # Reused by every acquire: the per-frame path allocates no C memory.
         self._resource = ffi.new("CUgraphicsResource *")
         self._egl_frame = ffi.new("CUeglFrame *")
-        self._counter = ffi.new("EGLuint64KHR *")
-        self._failed = ffi.new("int *")
         self.frame_numbers = bool(frame_numbers)
-        self._use_counter = self.frame_numbers
-        self._dpy = stream.display.handle
-        self._egl_stream = stream.handle
-        self._last_number: int | None = None
-        self._held: AcquiredFrame | None = None
-        self._producer_seen = False  # until a producer connects, acquire must not reach the driver
-        self._lock = threading.Lock()
-        self.frames_acquired = 0
+        self._bind(address(self._context), address(self._connection), address(self._resource),
+                   address(self._cu_stream), address(self._egl_frame), address(stream.display.handle),
+                   address(stream.handle), self.frame_numbers, AcquiredFrame)
         stream.consumer = self
 
     @property
     def closed(self) -> bool:
         return not self._finalizer.alive or self.stream.closed
-
-    def acquire(self, timeout_us: int = DEFAULT_ACQUIRE_TIMEOUT_US) -> AcquiredFrame:
-        """Acquire the next frame, waiting up to ``timeout_us`` microseconds for a new one.
-
-        If none arrives in time but the stream holds an earlier frame, the driver hands that one
-        back again: the result's ``is_new`` is False. With no frame at all, raises
-        :class:`Timeout`; once the producer is gone, :class:`StreamDisconnected`. The wait
-        releases the GIL.
-        """
-        if type(timeout_us) is not int or not 0 <= timeout_us <= 0x7FFFFFFF:
-            _check_us("timeout_us", timeout_us, allow_none=False)
-        with self._lock:
-            # Closing the stream or display closes this consumer first, so one flag suffices.
-            if not self._connected:
-                raise ClosedError("the consumer is disconnected (or its stream closed)")
-            if self._held is not None:
-                raise UsageError("the consumer still holds a frame: release it before acquiring another "
-                                 "(or use acquire_next, which does both)")
-            return self._acquire_locked(timeout_us, None)
-
-    def acquire_next(self, timeout_us: int = DEFAULT_ACQUIRE_TIMEOUT_US) -> AcquiredFrame:
-        """Release the frame this consumer holds (if any), then :meth:`acquire` the next one, in
-        a single call into the driver layer: the step of a consumer loop, cheaper than
-        ``release()`` + ``acquire()``. The released frame is unusable afterwards, as after
-        :meth:`AcquiredFrame.release`."""
-        if type(timeout_us) is not int or not 0 <= timeout_us <= 0x7FFFFFFF:
-            _check_us("timeout_us", timeout_us, allow_none=False)
-        with self._lock:
-            if not self._connected:
-                raise ClosedError("the consumer is disconnected (or its stream closed)")
-            return self._acquire_locked(timeout_us, self._held)
 
     def frames(self, timeout_us: int = DEFAULT_ACQUIRE_TIMEOUT_US) -> Iterator[AcquiredFrame]:
         """Iterate over acquired frames until the producer disconnects. Each step releases the
@@ -474,47 +443,44 @@ class CudaConsumer:
             if held is not None and self._connected:
                 held.release()
 
-    def _acquire_locked(self, timeout_us: int, held: AcquiredFrame | None) -> AcquiredFrame:
-        """acquire / acquire_next with the lock held; ``held`` is released first."""
-        if not self._producer_seen:
-            timeout_us = self._wait_for_producer(timeout_us)
-        dpy = self._dpy if self._use_counter else ffi.NULL
-        if held is None:
-            status = lib.eglcuda_consumer_acquire(
-                self._context, self._connection, self._resource, self._cu_stream, timeout_us, self._egl_frame,
-                dpy, self._egl_stream, self._counter, self._failed)
-        else:
-            held._released = True  # as in _release: the stream owns it from here on
-            self._held = None
-            status = lib.eglcuda_consumer_next(
-                self._context, self._connection, held._resource, self._resource, self._cu_stream, timeout_us,
-                self._egl_frame, dpy, self._egl_stream, self._counter, self._failed)
-        if status:
-            failed = self._failed[0]
-            if failed == _FAILED_COUNTER:  # the counter query failed; the frame is acquired and mapped
-                lib.eglGetError()
-                self._use_counter = False
-            elif failed == _FAILED_RELEASE:
-                raise cuda_error(status, "cuEGLStreamConsumerReleaseFrame", "releasing a frame")
-            else:
-                call = _CALL_NAMES[failed]
-                raise self.stream._driver_failure(status, call, "acquiring a frame", "producer",
-                                                  timeout_us if call == "cuEGLStreamConsumerAcquireFrame" else None)
-        if self._use_counter:
-            number = int(self._counter[0])
-            is_new = number != self._last_number
-            self._last_number = number
-            if not is_new and self.stream.state is StreamState.DISCONNECTED:
-                # The stream hands out its last frame forever once the producer is gone (its
-                # process may have died): say so instead of repeating a frame that never changes.
-                lib.eglcuda_consumer_release(self._context, self._connection, self._resource[0], self._cu_stream)
-                raise StreamDisconnected(f"the producer disconnected from the stream (last frame {number})")
-        else:
-            number = is_new = None
-        frame = AcquiredFrame(self, self._egl_frame, self._resource[0], number, is_new)
-        self._held = frame
-        self.frames_acquired += 1
-        return frame
+    # ---- the rare paths of the C methods (each called with the consumer's lock held) ----------
+    def _timeout(self, value: Any) -> int:
+        _check_us("timeout_us", value, allow_none=False)
+        return int(value)
+
+    def _fail_closed(self) -> NoReturn:
+        raise ClosedError("the consumer is disconnected (or its stream closed)")
+
+    def _fail_held(self) -> NoReturn:
+        raise UsageError("the consumer still holds a frame: release it before acquiring another "
+                         "(or use acquire_next, which does both)")
+
+    def _fail_released(self) -> NoReturn:
+        raise ClosedError("the frame was already released")
+
+    def _fail_foreign(self) -> NoReturn:
+        raise UsageError("this frame does not belong to this consumer")
+
+    def _counter_failed(self) -> None:
+        """The frame-counter query failed (the frame is acquired and mapped): go on without it."""
+        lib.eglGetError()
+        self._use_counter = False
+
+    def _release_failed(self, status: int) -> NoReturn:
+        raise cuda_error(status, "cuEGLStreamConsumerReleaseFrame", "releasing a frame")
+
+    def _acquire_failed(self, status: int, failed_call: int, timeout_us: int) -> NoReturn:
+        call = _CALL_NAMES[failed_call]
+        raise self.stream._driver_failure(status, call, "acquiring a frame", "producer",
+                                          timeout_us if call == "cuEGLStreamConsumerAcquireFrame" else None)
+
+    def _check_disconnected(self, number: int) -> None:
+        """A frame handed out again (not new): if the producer is gone, release it and say so."""
+        if self.stream.state is StreamState.DISCONNECTED:
+            # The stream hands out its last frame forever once the producer is gone (its process
+            # may have died): say so instead of repeating a frame that never changes.
+            lib.eglcuda_consumer_release(self._context, self._connection, self._resource[0], self._cu_stream)
+            raise StreamDisconnected(f"the producer disconnected from the stream (last frame {number})")
 
     def _wait_for_producer(self, timeout_us: int) -> int:
         """Wait, without the driver, until a producer connects; returns the time left.
@@ -534,27 +500,11 @@ class CudaConsumer:
                 raise Timeout(f"no producer connected within {timeout_us} us (stream CONNECTING)")
             time.sleep(min(0.001, left))
 
-    def _release(self, frame: AcquiredFrame) -> None:
-        with self._lock:
-            if frame is not self._held:
-                if frame._released:
-                    raise ClosedError("the frame was already released")
-                raise UsageError("this frame does not belong to this consumer")
-            frame._released = True
-            self._held = None
-            status = lib.eglcuda_consumer_release(self._context, self._connection, frame._resource, self._cu_stream)
-            if status:
-                raise cuda_error(status, "cuEGLStreamConsumerReleaseFrame", "releasing a frame")
-
     def close(self) -> None:
         """Release a held frame and disconnect. Safe to call twice."""
         if not self._finalizer.alive:
             return
-        with self._lock:
-            self._connected = False
-            if self._held is not None:
-                self._held._released = True
-                self._held = None
+        self._shut()
         self._finalizer()
 
     disconnect = close
@@ -566,7 +516,7 @@ class CudaConsumer:
         self.close()
 
 
-class CudaProducer:
+class CudaProducer(ProducerCore):
     """CUDA as the producer of a stream. Made by :meth:`Stream.connect_cuda_producer`.
 
     :meth:`present` checks each frame against the connection (size, format, layout) before the
@@ -574,6 +524,9 @@ class CudaProducer:
     the stream until :meth:`return_frame` gives them back (at most 64 in flight); the driver also
     keeps every frame ever presented associated with the stream until the producer disconnects,
     so this producer keeps them alive until then.
+
+    The per-frame calls (:meth:`present`, :meth:`return_frame`, :meth:`present_and_return`) are
+    C methods of the base class (csrc/hotpath.c); the rare paths they call back into are here.
     """
 
     def __init__(self, stream: Stream, width: int, height: int, device: int | CudaDevice | None,
@@ -591,23 +544,15 @@ class CudaProducer:
         check(lib.cuEGLStreamProducerConnect(self._connection, stream.handle, width, height),
               "cuEGLStreamProducerConnect", "connecting the CUDA producer")
         self._finalizer = weakref.finalize(self, _disconnect, self.device.ordinal, "producer", self._connection, 0, False)
-        self._connected = True  # a plain flag: the per-frame path reads it instead of the finalizer
-        self._in_flight: dict[int, Frame] = {}
-        # Every frame ever presented, by plane-0 address: the driver keeps them associated with the
-        # stream until disconnect, and Frame.close refuses meanwhile, so a frame found here is
-        # known to be open and to match the connection (checked once, on first present).
-        self._associated: dict[int, Frame] = {}
+        # The base class keeps the frames in flight (_in_flight) and every frame ever presented
+        # (_associated), by plane-0 address: the driver keeps them associated with the stream until
+        # disconnect, and Frame.close refuses meanwhile, so a frame found there is known to be open
+        # and to match the connection (checked once, on first present).
         self._returned = ffi.new("CUeglFrame *")
-        self._returned_key = ffi.new("unsigned long long *")
-        self._default_stream = ffi.new("CUstream *")  # holds NULL: the legacy default stream
-        self._present_stream = ffi.new("CUstream *")
-        self._return_stream = ffi.new("CUstream *")
-        self._failed = ffi.new("int *")
         self._context = self.device.context
         self._weak_self = weakref.ref(self)
-        self._reuse = stream.reuse_last_frame
-        self._lock = threading.Lock()
-        self.frames_presented = 0
+        self._bind(address(self._context), address(self._connection), address(self._returned),
+                   stream.reuse_last_frame)
         stream.producer = self
 
     @property
@@ -651,84 +596,18 @@ class CudaProducer:
             raise UsageError(f"{MAX_FRAMES_IN_FLIGHT} frames are in flight (the driver's limit): "
                              "return_frame() one before presenting another")
 
-    def present(self, frame: Frame, cuda_stream: Any = None) -> None:
-        """Hand ``frame`` to the consumer. ``cuda_stream`` is where the work writing the frame was
-        queued (None: the legacy default stream); the consumer's work is ordered after it without
-        blocking this thread."""
-        with self._lock:
-            key, known, stream = self._before_present(frame, cuda_stream)
-            status = lib.eglcuda_producer_present(self._context, self._connection, frame._egl, stream)
-            if status:
-                raise self.stream._driver_failure(status, "cuEGLStreamProducerPresentFrame", "presenting a frame", "consumer")
-            self._in_flight[key] = frame
-            self.frames_presented += 1
-            if not known:
-                self._first_present(frame, key)
+    # ---- the rare paths of the C methods (each called with the producer's lock held) ----------
+    _stream_handle = staticmethod(stream_handle)
 
-    def return_frame(self, timeout_us: int = 0) -> Frame | None:
-        """Take back a frame the consumer released: the same :class:`Frame` object that was
-        presented, or None if none came back within ``timeout_us`` microseconds.
+    def _timeout(self, value: Any) -> int:
+        _check_us("timeout_us", value, allow_none=False)
+        return int(value)
 
-        None is also the documented answer while the stream keeps the newest frame for its
-        consumer (reuse on, the default): that frame comes back only after another is presented,
-        so with one frame in flight this returns None at once instead of waiting. The wait
-        releases the GIL."""
-        if type(timeout_us) is not int or not 0 <= timeout_us <= 0x7FFFFFFF:
-            _check_us("timeout_us", timeout_us, allow_none=False)
-        with self._lock:
-            if not self._connected:
-                raise ClosedError("the producer is disconnected (or its stream closed)")
-            in_flight = len(self._in_flight)
-            if not in_flight:
-                return None
-            wait_us = 0 if self._reuse and in_flight == 1 else timeout_us
-            status = lib.eglcuda_producer_return(self._context, self._connection, self._returned, self._return_stream,
-                                                 wait_us, self._returned_key)
-            if status:
-                return self._return_failed(status, wait_us)
-            frame = self._in_flight.pop(self._returned_key[0], None)
-            return frame if frame is not None else self._returned_unknown()
+    def _fail_closed(self) -> NoReturn:
+        raise ClosedError("the producer is disconnected (or its stream closed)")
 
-    def present_and_return(self, frame: Frame, cuda_stream: Any = None, timeout_us: int = 0) -> Frame | None:
-        """:meth:`present` ``frame``, then :meth:`return_frame` (waiting up to ``timeout_us``),
-        in a single call into the driver layer: the step of a producer that cycles a ring of
-        frames, cheaper than the two calls. Returns the frame taken back, or None."""
-        if type(timeout_us) is not int or not 0 <= timeout_us <= 0x7FFFFFFF:
-            _check_us("timeout_us", timeout_us, allow_none=False)
-        with self._lock:
-            key, known, stream = self._before_present(frame, cuda_stream)
-            # After this present, the stream keeps the newest frame: with reuse on and nothing
-            # else in flight, nothing can come back, so one try is enough.
-            wait_us = 0 if self._reuse and not self._in_flight else timeout_us
-            status = lib.eglcuda_producer_present_return(
-                self._context, self._connection, frame._egl, stream, self._returned, self._return_stream,
-                wait_us, self._returned_key, self._failed)
-            if status and self._failed[0] == _FAILED_PRESENT:
-                raise self.stream._driver_failure(status, "cuEGLStreamProducerPresentFrame", "presenting a frame", "consumer")
-            self._in_flight[key] = frame
-            self.frames_presented += 1
-            if not known:
-                self._first_present(frame, key)
-            if status:
-                return self._return_failed(status, wait_us)
-            back = self._in_flight.pop(self._returned_key[0], None)
-            return back if back is not None else self._returned_unknown()
-
-    def _before_present(self, frame: Frame, cuda_stream: Any) -> tuple[Any, bool, Any]:
-        """Checks before a present (lock held): (the frame's key, whether this producer has
-        presented it before, the CUstream box to pass)."""
-        if not self._connected:
-            raise ClosedError("the producer is disconnected (or its stream closed)")
-        key = getattr(frame, "key", None)
-        known = self._associated.get(key) is frame
-        # A frame's geometry never changes: check it fully the first time this producer sees it.
-        if not known or key in self._in_flight or len(self._in_flight) >= MAX_FRAMES_IN_FLIGHT:
-            self._check_frame(frame)
-        if cuda_stream is None:
-            return key, known, self._default_stream
-        stream = self._present_stream
-        stream[0] = ffi.cast("CUstream", stream_handle(cuda_stream))
-        return key, known, stream
+    def _present_failed(self, status: int) -> NoReturn:
+        raise self.stream._driver_failure(status, "cuEGLStreamProducerPresentFrame", "presenting a frame", "consumer")
 
     def _first_present(self, frame: Frame, key: Any) -> None:
         """After this producer presented ``frame`` for the first time: fix the connection's format
@@ -757,8 +636,7 @@ class CudaProducer:
         """Disconnect; every frame presented is then free to close. Safe to call twice."""
         if not self._finalizer.alive:
             return
-        with self._lock:
-            self._connected = False
+        self._shut()
         self._finalizer()
         self._in_flight.clear()
         self._associated.clear()

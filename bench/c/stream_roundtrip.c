@@ -1,8 +1,10 @@
 /* C reference for bench/stream_roundtrip.py: the same driver calls eglcuda makes, with no Python.
  *
- *   stream_roundtrip WIDTH HEIGHT ITERATIONS serial|pipelined|breakdown
+ *   stream_roundtrip WIDTH HEIGHT ITERATIONS serial|serial_counter|pipelined|breakdown
  * prints "us_per_frame=<float> fps=<float>"; breakdown also prints the median microseconds of each
  * call of the serial loop ("present=... acquire=... map=... release=... return=...").
+ * serial_counter adds what eglcuda's consumer does by default after each acquire: read the
+ * stream's consumer frame counter (eglQueryStreamu64KHR), which tells a new frame from an old one.
  *
  * Types come from eglcuda's own declarations (csrc/); libEGL and libcuda are opened at run time
  * like eglcuda does, so the build needs neither headers nor link libraries. */
@@ -21,7 +23,7 @@
 
 #define FN(name) static __typeof__(&name) p_##name
 FN(eglGetProcAddress); FN(eglGetPlatformDisplay); FN(eglInitialize); FN(eglQueryDevicesEXT);
-FN(eglQueryDeviceAttribEXT); FN(eglCreateStreamKHR); FN(eglDestroyStreamKHR);
+FN(eglQueryDeviceAttribEXT); FN(eglCreateStreamKHR); FN(eglDestroyStreamKHR); FN(eglQueryStreamu64KHR);
 FN(cuInit); FN(cuDeviceGet); FN(cuDevicePrimaryCtxRetain); FN(cuCtxSetCurrent); FN(cuMemAlloc);
 FN(cuStreamCreate); FN(cuEGLStreamConsumerConnect); FN(cuEGLStreamProducerConnect);
 FN(cuEGLStreamConsumerAcquireFrame); FN(cuGraphicsResourceGetMappedEglFrame); FN(cuEGLStreamConsumerReleaseFrame);
@@ -67,16 +69,18 @@ static void *produce(void *unused)
 
 int main(int argc, char **argv)
 {
-    if (argc != 5) { fprintf(stderr, "usage: %s WIDTH HEIGHT ITERATIONS serial|pipelined\n", argv[0]); return 2; }
+    if (argc != 5) { fprintf(stderr, "usage: %s WIDTH HEIGHT ITERATIONS serial|serial_counter|pipelined|breakdown\n", argv[0]); return 2; }
     int width = atoi(argv[1]), height = atoi(argv[2]);
     iterations = atoi(argv[3]);
     int pipelined = strcmp(argv[4], "pipelined") == 0;
     int breakdown = strcmp(argv[4], "breakdown") == 0;
+    int counter = strcmp(argv[4], "serial_counter") == 0;
     void *egl = must(dlopen("libEGL.so.1", RTLD_NOW), "libEGL.so.1");
     void *cuda = must(dlopen("libcuda.so.1", RTLD_NOW), "libcuda.so.1");
     LOAD(egl, eglGetProcAddress, "eglGetProcAddress"); LOAD(egl, eglGetPlatformDisplay, "eglGetPlatformDisplay");
     LOAD(egl, eglInitialize, "eglInitialize");
     LOADX(eglQueryDevicesEXT); LOADX(eglQueryDeviceAttribEXT); LOADX(eglCreateStreamKHR); LOADX(eglDestroyStreamKHR);
+    LOADX(eglQueryStreamu64KHR);
     LOAD(cuda, cuInit, "cuInit"); LOAD(cuda, cuDeviceGet, "cuDeviceGet");
     LOAD(cuda, cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain"); LOAD(cuda, cuCtxSetCurrent, "cuCtxSetCurrent");
     LOAD(cuda, cuMemAlloc, "cuMemAlloc_v2"); LOAD(cuda, cuStreamCreate, "cuStreamCreate");
@@ -124,6 +128,7 @@ int main(int argc, char **argv)
     CHECK(p_cuStreamCreate(&consumer_stream, 0));
     CUgraphicsResource resource;
     CUeglFrame mapped, back;
+    EGLuint64KHR consumer_frame = 0;
     CUstream producer_stream = NULL;
     double start = 0;
     if (breakdown) {
@@ -160,6 +165,10 @@ int main(int argc, char **argv)
             CHECK(p_cuEGLStreamProducerPresentFrame(&producer, frames[i % 2], &producer_stream));
             CHECK(p_cuEGLStreamConsumerAcquireFrame(&consumer, &resource, &consumer_stream, 1000000));
             CHECK(p_cuGraphicsResourceGetMappedEglFrame(&mapped, resource, 0, 0));
+            if (counter && !p_eglQueryStreamu64KHR(dpy, stream, EGL_CONSUMER_FRAME_KHR, &consumer_frame)) {
+                fprintf(stderr, "eglQueryStreamu64KHR failed\n");
+                exit(1);
+            }
             CHECK(p_cuEGLStreamConsumerReleaseFrame(&consumer, resource, &consumer_stream));
             if (i > 0) {  /* the stream keeps the newest frame: the previous one comes back */
                 CUresult r;

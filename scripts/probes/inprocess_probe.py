@@ -9,7 +9,7 @@ from eglcuda._native import ffi
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
-from stream_roundtrip import build_c, run_c, eglcuda_serial  # noqa: E402
+from stream_roundtrip import build_c, run_c, eglcuda_serial, eglcuda_serial_steps  # noqa: E402
 from stream_profile import raw_loop, session  # noqa: E402
 
 W, H, N = 1920, 1080, 3000
@@ -41,6 +41,8 @@ cases = {
     "C in process, write 64KB/call": lambda: inproc(display, 0, 64),
     "raw cffi": lambda: raw_loop(display, N, False),
     "api default": lambda: eglcuda_serial(display, W, H, N),
+    "api steps": lambda: eglcuda_serial_steps(display, W, H, N),
+    "api steps, frame_numbers off": lambda: eglcuda_serial_steps(display, W, H, N, frame_numbers=False),
 }
 res = {k: [] for k in cases}
 for _ in range(5):

@@ -1,0 +1,918 @@
+/* eglcuda._hotpath: the per-frame calls of the CUDA stream endpoints as CPython methods.
+ *
+ * Why C: on the stream's serial round trip every microsecond of Python between two driver calls
+ * costs at least a microsecond per frame (docs/benchmarks.md), and the interpreter work of a
+ * Python method (call, lock, attribute loads, checks, the result object) is most of what
+ * separated eglcuda from the C reference. The base types here hold the per-frame state and make
+ * the common case without running Python code; everything rare (first present of a frame, bad
+ * input, driver failures, closing) calls back into the Python subclass in eglcuda/_stream.py,
+ * which keeps the checks, the messages and the documentation.
+ *
+ * The driver calls go through the fused helpers of csrc/helpers.c, compiled into the cffi module
+ * eglcuda._native; their addresses are handed over once by bind(). Handles are void * here: the
+ * helpers take pointers (CUcontext, CUeglStreamConnection *, boxes) and return CUresult, an int. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+#include <stdint.h>
+
+typedef int (*present_fn)(void *ctx, void *conn, const void *frame, void *stream_box);
+typedef int (*return_fn)(void *ctx, void *conn, void *frame, void *stream_box, unsigned long long timeout_us,
+                         unsigned long long *plane0);
+typedef int (*present_return_fn)(void *ctx, void *conn, const void *presented, void *present_stream_box, void *back,
+                                 void *return_stream_box, unsigned long long timeout_us, unsigned long long *plane0,
+                                 int *failed_call);
+typedef int (*acquire_fn)(void *ctx, void *conn, void *resource_box, void *stream_box, unsigned int timeout_us,
+                          void *frame, void *dpy, void *egl_stream, uint64_t *consumer_frame, int *failed_call);
+typedef int (*next_fn)(void *ctx, void *conn, void *held, void *resource_box, void *stream_box, unsigned int timeout_us,
+                       void *frame, void *dpy, void *egl_stream, uint64_t *consumer_frame, int *failed_call);
+typedef int (*release_fn)(void *ctx, void *conn, void *resource, void *stream_box);
+
+static struct {
+    present_fn present;
+    return_fn return_frame;
+    present_return_fn present_return;
+    acquire_fn acquire;
+    next_fn next;
+    release_fn release;
+} driver;
+
+/* The helpers' failed_call codes (csrc/helpers.c). */
+enum { CALL_COUNTER = 3, CALL_RELEASE = 4, CALL_PRESENT = 5 };
+#define MAX_FRAMES_IN_FLIGHT 64
+#define MAX_TIMEOUT_US 0x7FFFFFFFLL
+
+/* Names of the Python subclass's slow-path methods and attributes, interned once. */
+static PyObject *s_key, *s_egl_address, *s_check_frame, *s_stream_handle, *s_present_failed, *s_first_present,
+    *s_return_failed, *s_returned_unknown, *s_fail_closed, *s_timeout, *s_fail_held, *s_wait_for_producer,
+    *s_counter_failed, *s_release_failed, *s_acquire_failed, *s_check_disconnected, *s_fail_released,
+    *s_fail_foreign;
+
+static int bound(void)
+{
+    if (driver.present != NULL)
+        return 1;
+    PyErr_SetString(PyExc_RuntimeError, "eglcuda._hotpath.bind() was not called (import eglcuda first)");
+    return 0;
+}
+
+/* ---- small helpers ------------------------------------------------------------------------- */
+
+/* Take a per-endpoint lock; when another thread holds it (its driver call runs without the GIL),
+ * wait without the GIL too. */
+static void lock_endpoint(PyThread_type_lock lock)
+{
+    if (PyThread_acquire_lock(lock, NOWAIT_LOCK))
+        return;
+    Py_BEGIN_ALLOW_THREADS
+    PyThread_acquire_lock(lock, WAIT_LOCK);
+    Py_END_ALLOW_THREADS
+}
+
+/* Call a slow-path method that must raise (it reports a failure). Always returns NULL. */
+static PyObject *raise_via(PyObject *self, PyObject *name, PyObject *arg1, PyObject *arg2, PyObject *arg3)
+{
+    PyObject *result = PyObject_CallMethodObjArgs(self, name, arg1, arg2, arg3, NULL);
+    if (result != NULL) {
+        Py_DECREF(result);
+        PyErr_Format(PyExc_SystemError, "eglcuda: %U returned instead of raising", name);
+    }
+    return NULL;
+}
+
+/* Call a slow-path method that raises the error for a driver status (plus up to two numbers of
+ * context: count says how many of extra1, extra2 are passed). Always returns NULL. */
+static PyObject *raise_status(PyObject *self, PyObject *name, int status, int count, long long extra1,
+                              long long extra2)
+{
+    PyObject *a = PyLong_FromLong(status), *b = PyLong_FromLongLong(extra1), *c = PyLong_FromLongLong(extra2);
+    if (a != NULL && b != NULL && c != NULL)
+        raise_via(self, name, a, count > 0 ? b : NULL, count > 1 ? c : NULL);
+    Py_XDECREF(a);
+    Py_XDECREF(b);
+    Py_XDECREF(c);
+    return NULL;
+}
+
+/* A timeout in microseconds: an int in 0..2**31-1. Anything else goes to the subclass's _timeout,
+ * which converts what it can (int subclasses) and raises the library's error for the rest. */
+static int read_timeout(PyObject *self, PyObject *value, unsigned long long *out)
+{
+    if (PyLong_CheckExact(value)) {
+        int overflow = 0;
+        long long us = PyLong_AsLongLongAndOverflow(value, &overflow);
+        if (!overflow && us >= 0 && us <= MAX_TIMEOUT_US) {
+            *out = (unsigned long long)us;
+            return 0;
+        }
+        PyErr_Clear();
+    }
+    PyObject *checked = PyObject_CallMethodOneArg(self, s_timeout, value);
+    if (checked == NULL)
+        return -1;
+    long long us = PyLong_AsLongLong(checked);
+    Py_DECREF(checked);
+    if (us < 0 || us > MAX_TIMEOUT_US) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "timeout out of range");
+        return -1;
+    }
+    *out = (unsigned long long)us;
+    return 0;
+}
+
+/* Vectorcall arguments into out[0..count): positional first, then keywords by name. */
+static int parse_args(const char *function, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+                      const char *const *names, int count, int required, PyObject **out)
+{
+    if (nargs > count) {
+        PyErr_Format(PyExc_TypeError, "%s() takes at most %d arguments (%zd given)", function, count, nargs);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < nargs; i++)
+        out[i] = args[i];
+    Py_ssize_t keywords = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
+    for (Py_ssize_t k = 0; k < keywords; k++) {
+        PyObject *name = PyTuple_GET_ITEM(kwnames, k);
+        int i = 0;
+        while (i < count && PyUnicode_CompareWithASCIIString(name, names[i]) != 0)
+            i++;
+        if (i == count) {
+            PyErr_Format(PyExc_TypeError, "%s() got an unexpected keyword argument '%U'", function, name);
+            return -1;
+        }
+        if (out[i] != NULL) {
+            PyErr_Format(PyExc_TypeError, "%s() got multiple values for argument '%s'", function, names[i]);
+            return -1;
+        }
+        out[i] = args[nargs + k];
+    }
+    for (int i = 0; i < required; i++) {
+        if (out[i] == NULL) {
+            PyErr_Format(PyExc_TypeError, "%s() missing required argument '%s'", function, names[i]);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int read_address(PyObject *value, void **out)
+{
+    *out = PyLong_AsVoidPtr(value);
+    return (*out == NULL && PyErr_Occurred()) ? -1 : 0;
+}
+
+/* ==== producer ================================================================================ */
+
+typedef struct {
+    PyObject_HEAD
+    void *ctx;               /* CUcontext */
+    void *conn;              /* CUeglStreamConnection * (a cffi box the subclass keeps) */
+    void *returned;          /* CUeglFrame * the driver writes a returned frame into (cffi box) */
+    void *default_stream;    /* a CUstream box holding NULL: the legacy default stream */
+    void *present_stream;    /* a CUstream box for a stream the caller names */
+    void *return_stream;     /* a CUstream box holding NULL */
+    unsigned long long returned_key;
+    int failed_call;
+    char reuse;              /* the stream keeps the newest frame (EGL's default) */
+    char connected;
+    long long frames_presented;
+    PyObject *in_flight;     /* plane-0 address -> Frame, presented and not returned */
+    PyObject *associated;    /* plane-0 address -> Frame, every frame presented since connect */
+    PyThread_type_lock lock;
+} ProducerCore;
+
+static PyObject *producer_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    ProducerCore *self = (ProducerCore *)type->tp_alloc(type, 0);
+    if (self == NULL)
+        return NULL;
+    self->in_flight = PyDict_New();
+    self->associated = PyDict_New();
+    self->lock = PyThread_allocate_lock();
+    if (self->in_flight == NULL || self->associated == NULL || self->lock == NULL) {
+        int no_lock = self->lock == NULL;
+        Py_DECREF(self);
+        return no_lock ? PyErr_NoMemory() : NULL;
+    }
+    return (PyObject *)self;
+}
+
+static int producer_traverse(ProducerCore *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->in_flight);
+    Py_VISIT(self->associated);
+    return 0;
+}
+
+static int producer_clear(ProducerCore *self)
+{
+    Py_CLEAR(self->in_flight);
+    Py_CLEAR(self->associated);
+    return 0;
+}
+
+static void producer_dealloc(ProducerCore *self)
+{
+    PyObject_GC_UnTrack(self);
+    producer_clear(self);
+    if (self->lock != NULL)
+        PyThread_free_lock(self->lock);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *producer_bind(ProducerCore *self, PyObject *args)
+{
+    PyObject *ctx, *conn, *returned;
+    int reuse;
+    if (!PyArg_ParseTuple(args, "OOOp:_bind", &ctx, &conn, &returned, &reuse))
+        return NULL;
+    if (read_address(ctx, &self->ctx) < 0 || read_address(conn, &self->conn) < 0
+        || read_address(returned, &self->returned) < 0)
+        return NULL;
+    self->reuse = (char)reuse;
+    self->connected = 1;
+    Py_RETURN_NONE;
+}
+
+static PyObject *producer_shut(ProducerCore *self, PyObject *unused)
+{
+    lock_endpoint(self->lock);
+    self->connected = 0;
+    PyThread_release_lock(self->lock);
+    Py_RETURN_NONE;
+}
+
+/* The checks before a present (lock held). Returns a new reference to the frame's key, with the
+ * frame's CUeglFrame, the stream box to pass and whether this producer presented it before. */
+static PyObject *before_present(ProducerCore *self, PyObject *frame, PyObject *cuda_stream, int *known,
+                                void **egl, void **stream_box)
+{
+    if (!self->connected)
+        return raise_via((PyObject *)self, s_fail_closed, NULL, NULL, NULL);
+    PyObject *key = PyObject_GetAttr(frame, s_key);
+    if (key == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+            return NULL;
+        PyErr_Clear(); /* not a Frame: _check_frame says so */
+        key = Py_NewRef(Py_None);
+    }
+    PyObject *seen = PyDict_GetItemWithError(self->associated, key);
+    if (seen == NULL && PyErr_Occurred())
+        goto fail;
+    *known = seen == frame;
+    int presented = PyDict_Contains(self->in_flight, key);
+    if (presented < 0)
+        goto fail;
+    /* A frame's geometry never changes: it is checked in full the first time only. */
+    if (!*known || presented || PyDict_GET_SIZE(self->in_flight) >= MAX_FRAMES_IN_FLIGHT) {
+        PyObject *checked = PyObject_CallMethodOneArg((PyObject *)self, s_check_frame, frame);
+        if (checked == NULL)
+            goto fail;
+        Py_DECREF(checked);
+    }
+    PyObject *address = PyObject_GetAttr(frame, s_egl_address);
+    if (address == NULL)
+        goto fail;
+    int bad = read_address(address, egl);
+    Py_DECREF(address);
+    if (bad)
+        goto fail;
+    if (cuda_stream == NULL || cuda_stream == Py_None) {
+        *stream_box = &self->default_stream;
+    } else {
+        PyObject *handle = PyObject_CallMethodOneArg((PyObject *)self, s_stream_handle, cuda_stream);
+        if (handle == NULL)
+            goto fail;
+        bad = read_address(handle, &self->present_stream);
+        Py_DECREF(handle);
+        if (bad)
+            goto fail;
+        *stream_box = &self->present_stream;
+    }
+    return key;
+fail:
+    Py_DECREF(key);
+    return NULL;
+}
+
+/* After a successful present (lock held): the frame is in flight; its first present fixes the
+ * connection's format and layout (in Python). */
+static int after_present(ProducerCore *self, PyObject *frame, PyObject *key, int known)
+{
+    if (PyDict_SetItem(self->in_flight, key, frame) < 0)
+        return -1;
+    self->frames_presented++;
+    if (!known) {
+        PyObject *done = PyObject_CallMethodObjArgs((PyObject *)self, s_first_present, frame, key, NULL);
+        if (done == NULL)
+            return -1;
+        Py_DECREF(done);
+    }
+    return 0;
+}
+
+/* The frame the driver just returned, popped from the in-flight table (lock held). */
+static PyObject *take_returned(ProducerCore *self)
+{
+    PyObject *key = PyLong_FromUnsignedLongLong(self->returned_key);
+    if (key == NULL)
+        return NULL;
+    PyObject *frame = PyDict_GetItemWithError(self->in_flight, key);
+    if (frame == NULL) {
+        Py_DECREF(key);
+        if (PyErr_Occurred())
+            return NULL;
+        return raise_via((PyObject *)self, s_returned_unknown, NULL, NULL, NULL);
+    }
+    Py_INCREF(frame);
+    int gone = PyDict_DelItem(self->in_flight, key);
+    Py_DECREF(key);
+    if (gone < 0) {
+        Py_DECREF(frame);
+        return NULL;
+    }
+    return frame;
+}
+
+/* A failed return (lock held): None for "none came back yet", else the subclass raises. */
+static PyObject *return_failed(ProducerCore *self, int status, unsigned long long waited_us)
+{
+    PyObject *a = PyLong_FromLong(status), *b = PyLong_FromUnsignedLongLong(waited_us);
+    PyObject *result = NULL;
+    if (a != NULL && b != NULL)
+        result = PyObject_CallMethodObjArgs((PyObject *)self, s_return_failed, a, b, NULL);
+    Py_XDECREF(a);
+    Py_XDECREF(b);
+    return result;
+}
+
+static const char *const present_names[] = {"frame", "cuda_stream"};
+
+static PyObject *producer_present(ProducerCore *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    PyObject *arg[2] = {NULL, NULL};
+    if (parse_args("present", args, nargs, kwnames, present_names, 2, 1, arg) < 0 || !bound())
+        return NULL;
+    PyObject *result = NULL;
+    int known, status;
+    void *egl, *stream_box;
+    lock_endpoint(self->lock);
+    PyObject *key = before_present(self, arg[0], arg[1], &known, &egl, &stream_box);
+    if (key != NULL) {
+        Py_BEGIN_ALLOW_THREADS
+        status = driver.present(self->ctx, self->conn, egl, stream_box);
+        Py_END_ALLOW_THREADS
+        if (status)
+            raise_status((PyObject *)self, s_present_failed, status, 0, 0, 0);
+        else if (after_present(self, arg[0], key, known) == 0)
+            result = Py_NewRef(Py_None);
+        Py_DECREF(key);
+    }
+    PyThread_release_lock(self->lock);
+    return result;
+}
+
+static const char *const return_names[] = {"timeout_us"};
+
+static PyObject *producer_return_frame(ProducerCore *self, PyObject *const *args, Py_ssize_t nargs,
+                                       PyObject *kwnames)
+{
+    PyObject *arg[1] = {NULL};
+    unsigned long long timeout_us = 0;
+    if (parse_args("return_frame", args, nargs, kwnames, return_names, 1, 0, arg) < 0 || !bound())
+        return NULL;
+    if (arg[0] != NULL && read_timeout((PyObject *)self, arg[0], &timeout_us) < 0)
+        return NULL;
+    PyObject *result = NULL;
+    lock_endpoint(self->lock);
+    if (!self->connected) {
+        raise_via((PyObject *)self, s_fail_closed, NULL, NULL, NULL);
+    } else {
+        Py_ssize_t in_flight = PyDict_GET_SIZE(self->in_flight);
+        if (in_flight == 0) {
+            result = Py_NewRef(Py_None);
+        } else {
+            /* With reuse on, the stream keeps its newest frame: a single frame in flight cannot
+             * come back, so one try answers at once. */
+            unsigned long long wait_us = (self->reuse && in_flight == 1) ? 0 : timeout_us;
+            int status;
+            Py_BEGIN_ALLOW_THREADS
+            status = driver.return_frame(self->ctx, self->conn, self->returned, &self->return_stream, wait_us,
+                                         &self->returned_key);
+            Py_END_ALLOW_THREADS
+            result = status ? return_failed(self, status, wait_us) : take_returned(self);
+        }
+    }
+    PyThread_release_lock(self->lock);
+    return result;
+}
+
+static const char *const present_return_names[] = {"frame", "cuda_stream", "timeout_us"};
+
+static PyObject *producer_present_and_return(ProducerCore *self, PyObject *const *args, Py_ssize_t nargs,
+                                             PyObject *kwnames)
+{
+    PyObject *arg[3] = {NULL, NULL, NULL};
+    unsigned long long timeout_us = 0;
+    if (parse_args("present_and_return", args, nargs, kwnames, present_return_names, 3, 1, arg) < 0 || !bound())
+        return NULL;
+    if (arg[2] != NULL && read_timeout((PyObject *)self, arg[2], &timeout_us) < 0)
+        return NULL;
+    PyObject *result = NULL;
+    int known, status;
+    void *egl, *stream_box;
+    lock_endpoint(self->lock);
+    PyObject *key = before_present(self, arg[0], arg[1], &known, &egl, &stream_box);
+    if (key != NULL) {
+        /* After this present the stream keeps the newest frame: with reuse on and nothing else in
+         * flight nothing can come back, so one try is enough. */
+        unsigned long long wait_us = (self->reuse && PyDict_GET_SIZE(self->in_flight) == 0) ? 0 : timeout_us;
+        Py_BEGIN_ALLOW_THREADS
+        status = driver.present_return(self->ctx, self->conn, egl, stream_box, self->returned, &self->return_stream,
+                                       wait_us, &self->returned_key, &self->failed_call);
+        Py_END_ALLOW_THREADS
+        if (status && self->failed_call == CALL_PRESENT)
+            raise_status((PyObject *)self, s_present_failed, status, 0, 0, 0);
+        else if (after_present(self, arg[0], key, known) == 0)
+            result = status ? return_failed(self, status, wait_us) : take_returned(self);
+        Py_DECREF(key);
+    }
+    PyThread_release_lock(self->lock);
+    return result;
+}
+
+static PyMethodDef producer_methods[] = {
+    {"present", (PyCFunction)(void (*)(void))producer_present, METH_FASTCALL | METH_KEYWORDS,
+     "present(frame, cuda_stream=None)\n--\n\n"
+     "Hand ``frame`` to the consumer. ``cuda_stream`` is where the work writing the frame was queued\n"
+     "(None: the legacy default stream); the consumer's work is ordered after it without blocking\n"
+     "this thread. The frame is checked against the connection (size, format, layout, device) the\n"
+     "first time this producer sees it, before the driver does."},
+    {"return_frame", (PyCFunction)(void (*)(void))producer_return_frame, METH_FASTCALL | METH_KEYWORDS,
+     "return_frame(timeout_us=0)\n--\n\n"
+     "Take back a frame the consumer released: the same :class:`Frame` object that was presented,\n"
+     "or None if none came back within ``timeout_us`` microseconds.\n\n"
+     "None is also the documented answer while the stream keeps the newest frame for its consumer\n"
+     "(reuse on, the default): that frame comes back only after another is presented, so with one\n"
+     "frame in flight this returns None at once instead of waiting. The wait releases the GIL."},
+    {"present_and_return", (PyCFunction)(void (*)(void))producer_present_and_return, METH_FASTCALL | METH_KEYWORDS,
+     "present_and_return(frame, cuda_stream=None, timeout_us=0)\n--\n\n"
+     ":meth:`present` ``frame``, then :meth:`return_frame` (waiting up to ``timeout_us``), in a\n"
+     "single call into the driver layer: the step of a producer that cycles a ring of frames,\n"
+     "cheaper than the two calls. Returns the frame taken back, or None."},
+    {"_bind", (PyCFunction)producer_bind, METH_VARARGS, "Set the connection's handles (addresses) and reuse flag."},
+    {"_shut", (PyCFunction)producer_shut, METH_NOARGS, "Mark the producer disconnected, under its lock."},
+    {NULL}};
+
+static PyMemberDef producer_members[] = {
+    {"frames_presented", T_LONGLONG, offsetof(ProducerCore, frames_presented), READONLY,
+     "Frames this producer presented."},
+    {"_connected", T_BOOL, offsetof(ProducerCore, connected), 0, NULL},
+    {"_in_flight", T_OBJECT, offsetof(ProducerCore, in_flight), READONLY, NULL},
+    {"_associated", T_OBJECT, offsetof(ProducerCore, associated), READONLY, NULL},
+    {"_returned_key", T_ULONGLONG, offsetof(ProducerCore, returned_key), READONLY, NULL},
+    {NULL}};
+
+static PyTypeObject ProducerCoreType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "eglcuda._hotpath.ProducerCore",
+    .tp_doc = "Per-frame state and calls of a CUDA stream producer (base of eglcuda.CudaProducer).",
+    .tp_basicsize = sizeof(ProducerCore),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_new = producer_new,
+    .tp_dealloc = (destructor)producer_dealloc,
+    .tp_traverse = (traverseproc)producer_traverse,
+    .tp_clear = (inquiry)producer_clear,
+    .tp_methods = producer_methods,
+    .tp_members = producer_members,
+};
+
+/* ==== acquired frame ========================================================================== */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *consumer;      /* the ConsumerCore that acquired it */
+    PyObject *number;        /* the stream's consumer frame counter for it, or None */
+    PyObject *is_new;        /* True, False or None */
+    PyObject *planes_cache;  /* built by the subclass on first use */
+    char released;
+} AcquiredCore;
+
+static int acquired_traverse(AcquiredCore *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->consumer);
+    Py_VISIT(self->planes_cache);
+    return 0;
+}
+
+static int acquired_clear(AcquiredCore *self)
+{
+    Py_CLEAR(self->consumer);
+    Py_CLEAR(self->number);
+    Py_CLEAR(self->is_new);
+    Py_CLEAR(self->planes_cache);
+    return 0;
+}
+
+static void acquired_dealloc(AcquiredCore *self)
+{
+    PyObject_GC_UnTrack(self);
+    acquired_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *consumer_release_frame(PyObject *consumer, PyObject *frame);
+
+static PyObject *acquired_release(AcquiredCore *self, PyObject *unused)
+{
+    if (self->consumer == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "an acquired frame made outside its consumer");
+        return NULL;
+    }
+    return consumer_release_frame(self->consumer, (PyObject *)self);
+}
+
+static PyMethodDef acquired_methods[] = {
+    {"release", (PyCFunction)acquired_release, METH_NOARGS,
+     "release()\n--\n\nGive the frame back to the stream. Raises :class:`ClosedError` if already released."},
+    {NULL}};
+
+static PyMemberDef acquired_members[] = {
+    {"_consumer", T_OBJECT, offsetof(AcquiredCore, consumer), READONLY, NULL},
+    {"number", T_OBJECT, offsetof(AcquiredCore, number), READONLY,
+     "The stream's consumer frame counter for this frame (None without frame numbers)."},
+    {"is_new", T_OBJECT, offsetof(AcquiredCore, is_new), READONLY,
+     "Whether this frame was not seen before (False: the previous frame handed back again)."},
+    {"_planes_cache", T_OBJECT, offsetof(AcquiredCore, planes_cache), 0, NULL},
+    {"_released", T_BOOL, offsetof(AcquiredCore, released), 0, NULL},
+    {NULL}};
+
+static PyTypeObject AcquiredCoreType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "eglcuda._hotpath.AcquiredCore",
+    .tp_doc = "State of a frame a CUDA consumer acquired (base of eglcuda.AcquiredFrame); made only by acquire.",
+    .tp_basicsize = sizeof(AcquiredCore),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_dealloc = (destructor)acquired_dealloc,
+    .tp_traverse = (traverseproc)acquired_traverse,
+    .tp_clear = (inquiry)acquired_clear,
+    .tp_methods = acquired_methods,
+    .tp_members = acquired_members,
+};
+
+/* ==== consumer ================================================================================ */
+
+typedef struct {
+    PyObject_HEAD
+    void *ctx;               /* CUcontext */
+    void *conn;              /* CUeglStreamConnection * (cffi box) */
+    void *resource_box;      /* CUgraphicsResource * the driver writes an acquired frame's resource to */
+    void *stream_box;        /* CUstream * of the consumer's CUDA stream */
+    void *egl_frame;         /* CUeglFrame * the mapping is read into */
+    void *dpy, *egl_stream;  /* for the frame counter query */
+    void *held_resource;     /* the resource of the held frame */
+    uint64_t counter, last_number;
+    int failed_call;
+    char use_counter, has_last, producer_seen, connected;
+    long long frames_acquired;
+    PyObject *held;          /* the AcquiredCore held, or NULL */
+    PyTypeObject *frame_type;
+    PyThread_type_lock lock;
+} ConsumerCore;
+
+static PyObject *consumer_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    ConsumerCore *self = (ConsumerCore *)type->tp_alloc(type, 0);
+    if (self == NULL)
+        return NULL;
+    self->lock = PyThread_allocate_lock();
+    if (self->lock == NULL) {
+        Py_DECREF(self);
+        return PyErr_NoMemory();
+    }
+    return (PyObject *)self;
+}
+
+static int consumer_traverse(ConsumerCore *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->held);
+    Py_VISIT(self->frame_type);
+    return 0;
+}
+
+static int consumer_clear(ConsumerCore *self)
+{
+    Py_CLEAR(self->held);
+    Py_CLEAR(self->frame_type);
+    return 0;
+}
+
+static void consumer_dealloc(ConsumerCore *self)
+{
+    PyObject_GC_UnTrack(self);
+    consumer_clear(self);
+    if (self->lock != NULL)
+        PyThread_free_lock(self->lock);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *consumer_bind(ConsumerCore *self, PyObject *args)
+{
+    PyObject *ctx, *conn, *resource_box, *stream_box, *egl_frame, *dpy, *egl_stream, *frame_type;
+    int use_counter;
+    if (!PyArg_ParseTuple(args, "OOOOOOOpO!:_bind", &ctx, &conn, &resource_box, &stream_box, &egl_frame, &dpy,
+                          &egl_stream, &use_counter, &PyType_Type, &frame_type))
+        return NULL;
+    if (!PyType_IsSubtype((PyTypeObject *)frame_type, &AcquiredCoreType)) {
+        PyErr_SetString(PyExc_TypeError, "the frame type must derive from AcquiredCore");
+        return NULL;
+    }
+    if (read_address(ctx, &self->ctx) < 0 || read_address(conn, &self->conn) < 0
+        || read_address(resource_box, &self->resource_box) < 0 || read_address(stream_box, &self->stream_box) < 0
+        || read_address(egl_frame, &self->egl_frame) < 0 || read_address(dpy, &self->dpy) < 0
+        || read_address(egl_stream, &self->egl_stream) < 0)
+        return NULL;
+    self->use_counter = (char)use_counter;
+    Py_XSETREF(self->frame_type, (PyTypeObject *)Py_NewRef(frame_type));
+    self->connected = 1;
+    Py_RETURN_NONE;
+}
+
+/* Mark disconnected; a held frame counts as released from here on. */
+static PyObject *consumer_shut(ConsumerCore *self, PyObject *unused)
+{
+    lock_endpoint(self->lock);
+    self->connected = 0;
+    if (self->held != NULL) {
+        ((AcquiredCore *)self->held)->released = 1;
+        Py_CLEAR(self->held);
+    }
+    PyThread_release_lock(self->lock);
+    Py_RETURN_NONE;
+}
+
+/* acquire / acquire_next with the lock held; with release_held, a held frame is released first
+ * (in the same call into the driver layer). */
+static PyObject *acquire_locked(ConsumerCore *self, unsigned long long timeout_us, int release_held)
+{
+    PyObject *self_obj = (PyObject *)self;
+    if (!self->producer_seen) {
+        /* Until a producer connects, acquire must not reach the driver (see _wait_for_producer). */
+        PyObject *us = PyLong_FromUnsignedLongLong(timeout_us);
+        if (us == NULL)
+            return NULL;
+        PyObject *left = PyObject_CallMethodOneArg(self_obj, s_wait_for_producer, us);
+        Py_DECREF(us);
+        if (left == NULL)
+            return NULL;
+        timeout_us = PyLong_AsUnsignedLongLong(left);
+        Py_DECREF(left);
+        if (PyErr_Occurred())
+            return NULL;
+    }
+    void *dpy = self->use_counter ? self->dpy : NULL;
+    unsigned int wait_us = (unsigned int)timeout_us;
+    int status;
+    if (release_held && self->held != NULL) {
+        void *held_resource = self->held_resource;
+        ((AcquiredCore *)self->held)->released = 1; /* the stream owns it from here on */
+        Py_CLEAR(self->held);
+        Py_BEGIN_ALLOW_THREADS
+        status = driver.next(self->ctx, self->conn, held_resource, self->resource_box, self->stream_box, wait_us,
+                             self->egl_frame, dpy, self->egl_stream, &self->counter, &self->failed_call);
+        Py_END_ALLOW_THREADS
+    } else {
+        Py_BEGIN_ALLOW_THREADS
+        status = driver.acquire(self->ctx, self->conn, self->resource_box, self->stream_box, wait_us, self->egl_frame,
+                                dpy, self->egl_stream, &self->counter, &self->failed_call);
+        Py_END_ALLOW_THREADS
+    }
+    if (status) {
+        if (self->failed_call == CALL_COUNTER) {
+            /* The frame is acquired and mapped; only the counter query failed: go on without it. */
+            PyObject *done = PyObject_CallMethodNoArgs(self_obj, s_counter_failed);
+            if (done == NULL)
+                return NULL;
+            Py_DECREF(done);
+        } else if (self->failed_call == CALL_RELEASE) {
+            return raise_status(self_obj, s_release_failed, status, 0, 0, 0);
+        } else {
+            return raise_status(self_obj, s_acquire_failed, status, 2, self->failed_call, (long long)timeout_us);
+        }
+    }
+    self->held_resource = *(void **)self->resource_box;
+    PyObject *number, *is_new;
+    if (self->use_counter) {
+        number = PyLong_FromUnsignedLongLong(self->counter);
+        if (number == NULL)
+            return NULL;
+        int fresh = !self->has_last || self->counter != self->last_number;
+        self->has_last = 1;
+        self->last_number = self->counter;
+        is_new = Py_NewRef(fresh ? Py_True : Py_False);
+        if (!fresh) {
+            /* A frame handed out again: maybe because the producer is gone (the subclass checks,
+             * and releases and raises if so). */
+            PyObject *checked = PyObject_CallMethodOneArg(self_obj, s_check_disconnected, number);
+            if (checked == NULL) {
+                Py_DECREF(number);
+                Py_DECREF(is_new);
+                return NULL;
+            }
+            Py_DECREF(checked);
+        }
+    } else {
+        number = Py_NewRef(Py_None);
+        is_new = Py_NewRef(Py_None);
+    }
+    AcquiredCore *frame = (AcquiredCore *)self->frame_type->tp_alloc(self->frame_type, 0);
+    if (frame == NULL) {
+        Py_DECREF(number);
+        Py_DECREF(is_new);
+        return NULL;
+    }
+    frame->consumer = Py_NewRef(self_obj);
+    frame->number = number;
+    frame->is_new = is_new;
+    self->held = Py_NewRef((PyObject *)frame);
+    self->frames_acquired++;
+    return (PyObject *)frame;
+}
+
+static const char *const acquire_names[] = {"timeout_us"};
+#define DEFAULT_ACQUIRE_TIMEOUT_US 1000000ull
+
+static PyObject *consumer_acquire_common(ConsumerCore *self, PyObject *const *args, Py_ssize_t nargs,
+                                         PyObject *kwnames, const char *function, int next)
+{
+    PyObject *arg[1] = {NULL};
+    unsigned long long timeout_us = DEFAULT_ACQUIRE_TIMEOUT_US;
+    if (parse_args(function, args, nargs, kwnames, acquire_names, 1, 0, arg) < 0 || !bound())
+        return NULL;
+    if (arg[0] != NULL && read_timeout((PyObject *)self, arg[0], &timeout_us) < 0)
+        return NULL;
+    PyObject *result = NULL;
+    lock_endpoint(self->lock);
+    if (!self->connected)
+        raise_via((PyObject *)self, s_fail_closed, NULL, NULL, NULL);
+    else if (!next && self->held != NULL)
+        raise_via((PyObject *)self, s_fail_held, NULL, NULL, NULL);
+    else
+        result = acquire_locked(self, timeout_us, next);
+    PyThread_release_lock(self->lock);
+    return result;
+}
+
+static PyObject *consumer_acquire(ConsumerCore *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    return consumer_acquire_common(self, args, nargs, kwnames, "acquire", 0);
+}
+
+static PyObject *consumer_acquire_next(ConsumerCore *self, PyObject *const *args, Py_ssize_t nargs,
+                                       PyObject *kwnames)
+{
+    return consumer_acquire_common(self, args, nargs, kwnames, "acquire_next", 1);
+}
+
+static PyObject *consumer_release_frame(PyObject *consumer, PyObject *frame)
+{
+    ConsumerCore *self = (ConsumerCore *)consumer;
+    if (!bound())
+        return NULL;
+    PyObject *result = NULL;
+    lock_endpoint(self->lock);
+    if (frame != self->held) {
+        int released = PyObject_TypeCheck(frame, &AcquiredCoreType) && ((AcquiredCore *)frame)->released;
+        raise_via(consumer, released ? s_fail_released : s_fail_foreign, NULL, NULL, NULL);
+    } else {
+        ((AcquiredCore *)frame)->released = 1;
+        Py_CLEAR(self->held);
+        int status;
+        Py_BEGIN_ALLOW_THREADS
+        status = driver.release(self->ctx, self->conn, self->held_resource, self->stream_box);
+        Py_END_ALLOW_THREADS
+        if (status)
+            raise_status(consumer, s_release_failed, status, 0, 0, 0);
+        else
+            result = Py_NewRef(Py_None);
+    }
+    PyThread_release_lock(self->lock);
+    return result;
+}
+
+static PyMethodDef consumer_methods[] = {
+    {"acquire", (PyCFunction)(void (*)(void))consumer_acquire, METH_FASTCALL | METH_KEYWORDS,
+     "acquire(timeout_us=1000000)\n--\n\n"
+     "Acquire the next frame, waiting up to ``timeout_us`` microseconds for a new one.\n\n"
+     "If none arrives in time but the stream holds an earlier frame, the driver hands that one\n"
+     "back again: the result's ``is_new`` is False. With no frame at all, raises\n"
+     ":class:`Timeout`; once the producer is gone, :class:`StreamDisconnected`. The wait\n"
+     "releases the GIL."},
+    {"acquire_next", (PyCFunction)(void (*)(void))consumer_acquire_next, METH_FASTCALL | METH_KEYWORDS,
+     "acquire_next(timeout_us=1000000)\n--\n\n"
+     "Release the frame this consumer holds (if any), then :meth:`acquire` the next one, in a\n"
+     "single call into the driver layer: the step of a consumer loop, cheaper than\n"
+     "``release()`` + ``acquire()``. The released frame is unusable afterwards, as after\n"
+     ":meth:`AcquiredFrame.release`."},
+    {"_release", (PyCFunction)consumer_release_frame, METH_O, "Release ``frame`` (AcquiredFrame.release)."},
+    {"_bind", (PyCFunction)consumer_bind, METH_VARARGS, "Set the connection's handles (addresses)."},
+    {"_shut", (PyCFunction)consumer_shut, METH_NOARGS, "Mark the consumer disconnected, under its lock."},
+    {NULL}};
+
+static PyMemberDef consumer_members[] = {
+    {"frames_acquired", T_LONGLONG, offsetof(ConsumerCore, frames_acquired), READONLY,
+     "Frames this consumer acquired."},
+    {"_held", T_OBJECT, offsetof(ConsumerCore, held), READONLY, NULL},
+    {"_connected", T_BOOL, offsetof(ConsumerCore, connected), 0, NULL},
+    {"_use_counter", T_BOOL, offsetof(ConsumerCore, use_counter), 0, NULL},
+    {"_producer_seen", T_BOOL, offsetof(ConsumerCore, producer_seen), 0, NULL},
+    {NULL}};
+
+static PyTypeObject ConsumerCoreType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "eglcuda._hotpath.ConsumerCore",
+    .tp_doc = "Per-frame state and calls of a CUDA stream consumer (base of eglcuda.CudaConsumer).",
+    .tp_basicsize = sizeof(ConsumerCore),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_new = consumer_new,
+    .tp_dealloc = (destructor)consumer_dealloc,
+    .tp_traverse = (traverseproc)consumer_traverse,
+    .tp_clear = (inquiry)consumer_clear,
+    .tp_methods = consumer_methods,
+    .tp_members = consumer_members,
+};
+
+/* ==== module ================================================================================== */
+
+static PyObject *module_bind(PyObject *module, PyObject *addresses)
+{
+    void *slots[6];
+    if (!PyTuple_Check(addresses) || PyTuple_GET_SIZE(addresses) != 6) {
+        PyErr_SetString(PyExc_TypeError, "bind() takes a tuple of the 6 helper addresses");
+        return NULL;
+    }
+    for (int i = 0; i < 6; i++) {
+        if (read_address(PyTuple_GET_ITEM(addresses, i), &slots[i]) < 0)
+            return NULL;
+        if (slots[i] == NULL) {
+            PyErr_SetString(PyExc_ValueError, "bind(): a helper address is NULL");
+            return NULL;
+        }
+    }
+    driver.present = (present_fn)slots[0];
+    driver.return_frame = (return_fn)slots[1];
+    driver.present_return = (present_return_fn)slots[2];
+    driver.acquire = (acquire_fn)slots[3];
+    driver.next = (next_fn)slots[4];
+    driver.release = (release_fn)slots[5];
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef module_methods[] = {
+    {"bind", module_bind, METH_O,
+     "bind((present, return, present_return, acquire, next, release))\n--\n\n"
+     "The addresses of eglcuda._native's per-frame helpers (csrc/helpers.c), in that order."},
+    {NULL}};
+
+static struct PyModuleDef hotpath_module = {
+    PyModuleDef_HEAD_INIT, "eglcuda._hotpath",
+    "The per-frame calls of eglcuda's CUDA stream endpoints, in C (see csrc/hotpath.c).", -1, module_methods,
+};
+
+static int intern_names(void)
+{
+    struct { PyObject **slot; const char *name; } names[] = {
+        {&s_key, "key"}, {&s_egl_address, "_egl_address"}, {&s_check_frame, "_check_frame"},
+        {&s_stream_handle, "_stream_handle"}, {&s_present_failed, "_present_failed"},
+        {&s_first_present, "_first_present"}, {&s_return_failed, "_return_failed"},
+        {&s_returned_unknown, "_returned_unknown"}, {&s_fail_closed, "_fail_closed"}, {&s_timeout, "_timeout"},
+        {&s_fail_held, "_fail_held"}, {&s_wait_for_producer, "_wait_for_producer"},
+        {&s_counter_failed, "_counter_failed"}, {&s_release_failed, "_release_failed"},
+        {&s_acquire_failed, "_acquire_failed"}, {&s_check_disconnected, "_check_disconnected"},
+        {&s_fail_released, "_fail_released"}, {&s_fail_foreign, "_fail_foreign"},
+    };
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+        *names[i].slot = PyUnicode_InternFromString(names[i].name);
+        if (*names[i].slot == NULL)
+            return -1;
+    }
+    return 0;
+}
+
+PyMODINIT_FUNC PyInit__hotpath(void)
+{
+    if (intern_names() < 0 || PyType_Ready(&ProducerCoreType) < 0 || PyType_Ready(&ConsumerCoreType) < 0
+        || PyType_Ready(&AcquiredCoreType) < 0)
+        return NULL;
+    PyObject *module = PyModule_Create(&hotpath_module);
+    if (module == NULL)
+        return NULL;
+    if (PyModule_AddObjectRef(module, "ProducerCore", (PyObject *)&ProducerCoreType) < 0
+        || PyModule_AddObjectRef(module, "ConsumerCore", (PyObject *)&ConsumerCoreType) < 0
+        || PyModule_AddObjectRef(module, "AcquiredCore", (PyObject *)&AcquiredCoreType) < 0) {
+        Py_DECREF(module);
+        return NULL;
+    }
+    return module;
+}

@@ -1,0 +1,151 @@
+"""The per-frame calls as C methods (csrc/hotpath.c): their arguments are taken like a Python
+method's, bad ones raise before the driver, the endpoints' state survives concurrent use from
+several threads, and acquired frames and endpoints are collected like any Python object."""
+from __future__ import annotations
+
+import gc
+import threading
+import weakref
+
+import numpy as np
+import pytest
+
+import eglcuda
+
+from ..conftest import require_extension
+from .streamkit import assert_frame_equals, connected, fill_random
+
+
+@pytest.fixture
+def display(cuda_display):
+    require_extension(cuda_display, "EGL_KHR_stream")
+    return cuda_display
+
+
+class MicroSeconds(int):
+    """An int subclass: accepted as a timeout like an int."""
+
+
+def test_keywords_positionals_and_int_subclasses(display):
+    rng = np.random.default_rng()
+    with connected(display, 34, 18) as (stream, producer, consumer):
+        ring = [producer.allocate_frame() for _ in range(2)]
+        expected = fill_random(ring[0], rng)
+        producer.present(frame=ring[0], cuda_stream=None)
+        with consumer.acquire(timeout_us=MicroSeconds(1_000_000)) as acquired:
+            assert_frame_equals(acquired, expected)
+        expected = fill_random(ring[1], rng)
+        producer.present(ring[1], 0)  # an int stream handle: the legacy default stream
+        acquired = consumer.acquire_next(MicroSeconds(500_000))
+        assert acquired.is_new
+        assert_frame_equals(acquired, expected)
+        assert producer.return_frame(timeout_us=MicroSeconds(1_000_000)) is ring[0]
+        acquired.release()
+        # ring[1] is released; presenting ring[0] makes it the stream's newest, so ring[1] comes back.
+        back = producer.present_and_return(frame=ring[0], cuda_stream=None, timeout_us=1_000_000)
+        assert back is ring[1]
+        consumer.acquire(timeout_us=1_000_000).release()
+
+
+@pytest.mark.parametrize("bad", [-1, 2**31, 1.5, True, "10", None, np.int64(5)],
+                         ids=["negative", "too-big", "float", "bool", "str", "None", "numpy-int"])
+def test_bad_timeouts_raise_usage_error_before_the_driver(display, bad):
+    with connected(display, 16, 16) as (stream, producer, consumer):
+        frame = producer.allocate_frame()
+        for call in (lambda: producer.return_frame(bad), lambda: producer.present_and_return(frame, None, bad),
+                     lambda: consumer.acquire(bad), lambda: consumer.acquire_next(timeout_us=bad)):
+            with pytest.raises(eglcuda.UsageError, match="microseconds"):
+                call()
+        assert producer.frames_presented == 0 and producer.in_flight == 0
+        assert consumer.frames_acquired == 0 and consumer._held is None
+
+
+def test_malformed_calls_raise_type_error(display):
+    with connected(display, 16, 16) as (stream, producer, consumer):
+        frame = producer.allocate_frame()
+        with pytest.raises(TypeError, match="missing required argument 'frame'"):
+            producer.present()
+        with pytest.raises(TypeError, match="unexpected keyword argument 'stream'"):
+            producer.present(frame, stream=None)
+        with pytest.raises(TypeError, match="multiple values for argument 'frame'"):
+            producer.present(frame, frame=frame)
+        with pytest.raises(TypeError, match="at most 1 arguments"):
+            consumer.acquire(1, 2)
+        with pytest.raises(eglcuda.UsageError, match="takes an eglcuda.Frame"):
+            producer.present(np.zeros((16, 16, 4), np.uint8))
+        assert producer.frames_presented == 0
+
+
+def test_many_threads_on_one_producer_keep_its_books(display):
+    """Four threads present and take back frames of their own on one producer at once, while the
+    consumer drains: every frame comes back to the thread that owns it, none twice, and the
+    counters add up."""
+    require_extension(display, "EGL_KHR_stream_fifo")
+    threads_count, per_thread = 4, 60
+    with connected(display, 32, 16, fifo_length=8) as (stream, producer, consumer):
+        rings = [[producer.allocate_frame() for _ in range(2)] for _ in range(threads_count)]
+        errors: list[BaseException] = []
+        done = threading.Event()
+
+        foreign: list = []  # frames that came back to a thread that does not own them
+        pool_lock = threading.Lock()
+
+        def produce(ring):
+            try:
+                free, presented = list(ring), 0
+                while presented < per_thread:
+                    if free:
+                        producer.present(free.pop())
+                        presented += 1
+                    back = producer.return_frame(timeout_us=20_000)
+                    with pool_lock:
+                        if back is not None:
+                            foreign.append(back)
+                        mine = [f for f in foreign if any(f is r for r in ring)]
+                        foreign[:] = [f for f in foreign if not any(f is r for r in ring)]
+                    assert not any(f is m for f in free for m in mine), "a frame came back twice"
+                    free.extend(mine)
+            except BaseException as exc:  # pragma: no cover - the test reports it
+                errors.append(exc)
+
+        workers = [threading.Thread(target=produce, args=(ring,)) for ring in rings]
+        for worker in workers:
+            worker.start()
+
+        def drain():
+            for _ in consumer.frames(timeout_us=200_000):
+                if done.is_set() and consumer.frames_acquired >= threads_count * per_thread:
+                    break
+
+        drainer = threading.Thread(target=drain)
+        drainer.start()
+        for worker in workers:
+            worker.join(60)
+        done.set()
+        producer.close()  # ends the consumer's iteration
+        drainer.join(30)
+        assert not drainer.is_alive() and not any(w.is_alive() for w in workers)
+        assert not errors, errors
+        assert producer.frames_presented == threads_count * per_thread
+
+
+def test_acquired_frames_and_endpoints_are_collected(display):
+    with connected(display, 16, 16) as (stream, producer, consumer):
+        frame = producer.allocate_frame()
+        producer.present(frame)
+        acquired = consumer.acquire()
+        probe = weakref.ref(acquired)
+        acquired.release()
+        acquired.cycle = acquired  # a reference cycle through the instance dict
+        del acquired
+        gc.collect()
+        assert probe() is None
+    stream = display.create_stream()
+    consumer = stream.connect_cuda_consumer()
+    producer = stream.connect_cuda_producer(16, 16)
+    producer.present(producer.allocate_frame())
+    held = consumer.acquire()  # the consumer and its held frame refer to each other
+    probes = [weakref.ref(x) for x in (stream, consumer, producer, held)]
+    del stream, consumer, producer, held
+    gc.collect()
+    assert [p() for p in probes] == [None] * 4
