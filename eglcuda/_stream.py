@@ -80,6 +80,13 @@ def _check_us(name: str, value: Any, allow_none: bool = True) -> None:
         raise UsageError(f"{name} is a whole number of microseconds in 0..2**31-1, got {value!r}")
 
 
+def _checked_timeout(value: Any) -> int:
+    """A per-frame call's ``timeout_us`` the C fast path did not take as a plain int: an int
+    subclass becomes an int; anything else raises :class:`UsageError`."""
+    _check_us("timeout_us", value, allow_none=False)
+    return int(value)
+
+
 class Stream:
     """An EGLStream on a display: one producer and one consumer exchange frames through it.
 
@@ -444,9 +451,7 @@ class CudaConsumer(ConsumerCore):
                 held.release()
 
     # ---- the rare paths of the C methods (each called with the consumer's lock held) ----------
-    def _timeout(self, value: Any) -> int:
-        _check_us("timeout_us", value, allow_none=False)
-        return int(value)
+    _timeout = staticmethod(_checked_timeout)
 
     def _fail_closed(self) -> NoReturn:
         raise ClosedError("the consumer is disconnected (or its stream closed)")
@@ -599,9 +604,7 @@ class CudaProducer(ProducerCore):
     # ---- the rare paths of the C methods (each called with the producer's lock held) ----------
     _stream_handle = staticmethod(stream_handle)
 
-    def _timeout(self, value: Any) -> int:
-        _check_us("timeout_us", value, allow_none=False)
-        return int(value)
+    _timeout = staticmethod(_checked_timeout)
 
     def _fail_closed(self) -> NoReturn:
         raise ClosedError("the producer is disconnected (or its stream closed)")
