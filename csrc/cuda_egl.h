@@ -179,6 +179,7 @@ CUresult cuMemGetInfo(size_t *free, size_t *total); /* @symbol cuMemGetInfo_v2 *
 CUresult cuMemAlloc(CUdeviceptr *dptr, size_t bytesize); /* @symbol cuMemAlloc_v2 */
 CUresult cuMemAllocPitch(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes, size_t Height, unsigned int ElementSizeBytes); /* @symbol cuMemAllocPitch_v2 */
 CUresult cuMemFree(CUdeviceptr dptr); /* @symbol cuMemFree_v2 */
+CUresult cuMemGetAddressRange(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr); /* @symbol cuMemGetAddressRange_v2 */
 CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags);
 CUresult cuMemHostGetDevicePointer(CUdeviceptr *pdptr, void *p, unsigned int Flags); /* @symbol cuMemHostGetDevicePointer_v2 */
 CUresult cuMemFreeHost(void *p);

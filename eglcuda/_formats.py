@@ -151,6 +151,19 @@ def plane_geometry(fmt: ColorFormat, width: int, height: int, pitch: int) -> tup
     return tuple(planes)
 
 
+def driver_extents(fmt: ColorFormat, width: int, height: int, pitch: int) -> tuple[int, ...]:
+    """Bytes from each plane's start that the CUDA driver needs to be device memory.
+
+    The driver takes every plane's rows to be the frame's ``pitch`` (plane 0's) apart, whatever
+    the plane's own pitch: for the half-pitch chroma planes of ``YUV420_PLANAR`` it validates
+    ``pitch x plane height`` bytes, twice what the plane spans. Measured on driver 580: a frame
+    whose V plane ended less than that before the end of mapped memory failed at acquire with
+    CUDA_ERROR_INVALID_VALUE, depending on where the allocator had put it
+    (scripts/probes/plane_extent_probe.py). eglcuda allocates this much and checks wrapped
+    memory for it."""
+    return tuple(pitch * g.height for g in plane_geometry(fmt, width, height, pitch))
+
+
 def check_pitch(fmt: ColorFormat, width: int, pitch: int) -> None:
     """Raise :class:`UsageError` unless ``pitch`` holds every plane's row under the convention."""
     need = min_pitch(fmt, width)

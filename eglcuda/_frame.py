@@ -20,6 +20,7 @@ from ._formats import (
     check_size,
     color_format,
     default_pitch,
+    driver_extents,
     plane_geometry,
 )
 from ._hotpath import AcquiredCore
@@ -336,6 +337,32 @@ def _allocate_linear(device: CudaDevice, memory: MemoryKind, size: int, what: st
     return int(pointer[0]), int(pointer[0]), int(pointer[0])
 
 
+def _check_driver_extents(device: CudaDevice, fmt: ColorFormat, width: int, height: int, pitch: int,
+                          addresses: Sequence[int]) -> None:
+    """Raise :class:`UsageError` when wrapped memory ends before what the driver reads of a plane.
+
+    Only planes the driver reads past (the half-pitch chroma planes of YUV420_PLANAR, see
+    :func:`driver_extents`) are checked; left alone, such a frame works or fails at acquire
+    depending on what the allocator put after it. Memory the driver cannot place (not from a
+    CUDA allocation call) is left to the driver."""
+    geometry = plane_geometry(fmt, width, height, pitch)
+    extents = driver_extents(fmt, width, height, pitch)
+    if all(e <= g.nbytes for e, g in zip(extents, geometry)):
+        return
+    device.make_current()
+    base, size = ffi.new("CUdeviceptr *"), ffi.new("size_t *")
+    for index, (address, extent, g) in enumerate(zip(addresses, extents, geometry)):
+        if extent <= g.nbytes or lib.cuMemGetAddressRange(base, size, address) != lib.CUDA_SUCCESS:
+            continue
+        available = int(base[0]) + int(size[0]) - address
+        if available < extent:
+            raise UsageError(
+                f"plane {index} of this {fmt.name} frame needs {extent} bytes of its allocation from its start "
+                f"(the CUDA driver reads every plane as rows {pitch} bytes apart), but the allocation ends "
+                f"{available} bytes after it: allocate {extent - available} more bytes after that plane "
+                f"(Frame.allocate does)")
+
+
 def _free_frame(ordinal: int, layout: Layout, addresses: tuple[int, ...], wrapped: Any,
                 memory: MemoryKind = MemoryKind.DEVICE) -> None:
     """Finalizer: free what eglcuda allocated (nothing for wrapped memory). Never raises."""
@@ -454,6 +481,8 @@ class Frame(_FrameBase):
         for g in plane_geometry(fmt, width, height, pitch):
             offsets.append(total)
             total += -(-g.pitch * g.height // PLANE_ALIGNMENT) * PLANE_ALIGNMENT
+        # Room for what the driver reads past a half-pitch plane (see driver_extents).
+        total = max(total, *(o + e for o, e in zip(offsets, driver_extents(fmt, width, height, pitch))))
         base, host, owned_address = _allocate_linear(device, memory, total, f"a {width}x{height} {fmt.name} frame")
         return cls(width=width, height=height, format=fmt, layout=layout, pitch=pitch, device=device,
                    addresses=(owned_address,), plane_addresses=tuple(base + o for o in offsets), owned=True,
@@ -480,6 +509,7 @@ class Frame(_FrameBase):
         if len(addresses) != len(geometry) or any(a <= 0 for a in addresses):
             raise UsageError(f"a {fmt.name} frame needs {len(geometry)} non-null plane pointer(s), got {pointer!r}")
         device = device if isinstance(device, CudaDevice) else get_device(device)
+        _check_driver_extents(device, fmt, width, height, pitch, addresses)
         return cls(width=width, height=height, format=fmt, layout=Layout.PITCH, pitch=pitch, device=device,
                    addresses=(), plane_addresses=tuple(addresses), owned=False, keep=owner)
 
@@ -513,6 +543,7 @@ class Frame(_FrameBase):
             if row != g.pitch or not inner_ok:
                 raise UsageError(f"plane {i} rows must be {g.pitch} bytes apart with contiguous pixels, got strides {strides}")
         device = device if isinstance(device, CudaDevice) else get_device(device)
+        _check_driver_extents(device, fmt, width, height, pitch, [d[0] for d in described])
         return cls(width=width, height=height, format=fmt, layout=Layout.PITCH, pitch=pitch, device=device,
                    addresses=(), plane_addresses=tuple(d[0] for d in described), owned=False, keep=list(arrays))
 

@@ -68,6 +68,82 @@ def test_8k_frames(display, fmt):
         assert producer.return_frame(timeout_us=1_000_000) is a
 
 
+# The CUDA driver reads a YUV420 planar chroma plane as (frame pitch x plane height) bytes, twice
+# what the plane spans (eglcuda._formats.driver_extents). A frame whose V plane ended closer than
+# that to the end of mapped memory failed at acquire with CUDA_ERROR_INVALID_VALUE: the
+# every-byte test failed whenever the allocator put its third frame at the end of a 2 MiB chunk.
+YUV = dict(width=640, height=480, pitch=768, format=ColorFormat.YUV420_PLANAR)
+YUV_PLANES = (768 * 480, 384 * 240, 384 * 240)
+YUV_OVERREACH = (768 - 384) * 240  # what the driver reads past the V plane
+
+
+def device_alloc(size: int) -> int:
+    from eglcuda._native import ffi, lib
+    eglcuda._cuda.get_device(0).make_current()
+    box = ffi.new("CUdeviceptr *")
+    assert lib.cuMemAlloc(box, size) == 0
+    return int(box[0])
+
+
+def device_free(address: int) -> None:
+    from eglcuda._native import lib
+    assert lib.cuMemFree(address) == 0
+
+
+def round_trips(display, frames) -> None:
+    """Present each frame once on a fresh stream; every byte must arrive."""
+    rng = np.random.default_rng()
+    first = frames[0]
+    with connected(display, first.width, first.height, format=first.format) as (stream, producer, consumer):
+        for frame in frames:
+            expected = fill_random(frame, rng)
+            producer.present(frame)
+            with consumer.acquire(timeout_us=1_000_000) as acquired:
+                assert_frame_equals(acquired, expected)
+
+
+def test_yuv420_allocation_covers_what_the_driver_reads(display):
+    from eglcuda._native import ffi, lib
+    frame = eglcuda.Frame.allocate(640, 480, ColorFormat.YUV420_PLANAR)
+    base, size = ffi.new("CUdeviceptr *"), ffi.new("size_t *")
+    for plane, extent in zip(frame.planes, eglcuda._formats.driver_extents(frame.format, 640, 480, frame.pitch)):
+        assert lib.cuMemGetAddressRange(base, size, plane.pointer) == 0
+        assert int(base[0]) + int(size[0]) - plane.pointer >= extent
+    frame.close()
+
+
+def test_yuv420_frames_allocated_back_to_back(display):
+    # The layout of the failing run: a 0x5A000-byte allocation, then three frames the allocator
+    # packs after it into the same 2 MiB chunk; the third one used to end at the chunk's end.
+    filler = device_alloc(0x5A000)
+    try:
+        frames = [eglcuda.Frame.allocate(640, 480, ColorFormat.YUV420_PLANAR) for _ in range(3)]
+        round_trips(display, frames)
+    finally:
+        device_free(filler)
+
+
+def test_wrapped_yuv420_frame_needs_room_for_what_the_driver_reads(display):
+    region = device_alloc(2 << 20)
+    end = region + (2 << 20)
+    try:
+        def frame_ending(slack: int) -> eglcuda.Frame:
+            start = end - slack - sum(YUV_PLANES)
+            return eglcuda.Frame.from_pointer(start, **YUV)
+
+        with pytest.raises(eglcuda.UsageError, match=f"plane 2 .* {YUV_OVERREACH} more bytes"):
+            frame_ending(0)
+        with pytest.raises(eglcuda.UsageError, match="plane 2 .* 1 more bytes"):
+            frame_ending(YUV_OVERREACH - 1)
+        # Exactly the room the driver reads: accepted, and every byte arrives.
+        round_trips(display, [frame_ending(YUV_OVERREACH)])
+        # Other formats are read as they span: an NV12 frame may end at the end of its memory.
+        nv12 = eglcuda.Frame.from_pointer(end - 768 * 480 * 3 // 2, 640, 480, 768, ColorFormat.NV12)
+        round_trips(display, [nv12])
+    finally:
+        device_free(region)
+
+
 def test_return_gives_back_the_same_object_and_reuse_keeps_the_last(display):
     with connected(display, 64, 48) as (stream, producer, consumer):
         a, b = producer.allocate_frame(), producer.allocate_frame()

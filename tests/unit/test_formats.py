@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 
 import eglcuda
-from eglcuda._formats import ColorFormat, check_pitch, color_format, default_pitch, min_pitch, plane_geometry
+from eglcuda._formats import (ColorFormat, check_pitch, color_format, default_pitch, driver_extents, min_pitch,
+                              plane_geometry)
 
 
 @pytest.mark.parametrize(
@@ -65,3 +66,19 @@ def test_odd_sizes_are_refused_for_420_formats():
             check_size(7, 6, fmt)
         with pytest.raises(eglcuda.UsageError, match="even"):
             check_size(8, 5, fmt)
+
+
+@pytest.mark.parametrize("fmt", list(ColorFormat), ids=lambda f: f.name)
+def test_driver_extents(fmt):
+    # Every plane is read as rows of the frame's pitch: more than the plane spans only where the
+    # plane's own pitch is smaller (the chroma planes of YUV420_PLANAR).
+    width, height = 640, 480
+    pitch = default_pitch(fmt, width) + 256  # a pitch with slack, so the rule shows
+    extents = driver_extents(fmt, width, height, pitch)
+    geometry = plane_geometry(fmt, width, height, pitch)
+    assert extents == tuple(pitch * g.height for g in geometry)
+    for extent, g in zip(extents, geometry):
+        if g.pitch == pitch:
+            assert g.pitch * g.height == extent
+        else:
+            assert (fmt, g.pitch, extent) == (ColorFormat.YUV420_PLANAR, pitch // 2, 2 * g.pitch * g.height)
