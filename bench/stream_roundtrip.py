@@ -8,11 +8,13 @@ stacks run in this one invocation, interleaved per size, so their ratios share t
 
 (1) C: bench/c/stream_roundtrip.c, built here with gcc, the same driver calls with no Python; and
     "C + counter", which also reads the stream's consumer frame counter after each acquire, as
-    eglcuda's consumer does by default (it is how AcquiredFrame.is_new tells new from old).
+    eglcuda's consumer does by default (it is how AcquiredFrame.is_new tells new from old); and
+    "C, same calls", exactly the driver calls of eglcuda's four-call loop: C + counter plus the
+    current-context check eglcuda makes on each call from Python.
 (2) eglcuda: the public API (Stream, CudaProducer, CudaConsumer, Frame), with the four single calls
     (present, acquire, release, return_frame) and with the loop steps (present_and_return,
     acquire_next / frames), which make the same driver calls in two crossings per frame; and the
-    loop steps with frame_numbers=False ("bare"), exactly the C reference's driver calls.
+    loop steps with frame_numbers=False ("bare"): the C reference's driver calls plus one context check per crossing.
 (3) What a Python user would write today: PyOpenGL's EGL bindings for the display and stream
     (they need a current context for extension calls) and cuda-python's driver bindings.
 """
@@ -281,12 +283,13 @@ class Stack:
 
 
 # Columns of the tables: what runs in each loop mode. "eglcuda" is the public API with its defaults
-# (four calls, frame numbers on); "steps" the loop steps; "bare" the loop steps with
-# frame_numbers=False, which makes exactly the C reference's driver calls.
-COLUMNS = ["C", "C + counter", "eglcuda", "eglcuda steps", "eglcuda steps, bare", "PyOpenGL+cuda-python"]
-# (label, numerator, denominator): each compares two stacks doing the same driver calls, except
-# the last, which compares eglcuda's default loop with the stack (which reads no frame counter).
-RATIOS = [("eglcuda / C+counter", "eglcuda", "C + counter"),
+# (four calls, frame numbers on), whose driver calls "C, same calls" makes; "steps" the loop steps;
+# "bare" the loop steps with frame_numbers=False: C's calls plus one context check per crossing.
+COLUMNS = ["C", "C + counter", "C, same calls", "eglcuda", "eglcuda steps", "eglcuda steps, bare", "PyOpenGL+cuda-python"]
+# (label, numerator, denominator). The first compares the same driver calls; steps and bare make
+# one context check per crossing more than their C column; the stack reads no frame counter.
+RATIOS = [("eglcuda / C same calls", "eglcuda", "C, same calls"),
+          ("eglcuda / C+counter", "eglcuda", "C + counter"),
           ("steps / C+counter", "eglcuda steps", "C + counter"),
           ("bare / C", "eglcuda steps, bare", "C"),
           ("stack / C", "PyOpenGL+cuda-python", "C"),
@@ -301,6 +304,7 @@ def measure(mode: str, binary, display, stack, width: int, height: int, iteratio
         runs = {
             "C": lambda: run_c(binary, width, height, iterations, "serial"),
             "C + counter": lambda: run_c(binary, width, height, iterations, "serial_counter"),
+            "C, same calls": lambda: run_c(binary, width, height, iterations, "serial_same"),
             "eglcuda": lambda: eglcuda_serial(display, width, height, iterations),
             "eglcuda steps": lambda: eglcuda_serial_steps(display, width, height, iterations),
             "eglcuda steps, bare": lambda: eglcuda_serial_steps(display, width, height, iterations, frame_numbers=False),
@@ -309,6 +313,7 @@ def measure(mode: str, binary, display, stack, width: int, height: int, iteratio
         runs = {
             "C": lambda: run_c(binary, width, height, iterations, "pipelined"),
             "C + counter": lambda: nan,
+            "C, same calls": lambda: nan,
             "eglcuda": lambda: eglcuda_pipelined(display, width, height, iterations),
             "eglcuda steps": lambda: eglcuda_pipelined(display, width, height, iterations, steps=True),
             "eglcuda steps, bare": lambda: eglcuda_pipelined(display, width, height, iterations, steps=True,
@@ -342,8 +347,16 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3, help="runs per cell; the median is reported")
     parser.add_argument("--markdown", help="write the markdown tables to this file")
     parser.add_argument("--svg", help="write bar charts to this path; MODE in it becomes serial / pipelined")
+    parser.add_argument("--cpus", default=None,
+                        help="comma-separated CPUs to pin the serial loops to, one row each (default: the "
+                             "lowest CPU this process may use); C and eglcuda run on the same CPU")
     args = parser.parse_args()
-    serial_n, pipe_n = (500, 500) if args.quick else (3000, 3000)
+    serial_n, pipe_n = (500, 500) if args.quick else (10000, 3000)
+    # One serial round trip took 10.3 to 12.9 us in C alone depending on the CPU it ran on (H200
+    # VM, docs/benchmarks.md): so every serial column runs pinned to the same CPU; the pipelined
+    # loops (two threads) get every CPU.
+    all_cpus = os.sched_getaffinity(0)
+    cpus = [int(c) for c in args.cpus.split(",")] if args.cpus else [min(all_cpus)]
     binary = build_c()
     display = eglcuda.Display.for_cuda_device(0)
     try:
@@ -356,8 +369,10 @@ def main() -> int:
         stack, stack_error = None, f"{type(exc).__name__}: {str(exc)[:200]}"
 
     rows = []
+    loops = [("serial", serial_n, {cpu}) for cpu in cpus] + [("pipelined", pipe_n, all_cpus)]
     for width, height in SIZES:
-        for mode, iterations in (("serial", serial_n), ("pipelined", pipe_n)):
+        for mode, iterations, affinity in loops:
+            os.sched_setaffinity(0, affinity)  # inherited by the C reference's process
             cells: dict[str, list[float]] = {name: [] for name in COLUMNS}
             for _ in range(args.repeats):  # interleaved, so drift hits all of them alike
                 try:
@@ -370,19 +385,21 @@ def main() -> int:
                 for name, value in run.items():
                     cells[name].append(value)
             med = {k: statistics.median(v) for k, v in cells.items()}
-            rows.append((f"{width}x{height}", mode, med))
+            label = f"serial, CPU {min(affinity)}" if mode == "serial" else mode
+            rows.append((f"{width}x{height}", label, med))
             if mode == "serial":
                 parts = eglcuda_breakdown(display, width, height, iterations)
                 print("  eglcuda per call (median us): " + ", ".join(f"{k} {v:.2f}" for k, v in parts.items()))
-            print(f"{width}x{height} {mode:9s} " + "  ".join(f"{k} {v:.2f}" for k, v in med.items()), flush=True)
+            print(f"{width}x{height} {label:14s} " + "  ".join(f"{k} {v:.2f}" for k, v in med.items()), flush=True)
+    os.sched_setaffinity(0, all_cpus)
     display.close()
 
     tables = markdown_tables(rows)
     print(tables)
     if stack_error:
         print(f"PyOpenGL+cuda-python stack failed: {stack_error}")
-    serial = [med for _, mode, med in rows if mode == "serial"]
-    summary = {label: max(m[a] / m[b] for m in serial) for label, a, b in RATIOS[:3]}
+    serial = [med for _, mode, med in rows if mode.startswith("serial")]
+    summary = {label: max(m[a] / m[b] for m in serial) for label, a, b in RATIOS[:4]}
     vs_stack = [m["PyOpenGL+cuda-python"] / m["eglcuda steps, bare"] for _, _, m in rows]
     print("SUMMARY serial worst " + ", ".join(f"{k} x{v:.3f}" for k, v in summary.items())
           + "; stack/bare " + (f"x{min(vs_stack):.2f}..x{max(vs_stack):.2f}" if stack_error is None else f"n/a ({stack_error})"))
@@ -393,7 +410,8 @@ def main() -> int:
         from svgplot import grouped_bars
 
         for mode in ("serial", "pipelined"):
-            picked = [(size, med) for size, m, med in rows if m == mode]
+            shown = f"serial, CPU {cpus[0]}" if mode == "serial" else mode  # the first CPU's rows
+            picked = [(size, med) for size, m, med in rows if m == shown]
             names = [c for c in COLUMNS if all(med[c] == med[c] for _, med in picked)]
             grouped_bars(pathlib.Path(args.svg.replace("MODE", mode)),
                          f"EGLStream CUDA->CUDA, {mode} loop: us per frame (lower is better)", "us/frame",

@@ -19,16 +19,14 @@ CUresult eglcuda_ensure_current(CUcontext ctx)
 enum { EGLCUDA_CALL_CONTEXT = 0, EGLCUDA_CALL_ACQUIRE = 1, EGLCUDA_CALL_MAP = 2, EGLCUDA_CALL_COUNTER = 3,
        EGLCUDA_CALL_RELEASE = 4, EGLCUDA_CALL_PRESENT = 5, EGLCUDA_CALL_RETURN = 6 };
 
-/* Acquire a frame, read its mapping into *frame, and (when dpy is not NULL) read the stream's
- * consumer frame counter, which tells a new frame from a re-acquired old one. */
-CUresult eglcuda_consumer_acquire(CUcontext ctx, CUeglStreamConnection *conn, CUgraphicsResource *resource,
-                                  CUstream *stream, unsigned int timeout_us, CUeglFrame *frame,
-                                  EGLDisplay dpy, EGLStreamKHR egl_stream, EGLuint64KHR *consumer_frame,
-                                  int *failed_call)
+/* The steps themselves, for a caller that made the context current: the fused helpers below
+ * check the context once per call from Python, not once per step (each check is a driver call,
+ * about 0.15-0.3 us). */
+static CUresult acquire_step(CUeglStreamConnection *conn, CUgraphicsResource *resource, CUstream *stream,
+                             unsigned int timeout_us, CUeglFrame *frame, EGLDisplay dpy, EGLStreamKHR egl_stream,
+                             EGLuint64KHR *consumer_frame, int *failed_call)
 {
-    CUresult status = eglcuda_ensure_current(ctx);
-    if (status != CUDA_SUCCESS) { *failed_call = EGLCUDA_CALL_CONTEXT; return status; }
-    status = cuEGLStreamConsumerAcquireFrame(conn, resource, stream, timeout_us);
+    CUresult status = cuEGLStreamConsumerAcquireFrame(conn, resource, stream, timeout_us);
     if (status != CUDA_SUCCESS) { *failed_call = EGLCUDA_CALL_ACQUIRE; return status; }
     status = cuGraphicsResourceGetMappedEglFrame(frame, *resource, 0, 0);
     if (status != CUDA_SUCCESS) { *failed_call = EGLCUDA_CALL_MAP; return status; }
@@ -39,35 +37,15 @@ CUresult eglcuda_consumer_acquire(CUcontext ctx, CUeglStreamConnection *conn, CU
     return CUDA_SUCCESS;
 }
 
-CUresult eglcuda_consumer_release(CUcontext ctx, CUeglStreamConnection *conn, CUgraphicsResource resource,
-                                  CUstream *stream)
-{
-    CUresult status = eglcuda_ensure_current(ctx);
-    if (status != CUDA_SUCCESS)
-        return status;
-    return cuEGLStreamConsumerReleaseFrame(conn, resource, stream);
-}
-
-CUresult eglcuda_producer_present(CUcontext ctx, CUeglStreamConnection *conn, const CUeglFrame *frame,
-                                  CUstream *stream)
-{
-    CUresult status = eglcuda_ensure_current(ctx);
-    if (status != CUDA_SUCCESS)
-        return status;
-    return cuEGLStreamProducerPresentFrame(conn, *frame, stream);
-}
-
 /* Take back a frame the consumer released. The driver answers CUDA_ERROR_LAUNCH_TIMEOUT while
  * none is ready (each such call waits about a millisecond inside the driver, so this loop does
  * not spin a core); retry until timeout_us has passed. timeout_us == 0: one try. On success
  * *plane0 is the frame's first plane (pointer or CUarray), the key Python finds its Frame by. */
-CUresult eglcuda_producer_return(CUcontext ctx, CUeglStreamConnection *conn, CUeglFrame *frame, CUstream *stream,
-                                 unsigned long long timeout_us, unsigned long long *plane0)
+static CUresult return_step(CUeglStreamConnection *conn, CUeglFrame *frame, CUstream *stream,
+                            unsigned long long timeout_us, unsigned long long *plane0)
 {
     struct timespec start, now;
-    CUresult status = eglcuda_ensure_current(ctx);
-    if (status != CUDA_SUCCESS)
-        return status;
+    CUresult status;
     clock_gettime(CLOCK_MONOTONIC, &start);
     struct timespec call = start;
     for (;;) {
@@ -91,6 +69,45 @@ CUresult eglcuda_producer_return(CUcontext ctx, CUeglStreamConnection *conn, CUe
     }
 }
 
+/* Acquire a frame, read its mapping into *frame, and (when dpy is not NULL) read the stream's
+ * consumer frame counter, which tells a new frame from a re-acquired old one. */
+CUresult eglcuda_consumer_acquire(CUcontext ctx, CUeglStreamConnection *conn, CUgraphicsResource *resource,
+                                  CUstream *stream, unsigned int timeout_us, CUeglFrame *frame,
+                                  EGLDisplay dpy, EGLStreamKHR egl_stream, EGLuint64KHR *consumer_frame,
+                                  int *failed_call)
+{
+    CUresult status = eglcuda_ensure_current(ctx);
+    if (status != CUDA_SUCCESS) { *failed_call = EGLCUDA_CALL_CONTEXT; return status; }
+    return acquire_step(conn, resource, stream, timeout_us, frame, dpy, egl_stream, consumer_frame, failed_call);
+}
+
+CUresult eglcuda_consumer_release(CUcontext ctx, CUeglStreamConnection *conn, CUgraphicsResource resource,
+                                  CUstream *stream)
+{
+    CUresult status = eglcuda_ensure_current(ctx);
+    if (status != CUDA_SUCCESS)
+        return status;
+    return cuEGLStreamConsumerReleaseFrame(conn, resource, stream);
+}
+
+CUresult eglcuda_producer_present(CUcontext ctx, CUeglStreamConnection *conn, const CUeglFrame *frame,
+                                  CUstream *stream)
+{
+    CUresult status = eglcuda_ensure_current(ctx);
+    if (status != CUDA_SUCCESS)
+        return status;
+    return cuEGLStreamProducerPresentFrame(conn, *frame, stream);
+}
+
+CUresult eglcuda_producer_return(CUcontext ctx, CUeglStreamConnection *conn, CUeglFrame *frame, CUstream *stream,
+                                 unsigned long long timeout_us, unsigned long long *plane0)
+{
+    CUresult status = eglcuda_ensure_current(ctx);
+    if (status != CUDA_SUCCESS)
+        return status;
+    return return_step(conn, frame, stream, timeout_us, plane0);
+}
+
 /* ---- fused steps for frame loops ------------------------------------------------------------
  * A loop makes one call from Python per frame and side instead of two: each crossing costs more
  * than the driver's cheaper calls (see docs/benchmarks.md). */
@@ -102,12 +119,13 @@ CUresult eglcuda_consumer_next(CUcontext ctx, CUeglStreamConnection *conn, CUgra
                                CUeglFrame *frame, EGLDisplay dpy, EGLStreamKHR egl_stream,
                                EGLuint64KHR *consumer_frame, int *failed_call)
 {
+    CUresult status = eglcuda_ensure_current(ctx);
+    if (status != CUDA_SUCCESS) { *failed_call = EGLCUDA_CALL_CONTEXT; return status; }
     if (held != NULL) {
-        CUresult status = eglcuda_consumer_release(ctx, conn, held, stream);
+        status = cuEGLStreamConsumerReleaseFrame(conn, held, stream);
         if (status != CUDA_SUCCESS) { *failed_call = EGLCUDA_CALL_RELEASE; return status; }
     }
-    return eglcuda_consumer_acquire(ctx, conn, resource, stream, timeout_us, frame, dpy, egl_stream, consumer_frame,
-                                    failed_call);
+    return acquire_step(conn, resource, stream, timeout_us, frame, dpy, egl_stream, consumer_frame, failed_call);
 }
 
 /* Present a frame, then take one back as eglcuda_producer_return does (timeout_us 0: one try).
@@ -116,10 +134,12 @@ CUresult eglcuda_producer_present_return(CUcontext ctx, CUeglStreamConnection *c
                                          CUstream *present_stream, CUeglFrame *back, CUstream *return_stream,
                                          unsigned long long timeout_us, unsigned long long *plane0, int *failed_call)
 {
-    CUresult status = eglcuda_producer_present(ctx, conn, presented, present_stream);
+    CUresult status = eglcuda_ensure_current(ctx);
+    if (status == CUDA_SUCCESS)
+        status = cuEGLStreamProducerPresentFrame(conn, *presented, present_stream);
     if (status != CUDA_SUCCESS) { *failed_call = EGLCUDA_CALL_PRESENT; return status; }
     *failed_call = EGLCUDA_CALL_RETURN;
-    return eglcuda_producer_return(ctx, conn, back, return_stream, timeout_us, plane0);
+    return return_step(conn, back, return_stream, timeout_us, plane0);
 }
 
 /* ---- CUDA stream -> EGLSync emulation ---------------------------------------------------

@@ -1,10 +1,13 @@
 /* C reference for bench/stream_roundtrip.py: the same driver calls eglcuda makes, with no Python.
  *
- *   stream_roundtrip WIDTH HEIGHT ITERATIONS serial|serial_counter|pipelined|breakdown
+ *   stream_roundtrip WIDTH HEIGHT ITERATIONS serial|serial_counter|serial_same|pipelined|breakdown
  * prints "us_per_frame=<float> fps=<float>"; breakdown also prints the median microseconds of each
  * call of the serial loop ("present=... acquire=... map=... release=... return=...").
  * serial_counter adds what eglcuda's consumer does by default after each acquire: read the
  * stream's consumer frame counter (eglQueryStreamu64KHR), which tells a new frame from an old one.
+ * serial_same makes exactly the driver calls of eglcuda's four-call loop: serial_counter plus the
+ * current-context check (cuCtxGetCurrent) eglcuda makes before each of present, acquire (with map
+ * and counter), release and return.
  *
  * Types come from eglcuda's own declarations (csrc/); libEGL and libcuda are opened at run time
  * like eglcuda does, so the build needs neither headers nor link libraries. */
@@ -24,7 +27,7 @@
 #define FN(name) static __typeof__(&name) p_##name
 FN(eglGetProcAddress); FN(eglGetPlatformDisplay); FN(eglInitialize); FN(eglQueryDevicesEXT);
 FN(eglQueryDeviceAttribEXT); FN(eglCreateStreamKHR); FN(eglDestroyStreamKHR); FN(eglQueryStreamu64KHR);
-FN(cuInit); FN(cuDeviceGet); FN(cuDevicePrimaryCtxRetain); FN(cuCtxSetCurrent); FN(cuMemAlloc);
+FN(cuInit); FN(cuDeviceGet); FN(cuDevicePrimaryCtxRetain); FN(cuCtxSetCurrent); FN(cuCtxGetCurrent); FN(cuMemAlloc);
 FN(cuStreamCreate); FN(cuEGLStreamConsumerConnect); FN(cuEGLStreamProducerConnect);
 FN(cuEGLStreamConsumerAcquireFrame); FN(cuGraphicsResourceGetMappedEglFrame); FN(cuEGLStreamConsumerReleaseFrame);
 FN(cuEGLStreamProducerPresentFrame); FN(cuEGLStreamProducerReturnFrame);
@@ -46,6 +49,15 @@ static CUeglStreamConnection consumer, producer;
 static CUcontext context;
 static CUeglFrame frames[POOL];
 static int iterations;
+
+/* What eglcuda's helpers do before each call from Python: make the context current unless it is. */
+static void ensure_current(void)
+{
+    CUcontext current = NULL;
+    CHECK(p_cuCtxGetCurrent(&current));
+    if (current != context)
+        CHECK(p_cuCtxSetCurrent(context));
+}
 
 static void *produce(void *unused)
 {
@@ -69,12 +81,13 @@ static void *produce(void *unused)
 
 int main(int argc, char **argv)
 {
-    if (argc != 5) { fprintf(stderr, "usage: %s WIDTH HEIGHT ITERATIONS serial|serial_counter|pipelined|breakdown\n", argv[0]); return 2; }
+    if (argc != 5) { fprintf(stderr, "usage: %s WIDTH HEIGHT ITERATIONS serial|serial_counter|serial_same|pipelined|breakdown\n", argv[0]); return 2; }
     int width = atoi(argv[1]), height = atoi(argv[2]);
     iterations = atoi(argv[3]);
     int pipelined = strcmp(argv[4], "pipelined") == 0;
     int breakdown = strcmp(argv[4], "breakdown") == 0;
-    int counter = strcmp(argv[4], "serial_counter") == 0;
+    int same = strcmp(argv[4], "serial_same") == 0;
+    int counter = same || strcmp(argv[4], "serial_counter") == 0;
     void *egl = must(dlopen("libEGL.so.1", RTLD_NOW), "libEGL.so.1");
     void *cuda = must(dlopen("libcuda.so.1", RTLD_NOW), "libcuda.so.1");
     LOAD(egl, eglGetProcAddress, "eglGetProcAddress"); LOAD(egl, eglGetPlatformDisplay, "eglGetPlatformDisplay");
@@ -83,6 +96,7 @@ int main(int argc, char **argv)
     LOADX(eglQueryStreamu64KHR);
     LOAD(cuda, cuInit, "cuInit"); LOAD(cuda, cuDeviceGet, "cuDeviceGet");
     LOAD(cuda, cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain"); LOAD(cuda, cuCtxSetCurrent, "cuCtxSetCurrent");
+    LOAD(cuda, cuCtxGetCurrent, "cuCtxGetCurrent");
     LOAD(cuda, cuMemAlloc, "cuMemAlloc_v2"); LOAD(cuda, cuStreamCreate, "cuStreamCreate");
     LOAD(cuda, cuEGLStreamConsumerConnect, "cuEGLStreamConsumerConnect");
     LOAD(cuda, cuEGLStreamProducerConnect, "cuEGLStreamProducerConnect");
@@ -162,16 +176,20 @@ int main(int argc, char **argv)
         int warmup = iterations / 10 + 2;
         for (int i = 0; i < iterations + warmup; i++) {
             if (i == warmup) start = now_s();
+            if (same) ensure_current();
             CHECK(p_cuEGLStreamProducerPresentFrame(&producer, frames[i % 2], &producer_stream));
+            if (same) ensure_current();
             CHECK(p_cuEGLStreamConsumerAcquireFrame(&consumer, &resource, &consumer_stream, 1000000));
             CHECK(p_cuGraphicsResourceGetMappedEglFrame(&mapped, resource, 0, 0));
             if (counter && !p_eglQueryStreamu64KHR(dpy, stream, EGL_CONSUMER_FRAME_KHR, &consumer_frame)) {
                 fprintf(stderr, "eglQueryStreamu64KHR failed\n");
                 exit(1);
             }
+            if (same) ensure_current();
             CHECK(p_cuEGLStreamConsumerReleaseFrame(&consumer, resource, &consumer_stream));
             if (i > 0) {  /* the stream keeps the newest frame: the previous one comes back */
                 CUresult r;
+                if (same) ensure_current();
                 while ((r = p_cuEGLStreamProducerReturnFrame(&producer, &back, &producer_stream)) == CUDA_ERROR_LAUNCH_TIMEOUT) {}
                 CHECK(r);
             }
