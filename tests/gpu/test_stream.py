@@ -11,6 +11,7 @@ import pytest
 
 import eglcuda
 from eglcuda import ColorFormat, Layout
+from eglcuda._native import ffi, lib
 
 from ..conftest import require_extension
 from .streamkit import assert_frame_equals, connected, fill_random, produce_payloads
@@ -78,7 +79,6 @@ YUV_OVERREACH = (768 - 384) * 240  # what the driver reads past the V plane
 
 
 def device_alloc(size: int) -> int:
-    from eglcuda._native import ffi, lib
     eglcuda._cuda.get_device(0).make_current()
     box = ffi.new("CUdeviceptr *")
     assert lib.cuMemAlloc(box, size) == 0
@@ -86,7 +86,6 @@ def device_alloc(size: int) -> int:
 
 
 def device_free(address: int) -> None:
-    from eglcuda._native import lib
     assert lib.cuMemFree(address) == 0
 
 
@@ -103,7 +102,6 @@ def round_trips(display, frames) -> None:
 
 
 def test_yuv420_allocation_covers_what_the_driver_reads(display):
-    from eglcuda._native import ffi, lib
     frame = eglcuda.Frame.allocate(640, 480, ColorFormat.YUV420_PLANAR)
     base, size = ffi.new("CUdeviceptr *"), ffi.new("size_t *")
     for plane, extent in zip(frame.planes, eglcuda._formats.driver_extents(frame.format, 640, 480, frame.pitch)):
