@@ -295,6 +295,7 @@ RATIOS = [("eglcuda / C same calls", "eglcuda", "C, same calls"),
           ("stack / C", "PyOpenGL+cuda-python", "C"),
           ("stack / bare", "PyOpenGL+cuda-python", "eglcuda steps, bare"),
           ("stack / steps", "PyOpenGL+cuda-python", "eglcuda steps")]
+RATIO = "ratio: "  # prefix of the ratio entries in a row's results
 
 
 def measure(mode: str, binary, display, stack, width: int, height: int, iterations: int) -> dict:
@@ -337,14 +338,16 @@ def markdown_tables(rows) -> str:
     lines += ["", "| size | loop | " + " | ".join(label for label, _, _ in RATIOS) + " |",
               "|---|---|" + "---:|" * len(RATIOS)]
     for size, mode, med in rows:
-        lines.append(f"| {size} | {mode} | " + " | ".join(cell(med[a] / med[b], 3) for _, a, b in RATIOS) + " |")
+        lines.append(f"| {size} | {mode} | " + " | ".join(cell(med[RATIO + label], 3) for label, _, _ in RATIOS)
+                     + " |")
     return "\n".join(lines)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer iterations (the GPU check's setting)")
-    parser.add_argument("--repeats", type=int, default=3, help="runs per cell; the median is reported")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="interleaved rounds per cell; medians of the times and of the per-round ratios are reported")
     parser.add_argument("--markdown", help="write the markdown tables to this file")
     parser.add_argument("--svg", help="write bar charts to this path; MODE in it becomes serial / pipelined")
     parser.add_argument("--cpus", default=None,
@@ -385,12 +388,18 @@ def main() -> int:
                 for name, value in run.items():
                     cells[name].append(value)
             med = {k: statistics.median(v) for k, v in cells.items()}
+            # Each ratio is the median of its per-round ratios: both sides of a round ran back to
+            # back, so a slow spell of the machine (runs 15-25% slower for seconds at a time)
+            # mostly hits both.
+            for label, a, b in RATIOS:
+                med[RATIO + label] = statistics.median(x / y for x, y in zip(cells[a], cells[b]))
             label = f"serial, CPU {min(affinity)}" if mode == "serial" else mode
             rows.append((f"{width}x{height}", label, med))
             if mode == "serial":
                 parts = eglcuda_breakdown(display, width, height, iterations)
                 print("  eglcuda per call (median us): " + ", ".join(f"{k} {v:.2f}" for k, v in parts.items()))
-            print(f"{width}x{height} {label:14s} " + "  ".join(f"{k} {v:.2f}" for k, v in med.items()), flush=True)
+            print(f"{width}x{height} {label:14s} " + "  ".join(f"{k} {v:.2f}" for k, v in med.items()
+                                                              if not k.startswith(RATIO)), flush=True)
     os.sched_setaffinity(0, all_cpus)
     display.close()
 
@@ -399,8 +408,8 @@ def main() -> int:
     if stack_error:
         print(f"PyOpenGL+cuda-python stack failed: {stack_error}")
     serial = [med for _, mode, med in rows if mode.startswith("serial")]
-    summary = {label: max(m[a] / m[b] for m in serial) for label, a, b in RATIOS[:4]}
-    vs_stack = [m["PyOpenGL+cuda-python"] / m["eglcuda steps, bare"] for _, _, m in rows]
+    summary = {label: max(m[RATIO + label] for m in serial) for label, _, _ in RATIOS[:4]}
+    vs_stack = [m[RATIO + "stack / bare"] for _, _, m in rows]
     print("SUMMARY serial worst " + ", ".join(f"{k} x{v:.3f}" for k, v in summary.items())
           + "; stack/bare " + (f"x{min(vs_stack):.2f}..x{max(vs_stack):.2f}" if stack_error is None else f"n/a ({stack_error})"))
     if args.markdown:

@@ -14,6 +14,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>
+#include <pthread.h>
 #include <stdint.h>
 
 typedef int (*present_fn)(void *ctx, void *conn, const void *frame, void *stream_box);
@@ -58,15 +59,67 @@ static int bound(void)
 
 /* ---- small helpers ------------------------------------------------------------------------- */
 
-/* Take a per-endpoint lock; when another thread holds it (its driver call runs without the GIL),
- * wait without the GIL too. */
-static void lock_endpoint(PyThread_type_lock lock)
+/* The endpoint gate: one thread at a time inside an endpoint's per-frame call, which releases the
+ * GIL for its driver call. The common case (nobody inside) is a flag read and written with the
+ * GIL held, no atomic instruction and no clock read; a PyThread lock cost two atomics and a clock
+ * read per call (its timed acquire reads the monotonic clock even when not waiting), which on the
+ * GPU machine was a measurable part of a frame. A thread that finds the gate busy waits on the
+ * condition variable without the GIL; the thread inside wakes it when it leaves. */
+typedef struct {
+    int busy;       /* someone is inside; written with the GIL held, read by waiters without it */
+    int waiters;    /* threads waiting to enter; only touched with the GIL held */
+    pthread_mutex_t mutex;
+    pthread_cond_t cond;
+} Gate;
+
+static int gate_init(Gate *gate)
 {
-    if (PyThread_acquire_lock(lock, NOWAIT_LOCK))
+    if (pthread_mutex_init(&gate->mutex, NULL) != 0)
+        return -1;
+    if (pthread_cond_init(&gate->cond, NULL) != 0) {
+        pthread_mutex_destroy(&gate->mutex);
+        return -1;
+    }
+    return 0;
+}
+
+static void gate_destroy(Gate *gate)
+{
+    pthread_cond_destroy(&gate->cond);
+    pthread_mutex_destroy(&gate->mutex);
+}
+
+/* Enter the gate (GIL held); when another thread is inside, wait for it without the GIL. */
+static void gate_enter(Gate *gate)
+{
+    if (!__atomic_load_n(&gate->busy, __ATOMIC_RELAXED)) {
+        __atomic_store_n(&gate->busy, 1, __ATOMIC_RELAXED);
         return;
-    Py_BEGIN_ALLOW_THREADS
-    PyThread_acquire_lock(lock, WAIT_LOCK);
-    Py_END_ALLOW_THREADS
+    }
+    gate->waiters++;
+    do {
+        Py_BEGIN_ALLOW_THREADS
+        pthread_mutex_lock(&gate->mutex);
+        while (__atomic_load_n(&gate->busy, __ATOMIC_ACQUIRE))
+            pthread_cond_wait(&gate->cond, &gate->mutex);
+        pthread_mutex_unlock(&gate->mutex);
+        Py_END_ALLOW_THREADS
+        /* Another waiter may have taken the GIL, and the gate, first. */
+    } while (__atomic_load_n(&gate->busy, __ATOMIC_RELAXED));
+    gate->waiters--;
+    __atomic_store_n(&gate->busy, 1, __ATOMIC_RELAXED);
+}
+
+/* Leave the gate (GIL held) and wake the waiters, if any. A waiter checks the flag with the mutex
+ * held before it sleeps, and the wake-up is sent with the mutex held, so none is missed. */
+static void gate_leave(Gate *gate)
+{
+    __atomic_store_n(&gate->busy, 0, __ATOMIC_RELEASE);
+    if (gate->waiters) {
+        pthread_mutex_lock(&gate->mutex);
+        pthread_cond_broadcast(&gate->cond);
+        pthread_mutex_unlock(&gate->mutex);
+    }
 }
 
 /* Call a slow-path method that must raise (it reports a failure). Always returns NULL. */
@@ -179,7 +232,8 @@ typedef struct {
     long long frames_presented;
     PyObject *in_flight;     /* plane-0 address -> Frame, presented and not returned */
     PyObject *associated;    /* plane-0 address -> Frame, every frame presented since connect */
-    PyThread_type_lock lock;
+    Gate gate;
+    char gate_ready;
 } ProducerCore;
 
 static PyObject *producer_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
@@ -189,12 +243,15 @@ static PyObject *producer_new(PyTypeObject *type, PyObject *args, PyObject *kwar
         return NULL;
     self->in_flight = PyDict_New();
     self->associated = PyDict_New();
-    self->lock = PyThread_allocate_lock();
-    if (self->in_flight == NULL || self->associated == NULL || self->lock == NULL) {
-        int no_lock = self->lock == NULL;
+    if (self->in_flight == NULL || self->associated == NULL) {
         Py_DECREF(self);
-        return no_lock ? PyErr_NoMemory() : NULL;
+        return NULL;
     }
+    if (gate_init(&self->gate) < 0) {
+        Py_DECREF(self);
+        return PyErr_NoMemory();
+    }
+    self->gate_ready = 1;
     return (PyObject *)self;
 }
 
@@ -216,8 +273,8 @@ static void producer_dealloc(ProducerCore *self)
 {
     PyObject_GC_UnTrack(self);
     producer_clear(self);
-    if (self->lock != NULL)
-        PyThread_free_lock(self->lock);
+    if (self->gate_ready)
+        gate_destroy(&self->gate);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -237,14 +294,14 @@ static PyObject *producer_bind(ProducerCore *self, PyObject *args)
 
 static PyObject *producer_shut(ProducerCore *self, PyObject *unused)
 {
-    lock_endpoint(self->lock);
+    gate_enter(&self->gate);
     self->connected = 0;
-    PyThread_release_lock(self->lock);
+    gate_leave(&self->gate);
     Py_RETURN_NONE;
 }
 
-/* The checks before a present (lock held). Returns a new reference to the frame's key, with the
- * frame's CUeglFrame, the stream box to pass and whether this producer presented it before. */
+/* The checks before a present (inside the gate). Returns a new reference to the frame's key, with
+ * the frame's CUeglFrame, the stream box to pass and whether this producer presented it before. */
 static PyObject *before_present(ProducerCore *self, PyObject *frame, PyObject *cuda_stream, int *known,
                                 void **egl, void **stream_box)
 {
@@ -296,8 +353,8 @@ fail:
     return NULL;
 }
 
-/* After a successful present (lock held): the frame is in flight; its first present fixes the
- * connection's format and layout (in Python). */
+/* After a successful present (inside the gate): the frame is in flight; its first present fixes
+ * the connection's format and layout (in Python). */
 static int after_present(ProducerCore *self, PyObject *frame, PyObject *key, int known)
 {
     if (PyDict_SetItem(self->in_flight, key, frame) < 0)
@@ -312,7 +369,7 @@ static int after_present(ProducerCore *self, PyObject *frame, PyObject *key, int
     return 0;
 }
 
-/* The frame the driver just returned, popped from the in-flight table (lock held). */
+/* The frame the driver just returned, popped from the in-flight table (inside the gate). */
 static PyObject *take_returned(ProducerCore *self)
 {
     PyObject *key = PyLong_FromUnsignedLongLong(self->returned_key);
@@ -335,7 +392,7 @@ static PyObject *take_returned(ProducerCore *self)
     return frame;
 }
 
-/* A failed return (lock held): None for "none came back yet", else the subclass raises. */
+/* A failed return (inside the gate): None for "none came back yet", else the subclass raises. */
 static PyObject *return_failed(ProducerCore *self, int status, unsigned long long waited_us)
 {
     PyObject *a = PyLong_FromLong(status), *b = PyLong_FromUnsignedLongLong(waited_us);
@@ -357,7 +414,7 @@ static PyObject *producer_present(ProducerCore *self, PyObject *const *args, Py_
     PyObject *result = NULL;
     int known, status;
     void *egl, *stream_box;
-    lock_endpoint(self->lock);
+    gate_enter(&self->gate);
     PyObject *key = before_present(self, arg[0], arg[1], &known, &egl, &stream_box);
     if (key != NULL) {
         Py_BEGIN_ALLOW_THREADS
@@ -369,7 +426,7 @@ static PyObject *producer_present(ProducerCore *self, PyObject *const *args, Py_
             result = Py_NewRef(Py_None);
         Py_DECREF(key);
     }
-    PyThread_release_lock(self->lock);
+    gate_leave(&self->gate);
     return result;
 }
 
@@ -385,7 +442,7 @@ static PyObject *producer_return_frame(ProducerCore *self, PyObject *const *args
     if (arg[0] != NULL && read_timeout((PyObject *)self, arg[0], &timeout_us) < 0)
         return NULL;
     PyObject *result = NULL;
-    lock_endpoint(self->lock);
+    gate_enter(&self->gate);
     if (!self->connected) {
         raise_via((PyObject *)self, s_fail_closed, NULL, NULL, NULL);
     } else {
@@ -404,7 +461,7 @@ static PyObject *producer_return_frame(ProducerCore *self, PyObject *const *args
             result = status ? return_failed(self, status, wait_us) : take_returned(self);
         }
     }
-    PyThread_release_lock(self->lock);
+    gate_leave(&self->gate);
     return result;
 }
 
@@ -422,7 +479,7 @@ static PyObject *producer_present_and_return(ProducerCore *self, PyObject *const
     PyObject *result = NULL;
     int known, status;
     void *egl, *stream_box;
-    lock_endpoint(self->lock);
+    gate_enter(&self->gate);
     PyObject *key = before_present(self, arg[0], arg[1], &known, &egl, &stream_box);
     if (key != NULL) {
         /* After this present the stream keeps the newest frame: with reuse on and nothing else in
@@ -438,7 +495,7 @@ static PyObject *producer_present_and_return(ProducerCore *self, PyObject *const
             result = status ? return_failed(self, status, wait_us) : take_returned(self);
         Py_DECREF(key);
     }
-    PyThread_release_lock(self->lock);
+    gate_leave(&self->gate);
     return result;
 }
 
@@ -462,7 +519,7 @@ static PyMethodDef producer_methods[] = {
      "single call into the driver layer: the step of a producer that cycles a ring of frames,\n"
      "cheaper than the two calls. Returns the frame taken back, or None."},
     {"_bind", (PyCFunction)producer_bind, METH_VARARGS, "Set the connection's handles (addresses) and reuse flag."},
-    {"_shut", (PyCFunction)producer_shut, METH_NOARGS, "Mark the producer disconnected, under its lock."},
+    {"_shut", (PyCFunction)producer_shut, METH_NOARGS, "Mark the producer disconnected, inside its gate."},
     {NULL}};
 
 static PyMemberDef producer_members[] = {
@@ -578,7 +635,8 @@ typedef struct {
     long long frames_acquired;
     PyObject *held;          /* the AcquiredCore held, or NULL */
     PyTypeObject *frame_type;
-    PyThread_type_lock lock;
+    Gate gate;
+    char gate_ready;
 } ConsumerCore;
 
 static PyObject *consumer_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
@@ -586,11 +644,11 @@ static PyObject *consumer_new(PyTypeObject *type, PyObject *args, PyObject *kwar
     ConsumerCore *self = (ConsumerCore *)type->tp_alloc(type, 0);
     if (self == NULL)
         return NULL;
-    self->lock = PyThread_allocate_lock();
-    if (self->lock == NULL) {
+    if (gate_init(&self->gate) < 0) {
         Py_DECREF(self);
         return PyErr_NoMemory();
     }
+    self->gate_ready = 1;
     return (PyObject *)self;
 }
 
@@ -612,8 +670,8 @@ static void consumer_dealloc(ConsumerCore *self)
 {
     PyObject_GC_UnTrack(self);
     consumer_clear(self);
-    if (self->lock != NULL)
-        PyThread_free_lock(self->lock);
+    if (self->gate_ready)
+        gate_destroy(&self->gate);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -642,17 +700,17 @@ static PyObject *consumer_bind(ConsumerCore *self, PyObject *args)
 /* Mark disconnected; a held frame counts as released from here on. */
 static PyObject *consumer_shut(ConsumerCore *self, PyObject *unused)
 {
-    lock_endpoint(self->lock);
+    gate_enter(&self->gate);
     self->connected = 0;
     if (self->held != NULL) {
         ((AcquiredCore *)self->held)->released = 1;
         Py_CLEAR(self->held);
     }
-    PyThread_release_lock(self->lock);
+    gate_leave(&self->gate);
     Py_RETURN_NONE;
 }
 
-/* acquire / acquire_next with the lock held; with release_held, a held frame is released first
+/* acquire / acquire_next inside the gate; with release_held, a held frame is released first
  * (in the same call into the driver layer). */
 static PyObject *acquire_locked(ConsumerCore *self, unsigned long long timeout_us, int release_held)
 {
@@ -753,14 +811,14 @@ static PyObject *consumer_acquire_common(ConsumerCore *self, PyObject *const *ar
     if (arg[0] != NULL && read_timeout((PyObject *)self, arg[0], &timeout_us) < 0)
         return NULL;
     PyObject *result = NULL;
-    lock_endpoint(self->lock);
+    gate_enter(&self->gate);
     if (!self->connected)
         raise_via((PyObject *)self, s_fail_closed, NULL, NULL, NULL);
     else if (!next && self->held != NULL)
         raise_via((PyObject *)self, s_fail_held, NULL, NULL, NULL);
     else
         result = acquire_locked(self, timeout_us, next);
-    PyThread_release_lock(self->lock);
+    gate_leave(&self->gate);
     return result;
 }
 
@@ -781,7 +839,7 @@ static PyObject *consumer_release_frame(PyObject *consumer, PyObject *frame)
     if (!bound())
         return NULL;
     PyObject *result = NULL;
-    lock_endpoint(self->lock);
+    gate_enter(&self->gate);
     if (frame != self->held) {
         int released = PyObject_TypeCheck(frame, &AcquiredCoreType) && ((AcquiredCore *)frame)->released;
         raise_via(consumer, released ? s_fail_released : s_fail_foreign, NULL, NULL, NULL);
@@ -797,7 +855,7 @@ static PyObject *consumer_release_frame(PyObject *consumer, PyObject *frame)
         else
             result = Py_NewRef(Py_None);
     }
-    PyThread_release_lock(self->lock);
+    gate_leave(&self->gate);
     return result;
 }
 
@@ -817,7 +875,7 @@ static PyMethodDef consumer_methods[] = {
      ":meth:`AcquiredFrame.release`."},
     {"_release", (PyCFunction)consumer_release_frame, METH_O, "Release ``frame`` (AcquiredFrame.release)."},
     {"_bind", (PyCFunction)consumer_bind, METH_VARARGS, "Set the connection's handles (addresses)."},
-    {"_shut", (PyCFunction)consumer_shut, METH_NOARGS, "Mark the consumer disconnected, under its lock."},
+    {"_shut", (PyCFunction)consumer_shut, METH_NOARGS, "Mark the consumer disconnected, inside its gate."},
     {NULL}};
 
 static PyMemberDef consumer_members[] = {

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import threading
+import time
 import weakref
 
 import numpy as np
@@ -149,3 +150,48 @@ def test_acquired_frames_and_endpoints_are_collected(display):
     del stream, consumer, producer, held
     gc.collect()
     assert [p() for p in probes] == [None] * 4
+
+
+def test_a_call_waits_for_another_threads_call_on_the_same_endpoint_without_the_gil(display):
+    """One thread's acquire waits in the driver (an empty stream, 300 ms timeout) while a second
+    thread closes the consumer: the close waits until the acquire has come back, and while both
+    wait, the main thread keeps running Python (neither wait holds the GIL)."""
+    with connected(display, 16, 16) as (stream, producer, consumer):
+        events: list[tuple[str, float]] = []
+        errors: list[BaseException] = []
+
+        def acquire():
+            try:
+                consumer.acquire(timeout_us=300_000)
+            except eglcuda.Timeout:
+                events.append(("acquire timed out", time.perf_counter()))
+            except BaseException as exc:  # pragma: no cover - the test reports it
+                errors.append(exc)
+
+        def close():
+            events.append(("close called", time.perf_counter()))
+            consumer.close()
+            events.append(("close returned", time.perf_counter()))
+
+        waiting = threading.Thread(target=acquire)
+        started = time.perf_counter()
+        waiting.start()
+        time.sleep(0.05)  # the acquire is inside the driver by now
+        closing = threading.Thread(target=close)
+        closing.start()
+        spins = 0
+        while closing.is_alive() and time.perf_counter() - started < 10:
+            spins += 1
+        waiting.join(10)
+        closing.join(10)
+        assert not errors, errors
+        when = {name: seconds - started for name, seconds in events}
+        assert set(when) == {"close called", "acquire timed out", "close returned"}
+        # The close came in while the acquire waited in the driver, and got through only after
+        # the acquire's 300 ms were up.
+        assert when["close called"] < 0.2
+        assert when["close returned"] >= 0.25
+        assert spins > 1000  # the main thread ran while the other two waited
+        assert consumer.closed
+        with pytest.raises(eglcuda.ClosedError):
+            consumer.acquire(timeout_us=0)
