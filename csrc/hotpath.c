@@ -41,6 +41,7 @@ static struct {
 /* The helpers' failed_call codes (csrc/helpers.c). */
 enum { CALL_COUNTER = 3, CALL_RELEASE = 4, CALL_PRESENT = 5 };
 #define MAX_FRAMES_IN_FLIGHT 64
+#define RECENT_FRAMES 8
 #define MAX_TIMEOUT_US 0x7FFFFFFFLL
 
 /* Names of the Python subclass's slow-path methods and attributes, interned once. */
@@ -232,6 +233,15 @@ typedef struct {
     long long frames_presented;
     PyObject *in_flight;     /* plane-0 address -> Frame, presented and not returned */
     PyObject *associated;    /* plane-0 address -> Frame, every frame presented since connect */
+    /* The frames presented most recently, so a frame presented again skips two attribute reads
+     * and a dict lookup, and a returned one is found without making an int (strong references,
+     * dropped at disconnect like the associated table's). */
+    struct {
+        PyObject *frame, *key;
+        void *egl;                    /* its CUeglFrame */
+        unsigned long long plane0;    /* the key's value */
+    } recent[RECENT_FRAMES];
+    int recent_next;
     Gate gate;
     char gate_ready;
 } ProducerCore;
@@ -259,13 +269,26 @@ static int producer_traverse(ProducerCore *self, visitproc visit, void *arg)
 {
     Py_VISIT(self->in_flight);
     Py_VISIT(self->associated);
+    for (int i = 0; i < RECENT_FRAMES; i++) {
+        Py_VISIT(self->recent[i].frame);
+        Py_VISIT(self->recent[i].key);
+    }
     return 0;
+}
+
+static void forget_recent(ProducerCore *self)
+{
+    for (int i = 0; i < RECENT_FRAMES; i++) {
+        Py_CLEAR(self->recent[i].frame);
+        Py_CLEAR(self->recent[i].key);
+    }
 }
 
 static int producer_clear(ProducerCore *self)
 {
     Py_CLEAR(self->in_flight);
     Py_CLEAR(self->associated);
+    forget_recent(self);
     return 0;
 }
 
@@ -296,8 +319,29 @@ static PyObject *producer_shut(ProducerCore *self, PyObject *unused)
 {
     gate_enter(&self->gate);
     self->connected = 0;
+    forget_recent(self);
     gate_leave(&self->gate);
     Py_RETURN_NONE;
+}
+
+/* Remember a frame this producer presented (it is in the associated table). */
+static void remember_recent(ProducerCore *self, PyObject *frame, PyObject *key, void *egl)
+{
+    unsigned long long plane0 = PyLong_AsUnsignedLongLong(key);
+    if (plane0 == (unsigned long long)-1 && PyErr_Occurred()) {
+        PyErr_Clear(); /* not an address: such a frame is just not remembered */
+        return;
+    }
+    for (int i = 0; i < RECENT_FRAMES; i++) {
+        if (self->recent[i].frame == frame)
+            return;
+    }
+    int slot = self->recent_next;
+    self->recent_next = (slot + 1) % RECENT_FRAMES;
+    Py_XSETREF(self->recent[slot].frame, Py_NewRef(frame));
+    Py_XSETREF(self->recent[slot].key, Py_NewRef(key));
+    self->recent[slot].egl = egl;
+    self->recent[slot].plane0 = plane0;
 }
 
 /* The checks before a present (inside the gate). Returns a new reference to the frame's key, with
@@ -307,6 +351,26 @@ static PyObject *before_present(ProducerCore *self, PyObject *frame, PyObject *c
 {
     if (!self->connected)
         return raise_via((PyObject *)self, s_fail_closed, NULL, NULL, NULL);
+    for (int i = 0; i < RECENT_FRAMES; i++) {
+        if (self->recent[i].frame == frame) {
+            /* Presented before on this connection, so still open and matching it. */
+            PyObject *key = Py_NewRef(self->recent[i].key);
+            int presented = PyDict_Contains(self->in_flight, key);
+            if (presented < 0) {
+                Py_DECREF(key);
+                return NULL;
+            }
+            *known = 2; /* known, and remembered */
+            *egl = self->recent[i].egl;
+            if (!presented && PyDict_GET_SIZE(self->in_flight) < MAX_FRAMES_IN_FLIGHT
+                && (cuda_stream == NULL || cuda_stream == Py_None)) {
+                *stream_box = &self->default_stream;
+                return key;
+            }
+            Py_DECREF(key);
+            break; /* the full path below raises or handles the stream */
+        }
+    }
     PyObject *key = PyObject_GetAttr(frame, s_key);
     if (key == NULL) {
         if (!PyErr_ExceptionMatches(PyExc_AttributeError))
@@ -355,7 +419,7 @@ fail:
 
 /* After a successful present (inside the gate): the frame is in flight; its first present fixes
  * the connection's format and layout (in Python). */
-static int after_present(ProducerCore *self, PyObject *frame, PyObject *key, int known)
+static int after_present(ProducerCore *self, PyObject *frame, PyObject *key, int known, void *egl)
 {
     if (PyDict_SetItem(self->in_flight, key, frame) < 0)
         return -1;
@@ -366,13 +430,21 @@ static int after_present(ProducerCore *self, PyObject *frame, PyObject *key, int
             return -1;
         Py_DECREF(done);
     }
+    if (known != 2)
+        remember_recent(self, frame, key, egl);
     return 0;
 }
 
 /* The frame the driver just returned, popped from the in-flight table (inside the gate). */
 static PyObject *take_returned(ProducerCore *self)
 {
-    PyObject *key = PyLong_FromUnsignedLongLong(self->returned_key);
+    PyObject *key = NULL;
+    for (int i = 0; i < RECENT_FRAMES && key == NULL; i++) {
+        if (self->recent[i].key != NULL && self->recent[i].plane0 == self->returned_key)
+            key = Py_NewRef(self->recent[i].key);
+    }
+    if (key == NULL)
+        key = PyLong_FromUnsignedLongLong(self->returned_key);
     if (key == NULL)
         return NULL;
     PyObject *frame = PyDict_GetItemWithError(self->in_flight, key);
@@ -422,7 +494,7 @@ static PyObject *producer_present(ProducerCore *self, PyObject *const *args, Py_
         Py_END_ALLOW_THREADS
         if (status)
             raise_status((PyObject *)self, s_present_failed, status, 0, 0, 0);
-        else if (after_present(self, arg[0], key, known) == 0)
+        else if (after_present(self, arg[0], key, known, egl) == 0)
             result = Py_NewRef(Py_None);
         Py_DECREF(key);
     }
@@ -491,7 +563,7 @@ static PyObject *producer_present_and_return(ProducerCore *self, PyObject *const
         Py_END_ALLOW_THREADS
         if (status && self->failed_call == CALL_PRESENT)
             raise_status((PyObject *)self, s_present_failed, status, 0, 0, 0);
-        else if (after_present(self, arg[0], key, known) == 0)
+        else if (after_present(self, arg[0], key, known, egl) == 0)
             result = status ? return_failed(self, status, wait_us) : take_returned(self);
         Py_DECREF(key);
     }
