@@ -195,3 +195,27 @@ def test_a_call_waits_for_another_threads_call_on_the_same_endpoint_without_the_
         assert consumer.closed
         with pytest.raises(eglcuda.ClosedError):
             consumer.acquire(timeout_us=0)
+
+
+def test_more_frames_than_the_producer_remembers_come_back_as_themselves(display):
+    """The producer remembers its 8 most recent frames to skip lookups (csrc/hotpath.c): with 13
+    frames presented in a new random order each round, some on a named CUDA stream, every frame
+    arrives with its own bytes and comes back as the very object presented, in order."""
+    require_extension(display, "EGL_KHR_stream_fifo")
+    rng = np.random.default_rng()
+    with connected(display, 24, 10, fifo_length=16, reuse_last_frame=False) as (stream, producer, consumer):
+        pool = [producer.allocate_frame() for _ in range(13)]
+        cuda_stream = consumer.cuda_stream  # a real stream of the same context, named by handle
+        for round_ in range(4):
+            order = [pool[i] for i in rng.permutation(len(pool))]
+            expected = {}
+            for index, frame in enumerate(order):
+                expected[id(frame)] = fill_random(frame, rng)
+                producer.present(frame, cuda_stream if index % 3 == 0 else None)
+            for frame in order:
+                with consumer.acquire(timeout_us=1_000_000) as acquired:
+                    assert acquired.is_new
+                    assert_frame_equals(acquired, expected[id(frame)])
+            for frame in order:
+                assert producer.return_frame(timeout_us=1_000_000) is frame, round_
+            assert producer.in_flight == 0
