@@ -450,7 +450,7 @@ class CudaConsumer(ConsumerCore):
             if held is not None and self._connected:
                 held.release()
 
-    # ---- the rare paths of the C methods (each called with the consumer's lock held) ----------
+    # ---- the rare paths of the C methods (each called inside the consumer's gate) -----------
     _timeout = staticmethod(_checked_timeout)
 
     def _fail_closed(self) -> NoReturn:
@@ -601,7 +601,7 @@ class CudaProducer(ProducerCore):
             raise UsageError(f"{MAX_FRAMES_IN_FLIGHT} frames are in flight (the driver's limit): "
                              "return_frame() one before presenting another")
 
-    # ---- the rare paths of the C methods (each called with the producer's lock held) ----------
+    # ---- the rare paths of the C methods (each called inside the producer's gate) -----------
     _stream_handle = staticmethod(stream_handle)
 
     _timeout = staticmethod(_checked_timeout)
@@ -623,7 +623,7 @@ class CudaProducer(ProducerCore):
         frame._producer = self._weak_self
 
     def _return_failed(self, status: int, waited_us: int) -> None:
-        """A return call's failure (lock held): None for 'none yet', else the error."""
+        """A return call's failure (inside the gate): None for 'none yet', else the error."""
         if status == _LAUNCH_TIMEOUT:
             if waited_us and self.stream.state is StreamState.DISCONNECTED:
                 # A consumer gone (its process may have died) never releases: say so.
