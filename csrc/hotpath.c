@@ -351,37 +351,29 @@ static PyObject *before_present(ProducerCore *self, PyObject *frame, PyObject *c
 {
     if (!self->connected)
         return raise_via((PyObject *)self, s_fail_closed, NULL, NULL, NULL);
-    for (int i = 0; i < RECENT_FRAMES; i++) {
+    PyObject *key = NULL;
+    *egl = NULL;
+    for (int i = 0; i < RECENT_FRAMES && key == NULL; i++) {
         if (self->recent[i].frame == frame) {
             /* Presented before on this connection, so still open and matching it. */
-            PyObject *key = Py_NewRef(self->recent[i].key);
-            int presented = PyDict_Contains(self->in_flight, key);
-            if (presented < 0) {
-                Py_DECREF(key);
-                return NULL;
-            }
-            *known = 2; /* known, and remembered */
+            key = Py_NewRef(self->recent[i].key);
             *egl = self->recent[i].egl;
-            if (!presented && PyDict_GET_SIZE(self->in_flight) < MAX_FRAMES_IN_FLIGHT
-                && (cuda_stream == NULL || cuda_stream == Py_None)) {
-                *stream_box = &self->default_stream;
-                return key;
-            }
-            Py_DECREF(key);
-            break; /* the full path below raises or handles the stream */
+            *known = 2; /* known, and remembered */
         }
     }
-    PyObject *key = PyObject_GetAttr(frame, s_key);
     if (key == NULL) {
-        if (!PyErr_ExceptionMatches(PyExc_AttributeError))
-            return NULL;
-        PyErr_Clear(); /* not a Frame: _check_frame says so */
-        key = Py_NewRef(Py_None);
+        key = PyObject_GetAttr(frame, s_key);
+        if (key == NULL) {
+            if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+                return NULL;
+            PyErr_Clear(); /* not a Frame: _check_frame says so */
+            key = Py_NewRef(Py_None);
+        }
+        PyObject *seen = PyDict_GetItemWithError(self->associated, key);
+        if (seen == NULL && PyErr_Occurred())
+            goto fail;
+        *known = seen == frame;
     }
-    PyObject *seen = PyDict_GetItemWithError(self->associated, key);
-    if (seen == NULL && PyErr_Occurred())
-        goto fail;
-    *known = seen == frame;
     int presented = PyDict_Contains(self->in_flight, key);
     if (presented < 0)
         goto fail;
@@ -392,13 +384,16 @@ static PyObject *before_present(ProducerCore *self, PyObject *frame, PyObject *c
             goto fail;
         Py_DECREF(checked);
     }
-    PyObject *address = PyObject_GetAttr(frame, s_egl_address);
-    if (address == NULL)
-        goto fail;
-    int bad = read_address(address, egl);
-    Py_DECREF(address);
-    if (bad)
-        goto fail;
+    int bad;
+    if (*egl == NULL) {
+        PyObject *address = PyObject_GetAttr(frame, s_egl_address);
+        if (address == NULL)
+            goto fail;
+        bad = read_address(address, egl);
+        Py_DECREF(address);
+        if (bad)
+            goto fail;
+    }
     if (cuda_stream == NULL || cuda_stream == Py_None) {
         *stream_box = &self->default_stream;
     } else {
