@@ -120,6 +120,7 @@ CUresult eglcuda_consumer_acquire(CUcontext ctx, CUeglStreamConnection *conn, CU
                                   CUstream *stream, unsigned int timeout_us, CUeglFrame *frame,
                                   EGLDisplay dpy, EGLStreamKHR egl_stream, EGLuint64KHR *consumer_frame,
                                   int *failed_call);
+CUresult eglcuda_consumer_counter(EGLDisplay dpy, EGLStreamKHR egl_stream, EGLuint64KHR *consumer_frame);
 CUresult eglcuda_consumer_release(CUcontext ctx, CUeglStreamConnection *conn, CUgraphicsResource resource,
                                   CUstream *stream);
 CUresult eglcuda_producer_present(CUcontext ctx, CUeglStreamConnection *conn, const CUeglFrame *frame,

@@ -81,6 +81,13 @@ CUresult eglcuda_consumer_acquire(CUcontext ctx, CUeglStreamConnection *conn, CU
     return acquire_step(conn, resource, stream, timeout_us, frame, dpy, egl_stream, consumer_frame, failed_call);
 }
 
+/* Read the stream's consumer frame counter: the number of the frame the consumer latched last. */
+CUresult eglcuda_consumer_counter(EGLDisplay dpy, EGLStreamKHR egl_stream, EGLuint64KHR *consumer_frame)
+{
+    return eglQueryStreamu64KHR(dpy, egl_stream, EGL_CONSUMER_FRAME_KHR, consumer_frame) ? CUDA_SUCCESS
+                                                                                         : CUDA_ERROR_NOT_FOUND;
+}
+
 CUresult eglcuda_consumer_release(CUcontext ctx, CUeglStreamConnection *conn, CUgraphicsResource resource,
                                   CUstream *stream)
 {

@@ -28,6 +28,7 @@ typedef int (*acquire_fn)(void *ctx, void *conn, void *resource_box, void *strea
 typedef int (*next_fn)(void *ctx, void *conn, void *held, void *resource_box, void *stream_box, unsigned int timeout_us,
                        void *frame, void *dpy, void *egl_stream, uint64_t *consumer_frame, int *failed_call);
 typedef int (*release_fn)(void *ctx, void *conn, void *resource, void *stream_box);
+typedef int (*counter_fn)(void *dpy, void *egl_stream, uint64_t *consumer_frame);
 
 static struct {
     present_fn present;
@@ -36,10 +37,11 @@ static struct {
     acquire_fn acquire;
     next_fn next;
     release_fn release;
+    counter_fn counter;
 } driver;
 
 /* The helpers' failed_call codes (csrc/helpers.c). */
-enum { CALL_COUNTER = 3, CALL_RELEASE = 4, CALL_PRESENT = 5 };
+enum { CALL_MAP = 2, CALL_COUNTER = 3, CALL_RELEASE = 4, CALL_PRESENT = 5 };
 #define MAX_FRAMES_IN_FLIGHT 64
 #define RECENT_FRAMES 8
 #define MAX_TIMEOUT_US 0x7FFFFFFFLL
@@ -230,7 +232,10 @@ typedef struct {
     int failed_call;
     char reuse;              /* the stream keeps the newest frame (EGL's default) */
     char connected;
-    long long frames_presented;
+    /* Presents begun and presents done (successfully), each counted with the GIL held: a consumer
+     * in this process reads them to know a new frame's number without asking EGL (see
+     * derive_number below). A failed present leaves them unequal for good. */
+    long long presents_started, frames_presented;
     PyObject *in_flight;     /* plane-0 address -> Frame, presented and not returned */
     PyObject *associated;    /* plane-0 address -> Frame, every frame presented since connect */
     /* The frames presented most recently, so a frame presented again skips two attribute reads
@@ -484,6 +489,7 @@ static PyObject *producer_present(ProducerCore *self, PyObject *const *args, Py_
     gate_enter(&self->gate);
     PyObject *key = before_present(self, arg[0], arg[1], &known, &egl, &stream_box);
     if (key != NULL) {
+        self->presents_started++;
         Py_BEGIN_ALLOW_THREADS
         status = driver.present(self->ctx, self->conn, egl, stream_box);
         Py_END_ALLOW_THREADS
@@ -552,6 +558,7 @@ static PyObject *producer_present_and_return(ProducerCore *self, PyObject *const
         /* After this present the stream keeps the newest frame: with reuse on and nothing else in
          * flight nothing can come back, so one try is enough. */
         unsigned long long wait_us = (self->reuse && PyDict_GET_SIZE(self->in_flight) == 0) ? 0 : timeout_us;
+        self->presents_started++;
         Py_BEGIN_ALLOW_THREADS
         status = driver.present_return(self->ctx, self->conn, egl, stream_box, self->returned, &self->return_stream,
                                        wait_us, &self->returned_key, &self->failed_call);
@@ -699,6 +706,13 @@ typedef struct {
     uint64_t counter, last_number;
     int failed_call;
     char use_counter, has_last, producer_seen, connected;
+    /* Frame numbers without the EGL query (see derive_plan). */
+    ProducerCore *producer;  /* the stream's producer when it is in this process, or NULL */
+    char fifo;               /* FIFO stream, else mailbox */
+    char last_latched;       /* last_number is the number of the frame the driver latched last */
+    char base_known, derive_off;
+    uint64_t base;           /* the frame of the producer's n-th present has number base + n */
+    long long numbers_derived;
     long long frames_acquired;
     PyObject *held;          /* the AcquiredCore held, or NULL */
     PyTypeObject *frame_type;
@@ -723,6 +737,7 @@ static int consumer_traverse(ConsumerCore *self, visitproc visit, void *arg)
 {
     Py_VISIT(self->held);
     Py_VISIT(self->frame_type);
+    Py_VISIT(self->producer);
     return 0;
 }
 
@@ -730,6 +745,7 @@ static int consumer_clear(ConsumerCore *self)
 {
     Py_CLEAR(self->held);
     Py_CLEAR(self->frame_type);
+    Py_CLEAR(self->producer);
     return 0;
 }
 
@@ -764,6 +780,90 @@ static PyObject *consumer_bind(ConsumerCore *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* The stream's producer connected in this process: its present counts can stand in for the EGL
+ * frame counter query (derive_plan). */
+static PyObject *consumer_link_producer(ConsumerCore *self, PyObject *args)
+{
+    PyObject *producer;
+    int fifo;
+    if (!PyArg_ParseTuple(args, "O!p:_link_producer", &ProducerCoreType, &producer, &fifo))
+        return NULL;
+    gate_enter(&self->gate);
+    Py_XSETREF(self->producer, (ProducerCore *)Py_NewRef(producer));
+    self->fifo = (char)fifo;
+    gate_leave(&self->gate);
+    Py_RETURN_NONE;
+}
+
+/* ---- frame numbers without asking EGL ------------------------------------------------------
+ * An acquired frame's number, and whether it is new or the previous frame handed back again, come
+ * from the stream's consumer frame counter: an EGL query that costs about as much as the acquire
+ * itself (docs/benchmarks.md). When the stream's producer is a CudaProducer in this process, its
+ * present counts (read and written with the GIL held) usually settle both without EGL. The frame
+ * of the producer's n-th present has number base + n; so the frame latched last is present
+ * number L = last_number - base, and if more than L presents are done when an acquire begins, a
+ * newer frame is waiting and this acquire latches a new frame:
+ * - FIFO: no frame is ever dropped, so it is the one after the previous: last_number + 1.
+ * - Mailbox: it is the newest, base + frames_presented, provided no present was under way when
+ *   the acquire began, nor began during it.
+ * Every other case asks EGL, as does a consumer whose producer is in another process. base is
+ * read from EGL once: FIFO's first frame is present 1; a mailbox acquire with no present under
+ * way latches present frames_presented. */
+static int derive_plan(ConsumerCore *self, long long *started, long long *done)
+{
+    ProducerCore *producer = self->producer;
+    if (producer == NULL)
+        return 0;
+    *started = producer->presents_started;
+    *done = producer->frames_presented;
+    if (!self->use_counter || self->derive_off || !self->base_known || !self->last_latched)
+        return 0;
+    long long latched = (long long)(self->last_number - self->base);
+    if (*done <= latched)
+        return 0; /* nothing newer is certainly there: the driver may hand back the old frame */
+    if (self->fifo)
+        return 1;
+    return *started == *done ? 2 : 0;
+}
+
+/* EGL gave the number (value) of a frame just latched: measure base, or check it and FIFO's rule
+ * (turning derivation off for good if either fails). */
+static void learn_numbering(ConsumerCore *self, uint64_t value, long long started, long long done)
+{
+    if (self->fifo) {
+        if (!self->has_last && !self->base_known) {
+            self->base = value - 1;
+            self->base_known = 1;
+        } else if (self->has_last && value != self->last_number && value != self->last_number + 1) {
+            self->derive_off = 1;
+        }
+    } else if (started == done && done > 0 && self->producer->presents_started == started) {
+        if (!self->base_known) {
+            self->base = value - (uint64_t)done;
+            self->base_known = 1;
+        } else if (value != self->base + (uint64_t)done) {
+            self->derive_off = 1;
+        }
+    }
+}
+
+/* Read the consumer frame counter now (the acquire is done; the gate keeps others out).
+ * 1: *value read; 0: the query failed and frame numbers are now off; -1: an exception. */
+static int ask_counter(ConsumerCore *self, uint64_t *value)
+{
+    int status;
+    Py_BEGIN_ALLOW_THREADS
+    status = driver.counter(self->dpy, self->egl_stream, value);
+    Py_END_ALLOW_THREADS
+    if (status == 0)
+        return 1;
+    PyObject *done = PyObject_CallMethodNoArgs((PyObject *)self, s_counter_failed);
+    if (done == NULL)
+        return -1;
+    Py_DECREF(done);
+    return 0;
+}
+
 /* Mark disconnected; a held frame counts as released from here on. */
 static PyObject *consumer_shut(ConsumerCore *self, PyObject *unused)
 {
@@ -796,7 +896,9 @@ static PyObject *acquire_locked(ConsumerCore *self, unsigned long long timeout_u
         if (PyErr_Occurred())
             return NULL;
     }
-    void *dpy = self->use_counter ? self->dpy : NULL;
+    long long started = 0, done = 0;
+    int derive = derive_plan(self, &started, &done);
+    void *dpy = (self->use_counter && !derive) ? self->dpy : NULL;
     unsigned int wait_us = (unsigned int)timeout_us;
     int status;
     if (release_held && self->held != NULL) {
@@ -814,6 +916,9 @@ static PyObject *acquire_locked(ConsumerCore *self, unsigned long long timeout_u
         Py_END_ALLOW_THREADS
     }
     if (status) {
+        self->last_latched = 0;
+        if (self->failed_call == CALL_MAP) /* a frame latched but not mapped: numbering lost */
+            self->derive_off = 1;
         if (self->failed_call == CALL_COUNTER) {
             /* The frame is acquired and mapped; only the counter query failed: go on without it. */
             PyObject *done = PyObject_CallMethodNoArgs(self_obj, s_counter_failed);
@@ -827,14 +932,30 @@ static PyObject *acquire_locked(ConsumerCore *self, unsigned long long timeout_u
         }
     }
     self->held_resource = *(void **)self->resource_box;
+    uint64_t value = self->counter;
+    if (derive == 2 && self->producer->presents_started != started) {
+        /* A present began during the acquire: the newest frame may be that one. */
+        derive = 0;
+        if (ask_counter(self, &value) < 0)
+            return NULL;
+    }
+    if (derive == 1) {
+        value = self->last_number + 1;
+    } else if (derive == 2) {
+        value = self->base + (uint64_t)done;
+    } else if (self->use_counter && self->producer != NULL) {
+        learn_numbering(self, value, started, done);
+    }
     PyObject *number, *is_new;
     if (self->use_counter) {
-        number = PyLong_FromUnsignedLongLong(self->counter);
+        number = PyLong_FromUnsignedLongLong(value);
         if (number == NULL)
             return NULL;
-        int fresh = !self->has_last || self->counter != self->last_number;
+        int fresh = derive || !self->has_last || value != self->last_number;
+        self->numbers_derived += derive != 0;
         self->has_last = 1;
-        self->last_number = self->counter;
+        self->last_latched = 1;
+        self->last_number = value;
         is_new = Py_NewRef(fresh ? Py_True : Py_False);
         if (!fresh) {
             /* A frame handed out again: maybe because the producer is gone (the subclass checks,
@@ -943,6 +1064,8 @@ static PyMethodDef consumer_methods[] = {
     {"_release", (PyCFunction)consumer_release_frame, METH_O, "Release ``frame`` (AcquiredFrame.release)."},
     {"_bind", (PyCFunction)consumer_bind, METH_VARARGS, "Set the connection's handles (addresses)."},
     {"_shut", (PyCFunction)consumer_shut, METH_NOARGS, "Mark the consumer disconnected, inside its gate."},
+    {"_link_producer", (PyCFunction)consumer_link_producer, METH_VARARGS,
+     "_link_producer(producer, fifo): the stream's producer, in this process (frame numbers without EGL)."},
     {NULL}};
 
 static PyMemberDef consumer_members[] = {
@@ -952,6 +1075,8 @@ static PyMemberDef consumer_members[] = {
     {"_connected", T_BOOL, offsetof(ConsumerCore, connected), 0, NULL},
     {"_use_counter", T_BOOL, offsetof(ConsumerCore, use_counter), 0, NULL},
     {"_producer_seen", T_BOOL, offsetof(ConsumerCore, producer_seen), 0, NULL},
+    {"_numbers_derived", T_LONGLONG, offsetof(ConsumerCore, numbers_derived), READONLY, NULL},
+    {"_derive_off", T_BOOL, offsetof(ConsumerCore, derive_off), READONLY, NULL},
     {NULL}};
 
 static PyTypeObject ConsumerCoreType = {
@@ -972,12 +1097,12 @@ static PyTypeObject ConsumerCoreType = {
 
 static PyObject *module_bind(PyObject *module, PyObject *addresses)
 {
-    void *slots[6];
-    if (!PyTuple_Check(addresses) || PyTuple_GET_SIZE(addresses) != 6) {
-        PyErr_SetString(PyExc_TypeError, "bind() takes a tuple of the 6 helper addresses");
+    void *slots[7];
+    if (!PyTuple_Check(addresses) || PyTuple_GET_SIZE(addresses) != 7) {
+        PyErr_SetString(PyExc_TypeError, "bind() takes a tuple of the 7 helper addresses");
         return NULL;
     }
-    for (int i = 0; i < 6; i++) {
+    for (int i = 0; i < 7; i++) {
         if (read_address(PyTuple_GET_ITEM(addresses, i), &slots[i]) < 0)
             return NULL;
         if (slots[i] == NULL) {
@@ -991,12 +1116,13 @@ static PyObject *module_bind(PyObject *module, PyObject *addresses)
     driver.acquire = (acquire_fn)slots[3];
     driver.next = (next_fn)slots[4];
     driver.release = (release_fn)slots[5];
+    driver.counter = (counter_fn)slots[6];
     Py_RETURN_NONE;
 }
 
 static PyMethodDef module_methods[] = {
     {"bind", module_bind, METH_O,
-     "bind((present, return, present_return, acquire, next, release))\n--\n\n"
+     "bind((present, return, present_return, acquire, next, release, counter))\n--\n\n"
      "The addresses of eglcuda._native's per-frame helpers (csrc/helpers.c), in that order."},
     {NULL}};
 

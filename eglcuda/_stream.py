@@ -40,7 +40,7 @@ _CALL_NAMES = {0: "cuCtxSetCurrent", 1: "cuEGLStreamConsumerAcquireFrame",
 # The C methods of the endpoints (csrc/hotpath.c) call the fused helpers of csrc/helpers.c.
 _hotpath.bind(tuple(address(ffi.addressof(lib, name)) for name in (
     "eglcuda_producer_present", "eglcuda_producer_return", "eglcuda_producer_present_return",
-    "eglcuda_consumer_acquire", "eglcuda_consumer_next", "eglcuda_consumer_release")))
+    "eglcuda_consumer_acquire", "eglcuda_consumer_next", "eglcuda_consumer_release", "eglcuda_consumer_counter")))
 
 
 class StreamState(enum.IntEnum):
@@ -293,10 +293,12 @@ class Stream:
                               frame_numbers: bool = True) -> "CudaConsumer":
         """Connect CUDA as the consumer. Must come before the producer connects.
 
-        ``frame_numbers`` (default True) reads the stream's consumer frame counter at each
-        acquire, which gives :attr:`AcquiredFrame.number` and tells a new frame from a re-acquired
-        old one (:attr:`AcquiredFrame.is_new`). It costs one EGL query per frame; a consumer that
-        never waits past its producer can turn it off (``number`` and ``is_new`` are then None)."""
+        ``frame_numbers`` (default True) gives each acquired frame the stream's consumer frame
+        counter (:attr:`AcquiredFrame.number`) and tells a new frame from a re-acquired old one
+        (:attr:`AcquiredFrame.is_new`). With the producer in another process that costs one EGL
+        query per acquire. With a :class:`CudaProducer` on this stream in this process, a new frame
+        waiting when the acquire begins is numbered from the producer's present counts instead, and
+        EGL is asked only in the other cases. Turned off, ``number`` and ``is_new`` are None."""
         return CudaConsumer(self, device, cuda_stream, location, frame_numbers)
 
     def connect_cuda_producer(self, width: int, height: int, device: int | CudaDevice | None = None,
@@ -559,6 +561,10 @@ class CudaProducer(ProducerCore):
         self._bind(address(self._context), address(self._connection), address(self._returned),
                    stream.reuse_last_frame)
         stream.producer = self
+        if isinstance(stream.consumer, CudaConsumer):
+            # Both ends in this process: the consumer numbers frames from this producer's present
+            # counts instead of an EGL query per frame, where that is exact (csrc/hotpath.c).
+            stream.consumer._link_producer(self, stream.fifo_length > 0)
 
     @property
     def closed(self) -> bool:

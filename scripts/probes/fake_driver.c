@@ -15,3 +15,4 @@ int f_acquire(void *ctx, void *conn, void *res, void *sb, unsigned int t, void *
 int f_release(void *ctx, void *conn, void *res, void *sb) { return 0; }
 int f_next(void *ctx, void *conn, void *held, void *res, void *sb, unsigned int t, void *frame, void *dpy, void *es,
            uint64_t *cf, int *failed) { return f_acquire(ctx, conn, res, sb, t, frame, dpy, es, cf, failed); }
+int f_counter(void *dpy, void *es, uint64_t *cf) { *cf = counter; return 0; }

@@ -8,7 +8,7 @@ from eglcuda import _hotpath
 from eglcuda._hotpath import ProducerCore, ConsumerCore, AcquiredCore
 lib = ctypes.CDLL("/tmp/fake_driver.so")
 addr = lambda n: ctypes.cast(getattr(lib, n), ctypes.c_void_p).value
-_hotpath.bind(tuple(addr(n) for n in ("f_present", "f_return", "f_present_return", "f_acquire", "f_next", "f_release")))
+_hotpath.bind(tuple(addr(n) for n in ("f_present", "f_return", "f_present_return", "f_acquire", "f_next", "f_release", "f_counter")))
 bufs = [ctypes.create_string_buffer(256) for _ in range(8)]
 a = lambda b: ctypes.addressof(b)
 
