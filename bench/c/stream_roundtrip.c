@@ -1,13 +1,16 @@
 /* C reference for bench/stream_roundtrip.py: the same driver calls eglcuda makes, with no Python.
  *
- *   stream_roundtrip WIDTH HEIGHT ITERATIONS serial|serial_counter|serial_same|pipelined|breakdown
+ *   stream_roundtrip WIDTH HEIGHT ITERATIONS MODE
+ * MODE: serial|serial_counter|serial_same|serial_same_counter|pipelined|breakdown
  * prints "us_per_frame=<float> fps=<float>"; breakdown also prints the median microseconds of each
  * call of the serial loop ("present=... acquire=... map=... release=... return=...").
- * serial_counter adds what eglcuda's consumer does by default after each acquire: read the
- * stream's consumer frame counter (eglQueryStreamu64KHR), which tells a new frame from an old one.
- * serial_same makes exactly the driver calls of eglcuda's four-call loop: serial_counter plus the
- * current-context check (cuCtxGetCurrent) eglcuda makes before each of present, acquire (with map
- * and counter), release and return.
+ * serial_counter also reads the stream's consumer frame counter (eglQueryStreamu64KHR) after each
+ * acquire, as eglcuda's consumer does when its producer is in another process: it tells a new
+ * frame from an old one handed back again.
+ * serial_same makes exactly the driver calls of eglcuda's four-call loop with both ends in one
+ * process: serial plus the current-context check (cuCtxGetCurrent) eglcuda makes before each of
+ * present, acquire (with map), release and return. (Frame numbers then come from the producer's
+ * present counts, without the query.) serial_same_counter adds the counter query to it.
  *
  * Types come from eglcuda's own declarations (csrc/); libEGL and libcuda are opened at run time
  * like eglcuda does, so the build needs neither headers nor link libraries. */
@@ -81,13 +84,13 @@ static void *produce(void *unused)
 
 int main(int argc, char **argv)
 {
-    if (argc != 5) { fprintf(stderr, "usage: %s WIDTH HEIGHT ITERATIONS serial|serial_counter|serial_same|pipelined|breakdown\n", argv[0]); return 2; }
+    if (argc != 5) { fprintf(stderr, "usage: %s WIDTH HEIGHT ITERATIONS serial|serial_counter|serial_same|serial_same_counter|pipelined|breakdown\n", argv[0]); return 2; }
     int width = atoi(argv[1]), height = atoi(argv[2]);
     iterations = atoi(argv[3]);
     int pipelined = strcmp(argv[4], "pipelined") == 0;
     int breakdown = strcmp(argv[4], "breakdown") == 0;
-    int same = strcmp(argv[4], "serial_same") == 0;
-    int counter = same || strcmp(argv[4], "serial_counter") == 0;
+    int same = strcmp(argv[4], "serial_same") == 0 || strcmp(argv[4], "serial_same_counter") == 0;
+    int counter = strcmp(argv[4], "serial_counter") == 0 || strcmp(argv[4], "serial_same_counter") == 0;
     void *egl = must(dlopen("libEGL.so.1", RTLD_NOW), "libEGL.so.1");
     void *cuda = must(dlopen("libcuda.so.1", RTLD_NOW), "libcuda.so.1");
     LOAD(egl, eglGetProcAddress, "eglGetProcAddress"); LOAD(egl, eglGetPlatformDisplay, "eglGetPlatformDisplay");

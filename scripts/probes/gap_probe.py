@@ -1,7 +1,7 @@
 """Probe: the serial round trip's gap to C, pinned, with the same driver calls on both sides.
 
 Per CPU (argv[1], comma-separated) and size, 5 interleaved rounds of: the standalone C binary
-(serial_same), the same C loop inside this Python process on eglcuda's connections, eglcuda's
+(serial_same_counter), the same C loop inside this Python process on eglcuda's connections, eglcuda's
 four calls, steps and bare steps. Then a GL context is made current on this thread (what the
 benchmark's PyOpenGL stack does) and the in-process rows run again: does a current context
 change the driver calls' cost?"""
@@ -49,7 +49,7 @@ for phase in ("no GL context", "GL context current"):
         os.sched_setaffinity(0, {cpu})
         for w, h in SIZES:
             cases = {
-                "C standalone, same calls": lambda: run_c(binary, w, h, N, "serial_same"),
+                "C standalone, same calls": lambda: run_c(binary, w, h, N, "serial_same_counter"),
                 "C standalone": lambda: run_c(binary, w, h, N, "serial"),
                 "C in process, same calls": lambda: inproc(display, w, h),
                 "eglcuda four calls": lambda: eglcuda_serial(display, w, h, N),
