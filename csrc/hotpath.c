@@ -234,7 +234,7 @@ typedef struct {
     char connected;
     /* Presents begun and presents done (successfully), each counted with the GIL held: a consumer
      * in this process reads them to know a new frame's number without asking EGL (see
-     * derive_number below). A failed present leaves them unequal for good. */
+     * derive_plan). A failed present leaves them unequal for good. */
     long long presents_started, frames_presented;
     PyObject *in_flight;     /* plane-0 address -> Frame, presented and not returned */
     PyObject *associated;    /* plane-0 address -> Frame, every frame presented since connect */
