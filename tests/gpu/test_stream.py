@@ -266,6 +266,129 @@ def test_implicit_synchronization_with_a_slow_producer_kernel(display):
         np.testing.assert_array_equal(got.reshape(height, width * 4), expected)
 
 
+class Ticker:
+    """Another Python thread that notes the time every millisecond: it runs only while the GIL is free."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.times.append(time.perf_counter())
+            time.sleep(0.001)
+
+    def between(self, start: float, end: float) -> int:
+        return sum(start < t < end for t in self.times)
+
+    def __enter__(self) -> "Ticker":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+
+SPIN_KERNELS = r"""
+extern "C" __global__ void spin_fill(unsigned char *out, size_t pitch, int row_bytes, int height,
+                                     const unsigned char *src, long long spin) {
+    long long start = clock64();
+    while (clock64() - start < spin) { }
+    int x = blockIdx.x * blockDim.x + threadIdx.x, y = blockIdx.y;
+    if (x < row_bytes && y < height)
+        out[y * pitch + x] = src[y * row_bytes + x];
+}
+extern "C" __global__ void spin_read(unsigned char *out, const unsigned char *in, size_t pitch, int row_bytes,
+                                     int height, long long spin) {
+    long long start = clock64();
+    while (clock64() - start < spin) { }
+    int x = blockIdx.x * blockDim.x + threadIdx.x, y = blockIdx.y;
+    if (x < row_bytes && y < height)
+        out[y * row_bytes + x] = in[y * pitch + x];
+}"""
+SPIN_CYCLES = 300_000_000  # 150-200 ms at an H100's or H200's clock
+
+
+def test_present_and_release_wait_for_queued_work_with_the_gil_released(display):
+    """Measured on driver 580: present returns only once the work queued on its stream is done, and
+    release only once the work on the consumer's stream is; docs/streams.md says so. Both wait with
+    the GIL released, and the bytes written before present and read before release are right."""
+    cp = pytest.importorskip("cupy")
+    module = cp.RawModule(code=SPIN_KERNELS)
+    spin_fill, spin_read = module.get_function("spin_fill"), module.get_function("spin_read")
+    width, height = 256, 64
+    row_bytes = width * 4
+    blocks = ((row_bytes + 255) // 256, height)
+    payload = np.random.default_rng().integers(0, 256, (height, row_bytes), dtype=np.uint8)
+    with connected(display, width, height) as (stream, producer, consumer), Ticker() as ticker:
+        frame = producer.allocate_frame()
+        plane = frame.planes[0]
+        src = cp.asarray(payload)
+        work = cp.cuda.Stream(non_blocking=True)
+        work.synchronize()
+        spin_fill(blocks, (256,), (cp.uint64(plane.pointer), cp.uint64(plane.pitch), np.int32(row_bytes),
+                                   np.int32(height), src, np.int64(SPIN_CYCLES)), stream=work)
+        assert not work.done
+        start = time.perf_counter()
+        producer.present(frame, cuda_stream=work)
+        end = time.perf_counter()
+        assert work.done, "present returned while the producer's kernel still ran"
+        assert end - start > 0.05
+        assert ticker.between(start, end) >= 10, "another thread did not run while present waited"
+
+        acquired = consumer.acquire()
+        consumer_stream = cp.cuda.ExternalStream(acquired.cuda_stream)
+        seen = cp.zeros((height, row_bytes), dtype=cp.uint8)
+        cp.cuda.Device().synchronize()
+        view = acquired.planes[0]
+        spin_read(blocks, (256,), (seen, cp.uint64(view.pointer), cp.uint64(view.pitch), np.int32(row_bytes),
+                                   np.int32(height), np.int64(SPIN_CYCLES)), stream=consumer_stream)
+        assert not consumer_stream.done
+        start = time.perf_counter()
+        acquired.release()
+        end = time.perf_counter()
+        assert consumer_stream.done, "release returned while the consumer's kernel still ran"
+        assert end - start > 0.05
+        assert ticker.between(start, end) >= 10, "another thread did not run while release waited"
+        np.testing.assert_array_equal(cp.asnumpy(seen), payload)
+
+
+def test_present_into_a_full_fifo_waits_for_the_consumer(display):
+    """A FIFO stream of length 2 holding two unacquired frames: a third present waits (GIL released)
+    until the consumer acquires one, and the three frames then arrive in order, bytes intact."""
+    require_extension(display, "EGL_KHR_stream_fifo")
+    rng = np.random.default_rng()
+    with connected(display, 32, 8, fifo_length=2) as (stream, producer, consumer):
+        frames = [producer.allocate_frame() for _ in range(3)]
+        payloads = [fill_random(frame, rng) for frame in frames]
+        producer.present(frames[0])
+        producer.present(frames[1])
+        presented, errors = [], []
+
+        def present_third():
+            try:
+                producer.present(frames[2])
+                presented.append(time.perf_counter())
+            except BaseException as exc:  # pragma: no cover - the test reports it
+                errors.append(exc)
+
+        third = threading.Thread(target=present_third, daemon=True)
+        third.start()
+        third.join(0.2)
+        assert third.is_alive() and not presented, "a present into a full FIFO did not wait"
+        acquired_at = time.perf_counter()
+        for index in range(3):
+            with consumer.acquire(timeout_us=2_000_000) as acquired:
+                assert acquired.is_new
+                assert_frame_equals(acquired, payloads[index])
+            if index == 0:
+                third.join(2)
+                assert not third.is_alive() and not errors, errors
+                assert presented[0] > acquired_at
+
+
 def test_producer_and_consumer_threads_fifo(display):
     require_extension(display, "EGL_KHR_stream_fifo")
     rng = np.random.default_rng()
