@@ -16,6 +16,7 @@
 #include <structmember.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <string.h>
 
 typedef int (*present_fn)(void *ctx, void *conn, const void *frame, void *stream_box);
 typedef int (*return_fn)(void *ctx, void *conn, void *frame, void *stream_box, unsigned long long timeout_us,
@@ -44,6 +45,7 @@ static struct {
 enum { CALL_MAP = 2, CALL_COUNTER = 3, CALL_RELEASE = 4, CALL_PRESENT = 5 };
 #define MAX_FRAMES_IN_FLIGHT 64
 #define RECENT_FRAMES 8
+#define SPARE_FRAMES 2
 #define MAX_TIMEOUT_US 0x7FFFFFFFLL
 
 /* Names of the Python subclass's slow-path methods and attributes, interned once. */
@@ -236,11 +238,17 @@ typedef struct {
      * in this process reads them to know a new frame's number without asking EGL (see
      * derive_plan). A failed present leaves them unequal for good. */
     long long presents_started, frames_presented;
-    PyObject *in_flight;     /* plane-0 address -> Frame, presented and not returned */
+    /* The frames presented and not returned, in present order, with their plane-0 addresses (a
+     * Frame's key, what a returned CUeglFrame is matched by); strong references. A C table, not a
+     * dict: it holds at most 64 frames and is scanned, without hashing or allocation. */
+    struct {
+        PyObject *frame;
+        unsigned long long plane0;
+    } flight[MAX_FRAMES_IN_FLIGHT];
+    int flying;
     PyObject *associated;    /* plane-0 address -> Frame, every frame presented since connect */
     /* The frames presented most recently, so a frame presented again skips two attribute reads
-     * and a dict lookup, and a returned one is found without making an int (strong references,
-     * dropped at disconnect like the associated table's). */
+     * and a dict lookup (strong references, dropped at disconnect like the associated table's). */
     struct {
         PyObject *frame, *key;
         void *egl;                    /* its CUeglFrame */
@@ -256,9 +264,8 @@ static PyObject *producer_new(PyTypeObject *type, PyObject *args, PyObject *kwar
     ProducerCore *self = (ProducerCore *)type->tp_alloc(type, 0);
     if (self == NULL)
         return NULL;
-    self->in_flight = PyDict_New();
     self->associated = PyDict_New();
-    if (self->in_flight == NULL || self->associated == NULL) {
+    if (self->associated == NULL) {
         Py_DECREF(self);
         return NULL;
     }
@@ -272,7 +279,8 @@ static PyObject *producer_new(PyTypeObject *type, PyObject *args, PyObject *kwar
 
 static int producer_traverse(ProducerCore *self, visitproc visit, void *arg)
 {
-    Py_VISIT(self->in_flight);
+    for (int i = 0; i < self->flying; i++)
+        Py_VISIT(self->flight[i].frame);
     Py_VISIT(self->associated);
     for (int i = 0; i < RECENT_FRAMES; i++) {
         Py_VISIT(self->recent[i].frame);
@@ -289,9 +297,22 @@ static void forget_recent(ProducerCore *self)
     }
 }
 
+/* Empty the in-flight table; the frames are dropped after it is consistent (their weak reference
+ * callbacks may run). */
+static void drop_in_flight(ProducerCore *self)
+{
+    PyObject *frames[MAX_FRAMES_IN_FLIGHT];
+    int count = self->flying;
+    for (int i = 0; i < count; i++)
+        frames[i] = self->flight[i].frame;
+    self->flying = 0;
+    for (int i = 0; i < count; i++)
+        Py_DECREF(frames[i]);
+}
+
 static int producer_clear(ProducerCore *self)
 {
-    Py_CLEAR(self->in_flight);
+    drop_in_flight(self);
     Py_CLEAR(self->associated);
     forget_recent(self);
     return 0;
@@ -329,14 +350,19 @@ static PyObject *producer_shut(ProducerCore *self, PyObject *unused)
     Py_RETURN_NONE;
 }
 
-/* Remember a frame this producer presented (it is in the associated table). */
-static void remember_recent(ProducerCore *self, PyObject *frame, PyObject *key, void *egl)
+/* Where the frame with plane-0 address plane0 is in the in-flight table, or -1. */
+static int find_in_flight(ProducerCore *self, unsigned long long plane0)
 {
-    unsigned long long plane0 = PyLong_AsUnsignedLongLong(key);
-    if (plane0 == (unsigned long long)-1 && PyErr_Occurred()) {
-        PyErr_Clear(); /* not an address: such a frame is just not remembered */
-        return;
+    for (int i = 0; i < self->flying; i++) {
+        if (self->flight[i].plane0 == plane0)
+            return i;
     }
+    return -1;
+}
+
+/* Remember a frame this producer presented (it is in the associated table). */
+static void remember_recent(ProducerCore *self, PyObject *frame, PyObject *key, void *egl, unsigned long long plane0)
+{
     for (int i = 0; i < RECENT_FRAMES; i++) {
         if (self->recent[i].frame == frame)
             return;
@@ -350,9 +376,10 @@ static void remember_recent(ProducerCore *self, PyObject *frame, PyObject *key, 
 }
 
 /* The checks before a present (inside the gate). Returns a new reference to the frame's key, with
- * the frame's CUeglFrame, the stream box to pass and whether this producer presented it before. */
+ * its value (the plane-0 address), the frame's CUeglFrame, the stream box to pass and whether this
+ * producer presented it before. */
 static PyObject *before_present(ProducerCore *self, PyObject *frame, PyObject *cuda_stream, int *known,
-                                void **egl, void **stream_box)
+                                unsigned long long *plane0, void **egl, void **stream_box)
 {
     if (!self->connected)
         return raise_via((PyObject *)self, s_fail_closed, NULL, NULL, NULL);
@@ -362,10 +389,12 @@ static PyObject *before_present(ProducerCore *self, PyObject *frame, PyObject *c
         if (self->recent[i].frame == frame) {
             /* Presented before on this connection, so still open and matching it. */
             key = Py_NewRef(self->recent[i].key);
+            *plane0 = self->recent[i].plane0;
             *egl = self->recent[i].egl;
             *known = 2; /* known, and remembered */
         }
     }
+    int addressable = 1;
     if (key == NULL) {
         key = PyObject_GetAttr(frame, s_key);
         if (key == NULL) {
@@ -378,16 +407,23 @@ static PyObject *before_present(ProducerCore *self, PyObject *frame, PyObject *c
         if (seen == NULL && PyErr_Occurred())
             goto fail;
         *known = seen == frame;
+        *plane0 = PyLong_Check(key) ? PyLong_AsUnsignedLongLong(key) : 0;
+        if (!PyLong_Check(key) || PyErr_Occurred()) {
+            PyErr_Clear();
+            addressable = 0; /* not a Frame: _check_frame says so */
+        }
     }
-    int presented = PyDict_Contains(self->in_flight, key);
-    if (presented < 0)
-        goto fail;
+    int presented = addressable && find_in_flight(self, *plane0) >= 0;
     /* A frame's geometry never changes: it is checked in full the first time only. */
-    if (!*known || presented || PyDict_GET_SIZE(self->in_flight) >= MAX_FRAMES_IN_FLIGHT) {
+    if (!*known || !addressable || presented || self->flying >= MAX_FRAMES_IN_FLIGHT) {
         PyObject *checked = PyObject_CallMethodOneArg((PyObject *)self, s_check_frame, frame);
         if (checked == NULL)
             goto fail;
         Py_DECREF(checked);
+        if (!addressable || presented || self->flying >= MAX_FRAMES_IN_FLIGHT) {
+            PyErr_SetString(PyExc_SystemError, "eglcuda: _check_frame passed a frame that cannot be presented");
+            goto fail;
+        }
     }
     int bad;
     if (*egl == NULL) {
@@ -419,10 +455,12 @@ fail:
 
 /* After a successful present (inside the gate): the frame is in flight; its first present fixes
  * the connection's format and layout (in Python). */
-static int after_present(ProducerCore *self, PyObject *frame, PyObject *key, int known, void *egl)
+static int after_present(ProducerCore *self, PyObject *frame, PyObject *key, int known, unsigned long long plane0,
+                         void *egl)
 {
-    if (PyDict_SetItem(self->in_flight, key, frame) < 0)
-        return -1;
+    self->flight[self->flying].frame = Py_NewRef(frame);
+    self->flight[self->flying].plane0 = plane0;
+    self->flying++;
     self->frames_presented++;
     if (!known) {
         PyObject *done = PyObject_CallMethodObjArgs((PyObject *)self, s_first_present, frame, key, NULL);
@@ -431,36 +469,19 @@ static int after_present(ProducerCore *self, PyObject *frame, PyObject *key, int
         Py_DECREF(done);
     }
     if (known != 2)
-        remember_recent(self, frame, key, egl);
+        remember_recent(self, frame, key, egl, plane0);
     return 0;
 }
 
-/* The frame the driver just returned, popped from the in-flight table (inside the gate). */
+/* The frame the driver just returned, taken out of the in-flight table (inside the gate). */
 static PyObject *take_returned(ProducerCore *self)
 {
-    PyObject *key = NULL;
-    for (int i = 0; i < RECENT_FRAMES && key == NULL; i++) {
-        if (self->recent[i].key != NULL && self->recent[i].plane0 == self->returned_key)
-            key = Py_NewRef(self->recent[i].key);
-    }
-    if (key == NULL)
-        key = PyLong_FromUnsignedLongLong(self->returned_key);
-    if (key == NULL)
-        return NULL;
-    PyObject *frame = PyDict_GetItemWithError(self->in_flight, key);
-    if (frame == NULL) {
-        Py_DECREF(key);
-        if (PyErr_Occurred())
-            return NULL;
+    int at = find_in_flight(self, self->returned_key);
+    if (at < 0)
         return raise_via((PyObject *)self, s_returned_unknown, NULL, NULL, NULL);
-    }
-    Py_INCREF(frame);
-    int gone = PyDict_DelItem(self->in_flight, key);
-    Py_DECREF(key);
-    if (gone < 0) {
-        Py_DECREF(frame);
-        return NULL;
-    }
+    PyObject *frame = self->flight[at].frame; /* its reference is the caller's now */
+    self->flying--;
+    memmove(&self->flight[at], &self->flight[at + 1], (size_t)(self->flying - at) * sizeof(self->flight[0]));
     return frame;
 }
 
@@ -485,9 +506,10 @@ static PyObject *producer_present(ProducerCore *self, PyObject *const *args, Py_
         return NULL;
     PyObject *result = NULL;
     int known, status;
+    unsigned long long plane0;
     void *egl, *stream_box;
     gate_enter(&self->gate);
-    PyObject *key = before_present(self, arg[0], arg[1], &known, &egl, &stream_box);
+    PyObject *key = before_present(self, arg[0], arg[1], &known, &plane0, &egl, &stream_box);
     if (key != NULL) {
         self->presents_started++;
         Py_BEGIN_ALLOW_THREADS
@@ -495,7 +517,7 @@ static PyObject *producer_present(ProducerCore *self, PyObject *const *args, Py_
         Py_END_ALLOW_THREADS
         if (status)
             raise_status((PyObject *)self, s_present_failed, status, 0, 0, 0);
-        else if (after_present(self, arg[0], key, known, egl) == 0)
+        else if (after_present(self, arg[0], key, known, plane0, egl) == 0)
             result = Py_NewRef(Py_None);
         Py_DECREF(key);
     }
@@ -519,7 +541,7 @@ static PyObject *producer_return_frame(ProducerCore *self, PyObject *const *args
     if (!self->connected) {
         raise_via((PyObject *)self, s_fail_closed, NULL, NULL, NULL);
     } else {
-        Py_ssize_t in_flight = PyDict_GET_SIZE(self->in_flight);
+        int in_flight = self->flying;
         if (in_flight == 0) {
             result = Py_NewRef(Py_None);
         } else {
@@ -551,13 +573,14 @@ static PyObject *producer_present_and_return(ProducerCore *self, PyObject *const
         return NULL;
     PyObject *result = NULL;
     int known, status;
+    unsigned long long plane0;
     void *egl, *stream_box;
     gate_enter(&self->gate);
-    PyObject *key = before_present(self, arg[0], arg[1], &known, &egl, &stream_box);
+    PyObject *key = before_present(self, arg[0], arg[1], &known, &plane0, &egl, &stream_box);
     if (key != NULL) {
         /* After this present the stream keeps the newest frame: with reuse on and nothing else in
          * flight nothing can come back, so one try is enough. */
-        unsigned long long wait_us = (self->reuse && PyDict_GET_SIZE(self->in_flight) == 0) ? 0 : timeout_us;
+        unsigned long long wait_us = (self->reuse && self->flying == 0) ? 0 : timeout_us;
         self->presents_started++;
         Py_BEGIN_ALLOW_THREADS
         status = driver.present_return(self->ctx, self->conn, egl, stream_box, self->returned, &self->return_stream,
@@ -565,13 +588,36 @@ static PyObject *producer_present_and_return(ProducerCore *self, PyObject *const
         Py_END_ALLOW_THREADS
         if (status && self->failed_call == CALL_PRESENT)
             raise_status((PyObject *)self, s_present_failed, status, 0, 0, 0);
-        else if (after_present(self, arg[0], key, known, egl) == 0)
+        else if (after_present(self, arg[0], key, known, plane0, egl) == 0)
             result = status ? return_failed(self, status, wait_us) : take_returned(self);
         Py_DECREF(key);
     }
     gate_leave(&self->gate);
     return result;
 }
+
+/* The in-flight table as a dict (key -> Frame), for the subclass's rare paths. */
+static PyObject *producer_in_flight_dict(ProducerCore *self, void *closure)
+{
+    PyObject *table = PyDict_New();
+    for (int i = 0; table != NULL && i < self->flying; i++) {
+        PyObject *key = PyLong_FromUnsignedLongLong(self->flight[i].plane0);
+        if (key == NULL || PyDict_SetItem(table, key, self->flight[i].frame) < 0)
+            Py_CLEAR(table);
+        Py_XDECREF(key);
+    }
+    return table;
+}
+
+static PyObject *producer_drop_in_flight(ProducerCore *self, PyObject *unused)
+{
+    drop_in_flight(self);
+    Py_RETURN_NONE;
+}
+
+static PyGetSetDef producer_getset[] = {
+    {"_in_flight", (getter)producer_in_flight_dict, NULL, "A new dict of the frames in flight, by key.", NULL},
+    {NULL}};
 
 static PyMethodDef producer_methods[] = {
     {"present", (PyCFunction)(void (*)(void))producer_present, METH_FASTCALL | METH_KEYWORDS,
@@ -595,13 +641,15 @@ static PyMethodDef producer_methods[] = {
      "cheaper than the two calls. Returns the frame taken back, or None."},
     {"_bind", (PyCFunction)producer_bind, METH_VARARGS, "Set the connection's handles (addresses) and reuse flag."},
     {"_shut", (PyCFunction)producer_shut, METH_NOARGS, "Mark the producer disconnected, inside its gate."},
+    {"_drop_in_flight", (PyCFunction)producer_drop_in_flight, METH_NOARGS,
+     "Forget the frames in flight (after disconnect: the driver holds none of them any more)."},
     {NULL}};
 
 static PyMemberDef producer_members[] = {
     {"frames_presented", T_LONGLONG, offsetof(ProducerCore, frames_presented), READONLY,
      "Frames this producer presented."},
     {"_connected", T_BOOL, offsetof(ProducerCore, connected), 0, NULL},
-    {"_in_flight", T_OBJECT, offsetof(ProducerCore, in_flight), READONLY, NULL},
+    {"in_flight", T_INT, offsetof(ProducerCore, flying), READONLY, "Frames presented and not yet returned."},
     {"_associated", T_OBJECT, offsetof(ProducerCore, associated), READONLY, NULL},
     {"_returned_key", T_ULONGLONG, offsetof(ProducerCore, returned_key), READONLY, NULL},
     {NULL}};
@@ -618,6 +666,7 @@ static PyTypeObject ProducerCoreType = {
     .tp_clear = (inquiry)producer_clear,
     .tp_methods = producer_methods,
     .tp_members = producer_members,
+    .tp_getset = producer_getset,
 };
 
 /* ==== acquired frame ========================================================================== */
@@ -625,9 +674,11 @@ static PyTypeObject ProducerCoreType = {
 typedef struct {
     PyObject_HEAD
     PyObject *consumer;      /* the ConsumerCore that acquired it */
-    PyObject *number;        /* the stream's consumer frame counter for it, or None */
-    PyObject *is_new;        /* True, False or None */
     PyObject *planes_cache;  /* built by the subclass on first use */
+    PyObject *weakrefs;      /* the weak reference list (a reused frame must have none) */
+    uint64_t number;         /* the stream's consumer frame counter for it, when numbered */
+    char numbered;           /* the consumer has frame numbers on: number and is_new are set */
+    char is_new;
     char released;
 } AcquiredCore;
 
@@ -641,8 +692,6 @@ static int acquired_traverse(AcquiredCore *self, visitproc visit, void *arg)
 static int acquired_clear(AcquiredCore *self)
 {
     Py_CLEAR(self->consumer);
-    Py_CLEAR(self->number);
-    Py_CLEAR(self->is_new);
     Py_CLEAR(self->planes_cache);
     return 0;
 }
@@ -650,8 +699,22 @@ static int acquired_clear(AcquiredCore *self)
 static void acquired_dealloc(AcquiredCore *self)
 {
     PyObject_GC_UnTrack(self);
+    if (self->weakrefs != NULL)
+        PyObject_ClearWeakRefs((PyObject *)self);
     acquired_clear(self);
     Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* number and is_new are made when read: most loops never read them, and an int per frame is an
+ * allocation on the per-frame path. */
+static PyObject *acquired_number(AcquiredCore *self, void *closure)
+{
+    return self->numbered ? PyLong_FromUnsignedLongLong(self->number) : Py_NewRef(Py_None);
+}
+
+static PyObject *acquired_is_new(AcquiredCore *self, void *closure)
+{
+    return self->numbered ? PyBool_FromLong(self->is_new) : Py_NewRef(Py_None);
 }
 
 static PyObject *consumer_release_frame(PyObject *consumer, PyObject *frame);
@@ -674,12 +737,16 @@ static PyMethodDef acquired_methods[] = {
 
 static PyMemberDef acquired_members[] = {
     {"_consumer", T_OBJECT, offsetof(AcquiredCore, consumer), READONLY, NULL},
-    {"number", T_OBJECT, offsetof(AcquiredCore, number), READONLY,
-     "The stream's consumer frame counter for this frame (None without frame numbers)."},
-    {"is_new", T_OBJECT, offsetof(AcquiredCore, is_new), READONLY,
-     "Whether this frame was not seen before (False: the previous frame handed back again)."},
     {"_planes_cache", T_OBJECT, offsetof(AcquiredCore, planes_cache), 0, NULL},
     {"_released", T_BOOL, offsetof(AcquiredCore, released), 0, NULL},
+    {NULL}};
+
+static PyGetSetDef acquired_getset[] = {
+    {"number", (getter)acquired_number, NULL,
+     "The stream's consumer frame counter for this frame (None without frame numbers).", NULL},
+    {"is_new", (getter)acquired_is_new, NULL,
+     "Whether this frame was not seen before (False: the previous frame handed back again; None\n"
+     "without frame numbers).", NULL},
     {NULL}};
 
 static PyTypeObject AcquiredCoreType = {
@@ -691,8 +758,10 @@ static PyTypeObject AcquiredCoreType = {
     .tp_dealloc = (destructor)acquired_dealloc,
     .tp_traverse = (traverseproc)acquired_traverse,
     .tp_clear = (inquiry)acquired_clear,
+    .tp_weaklistoffset = offsetof(AcquiredCore, weakrefs),
     .tp_methods = acquired_methods,
     .tp_members = acquired_members,
+    .tp_getset = acquired_getset,
 };
 
 /* ==== consumer ================================================================================ */
@@ -718,6 +787,11 @@ typedef struct {
     long long numbers_derived;
     long long frames_acquired;
     PyObject *held;          /* the AcquiredCore held, or NULL */
+    /* The frames made last, kept so an acquire can reuse one once nothing else refers to it: no
+     * allocation and no garbage-collector bookkeeping per frame (see reuse_or_make_frame). Two,
+     * because `frame = consumer.acquire_next()` still holds the previous frame during the call. */
+    PyObject *spares[SPARE_FRAMES];
+    int spare_next;
     PyTypeObject *frame_type;
     Gate gate;
     char gate_ready;
@@ -739,6 +813,8 @@ static PyObject *consumer_new(PyTypeObject *type, PyObject *args, PyObject *kwar
 static int consumer_traverse(ConsumerCore *self, visitproc visit, void *arg)
 {
     Py_VISIT(self->held);
+    for (int i = 0; i < SPARE_FRAMES; i++)
+        Py_VISIT(self->spares[i]);
     Py_VISIT(self->frame_type);
     Py_VISIT(self->producer);
     return 0;
@@ -747,6 +823,8 @@ static int consumer_traverse(ConsumerCore *self, visitproc visit, void *arg)
 static int consumer_clear(ConsumerCore *self)
 {
     Py_CLEAR(self->held);
+    for (int i = 0; i < SPARE_FRAMES; i++)
+        Py_CLEAR(self->spares[i]);
     Py_CLEAR(self->frame_type);
     Py_CLEAR(self->producer);
     return 0;
@@ -867,22 +945,69 @@ static int ask_counter(ConsumerCore *self, uint64_t *value)
     return 0;
 }
 
+/* Mark the held frame released and stop holding it (its caller or the spares still refer to it).
+ * Returns its planes cache (a reference for the caller to drop after leaving the gate: dropping
+ * planes can run weak reference callbacks): a released frame's planes are unusable, and the
+ * cache refers to planes that refer back to the frame, which would keep it from being reused. */
+static PyObject *let_go_of_held(ConsumerCore *self)
+{
+    AcquiredCore *held = (AcquiredCore *)self->held;
+    PyObject *planes = held->planes_cache;
+    held->planes_cache = NULL;
+    held->released = 1;
+    Py_CLEAR(self->held);
+    return planes;
+}
+
 /* Mark disconnected; a held frame counts as released from here on. */
 static PyObject *consumer_shut(ConsumerCore *self, PyObject *unused)
 {
     gate_enter(&self->gate);
     self->connected = 0;
-    if (self->held != NULL) {
-        ((AcquiredCore *)self->held)->released = 1;
-        Py_CLEAR(self->held);
+    PyObject *planes = self->held != NULL ? let_go_of_held(self) : NULL;
+    PyObject *spares[SPARE_FRAMES];
+    for (int i = 0; i < SPARE_FRAMES; i++) {
+        spares[i] = self->spares[i];
+        self->spares[i] = NULL;
     }
     gate_leave(&self->gate);
+    /* Dropped outside the gate: a weak reference callback could call into this consumer. */
+    Py_XDECREF(planes);
+    for (int i = 0; i < SPARE_FRAMES; i++)
+        Py_XDECREF(spares[i]);
     Py_RETURN_NONE;
+}
+
+/* The object for a frame just acquired (a new reference). A frame made earlier is reused when
+ * nothing can tell: only this consumer refers to it (the caller dropped it after release), no weak
+ * reference, no planes built, the same type; every field is then set afresh. Otherwise a new one
+ * takes the place of the oldest spare, which is handed back in *evicted for the caller to drop
+ * after leaving the gate (its weak reference callbacks could call into this consumer). */
+static AcquiredCore *reuse_or_make_frame(ConsumerCore *self, PyObject **evicted)
+{
+    for (int i = 0; i < SPARE_FRAMES; i++) {
+        AcquiredCore *frame = (AcquiredCore *)self->spares[i];
+        if (frame != NULL && Py_REFCNT(frame) == 1 && frame->weakrefs == NULL && frame->planes_cache == NULL
+            && Py_TYPE(frame) == self->frame_type) {
+            frame->released = 0;
+            return (AcquiredCore *)Py_NewRef((PyObject *)frame);
+        }
+    }
+    AcquiredCore *frame = (AcquiredCore *)self->frame_type->tp_alloc(self->frame_type, 0);
+    if (frame == NULL)
+        return NULL;
+    frame->consumer = Py_NewRef((PyObject *)self);
+    int slot = self->spare_next;
+    self->spare_next = (slot + 1) % SPARE_FRAMES;
+    *evicted = self->spares[slot];
+    self->spares[slot] = Py_NewRef((PyObject *)frame);
+    return frame;
 }
 
 /* acquire / acquire_next inside the gate; with release_held, a held frame is released first
  * (in the same call into the driver layer). */
-static PyObject *acquire_locked(ConsumerCore *self, unsigned long long timeout_us, int release_held)
+static PyObject *acquire_locked(ConsumerCore *self, unsigned long long timeout_us, int release_held,
+                                PyObject **evicted, PyObject **planes)
 {
     PyObject *self_obj = (PyObject *)self;
     if (!self->producer_seen) {
@@ -906,8 +1031,7 @@ static PyObject *acquire_locked(ConsumerCore *self, unsigned long long timeout_u
     int status;
     if (release_held && self->held != NULL) {
         void *held_resource = self->held_resource;
-        ((AcquiredCore *)self->held)->released = 1; /* the stream owns it from here on */
-        Py_CLEAR(self->held);
+        *planes = let_go_of_held(self); /* the stream owns it from here on */
         Py_BEGIN_ALLOW_THREADS
         status = driver.next(self->ctx, self->conn, held_resource, self->resource_box, self->stream_box, wait_us,
                              self->egl_frame, dpy, self->egl_stream, &self->counter, &self->failed_call);
@@ -949,41 +1073,32 @@ static PyObject *acquire_locked(ConsumerCore *self, unsigned long long timeout_u
     } else if (self->use_counter && self->producer != NULL) {
         learn_numbering(self, value, started, done);
     }
-    PyObject *number, *is_new;
+    int fresh = 0;
     if (self->use_counter) {
-        number = PyLong_FromUnsignedLongLong(value);
-        if (number == NULL)
-            return NULL;
-        int fresh = derive || !self->has_last || value != self->last_number;
+        fresh = derive || !self->has_last || value != self->last_number;
         self->numbers_derived += derive != 0;
         self->has_last = 1;
         self->last_latched = 1;
         self->last_number = value;
-        is_new = Py_NewRef(fresh ? Py_True : Py_False);
         if (!fresh) {
             /* A frame handed out again: maybe because the producer is gone (the subclass checks,
              * and releases and raises if so). */
-            PyObject *checked = PyObject_CallMethodOneArg(self_obj, s_check_disconnected, number);
-            if (checked == NULL) {
-                Py_DECREF(number);
-                Py_DECREF(is_new);
+            PyObject *number = PyLong_FromUnsignedLongLong(value);
+            if (number == NULL)
                 return NULL;
-            }
+            PyObject *checked = PyObject_CallMethodOneArg(self_obj, s_check_disconnected, number);
+            Py_DECREF(number);
+            if (checked == NULL)
+                return NULL;
             Py_DECREF(checked);
         }
-    } else {
-        number = Py_NewRef(Py_None);
-        is_new = Py_NewRef(Py_None);
     }
-    AcquiredCore *frame = (AcquiredCore *)self->frame_type->tp_alloc(self->frame_type, 0);
-    if (frame == NULL) {
-        Py_DECREF(number);
-        Py_DECREF(is_new);
+    AcquiredCore *frame = reuse_or_make_frame(self, evicted);
+    if (frame == NULL)
         return NULL;
-    }
-    frame->consumer = Py_NewRef(self_obj);
-    frame->number = number;
-    frame->is_new = is_new;
+    frame->numbered = self->use_counter;
+    frame->number = value;
+    frame->is_new = (char)fresh;
     self->held = Py_NewRef((PyObject *)frame);
     self->frames_acquired++;
     return (PyObject *)frame;
@@ -1001,15 +1116,17 @@ static PyObject *consumer_acquire_common(ConsumerCore *self, PyObject *const *ar
         return NULL;
     if (arg[0] != NULL && read_timeout((PyObject *)self, arg[0], &timeout_us) < 0)
         return NULL;
-    PyObject *result = NULL;
+    PyObject *result = NULL, *evicted = NULL, *planes = NULL;
     gate_enter(&self->gate);
     if (!self->connected)
         raise_via((PyObject *)self, s_fail_closed, NULL, NULL, NULL);
     else if (!next && self->held != NULL)
         raise_via((PyObject *)self, s_fail_held, NULL, NULL, NULL);
     else
-        result = acquire_locked(self, timeout_us, next);
+        result = acquire_locked(self, timeout_us, next, &evicted, &planes);
     gate_leave(&self->gate);
+    Py_XDECREF(evicted); /* after the gate: see reuse_or_make_frame */
+    Py_XDECREF(planes);
     return result;
 }
 
@@ -1029,14 +1146,13 @@ static PyObject *consumer_release_frame(PyObject *consumer, PyObject *frame)
     ConsumerCore *self = (ConsumerCore *)consumer;
     if (!bound())
         return NULL;
-    PyObject *result = NULL;
+    PyObject *result = NULL, *planes = NULL;
     gate_enter(&self->gate);
     if (frame != self->held) {
         int released = PyObject_TypeCheck(frame, &AcquiredCoreType) && ((AcquiredCore *)frame)->released;
         raise_via(consumer, released ? s_fail_released : s_fail_foreign, NULL, NULL, NULL);
     } else {
-        ((AcquiredCore *)frame)->released = 1;
-        Py_CLEAR(self->held);
+        planes = let_go_of_held(self);
         int status;
         Py_BEGIN_ALLOW_THREADS
         status = driver.release(self->ctx, self->conn, self->held_resource, self->stream_box);
@@ -1047,6 +1163,7 @@ static PyObject *consumer_release_frame(PyObject *consumer, PyObject *frame)
             result = Py_NewRef(Py_None);
     }
     gate_leave(&self->gate);
+    Py_XDECREF(planes); /* after the gate: see let_go_of_held */
     return result;
 }
 

@@ -252,6 +252,10 @@ class Plane:
 class _FrameBase:
     """What producer and consumer frames share: geometry, planes, usability checks."""
 
+    # No instance dict here: an AcquiredFrame has none (the consumer reuses the object once the
+    # caller drops it, csrc/hotpath.c), while Frame, which declares no slots, keeps its own.
+    __slots__ = ()
+
     width: int
     height: int
     format: ColorFormat
@@ -645,7 +649,10 @@ class AcquiredFrame(AcquiredCore, _FrameBase):
     connected with ``frame_numbers=False``.
 
     Only the consumer makes these (its C acquire fills the base class's fields, see
-    csrc/hotpath.c); ``release`` is the base class's C method.
+    csrc/hotpath.c); ``release`` is the base class's C method. Once nothing but the consumer
+    refers to a released frame (no reference, weak reference or plane of it left), the consumer
+    may reuse the object for a later frame, so the per-frame path allocates nothing. For the same
+    reason these objects take no attributes of their own.
     """
 
     read_only = True

@@ -551,8 +551,8 @@ class CudaProducer(ProducerCore):
         check(lib.cuEGLStreamProducerConnect(self._connection, stream.handle, width, height),
               "cuEGLStreamProducerConnect", "connecting the CUDA producer")
         self._finalizer = weakref.finalize(self, _disconnect, self.device.ordinal, "producer", self._connection, 0, False)
-        # The base class keeps the frames in flight (_in_flight) and every frame ever presented
-        # (_associated), by plane-0 address: the driver keeps them associated with the stream until
+        # The base class keeps the frames in flight (a C table; _in_flight gives a dict copy) and
+        # every frame ever presented (_associated), by plane-0 address: the driver keeps them associated with the stream until
         # disconnect, and Frame.close refuses meanwhile, so a frame found there is known to be open
         # and to match the connection (checked once, on first present).
         self._returned = ffi.new("CUeglFrame *")
@@ -569,11 +569,6 @@ class CudaProducer(ProducerCore):
     @property
     def closed(self) -> bool:
         return not self._finalizer.alive or self.stream.closed
-
-    @property
-    def in_flight(self) -> int:
-        """Frames presented and not yet returned."""
-        return len(self._in_flight)
 
     def allocate_frame(self, format: ColorFormat | str | None = None, layout: Layout | str | None = None) -> Frame:
         """A new frame of this connection's size (and format and layout, if fixed)."""
@@ -603,7 +598,7 @@ class CudaProducer(ProducerCore):
                                    "(copy the managed data into one)")
         if frame.key in self._in_flight:
             raise UsageError("this frame is already in flight: wait for return_frame() to give it back")
-        if len(self._in_flight) >= MAX_FRAMES_IN_FLIGHT:
+        if self.in_flight >= MAX_FRAMES_IN_FLIGHT:
             raise UsageError(f"{MAX_FRAMES_IN_FLIGHT} frames are in flight (the driver's limit): "
                              "return_frame() one before presenting another")
 
@@ -639,7 +634,7 @@ class CudaProducer(ProducerCore):
         raise self.stream._driver_failure(status, "cuEGLStreamProducerReturnFrame", "taking back a frame", "consumer")
 
     def _returned_unknown(self) -> NoReturn:
-        raise UsageError(f"the driver returned a frame eglcuda did not present (plane 0 at 0x{self._returned_key[0]:x})")
+        raise UsageError(f"the driver returned a frame eglcuda did not present (plane 0 at 0x{self._returned_key:x})")
 
     def close(self) -> None:
         """Disconnect; every frame presented is then free to close. Safe to call twice."""
@@ -647,7 +642,7 @@ class CudaProducer(ProducerCore):
             return
         self._shut()
         self._finalizer()
-        self._in_flight.clear()
+        self._drop_in_flight()
         self._associated.clear()
 
     disconnect = close

@@ -26,19 +26,38 @@ class Frame:
         ctypes.c_uint64.from_buffer(self.egl).value = 0x1000 * (i + 1)
         self._egl_address = a(self.egl); self.key = 0x1000 * (i + 1)
 
-p = P(); p._bind(a(bufs[0]), a(bufs[1]), a(bufs[2]), True)
-c = C(); c._bind(a(bufs[3]), a(bufs[4]), a(bufs[5]), a(bufs[6]), a(bufs[7]), a(bufs[0]), a(bufs[1]), True, AF)
-c._producer_seen = True
 frames = [Frame(0), Frame(1)]
 
+def endpoints():
+    """A fresh producer and consumer on a fresh fake stream (each run starts with nothing in flight)."""
+    lib.f_reset()
+    p = P(); p._bind(a(bufs[0]), a(bufs[1]), a(bufs[2]), True)
+    c = C(); c._bind(a(bufs[3]), a(bufs[4]), a(bufs[5]), a(bufs[6]), a(bufs[7]), a(bufs[0]), a(bufs[1]), True, AF)
+    c._producer_seen = True
+    return p, c
+
 def four(n):
-    producer, consumer = p, c
+    producer, consumer = endpoints()
+    frames[:] = [Frame(0), Frame(1)]
     start = time.perf_counter()
     for i in range(n):
         producer.present(frames[i & 1])
         consumer.acquire().release()
         if i:
             frames[(i - 1) & 1] = producer.return_frame(1_000_000)
+    return 1e6 * (time.perf_counter() - start) / n
+
+def steps(n):
+    """The loop steps: present_and_return + acquire_next, a ring of three frames."""
+    producer, consumer = endpoints()
+    free = [Frame(0), Frame(1), Frame(2)]
+    start = time.perf_counter()
+    for i in range(n):
+        frame = free.pop()
+        back = producer.present_and_return(frame, timeout_us=1_000_000 if not free and i > 1 else 0)
+        if back is not None:
+            free.append(back)
+        consumer.acquire_next()
     return 1e6 * (time.perf_counter() - start) / n
 
 def empty(n):
@@ -50,6 +69,6 @@ def empty(n):
             frames[(i - 1) & 1] = f(1_000_000)
     return 1e6 * (time.perf_counter() - start) / n
 
-for name, fn in (("four calls", four), ("loop only", empty)):
+for name, fn in (("four calls", four), ("steps", steps), ("loop only", empty)):
     runs = [fn(200000) for _ in range(7)]
     print(f"{name:12s} {statistics.median(runs):.3f} us/frame")

@@ -136,9 +136,10 @@ def test_acquired_frames_and_endpoints_are_collected(display):
         producer.present(frame)
         acquired = consumer.acquire()
         probe = weakref.ref(acquired)
+        planes = acquired.planes  # each plane refers to its frame, which caches them: a cycle
         acquired.release()
-        acquired.cycle = acquired  # a reference cycle through the instance dict
-        del acquired
+        del acquired, planes
+        consumer.close()  # the consumer keeps its last frames for reuse until then
         gc.collect()
         assert probe() is None
     stream = display.create_stream()
@@ -219,3 +220,74 @@ def test_more_frames_than_the_producer_remembers_come_back_as_themselves(display
             for frame in order:
                 assert producer.return_frame(timeout_us=1_000_000) is frame, round_
             assert producer.in_flight == 0
+
+
+def test_acquired_frame_objects_are_reused_only_when_nobody_can_tell(display):
+    """An acquire reuses the object of a frame acquired before (no allocation per frame,
+    csrc/hotpath.c) only when nothing else refers to it. A released frame still held, weakly
+    referred to, or with its planes built stays what it was: released, its old number, raising on
+    use; the new frame is another object with its own number and bytes."""
+    rng = np.random.default_rng()
+    with connected(display, 40, 22, fifo_length=4) as (stream, producer, consumer):
+        ring = [producer.allocate_frame() for _ in range(3)]
+        seen_ids, numbers = [], []
+
+        def next_frame(index):
+            expected = fill_random(ring[index % 3], rng)
+            producer.present(ring[index % 3])
+            acquired = consumer.acquire(timeout_us=1_000_000)
+            assert acquired.is_new and not acquired.released
+            assert_frame_equals(acquired, expected)
+            numbers.append(acquired.number)
+            if index >= 2:
+                assert producer.return_frame(timeout_us=1_000_000) is ring[(index - 2) % 3]
+            return acquired
+
+        # Dropped after release: the object comes back for a later frame, with new contents.
+        for index in range(6):
+            acquired = next_frame(index)
+            seen_ids.append(id(acquired))
+            acquired.release()
+            del acquired
+        assert len(set(seen_ids)) < len(seen_ids), "no acquired frame object was reused"
+        assert numbers == list(range(numbers[0], numbers[0] + 6))
+
+        # Still held after release: never handed out again.
+        kept = next_frame(6)
+        kept_number = kept.number
+        kept.release()
+        later = []
+        for index in range(7, 10):
+            later.append(next_frame(index))
+            later[-1].release()
+        assert all(frame is not kept for frame in later)
+        assert kept.released and kept.number == kept_number
+        with pytest.raises(eglcuda.ClosedError):
+            kept.planes
+        with pytest.raises(eglcuda.ClosedError):
+            kept.release()
+
+        # Weakly referred to, or with its planes built: not reused either.
+        watched = next_frame(10)
+        probe = weakref.ref(watched)
+        watched.release()
+        del watched
+        built = next_frame(11)
+        built_planes = built.planes
+        built.release()
+        del built
+        for index in range(12, 16):
+            acquired = next_frame(index)
+            assert acquired is not probe() and all(acquired is not plane._frame for plane in built_planes)
+            acquired.release()
+            del acquired
+        # The watched frame is gone or still the released frame 10, never a later frame.
+        watched = probe()
+        assert watched is None or (watched.released and watched.number == numbers[10])
+        del watched
+        assert built_planes[0]._frame.released and built_planes[0]._frame.number == numbers[11]
+        assert numbers == list(range(numbers[0], numbers[0] + 16))
+        consumer.close()
+        del built_planes
+        gc.collect()
+        assert probe() is None
