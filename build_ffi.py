@@ -22,7 +22,8 @@ HERE = pathlib.Path(__file__).resolve().parent
 CSRC = HERE / "csrc"
 
 # Order matters: later headers use the types of earlier ones.
-HEADERS = ["egl_core.h", "egl_stream.h", "egl_image.h", "egl_sync.h", "cuda_egl.h", "interop_semaphore.h"]
+HEADERS = ["egl_core.h", "egl_stream.h", "egl_image.h", "egl_sync.h", "cuda_egl.h", "interop_semaphore.h",
+           "cuda_ipc.h"]
 
 _REQUIRES = re.compile(r"/\*\s*@requires\s+([\w|]+)\s*\*/")
 _SYMBOL = re.compile(r"/\*\s*@symbol\s+(\w+)\s*\*/")
@@ -122,11 +123,11 @@ CUresult eglcuda_consumer_acquire(CUcontext ctx, CUeglStreamConnection *conn, CU
                                   int *failed_call);
 CUresult eglcuda_consumer_counter(EGLDisplay dpy, EGLStreamKHR egl_stream, EGLuint64KHR *consumer_frame);
 CUresult eglcuda_consumer_release(CUcontext ctx, CUeglStreamConnection *conn, CUgraphicsResource resource,
-                                  CUstream *stream);
+                                  CUstream *stream, int *failed_call);
 CUresult eglcuda_producer_present(CUcontext ctx, CUeglStreamConnection *conn, const CUeglFrame *frame,
-                                  CUstream *stream);
+                                  CUstream *stream, int *failed_call);
 CUresult eglcuda_producer_return(CUcontext ctx, CUeglStreamConnection *conn, CUeglFrame *frame, CUstream *stream,
-                                 unsigned long long timeout_us, unsigned long long *plane0);
+                                 unsigned long long timeout_us, unsigned long long *plane0, int *failed_call);
 CUresult eglcuda_consumer_next(CUcontext ctx, CUeglStreamConnection *conn, CUgraphicsResource held,
                                CUgraphicsResource *resource, CUstream *stream, unsigned int timeout_us,
                                CUeglFrame *frame, EGLDisplay dpy, EGLStreamKHR egl_stream,
@@ -138,10 +139,7 @@ void *eglcuda_sync_signal_queue(EGLDisplay dpy, EGLSyncKHR sync, CUstream stream
 int eglcuda_sync_signal_abandon(void *token);
 int eglcuda_sync_signal_ran(void *token);
 void eglcuda_store_flag(volatile uint32_t *flag, uint32_t value);
-void *eglcuda_dlpack_new(int versioned, unsigned long long data, int device_id, int ndim, const int64_t *shape,
-                         const int64_t *strides, int read_only, long long key);
-void *eglcuda_dlpack_capsule_destructor_address(void);
-extern "Python" void eglcuda_dlpack_release(long long key);
+const void *eglcuda_hot_api(void);
 """
 
 
@@ -158,13 +156,14 @@ def make_builder() -> cffi.FFI:
             "#include <stdlib.h>",
             "#include <time.h>",
             declarations,
+            (CSRC / "hot_api.h").read_text(),
             generate_dispatch(prototypes),
             (CSRC / "loader.c").read_text(),
             (CSRC / "helpers.c").read_text(),
         ]
     )
     ffi.set_source(
-        "eglcuda._native",
+        "eglcuda._bind._native",
         source,
         libraries=["dl"],
         # Our wrappers carry the EGL/CUDA names; keep them out of the dynamic symbol table so

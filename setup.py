@@ -1,8 +1,28 @@
-"""Build hooks: cffi's setuptools integration compiles eglcuda._native from build_ffi.py; the
-per-frame stream calls are a small CPython extension, eglcuda._hotpath (csrc/hotpath.c)."""
-from setuptools import Extension, setup
+"""Build hooks: cffi's setuptools integration compiles the binding layer, eglcuda._bind._native,
+from build_ffi.py; Cython compiles the per-frame path (eglcuda/frames/_core.pyx and
+eglcuda/streams/cuda.pyx, and the resource base eglcuda/_resource.pyx) against the same declarations in csrc/.
+
+What the sdist carries besides the package (build_ffi.py, csrc/, the .pyx and .pxd sources, the
+stubs) is listed in MANIFEST.in; `python -m build` makes the sdist and a wheel from it."""
+import setuptools
+
+if int(setuptools.__version__.split(".")[0]) < 77:  # pyproject.toml's SPDX license needs it
+    raise SystemExit(f"eglcuda builds with setuptools >= 77 (this is {setuptools.__version__}): "
+                     "pip install -U 'setuptools>=77'")
+
+from Cython.Build import cythonize  # noqa: E402
+from setuptools import Extension, setup  # noqa: E402
+
+COMPILED = [
+    Extension("eglcuda._resource", ["eglcuda/_resource.pyx"], extra_compile_args=["-O2"]),
+    Extension("eglcuda.frames._core", ["eglcuda/frames/_core.pyx"], include_dirs=["csrc"],
+              extra_compile_args=["-O2"]),
+    Extension("eglcuda.streams.cuda", ["eglcuda/streams/cuda.pyx"], include_dirs=["csrc"],
+              extra_compile_args=["-O2"]),
+]
 
 setup(
     cffi_modules=["build_ffi.py:ffibuilder"],
-    ext_modules=[Extension("eglcuda._hotpath", ["csrc/hotpath.c"], extra_compile_args=["-O2", "-Wall"])],
+    ext_modules=cythonize(COMPILED, compiler_directives={"language_level": 3, "embedsignature": True},
+                          quiet=True),
 )

@@ -8,18 +8,22 @@ Calls a cheap EGL entry point (``eglGetError``) and, where libcuda is present, a
 All three run in one process, interleaved, and report ns/call and ratios to eglcuda.
 
     python bench/call_overhead.py [--quick]
+
+Runs on any machine with EGL (Mesa is enough); the CUDA rows need the NVIDIA driver.
 """
 from __future__ import annotations
 
 import argparse
 import ctypes
+import os
 import statistics
+import sys
 import time
 
-import cffi
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _script import require, run  # noqa: E402
 
-from eglcuda import _loader
-from eglcuda._native import ffi, lib
+PROGRAM = "bench/call_overhead.py"
 
 
 def per_call_ns(fn, calls: int, repeats: int) -> float:
@@ -32,10 +36,16 @@ def per_call_ns(fn, calls: int, repeats: int) -> float:
     return statistics.median(samples)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--quick", action="store_true")
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer calls (the GPU check's setting)")
     args = parser.parse_args()
+    require(PROGRAM, "egl")
+    import cffi
+
+    from eglcuda._bind import loader as _loader
+    from eglcuda._bind._native import ffi, lib
+
     calls, repeats = (20_000, 5) if args.quick else (200_000, 9)
 
     cases = {}
@@ -74,7 +84,8 @@ def main() -> None:
             print(f"  {call:<16} {name:<20} {ns:8.1f} ns  x{ns / base:5.2f}")
         summary.append(f"{call}: ABI/API x{results['cffi ABI mode'] / base:.2f}, ctypes/API x{results['ctypes'] / base:.2f}")
     print("SUMMARY " + "; ".join(summary))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run(main, PROGRAM))

@@ -22,9 +22,14 @@ Transports:
     the driver allows (else pageable): device->host copy in the producer, host->device copy in
     the consumer, slot numbers over a pipe.
 
-    python bench/cross_process.py [--quick] [--markdown FILE]
+    python bench/cross_process.py [--quick] [--markdown FILE] [--mps]
 
-Needs cuda-python (IPC and the fills); CuPy is not used.
+--mps runs every pair under CUDA MPS (a private daemon for the run, or the one already running);
+each end reports whether its CUDA context is an MPS client, and the table says so.
+
+Needs an NVIDIA GPU with EGL streams between processes, and cuda-python for IPC and the fills
+(``pip install 'eglcuda[bench]'``); CuPy is not used. A process that fails says why in one line,
+which this script prints. Without CUDA IPC (Tegra) that transport is left out.
 """
 from __future__ import annotations
 
@@ -35,15 +40,21 @@ import statistics
 import sys
 import tempfile
 import time
-import traceback
 
-import numpy as np
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _script import CUDA_PYTHON, lazy, one_line, require, run  # noqa: E402
+
+PROGRAM = "bench/cross_process.py"
+np = lazy("numpy")  # imported at first use, once require() has checked it is there
 
 SIZES = [(1920, 1080), (3840, 2160)]
 TRANSPORTS = ["eglcuda", "cuda-ipc", "shm"]
 SLOTS = 6
 WARMUP = 20
 FIFO = int(os.environ.get("EGLCUDA_BENCH_FIFO", "4"))  # an environment variable: spawned children see it
+# The GPU each end runs on (bench/cross_gpu.py sets them): environment variables, for the same reason.
+GPU = {"producer": int(os.environ.get("EGLCUDA_BENCH_PRODUCER_GPU", "0")),
+       "consumer": int(os.environ.get("EGLCUDA_BENCH_CONSUMER_GPU", "0"))}
 
 
 def now() -> float:
@@ -59,13 +70,13 @@ def driver():
 
 
 class Cuda:
-    """The few driver calls both ends need, through cuda-python, on device 0's primary context."""
+    """The few driver calls both ends need, through cuda-python, on a device's primary context."""
 
-    def __init__(self) -> None:
+    def __init__(self, ordinal: int = 0) -> None:
         self.cu = cu = driver()
         self.ok = cu.CUresult.CUDA_SUCCESS
         self.check(cu.cuInit(0))
-        device = self.check(cu.cuDeviceGet(0))
+        device = self.check(cu.cuDeviceGet(ordinal))
         self.context = self.check(cu.cuDevicePrimaryCtxRetain(device))
         self.check(cu.cuCtxSetCurrent(self.context))
         self.stream = self.check(cu.cuStreamCreate(1))  # non-blocking
@@ -101,10 +112,10 @@ class Cuda:
 def eglcuda_producer(conn, width, height, latency_frames, throughput_frames, socket_path):
     import eglcuda
 
-    cuda = Cuda()
-    with eglcuda.Display.for_cuda_device(0) as display:
+    cuda = Cuda(GPU["producer"])
+    with eglcuda.Display.for_cuda_device(GPU["producer"]) as display:
         stream = eglcuda.receive_stream(display, socket_path, timeout=60)
-        producer = stream.connect_cuda_producer(width, height)
+        producer = stream.connect_cuda_producer(width, height, device=GPU["producer"])
         free = [producer.allocate_frame() for _ in range(SLOTS)]
         size = free[0].pitch * height
 
@@ -146,8 +157,8 @@ def eglcuda_producer(conn, width, height, latency_frames, throughput_frames, soc
 def eglcuda_consumer(conn, width, height, latency_frames, throughput_frames, socket_path):
     import eglcuda
 
-    cuda = Cuda()
-    with eglcuda.Display.for_cuda_device(0) as display:
+    cuda = Cuda(GPU["consumer"])
+    with eglcuda.Display.for_cuda_device(GPU["consumer"]) as display:
         stream = display.create_stream(fifo_length=FIFO, cross_process=True)
         consumer = stream.connect_cuda_consumer(cuda_stream=int(cuda.stream))
         eglcuda.serve_stream(stream, socket_path, timeout=60)
@@ -181,7 +192,7 @@ def eglcuda_consumer(conn, width, height, latency_frames, throughput_frames, soc
 
 
 def ipc_producer(conn, width, height, latency_frames, throughput_frames, socket_path):
-    cuda, cu = Cuda(), driver()
+    cuda, cu = Cuda(GPU["producer"]), driver()
     size = width * 4 * height
     buffers = [cuda.alloc(size) for _ in range(SLOTS)]
     flags = cu.CUevent_flags.CU_EVENT_INTERPROCESS | cu.CUevent_flags.CU_EVENT_DISABLE_TIMING
@@ -218,7 +229,7 @@ def ipc_producer(conn, width, height, latency_frames, throughput_frames, socket_
 
 
 def ipc_consumer(conn, width, height, latency_frames, throughput_frames, socket_path):
-    cuda, cu = Cuda(), driver()
+    cuda, cu = Cuda(GPU["consumer"]), driver()
     size = width * 4 * height
     buffers, events = [], []
     for mem_bytes, event_bytes in conn.recv():  # opened once, used for every frame
@@ -258,7 +269,7 @@ def _register(cuda, view: np.ndarray) -> bool:
 def shm_producer(conn, width, height, latency_frames, throughput_frames, socket_path):
     from multiprocessing import shared_memory
 
-    cuda, cu = Cuda(), driver()
+    cuda, cu = Cuda(GPU["producer"]), driver()
     size = width * 4 * height
     shm = shared_memory.SharedMemory(create=True, size=size * SLOTS)
     host = np.ndarray((SLOTS, size), np.uint8, buffer=shm.buf)
@@ -301,7 +312,7 @@ def shm_producer(conn, width, height, latency_frames, throughput_frames, socket_
 def shm_consumer(conn, width, height, latency_frames, throughput_frames, socket_path):
     from multiprocessing import shared_memory
 
-    cuda, cu = Cuda(), driver()
+    cuda, cu = Cuda(GPU["consumer"]), driver()
     size = width * 4 * height
     shm = shared_memory.SharedMemory(name=conn.recv())
     host = np.ndarray((SLOTS, size), np.uint8, buffer=shm.buf)
@@ -338,9 +349,12 @@ ENDS = {"eglcuda": (eglcuda_producer, eglcuda_consumer), "cuda-ipc": (ipc_produc
 def _end(role, transport, conn, results, *args):
     try:
         function = ENDS[transport][0 if role == "producer" else 1]
-        results.put((role, function(conn, *args)))
-    except BaseException:  # noqa: BLE001 - reported by the parent
-        results.put((role, {"error": traceback.format_exc()}))
+        result = function(conn, *args)
+        from eglcuda import mps  # after the run: CUDA is up in this process by now
+        result["mps"] = mps.under_mps(GPU[role])[0]
+        results.put((role, result))
+    except BaseException as exc:  # noqa: BLE001 - reported by the parent, in one line
+        results.put((role, {"error": one_line(exc)}))
 
 
 def run_pair(transport: str, width: int, height: int, latency_frames: int, throughput_frames: int) -> dict:
@@ -356,16 +370,21 @@ def run_pair(transport: str, width: int, height: int, latency_frames: int, throu
         outcome = {}
         try:
             for _ in ends:
-                role, result = results.get(timeout=300)
+                try:
+                    role, result = results.get(timeout=300)
+                except Exception:  # queue.Empty: an end neither finished nor reported
+                    break
                 outcome[role] = result
         finally:
             for end in ends:
                 end.join(30)
                 if end.is_alive():
                     end.kill()
-    errors = [r["error"] for r in outcome.values() if "error" in r]
+    errors = [f"the {role} process failed: {r['error']}" for role, r in outcome.items() if "error" in r]
+    errors += [f"the {role} process did not report within 300 s" for role in ("producer", "consumer")
+               if role not in outcome]
     if errors:
-        raise RuntimeError(f"{transport} {width}x{height}:\n" + "\n".join(errors))
+        raise RuntimeError(f"{transport} {width}x{height}: " + "; ".join(errors))
     sent, got = outcome["producer"]["sent"], outcome["consumer"]["got"]
     latencies = sorted(1e6 * (b - a) for a, b in zip(sent, got))
     return {"transport": transport, "size": f"{width}x{height}", "bad": outcome["consumer"]["bad"],
@@ -373,6 +392,7 @@ def run_pair(transport: str, width: int, height: int, latency_frames: int, throu
             "latency_p99_us": latencies[int(0.99 * (len(latencies) - 1))],
             "fps": throughput_frames / (outcome["consumer"]["last"] - outcome["producer"]["first"]),
             "pinned": outcome["consumer"].get("pinned"),
+            "mps": (outcome["producer"].get("mps"), outcome["consumer"].get("mps")),
             "calls_us": {**outcome["producer"].get("calls_us", {}), **outcome["consumer"].get("calls_us", {})}}
 
 
@@ -382,9 +402,28 @@ def main() -> int:
     parser.add_argument("--markdown", help="write the markdown table to this file")
     parser.add_argument("--transports", default=",".join(TRANSPORTS), help="comma-separated subset")
     parser.add_argument("--sizes", default=",".join(f"{w}x{h}" for w, h in SIZES), help="e.g. 1920x1080")
+    parser.add_argument("--mps", action="store_true",
+                        help="run the processes under CUDA MPS (a private daemon, or the one already running)")
     args = parser.parse_args()
+    from eglcuda import mps
+
+    with mps.session(args.mps, children_only=True):  # spawned children inherit the environment
+        require(PROGRAM, "cross-process", modules=[CUDA_PYTHON])
+        return run_all(args)
+
+
+MPS_WORDS = {(True, True): "on", (False, False): "off"}  # (producer, consumer) as the driver reports them
+
+
+def run_all(args: argparse.Namespace) -> int:
     latency_frames, throughput_frames = (100, 200) if args.quick else (300, 600)
     transports = args.transports.split(",")
+    import eglcuda
+
+    ipc, why = eglcuda.available("cuda-ipc", reason=True)
+    if "cuda-ipc" in transports and not ipc:
+        print(f"leaving out the cuda-ipc transport: {why}")
+        transports.remove("cuda-ipc")
     sizes = [tuple(int(v) for v in size.split("x")) for size in args.sizes.split(",")]
     if transports != TRANSPORTS or sizes != SIZES:
         args.markdown = None  # the table and summary need every cell
@@ -395,7 +434,8 @@ def main() -> int:
             rows.append(row)
             print(f"{row['size']:>10} {transport:<9} latency median {row['latency_us']:9.1f} us  p99 "
                   f"{row['latency_p99_us']:9.1f} us  {row['fps']:8.1f} frames/s  bad frames {row['bad']}"
-                  + (f"  (host memory {'pinned' if row['pinned'] else 'pageable'})" if transport == "shm" else ""),
+                  + (f"  (host memory {'pinned' if row['pinned'] else 'pageable'})" if transport == "shm" else "")
+                  + f"  MPS {MPS_WORDS.get(row['mps'], row['mps'])}",
                   flush=True)
             if transport == "eglcuda":
                 print("           eglcuda us/frame in each call: "
@@ -404,7 +444,10 @@ def main() -> int:
         return 1 if sum(r["bad"] for r in rows) else 0
     lines = [f"Cross-process, ARGB, {latency_frames} paced frames for latency (after {WARMUP} warm-up), "
              f"{throughput_frames} free-running frames for throughput, {SLOTS} buffers; one run, both processes "
-             "spawned per transport and size.", "",
+             "spawned per transport and size."
+             + (" Both processes under CUDA MPS." if all(r["mps"] == (True, True) for r in rows) else
+                " Not under CUDA MPS." if all(r["mps"] == (False, False) for r in rows) else
+                f" CUDA MPS per pair (producer, consumer): {[r['mps'] for r in rows]}."), "",
              "| size | transport | latency median (us) | p99 (us) | latency / eglcuda | frames/s | eglcuda fps / this |",
              "|---|---|---:|---:|---:|---:|---:|"]
     worst = {}
@@ -436,4 +479,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run(main, PROGRAM))

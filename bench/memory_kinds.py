@@ -15,22 +15,28 @@ events, median of the repeats after one warm-up run; GFLOP/s counts 2 K^2 per pi
 CPU's time to read and to write the whole image for each kind (device memory: a copy each way,
 the CPU's only path to it). The seed's Jetson TX1 figures are printed next to ours.
 
-    python bench/memory_kinds.py [--quick] [--markdown FILE] [--svg FILE]
+    python bench/memory_kinds.py [--quick] [--markdown FILE] [--plot FILE.svg]
 
-CuPy compiles the kernel and launches it (bench-only dependency); SciPy checks the results.
+Needs an NVIDIA GPU and ``pip install 'eglcuda[bench]'``: CuPy compiles the kernel and launches it,
+SciPy checks the results, matplotlib draws the plot.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
 
-import cupy as cp
-import numpy as np
-from scipy import ndimage
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _script import CUPY, MATPLOTLIB, SCIPY, lazy, plot_bars, require, run  # noqa: E402
 
-import eglcuda
+PROGRAM = "bench/memory_kinds.py"
+# Imported at first use, once require() has checked they are there (and so --help always works).
+cp = lazy("cupy")
+np = lazy("numpy")
+ndimage = lazy("scipy.ndimage")
+eglcuda = lazy("eglcuda")
 
 WIDTH, HEIGHT = 640, 480
 SIZES = [3, 5, 9, 15, 25, 35, 45]
@@ -61,7 +67,7 @@ extern "C" __global__ void convolve(const float *in, float *out, const float *w,
 """
 
 
-def float_frame(kind: str) -> eglcuda.Frame:
+def float_frame(kind: str) -> "eglcuda.Frame":
     """A 640x480 float32 image as a one-channel 8-bit frame 4 x 640 bytes wide."""
     return eglcuda.Frame.allocate(WIDTH * 4, HEIGHT, eglcuda.ColorFormat.Y, memory=kind)
 
@@ -126,8 +132,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repeats (the GPU check's setting)")
     parser.add_argument("--markdown", help="write the markdown tables to this file")
-    parser.add_argument("--svg", help="write a bar chart of ms per kernel size and kind to this file")
+    parser.add_argument("--plot", "--svg", dest="plot", metavar="FILE",
+                        help="write a bar chart of ms per kernel size and kind to this file (.svg, .png)")
     args = parser.parse_args()
+    require(PROGRAM, "cuda", modules=[CUPY, SCIPY] + ([MATPLOTLIB] if args.plot else []))
     repeats = 3 if args.quick else 7
     rng = np.random.default_rng()
     image = rng.random((HEIGHT, WIDTH), dtype=np.float32)
@@ -194,12 +202,9 @@ def main() -> int:
     if args.markdown:
         with open(args.markdown, "w") as f:
             f.write(table + "\n")
-    if args.svg:
-        sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
-        from svgplot import grouped_bars
-
-        grouped_bars(args.svg, f"Convolution of a {WIDTH}x{HEIGHT} float32 image by memory kind", "ms per launch (log)",
-                     [f"{k}x{k}" for k in SIZES], {c: [results[(c, k)] for k in SIZES] for c in columns}, log=True)
+    if args.plot:
+        plot_bars(args.plot, f"Convolution of a {WIDTH}x{HEIGHT} float32 image by memory kind", "ms per launch (log)",
+                  [f"{k}x{k}" for k in SIZES], {c: [results[(c, k)] for k in SIZES] for c in columns}, log=True)
     print("RESULT " + ("all outputs match SciPy" if not bad else "MISMATCH: " + "; ".join(bad)))
     print(f"SUMMARY 45x45 device {results[('device', 45)]:.2f} ms, pinned x{results[('pinned', 45)] / results[('device', 45)]:.1f}, "
           f"managed x{results[('managed', 45)] / results[('device', 45)]:.2f}, managed after CPU write "
@@ -209,4 +214,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run(main, PROGRAM))

@@ -12,20 +12,25 @@ release, return), each layer measured in interleaved repeats so they share the m
   without frame numbers.
 
     python bench/stream_profile.py [--iterations 3000] [--repeats 5]
+
+Needs an NVIDIA GPU with EGL streams, and gcc for the C reference.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
 import time
 
-import eglcuda
-from eglcuda._native import ffi, lib
-
-sys.path.insert(0, __file__.rsplit("/", 1)[0])
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _script import lazy, require, run  # noqa: E402
 from stream_roundtrip import build_c, eglcuda_serial  # noqa: E402
+
+PROGRAM = "bench/stream_profile.py"
+eglcuda = lazy("eglcuda")
+ffi = lib = None  # eglcuda's compiled bindings, set by main() once require() has checked eglcuda is there
 
 WIDTH, HEIGHT = 1920, 1080
 
@@ -35,26 +40,49 @@ def check(status: int, call: str) -> None:
         raise RuntimeError(f"{call} -> {status}")
 
 
-def session(display):
-    stream = display.create_stream()
-    consumer = stream.connect_cuda_consumer()
-    producer = stream.connect_cuda_producer(WIDTH, HEIGHT)
-    frames = [producer.allocate_frame(), producer.allocate_frame()]
-    return stream, consumer, producer, frames
+class RawSession:
+    """A stream with its two CUDA endpoints connected straight through the bindings (no eglcuda
+    endpoint objects), and two frames eglcuda allocated: what the raw and helper layers drive."""
+
+    def __init__(self, display) -> None:
+        self.stream = display.create_stream()
+        device = display.cuda_device()
+        device.make_current()
+        self.context = device.context
+        self.consumer = ffi.new("CUeglStreamConnection *")
+        self.producer = ffi.new("CUeglStreamConnection *")
+        egl_stream = ffi.cast("EGLStreamKHR", self.stream.handle)
+        check(lib.cuEGLStreamConsumerConnect(self.consumer, egl_stream), "consumer connect")
+        check(lib.cuEGLStreamProducerConnect(self.producer, egl_stream, WIDTH, HEIGHT), "producer connect")
+        self.frames = [eglcuda.Frame.allocate(WIDTH, HEIGHT) for _ in range(2)]
+        # Each frame's driver description lives in the frame object (frames/_core.pyx).
+        self.egl = [ffi.cast("CUeglFrame *", frame._egl_address) for frame in self.frames]
+        self.cstream = ffi.new("CUstream *")
+        self.pstream = ffi.new("CUstream *")
+        self.dpy = ffi.cast("EGLDisplay", display.handle if isinstance(display.handle, int)
+                            else int(ffi.cast("uintptr_t", display.handle)))
+        self.egl_stream = egl_stream
+
+    def close(self) -> None:
+        lib.cuEGLStreamProducerDisconnect(self.producer)
+        lib.cuEGLStreamConsumerDisconnect(self.consumer)
+        self.stream.close()
+        for frame in self.frames:
+            frame.close()
 
 
 def raw_loop(display, iterations: int, with_counter: bool) -> float:
     """Driver calls through the bindings directly; optionally the counter query."""
-    stream, consumer, producer, frames = session(display)
-    with stream:
-        cons, prod = consumer._connection, producer._connection
+    raw = RawSession(display)
+    try:
+        cons, prod = raw.consumer, raw.producer
         resource = ffi.new("CUgraphicsResource *")
         mapped = ffi.new("CUeglFrame *")
         back = ffi.new("CUeglFrame *")
-        cstream, pstream = consumer._cu_stream, ffi.new("CUstream *")
+        cstream, pstream = raw.cstream, raw.pstream
         counter = ffi.new("EGLuint64KHR *")
-        dpy, egl_stream = stream.display.handle, stream.handle
-        egl = [f._egl[0] for f in frames]
+        dpy, egl_stream = raw.dpy, raw.egl_stream
+        egl = [e[0] for e in raw.egl]
         present, acquire = lib.cuEGLStreamProducerPresentFrame, lib.cuEGLStreamConsumerAcquireFrame
         get_mapped, release = lib.cuGraphicsResourceGetMappedEglFrame, lib.cuEGLStreamConsumerReleaseFrame
         ret, query = lib.cuEGLStreamProducerReturnFrame, lib.eglQueryStreamu64KHR
@@ -74,39 +102,41 @@ def raw_loop(display, iterations: int, with_counter: bool) -> float:
                     pass
                 check(status, "return")
         elapsed = time.perf_counter() - start
-        producer._drop_in_flight()
+    finally:
+        raw.close()
     return 1e6 * elapsed / iterations
 
 
 def helper_loop(display, iterations: int, with_counter: bool) -> float:
     """eglcuda's fused helpers, called directly (no Python checks, no objects)."""
-    stream, consumer, producer, frames = session(display)
-    with stream:
-        ctx = consumer._context
-        cons, prod = consumer._connection, producer._connection
+    raw = RawSession(display)
+    try:
+        ctx = raw.context
+        cons, prod = raw.consumer, raw.producer
         resource = ffi.new("CUgraphicsResource *")
         mapped = ffi.new("CUeglFrame *")
         back = ffi.new("CUeglFrame *")
-        cstream, pstream = consumer._cu_stream, ffi.new("CUstream *")
+        cstream, pstream = raw.cstream, raw.pstream
         counter = ffi.new("EGLuint64KHR *")
         failed = ffi.new("int *")
         key = ffi.new("unsigned long long *")
-        dpy = stream.display.handle if with_counter else ffi.NULL
-        egl_stream = stream.handle
-        egl = [f._egl for f in frames]
+        dpy = raw.dpy if with_counter else ffi.NULL
+        egl_stream = raw.egl_stream
+        egl = raw.egl
         warmup = iterations // 10 + 2
         start = 0.0
         for i in range(iterations + warmup):
             if i == warmup:
                 start = time.perf_counter()
-            check(lib.eglcuda_producer_present(ctx, prod, egl[i & 1], pstream), "present")
+            check(lib.eglcuda_producer_present(ctx, prod, egl[i & 1], pstream, failed), "present")
             check(lib.eglcuda_consumer_acquire(ctx, cons, resource, cstream, 1_000_000, mapped, dpy, egl_stream,
                                                counter, failed), "acquire")
-            check(lib.eglcuda_consumer_release(ctx, cons, resource[0], cstream), "release")
+            check(lib.eglcuda_consumer_release(ctx, cons, resource[0], cstream, failed), "release")
             if i:
-                check(lib.eglcuda_producer_return(ctx, prod, back, pstream, 1_000_000, key), "return")
+                check(lib.eglcuda_producer_return(ctx, prod, back, pstream, 1_000_000, key, failed), "return")
         elapsed = time.perf_counter() - start
-        producer._drop_in_flight()
+    finally:
+        raw.close()
     return 1e6 * elapsed / iterations
 
 
@@ -114,14 +144,12 @@ def single_call_costs(display, count: int = 20000) -> dict[str, float]:
     """Median ns of calls the per-frame path may add: context check, counter query, a lock."""
     import threading
 
-    stream, consumer, producer, frames = session(display)
+    raw = RawSession(display)
     out = {}
-    with stream:
-        producer.present(frames[0])
-        consumer.acquire().release()
-        ctx = consumer._context
+    try:
+        ctx = raw.context
         counter = ffi.new("EGLuint64KHR *")
-        dpy, egl_stream = stream.display.handle, stream.handle
+        dpy, egl_stream = raw.dpy, raw.egl_stream
         lock = threading.Lock()
 
         def with_lock() -> None:
@@ -142,6 +170,8 @@ def single_call_costs(display, count: int = 20000) -> dict[str, float]:
                     fn()
                 samples.append((time.perf_counter_ns() - t0) / count)
             out[name] = statistics.median(samples)
+    finally:
+        raw.close()
     return out
 
 
@@ -150,6 +180,10 @@ def main() -> int:
     parser.add_argument("--iterations", type=int, default=3000)
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
+    require(PROGRAM, "cuda-stream", gcc=True)
+    global ffi, lib
+    from eglcuda._bind._native import ffi, lib
+
     binary = build_c()
     display = eglcuda.Display.for_cuda_device(0)
     layers = {
@@ -185,4 +219,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run(main, PROGRAM))

@@ -4,7 +4,7 @@ Serial round trip (one thread: present, acquire, map, release, return) and pipel
 (producer and consumer threads, FIFO 4), ARGB pitch-linear frames, at several sizes. All three
 stacks run in this one invocation, interleaved per size, so their ratios share the machine's state.
 
-    python bench/stream_roundtrip.py [--quick] [--markdown docs/benchmarks.md]
+    python bench/stream_roundtrip.py [--quick] [--markdown FILE] [--plot docs/img/roundtrip_MODE.svg]
 
 (1) C: bench/c/stream_roundtrip.c, built here with gcc, the same driver calls with no Python; and
     "C + counter", which also reads the stream's consumer frame counter after each acquire, as
@@ -19,6 +19,9 @@ stacks run in this one invocation, interleaved per size, so their ratios share t
     numbers came without the EGL query.
 (3) What a Python user would write today: PyOpenGL's EGL bindings for the display and stream
     (they need a current context for extension calls) and cuda-python's driver bindings.
+
+Needs an NVIDIA GPU with EGL streams and gcc; ``pip install 'eglcuda[bench]'`` brings PyOpenGL and
+cuda-python for (3) (without them that column reads n/a) and matplotlib for --plot.
 """
 from __future__ import annotations
 
@@ -31,8 +34,11 @@ import sys
 import threading
 import time
 
-import eglcuda
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _script import MATPLOTLIB, lazy, one_line, plot_bars, require, run  # noqa: E402
 
+PROGRAM = "bench/stream_roundtrip.py"
+eglcuda = lazy("eglcuda")  # imported at first use, once require() has checked it is there
 HERE = pathlib.Path(__file__).resolve().parent
 SIZES = [(640, 480), (1920, 1080), (3840, 2160), (7680, 4320)]
 
@@ -363,11 +369,13 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3,
                         help="interleaved rounds per cell; medians of the times and of the per-round ratios are reported")
     parser.add_argument("--markdown", help="write the markdown tables to this file")
-    parser.add_argument("--svg", help="write bar charts to this path; MODE in it becomes serial / pipelined")
+    parser.add_argument("--plot", "--svg", dest="plot", metavar="FILE",
+                        help="write bar charts to this path (.svg, .png); MODE in it becomes serial / pipelined")
     parser.add_argument("--cpus", default=None,
                         help="comma-separated CPUs to pin the serial loops to, one row each (default: the "
                              "lowest CPU this process may use); C and eglcuda run on the same CPU")
     args = parser.parse_args()
+    require(PROGRAM, "cuda-stream", modules=[MATPLOTLIB] if args.plot else [], gcc=True)
     serial_n, pipe_n = (500, 500) if args.quick else (10000, 3000)
     # One serial round trip took 10.3 to 12.9 us in C alone depending on the CPU it ran on (H200
     # VM, docs/benchmarks.md): so every serial column runs pinned to the same CPU; the pipelined
@@ -379,11 +387,9 @@ def main() -> int:
     try:
         stack = Stack()
         stack_error = None
-    except Exception as exc:  # reported in the table
-        import traceback
-
-        traceback.print_exc()
-        stack, stack_error = None, f"{type(exc).__name__}: {str(exc)[:200]}"
+    except Exception as exc:  # reported in the table (PyOpenGL or cuda-python missing, or failing)
+        stack, stack_error = None, one_line(exc)[:200]
+        print(f"PyOpenGL+cuda-python stack unavailable, its column reads n/a: {stack_error}")
 
     rows = []
     loops = [("serial", serial_n, {cpu}) for cpu in cpus] + [("pipelined", pipe_n, all_cpus)]
@@ -428,19 +434,16 @@ def main() -> int:
           + "; stack/eglcuda " + (f"x{min(vs_stack):.2f}..x{max(vs_stack):.2f}" if stack_error is None else f"n/a ({stack_error})"))
     if args.markdown:
         pathlib.Path(args.markdown).write_text(tables + "\n")
-    if args.svg:
-        sys.path.insert(0, str(HERE))
-        from svgplot import grouped_bars
-
+    if args.plot:
         for mode in ("serial", "pipelined"):
             shown = f"serial, CPU {cpus[0]}" if mode == "serial" else mode  # the first CPU's rows
             picked = [(size, med) for size, m, med in rows if m == shown]
             names = [c for c in COLUMNS if all(med[c] == med[c] for _, med in picked)]
-            grouped_bars(pathlib.Path(args.svg.replace("MODE", mode)),
-                         f"EGLStream CUDA->CUDA, {mode} loop: us per frame (lower is better)", "us/frame",
-                         [size for size, _ in picked], {name: [med[name] for _, med in picked] for name in names})
+            plot_bars(args.plot.replace("MODE", mode),
+                      f"EGLStream CUDA->CUDA, {mode} loop: us per frame (lower is better)", "us/frame",
+                      [size for size, _ in picked], {name: [med[name] for _, med in picked] for name in names})
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run(main, PROGRAM))

@@ -133,6 +133,7 @@ typedef struct CUDA_RESOURCE_DESC_st {
 
 /* ---- constants ------------------------------------------------------------------------ */
 #define CUDA_SUCCESS 0
+#define CUDA_ERROR_INVALID_VALUE 1
 #define CUDA_ERROR_OUT_OF_MEMORY 2
 #define CUDA_ERROR_NOT_FOUND 500
 #define CUDA_ERROR_LAUNCH_TIMEOUT 702
@@ -158,6 +159,10 @@ typedef struct CUDA_RESOURCE_DESC_st {
 #define CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID 34
 #define CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR 75
 #define CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR 76
+/* "Indicates if contexts created on this device will be shared via MPS" (cuda.h, CUDA 12.x and
+ * later; documented in the CUDA 12.6 driver API). Per process: the driver connects to an MPS
+ * control daemon, or not, in cuInit. A driver that predates it answers CUDA_ERROR_INVALID_VALUE. */
+#define CU_DEVICE_ATTRIBUTE_MPS_ENABLED 133
 
 /* ---- functions ------------------------------------------------------------------------ */
 /* @requires cuda */

@@ -16,9 +16,6 @@ CUresult eglcuda_ensure_current(CUcontext ctx)
  * call from Python (one GIL release, no Python between driver calls). On failure *failed_call
  * says which driver call failed, for the error message. */
 
-enum { EGLCUDA_CALL_CONTEXT = 0, EGLCUDA_CALL_ACQUIRE = 1, EGLCUDA_CALL_MAP = 2, EGLCUDA_CALL_COUNTER = 3,
-       EGLCUDA_CALL_RELEASE = 4, EGLCUDA_CALL_PRESENT = 5, EGLCUDA_CALL_RETURN = 6 };
-
 /* The steps themselves, for a caller that made the context current: the fused helpers below
  * check the context once per call from Python, not once per step (each check is a driver call,
  * about 0.15-0.3 us). */
@@ -29,7 +26,12 @@ static CUresult acquire_step(CUeglStreamConnection *conn, CUgraphicsResource *re
     CUresult status = cuEGLStreamConsumerAcquireFrame(conn, resource, stream, timeout_us);
     if (status != CUDA_SUCCESS) { *failed_call = EGLCUDA_CALL_ACQUIRE; return status; }
     status = cuGraphicsResourceGetMappedEglFrame(frame, *resource, 0, 0);
-    if (status != CUDA_SUCCESS) { *failed_call = EGLCUDA_CALL_MAP; return status; }
+    if (status != CUDA_SUCCESS) {
+        /* Acquired but not mapped: give the frame back, or the driver keeps it acquired for good. */
+        cuEGLStreamConsumerReleaseFrame(conn, *resource, stream);
+        *failed_call = EGLCUDA_CALL_MAP;
+        return status;
+    }
     if (dpy != NULL && !eglQueryStreamu64KHR(dpy, egl_stream, EGL_CONSUMER_FRAME_KHR, consumer_frame)) {
         *failed_call = EGLCUDA_CALL_COUNTER;
         return CUDA_ERROR_NOT_FOUND;
@@ -89,29 +91,29 @@ CUresult eglcuda_consumer_counter(EGLDisplay dpy, EGLStreamKHR egl_stream, EGLui
 }
 
 CUresult eglcuda_consumer_release(CUcontext ctx, CUeglStreamConnection *conn, CUgraphicsResource resource,
-                                  CUstream *stream)
+                                  CUstream *stream, int *failed_call)
 {
     CUresult status = eglcuda_ensure_current(ctx);
-    if (status != CUDA_SUCCESS)
-        return status;
+    if (status != CUDA_SUCCESS) { *failed_call = EGLCUDA_CALL_CONTEXT; return status; }
+    *failed_call = EGLCUDA_CALL_RELEASE;
     return cuEGLStreamConsumerReleaseFrame(conn, resource, stream);
 }
 
 CUresult eglcuda_producer_present(CUcontext ctx, CUeglStreamConnection *conn, const CUeglFrame *frame,
-                                  CUstream *stream)
+                                  CUstream *stream, int *failed_call)
 {
     CUresult status = eglcuda_ensure_current(ctx);
-    if (status != CUDA_SUCCESS)
-        return status;
+    if (status != CUDA_SUCCESS) { *failed_call = EGLCUDA_CALL_CONTEXT; return status; }
+    *failed_call = EGLCUDA_CALL_PRESENT;
     return cuEGLStreamProducerPresentFrame(conn, *frame, stream);
 }
 
 CUresult eglcuda_producer_return(CUcontext ctx, CUeglStreamConnection *conn, CUeglFrame *frame, CUstream *stream,
-                                 unsigned long long timeout_us, unsigned long long *plane0)
+                                 unsigned long long timeout_us, unsigned long long *plane0, int *failed_call)
 {
     CUresult status = eglcuda_ensure_current(ctx);
-    if (status != CUDA_SUCCESS)
-        return status;
+    if (status != CUDA_SUCCESS) { *failed_call = EGLCUDA_CALL_CONTEXT; return status; }
+    *failed_call = EGLCUDA_CALL_RETURN;
     return return_step(conn, frame, stream, timeout_us, plane0);
 }
 
@@ -142,8 +144,8 @@ CUresult eglcuda_producer_present_return(CUcontext ctx, CUeglStreamConnection *c
                                          unsigned long long timeout_us, unsigned long long *plane0, int *failed_call)
 {
     CUresult status = eglcuda_ensure_current(ctx);
-    if (status == CUDA_SUCCESS)
-        status = cuEGLStreamProducerPresentFrame(conn, *presented, present_stream);
+    if (status != CUDA_SUCCESS) { *failed_call = EGLCUDA_CALL_CONTEXT; return status; }
+    status = cuEGLStreamProducerPresentFrame(conn, *presented, present_stream);
     if (status != CUDA_SUCCESS) { *failed_call = EGLCUDA_CALL_PRESENT; return status; }
     *failed_call = EGLCUDA_CALL_RETURN;
     return return_step(conn, back, return_stream, timeout_us, plane0);
@@ -217,120 +219,21 @@ void eglcuda_store_flag(volatile uint32_t *flag, uint32_t value)
     __atomic_store_n(flag, value, __ATOMIC_RELEASE);
 }
 
-/* ---- DLPack export -------------------------------------------------------------------------
- * Layouts from dlpack.h (v1.0): DLManagedTensor for the "dltensor" capsule and
- * DLManagedTensorVersioned, which can say read-only, for "dltensor_versioned". The Python owner
- * of the memory stays alive until the consumer calls the deleter: the deleter hands the key back
- * to Python (eglcuda_dlpack_release), which drops its reference. */
-
-typedef struct { int32_t device_type; int32_t device_id; } eglcuda_DLDevice;
-typedef struct { uint8_t code; uint8_t bits; uint16_t lanes; } eglcuda_DLDataType;
-typedef struct {
-    void *data;
-    eglcuda_DLDevice device;
-    int32_t ndim;
-    eglcuda_DLDataType dtype;
-    int64_t *shape;
-    int64_t *strides;
-    uint64_t byte_offset;
-} eglcuda_DLTensor;
-typedef struct eglcuda_DLManagedTensor {
-    eglcuda_DLTensor dl_tensor;
-    void *manager_ctx;
-    void (*deleter)(struct eglcuda_DLManagedTensor *self);
-} eglcuda_DLManagedTensor;
-typedef struct { uint32_t major; uint32_t minor; } eglcuda_DLPackVersion;
-typedef struct eglcuda_DLManagedTensorVersioned {
-    eglcuda_DLPackVersion version;
-    void *manager_ctx;
-    void (*deleter)(struct eglcuda_DLManagedTensorVersioned *self);
-    uint64_t flags;
-    eglcuda_DLTensor dl_tensor;
-} eglcuda_DLManagedTensorVersioned;
-
-#define EGLCUDA_DL_CUDA 2
-#define EGLCUDA_DL_UINT 1
-#define EGLCUDA_DL_FLAG_READ_ONLY 1ull
-
-struct eglcuda_dlpack {
-    eglcuda_DLManagedTensor legacy;
-    eglcuda_DLManagedTensorVersioned versioned;
-    int64_t shape[3];
-    int64_t strides[3];
-    long long key;
+/* ---- the table the stream endpoints call through (csrc/hot_api.h) ------------------------- */
+static const struct eglcuda_hot_api eglcuda_hot_api_table = {
+    EGLCUDA_HOT_API_VERSION,
+    sizeof(struct eglcuda_hot_api),
+    eglcuda_ensure_current,
+    eglcuda_producer_present,
+    eglcuda_producer_return,
+    eglcuda_producer_present_return,
+    eglcuda_consumer_acquire,
+    eglcuda_consumer_next,
+    eglcuda_consumer_release,
+    eglcuda_consumer_counter,
 };
 
-/* Defined by cffi from the extern "Python" declaration in build_ffi.py. */
-static void eglcuda_dlpack_release(long long key);
-
-static void eglcuda_dlpack_free(struct eglcuda_dlpack *holder)
+const void *eglcuda_hot_api(void)
 {
-    long long key = holder->key;
-    free(holder);
-    eglcuda_dlpack_release(key);
-}
-
-static void eglcuda_dlpack_legacy_deleter(eglcuda_DLManagedTensor *self)
-{
-    eglcuda_dlpack_free((struct eglcuda_dlpack *)self->manager_ctx);
-}
-
-static void eglcuda_dlpack_versioned_deleter(eglcuda_DLManagedTensorVersioned *self)
-{
-    eglcuda_dlpack_free((struct eglcuda_dlpack *)self->manager_ctx);
-}
-
-/* A managed tensor of uint8 elements; strides in elements (bytes here). Returns the address of
- * the struct the capsule must carry, or NULL when out of memory. */
-void *eglcuda_dlpack_new(int versioned, unsigned long long data, int device_id, int ndim, const int64_t *shape,
-                         const int64_t *strides, int read_only, long long key)
-{
-    struct eglcuda_dlpack *holder = calloc(1, sizeof(*holder));
-    eglcuda_DLTensor *tensor;
-    if (holder == NULL)
-        return NULL;
-    holder->key = key;
-    for (int i = 0; i < ndim && i < 3; i++) {
-        holder->shape[i] = shape[i];
-        holder->strides[i] = strides[i];
-    }
-    tensor = versioned ? &holder->versioned.dl_tensor : &holder->legacy.dl_tensor;
-    tensor->data = (void *)(uintptr_t)data;
-    tensor->device.device_type = EGLCUDA_DL_CUDA;
-    tensor->device.device_id = device_id;
-    tensor->ndim = ndim;
-    tensor->dtype.code = EGLCUDA_DL_UINT;
-    tensor->dtype.bits = 8;
-    tensor->dtype.lanes = 1;
-    tensor->shape = holder->shape;
-    tensor->strides = holder->strides;
-    if (versioned) {
-        holder->versioned.version.major = 1;
-        holder->versioned.version.minor = 0;
-        holder->versioned.manager_ctx = holder;
-        holder->versioned.deleter = eglcuda_dlpack_versioned_deleter;
-        holder->versioned.flags = read_only ? EGLCUDA_DL_FLAG_READ_ONLY : 0;
-        return &holder->versioned;
-    }
-    holder->legacy.manager_ctx = holder;
-    holder->legacy.deleter = eglcuda_dlpack_legacy_deleter;
-    return &holder->legacy;
-}
-
-/* Capsule destructor: a capsule still named "dltensor"/"dltensor_versioned" was never consumed
- * (consumers rename it "used_..."), so its tensor is ours to delete. */
-static void eglcuda_dlpack_capsule_destructor(PyObject *capsule)
-{
-    if (PyCapsule_IsValid(capsule, "dltensor")) {
-        eglcuda_DLManagedTensor *tensor = PyCapsule_GetPointer(capsule, "dltensor");
-        tensor->deleter(tensor);
-    } else if (PyCapsule_IsValid(capsule, "dltensor_versioned")) {
-        eglcuda_DLManagedTensorVersioned *tensor = PyCapsule_GetPointer(capsule, "dltensor_versioned");
-        tensor->deleter(tensor);
-    }
-}
-
-void *eglcuda_dlpack_capsule_destructor_address(void)
-{
-    return (void *)eglcuda_dlpack_capsule_destructor;
+    return &eglcuda_hot_api_table;
 }

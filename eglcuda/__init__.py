@@ -3,48 +3,66 @@
 Importing eglcuda loads no driver library: libEGL and libcuda are opened at first use, and a
 missing one raises :class:`Unsupported` then.
 """
-from ._context import GLContext
-from ._cuda import CudaDevice, driver_version, get_device
-from ._display import Device, Display, client_extensions, devices
-from ._formats import ColorFormat, Layout, PlaneGeometry, plane_geometry
-from ._frame import AcquiredFrame, Attach, Frame, MemoryKind, Plane
-from ._image import CudaImage, Image, MappedImage, PathChoice, TextureFormat, TEXTURE_FORMATS, image_path, siblings_alias
-from ._sync import (CudaWait, Sync, SyncKind, SyncPaths, cuda_wait_sync, gl_server_wait_path, sync_after_cuda,
-                    sync_paths)
-from ._glstream import GLFrame, GLSurfaceProducer, GLTextureConsumer
-from ._share import acknowledge, offer_fd, receive_fd, receive_stream, serve_stream
-from ._stream import CudaConsumer, CudaProducer, ResourceLocation, Stream, StreamState
-from ._errors import (
+from .context import GLContext
+from .cuda_device import CudaDevice, driver_version, get_device
+from .display import Device, Display, client_extensions, devices
+from .errors import (
     ClosedError,
     CUDAError,
+    Dropped,
     EGLError,
     EglCudaError,
+    GLError,
+    MPSError,
+    MPSInUse,
     NotCoherent,
     PeerError,
+    Refused,
     StreamDisconnected,
     Timeout,
     Unsupported,
     UsageError,
+    VulkanError,
 )
+from .frames.formats import ColorFormat, Layout, PlaneGeometry, plane_geometry
+from .frames.frame import Attach, Frame, MemoryKind, Plane
+from .images.image import CudaImage, Image, ImagePath, MappedImage, TextureFormat, TEXTURE_FORMATS
+from .images.paths import PathChoice, image_path, siblings_alias
+from .streams.cuda import AcquiredFrame, CudaConsumer, CudaProducer
+from .streams.gl import GLFrame, GLSurfaceProducer, GLTextureConsumer
+from .streams.share import acknowledge, offer_fd, receive_fd, receive_stream, serve_stream
+from .streams.stream import ResourceLocation, Stream, StreamState
+from .topics import Message, Publisher, Subscriber, SubscriberInfo, TopicInfo, list_topics
+from .syncs.paths import ServerWaitPath, SyncPath, SyncPaths, gl_server_wait_path, sync_paths
+from .syncs.sync import CudaWait, Sync, SyncKind, cuda_wait_sync, sync_after_cuda
 
-__version__ = "0.1.0"
+from . import mps  # CUDA MPS: eglcuda.mps.MPSDaemon, under_mps (imports only errors and _bind)
+from ._version import __version__
+from .availability import available
 
 __all__ = [
+    "available",
     "AcquiredFrame",
     "Attach",
     "MemoryKind",
     "CudaWait",
     "Sync",
     "SyncKind",
+    "SyncPath",
     "SyncPaths",
+    "ServerWaitPath",
     "cuda_wait_sync",
     "sync_after_cuda",
     "sync_paths",
     "gl_server_wait_path",
     "CudaImage",
     "Image",
+    "ImagePath",
     "MappedImage",
     "NotCoherent",
+    "MPSError",
+    "MPSInUse",
+    "mps",
     "PathChoice",
     "TEXTURE_FORMATS",
     "TextureFormat",
@@ -70,11 +88,21 @@ __all__ = [
     "serve_stream",
     "ClosedError",
     "CUDAError",
+    "Dropped",
+    "Message",
+    "Publisher",
+    "Refused",
+    "Subscriber",
+    "SubscriberInfo",
+    "TopicInfo",
+    "list_topics",
     "CudaDevice",
     "Device",
     "Display",
     "EGLError",
     "EglCudaError",
+    "GLError",
+    "VulkanError",
     "GLContext",
     "GLFrame",
     "GLSurfaceProducer",
@@ -86,4 +114,5 @@ __all__ = [
     "devices",
     "driver_version",
     "get_device",
+    "__version__",
 ]

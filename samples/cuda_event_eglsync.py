@@ -13,6 +13,9 @@ blocked inside the calls that hand work between the APIs.
 The image is mapped through eglcuda's EGLImage path (CUDA-GL interop on discrete GPUs, whose
 map/unmap also order work); the syncs' own ordering is checked without that help in
 tests/gpu/test_sync.py.
+
+Needs an NVIDIA GPU with EGLImage and EGLSync interop, PyOpenGL, and CuPy for the kernel:
+``pip install 'eglcuda[samples-cuda13]'`` (or ``samples-cuda12``).
 """
 from __future__ import annotations
 
@@ -21,13 +24,16 @@ import os
 import sys
 import time
 
-os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
+os.environ.setdefault("PYOPENGL_PLATFORM", "egl")  # before anything imports OpenGL
 
-import cupy as cp  # noqa: E402
-import numpy as np  # noqa: E402
-from OpenGL import GL  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _script import CUPY, PYOPENGL, lazy, require, run  # noqa: E402
 
-import eglcuda  # noqa: E402
+PROGRAM = "samples/cuda_event_eglsync.py"
+cp = lazy("cupy")
+np = lazy("numpy")
+GL = lazy("OpenGL.GL")
+eglcuda = lazy("eglcuda")
 
 KERNEL = r"""
 extern "C" __global__ void xor_texels(unsigned long long surface, const uchar4 *key, int width, int height) {
@@ -45,7 +51,15 @@ def main() -> int:
     parser.add_argument("--width", type=int, default=1024)
     parser.add_argument("--height", type=int, default=768)
     parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--mps", action="store_true",
+                        help="run under CUDA MPS: a private daemon for this run (or the one already running)")
     args = parser.parse_args()
+    with eglcuda.mps.session(args.mps):  # before this process starts CUDA (require() starts it)
+        require(PROGRAM, "eglimage-cuda", "cuda-sync", modules=[PYOPENGL, CUPY])
+        return sample(args)
+
+
+def sample(args: argparse.Namespace) -> int:
     width, height = args.width, args.height
     rng = np.random.default_rng()
     kernel = cp.RawModule(code=KERNEL).get_function("xor_texels")
@@ -104,4 +118,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run(main, PROGRAM))

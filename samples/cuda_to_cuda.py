@@ -8,24 +8,28 @@ and present-to-acquire latency.
 
     python samples/cuda_to_cuda.py [--width 1920 --height 1080 --frames 300 --fifo 4]
 
-Kernels are CuPy RawKernels: CuPy compiles them with NVRTC in three lines and takes our planes
-zero-copy through ``__cuda_array_interface__``, which the sample thereby exercises. (cuda-python's
-NVRTC would need the module loading and launch plumbing written out by hand.) CuPy is needed by
-this sample only, not by eglcuda.
+Needs an NVIDIA GPU with EGL streams, and CuPy: ``pip install 'eglcuda[samples-cuda13]'`` (or
+``samples-cuda12``, see samples/_script.py). Kernels are CuPy RawKernels: CuPy compiles them with
+NVRTC in three lines and takes our planes zero-copy through ``__cuda_array_interface__``, which
+the sample thereby exercises. CuPy is needed by the samples only, not by eglcuda.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import threading
 import time
 
-import cupy as cp
-import numpy as np
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _script import CUPY, lazy, require, run  # noqa: E402
 
-import eglcuda
-from eglcuda import ColorFormat, Layout
+PROGRAM = "samples/cuda_to_cuda.py"
+# Imported at first use, once require() has checked they are there (and so --help always works).
+cp = lazy("cupy")
+np = lazy("numpy")
+eglcuda = lazy("eglcuda")
 
 KERNELS = r"""
 __device__ unsigned char expected_byte(unsigned int x, unsigned int y, unsigned int plane, unsigned int seed) {
@@ -61,7 +65,7 @@ class Kernels:
         return ((row_bytes + 255) // 256, rows), (256,)
 
 
-def run(display, width, height, fmt, layout, frames, fifo, verbose=True) -> dict:
+def run_config(display, width, height, fmt, layout, frames, fifo, verbose=True) -> dict:
     kernels = Kernels()
     stream = display.create_stream(fifo_length=fifo)
     consumer = stream.connect_cuda_consumer()
@@ -70,8 +74,8 @@ def run(display, width, height, fmt, layout, frames, fifo, verbose=True) -> dict
     geometry = [plane.geometry for plane in pool[0].planes]
     # Array planes are not linear memory: kernels work on a pitch-linear scratch plane and a
     # stream-ordered copy moves it in (producer) or out (consumer).
-    scratch_p = [cp.empty((g.height, g.row_bytes), cp.uint8) for g in geometry] if layout is Layout.ARRAY else None
-    scratch_c = [cp.empty((g.height, g.row_bytes), cp.uint8) for g in geometry] if layout is Layout.ARRAY else None
+    scratch_p = [cp.empty((g.height, g.row_bytes), cp.uint8) for g in geometry] if layout is eglcuda.Layout.ARRAY else None
+    scratch_c = [cp.empty((g.height, g.row_bytes), cp.uint8) for g in geometry] if layout is eglcuda.Layout.ARRAY else None
     produce_stream = cp.cuda.Stream(non_blocking=True)
     present_times: dict[int, float] = {}
     latencies: list[float] = []
@@ -181,17 +185,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--formats", default="ARGB,NV12", help="comma-separated ColorFormat names")
     parser.add_argument("--layouts", default="pitch,array")
     parser.add_argument("--device", type=int, default=0, help="CUDA device ordinal")
+    parser.add_argument("--mps", action="store_true",
+                        help="run under CUDA MPS: a private daemon for this run (or the one already running)")
     args = parser.parse_args(argv)
+    with eglcuda.mps.session(args.mps):  # before this process starts CUDA (require() starts it)
+        require(PROGRAM, "cuda-stream", modules=[CUPY])
+        return sample(args)
+
+
+def sample(args: argparse.Namespace) -> int:
     results = []
     with eglcuda.Display.for_cuda_device(args.device) as display:
         for fmt in args.formats.split(","):
             for layout in args.layouts.split(","):
-                results.append(run(display, args.width, args.height, ColorFormat[fmt.strip().upper()],
-                                   Layout(layout.strip()), args.frames, args.fifo))
+                results.append(run_config(display, args.width, args.height,
+                                          eglcuda.ColorFormat[fmt.strip().upper()],
+                                          eglcuda.Layout(layout.strip()), args.frames, args.fifo))
     ok = all(r["ok"] for r in results)
     print("PASS" if ok else "FAIL")
     return 0 if ok else 1
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run(main, PROGRAM))

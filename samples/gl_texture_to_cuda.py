@@ -9,8 +9,8 @@ took (native EGLImage registration, or GL-interop where the native path is not c
 
     python samples/gl_texture_to_cuda.py [--width 1280 --height 720 --iterations 20]
 
-Kernels are CuPy RawKernels (as in samples/cuda_to_cuda.py); CuPy is needed by the samples
-only, not by eglcuda.
+Needs an NVIDIA GPU with EGLImage interop, PyOpenGL, and CuPy for the kernels (CuPy RawKernels as
+in samples/cuda_to_cuda.py): ``pip install 'eglcuda[samples-cuda13]'`` (or ``samples-cuda12``).
 """
 from __future__ import annotations
 
@@ -19,13 +19,16 @@ import os
 import sys
 import time
 
-os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
+os.environ.setdefault("PYOPENGL_PLATFORM", "egl")  # before anything imports OpenGL
 
-import cupy as cp  # noqa: E402
-import numpy as np  # noqa: E402
-from OpenGL import GL  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _script import CUPY, PYOPENGL, lazy, require, run  # noqa: E402
 
-import eglcuda  # noqa: E402
+PROGRAM = "samples/gl_texture_to_cuda.py"
+cp = lazy("cupy")
+np = lazy("numpy")
+GL = lazy("OpenGL.GL")
+eglcuda = lazy("eglcuda")
 
 KERNELS = r"""
 extern "C" __global__ void xor_texels(unsigned long long surface, const uchar4 *key, int width, int height) {
@@ -46,7 +49,7 @@ extern "C" __global__ void count_mismatches(unsigned long long surface, const uc
 """
 
 
-def upload(texture: int, texels: np.ndarray, first: bool) -> None:
+def upload(texture: int, texels: "np.ndarray", first: bool) -> None:
     height, width, _ = texels.shape
     GL.glBindTexture(GL.GL_TEXTURE_2D, texture)
     GL.glPixelStorei(GL.GL_UNPACK_ALIGNMENT, 1)
@@ -58,7 +61,7 @@ def upload(texture: int, texels: np.ndarray, first: bool) -> None:
         GL.glTexSubImage2D(GL.GL_TEXTURE_2D, 0, 0, 0, width, height, GL.GL_RGBA, GL.GL_UNSIGNED_BYTE, texels)
 
 
-def read_back(texture: int, width: int, height: int) -> np.ndarray:
+def read_back(texture: int, width: int, height: int) -> "np.ndarray":
     out = np.empty((height, width, 4), np.uint8)
     GL.glBindTexture(GL.GL_TEXTURE_2D, texture)
     GL.glPixelStorei(GL.GL_PACK_ALIGNMENT, 1)
@@ -72,7 +75,15 @@ def main() -> int:
     parser.add_argument("--height", type=int, default=720)
     parser.add_argument("--iterations", type=int, default=20)
     parser.add_argument("--path", default="auto", choices=["auto", "native", "gl-interop"])
+    parser.add_argument("--mps", action="store_true",
+                        help="run under CUDA MPS: a private daemon for this run (or the one already running)")
     args = parser.parse_args()
+    with eglcuda.mps.session(args.mps):  # before this process starts CUDA (require() starts it)
+        require(PROGRAM, "eglimage-cuda", modules=[PYOPENGL, CUPY])
+        return sample(args)
+
+
+def sample(args: argparse.Namespace) -> int:
     width, height = args.width, args.height
     rng = np.random.default_rng()
     module = cp.RawModule(code=KERNELS)
@@ -121,4 +132,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run(main, PROGRAM))

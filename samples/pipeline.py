@@ -9,7 +9,10 @@ checked against the expected transform. Prints PASS/FAIL and frames/s.
     python samples/pipeline.py [--width 1280 --height 720 --frames 200]
 
 One thread drives the three stages in turn (GL needs its context on one thread; the EGLStreams
-order the GPU work between stages). Kernels are CuPy RawKernels (CuPy: this sample only).
+order the GPU work between stages).
+
+Needs an NVIDIA GPU with EGL streams to GL, PyOpenGL, and CuPy for the kernels:
+``pip install 'eglcuda[samples-cuda13]'`` (or ``samples-cuda12``).
 """
 from __future__ import annotations
 
@@ -18,13 +21,15 @@ import os
 import sys
 import time
 
-os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
+os.environ.setdefault("PYOPENGL_PLATFORM", "egl")  # before anything imports OpenGL
 
-import cupy as cp  # noqa: E402
-import numpy as np  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _script import CUPY, PYOPENGL, lazy, require, run  # noqa: E402
 
-import eglcuda  # noqa: E402
-from eglcuda import ColorFormat  # noqa: E402
+PROGRAM = "samples/pipeline.py"
+cp = lazy("cupy")
+np = lazy("numpy")
+eglcuda = lazy("eglcuda")
 
 KERNELS = r"""
 __device__ unsigned char source_byte(unsigned int x, unsigned int y, unsigned int seed) {
@@ -46,7 +51,7 @@ extern "C" __global__ void transform(const unsigned char *in, unsigned long long
 """
 
 
-def expected_frame(width: int, height: int, number: int) -> np.ndarray:
+def expected_frame(width: int, height: int, number: int) -> "np.ndarray":
     """What GL should read for frame ``number``: the source bytes XOR the key, as RGBA."""
     x = np.arange(width * 4, dtype=np.uint32)[None, :]
     y = np.arange(height, dtype=np.uint32)[:, None]
@@ -73,7 +78,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--height", type=int, default=720)
     parser.add_argument("--frames", type=int, default=200)
     parser.add_argument("--device", type=int, default=0)
+    parser.add_argument("--mps", action="store_true",
+                        help="run under CUDA MPS: a private daemon for this run (or the one already running)")
     args = parser.parse_args(argv)
+    with eglcuda.mps.session(args.mps):  # before this process starts CUDA (require() starts it)
+        require(PROGRAM, "gl-stream", modules=[PYOPENGL, CUPY])
+        return sample(args)
+
+
+def sample(args: argparse.Namespace) -> int:
     width, height = args.width, args.height
     module = cp.RawModule(code=KERNELS)
     fill, transform = module.get_function("fill"), module.get_function("transform")
@@ -83,10 +96,10 @@ def main(argv: list[str] | None = None) -> int:
     with eglcuda.Display.for_cuda_device(args.device) as display, display.create_context() as gl_context:
         first = display.create_stream(fifo_length=1)
         stage_in = first.connect_cuda_consumer()
-        source = first.connect_cuda_producer(width, height, format=ColorFormat.ARGB)
+        source = first.connect_cuda_producer(width, height, format=eglcuda.ColorFormat.ARGB)
         second = display.create_stream(fifo_length=1)
         sink = second.connect_gl_consumer(gl_context)
-        stage_out = second.connect_cuda_producer(width, height, format=ColorFormat.ARGB)
+        stage_out = second.connect_cuda_producer(width, height, format=eglcuda.ColorFormat.ARGB)
         source_free = [source.allocate_frame() for _ in range(3)]
         stage_free = [stage_out.allocate_frame() for _ in range(3)]
         work = cp.cuda.Stream(non_blocking=True)
@@ -127,4 +140,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run(main, PROGRAM))

@@ -1,10 +1,15 @@
 """Where the whole library stands on a GPU machine, in one call.
 
-Runs ``python -m eglcuda info``, the GPU test tier (tests that need NVIDIA EGL + CUDA must run:
+Runs ``python -m eglcuda info``, the conformance checks (``python -m eglcuda check``, with the GPU
+capabilities required), the GPU test tier (tests that need NVIDIA EGL + CUDA must run:
 EGLCUDA_REQUIRE_GPU=1 turns a skip for a missing platform into a failure), the EGL tier, every
 sample and the quick benchmarks; writes their logs under --out and prints one summary table.
 
     python scripts/gpu_check.py --out /tmp/eglcuda-check
+
+On a machine without an NVIDIA GPU it says so in one line and stops (exit status 2): there,
+``python -m eglcuda check`` and ``python -m pytest tests`` cover what applies. The samples need
+CuPy and the benchmarks ``eglcuda[bench]``: ``pip install -e '.[test,samples-cuda13,bench]'``.
 
 Every new sample goes in SAMPLES, every quick benchmark in BENCHMARKS.
 """
@@ -33,12 +38,18 @@ SAMPLES: list[tuple[str, list[str]]] = [
     ("cross_process 1080p ARGB FIFO 4", ["samples/cross_process.py", "--frames", "600"]),
     ("cross_process 4K NV12 FIFO 2", ["samples/cross_process.py", "--width", "3840", "--height", "2160",
                                       "--format", "NV12", "--fifo", "2", "--frames", "200"]),
+    ("cross_process 1080p ARGB FIFO 4 under MPS", ["samples/cross_process.py", "--frames", "600", "--mps"]),
+    ("pipeline CUDA->CUDA->GL 333x97 under MPS", ["samples/pipeline.py", "--width", "333", "--height", "97",
+                                                  "--frames", "50", "--mps"]),
+    ("topic_fanout 720p ARGB", ["samples/topic_fanout.py", "--frames", "300"]),
 ]
 BENCHMARKS: list[tuple[str, list[str]]] = [
     ("call overhead", ["bench/call_overhead.py", "--quick"]),
     ("stream round trip", ["bench/stream_roundtrip.py", "--quick"]),
     ("cross process", ["bench/cross_process.py", "--quick"]),
+    ("cross process under MPS", ["bench/cross_process.py", "--quick", "--mps"]),
     ("memory kinds", ["bench/memory_kinds.py", "--quick"]),
+    ("topics", ["bench/topics.py", "--quick", "--out", "/tmp/eglcuda-bench-topics-quick"]),
 ]
 
 
@@ -62,11 +73,29 @@ def junit_counts(path: pathlib.Path) -> tuple[int, int, int]:
     return total - failed - skipped, skipped, failed
 
 
+# What the GPU machine must have: anything missing fails the conformance group.
+REQUIRED = "egl,sync,cuda,cuda-egl,cuda-stream,cross-process,gl-stream,eglimage-cuda,cuda-sync"
+
+
+def no_gpu() -> str | None:
+    """Why this machine is no GPU machine (one line), or None."""
+    try:
+        import eglcuda
+    except ImportError as exc:
+        return f"eglcuda is not importable ({exc}): pip install -e '.[test]' first"
+    why = eglcuda.availability.explain("cuda-stream")
+    return f"no GPU here, nothing to check: {why}" if why else None
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="gpu-check-logs", help="folder for the logs")
     parser.add_argument("--only", choices=["tests", "samples", "bench"], help="run one part")
     args = parser.parse_args()
+    why = no_gpu()
+    if why:
+        print(f"scripts/gpu_check.py: {why}", file=sys.stderr)
+        return 2
     out = pathlib.Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, EGLCUDA_REQUIRE_GPU="1", PYOPENGL_PLATFORM="egl", PYTHONUNBUFFERED="1")
@@ -75,6 +104,13 @@ def main() -> int:
     code, text, _ = run("info", ["-m", "eglcuda", "info"], out, 120, env)
     print(text)
     rows.append(("info", "ok" if code == 0 else f"FAIL (exit {code})", ""))
+    code, text, seconds = run("conformance", ["-m", "eglcuda", "check", "--json", str(out / "check.json"),
+                                              "--require", REQUIRED], out, 600, env)
+    print(text)
+    closing = [line for line in text.splitlines() if " passed, " in line]
+    rows.append(("conformance (python -m eglcuda check)",
+                 (closing[-1] if closing else "no result") + ("" if code == 0 else f"; FAIL (exit {code})"),
+                 f"{seconds:.0f}s"))
 
     if args.only in (None, "tests"):
         for name, path in TEST_GROUPS:

@@ -3,24 +3,73 @@
 - tests/unit: no EGL needed.
 - tests/egl: any EGL (Mesa's llvmpipe on CI). Marked ``egl``.
 - tests/gpu: NVIDIA EGL + CUDA. Marked ``gpu``.
+- tests/fake: the stream path against the fake driver of tests/fakedriver/ (a C compiler is
+  enough), each test in a child interpreter. Marked ``fake``.
 
-A tier whose platform is missing is skipped with the exact reason. Where a tier must run
-(CI for the EGL tier, the GPU machine for the GPU tier), set EGLCUDA_REQUIRE_EGL=1 or
-EGLCUDA_REQUIRE_GPU=1: a missing platform then fails the tests instead of skipping them.
+A tier whose platform is missing is skipped with the exact reason, which comes from
+:func:`eglcuda.available` (the same answer scripts get). Where a tier must run (CI for the EGL
+tier, the GPU machine for the GPU tier), set EGLCUDA_REQUIRE_EGL=1 or EGLCUDA_REQUIRE_GPU=1: a
+missing platform then fails the tests instead of skipping them.
+
+The tests run against the eglcuda that Python imports: the installed package, or the checkout
+with an editable install (pytest's importlib import mode puts no folder of the checkout on
+sys.path; see pyproject.toml).
 """
 from __future__ import annotations
 
 import os
 import pathlib
+import site
 
 os.environ.setdefault("PYOPENGL_PLATFORM", "egl")  # before anything imports OpenGL
 
+import importlib.util
+
 import pytest
 
-import eglcuda
-from eglcuda import _loader
+
+def _check_eglcuda_is_built() -> None:
+    """Say what to do, instead of an import traceback, when the eglcuda found first is a source
+    tree without its compiled modules (a checkout that was neither built in place nor installed
+    editable, or one that shadows an installed package because ``python -m`` put it first)."""
+    spec = importlib.util.find_spec("eglcuda")
+    if spec is None or spec.origin is None:
+        raise pytest.UsageError("eglcuda is not installed: pip install -e '.[test]' (see README.md)")
+    package = pathlib.Path(spec.origin).parent
+    if not any(package.glob("_bind/_native*.so")):
+        raise pytest.UsageError(
+            f"{package} has no compiled modules. Install the checkout with pip install -e '.[test]' (or build it in "
+            "place: python setup.py build_ext --inplace); with eglcuda installed from a wheel or sdist, run "
+            "`pytest tests` (or python -P -m pytest): `python -m pytest` puts the working folder first.")
+
+
+_check_eglcuda_is_built()
+
+import eglcuda  # noqa: E402
+from eglcuda._bind import loader as _loader  # noqa: E402
 
 HERE = pathlib.Path(__file__).parent
+
+
+
+def _children_import_this_eglcuda() -> None:
+    """Interpreters the tests start (python -c ..., scripts) must import the same eglcuda as this
+    one. Two things could make them find another: the working folder, which comes first on their
+    sys.path (run from a checkout against an installed, non-editable package, its eglcuda/ has no
+    compiled modules), and a tree this process imports from that is not on their default path.
+    Safe paths (Python 3.11+) leave the working folder out; PYTHONPATH names the tree."""
+    imported = pathlib.Path(eglcuda.__file__).resolve().parent
+    # The working folder, and the checkout itself: some tests start children with cwd set to it.
+    for candidate in (pathlib.Path.cwd() / "eglcuda", HERE.parent / "eglcuda"):
+        if candidate.is_dir() and candidate.resolve() != imported:
+            os.environ.setdefault("PYTHONSAFEPATH", "1")
+    root = str(imported.parent)
+    if root not in {*site.getsitepackages(), site.getusersitepackages()}:
+        paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        os.environ["PYTHONPATH"] = os.pathsep.join([root, *paths])
+
+
+_children_import_this_eglcuda()
 
 
 def pytest_collection_modifyitems(config, items):
@@ -30,6 +79,8 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.egl)
         elif HERE / "gpu" in path.parents:
             item.add_marker(pytest.mark.gpu)
+        elif HERE / "fake" in path.parents:
+            item.add_marker(pytest.mark.fake)
 
 
 def pytest_report_header(config):
@@ -52,7 +103,7 @@ def pytest_report_header(config):
     if ok:
         try:
             version = eglcuda.driver_version()
-            names = [eglcuda.get_device(i).info.name for i in range(eglcuda._cuda.device_count())]
+            names = [eglcuda.get_device(i).info.name for i in range(eglcuda._bind.cuda.device_count())]
             lines.append(f"eglcuda: CUDA driver API {version}; devices: {', '.join(names) or 'none'}")
         except eglcuda.EglCudaError as exc:
             lines.append(f"eglcuda: CUDA: {exc}")
@@ -70,7 +121,7 @@ def _missing(reason: str, required_by: str) -> None:
 @pytest.fixture(scope="session")
 def egl_device() -> eglcuda.Device:
     """The EGL device the EGL tier runs on (the first one)."""
-    ok, why = _loader.egl_available()
+    ok, why = eglcuda.available("egl", reason=True)
     if not ok:
         _missing(f"no EGL: {why}", "EGLCUDA_REQUIRE_EGL")
     try:
@@ -98,22 +149,9 @@ def gl_context(display):
 @pytest.fixture(scope="session")
 def cuda_ordinal() -> int:
     """CUDA device 0, with an NVIDIA EGL device that reports it (skips with the reason)."""
-    ok, why = _loader.cuda_available()
-    if not ok:
-        _missing(f"no CUDA driver: {why}", "EGLCUDA_REQUIRE_GPU")
-    try:
-        if eglcuda._cuda.device_count() < 1:
-            _missing("no CUDA device", "EGLCUDA_REQUIRE_GPU")
-    except eglcuda.CUDAError as exc:
-        _missing(f"no CUDA device: {exc}", "EGLCUDA_REQUIRE_GPU")
-    ok, why = _loader.egl_available()
-    if not ok:
-        _missing(f"no EGL: {why}", "EGLCUDA_REQUIRE_GPU")
-    try:
-        if not any(d.cuda_ordinal == 0 for d in eglcuda.devices()):
-            _missing("no NVIDIA EGL device reports CUDA device 0 (EGL_NV_device_cuda)", "EGLCUDA_REQUIRE_GPU")
-    except eglcuda.Unsupported as exc:
-        _missing(f"no EGL device enumeration: {exc}", "EGLCUDA_REQUIRE_GPU")
+    why = eglcuda.availability.explain("cuda", "cuda-egl")
+    if why:
+        _missing(why, "EGLCUDA_REQUIRE_GPU")
     return 0
 
 

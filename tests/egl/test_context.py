@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import eglcuda
-from eglcuda._native import ffi, lib
+from eglcuda._bind import egl
 
 GL = pytest.importorskip("OpenGL.GL")
 
@@ -59,7 +59,7 @@ def test_pyopengl_draws_into_the_context(display, surfaceless):
         GL.glDeleteFramebuffers(1, [fbo])
         GL.glDeleteTextures([texture])
     assert context.closed
-    assert lib.eglGetCurrentContext() == ffi.NULL
+    assert egl.current_context() == 0
 
 
 def test_current_restores_previous(display):

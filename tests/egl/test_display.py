@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 import eglcuda
-from eglcuda._native import lib
+from eglcuda._bind import egl
 
 
 def test_devices_enumerate(egl_device):
@@ -89,7 +89,7 @@ def test_default_display(egl_device):
 def test_terminated_display_surfaces_as_egl_error_with_name(display):
     # Terminate behind eglcuda's back: the next driver call must become an EGLError naming
     # EGL_NOT_INITIALIZED and the call, not a crash.
-    lib.eglTerminate(display.handle)
+    egl.terminate(display.handle)
     with pytest.raises(eglcuda.EGLError) as info:
         display.create_context()
     assert info.value.name == "EGL_NOT_INITIALIZED"
@@ -110,5 +110,5 @@ def test_closing_display_closes_its_contexts(egl_device):
     context.make_current()
     display.close()
     assert context.closed
-    assert lib.eglGetCurrentContext() == eglcuda._native.ffi.NULL
+    assert egl.current_context() == 0
     context.close()  # still safe

@@ -6,7 +6,7 @@ from ..gc_in_locks import run_case
 
 def test_display_collected_inside_the_display_lock(egl_device):
     out = run_case(f"""
-        from eglcuda import _display
+        from eglcuda import display as _display
         device = eglcuda.devices()[{egl_device.index}]
         cycle = Cycle(eglcuda.Display.for_device(device))
         address = cycle.payload._address

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 import eglcuda
-from eglcuda._image import TEXTURE_FORMATS, _make_texture, _read_texture, _write_texture
+from eglcuda.images.image import TEXTURE_FORMATS
+from eglcuda.images.paths import _make_texture, _read_texture, _write_texture
 
 from ..conftest import require_extension
 from .test_leaks import grows
@@ -132,6 +133,37 @@ def test_closed_objects(display):
         image.bind_texture()
     with pytest.raises(eglcuda.ClosedError):
         eglcuda.Image(context, texture)
+
+
+def test_closing_the_context_closes_its_images(display):
+    require_extension(display, "EGL_KHR_image_base", "EGL_KHR_gl_texture_2D_image")
+    context = display.create_context()
+    context.make_current()
+    # One image per texture: NVIDIA's EGL refuses a second EGLImage of a texture (EGL_BAD_ACCESS).
+    images = [eglcuda.Image(context, _make_texture(RGBA8, np.ones((2, 2, 4), np.uint8))) for _ in range(3)]
+    context.close()  # the images first (and what CUDA registered from them), then the context
+    assert context.closed and all(image.closed for image in images)
+    assert not display.closed
+
+
+def test_gl_errors_of_eglcuda_calls_are_gl_errors(image_context):
+    from OpenGL import GL
+
+    from eglcuda._bind import gl as gl_binding
+    from eglcuda._bind._native import ffi, lib
+
+    texture = _make_texture(RGBA8, np.ones((2, 2, 4), np.uint8))
+    with eglcuda.Image(image_context, texture) as image:
+        alias = image.bind_texture()  # binds GL_OES_EGL_image's function
+        gl_binding.clear_errors()
+        gl_binding.check("nothing")  # nothing flagged: no exception
+        # A target GL_OES_EGL_image does not take: GL_INVALID_ENUM, flagged for glGetError.
+        lib.glEGLImageTargetTexture2DOES(0x1234, ffi.cast("GLeglImageOES", image.handle))
+        with pytest.raises(eglcuda.GLError) as info:
+            gl_binding.check("glEGLImageTargetTexture2DOES", "binding to no target")
+    assert info.value.name == "GL_INVALID_ENUM" and info.value.call == "glEGLImageTargetTexture2DOES"
+    assert str(info.value).endswith("while binding to no target")
+    GL.glDeleteTextures([alias, texture])
 
 
 def test_unsupported_format_has_no_cuda_view_but_an_image(image_context):

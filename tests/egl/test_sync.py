@@ -125,7 +125,7 @@ def test_server_wait_on_a_reusable_sync_orders_gl_after_the_signal(sync_display)
     from OpenGL import GL
 
     with sync_display.create_context():
-        honoured = eglcuda._sync.server_waits_reusable(sync_display)
+        honoured = eglcuda.syncs.paths.server_waits_reusable(sync_display)
         sync = eglcuda.Sync.reusable(sync_display)
         timer = threading.Timer(0.1, sync.signal)
         timer.start()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 
@@ -31,14 +32,24 @@ def say(**message) -> None:
     print(json.dumps(message), flush=True)
 
 
+def maybe_die(args, step: str) -> None:
+    """SIGKILL this process at ``step`` of the hand-over when --die-at names it (as a crash would)."""
+    if args.die_at == step:
+        say(event="dying", step=step)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
 def produce(args) -> int:
-    with eglcuda.Display.for_cuda_device(0) as display:
+    with eglcuda.Display.for_cuda_device(args.device) as display:
         stream = eglcuda.receive_stream(display, args.socket, timeout=30)
-        producer = stream.connect_cuda_producer(args.width, args.height, format=ColorFormat[args.format])
+        maybe_die(args, "received")
+        producer = stream.connect_cuda_producer(args.width, args.height, format=ColorFormat[args.format],
+                                                layout=args.layout, device=args.device)
+        maybe_die(args, "connected")
         free = [producer.allocate_frame() for _ in range(stream.fifo_length + 2)]
         say(event="connected", fifo_length=stream.fifo_length, pid=os.getpid())
         number = 0
@@ -53,6 +64,7 @@ def produce(args) -> int:
                 plane.copy_from(data)
             producer.present(frame)
             say(event="presented", number=number)
+            maybe_die(args, "presented")
             if args.pace_ms:
                 time.sleep(args.pace_ms / 1e3)
         sys.stdin.readline()  # the test says when its consumer has checked every frame
@@ -64,8 +76,10 @@ def consume(args) -> int:
     with eglcuda.Display.for_cuda_device(0) as display:
         stream = display.create_stream(fifo_length=args.fifo, cross_process=True)
         consumer = stream.connect_cuda_consumer()
+        maybe_die(args, "connected")
         say(event="serving", pid=os.getpid())
         eglcuda.serve_stream(stream, args.socket, timeout=30)
+        maybe_die(args, "served")
         while True:
             try:
                 with consumer.acquire(timeout_us=1_000_000) as frame:
@@ -120,6 +134,10 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--pace-ms", type=float, default=0.0)
     parser.add_argument("--count", type=int, default=200)
+    parser.add_argument("--device", type=int, default=0, help="the producer's CUDA device")
+    parser.add_argument("--layout", default="pitch", choices=["pitch", "array"])
+    parser.add_argument("--die-at", default=None, choices=["received", "connected", "presented", "served"],
+                        help="SIGKILL this process at that step")
     args = parser.parse_args()
     return {"producer": produce, "consumer": consume, "cycles": cycles}[args.role](args)
 

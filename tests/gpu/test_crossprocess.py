@@ -4,14 +4,9 @@ SIGKILL, bad descriptors, and 200 hand-overs without leaks."""
 from __future__ import annotations
 
 import gc
-import json
 import os
 import pathlib
-import signal
-import subprocess
-import sys
 import tempfile
-import threading
 import time
 
 import numpy as np
@@ -22,6 +17,7 @@ from eglcuda import ColorFormat
 
 from ..conftest import require_extension
 from .stream_peer import frame_content
+from ..json_peer import JsonPeer
 
 PEER = pathlib.Path(__file__).with_name("stream_peer.py")
 # What the consumer is told for a format, where the driver's label differs (same bytes; also in
@@ -41,56 +37,11 @@ def sock_path():
         yield os.path.join(folder, "s")
 
 
-class Peer:
-    """A spawned stream_peer.py; its JSON lines are collected by a reader thread."""
+class Peer(JsonPeer):
+    """A spawned stream_peer.py."""
 
     def __init__(self, role: str, *args: str) -> None:
-        self.process = subprocess.Popen([sys.executable, str(PEER), role, *args], stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        self.messages: list[dict] = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        for line in self.process.stdout:
-            try:
-                self.messages.append(json.loads(line))
-            except ValueError:
-                self.messages.append({"event": "noise", "line": line})
-
-    def wait_for(self, predicate, timeout: float = 30.0) -> dict:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for message in list(self.messages):
-                if predicate(message):
-                    return message
-            if self.process.poll() is not None and not self._reader.is_alive():
-                break
-            time.sleep(0.005)
-        raise AssertionError(f"peer never said it; exit {self.process.poll()}, said {self.messages[-5:]}, "
-                             f"stderr {self.stderr()}")
-
-    def stderr(self) -> str:
-        if self.process.poll() is None:
-            return "(running)"
-        return self.process.stderr.read()[-3000:]
-
-    def kill(self) -> None:
-        self.process.send_signal(signal.SIGKILL)
-        self.process.wait(10)
-
-    def finish(self, timeout: float = 30.0) -> int:
-        try:
-            self.process.stdin.write("bye\n")
-            self.process.stdin.flush()
-        except (BrokenPipeError, ValueError):
-            pass
-        try:
-            return self.process.wait(timeout)
-        finally:
-            if self.process.poll() is None:
-                self.process.kill()
-                self.process.wait(10)
+        super().__init__([str(PEER), role, *args])
 
 
 def serve(display, path, fifo=4):

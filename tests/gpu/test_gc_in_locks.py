@@ -7,7 +7,7 @@ from ..gc_in_locks import run_case
 
 def test_frame_collected_inside_the_device_lock(cuda_ordinal):
     out = run_case(f"""
-        from eglcuda import _cuda
+        from eglcuda._bind import cuda as _cuda
         device = eglcuda.get_device({cuda_ordinal})
         free_before = device.memory_info()[0]
         cycle = Cycle(eglcuda.Frame.allocate(4096, 4096, eglcuda.ColorFormat.ARGB))
@@ -23,7 +23,7 @@ def test_frame_collected_inside_the_device_lock(cuda_ordinal):
 
 def test_stream_objects_collected_inside_the_device_lock(cuda_display):
     out = run_case("""
-        from eglcuda import _cuda
+        from eglcuda._bind import cuda as _cuda
         display = eglcuda.Display.for_cuda_device(0)
         stream = display.create_stream()
         consumer = stream.connect_cuda_consumer()
@@ -37,15 +37,19 @@ def test_stream_objects_collected_inside_the_device_lock(cuda_display):
     assert "collected" in out
 
 
-def test_unused_dlpack_capsule_collected_inside_the_capsule_lock(cuda_ordinal):
+def test_unused_dlpack_capsule_in_a_cycle_keeps_its_frame_until_collected(cuda_ordinal):
     out = run_case("""
-        from eglcuda import _interop
+        import sys, weakref
         frame = eglcuda.Frame.allocate(64, 48, eglcuda.ColorFormat.ARGB)
+        watch = weakref.ref(frame)
+        before = sys.getrefcount(frame)
         cycle = Cycle(frame.planes[0].__dlpack__())  # never consumed: its destructor frees it
-        assert len(_interop._keep_alive) == 1
+        held = sys.getrefcount(frame) - before
+        del frame
+        alive = watch() is not None
         del cycle
-        with _interop._keep_lock:  # as if this thread were exporting another plane when GC ran
-            gc.collect()
-        print("kept", len(_interop._keep_alive))
+        gc.collect()  # frees the capsule, which lets go of the frame...
+        gc.collect()  # ...itself in a cycle with its planes (each plane keeps its frame alive)
+        print("held", held, "alive", alive, "freed", watch() is None)
     """)
-    assert "kept 0" in out
+    assert "held 1 alive True freed True" in out

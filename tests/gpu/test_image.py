@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 
 import eglcuda
-from eglcuda._image import GL_INTEROP, NATIVE, TEXTURE_FORMATS, _make_texture, _read_texture
+from eglcuda import ImagePath
+from eglcuda.images.image import TEXTURE_FORMATS
+from eglcuda.images.paths import _make_texture, _read_texture
 
 from ..conftest import require_extension
 from .test_stream import open_fds
@@ -50,10 +52,10 @@ def random_texels(rng, fmt, width, height):
 def test_path_decision_on_this_platform(cuda_display, context):
     choice = eglcuda.image_path(cuda_display)
     device = eglcuda.get_device(0)
-    assert choice.path in (NATIVE, GL_INTEROP)
+    assert choice.path in (ImagePath.NATIVE, ImagePath.GL_INTEROP)
     if not device.info.integrated:
         # Measured on discrete GPUs (PLATFORM.md): native registration succeeds but does not alias.
-        assert choice.native_coherent is False and choice.path == GL_INTEROP, choice
+        assert choice.native_coherent is False and choice.path == ImagePath.GL_INTEROP, choice
         assert choice.gl_interop_coherent is True
     assert eglcuda.image_path(cuda_display) is choice  # decided once per display and device
     assert "coherent" in choice.reason
@@ -152,7 +154,7 @@ def test_repeated_map_unmap_with_random_data(context):
 def test_gl_interop_needs_the_source_texture(cuda_display, context):
     from OpenGL import GL
 
-    if eglcuda.image_path(cuda_display).path != GL_INTEROP:
+    if eglcuda.image_path(cuda_display).path != ImagePath.GL_INTEROP:
         pytest.skip("the native path is used here")
     texture = _make_texture(RGBA8, np.zeros((4, 4, 4), np.uint8))
     with eglcuda.Image(context, texture) as image:

@@ -83,7 +83,7 @@ def test_frame_from_cupy_arrays_without_copy(display):
     cp = pytest.importorskip("cupy")
     rng = np.random.default_rng()
     width, height = 62, 30
-    pitch = eglcuda._formats.default_pitch(ColorFormat.YUV420_PLANAR, width)
+    pitch = eglcuda.frames.formats.default_pitch(ColorFormat.YUV420_PLANAR, width)
     geometry = eglcuda.plane_geometry(ColorFormat.YUV420_PLANAR, width, height, pitch)
     storage = [cp.zeros((g.height, g.pitch), cp.uint8) for g in geometry]
     planes = [s[:, :g.width] for s, g in zip(storage, geometry)]

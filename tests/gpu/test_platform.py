@@ -9,23 +9,22 @@ import numpy as np
 import pytest
 
 import eglcuda
-from eglcuda._native import ffi, lib
+from eglcuda._bind import egl
+from eglcuda._bind._native import ffi, lib
 
 from ..conftest import require_extension
 
 
 def test_cuda_display_matches_through_egl_cuda_device_nv(cuda_display, cuda_ordinal):
     assert cuda_display.cuda_ordinal == cuda_ordinal
-    value = ffi.new("EGLAttrib *")
-    assert lib.eglQueryDeviceAttribEXT(cuda_display.device.handle, lib.EGL_CUDA_DEVICE_NV, value)
-    assert value[0] == cuda_ordinal
+    assert egl.query_device_attrib(cuda_display.device.handle, egl.CUDA_DEVICE_NV) == cuda_ordinal
     assert "NVIDIA" in cuda_display.vendor
     assert cuda_display.version >= (1, 5)
 
 
 def test_every_cuda_ordinal_maps_to_one_egl_device(cuda_ordinal):
     ordinals = [d.cuda_ordinal for d in eglcuda.devices() if d.cuda_ordinal is not None]
-    assert sorted(ordinals) == list(range(eglcuda._cuda.device_count()))
+    assert sorted(ordinals) == list(range(eglcuda._bind.cuda.device_count()))
 
 
 def test_for_cuda_device_out_of_range_is_unsupported(cuda_ordinal):
@@ -37,7 +36,7 @@ def test_for_cuda_device_out_of_range_is_unsupported(cuda_ordinal):
 def test_stream_extensions_are_listed(cuda_display):
     require_extension(cuda_display, "EGL_KHR_stream")
     assert cuda_display.supports("EGL_KHR_stream")
-    from eglcuda import _loader
+    from eglcuda._bind import loader as _loader
 
     assert _loader.is_bound("eglCreateStreamKHR")
 
@@ -48,7 +47,7 @@ def test_cuda_device_info_and_primary_context(cuda_ordinal):
     assert device.info.name and device.info.total_memory > 0
     device.make_current()
     current = ffi.new("CUcontext *")
-    assert lib.cuCtxGetCurrent(current) == 0 and current[0] == device.context
+    assert lib.cuCtxGetCurrent(current) == 0 and int(ffi.cast("uintptr_t", current[0])) == device.context
     free, total = device.memory_info()
     assert 0 < free <= total
     assert eglcuda.driver_version() >= 11000
@@ -57,7 +56,7 @@ def test_cuda_device_info_and_primary_context(cuda_ordinal):
 def test_cuda_error_is_named_by_the_driver(cuda_ordinal):
     eglcuda.get_device(cuda_ordinal).make_current()
     with pytest.raises(eglcuda.CUDAError) as info:
-        eglcuda._cuda.check(lib.cuMemFree(0xDEAD0000), "cuMemFree")
+        eglcuda._bind.cuda.check(lib.cuMemFree(0xDEAD0000), "cuMemFree")
     assert info.value.name.startswith("CUDA_ERROR_")
     assert info.value.call == "cuMemFree"
 

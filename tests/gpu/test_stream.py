@@ -11,7 +11,7 @@ import pytest
 
 import eglcuda
 from eglcuda import ColorFormat, Layout
-from eglcuda._native import ffi, lib
+from eglcuda._bind._native import ffi, lib
 
 from ..conftest import require_extension
 from .streamkit import assert_frame_equals, connected, fill_random, produce_payloads
@@ -33,7 +33,7 @@ def display(cuda_display):
 def test_every_byte_arrives(display, fmt, layout, size):
     rng = np.random.default_rng()
     width, height = size
-    if fmt in eglcuda._formats.EVEN_SIZE_ONLY and (width % 2 or height % 2):
+    if fmt in eglcuda.frames.formats.EVEN_SIZE_ONLY and (width % 2 or height % 2):
         # The driver refuses odd 4:2:0 frames; eglcuda says so before it is asked.
         with display.create_stream() as stream:
             stream.connect_cuda_consumer()
@@ -70,7 +70,7 @@ def test_8k_frames(display, fmt):
 
 
 # The CUDA driver reads a YUV420 planar chroma plane as (frame pitch x plane height) bytes, twice
-# what the plane spans (eglcuda._formats.driver_extents). A frame whose V plane ended closer than
+# what the plane spans (eglcuda.frames.formats.driver_extents). A frame whose V plane ended closer than
 # that to the end of mapped memory failed at acquire with CUDA_ERROR_INVALID_VALUE: the
 # every-byte test failed whenever the allocator put its third frame at the end of a 2 MiB chunk.
 YUV = dict(width=640, height=480, pitch=768, format=ColorFormat.YUV420_PLANAR)
@@ -79,7 +79,7 @@ YUV_OVERREACH = (768 - 384) * 240  # what the driver reads past the V plane
 
 
 def device_alloc(size: int) -> int:
-    eglcuda._cuda.get_device(0).make_current()
+    eglcuda.get_device(0).make_current()
     box = ffi.new("CUdeviceptr *")
     assert lib.cuMemAlloc(box, size) == 0
     return int(box[0])
@@ -104,7 +104,7 @@ def round_trips(display, frames) -> None:
 def test_yuv420_allocation_covers_what_the_driver_reads(display):
     frame = eglcuda.Frame.allocate(640, 480, ColorFormat.YUV420_PLANAR)
     base, size = ffi.new("CUdeviceptr *"), ffi.new("size_t *")
-    for plane, extent in zip(frame.planes, eglcuda._formats.driver_extents(frame.format, 640, 480, frame.pitch)):
+    for plane, extent in zip(frame.planes, eglcuda.frames.formats.driver_extents(frame.format, 640, 480, frame.pitch)):
         assert lib.cuMemGetAddressRange(base, size, plane.pointer) == 0
         assert int(base[0]) + int(size[0]) - plane.pointer >= extent
     frame.close()

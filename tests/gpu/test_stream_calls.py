@@ -1,4 +1,4 @@
-"""The per-frame calls as C methods (csrc/hotpath.c): their arguments are taken like a Python
+"""The per-frame calls (Cython methods, eglcuda/streams/cuda.pyx): their arguments are taken like a Python
 method's, bad ones raise before the driver, the endpoints' state survives concurrent use from
 several threads, and acquired frames and endpoints are collected like any Python object."""
 from __future__ import annotations
@@ -64,13 +64,13 @@ def test_bad_timeouts_raise_usage_error_before_the_driver(display, bad):
 def test_malformed_calls_raise_type_error(display):
     with connected(display, 16, 16) as (stream, producer, consumer):
         frame = producer.allocate_frame()
-        with pytest.raises(TypeError, match="missing required argument 'frame'"):
+        with pytest.raises(TypeError, match=r"present\(\) takes at least 1 positional argument \(0 given\)"):
             producer.present()
         with pytest.raises(TypeError, match="unexpected keyword argument 'stream'"):
             producer.present(frame, stream=None)
-        with pytest.raises(TypeError, match="multiple values for argument 'frame'"):
+        with pytest.raises(TypeError, match="multiple values for (keyword )?argument 'frame'"):
             producer.present(frame, frame=frame)
-        with pytest.raises(TypeError, match="at most 1 arguments"):
+        with pytest.raises(TypeError, match=r"acquire\(\) takes at most 1 positional argument \(2 given\)"):
             consumer.acquire(1, 2)
         with pytest.raises(eglcuda.UsageError, match="takes an eglcuda.Frame"):
             producer.present(np.zeros((16, 16, 4), np.uint8))

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import eglcuda
-from eglcuda._sync import (EMULATED, NATIVE, SERVER_WAIT_CLIENT, SERVER_WAIT_EGL, SERVER_WAIT_SEMAPHORE,
-                           pending_waiters)
+from eglcuda import ServerWaitPath, SyncPath
+from eglcuda.syncs.sync import pending_waiters
 
 from .test_stream import open_fds
 
@@ -50,8 +50,8 @@ def sync_display(cuda_display):
 
 def test_paths_on_this_platform(sync_display):
     paths = eglcuda.sync_paths(sync_display)
-    assert paths.cuda_to_egl == (NATIVE if sync_display.supports("EGL_NV_cuda_event") else EMULATED)
-    assert paths.egl_to_cuda in (NATIVE, EMULATED)
+    assert paths.cuda_to_egl == (SyncPath.NATIVE if sync_display.supports("EGL_NV_cuda_event") else SyncPath.EMULATED)
+    assert paths.egl_to_cuda in (SyncPath.NATIVE, SyncPath.EMULATED)
     assert paths.cuda_to_egl_reason and paths.egl_to_cuda_reason
 
 
@@ -91,7 +91,7 @@ def test_cuda_to_egl_gl_server_wait(sync_display, cupy, spin):
         sync = eglcuda.sync_after_cuda(sync_display, cuda_stream=stream)
         blocked = sync.server_wait(timeout=10)  # GL's later commands wait for the sync
         assert sync.server_wait_path == expected, why
-        assert blocked == (expected == SERVER_WAIT_CLIENT)
+        assert blocked == (expected == ServerWaitPath.CLIENT_WAIT)
         if not blocked:
             assert time.perf_counter() - started < 0.05  # a real server wait: this thread went on
         GL.glFinish()  # returns only after the CUDA work the sync stands for
@@ -105,7 +105,7 @@ def test_gl_server_wait_on_nvidia_needs_no_cpu_wait(sync_display):
     timeline semaphore. (Where this fails, eglcuda would fall back to blocking the thread.)"""
     with sync_display.create_context():
         path, why = eglcuda.gl_server_wait_path(sync_display)
-    assert path in (SERVER_WAIT_EGL, SERVER_WAIT_SEMAPHORE), why
+    assert path in (ServerWaitPath.EGL, ServerWaitPath.SEMAPHORE), why
 
 
 def test_gl_server_wait_holds_gl_back_on_the_gpu(sync_display, cupy, spin):
@@ -116,7 +116,7 @@ def test_gl_server_wait_holds_gl_back_on_the_gpu(sync_display, cupy, spin):
     rng = np.random.default_rng()
     stream = cupy.cuda.Stream(non_blocking=True)
     with sync_display.create_context():
-        if eglcuda.gl_server_wait_path(sync_display)[0] == SERVER_WAIT_CLIENT:
+        if eglcuda.gl_server_wait_path(sync_display)[0] == ServerWaitPath.CLIENT_WAIT:
             pytest.skip("no GPU-side GL server wait on this platform")
         for _ in range(3):
             src = cupy.asarray(rng.integers(0, 2**32, 4096, dtype=np.uint32))
@@ -155,14 +155,14 @@ def test_gl_reads_what_cuda_wrote_hundred_rounds(sync_display, cupy, spin):
     the CPU without waiting for the GL queue.)"""
     from OpenGL import GL
 
-    from eglcuda._cuda import check
-    from eglcuda._native import ffi, lib
+    from eglcuda._bind.cuda import check
+    from eglcuda._bind._native import ffi, lib
 
     rng = np.random.default_rng()
     count = 1 << 14
     stream = cupy.cuda.Stream(non_blocking=True)
     with sync_display.create_context():
-        if eglcuda.gl_server_wait_path(sync_display)[0] == SERVER_WAIT_CLIENT:
+        if eglcuda.gl_server_wait_path(sync_display)[0] == ServerWaitPath.CLIENT_WAIT:
             pytest.skip("no GPU-side GL server wait on this platform")
         buffer, copy = (int(name) for name in GL.glGenBuffers(2))
         GL.glBindBuffer(GL.GL_COPY_WRITE_BUFFER, copy)

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from eglcuda import _loader
-from eglcuda._native import ffi, lib
+from eglcuda._bind import loader as _loader
+from eglcuda._bind._native import ffi, lib
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
@@ -119,7 +119,7 @@ def test_import_loads_no_driver_library_and_unbound_calls_fail_cleanly():
     # unfilled slot must return a failure (CUDA_ERROR_NOT_FOUND, EGL_FALSE), not crash.
     code = (
         "import eglcuda\n"
-        "from eglcuda._native import ffi, lib\n"
+        "from eglcuda._bind._native import ffi, lib\n"
         "maps = open('/proc/self/maps').read()\n"
         "assert 'libEGL' not in maps and 'libcuda' not in maps, 'loaded at import'\n"
         "out = ffi.new('int *')\n"

@@ -2,16 +2,18 @@
 that must fire before any driver call."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 import eglcuda
-from eglcuda import _loader
-from eglcuda._errors import CUDA_ERROR_NAMES, EGL_ERROR_NAMES, cuda_error_name, egl_error_name
+from eglcuda._bind import loader as _loader
+from eglcuda.errors import CUDA_ERROR_NAMES, EGL_ERROR_NAMES, cuda_error_name, egl_error_name, gl_error_name
 
 
 def test_hierarchy():
-    for cls in (eglcuda.EGLError, eglcuda.CUDAError, eglcuda.Unsupported, eglcuda.ClosedError,
-                eglcuda.UsageError, eglcuda.Timeout):
+    for cls in (eglcuda.EGLError, eglcuda.CUDAError, eglcuda.GLError, eglcuda.VulkanError, eglcuda.Unsupported,
+                eglcuda.ClosedError, eglcuda.UsageError, eglcuda.Timeout):
         assert issubclass(cls, eglcuda.EglCudaError)
     assert issubclass(eglcuda.UsageError, ValueError)
     assert issubclass(eglcuda.Timeout, TimeoutError)
@@ -39,6 +41,27 @@ def test_cuda_error_names():
     error = eglcuda.CUDAError(400, "cuEGLStreamConsumerAcquireFrame")
     assert error.name == "CUDA_ERROR_INVALID_HANDLE"
     assert "cuEGLStreamConsumerAcquireFrame failed with CUDA_ERROR_INVALID_HANDLE (400)" in str(error)
+
+
+def test_gl_and_vulkan_errors_name_code_and_call():
+    assert gl_error_name(0x0502) == "GL_INVALID_OPERATION"
+    assert gl_error_name(0x1234) == "GL error 0x1234"
+    error = eglcuda.GLError(0x0500, "glEGLImageTargetTexture2DOES", "binding texture 3 to the EGLImage")
+    assert (error.code, error.name, error.call) == (0x0500, "GL_INVALID_ENUM", "glEGLImageTargetTexture2DOES")
+    assert str(error) == ("glEGLImageTargetTexture2DOES failed with GL_INVALID_ENUM (0x0500) while binding texture 3 "
+                          "to the EGLImage")
+    error = eglcuda.VulkanError("vkCreateDevice", -7)
+    assert (error.call, error.code) == ("vkCreateDevice", -7)
+    assert str(error) == "vkCreateDevice failed with VkResult -7"
+
+
+def test_modes_are_strings():
+    # Each mode is defined once, as an enum whose members equal (and print as) the old strings.
+    assert eglcuda.ImagePath.NATIVE == "native" and eglcuda.ImagePath("gl-interop") is eglcuda.ImagePath.GL_INTEROP
+    assert eglcuda.SyncPath.EMULATED == "emulated" and eglcuda.SyncPath("native") is eglcuda.SyncPath.NATIVE
+    assert [str(p) for p in eglcuda.ServerWaitPath] == ["egl", "semaphore", "client-wait"]
+    assert f"{eglcuda.ImagePath.GL_INTEROP}" == "gl-interop"
+    assert json.dumps({"path": eglcuda.ServerWaitPath.CLIENT_WAIT}) == '{"path": "client-wait"}'
 
 
 def test_missing_library_is_unsupported_with_name_and_hint():

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 import eglcuda
-from eglcuda._formats import (ColorFormat, check_pitch, color_format, default_pitch, driver_extents, min_pitch,
+from eglcuda.frames.formats import (ColorFormat, check_pitch, color_format, default_pitch, driver_extents, min_pitch,
                               plane_geometry)
 
 
@@ -57,7 +57,7 @@ def test_color_format_parsing():
 
 
 def test_odd_sizes_are_refused_for_420_formats():
-    from eglcuda._formats import check_size
+    from eglcuda.frames.formats import check_size
 
     check_size(7, 5, ColorFormat.ARGB)
     check_size(8, 6, ColorFormat.NV12)

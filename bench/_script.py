@@ -1,0 +1,126 @@
+"""What every benchmark does before it starts, and when it fails: one line, never a traceback.
+
+- ``require(program, *capabilities, modules=..., gcc=False)``: the platform through
+  :func:`eglcuda.available`, then the Python packages (``pip install 'eglcuda[bench]'`` brings them
+  all), then gcc for the C references. When something is missing it prints one line naming it and
+  how to get it, and exits with status 2.
+- ``run(main, program)``: runs the benchmark; an error ends it with one line and status 1
+  (``EGLCUDA_TRACEBACK=1`` shows the traceback instead).
+- ``lazy(name)``: a module imported at first use, so that ``--help`` works and ``require`` speaks
+  before a missing package would.
+- ``plot_bars(...)``: the grouped bar charts of docs/benchmarks.md, with matplotlib.
+
+The ``bench`` extra pins CuPy for CUDA 13 (the GPU machine: driver 580). On a CUDA 12 driver,
+install ``cupy-cuda12x`` instead; ``nvidia-smi`` shows the version.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import shutil
+import sys
+from types import ModuleType
+from typing import Callable, Sequence
+
+BENCH_HINT = "pip install 'eglcuda[bench]'"
+# (module to import, what it is for, how to get it)
+CUPY = ("cupy", "CuPy for its kernels", f"{BENCH_HINT} (CUDA 13; cupy-cuda12x for a CUDA 12 driver)")
+SCIPY = ("scipy.ndimage", "SciPy to check the results", BENCH_HINT)
+CUDA_PYTHON = ("cuda.bindings.driver", "cuda-python for the comparisons", BENCH_HINT)
+PYOPENGL = ("OpenGL.EGL", "PyOpenGL for the comparisons", BENCH_HINT)
+MATPLOTLIB = ("matplotlib", "matplotlib for the plots", BENCH_HINT)
+
+
+def fail(program: str, message: str, status: int) -> None:
+    print(f"{program}: {message}", file=sys.stderr)
+    raise SystemExit(status)
+
+
+def require(program: str, *capabilities: str, modules: Sequence[tuple[str, str, str]] = (),
+            gcc: bool = False) -> None:
+    """Exit with status 2 and one line unless everything the benchmark needs is here."""
+    try:
+        import eglcuda
+    except ImportError as exc:
+        fail(program, f"needs eglcuda ({exc}): pip install eglcuda, or pip install -e . in a checkout", 2)
+    why = eglcuda.availability.explain(*capabilities)
+    if why:
+        fail(program, why, 2)
+    os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
+    for module, purpose, hint in modules:
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            fail(program, f"needs {purpose}: {hint}", 2)
+    if gcc and shutil.which("gcc") is None:
+        fail(program, "needs gcc to build the C reference: apt-get install gcc", 2)
+
+
+class lazy:  # noqa: N801 - used like a module
+    """``cp = lazy("cupy")``: imports the module at the first attribute read."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._module: ModuleType | None = None
+
+    def __getattr__(self, attribute: str) -> object:
+        if self._module is None:
+            self._module = importlib.import_module(self._name)
+        return getattr(self._module, attribute)
+
+
+def one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def run(main: Callable[[], int], program: str) -> int:
+    """``sys.exit(run(main, PROGRAM))``: the benchmark's exit status, and one line for an error."""
+    try:
+        return main()
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:
+        if os.environ.get("EGLCUDA_TRACEBACK") == "1":
+            raise
+        print(f"{program}: {one_line(exc)}", file=sys.stderr)
+        return 1
+
+
+def plot_bars(path: str, title: str, ylabel: str, groups: Sequence[str], series: dict[str, Sequence[float]],
+              log: bool = False) -> None:
+    """A grouped bar chart (one bar per series in each group; NaN: no bar), written to ``path``
+    in the format its extension names (.svg, .png, .pdf)."""
+    import math
+
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display needed
+    from matplotlib import pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(9, 4.5), layout="constrained")
+    count = max(1, len(series))
+    width = 0.8 / count
+    for index, (name, values) in enumerate(series.items()):
+        positions = [g + (index - (count - 1) / 2) * width for g in range(len(groups))]
+        shown = [(x, v) for x, v in zip(positions, values) if not math.isnan(v)]
+        if not shown:
+            continue
+        bars = axes.bar([x for x, _ in shown], [v for _, v in shown], width * 0.95, label=name)
+        axes.bar_label(bars, fmt="%.3g", fontsize=7, padding=1)
+    axes.set_xticks(range(len(groups)), list(groups))
+    axes.set_ylabel(ylabel)
+    axes.set_title(title)
+    if log:
+        from matplotlib.ticker import FuncFormatter, NullFormatter
+
+        axes.set_yscale("log")
+        axes.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+        axes.yaxis.set_minor_formatter(NullFormatter())
+    axes.grid(axis="y", color="#dddddd")
+    axes.set_axisbelow(True)
+    axes.legend(fontsize=8, ncols=min(count, 4), loc="upper center", bbox_to_anchor=(0.5, -0.08))
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    figure.savefig(path)
+    plt.close(figure)

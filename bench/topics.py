@@ -1,0 +1,609 @@
+"""Frame topics: one publisher process, N subscriber processes. Publisher rate, per-subscriber rate
+and present-to-receive latency (p50 / p99) for N = 1, 2, 4, 8, qos latest and every, 1080p NV12
+and 4K ARGB, through each eglcuda transport, next to the alternatives in the same run:
+
+- ``cuda-ipc``, ``eglstream``: eglcuda.Publisher / Subscriber with the transport forced;
+- ``ipc-ring``: a plain CUDA IPC ring written like GStreamer's cudaipcsink/cudaipcsrc: 8 device
+  buffers and interprocess events, handles sent once per subscriber and opened once, per frame an
+  event record and a small message per subscriber, the subscriber's stream waits on the event and
+  it answers with a release; a buffer is reused once every subscriber released it (lossless);
+- ``torch-mp``: torch.multiprocessing CUDA tensor sharing: 8 pool tensors put on one queue per
+  subscriber (torch opens each tensor's IPC handle once and caches it), releases on a shared
+  queue (lossless). Skipped with the reason when torch is absent.
+
+The alternatives are lossless, so they appear in the ``every`` rows. Each configuration spawns fresh
+processes, waits until every subscriber joined, warms up, then publishes as fast as the
+subscribers allow for --duration seconds. Latency runs from just before the publisher hands a frame
+over (its timestamp, CLOCK_MONOTONIC, shared by the host's processes) to the moment receive
+returns in the subscriber (with --sync: after the subscriber's stream also caught up with the
+frame's GPU work). Subscribers do no work on the frames. Also measured: 8 'latest' subscribers with
+one of them stalled (joined, never reads), against 8 that all read (the issue's "< 5 %").
+
+    python bench/topics.py [--quick] [--mps] [--out DIR] [--duration S] [--sync]
+                           [--transports cuda-ipc,eglstream,ipc-ring,torch-mp] [--subscribers 1,2,4,8]
+                           [--qos latest,every] [--sizes 1080p-nv12,4k-argb]
+
+--mps runs everything under a private MPS daemon (eglcuda.mps.MPSDaemon when importable, else
+nvidia-cuda-mps-control -d with private pipe and log directories, stopped with 'quit' at the end).
+Writes results.json, results.md and plots (matplotlib PNG, or SVG bars without it) to --out.
+Exits 2 with one line when there is no GPU.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import pathlib
+import shutil
+import socket
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = pathlib.Path(__file__).resolve().parent
+ROOT = HERE.parent
+SIZES = {"1080p-nv12": (1920, 1080, "NV12"), "4k-argb": (3840, 2160, "ARGB")}
+TRANSPORTS = ["cuda-ipc", "eglstream", "ipc-ring", "torch-mp"]
+POOL = 8
+WARMUP = 50
+
+
+def now_ns() -> int:
+    return time.monotonic_ns()
+
+
+def emit(**result) -> None:
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+def summarize(latencies_ns: list[int], received: int, first_ns: int, last_ns: int) -> dict:
+    values = sorted(latencies_ns)
+    pick = (lambda q: values[min(len(values) - 1, int(q * (len(values) - 1)))] / 1e3) if values else (lambda q: math.nan)
+    span = (last_ns - first_ns) / 1e9
+    return {"frames": received, "rate": received / span if span > 0 else math.nan, "p50_us": pick(0.5),
+            "p99_us": pick(0.99)}
+
+
+# ==== eglcuda ==================================================================================
+
+def eglcuda_publisher(args) -> int:
+    import eglcuda
+
+    width, height, fmt = SIZES[args.size]
+    pub = eglcuda.Publisher("bench", width, height, fmt, path=args.path, pool=POOL, every_timeout=30.0,
+                            max_pool=64)
+    emit(role="ready")
+    deadline = time.monotonic() + 120
+    while len(pub.subscribers) < args.n:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"only {len(pub.subscribers)} of {args.n} subscribers joined")
+        time.sleep(0.01)
+        frame = pub.next_frame()  # keeps the subscribers' handshakes moving
+        pub.publish(frame, payload=b"")
+    for _ in range(WARMUP):
+        pub.publish(pub.next_frame(), payload=b"")
+    count, started = 0, now_ns()
+    end = started + int(args.duration * 1e9)
+    while now_ns() < end:
+        pub.publish(pub.next_frame(), payload=b"W")
+        count += 1
+    elapsed = (now_ns() - started) / 1e9
+    transports = sorted({s.transport for s in pub.subscribers})
+    emit(role="publisher", rate=count / elapsed, frames=count, transports=transports)
+    pub.publish(pub.next_frame(), payload=b"E")
+    pub.close(timeout=2)  # a stalled subscriber never leaves: do not wait long for it
+    return 0
+
+
+def eglcuda_subscriber(args) -> int:
+    import eglcuda
+    from eglcuda._bind import cuda_ipc
+
+    sub = eglcuda.Subscriber("bench", qos=args.qos, queue=4, path=args.path, timeout=120, transport=args.transport)
+    emit(role="joined", transport=sub.info.transport)
+    if args.stall:
+        time.sleep(10_000)  # joined, never reads: killed by the orchestrator
+    latencies, received, first, last = [], 0, 0, 0
+    stream = sub.cuda_stream or 0
+    try:
+        while True:
+            try:
+                message = sub.receive(60)
+            except eglcuda.Dropped:
+                break
+            if args.sync and sub.info.transport == "cuda-ipc":
+                cuda_ipc.synchronize(stream)
+            stamp = now_ns() if args.sync else message.received_ns
+            if message.payload == b"W":
+                received += 1
+                latencies.append(stamp - message.timestamp_ns)
+                first = first or stamp
+                last = stamp
+            finished = message.payload == b"E"
+            message.release()
+            if finished:
+                break
+    finally:
+        sub.close()
+    emit(role="subscriber", **summarize(latencies, received, first, last))
+    return 0
+
+
+# ==== a plain CUDA IPC ring (cudaipcsink-like) =======================================================
+
+_RING_FRAME = struct.Struct("<BQQ")  # slot, seq, timestamp (0 slot 255: end)
+
+
+def ring_publisher(args) -> int:
+    import select
+
+    from eglcuda import get_device
+    from eglcuda._bind import cuda, cuda_ipc
+
+    width, height, fmt = SIZES[args.size]
+    size = width * height * (4 if fmt == "ARGB" else 3) // (1 if fmt == "ARGB" else 2)
+    device = get_device(0)
+    device.make_current()
+    buffers = [cuda.mem_alloc(size, "a ring buffer") for _ in range(POOL)]
+    events = [cuda_ipc.event_create_interprocess() for _ in range(POOL)]
+    handles = b"".join(cuda_ipc.mem_handle(b) + cuda_ipc.event_handle(e) for b, e in zip(buffers, events))
+    pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET) for _ in range(args.n)]
+    children = []
+    for index, (mine, theirs) in enumerate(pairs):
+        children.append(subprocess.Popen([sys.executable, __file__, "--role", "ring-sub", "--fd", str(theirs.fileno()),
+                                          "--size", args.size] + (["--sync"] if args.sync else []),
+                                         pass_fds=[theirs.fileno()], stdout=subprocess.PIPE, text=True, cwd=ROOT))
+        theirs.close()
+        mine.send(handles)
+    socks = [mine for mine, _ in pairs]
+    for sock in socks:
+        assert sock.recv(16) == b"opened"
+        sock.setblocking(False)
+    poller = select.epoll()
+    for sock in socks:
+        poller.register(sock.fileno(), select.EPOLLIN)
+    by_fd = {sock.fileno(): sock for sock in socks}
+    pending = [0] * POOL  # subscribers still holding each slot
+    free = list(range(POOL))
+
+    def collect(timeout: float) -> None:
+        for fd, _ in poller.poll(timeout):
+            while True:
+                try:
+                    data = by_fd[fd].recv(16)
+                except BlockingIOError:
+                    break
+                slot = data[0]
+                pending[slot] -= 1
+                if pending[slot] == 0:
+                    free.append(slot)
+
+    stream = 0
+    seq, count, started, end = 0, 0, 0, 0
+    total = WARMUP
+    phase = "warm"
+    while True:
+        collect(0)
+        while not free:
+            collect(1.0)
+        slot = free.pop(0)
+        if phase == "warm" and seq >= total:
+            phase, started = "timed", now_ns()
+            end = started + int(args.duration * 1e9)
+        if phase == "timed" and now_ns() >= end:
+            break
+        stamp = now_ns()
+        cuda_ipc.record(events[slot], stream)
+        message = _RING_FRAME.pack(slot, seq, stamp if phase == "timed" else 0)
+        pending[slot] = len(socks)
+        for sock in socks:
+            sock.send(message)
+        seq += 1
+        count += phase == "timed"
+    elapsed = (now_ns() - started) / 1e9
+    for sock in socks:
+        sock.setblocking(True)
+        sock.send(_RING_FRAME.pack(255, 0, 0))
+    results = []
+    for child in children:
+        out, _ = child.communicate(timeout=120)
+        results += [json.loads(line[7:]) for line in out.splitlines() if line.startswith("RESULT ")]
+    for buffer, event in zip(buffers, events):
+        cuda_ipc.event_destroy(event)
+        cuda.mem_free(buffer)
+    emit(role="publisher", rate=count / elapsed, frames=count, transports=["ipc-ring"])
+    for result in results:
+        emit(**result)
+    return 0
+
+
+def ring_subscriber(args) -> int:
+    from eglcuda import get_device
+    from eglcuda._bind import cuda_egl, cuda_ipc
+
+    sock = socket.socket(fileno=args.fd)
+    device = get_device(0)
+    device.make_current()
+    stream = cuda_egl.stream_create()
+    handles = sock.recv(1 << 16)
+    buffers, events = [], []
+    for at in range(0, len(handles), 128):
+        buffers.append(cuda_ipc.open_mem_handle(handles[at:at + 64]))  # opened once, used for every frame
+        events.append(cuda_ipc.open_event_handle(handles[at + 64:at + 128]))
+    sock.send(b"opened")
+    latencies, received, first, last = [], 0, 0, 0
+    while True:
+        slot, seq, stamp = _RING_FRAME.unpack(sock.recv(64))
+        if slot == 255:
+            break
+        cuda_ipc.wait(stream, events[slot])
+        if args.sync:
+            cuda_ipc.synchronize(stream)
+        got = now_ns()
+        if stamp:
+            received += 1
+            latencies.append(got - stamp)
+            first = first or got
+            last = got
+        sock.send(bytes([slot]))
+    for buffer in buffers:
+        cuda_ipc.close_mem_handle(buffer)
+    emit(role="subscriber", **summarize(latencies, received, first, last))
+    return 0
+
+
+# ==== torch.multiprocessing ===========================================================================
+
+def _torch_subscriber(inbox, outbox, results, sync: bool) -> None:
+    import torch
+
+    latencies, received, first, last = [], 0, 0, 0
+    while True:
+        item = inbox.get()
+        if item is None:
+            break
+        tensor, slot, stamp = item
+        if sync:
+            torch.cuda.current_stream().synchronize()
+        got = now_ns()
+        if stamp:
+            received += 1
+            latencies.append(got - stamp)
+            first = first or got
+            last = got
+        del tensor
+        outbox.put(slot)
+    results.put(summarize(latencies, received, first, last))
+
+
+def torch_run(args) -> int:
+    try:
+        import torch
+        import torch.multiprocessing as tmp
+    except ImportError as exc:
+        emit(role="skipped", reason=f"torch is not installed ({exc})")
+        return 0
+    width, height, fmt = SIZES[args.size]
+    size = width * height * (4 if fmt == "ARGB" else 3) // (1 if fmt == "ARGB" else 2)
+    context = tmp.get_context("spawn")
+    pool = [torch.empty(size, dtype=torch.uint8, device="cuda") for _ in range(POOL)]
+    inboxes = [context.Queue() for _ in range(args.n)]
+    outbox, results = context.Queue(), context.Queue()
+    children = [context.Process(target=_torch_subscriber, args=(inbox, outbox, results, args.sync))
+                for inbox in inboxes]
+    for child in children:
+        child.start()
+    pending = [0] * POOL
+    free = list(range(POOL))
+    seq, count, started, end, phase = 0, 0, 0, 0, "warm"
+    while True:
+        while not free or not outbox.empty():
+            slot = outbox.get()
+            pending[slot] -= 1
+            if pending[slot] == 0:
+                free.append(slot)
+        slot = free.pop(0)
+        if phase == "warm" and seq >= WARMUP:
+            phase, started = "timed", now_ns()
+            end = started + int(args.duration * 1e9)
+        if phase == "timed" and now_ns() >= end:
+            break
+        torch.cuda.current_stream().synchronize()  # what a producer must do before sharing
+        stamp = now_ns() if phase == "timed" else 0
+        pending[slot] = args.n
+        for inbox in inboxes:
+            inbox.put((pool[slot], slot, stamp))
+        seq += 1
+        count += phase == "timed"
+    elapsed = (now_ns() - started) / 1e9
+    for inbox in inboxes:
+        inbox.put(None)
+    emit(role="publisher", rate=count / elapsed, frames=count, transports=["torch-mp"])
+    for _ in children:
+        emit(role="subscriber", **results.get(timeout=120))
+    for child in children:
+        child.join(60)
+    return 0
+
+
+# ==== the orchestrator ===================================================================================
+
+def run_config(args, transport: str, size: str, qos: str, n: int, stalled: bool = False) -> dict:
+    """One configuration in fresh processes; returns the publisher's and the subscribers' results."""
+    common = ["--size", size, "--duration", str(args.duration)] + (["--sync"] if args.sync else [])
+    outputs = []
+    with tempfile.TemporaryDirectory(prefix="eglcuda-bench-topics-") as folder:
+        os.chmod(folder, 0o700)
+        path = os.path.join(folder, "bench.topic")
+        if transport in ("cuda-ipc", "eglstream"):
+            publisher = subprocess.Popen([sys.executable, __file__, "--role", "pub", "--path", path, "--n", str(n),
+                                          *common], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+            subscribers = [subprocess.Popen([sys.executable, __file__, "--role", "sub", "--path", path, "--qos", qos,
+                                             "--transport", transport, *common]
+                                            + (["--stall"] if stalled and index == 0 else []),
+                                            stdout=subprocess.PIPE, text=True, cwd=ROOT) for index in range(n)]
+            try:
+                out, _ = publisher.communicate(timeout=300)
+                outputs.append(out)
+                for index, child in enumerate(subscribers):
+                    if stalled and index == 0:
+                        child.kill()
+                        child.communicate(timeout=30)
+                        continue
+                    out, _ = child.communicate(timeout=120)
+                    outputs.append(out)
+            finally:
+                for child in [publisher, *subscribers]:
+                    if child.poll() is None:
+                        child.kill()
+                        child.wait(10)
+        else:
+            role = "ring-pub" if transport == "ipc-ring" else "torch"
+            child = subprocess.Popen([sys.executable, __file__, "--role", role, "--n", str(n), *common],
+                                     stdout=subprocess.PIPE, text=True, cwd=ROOT)
+            try:
+                out, _ = child.communicate(timeout=300)
+                outputs.append(out)
+            finally:
+                if child.poll() is None:
+                    child.kill()
+                    child.wait(10)
+    results = [json.loads(line[7:]) for out in outputs for line in out.splitlines() if line.startswith("RESULT ")]
+    skipped = [r for r in results if r["role"] == "skipped"]
+    if skipped:
+        return {"skipped": skipped[0]["reason"]}
+    pub = [r for r in results if r["role"] == "publisher"]
+    subs = [r for r in results if r["role"] == "subscriber"]
+    if not pub or len(subs) != n - stalled:
+        return {"error": f"{len(pub)} publisher and {len(subs)} of {n - stalled} subscriber results"}
+    return {"publisher_rate": pub[0]["rate"], "transports": pub[0]["transports"],
+            "subscriber_rates": [s["rate"] for s in subs], "p50_us": statistics.median(s["p50_us"] for s in subs),
+            "p50_worst_us": max(s["p50_us"] for s in subs), "p99_us": max(s["p99_us"] for s in subs)}
+
+
+@contextlib.contextmanager
+def mps_daemon(folder: pathlib.Path):
+    """A private MPS daemon for this run: eglcuda.mps.MPSDaemon where it exists (it also stops the
+    daemon if this process dies), else nvidia-cuda-mps-control -d with private directories."""
+    try:
+        from eglcuda import mps
+    except ImportError:
+        mps = None
+    if mps is not None and hasattr(mps, "MPSDaemon"):
+        with mps.MPSDaemon() as daemon:
+            daemon.apply(children_only=True)  # the processes started from now on are its clients
+            yield f"eglcuda.mps.MPSDaemon ({daemon.describe()})" if hasattr(daemon, "describe") else "eglcuda.mps"
+        return
+    control = shutil.which("nvidia-cuda-mps-control") or (
+        "/usr/local/nvidia/bin/nvidia-cuda-mps-control"
+        if os.path.exists("/usr/local/nvidia/bin/nvidia-cuda-mps-control") else None)
+    if control is None:
+        raise SystemExit("--mps: nvidia-cuda-mps-control is not on PATH")
+    pipes, logs = folder / "mps-pipe", folder / "mps-log"
+    pipes.mkdir(parents=True, exist_ok=True)
+    logs.mkdir(parents=True, exist_ok=True)
+    os.environ["CUDA_MPS_PIPE_DIRECTORY"] = str(pipes)  # children inherit it: they become MPS clients
+    os.environ["CUDA_MPS_LOG_DIRECTORY"] = str(logs)
+    subprocess.run([control, "-d"], check=True)
+    try:
+        yield "nvidia-cuda-mps-control -d (private pipe directory)"
+    finally:
+        subprocess.run([control], input="quit\n", text=True, timeout=60)
+
+
+def no_gpu() -> str | None:
+    """Why there is no GPU here (None: there is one). Loads the driver without initializing CUDA,
+    so an MPS daemon started afterwards still serves every process."""
+    from eglcuda._bind import loader
+
+    ok, why = loader.cuda_available()
+    if not ok:
+        return why
+    check = subprocess.run([sys.executable, "-c", "import eglcuda, sys; sys.exit(0 if eglcuda._bind.cuda.device_count() "
+                            "else 1)"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    return None if check.returncode == 0 else "no CUDA device (" + check.stderr.strip()[-200:] + ")"
+
+
+def plot(rows: list[dict], out: pathlib.Path) -> list[str]:
+    written = []
+    groups = sorted({(r["size"], r["qos"]) for r in rows if "publisher_rate" in r})
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        plt = None
+    for size, qos in groups:
+        selected = [r for r in rows if r["size"] == size and r["qos"] == qos and "publisher_rate" in r
+                    and not r.get("stalled")]
+        transports = sorted({r["transport"] for r in selected}, key=TRANSPORTS.index)
+        ns = sorted({r["n"] for r in selected})
+        for metric, label, unit in (("publisher_rate", "publisher rate", "frames/s"), ("p50_us", "latency p50", "us")):
+            name = f"topics_{size}_{qos}_{metric}"
+            series = {t: [next((r[metric] for r in selected if r["transport"] == t and r["n"] == n), math.nan)
+                          for n in ns] for t in transports}
+            if plt is not None:
+                figure, axes = plt.subplots(figsize=(7, 4))
+                for transport, values in series.items():
+                    axes.plot(ns, values, marker="o", label=transport)
+                axes.set_xlabel("subscribers")
+                axes.set_ylabel(f"{label} ({unit})")
+                axes.set_xscale("log", base=2)
+                axes.set_xticks(ns, [str(n) for n in ns])
+                axes.set_yscale("log")
+                axes.set_title(f"{size}, qos {qos}: {label}")
+                axes.grid(True, alpha=0.3)
+                axes.legend()
+                figure.tight_layout()
+                figure.savefig(out / f"{name}.png", dpi=120)
+                plt.close(figure)
+                written.append(f"{name}.png")
+            else:
+                sys.path.insert(0, str(HERE))
+                from svgplot import grouped_bars
+
+                grouped_bars(out / f"{name}.svg", f"{size}, qos {qos}: {label}", unit, [f"N={n}" for n in ns], series,
+                             log=True)
+                written.append(f"{name}.svg")
+    return written
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="1080p only, N = 1, 4, 8, one second each")
+    parser.add_argument("--mps", action="store_true", help="run everything under a private MPS daemon")
+    parser.add_argument("--out", default="bench-topics", help="folder for results and plots")
+    parser.add_argument("--duration", type=float, default=None, help="timed seconds per configuration")
+    parser.add_argument("--sync", action="store_true", help="latency includes the subscriber's stream catching up")
+    parser.add_argument("--transports", default=",".join(TRANSPORTS))
+    parser.add_argument("--subscribers", default=None, help="e.g. 1,2,4,8")
+    parser.add_argument("--qos", default="latest,every")
+    parser.add_argument("--sizes", default=None, help=f"from {','.join(SIZES)}")
+    # the roles of the processes this script spawns
+    parser.add_argument("--role", choices=["pub", "sub", "ring-pub", "ring-sub", "torch"], help=argparse.SUPPRESS)
+    parser.add_argument("--path", help=argparse.SUPPRESS)
+    parser.add_argument("--n", type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("--size", default="1080p-nv12", help=argparse.SUPPRESS)
+    parser.add_argument("--transport", default="auto", help=argparse.SUPPRESS)
+    parser.add_argument("--stall", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--fd", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.role:
+        args.duration = args.duration or 2.0
+        return {"pub": eglcuda_publisher, "sub": eglcuda_subscriber, "ring-pub": ring_publisher,
+                "ring-sub": ring_subscriber, "torch": torch_run}[args.role](args)
+
+    why = no_gpu()
+    if why:
+        print(f"bench/topics.py: needs an NVIDIA GPU: {why}", file=sys.stderr)
+        return 2
+    args.duration = args.duration or (1.0 if args.quick else 2.0)
+    sizes = (args.sizes or ("1080p-nv12" if args.quick else ",".join(SIZES))).split(",")
+    ns = [int(n) for n in (args.subscribers or ("1,4,8" if args.quick else "1,2,4,8")).split(",")]
+    qoses = args.qos.split(",")
+    transports = args.transports.split(",")
+    out = pathlib.Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    rows: list[dict] = []
+    with tempfile.TemporaryDirectory(prefix="eglcuda-bench-mps-") as scratch:
+        mps = mps_daemon(pathlib.Path(scratch)) if args.mps else contextlib.nullcontext("off")
+        with mps as mps_mode:
+            print(f"MPS: {mps_mode}", flush=True)
+            for size in sizes:
+                for qos in qoses:
+                    for transport in transports:
+                        if transport in ("ipc-ring", "torch-mp") and qos != "every":
+                            continue  # lossless rings: compared in the 'every' rows
+                        for n in ns:
+                            row = {"size": size, "qos": qos, "transport": transport, "n": n,
+                                   **run_config(args, transport, size, qos, n)}
+                            rows.append(row)
+                            print(format_row(row), flush=True)
+                if "latest" in qoses and max(ns) >= 2:
+                    for transport in [t for t in transports if t in ("cuda-ipc", "eglstream")]:
+                        n = max(ns)
+                        row = {"size": size, "qos": "latest", "transport": transport, "n": n, "stalled": True,
+                               **run_config(args, transport, size, "latest", n, stalled=True)}
+                        rows.append(row)
+                        print(format_row(row), flush=True)
+    (out / "results.json").write_text(json.dumps({"mps": args.mps, "duration": args.duration, "sync": args.sync,
+                                                  "rows": rows}, indent=1))
+    table = markdown(rows, args)
+    (out / "results.md").write_text(table + "\n")
+    written = plot(rows, out)
+    print("\n" + table)
+    print(f"\nwrote {out}/results.json, results.md, {', '.join(written) or 'no plots'}")
+    print("SUMMARY " + summary_line(rows))
+    errors = [r for r in rows if "error" in r]
+    return 1 if errors else 0
+
+
+def summary_line(rows: list[dict]) -> str:
+    """The headline numbers: 8 (or the most) 'latest' subscribers at 1080p per transport, the best
+    lossless alternative, and the stalled-subscriber change."""
+    parts = []
+    good = [r for r in rows if "publisher_rate" in r]
+    if not good:
+        return "no results"
+    size = "1080p-nv12" if any(r["size"] == "1080p-nv12" for r in good) else good[0]["size"]
+    n = max(r["n"] for r in good if r["size"] == size)
+    for row in good:
+        if row["size"] == size and row["n"] == n and not row.get("stalled") and row["qos"] == "latest":
+            parts.append(f"{row['transport']} latest N={n} {row['publisher_rate']:.0f}/s p50 {row['p50_worst_us']:.0f} us")
+    for row in good:
+        if row["size"] == size and row["n"] == n and row["qos"] == "every" and not row.get("stalled"):
+            parts.append(f"{row['transport']} every N={n} {row['publisher_rate']:.0f}/s")
+    for stall in (r for r in good if r.get("stalled") and r["size"] == size):
+        base = next((r for r in good if not r.get("stalled") and r["size"] == size and r["qos"] == "latest"
+                     and r["transport"] == stall["transport"] and r["n"] == stall["n"]), None)
+        if base:
+            parts.append(f"{stall['transport']} 1 stalled of {stall['n']}: "
+                         f"{100.0 * (stall['publisher_rate'] / base['publisher_rate'] - 1.0):+.1f} %")
+    return "; ".join(parts)
+
+
+def format_row(row: dict) -> str:
+    label = f"{row['size']:>10} {row['qos']:<6} {row['transport']:<9} N={row['n']}{' (1 stalled)' if row.get('stalled') else ''}"
+    if "skipped" in row:
+        return f"{label}: skipped ({row['skipped']})"
+    if "error" in row:
+        return f"{label}: ERROR {row['error']}"
+    rates = row["subscriber_rates"]
+    return (f"{label}: publisher {row['publisher_rate']:8.0f}/s, subscribers {min(rates):8.0f}..{max(rates):8.0f}/s, "
+            f"p50 {row['p50_us']:7.1f} us (worst {row['p50_worst_us']:7.1f}), p99 {row['p99_us']:8.1f} us "
+            f"[{','.join(row['transports'])}]")
+
+
+def markdown(rows: list[dict], args) -> str:
+    lines = [f"Frame topics, one publisher and N subscriber processes; MPS {'on' if args.mps else 'off'}; "
+             f"{args.duration} s timed per configuration{'; latency includes the stream sync' if args.sync else ''}.",
+             "", "| size | qos | transport | N | publisher frames/s | slowest subscriber frames/s | p50 us (median of "
+             "subscribers) | worst p50 us | worst p99 us |", "|---|---|---|---:|---:|---:|---:|---:|---:|"]
+    for row in rows:
+        name = row["transport"] + (" (1 of N stalled)" if row.get("stalled") else "")
+        if "publisher_rate" not in row:
+            lines.append(f"| {row['size']} | {row['qos']} | {name} | {row['n']} | "
+                         f"{row.get('skipped') or row.get('error')} | | | | |")
+            continue
+        lines.append(f"| {row['size']} | {row['qos']} | {name} | {row['n']} | {row['publisher_rate']:.0f} | "
+                     f"{min(row['subscriber_rates']):.0f} | {row['p50_us']:.1f} | {row['p50_worst_us']:.1f} | "
+                     f"{row['p99_us']:.1f} |")
+    stalls = [r for r in rows if r.get("stalled") and "publisher_rate" in r]
+    for stall in stalls:
+        base = next((r for r in rows if not r.get("stalled") and r["size"] == stall["size"] and r["qos"] == "latest"
+                     and r["transport"] == stall["transport"] and r["n"] == stall["n"] and "publisher_rate" in r), None)
+        if base:
+            change = 100.0 * (stall["publisher_rate"] / base["publisher_rate"] - 1.0)
+            lines.append(f"\n{stall['size']} {stall['transport']}: one stalled 'latest' subscriber of {stall['n']} "
+                         f"changes the publisher's rate by {change:+.1f} % (target: more than -5 %).")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,375 @@
+"""CUDA driver calls eglcuda makes outside the per-frame path, and the CUDA error funnel."""
+from __future__ import annotations
+
+import threading
+
+from . import loader as _loader
+from ..errors import CUDAError, cuda_error_name
+from ._native import ffi, lib
+
+# Re-entrant: the garbage collector may run a finalizer that needs it (a frame's free looks
+# up its device) on a thread that holds it, at any allocation.
+_init_lock = threading.RLock()
+_initialized = False
+
+
+def cuda_error(code: int, call: str, doing: str = "") -> CUDAError:
+    """Build a :class:`CUDAError`, naming the code through the driver where it can."""
+    name = None
+    description = ""
+    if _loader.is_bound("cuGetErrorName"):
+        text = ffi.new("const char **")
+        if lib.cuGetErrorName(code, text) == 0 and text[0] != ffi.NULL:
+            name = ffi.string(text[0]).decode()
+        if lib.cuGetErrorString(code, text) == 0 and text[0] != ffi.NULL:
+            description = ffi.string(text[0]).decode()
+    return CUDAError(code, call, name=name or cuda_error_name(code), description=description, doing=doing)
+
+
+def check(code: int, call: str, doing: str = "") -> None:
+    """Raise :class:`CUDAError` unless ``code`` is CUDA_SUCCESS."""
+    if code:
+        raise cuda_error(code, call, doing)
+
+
+def init() -> None:
+    """Load libcuda and call ``cuInit`` once per process."""
+    global _initialized
+    if _initialized:
+        return
+    _loader.cuda()
+    with _init_lock:
+        if not _initialized:
+            check(lib.cuInit(0), "cuInit", "initializing the CUDA driver")
+            _initialized = True
+
+
+def driver_version() -> int:
+    """The CUDA driver API version (e.g. 13000 for 13.0)."""
+    init()
+    out = ffi.new("int *")
+    check(lib.cuDriverGetVersion(out), "cuDriverGetVersion")
+    return out[0]
+
+
+def device_count() -> int:
+    """How many CUDA devices this process sees."""
+    init()
+    out = ffi.new("int *")
+    check(lib.cuDeviceGetCount(out), "cuDeviceGetCount")
+    return out[0]
+
+
+def initialized() -> bool:
+    """Whether eglcuda has called ``cuInit`` in this process (MPS settings only count before it)."""
+    return _initialized
+
+
+def mps_enabled(ordinal: int = 0) -> bool | None:
+    """Whether contexts this process creates on device ``ordinal`` are shared through an MPS
+    server (``CU_DEVICE_ATTRIBUTE_MPS_ENABLED``); None when the driver does not know the
+    attribute (drivers before CUDA 12.x answer CUDA_ERROR_INVALID_VALUE). Initializes CUDA."""
+    init()
+    device = ffi.new("CUdevice *")
+    check(lib.cuDeviceGet(device, ordinal), "cuDeviceGet", f"looking up CUDA device {ordinal}")
+    out = ffi.new("int *")
+    status = lib.cuDeviceGetAttribute(out, lib.CU_DEVICE_ATTRIBUTE_MPS_ENABLED, device[0])
+    if status == lib.CUDA_ERROR_INVALID_VALUE:
+        return None
+    check(status, "cuDeviceGetAttribute", "reading CU_DEVICE_ATTRIBUTE_MPS_ENABLED")
+    return bool(out[0])
+
+
+
+
+# ---- memory, copies and ordering (frames layer) -------------------------------------------------
+
+MANAGED_ATTACH_GLOBAL = lib.CU_MEM_ATTACH_GLOBAL
+MANAGED_ATTACH_HOST = lib.CU_MEM_ATTACH_HOST
+MANAGED_ATTACH_SINGLE = lib.CU_MEM_ATTACH_SINGLE
+ATTRIBUTE_CAN_MAP_HOST_MEMORY = lib.CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY
+ATTRIBUTE_MANAGED_MEMORY = lib.CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY
+
+
+def make_current(context: int) -> None:
+    """Make ``context`` (a ``CUcontext`` address) current on this thread; cheap when it is."""
+    check(lib.eglcuda_ensure_current(ffi.cast("CUcontext", context)), "cuCtxSetCurrent")
+
+
+def mem_alloc(size: int, doing: str) -> int:
+    """``size`` bytes of device memory in the current context (``cuMemAlloc``)."""
+    pointer = ffi.new("CUdeviceptr *")
+    check(lib.cuMemAlloc(pointer, size), "cuMemAlloc", doing)
+    return int(pointer[0])
+
+
+def mem_alloc_managed(size: int, doing: str) -> int:
+    """``size`` bytes of managed memory, attached globally (``cuMemAllocManaged``)."""
+    pointer = ffi.new("CUdeviceptr *")
+    check(lib.cuMemAllocManaged(pointer, size, lib.CU_MEM_ATTACH_GLOBAL), "cuMemAllocManaged", doing)
+    return int(pointer[0])
+
+
+def host_alloc_mapped(size: int, doing: str) -> tuple[int, int]:
+    """``size`` bytes of page-locked host memory mapped into the GPU's address space (portable):
+    (host address, device address)."""
+    host = ffi.new("void **")
+    check(lib.cuMemHostAlloc(host, size, lib.CU_MEMHOSTALLOC_PORTABLE | lib.CU_MEMHOSTALLOC_DEVICEMAP),
+          "cuMemHostAlloc", doing)
+    pointer = ffi.new("CUdeviceptr *")
+    status = lib.cuMemHostGetDevicePointer(pointer, host[0], 0)
+    if status:
+        lib.cuMemFreeHost(host[0])
+        check(status, "cuMemHostGetDevicePointer", doing)
+    return int(ffi.cast("uintptr_t", host[0])), int(pointer[0])
+
+
+def mem_free(pointer: int) -> int:
+    """Free device or managed memory; returns the driver's status (finalizers ignore it)."""
+    return lib.cuMemFree(pointer)
+
+
+def host_free(host: int) -> int:
+    """Free page-locked host memory; returns the driver's status."""
+    return lib.cuMemFreeHost(ffi.cast("void *", host))
+
+
+def array_create(width: int, height: int, channels: int, doing: str) -> int:
+    """A CUDA array of ``width`` x ``height`` elements of ``channels`` uint8 channels."""
+    descriptor = ffi.new("CUDA_ARRAY_DESCRIPTOR *", {"Width": width, "Height": height,
+                                                     "Format": lib.CU_AD_FORMAT_UNSIGNED_INT8,
+                                                     "NumChannels": channels})
+    handle = ffi.new("CUarray *")
+    check(lib.cuArrayCreate(handle, descriptor), "cuArrayCreate", doing)
+    return int(ffi.cast("uintptr_t", handle[0]))
+
+
+def array_destroy(handle: int) -> int:
+    return lib.cuArrayDestroy(ffi.cast("CUarray", handle))
+
+
+def address_range(pointer: int) -> tuple[int, int] | None:
+    """(base, size) of the allocation holding device address ``pointer``, or None when the
+    driver cannot place it (not from a CUDA allocation call)."""
+    base, size = ffi.new("CUdeviceptr *"), ffi.new("size_t *")
+    if lib.cuMemGetAddressRange(base, size, pointer) != lib.CUDA_SUCCESS:
+        return None
+    return int(base[0]), int(size[0])
+
+
+def pointer_is_managed(pointer: int) -> bool:
+    """Whether the driver reports ``pointer`` as managed memory (False when it cannot say)."""
+    flag = ffi.new("unsigned int *")
+    status = lib.cuPointerGetAttribute(flag, lib.CU_POINTER_ATTRIBUTE_IS_MANAGED, pointer)
+    return status == 0 and bool(flag[0])
+
+
+def attach_managed(stream: int, pointer: int, flag: int) -> None:
+    """Queue ``cuStreamAttachMemAsync`` of the managed allocation at ``pointer`` on ``stream``."""
+    check(lib.cuStreamAttachMemAsync(ffi.cast("CUstream", stream), pointer, 0, flag), "cuStreamAttachMemAsync",
+          "attaching managed memory")
+
+
+def copy_2d(stream: int, src: tuple, dst: tuple, width_bytes: int, height: int, wait: bool) -> None:
+    """A stream-ordered 2D copy in the current context, then (``wait``) wait for the stream.
+    ``src``/``dst``: ("device", address, pitch), ("array", handle, 0) or ("host", buffer, pitch)
+    with a buffer-protocol object (written into when it is ``dst``)."""
+    copy = ffi.new("CUDA_MEMCPY2D *")
+    keep = []
+    for side, (kind, where, pitch) in (("src", src), ("dst", dst)):
+        if kind == "host":
+            buffer = ffi.from_buffer(where, require_writable=(side == "dst"))
+            keep.append(buffer)
+            setattr(copy, f"{side}MemoryType", lib.CU_MEMORYTYPE_HOST)
+            setattr(copy, f"{side}Host", buffer)
+        elif kind == "array":
+            setattr(copy, f"{side}MemoryType", lib.CU_MEMORYTYPE_ARRAY)
+            setattr(copy, f"{side}Array", ffi.cast("CUarray", where))
+        else:
+            setattr(copy, f"{side}MemoryType", lib.CU_MEMORYTYPE_DEVICE)
+            setattr(copy, f"{side}Device", where)
+        setattr(copy, f"{side}Pitch", pitch)
+    copy.WidthInBytes = width_bytes
+    copy.Height = height
+    cu_stream = ffi.cast("CUstream", stream)
+    check(lib.cuMemcpy2DAsync(copy, cu_stream), "cuMemcpy2DAsync", "copying a plane")
+    if wait:
+        check(lib.cuStreamSynchronize(cu_stream), "cuStreamSynchronize", "waiting for a plane copy")
+
+
+def order_streams(first: int, then: int) -> None:
+    """Make stream ``then`` wait for the work queued so far on stream ``first`` (an event
+    recorded on one and waited on by the other; no host wait), in the current context."""
+    event = ffi.new("CUevent *")
+    check(lib.cuEventCreate(event, lib.CU_EVENT_DISABLE_TIMING), "cuEventCreate")
+    try:
+        check(lib.cuEventRecord(event[0], ffi.cast("CUstream", first)), "cuEventRecord")
+        check(lib.cuStreamWaitEvent(ffi.cast("CUstream", then), event[0], 0), "cuStreamWaitEvent")
+    finally:
+        lib.cuEventDestroy(event[0])
+
+
+# ---- devices and their primary contexts (eglcuda.cuda_device) -----------------------------------
+
+ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = lib.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR
+ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = lib.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR
+ATTRIBUTE_INTEGRATED = lib.CU_DEVICE_ATTRIBUTE_INTEGRATED
+
+
+def device_get(ordinal: int) -> int:
+    """The ``CUdevice`` of a CUDA ordinal."""
+    out = ffi.new("CUdevice *")
+    check(lib.cuDeviceGet(out, ordinal), "cuDeviceGet")
+    return int(out[0])
+
+
+def primary_context_retain(device: int) -> int:
+    """Retain the device's primary context; its address (``cuDevicePrimaryCtxRetain``)."""
+    out = ffi.new("CUcontext *")
+    check(lib.cuDevicePrimaryCtxRetain(out, device), "cuDevicePrimaryCtxRetain")
+    return int(ffi.cast("uintptr_t", out[0]))
+
+
+def primary_context_release(device: int) -> int:
+    """Release one retain of the primary context; returns the driver's status (finalizers ignore it)."""
+    return lib.cuDevicePrimaryCtxRelease(device)
+
+
+def device_attribute(device: int, attribute: int) -> int:
+    """``cuDeviceGetAttribute``."""
+    out = ffi.new("int *")
+    check(lib.cuDeviceGetAttribute(out, attribute, device), "cuDeviceGetAttribute")
+    return out[0]
+
+
+def device_name(device: int) -> str:
+    name = ffi.new("char[256]")
+    check(lib.cuDeviceGetName(name, 256, device), "cuDeviceGetName")
+    return ffi.string(name).decode()
+
+
+def device_total_memory(device: int) -> int:
+    """The device's memory in bytes."""
+    total = ffi.new("size_t *")
+    check(lib.cuDeviceTotalMem(total, device), "cuDeviceTotalMem")
+    return int(total[0])
+
+
+def mem_get_info() -> tuple[int, int]:
+    """(free, total) bytes of the current context's device (``cuMemGetInfo``)."""
+    free, total = ffi.new("size_t *"), ffi.new("size_t *")
+    check(lib.cuMemGetInfo(free, total), "cuMemGetInfo")
+    return int(free[0]), int(total[0])
+
+
+# ---- used by images and syncs --------------------------------------------------------------------
+# Handles (streams, events, arrays, surface objects, semaphores) are addresses or ints.
+
+def stream_synchronize(stream: int, doing: str = "") -> None:
+    """Wait until the work queued on ``stream`` so far is done."""
+    check(lib.cuStreamSynchronize(ffi.cast("CUstream", stream)), "cuStreamSynchronize", doing)
+
+
+def stream_create_non_blocking() -> int:
+    """A new stream of the current context not ordered with the legacy default stream."""
+    created = ffi.new("CUstream *")
+    check(lib.cuStreamCreate(created, lib.CU_STREAM_NON_BLOCKING), "cuStreamCreate")
+    return int(ffi.cast("uintptr_t", created[0]))
+
+
+def stream_destroy(stream: int) -> int:
+    """``cuStreamDestroy``; returns the driver's status (finalizers ignore it)."""
+    return lib.cuStreamDestroy(ffi.cast("CUstream", stream))
+
+
+def event_create() -> int:
+    """A timing-free event of the current context."""
+    event = ffi.new("CUevent *")
+    check(lib.cuEventCreate(event, lib.CU_EVENT_DISABLE_TIMING), "cuEventCreate")
+    return int(ffi.cast("uintptr_t", event[0]))
+
+
+def event_record(event: int, stream: int, doing: str = "") -> None:
+    check(lib.cuEventRecord(ffi.cast("CUevent", event), ffi.cast("CUstream", stream)), "cuEventRecord", doing)
+
+
+def event_destroy(event: int) -> int:
+    """``cuEventDestroy``; returns the driver's status (finalizers ignore it)."""
+    return lib.cuEventDestroy(ffi.cast("CUevent", event))
+
+
+def stream_wait_event(stream: int, event: int, doing: str = "") -> None:
+    """Work queued on ``stream`` after this waits for ``event`` (no host wait)."""
+    check(lib.cuStreamWaitEvent(ffi.cast("CUstream", stream), ffi.cast("CUevent", event), 0), "cuStreamWaitEvent",
+          doing)
+
+
+def stream_wait_value_geq(stream: int, pointer: int, value: int, doing: str = "") -> None:
+    """Work queued on ``stream`` after this waits until the 32-bit word at device address
+    ``pointer`` is >= ``value`` (``cuStreamWaitValue32``)."""
+    check(lib.cuStreamWaitValue32(ffi.cast("CUstream", stream), pointer, value, lib.CU_STREAM_WAIT_VALUE_GEQ),
+          "cuStreamWaitValue32", doing)
+
+
+def zero_host(host: int, size: int) -> None:
+    """Set ``size`` bytes of host memory at ``host`` to zero."""
+    ffi.memmove(ffi.cast("void *", host), bytes(size), size)
+
+
+def flag_load(host: int) -> int:
+    """The 32-bit word at host address ``host`` (a flag a stream waits on)."""
+    return int(ffi.cast("uint32_t *", host)[0])
+
+
+def flag_store(host: int, value: int) -> None:
+    """Store ``value`` into the 32-bit word at ``host`` with release ordering (csrc/helpers.c),
+    for a stream waiting on it with :func:`stream_wait_value_geq`."""
+    lib.eglcuda_store_flag(ffi.cast("uint32_t *", host), value)
+
+
+def surface_create(array: int, doing: str = "") -> int:
+    """A surface object (``CUsurfObject``) over a CUDA array, for ``surf2Dread``/``surf2Dwrite``."""
+    desc = ffi.new("CUDA_RESOURCE_DESC *")
+    desc.resType = lib.CU_RESOURCE_TYPE_ARRAY
+    desc.res.array.hArray = ffi.cast("CUarray", array)
+    handle = ffi.new("CUsurfObject *")
+    check(lib.cuSurfObjectCreate(handle, desc), "cuSurfObjectCreate", doing)
+    return int(handle[0])
+
+
+def surface_destroy(surface: int) -> int:
+    """``cuSurfObjectDestroy``; returns the driver's status."""
+    return lib.cuSurfObjectDestroy(surface)
+
+
+def device_uuid(device: int) -> bytes:
+    """The 16-byte UUID of a device (matches Vulkan's ``deviceUUID``)."""
+    uuid = ffi.new("CUuuid *")
+    check(lib.cuDeviceGetUuid(uuid, device), "cuDeviceGetUuid")
+    return bytes(ffi.buffer(uuid.bytes, 16))
+
+
+def import_timeline_semaphore(fd: int) -> int:
+    """Import a timeline semaphore's opaque fd (``cuImportExternalSemaphore``); CUDA owns the fd
+    only once this returns (on failure it stays the caller's to close)."""
+    desc = ffi.new("CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC *")
+    desc.type = lib.CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_TIMELINE_SEMAPHORE_FD
+    desc.handle.fd = fd
+    semaphore = ffi.new("CUexternalSemaphore *")
+    check(lib.cuImportExternalSemaphore(semaphore, desc), "cuImportExternalSemaphore",
+          "importing the Vulkan timeline semaphore")
+    return int(ffi.cast("uintptr_t", semaphore[0]))
+
+
+def signal_timeline_semaphore(semaphore: int, value: int, stream: int) -> None:
+    """Queue on ``stream`` the signal of an imported timeline semaphore to ``value``."""
+    semaphores = ffi.new("CUexternalSemaphore[1]", [ffi.cast("CUexternalSemaphore", semaphore)])
+    params = ffi.new("CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS *")
+    params.params.fence.value = value
+    check(lib.cuSignalExternalSemaphoresAsync(semaphores, params, 1, ffi.cast("CUstream", stream)),
+          "cuSignalExternalSemaphoresAsync", "signaling the timeline semaphore")
+
+
+def external_semaphore_destroy(semaphore: int) -> int:
+    """``cuDestroyExternalSemaphore``; returns the driver's status (finalizers ignore it)."""
+    return lib.cuDestroyExternalSemaphore(ffi.cast("CUexternalSemaphore", semaphore))

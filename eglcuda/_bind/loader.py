@@ -1,0 +1,161 @@
+"""Run-time loading of libEGL and libcuda into the compiled function table.
+
+Nothing is loaded at import. The first EGL (or CUDA) operation calls :func:`egl` (or
+:func:`cuda`), which opens the library, binds the core entry points with ``dlsym`` and raises
+:class:`Unsupported` with install advice if the library is not there. EGL extension functions are
+bound with ``eglGetProcAddress`` only once a client or display extension string lists the
+extension (:func:`bind_egl_extensions`): a non-NULL pointer alone proves nothing.
+
+Test hook: the environment variables ``EGLCUDA_LIBEGL``, ``EGLCUDA_LIBCUDA`` and
+``EGLCUDA_LIBVULKAN``, when set (read at import), name the library file to open instead of the
+default soname, e.g. the fake driver the CPU test tier builds (tests/fakedriver/). They are for
+tests only: eglcuda does not check that the file is a real driver.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass, field
+
+from ..errors import Unsupported
+from ._native import ffi, lib
+
+EGL_LIBRARY = "libEGL.so.1"
+CUDA_LIBRARY = "libcuda.so.1"
+VULKAN_LIBRARY = "libvulkan.so.1"
+EGL_INSTALL_HINT = (
+    "install an EGL implementation: on Debian/Ubuntu 'apt-get install libegl1 libegl-mesa0 "
+    "libgl1-mesa-dri' (Mesa, no GPU needed), or the NVIDIA driver's EGL with the glvnd loader"
+)
+CUDA_INSTALL_HINT = "install the NVIDIA driver (libcuda.so.1 ships with it, not with the CUDA toolkit)"
+VULKAN_INSTALL_HINT = "install the Vulkan loader (Debian/Ubuntu: 'apt-get install libvulkan1'); the NVIDIA driver brings the ICD"
+
+
+@dataclass
+class _Entry:
+    index: int
+    name: str
+    symbol: str
+    requires: tuple[str, ...]
+
+
+@dataclass
+class _Library:
+    """One run-time library and which of its entries are bound."""
+
+    soname: str
+    handle: object = None
+    error: str | None = None
+    bound: set[str] = field(default_factory=set)
+    missing: set[str] = field(default_factory=set)
+
+
+def _read_entries() -> dict[str, _Entry]:
+    entries = {}
+    for index in range(lib.eglcuda_entry_count()):
+        name = ffi.string(lib.eglcuda_entry_name(index)).decode()
+        entries[name] = _Entry(
+            index=index,
+            name=name,
+            symbol=ffi.string(lib.eglcuda_entry_symbol(index)).decode(),
+            requires=tuple(ffi.string(lib.eglcuda_entry_requires(index)).decode().split("|")),
+        )
+    return entries
+
+
+ENTRIES: dict[str, _Entry] = _read_entries()
+_lock = threading.Lock()
+_egl = _Library(os.environ.get("EGLCUDA_LIBEGL") or EGL_LIBRARY)
+_cuda = _Library(os.environ.get("EGLCUDA_LIBCUDA") or CUDA_LIBRARY)
+_vulkan = _Library(os.environ.get("EGLCUDA_LIBVULKAN") or VULKAN_LIBRARY)
+
+
+def _open(library: _Library, hint: str, group: str) -> _Library:
+    with _lock:
+        if library.handle is None and library.error is None:
+            handle = lib.eglcuda_dlopen(library.soname.encode())
+            if handle == ffi.NULL:
+                library.error = ffi.string(lib.eglcuda_dlerror()).decode() or "not found"
+            else:
+                library.handle = handle
+                for entry in ENTRIES.values():
+                    if group not in entry.requires:
+                        continue
+                    address = lib.eglcuda_dlsym(handle, entry.symbol.encode())
+                    if address == ffi.NULL:
+                        library.missing.add(entry.name)
+                    else:
+                        lib.eglcuda_bind(entry.index, address)
+                        library.bound.add(entry.name)
+    if library.handle is None:
+        raise Unsupported(library.soname, where=f"this machine ({library.error})", hint=hint)
+    return library
+
+
+def egl() -> None:
+    """Load libEGL and bind the EGL 1.5 core calls; raise :class:`Unsupported` if absent."""
+    if _egl.handle is None:
+        library = _open(_egl, EGL_INSTALL_HINT, "core")
+        if library.missing:
+            raise Unsupported(", ".join(sorted(library.missing)), where=f"{EGL_LIBRARY} (EGL 1.5 core)")
+
+
+def cuda() -> None:
+    """Load libcuda and bind what it exports; raise :class:`Unsupported` if absent."""
+    if _cuda.handle is None:
+        _open(_cuda, CUDA_INSTALL_HINT, "cuda")
+
+
+def vulkan() -> None:
+    """Load the Vulkan loader (only its ``vkGetInstanceProcAddr``; everything else is reached
+    through it); raise :class:`Unsupported` if absent."""
+    if _vulkan.handle is None:
+        library = _open(_vulkan, VULKAN_INSTALL_HINT, "vulkan")
+        if library.missing:
+            raise Unsupported(", ".join(sorted(library.missing)), where=VULKAN_LIBRARY)
+
+
+def egl_available() -> tuple[bool, str]:
+    """Whether libEGL loads, and why not (never raises)."""
+    try:
+        egl()
+    except Unsupported as exc:
+        return False, str(exc)
+    return True, ""
+
+
+def cuda_available() -> tuple[bool, str]:
+    """Whether libcuda loads, and why not (never raises)."""
+    try:
+        cuda()
+    except Unsupported as exc:
+        return False, str(exc)
+    return True, ""
+
+
+def bind_egl_extensions(extensions: frozenset[str]) -> None:
+    """Bind the functions of every listed extension that are not bound yet (EGL extensions from
+    a display's or the client's string; GL extensions from the current GL context's list)."""
+    egl()
+    with _lock:
+        for entry in ENTRIES.values():
+            if entry.name in _egl.bound or {"core", "cuda", "vulkan"} & set(entry.requires):
+                continue
+            if not any(name in extensions for name in entry.requires):
+                continue
+            address = lib.eglGetProcAddress(entry.name.encode())
+            if address != ffi.NULL:
+                lib.eglcuda_bind(entry.index, address)
+                _egl.bound.add(entry.name)
+
+
+def is_bound(name: str) -> bool:
+    """Whether the table holds an address for ``name`` (a declared C function)."""
+    return bool(lib.eglcuda_is_bound(ENTRIES[name].index))
+
+
+def require_cuda_entry(name: str) -> None:
+    """Raise :class:`Unsupported` unless libcuda exports ``name``."""
+    cuda()
+    if not is_bound(name):
+        raise Unsupported(name, where=f"this CUDA driver ({CUDA_LIBRARY})")

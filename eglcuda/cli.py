@@ -1,0 +1,205 @@
+"""Command line: ``python -m eglcuda COMMAND`` (or the ``eglcuda`` script).
+
+  info [--json]            what this machine's EGL and CUDA offer, and which interop paths work here
+  check                    run the interop conformance checks that apply to this machine
+  mps start|stop|status    a private CUDA MPS daemon for a pipeline's processes
+  topics [--json]          the live frame topics of this machine (stale sockets of dead publishers removed)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+from typing import Any, Callable
+
+from . import conformance, mps
+from ._version import __version__
+from .errors import EglCudaError, UsageError
+from .info import collect, format_report
+from .topics.registry import format_listing, list_topics
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m eglcuda", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_version(parser)
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    info = commands.add_parser("info", help="report EGL, CUDA and the interop paths available here")
+    info.add_argument("--json", action="store_true", help="machine-readable output")
+    info.set_defaults(run=_info)
+    _add_check(commands)
+    _add_mps(commands)
+    _add_topics(commands)
+    args = parser.parse_args(argv)
+    if args.command is None:  # bare `python -m eglcuda`: say what there is
+        parser.print_help()
+        return 0
+    run: Callable[[argparse.Namespace], int] = args.run
+    return _pipe_safe(run, args)
+
+
+def _info(args: argparse.Namespace) -> int:
+    report = collect()
+    if args.json:
+        json.dump(report, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        print(format_report(report))
+    return 0
+
+
+def _add_version(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--version", action="version", version=f"eglcuda {__version__}")
+
+
+def _add_check(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+
+    check = commands.add_parser(
+        "check", help="run the interop conformance checks that apply to this machine (data verified)",
+        description="Run eglcuda's interop conformance checks against the installed package: each moves "
+                    "random data through one path and compares every byte. Prints pass / fail / not "
+                    "applicable (why), writes the results as JSON, exits 1 on a failure.")
+    conformance.add_arguments(check)
+    check.set_defaults(run=conformance.run_command)
+
+
+def _pipe_safe(run: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
+    """Run a command whose output may go to a pipe that closes early (``| head``): stop quietly
+    instead of ending in a BrokenPipeError traceback."""
+    try:
+        code = run(args)
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        # Python flushes stdout again at exit: point it at /dev/null so that flush cannot fail.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
+
+
+def _add_mps(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    parser = commands.add_parser(
+        "mps", help="a private CUDA MPS daemon for a pipeline's processes",
+        description="A private CUDA MPS control daemon (pipe and log directories of its own, mode 0700). "
+                    "It never changes the GPU's compute mode or any device setting.")
+    actions = parser.add_subparsers(dest="action", required=True)
+    start = actions.add_parser(
+        "start", help="start a daemon and print the shell lines that make programs its clients",
+        description="Start a private MPS control daemon. Prints 'export' lines on stdout (messages go to "
+                    "stderr), so that eval \"$(python -m eglcuda mps start)\" makes this shell's programs "
+                    "its clients. It runs until 'python -m eglcuda mps stop', or until --owner exits.")
+    start.add_argument("--print-env", action="store_true",
+                       help="print plain VAR=value lines instead (for env files and 'env $(...) program')")
+    start.add_argument("--owner", type=int, metavar="PID",
+                       help="stop the daemon when this process exits (e.g. --owner $$ for this shell)")
+    start.add_argument("--reuse", action="store_true",
+                       help="when a daemon already serves this machine, print its environment instead of refusing")
+    start.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the daemon (default 10)")
+    stop = actions.add_parser(
+        "stop", help="stop this user's eglcuda MPS daemon and remove its directories",
+        description="Stop an eglcuda MPS daemon: the one CUDA_MPS_PIPE_DIRECTORY names, or the only one, or "
+                    "--dir, or --all. Prints 'unset' lines on stdout for eval.")
+    stop.add_argument("--dir", help="the instance (or its pipe directory) to stop")
+    stop.add_argument("--all", action="store_true", help="stop every eglcuda MPS daemon of this user")
+    stop.add_argument("--timeout", type=float, default=10.0,
+                      help="seconds for the daemon to quit before it is signalled (default 10)")
+    status = actions.add_parser("status", help="this user's eglcuda MPS daemons and the others running here")
+    status.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.set_defaults(run=_mps_command)
+
+
+def _add_topics(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    topics = commands.add_parser("topics", help="list live frame topics; remove the sockets of dead publishers")
+    topics.add_argument("--json", action="store_true", help="machine-readable output")
+    topics.add_argument("--dir", default=None, help="the topic directory (default: this user's)")
+    topics.add_argument("--no-clean", action="store_true", help="report stale sockets without removing them")
+    topics.add_argument("--timeout", type=float, default=1.0, help="seconds to wait for each publisher's answer")
+    topics.set_defaults(run=_topics)
+
+
+def _mps_command(args: argparse.Namespace) -> int:
+    try:
+        return _mps(args)
+    except EglCudaError as exc:
+        print(f"eglcuda mps {args.action}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+
+
+def _mps(args: argparse.Namespace) -> int:
+    if args.action == "start":
+        daemon = mps.MPSDaemon(timeout=args.timeout, reuse=args.reuse, detach=True, owner_pid=args.owner)
+        daemon.start()
+        for key, value in daemon.env().items():
+            print(f"{key}={value}" if args.print_env else f"export {key}={shlex.quote(value)}")
+        if not args.print_env and daemon.owned:
+            until = f"process {args.owner} exits" if args.owner else "`python -m eglcuda mps stop`"
+            print(f"eglcuda: {daemon.describe()}; it runs until {until}", file=sys.stderr)
+        elif not args.print_env:
+            print(f"eglcuda: {daemon.describe()}", file=sys.stderr)
+        return 0
+    if args.action == "stop":
+        stopped = mps.stop(args.dir, all=args.all, timeout=args.timeout)
+        for entry in stopped:
+            how = " (left over: its watchdog was gone)" if entry.get("stale") else ""
+            print(f"eglcuda: stopped the MPS daemon of {entry['directory']}{how}", file=sys.stderr)
+        if not stopped:
+            print("eglcuda: no eglcuda MPS daemon runs for this user", file=sys.stderr)
+        mine = [str(entry["directory"]) for entry in stopped]
+        pipe = os.environ.get(mps.PIPE_VARIABLE, "")
+        if pipe and any(pipe.startswith(folder + os.sep) for folder in mine):
+            print(f"unset {mps.PIPE_VARIABLE} {mps.LOG_VARIABLE}")
+        return 0
+    report = mps.status()
+    if args.json:
+        json.dump(report, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0
+    print(_format_status(report))
+    return 0
+
+
+def _format_status(report: dict[str, Any]) -> str:
+    lines = [f"{mps.CONTROL}: {report['binary'] or 'NOT FOUND (' + mps.INSTALL_HINT + ')'}"]
+    environment = report["environment"]
+    lines.append(f"{mps.PIPE_VARIABLE} here: {environment[mps.PIPE_VARIABLE] or 'unset (clients use '}"
+                 + ("" if environment[mps.PIPE_VARIABLE] else f"{mps.SYSTEM_PIPE_DIRECTORY})"))
+    if not report["instances"]:
+        lines.append(f"eglcuda MPS daemons of this user: none (in {report['base_directory']})")
+    for instance in report["instances"]:
+        state = "running" if instance["running"] else "NOT RUNNING"
+        if instance["watch_pid"]:
+            guard = f"until pid {instance['watch_pid']} exits"
+        elif instance["detached"]:
+            guard = "until `python -m eglcuda mps stop`"
+        else:
+            guard = f"until its owner pid {instance['owner_pid']} exits"
+        lines.append(f"eglcuda MPS daemon {instance['directory']}: {state}, control pid {instance['control_pid']}, "
+                     f"servers {instance['servers'] or 'none'}, {guard}, watchdog "
+                     f"{'alive' if instance['watchdog_alive'] else 'GONE'}")
+        lines.append(f"  export {mps.PIPE_VARIABLE}={shlex.quote(instance['pipe_directory'])} "
+                     f"{mps.LOG_VARIABLE}={shlex.quote(instance['log_directory'])}")
+    others = [d for d in report["daemons"] if not d["eglcuda"]]
+    for daemon in others:
+        where = daemon["pipe_directory"] or "pipe dir unreadable"
+        lines.append(f"other MPS daemon: pid {daemon['pid']}, uid {daemon['uid']}, {where}"
+                     + (" (system-wide default)" if daemon["system"] else ""))
+    return "\n".join(lines)
+
+
+def _topics(args: argparse.Namespace) -> int:
+    """``topics``: the live topics with their publisher's pid, size, format, rate and subscribers
+    (and the transport each uses)."""
+
+    try:
+        listing = list_topics(directory=args.dir, clean=not args.no_clean, timeout=args.timeout)
+    except UsageError as exc:
+        print(f"python -m eglcuda topics: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        json.dump(listing.as_dict(), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        print(format_listing(listing))
+    return 0

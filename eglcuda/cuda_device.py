@@ -1,0 +1,90 @@
+"""The few CUDA driver services eglcuda needs itself: devices and their primary contexts.
+
+eglcuda works in each device's *primary* context, the one the CUDA runtime, CuPy and PyTorch use,
+so memory and streams pass between them and eglcuda without conversion.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ._bind import cuda
+from ._bind.cuda import driver_version
+from ._resource import Resource
+from .errors import Unsupported
+
+__all__ = ["CudaDevice", "DeviceInfo", "driver_version", "get_device"]
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """What the driver says of one CUDA device."""
+
+    ordinal: int
+    name: str
+    compute_capability: tuple[int, int]
+    integrated: bool
+    total_memory: int  # bytes
+
+
+class CudaDevice(Resource):
+    """A CUDA device with its retained primary context. Get one with :func:`get_device`.
+
+    ``handle`` is the ``CUdevice`` and ``context`` the primary ``CUcontext`` (an address). The
+    process-wide registry keeps every device open; the retain is released at interpreter exit,
+    after the displays and frames that may still use the context, and after what was made on the
+    device and registered with it."""
+
+    # At interpreter exit, after displays (0) and frames (1): they may still use the context.
+    _exit_rank = 2
+
+    def __init__(self, ordinal: int) -> None:
+        cuda.init()
+        count = cuda.device_count()
+        if not 0 <= ordinal < count:
+            raise Unsupported(f"CUDA device {ordinal}", where=f"this machine ({count} CUDA device(s))")
+        self.ordinal = ordinal
+        self.handle: int = cuda.device_get(ordinal)
+        self.context: int = cuda.primary_context_retain(self.handle)
+        self._own(cuda.primary_context_release, self.handle)
+        self.info = self._query_info()
+
+    def _attribute(self, attribute: int) -> int:
+        return cuda.device_attribute(self.handle, attribute)
+
+    def _query_info(self) -> DeviceInfo:
+        name = cuda.device_name(self.handle)
+        total = cuda.device_total_memory(self.handle)
+        return DeviceInfo(
+            ordinal=self.ordinal,
+            name=name,
+            compute_capability=(
+                self._attribute(cuda.ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR),
+                self._attribute(cuda.ATTRIBUTE_COMPUTE_CAPABILITY_MINOR),
+            ),
+            integrated=bool(self._attribute(cuda.ATTRIBUTE_INTEGRATED)),
+            total_memory=total,
+        )
+
+    def make_current(self) -> None:
+        """Make this device's primary context current on the calling thread (cheap if it is)."""
+        cuda.make_current(self.context)
+
+    def memory_info(self) -> tuple[int, int]:
+        """(free, total) device memory in bytes."""
+        self.make_current()
+        return cuda.mem_get_info()
+
+    def __repr__(self) -> str:
+        return f"<CudaDevice {self.ordinal}: {self.info.name}>"
+
+
+_devices: dict[int, CudaDevice] = {}
+
+
+def get_device(ordinal: int = 0) -> CudaDevice:
+    """The process-wide :class:`CudaDevice` for a CUDA ordinal (created once, then shared)."""
+    device = _devices.get(ordinal)  # one dict read is atomic; finalizers take this path
+    if device is None:
+        created = CudaDevice(ordinal)
+        device = _devices.setdefault(ordinal, created)  # atomic: the first one made wins
+    return device

@@ -1,0 +1,601 @@
+"""Frames: :class:`Frame`, the memory a producer presents (allocated by eglcuda or wrapped), made
+of :class:`Plane` objects that hand out zero-copy views through ``__cuda_array_interface__`` and
+DLPack. A consumer's frames (:class:`eglcuda.AcquiredFrame`, in the streams layer) share
+:class:`FrameBase` and :class:`Plane`."""
+from __future__ import annotations
+
+import abc
+import enum
+import weakref
+from typing import Any, Sequence
+
+import numpy as np
+
+from .._bind import cuda
+from ..cuda_device import CudaDevice, get_device
+from ..errors import ClosedError, Unsupported, UsageError
+from .formats import (
+    SAME_GEOMETRY,
+    ColorFormat,
+    Layout,
+    PlaneGeometry,
+    check_pitch,
+    check_size,
+    color_format,
+    default_pitch,
+    _plane_geometry,
+    driver_extents,
+    layout_of,
+)
+from ._core import FrameCore, make_capsule
+from .interop import DL_CUDA, dlpack_stream, foreign_device_pointer, stream_handle
+
+PLANE_ALIGNMENT = 256  # bytes between planes of one allocation, and the default pitch alignment
+
+
+class MemoryKind(str, enum.Enum):
+    """Where an allocated frame's bytes live (section 3 of NVIDIA's Tegra memory guide).
+
+    - ``DEVICE``: GPU memory (``cuMemAlloc``). Fastest for kernels; the CPU reaches it only
+      through copies. The default, and the only kind CUDA-array frames come in.
+    - ``PINNED``: page-locked host memory mapped into the GPU's address space
+      (``cuMemHostAlloc`` with ``DEVICEMAP``), "zero-copy": kernels read and write it across the
+      bus (on Tegra: the same DRAM, but uncached on the GPU side), the CPU directly.
+    - ``MANAGED``: unified memory (``cuMemAllocManaged``), one pointer valid on both sides, which
+      the driver migrates (discrete GPUs) or keeps coherent by cache maintenance (Tegra). Pass a
+      stream to :meth:`Frame.attach` to tell the driver who uses it next.
+    """
+
+    DEVICE = "device"
+    PINNED = "pinned"
+    MANAGED = "managed"
+
+
+class Attach(str, enum.Enum):
+    """Who may touch a managed frame (``cuStreamAttachMemAsync``): every stream and the CPU
+    (``GLOBAL``), the CPU only (``HOST``), or one stream (``SINGLE``)."""
+
+    GLOBAL = "global"
+    HOST = "host"
+    SINGLE = "single"
+
+
+_ATTACH_FLAGS = {Attach.GLOBAL: cuda.MANAGED_ATTACH_GLOBAL, Attach.HOST: cuda.MANAGED_ATTACH_HOST,
+                 Attach.SINGLE: cuda.MANAGED_ATTACH_SINGLE}
+
+
+def _is_address(value: Any) -> bool:
+    """A non-null 64-bit address."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 < value < 1 << 64
+
+
+def _copy_2d(device: CudaDevice, stream: int, *, src: Any = None, dst: Any = None, width_bytes: int, height: int,
+             wait: bool = True) -> None:
+    """A stream-ordered 2D copy, then (``wait``) wait for it. ``src``/``dst``: ("device", ptr, pitch),
+    ("array", handle, 0) or ("host", ndarray, pitch)."""
+    device.make_current()
+    cuda.copy_2d(stream, src, dst, width_bytes, height, wait)
+
+
+class Plane:
+    """One plane of a frame: ``height`` rows of ``width`` elements of ``channels`` bytes.
+
+    For pitch-linear frames it is a zero-copy array view: ``cupy.asarray(plane)`` and
+    ``torch.from_dlpack(plane)`` share its memory (shape ``(height, width, channels)``, or
+    ``(height, width)`` for one channel; uint8). Planes of CUDA-array frames expose ``array``
+    (a ``CUarray`` handle) instead. A plane is valid while its frame is (an acquired frame until it
+    is released); after that every access raises :class:`ClosedError`.
+    """
+
+    __slots__ = ("_frame", "index", "geometry", "_address", "__weakref__")
+
+    def __init__(self, frame: "FrameBase", index: int, geometry: PlaneGeometry, address: int) -> None:
+        self._frame = frame
+        self.index = index
+        self.geometry = geometry
+        self._address = address
+
+    # ---- geometry ----------------------------------------------------------------------------
+    @property
+    def width(self) -> int:
+        return self.geometry.width
+
+    @property
+    def height(self) -> int:
+        return self.geometry.height
+
+    @property
+    def channels(self) -> int:
+        return self.geometry.channels
+
+    @property
+    def pitch(self) -> int:
+        """Bytes between rows (0 for CUDA-array planes)."""
+        return self.geometry.pitch
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        g = self.geometry
+        return (g.height, g.width, g.channels) if g.channels > 1 else (g.height, g.width)
+
+    @property
+    def strides(self) -> tuple[int, ...]:
+        """Byte strides of :attr:`shape`."""
+        g = self.geometry
+        return (g.pitch, g.channels, 1) if g.channels > 1 else (g.pitch, 1)
+
+    @property
+    def read_only(self) -> bool:
+        return self._frame.read_only
+
+    @property
+    def pointer(self) -> int:
+        """The device address of the plane's first byte (pitch-linear frames only)."""
+        self._frame._check_usable()
+        if self._frame.layout is not Layout.PITCH:
+            raise UsageError("a CUDA-array plane has no device pointer; use .array")
+        return self._address
+
+    @property
+    def array(self) -> int:
+        """The plane's ``CUarray`` handle (CUDA-array frames only)."""
+        self._frame._check_usable()
+        if self._frame.layout is not Layout.ARRAY:
+            raise UsageError("a pitch-linear plane has no CUDA array; use .pointer")
+        return self._address
+
+    # ---- zero-copy protocols -----------------------------------------------------------------
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        stream = self._frame.cuda_stream
+        return {
+            "shape": self.shape,
+            "strides": self.strides,
+            "typestr": "|u1",
+            "data": (self.pointer, self.read_only),
+            "version": 3,
+            # v3: None = nothing to wait for; the legacy default stream is spelled 1.
+            "stream": None if stream is None else (stream or 1),
+        }
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (DL_CUDA, self._frame.device.ordinal)
+
+    def __dlpack__(self, *, stream: Any = None, max_version: tuple[int, int] | None = None,
+                   dl_device: tuple[int, int] | None = None, copy: bool | None = None) -> Any:
+        """A DLPack capsule sharing this plane's memory. If the consumer names a ``stream``,
+        that stream is made to wait for the frame's work first (no host wait)."""
+        pointer = self.pointer
+        if copy:
+            raise BufferError("eglcuda planes export without copying only (copy=True refused)")
+        if dl_device is not None and tuple(dl_device) != self.__dlpack_device__():
+            raise BufferError(f"plane lives on {self.__dlpack_device__()}, not {dl_device}")
+        consumer_stream = dlpack_stream(stream)
+        if consumer_stream is not None:
+            self._frame._order_before(consumer_stream)
+        # Only a 1.0 capsule can say read-only; with an unversioned one, consumers of acquired
+        # frames must still only read (EGLStream's rule).
+        versioned = max_version is not None and tuple(max_version) >= (1, 0)
+        return make_capsule(self._frame, pointer, self._frame.device.ordinal, self.shape, self.strides,
+                            self.read_only, versioned)
+
+    # ---- copies --------------------------------------------------------------------------------
+    def _location(self, writing: bool = False) -> tuple[str, int, int]:
+        """The plane as a copy endpoint for :func:`_copy_2d` (checks it is usable first)."""
+        frame = self._frame
+        frame._check_usable()
+        if writing and self.read_only:
+            raise UsageError("this plane is read-only (a consumer must not write into an acquired frame)")
+        if frame.layout is Layout.ARRAY:
+            return ("array", self._address, 0)
+        return ("device", self._address, self.geometry.pitch)
+
+    def to_numpy(self) -> np.ndarray:
+        """A host copy of the plane (for debugging and tests), shaped like :attr:`shape`."""
+        source = self._location()
+        frame = self._frame
+        out = np.empty(self.shape, np.uint8)
+        g = self.geometry
+        _copy_2d(frame.device, frame.cuda_stream or 0, src=source, dst=("host", out, g.row_bytes),
+                 width_bytes=g.row_bytes, height=g.height)
+        return out
+
+    def copy_from(self, data: np.ndarray) -> None:
+        """Upload host data of this plane's :attr:`shape` (uint8) into the plane."""
+        target = self._location(writing=True)
+        frame = self._frame
+        data = np.ascontiguousarray(data)
+        if data.dtype != np.uint8 or data.size != self.height * self.geometry.row_bytes:
+            raise UsageError(f"expected uint8 data of shape {self.shape}, got {data.dtype} {data.shape}")
+        g = self.geometry
+        _copy_2d(frame.device, frame.cuda_stream or 0, src=("host", data, g.row_bytes), dst=target,
+                 width_bytes=g.row_bytes, height=g.height)
+
+    def copy_to_device(self, pointer: int, pitch: int, cuda_stream: Any = None) -> None:
+        """Queue a copy of the plane into linear device memory (``pitch`` bytes per row) on
+        ``cuda_stream`` (default: the frame's stream); does not wait."""
+        source = self._location()
+        frame = self._frame
+        g = self.geometry
+        stream = (frame.cuda_stream or 0) if cuda_stream is None else stream_handle(cuda_stream)
+        _copy_2d(frame.device, stream, src=source, dst=("device", pointer, pitch), width_bytes=g.row_bytes,
+                 height=g.height, wait=False)
+
+    def copy_from_device(self, pointer: int, pitch: int, cuda_stream: Any = None) -> None:
+        """Queue a copy from linear device memory (``pitch`` bytes per row) into the plane on
+        ``cuda_stream`` (default: the legacy default stream); does not wait."""
+        target = self._location(writing=True)
+        frame = self._frame
+        g = self.geometry
+        _copy_2d(frame.device, stream_handle(cuda_stream), src=("device", pointer, pitch), dst=target,
+                 width_bytes=g.row_bytes, height=g.height, wait=False)
+
+    def __repr__(self) -> str:
+        return f"<Plane {self.index} {self.width}x{self.height}x{self.channels} pitch {self.pitch}>"
+
+
+def order_after(device: CudaDevice, own_stream: int | None, consumer_stream: int) -> None:
+    """Make ``consumer_stream`` wait for the work queued so far on ``own_stream`` (a frame's
+    stream), without blocking the host."""
+    if own_stream is None or own_stream == consumer_stream:
+        return
+    device.make_current()
+    cuda.order_streams(own_stream, consumer_stream)
+
+
+class FrameBase(abc.ABC):
+    """What producer and consumer frames share: geometry, planes, usability checks.
+    (:class:`eglcuda.AcquiredFrame` is registered as one.)"""
+
+    __slots__ = ()
+
+    width: int
+    height: int
+    format: ColorFormat
+    layout: Layout
+    pitch: int
+    device: CudaDevice
+    read_only: bool = False
+    _planes: tuple["Plane", ...]
+
+    @property
+    def cuda_stream(self) -> int | None:
+        """The ``CUstream`` the frame's data is ordered on (None: no ordering needed)."""
+        return None
+
+    @property
+    def planes(self) -> tuple[Plane, ...]:
+        self._check_usable()
+        return self._planes
+
+    @abc.abstractmethod
+    def _check_usable(self) -> None:
+        """Raise :class:`ClosedError` unless the frame's memory may be used."""
+
+    def _order_before(self, consumer_stream: int) -> None:
+        """Make ``consumer_stream`` wait for the frame's stream, without blocking the host."""
+        order_after(self.device, self.cuda_stream, consumer_stream)
+
+    def to_numpy(self) -> list[np.ndarray]:
+        """Host copies of every plane (debugging)."""
+        return [plane.to_numpy() for plane in self.planes]
+
+    def __getitem__(self, index: int) -> Plane:
+        return self.planes[index]
+
+    def __len__(self) -> int:
+        return len(self.planes)
+
+
+class _HostView:
+    """Hands NumPy a host address through ``__array_interface__`` while keeping the frame alive
+    as long as the array (NumPy keeps this object as the array's base)."""
+
+    __slots__ = ("frame", "__array_interface__", "__weakref__")
+
+    def __init__(self, frame: "Frame", interface: dict[str, Any]) -> None:
+        self.frame = frame
+        self.__array_interface__ = interface
+        frame._host_views.add(self)
+
+
+def _allocate_linear(device: CudaDevice, memory: MemoryKind, size: int, what: str) -> tuple[int, int | None, int]:
+    """``size`` bytes of ``memory``: (device address, host address or None, the address to free)."""
+    if memory is MemoryKind.DEVICE:
+        pointer = cuda.mem_alloc(size, f"allocating {what} in device memory")
+        return pointer, None, pointer
+    if memory is MemoryKind.PINNED:
+        if not device._attribute(cuda.ATTRIBUTE_CAN_MAP_HOST_MEMORY):
+            raise Unsupported("mapped pinned host memory", where=f"CUDA device {device.ordinal}")
+        host, pointer = cuda.host_alloc_mapped(size, f"allocating {what} in pinned host memory")
+        return pointer, host, host
+    if not device._attribute(cuda.ATTRIBUTE_MANAGED_MEMORY):
+        raise Unsupported("managed (unified) memory", where=f"CUDA device {device.ordinal}")
+    pointer = cuda.mem_alloc_managed(size, f"allocating {what} in managed memory")
+    return pointer, pointer, pointer
+
+
+def _check_driver_extents(device: CudaDevice, fmt: ColorFormat, width: int, height: int, pitch: int,
+                          addresses: Sequence[int]) -> None:
+    """Raise :class:`UsageError` when wrapped memory ends before what the driver reads of a plane.
+
+    Only planes the driver reads past (the half-pitch chroma planes of YUV420_PLANAR, see
+    :func:`driver_extents`) are checked; left alone, such a frame works or fails at acquire
+    depending on what the allocator put after it. Memory the driver cannot place (not from a
+    CUDA allocation call) is left to the driver."""
+    geometry = _plane_geometry(fmt, width, height, pitch)
+    extents = driver_extents(fmt, width, height, pitch)
+    if all(e <= g.nbytes for e, g in zip(extents, geometry)):
+        return
+    device.make_current()
+    for index, (address, extent, g) in enumerate(zip(addresses, extents, geometry)):
+        allocation = None if extent <= g.nbytes else cuda.address_range(address)
+        if allocation is None:
+            continue
+        available = allocation[0] + allocation[1] - address
+        if available < extent:
+            raise UsageError(
+                f"plane {index} of this {fmt.name} frame needs {extent} bytes of its allocation from its start "
+                f"(the CUDA driver reads every plane as rows {pitch} bytes apart), but the allocation ends "
+                f"{available} bytes after it: allocate {extent - available} more bytes after that plane "
+                f"(Frame.allocate does)")
+
+
+def _free_frame(ordinal: int, layout: Layout, addresses: tuple[int, ...], wrapped: Any,
+                memory: MemoryKind = MemoryKind.DEVICE) -> None:
+    """Finalizer: free what eglcuda allocated (nothing for wrapped memory). Never raises."""
+    try:
+        if wrapped is not None:
+            release = getattr(wrapped, "release", None)
+            if callable(release):
+                release()
+            return
+        device = get_device(ordinal)
+        device.make_current()
+        if layout is Layout.ARRAY:
+            for handle in addresses:
+                cuda.array_destroy(handle)
+        elif memory is MemoryKind.PINNED:
+            cuda.host_free(addresses[0])
+        else:
+            cuda.mem_free(addresses[0])
+    except Exception:  # pragma: no cover - finalizers must not raise
+        pass
+
+
+class Frame(FrameCore, FrameBase):
+    """A frame a CUDA producer presents: device memory of a size, color format and layout.
+
+    Make one with :meth:`allocate` (eglcuda owns the memory and frees it on :meth:`close` or
+    garbage collection) or wrap memory allocated elsewhere, without copying, with
+    :meth:`from_arrays` (objects with ``__cuda_array_interface__``: CuPy, PyTorch, Numba) or
+    :meth:`from_pointer` (a raw device pointer and its geometry). Wrapped memory is never freed by
+    eglcuda; the wrapped objects are kept alive as long as the frame.
+
+    Once presented on a stream the frame belongs to the stream until the producer disconnects
+    (the driver's rule): it cannot be closed before.
+    """
+
+    def __init__(self, *, width: int, height: int, format: ColorFormat, layout: Layout, pitch: int,
+                 device: CudaDevice, addresses: tuple[int, ...], plane_addresses: tuple[int, ...],
+                 owned: bool, keep: Any = None, memory: MemoryKind = MemoryKind.DEVICE,
+                 host_address: int | None = None) -> None:
+        self.width = width
+        self.memory = memory
+        self._host_address = host_address  # where the CPU sees plane 0 (pinned and managed frames)
+        self._host_views: weakref.WeakSet[_HostView] = weakref.WeakSet()
+        self._closed_early = False  # closed by the user while host views lived: freed when they die
+        self.height = height
+        self.format = format
+        self.layout = layout
+        self.pitch = pitch
+        self.device = device
+        self.owned = owned
+        self._keep = keep
+        geometry = _plane_geometry(format, width, height, pitch if layout is Layout.PITCH else 0)
+        # (geometry, address) of each plane. The Plane objects are made when asked for and kept
+        # only weakly: a plane keeps its frame alive, so a frame holding its planes would be a
+        # reference cycle, and the frame's device memory would wait for the cycle collector.
+        self._plane_specs = tuple(zip(geometry, plane_addresses))
+        self._plane_refs: tuple[weakref.ReferenceType[Plane], ...] = ()
+        # The driver's description, built once: present passes it without allocating.
+        self._describe(layout is Layout.ARRAY, tuple(plane_addresses), width, height,
+                       pitch if layout is Layout.PITCH else 0, geometry[0].channels, int(format))
+        self._own(_free_frame, device.ordinal, layout, addresses if owned else (), None if owned else keep, memory)
+
+    @property
+    def _planes(self) -> tuple[Plane, ...]:  # type: ignore[override]
+        held = tuple(ref() for ref in self._plane_refs)
+        if held and None not in held:
+            return held  # type: ignore[return-value]  # None was ruled out just above
+        planes = tuple(Plane(self, i, g, a) for i, (g, a) in enumerate(self._plane_specs))
+        self._plane_refs = tuple(weakref.ref(plane) for plane in planes)
+        return planes
+
+    # ---- construction ------------------------------------------------------------------------
+    @classmethod
+    def allocate(cls, width: int, height: int, format: ColorFormat | str = ColorFormat.ARGB,
+                 layout: Layout | str = Layout.PITCH, device: int | CudaDevice = 0,
+                 pitch_alignment: int = PLANE_ALIGNMENT, memory: MemoryKind | str = MemoryKind.DEVICE) -> "Frame":
+        """Allocate a frame. Pitch-linear frames get one allocation with the planes
+        ``pitch_alignment`` bytes aligned, in the ``memory`` kind asked for (see
+        :class:`MemoryKind`); CUDA-array frames get one array per plane, in device memory."""
+        try:
+            memory = MemoryKind(memory)
+        except ValueError:
+            raise UsageError(f"memory is one of {[m.value for m in MemoryKind]}, got {memory!r}") from None
+        fmt = color_format(format)
+        if fmt in SAME_GEOMETRY:
+            fmt = SAME_GEOMETRY[fmt]
+        check_size(width, height, fmt)
+        layout = layout_of(layout)
+        if pitch_alignment < 1 or pitch_alignment & (pitch_alignment - 1):
+            raise UsageError(f"pitch_alignment must be a power of two, got {pitch_alignment}")
+        if layout is Layout.ARRAY and memory is not MemoryKind.DEVICE:
+            raise UsageError(f"CUDA-array frames live in device memory; {memory.value} memory needs layout='pitch'")
+        device = device if isinstance(device, CudaDevice) else get_device(device)
+        device.make_current()
+        if layout is Layout.ARRAY:
+            handles = []
+            try:
+                for g in _plane_geometry(fmt, width, height, 0):
+                    handles.append(cuda.array_create(g.width, g.height, g.channels, f"allocating a {fmt.name} plane"))
+            except BaseException:
+                for h in handles:
+                    cuda.array_destroy(h)
+                raise
+            return cls(width=width, height=height, format=fmt, layout=layout, pitch=0, device=device,
+                       addresses=tuple(handles), plane_addresses=tuple(handles), owned=True)
+        pitch = default_pitch(fmt, width, pitch_alignment)
+        offsets, total = [], 0
+        for g in _plane_geometry(fmt, width, height, pitch):
+            offsets.append(total)
+            total += -(-g.pitch * g.height // PLANE_ALIGNMENT) * PLANE_ALIGNMENT
+        # Room for what the driver reads past a half-pitch plane (see driver_extents).
+        total = max(total, *(o + e for o, e in zip(offsets, driver_extents(fmt, width, height, pitch))))
+        base, host, owned_address = _allocate_linear(device, memory, total, f"a {width}x{height} {fmt.name} frame")
+        return cls(width=width, height=height, format=fmt, layout=layout, pitch=pitch, device=device,
+                   addresses=(owned_address,), plane_addresses=tuple(base + o for o in offsets), owned=True,
+                   memory=memory, host_address=host)
+
+    @classmethod
+    def from_pointer(cls, pointer: int | Sequence[int], width: int, height: int, pitch: int,
+                     format: ColorFormat | str = ColorFormat.ARGB, device: int | CudaDevice = 0,
+                     owner: Any = None) -> "Frame":
+        """Wrap device memory at ``pointer`` without copying. ``pointer`` is one address (planes
+        follow each other, each ``pitch_i * height_i`` bytes) or one address per plane. ``owner``
+        is kept alive as long as the frame."""
+        fmt = color_format(format)
+        check_size(width, height, fmt)
+        check_pitch(fmt, width, pitch)
+        geometry = _plane_geometry(fmt, width, height, pitch)
+        if isinstance(pointer, int) and not isinstance(pointer, bool):
+            addresses, at = [], pointer
+            for g in geometry:
+                addresses.append(at)
+                at += g.pitch * g.height
+        elif isinstance(pointer, (list, tuple)):
+            addresses = list(pointer)
+        else:
+            raise UsageError(f"pointer is a device address (int) or one per plane, got {type(pointer).__name__}")
+        if len(addresses) != len(geometry) or not all(_is_address(a) for a in addresses) \
+                or not _is_address(addresses[-1] + geometry[-1].pitch * geometry[-1].height - 1):
+            raise UsageError(f"a {fmt.name} frame needs {len(geometry)} non-null 64-bit plane address(es) whose "
+                             f"planes end below 2**64, got {pointer!r}")
+        device = device if isinstance(device, CudaDevice) else get_device(device)
+        _check_driver_extents(device, fmt, width, height, pitch, addresses)
+        return cls(width=width, height=height, format=fmt, layout=Layout.PITCH, pitch=pitch, device=device,
+                   addresses=(), plane_addresses=tuple(addresses), owned=False, keep=owner)
+
+    @classmethod
+    def from_arrays(cls, arrays: Any, width: int | None = None, height: int | None = None,
+                    format: ColorFormat | str = ColorFormat.ARGB, device: int | CudaDevice = 0) -> "Frame":
+        """Wrap one CUDA array per plane (``__cuda_array_interface__``: CuPy, PyTorch, Numba)
+        without copying. Each must be uint8, shaped ``(height, width[, channels])`` for its plane,
+        with contiguous rows; plane 0's row stride is the frame's pitch and the others must follow
+        the pitch convention of :mod:`eglcuda._formats`."""
+        fmt = color_format(format)
+        if not isinstance(arrays, (list, tuple)):
+            arrays = [arrays]
+        if not arrays:
+            raise UsageError("from_arrays needs one array per plane, got none")
+        described = [foreign_device_pointer(a) for a in arrays]
+        pointer0, shape0, strides0, _, _ = described[0]
+        if len(shape0) not in (2, 3):
+            raise UsageError(f"plane 0 must be (height, width) or (height, width, channels), got shape {shape0}")
+        height = height if height is not None else shape0[0]
+        width = width if width is not None else shape0[1]
+        check_size(width, height, fmt)
+        pitch = strides0[0] if strides0 else int(np.prod(shape0[1:]))
+        check_pitch(fmt, width, pitch)
+        geometry = _plane_geometry(fmt, width, height, pitch)
+        if len(described) != len(geometry):
+            raise UsageError(f"a {fmt.name} frame has {len(geometry)} plane(s), got {len(described)} array(s)")
+        for i, ((pointer, shape, strides, typestr, _), g) in enumerate(zip(described, geometry)):
+            expected = (g.height, g.width, g.channels) if g.channels > 1 else (g.height, g.width)
+            # (height, width, 1) is how some libraries describe one-channel planes (PyNvVideoCodec's Y).
+            accepted = (expected, (g.height, g.row_bytes), (g.height, g.width, g.channels))
+            if typestr not in ("|u1", "<u1") or tuple(shape) not in accepted:
+                raise UsageError(f"plane {i} must be uint8 of shape {expected}, got {typestr} {tuple(shape)}")
+            if not _is_address(pointer):
+                raise UsageError(f"plane {i} has no usable device address ({pointer!r})")
+            row = strides[0] if strides else g.row_bytes
+            inner_ok = strides is None or tuple(strides[1:]) in ((g.channels, 1), (1,), (1, 1))
+            if row != g.pitch or not inner_ok:
+                raise UsageError(f"plane {i} rows must be {g.pitch} bytes apart with contiguous pixels, got strides {strides}")
+        device = device if isinstance(device, CudaDevice) else get_device(device)
+        _check_driver_extents(device, fmt, width, height, pitch, [d[0] for d in described])
+        return cls(width=width, height=height, format=fmt, layout=Layout.PITCH, pitch=pitch, device=device,
+                   addresses=(), plane_addresses=tuple(d[0] for d in described), owned=False, keep=list(arrays))
+
+    # ---- memory kinds ------------------------------------------------------------------------
+    def host_array(self, plane: int = 0) -> np.ndarray:
+        """A NumPy view of a pinned or managed frame's plane in place: the CPU reads and writes
+        the frame's own bytes, no copy. Order it with the GPU yourself (synchronize the stream
+        that last wrote the frame before reading; for managed frames see :meth:`attach`).
+
+        The view keeps the memory alive: closing the frame while views exist makes the frame
+        unusable at once but frees its memory only when the last view is gone."""
+        self._check_usable()
+        if self._host_address is None:
+            raise UsageError(f"a {self.memory.value}-memory frame has no host view; allocate it with "
+                             "memory='pinned' or 'managed' (or use to_numpy() for a copy)")
+        chosen = self.planes[plane]
+        interface = {"shape": chosen.shape, "strides": chosen.strides, "typestr": "|u1", "version": 3,
+                     "data": (self._host_address + chosen._address - self.key, False)}
+        return np.asarray(_HostView(self, interface))
+
+    def attach(self, to: Attach | str, cuda_stream: Any = None) -> None:
+        """Tell the driver who touches this managed frame next (``cuStreamAttachMemAsync``,
+        queued on ``cuda_stream``): ``"host"`` before CPU work, ``"global"`` before GPU work on
+        any stream, ``"single"`` for work on ``cuda_stream`` only. This is the guide's tool on
+        Tegra, where ``cudaMemPrefetchAsync`` is not available; it takes effect in stream order."""
+        self._check_usable()
+        try:
+            to = Attach(to)
+        except ValueError:
+            raise UsageError(f"attach to one of {[a.value for a in Attach]}, got {to!r}") from None
+        if self.memory is not MemoryKind.MANAGED:
+            raise UsageError(f"only managed frames can be attached, this one is {self.memory.value} memory")
+        stream = stream_handle(cuda_stream)
+        if to is Attach.SINGLE and stream == 0:
+            raise UsageError("attach('single') needs the stream it attaches to, not the default stream")
+        self.device.make_current()
+        cuda.attach_managed(stream, self.key, _ATTACH_FLAGS[to])
+
+    def _is_managed(self) -> bool:
+        """Whether plane 0 is managed memory: allocated so here, or wrapped memory the driver
+        reports as managed (CuPy's or PyTorch's managed allocations, a raw managed pointer)."""
+        if self.memory is MemoryKind.MANAGED:
+            return True
+        if self.layout is not Layout.PITCH or self.owned:
+            return False
+        self.device.make_current()
+        return cuda.pointer_is_managed(self.key)
+
+    # ---- state -------------------------------------------------------------------------------
+    @property
+    def closed(self) -> bool:
+        return self._closed_early or super().closed
+
+    def _check_usable(self) -> None:
+        if self.closed:
+            raise ClosedError("the frame is closed")
+
+    def close(self) -> None:
+        """Free the frame's memory (if eglcuda allocated it). Safe to call twice. Raises
+        :class:`UsageError` while the frame belongs to a connected producer."""
+        if self.presented:
+            raise UsageError("the frame was presented on a producer that is still connected; "
+                             "the driver may still use it: disconnect the producer first")
+        if len(self._host_views):
+            # NumPy arrays still point into the memory: free it when the last one goes (they
+            # hold this frame), not now, which would leave them dangling.
+            self._closed_early = True
+            return
+        super().close()
+
+    def __repr__(self) -> str:
+        state = " closed" if self.closed else ""
+        memory = "" if self.memory is MemoryKind.DEVICE else f" {self.memory.value}"
+        return f"<Frame {self.width}x{self.height} {self.format.name} {self.layout.value}{memory}{state}>"

@@ -1,0 +1,60 @@
+"""Zero-copy views for other libraries: ``__cuda_array_interface__`` (v3) and DLPack, and the
+conversions of foreign CUDA streams and arrays into raw handles. (DLPack capsules are made by
+the compiled part of this layer, :mod:`eglcuda.frames._core`.)"""
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import UsageError
+
+# DLPack device type and the stream numbers the protocol reserves (CUDA).
+DL_CUDA = 2
+_LEGACY_DEFAULT_STREAM = 1
+_PER_THREAD_DEFAULT_STREAM = 2
+CU_STREAM_PER_THREAD = 0x2
+
+
+def stream_handle(stream: Any) -> int:
+    """A raw ``CUstream`` (int) from None (the legacy default stream), an int, or a stream object
+    of cuda.core (``__cuda_stream__``), CuPy (``.ptr``), PyTorch (``.cuda_stream``) or
+    cuda-python (``CUstream``, ``int()``-able)."""
+    if stream is None:
+        return 0
+    if isinstance(stream, int) and not isinstance(stream, bool):
+        return stream
+    protocol = getattr(stream, "__cuda_stream__", None)
+    if protocol is not None:
+        return int(protocol()[1])
+    for attribute in ("ptr", "cuda_stream", "handle"):
+        value = getattr(stream, attribute, None)
+        if isinstance(value, int):
+            return value
+    try:
+        return int(stream)
+    except (TypeError, ValueError):
+        raise UsageError(f"cannot take a CUDA stream from {type(stream).__name__}") from None
+
+
+def dlpack_stream(stream: Any) -> int | None:
+    """The ``CUstream`` a DLPack consumer named in ``__dlpack__(stream=...)``."""
+    if stream is None:
+        return None
+    if stream == _LEGACY_DEFAULT_STREAM:
+        return 0
+    if stream == _PER_THREAD_DEFAULT_STREAM:
+        return CU_STREAM_PER_THREAD
+    if stream == 0:
+        raise UsageError("stream 0 is ambiguous for CUDA in DLPack; pass 1 (legacy default) or 2 (per-thread)")
+    return stream_handle(stream)
+
+
+def foreign_device_pointer(obj: Any) -> tuple[int, tuple[int, ...], tuple[int, ...] | None, str, Any]:
+    """(pointer, shape, strides in bytes or None, typestr, stream) of a foreign CUDA array, from
+    ``__cuda_array_interface__``. DLPack-only objects are taken through ``torch``-free means:
+    their capsule is not parsed here; pass ``__cuda_array_interface__`` objects or raw pointers."""
+    interface = getattr(obj, "__cuda_array_interface__", None)
+    if interface is None:
+        raise UsageError(f"{type(obj).__name__} has no __cuda_array_interface__")
+    pointer, _read_only = interface["data"]
+    return int(pointer), tuple(interface["shape"]), (tuple(interface["strides"]) if interface.get("strides") else None), \
+        interface["typestr"], interface.get("stream")

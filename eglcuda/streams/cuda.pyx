@@ -1,0 +1,1184 @@
+# cython: language_level=3
+"""CUDA endpoints of an EGLStream (section 4.1 of NVIDIA's EGL interop guide): :class:`CudaProducer`,
+:class:`CudaConsumer` and the :class:`AcquiredFrame` a consumer lends out.
+
+The whole frame path reads top to bottom here. A frame goes
+``present`` -> driver (``producer_present``) -> ``acquire`` (``consumer_acquire``: acquire, map,
+number) -> ``AcquiredFrame.release`` -> ``return_frame`` (the driver hands the buffer back).
+Every driver step is one call into the fused C helpers of csrc/helpers.c, reached through the
+table declared in csrc/hot_api.h; this module and the helpers compile the same declarations, so a
+changed signature or constant fails at build time. The per-frame calls release the GIL for the
+driver and allocate nothing in the common case; checks, messages and rare paths are ordinary
+methods below.
+"""
+from cpython.long cimport PyLong_AsLongLongAndOverflow
+from cpython.pythread cimport PyThread_get_thread_ident
+from cpython.ref cimport PyObject, _Py_REFCNT
+from libc.stdint cimport uint64_t, uintptr_t
+from libc.string cimport memset
+from posix.time cimport CLOCK_REALTIME, clock_gettime, timespec
+
+from eglcuda._resource cimport Resource
+from eglcuda.frames._core cimport CU_EGL_FRAME_TYPE_ARRAY, CUeglFrame, FrameCore, ProducerLink
+
+import time
+import weakref
+
+from .._bind.cuda import cuda_error
+from .._bind import cuda_egl as _driver
+from .._bind.egl import address, clear_error as clear_egl_error
+from .._bind.hot import table_address
+from .._resource import abandon, exiting
+from ..errors import ClosedError, StreamDisconnected, Timeout, Unsupported, UsageError
+from ..frames.formats import ColorFormat, Layout, _plane_geometry, check_size, color_format, layout_of
+from ..frames.frame import Frame, FrameBase, Plane, order_after
+from ..frames.interop import stream_handle
+from .stream import ResourceLocation, StreamState, check_microseconds
+
+cdef extern from "eglcuda_types.h" nogil:
+    ctypedef int CUresult
+    ctypedef void *CUcontext
+    ctypedef void *CUstream
+    ctypedef void *CUgraphicsResource
+    ctypedef void *CUeglStreamConnection
+    ctypedef void *EGLDisplay
+    ctypedef void *EGLStreamKHR
+    ctypedef uint64_t EGLuint64KHR
+
+    struct eglcuda_hot_api:
+        unsigned int version
+        unsigned int size
+        CUresult (*ensure_current)(CUcontext) noexcept nogil
+        CUresult (*producer_present)(CUcontext, CUeglStreamConnection *, const CUeglFrame *,
+                                     CUstream *, int *) noexcept nogil
+        CUresult (*producer_return)(CUcontext, CUeglStreamConnection *, CUeglFrame *, CUstream *,
+                                    unsigned long long, unsigned long long *, int *) noexcept nogil
+        CUresult (*producer_present_return)(CUcontext, CUeglStreamConnection *, const CUeglFrame *, CUstream *,
+                                            CUeglFrame *, CUstream *, unsigned long long, unsigned long long *,
+                                            int *) noexcept nogil
+        CUresult (*consumer_acquire)(CUcontext, CUeglStreamConnection *, CUgraphicsResource *, CUstream *,
+                                     unsigned int, CUeglFrame *, EGLDisplay, EGLStreamKHR, EGLuint64KHR *,
+                                     int *) noexcept nogil
+        CUresult (*consumer_next)(CUcontext, CUeglStreamConnection *, CUgraphicsResource, CUgraphicsResource *,
+                                  CUstream *, unsigned int, CUeglFrame *, EGLDisplay, EGLStreamKHR,
+                                  EGLuint64KHR *, int *) noexcept nogil
+        CUresult (*consumer_release)(CUcontext, CUeglStreamConnection *, CUgraphicsResource,
+                                     CUstream *, int *) noexcept nogil
+        CUresult (*consumer_counter)(EGLDisplay, EGLStreamKHR, EGLuint64KHR *) noexcept nogil
+
+    enum:
+        EGLCUDA_HOT_API_VERSION
+        EGLCUDA_CALL_CONTEXT
+        EGLCUDA_CALL_ACQUIRE
+        EGLCUDA_CALL_MAP
+        EGLCUDA_CALL_COUNTER
+        EGLCUDA_CALL_RELEASE
+        EGLCUDA_CALL_PRESENT
+        EGLCUDA_CALL_RETURN
+        EGLCUDA_MAX_FRAMES_IN_FLIGHT
+        EGLCUDA_DEFAULT_ACQUIRE_TIMEOUT_US
+        CUDA_ERROR_LAUNCH_TIMEOUT
+
+# A weak reference list is what keeps an acquired frame from being reused (see _frame_for).
+cdef extern from *:
+    """
+    static int eglcuda_has_weakrefs(PyObject *o)
+    {
+        Py_ssize_t offset = Py_TYPE(o)->tp_weaklistoffset;
+        return offset > 0 && *(PyObject **)((char *)o + offset) != NULL;
+    }
+    """
+    bint has_weakrefs "eglcuda_has_weakrefs" (PyObject *o)
+
+MAX_FRAMES_IN_FLIGHT = EGLCUDA_MAX_FRAMES_IN_FLIGHT
+DEFAULT_ACQUIRE_TIMEOUT_US = EGLCUDA_DEFAULT_ACQUIRE_TIMEOUT_US
+cdef enum:
+    MAX_TIMEOUT_US = 0x7FFFFFFF  # what the driver's unsigned int microseconds take, kept positive
+
+cdef class CudaConsumer
+
+# Which call a fused helper says failed, for messages.
+CALL_NAMES = {EGLCUDA_CALL_CONTEXT: "cuCtxSetCurrent", EGLCUDA_CALL_ACQUIRE: "cuEGLStreamConsumerAcquireFrame",
+              EGLCUDA_CALL_MAP: "cuGraphicsResourceGetMappedEglFrame", EGLCUDA_CALL_COUNTER: "eglQueryStreamu64KHR",
+              EGLCUDA_CALL_RELEASE: "cuEGLStreamConsumerReleaseFrame",
+              EGLCUDA_CALL_PRESENT: "cuEGLStreamProducerPresentFrame",
+              EGLCUDA_CALL_RETURN: "cuEGLStreamProducerReturnFrame"}
+
+# ---- the helper table ---------------------------------------------------------------------------
+
+cdef const eglcuda_hot_api *hot = NULL
+
+
+cdef void _install(uintptr_t table) except *:
+    global hot
+    cdef const eglcuda_hot_api *candidate = <const eglcuda_hot_api *>table
+    if candidate == NULL or candidate.version != EGLCUDA_HOT_API_VERSION or candidate.size != sizeof(eglcuda_hot_api):
+        raise ImportError("eglcuda's compiled parts come from different builds (the per-frame helper table "
+                          "does not match): reinstall eglcuda")
+    hot = candidate
+
+_install(table_address())
+
+# ---- the endpoint gate --------------------------------------------------------------------------
+# One thread at a time inside an endpoint's calls, which release the GIL for the driver. The common
+# case (nobody inside, nobody waiting) is a flag read and written with the GIL held, no atomic
+# instruction and no clock read; a thread that finds the gate busy waits on a condition variable
+# without the GIL. A thread leaving while others wait hands the gate over (it stays busy until a
+# waiter claims it), so a thread calling in a tight loop cannot keep taking it back: close() from
+# another thread gets in. The thread inside is remembered, so that re-entry from it (a signal
+# handler, a weak reference callback, a garbage collector finalizer calling into the same endpoint)
+# raises instead of waiting forever for itself.
+
+cdef extern from "<pthread.h>" nogil:
+    ctypedef struct pthread_mutex_t:
+        pass
+    ctypedef struct pthread_cond_t:
+        pass
+    int pthread_mutex_init(pthread_mutex_t *, const void *)
+    int pthread_mutex_destroy(pthread_mutex_t *)
+    int pthread_mutex_lock(pthread_mutex_t *)
+    int pthread_mutex_unlock(pthread_mutex_t *)
+    int pthread_cond_init(pthread_cond_t *, const void *)
+    int pthread_cond_destroy(pthread_cond_t *)
+    int pthread_cond_wait(pthread_cond_t *, pthread_mutex_t *)
+    int pthread_cond_timedwait(pthread_cond_t *, pthread_mutex_t *, const timespec *)
+    int pthread_cond_broadcast(pthread_cond_t *)
+
+cdef extern from *:
+    """
+    #define eglcuda_load(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
+    #define eglcuda_store(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
+    """
+    int atomic_load "eglcuda_load" (int *) nogil
+    void atomic_store "eglcuda_store" (int *, int) nogil
+
+cdef struct Gate:
+    int busy         # someone is inside, or the gate is being handed to a waiter
+    int handoff      # busy only because it is being handed over: the first earlier waiter takes it
+    int leaves       # how many times a thread left with others waiting (handoffs made)
+    int waiters      # threads waiting to enter; only touched with the GIL held
+    long owner       # the thread inside
+    pthread_mutex_t mutex
+    pthread_cond_t cond
+
+
+cdef int gate_init(Gate *gate) except -1:
+    memset(gate, 0, sizeof(Gate))
+    if pthread_mutex_init(&gate.mutex, NULL) != 0:
+        raise MemoryError("initializing an endpoint's gate")
+    if pthread_cond_init(&gate.cond, NULL) != 0:
+        pthread_mutex_destroy(&gate.mutex)
+        raise MemoryError("initializing an endpoint's gate")
+    return 0
+
+
+cdef void gate_init_noexcept(Gate *gate) noexcept:
+    memset(gate, 0, sizeof(Gate))
+    pthread_mutex_init(&gate.mutex, NULL)
+    pthread_cond_init(&gate.cond, NULL)
+
+
+cdef void gate_destroy(Gate *gate) noexcept:
+    pthread_cond_destroy(&gate.cond)
+    pthread_mutex_destroy(&gate.mutex)
+
+
+cdef inline bint gate_free_for_me(Gate *gate, int arrived) noexcept nogil:
+    # A handoff is for the threads that were already waiting when it was made (arrived before
+    # it): the thread that just left cannot take its own handoff back.
+    return not atomic_load(&gate.busy) or (atomic_load(&gate.handoff) and atomic_load(&gate.leaves) != arrived)
+
+
+cdef bint gate_wait(Gate *gate, str endpoint, const timespec *deadline) except -1:
+    """Enter (GIL held), waiting for the thread inside without the GIL; ``deadline`` (absolute,
+    CLOCK_REALTIME) or NULL for no limit. False when the deadline passed first."""
+    cdef long me = PyThread_get_thread_ident()
+    cdef int timed_out = 0
+    cdef int arrived
+    if not gate.busy and not gate.waiters:
+        gate.busy = 1
+        gate.owner = me
+        return True
+    if gate.owner == me and not gate.handoff:
+        raise UsageError(f"the {endpoint} was called again from inside one of its own calls on the same thread "
+                         "(a signal handler, weak reference callback or finalizer): that call would wait for "
+                         "itself forever; defer the work until the outer call returns")
+    gate.waiters += 1
+    arrived = gate.leaves
+    while True:
+        if gate_free_for_me(gate, arrived):  # checked with the GIL held, where the gate changes hands
+            break
+        with nogil:
+            pthread_mutex_lock(&gate.mutex)
+            while not gate_free_for_me(gate, arrived) and timed_out == 0:
+                if deadline == NULL:
+                    pthread_cond_wait(&gate.cond, &gate.mutex)
+                else:
+                    timed_out = pthread_cond_timedwait(&gate.cond, &gate.mutex, deadline)
+            pthread_mutex_unlock(&gate.mutex)
+        if timed_out and not gate_free_for_me(gate, arrived):
+            gate.waiters -= 1
+            return False
+    gate.waiters -= 1
+    gate.handoff = 0
+    gate.busy = 1
+    gate.owner = me
+    return True
+
+
+cdef int gate_enter(Gate *gate, str endpoint) except -1:
+    """Enter (GIL held); when another thread is inside, wait for it without the GIL."""
+    gate_wait(gate, endpoint, NULL)
+    return 0
+
+
+cdef bint gate_enter_within(Gate *gate, str endpoint, double timeout_s) except -1:
+    """gate_enter, giving up after ``timeout_s`` seconds: False when another thread is still
+    inside (a present into a full FIFO waits for the consumer, without limit)."""
+    cdef timespec deadline
+    clock_gettime(CLOCK_REALTIME, &deadline)
+    deadline.tv_sec += <long>timeout_s
+    deadline.tv_nsec += <long>((timeout_s - <long>timeout_s) * 1e9)
+    if deadline.tv_nsec >= 1000000000:
+        deadline.tv_sec += 1
+        deadline.tv_nsec -= 1000000000
+    return gate_wait(gate, endpoint, &deadline)
+
+
+cdef void gate_leave(Gate *gate) noexcept:
+    """Leave (GIL held). With waiters, hand the gate over instead of opening it, and wake them: a
+    waiter checks the flags with the mutex held before it sleeps and the wake-up is sent with the
+    mutex held, so none is missed."""
+    gate.owner = 0
+    if gate.waiters:
+        atomic_store(&gate.leaves, gate.leaves + 1)
+        atomic_store(&gate.handoff, 1)
+        pthread_mutex_lock(&gate.mutex)
+        pthread_cond_broadcast(&gate.cond)
+        pthread_mutex_unlock(&gate.mutex)
+    else:
+        atomic_store(&gate.busy, 0)
+
+
+# ---- small helpers ------------------------------------------------------------------------------
+
+cdef unsigned long long read_timeout(object value) except? 0xFFFFFFFFFFFFFFFF:
+    """A timeout in microseconds: an int in 0..2**31-1 (int subclasses taken as ints)."""
+    cdef int overflow = 0
+    cdef long long us
+    if type(value) is int:
+        us = PyLong_AsLongLongAndOverflow(value, &overflow)
+        if not overflow and 0 <= us <= MAX_TIMEOUT_US:
+            return <unsigned long long>us
+    check_microseconds("timeout_us", value)
+    return <unsigned long long>int(value)
+
+
+cdef inline uintptr_t pointer(object handle) except? 0:
+    """A native handle (an int address, or a cffi pointer) as an address."""
+    return <uintptr_t>(handle if type(handle) is int else address(handle))
+
+
+def _disconnect(uintptr_t context, str which, object connection, uintptr_t cuda_stream, bint own_stream) -> None:
+    """Finalizer of both endpoints (runs once: at close, collection or exit). Never raises."""
+    try:
+        _driver.disconnect(context, which, connection, cuda_stream if own_stream else 0)
+    except Exception:  # pragma: no cover - finalizers must not raise
+        pass
+
+
+cdef double _close_timeout(object timeout) except? -1:
+    """close()'s wait for another thread's call: as asked, else 10 s (0.5 s at interpreter exit,
+    where a thread blocked in the driver may never come back)."""
+    if timeout is None:
+        return 0.5 if exiting() else 10.0
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0:
+        raise UsageError(f"timeout is a number of seconds >= 0, got {timeout!r}")
+    return timeout
+
+
+cdef object _endpoint_busy(Resource endpoint, str what, double timeout):
+    """close() found another thread inside the endpoint for ``timeout`` seconds. At interpreter
+    exit the handle is left to the process's end (disconnecting under a thread that is inside the
+    driver is not safe); otherwise the caller hears why."""
+    if exiting():
+        abandon(endpoint)
+        return None
+    raise Timeout(f"another thread has been inside this {what}'s {'present' if what == 'producer' else 'acquire'} "
+                  f"for {timeout} s (a present into a full FIFO waits for the consumer to acquire): close it once "
+                  "that call returns")
+
+
+# ==== producer =====================================================================================
+
+cdef class CudaProducer(Resource):
+    """CUDA as the producer of a stream. Made by :meth:`Stream.connect_cuda_producer`.
+
+    :meth:`present` checks each frame against the connection (size, format, layout, device) the
+    first time this producer sees it, before the driver does, because a mismatch is undefined
+    behaviour there. Presented frames belong to the stream until :meth:`return_frame` gives them
+    back (at most 64 in flight); the driver also keeps every frame ever presented associated with
+    the stream until the producer disconnects, so this producer keeps them alive until then, and a
+    frame cannot be closed while any producer it was presented on is connected.
+    """
+
+    cdef readonly object stream
+    cdef readonly object device
+    cdef readonly int width, height
+    cdef object _format, _layout
+    cdef object _connection
+    cdef CUcontext ctx
+    cdef CUeglStreamConnection *conn
+    cdef CUstream default_stream, present_stream, return_stream
+    cdef CUeglFrame returned
+    cdef unsigned long long returned_key
+    cdef int failed_call
+    cdef bint reuse, connected
+    # Presents begun and presents done (successfully), each counted with the GIL held: a consumer
+    # in this process reads them to number a new frame without asking EGL (see _derive_plan). A
+    # failed present leaves them unequal for good.
+    cdef long long presents_started
+    cdef readonly long long frames_presented
+    # The frames presented and not returned, in present order, and their plane-0 addresses (what a
+    # returned CUeglFrame is matched by).
+    cdef list flight
+    cdef unsigned long long flight_key[EGLCUDA_MAX_FRAMES_IN_FLIGHT]
+    # Every frame presented since connect, by key: the driver keeps them associated until disconnect.
+    cdef dict associated
+    cdef ProducerLink link
+    cdef Gate gate
+
+    def __cinit__(self, *args, **kwargs):
+        gate_init(&self.gate)
+        self.flight = []
+        self.associated = {}
+        self.link = ProducerLink()
+        self.link.connected = False
+
+    def __dealloc__(self):
+        gate_destroy(&self.gate)
+
+    cdef void _forget_after_fork(self) noexcept:
+        # A thread of the parent may have been inside the gate at fork: start afresh, closed.
+        gate_init_noexcept(&self.gate)
+        self.connected = False
+
+    def __init__(self, stream, width, height, device=None, format=None, layout=None) -> None:
+        self._format = None if format is None else color_format(format)
+        check_size(width, height, self._format)
+        self._layout = None if layout is None else layout_of(layout)
+        stream._check_producer_slot()
+        self.stream = stream
+        self.width = width
+        self.height = height
+        self.device = stream._device(device)
+        handle = stream._handle_for(self.device)
+        self.device.make_current()
+        self._connection = _driver.producer_connect(handle, width, height)
+        self.ctx = <CUcontext>pointer(self.device.context)
+        self._own(_disconnect, <uintptr_t>self.ctx, "producer", self._connection, 0, False, parent=stream)
+        self.conn = <CUeglStreamConnection *><uintptr_t>_driver.connection_address(self._connection)
+        self.reuse = bool(stream.reuse_last_frame)
+        self.connected = True
+        self.link.connected = True
+        stream.producer = self
+        consumer = stream.consumer
+        if isinstance(consumer, CudaConsumer):
+            # Both ends in this process: the consumer numbers frames from this producer's present
+            # counts instead of an EGL query per frame, where that is exact (see _derive_plan).
+            (<CudaConsumer>consumer)._link_producer(self, stream.fifo_length > 0)
+
+    # ---- the per-frame calls --------------------------------------------------------------------
+    def present(self, frame, cuda_stream=None) -> None:
+        """Hand ``frame`` to the consumer. ``cuda_stream`` is where the work writing the frame was
+        queued (None: the legacy default stream). The driver returns only once that work is done
+        (measured on driver 580), and on a FIFO stream only once the queue has room; the wait
+        releases the GIL. The frame is checked against the connection (size, format, layout,
+        device) the first time this producer sees it, before the driver does."""
+        cdef FrameCore core
+        cdef CUstream *stream_box
+        cdef CUresult status
+        gate_enter(&self.gate, "producer")
+        try:
+            known = self._ready(frame, cuda_stream)
+            core = <FrameCore>frame
+            stream_box = &self.default_stream if cuda_stream is None else &self.present_stream
+            self.presents_started += 1
+            with nogil:
+                status = hot.producer_present(self.ctx, self.conn, &core.egl, stream_box, &self.failed_call)
+            if status:
+                raise self.stream._driver_failure(status, CALL_NAMES[self.failed_call], "presenting a frame",
+                                                  "consumer")
+            self._presented(core, known)
+        finally:
+            gate_leave(&self.gate)
+
+    def return_frame(self, timeout_us=0):
+        """Take back a frame the consumer released: the same :class:`Frame` object that was
+        presented, or None if none came back within ``timeout_us`` microseconds.
+
+        None is also the documented answer while the stream keeps the newest frame for its consumer
+        (reuse on, the default): that frame comes back only after another is presented, so with one
+        frame in flight this returns None at once instead of waiting. The wait releases the GIL."""
+        cdef unsigned long long wait_us = read_timeout(timeout_us)
+        cdef CUresult status
+        gate_enter(&self.gate, "producer")
+        try:
+            if not self.connected:
+                raise ClosedError("the producer is disconnected (or its stream closed)")
+            if not self.flight:
+                return None
+            if self.reuse and len(self.flight) == 1:
+                # With reuse on, the stream keeps its newest frame: a single frame in flight cannot
+                # come back, so one try answers at once.
+                wait_us = 0
+            with nogil:
+                status = hot.producer_return(self.ctx, self.conn, &self.returned, &self.return_stream, wait_us,
+                                             &self.returned_key, &self.failed_call)
+            if status:
+                return self._return_failed(status, wait_us)
+            return self._take_returned()
+        finally:
+            gate_leave(&self.gate)
+
+    def present_and_return(self, frame, cuda_stream=None, timeout_us=0):
+        """:meth:`present` ``frame``, then :meth:`return_frame` (waiting up to ``timeout_us``), in
+        a single call into the driver layer: the step of a producer that cycles a ring of frames,
+        cheaper than the two calls. Returns the frame taken back, or None."""
+        cdef unsigned long long wait_us = read_timeout(timeout_us)
+        cdef FrameCore core
+        cdef CUstream *stream_box
+        cdef CUresult status
+        gate_enter(&self.gate, "producer")
+        try:
+            known = self._ready(frame, cuda_stream)
+            core = <FrameCore>frame
+            stream_box = &self.default_stream if cuda_stream is None else &self.present_stream
+            if self.reuse and not self.flight:
+                # After this present the stream keeps the newest frame: with reuse on and nothing
+                # else in flight nothing can come back, so one try is enough.
+                wait_us = 0
+            self.presents_started += 1
+            with nogil:
+                status = hot.producer_present_return(self.ctx, self.conn, &core.egl, stream_box, &self.returned,
+                                                     &self.return_stream, wait_us, &self.returned_key,
+                                                     &self.failed_call)
+            if status and self.failed_call != EGLCUDA_CALL_RETURN:  # the context switch or the present
+                raise self.stream._driver_failure(status, CALL_NAMES[self.failed_call], "presenting a frame",
+                                                  "consumer")
+            self._presented(core, known)
+            if status:
+                return self._return_failed(status, wait_us)
+            return self._take_returned()
+        finally:
+            gate_leave(&self.gate)
+
+    # ---- the steps around the driver calls (inside the gate) -------------------------------------
+    cdef bint _ready(self, frame, cuda_stream) except -1:
+        """The checks before a present. Returns whether this producer presented the frame before
+        (then it is open and matches the connection: a frame's geometry never changes)."""
+        cdef FrameCore core
+        cdef ProducerLink link
+        cdef bint known = False
+        cdef int i
+        if not self.connected:
+            raise ClosedError("the producer is disconnected (or its stream closed)")
+        if not isinstance(frame, FrameCore):
+            self._check_frame(frame)  # raises
+        core = <FrameCore>frame
+        if core.last_link is self.link:
+            known = True
+        else:
+            for link in core.links:
+                if link is self.link:
+                    known = True
+                    break
+        cdef int flying = len(self.flight)
+        for i in range(flying):
+            if self.flight_key[i] == core.key:
+                self._check_frame(frame)  # raises: already in flight
+        if not known or flying >= EGLCUDA_MAX_FRAMES_IN_FLIGHT:
+            self._check_frame(frame)
+        if cuda_stream is not None:
+            self.present_stream = <CUstream><uintptr_t>stream_handle(cuda_stream)
+        return known
+
+    cdef int _presented(self, FrameCore core, bint known) except -1:
+        """After a successful present: the frame is in flight; its first present on this producer
+        fixes the connection's format and layout if they were open, and associates it."""
+        self.flight_key[len(self.flight)] = core.key
+        self.flight.append(core)
+        self.frames_presented += 1
+        core.last_link = self.link
+        if not known:
+            if self._format is None:
+                self._format = (<object>core).format
+            if self._layout is None:
+                self._layout = (<object>core).layout
+            self.associated[core.key] = core
+            core.links.append(self.link)
+        return 0
+
+    cdef object _take_returned(self):
+        """The frame the driver just returned, taken out of the in-flight table."""
+        cdef int flying = len(self.flight)
+        cdef int at
+        for at in range(flying):
+            if self.flight_key[at] == self.returned_key:
+                break
+        else:
+            raise UsageError(f"the driver returned a frame eglcuda did not present (plane 0 at "
+                             f"0x{self.returned_key:x})")
+        frame = self.flight.pop(at)
+        for at in range(at, flying - 1):
+            self.flight_key[at] = self.flight_key[at + 1]
+        return frame
+
+    cdef object _return_failed(self, CUresult status, unsigned long long waited_us):
+        """A failed return: None for 'none came back yet', else the error."""
+        if self.failed_call == EGLCUDA_CALL_CONTEXT:
+            raise cuda_error(status, CALL_NAMES[EGLCUDA_CALL_CONTEXT], "taking back a frame")
+        if status == CUDA_ERROR_LAUNCH_TIMEOUT:
+            if waited_us and self.stream.state is StreamState.DISCONNECTED:
+                # A consumer gone (its process may have died) never releases: say so.
+                raise StreamDisconnected("the consumer disconnected from the stream: presented frames "
+                                         "will not come back")
+            return None
+        raise self.stream._driver_failure(status, "cuEGLStreamProducerReturnFrame", "taking back a frame", "consumer")
+
+    def _busy_at_close(self, double timeout) -> None:
+        _endpoint_busy(self, "producer", timeout)
+
+    def _check_frame(self, frame) -> None:
+        """Raise the error for a frame that cannot be presented now."""
+        if not isinstance(frame, Frame):
+            raise UsageError(f"present takes an eglcuda.Frame, got {type(frame).__name__}")
+        frame._check_usable()
+        if frame.width != self.width or frame.height != self.height:
+            raise UsageError(f"frame is {frame.width}x{frame.height} but the producer connected for "
+                             f"{self.width}x{self.height}")
+        if self._format is not None and frame.format != self._format:
+            raise UsageError(f"frame format {frame.format.name} differs from the stream's {self._format.name}")
+        if self._layout is not None and frame.layout is not self._layout:
+            raise UsageError(f"frame layout {frame.layout.value} differs from the stream's {self._layout.value}")
+        if frame.device.ordinal != self.device.ordinal:
+            raise UsageError(f"frame lives on CUDA device {frame.device.ordinal}, the producer on "
+                             f"{self.device.ordinal}")
+        if frame._is_managed():
+            # Measured: cuEGLStreamProducerPresentFrame crashes the process (SIGSEGV) on a managed
+            # frame (H100 and H200, driver 580). Refuse before the driver sees it.
+            raise Unsupported("presenting managed (unified) memory on an EGLStream",
+                              where=f"CUDA device {self.device.ordinal}",
+                              hint="the driver crashes on it; present device or pinned memory frames "
+                                   "(copy the managed data into one)")
+        if frame.key in self._in_flight:
+            raise UsageError("this frame is already in flight: wait for return_frame() to give it back")
+        if len(self.flight) >= EGLCUDA_MAX_FRAMES_IN_FLIGHT:
+            raise UsageError(f"{EGLCUDA_MAX_FRAMES_IN_FLIGHT} frames are in flight (the driver's limit): "
+                             "return_frame() one before presenting another")
+
+    # ---- state ----------------------------------------------------------------------------------
+    @property
+    def format(self) -> ColorFormat | None:
+        """The color format every frame must have (None until the first present fixes it)."""
+        return self._format
+
+    @property
+    def layout(self) -> Layout | None:
+        """The layout every frame must have (None until the first present fixes it)."""
+        return self._layout
+
+    @property
+    def in_flight(self) -> int:
+        """Frames presented and not yet returned."""
+        return len(self.flight)
+
+    @property
+    def _in_flight(self) -> dict:
+        """A new dict of the frames in flight, by key."""
+        return {self.flight_key[i]: frame for i, frame in enumerate(self.flight)}
+
+    def allocate_frame(self, format=None, layout=None) -> Frame:
+        """A new frame of this connection's size (and format and layout, if fixed)."""
+        fmt = format if format is not None else (self._format if self._format is not None else ColorFormat.ARGB)
+        lay = layout if layout is not None else (self._layout if self._layout is not None else Layout.PITCH)
+        return Frame.allocate(self.width, self.height, fmt, lay, self.device)
+
+    def close(self, timeout: float | None = None) -> None:
+        """Disconnect; every frame presented is then free to close (unless another producer it was
+        presented on is still connected). Safe to call twice. Waits up to ``timeout`` seconds
+        (default 10) for a call of another thread to leave (a present into a full FIFO waits for the
+        consumer) and raises :class:`Timeout` if it does not."""
+        if self._inherited() or (self.closed and not self.connected):
+            return
+        timeout = _close_timeout(timeout)
+        if not gate_enter_within(&self.gate, "producer", timeout):
+            self._busy_at_close(timeout)
+            return
+        try:
+            self.connected = False
+        finally:
+            gate_leave(&self.gate)
+        Resource.close(self)  # disconnects
+        self.link.connected = False
+        frames = self.flight
+        self.flight = []
+        associated = self.associated
+        self.associated = {}
+        for frame in associated.values():
+            (<FrameCore>frame)._drop_disconnected_links()
+        del frames, associated  # dropped after the tables are consistent: callbacks may run
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"{len(self.flight)} in flight"
+        return f"<CudaProducer {self.width}x{self.height} on CUDA {self.device.ordinal}: {state}>"
+
+
+# ==== acquired frame ===============================================================================
+
+cdef class AcquiredFrame:
+    """A frame the CUDA consumer acquired: a read-only view of the producer's data, valid until
+    :meth:`release` (or the end of a ``with`` block). After release every access raises.
+
+    ``number`` is the stream's consumer frame counter for this frame and ``is_new`` tells whether
+    it is a frame not seen before: when no new frame arrives within the acquire timeout, the driver
+    hands back the previous one again (``is_new`` False). Both are None when the consumer was
+    connected with ``frame_numbers=False``.
+
+    Only the consumer makes these. Once nothing but the consumer refers to a released frame (no
+    reference, weak reference or plane of it left), the consumer may reuse the object for a later
+    frame, so the per-frame path allocates nothing; for the same reason these objects take no
+    attributes of their own.
+    """
+
+    cdef readonly CudaConsumer _consumer
+    cdef object _planes_cache
+    cdef uint64_t _number
+    cdef bint _numbered, _fresh, _released
+    cdef object __weakref__
+
+    read_only = True
+
+    def __init__(self, *args, **kwargs):
+        raise TypeError("acquired frames come from CudaConsumer.acquire()")
+
+    @property
+    def number(self):
+        """The stream's consumer frame counter for this frame (None without frame numbers)."""
+        # Made when read: most loops never read it, and an int per frame is an allocation.
+        return self._number if self._numbered else None
+
+    @property
+    def is_new(self):
+        """Whether this frame was not seen before (False: the previous frame handed back again;
+        None without frame numbers)."""
+        return bool(self._fresh) if self._numbered else None
+
+    @property
+    def released(self) -> bool:
+        return self._released
+
+    def release(self) -> None:
+        """Give the frame back to the stream. The driver returns only once the work queued on the
+        frame's ``cuda_stream`` is done (measured on driver 580); the wait releases the GIL.
+        Raises :class:`ClosedError` if already released."""
+        self._consumer._release(self)
+
+    def _check_usable(self) -> None:
+        if self._released:
+            raise ClosedError("the frame was released back to the stream; acquire a new one")
+
+    @property
+    def device(self):
+        return self._consumer.device
+
+    @property
+    def cuda_stream(self) -> int:
+        """The consumer's ``CUstream``: work on the frame must be ordered after it."""
+        return self._consumer.cuda_stream
+
+    @property
+    def width(self) -> int:
+        self._check_usable()
+        return self._consumer.egl_frame.width
+
+    @property
+    def height(self) -> int:
+        self._check_usable()
+        return self._consumer.egl_frame.height
+
+    @property
+    def format(self) -> ColorFormat:
+        self._check_usable()
+        return color_format(self._consumer.egl_frame.eglColorFormat)
+
+    @property
+    def layout(self) -> Layout:
+        self._check_usable()
+        return Layout.ARRAY if self._consumer.egl_frame.frameType == CU_EGL_FRAME_TYPE_ARRAY else Layout.PITCH
+
+    @property
+    def pitch(self) -> int:
+        """Bytes between plane 0's rows (0 for CUDA-array frames)."""
+        return self._consumer.egl_frame.pitch if self.layout is Layout.PITCH else 0
+
+    @property
+    def planes(self) -> tuple:
+        self._check_usable()
+        return self._planes
+
+    @property
+    def _planes(self) -> tuple:
+        cdef CUeglFrame *egl
+        if self._planes_cache is None:
+            egl = &self._consumer.egl_frame
+            geometry = _plane_geometry(self.format, egl.width, egl.height, self.pitch)
+            self._planes_cache = tuple(Plane(self, i, g, <uintptr_t>egl.frame.pPitch[i])
+                                       for i, g in enumerate(geometry[:egl.planeCount]))
+        return self._planes_cache
+
+    def _order_before(self, consumer_stream: int) -> None:
+        order_after(self.device, self.cuda_stream, consumer_stream)
+
+    def to_numpy(self) -> list:
+        """Host copies of every plane (debugging)."""
+        return [plane.to_numpy() for plane in self.planes]
+
+    def __getitem__(self, int index):
+        return self.planes[index]
+
+    def __len__(self) -> int:
+        return len(self.planes)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if not self._released:
+            self.release()
+
+    def __repr__(self) -> str:
+        if self._released:
+            return f"<AcquiredFrame #{self.number} released>"
+        state = {True: "new", False: "old", None: "unnumbered"}[self.is_new]
+        return (f"<AcquiredFrame #{self.number} {self.width}x{self.height} {self.format.name} "
+                f"{self.layout.value} {state}>")
+
+
+FrameBase.register(AcquiredFrame)
+
+
+cdef inline bint _reusable(PyObject *candidate) noexcept:
+    # Only the consumer's spare slot refers to it, nothing weakly, and it has no planes built.
+    return (candidate != <PyObject *>None and _Py_REFCNT(candidate) == 1 and not has_weakrefs(candidate)
+            and (<AcquiredFrame>candidate)._planes_cache is None)
+
+
+# ==== consumer =====================================================================================
+
+cdef class CudaConsumer(Resource):
+    """CUDA as the consumer of a stream. Made by :meth:`Stream.connect_cuda_consumer`.
+
+    Holds at most one acquired frame at a time (the driver's rule): release it before the next
+    :meth:`acquire`. Work on an acquired frame belongs on :attr:`cuda_stream`, which the driver
+    orders after the producer's work on the frame (implicit synchronization).
+    """
+
+    cdef readonly object stream
+    cdef readonly object device
+    cdef readonly object location
+    cdef readonly uintptr_t cuda_stream
+    cdef readonly bint frame_numbers
+    cdef readonly long long frames_acquired
+    cdef object _connection
+    cdef bint own_stream
+    cdef CUcontext ctx
+    cdef CUeglStreamConnection *conn
+    cdef CUgraphicsResource resource, held_resource
+    cdef CUstream cu_stream
+    cdef CUeglFrame egl_frame
+    cdef EGLDisplay dpy
+    cdef EGLStreamKHR egl_stream
+    cdef uint64_t counter, last_number
+    cdef int failed_call
+    cdef bint use_counter, has_last, producer_seen, connected
+    # Frame numbers without the EGL query (see _derive_plan).
+    cdef CudaProducer producer  # the stream's producer when it is in this process
+    cdef bint fifo, last_latched, base_known, derive_off
+    cdef uint64_t base  # the frame of the producer's n-th present has number base + n
+    cdef long long numbers_derived
+    cdef AcquiredFrame held
+    # The frames made last, kept so an acquire can reuse one once nothing else refers to it: no
+    # allocation and no garbage-collector bookkeeping per frame (see _frame_for). Two, because
+    # `frame = consumer.acquire_next()` still holds the previous frame during the call.
+    cdef AcquiredFrame spare0, spare1
+    cdef int spare_next
+    # What a call let go of inside the gate, dropped by the caller after it (see _acquire).
+    cdef object dropped, evicted
+    cdef Gate gate
+
+    def __cinit__(self, *args, **kwargs):
+        gate_init(&self.gate)
+
+    def __dealloc__(self):
+        gate_destroy(&self.gate)
+
+    cdef void _forget_after_fork(self) noexcept:
+        # A thread of the parent may have been inside the gate at fork: start afresh, closed.
+        gate_init_noexcept(&self.gate)
+        self.connected = False
+
+    def __init__(self, stream, device=None, cuda_stream=None, location=None, bint frame_numbers=True) -> None:
+        stream._check_consumer_slot()
+        if location is not None:
+            location = ResourceLocation(location)
+        self.stream = stream
+        self.device = stream._consumer_device(device)
+        self.device.make_current()
+        self.own_stream = cuda_stream is None
+        self.cuda_stream = _driver.stream_create() if self.own_stream else stream_handle(cuda_stream)
+        try:
+            self._connection = _driver.consumer_connect(stream.handle, location)
+        except BaseException:
+            if self.own_stream:
+                _driver.stream_destroy(self.cuda_stream)
+            raise
+        self.location = location
+        self.ctx = <CUcontext>pointer(self.device.context)
+        self._own(_disconnect, <uintptr_t>self.ctx, "consumer", self._connection, self.cuda_stream, self.own_stream,
+                  parent=stream)
+        self.conn = <CUeglStreamConnection *><uintptr_t>_driver.connection_address(self._connection)
+        self.cu_stream = <CUstream>self.cuda_stream
+        self.dpy = <EGLDisplay>pointer(stream.display.handle)
+        self.egl_stream = <EGLStreamKHR>pointer(stream.handle)
+        self.frame_numbers = frame_numbers
+        self.use_counter = frame_numbers
+        self.connected = True
+        stream.consumer = self
+
+    cdef int _link_producer(self, CudaProducer producer, bint fifo) except -1:
+        """The stream's producer connected in this process: its present counts can stand in for
+        the EGL frame counter query (see _derive_plan)."""
+        gate_enter(&self.gate, "consumer")
+        self.producer = producer
+        self.fifo = fifo
+        gate_leave(&self.gate)
+        return 0
+
+    # ---- the per-frame calls --------------------------------------------------------------------
+    def acquire(self, timeout_us=EGLCUDA_DEFAULT_ACQUIRE_TIMEOUT_US) -> AcquiredFrame:
+        """Acquire the next frame, waiting up to ``timeout_us`` microseconds for a new one.
+
+        If none arrives in time but the stream holds an earlier frame, the driver hands that one
+        back again: the result's ``is_new`` is False. With no frame at all, raises
+        :class:`Timeout`; once the producer is gone, :class:`StreamDisconnected`. The wait
+        releases the GIL."""
+        return self._acquire(read_timeout(timeout_us), False)
+
+    def acquire_next(self, timeout_us=EGLCUDA_DEFAULT_ACQUIRE_TIMEOUT_US) -> AcquiredFrame:
+        """Release the frame this consumer holds (if any), then :meth:`acquire` the next one, in a
+        single call into the driver layer: the step of a consumer loop, cheaper than
+        ``release()`` + ``acquire()``. The released frame is unusable afterwards, as after
+        :meth:`AcquiredFrame.release`."""
+        return self._acquire(read_timeout(timeout_us), True)
+
+    def frames(self, timeout_us=EGLCUDA_DEFAULT_ACQUIRE_TIMEOUT_US):
+        """Iterate over acquired frames until the producer disconnects. Each step releases the
+        previous frame and acquires the next (:meth:`acquire_next`); leaving the loop releases
+        the last one. A frame kept past its step is released by the next step all the same."""
+        cdef unsigned long long wait_us = read_timeout(timeout_us)
+        try:
+            while True:
+                try:
+                    frame = self._acquire(wait_us, True)
+                except StreamDisconnected:
+                    return
+                yield frame
+        finally:
+            if self.held is not None and self.connected:
+                self.held.release()
+
+    cdef AcquiredFrame _acquire(self, unsigned long long timeout_us, bint release_held):
+        cdef AcquiredFrame frame
+        gate_enter(&self.gate, "consumer")
+        try:
+            if not self.connected:
+                raise ClosedError("the consumer is disconnected (or its stream closed)")
+            if not release_held and self.held is not None:
+                raise UsageError("the consumer still holds a frame: release it before acquiring another "
+                                 "(or use acquire_next, which does both)")
+            frame = self._acquire_inside(timeout_us, release_held)
+        finally:
+            # What the call let go of is dropped after the gate: a weak reference callback of a
+            # frame or plane could call into this consumer.
+            dropped = evicted = None
+            if self.dropped is not None:
+                dropped, self.dropped = self.dropped, None
+            if self.evicted is not None:
+                evicted, self.evicted = self.evicted, None
+            gate_leave(&self.gate)
+        return frame
+
+    cdef AcquiredFrame _acquire_inside(self, unsigned long long timeout_us, bint release_held):
+        """acquire / acquire_next inside the gate."""
+        cdef long long started = 0, done = 0
+        cdef int derive
+        cdef EGLDisplay dpy
+        cdef unsigned int wait_us
+        cdef CUresult status
+        cdef CUgraphicsResource held_resource
+        cdef uint64_t value
+        cdef bint fresh = False
+        cdef AcquiredFrame frame
+        if not self.producer_seen:
+            # Until a producer connects, acquire must not reach the driver (see _wait_for_producer).
+            timeout_us = self._wait_for_producer(timeout_us)
+        derive = self._derive_plan(&started, &done)
+        dpy = self.dpy if (self.use_counter and not derive) else NULL
+        wait_us = <unsigned int>timeout_us
+        if release_held and self.held is not None:
+            held_resource = self.held_resource
+            with nogil:
+                status = hot.consumer_next(self.ctx, self.conn, held_resource, &self.resource, &self.cu_stream,
+                                           wait_us, &self.egl_frame, dpy, self.egl_stream, &self.counter,
+                                           &self.failed_call)
+            if not status or (self.failed_call != EGLCUDA_CALL_CONTEXT and self.failed_call != EGLCUDA_CALL_RELEASE):
+                self._let_go_of_held()  # released: the stream owns it from here on
+            # else it was not released: it stays held and usable, and the error says why
+        else:
+            with nogil:
+                status = hot.consumer_acquire(self.ctx, self.conn, &self.resource, &self.cu_stream, wait_us,
+                                              &self.egl_frame, dpy, self.egl_stream, &self.counter,
+                                              &self.failed_call)
+        if status:
+            self.last_latched = False
+            if self.failed_call == EGLCUDA_CALL_MAP:
+                self.derive_off = True  # a frame latched but not mapped: numbering is lost
+            if self.failed_call == EGLCUDA_CALL_COUNTER:
+                # The frame is acquired and mapped; only the counter query failed: go on without it.
+                self._counter_failed()
+            elif self.failed_call == EGLCUDA_CALL_RELEASE:
+                raise cuda_error(status, "cuEGLStreamConsumerReleaseFrame", "releasing a frame")
+            else:
+                raise self.stream._driver_failure(
+                    status, CALL_NAMES.get(self.failed_call, "the acquire"), "acquiring a frame", "producer",
+                    timeout_us if self.failed_call == EGLCUDA_CALL_ACQUIRE else None)
+        self.held_resource = self.resource
+        value = self.counter
+        if derive == 2 and self.producer.presents_started != started:
+            # A present began during the acquire: the newest frame may be that one.
+            derive = 0
+            self._ask_counter(&value)
+        if derive == 1:
+            value = self.last_number + 1
+        elif derive == 2:
+            value = self.base + <uint64_t>done
+        elif self.use_counter and self.producer is not None:
+            self._learn_numbering(value, started, done)
+        if self.use_counter:
+            fresh = derive != 0 or not self.has_last or value != self.last_number
+            if derive:
+                self.numbers_derived += 1
+            self.has_last = True
+            self.last_latched = True
+            self.last_number = value
+            if not fresh:
+                self._check_disconnected(value)
+        frame = self._frame_for()
+        frame._numbered = self.use_counter
+        frame._number = value
+        frame._fresh = fresh
+        self.held = frame
+        self.frames_acquired += 1
+        return frame
+
+    cdef AcquiredFrame _frame_for(self):
+        """The object for a frame just acquired. One made earlier is reused when nothing can tell:
+        only this consumer refers to it (the caller dropped it after release), no weak reference,
+        no planes built; every field is then set afresh. Otherwise a new one takes the place of
+        the older spare, which goes to self.evicted for the caller to drop after the gate."""
+        cdef AcquiredFrame frame
+        if _reusable(<PyObject *>self.spare0):
+            frame = self.spare0
+        elif _reusable(<PyObject *>self.spare1):
+            frame = self.spare1
+        else:
+            frame = AcquiredFrame.__new__(AcquiredFrame)
+            frame._consumer = self
+            if self.spare_next == 0:
+                self.evicted = self.spare0
+                self.spare0 = frame
+            else:
+                self.evicted = self.spare1
+                self.spare1 = frame
+            self.spare_next ^= 1
+        frame._released = False
+        return frame
+
+    cdef void _let_go_of_held(self) noexcept:
+        """Mark the held frame released and stop holding it (its caller or the spares may still
+        refer to it). Its planes go to self.dropped, for the caller to drop after the gate: a
+        released frame's planes are unusable, and they refer back to the frame, which would keep
+        it from being reused."""
+        cdef AcquiredFrame held = self.held
+        self.dropped = held._planes_cache
+        held._planes_cache = None
+        held._released = True
+        self.held = None
+
+    cdef int _release(self, AcquiredFrame frame) except -1:
+        """Release ``frame`` (AcquiredFrame.release)."""
+        cdef CUresult status
+        gate_enter(&self.gate, "consumer")
+        try:
+            if frame is not self.held:
+                if frame._released:
+                    raise ClosedError("the frame was already released")
+                raise UsageError("this frame does not belong to this consumer")
+            with nogil:
+                status = hot.consumer_release(self.ctx, self.conn, self.held_resource, &self.cu_stream,
+                                              &self.failed_call)
+            if status:
+                # The frame stays held and usable: the caller may release it again.
+                raise cuda_error(status, CALL_NAMES[self.failed_call], "releasing a frame")
+            self._let_go_of_held()
+        finally:
+            dropped, self.dropped = self.dropped, None
+            gate_leave(&self.gate)
+        del dropped  # after the gate: see _let_go_of_held
+        return 0
+
+    # ---- frame numbers without asking EGL --------------------------------------------------------
+    # An acquired frame's number, and whether it is new or the previous frame handed back again,
+    # come from the stream's consumer frame counter: an EGL query that costs about as much as the
+    # acquire itself (docs/benchmarks.md). When the stream's producer is a CudaProducer in this
+    # process, its present counts (read and written with the GIL held) usually settle both without
+    # EGL. The frame of the producer's n-th present has number base + n; so the frame latched last
+    # is present number L = last_number - base, and if more than L presents are done when an
+    # acquire begins, a newer frame is waiting and this acquire latches a new frame:
+    # - FIFO: no frame is ever dropped, so it is the one after the previous: last_number + 1.
+    # - Mailbox: it is the newest, base + frames_presented, provided no present was under way when
+    #   the acquire began, nor began during it.
+    # Every other case asks EGL, as does a consumer whose producer is in another process. base is
+    # read from EGL once: FIFO's first frame is present 1; a mailbox acquire with no present under
+    # way latches present frames_presented.
+
+    cdef int _derive_plan(self, long long *started, long long *done) noexcept:
+        """0: ask EGL; 1: FIFO, the previous number + 1; 2: mailbox, base + presents done."""
+        cdef CudaProducer producer = self.producer
+        if producer is None:
+            return 0
+        started[0] = producer.presents_started
+        done[0] = producer.frames_presented
+        if not self.use_counter or self.derive_off or not self.base_known or not self.last_latched:
+            return 0
+        cdef long long latched = <long long>(self.last_number - self.base)
+        if done[0] <= latched:
+            return 0  # nothing newer is certainly there: the driver may hand back the old frame
+        if self.fifo:
+            return 1
+        return 2 if started[0] == done[0] else 0
+
+    cdef void _learn_numbering(self, uint64_t value, long long started, long long done) noexcept:
+        """EGL gave the number of a frame just latched: measure base, or check it and FIFO's rule
+        (turning derivation off for good if either fails)."""
+        if self.fifo:
+            if not self.has_last and not self.base_known:
+                self.base = value - 1
+                self.base_known = True
+            elif self.has_last and value != self.last_number and value != self.last_number + 1:
+                self.derive_off = True
+        elif started == done and done > 0 and self.producer.presents_started == started:
+            if not self.base_known:
+                self.base = value - <uint64_t>done
+                self.base_known = True
+            elif value != self.base + <uint64_t>done:
+                self.derive_off = True
+
+    cdef bint _ask_counter(self, uint64_t *value) except -1:
+        """Read the consumer frame counter now (the acquire is done; the gate keeps others out).
+        False when the query failed and frame numbers are now off."""
+        cdef CUresult status
+        with nogil:
+            status = hot.consumer_counter(self.dpy, self.egl_stream, value)
+        if status == 0:
+            return True
+        self._counter_failed()
+        return False
+
+    cdef int _counter_failed(self) except -1:
+        """The frame-counter query failed (the frame is acquired and mapped): go on without it."""
+        clear_egl_error()
+        self.use_counter = False
+        return 0
+
+    cdef int _check_disconnected(self, uint64_t number) except -1:
+        """A frame handed out again (not new): if the producer is gone, release it and say so."""
+        cdef CUresult status
+        if self.stream.state is StreamState.DISCONNECTED:
+            # The stream hands out its last frame forever once the producer is gone (its process
+            # may have died): say so instead of repeating a frame that never changes.
+            with nogil:
+                status = hot.consumer_release(self.ctx, self.conn, self.resource, &self.cu_stream, &self.failed_call)
+            raise StreamDisconnected(f"the producer disconnected from the stream (last frame {number})")
+        return 0
+
+    cdef unsigned long long _wait_for_producer(self, unsigned long long timeout_us) except? 0xFFFFFFFFFFFFFFFF:
+        """Wait, without the driver, until a producer connects; returns the time left.
+
+        Measured on NVIDIA 580: a consumer acquire issued while a cross-process stream still
+        waits for its producer disconnects the stream (the producer's connect then fails with
+        CUDA_ERROR_UNKNOWN). So the first acquire polls the state instead, every millisecond,
+        which also gives a one-process consumer the plain timeout it would get anyway."""
+        deadline = time.monotonic() + timeout_us / 1e6
+        while True:
+            state = self.stream.state
+            if state is not StreamState.CONNECTING:
+                self.producer_seen = True
+                return <unsigned long long>max(0, int((deadline - time.monotonic()) * 1e6))
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise Timeout(f"no producer connected within {timeout_us} us (stream CONNECTING)")
+            time.sleep(min(0.001, left))
+
+    # ---- state ----------------------------------------------------------------------------------
+    def _busy_at_close(self, double timeout) -> None:
+        _endpoint_busy(self, "consumer", timeout)
+
+    @property
+    def _held(self):
+        return self.held
+
+    @property
+    def _numbers_derived(self) -> int:
+        return self.numbers_derived
+
+    @property
+    def _derive_off(self) -> bool:
+        return self.derive_off
+
+    def close(self, timeout: float | None = None) -> None:
+        """Release a held frame and disconnect. Safe to call twice. Waits up to ``timeout`` seconds
+        (default 10) for a call of another thread to leave (an acquire waits up to its own timeout)
+        and raises :class:`Timeout` if it does not."""
+        if self._inherited() or (self.closed and not self.connected):
+            return
+        timeout = _close_timeout(timeout)
+        if not gate_enter_within(&self.gate, "consumer", timeout):
+            self._busy_at_close(timeout)
+            return
+        try:
+            self.connected = False
+            if self.held is not None:
+                self._let_go_of_held()
+            spares = (self.spare0, self.spare1)
+            self.spare0 = self.spare1 = None
+        finally:
+            dropped, self.dropped = self.dropped, None
+            gate_leave(&self.gate)
+        del dropped, spares  # after the gate: a weak reference callback could call into this consumer
+        Resource.close(self)  # disconnects
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"{self.frames_acquired} acquired"
+        return f"<CudaConsumer on CUDA {self.device.ordinal}: {state}>"

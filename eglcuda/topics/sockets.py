@@ -1,0 +1,230 @@
+"""Small helpers for the topic sockets: ``SOCK_SEQPACKET`` UNIX sockets, one datagram per
+message, descriptors as ``SCM_RIGHTS``, peer credentials (``SO_PEERCRED``) and deadlines.
+
+Every blocking call takes a deadline (``time.monotonic()`` seconds) and raises
+:class:`eglcuda.Timeout` when it passes; descriptors that arrive with a message this side does not
+want, or more of them than asked for, are closed at once."""
+from __future__ import annotations
+
+import array
+import errno
+import os
+import select
+import socket
+import stat
+import struct
+import time
+from dataclasses import dataclass
+from typing import Iterable
+
+from ..errors import Timeout, UsageError
+from .protocol import MAX_MESSAGE, ProtocolError
+
+_MAX_FDS = 2  # room for one more than any message may carry, to notice extras
+_CMSG_SPACE = socket.CMSG_SPACE(_MAX_FDS * array.array("i").itemsize)
+_RECV_FLAGS = int(getattr(socket, "MSG_CMSG_CLOEXEC", 0))
+_TRUNCATED = int(socket.MSG_TRUNC | socket.MSG_CTRUNC)
+CONNECT_RETRY_S = 0.02
+
+
+@dataclass(frozen=True)
+class Peer:
+    """Who is at the other end of a connected UNIX socket, as the kernel says (``SO_PEERCRED``)."""
+
+    pid: int
+    uid: int
+    gid: int
+
+
+def seqpacket() -> socket.socket:
+    return socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+
+
+def peer_of(sock: socket.socket) -> Peer:
+    pid, uid, gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    return Peer(pid, uid, gid)
+
+
+def peer_groups(pid: int) -> set[int]:
+    """The supplementary groups of process ``pid`` (``/proc/<pid>/status``); empty if unreadable."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"Groups:"):
+                    return {int(g) for g in line.split()[1:]}
+    except (OSError, ValueError):
+        pass
+    return set()
+
+
+def close_quietly(sock: socket.socket) -> None:
+    """Close ``sock`` after reading what its peer sent: a UNIX socket closed with unread messages
+    resets the connection, and the peer's next read fails with ECONNRESET instead of returning
+    what was sent to it last (a REFUSE or DROP with its reason)."""
+    try:
+        sock.setblocking(False)
+        for _ in range(4096):
+            data, ancillary, _, _ = sock.recvmsg(MAX_MESSAGE + 1, _CMSG_SPACE, _RECV_FLAGS)
+            close_fds(_descriptors(ancillary))
+            if not data:
+                break
+    except OSError:
+        pass
+    sock.close()
+
+
+def remaining(deadline: float, what: str) -> float:
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise Timeout(what)
+    return left
+
+
+def close_fds(fds: Iterable[int]) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+def send(sock: socket.socket, data: bytes, fds: list[int] | tuple[int, ...] = ()) -> None:
+    """Send one message (and ``fds``) on a connected socket, in whatever blocking mode it is in."""
+    if fds:
+        sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+    else:
+        sock.send(data)
+
+
+def receive_now(sock: socket.socket) -> tuple[bytes, list[int]] | None:
+    """One message from a non-blocking socket: ``(data, fds)``; ``(b"", [])`` at end of stream;
+    None when nothing is waiting. Raises :class:`ProtocolError` for a message that was cut
+    (longer than any valid one) or came with more descriptors than fit; ConnectionResetError is
+    reported as end of stream."""
+    try:
+        data, ancillary, flags, _ = sock.recvmsg(MAX_MESSAGE + 1, _CMSG_SPACE, _RECV_FLAGS)
+    except (BlockingIOError, InterruptedError):
+        return None
+    except (ConnectionResetError, BrokenPipeError):
+        return b"", []
+    fds = _descriptors(ancillary)
+    if flags & _TRUNCATED or len(data) > MAX_MESSAGE:
+        close_fds(fds)
+        raise ProtocolError(f"a message longer than {MAX_MESSAGE} bytes or with too many descriptors")
+    return data, fds
+
+
+def receive(sock: socket.socket, deadline: float, what: str) -> tuple[bytes, list[int]]:
+    """One message, waiting until ``deadline`` (:class:`Timeout` with ``what`` after it). The
+    socket is left non-blocking."""
+    sock.setblocking(False)
+    while True:
+        got = receive_now(sock)
+        if got is not None:
+            return got
+        wait_readable(sock, deadline, what)
+
+
+def wait_readable(sock: socket.socket, deadline: float, what: str) -> None:
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    while True:
+        left = remaining(deadline, what)
+        try:
+            if poller.poll(min(left, 3600.0) * 1000.0 + 0.5):
+                return
+        except InterruptedError:  # pragma: no cover - Python retries poll itself (PEP 475)
+            continue
+
+
+def wait_writable(sock: socket.socket, deadline: float) -> bool:
+    """Whether ``sock`` can take a message before ``deadline``."""
+    poller = select.poll()
+    poller.register(sock, select.POLLOUT)
+    left = deadline - time.monotonic()
+    return bool(left > 0 and poller.poll(left * 1000.0 + 0.5))
+
+
+def _descriptors(ancillary: list[tuple[int, int, bytes]]) -> list[int]:
+    fds: list[int] = []
+    for level, kind, payload in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            received = array.array("i")
+            received.frombytes(payload[: len(payload) - len(payload) % received.itemsize])
+            fds.extend(received)
+    return fds
+
+
+def connect(path: str, deadline: float, what: str, wait: bool = True) -> socket.socket:
+    """A socket connected to ``path``; with ``wait``, retries until ``deadline`` while nothing
+    listens there yet (the publisher may not have started)."""
+    while True:
+        sock = seqpacket()
+        try:
+            sock.settimeout(remaining(deadline, what))
+            sock.connect(path)
+            sock.setblocking(False)
+            return sock
+        except (FileNotFoundError, ConnectionRefusedError):
+            sock.close()
+            if not wait:
+                raise
+            time.sleep(max(0.0, min(CONNECT_RETRY_S, deadline - time.monotonic())))
+        except socket.timeout:
+            sock.close()
+            raise Timeout(what) from None
+        except BaseException:
+            sock.close()
+            raise
+
+
+def bind_listener(path: str, mode: int, backlog: int = 64) -> tuple[socket.socket, os.stat_result]:
+    """A non-blocking listening socket at ``path`` (which must not exist), its file given
+    ``mode``. Returns the socket and the file's stat (to recognise it at removal)."""
+    sock = seqpacket()
+    try:
+        sock.bind(path)
+        os.chmod(path, mode)
+        sock.listen(backlog)
+        sock.setblocking(False)
+        return sock, os.lstat(path)
+    except BaseException:
+        sock.close()
+        raise
+
+
+def remove_if_same(path: str, bound: os.stat_result | None) -> None:
+    """Remove ``path`` if it is still the file ``bound`` describes (another process may have
+    replaced it since)."""
+    if bound is None:
+        return
+    try:
+        now = os.lstat(path)
+        if (now.st_ino, now.st_dev) == (bound.st_ino, bound.st_dev):
+            os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def is_socket(path: str) -> bool:
+    try:
+        return stat.S_ISSOCK(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def listening(path: str) -> bool:
+    """Whether something accepts connections at ``path`` now."""
+    probe = seqpacket()
+    probe.settimeout(1.0)
+    try:
+        probe.connect(path)
+        return True
+    except OSError as exc:
+        if exc.errno in (errno.ECONNREFUSED, errno.ENOENT):
+            return False
+        if exc.errno == errno.EPROTOTYPE:
+            raise UsageError(f"{path} is a socket of another kind (not an eglcuda topic)") from None
+        return True  # it exists and refuses us otherwise (EACCES, EAGAIN): treat as alive
+    finally:
+        probe.close()

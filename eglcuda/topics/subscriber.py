@@ -1,0 +1,575 @@
+"""The receiving end of a topic: :class:`Subscriber` and the :class:`Message` it hands out."""
+from __future__ import annotations
+
+import collections
+import os
+import select
+import socket
+import time
+from typing import Any, Iterable, Iterator, NoReturn, TypeVar, overload
+
+from ..errors import ClosedError, Dropped, EglCudaError, PeerError, Refused, StreamDisconnected, Timeout, UsageError
+from ..frames.formats import Layout, color_format
+from . import naming, protocol, sockets
+from .info import TopicInfo
+from .protocol import Qos, Reason
+from .publisher import LATEST_CREDIT
+from .transports import CudaSubscriberBackend, SubscriberBackend, SubscriberTransport, TRANSPORT_NAMES
+from ..frames.interop import stream_handle
+
+
+_M = TypeVar("_M", bound=protocol.Message)
+
+
+class _HandshakeLost(PeerError):
+    """The connection ended before the publisher answered (it died, or was not serving yet)."""
+
+
+class Message:
+    """One received frame with its metadata; a context manager that releases it.
+
+    - ``frame``: read-only, on the subscriber's CUDA stream (:attr:`Subscriber.cuda_stream`):
+      its ``planes`` hand out DLPack / ``__cuda_array_interface__`` views. Through CUDA IPC it
+      is a :class:`eglcuda.topics.SlotView`; through an EGLStream the consumer's
+      :class:`eglcuda.AcquiredFrame` (a GL subscriber's :class:`eglcuda.GLFrame`).
+    - ``seq``: the publisher's sequence number (0, 1, 2, ... since it started);
+      ``skipped``: frames published since this subscriber's previous message that it did not get.
+    - ``timestamp_ns``: the publisher's timestamp (``CLOCK_MONOTONIC`` unless it gave its own);
+      ``received_ns``: when :meth:`Subscriber.receive` returned it (same clock).
+    - ``payload``: the publisher's bytes for this frame.
+
+    :meth:`release` gives the frame back; until every subscriber released it, the publisher does
+    not write its pool frame again. Work on the frame must be queued on the subscriber's stream,
+    or on the stream given to :meth:`release`, before the release."""
+
+    __slots__ = ("_subscriber", "_frame", "_header", "seq", "timestamp_ns", "payload", "skipped", "received_ns",
+                 "number", "_released", "__weakref__")
+
+    def __init__(self, subscriber: "Subscriber", frame: Any, header: protocol.Frame, skipped: int,
+                 number: int | None) -> None:
+        self._subscriber = subscriber
+        self._frame = frame
+        self._header = header
+        self.seq = header.seq
+        self.timestamp_ns = header.timestamp_ns
+        self.payload = header.payload
+        self.skipped = skipped
+        self.number = number  # the frame's number on the subscriber's EGLStream (None for CUDA IPC)
+        self.received_ns = time.monotonic_ns()
+        self._released = False
+
+    @property
+    def frame(self) -> Any:
+        if self._released:
+            raise ClosedError("the message was released; its frame is no longer readable")
+        return self._frame
+
+    @property
+    def released(self) -> bool:
+        return self._released
+
+    def release(self, cuda_stream: Any = None) -> None:
+        """Give the frame back. ``cuda_stream``: the stream the last work on the frame was queued
+        on, if not the subscriber's own (the publisher's next write into it waits for that
+        stream, on the GPU). Safe to call twice; after the publisher is gone it only marks the
+        message released."""
+        if self._released:
+            return
+        self._released = True
+        self._subscriber._release(self, cuda_stream)
+
+    def __enter__(self) -> "Message":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def __repr__(self) -> str:
+        state = " released" if self._released else ""
+        return f"<Message seq {self.seq}{state}>"
+
+
+class Subscriber:
+    """A subscriber of topic ``name``, in this or any other process of the host.
+
+    :param qos: ``"latest"`` never slows the publisher: while this subscriber holds two frames
+        (one in use, the newest waiting), newer ones are skipped and :meth:`receive` then returns
+        the next frame published after it asked. ``"every"``: lossless, with a queue of ``queue``
+        frames; when it is full the publisher waits up to its ``every_timeout``, then drops this
+        subscriber (:meth:`receive` raises :class:`eglcuda.Dropped` with the reason).
+    :param queue: frames an ``every`` subscriber may hold or have unread (1..64).
+    :param device: the CUDA device frames are read on (another GPU than the publisher's works:
+        through CUDA IPC with peer access, or an EGLStream between the two GPUs' displays).
+    :param timeout: seconds to wait for the publisher to appear and finish the handshake, and
+        the default of :meth:`receive`.
+    :param path: an explicit socket path instead of the topic directory.
+    :param transport: ``"auto"`` (CUDA IPC on discrete GPUs when the publisher can do it, else an
+        EGLStream), ``"cuda-ipc"`` or ``"eglstream"``.
+    :param gl_context: receive frames in a GL texture (:class:`eglcuda.GLFrame`) through an
+        EGLStream; the context must be current on this thread.
+    :param cuda_stream: the CUDA stream frames are ordered on (None: one made for this subscriber).
+    :param trusted_uids: the users whose publishers are accepted (None: this process's own uid;
+        ``"any"``: everyone). Checked with ``SO_PEERCRED``.
+
+    Raises :class:`eglcuda.Timeout` when no publisher answered in ``timeout`` seconds and
+    :class:`eglcuda.Refused` when the publisher turned this subscriber away.
+    """
+
+    def __init__(self, name: str, qos: str = "latest", queue: int = 4, device: Any = 0, timeout: float = 5.0,
+                 path: str | os.PathLike[str] | None = None, transport: str = "auto", gl_context: Any = None, *,
+                 cuda_stream: Any = None, trusted_uids: Iterable[int] | str | None = None,
+                 _backend: SubscriberBackend | None = None) -> None:
+        self.name = naming.check_name(name)
+        try:
+            self.qos = Qos[qos.upper()] if isinstance(qos, str) else Qos(qos)
+        except (KeyError, ValueError):
+            raise UsageError(f"qos is 'latest' or 'every', got {qos!r}") from None
+        if not isinstance(queue, int) or isinstance(queue, bool) or not 1 <= queue <= protocol.MAX_QUEUE:
+            raise UsageError(f"queue is an int in 1..{protocol.MAX_QUEUE}, got {queue!r}")
+        self.queue = queue
+        if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not timeout > 0:
+            raise UsageError(f"timeout is a positive number of seconds, got {timeout!r}")
+        self.timeout = float(timeout)
+        if _backend is None and transport not in ("auto",) + TRANSPORT_NAMES:
+            raise UsageError(f"transport is 'auto' or one of {TRANSPORT_NAMES}, got {transport!r}")
+        self.path = naming.socket_path(self.name, path)
+        if trusted_uids is None:
+            self._trusted: set[int] | None = {os.geteuid()}
+        elif trusted_uids == "any":
+            self._trusted = None
+        else:
+            self._trusted = {int(uid) for uid in trusted_uids}
+        self._closed = False
+        self._sock: socket.socket | None = None
+        self._transport: SubscriberTransport | None = None
+        self._lost: BaseException | None = None
+        self._held: set[Message] = set()
+        self._pending: collections.deque[protocol.Frame] = collections.deque()
+        self._unsent: collections.deque[bytes] = collections.deque()
+        self._notice = -1
+        self._last_seq: int | None = None
+        self._buffer = bytearray(protocol.MAX_MESSAGE + 1)
+        self._poller: select.poll | None = None
+        self.info: TopicInfo | None = None
+        if _backend is None:
+
+            _backend = CudaSubscriberBackend(device, gl_context, cuda_stream)
+        self._backend = _backend
+        try:
+            self._wishes = _backend.wishes(transport)
+            self._connect(time.monotonic() + self.timeout)
+        except BaseException:
+            self._closed = True
+            _backend.close()
+            raise
+
+    # ---- the handshake ----------------------------------------------------------------------------
+    def _connect(self, deadline: float) -> None:
+        """Subscribe, waiting until ``deadline`` for a publisher that takes this subscriber. A
+        connection that ends before the publisher answered (a publisher dying or still starting:
+        its socket may take a connection it never serves) is tried again."""
+        while True:
+            try:
+                return self._handshake(deadline)
+            except _HandshakeLost as exc:
+                if time.monotonic() + sockets.CONNECT_RETRY_S >= deadline:
+                    raise PeerError(str(exc)) from None
+                time.sleep(sockets.CONNECT_RETRY_S)
+
+    def _handshake(self, deadline: float) -> None:
+        waited = f"no publisher of topic {self.name!r} answered at {self.path} in time"
+        sock = sockets.connect(self.path, deadline, waited)
+        transport = None
+        try:
+            peer = sockets.peer_of(sock)
+            if self._trusted is not None and peer.uid not in self._trusted:
+                raise Refused(f"the publisher at {self.path} runs as uid {peer.uid}, which this subscriber does not "
+                              f"trust (trusted_uids: {sorted(self._trusted)})", int(Reason.ACCESS))
+            backend = self._backend
+            hello = protocol.Hello(pid=os.getpid(), qos=self.qos, queue=self.queue, consumer=backend.consumer,
+                                   device=backend.identity.ordinal, gpu_uuid=backend.identity.uuid,
+                                   integrated=backend.identity.integrated, wishes=tuple(self._wishes), topic=self.name)
+            self._send_now(sock, protocol.encode(hello), deadline)
+            welcome = self._expect(sock, deadline, protocol.Welcome, waited)
+            if welcome.topic != self.name:
+                raise Refused(f"the publisher at {self.path} serves topic {welcome.topic!r}", int(Reason.VERSION))
+            if welcome.transport not in self._wishes:
+                raise PeerError(f"the publisher chose transport {welcome.transport!r}, not one of {self._wishes}")
+            transport = backend.transport(welcome.transport, welcome, self.qos, self.queue)
+            extra, fds = transport.attach()
+            try:
+                sockets.send(sock, protocol.encode(protocol.Attach(extra)), fds)
+            finally:
+                sockets.close_fds(fds)
+            ready = self._expect(sock, deadline, protocol.Ready, waited)
+            transport.ready(ready)
+        except BaseException:
+            if transport is not None:
+                transport.close()
+            sockets.close_quietly(sock)
+            raise
+        self._sock = sock
+        self._poller = poller = select.poll()
+        poller.register(sock, select.POLLIN)
+        self._transport = transport
+        self._lost = None
+        self._pending.clear()
+        self._unsent.clear()
+        self._notice = -1
+        self._last_seq = None
+        fmt = color_format(welcome.format)
+        self.info = TopicInfo(name=self.name, path=self.path, width=welcome.width, height=welcome.height, format=fmt,
+                              layout=Layout.ARRAY if welcome.layout else Layout.PITCH, pitch=welcome.pitch,
+                              fps=welcome.fps or None, pool=welcome.pool, publisher_pid=welcome.publisher_pid,
+                              instance=welcome.instance, transport=welcome.transport, next_seq=welcome.next_seq)
+
+    def _send_now(self, sock: socket.socket, data: bytes, deadline: float) -> None:
+        while True:
+            try:
+                sockets.send(sock, data)
+                return
+            except BlockingIOError:
+                if not sockets.wait_writable(sock, deadline):
+                    raise Timeout(f"the publisher at {self.path} does not read its socket") from None
+
+    def _expect(self, sock: socket.socket, deadline: float, kind: type[_M], waited: str) -> _M:
+        data, fds = sockets.receive(sock, deadline, waited)
+        sockets.close_fds(fds)
+        if not data:
+            raise _HandshakeLost(f"the publisher at {self.path} closed the connection during the handshake")
+        message = protocol.decode(data, len(fds))
+        if isinstance(message, protocol.Refuse):
+            raise Refused(f"the publisher of topic {self.name!r} turned this subscriber away: {message.reason}",
+                          message.code)
+        if isinstance(message, (protocol.Drop, protocol.Bye)):
+            raise Refused(f"the publisher of topic {self.name!r} ended the handshake: {message.reason}", message.code)
+        if not isinstance(message, kind):
+            raise protocol.ProtocolError(f"expected {kind.__name__}, got {type(message).__name__}")
+        return message
+
+    # ---- receiving --------------------------------------------------------------------------------
+    def receive(self, timeout: float | None = None) -> Message:
+        """The next frame (``every``) or the newest one (``latest``), waiting up to ``timeout``
+        seconds (None: the subscriber's ``timeout``). Raises :class:`eglcuda.Timeout` when none
+        came, :class:`eglcuda.StreamDisconnected` once the publisher is gone
+        (:class:`eglcuda.Dropped`, a kind of it, when the publisher dropped this subscriber or
+        closed the topic, with the reason); :meth:`wait_for_publisher` reconnects.
+
+        An EGLStream subscriber holds one message at a time; a CUDA IPC one up to its queue
+        (``every``) or two (``latest``)."""
+        self._check_connected()
+        transport = self._transport
+        if transport is None:  # pragma: no cover - set with the socket, which _check_connected saw
+            raise self._not_connected()
+        limit = 1 if transport.exclusive else (LATEST_CREDIT if self.qos is Qos.LATEST else self.queue)
+        if len(self._held) >= limit:
+            while True:  # a drop or goodbye already waiting says more than this usage error
+                header = self._read(None)
+                if header is None:
+                    break
+                self._pending.append(header)
+            raise UsageError(f"this subscriber holds {len(self._held)} message(s), as many as it may: release one "
+                             "before receiving another")
+        if timeout is not None and (not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout < 0):
+            raise UsageError(f"timeout is a number of seconds >= 0, got {timeout!r}")
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        self._flush()
+        while True:
+            header = self._next_frame(deadline)
+            if self.qos is Qos.LATEST:
+                header = self._newest(header)
+                if header.seq < self._notice:
+                    # A newer frame was published while this subscriber could take no more: this
+                    # one is stale. Give it back; the next frame published comes instead.
+                    self._skip(header)
+                    continue
+            try:
+                frame, number = transport.take(header, deadline)
+            except Timeout:
+                self._pending.appendleft(header)
+                raise
+            except StreamDisconnected as exc:
+                self._lose(StreamDisconnected(f"the publisher of topic {self.name!r} is gone ({exc})"))
+            except EglCudaError as exc:
+                self._lose(StreamDisconnected(f"receiving from topic {self.name!r} failed: {exc}"))
+            if number is not None and number != header.number:
+                header = self._match(header, number, frame, deadline)
+            skipped = 0 if self._last_seq is None else header.seq - self._last_seq - 1
+            self._last_seq = header.seq
+            message = Message(self, frame, header, skipped, number)
+            self._held.add(message)
+            return message
+
+    def _check_connected(self) -> None:
+        if self._closed:
+            raise ClosedError(f"the subscriber of topic {self.name!r} is closed")
+        if self._lost is not None:
+            raise self._lost
+        if self._sock is None:  # pragma: no cover - _lost is set whenever the socket goes
+            raise self._not_connected()
+
+    def _not_connected(self) -> StreamDisconnected:
+        return StreamDisconnected(f"not connected to topic {self.name!r}")
+
+    def _next_frame(self, deadline: float) -> protocol.Frame:
+        if self._pending:
+            return self._pending.popleft()
+        return self._read(deadline)
+
+    def _newest(self, header: protocol.Frame) -> protocol.Frame:
+        """The newest frame already announced (older ones are given back unread)."""
+        while True:
+            newer: protocol.Frame | None
+            if self._pending:
+                newer = self._pending.popleft()
+            else:
+                newer = self._read(None)
+                if newer is None:
+                    return header
+            self._skip(header)
+            header = newer
+
+    def _match(self, header: protocol.Frame, number: int, frame: Any, deadline: float) -> protocol.Frame:
+        """The EGLStream handed over frame ``number``, newer than ``header`` announced: a mailbox
+        replaced the announced frames with a newer one, whose announcement is on its way."""
+        transport = self._transport
+        if transport is None:  # pragma: no cover - receive() holds it
+            raise self._not_connected()
+        if self.qos is Qos.EVERY or number < header.number:
+            transport.release(frame, header, None)
+            self._lose(PeerError(f"topic {self.name!r}: the EGLStream handed over frame {number} where frame "
+                                 f"{header.number} was announced"))
+        while header.number < number:
+            self._skip(header)
+            header = self._next_frame(deadline)
+        if header.number != number:
+            transport.release(frame, header, None)
+            self._lose(PeerError(f"topic {self.name!r}: no announcement for EGLStream frame {number}"))
+        return header
+
+    @overload
+    def _read(self, deadline: float) -> protocol.Frame: ...
+
+    @overload
+    def _read(self, deadline: None) -> protocol.Frame | None: ...
+
+    def _read(self, deadline: float | None) -> protocol.Frame | None:
+        """The next FRAME, handling the other messages on the way. With ``deadline`` None, only
+        what is already waiting: None when no FRAME is."""
+        sock, buffer = self._sock, self._buffer
+        if sock is None:  # pragma: no cover - callers check the connection first
+            raise self._not_connected()
+        while True:
+            # The publisher sends no descriptors: a plain read into one buffer (a message longer
+            # than any valid one comes out too long and fails to decode).
+            try:
+                size = sock.recv_into(buffer)
+            except (BlockingIOError, InterruptedError):
+                if deadline is None:
+                    return None
+                left = deadline - time.monotonic()
+                poller = self._poller
+                if poller is None:  # pragma: no cover - set and cleared with the socket
+                    raise self._not_connected() from None
+                if left <= 0 or not poller.poll(left * 1000.0 + 0.5):
+                    if deadline - time.monotonic() <= 0:
+                        raise Timeout(f"no frame of topic {self.name!r} arrived in time") from None
+                continue
+            except OSError:
+                size = 0
+            if not size:
+                self._lose(StreamDisconnected(f"the publisher of topic {self.name!r} is gone: its connection closed "
+                                              "without a goodbye (its process exited or was killed)"))
+            data = buffer[:size]
+            message: protocol.Message | None = protocol.decode_frame_fast(data)
+            if message is None:
+                try:
+                    message = protocol.decode(bytes(data))
+                except protocol.ProtocolError as exc:
+                    self._lose(PeerError(f"the publisher of topic {self.name!r} sent a malformed message: {exc}"))
+            if isinstance(message, protocol.Frame):
+                if self._last_seen is not None and message.seq <= self._last_seen:
+                    self._lose(PeerError(f"topic {self.name!r}: frame {message.seq} came after frame "
+                                         f"{self._last_seen}"))
+                self._last_seen = message.seq
+                return message
+            if isinstance(message, protocol.Notice):
+                self._notice = max(self._notice, message.seq)
+            elif isinstance(message, protocol.Slot):
+                transport = self._transport
+                if transport is None:  # pragma: no cover - set and cleared with the socket
+                    raise self._not_connected()
+                try:
+                    transport.on_slot(message)
+                except EglCudaError as exc:
+                    self._lose(StreamDisconnected(f"topic {self.name!r}: opening pool slot {message.slot} failed: "
+                                                  f"{exc}"))
+            elif isinstance(message, protocol.Drop):
+                self._lose(Dropped(f"the publisher of topic {self.name!r} dropped this subscriber: {message.reason}",
+                                   message.code))
+            elif isinstance(message, protocol.Bye):
+                self._lose(Dropped(f"the publisher of topic {self.name!r} closed the topic: {message.reason}",
+                                   message.code or int(Reason.CLOSING)))
+            else:
+                self._lose(PeerError(f"the publisher of topic {self.name!r} sent {type(message).__name__} mid-stream"))
+
+    _last_seen: int | None = None
+
+    def _skip(self, header: protocol.Frame) -> None:
+        transport = self._transport
+        if transport is None:  # pragma: no cover - only called while connected
+            raise self._not_connected()
+        flags, extra = transport.skip(header)
+        self._queue_release(protocol.encode_release(header.seq, flags, extra))
+
+    def _release(self, message: Message, cuda_stream: Any) -> None:
+        self._held.discard(message)
+        if self._lost is not None or self._closed or self._transport is None:
+            return
+        stream = None
+        if cuda_stream is not None:
+
+            stream = stream_handle(cuda_stream)
+        try:
+            flags, extra = self._transport.release(message._frame, message._header, stream)
+        except EglCudaError:
+            # The transport could not let go (its publisher may be gone): the next receive says so.
+            return
+        self._queue_release(protocol.encode_release(message.seq, flags, extra))
+
+    def _queue_release(self, data: bytes) -> None:
+        self._unsent.append(data)
+        self._flush()
+
+    def _flush(self) -> None:
+        """Send queued releases; if the publisher's socket is full, they wait for the next call."""
+        while self._unsent and self._sock is not None:
+            try:
+                self._sock.send(self._unsent[0])
+            except BlockingIOError:
+                return
+            except OSError:
+                self._unsent.clear()
+                return
+            self._unsent.popleft()
+
+    def _lose(self, error: BaseException) -> NoReturn:
+        """The connection is over: make held frames unusable, close the transport, raise ``error``."""
+        self._lost = error
+        self._disconnect()
+        raise error
+
+    def _disconnect(self) -> None:
+        held, self._held = self._held, set()
+        for message in held:
+            message._released = True
+            if isinstance(getattr(message._frame, "_released", None), bool):
+                # A view of a pool slot (CUDA IPC): the slot may be written again. (An EGLStream's
+                # acquired frame is released when its stream closes.)
+                message._frame._released = True
+        transport, self._transport = self._transport, None
+        if transport is not None:
+            try:
+                transport.lost()
+                transport.close()
+            except EglCudaError:  # pragma: no cover - the publisher is gone; nothing else to do
+                pass
+        sock, self._sock = self._sock, None
+        self._poller = None
+        if sock is not None:
+            sockets.close_quietly(sock)  # unread messages would reset the connection: the goodbye would be lost
+        self._pending.clear()
+        self._unsent.clear()
+        self._last_seen = None
+
+    # ---- the publisher coming back ------------------------------------------------------------------
+    def wait_for_publisher(self, timeout: float | None = None) -> TopicInfo:
+        """Once the publisher is gone (:meth:`receive` raised :class:`eglcuda.StreamDisconnected`),
+        wait up to ``timeout`` seconds (None: the subscriber's ``timeout``) for a publisher of the
+        topic to be there again (a restarted one) and subscribe to it; returns its
+        :class:`TopicInfo` (a new ``instance``). While still connected, returns the current info."""
+        if self._closed:
+            raise ClosedError(f"the subscriber of topic {self.name!r} is closed")
+        if self._sock is None or self._lost is not None:
+            self._disconnect()
+            self._connect(time.monotonic() + (self.timeout if timeout is None else timeout))
+        info = self.info
+        if info is None:  # pragma: no cover - every handshake sets it
+            raise self._not_connected()
+        return info
+
+    @property
+    def connected(self) -> bool:
+        return self._sock is not None and self._lost is None and not self._closed
+
+    @property
+    def transport(self) -> str | None:
+        """The transport frames arrive through (None while not connected)."""
+        return self.info.transport if self.connected and self.info is not None else None
+
+    @property
+    def cuda_stream(self) -> int | None:
+        """The CUDA stream received frames are ordered on."""
+        return self._backend.cuda_stream
+
+    @property
+    def held(self) -> int:
+        """Messages received and not released."""
+        return len(self._held)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __iter__(self) -> Iterator[Message]:
+        """Messages until the publisher closes the topic; each step releases the previous message
+        if it is still held. Drops and crashes raise as in :meth:`receive`."""
+        previous = None
+        try:
+            while True:
+                if previous is not None:
+                    previous.release()
+                try:
+                    previous = self.receive()
+                except Dropped as exc:
+                    if exc.code == Reason.CLOSING:
+                        return
+                    raise
+                yield previous
+        finally:
+            if previous is not None:
+                previous.release()
+
+    def close(self) -> None:
+        """Say goodbye to the publisher and let go of everything (held messages become
+        unusable). Safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self._sock is not None and self._lost is None:
+                for message in list(self._held):
+                    message.release()
+                self._flush()
+                try:
+                    self._sock.send(protocol.encode(protocol.Bye(int(Reason.CLOSING), "the subscriber closed")))
+                except OSError:
+                    pass
+            self._disconnect()
+        finally:
+            self._backend.close()
+
+    def __enter__(self) -> "Subscriber":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        if self._closed:
+            state = "closed"
+        elif self.connected:
+            state = f"{self.transport}, {len(self._held)} held"
+        else:
+            state = f"disconnected ({self._lost})"
+        return f"<Subscriber {self.name!r} {self.qos.name.lower()}: {state}>"

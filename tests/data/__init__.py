@@ -1,0 +1,1 @@
+"""Test clips and the helpers that make and read them (see make_clips.py)."""

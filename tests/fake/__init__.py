@@ -1,0 +1,1 @@
+"""Tests against the fake driver of tests/fakedriver/ (see conftest.py)."""

@@ -1,0 +1,528 @@
+"""CUDA producer -> CUDA consumer in one process against the fake driver: every byte of every
+frame, order, frame numbers, return semantics, timeouts, disconnects, and errors raised before
+the driver is asked."""
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import eglcuda
+from eglcuda import ColorFormat, Layout, StreamState
+
+from .harness import fake, fake_driver_test
+from .kit import assert_frame_equals, display, fill_random, rng, stream_of
+
+FORMATS = [ColorFormat.ARGB, ColorFormat.NV12, ColorFormat.YUV420_PLANAR, ColorFormat.Y]
+
+
+@pytest.mark.parametrize("fifo_length", [0, 3], ids=["mailbox", "fifo3"])
+@pytest.mark.parametrize("layout", [Layout.PITCH, Layout.ARRAY], ids=lambda l: l.value)
+@pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: f.name)
+@fake_driver_test
+def test_every_byte_arrives_in_order(fmt, layout, fifo_length):
+    """Six frames through a ring of three: every byte of every plane as presented, numbers one
+    apart, the counters of EGL and eglcuda in step, the frames coming back in present order."""
+    random = rng()
+    width, height = 34, 18
+    with stream_of(width, height, fifo_length=fifo_length, format=fmt, layout=layout) as (_, stream, producer, consumer):
+        assert stream.state is StreamState.EMPTY
+        ring = [producer.allocate_frame() for _ in range(3)]
+        last = None
+        for round_ in range(6):
+            frame = ring[round_] if round_ < 3 else producer.return_frame(timeout_us=1_000_000)
+            assert frame is not None, f"round {round_}: no frame came back"
+            if round_ >= 3:
+                assert frame is ring[round_ - 3], "frames came back out of present order"
+            expected = fill_random(frame, random)
+            producer.present(frame)
+            assert stream.state is StreamState.NEW_FRAME
+            assert stream.producer_frame == producer.frames_presented == round_ + 1
+            with consumer.acquire(timeout_us=1_000_000) as acquired:
+                assert acquired.is_new
+                if last is not None:
+                    assert acquired.number == last + 1
+                last = acquired.number
+                assert acquired.number == stream.consumer_frame == stream.producer_frame
+                assert (acquired.width, acquired.height, acquired.layout) == (width, height, layout)
+                assert len(acquired.planes) == len(expected)
+                assert_frame_equals(acquired, expected)
+            assert stream.state is StreamState.OLD_FRAME
+        assert producer.frames_presented == consumer.frames_acquired == 6
+
+
+@pytest.mark.parametrize("fmt", [ColorFormat.ARGB, ColorFormat.NV12], ids=lambda f: f.name)
+@fake_driver_test
+def test_pitch_layout_of_a_wrapped_frame(fmt):
+    """A frame wrapped from raw device memory with a pitch of its own (padding after every row):
+    the consumer sees the same pitch and the rows, not the padding."""
+    from eglcuda._bind import cuda as driver
+
+    random = rng()
+    width, height = 40, 12
+    geometry = eglcuda.plane_geometry(fmt, width, height, 0)
+    pitch = max(g.row_bytes for g in geometry) + 72  # not a multiple of anything in particular
+    pitch += pitch % 2
+    size = sum(pitch * g.height for g in geometry)
+    with display() as opened:
+        device = eglcuda.get_device(0)
+        device.make_current()
+        base = driver.mem_alloc(size, "a test buffer")
+        try:
+            frame = eglcuda.Frame.from_pointer(base, width, height, pitch, fmt)
+            # Fill rows and padding with noise, then the rows with the data.
+            noise = random.integers(0, 256, size, dtype=np.uint8)
+            driver.copy_2d(0, ("host", noise, size), ("device", base, size), size, 1, True)
+            expected = fill_random(frame, random)
+            with opened.create_stream() as stream:
+                consumer = stream.connect_cuda_consumer()
+                producer = stream.connect_cuda_producer(width, height)
+                producer.present(frame)
+                with consumer.acquire() as acquired:
+                    assert acquired.pitch == pitch
+                    assert [p.pitch for p in acquired.planes] == [g.pitch for g in
+                                                                    eglcuda.plane_geometry(fmt, width, height, pitch)]
+                    assert_frame_equals(acquired, expected)
+            frame.close()
+        finally:
+            driver.mem_free(base)
+
+
+@pytest.mark.parametrize("fifo_length", [0, 2], ids=["mailbox", "fifo2"])
+@fake_driver_test
+def test_present_and_return_and_acquire_next_loop(fifo_length):
+    """The fused steps on a ring of three for 40 rounds: the same Frame objects come back, the
+    frame a step released is unusable, every byte arrives."""
+    random = rng()
+    with stream_of(66, 34, fifo_length=fifo_length, format=ColorFormat.NV12) as (_, stream, producer, consumer):
+        ring = [producer.allocate_frame() for _ in range(3)]
+        free = list(ring)
+        returned = 0
+        acquired = None
+        for round_ in range(40):
+            frame = free.pop(0)
+            expected = fill_random(frame, random)
+            back = producer.present_and_return(frame, timeout_us=0 if round_ < 2 else 1_000_000)
+            if round_ == 0:
+                assert back is None, "with reuse on, the only frame in flight cannot come back"
+            if back is not None:
+                assert any(back is f for f in ring)
+                free.append(back)
+                returned += 1
+            previous = acquired
+            acquired = consumer.acquire_next(timeout_us=1_000_000)
+            if previous is not None:
+                assert previous.released
+                with pytest.raises(eglcuda.ClosedError):
+                    previous.to_numpy()
+            assert acquired.is_new
+            assert_frame_equals(acquired, expected)
+            assert producer.in_flight + len(free) == 3
+        acquired.release()
+        assert returned == 40 - 2  # every frame presented comes back, bar the newest and the one before
+        assert consumer.frames_acquired == producer.frames_presented == 40
+
+
+@fake_driver_test
+def test_frames_iterator_with_a_producer_thread_fifo():
+    """A producer thread presents 150 distinct payloads through FIFO 4; the consumer's frames()
+    loop sees all of them, in order, byte for byte; leaving the loop releases the last frame, and
+    once the producer disconnects the loop ends by itself."""
+    from .kit import produce_payloads
+
+    random = rng()
+    count, width, height = 150, 40, 12
+    payloads = [random.integers(0, 256, (height, width, 4), dtype=np.uint8) for _ in range(count)]
+    received, errors = [], []
+    with stream_of(width, height, fifo_length=4) as (_, stream, producer, consumer):
+        pool = [producer.allocate_frame() for _ in range(6)]
+        thread = threading.Thread(target=produce_payloads, args=(producer, pool, payloads, errors, True))
+        thread.start()
+        for acquired in consumer.frames(timeout_us=2_000_000):
+            if acquired.is_new:
+                received.append(acquired.planes[0].to_numpy())
+            if len(received) == count:
+                break
+        thread.join(30)
+        assert not errors, errors
+        assert consumer._held is None and acquired.released
+        producer.close()
+        assert list(consumer.frames(timeout_us=2_000_000)) == []
+    assert len(received) == count
+    for index, (got, want) in enumerate(zip(received, payloads)):
+        assert np.array_equal(got, want), f"frame {index} out of order or corrupted"
+
+
+@pytest.mark.parametrize("fifo_length", [0, 4], ids=["mailbox", "fifo4"])
+@fake_driver_test
+def test_numbers_and_bytes_on_a_random_schedule(fifo_length):
+    """Random bursts of presents (single and fused), acquires with and without a new frame: every
+    number matches EGL's counter and the present it must come from, mailbox drops what it must,
+    and the consumer derives numbers without EGL where it can."""
+    random = rng()
+    with stream_of(24, 10, fifo_length=fifo_length) as (_, stream, producer, consumer):
+        free = [producer.allocate_frame() for _ in range(8)]
+        presented: list[list[np.ndarray]] = []
+        latched = 0
+        last_number = None
+        held = None
+        new_acquires = old_acquires = 0
+        for _ in range(300):
+            while (back := producer.return_frame(0)) is not None:
+                free.append(back)
+            queued = len(presented) - latched
+            room = fifo_length - queued if fifo_length else 3
+            burst = int(random.choice(4, p=[0.45, 0.35, 0.1, 0.1]))
+            for _ in range(min(burst, len(free), room)):
+                frame = free.pop(int(random.integers(len(free))))
+                presented.append(fill_random(frame, random))
+                if random.random() < 0.5:
+                    producer.present(frame)
+                else:
+                    back = producer.present_and_return(frame)
+                    if back is not None:
+                        free.append(back)
+            if not presented:
+                continue
+            waiting = len(presented) > latched
+            timeout_us = 500_000 if waiting else 2_000
+            if random.random() < 0.5:
+                acquired = consumer.acquire_next(timeout_us)
+            else:
+                if held is not None:
+                    held.release()
+                acquired = consumer.acquire(timeout_us)
+            held = acquired
+            assert acquired.number == stream.consumer_frame
+            if waiting:
+                index = latched + 1 if fifo_length else len(presented)
+                assert acquired.is_new
+                if last_number is not None:
+                    assert acquired.number - last_number == index - latched
+                latched = index
+                new_acquires += 1
+            else:
+                assert acquired.is_new is False and acquired.number == last_number
+                old_acquires += 1
+            assert_frame_equals(acquired, presented[latched - 1])
+            last_number = acquired.number
+        if held is not None:
+            held.release()
+        assert new_acquires > 100 and old_acquires > 5
+        assert consumer._numbers_derived == new_acquires - 1
+        assert not consumer._derive_off
+
+
+@fake_driver_test(env={"FAKE_EGL_FRAME_BASE": "1000000007"})
+def test_frame_numbers_from_a_counter_that_does_not_start_at_zero():
+    """EGL's frame counter need not start at 0: numbers are EGL's, derived ones included."""
+    with stream_of(16, 8) as (_, stream, producer, consumer):
+        a, b = producer.allocate_frame(), producer.allocate_frame()
+        numbers = []
+        for frame in (a, b, a, b, a):
+            producer.present(frame)
+            with consumer.acquire() as acquired:
+                numbers.append(acquired.number)
+                assert acquired.number == stream.consumer_frame
+            producer.return_frame(1_000_000)
+        assert numbers == [1_000_000_008 + i for i in range(5)]
+        assert consumer._numbers_derived >= 3
+
+
+@fake_driver_test
+def test_state_and_counters():
+    with display() as opened:
+        stream = opened.create_stream(latency_us=500)
+        assert stream.latency_us == 500
+        stream.latency_us = 1234
+        assert stream.latency_us == 1234
+        assert stream.state is StreamState.CREATED
+        consumer = stream.connect_cuda_consumer()
+        assert stream.state is StreamState.CONNECTING
+        producer = stream.connect_cuda_producer(16, 16)
+        assert stream.state is StreamState.EMPTY
+        assert (stream.producer_frame, stream.consumer_frame) == (0, 0)
+        producer.present(producer.allocate_frame())
+        assert stream.state is StreamState.NEW_FRAME
+        assert stream.producer_frame == 1 and stream.consumer_frame == 0
+        with consumer.acquire() as acquired:
+            assert acquired.number == stream.consumer_frame == 1
+            assert stream.state is StreamState.OLD_FRAME
+        producer.close()
+        assert stream.state is StreamState.DISCONNECTED
+        with pytest.raises(eglcuda.EGLError) as info:
+            stream.latency_us = 10
+        assert info.value.name == "EGL_BAD_STATE_KHR" and info.value.call == "eglStreamAttribKHR"
+        stream.close()
+
+
+@fake_driver_test
+def test_return_frame_semantics_with_reuse():
+    """Reuse on (the default): the stream keeps the newest frame. The first return after the
+    first present answers None at once; a frame comes back once a newer one is presented; in
+    mailbox mode a frame the consumer never saw comes back too."""
+    with stream_of(64, 48) as (_, stream, producer, consumer):
+        a, b, c = (producer.allocate_frame() for _ in range(3))
+        producer.present(a)
+        consumer.acquire().release()
+        started = time.perf_counter()
+        assert producer.return_frame(timeout_us=500_000) is None
+        assert time.perf_counter() - started < 0.25, "with one frame in flight the answer must be immediate"
+        assert producer.in_flight == 1
+        producer.present(b)
+        assert producer.return_frame(timeout_us=1_000_000) is a, "the released frame is no longer the newest"
+        producer.present(c)  # b is dropped unseen (mailbox)
+        assert producer.return_frame(timeout_us=1_000_000) is b
+        with consumer.acquire() as acquired:
+            assert acquired.number == 3
+            assert producer.return_frame(timeout_us=50_000) is None  # c is held
+        assert producer.return_frame(timeout_us=50_000) is None  # c is the newest
+        assert producer.in_flight == 1
+
+
+@fake_driver_test
+def test_return_frame_without_reuse():
+    with stream_of(64, 48, reuse_last_frame=False) as (_, stream, producer, consumer):
+        assert not stream.reuse_last_frame
+        a = producer.allocate_frame()
+        producer.present(a)
+        consumer.acquire().release()
+        assert producer.return_frame(timeout_us=1_000_000) is a
+        assert producer.in_flight == 0
+        with pytest.raises(eglcuda.Timeout):  # nothing left in the stream to hand out again
+            consumer.acquire(timeout_us=20_000)
+
+
+@fake_driver_test
+def test_acquire_without_a_new_frame_hands_back_the_old_one():
+    random = rng()
+    with stream_of(32, 8) as (_, stream, producer, consumer):
+        frame = producer.allocate_frame()
+        expected = fill_random(frame, random)
+        producer.present(frame)
+        first = consumer.acquire()
+        number = first.number
+        first.release()
+        started = time.perf_counter()
+        again = consumer.acquire(timeout_us=50_000)
+        waited = time.perf_counter() - started
+        assert not again.is_new and again.number == number
+        assert 0.04 < waited < 1.0, waited
+        assert_frame_equals(again, expected)
+        again.release()
+
+
+@fake_driver_test
+def test_timeout_before_any_present():
+    with stream_of(16, 16) as (_, stream, producer, consumer):
+        started = time.perf_counter()
+        with pytest.raises(eglcuda.Timeout, match="EMPTY"):
+            consumer.acquire(timeout_us=100_000)
+        assert 0.09 < time.perf_counter() - started < 2
+        # A timeout changes nothing: the next frame comes through.
+        producer.present(producer.allocate_frame())
+        consumer.acquire(timeout_us=100_000).release()
+
+
+@fake_driver_test
+def test_timeout_while_no_producer_connected():
+    with display() as opened, opened.create_stream() as stream:
+        consumer = stream.connect_cuda_consumer()
+        acquires = fake.calls("cuEGLStreamConsumerAcquireFrame")
+        with pytest.raises(eglcuda.Timeout, match="CONNECTING"):
+            consumer.acquire(timeout_us=30_000)
+        # eglcuda must not reach the driver's acquire before a producer connects (PLATFORM.md).
+        assert fake.calls("cuEGLStreamConsumerAcquireFrame") == acquires
+
+
+@fake_driver_test
+def test_stream_disconnected_after_the_producer_closes():
+    random = rng()
+    with stream_of(16, 8) as (_, stream, producer, consumer):
+        frame = producer.allocate_frame()
+        expected = fill_random(frame, random)
+        producer.present(frame)
+        seen = []
+        for acquired in consumer.frames(timeout_us=100_000):
+            assert_frame_equals(acquired, expected)
+            seen.append(acquired.number)
+            producer.close()
+        assert seen == [1]
+        assert stream.state is StreamState.DISCONNECTED
+        started = time.perf_counter()
+        with pytest.raises(eglcuda.StreamDisconnected):
+            consumer.acquire(timeout_us=100_000)
+        assert time.perf_counter() - started < 2
+        assert fake.count("held") == 0, "the re-acquired last frame was not released"
+        frame.close()  # the producer is gone: the frame may be freed
+
+
+@fake_driver_test
+def test_consumer_gone_present_and_return():
+    """Once the consumer leaves, a present raises StreamDisconnected, and frames it held or had
+    not seen never come back: return_frame says so instead of waiting in vain."""
+    with stream_of(16, 8) as (_, stream, producer, consumer):
+        a, b, c = (producer.allocate_frame() for _ in range(3))
+        producer.present(a)
+        consumer.acquire()  # held when the consumer goes
+        producer.present(b)  # never seen
+        consumer.close()
+        assert stream.state is StreamState.DISCONNECTED
+        with pytest.raises(eglcuda.ClosedError):
+            consumer.acquire()
+        started = time.perf_counter()
+        with pytest.raises(eglcuda.StreamDisconnected):
+            producer.present(c)
+        assert time.perf_counter() - started < 1
+        assert producer.return_frame(timeout_us=0) is None
+        with pytest.raises(eglcuda.StreamDisconnected, match="will not come back"):
+            producer.return_frame(timeout_us=20_000)
+        assert producer.in_flight == 2
+
+
+@fake_driver_test
+def test_acquire_waits_for_a_frame_presented_meanwhile():
+    random = rng()
+    with stream_of(16, 8) as (_, stream, producer, consumer):
+        frame = producer.allocate_frame()
+        expected = fill_random(frame, random)
+        timer = threading.Timer(0.05, producer.present, args=(frame,))
+        started = time.perf_counter()
+        timer.start()
+        with consumer.acquire(timeout_us=2_000_000) as acquired:
+            assert 0.04 < time.perf_counter() - started < 1.5
+            assert acquired.is_new and acquired.number == 1
+            assert_frame_equals(acquired, expected)
+        timer.join()
+
+
+@fake_driver_test
+def test_present_into_a_full_fifo_waits_for_the_consumer():
+    random = rng()
+    with stream_of(32, 8, fifo_length=2) as (_, stream, producer, consumer):
+        frames = [producer.allocate_frame() for _ in range(3)]
+        payloads = [fill_random(frame, random) for frame in frames]
+        producer.present(frames[0])
+        producer.present(frames[1])
+        presented, errors = [], []
+
+        def present_third():
+            try:
+                producer.present(frames[2])
+                presented.append(time.perf_counter())
+            except BaseException as exc:  # pragma: no cover - the test reports it
+                errors.append(exc)
+
+        third = threading.Thread(target=present_third, daemon=True)
+        third.start()
+        third.join(0.2)
+        assert third.is_alive() and not presented, "a present into a full FIFO did not wait"
+        acquired_at = time.perf_counter()
+        for index in range(3):
+            with consumer.acquire(timeout_us=2_000_000) as acquired:
+                assert acquired.is_new and acquired.number == index + 1
+                assert_frame_equals(acquired, payloads[index])
+            if index == 0:
+                third.join(2)
+                assert not third.is_alive() and not errors, errors
+                assert presented[0] > acquired_at
+
+
+@fake_driver_test(env={"FAKE_FIFO_WAIT_MS": "100"})
+def test_present_into_a_fifo_nobody_drains_fails_after_the_fakes_bound():
+    """The fake's documented bound on a full FIFO (the real driver would wait for ever)."""
+    with stream_of(16, 8, fifo_length=1) as (_, stream, producer, consumer):
+        a, b = producer.allocate_frame(), producer.allocate_frame()
+        producer.present(a)
+        with pytest.raises(eglcuda.CUDAError) as info:
+            producer.present(b)
+        assert info.value.code == 909 and info.value.name == "CUDA_ERROR_TIMEOUT"
+        assert info.value.call == "cuEGLStreamProducerPresentFrame"
+        assert producer.in_flight == 1
+        with consumer.acquire() as acquired:  # the producer goes on once there is room
+            assert acquired.number == 1
+        producer.present(b)
+        assert producer.in_flight == 2
+
+
+# ---- bad input is refused before the driver ---------------------------------------------------
+
+@fake_driver_test
+def test_bad_input_never_reaches_the_driver():
+    presents = "cuEGLStreamProducerPresentFrame"
+    with stream_of(64, 48, format=ColorFormat.ARGB, layout=Layout.PITCH) as (opened, stream, producer, consumer):
+        frame = producer.allocate_frame()
+        before = fake.calls(presents)
+        with eglcuda.Frame.allocate(64, 47) as short, eglcuda.Frame.allocate(64, 48, ColorFormat.NV12) as nv12, \
+                eglcuda.Frame.allocate(64, 48, layout=Layout.ARRAY) as array:
+            for bad, message in ((short, "64x47"), (nv12, "NV12"), (array, "layout")):
+                with pytest.raises(eglcuda.UsageError, match=message):
+                    producer.present(bad)
+                with pytest.raises(eglcuda.UsageError, match=message):
+                    producer.present_and_return(bad)
+        for bad in ("not a frame", np.zeros((48, 64, 4), np.uint8), None):
+            with pytest.raises(eglcuda.UsageError, match="takes an eglcuda.Frame"):
+                producer.present(bad)
+        for timeout in (-1, 2**31, 1.5, True, "10", None, np.int64(5)):
+            for call in (lambda: producer.return_frame(timeout), lambda: producer.present_and_return(frame, None, timeout),
+                         lambda: consumer.acquire(timeout), lambda: consumer.acquire_next(timeout_us=timeout)):
+                with pytest.raises(eglcuda.UsageError, match="microseconds"):
+                    call()
+        managed = eglcuda.Frame.allocate(64, 48, memory="managed")
+        wrapped = eglcuda.Frame.from_pointer(managed.planes[0].pointer, 64, 48, managed.pitch)  # the driver says managed
+        for bad in (managed, wrapped):
+            with pytest.raises(eglcuda.Unsupported, match="managed"):
+                producer.present(bad)
+        assert fake.calls(presents) == before, "bad input reached the driver"
+        assert producer.frames_presented == 0 and producer.in_flight == 0 and consumer.frames_acquired == 0
+        wrapped.close()
+        managed.close()
+        for options in ({"fifo_length": -1}, {"latency_us": -5}, {"fifo_length": "4"}, {"fifo_length": True}):
+            with pytest.raises(eglcuda.UsageError):
+                opened.create_stream(**options)
+        with pytest.raises(eglcuda.UsageError, match="already has a consumer"):
+            stream.connect_cuda_consumer()
+        with pytest.raises(eglcuda.UsageError, match="cannot take a producer"):
+            stream.connect_cuda_producer(64, 48)
+
+
+@fake_driver_test
+def test_in_flight_limits_are_checked_before_the_driver():
+    with stream_of(8, 8) as (_, stream, producer, consumer):
+        frames = [producer.allocate_frame() for _ in range(65)]
+        for frame in frames[:64]:
+            producer.present(frame)
+        presents = fake.calls("cuEGLStreamProducerPresentFrame")
+        with pytest.raises(eglcuda.UsageError, match="64 frames"):
+            producer.present(frames[64])
+        with pytest.raises(eglcuda.UsageError, match="already in flight"):
+            producer.present(frames[0])
+        assert fake.calls("cuEGLStreamProducerPresentFrame") == presents
+        with pytest.raises(eglcuda.UsageError, match="disconnect"):
+            frames[0].close()
+
+
+@fake_driver_test
+def test_producer_before_consumer_and_misuse_of_acquired_frames():
+    with display() as opened:
+        with opened.create_stream() as stream:
+            with pytest.raises(eglcuda.UsageError, match="consumer first"):
+                stream.connect_cuda_producer(64, 48)
+            assert fake.calls("cuEGLStreamProducerConnect") == 0
+        with stream_of(16, 16) as (_, stream, producer, consumer):
+            producer.present(producer.allocate_frame())
+            acquired = consumer.acquire()
+            with pytest.raises(eglcuda.UsageError, match="release it"):
+                consumer.acquire(timeout_us=1000)
+            plane = acquired.planes[0]
+            acquired.release()
+            with pytest.raises(eglcuda.ClosedError):
+                acquired.release()
+            for use in (lambda: acquired.planes, lambda: plane.pointer, lambda: plane.__cuda_array_interface__,
+                        lambda: plane.to_numpy(), lambda: plane.__dlpack__(), lambda: acquired.to_numpy()):
+                with pytest.raises(eglcuda.ClosedError):
+                    use()
+            with pytest.raises(eglcuda.UsageError, match="read-only"):
+                consumer.acquire().planes[0].copy_from(np.zeros((16, 16, 4), np.uint8))

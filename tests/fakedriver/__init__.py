@@ -1,0 +1,1 @@
+"""The fake EGL and CUDA driver libraries (C sources) and their build (build.py)."""

@@ -1,0 +1,56 @@
+"""Build the fake driver: libfake_egl.so and libfake_cuda.so, from the C files next to this one.
+
+    python3 tests/fakedriver/build.py OUT_DIR [--asan]
+
+prints the two paths; point eglcuda at them with EGLCUDA_LIBEGL and EGLCUDA_LIBCUDA (see
+eglcuda/_bind/loader.py). libfake_cuda.so needs libfake_egl.so (the stream model and the test
+controls live there) and finds it next to itself (rpath $ORIGIN), so one process always has one
+copy of the fake's state, whichever library eglcuda opens first.
+"""
+from __future__ import annotations
+
+import pathlib
+import shutil
+import subprocess
+import sys
+
+HERE = pathlib.Path(__file__).resolve().parent
+SOURCES = ("fake_common.h", "fake_egl.c", "fake_cuda.c")
+FLAGS = ["-std=gnu11", "-O1", "-g", "-fPIC", "-shared", "-pthread", "-Wall", "-Wextra", "-Werror",
+         "-fvisibility=hidden", "-Wl,-Bsymbolic", "-Wl,-z,defs"]
+
+
+class BuildError(RuntimeError):
+    pass
+
+
+def compiler() -> str | None:
+    return shutil.which("gcc") or shutil.which("cc")
+
+
+def build(out_dir: str | pathlib.Path, asan: bool = False) -> tuple[pathlib.Path, pathlib.Path]:
+    """Compile both libraries into ``out_dir``; returns (libfake_egl.so, libfake_cuda.so)."""
+    cc = compiler()
+    if cc is None:
+        raise BuildError("no C compiler (gcc or cc) on PATH")
+    out = pathlib.Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    flags = FLAGS + (["-fsanitize=address", "-fno-omit-frame-pointer"] if asan else [])
+    egl, cuda = out / "libfake_egl.so", out / "libfake_cuda.so"
+    steps = [
+        [cc, *flags, "-Wl,-soname,libfake_egl.so", "-o", str(egl), str(HERE / "fake_egl.c")],
+        [cc, *flags, "-Wl,-soname,libfake_cuda.so", "-o", str(cuda), str(HERE / "fake_cuda.c"),
+         f"-L{out}", "-lfake_egl", "-Wl,-rpath,$ORIGIN"],
+    ]
+    for step in steps:
+        result = subprocess.run(step, capture_output=True, text=True)
+        if result.returncode:
+            raise BuildError(f"{' '.join(step)}\n{result.stdout}{result.stderr}")
+    return egl, cuda
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2:
+        sys.exit(__doc__)
+    for path in build(sys.argv[1], asan="--asan" in sys.argv[2:]):
+        print(path)

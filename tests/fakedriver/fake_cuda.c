@@ -1,0 +1,1459 @@
+/* A fake libcuda for testing eglcuda without a GPU: the CUDA driver calls eglcuda makes on the
+ * frame path, where "device memory" is host memory (posix_memalign), so what eglcuda's plane
+ * copies write can be read back and checked. Builds on libfake_egl.so (fake_common.h), which owns
+ * the lock, the fault injection and the EGLStream model; see fake_egl.c for that model and for
+ * the test controls.
+ *
+ * What is modelled, and checked the way a driver would refuse it (each refusal of a kind eglcuda
+ * should never cause is also noted as a misuse, see fake_misuse_count()):
+ *   - cuInit first (else CUDA_ERROR_NOT_INITIALIZED); FAKE_CUDA_DEVICE_COUNT devices (default 1);
+ *     primary contexts with a retain count; the current context is per thread, and every call
+ *     that needs one fails with CUDA_ERROR_INVALID_CONTEXT without it (the EGLStream endpoint
+ *     calls need the context they connected from).
+ *   - memory: cuMemAlloc / cuMemAllocPitch / cuMemAllocManaged / cuMemHostAlloc (+ device pointer:
+ *     the same address, as with unified addressing) and their frees, every live allocation
+ *     tracked (fake_live_allocations() for leak tests); a free of anything but a live base
+ *     address is CUDA_ERROR_INVALID_VALUE; FAKE_CUDA_TOTAL_MEM bytes per device (default 1 GiB)
+ *     then CUDA_ERROR_OUT_OF_MEMORY.
+ *   - CUDA arrays are host buffers; cuMemcpy2D(Async) copies between host, "device" (any live
+ *     allocation: the whole range must lie inside one, else CUDA_ERROR_INVALID_VALUE / 
+ *     CUDA_ERROR_ILLEGAL_ADDRESS) and arrays (inside the array) at once; streams and events are
+ *     handles that are checked, all work is done when queued.
+ *   - the EGLStream endpoints (fake_egl.c): frames are checked against the connection (size,
+ *     format, plane count, channels, every plane's memory: pitch x plane height bytes inside one
+ *     live allocation, or arrays of the plane's size), consumer-side frames describe the
+ *     producer's memory (the same pointers), NV12 comes back labelled YVU420_SEMIPLANAR as NVIDIA's
+ *     driver 580 does.
+ *   - a present into a full FIFO waits for room for at most FAKE_FIFO_WAIT_MS (default 10000)
+ *     milliseconds, then fails with CUDA_ERROR_TIMEOUT (909) instead of blocking for ever;
+ *     a return with nothing to give back waits FAKE_RETURN_WAIT_US (default 1000) microseconds
+ *     and answers CUDA_ERROR_LAUNCH_TIMEOUT (702), as the real driver does.
+ *   - endpoint calls on a stream an endpoint left fail with CUDA_ERROR_UNKNOWN (999); acquire with
+ *     no frame fails with CUDA_ERROR_LAUNCH_TIMEOUT after the timeout.
+ * Not modelled: kernels, GL interop, EGLImage, external semaphores, host functions (those entry
+ * points are not exported, so eglcuda reports them unsupported). */
+#define _GNU_SOURCE
+#include "fake_common.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_DEVICES 4
+#define MAX_FRAMES_IN_STREAM 64
+
+/* ---- state -------------------------------------------------------------------------------- */
+enum { KIND_DEVICE, KIND_HOST, KIND_MANAGED };
+
+struct alloc {
+    struct alloc *next;
+    unsigned char *base;
+    size_t size;
+    int kind;
+    int device;
+};
+
+struct fake_array {
+    unsigned int magic;
+    struct fake_array *next;
+    size_t width, height, row_bytes;
+    int format;
+    unsigned int channels;
+    int device;
+    unsigned char *data;
+};
+
+struct fake_cu_stream {
+    unsigned int magic;
+    struct fake_cu_stream *next;
+    int device;
+};
+
+struct fake_event {
+    unsigned int magic;
+    struct fake_event *next;
+    unsigned int flags;
+    long long recorded_ns; /* 0: never recorded */
+};
+
+struct fake_ctx {
+    unsigned int magic;
+    int device;
+    int retained;
+};
+
+#define MAGIC_ARRAY 0x41525259u
+#define MAGIC_CU_STREAM 0x43535452u
+#define MAGIC_EVENT 0x45564E54u
+#define MAGIC_CTX 0x43545854u
+
+static int initialized;
+static struct fake_ctx contexts[MAX_DEVICES];
+static __thread struct fake_ctx *current;
+static struct alloc *allocations;
+static struct fake_array *arrays;
+static struct fake_cu_stream *cu_streams;
+static struct fake_event *events;
+static size_t used_bytes[MAX_DEVICES];
+static size_t total_bytes = (size_t)1 << 30;
+static long long fifo_wait_ns = 10000ll * 1000000ll;
+static long long return_wait_ns = 1000ll * 1000ll;
+
+__attribute__((constructor)) static void fake_cuda_load(void)
+{
+    const char *value = getenv("FAKE_CUDA_TOTAL_MEM");
+    if (value && strtoull(value, NULL, 0) > 0)
+        total_bytes = strtoull(value, NULL, 0);
+    value = getenv("FAKE_FIFO_WAIT_MS");
+    if (value)
+        fifo_wait_ns = strtoll(value, NULL, 0) * 1000000ll;
+    value = getenv("FAKE_RETURN_WAIT_US");
+    if (value)
+        return_wait_ns = strtoll(value, NULL, 0) * 1000ll;
+    for (int i = 0; i < MAX_DEVICES; i++) {
+        contexts[i].magic = MAGIC_CTX;
+        contexts[i].device = i;
+    }
+}
+
+/* ---- errors ------------------------------------------------------------------------------- */
+static const struct {
+    CUresult code;
+    const char *name;
+    const char *text;
+} error_table[] = {
+    {0, "CUDA_SUCCESS", "no error"},
+    {1, "CUDA_ERROR_INVALID_VALUE", "invalid argument"},
+    {2, "CUDA_ERROR_OUT_OF_MEMORY", "out of memory"},
+    {3, "CUDA_ERROR_NOT_INITIALIZED", "initialization error"},
+    {4, "CUDA_ERROR_DEINITIALIZED", "driver shutting down"},
+    {100, "CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is detected"},
+    {101, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"},
+    {201, "CUDA_ERROR_INVALID_CONTEXT", "invalid device context"},
+    {400, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"},
+    {401, "CUDA_ERROR_ILLEGAL_STATE", "the operation cannot be performed in the present state"},
+    {500, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
+    {600, "CUDA_ERROR_NOT_READY", "device not ready"},
+    {700, "CUDA_ERROR_ILLEGAL_ADDRESS", "an illegal memory access was encountered"},
+    {702, "CUDA_ERROR_LAUNCH_TIMEOUT", "the launch timed out and was terminated"},
+    {709, "CUDA_ERROR_CONTEXT_IS_DESTROYED", "context is destroyed"},
+    {801, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported"},
+    {909, "CUDA_ERROR_TIMEOUT", "wait operation timed out"},
+    {999, "CUDA_ERROR_UNKNOWN", "unknown error"},
+};
+
+FAKE_EXPORT CUresult cuGetErrorName(CUresult error, const char **out)
+{
+    FAKE_ENTER("cuGetErrorName", return fake_fault_);
+    if (out == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < sizeof(error_table) / sizeof(error_table[0]); i++)
+        if (error_table[i].code == error) {
+            *out = error_table[i].name;
+            return CUDA_SUCCESS;
+        }
+    *out = NULL;
+    return CUDA_ERROR_INVALID_VALUE;
+}
+
+FAKE_EXPORT CUresult cuGetErrorString(CUresult error, const char **out)
+{
+    FAKE_ENTER("cuGetErrorString", return fake_fault_);
+    if (out == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < sizeof(error_table) / sizeof(error_table[0]); i++)
+        if (error_table[i].code == error) {
+            *out = error_table[i].text;
+            return CUDA_SUCCESS;
+        }
+    *out = NULL;
+    return CUDA_ERROR_INVALID_VALUE;
+}
+
+/* ---- init, devices, contexts -------------------------------------------------------------- */
+FAKE_EXPORT CUresult cuInit(unsigned int flags)
+{
+    FAKE_ENTER("cuInit", return fake_fault_);
+    if (flags != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    __atomic_store_n(&initialized, 1, __ATOMIC_RELEASE);
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuDriverGetVersion(int *version)
+{
+    FAKE_ENTER("cuDriverGetVersion", return fake_fault_);
+    if (version == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    *version = 13000;
+    return CUDA_SUCCESS;
+}
+
+static int ready(void) { return __atomic_load_n(&initialized, __ATOMIC_ACQUIRE); }
+
+static CUresult check_device(CUdevice dev)
+{
+    if (!ready())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    return dev >= 0 && dev < fake__device_count() ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
+}
+
+/* The calling thread's current context, usable; CUDA_SUCCESS or why not. */
+static CUresult need_context(const char *call)
+{
+    if (!ready())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (current == NULL) {
+        fake__misuse("%s: no current CUDA context on this thread", call);
+        return CUDA_ERROR_INVALID_CONTEXT;
+    }
+    if (__atomic_load_n(&current->retained, __ATOMIC_ACQUIRE) <= 0) {
+        fake__misuse("%s: the current context's primary context was released", call);
+        return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+    }
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuDeviceGetCount(int *count)
+{
+    FAKE_ENTER("cuDeviceGetCount", return fake_fault_);
+    if (!ready())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (count == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    *count = fake__device_count();
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuDeviceGet(CUdevice *device, int ordinal)
+{
+    FAKE_ENTER("cuDeviceGet", return fake_fault_);
+    CUresult status = check_device(ordinal);
+    if (status == CUDA_SUCCESS) {
+        if (device == NULL)
+            return CUDA_ERROR_INVALID_VALUE;
+        *device = ordinal;
+    }
+    return status;
+}
+
+FAKE_EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice dev)
+{
+    FAKE_ENTER("cuDeviceGetName", return fake_fault_);
+    CUresult status = check_device(dev);
+    if (status)
+        return status;
+    if (name == NULL || len <= 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    snprintf(name, (size_t)len, "Fake CUDA device %d (eglcuda test driver)", dev);
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuDeviceGetAttribute(int *value, int attribute, CUdevice dev)
+{
+    FAKE_ENTER("cuDeviceGetAttribute", return fake_fault_);
+    CUresult status = check_device(dev);
+    if (status)
+        return status;
+    if (value == NULL || attribute <= 0 || attribute > 200)
+        return CUDA_ERROR_INVALID_VALUE;
+    switch (attribute) {
+    case 75: *value = 9; break;        /* compute capability major */
+    case 76: *value = 0; break;        /* minor */
+    case 18: *value = 0; break;        /* integrated */
+    case 19: *value = 1; break;        /* can map host memory */
+    case 83: *value = 1; break;        /* managed memory */
+    case 89: *value = 1; break;        /* concurrent managed access */
+    case 91: *value = 1; break;        /* host pointer for registered memory */
+    case 33: *value = dev + 1; break;  /* PCI bus */
+    default: *value = 0;
+    }
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
+{
+    FAKE_ENTER("cuDeviceTotalMem", return fake_fault_);
+    CUresult status = check_device(dev);
+    if (status)
+        return status;
+    if (bytes == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    *bytes = total_bytes;
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
+{
+    FAKE_ENTER("cuDevicePrimaryCtxRetain", return fake_fault_);
+    CUresult status = check_device(dev);
+    if (status)
+        return status;
+    if (pctx == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    __atomic_add_fetch(&contexts[dev].retained, 1, __ATOMIC_ACQ_REL);
+    *pctx = (CUcontext)&contexts[dev];
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
+{
+    FAKE_ENTER("cuDevicePrimaryCtxRelease", return fake_fault_);
+    CUresult status = check_device(dev);
+    if (status)
+        return status;
+    fake__lock();
+    if (contexts[dev].retained <= 0) {
+        fake__misuse("cuDevicePrimaryCtxRelease: device %d's primary context is not retained", dev);
+        status = CUDA_ERROR_INVALID_CONTEXT;
+    } else {
+        __atomic_sub_fetch(&contexts[dev].retained, 1, __ATOMIC_ACQ_REL);
+    }
+    fake__unlock();
+    return status;
+}
+
+FAKE_EXPORT CUresult cuCtxGetCurrent(CUcontext *pctx)
+{
+    FAKE_ENTER("cuCtxGetCurrent", return fake_fault_);
+    if (!ready())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (pctx == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    *pctx = (CUcontext)current;
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuCtxSetCurrent(CUcontext ctx)
+{
+    FAKE_ENTER("cuCtxSetCurrent", return fake_fault_);
+    if (!ready())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (ctx == NULL) {
+        current = NULL;
+        return CUDA_SUCCESS;
+    }
+    for (int i = 0; i < fake__device_count(); i++)
+        if (ctx == (CUcontext)&contexts[i]) {
+            current = &contexts[i];
+            return CUDA_SUCCESS;
+        }
+    fake__misuse("cuCtxSetCurrent: %p is not a context", (void *)ctx);
+    return CUDA_ERROR_INVALID_CONTEXT;
+}
+
+FAKE_EXPORT CUresult cuCtxSynchronize(void)
+{
+    FAKE_ENTER("cuCtxSynchronize", return fake_fault_);
+    return need_context("cuCtxSynchronize");
+}
+
+/* ---- memory ------------------------------------------------------------------------------- */
+/* The live allocation holding [address, address + length), lock held; NULL if none does. *partial
+ * says whether one holds the start but not the end. */
+static struct alloc *find_range(uintptr_t address, size_t length, int *partial)
+{
+    if (partial)
+        *partial = 0;
+    for (struct alloc *a = allocations; a; a = a->next) {
+        uintptr_t base = (uintptr_t)a->base;
+        if (address >= base && address < base + a->size) {
+            if (length <= base + a->size - address)
+                return a;
+            if (partial)
+                *partial = 1;
+            return NULL;
+        }
+    }
+    return NULL;
+}
+
+static struct alloc *find_base(uintptr_t address)
+{
+    for (struct alloc *a = allocations; a; a = a->next)
+        if ((uintptr_t)a->base == address)
+            return a;
+    return NULL;
+}
+
+static CUresult new_allocation(size_t size, int kind, unsigned char **out)
+{
+    if (size == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    int device = current->device;
+    if (used_bytes[device] + size > total_bytes || used_bytes[device] + size < size)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    struct alloc *a = calloc(1, sizeof(*a));
+    void *memory = NULL;
+    if (a == NULL || posix_memalign(&memory, 512, size) != 0) {
+        free(a);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    a->base = memory;
+    a->size = size;
+    a->kind = kind;
+    a->device = device;
+    a->next = allocations;
+    allocations = a;
+    used_bytes[device] += size;
+    *out = memory;
+    return CUDA_SUCCESS;
+}
+
+static void drop_allocation(struct alloc *a)
+{
+    for (struct alloc **p = &allocations; *p; p = &(*p)->next)
+        if (*p == a) {
+            *p = a->next;
+            break;
+        }
+    used_bytes[a->device] -= a->size;
+    free(a->base);
+    free(a);
+}
+
+static CUresult allocate(const char *call, size_t size, int kind, unsigned char **out)
+{
+    CUresult status = need_context(call);
+    if (status)
+        return status;
+    fake__lock();
+    status = new_allocation(size, kind, out);
+    fake__unlock();
+    return status;
+}
+
+FAKE_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size)
+{
+    FAKE_ENTER("cuMemAlloc", return fake_fault_);
+    unsigned char *memory;
+    if (dptr == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult status = allocate("cuMemAlloc", size, KIND_DEVICE, &memory);
+    if (status == CUDA_SUCCESS)
+        *dptr = (CUdeviceptr)(uintptr_t)memory;
+    return status;
+}
+
+FAKE_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width, size_t height,
+                                        unsigned int element)
+{
+    FAKE_ENTER("cuMemAllocPitch", return fake_fault_);
+    unsigned char *memory;
+    if (dptr == NULL || pitch == NULL || width == 0 || height == 0 || (element != 4 && element != 8 && element != 16))
+        return CUDA_ERROR_INVALID_VALUE;
+    size_t rounded = (width + 511) & ~(size_t)511;
+    CUresult status = allocate("cuMemAllocPitch", rounded * height, KIND_DEVICE, &memory);
+    if (status == CUDA_SUCCESS) {
+        *dptr = (CUdeviceptr)(uintptr_t)memory;
+        *pitch = rounded;
+    }
+    return status;
+}
+
+FAKE_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t size, unsigned int flags)
+{
+    FAKE_ENTER("cuMemAllocManaged", return fake_fault_);
+    unsigned char *memory;
+    if (dptr == NULL || (flags != 1 && flags != 2))
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult status = allocate("cuMemAllocManaged", size, KIND_MANAGED, &memory);
+    if (status == CUDA_SUCCESS)
+        *dptr = (CUdeviceptr)(uintptr_t)memory;
+    return status;
+}
+
+FAKE_EXPORT CUresult cuMemHostAlloc(void **pp, size_t size, unsigned int flags)
+{
+    FAKE_ENTER("cuMemHostAlloc", return fake_fault_);
+    unsigned char *memory;
+    if (pp == NULL || (flags & ~0x7u))
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult status = allocate("cuMemHostAlloc", size, KIND_HOST, &memory);
+    if (status == CUDA_SUCCESS)
+        *pp = memory;
+    return status;
+}
+
+FAKE_EXPORT CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *dptr, void *p, unsigned int flags)
+{
+    FAKE_ENTER("cuMemHostGetDevicePointer", return fake_fault_);
+    CUresult status = need_context("cuMemHostGetDevicePointer");
+    if (status)
+        return status;
+    if (dptr == NULL || flags != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    fake__lock();
+    struct alloc *a = find_range((uintptr_t)p, 1, NULL);
+    if (a == NULL || a->kind != KIND_HOST)
+        status = CUDA_ERROR_INVALID_VALUE;
+    else
+        *dptr = (CUdeviceptr)(uintptr_t)p; /* unified addressing: the same address */
+    fake__unlock();
+    return status;
+}
+
+static CUresult free_allocation(const char *call, uintptr_t address, int host)
+{
+    CUresult status = need_context(call);
+    if (status)
+        return status;
+    fake__lock();
+    struct alloc *a = find_base(address);
+    if (a == NULL || (a->kind == KIND_HOST) != host) {
+        fake__misuse("%s: 0x%lx is not a live %s allocation", call, (unsigned long)address,
+                     host ? "pinned host" : "device or managed");
+        status = CUDA_ERROR_INVALID_VALUE;
+    } else {
+        drop_allocation(a);
+    }
+    fake__unlock();
+    return status;
+}
+
+FAKE_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
+{
+    FAKE_ENTER("cuMemFree", return fake_fault_);
+    return free_allocation("cuMemFree", (uintptr_t)dptr, 0);
+}
+
+FAKE_EXPORT CUresult cuMemFreeHost(void *p)
+{
+    FAKE_ENTER("cuMemFreeHost", return fake_fault_);
+    return free_allocation("cuMemFreeHost", (uintptr_t)p, 1);
+}
+
+FAKE_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total)
+{
+    FAKE_ENTER("cuMemGetInfo", return fake_fault_);
+    CUresult status = need_context("cuMemGetInfo");
+    if (status)
+        return status;
+    if (free_bytes == NULL || total == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    fake__lock();
+    *free_bytes = total_bytes - used_bytes[current->device];
+    *total = total_bytes;
+    fake__unlock();
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr)
+{
+    FAKE_ENTER("cuMemGetAddressRange", return fake_fault_);
+    CUresult status = need_context("cuMemGetAddressRange");
+    if (status)
+        return status;
+    fake__lock();
+    struct alloc *a = find_range((uintptr_t)dptr, 1, NULL);
+    if (a == NULL) {
+        status = CUDA_ERROR_NOT_FOUND;
+    } else {
+        if (pbase)
+            *pbase = (CUdeviceptr)(uintptr_t)a->base;
+        if (psize)
+            *psize = a->size;
+    }
+    fake__unlock();
+    return status;
+}
+
+FAKE_EXPORT CUresult cuPointerGetAttribute(void *data, int attribute, CUdeviceptr ptr)
+{
+    FAKE_ENTER("cuPointerGetAttribute", return fake_fault_);
+    CUresult status = need_context("cuPointerGetAttribute");
+    if (status)
+        return status;
+    if (data == NULL || attribute != 8 /* CU_POINTER_ATTRIBUTE_IS_MANAGED */)
+        return CUDA_ERROR_INVALID_VALUE;
+    fake__lock();
+    struct alloc *a = find_range((uintptr_t)ptr, 1, NULL);
+    if (a == NULL)
+        status = CUDA_ERROR_INVALID_VALUE; /* not memory this driver knows */
+    else
+        *(unsigned int *)data = a->kind == KIND_MANAGED;
+    fake__unlock();
+    return status;
+}
+
+/* ---- arrays ------------------------------------------------------------------------------- */
+static size_t format_bytes(int format)
+{
+    switch (format) {
+    case 0x01: case 0x08: return 1;   /* unsigned / signed int8 */
+    case 0x02: case 0x09: case 0x10: return 2;
+    case 0x03: case 0x0a: case 0x20: return 4;
+    default: return 0;
+    }
+}
+
+static struct fake_array *array_of(CUarray handle)
+{
+    for (struct fake_array *a = arrays; a; a = a->next)
+        if ((CUarray)a == handle)
+            return a;
+    return NULL;
+}
+
+FAKE_EXPORT CUresult cuArrayCreate_v2(CUarray *handle, const CUDA_ARRAY_DESCRIPTOR *desc)
+{
+    FAKE_ENTER("cuArrayCreate", return fake_fault_);
+    CUresult status = need_context("cuArrayCreate");
+    if (status)
+        return status;
+    if (handle == NULL || desc == NULL || desc->Width == 0 || format_bytes(desc->Format) == 0 ||
+        (desc->NumChannels != 1 && desc->NumChannels != 2 && desc->NumChannels != 4))
+        return CUDA_ERROR_INVALID_VALUE;
+    size_t height = desc->Height ? desc->Height : 1;
+    size_t row = desc->Width * desc->NumChannels * format_bytes(desc->Format);
+    struct fake_array *a = calloc(1, sizeof(*a));
+    unsigned char *data;
+    fake__lock();
+    if (a == NULL || (status = new_allocation(row * height, KIND_DEVICE, &data)) != CUDA_SUCCESS) {
+        fake__unlock();
+        free(a);
+        return status ? status : CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    /* The array's bytes are an allocation too (for the memory counts), but not a device pointer
+     * anyone was given: take it off the list of those. */
+    struct alloc *backing = find_base((uintptr_t)data);
+    allocations = backing->next; /* new_allocation put it first */
+    a->magic = MAGIC_ARRAY;
+    a->width = desc->Width;
+    a->height = height;
+    a->row_bytes = row;
+    a->format = desc->Format;
+    a->channels = desc->NumChannels;
+    a->device = current->device;
+    a->data = data;
+    free(backing);
+    a->next = arrays;
+    arrays = a;
+    fake__unlock();
+    *handle = (CUarray)a;
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuArrayDestroy(CUarray handle)
+{
+    FAKE_ENTER("cuArrayDestroy", return fake_fault_);
+    CUresult status = need_context("cuArrayDestroy");
+    if (status)
+        return status;
+    fake__lock();
+    struct fake_array *a = array_of(handle);
+    if (a == NULL) {
+        fake__misuse("cuArrayDestroy: %p is not a live array", (void *)handle);
+        status = CUDA_ERROR_INVALID_HANDLE;
+    } else {
+        for (struct fake_array **p = &arrays; *p; p = &(*p)->next)
+            if (*p == a) {
+                *p = a->next;
+                break;
+            }
+        used_bytes[a->device] -= a->row_bytes * a->height;
+        a->magic = 0;
+        free(a->data);
+        free(a);
+    }
+    fake__unlock();
+    return status;
+}
+
+/* ---- streams and events ------------------------------------------------------------------- */
+static int stream_ok(CUstream stream)
+{
+    uintptr_t value = (uintptr_t)stream;
+    if (value == 0 || value == 1 || value == 2) /* legacy default, CU_STREAM_LEGACY, per-thread */
+        return 1;
+    for (struct fake_cu_stream *s = cu_streams; s; s = s->next)
+        if ((CUstream)s == stream)
+            return 1;
+    return 0;
+}
+
+static struct fake_event *event_of(CUevent handle)
+{
+    for (struct fake_event *e = events; e; e = e->next)
+        if ((CUevent)e == handle)
+            return e;
+    return NULL;
+}
+
+/* Context and stream checks of a call that takes a stream; lock held on success. */
+static CUresult enter_with_stream(const char *call, CUstream stream)
+{
+    CUresult status = need_context(call);
+    if (status)
+        return status;
+    fake__lock();
+    if (!stream_ok(stream)) {
+        fake__unlock();
+        fake__misuse("%s: %p is not a live CUDA stream", call, (void *)stream);
+        return CUDA_ERROR_INVALID_HANDLE;
+    }
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuStreamCreate(CUstream *out, unsigned int flags)
+{
+    FAKE_ENTER("cuStreamCreate", return fake_fault_);
+    CUresult status = need_context("cuStreamCreate");
+    if (status)
+        return status;
+    if (out == NULL || flags > 1)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct fake_cu_stream *s = calloc(1, sizeof(*s));
+    if (s == NULL)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    s->magic = MAGIC_CU_STREAM;
+    s->device = current->device;
+    fake__lock();
+    s->next = cu_streams;
+    cu_streams = s;
+    fake__unlock();
+    *out = (CUstream)s;
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuStreamDestroy_v2(CUstream stream)
+{
+    FAKE_ENTER("cuStreamDestroy", return fake_fault_);
+    CUresult status = need_context("cuStreamDestroy");
+    if (status)
+        return status;
+    fake__lock();
+    status = CUDA_ERROR_INVALID_HANDLE;
+    for (struct fake_cu_stream **p = &cu_streams; *p; p = &(*p)->next)
+        if (*p == (struct fake_cu_stream *)stream) {
+            *p = (*p)->next;
+            ((struct fake_cu_stream *)stream)->magic = 0;
+            free(stream);
+            status = CUDA_SUCCESS;
+            break;
+        }
+    fake__unlock();
+    if (status)
+        fake__misuse("cuStreamDestroy: %p is not a live CUDA stream", (void *)stream);
+    return status;
+}
+
+FAKE_EXPORT CUresult cuStreamSynchronize(CUstream stream)
+{
+    FAKE_ENTER("cuStreamSynchronize", return fake_fault_);
+    CUresult status = enter_with_stream("cuStreamSynchronize", stream);
+    if (status == CUDA_SUCCESS)
+        fake__unlock();
+    return status;
+}
+
+FAKE_EXPORT CUresult cuStreamQuery(CUstream stream)
+{
+    FAKE_ENTER("cuStreamQuery", return fake_fault_);
+    CUresult status = enter_with_stream("cuStreamQuery", stream);
+    if (status == CUDA_SUCCESS)
+        fake__unlock();
+    return status;
+}
+
+FAKE_EXPORT CUresult cuStreamWaitEvent(CUstream stream, CUevent event, unsigned int flags)
+{
+    FAKE_ENTER("cuStreamWaitEvent", return fake_fault_);
+    CUresult status = enter_with_stream("cuStreamWaitEvent", stream);
+    if (status)
+        return status;
+    if (event_of(event) == NULL) {
+        fake__misuse("cuStreamWaitEvent: %p is not a live event", (void *)event);
+        status = CUDA_ERROR_INVALID_HANDLE;
+    } else if (flags != 0) {
+        status = CUDA_ERROR_INVALID_VALUE;
+    }
+    fake__unlock();
+    return status;
+}
+
+FAKE_EXPORT CUresult cuStreamAttachMemAsync(CUstream stream, CUdeviceptr dptr, size_t length, unsigned int flags)
+{
+    FAKE_ENTER("cuStreamAttachMemAsync", return fake_fault_);
+    CUresult status = enter_with_stream("cuStreamAttachMemAsync", stream);
+    if (status)
+        return status;
+    struct alloc *a = find_base((uintptr_t)dptr);
+    if (a == NULL || a->kind != KIND_MANAGED || (length != 0 && length != a->size) ||
+        (flags != 1 && flags != 2 && flags != 4) || (flags == 4 && stream == NULL))
+        status = CUDA_ERROR_INVALID_VALUE;
+    fake__unlock();
+    return status;
+}
+
+FAKE_EXPORT CUresult cuEventCreate(CUevent *out, unsigned int flags)
+{
+    FAKE_ENTER("cuEventCreate", return fake_fault_);
+    CUresult status = need_context("cuEventCreate");
+    if (status)
+        return status;
+    if (out == NULL || (flags & ~0x7u))
+        return CUDA_ERROR_INVALID_VALUE;
+    struct fake_event *e = calloc(1, sizeof(*e));
+    if (e == NULL)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    e->magic = MAGIC_EVENT;
+    e->flags = flags;
+    fake__lock();
+    e->next = events;
+    events = e;
+    fake__unlock();
+    *out = (CUevent)e;
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuEventDestroy_v2(CUevent event)
+{
+    FAKE_ENTER("cuEventDestroy", return fake_fault_);
+    CUresult status = need_context("cuEventDestroy");
+    if (status)
+        return status;
+    fake__lock();
+    status = CUDA_ERROR_INVALID_HANDLE;
+    for (struct fake_event **p = &events; *p; p = &(*p)->next)
+        if (*p == (struct fake_event *)event) {
+            *p = (*p)->next;
+            ((struct fake_event *)event)->magic = 0;
+            free(event);
+            status = CUDA_SUCCESS;
+            break;
+        }
+    fake__unlock();
+    if (status)
+        fake__misuse("cuEventDestroy: %p is not a live event", (void *)event);
+    return status;
+}
+
+FAKE_EXPORT CUresult cuEventRecord(CUevent event, CUstream stream)
+{
+    FAKE_ENTER("cuEventRecord", return fake_fault_);
+    CUresult status = enter_with_stream("cuEventRecord", stream);
+    if (status)
+        return status;
+    struct fake_event *e = event_of(event);
+    if (e == NULL) {
+        fake__misuse("cuEventRecord: %p is not a live event", (void *)event);
+        status = CUDA_ERROR_INVALID_HANDLE;
+    } else {
+        e->recorded_ns = fake__now_ns();
+    }
+    fake__unlock();
+    return status;
+}
+
+static CUresult event_check(const char *call, CUevent event)
+{
+    CUresult status = need_context(call);
+    if (status)
+        return status;
+    fake__lock();
+    if (event_of(event) == NULL) {
+        fake__misuse("%s: %p is not a live event", call, (void *)event);
+        status = CUDA_ERROR_INVALID_HANDLE;
+    }
+    fake__unlock();
+    return status;
+}
+
+FAKE_EXPORT CUresult cuEventSynchronize(CUevent event)
+{
+    FAKE_ENTER("cuEventSynchronize", return fake_fault_);
+    return event_check("cuEventSynchronize", event);
+}
+
+FAKE_EXPORT CUresult cuEventQuery(CUevent event)
+{
+    FAKE_ENTER("cuEventQuery", return fake_fault_);
+    return event_check("cuEventQuery", event);
+}
+
+FAKE_EXPORT CUresult cuEventElapsedTime(float *ms, CUevent start, CUevent end)
+{
+    FAKE_ENTER("cuEventElapsedTime", return fake_fault_);
+    CUresult status = need_context("cuEventElapsedTime");
+    if (status)
+        return status;
+    if (ms == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    fake__lock();
+    struct fake_event *a = event_of(start), *b = event_of(end);
+    if (a == NULL || b == NULL || (a->flags & 2) || (b->flags & 2))
+        status = CUDA_ERROR_INVALID_HANDLE;
+    else if (!a->recorded_ns || !b->recorded_ns)
+        status = CUDA_ERROR_NOT_READY;
+    else
+        *ms = (float)(b->recorded_ns - a->recorded_ns) / 1e6f;
+    fake__unlock();
+    return status;
+}
+
+/* ---- copies ------------------------------------------------------------------------------- */
+struct side {
+    unsigned char *first; /* the first byte of the first row */
+    size_t pitch;
+};
+
+/* One end of a 2D copy, checked; lock held. */
+static CUresult copy_side(const char *call, const char *which, int type, const void *host, CUdeviceptr device,
+                          CUarray array, size_t x, size_t y, size_t pitch, size_t width, size_t height,
+                          struct side *out)
+{
+    uintptr_t address;
+    struct fake_array *a;
+    int partial;
+    if (type == 4 /* unified */) {
+        type = find_range((uintptr_t)device, 1, NULL) ? 2 : 1;
+        host = (const void *)(uintptr_t)device;
+    }
+    switch (type) {
+    case 1: /* host */
+        if (host == NULL || (height > 1 && pitch < width))
+            return CUDA_ERROR_INVALID_VALUE;
+        out->first = (unsigned char *)host + y * pitch + x;
+        out->pitch = pitch;
+        return CUDA_SUCCESS;
+    case 2: /* device */
+        if (height > 1 && pitch < width)
+            return CUDA_ERROR_INVALID_VALUE;
+        address = (uintptr_t)device + y * pitch + x;
+        if (find_range(address, (height - 1) * pitch + width, &partial) == NULL) {
+            fake__misuse("%s: %s device range 0x%lx + %zu rows of %zu bytes, %zu apart, is %s", call, which,
+                         (unsigned long)address, height, width, pitch,
+                         partial ? "past the end of its allocation" : "in no live allocation");
+            return partial ? CUDA_ERROR_ILLEGAL_ADDRESS : CUDA_ERROR_INVALID_VALUE;
+        }
+        out->first = (unsigned char *)address;
+        out->pitch = pitch;
+        return CUDA_SUCCESS;
+    case 3: /* array */
+        a = array_of(array);
+        if (a == NULL) {
+            fake__misuse("%s: %s %p is not a live array", call, which, (void *)array);
+            return CUDA_ERROR_INVALID_HANDLE;
+        }
+        if (x + width > a->row_bytes || y + height > a->height) {
+            fake__misuse("%s: %s rows %zu..%zu, bytes %zu..%zu outside the %zux%zu-byte array", call, which, y,
+                         y + height, x, x + width, a->row_bytes, a->height);
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        out->first = a->data + y * a->row_bytes + x;
+        out->pitch = a->row_bytes;
+        return CUDA_SUCCESS;
+    default:
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+}
+
+static CUresult copy_2d(const char *call, const CUDA_MEMCPY2D *copy, CUstream stream)
+{
+    CUresult status = enter_with_stream(call, stream);
+    if (status)
+        return status;
+    struct side src, dst;
+    if (copy == NULL) {
+        status = CUDA_ERROR_INVALID_VALUE;
+    } else if (copy->WidthInBytes && copy->Height) {
+        status = copy_side(call, "source", copy->srcMemoryType, copy->srcHost, copy->srcDevice, copy->srcArray,
+                           copy->srcXInBytes, copy->srcY, copy->srcPitch, copy->WidthInBytes, copy->Height, &src);
+        if (status == CUDA_SUCCESS)
+            status = copy_side(call, "destination", copy->dstMemoryType, copy->dstHost, copy->dstDevice,
+                               copy->dstArray, copy->dstXInBytes, copy->dstY, copy->dstPitch, copy->WidthInBytes,
+                               copy->Height, &dst);
+        if (status == CUDA_SUCCESS)
+            for (size_t row = 0; row < copy->Height; row++)
+                memmove(dst.first + row * dst.pitch, src.first + row * src.pitch, copy->WidthInBytes);
+    }
+    fake__unlock();
+    return status;
+}
+
+FAKE_EXPORT CUresult cuMemcpy2D_v2(const CUDA_MEMCPY2D *copy)
+{
+    FAKE_ENTER("cuMemcpy2D", return fake_fault_);
+    return copy_2d("cuMemcpy2D", copy, NULL);
+}
+
+FAKE_EXPORT CUresult cuMemcpy2DAsync_v2(const CUDA_MEMCPY2D *copy, CUstream stream)
+{
+    FAKE_ENTER("cuMemcpy2DAsync", return fake_fault_);
+    return copy_2d("cuMemcpy2DAsync", copy, stream);
+}
+
+FAKE_EXPORT CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char value, size_t count, CUstream stream)
+{
+    FAKE_ENTER("cuMemsetD8Async", return fake_fault_);
+    CUresult status = enter_with_stream("cuMemsetD8Async", stream);
+    if (status)
+        return status;
+    int partial;
+    if (count && find_range((uintptr_t)dst, count, &partial) == NULL) {
+        fake__misuse("cuMemsetD8Async: 0x%lx + %zu bytes is not inside a live allocation", (unsigned long)dst, count);
+        status = partial ? CUDA_ERROR_ILLEGAL_ADDRESS : CUDA_ERROR_INVALID_VALUE;
+    } else if (count) {
+        memset((void *)(uintptr_t)dst, value, count);
+    }
+    fake__unlock();
+    return status;
+}
+
+/* ---- EGLStream endpoints (the model is in fake_egl.c) ------------------------------------- */
+struct plane_spec {
+    unsigned int x_div, y_div, channels, pitch_div;
+};
+
+struct format_spec {
+    int format;
+    int planes;
+    struct plane_spec plane[3];
+};
+
+/* The formats eglcuda presents, from cudaEGL.h's CUeglColorFormat (0x52: CU_EGL_COLOR_FORMAT_Y). */
+static const struct format_spec formats[] = {
+    {0x06, 1, {{1, 1, 4, 1}}},                                /* ARGB */
+    {0x07, 1, {{1, 1, 4, 1}}},                                /* RGBA */
+    {0x0E, 1, {{1, 1, 4, 1}}},                                /* ABGR */
+    {0x0F, 1, {{1, 1, 4, 1}}},                                /* BGRA */
+    {0x10, 1, {{1, 1, 1, 1}}},                                /* A */
+    {0x52, 1, {{1, 1, 1, 1}}},                                /* Y */
+    {0x00, 3, {{1, 1, 1, 1}, {2, 2, 1, 2}, {2, 2, 1, 2}}},    /* YUV420 planar */
+    {0x01, 2, {{1, 1, 1, 1}, {2, 2, 2, 1}}},                  /* YUV420 semi-planar (NV12) */
+    {0x15, 2, {{1, 1, 1, 1}, {2, 2, 2, 1}}},                  /* YVU420 semi-planar */
+    {0x0A, 3, {{1, 1, 1, 1}, {1, 1, 1, 1}, {1, 1, 1, 1}}},    /* YUV444 planar */
+};
+
+static const struct format_spec *format_of(int format)
+{
+    for (size_t i = 0; i < sizeof(formats) / sizeof(formats[0]); i++)
+        if (formats[i].format == format)
+            return &formats[i];
+    return NULL;
+}
+
+/* Whether a presented frame is one the driver can take for this connection; lock held. */
+static CUresult check_frame(const CUeglFrame *f, const struct fake_conn *conn)
+{
+    const struct format_spec *spec = format_of(f->eglColorFormat);
+    int device = ((struct fake_ctx *)conn->context)->device;
+    if ((int)f->width != conn->width || (int)f->height != conn->height) {
+        fake__misuse("present: a %ux%u frame on a %dx%d connection", f->width, f->height, conn->width, conn->height);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (spec == NULL || (int)f->planeCount != spec->planes || f->numChannels != spec->plane[0].channels ||
+        f->depth > 1 || f->cuFormat != 0x01 || (f->frameType != CU_EGL_FRAME_TYPE_PITCH &&
+                                                f->frameType != CU_EGL_FRAME_TYPE_ARRAY)) {
+        fake__misuse("present: frame type %d, format 0x%x, %u planes, %u channels, depth %u, cuFormat %d: not a "
+                     "frame this driver takes", f->frameType, f->eglColorFormat, f->planeCount, f->numChannels,
+                     f->depth, f->cuFormat);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    for (int i = 0; i < spec->planes; i++) {
+        const struct plane_spec *p = &spec->plane[i];
+        size_t width = (f->width + p->x_div - 1) / p->x_div, height = (f->height + p->y_div - 1) / p->y_div;
+        if (f->frameType == CU_EGL_FRAME_TYPE_ARRAY) {
+            struct fake_array *a = array_of(f->frame.pArray[i]);
+            if (a == NULL || a->width < width || a->height < height || a->channels != p->channels ||
+                a->device != device) {
+                fake__misuse("present: plane %d: %p is not a live %zux%zu array of %u channels on device %d", i,
+                             (void *)f->frame.pArray[i], width, height, p->channels, device);
+                return CUDA_ERROR_INVALID_VALUE;
+            }
+            continue;
+        }
+        if (f->pitch < width * p->channels * p->pitch_div || f->pitch % p->pitch_div) {
+            fake__misuse("present: pitch %u is too small for plane %d", f->pitch, i);
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        /* The driver reads each plane as rows of the frame's pitch (measured; see eglcuda's
+         * frames.formats.driver_extents). */
+        size_t extent = (size_t)f->pitch * height;
+        struct alloc *a = find_range((uintptr_t)f->frame.pPitch[i], extent, NULL);
+        if (a == NULL || (a->kind != KIND_HOST && a->device != device)) {
+            fake__misuse("present: plane %d at %p: %zu bytes are not inside one live allocation of device %d", i,
+                         f->frame.pPitch[i], extent, device);
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        if (a->kind == KIND_MANAGED) {
+            /* NVIDIA's driver crashes on it (eglcuda measured SIGSEGV); eglcuda must refuse first. */
+            fake__misuse("present: plane %d is managed memory (the real driver crashes)", i);
+            return CUDA_ERROR_NOT_SUPPORTED;
+        }
+    }
+    return CUDA_SUCCESS;
+}
+
+/* Common checks of an endpoint call: context, connection (of the right side), CUDA stream. On
+ * success the lock is held and *out is the connection. */
+static CUresult enter_endpoint(const char *call, CUeglStreamConnection *pconn, int producer, CUstream *pstream,
+                               struct fake_conn **out)
+{
+    CUresult status = need_context(call);
+    if (status)
+        return status;
+    if (pconn == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    fake__lock();
+    struct fake_conn *conn = fake__conn_lookup(*pconn);
+    if (conn == NULL || conn->producer != producer) {
+        fake__unlock();
+        fake__misuse("%s: %p is not a connected %s", call, (void *)*pconn, producer ? "producer" : "consumer");
+        return CUDA_ERROR_INVALID_HANDLE;
+    }
+    if (conn->context != (void *)current) {
+        fake__unlock();
+        fake__misuse("%s: the current context is not the one the endpoint connected from", call);
+        return CUDA_ERROR_INVALID_CONTEXT;
+    }
+    if (pstream != NULL && !stream_ok(*pstream)) {
+        fake__unlock();
+        fake__misuse("%s: %p is not a live CUDA stream", call, (void *)*pstream);
+        return CUDA_ERROR_INVALID_HANDLE;
+    }
+    *out = conn;
+    return CUDA_SUCCESS;
+}
+
+static CUresult connect_endpoint(const char *call, CUeglStreamConnection *pconn, void *egl_stream, int producer,
+                        int width, int height)
+{
+    CUresult status = need_context(call);
+    if (status)
+        return status;
+    if (pconn == NULL || (producer && (width <= 0 || height <= 0)))
+        return CUDA_ERROR_INVALID_VALUE;
+    fake__lock();
+    struct fake_stream *s = fake__stream_from_handle(egl_stream);
+    struct fake_conn *conn = NULL;
+    int state = s ? fake__stream_state(s) : 0;
+    if (s == NULL) {
+        fake__misuse("%s: %p is not a live EGLStream", call, egl_stream);
+        status = CUDA_ERROR_INVALID_HANDLE;
+    } else if (state != (producer ? EGL_STREAM_STATE_CONNECTING_KHR : EGL_STREAM_STATE_CREATED_KHR)) {
+        status = CUDA_ERROR_UNKNOWN; /* the consumer connects first, each side once */
+    } else if ((conn = fake__conn_new(s, producer, current)) == NULL) {
+        status = CUDA_ERROR_OUT_OF_MEMORY;
+    } else {
+        conn->width = width;
+        conn->height = height;
+        *pconn = (CUeglStreamConnection)conn;
+        fake__wake_all();
+    }
+    fake__unlock();
+    return status;
+}
+
+FAKE_EXPORT CUresult cuEGLStreamConsumerConnect(CUeglStreamConnection *conn, void *stream)
+{
+    FAKE_ENTER("cuEGLStreamConsumerConnect", return fake_fault_);
+    return connect_endpoint("cuEGLStreamConsumerConnect", conn, stream, 0, 0, 0);
+}
+
+FAKE_EXPORT CUresult cuEGLStreamConsumerConnectWithFlags(CUeglStreamConnection *conn, void *stream,
+                                                         unsigned int flags)
+{
+    FAKE_ENTER("cuEGLStreamConsumerConnectWithFlags", return fake_fault_);
+    if (flags > 1)
+        return CUDA_ERROR_INVALID_VALUE;
+    return connect_endpoint("cuEGLStreamConsumerConnectWithFlags", conn, stream, 0, 0, 0);
+}
+
+FAKE_EXPORT CUresult cuEGLStreamProducerConnect(CUeglStreamConnection *conn, void *stream, EGLint width,
+                                                EGLint height)
+{
+    FAKE_ENTER("cuEGLStreamProducerConnect", return fake_fault_);
+    return connect_endpoint("cuEGLStreamProducerConnect", conn, stream, 1, width, height);
+}
+
+static CUresult disconnect(const char *call, CUeglStreamConnection *pconn, int producer)
+{
+    if (pconn == NULL)
+        return CUDA_ERROR_INVALID_HANDLE;
+    CUresult status = CUDA_SUCCESS;
+    fake__lock();
+    struct fake_conn *conn = fake__conn_lookup(*pconn);
+    if (conn == NULL || conn->producer != producer) {
+        fake__misuse("%s: %p is not a connected %s", call, (void *)*pconn, producer ? "producer" : "consumer");
+        status = CUDA_ERROR_INVALID_HANDLE;
+    } else {
+        fake__conn_free(conn);
+    }
+    fake__unlock();
+    return status;
+}
+
+FAKE_EXPORT CUresult cuEGLStreamConsumerDisconnect(CUeglStreamConnection *conn)
+{
+    FAKE_ENTER("cuEGLStreamConsumerDisconnect", return fake_fault_);
+    return disconnect("cuEGLStreamConsumerDisconnect", conn, 0);
+}
+
+FAKE_EXPORT CUresult cuEGLStreamProducerDisconnect(CUeglStreamConnection *conn)
+{
+    FAKE_ENTER("cuEGLStreamProducerDisconnect", return fake_fault_);
+    return disconnect("cuEGLStreamProducerDisconnect", conn, 1);
+}
+
+static int pending_count(struct fake_stream *s)
+{
+    int n = 0;
+    for (struct fake_frame *f = s->frames; f; f = f->next)
+        n += f->status == FRAME_PENDING;
+    return n;
+}
+
+FAKE_EXPORT CUresult cuEGLStreamProducerPresentFrame(CUeglStreamConnection *pconn, CUeglFrame frame,
+                                                     CUstream *pstream)
+{
+    FAKE_ENTER("cuEGLStreamProducerPresentFrame", return fake_fault_);
+    struct fake_conn *conn;
+    CUresult status = enter_endpoint("cuEGLStreamProducerPresentFrame", pconn, 1, pstream, &conn);
+    if (status)
+        return status;
+    struct fake_stream *s = conn->stream;
+    int frames = 0;
+    if (s->disconnected) {
+        status = CUDA_ERROR_UNKNOWN;
+        goto out;
+    }
+    if ((status = check_frame(&frame, conn)) != CUDA_SUCCESS)
+        goto out;
+    for (struct fake_frame *f = s->frames; f; f = f->next) {
+        frames++;
+        if (f->desc.frame.pPitch[0] == frame.frame.pPitch[0] && f->status != FRAME_RETURNABLE) {
+            fake__misuse("present: the frame at %p is still in the stream", frame.frame.pPitch[0]);
+            status = CUDA_ERROR_INVALID_VALUE;
+            goto out;
+        }
+    }
+    if (frames >= MAX_FRAMES_IN_STREAM) {
+        fake__misuse("present: %d frames are already in the stream (at most %d)", frames, MAX_FRAMES_IN_STREAM);
+        status = CUDA_ERROR_INVALID_VALUE;
+        goto out;
+    }
+    if (s->fifo_length > 0) {
+        long long deadline = fake__now_ns() + fifo_wait_ns;
+        while (pending_count(s) >= s->fifo_length) {
+            if (s->disconnected) {
+                status = CUDA_ERROR_UNKNOWN;
+                goto out;
+            }
+            if (fake__now_ns() >= deadline) {
+                status = CUDA_ERROR_TIMEOUT; /* the real driver would go on waiting */
+                goto out;
+            }
+            fake__wait_until(deadline);
+            if (fake__conn_lookup(conn) != conn) { /* disconnected meanwhile */
+                status = CUDA_ERROR_UNKNOWN;
+                fake__unlock();
+                return status;
+            }
+        }
+    }
+    struct fake_frame *entry = calloc(1, sizeof(*entry));
+    if (entry == NULL) {
+        status = CUDA_ERROR_OUT_OF_MEMORY;
+        goto out;
+    }
+    entry->magic = FAKE_MAGIC_FRAME;
+    entry->stream = s;
+    entry->desc = frame;
+    entry->number = ++s->producer_frame;
+    entry->status = FRAME_PENDING;
+    struct fake_frame **tail = &s->frames;
+    for (struct fake_frame *f = s->frames; f; f = f->next) {
+        if (f->status == FRAME_LATCHED || (f->status == FRAME_PENDING && s->fifo_length == 0))
+            f->status = FRAME_RETURNABLE; /* no longer the newest; mailbox: dropped */
+        tail = &f->next;
+    }
+    *tail = entry;
+    fake__wake_all();
+out:
+    fake__unlock();
+    return status;
+}
+
+FAKE_EXPORT CUresult cuEGLStreamProducerReturnFrame(CUeglStreamConnection *pconn, CUeglFrame *out,
+                                                    CUstream *pstream)
+{
+    FAKE_ENTER("cuEGLStreamProducerReturnFrame", return fake_fault_);
+    struct fake_conn *conn;
+    if (out == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult status = enter_endpoint("cuEGLStreamProducerReturnFrame", pconn, 1, pstream, &conn);
+    if (status)
+        return status;
+    long long deadline = fake__now_ns() + return_wait_ns;
+    for (;;) {
+        struct fake_frame *f = conn->stream->frames;
+        while (f && f->status != FRAME_RETURNABLE)
+            f = f->next;
+        if (f) {
+            *out = f->desc;
+            fake__frame_unlink(f);
+            break;
+        }
+        if (fake__now_ns() >= deadline) {
+            status = CUDA_ERROR_LAUNCH_TIMEOUT;
+            break;
+        }
+        fake__wait_until(deadline);
+        if (fake__conn_lookup(conn) != conn) {
+            status = CUDA_ERROR_LAUNCH_TIMEOUT;
+            break;
+        }
+    }
+    fake__unlock();
+    return status;
+}
+
+FAKE_EXPORT CUresult cuEGLStreamConsumerAcquireFrame(CUeglStreamConnection *pconn, CUgraphicsResource *resource,
+                                                     CUstream *pstream, unsigned int timeout_us)
+{
+    FAKE_ENTER("cuEGLStreamConsumerAcquireFrame", return fake_fault_);
+    struct fake_conn *conn;
+    if (resource == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult status = enter_endpoint("cuEGLStreamConsumerAcquireFrame", pconn, 0, pstream, &conn);
+    if (status)
+        return status;
+    struct fake_stream *s = conn->stream;
+    long long deadline = timeout_us == 0xFFFFFFFFu ? -1 : fake__now_ns() + (long long)timeout_us * 1000;
+    struct fake_frame *got = NULL;
+    for (;;) {
+        for (struct fake_frame *f = s->frames; f && !got; f = f->next)
+            if (f->status == FRAME_PENDING)
+                got = f; /* FIFO: the oldest; mailbox: the only one */
+        if (got) {
+            for (struct fake_frame *f = s->frames; f != got; f = f->next)
+                if (f->status == FRAME_LATCHED)
+                    f->status = FRAME_RETURNABLE;
+            got->status = FRAME_HELD;
+            s->consumer_frame = got->number;
+            break;
+        }
+        if (s->disconnected || (deadline >= 0 && fake__now_ns() >= deadline))
+            break;
+        if (deadline < 0)
+            fake__wait_until(fake__now_ns() + 100000000ll);
+        else
+            fake__wait_until(deadline);
+        if (fake__conn_lookup(conn) != conn) {
+            fake__unlock();
+            return CUDA_ERROR_UNKNOWN;
+        }
+    }
+    if (got == NULL && s->reuse) {
+        /* Nothing new: the stream hands the newest frame out again if the consumer released it. */
+        struct fake_frame *newest = s->frames;
+        while (newest && newest->next)
+            newest = newest->next;
+        if (newest && newest->status == FRAME_LATCHED) {
+            newest->status = FRAME_HELD;
+            got = newest;
+        }
+    }
+    if (got) {
+        *resource = (CUgraphicsResource)got;
+        fake__wake_all();
+    } else {
+        status = s->disconnected ? CUDA_ERROR_UNKNOWN : CUDA_ERROR_LAUNCH_TIMEOUT;
+    }
+    fake__unlock();
+    return status;
+}
+
+FAKE_EXPORT CUresult cuEGLStreamConsumerReleaseFrame(CUeglStreamConnection *pconn, CUgraphicsResource resource,
+                                                     CUstream *pstream)
+{
+    FAKE_ENTER("cuEGLStreamConsumerReleaseFrame", return fake_fault_);
+    struct fake_conn *conn;
+    CUresult status = enter_endpoint("cuEGLStreamConsumerReleaseFrame", pconn, 0, pstream, &conn);
+    if (status)
+        return status;
+    struct fake_frame *f = fake__frame_lookup(resource);
+    if (f == NULL || f->stream != conn->stream || f->status != FRAME_HELD) {
+        fake__misuse("cuEGLStreamConsumerReleaseFrame: %p is not a frame this consumer holds", (void *)resource);
+        status = CUDA_ERROR_INVALID_HANDLE;
+    } else if (f->next == NULL && conn->stream->reuse) {
+        f->status = FRAME_LATCHED; /* the newest: kept for the consumer */
+    } else if (conn->stream->producer == NULL) {
+        fake__frame_unlink(f); /* nobody to give it back to */
+    } else {
+        f->status = FRAME_RETURNABLE;
+    }
+    fake__wake_all();
+    fake__unlock();
+    return status;
+}
+
+FAKE_EXPORT CUresult cuGraphicsResourceGetMappedEglFrame(CUeglFrame *out, CUgraphicsResource resource,
+                                                         unsigned int index, unsigned int mip)
+{
+    FAKE_ENTER("cuGraphicsResourceGetMappedEglFrame", return fake_fault_);
+    CUresult status = need_context("cuGraphicsResourceGetMappedEglFrame");
+    if (status)
+        return status;
+    if (out == NULL || index != 0 || mip != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    fake__lock();
+    struct fake_frame *f = fake__frame_lookup(resource);
+    if (f == NULL || f->status != FRAME_HELD) {
+        fake__misuse("cuGraphicsResourceGetMappedEglFrame: %p is not an acquired frame", (void *)resource);
+        status = CUDA_ERROR_INVALID_HANDLE;
+    } else {
+        *out = f->desc;
+        if (out->eglColorFormat == CU_EGL_COLOR_FORMAT_YUV420_SEMIPLANAR)
+            out->eglColorFormat = CU_EGL_COLOR_FORMAT_YVU420_SEMIPLANAR; /* as driver 580 labels NV12 */
+    }
+    fake__unlock();
+    return status;
+}
+
+/* ---- counts for the tests ------------------------------------------------------------------ */
+FAKE_EXPORT long fake_cuda_count(const char *what)
+{
+    long n = 0;
+    fake__lock();
+    if (strcmp(what, "device_allocations") == 0 || strcmp(what, "host_allocations") == 0 ||
+        strcmp(what, "managed_allocations") == 0) {
+        int kind = what[0] == 'd' ? KIND_DEVICE : what[0] == 'h' ? KIND_HOST : KIND_MANAGED;
+        for (struct alloc *a = allocations; a; a = a->next)
+            n += a->kind == kind;
+    } else if (strcmp(what, "arrays") == 0) {
+        for (struct fake_array *a = arrays; a; a = a->next)
+            n++;
+    } else if (strcmp(what, "cuda_streams") == 0) {
+        for (struct fake_cu_stream *s = cu_streams; s; s = s->next)
+            n++;
+    } else if (strcmp(what, "events") == 0) {
+        for (struct fake_event *e = events; e; e = e->next)
+            n++;
+    } else if (strcmp(what, "retained") == 0) {
+        for (int i = 0; i < MAX_DEVICES; i++)
+            n += contexts[i].retained;
+    } else if (strcmp(what, "used_bytes") == 0) {
+        for (int i = 0; i < MAX_DEVICES; i++)
+            n += (long)used_bytes[i];
+    } else {
+        n = -1;
+    }
+    fake__unlock();
+    return n;
+}
+
+/* Every allocation eglcuda could leak: device, pinned and managed memory, and arrays. */
+FAKE_EXPORT long fake_live_allocations(void)
+{
+    long n = 0;
+    fake__lock();
+    for (struct alloc *a = allocations; a; a = a->next)
+        n++;
+    for (struct fake_array *a = arrays; a; a = a->next)
+        n++;
+    fake__unlock();
+    return n;
+}

@@ -1,0 +1,494 @@
+"""Frame topics on the GPU: a publisher and subscribers in fresh interpreters (tests/gpu/topics_peer.py),
+every byte of every frame checked, through both transports in turn.
+
+Covered: fan-out to several subscriber processes with every byte checked (NV12 1080p and other
+formats), late join / leave / rejoin, SIGKILL of a subscriber (also with GPU work queued behind its
+release) while others keep receiving, SIGKILL of the publisher and its restart with the subscriber
+waiting, a subscriber on a second GPU, a GL subscriber, hostile peers, 1,000 join/leave cycles with
+descriptors and device memory flat in both processes, the transport ``auto`` picks, and the
+``topics`` listing.
+"""
+from __future__ import annotations
+
+import gc
+import json
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import eglcuda
+from eglcuda.topics import protocol
+
+from ..conftest import require_extension
+from .topics_peer import check, content, payload_of
+from ..json_peer import JsonPeer
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+EGLCUDA_TREE = str(pathlib.Path(eglcuda.__file__).resolve().parents[1])  # where this eglcuda is imported from, for children
+PEER = pathlib.Path(__file__).with_name("topics_peer.py")
+ENV = {**os.environ, "PYTHONPATH": EGLCUDA_TREE + os.pathsep + os.environ.get("PYTHONPATH", ""),
+       "PYOPENGL_PLATFORM": "egl"}
+TRANSPORTS = ["cuda-ipc", "eglstream"]
+
+
+@pytest.fixture
+def display(cuda_display):
+    require_extension(cuda_display, "EGL_KHR_stream", "EGL_KHR_stream_fifo", "EGL_KHR_stream_cross_process_fd")
+    return cuda_display
+
+
+@pytest.fixture(params=TRANSPORTS)
+def transport(request, display):
+    if request.param == "cuda-ipc" and eglcuda.get_device(0).info.integrated:
+        pytest.skip("CUDA IPC is not available on an integrated GPU (Tegra)")
+    return request.param
+
+
+@pytest.fixture
+def topic():
+    """A topic name and its socket path in a private temporary folder."""
+    with tempfile.TemporaryDirectory(prefix="eglcuda-gpu-topics-") as folder:
+        os.chmod(folder, 0o700)
+        yield "t", os.path.join(folder, "t.topic")
+
+
+class Peer(JsonPeer):
+    """A spawned topics_peer.py."""
+
+    wait_timeout = 60.0
+
+    def __init__(self, role: str, name: str, path: str, *args: str) -> None:
+        super().__init__([str(PEER), role, "--name", name, "--path", path, *args], env=ENV, cwd=str(ROOT))
+
+
+def put(pub: eglcuda.Publisher, seq: int, seed: int) -> int:
+    frame = pub.next_frame(timeout=30)
+    for plane, data in zip(frame.planes, content([p.shape for p in frame.planes], seed, seq)):
+        plane.copy_from(data)
+    return pub.publish(frame, payload=payload_of(seq, seed))
+
+
+class Feeder:
+    """Publishes frames on a thread until stopped, remembering how long each publish took."""
+
+    def __init__(self, pub: eglcuda.Publisher, seed: int, rate: float = 0.0) -> None:
+        self.pub, self.seed, self.rate = pub, seed, rate
+        self.count = 0
+        self.durations: list[tuple[float, float]] = []  # (when, seconds)
+        self.errors: list[BaseException] = []
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                started = time.monotonic()
+                assert put(self.pub, self.count, self.seed) == self.count
+                self.durations.append((started, time.monotonic() - started))
+                self.count += 1
+                if self.rate:
+                    time.sleep(1.0 / self.rate)
+        except BaseException as exc:  # noqa: BLE001 - reported by stop()
+            self.errors.append(exc)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.thread.join(60)
+        assert not self.errors, self.errors
+
+
+def assert_all_ok(peer: Peer) -> None:
+    bad = [m for m in peer.got() if not m["ok"]]
+    assert not bad, bad[:3]
+
+
+# ---- fan-out --------------------------------------------------------------------------------------
+
+def test_fanout_every_byte_1080p_nv12(display, transport, topic):
+    """Three 'every' subscribers and one slow 'latest' subscriber, each its own process: every
+    'every' subscriber gets all frames in order, the 'latest' one a rising subset, every byte right."""
+    name, path = topic
+    seed, frames = 5, 60
+    with eglcuda.Publisher(name, 1920, 1080, "NV12", fps=60.0, every_timeout=10.0, path=path) as pub:
+        every = [Peer("subscribe", name, path, "--transport", transport, "--seed", str(seed)) for _ in range(3)]
+        latest = Peer("subscribe", name, path, "--transport", transport, "--qos", "latest", "--sleep-ms", "50",
+                      "--seed", str(seed))
+        peers = every + [latest]
+        try:
+            for peer in peers:
+                ready = peer.wait_for(lambda m: m["event"] == "ready")
+                assert ready["transport"] == transport
+                assert ready["info"] == [1920, 1080, "NV12", 60.0]
+            for seq in range(frames):
+                put(pub, seq, seed)
+            for peer in every:
+                peer.wait_for(lambda m: m["event"] == "got" and m["seq"] == frames - 1)
+                assert [m["seq"] for m in peer.got()] == list(range(frames))
+                assert_all_ok(peer)
+            infos = {s.pid: s for s in pub.subscribers}
+            assert {infos[p.process.pid].transport for p in peers} == {transport}
+            assert infos[latest.process.pid].qos == "latest" and infos[latest.process.pid].skipped > 0
+        finally:
+            pub.close()
+            for peer in peers:
+                peer.wait_for(lambda m: m["event"] in ("disconnected", "done"), timeout=30)
+                peer.stop()
+        seqs = [m["seq"] for m in latest.got()]
+        assert seqs and seqs == sorted(set(seqs)) and len(seqs) < frames
+        assert_all_ok(latest)
+        assert latest.wait_for(lambda m: m["event"] == "disconnected")["kind"] == "Dropped"
+
+
+@pytest.mark.parametrize("fmt, size", [("ARGB", (333, 97)), ("YUV420_PLANAR", (640, 480)),
+                                       ("YUV444_PLANAR", (64, 48)), ("Y", (1000, 10))],
+                         ids=["ARGB-333x97", "I420-640x480", "YUV444-64x48", "Y-1000x10"])
+def test_formats_reach_both_transports(display, topic, fmt, size):
+    """One subscriber per transport on the same topic, every byte, for each format."""
+    name, path = topic
+    seed = 9
+    with eglcuda.Publisher(name, size[0], size[1], fmt, path=path, every_timeout=10.0) as pub:
+        peers = [Peer("subscribe", name, path, "--transport", t, "--seed", str(seed), "--count", "12")
+                 for t in TRANSPORTS]
+        try:
+            for peer in peers:
+                peer.wait_for(lambda m: m["event"] == "ready")
+            for seq in range(12):
+                put(pub, seq, seed)
+            for peer in peers:
+                peer.wait_for(lambda m: m["event"] == "done")
+                assert [m["seq"] for m in peer.got()] == list(range(12))
+                assert_all_ok(peer)
+        finally:
+            for peer in peers:
+                peer.stop()
+
+
+# ---- joining and leaving ---------------------------------------------------------------------------
+
+def test_late_join_leave_and_rejoin(display, transport, topic):
+    name, path = topic
+    seed = 3
+    with eglcuda.Publisher(name, 640, 480, "NV12", path=path, every_timeout=10.0) as pub:
+        feeder = Feeder(pub, seed, rate=200)
+        try:
+            for round_ in range(3):
+                published_before = feeder.count
+                peer = Peer("subscribe", name, path, "--transport", transport, "--seed", str(seed), "--count", "15")
+                try:
+                    peer.wait_for(lambda m: m["event"] == "done")
+                    seqs = [m["seq"] for m in peer.got()]
+                    assert seqs[0] >= published_before, (round_, seqs[0], published_before)
+                    assert seqs == list(range(seqs[0], seqs[0] + 15))
+                    assert_all_ok(peer)
+                    assert peer.process.wait(30) == 0
+                finally:
+                    peer.stop()
+        finally:
+            feeder.stop()
+        put(pub, feeder.count, seed)
+        assert pub.subscribers == [] and pub.dropped == []  # each one left with a goodbye
+
+
+# ---- crashes ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("qos", ["every", "latest"])
+def test_subscriber_killed_while_others_receive(display, transport, topic, qos):
+    name, path = topic
+    seed = 4
+    with eglcuda.Publisher(name, 1920, 1080, "NV12", path=path, every_timeout=5.0) as pub:
+        victim = Peer("subscribe", name, path, "--transport", transport, "--qos", qos, "--hold", "1",
+                      "--queue", "2", "--sleep-ms", "5", "--seed", str(seed))
+        witness = Peer("subscribe", name, path, "--transport", transport, "--qos", qos, "--seed", str(seed))
+        try:
+            for peer in (victim, witness):
+                peer.wait_for(lambda m: m["event"] == "ready")
+            feeder = Feeder(pub, seed, rate=300)
+            try:
+                victim.wait_for(lambda m: m["event"] == "got" and m["seq"] >= 10)
+                victim.kill()  # while holding frames
+                killed_at = time.monotonic()
+                target = feeder.count + 100
+                witness.wait_for(lambda m: m["event"] == "got" and m["seq"] >= target, timeout=60)
+            finally:
+                feeder.stop()
+            after = [d for when, d in feeder.durations if when > killed_at]
+            assert max(after) < 1.0, f"a publish took {max(after):.2f} s after the kill"
+            seqs = [m["seq"] for m in witness.got()]
+            if qos == "every":
+                assert seqs == list(range(len(seqs)))  # no gap across the kill
+            else:
+                assert seqs == sorted(set(seqs)) and seqs[-1] >= target  # still the newest frames
+            assert_all_ok(witness)
+            (record,) = [d for d in pub.dropped if d.pid == victim.process.pid]
+            assert "killed" in record.reason
+            assert [s.pid for s in pub.subscribers] == [witness.process.pid]
+        finally:
+            for peer in (victim, witness):
+                peer.stop()
+
+
+def test_subscriber_killed_with_gpu_work_queued_behind_its_release(display, topic):
+    """cuda-ipc: the victim queues a 300 ms kernel reading each frame before releasing it (its
+    done event is recorded behind the kernel), then dies. The publisher must not wait on it."""
+    pytest.importorskip("cupy")
+    if eglcuda.get_device(0).info.integrated:
+        pytest.skip("CUDA IPC is not available on an integrated GPU")
+    name, path = topic
+    seed = 12
+    with eglcuda.Publisher(name, 640, 480, "NV12", path=path, pool=4, every_timeout=5.0) as pub:
+        victim = Peer("subscribe", name, path, "--transport", "cuda-ipc", "--kernel-ms", "300", "--seed", str(seed))
+        witness = Peer("subscribe", name, path, "--transport", "cuda-ipc", "--seed", str(seed))
+        try:
+            for peer in (victim, witness):
+                peer.wait_for(lambda m: m["event"] == "ready")
+            feeder = Feeder(pub, seed, rate=200)
+            try:
+                victim.wait_for(lambda m: m["event"] == "got" and m["seq"] >= 3)
+                victim.kill()
+                target = feeder.count + 60
+                witness.wait_for(lambda m: m["event"] == "got" and m["seq"] >= target, timeout=30)
+            finally:
+                feeder.stop()
+            assert_all_ok(witness)
+        finally:
+            for peer in (victim, witness):
+                peer.stop()
+
+
+def test_publisher_killed_and_restarted_while_the_subscriber_waits(display, transport, topic):
+    name, path = topic
+    first = Peer("publish", name, path, "--width", "1280", "--height", "720", "--seed", "21", "--rate", "200")
+    second = None
+    try:
+        first.wait_for(lambda m: m["event"] == "ready")
+        sub = eglcuda.Subscriber(name, qos="every", path=path, transport=transport, timeout=20)
+        try:
+            old = sub.info.instance
+            for _ in range(10):
+                with sub.receive(10) as message:
+                    ok, why = check(message, 21)
+                    assert ok, why
+            first.kill()
+            started = time.monotonic()
+            with pytest.raises(eglcuda.StreamDisconnected) as caught:
+                while True:
+                    with sub.receive(10) as message:  # frames already on their way may come: intact
+                        ok, why = check(message, 21)
+                        assert ok, why
+            assert not isinstance(caught.value, eglcuda.Dropped)
+            assert time.monotonic() - started < 10
+            second = Peer("publish", name, path, "--width", "1280", "--height", "720", "--seed", "22", "--rate", "200")
+            info = sub.wait_for_publisher(timeout=60)
+            assert info.instance != old and info.publisher_pid == second.process.pid
+            assert info.transport == transport
+            for _ in range(10):
+                with sub.receive(10) as message:
+                    ok, why = check(message, 22)
+                    assert ok, why
+        finally:
+            sub.close()
+    finally:
+        first.stop()
+        if second is not None:
+            second.stop()
+
+
+# ---- other GPUs, GL ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("devices", [(0, 1), (1, 0)], ids=["pub0-sub1", "pub1-sub0"])
+def test_subscriber_on_another_gpu(display, transport, topic, devices):
+    if eglcuda._bind.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs (run it on nvidia-h200-x2)")
+    publisher_device, subscriber_device = devices
+    name, path = topic
+    seed = 6
+    with eglcuda.Publisher(name, 1920, 1080, "NV12", path=path, device=publisher_device, every_timeout=10.0) as pub:
+        peer = Peer("subscribe", name, path, "--transport", transport, "--device", str(subscriber_device),
+                    "--seed", str(seed), "--count", "30")
+        try:
+            assert peer.wait_for(lambda m: m["event"] == "ready")["transport"] == transport
+            for seq in range(30):
+                put(pub, seq, seed)
+            peer.wait_for(lambda m: m["event"] == "done")
+            assert [m["seq"] for m in peer.got()] == list(range(30))
+            assert_all_ok(peer)
+        finally:
+            peer.stop()
+
+
+@pytest.mark.parametrize("qos", ["every", "latest"])
+def test_gl_texture_subscriber(display, topic, qos):
+    require_extension(display, "EGL_KHR_stream_consumer_gltexture")
+    name, path = topic
+    seed = 8
+    with eglcuda.Publisher(name, 640, 480, "ARGB", path=path, every_timeout=10.0) as pub:
+        peer = Peer("gl", name, path, "--qos", qos, "--queue", "2", "--seed", str(seed), "--count", "10")
+        try:
+            assert peer.wait_for(lambda m: m["event"] == "ready")["transport"] == "eglstream"
+            seq = 0
+            while peer.process.poll() is None and not any(m["event"] == "done" for m in peer.messages):
+                put(pub, seq, seed)
+                seq += 1
+                time.sleep(0.005)
+                assert seq < 2000, "the GL subscriber never got 10 frames"
+            peer.wait_for(lambda m: m["event"] == "done")
+            assert_all_ok(peer)
+            seqs = [m["seq"] for m in peer.got()]
+            assert seqs == sorted(set(seqs))
+            if qos == "every":
+                assert seqs == list(range(10))
+        finally:
+            peer.stop()
+
+
+def test_auto_picks_cuda_ipc_across_processes_and_eglstream_in_process(display, topic):
+    if eglcuda.get_device(0).info.integrated:
+        pytest.skip("on Tegra auto always picks eglstream")
+    name, path = topic
+    seed = 2
+    with eglcuda.Publisher(name, 640, 480, "NV12", path=path) as pub:
+        peer = Peer("subscribe", name, path, "--seed", str(seed), "--count", "5")
+        local = eglcuda.Subscriber(name, qos="every", path=path, timeout=20)
+        try:
+            assert peer.wait_for(lambda m: m["event"] == "ready")["transport"] == "cuda-ipc"
+            assert local.info.transport == "eglstream"  # its own process cannot open its IPC handles
+            for seq in range(5):
+                put(pub, seq, seed)
+                with local.receive(10) as message:
+                    ok, why = check(message, seed)
+                    assert ok, why
+                    assert message.number is not None
+            peer.wait_for(lambda m: m["event"] == "done")
+            assert_all_ok(peer)
+            listing = subprocess.run([sys.executable, "-m", "eglcuda", "topics", "--json", "--dir",
+                                      os.path.dirname(path)], env=ENV, cwd=ROOT, capture_output=True, text=True,
+                                     timeout=60)
+            assert listing.returncode == 0, listing.stderr
+            (entry,) = json.loads(listing.stdout)["topics"]
+            assert entry["pid"] == os.getpid() and entry["format"] == "NV12"
+            assert "eglstream" in [s["transport"] for s in entry["subscribers"]]
+        finally:
+            local.close()
+            peer.stop()
+
+
+# ---- hostile peers ----------------------------------------------------------------------------------------
+
+def test_hostile_peers_are_turned_away_while_a_subscriber_receives(display, transport, topic):
+    name, path = topic
+    seed = 13
+    with eglcuda.Publisher(name, 640, 480, "NV12", path=path, handshake_timeout=1.0, every_timeout=10.0) as pub:
+        witness = Peer("subscribe", name, path, "--transport", transport, "--seed", str(seed))
+        try:
+            witness.wait_for(lambda m: m["event"] == "ready")
+            feeder = Feeder(pub, seed, rate=200)
+            try:
+                socks = []
+                for data in (b"\x00" * 64, b"GET / HTTP/1.0\r\n\r\n", None,
+                             protocol.encode(protocol.Hello(os.getpid(), protocol.Qos.EVERY, 2,
+                                                            protocol.ConsumerKind.CUDA, 0, bytes(16), False,
+                                                            ("eglstream",), "other"))):
+                    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+                    sock.settimeout(10)
+                    sock.connect(path)
+                    if data is not None:
+                        sock.send(data)
+                    socks.append(sock)
+                for sock in socks:
+                    answer = protocol.decode(sock.recv(70000))
+                    assert isinstance(answer, protocol.Refuse), answer
+                    sock.close()
+                if os.geteuid() == 0:
+                    os.chmod(os.path.dirname(path), 0o755)
+                    os.chmod(path, 0o666)
+                    pid = os.fork()
+                    if pid == 0:
+                        code = 1
+                        try:
+                            os.setuid(65534)
+                            sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+                            sock.settimeout(10)
+                            sock.connect(path)
+                            sock.send(protocol.encode(protocol.Hello(
+                                os.getpid(), protocol.Qos.EVERY, 2, protocol.ConsumerKind.CUDA, 0, bytes(16), False,
+                                ("eglstream",), name)))
+                            answer = protocol.decode(sock.recv(70000))
+                            code = 0 if isinstance(answer, protocol.Refuse) and "uid 65534" in answer.reason else 3
+                        finally:
+                            os._exit(code)
+                    assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+                target = feeder.count + 100
+                witness.wait_for(lambda m: m["event"] == "got" and m["seq"] >= target, timeout=60)
+            finally:
+                feeder.stop()
+            seqs = [m["seq"] for m in witness.got()]
+            assert seqs == list(range(len(seqs)))
+            assert_all_ok(witness)
+            assert not pub.dropped
+        finally:
+            witness.stop()
+
+
+# ---- leaks ---------------------------------------------------------------------------------------------
+
+def test_a_thousand_join_leave_cycles_leave_descriptors_and_memory_flat(display, transport, topic):
+    name, path = topic
+    seed = 17
+    device = eglcuda.get_device(0)
+    with eglcuda.Publisher(name, 640, 480, "NV12", path=path, every_timeout=10.0) as pub:
+        feeder = Feeder(pub, seed, rate=500)
+        try:
+            warm = Peer("cycles", name, path, "--transport", transport, "--qos", "latest", "--seed", str(seed),
+                        "--count", "20")
+            warm.wait_for(lambda m: m["event"] in ("done", "error"), timeout=300)
+            warm.stop()
+            gc.collect()
+            fds = len(os.listdir("/proc/self/fd"))
+            free = device.memory_info()[0]
+            peer = Peer("cycles", name, path, "--transport", transport, "--qos", "latest", "--seed", str(seed),
+                        "--count", "1000")
+            try:
+                done = peer.wait_for(lambda m: m["event"] in ("done", "error"), timeout=900)
+                assert done["event"] == "done", done
+                assert done["fds"][0] == done["fds"][1], done
+                assert abs(done["free_memory"][0] - done["free_memory"][1]) < 16 << 20, done
+            finally:
+                peer.stop()
+        finally:
+            feeder.stop()
+        put(pub, feeder.count, seed)
+        put(pub, feeder.count + 1, seed)
+        assert pub.subscribers == []
+        assert len(pub.dropped) == 0, pub.dropped[:3]
+        gc.collect()
+        assert len(os.listdir("/proc/self/fd")) == fds
+        assert abs(device.memory_info()[0] - free) < 16 << 20
+
+
+def test_publish_from_cupy_arrays(display, topic):
+    cupy = pytest.importorskip("cupy")
+    name, path = topic
+    seed = 30
+    with eglcuda.Publisher(name, 1920, 1080, "NV12", path=path) as pub:
+        local_check = Peer("subscribe", name, path, "--seed", str(seed), "--count", "5")
+        try:
+            local_check.wait_for(lambda m: m["event"] == "ready")
+            for seq in range(5):
+                y, uv = content([(1080, 1920), (540, 960, 2)], seed, seq)
+                stacked = cupy.asarray(np.concatenate([y, uv.reshape(540, 1920)]))  # a decoder's (H*3/2, W) output
+                stream = cupy.cuda.Stream()
+                pub.publish_from(stacked, cuda_stream=stream.ptr, payload=payload_of(seq, seed))
+                stream.synchronize()  # the copy out of `stacked` is queued on it
+            local_check.wait_for(lambda m: m["event"] == "done")
+            assert_all_ok(local_check)
+        finally:
+            local_check.stop()

@@ -1,0 +1,63 @@
+"""eglcuda.available(): names, answers, caching, and the one-line reasons scripts print."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+import eglcuda
+from eglcuda import availability
+
+
+def test_every_name_answers_a_bool_or_a_bool_and_a_reason():
+    for name in availability.CAPABILITIES:
+        ok = eglcuda.available(name)
+        assert isinstance(ok, bool)
+        answer = eglcuda.available(name, reason=True)
+        assert isinstance(answer, tuple) and answer[0] is ok
+        assert isinstance(answer[1], str) and answer[1] and "\n" not in answer[1]
+
+
+def test_every_name_says_what_it_needs():
+    assert set(availability.NEEDS) == set(availability.CAPABILITIES)
+
+
+def test_an_unknown_name_is_a_usage_error_not_a_no():
+    with pytest.raises(eglcuda.UsageError, match="cuda-stream"):
+        eglcuda.available("cuda_stream")
+
+
+def test_answers_are_cached_and_fast():
+    first = eglcuda.available("cuda-stream", reason=True)
+    started = time.perf_counter()
+    for _ in range(1000):
+        assert eglcuda.available("cuda-stream", reason=True) == first
+    assert time.perf_counter() - started < 0.1
+
+
+def test_explain_names_what_is_needed(monkeypatch):
+    monkeypatch.setitem(availability._answers, "two-gpus", (False, "needs two CUDA devices: this machine has 1"))
+    monkeypatch.setitem(availability._answers, "egl", (True, "EGL device 0"))
+    assert availability.explain("egl") is None
+    assert availability.explain("egl", "two-gpus") == (
+        "needs two NVIDIA GPUs with EGL streams: needs two CUDA devices: this machine has 1")
+
+
+def test_a_failing_probe_is_a_no_with_the_failure_as_reason(monkeypatch):
+    def broken() -> tuple[bool, str]:
+        raise RuntimeError("the driver said something odd")
+
+    monkeypatch.setitem(availability.CAPABILITIES, "cuda-ipc", broken)
+    monkeypatch.delitem(availability._answers, "cuda-ipc", raising=False)
+    try:
+        ok, why = eglcuda.available("cuda-ipc", reason=True)
+        assert not ok and "RuntimeError: the driver said something odd" in why
+    finally:
+        availability._answers.pop("cuda-ipc", None)
+
+
+def test_gpu_names_rest_on_cuda():
+    cuda = eglcuda.available("cuda")
+    for name in ("cuda-egl", "cuda-stream", "cross-process", "gl-stream", "eglimage-cuda", "cuda-sync", "two-gpus"):
+        if eglcuda.available(name):
+            assert cuda, name

@@ -1,0 +1,62 @@
+"""python -m eglcuda: help, --version, and output into a pipe that closes early."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import eglcuda
+
+
+def run(*args: str, **options) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "eglcuda", *args], capture_output=True, text=True, timeout=120,
+                          **options)
+
+
+def test_bare_command_prints_help():
+    result = run()
+    assert result.returncode == 0, result.stderr
+    assert "usage: python -m eglcuda" in result.stdout
+    assert "info" in result.stdout and "check" in result.stdout
+
+
+def test_version():
+    result = run("--version")
+    assert result.returncode == 0
+    assert result.stdout.strip() == f"eglcuda {eglcuda.__version__}"
+
+
+def test_info_json_into_a_pipe_that_closes_early_is_no_traceback():
+    # The reader goes away before the report is written: no BrokenPipeError traceback.
+    process = subprocess.Popen([sys.executable, "-m", "eglcuda", "info", "--json"], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE)
+    assert process.stdout is not None
+    process.stdout.close()
+    _, err = process.communicate(timeout=120)
+    assert b"Traceback" not in err, err.decode()
+
+
+def test_info_json_has_the_summary_first_and_each_row_a_cause_flag():
+    result = run("info", "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    summary = report["summary"]
+    assert "interop paths work here" in summary["line"]
+    assert all("root_cause" in row for row in report["paths"])
+    explained = [row["path"] for row in report["paths"] if row["root_cause"]]
+    assert explained == summary["root_cause_explains"]
+    assert bool(summary["root_cause"]) == bool(explained)
+
+
+def test_info_text_starts_with_the_summary():
+    result = run("info")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == f"eglcuda {eglcuda.__version__}"
+    assert lines[1].startswith("Summary: ")
+
+
+def test_check_rejects_unknown_names():
+    result = run("check", "--only", "no-such-check", "--json", "-")
+    assert result.returncode == 2
+    assert "no-such-check" in result.stderr and "Traceback" not in result.stderr

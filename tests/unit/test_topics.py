@@ -1,0 +1,785 @@
+"""Frame topics on the CPU: real sockets, real processes, the real publisher and subscriber,
+with the "null" transport (tests/topics_null.py) standing in for the GPU. Frames carry bytes in
+shared memory derived from their payload, so a pool frame written again while a subscriber still
+holds it shows up as wrong bytes."""
+from __future__ import annotations
+
+import gc
+import json
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import pytest
+
+import eglcuda
+from eglcuda.topics import naming, protocol
+from eglcuda.topics.protocol import Reason
+
+HERE = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(HERE))
+
+from topics_null import NullPublisherBackend, NullSubscriberBackend, pattern  # noqa: E402
+from ..json_peer import JsonPeer  # noqa: E402
+
+PEER = HERE / "topics_peer.py"
+ENV = dict(os.environ)  # tests/conftest.py has made children import this eglcuda
+
+
+@pytest.fixture
+def folder():
+    with tempfile.TemporaryDirectory(prefix="eglcuda-topics-") as path:
+        os.chmod(path, 0o700)
+        yield path
+
+
+@pytest.fixture
+def path(folder):
+    return os.path.join(folder, "t.topic")
+
+
+def publisher(path, name="t", **options):
+    options.setdefault("_backend", NullPublisherBackend())
+    return eglcuda.Publisher(name, 64, 32, "Y", path=path, **options)
+
+
+def subscriber(path, name="t", **options):
+    options.setdefault("_backend", NullSubscriberBackend())
+    options.setdefault("timeout", 5)
+    return eglcuda.Subscriber(name, path=path, **options)
+
+
+def put(pub, key: bytes, timeout=None) -> int:
+    frame = pub.next_frame(timeout)
+    frame.data[:] = pattern(key)
+    return pub.publish(frame, payload=key)
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+class Peer(JsonPeer):
+    """A spawned tests/topics_peer.py."""
+
+    wait_timeout = 20.0
+
+    def __init__(self, *args: str) -> None:
+        super().__init__([str(PEER), *args], env=ENV)
+
+
+# ---- delivery ------------------------------------------------------------------------------------
+
+def test_every_subscriber_gets_every_frame_in_order(path):
+    """Two 'every' subscribers on threads of this process each get all 300 frames, in order, with
+    intact bytes, payloads and timestamps; the publisher's stats agree."""
+    with publisher(path, pool=5) as pub:  # the deeper queue holds 4, one more is being written
+        subs = [subscriber(path, qos="every", queue=q) for q in (1, 4)]
+        results: dict[int, list] = {0: [], 1: []}
+
+        def consume(index, sub):
+            for _ in range(300):
+                with sub.receive(5) as message:
+                    assert message.frame.data == pattern(message.payload)
+                    results[index].append((message.seq, message.payload, message.skipped, message.timestamp_ns))
+
+        threads = [threading.Thread(target=consume, args=(i, s)) for i, s in enumerate(subs)]
+        for thread in threads:
+            thread.start()
+        started = time.monotonic_ns()
+        for i in range(300):
+            assert put(pub, b"frame %d" % i) == i
+        for thread in threads:
+            thread.join(20)
+        for got in results.values():
+            assert [seq for seq, *_ in got] == list(range(300))
+            assert [payload for _, payload, *_ in got] == [b"frame %d" % i for i in range(300)]
+            assert all(skipped == 0 for _, _, skipped, _ in got)
+            assert all(started <= ts <= time.monotonic_ns() for *_, ts in got)
+        infos = pub.subscribers
+        assert [(i.qos, i.delivered, i.skipped) for i in infos] == [("every", 300, 0), ("every", 300, 0)]
+        assert pub.pool_size == 5  # the pool never grew
+        for sub in subs:
+            sub.close()
+
+
+def test_held_frames_are_never_written_again(path):
+    """Frames a subscriber holds keep their bytes however many frames are published meanwhile;
+    the pool grows for 'latest' holders instead of reusing their frames."""
+    with publisher(path, pool=2, max_pool=16) as pub:
+        every = subscriber(path, qos="every", queue=3)
+        latest = subscriber(path, qos="latest")
+        put(pub, b"first")
+        kept_latest = latest.receive(1)
+        kept_every = [every.receive(1)]
+        for i in range(40):
+            put(pub, b"n%d" % i, timeout=2)
+            kept_every.append(every.receive(1))
+            if len(kept_every) == 3:
+                oldest = kept_every.pop(0)
+                assert oldest.frame.data == pattern(oldest.payload)
+                oldest.release()
+        assert kept_latest.payload == b"first" and kept_latest.frame.data == pattern(b"first")
+        assert all(m.frame.data == pattern(m.payload) for m in kept_every)
+        assert pub.pool_size <= 2 + 2 + 3  # latest holds 2, every 3, one being written
+        every.close()
+        latest.close()
+
+
+def test_latest_never_slows_the_publisher_and_then_sees_fresh_frames(path):
+    with publisher(path, pool=4, every_timeout=0.2) as pub:
+        sleeper = subscriber(path, qos="latest")  # never reads while the publisher runs
+        started = time.monotonic()
+        for i in range(500):
+            put(pub, b"%d" % i)
+        assert time.monotonic() - started < 2.0
+        (info,) = pub.subscribers
+        assert (info.delivered, info.skipped, info.outstanding) == (2, 498, 2)
+        assert pub.pool_size == 4 and not pub.dropped
+        # Its two frames are stale now: receive gives them back and waits for a fresh one.
+        with pytest.raises(eglcuda.Timeout):
+            sleeper.receive(0.05)
+        put(pub, b"fresh")
+        with sleeper.receive(1) as message:
+            assert message.payload == b"fresh" and message.frame.data == pattern(b"fresh")
+            assert message.seq == 500
+        sleeper.close()
+
+
+def test_a_slow_latest_subscriber_gets_the_newest_frames(path):
+    """A publisher at ~2 kHz and a subscriber that takes 10 ms per frame: every frame it gets
+    was published after it asked (or is the newest at that moment), and it skips the rest."""
+    with publisher(path, pool=4) as pub:
+        sub = subscriber(path, qos="latest")
+        stop = threading.Event()
+        newest = [-1]
+
+        def run():
+            while not stop.is_set():
+                newest[0] = put(pub, b"%d" % (newest[0] + 1))
+                time.sleep(0.0005)
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        try:
+            seqs = []
+            for _ in range(10):
+                asked = newest[0]
+                with sub.receive(2) as message:
+                    assert message.frame.data == pattern(message.payload)
+                    assert message.seq >= asked
+                    seqs.append(message.seq)
+                time.sleep(0.01)
+        finally:
+            stop.set()
+            thread.join(10)
+        assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
+        assert seqs[-1] - seqs[0] > 20  # it skipped frames rather than fall behind
+        sub.close()
+
+
+def test_every_full_queue_drops_the_subscriber_with_a_reason_on_both_sides(path):
+    with publisher(path, pool=8, every_timeout=0.2) as pub:
+        stuck = subscriber(path, qos="every", queue=2)
+        healthy = subscriber(path, qos="every", queue=8)
+        durations = []
+        for i in range(6):
+            started = time.monotonic()
+            put(pub, b"%d" % i)
+            durations.append(time.monotonic() - started)
+            with healthy.receive(1) as message:
+                assert message.seq == i
+        assert max(durations) >= 0.18 and sum(durations) < 1.0  # waited once, for every_timeout
+        (record,) = pub.dropped
+        assert record.code == "QUEUE_FULL" and "every_timeout" in record.reason
+        assert [s.qos for s in pub.subscribers] == ["every"]
+        got = [stuck.receive(1).seq, stuck.receive(1).seq]
+        assert got == [0, 1]  # what it had is still readable
+        with pytest.raises(eglcuda.Dropped, match="every_timeout") as caught:
+            stuck.receive(1)
+        assert caught.value.code == Reason.QUEUE_FULL
+        with pytest.raises(eglcuda.Dropped):  # and it stays disconnected
+            stuck.receive(1)
+        stuck.close()
+        healthy.close()
+
+
+def test_late_join_leave_and_rejoin(path):
+    with publisher(path, fps=30.0) as pub:
+        for i in range(5):
+            put(pub, b"%d" % i)
+        sub = subscriber(path, qos="every")
+        info = sub.info
+        assert (info.width, info.height, info.format, info.layout, info.fps, info.transport) == \
+            (64, 32, eglcuda.ColorFormat.Y, eglcuda.Layout.PITCH, 30.0, "null")
+        assert info.next_seq == 5 and info.publisher_pid == os.getpid() and info.instance == pub.instance
+        put(pub, b"5")
+        with sub.receive(1) as message:
+            assert message.seq == 5
+        sub.close()
+        put(pub, b"6")
+        assert pub.subscribers == [] and pub.dropped == []  # leaving is not a drop
+        again = subscriber(path, qos="every")
+        put(pub, b"7")
+        assert again.receive(1).seq == 7
+        again.close()
+
+
+def test_leaving_with_unread_messages_is_still_a_goodbye(path):
+    """A subscriber that closes with frames and notices unread (a latest one that fell behind)
+    reads them away first: closing a UNIX socket with unread messages would reset the connection
+    and lose its goodbye."""
+    with publisher(path) as pub:
+        sub = subscriber(path, qos="latest")
+        for i in range(5):
+            put(pub, b"%d" % i)
+        sub.close()
+        put(pub, b"5")
+        assert pub.subscribers == [] and pub.dropped == []
+
+
+def test_pool_grows_for_latest_holders_up_to_max_pool(path):
+    with publisher(path, pool=1, max_pool=3) as pub:
+        subs = [subscriber(path, qos="latest") for _ in range(2)]
+        put(pub, b"a")
+        held = [s.receive(1) for s in subs]
+        put(pub, b"b")
+        held += [s.receive(1) for s in subs]  # each holds a and b: two pool frames
+        assert pub.pool_size == 2
+        frame = pub.next_frame()  # a third frame: the pool grows to max_pool
+        assert pub.pool_size == 3
+        pub.discard(frame)
+        frame = pub.next_frame()
+        pub.publish(frame, payload=b"c")  # both subscribers are full: skipped, still one free frame
+        frame = pub.next_frame()
+        pub.discard(frame)
+        for message in held:
+            assert message.frame.data == pattern(message.payload)
+        held[0].release()
+        for s in subs:
+            s.close()
+
+
+def test_a_killed_every_subscriber_s_frames_come_free_at_once(path):
+    """With the pool at max_pool and every frame held by an 'every' subscriber that is then
+    killed, next_frame returns as soon as the kernel reports its end, not after every_timeout."""
+    with publisher(path, pool=2, max_pool=2, every_timeout=5.0) as pub:
+        peer = Peer("subscribe", "--path", path, "--qos", "every", "--queue", "2", "--hold", "2")
+        try:
+            peer.wait_for(lambda m: m["event"] == "ready")
+            put(pub, b"0")
+            put(pub, b"1")
+            peer.wait_for(lambda m: m.get("seq") == 1)
+            peer.kill()
+            started = time.monotonic()
+            pub.discard(pub.next_frame(timeout=4))
+            assert time.monotonic() - started < 1.0
+        finally:
+            peer.stop()
+
+
+def test_pool_exhausted_by_latest_holders_at_max_pool_times_out(path):
+    with publisher(path, pool=2, max_pool=2) as pub:
+        sub = subscriber(path, qos="latest")
+        put(pub, b"a")
+        put(pub, b"b")  # both delivered and unread: both pool frames are held
+        started = time.monotonic()
+        with pytest.raises(eglcuda.Timeout, match="held"):
+            pub.next_frame(timeout=0.1)
+        assert time.monotonic() - started < 1.0
+        sub.close()
+        frame = pub.next_frame(timeout=1)  # its goodbye freed them
+        pub.discard(frame)
+
+
+def test_an_exclusive_transport_holds_one_message(path):
+    with publisher(path) as pub:
+        sub = subscriber(path, qos="every", _backend=NullSubscriberBackend(exclusive=True))
+        put(pub, b"a")
+        put(pub, b"b")
+        first = sub.receive(1)
+        with pytest.raises(eglcuda.UsageError, match="release"):
+            sub.receive(1)
+        first.release()
+        first.release()  # twice is fine
+        assert sub.receive(1).seq == 1
+        sub.close()
+
+
+def test_iteration_ends_when_the_publisher_closes(path):
+    pub = publisher(path)
+    sub = subscriber(path, qos="every", queue=8)
+    for i in range(5):
+        put(pub, b"%d" % i)
+    pub.close(timeout=0.1)
+    assert [m.seq for m in sub] == [0, 1, 2, 3, 4]
+    with pytest.raises(eglcuda.Dropped, match="closed"):
+        sub.receive(0.1)
+    assert not os.path.exists(path) and not os.path.exists(naming.lock_path(path))
+    sub.close()
+
+
+# ---- crashes -----------------------------------------------------------------------------------
+
+def test_publisher_killed_then_restarted_while_the_subscriber_waits(path):
+    first = Peer("publish", "--path", path, "--rate", "500")
+    second = None
+    try:
+        first.wait_for(lambda m: m["event"] == "ready")
+        sub = subscriber(path, qos="every", queue=4, timeout=10)
+        old = sub.info.instance
+        for _ in range(5):
+            with sub.receive(5) as message:
+                assert message.frame.data == pattern(message.payload)
+        first.kill()
+        started = time.monotonic()
+        with pytest.raises(eglcuda.StreamDisconnected) as caught:
+            while True:
+                sub.receive(5).release()  # frames already sent may still come, intact
+        assert not isinstance(caught.value, eglcuda.Dropped)  # a crash, not a drop
+        assert time.monotonic() - started < 2
+        second = Peer("publish", "--path", path, "--rate", "500")  # replaces the stale socket
+        info = sub.wait_for_publisher(timeout=20)
+        assert info.instance != old and info.publisher_pid == second.process.pid
+        for _ in range(5):
+            with sub.receive(5) as message:
+                assert message.frame.data == pattern(message.payload)
+                assert message.payload.startswith(b"%d:" % info.instance)
+        sub.close()
+    finally:
+        first.stop()
+        if second is not None:
+            second.stop()
+
+
+def test_subscriber_killed_costs_the_publisher_nothing(path):
+    with publisher(path, every_timeout=2.0) as pub:
+        peer = Peer("subscribe", "--path", path, "--qos", "every", "--queue", "2", "--hold", "2")
+        try:
+            peer.wait_for(lambda m: m["event"] == "ready")
+            other = subscriber(path, qos="every", queue=16)
+            put(pub, b"0")
+            put(pub, b"1")
+            peer.wait_for(lambda m: m.get("seq") == 1)
+            assert all(m["ok"] for m in peer.messages if m["event"] == "got")
+            peer.kill()  # holding both frames, its queue full
+            started = time.monotonic()
+            for i in range(2, 10):
+                put(pub, b"%d" % i)
+            assert time.monotonic() - started < 1.0  # never waited every_timeout on the dead one
+            got = []
+            for _ in range(10):
+                with other.receive(1) as message:
+                    assert message.frame.data == pattern(message.payload)
+                    got.append(message.seq)
+            assert got == list(range(10))
+            (record,) = pub.dropped
+            assert "killed" in record.reason and record.code == "TRANSPORT"
+            other.close()
+        finally:
+            peer.stop()
+
+
+# ---- hostile peers -------------------------------------------------------------------------------
+
+def raw(path) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    sock.settimeout(5)
+    sock.connect(path)
+    return sock
+
+
+def answer(sock) -> protocol.Message | None:
+    data = sock.recv(70000)
+    return protocol.decode(data) if data else None
+
+
+def hello(topic="t", wishes=("null",)) -> bytes:
+    return protocol.encode(protocol.Hello(os.getpid(), protocol.Qos.EVERY, 2, protocol.ConsumerKind.CUDA, 0,
+                                          bytes(16), False, tuple(wishes), topic))
+
+
+def test_junk_peers_are_turned_away_without_disturbing_a_subscriber(path):
+    with publisher(path, handshake_timeout=0.3) as pub:
+        sub = subscriber(path, qos="every", queue=8)
+        put(pub, b"before")
+
+        garbage = raw(path)
+        garbage.send(b"GET / HTTP/1.0\r\n\r\n")
+        refused = answer(garbage)
+        assert isinstance(refused, protocol.Refuse) and refused.code == Reason.PROTOCOL
+
+        wrong_topic = raw(path)
+        wrong_topic.send(hello(topic="other"))
+        refused = answer(wrong_topic)
+        assert isinstance(refused, protocol.Refuse) and "not 'other'" in refused.reason
+
+        no_transport = raw(path)
+        no_transport.send(hello(wishes=("cuda-ipc", "teleport")))
+        refused = answer(no_transport)
+        assert isinstance(refused, protocol.Refuse) and refused.code == Reason.UNSUPPORTED
+        assert "teleport: not offered" in refused.reason
+
+        silent = raw(path)  # connects and says nothing
+        half = raw(path)
+        half.send(hello())  # greets, never attaches
+        assert isinstance(answer(half), protocol.Welcome)
+        bad_attach = raw(path)
+        bad_attach.send(hello())
+        answer(bad_attach)
+        bad_attach.send(protocol.encode(protocol.Attach(b"not-null")))
+        refused = answer(bad_attach)
+        assert isinstance(refused, protocol.Refuse) and refused.code == Reason.TRANSPORT
+
+        stream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        with pytest.raises(OSError):
+            stream.connect(path)  # another socket type: the kernel refuses it
+        stream.close()
+
+        for i in range(20):  # the subscriber carries on meanwhile
+            put(pub, b"%d" % i)
+            with sub.receive(1) as message:
+                assert message.frame.data == pattern(message.payload)
+        for sock in (silent, half):
+            refused = answer(sock)  # after handshake_timeout
+            assert isinstance(refused, protocol.Refuse) and refused.code == Reason.TIMEOUT
+        for sock in (garbage, wrong_topic, no_transport, silent, half, bad_attach):
+            sock.close()
+        assert [s.qos for s in pub.subscribers] == ["every"] and not pub.dropped
+        sub.close()
+
+
+def test_a_subscriber_that_breaks_the_protocol_is_dropped(path):
+    with publisher(path) as pub:
+        good = subscriber(path, qos="every")
+        bad = subscriber(path, qos="every")
+        put(pub, b"0")
+        bad._sock.send(protocol.encode_release(12345))  # a frame it never had
+        put(pub, b"1")
+        (record,) = pub.dropped
+        assert record.code == "PROTOCOL" and "12345" in record.reason
+        with pytest.raises(eglcuda.Dropped, match="12345"):
+            for _ in range(3):
+                bad.receive(1).release()
+        assert [good.receive(1).seq for _ in range(2)] == [0, 1]
+        good.close()
+        bad.close()
+
+
+def test_too_many_waiting_connections_are_turned_away(path):
+    with publisher(path, handshake_timeout=5) as pub:
+        idle = [raw(path) for _ in range(40)]
+        time.sleep(0.3)
+        busy = 0
+        for sock in idle:
+            sock.setblocking(False)
+            try:
+                message = answer(sock)
+            except BlockingIOError:
+                continue
+            busy += isinstance(message, protocol.Refuse) and message.code == Reason.BUSY
+        assert busy == 40 - 32
+        for sock in idle:
+            sock.close()
+        sub = subscriber(path)  # once they are gone, a subscriber gets in
+        put(pub, b"x")
+        sub.close()
+        del pub
+
+
+def _in_child(body) -> int:
+    """Run ``body`` in a forked child; its exit status (0: body returned True)."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            code = 0 if body() else 3
+        except BaseException:  # noqa: BLE001
+            import traceback
+
+            traceback.print_exc()
+            code = 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="switching uid in a child needs root (CI runs as root)")
+
+
+@needs_root
+@pytest.mark.parametrize("access, uid, gid, allowed", [
+    ("user", 65534, 65534, False), ("group", 65534, 65534, False), ("group", 65534, os.getegid(), True),
+    ("all", 65534, 65534, True),
+])
+def test_peer_uid_is_checked(access, uid, gid, allowed):
+    with tempfile.TemporaryDirectory() as folder:
+        os.chmod(folder, 0o755)  # the other user must reach the socket for SO_PEERCRED to matter
+        path = os.path.join(folder, "t.topic")
+        with publisher(path, access=access) as pub:
+            os.chmod(path, 0o666)  # let the kernel pass it; the publisher checks the uid itself
+
+            def child():
+                os.setgroups([])
+                os.setgid(gid)
+                os.setuid(uid)
+                sock = raw(path)
+                sock.send(hello())
+                got = answer(sock)
+                if allowed:
+                    return isinstance(got, protocol.Welcome)
+                return isinstance(got, protocol.Refuse) and got.code == Reason.ACCESS and f"uid {uid}" in got.reason
+
+            assert _in_child(child) == 0
+            assert pub._refused == (0 if allowed else 1)
+
+
+@needs_root
+def test_subscriber_refuses_a_publisher_of_another_user():
+    with tempfile.TemporaryDirectory() as folder:
+        os.chmod(folder, 0o777)
+        path = os.path.join(folder, "t.topic")
+        ready, done = os.pipe(), os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.setgid(65534)
+                os.setuid(65534)
+                pub = publisher(path, access="all")
+                os.write(ready[1], b"r")
+                os.read(done[0], 1)
+                pub.close(timeout=0)
+            finally:
+                os._exit(0)
+        try:
+            assert os.read(ready[0], 1) == b"r"
+            with pytest.raises(eglcuda.Refused, match="uid 65534"):
+                subscriber(path, timeout=2)
+            trusting = subscriber(path, timeout=2, trusted_uids=[65534])
+            assert trusting.info.publisher_pid == pid
+            trusting.close()
+        finally:
+            os.write(done[1], b"d")
+            os.waitpid(pid, 0)
+            for fd in (*ready, *done):
+                os.close(fd)
+
+
+# ---- names, directories, the registry ------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["cam", "a", "camera-0.left_1", "X" * 63])
+def test_valid_names(name):
+    assert naming.check_name(name) == name
+
+
+@pytest.mark.parametrize("name", ["", ".hidden", "-x", "a/b", "a..b", "X" * 64, "naïve", "a b", None, 3])
+def test_invalid_names(name):
+    with pytest.raises(eglcuda.UsageError):
+        naming.check_name(name)
+
+
+def test_topic_directory_is_made_private_and_unsafe_ones_are_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    directory = naming.topic_directory(create=True)
+    assert directory == str(tmp_path / "eglcuda")
+    assert os.stat(directory).st_mode & 0o777 == 0o700
+    os.chmod(directory, 0o755)
+    with pytest.raises(eglcuda.UsageError, match="mode 0755"):
+        naming.topic_directory(create=True)
+    os.rmdir(directory)
+    os.symlink("/tmp", directory)
+    with pytest.raises(eglcuda.UsageError, match="symbolic link"):
+        naming.topic_directory(create=True)
+    os.unlink(directory)
+    if os.geteuid() == 0:
+        os.mkdir(directory, 0o700)
+        os.chown(directory, 65534, 65534)
+        with pytest.raises(eglcuda.UsageError, match="belongs to uid 65534"):
+            naming.topic_directory(create=True)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", "relative/dir")
+    assert naming.default_directory() == f"/tmp/eglcuda-{os.geteuid()}"
+    monkeypatch.delenv("XDG_RUNTIME_DIR")
+    assert naming.default_directory() == f"/tmp/eglcuda-{os.geteuid()}"
+
+
+def test_default_location_and_access_rules(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    with publisher(None, name="cam") as pub:
+        assert pub.path == str(tmp_path / "eglcuda" / "cam.topic")
+        assert os.stat(pub.path).st_mode & 0o777 == 0o600
+        sub = subscriber(None, name="cam")
+        assert sub.path == pub.path
+        sub.close()
+        with pytest.raises(eglcuda.UsageError, match="live publisher"):
+            publisher(None, name="cam")
+    with pytest.raises(eglcuda.UsageError, match="path="):
+        publisher(None, name="cam", access="group")
+    with pytest.raises(eglcuda.UsageError, match="at most 107"):
+        naming.socket_path("x", "/tmp/" + "y" * 200)
+    with pytest.raises(eglcuda.UsageError, match="access"):
+        publisher(str(tmp_path / "a.topic"), access="world")
+
+
+def test_bad_arguments(path):
+    with pytest.raises(eglcuda.UsageError):
+        eglcuda.Publisher("t", 0, 32, "Y", path=path, _backend=NullPublisherBackend())
+    with pytest.raises(eglcuda.UsageError):
+        eglcuda.Publisher("t", 63, 31, "NV12", path=path, _backend=NullPublisherBackend())
+    for options in ({"pool": 0}, {"pool": 65}, {"every_timeout": 0}, {"fps": -1}, {"pool": 8, "max_pool": 4}):
+        with pytest.raises(eglcuda.UsageError):
+            publisher(path, **options)
+    assert not os.path.exists(path)
+    with publisher(path) as pub:
+        for options in ({"qos": "sometimes"}, {"queue": 0}, {"timeout": 0}, {"transport": "pigeon"}):
+            with pytest.raises(eglcuda.UsageError):
+                eglcuda.Subscriber("t", path=path, **options)
+        frame = pub.next_frame()
+        with pytest.raises(eglcuda.UsageError, match="payload"):
+            pub.publish(frame, payload=bytes(protocol.MAX_PAYLOAD + 1))
+        with pytest.raises(eglcuda.UsageError, match="timestamp"):
+            pub.publish(frame, timestamp_ns=-1)
+        pub.publish(frame, timestamp_ns=123)
+        with pytest.raises(eglcuda.UsageError, match="once"):
+            pub.publish(frame)
+        with pytest.raises(eglcuda.UsageError):
+            pub.discard(frame)
+    with pytest.raises(eglcuda.ClosedError):
+        pub.next_frame()
+
+
+def test_registry_lists_live_topics_and_cleans_stale_ones(folder):
+    alive = publisher(os.path.join(folder, "alive.topic"), name="alive", fps=25.0)
+    sub = subscriber(os.path.join(folder, "alive.topic"), name="alive", qos="every", queue=3)
+    put(alive, b"x")
+    dead = Peer("publish", "--path", os.path.join(folder, "dead.topic"), "--name", "dead", "--frames", "1")
+    try:
+        dead.wait_for(lambda m: m["event"] == "done")
+        dead.kill()
+        kept = eglcuda.list_topics(folder, clean=False)
+        assert [t.name for t in kept.topics] == ["alive"]
+        assert kept.stale == [os.path.join(folder, "dead.topic")] and kept.removed == []
+        assert os.path.exists(os.path.join(folder, "dead.topic"))
+
+        out = subprocess.run([sys.executable, "-m", "eglcuda", "topics", "--json", "--dir", folder], env=ENV,
+                             capture_output=True, text=True, timeout=30, cwd=HERE.parent)
+        assert out.returncode == 0, out.stderr
+        listing = json.loads(out.stdout)
+        assert listing["removed"] == [os.path.join(folder, "dead.topic")]
+        (topic,) = listing["topics"]
+        assert (topic["name"], topic["pid"], topic["width"], topic["height"], topic["format"], topic["fps"]) == \
+            ("alive", os.getpid(), 64, 32, "Y", 25.0)
+        (entry,) = topic["subscribers"]
+        assert (entry["pid"], entry["qos"], entry["queue"], entry["transport"], entry["delivered"]) == \
+            (os.getpid(), "every", 3, "null", 1)
+        assert sorted(os.listdir(folder)) == ["alive.topic", "alive.topic.lock"]
+
+        from eglcuda.topics.registry import format_listing
+
+        text = format_listing(eglcuda.list_topics(folder))
+        assert "alive: pid" in text and "every (queue 3), null, 1 delivered" in text
+    finally:
+        dead.stop()
+        sub.close()
+        alive.close()
+    assert os.listdir(folder) == []
+    assert eglcuda.list_topics(folder).topics == []
+
+
+def test_status_schema_is_strict(path):
+    from eglcuda.topics import registry
+
+    with publisher(path) as pub:
+        body = pub._status()
+        registry.validate_status(body)
+        for broken in ({**body, "extra": 1}, {k: v for k, v in body.items() if k != "pid"}, {**body, "pid": "1"},
+                       {**body, "pid": -1}, {**body, "layout": "tiled"}, {**body, "subscribers": [{"id": 1}]},
+                       {**body, "name": "../x"}, {**body, "version": 2}, {**body, "width": True}):
+            with pytest.raises(protocol.ProtocolError):
+                registry.validate_status(broken)
+
+
+def test_a_killed_publisher_s_name_can_be_taken_again(path):
+    peer = Peer("publish", "--path", path, "--frames", "1")
+    try:
+        peer.wait_for(lambda m: m["event"] == "done")
+        with pytest.raises(eglcuda.UsageError, match="live publisher"):
+            publisher(path)
+        peer.kill()
+    finally:
+        peer.stop()
+    with publisher(path) as pub:  # the stale socket and lock are taken over
+        sub = subscriber(path)
+        put(pub, b"x")
+        sub.close()
+
+
+# ---- leaks -----------------------------------------------------------------------------------------
+
+def test_a_thousand_join_leave_cycles_leak_nothing(path, folder):
+    with publisher(path) as pub:
+        backend = pub._backend
+
+
+        def cycle(i):
+            sub = subscriber(path, qos="every" if i % 2 else "latest")
+            put(pub, b"%d" % i)
+            with sub.receive(2) as message:
+                assert message.payload == b"%d" % i
+            if i % 3:
+                sub.close()
+            else:
+                sub._sock.close()  # leaves without a goodbye, like a crash
+                sub._sock = None
+                sub.close()
+
+        for i in range(20):  # warm-up: whatever is made once per process
+            cycle(i)
+        put(pub, b"warm")
+        gc.collect()
+        threads, fds = threading.active_count(), open_fds()
+        for i in range(1000):
+            cycle(i)
+        put(pub, b"end")
+        gc.collect()
+        assert pub.subscribers == [] and pub.pool_size == 8
+        assert threading.active_count() == threads and open_fds() == fds
+        assert sorted(os.listdir(folder)) == ["t.topic", "t.topic.lock"]
+        links = backend.transports()[0].links
+        assert len(links) == 1020 and all(link.closed for link in links)
+    assert os.listdir(folder) == []
+    assert backend.closed and all(f.freed for f in backend.frames)
+
+
+def test_without_cuda_the_gpu_backends_say_so_and_leave_nothing(folder):
+    from eglcuda._bind import loader
+
+    ok, _ = loader.cuda_available()
+    if ok:
+        pytest.skip("this machine has CUDA")
+    path = os.path.join(folder, "t.topic")
+    with pytest.raises(eglcuda.Unsupported, match="libcuda"):
+        eglcuda.Publisher("t", 64, 32, "NV12", path=path)
+    assert os.listdir(folder) == []
+    with pytest.raises(eglcuda.Unsupported, match="libcuda"):
+        eglcuda.Subscriber("t", path=path, timeout=0.1)
+
+
+def test_a_publisher_collected_without_close_leaves_nothing(folder):
+    path = os.path.join(folder, "t.topic")
+    threads, fds = threading.active_count(), open_fds()
+    pub = publisher(path)
+    put(pub, b"x")
+    del pub
+    gc.collect()
+    deadline = time.monotonic() + 5
+    while (threading.active_count() > threads or open_fds() > fds) and time.monotonic() < deadline:
+        time.sleep(0.05)
+        gc.collect()
+    assert threading.active_count() == threads and open_fds() <= fds
+    assert os.listdir(folder) == []

@@ -1,0 +1,130 @@
+"""The topic layer's real CUDA code paths (the cuda-ipc transport, pool frames from
+Frame.allocate, SlotView planes, plane copies) on a machine without a GPU: every process loads
+tests/fakecuda/fake_libcuda.c instead of libcuda.so.1, whose "device memory" is shared memory and
+whose CUDA IPC maps it between processes. The GPU peers of tests/gpu/topics_peer.py run unchanged
+and check every byte. This checks the Python side of the GPU path (not the driver's behaviour,
+timing or asynchrony, which tests/gpu/test_topics.py checks on a GPU)."""
+from __future__ import annotations
+
+import os
+import pathlib
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+
+import pytest
+from ..json_peer import JsonPeer
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+PEER = ROOT / "tests" / "gpu" / "topics_peer.py"
+SOURCE = ROOT / "tests" / "fakecuda" / "fake_libcuda.c"
+
+
+@pytest.fixture(scope="module")
+def env():
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("no C compiler for the fake libcuda")
+    with tempfile.TemporaryDirectory(prefix="eglcuda-fakecuda-") as folder:
+        subprocess.run([compiler, "-shared", "-fPIC", "-O1", "-o", os.path.join(folder, "libcuda.so.1"), str(SOURCE)],
+                       check=True, capture_output=True)
+        yield {**os.environ, "LD_LIBRARY_PATH": folder, "__EGL_VENDOR_LIBRARY_FILENAMES": "/nonexistent.json"}  # no EGL: cuda-ipc only
+
+
+@pytest.fixture
+def path():
+    with tempfile.TemporaryDirectory(prefix="eglcuda-fake-topics-") as folder:
+        os.chmod(folder, 0o700)
+        yield os.path.join(folder, "t.topic")
+
+
+class Peer(JsonPeer):
+    """A spawned tests/gpu/topics_peer.py on the stand-in libcuda of ``env``."""
+
+    def __init__(self, env, role: str, path: str, *args: str) -> None:
+        super().__init__([str(PEER), role, "--name", "t", "--path", path, *args], env=env, cwd=str(ROOT))
+
+
+PUBLISH = ("--width", "64", "--height", "48", "--format", "NV12")
+
+
+def test_cuda_ipc_fanout_every_byte(env, path):
+    publisher = Peer(env, "publish", path, *PUBLISH, "--frames", "0", "--rate", "400", "--seed", "5")
+    subscribers = []
+    try:
+        publisher.wait_for(lambda m: m["event"] == "ready")
+        every = Peer(env, "subscribe", path, "--transport", "cuda-ipc", "--seed", "5", "--count", "40", "--hold", "3")
+        latest = Peer(env, "subscribe", path, "--qos", "latest", "--sleep-ms", "10", "--seed", "5", "--count", "10")
+        subscribers = [every, latest]
+        for peer in subscribers:
+            assert peer.wait_for(lambda m: m["event"] == "ready")["transport"] == "cuda-ipc"
+        for peer in subscribers:
+            peer.wait_for(lambda m: m["event"] == "done")
+            assert all(m["ok"] for m in peer.got()), [m for m in peer.got() if not m["ok"]][:2]
+        seqs = [m["seq"] for m in every.got()]
+        assert seqs == list(range(seqs[0], seqs[0] + 40))
+        seqs = [m["seq"] for m in latest.got()]
+        assert seqs == sorted(set(seqs)) and sum(m["skipped"] for m in latest.got()) > 0
+    finally:
+        for peer in [publisher, *subscribers]:
+            peer.stop()
+
+
+def test_cuda_ipc_join_leave_cycles_and_two_subscribers_in_one_process(env, path):
+    publisher = Peer(env, "publish", path, *PUBLISH, "--frames", "0", "--rate", "1000", "--seed", "7")
+    try:
+        publisher.wait_for(lambda m: m["event"] == "ready")
+        cycles = Peer(env, "cycles", path, "--transport", "cuda-ipc", "--qos", "latest", "--seed", "7",
+                      "--count", "150")
+        done = cycles.wait_for(lambda m: m["event"] in ("done", "error"), timeout=60)
+        cycles.stop()
+        assert done["event"] == "done", done
+        assert done["fds"][0] == done["fds"][1] and done["free_memory"][0] == done["free_memory"][1], done
+        # Two subscribers of one topic in one process share the mapping of each pool slot (the
+        # driver maps a handle once per process: the fake refuses a second mapping like it).
+        script = (
+            "import sys, eglcuda; sys.path.insert(0, 'tests/gpu'); from topics_peer import check\n"
+            "subs = [eglcuda.Subscriber('t', path=sys.argv[1], qos='every', transport='cuda-ipc') for _ in range(2)]\n"
+            "for _ in range(20):\n"
+            "    for sub in subs:\n"
+            "        with sub.receive(10) as m:\n"
+            "            ok, why = check(m, 7); assert ok, why\n"
+            "subs[0].close()\n"
+            "for _ in range(5):\n"
+            "    with subs[1].receive(10) as m:\n"
+            "        ok, why = check(m, 7); assert ok, why\n"
+            "subs[1].close(); print('ok')\n")
+        out = subprocess.run([sys.executable, "-c", script, path], env=env, cwd=ROOT, capture_output=True, text=True,
+                             timeout=60)
+        assert out.stdout.strip() == "ok", out.stderr[-2000:]
+    finally:
+        publisher.stop()
+
+
+def test_cuda_ipc_publisher_killed_and_restarted(env, path):
+    first = Peer(env, "publish", path, *PUBLISH, "--frames", "0", "--rate", "300", "--seed", "1")
+    second = None
+    subscriber = None
+    try:
+        first.wait_for(lambda m: m["event"] == "ready")
+        subscriber = Peer(env, "subscribe", path, "--transport", "cuda-ipc", "--seed", "1", "--rejoin",
+                          "--no-check", "--count", "60")
+        subscriber.wait_for(lambda m: m["event"] == "got" and len(subscriber.got()) >= 10)
+        first.process.send_signal(signal.SIGKILL)
+        first.process.wait(10)
+        lost = subscriber.wait_for(lambda m: m["event"] == "disconnected")
+        assert lost["kind"] == "StreamDisconnected"
+        second = Peer(env, "publish", path, *PUBLISH, "--frames", "0", "--rate", "300", "--seed", "1")
+        try:
+            rejoined = subscriber.wait_for(lambda m: m["event"] == "rejoined")
+        except AssertionError:
+            second.process.kill()
+            raise AssertionError(f"second publisher said {second.messages}, {second.process.stderr.read()[-3000:]}")
+        assert rejoined["transport"] == "cuda-ipc"
+        subscriber.wait_for(lambda m: m["event"] == "done")
+    finally:
+        for peer in (first, second, subscriber):
+            if peer is not None:
+                peer.stop()
