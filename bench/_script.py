@@ -1,11 +1,14 @@
 """What every benchmark does before it starts, and when it fails: one line, never a traceback.
 
-- ``require(program, *capabilities, modules=..., gcc=False)``: the platform through
+- ``require(program, *capabilities, modules=..., gcc=False, in_child=False)``: the platform through
   :func:`eglcuda.available`, then the Python packages (``pip install 'eglcuda[bench]'`` brings them
   all), then gcc for the C references. When something is missing it prints one line naming it and
   how to get it, and exits with status 2.
-- ``run(main, program)``: runs the benchmark; an error ends it with one line and status 1
-  (``EGLCUDA_TRACEBACK=1`` shows the traceback instead).
+  With ``in_child=True`` the platform is probed in a child interpreter, so that this process never
+  initializes CUDA (the MPS benchmarks: a daemon started afterwards must serve every process).
+- ``run(main, program)``: runs the benchmark; an error ends it with one line and status 1, or
+  status 2 for :class:`eglcuda.Unsupported` (something this machine lacks, such as
+  nvidia-cuda-mps-control for ``--mps``); ``EGLCUDA_TRACEBACK=1`` shows the traceback instead.
 - ``lazy(name)``: a module imported at first use, so that ``--help`` works and ``require`` speaks
   before a missing package would.
 - ``plot_bars(...)``: the grouped bar charts of docs/benchmarks.md, with matplotlib.
@@ -18,6 +21,7 @@ from __future__ import annotations
 import importlib
 import os
 import shutil
+import subprocess
 import sys
 from types import ModuleType
 from typing import Callable, Sequence
@@ -37,13 +41,18 @@ def fail(program: str, message: str, status: int) -> None:
 
 
 def require(program: str, *capabilities: str, modules: Sequence[tuple[str, str, str]] = (),
-            gcc: bool = False) -> None:
-    """Exit with status 2 and one line unless everything the benchmark needs is here."""
+            gcc: bool = False, in_child: bool = False) -> None:
+    """Exit with status 2 and one line unless everything the benchmark needs is here (see the
+    module notes for ``in_child``)."""
     try:
         import eglcuda
     except ImportError as exc:
         fail(program, f"needs eglcuda ({exc}): pip install eglcuda, or pip install -e . in a checkout", 2)
-    why = eglcuda.availability.explain(*capabilities)
+    if in_child and capabilities:
+        why = _explain_in_child(program, os.path.dirname(os.path.dirname(os.path.abspath(eglcuda.__file__))),
+                                capabilities)
+    else:
+        why = eglcuda.availability.explain(*capabilities)
     if why:
         fail(program, why, 2)
     os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
@@ -54,6 +63,27 @@ def require(program: str, *capabilities: str, modules: Sequence[tuple[str, str, 
             fail(program, f"needs {purpose}: {hint}", 2)
     if gcc and shutil.which("gcc") is None:
         fail(program, "needs gcc to build the C reference: apt-get install gcc", 2)
+
+
+# A child interpreter that prints eglcuda.availability.explain(*argv) (empty: all there).
+_EXPLAIN = ("import sys; sys.path.insert(0, sys.argv.pop(1)); import eglcuda; "
+            "print(eglcuda.availability.explain(*sys.argv[1:]) or '', flush=True)")
+
+
+def _explain_in_child(program: str, where: str, capabilities: Sequence[str]) -> str | None:
+    """eglcuda.availability.explain(*capabilities) as a fresh interpreter answers it (importing
+    eglcuda from ``where``, as this process does)."""
+    try:
+        done = subprocess.run([sys.executable, "-c", _EXPLAIN, where, *capabilities], capture_output=True,
+                              text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        fail(program, "probing this machine in a child process took more than 120 s", 1)
+    lines = done.stdout.splitlines()
+    if done.returncode != 0 or not lines:
+        said = [line.strip() for line in done.stderr.splitlines() if line.strip()]
+        fail(program, f"probing this machine in a child process failed (status {done.returncode})"
+             + (f": {said[-1]}" if said else ""), 1)
+    return lines[-1] or None
 
 
 class lazy:  # noqa: N801 - used like a module
@@ -74,6 +104,15 @@ def one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
+def missing(exc: BaseException) -> str | None:
+    """The line "needs X: ..." when ``exc`` is :class:`eglcuda.Unsupported` (X is not on this
+    machine), else None."""
+    eglcuda = sys.modules.get("eglcuda")  # an eglcuda exception means eglcuda is imported
+    if eglcuda is None or not isinstance(exc, eglcuda.Unsupported):
+        return None
+    return f"needs {exc.missing}: {' '.join(str(exc).split())}"
+
+
 def run(main: Callable[[], int], program: str) -> int:
     """``sys.exit(run(main, PROGRAM))``: the benchmark's exit status, and one line for an error."""
     try:
@@ -83,6 +122,10 @@ def run(main: Callable[[], int], program: str) -> int:
     except Exception as exc:
         if os.environ.get("EGLCUDA_TRACEBACK") == "1":
             raise
+        needs = missing(exc)
+        if needs:
+            print(f"{program}: {needs}", file=sys.stderr)
+            return 2
         print(f"{program}: {one_line(exc)}", file=sys.stderr)
         return 1
 

@@ -405,10 +405,13 @@ def main() -> int:
     parser.add_argument("--mps", action="store_true",
                         help="run the processes under CUDA MPS (a private daemon, or the one already running)")
     args = parser.parse_args()
+    require(PROGRAM)  # eglcuda itself, before the MPS session uses it
     from eglcuda import mps
 
-    with mps.session(args.mps, children_only=True):  # spawned children inherit the environment
+    with mps.session(args.mps, children_only=True, quiet=True) as daemon:  # spawned children inherit it
         require(PROGRAM, "cross-process", modules=[CUDA_PYTHON])
+        if daemon is not None:  # only now: what is missing is the one line
+            print(f"MPS: {daemon.describe()}", file=sys.stderr, flush=True)
         return run_all(args)
 
 

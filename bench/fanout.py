@@ -47,6 +47,10 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _script import CUDA_PYTHON, one_line, require, run  # noqa: E402
+from cross_process import Cuda as PairCuda, driver  # noqa: E402
+
 PROGRAM = "bench/fanout.py"
 CASES = [(1920, 1080, "NV12"), (3840, 2160, "ARGB")]
 CONSUMERS = [1, 2, 4, 8]
@@ -74,11 +78,6 @@ def now() -> float:
     return time.clock_gettime(time.CLOCK_MONOTONIC)
 
 
-def one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
 def frame_bytes(width: int, height: int, fmt: str) -> int:
     return width * height * 3 // 2 if fmt.upper() == "NV12" else width * height * 4
 
@@ -94,61 +93,13 @@ def word_index(number: int, words: int) -> int:
     return number * 2654435761 % words
 
 
-def need() -> str | None:
-    """What this machine lacks for the benchmark (one line), or None. Initializes no CUDA."""
-    try:
-        import eglcuda
-    except ImportError as exc:
-        return f"needs eglcuda ({exc}): pip install -e . in the checkout"
-    ok, why = eglcuda._bind.loader.cuda_available()
-    if not ok:
-        return f"needs an NVIDIA GPU with EGL streams between processes: {why}"
-    ok, why = eglcuda._bind.loader.egl_available()
-    if not ok:
-        return f"needs an NVIDIA GPU with EGL streams between processes: {why}"
-    try:
-        from cuda.bindings import driver  # noqa: F401
-    except ImportError:
-        try:
-            from cuda import cuda  # noqa: F401  - cuda-python before 12.6
-        except ImportError:
-            return "needs cuda-python for the fills, the checks and CUDA IPC: pip install cuda-python"
-    return None
-
-
-def driver():
-    try:
-        from cuda.bindings import driver as cu
-    except ImportError:  # cuda-python before 12.6
-        from cuda import cuda as cu
-    return cu
-
-
-class Cuda:
-    """The few driver calls each process needs, through cuda-python, on the GPU's primary context."""
+class Cuda(PairCuda):
+    """bench/cross_process.py's driver calls, and the per-round write and check of the fan-out."""
 
     def __init__(self, ordinal: int = 0) -> None:
-        import numpy as np
-
-        self.cu = cu = driver()
-        self.ok = cu.CUresult.CUDA_SUCCESS
-        self.check(cu.cuInit(0))
-        device = self.check(cu.cuDeviceGet(ordinal))
-        self.context = self.check(cu.cuDevicePrimaryCtxRetain(device))
-        self.check(cu.cuCtxSetCurrent(self.context))
-        self.stream = self.check(cu.cuStreamCreate(1))  # non-blocking
+        super().__init__(ordinal)
         self.handle = int(self.stream)
-        self.word = np.zeros(1, np.uint32)
         self.word_address = self.word.ctypes.data
-
-    def check(self, result):
-        error, *values = result
-        if error != self.ok:
-            raise RuntimeError(f"CUDA call failed: {error}")
-        return values[0] if len(values) == 1 else (tuple(values) or None)
-
-    def alloc(self, size: int) -> int:
-        return int(self.check(self.cu.cuMemAlloc(size)))
 
     def stamp(self, pointer: int, number: int, words: int) -> None:
         """The producer's per-round write: `words` words of `number` at `pointer`."""
@@ -160,9 +111,6 @@ class Cuda:
                                              self.stream))
         self.check(self.cu.cuStreamSynchronize(self.stream))
         return int(self.word[0])
-
-    def sync(self) -> None:
-        self.check(self.cu.cuStreamSynchronize(self.stream))
 
 
 # ---- eglcuda ----------------------------------------------------------------------------------------
@@ -559,10 +507,8 @@ def main() -> int:
     transports = args.transports.split(",")
     if any(t not in ENDS for t in transports):
         parser.error(f"--transports takes {', '.join(ENDS)}")
-    missing = need()
-    if missing:
-        print(f"{PROGRAM}: {missing}", file=sys.stderr)
-        return 2
+    # Probed in a child: this process never initializes CUDA, so an MPS daemon serves every process.
+    require(PROGRAM, "cross-process", modules=[CUDA_PYTHON], in_child=True)
     from eglcuda import mps
 
     rows, failed = [], 0
@@ -595,10 +541,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:
-        sys.exit(130)
-    except Exception as exc:  # noqa: BLE001 - one line, never a traceback
-        print(f"{PROGRAM}: {one_line(exc)}", file=sys.stderr)
-        sys.exit(1)
+    sys.exit(run(main, PROGRAM))

@@ -44,7 +44,6 @@ import json
 import math
 import os
 import pathlib
-import shutil
 import signal
 import subprocess
 import sys
@@ -52,8 +51,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-PROGRAM = "bench/mps.py"
 HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))  # _script.py, fanout.py and cross_process.py, for this process and the spawned ones
+from _script import CUDA_PYTHON, fail, one_line, require, run  # noqa: E402
+
+PROGRAM = "bench/mps.py"
+NUMPY = ("numpy", "numpy for bench/cross_process.py", "pip install numpy")
 PHASES = ("off", "on")
 PHASE_WORDS = {"off": "without MPS", "on": "with MPS"}
 GROUPS = ("twoproc", "breakdown", "cross_process", "fanout")
@@ -77,11 +80,6 @@ def frames_for(quick: bool) -> dict[str, int]:
     if quick:
         return {"twoproc": 1000, "breakdown": 1000, "xp_latency": 200, "xp_throughput": 1000}
     return {"twoproc": 5000, "breakdown": 4000, "xp_latency": 600, "xp_throughput": 5000}
-
-
-def one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 class Failure(Exception):
@@ -111,26 +109,16 @@ def condense(text: str) -> list[str]:
 
 # ---- what the machine needs -------------------------------------------------------------------------------
 
-def need() -> str | None:
-    """What this machine lacks (one line), or None. Initializes no CUDA in this process."""
-    import fanout
+def need() -> None:
+    """Exit with status 2 and one line unless this machine has what the benchmark needs. The
+    platform is probed in a child: this process never initializes CUDA."""
+    require(PROGRAM, "cross-process", modules=[CUDA_PYTHON, NUMPY], gcc=True, in_child=True)
+    from eglcuda import mps
 
-    missing = fanout.need()  # eglcuda, libcuda, libEGL, cuda-python
-    if missing:
-        return missing
-    try:
-        import numpy  # noqa: F401  - bench/cross_process.py
-    except ImportError:
-        return "needs numpy: pip install numpy"
-    import eglcuda
-
-    try:
-        eglcuda.mps._require_binaries()
-    except eglcuda.EglCudaError as exc:
-        return f"needs {getattr(exc, 'missing', 'nvidia-cuda-mps-control')} to run under MPS: {exc}"
-    if shutil.which("gcc") is None:
-        return "needs gcc to build the C reference (bench/c/cross_gpu.c): apt-get install gcc"
-    return None
+    for binary in (mps.CONTROL, mps.SERVER):
+        if mps.find_binary(binary) is None:
+            fail(PROGRAM, f"needs {binary} to run under MPS (searched PATH and {', '.join(mps.SEARCH_DIRECTORIES)}): "
+                          f"{mps.INSTALL_HINT}", 2)
 
 
 def probe() -> int:
@@ -389,8 +377,6 @@ def main() -> int:
         return probe()
     if args.plot:
         return redraw(pathlib.Path(args.plot))
-    if str(HERE) not in sys.path:
-        sys.path.insert(0, str(HERE))  # fanout.py and cross_process.py, for this process and the spawned ones
     phases = [p for p in args.phases.split(",") if p]
     groups = [g for g in args.groups.split(",") if g]
     if not phases or any(p not in PHASES for p in phases):
@@ -398,10 +384,7 @@ def main() -> int:
     if not groups or any(g not in GROUPS for g in groups):
         parser.error(f"--groups takes {', '.join(GROUPS)}")
 
-    missing = need()
-    if missing:
-        print(f"{PROGRAM}: {missing}", file=sys.stderr)
-        return 2
+    need()
     import eglcuda
 
     found = run_probe()  # in a child: this process never initializes CUDA
@@ -719,10 +702,4 @@ def redraw(folder: pathlib.Path) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:
-        sys.exit(130)
-    except Exception as exc:  # noqa: BLE001 - one line, never a traceback
-        print(f"{PROGRAM}: {one_line(exc)}", file=sys.stderr)
-        sys.exit(1)
+    sys.exit(run(main, PROGRAM))

@@ -23,10 +23,12 @@ one of them stalled (joined, never reads), against 8 that all read (the issue's 
                            [--transports cuda-ipc,eglstream,ipc-ring,torch-mp] [--subscribers 1,2,4,8]
                            [--qos latest,every] [--sizes 1080p-nv12,4k-argb]
 
---mps runs everything under a private MPS daemon (eglcuda.mps.MPSDaemon when importable, else
-nvidia-cuda-mps-control -d with private pipe and log directories, stopped with 'quit' at the end).
-Writes results.json, results.md and plots (matplotlib PNG, or SVG bars without it) to --out.
-Exits 2 with one line when there is no GPU.
+--mps runs everything under a private MPS daemon (eglcuda.mps.MPSDaemon: private pipe and log
+directories, stopped at the end, also if this process dies).
+Writes results.json, results.md and plots (matplotlib PNG; without matplotlib one line says the
+plots were left out) to --out. Exits 2 with one line when this machine lacks what the chosen
+transports need (an NVIDIA GPU; EGL streams between processes for eglstream, CUDA IPC for cuda-ipc
+and ipc-ring) or nvidia-cuda-mps-control for --mps.
 """
 from __future__ import annotations
 
@@ -36,7 +38,6 @@ import json
 import math
 import os
 import pathlib
-import shutil
 import socket
 import statistics
 import struct
@@ -46,6 +47,10 @@ import tempfile
 import time
 
 HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from _script import MATPLOTLIB, require, run  # noqa: E402
+
+PROGRAM = "bench/topics.py"
 ROOT = HERE.parent
 SIZES = {"1080p-nv12": (1920, 1080, "NV12"), "4k-argb": (3840, 2160, "ARGB")}
 TRANSPORTS = ["cuda-ipc", "eglstream", "ipc-ring", "torch-mp"]
@@ -102,7 +107,7 @@ def eglcuda_publisher(args) -> int:
 
 def eglcuda_subscriber(args) -> int:
     import eglcuda
-    from eglcuda._bind import cuda_ipc
+    from eglcuda._bind import cuda
 
     sub = eglcuda.Subscriber("bench", qos=args.qos, queue=4, path=args.path, timeout=120, transport=args.transport)
     emit(role="joined", transport=sub.info.transport)
@@ -117,7 +122,7 @@ def eglcuda_subscriber(args) -> int:
             except eglcuda.Dropped:
                 break
             if args.sync and sub.info.transport == "cuda-ipc":
-                cuda_ipc.synchronize(stream)
+                cuda.stream_synchronize(stream)
             stamp = now_ns() if args.sync else message.received_ns
             if message.payload == b"W":
                 received += 1
@@ -224,7 +229,7 @@ def ring_publisher(args) -> int:
 
 def ring_subscriber(args) -> int:
     from eglcuda import get_device
-    from eglcuda._bind import cuda_egl, cuda_ipc
+    from eglcuda._bind import cuda, cuda_egl, cuda_ipc
 
     sock = socket.socket(fileno=args.fd)
     device = get_device(0)
@@ -243,7 +248,7 @@ def ring_subscriber(args) -> int:
             break
         cuda_ipc.wait(stream, events[slot])
         if args.sync:
-            cuda_ipc.synchronize(stream)
+            cuda.stream_synchronize(stream)
         got = now_ns()
         if stamp:
             received += 1
@@ -387,58 +392,39 @@ def run_config(args, transport: str, size: str, qos: str, n: int, stalled: bool 
 
 
 @contextlib.contextmanager
-def mps_daemon(folder: pathlib.Path):
-    """A private MPS daemon for this run: eglcuda.mps.MPSDaemon where it exists (it also stops the
-    daemon if this process dies), else nvidia-cuda-mps-control -d with private directories."""
-    try:
-        from eglcuda import mps
-    except ImportError:
-        mps = None
-    if mps is not None and hasattr(mps, "MPSDaemon"):
-        with mps.MPSDaemon() as daemon:
-            daemon.apply(children_only=True)  # the processes started from now on are its clients
-            yield f"eglcuda.mps.MPSDaemon ({daemon.describe()})" if hasattr(daemon, "describe") else "eglcuda.mps"
-        return
-    control = shutil.which("nvidia-cuda-mps-control") or (
-        "/usr/local/nvidia/bin/nvidia-cuda-mps-control"
-        if os.path.exists("/usr/local/nvidia/bin/nvidia-cuda-mps-control") else None)
-    if control is None:
-        raise SystemExit("--mps: nvidia-cuda-mps-control is not on PATH")
-    pipes, logs = folder / "mps-pipe", folder / "mps-log"
-    pipes.mkdir(parents=True, exist_ok=True)
-    logs.mkdir(parents=True, exist_ok=True)
-    os.environ["CUDA_MPS_PIPE_DIRECTORY"] = str(pipes)  # children inherit it: they become MPS clients
-    os.environ["CUDA_MPS_LOG_DIRECTORY"] = str(logs)
-    subprocess.run([control, "-d"], check=True)
-    try:
-        yield "nvidia-cuda-mps-control -d (private pipe directory)"
-    finally:
-        subprocess.run([control], input="quit\n", text=True, timeout=60)
+def mps_daemon():
+    """A private MPS daemon for this run (eglcuda.mps.MPSDaemon: it also stops the daemon if this
+    process dies), its environment set for the processes started from now on."""
+    from eglcuda import mps
+
+    with mps.MPSDaemon() as daemon:
+        daemon.apply(children_only=True)  # the processes started from now on are its clients
+        yield f"eglcuda.mps.MPSDaemon ({daemon.describe()})"
 
 
-def no_gpu() -> str | None:
-    """Why there is no GPU here (None: there is one). Loads the driver without initializing CUDA,
-    so an MPS daemon started afterwards still serves every process."""
-    from eglcuda._bind import loader
-
-    ok, why = loader.cuda_available()
-    if not ok:
-        return why
-    check = subprocess.run([sys.executable, "-c", "import eglcuda, sys; sys.exit(0 if eglcuda._bind.cuda.device_count() "
-                            "else 1)"], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    return None if check.returncode == 0 else "no CUDA device (" + check.stderr.strip()[-200:] + ")"
+def needs(transports: list[str]) -> list[str]:
+    """The capabilities (eglcuda.available's names) the chosen transports need."""
+    wanted = ["cuda"]
+    if "eglstream" in transports:
+        wanted.append("cross-process")
+    if any(t in ("cuda-ipc", "ipc-ring") for t in transports):
+        wanted.append("cuda-ipc")
+    return wanted
 
 
 def plot(rows: list[dict], out: pathlib.Path) -> list[str]:
+    """The PNG plots written to ``out``; none, with one line saying why, without matplotlib."""
     written = []
     groups = sorted({(r["size"], r["qos"]) for r in rows if "publisher_rate" in r})
+    _, purpose, hint = MATPLOTLIB
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        plt = None
+        print(f"{PROGRAM}: plots left out: needs {purpose}: {hint}", flush=True)
+        return written
     for size, qos in groups:
         selected = [r for r in rows if r["size"] == size and r["qos"] == qos and "publisher_rate" in r
                     and not r.get("stalled")]
@@ -448,29 +434,21 @@ def plot(rows: list[dict], out: pathlib.Path) -> list[str]:
             name = f"topics_{size}_{qos}_{metric}"
             series = {t: [next((r[metric] for r in selected if r["transport"] == t and r["n"] == n), math.nan)
                           for n in ns] for t in transports}
-            if plt is not None:
-                figure, axes = plt.subplots(figsize=(7, 4))
-                for transport, values in series.items():
-                    axes.plot(ns, values, marker="o", label=transport)
-                axes.set_xlabel("subscribers")
-                axes.set_ylabel(f"{label} ({unit})")
-                axes.set_xscale("log", base=2)
-                axes.set_xticks(ns, [str(n) for n in ns])
-                axes.set_yscale("log")
-                axes.set_title(f"{size}, qos {qos}: {label}")
-                axes.grid(True, alpha=0.3)
-                axes.legend()
-                figure.tight_layout()
-                figure.savefig(out / f"{name}.png", dpi=120)
-                plt.close(figure)
-                written.append(f"{name}.png")
-            else:
-                sys.path.insert(0, str(HERE))
-                from svgplot import grouped_bars
-
-                grouped_bars(out / f"{name}.svg", f"{size}, qos {qos}: {label}", unit, [f"N={n}" for n in ns], series,
-                             log=True)
-                written.append(f"{name}.svg")
+            figure, axes = plt.subplots(figsize=(7, 4))
+            for transport, values in series.items():
+                axes.plot(ns, values, marker="o", label=transport)
+            axes.set_xlabel("subscribers")
+            axes.set_ylabel(f"{label} ({unit})")
+            axes.set_xscale("log", base=2)
+            axes.set_xticks(ns, [str(n) for n in ns])
+            axes.set_yscale("log")
+            axes.set_title(f"{size}, qos {qos}: {label}")
+            axes.grid(True, alpha=0.3)
+            axes.legend()
+            figure.tight_layout()
+            figure.savefig(out / f"{name}.png", dpi=120)
+            plt.close(figure)
+            written.append(f"{name}.png")
     return written
 
 
@@ -499,39 +477,35 @@ def main() -> int:
         return {"pub": eglcuda_publisher, "sub": eglcuda_subscriber, "ring-pub": ring_publisher,
                 "ring-sub": ring_subscriber, "torch": torch_run}[args.role](args)
 
-    why = no_gpu()
-    if why:
-        print(f"bench/topics.py: needs an NVIDIA GPU: {why}", file=sys.stderr)
-        return 2
+    transports = args.transports.split(",")
+    # Probed in a child: this process never initializes CUDA, so an MPS daemon serves every process.
+    require(PROGRAM, *needs(transports), in_child=True)
     args.duration = args.duration or (1.0 if args.quick else 2.0)
     sizes = (args.sizes or ("1080p-nv12" if args.quick else ",".join(SIZES))).split(",")
     ns = [int(n) for n in (args.subscribers or ("1,4,8" if args.quick else "1,2,4,8")).split(",")]
     qoses = args.qos.split(",")
-    transports = args.transports.split(",")
     out = pathlib.Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     rows: list[dict] = []
-    with tempfile.TemporaryDirectory(prefix="eglcuda-bench-mps-") as scratch:
-        mps = mps_daemon(pathlib.Path(scratch)) if args.mps else contextlib.nullcontext("off")
-        with mps as mps_mode:
-            print(f"MPS: {mps_mode}", flush=True)
-            for size in sizes:
-                for qos in qoses:
-                    for transport in transports:
-                        if transport in ("ipc-ring", "torch-mp") and qos != "every":
-                            continue  # lossless rings: compared in the 'every' rows
-                        for n in ns:
-                            row = {"size": size, "qos": qos, "transport": transport, "n": n,
-                                   **run_config(args, transport, size, qos, n)}
-                            rows.append(row)
-                            print(format_row(row), flush=True)
-                if "latest" in qoses and max(ns) >= 2:
-                    for transport in [t for t in transports if t in ("cuda-ipc", "eglstream")]:
-                        n = max(ns)
-                        row = {"size": size, "qos": "latest", "transport": transport, "n": n, "stalled": True,
-                               **run_config(args, transport, size, "latest", n, stalled=True)}
+    with (mps_daemon() if args.mps else contextlib.nullcontext("off")) as mps_mode:
+        print(f"MPS: {mps_mode}", flush=True)
+        for size in sizes:
+            for qos in qoses:
+                for transport in transports:
+                    if transport in ("ipc-ring", "torch-mp") and qos != "every":
+                        continue  # lossless rings: compared in the 'every' rows
+                    for n in ns:
+                        row = {"size": size, "qos": qos, "transport": transport, "n": n,
+                               **run_config(args, transport, size, qos, n)}
                         rows.append(row)
                         print(format_row(row), flush=True)
+            if "latest" in qoses and max(ns) >= 2:
+                for transport in [t for t in transports if t in ("cuda-ipc", "eglstream")]:
+                    n = max(ns)
+                    row = {"size": size, "qos": "latest", "transport": transport, "n": n, "stalled": True,
+                           **run_config(args, transport, size, "latest", n, stalled=True)}
+                    rows.append(row)
+                    print(format_row(row), flush=True)
     (out / "results.json").write_text(json.dumps({"mps": args.mps, "duration": args.duration, "sync": args.sync,
                                                   "rows": rows}, indent=1))
     table = markdown(rows, args)
@@ -606,4 +580,4 @@ def markdown(rows: list[dict], args) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run(main, PROGRAM))

@@ -42,7 +42,7 @@ from typing import Callable, Literal, overload
 
 from ._bind import cuda as _driver
 from ._bind import loader as _loader
-from .cuda_device import get_device
+from .cuda_device import device_info
 from .display import Device, Display, client_extensions, devices
 from .errors import EglCudaError, UsageError
 from ._bind.gl import gl
@@ -141,7 +141,7 @@ def _cuda() -> tuple[bool, str]:
     if count < 1:
         return False, "the CUDA driver sees no device"
     version = _driver.driver_version()
-    names = ", ".join(get_device(i).info.name for i in range(count))
+    names = ", ".join(device_info(i).name for i in range(count))
     return True, f"CUDA driver API {version // 1000}.{version % 1000 // 10}: {names}"
 
 
@@ -255,13 +255,13 @@ def _cuda_ipc() -> tuple[bool, str]:
     ok, why = _probe("cuda")
     if not ok:
         return False, why
-    device = get_device(0)
-    if device.info.integrated:
-        return False, f"CUDA device 0 ({device.info.name}) is integrated (Tegra): no CUDA IPC there"
+    info = device_info(0)
+    if info.integrated:
+        return False, f"CUDA device 0 ({info.name}) is integrated (Tegra): no CUDA IPC there"
     for name in ("cuIpcGetMemHandle", "cuIpcOpenMemHandle"):
-        if name in _loader.ENTRIES and not _loader.is_bound(name):
+        if not _loader.is_bound(name):
             return False, f"{_loader.CUDA_LIBRARY} does not export {name}"
-    return True, f"CUDA IPC on {device.info.name} (discrete)"
+    return True, f"CUDA IPC on {info.name} (discrete)"
 
 
 def _two_gpus() -> tuple[bool, str]:

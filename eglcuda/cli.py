@@ -43,11 +43,15 @@ def main(argv: list[str] | None = None) -> int:
 def _info(args: argparse.Namespace) -> int:
     report = collect()
     if args.json:
-        json.dump(report, sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        _print_json(report)
     else:
         print(format_report(report))
     return 0
+
+
+def _print_json(data: Any) -> None:
+    json.dump(data, sys.stdout, indent=2)
+    sys.stdout.write("\n")
 
 
 def _add_version(parser: argparse.ArgumentParser) -> None:
@@ -131,8 +135,11 @@ def _mps(args: argparse.Namespace) -> int:
     if args.action == "start":
         daemon = mps.MPSDaemon(timeout=args.timeout, reuse=args.reuse, detach=True, owner_pid=args.owner)
         daemon.start()
-        for key, value in daemon.env().items():
-            print(f"{key}={value}" if args.print_env else f"export {key}={shlex.quote(value)}")
+        if args.print_env:
+            for key, value in daemon.env().items():
+                print(f"{key}={value}")
+        else:
+            print(daemon.exports())
         if not args.print_env and daemon.owned:
             until = f"process {args.owner} exits" if args.owner else "`python -m eglcuda mps stop`"
             print(f"eglcuda: {daemon.describe()}; it runs until {until}", file=sys.stderr)
@@ -153,8 +160,7 @@ def _mps(args: argparse.Namespace) -> int:
         return 0
     report = mps.status()
     if args.json:
-        json.dump(report, sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        _print_json(report)
         return 0
     print(_format_status(report))
     return 0
@@ -198,8 +204,7 @@ def _topics(args: argparse.Namespace) -> int:
         print(f"python -m eglcuda topics: {exc}", file=sys.stderr)
         return 2
     if args.json:
-        json.dump(listing.as_dict(), sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        _print_json(listing.as_dict())
     else:
         print(format_listing(listing))
     return 0

@@ -45,7 +45,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ._bind import cuda_egl
+from ._bind import cuda
 from ._bind.gl import gl
 from ._version import __version__
 from .availability import CAPABILITIES, available, explain
@@ -53,8 +53,8 @@ from .display import Display
 from .errors import EglCudaError, PeerError, StreamDisconnected, Timeout
 from .frames.formats import ColorFormat, Layout
 from .frames.frame import Frame
-from .images.image import Image
-from .images.paths import image_path
+from .images.image import TEXTURE_FORMATS, Image
+from .images.paths import image_path, make_texture, read_texture, write_texture
 from .streams.share import receive_stream, serve_stream
 from .syncs.paths import ServerWaitPath, SyncPath, gl_server_wait_path, sync_paths
 from .syncs.sync import Sync, cuda_wait_sync, sync_after_cuda
@@ -111,40 +111,14 @@ def _compare(what: str, got: np.ndarray, expected: np.ndarray) -> None:
 
 # ---- GL helpers (PyOpenGL, through eglcuda's EGL platform choice) -----------------------------------
 
+_RGBA8 = TEXTURE_FORMATS[0x8058]  # what the checks' textures hold: random RGBA bytes
+
 def _gl() -> Any:
     try:
 
         return gl()
     except EglCudaError as exc:
         raise NotApplicable(f"PyOpenGL is not installed ({GL_HINT})") from exc
-
-
-def _texture(GL: Any, texels: np.ndarray) -> int:
-    height, width, _ = texels.shape
-    texture = int(GL.glGenTextures(1))
-    GL.glBindTexture(GL.GL_TEXTURE_2D, texture)
-    GL.glPixelStorei(GL.GL_UNPACK_ALIGNMENT, 1)
-    GL.glTexParameteri(GL.GL_TEXTURE_2D, GL.GL_TEXTURE_MIN_FILTER, GL.GL_NEAREST)
-    GL.glTexParameteri(GL.GL_TEXTURE_2D, GL.GL_TEXTURE_MAG_FILTER, GL.GL_NEAREST)
-    GL.glTexImage2D(GL.GL_TEXTURE_2D, 0, GL.GL_RGBA8, width, height, 0, GL.GL_RGBA, GL.GL_UNSIGNED_BYTE,
-                    np.ascontiguousarray(texels))
-    return texture
-
-
-def _write_texture(GL: Any, texture: int, texels: np.ndarray) -> None:
-    height, width, _ = texels.shape
-    GL.glBindTexture(GL.GL_TEXTURE_2D, texture)
-    GL.glPixelStorei(GL.GL_UNPACK_ALIGNMENT, 1)
-    GL.glTexSubImage2D(GL.GL_TEXTURE_2D, 0, 0, 0, width, height, GL.GL_RGBA, GL.GL_UNSIGNED_BYTE,
-                       np.ascontiguousarray(texels))
-
-
-def _read_texture(GL: Any, texture: int, width: int, height: int) -> np.ndarray:
-    out = np.zeros((height, width, 4), np.uint8)
-    GL.glBindTexture(GL.GL_TEXTURE_2D, texture)
-    GL.glPixelStorei(GL.GL_PACK_ALIGNMENT, 1)
-    GL.glGetTexImage(GL.GL_TEXTURE_2D, 0, GL.GL_RGBA, GL.GL_UNSIGNED_BYTE, out)
-    return out
 
 
 def _random_texels(rng: np.random.Generator, width: int, height: int) -> np.ndarray:
@@ -172,10 +146,10 @@ def check_gl_context() -> str:
         _expect(bool(version_text) and version_text[0].isdigit(), f"GL_VERSION is {version_text!r}")
         # An uploaded texture reads back exactly.
         texels = _random_texels(rng, width, height)
-        texture = _texture(GL, texels)
+        texture = make_texture(_RGBA8, texels)
         framebuffer = 0
         try:
-            _compare("texture read back", _read_texture(GL, texture, width, height), texels)
+            _compare("texture read back", read_texture(_RGBA8, texture, width, height), texels)
             # GL draws: clear a framebuffer of that texture to a random color, read the pixels.
             color = rng.integers(0, 256, 4, dtype=np.uint8)
             framebuffer = int(GL.glGenFramebuffers(1))
@@ -212,20 +186,20 @@ def check_eglimage_siblings() -> str:
             raise NotApplicable(f"{', '.join(missing)} missing on {display.description}")
         with display.create_context() as context:
             texels = _random_texels(rng, width, height)
-            texture = _texture(GL, texels)
+            texture = make_texture(_RGBA8, texels)
             sibling = 0
             try:
                 with Image(context, texture) as image:
                     _expect((image.width, image.height) == (width, height),
                             f"the image is {image.width}x{image.height}, the texture {width}x{height}")
                     sibling = image.bind_texture()
-                    _compare("sibling texture", _read_texture(GL, sibling, width, height), texels)
+                    _compare("sibling texture", read_texture(_RGBA8, sibling, width, height), texels)
                     # Whether later writes cross over is the driver's business (Mesa: they do;
                     # NVIDIA 580: the sibling is a copy): reported, not judged.
                     update = _random_texels(rng, width, height)
-                    _write_texture(GL, texture, update)
+                    write_texture(_RGBA8, texture, update)
                     GL.glFinish()
-                    shared = bool(np.array_equal(_read_texture(GL, sibling, width, height), update))
+                    shared = bool(np.array_equal(read_texture(_RGBA8, sibling, width, height), update))
             finally:
                 GL.glDeleteTextures([t for t in (texture, sibling) if t])
         return (f"a second texture bound to an EGLImage of a {width}x{height} RGBA8 texture read every random "
@@ -239,7 +213,7 @@ def check_fence_sync() -> str:
     rng = np.random.default_rng()
     with _open_display() as display, display.create_context():
         texels = _random_texels(rng, 64, 64)
-        texture = _texture(GL, texels)  # GL work before the fence
+        texture = make_texture(_RGBA8, texels)  # GL work before the fence
         try:
             fence = Sync.fence(display)
             GL.glFinish()
@@ -248,7 +222,7 @@ def check_fence_sync() -> str:
             fence.close()
             detail = "a fence is signaled once glFinish returns; a zero-timeout client wait says so"
             if display.supports("EGL_KHR_wait_sync"):
-                _write_texture(GL, texture, _random_texels(rng, 64, 64))
+                write_texture(_RGBA8, texture, _random_texels(rng, 64, 64))
                 fence = Sync.fence(display)
                 GL.glFlush()
                 _expect(fence.server_wait(timeout=10) is False, "a server wait on a fence blocked this thread")
@@ -482,7 +456,7 @@ def check_eglimage_cuda() -> str:
         choice = image_path(display)
         _expect(choice.path is not None, f"no coherent EGLImage -> CUDA path: {choice.reason}")
         texels = _random_texels(rng, width, height)
-        texture = _texture(GL, texels)
+        texture = make_texture(_RGBA8, texels)
         try:
             with Image(context, texture) as image, image.register_cuda() as registration:
                 path = registration.path
@@ -492,7 +466,7 @@ def check_eglimage_cuda() -> str:
                     written = _random_texels(rng, width, height)
                     mapped.copy_from(written)
                 GL.glFinish()  # the unmap ordered CUDA's writes before GL's next command
-                _compare("CUDA's writes read in GL", _read_texture(GL, texture, width, height), written)
+                _compare("CUDA's writes read in GL", read_texture(_RGBA8, texture, width, height), written)
         finally:
             GL.glDeleteTextures([texture])
         return (f"path {path} ({choice.reason}): GL's random texels read through CUDA and CUDA's random bytes "
@@ -528,7 +502,7 @@ def check_cuda_egl_gl_sync() -> str:
         view = target.host_array()
         view[...] = 0
         device.make_current()
-        stream = cuda_egl.stream_create()
+        stream = cuda.stream_create()
         blocker = Sync.reusable(display)
         gate = done = None
         try:
@@ -578,7 +552,7 @@ def check_cuda_egl_gl_sync() -> str:
                 done.close()
             blocker.close()
             device.make_current()
-            cuda_egl.stream_destroy(stream)
+            cuda.stream_destroy(stream)
             del view
             source.close()
             target.close()

@@ -12,7 +12,7 @@ from typing import Callable, Iterator
 from ._bind import egl
 from ._bind.egl import egl_error
 from ._resource import Resource
-from .display import Display
+from .display import Display, check_display
 from .errors import ClosedError, EGLError, UsageError
 
 _APIS = {"opengl": (egl.OPENGL_API, egl.OPENGL_BIT), "gles": (egl.OPENGL_ES_API, egl.OPENGL_ES3_BIT)}
@@ -76,6 +76,7 @@ class GLContext(Resource):
         pbuffer_size: tuple[int, int] = (16, 16),
         surface_type: int | None = None,
     ) -> None:
+        check_display(display, "GLContext")
         if api not in _APIS:
             raise UsageError(f"api must be one of {sorted(_APIS)}, got {api!r}")
         if profile is not None and (profile not in _PROFILES or api != "opengl" or version is None):

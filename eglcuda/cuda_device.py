@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from ._bind import cuda
 from ._bind.cuda import driver_version
 from ._resource import Resource
-from .errors import Unsupported
+from .errors import Unsupported, UsageError
 
-__all__ = ["CudaDevice", "DeviceInfo", "driver_version", "get_device"]
+__all__ = ["CudaDevice", "DeviceInfo", "device_info", "driver_version", "get_device"]
 
 
 @dataclass(frozen=True)
@@ -46,24 +46,10 @@ class CudaDevice(Resource):
         self.handle: int = cuda.device_get(ordinal)
         self.context: int = cuda.primary_context_retain(self.handle)
         self._own(cuda.primary_context_release, self.handle)
-        self.info = self._query_info()
+        self.info = _read_info(ordinal, self.handle)
 
     def _attribute(self, attribute: int) -> int:
         return cuda.device_attribute(self.handle, attribute)
-
-    def _query_info(self) -> DeviceInfo:
-        name = cuda.device_name(self.handle)
-        total = cuda.device_total_memory(self.handle)
-        return DeviceInfo(
-            ordinal=self.ordinal,
-            name=name,
-            compute_capability=(
-                self._attribute(cuda.ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR),
-                self._attribute(cuda.ATTRIBUTE_COMPUTE_CAPABILITY_MINOR),
-            ),
-            integrated=bool(self._attribute(cuda.ATTRIBUTE_INTEGRATED)),
-            total_memory=total,
-        )
 
     def make_current(self) -> None:
         """Make this device's primary context current on the calling thread (cheap if it is)."""
@@ -78,11 +64,43 @@ class CudaDevice(Resource):
         return f"<CudaDevice {self.ordinal}: {self.info.name}>"
 
 
+def _read_info(ordinal: int, handle: int) -> DeviceInfo:
+    def attribute(which: int) -> int:
+        return cuda.device_attribute(handle, which)
+
+    return DeviceInfo(
+        ordinal=ordinal,
+        name=cuda.device_name(handle),
+        compute_capability=(attribute(cuda.ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR),
+                            attribute(cuda.ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)),
+        integrated=bool(attribute(cuda.ATTRIBUTE_INTEGRATED)),
+        total_memory=cuda.device_total_memory(handle),
+    )
+
+
+def device_info(ordinal: int) -> DeviceInfo:
+    """What the driver says of CUDA device ``ordinal``, without making a context on it (which
+    :func:`get_device` does: memory on the GPU, and an MPS client under MPS)."""
+    device = _devices.get(ordinal)
+    if device is not None:
+        return device.info
+    cuda.init()
+    count = cuda.device_count()
+    if not isinstance(ordinal, int) or not 0 <= ordinal < count:
+        raise Unsupported(f"CUDA device {ordinal}", where=f"this machine ({count} CUDA device(s))")
+    return _read_info(ordinal, cuda.device_get(ordinal))
+
+
 _devices: dict[int, CudaDevice] = {}
 
 
-def get_device(ordinal: int = 0) -> CudaDevice:
-    """The process-wide :class:`CudaDevice` for a CUDA ordinal (created once, then shared)."""
+def get_device(ordinal: "int | CudaDevice" = 0) -> CudaDevice:
+    """The process-wide :class:`CudaDevice` for a CUDA ordinal (created once, then shared); a
+    :class:`CudaDevice` is returned as it is."""
+    if isinstance(ordinal, CudaDevice):
+        return ordinal
+    if not isinstance(ordinal, int) or isinstance(ordinal, bool):
+        raise UsageError(f"a CUDA device is an int ordinal or an eglcuda.CudaDevice, got {type(ordinal).__name__}")
     device = _devices.get(ordinal)  # one dict read is atomic; finalizers take this path
     if device is None:
         created = CudaDevice(ordinal)

@@ -210,8 +210,6 @@ class Display(Resource):
     # ---- children and lifetime -------------------------------------------------------------
     def cuda_device(self, device: "int | CudaDevice | None" = None) -> "CudaDevice":
         """``device`` as a :class:`CudaDevice`; None means this display's own CUDA device."""
-        if isinstance(device, CudaDevice):
-            return device
         if device is None:
             device = self.cuda_ordinal
             if device is None:
@@ -233,6 +231,12 @@ class Display(Resource):
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"EGL {self.version[0]}.{self.version[1]}, {self.vendor}"
         return f"<Display {self.description}: {state}>"
+
+
+def check_display(display: object, what: str) -> None:
+    """Raise :class:`UsageError` unless ``display`` is a :class:`Display` (before any EGL call)."""
+    if not isinstance(display, Display):
+        raise UsageError(f"{what} takes an eglcuda.Display, got {type(display).__name__}")
 
 
 __all__ = ["Device", "Display", "EGLError", "client_extensions", "devices"]

@@ -100,7 +100,6 @@ class InteropPath:
     """One way eglcuda moves data or synchronization between APIs."""
 
     name: str
-    implemented: bool
     check: Callable[[_Facts], str | None]  # None when the platform has what the path needs
     cuda: bool = True  # False: EGL and GL alone (works on Mesa)
 
@@ -141,39 +140,39 @@ def _topic_cuda_ipc(facts: _Facts) -> str | None:
 CROSS_PROCESS_PATH = "EGLStream across processes (fd over a UNIX socket)"
 
 INTEROP_PATHS: list[InteropPath] = [
-    InteropPath("GL contexts (headless)", True, lambda f: f.need_any_display(), cuda=False),
-    InteropPath("EGLImage GL texture -> GL texture", True,
+    InteropPath("GL contexts (headless)", lambda f: f.need_any_display(), cuda=False),
+    InteropPath("EGLImage GL texture -> GL texture",
                 lambda f: f.need_any_display("EGL_KHR_image_base", "EGL_KHR_gl_texture_2D_image"), cuda=False),
-    InteropPath("EGLStream CUDA -> CUDA", True, lambda f: f.need_stream_ext("EGL_KHR_stream")
+    InteropPath("EGLStream CUDA -> CUDA", lambda f: f.need_stream_ext("EGL_KHR_stream")
                 or f.need_cuda("cuEGLStreamProducerConnect", "cuEGLStreamConsumerConnectWithFlags")),
-    InteropPath("EGLStream FIFO mode", True, lambda f: f.need_stream_ext("EGL_KHR_stream_fifo")),
-    InteropPath("EGLStream last-frame reuse control", True, lambda f: f.need_stream_ext("EGL_NV_stream_reset")),
-    InteropPath(CROSS_PROCESS_PATH, True,
+    InteropPath("EGLStream FIFO mode", lambda f: f.need_stream_ext("EGL_KHR_stream_fifo")),
+    InteropPath("EGLStream last-frame reuse control", lambda f: f.need_stream_ext("EGL_NV_stream_reset")),
+    InteropPath(CROSS_PROCESS_PATH,
                 lambda f: f.need_stream_ext("EGL_KHR_stream_cross_process_fd")),
-    InteropPath("EGLStream frames in pinned host memory", True, lambda f: f.need_stream_ext("EGL_KHR_stream")
+    InteropPath("EGLStream frames in pinned host memory", lambda f: f.need_stream_ext("EGL_KHR_stream")
                 or f.need_cuda("cuMemHostAlloc", "cuMemHostGetDevicePointer")),
-    InteropPath("EGLStream frames in managed memory", True,
+    InteropPath("EGLStream frames in managed memory",
                 lambda f: "eglcuda refuses them: cuEGLStreamProducerPresentFrame crashed the process on a managed "
                           "frame (H100/H200, driver 580); not verified on Tegra"),
-    InteropPath("EGLStream CUDA -> GL texture", True,
+    InteropPath("EGLStream CUDA -> GL texture",
                 lambda f: f.need_stream_ext("EGL_KHR_stream_consumer_gltexture")),
-    InteropPath("EGLStream GL surface -> CUDA", True,
+    InteropPath("EGLStream GL surface -> CUDA",
                 lambda f: f.need_stream_ext("EGL_KHR_stream_producer_eglsurface")),
-    InteropPath("EGLImage GL texture -> CUDA (native)", True, _eglimage_registration),
-    InteropPath("EGLImage GL texture -> CUDA (GL interop)", True,
+    InteropPath("EGLImage GL texture -> CUDA (native)", _eglimage_registration),
+    InteropPath("EGLImage GL texture -> CUDA (GL interop)",
                 lambda f: f.need_stream_ext("EGL_KHR_gl_texture_2D_image") or f.need_cuda("cuGraphicsGLRegisterImage")),
-    InteropPath("EGLSync fence / reusable / server wait", True,
+    InteropPath("EGLSync fence / reusable / server wait",
                 lambda f: f.need_any_display("EGL_KHR_fence_sync", "EGL_KHR_reusable_sync", "EGL_KHR_wait_sync"),
                 cuda=False),
-    InteropPath("CUDA event -> EGLSync (native)", True, lambda f: f.need_stream_ext("EGL_NV_cuda_event")),
-    InteropPath("CUDA stream -> EGLSync (emulated)", True, lambda f: f.need_stream_ext("EGL_KHR_reusable_sync")
+    InteropPath("CUDA event -> EGLSync (native)", lambda f: f.need_stream_ext("EGL_NV_cuda_event")),
+    InteropPath("CUDA stream -> EGLSync (emulated)", lambda f: f.need_stream_ext("EGL_KHR_reusable_sync")
                 or f.need_cuda("cuLaunchHostFunc")),
-    InteropPath("CUDA stream -> GL server wait (timeline semaphore)", True, _semaphore_wait),
-    InteropPath("EGLSync -> CUDA event (native)", True, lambda f: f.need_cuda("cuEventCreateFromEGLSync")),
-    InteropPath("EGLSync -> CUDA stream (emulated)", True,
+    InteropPath("CUDA stream -> GL server wait (timeline semaphore)", _semaphore_wait),
+    InteropPath("EGLSync -> CUDA event (native)", lambda f: f.need_cuda("cuEventCreateFromEGLSync")),
+    InteropPath("EGLSync -> CUDA stream (emulated)",
                 lambda f: f.need_cuda("cuStreamWaitValue32", "cuMemHostAlloc", "cuMemHostGetDevicePointer")),
-    InteropPath("Topics (Publisher/Subscriber) through CUDA IPC", True, _topic_cuda_ipc),
-    InteropPath("Topics (Publisher/Subscriber) through EGLStreams", True,
+    InteropPath("Topics (Publisher/Subscriber) through CUDA IPC", _topic_cuda_ipc),
+    InteropPath("Topics (Publisher/Subscriber) through EGLStreams",
                 lambda f: f.need_stream_ext("EGL_KHR_stream_cross_process_fd")
                 or f.need_cuda("cuEGLStreamProducerConnect", "cuEGLStreamConsumerConnectWithFlags")),
 ]
@@ -183,8 +182,6 @@ def _path_status(path: InteropPath, facts: _Facts) -> dict[str, str]:
     why = path.check(facts)
     if why:
         return {"path": path.name, "status": "unsupported", "why": why}
-    if not path.implemented:
-        return {"path": path.name, "status": "planned", "why": "the platform has what it needs; not in this eglcuda version"}
     return {"path": path.name, "status": "available", "why": ""}
 
 
@@ -242,7 +239,7 @@ def collect() -> dict[str, Any]:
             version = _driver.driver_version()
             cuda["driver_version"] = f"{version // 1000}.{version % 1000 // 10}"
             for ordinal in range(_driver.device_count()):
-                info = _cuda.get_device(ordinal).info
+                info = _cuda.device_info(ordinal)
                 cuda["devices"].append({
                     "ordinal": info.ordinal,
                     "name": info.name,

@@ -60,9 +60,8 @@ INSTALL_HINT = (
 
 PIPE_VARIABLE = "CUDA_MPS_PIPE_DIRECTORY"
 LOG_VARIABLE = "CUDA_MPS_LOG_DIRECTORY"
-# The driver's defaults when the variables are unset (NVIDIA MPS documentation).
+# The driver's default pipe directory when the variable is unset (NVIDIA MPS documentation).
 SYSTEM_PIPE_DIRECTORY = "/tmp/nvidia-mps"
-SYSTEM_LOG_DIRECTORY = "/var/log/nvidia-mps"
 # What the control daemon keeps in its pipe directory: its pid file (gone once it stops) and its
 # control socket (left behind when it stops).
 PID_FILE = "nvidia-cuda-mps-control.pid"
@@ -304,9 +303,14 @@ def pipe_directory_in_effect() -> str:
     return os.environ.get(PIPE_VARIABLE) or SYSTEM_PIPE_DIRECTORY
 
 
-def _reachable() -> str:
+def _daemon_in_effect() -> int | None:
+    """The pid of the control daemon serving this process's pipe directory (its pid file), if any."""
+    return _pid_file_daemon(pipe_directory_in_effect())
+
+
+def _reachable(pid: int | None) -> str:
+    """What serves this process's pipe directory, given :func:`_daemon_in_effect`'s answer."""
     pipe = pipe_directory_in_effect()
-    pid = _pid_file_daemon(pipe)
     if pid is None:
         return f"no MPS control daemon serves pipe dir {pipe}"
     return f"an MPS control daemon (pid {pid}) serves pipe dir {pipe}, the one this process would use"
@@ -326,21 +330,22 @@ def under_mps(device: int = 0, *, initialize: bool = True) -> tuple[bool | None,
         if not ok:
             return False, f"no CUDA driver ({why})"
         if not initialize and not _cuda.initialized():
-            return None, f"CUDA is not initialized in this process yet; {_reachable()}"
+            return None, f"CUDA is not initialized in this process yet; {_reachable(_daemon_in_effect())}"
         try:
             enabled = _cuda.mps_enabled(device)
         except EglCudaError as exc:
             # cuInit fails (CUDA_ERROR_MPS_CONNECTION_FAILED, 805) when a daemon answers but its server
             # cannot start for this process.
-            return None, f"the CUDA driver did not answer: {exc}; {_reachable()}"
+            return None, f"the CUDA driver did not answer: {exc}; {_reachable(_daemon_in_effect())}"
         if enabled is None:
             return None, (f"this CUDA driver does not report CU_DEVICE_ATTRIBUTE_MPS_ENABLED (older than CUDA 12.x); "
-                          f"{_reachable()}")
+                          f"{_reachable(_daemon_in_effect())}")
         if enabled:
             return True, (f"CU_DEVICE_ATTRIBUTE_MPS_ENABLED = 1 on device {device}: contexts go through the MPS "
                           f"server of pipe dir {pipe_directory_in_effect()}")
-        reachable = _reachable()
-        if _pid_file_daemon(pipe_directory_in_effect()) is not None:
+        pid = _daemon_in_effect()  # read once: the reason and the note below agree
+        reachable = _reachable(pid)
+        if pid is not None:
             reachable += " (it started after this process initialized CUDA, or refused it: see its control.log)"
         return False, f"CU_DEVICE_ATTRIBUTE_MPS_ENABLED = 0 on device {device}; {reachable}"
     except Exception as exc:  # detection is advice: it never takes a program down

@@ -4,8 +4,13 @@
   platform through :func:`eglcuda.available` (names such as ``"cuda-stream"``), then the Python
   packages. When something is missing it prints one line naming it and how to get it, and exits
   with status 2.
-- ``run(main, program)``: runs the sample; an error ends it with one line and status 1
-  (``EGLCUDA_TRACEBACK=1`` shows the traceback instead).
+- ``mps_session(program, enabled, *capabilities, modules=..., children_only=False)``: ``--mps``
+  and ``require`` in the right order: eglcuda first, then the MPS session (before this process
+  starts CUDA, which the platform check does), then the platform and packages; the session's
+  "MPS: ..." line comes only once they are there, so that what is missing is the one line.
+- ``run(main, program)``: runs the sample; an error ends it with one line and status 1, or status
+  2 for :class:`eglcuda.Unsupported` (something this machine lacks, such as
+  nvidia-cuda-mps-control for ``--mps``); ``EGLCUDA_TRACEBACK=1`` shows the traceback instead.
 - ``lazy(name)``: a module imported at first use, so that ``--help`` works and ``require`` speaks
   before a missing package would.
 
@@ -17,11 +22,12 @@ machine: driver 580), ``eglcuda[samples-cuda12]`` for CUDA 12; ``nvidia-smi`` sh
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import sys
 from types import ModuleType
-from typing import Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 CUPY_HINT = ("pip install 'eglcuda[samples-cuda13]' for a CUDA 13 driver, or 'eglcuda[samples-cuda12]' for "
              "CUDA 12 (nvidia-smi shows the version)")
@@ -53,6 +59,21 @@ def require(program: str, *capabilities: str, modules: Sequence[tuple[str, str, 
             fail(program, f"needs {purpose}: {hint}", 2)
 
 
+@contextlib.contextmanager
+def mps_session(program: str, enabled: bool, *capabilities: str, modules: Sequence[tuple[str, str, str]] = (),
+                children_only: bool = False) -> Iterator[Any]:
+    """``with mps_session(PROGRAM, args.mps, ...):`` the sample's ``--mps`` (see the module notes);
+    yields the daemon, or None without ``enabled``."""
+    require(program)
+    import eglcuda
+
+    with eglcuda.mps.session(enabled, children_only=children_only, quiet=True) as daemon:
+        require(program, *capabilities, modules=modules)
+        if daemon is not None:
+            print(f"MPS: {daemon.describe()}", file=sys.stderr, flush=True)
+        yield daemon
+
+
 class lazy:  # noqa: N801 - used like a module
     """``cp = lazy("cupy")``: imports the module at the first attribute read."""
 
@@ -71,6 +92,15 @@ def one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
+def missing(exc: BaseException) -> str | None:
+    """The line "needs X: ..." when ``exc`` is :class:`eglcuda.Unsupported` (X is not on this
+    machine), else None."""
+    eglcuda = sys.modules.get("eglcuda")  # an eglcuda exception means eglcuda is imported
+    if eglcuda is None or not isinstance(exc, eglcuda.Unsupported):
+        return None
+    return f"needs {exc.missing}: {' '.join(str(exc).split())}"
+
+
 def run(main: Callable[[], int], program: str) -> int:
     """``sys.exit(run(main, PROGRAM))``: the sample's exit status, and one line for an error."""
     try:
@@ -80,6 +110,10 @@ def run(main: Callable[[], int], program: str) -> int:
     except Exception as exc:
         if os.environ.get("EGLCUDA_TRACEBACK") == "1":
             raise
+        needs = missing(exc)
+        if needs:
+            print(f"{program}: {needs}", file=sys.stderr)
+            return 2
         hint = ""
         if type(exc).__module__.startswith("cupy"):
             hint = f" (is CuPy's wheel the one for this driver's CUDA version? {CUPY_HINT})"

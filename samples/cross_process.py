@@ -28,7 +28,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _script import CUPY, lazy, one_line, require, run  # noqa: E402
+from _script import CUPY, lazy, mps_session, one_line, run  # noqa: E402
 from cuda_to_cuda import Kernels, seed_of  # noqa: E402
 
 PROGRAM = "samples/cross_process.py"
@@ -198,8 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.fifo < 1:
         parser.error("--fifo must be at least 1: in mailbox mode frames may be skipped")
     if args.role is None:
-        with eglcuda.mps.session(args.mps, children_only=True):  # the two processes inherit the environment
-            require(PROGRAM, "cross-process", modules=[CUPY])  # the children need nothing more
+        # The two processes inherit the environment; they need nothing more than this checks.
+        with mps_session(PROGRAM, args.mps, "cross-process", modules=[CUPY], children_only=True):
             return orchestrate(args)
     try:
         result = (produce if args.role == "producer" else consume)(args)

@@ -27,7 +27,7 @@ import time
 os.environ.setdefault("PYOPENGL_PLATFORM", "egl")  # before anything imports OpenGL
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _script import CUPY, PYOPENGL, lazy, require, run  # noqa: E402
+from _script import CUPY, PYOPENGL, lazy, mps_session, run  # noqa: E402
 
 PROGRAM = "samples/cuda_event_eglsync.py"
 cp = lazy("cupy")
@@ -54,8 +54,7 @@ def main() -> int:
     parser.add_argument("--mps", action="store_true",
                         help="run under CUDA MPS: a private daemon for this run (or the one already running)")
     args = parser.parse_args()
-    with eglcuda.mps.session(args.mps):  # before this process starts CUDA (require() starts it)
-        require(PROGRAM, "eglimage-cuda", "cuda-sync", modules=[PYOPENGL, CUPY])
+    with mps_session(PROGRAM, args.mps, "eglimage-cuda", "cuda-sync", modules=[PYOPENGL, CUPY]):
         return sample(args)
 
 

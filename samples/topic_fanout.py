@@ -9,7 +9,8 @@
 
 Each subscriber is a fresh interpreter (spawned, never forked: CUDA does not survive fork).
 Prints each subscriber's frames, skips, transport and failures, and the publisher's rate; exits 0
-when every check passed, 1 otherwise, 2 (one line) where there is no GPU with EGL streams.
+when every check passed, 1 otherwise, 2 (one line) where there is no GPU with EGL streams between
+processes and to GL, or no PyOpenGL (``pip install 'eglcuda[gl]'``).
 
     python samples/topic_fanout.py [--frames 300] [--width 1280 --height 720] [--transport auto]
 """
@@ -25,29 +26,23 @@ import time
 
 os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
 
-import numpy as np  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _script import lazy, require, run  # noqa: E402
 
-import eglcuda  # noqa: E402
+PROGRAM = "samples/topic_fanout.py"
+# Imported at first use, once require() has checked they are there (and so --help always works).
+np = lazy("numpy")
+eglcuda = lazy("eglcuda")
 
 SEED = 20261123
 
 
-def frame_bytes(height: int, width: int, seq: int, cache: dict = {}) -> np.ndarray:  # noqa: B006 - a cache
+def frame_bytes(height: int, width: int, seq: int, cache: dict = {}) -> "np.ndarray":  # noqa: B006 - a cache
     """The ARGB bytes of frame ``seq``: a fixed random image plus a value that changes per frame."""
     base = cache.get((height, width))
     if base is None:
         base = cache[(height, width)] = np.random.default_rng(SEED).integers(0, 256, (height, width, 4), np.uint8)
     return base + np.uint8((seq * 37 + 11) % 256)
-
-
-def platform_problem() -> str | None:
-    try:
-        with eglcuda.Display.for_cuda_device(0) as display:
-            display.require("EGL_KHR_stream", "EGL_KHR_stream_fifo", "EGL_KHR_stream_cross_process_fd",
-                            "EGL_KHR_stream_consumer_gltexture")
-    except eglcuda.EglCudaError as exc:
-        return str(exc)
-    return None
 
 
 def report(**message) -> None:
@@ -104,11 +99,9 @@ def main() -> int:
     if args.role:
         return subscriber(args)
 
-    problem = platform_problem()
-    if problem:
-        print(f"samples/topic_fanout.py: needs an NVIDIA GPU with EGL streams and a GL consumer: {problem}",
-              file=sys.stderr)
-        return 2
+    # EGLStreams between processes (the checker and slow subscribers without CUDA IPC), a GL
+    # consumer with PyOpenGL (the gl subscriber), CUDA IPC when it is asked for by name.
+    require(PROGRAM, "cross-process", "gl-stream", *(["cuda-ipc"] if args.transport == "cuda-ipc" else []))
     with tempfile.TemporaryDirectory(prefix="eglcuda-fanout-") as folder:
         os.chmod(folder, 0o700)
         path = os.path.join(folder, "fanout.topic")
@@ -136,7 +129,7 @@ def main() -> int:
             done = [json.loads(line) for line in out.splitlines() if line.strip()]
             if done and done[-1].get("event") == "done":
                 results.append(done[-1])
-            else:  # its traceback, if any, went to our stderr
+            else:  # its error, if any, went to our stderr (one line)
                 results.append({"role": role, "error": f"exited with status {child.returncode} before reporting"})
     failed = False
     print(f"published {args.frames} frames of {args.width}x{args.height} ARGB at {rate:.0f} frames/s "
@@ -155,4 +148,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run(main, PROGRAM))

@@ -63,13 +63,17 @@ class JsonPeer:
         self.process.send_signal(signal.SIGKILL)
         self.process.wait(10)
 
+    def send(self, line: str) -> None:
+        """Write ``line`` to its stdin; nothing when it has exited (what it said is what counts)."""
+        try:
+            self.process.stdin.write(line + "\n")
+            self.process.stdin.flush()
+        except (BrokenPipeError, ValueError, OSError):
+            pass
+
     def finish(self, timeout: float | None = None) -> int:
         """Say "bye" on stdin and wait for the exit status; killed if it does not exit in time."""
-        try:
-            self.process.stdin.write("bye\n")
-            self.process.stdin.flush()
-        except (BrokenPipeError, ValueError):
-            pass
+        self.send("bye")
         try:
             return self.process.wait(self.wait_timeout if timeout is None else timeout)
         finally:

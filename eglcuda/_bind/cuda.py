@@ -270,10 +270,12 @@ def stream_synchronize(stream: int, doing: str = "") -> None:
     check(lib.cuStreamSynchronize(ffi.cast("CUstream", stream)), "cuStreamSynchronize", doing)
 
 
-def stream_create_non_blocking() -> int:
-    """A new stream of the current context not ordered with the legacy default stream."""
+def stream_create(non_blocking: bool = False) -> int:
+    """A new stream of the current context, as an address. Blocking (the default: ordered with the
+    legacy default stream, where many users' kernels run) or not."""
     created = ffi.new("CUstream *")
-    check(lib.cuStreamCreate(created, lib.CU_STREAM_NON_BLOCKING), "cuStreamCreate")
+    flags = lib.CU_STREAM_NON_BLOCKING if non_blocking else 0
+    check(lib.cuStreamCreate(created, flags), "cuStreamCreate", "creating a CUDA stream")
     return int(ffi.cast("uintptr_t", created[0]))
 
 
@@ -343,9 +345,22 @@ def surface_destroy(surface: int) -> int:
 
 
 def device_uuid(device: int) -> bytes:
-    """The 16-byte UUID of a device (matches Vulkan's ``deviceUUID``)."""
+    """The 16-byte UUID of a device as ``cuDeviceGetUuid`` gives it: the physical GPU's, which
+    matches Vulkan's ``deviceUUID`` (also for a MIG instance). See :func:`instance_uuid`."""
     uuid = ffi.new("CUuuid *")
     check(lib.cuDeviceGetUuid(uuid, device), "cuDeviceGetUuid")
+    return bytes(ffi.buffer(uuid.bytes, 16))
+
+
+def instance_uuid(device: int) -> bytes:
+    """The 16-byte UUID that names device handle ``device`` in every process, whatever
+    ``CUDA_VISIBLE_DEVICES`` makes its ordinal: ``cuDeviceGetUuid_v2``, which gives each MIG
+    instance its own UUID (the topics' transports match devices across processes with it), else
+    :func:`device_uuid` on drivers without it."""
+    if not _loader.is_bound("cuDeviceGetUuid_v2"):
+        return device_uuid(device)
+    uuid = ffi.new("CUuuid *")
+    check(lib.cuDeviceGetUuid_v2(uuid, device), "cuDeviceGetUuid_v2", "reading the GPU's UUID")
     return bytes(ffi.buffer(uuid.bytes, 16))
 
 

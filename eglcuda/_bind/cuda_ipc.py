@@ -1,5 +1,5 @@
-"""CUDA interprocess memory and events (csrc/cuda_ipc.h), and the device identity queries the
-topic layer chooses transports with.
+"""CUDA interprocess memory and events (csrc/cuda_ipc.h), and the peer-access query the topic
+layer chooses transports with (a device's UUID is :func:`eglcuda._bind.cuda.instance_uuid`).
 
 Handles cross the process boundary as 64 raw bytes; events stay inside this module as
 :class:`Event` boxes (upper layers never see a cffi object). ``record`` and ``wait`` are on the
@@ -13,12 +13,9 @@ from ._native import ffi, lib
 from .cuda import check, cuda_error
 
 HANDLE_SIZE = 64
-UUID_SIZE = 16
 EVENT_INTERPROCESS = lib.CU_EVENT_INTERPROCESS
 LAZY_ENABLE_PEER_ACCESS = lib.CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS
-ATTRIBUTE_UNIFIED_ADDRESSING = lib.CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING
 ATTRIBUTE_IPC_EVENT_SUPPORTED = lib.CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED
-ATTRIBUTE_INTEGRATED = lib.CU_DEVICE_ATTRIBUTE_INTEGRATED
 
 _streams: dict[int, object] = {}  # int -> CUstream cdata; a stream address is never reused by us before exit
 
@@ -40,10 +37,6 @@ class Event:
 
     def __init__(self, handle) -> None:
         self.handle = handle
-
-    @property
-    def address(self) -> int:
-        return int(ffi.cast("uintptr_t", self.handle))
 
 
 def require() -> None:
@@ -141,31 +134,7 @@ def stream_done(stream: int) -> bool:
     return lib.cuStreamQuery(_stream(stream)) == 0
 
 
-def synchronize(stream: int) -> int:
-    """Wait on the host for ``stream``'s queued work; returns the driver's status (teardown uses
-    it before unmapping memory the stream may still read)."""
-    return lib.cuStreamSynchronize(_stream(stream))
-
-
-# ---- device identity ----------------------------------------------------------------------------
-
-def device_uuid(device: int) -> bytes:
-    """The 16-byte UUID of CUDA device handle ``device`` (``cuDeviceGetUuid_v2``, else the first
-    version on drivers without it)."""
-    uuid = ffi.new("CUuuid *")
-    if _loader.is_bound("cuDeviceGetUuid_v2"):
-        check(lib.cuDeviceGetUuid_v2(uuid, device), "cuDeviceGetUuid_v2", "reading the GPU's UUID")
-    else:
-        check(lib.cuDeviceGetUuid(uuid, device), "cuDeviceGetUuid", "reading the GPU's UUID")
-    return bytes(ffi.buffer(uuid.bytes, UUID_SIZE))
-
-
-def device_handle(ordinal: int) -> int:
-    """The ``CUdevice`` of a CUDA ordinal, without making a context on it."""
-    handle = ffi.new("CUdevice *")
-    check(lib.cuDeviceGet(handle, ordinal), "cuDeviceGet")
-    return int(handle[0])
-
+# ---- peer access --------------------------------------------------------------------------------
 
 def can_access_peer(device: int, peer: int) -> bool:
     """Whether contexts on ``device`` can map memory of ``peer`` (both CUdevice handles)."""

@@ -51,11 +51,9 @@ def is_signaled(display: int, sync: int) -> bool:
     return value[0] == lib.EGL_SIGNALED_KHR
 
 
-def client_wait(display: int, sync: int, flush: bool, timeout_ns: int, doing: str = "waiting for the sync") -> bool | None:
+def client_wait(display: int, sync: int, flush: bool, timeout_ns: int, doing: str = "waiting for the sync") -> bool:
     """``eglClientWaitSyncKHR`` (GIL released): True once signaled, False when ``timeout_ns``
-    passed, None when EGL answered EGL_FALSE with no error (Mesa 22 does when a reusable sync is
-    signaled during a finite wait: the status says what happened). ``flush`` flushes the current
-    context first. Other failures raise :class:`EGLError`."""
+    passed. ``flush`` flushes the current context first. Failures raise :class:`EGLError`."""
     flags = lib.EGL_SYNC_FLUSH_COMMANDS_BIT_KHR if flush else 0
     result = lib.eglClientWaitSyncKHR(ffi.cast("EGLDisplay", display), ffi.cast("EGLSyncKHR", sync), flags,
                                       timeout_ns)
@@ -65,7 +63,9 @@ def client_wait(display: int, sync: int, flush: bool, timeout_ns: int, doing: st
         return False
     code = lib.eglGetError()
     if code == lib.EGL_SUCCESS:
-        return None
+        # EGL_FALSE with no error: Mesa 22 answers so when a reusable sync is signaled during a
+        # finite wait. The status says what happened.
+        return is_signaled(display, sync)
     raise EGLError(code, "eglClientWaitSyncKHR", doing)
 
 

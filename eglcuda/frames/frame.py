@@ -433,7 +433,7 @@ class Frame(FrameCore, FrameBase):
             raise UsageError(f"pitch_alignment must be a power of two, got {pitch_alignment}")
         if layout is Layout.ARRAY and memory is not MemoryKind.DEVICE:
             raise UsageError(f"CUDA-array frames live in device memory; {memory.value} memory needs layout='pitch'")
-        device = device if isinstance(device, CudaDevice) else get_device(device)
+        device = get_device(device)
         device.make_current()
         if layout is Layout.ARRAY:
             handles = []
@@ -482,7 +482,7 @@ class Frame(FrameCore, FrameBase):
                 or not _is_address(addresses[-1] + geometry[-1].pitch * geometry[-1].height - 1):
             raise UsageError(f"a {fmt.name} frame needs {len(geometry)} non-null 64-bit plane address(es) whose "
                              f"planes end below 2**64, got {pointer!r}")
-        device = device if isinstance(device, CudaDevice) else get_device(device)
+        device = get_device(device)
         _check_driver_extents(device, fmt, width, height, pitch, addresses)
         return cls(width=width, height=height, format=fmt, layout=Layout.PITCH, pitch=pitch, device=device,
                    addresses=(), plane_addresses=tuple(addresses), owned=False, keep=owner)
@@ -523,7 +523,7 @@ class Frame(FrameCore, FrameBase):
             inner_ok = strides is None or tuple(strides[1:]) in ((g.channels, 1), (1,), (1, 1))
             if row != g.pitch or not inner_ok:
                 raise UsageError(f"plane {i} rows must be {g.pitch} bytes apart with contiguous pixels, got strides {strides}")
-        device = device if isinstance(device, CudaDevice) else get_device(device)
+        device = get_device(device)
         _check_driver_extents(device, fmt, width, height, pitch, [d[0] for d in described])
         return cls(width=width, height=height, format=fmt, layout=Layout.PITCH, pitch=pitch, device=device,
                    addresses=(), plane_addresses=tuple(d[0] for d in described), owned=False, keep=list(arrays))

@@ -36,7 +36,7 @@ from .._bind import gl as _gl
 from .._bind.gl import TextureBinding, current_extensions, gl
 from .._bind.loader import bind_egl_extensions, require_cuda_entry
 from .._resource import Resource
-from ..context import GLContext
+from ..context import GLContext, on_context_destroyed
 from ..cuda_device import CudaDevice, get_device
 from ..display import Display
 from ..errors import ClosedError, NotCoherent, Unsupported, UsageError
@@ -102,7 +102,16 @@ def decide_paths_with(decide: Callable[[Display, CudaDevice], PathChoice]) -> No
     _path_choice = decide
 
 
+# GL extensions by context address. Forgotten when eglcuda destroys the context: EGL may give a
+# later context the same address.
 _gl_extensions: dict[int, frozenset[str]] = {}
+
+
+def _forget_gl_extensions(context_address: int) -> None:
+    _gl_extensions.pop(context_address, None)
+
+
+on_context_destroyed(_forget_gl_extensions)
 
 
 def _require_gl_extension(context: GLContext, *names: str) -> None:

@@ -17,7 +17,7 @@ from .._bind.gl import TextureBinding, gl
 from .._bind.loader import require_cuda_entry
 from ..context import GLContext
 from ..cuda_device import CudaDevice
-from ..display import Display
+from ..display import Display, check_display
 from ..errors import EglCudaError, Unsupported, UsageError
 from . import image as _image
 from .image import TEXTURE_FORMATS, CudaImage, Image, ImagePath, TextureFormat
@@ -43,6 +43,7 @@ _choice_lock = threading.Lock()
 def image_path(display: Display, device: int | CudaDevice | None = None, refresh: bool = False) -> PathChoice:
     """The path ``Image.register_cuda(path="auto")`` takes on this display and CUDA device, decided
     once (cached) by the coherence self-test. ``refresh`` runs the test again."""
+    check_display(display, "image_path")
     device = display.cuda_device(device)
     key = (display._address, device.ordinal)
     with _choice_lock:
@@ -83,7 +84,7 @@ def _self_test(display: Display, device: CudaDevice, path: ImagePath) -> tuple[b
     try:
         with context.current():
             texels = rng.integers(0, 256, (height, width, 4), dtype=np.uint8)
-            texture = _make_texture(fmt, texels)
+            texture = make_texture(fmt, texels)
             try:
                 with Image(context, texture) as image, CudaImage(image, device, path, _verified=True) as view:
                     with view.map() as mapped:
@@ -92,7 +93,7 @@ def _self_test(display: Display, device: CudaDevice, path: ImagePath) -> tuple[b
                         written = rng.integers(0, 256, (height, width, 4), dtype=np.uint8)
                         mapped.copy_from(written)
                     GL.glFinish()
-                    if not np.array_equal(_read_texture(fmt, texture, width, height), written):
+                    if not np.array_equal(read_texture(fmt, texture, width, height), written):
                         return False, "CUDA's writes did not reach GL"
                     return True, "both directions agree"
             finally:
@@ -113,23 +114,23 @@ def siblings_alias(display: Display) -> bool:
         fmt = TEXTURE_FORMATS[0x8058]
         GL = gl()
         with GLContext(display) as context:
-            source = _make_texture(fmt, rng.integers(0, 256, (4, 8, 4), dtype=np.uint8))
+            source = make_texture(fmt, rng.integers(0, 256, (4, 8, 4), dtype=np.uint8))
             with Image(context, source) as image:
                 alias = image.bind_texture()
                 agree = True
                 for writer, reader in ((source, alias), (alias, source)):
                     data = rng.integers(0, 256, (4, 8, 4), dtype=np.uint8)
-                    _write_texture(fmt, writer, data)
+                    write_texture(fmt, writer, data)
                     GL.glFinish()
-                    agree = agree and np.array_equal(_read_texture(fmt, reader, 8, 4), data)
+                    agree = agree and np.array_equal(read_texture(fmt, reader, 8, 4), data)
             GL.glDeleteTextures([source, alias])
         _sibling_verdicts[display._address] = bool(agree)
     return _sibling_verdicts[display._address]
 
 
-# ---- GL texture helpers of the self-tests ---------------------------------------------------------
+# ---- GL texture helpers of the self-tests (and the conformance checks) ---------------------------------------------------------
 
-def _make_texture(fmt: TextureFormat, texels: np.ndarray) -> int:
+def make_texture(fmt: TextureFormat, texels: np.ndarray) -> int:
     """A new 2D texture of the current context holding ``texels`` (rows from the first)."""
     GL = gl()
     texture = int(GL.glGenTextures(1))
@@ -143,7 +144,7 @@ def _make_texture(fmt: TextureFormat, texels: np.ndarray) -> int:
     return texture
 
 
-def _write_texture(fmt: TextureFormat, texture: int, texels: np.ndarray) -> None:
+def write_texture(fmt: TextureFormat, texture: int, texels: np.ndarray) -> None:
     """Replace the texels of level 0 of a 2D texture of the current context (glTexSubImage2D)."""
     GL = gl()
     with TextureBinding():
@@ -153,7 +154,7 @@ def _write_texture(fmt: TextureFormat, texture: int, texels: np.ndarray) -> None
                            np.ascontiguousarray(texels))
 
 
-def _read_texture(fmt: TextureFormat, texture: int, width: int, height: int) -> np.ndarray:
+def read_texture(fmt: TextureFormat, texture: int, width: int, height: int) -> np.ndarray:
     """The texels of level 0 of a 2D texture of the current context (glGetTexImage)."""
     GL = gl()
     out = np.empty((height, width, fmt.channels), fmt.dtype)

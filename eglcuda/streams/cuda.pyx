@@ -24,6 +24,7 @@ from eglcuda.frames._core cimport CU_EGL_FRAME_TYPE_ARRAY, CUeglFrame, FrameCore
 import time
 import weakref
 
+from .._bind import cuda
 from .._bind.cuda import cuda_error
 from .._bind import cuda_egl as _driver
 from .._bind.egl import address, clear_error as clear_egl_error
@@ -279,14 +280,6 @@ cdef inline uintptr_t pointer(object handle) except? 0:
     return <uintptr_t>(handle if type(handle) is int else address(handle))
 
 
-def _disconnect(uintptr_t context, str which, object connection, uintptr_t cuda_stream, bint own_stream) -> None:
-    """Finalizer of both endpoints (runs once: at close, collection or exit). Never raises."""
-    try:
-        _driver.disconnect(context, which, connection, cuda_stream if own_stream else 0)
-    except Exception:  # pragma: no cover - finalizers must not raise
-        pass
-
-
 cdef double _close_timeout(object timeout) except? -1:
     """close()'s wait for another thread's call: as asked, else 10 s (0.5 s at interpreter exit,
     where a thread blocked in the driver may never come back)."""
@@ -376,7 +369,7 @@ cdef class CudaProducer(Resource):
         self.device.make_current()
         self._connection = _driver.producer_connect(handle, width, height)
         self.ctx = <CUcontext>pointer(self.device.context)
-        self._own(_disconnect, <uintptr_t>self.ctx, "producer", self._connection, 0, False, parent=stream)
+        self._own(_driver.disconnect, <uintptr_t>self.ctx, "producer", self._connection, 0, parent=stream)
         self.conn = <CUeglStreamConnection *><uintptr_t>_driver.connection_address(self._connection)
         self.reuse = bool(stream.reuse_last_frame)
         self.connected = True
@@ -831,22 +824,25 @@ cdef class CudaConsumer(Resource):
     def __init__(self, stream, device=None, cuda_stream=None, location=None, bint frame_numbers=True) -> None:
         stream._check_consumer_slot()
         if location is not None:
-            location = ResourceLocation(location)
+            try:
+                location = ResourceLocation(location)
+            except ValueError:
+                raise UsageError(f"location is an eglcuda.ResourceLocation (SYSMEM or VIDMEM), got {location!r}") from None
         self.stream = stream
         self.device = stream._consumer_device(device)
         self.device.make_current()
         self.own_stream = cuda_stream is None
-        self.cuda_stream = _driver.stream_create() if self.own_stream else stream_handle(cuda_stream)
+        self.cuda_stream = cuda.stream_create() if self.own_stream else stream_handle(cuda_stream)
         try:
             self._connection = _driver.consumer_connect(stream.handle, location)
         except BaseException:
             if self.own_stream:
-                _driver.stream_destroy(self.cuda_stream)
+                cuda.stream_destroy(self.cuda_stream)  # returns a status: the connect error stands
             raise
         self.location = location
         self.ctx = <CUcontext>pointer(self.device.context)
-        self._own(_disconnect, <uintptr_t>self.ctx, "consumer", self._connection, self.cuda_stream, self.own_stream,
-                  parent=stream)
+        self._own(_driver.disconnect, <uintptr_t>self.ctx, "consumer", self._connection,
+                  self.cuda_stream if self.own_stream else 0, parent=stream)
         self.conn = <CUeglStreamConnection *><uintptr_t>_driver.connection_address(self._connection)
         self.cu_stream = <CUstream>self.cuda_stream
         self.dpy = <EGLDisplay>pointer(stream.display.handle)

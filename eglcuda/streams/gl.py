@@ -23,6 +23,7 @@ from .._resource import Resource
 from .._bind import egl_stream
 from .._bind.egl import egl_error
 from ..errors import ClosedError, EGLError, StreamDisconnected, Timeout, UsageError
+from ..frames.formats import MAX_DIMENSION
 from .._bind.gl import accepted as gl_accepted, check as gl_check, clear_errors as clear_gl_errors, gl
 from .stream import Stream, StreamState, check_microseconds
 
@@ -288,8 +289,8 @@ class GLSurfaceProducer(Resource):
 
     def __init__(self, stream: Stream, width: int, height: int, api: str = "opengl") -> None:
         stream.display.require("EGL_KHR_stream_producer_eglsurface")
-        if not all(isinstance(v, int) and not isinstance(v, bool) and 0 < v <= 32768 for v in (width, height)):
-            raise UsageError(f"width and height are ints in 1..32768, got {width!r}x{height!r}")
+        if not all(isinstance(v, int) and not isinstance(v, bool) and 0 < v <= MAX_DIMENSION for v in (width, height)):
+            raise UsageError(f"width and height are ints in 1..{MAX_DIMENSION}, got {width!r}x{height!r}")
         stream._check_producer_slot()
         self.context = GLContext(stream.display, api=api, surface_type=egl_stream.SURFACE_TYPE_STREAM)
         try:

@@ -75,14 +75,14 @@ def _deadline(timeout: float) -> float:
     return time.monotonic() + timeout
 
 
-def _remaining(deadline: float, what: str) -> float:
+def remaining(deadline: float, what: str) -> float:
     left = deadline - time.monotonic()
     if left <= 0:
         raise Timeout(what)
     return left
 
 
-def _check_path(path: str | os.PathLike) -> str:
+def check_path(path: str | os.PathLike) -> str:
     try:
         text = os.fspath(path)
     except TypeError:
@@ -103,7 +103,7 @@ def _check_path(path: str | os.PathLike) -> str:
     return text
 
 
-def _ids(value: Any, what: str, default: frozenset[int]) -> frozenset[int]:
+def numeric_ids(value: Any, what: str, default: frozenset[int]) -> frozenset[int]:
     if value is None:
         return default
     if isinstance(value, int) and not isinstance(value, bool):
@@ -120,7 +120,7 @@ def _ids(value: Any, what: str, default: frozenset[int]) -> frozenset[int]:
     return ids
 
 
-def _positive(value: Any, what: str) -> float:
+def positive_seconds(value: Any, what: str) -> float:
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0 or value != value:
         raise UsageError(f"{what} is a positive number of seconds, got {value!r}")
     return float(value)
@@ -138,8 +138,8 @@ class _Policy:
     __slots__ = ("uids", "gids", "allow_shared_dir")
 
     def __init__(self, allowed_uids: Any, allowed_gids: Any, allow_shared_dir: Any) -> None:
-        self.uids = _ids(allowed_uids, "allowed_uids", frozenset((os.geteuid(),)))
-        self.gids = _ids(allowed_gids, "allowed_gids", frozenset())
+        self.uids = numeric_ids(allowed_uids, "allowed_uids", frozenset((os.geteuid(),)))
+        self.gids = numeric_ids(allowed_gids, "allowed_gids", frozenset())
         if not self.uids and not self.gids:
             raise UsageError("allowed_uids and allowed_gids are both empty: no peer could ever be accepted")
         if not isinstance(allow_shared_dir, bool):
@@ -161,7 +161,7 @@ class _Policy:
 
 # --- who is where ----------------------------------------------------------------------------
 
-def _peer_cred(conn: socket.socket) -> tuple[int, int, int]:
+def peer_credentials(conn: socket.socket) -> tuple[int, int, int]:
     """(pid, uid, gid) of the other end, as the kernel recorded them when it connected (the
     client) or listened (the server). Fails closed: no credentials, no hand-over."""
     try:
@@ -590,7 +590,7 @@ def _accept_all(listener: socket.socket, policy: _Policy, handshake: float, tall
             return
         conn.setblocking(False)
         try:
-            pid, uid, gid = _peer_cred(conn)
+            pid, uid, gid = peer_credentials(conn)
         except PeerError:
             conn.close()
             tally.turned_away += 1
@@ -619,7 +619,7 @@ def _hand_over(conn: socket.socket, payload: bytes, fd: int, deadline: float, pa
     descriptor did not reach it (it was gone, or closed without reading the offer: the kernel
     then reports ECONNRESET): the server goes on serving. True on ACK; PeerError when it read
     the offer and closed without confirming (or answered something else)."""
-    conn.settimeout(_remaining(deadline, tally.message()))
+    conn.settimeout(remaining(deadline, tally.message()))
     try:
         sent = socket.send_fds(conn, [payload], [fd])
         if sent < len(payload):
@@ -631,7 +631,7 @@ def _hand_over(conn: socket.socket, payload: bytes, fd: int, deadline: float, pa
     answer = b""
     waited = f"the receiver at {path} (pid {pid}) did not confirm within {tally.timeout} s"
     while len(answer) < len(ACK):
-        conn.settimeout(_remaining(deadline, waited))
+        conn.settimeout(remaining(deadline, waited))
         try:
             chunk = conn.recv(len(ACK) - len(answer))
         except socket.timeout:
@@ -671,9 +671,9 @@ def offer_fd(path: str | os.PathLike, fd: int, description: dict[str, Any], time
 
     The low-level half of :func:`serve_stream`, for any descriptor."""
     deadline = _deadline(timeout)
-    path = _check_path(path)
+    path = check_path(path)
     policy = _Policy(allowed_uids, allowed_gids, allow_shared_dir)
-    handshake = _positive(handshake_timeout, "handshake_timeout")
+    handshake = positive_seconds(handshake_timeout, "handshake_timeout")
     if not isinstance(socket_mode, int) or isinstance(socket_mode, bool) or not 0 <= socket_mode <= 0o777:
         raise UsageError(f"socket_mode is a permission mode in 0 .. 0o777, got {socket_mode!r}")
     try:
@@ -795,7 +795,7 @@ def _read_line(conn: socket.socket, limit: int, deadline: float, what: str) -> b
     """Bytes up to and including the first newline (at most ``limit``); b"" if the peer closed."""
     data = b""
     while not data.endswith(b"\n") and len(data) < limit:
-        conn.settimeout(_remaining(deadline, what))
+        conn.settimeout(remaining(deadline, what))
         try:
             chunk = conn.recv(limit - len(data))
         except socket.timeout:
@@ -828,7 +828,7 @@ def _connect(path: str, policy: _Policy, deadline: float, timeout: float) -> soc
             except PermissionError as exc:
                 raise UsageError(f"no permission to reach socket path {path}: {exc}") from None
         if present:
-            left = _remaining(deadline, waited + (_FULL if busy else ""))
+            left = remaining(deadline, waited + (_FULL if busy else ""))
             conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # close-on-exec, as Python makes them
             try:
                 conn.settimeout(left)
@@ -863,24 +863,24 @@ def _connect(path: str, policy: _Policy, deadline: float, timeout: float) -> soc
 def _receive(path: str | os.PathLike, timeout: float, policy_args: tuple[Any, Any, Any],
              required: tuple[str, ...]) -> tuple[int, dict[str, Any], socket.socket]:
     deadline = _deadline(timeout)
-    path = _check_path(path)
+    path = check_path(path)
     policy = _Policy(*policy_args)
     conn = _connect(path, policy, deadline, timeout)
     fds: list[int] = []
     try:
-        pid, uid, gid = _peer_cred(conn)
+        pid, uid, gid = peer_credentials(conn)
         if not policy.allows(uid, gid):
             raise PeerError(f"the server at {path} runs as uid {uid} (gid {gid}, pid {pid}), which is not allowed "
                             f"({policy.describe()}): nothing was sent to it")
         waited = f"the server at {path} sent no stream within {timeout} s"
         try:
-            conn.settimeout(_remaining(deadline, waited))
+            conn.settimeout(remaining(deadline, waited))
             conn.sendall(HELLO)
         except socket.timeout:
             raise Timeout(waited) from None
         except OSError:
             pass  # it closed at once; what it said before that (REFUSED) is still there to read
-        conn.settimeout(_remaining(deadline, waited))
+        conn.settimeout(remaining(deadline, waited))
         try:
             data, fds, flags = _recv_fds(conn, _MAX_MESSAGE, 4)
         except socket.timeout:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._bind.cuda import cuda_error
 from ..cuda_device import CudaDevice
-from ..display import Display
+from ..display import Display, check_display
 from .._resource import Resource
 from .._bind import cuda_egl, egl_stream
 from ..errors import ClosedError, EGLError, StreamDisconnected, Timeout, UsageError
@@ -94,6 +94,7 @@ class Stream(Resource):
     def __init__(self, display: Display, fifo_length: int = 0, latency_us: int | None = None,
                  acquire_timeout_us: int | None = None, reuse_last_frame: bool = True,
                  cross_process: bool = False) -> None:
+        check_display(display, "Stream")
         check_microseconds("latency_us", latency_us, allow_none=True)
         check_microseconds("acquire_timeout_us", acquire_timeout_us, allow_none=True)
         if not isinstance(fifo_length, int) or isinstance(fifo_length, bool) or not 0 <= fifo_length <= 4096:

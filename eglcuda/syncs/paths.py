@@ -76,8 +76,7 @@ def _probe_server_wait(display: Display) -> bool:
 
 def _wait(dpy: int, sync: int, timeout_ns: int) -> bool:
     """A client wait (flushing the current context first), as :meth:`eglcuda.Sync.wait` does it."""
-    result = egl_sync.client_wait(dpy, sync, True, timeout_ns)
-    return egl_sync.is_signaled(dpy, sync) if result is None else result
+    return egl_sync.client_wait(dpy, sync, True, timeout_ns)
 
 
 # ---- which path each direction takes ------------------------------------------------------------

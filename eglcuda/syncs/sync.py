@@ -23,7 +23,7 @@ from .._bind import cuda, egl_sync
 from .._bind.egl import EGL_FOREVER
 from .._resource import Resource
 from ..cuda_device import CudaDevice
-from ..display import Display
+from ..display import Display, check_display
 from ..errors import ClosedError, CUDAError, EglCudaError, EGLError, Timeout, Unsupported, UsageError
 from ..frames.interop import stream_handle
 from .paths import ServerWaitPath, SyncPath, server_waits_reusable, sync_paths
@@ -65,6 +65,7 @@ class Sync(Resource):
     def fence(cls, display: Display) -> "Sync":
         """A fence: signaled once the GL commands issued before it (in the context current on this
         thread, which must belong to ``display``) have completed."""
+        check_display(display, "Sync.fence")
         display.require("EGL_KHR_fence_sync")
         handle = egl_sync.create(display.handle, egl_sync.FENCE,
                                  "creating a fence sync (is a GL context of this display current?)")
@@ -73,6 +74,7 @@ class Sync(Resource):
     @classmethod
     def reusable(cls, display: Display, signaled: bool = False) -> "Sync":
         """A reusable sync, signaled and unsignaled with :meth:`signal` / :meth:`unsignal`."""
+        check_display(display, "Sync.reusable")
         display.require("EGL_KHR_reusable_sync")
         handle = egl_sync.create(display.handle, egl_sync.REUSABLE, "creating a reusable sync")
         sync = cls(display, handle, SyncKind.REUSABLE)
@@ -99,12 +101,7 @@ class Sync(Resource):
         ``timeout`` seconds pass (False). ``flush`` flushes the current context first, so a fence
         made there can signal. ``timeout=None`` waits forever; 0 only tests."""
         ns = _timeout_ns(timeout)
-        result = egl_sync.client_wait(self.display.handle, self.handle, flush, ns)
-        if result is None:
-            # Mesa 22 answers EGL_FALSE without an error when a reusable sync is signaled during a
-            # finite wait: the status says what happened.
-            return self.signaled
-        return result
+        return egl_sync.client_wait(self.display.handle, self.handle, flush, ns)
 
     def server_wait(self, timeout: float | None = None) -> bool:
         """Server wait: GL commands issued after this in the current context wait on the GPU until
@@ -168,10 +165,11 @@ def sync_after_cuda(display: Display, cuda_stream: Any = None, device: int | Cud
     """A sync that becomes signaled when ``cuda_stream`` (default: the legacy stream) reaches the
     work queued so far. Returns at once; GL waits on it with :meth:`Sync.wait` or
     :meth:`Sync.server_wait`. ``path``: "auto", "native" or "emulated" (or a :class:`SyncPath`)."""
-    paths = sync_paths(display)
-    chosen = paths.cuda_to_egl if path == "auto" else path
+    check_display(display, "sync_after_cuda")
     if path not in ("auto", *SyncPath):
         raise UsageError(f"path is 'auto', 'native' or 'emulated', got {path!r}")
+    paths = sync_paths(display)
+    chosen = paths.cuda_to_egl if path == "auto" else path
     if chosen is None:
         raise Unsupported("CUDA -> EGLSync", where=display.description, hint=paths.cuda_to_egl_reason)
     cuda_device = display.cuda_device(device)
@@ -297,6 +295,8 @@ def cuda_wait_sync(sync: Sync, cuda_stream: Any = None, device: int | CudaDevice
     The emulation's waiter thread gives up after ``timeout`` seconds (None: never) and then
     releases the stream anyway, setting :attr:`CudaWait.timed_out`, so a sync that never signals
     cannot hang the stream forever."""
+    if not isinstance(sync, Sync):
+        raise UsageError(f"cuda_wait_sync takes an eglcuda.Sync, got {type(sync).__name__}")
     if path not in ("auto", *SyncPath):
         raise UsageError(f"path is 'auto', 'native' or 'emulated', got {path!r}")
     display = sync.display
@@ -339,9 +339,6 @@ def cuda_wait_sync(sync: Sync, cuda_stream: Any = None, device: int | CudaDevice
                 except EGLError:
                     break  # a broken or destroyed sync releases the stream rather than hang it
                 if result:
-                    break
-                # Mesa answers EGL_FALSE, with no error, for a signal during the wait (None).
-                if result is None and (sync.closed or sync.signaled):
                     break
                 waited += step
                 if deadline_ns != EGL_FOREVER and waited >= deadline_ns:

@@ -24,7 +24,7 @@ import threading
 
 from .._bind import cuda, egl, vulkan
 from .._bind import gl as _gl
-from .._bind.loader import bind_egl_extensions, is_bound
+from .._bind.loader import bind_egl_extensions, is_bound, require_cuda_entry
 from .._resource import Resource
 from ..context import on_context_destroyed
 from ..cuda_device import CudaDevice
@@ -55,8 +55,7 @@ class TimelineBridge(Resource):
 
     def __init__(self, device: CudaDevice) -> None:
         for name in _CUDA_ENTRIES:
-            if not is_bound(name):
-                raise Unsupported(name, where="this CUDA driver")
+            require_cuda_entry(name)
         device.make_current()
         uuid = cuda.device_uuid(device.handle)
         self.device = device
@@ -82,7 +81,7 @@ class TimelineBridge(Resource):
         except CUDAError:
             os.close(fd)  # CUDA owns the fd only after a successful import
             raise
-        parts["stream"] = cuda.stream_create_non_blocking()
+        parts["stream"] = cuda.stream_create(non_blocking=True)
         self._semaphore = parts["cuda_semaphore"]
         self._stream = parts["stream"]
 

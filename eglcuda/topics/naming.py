@@ -19,13 +19,12 @@ import re
 import stat
 
 from ..errors import UsageError
+from ..streams.share import check_path
 
 SUFFIX = ".topic"
 LOCK_SUFFIX = ".lock"
 MAX_NAME = 63
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*\Z")
-# sun_path holds 108 bytes including the terminating NUL.
-MAX_SOCKET_PATH = 107
 
 
 def check_name(name: object) -> str:
@@ -74,7 +73,16 @@ def topic_directory(create: bool = False, directory: str | os.PathLike[str] | No
     directory of this user; ``create`` makes it (mode 0700) when missing. Raises
     :class:`UsageError` for a directory that is not safe to use, and ``FileNotFoundError`` when it
     is missing and not to be created."""
-    path = os.fspath(directory) if directory is not None else default_directory()
+    if directory is None:
+        path = default_directory()
+    else:
+        try:
+            given: object = os.fspath(directory)
+        except TypeError:
+            given = None
+        if not isinstance(given, str) or not given:
+            raise UsageError(f"a topic directory is a non-empty str or os.PathLike, got {directory!r}")
+        path = given
     if create:
         try:
             os.mkdir(path, 0o700)
@@ -89,14 +97,10 @@ def topic_directory(create: bool = False, directory: str | os.PathLike[str] | No
 
 
 def check_socket_path(path: str | os.PathLike[str]) -> str:
-    """An explicit socket path, checked for what a UNIX socket takes."""
-    text = os.fspath(path)
-    if not isinstance(text, str) or not text:
-        raise UsageError(f"a socket path is a non-empty str, got {path!r}")
-    if len(os.fsencode(text)) > MAX_SOCKET_PATH:
-        raise UsageError(f"socket path is {len(os.fsencode(text))} bytes; UNIX sockets take at most "
-                         f"{MAX_SOCKET_PATH}: {text}")
-    return os.path.abspath(text)
+    """An explicit socket path, checked for what a UNIX socket takes (as the stream hand-over
+    checks its paths: a non-empty str, no NUL, no abstract name, at most 107 bytes, a file
+    name), made absolute (and checked again: the absolute path is what binds and connects)."""
+    return check_path(os.path.abspath(check_path(path)))
 
 
 def socket_path(name: str, path: str | os.PathLike[str] | None = None, create: bool = False) -> str:

@@ -53,6 +53,7 @@ MAX_STATUS = MAX_MESSAGE - 8
 MAX_WISHES = 8
 MAX_POOL = 64  # pool slots (the EGLStream producer's in-flight limit)
 MAX_QUEUE = 64
+LATEST_CREDIT = 2  # frames a 'latest' subscriber may hold or have unread: one in use, the newest waiting
 MAX_PLANES = 3
 MAX_DIMENSION = 32768
 _TRANSPORT = re.compile(rb"[a-z0-9][a-z0-9-]{0,31}\Z")
@@ -84,6 +85,12 @@ class Qos(enum.IntEnum):
 
     LATEST = 0
     EVERY = 1
+
+
+def credit(qos: Qos, queue: int) -> int:
+    """How many frames a subscriber of ``qos`` (and ``queue``, for ``every``) may hold or have
+    unread: the publisher sends it no more (``latest``: skips it; ``every``: waits)."""
+    return LATEST_CREDIT if qos is Qos.LATEST else queue
 
 
 class ConsumerKind(enum.IntEnum):
@@ -338,20 +345,20 @@ def encode_release(seq: int, flags: int = 0, extra: bytes = b"") -> bytes:
 
 # ---- decoding -----------------------------------------------------------------------------------
 
-def decode(data: bytes, fds: int = 0) -> Message:
+def decode(data: bytes | bytearray | memoryview, fds: int = 0) -> Message:
     """The message in one datagram ``data`` that came with ``fds`` descriptors. Raises
     :class:`ProtocolError` for anything that is not exactly a valid message (descriptors are
     allowed on ATTACH only, at most one)."""
     _check(isinstance(data, (bytes, bytearray, memoryview)), "not bytes")
-    data = bytes(data)
-    _check(0 < len(data) <= MAX_MESSAGE, f"a message of {len(data)} bytes")
-    kind = data[0]
+    message = bytes(data)
+    _check(0 < len(message) <= MAX_MESSAGE, f"a message of {len(message)} bytes")
+    kind = message[0]
     _check(fds == 0 or (kind == Kind.ATTACH and fds <= 1), f"{fds} descriptor(s) with a message of kind {kind}")
     decoder = _DECODERS.get(kind)
     if decoder is None:
         raise ProtocolError(f"unknown message kind {kind}")
     try:
-        return decoder(data)
+        return decoder(message)
     except ProtocolError:
         raise
     except (struct.error, ValueError, UnicodeDecodeError, IndexError) as exc:
@@ -457,9 +464,10 @@ def _decode_frame(data: bytes) -> Frame:
     return Frame(seq, slot, timestamp, number, data[FRAME_HEAD.size:])
 
 
-def decode_frame_fast(data: bytes | bytearray) -> Frame | None:
+def decode_frame_fast(data: bytes | bytearray | memoryview) -> Frame | None:
     """A FRAME datagram without the generic checks' overhead (None: not a well-formed FRAME; the
-    caller then decodes it the slow way, for the error)."""
+    caller then decodes it the slow way, for the error). The payload is the one copy made: pass
+    a memoryview of a receive buffer to decode in place."""
     if len(data) >= _FRAME_SIZE and data[0] == _KIND_FRAME:
         _, seq, slot, timestamp, number, length = _FRAME_UNPACK(data)
         if length == len(data) - _FRAME_SIZE and length <= MAX_PAYLOAD and slot < MAX_POOL:

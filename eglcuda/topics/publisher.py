@@ -27,10 +27,12 @@ import socket
 import threading
 import time
 import weakref
+from dataclasses import asdict
 from typing import Any, Sequence
 
 from ..errors import ClosedError, EglCudaError, PeerError, Timeout, UsageError
-from ..frames.formats import ColorFormat, Layout, color_format, check_size
+from ..frames.formats import ColorFormat, Layout, color_format, check_size, layout_of
+from ..streams.share import positive_seconds
 from . import naming, protocol, registry, sockets
 from .info import DropRecord, SubscriberInfo, TopicInfo
 from .protocol import Qos, Reason
@@ -40,7 +42,6 @@ from ..frames.interop import foreign_device_pointer
 log = logging.getLogger("eglcuda.topics")
 
 _RECV_LIMIT = 4096  # longer than any message a subscriber sends after its handshake
-LATEST_CREDIT = 2  # frames a 'latest' subscriber may hold or have unread: one in use, the newest waiting
 MAX_PENDING_HANDSHAKES = 32
 SEND_BUFFER = 1 << 20
 ACCESS_MODES = {"user": 0o600, "group": 0o660, "all": 0o666}
@@ -73,8 +74,8 @@ class _Slot:
 class _Subscriber:
     """A subscriber after its handshake, as the user's thread tracks it."""
 
-    __slots__ = ("id", "sock", "fd", "peer", "qos", "queue", "link", "transport", "outstanding", "seen_slots",
-                 "delivered", "skipped", "noticed", "since", "alive", "__weakref__")
+    __slots__ = ("id", "sock", "fd", "peer", "qos", "queue", "credit", "link", "transport", "outstanding",
+                 "seen_slots", "delivered", "skipped", "noticed", "since", "alive", "__weakref__")
 
     def __init__(self, ident: int, sock: socket.socket, peer: sockets.Peer, hello: protocol.Hello,
                  link: PublisherLink, transport: str) -> None:
@@ -84,6 +85,7 @@ class _Subscriber:
         self.peer = peer
         self.qos = hello.qos
         self.queue = hello.queue
+        self.credit = protocol.credit(hello.qos, hello.queue)  # frames it may hold or have unread
         self.link = link
         self.transport = transport
         self.outstanding: dict[int, _Slot] = {}  # seq -> slot: delivered, not released
@@ -93,10 +95,6 @@ class _Subscriber:
         self.noticed = False  # a NOTICE went out since its last frame
         self.since = time.time()
         self.alive = True
-
-    @property
-    def credit(self) -> int:
-        return LATEST_CREDIT if self.qos is Qos.LATEST else self.queue
 
     def info(self) -> SubscriberInfo:
         return SubscriberInfo(id=self.id, pid=self.peer.pid, uid=self.peer.uid, qos=self.qos.name.lower(),
@@ -142,12 +140,6 @@ class _Handshake:
         self.refusal = refusal  # the peer may not subscribe: told so once it greets
 
 
-def _positive(name: str, value: Any) -> float:
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
-        raise UsageError(f"{name} is a positive number of seconds, got {value!r}")
-    return float(value)
-
-
 class Publisher:
     """The publisher of topic ``name``: a pool of frames of one size, format and layout, handed
     to any number of :class:`eglcuda.Subscriber` objects in this and other processes without
@@ -183,10 +175,7 @@ class Publisher:
         self.name = naming.check_name(name)
         fmt = color_format(format)
         check_size(width, height, fmt)
-        try:
-            layout = Layout(layout)
-        except ValueError:
-            raise UsageError(f"layout is 'pitch' or 'array', got {layout!r}") from None
+        layout = layout_of(layout)
         if fps is not None and (not isinstance(fps, (int, float)) or isinstance(fps, bool) or not 0 < fps <= 1e6):
             raise UsageError(f"fps is a positive number (or None), got {fps!r}")
         for label, value, low in (("pool", pool, 1), ("max_pool", max_pool, 1)):
@@ -194,8 +183,8 @@ class Publisher:
                 raise UsageError(f"{label} is an int in 1..{protocol.MAX_POOL}, got {value!r}")
         if max_pool < pool:
             raise UsageError(f"max_pool ({max_pool}) is smaller than pool ({pool})")
-        self.every_timeout = _positive("every_timeout", every_timeout)
-        self.handshake_timeout = _positive("handshake_timeout", handshake_timeout)
+        self.every_timeout = positive_seconds(every_timeout, "every_timeout")
+        self.handshake_timeout = positive_seconds(handshake_timeout, "handshake_timeout")
         if access not in ACCESS_MODES:
             raise UsageError(f"access is one of {sorted(ACCESS_MODES)}, got {access!r}")
         if access != "user" and path is None:
@@ -206,7 +195,6 @@ class Publisher:
         self.max_pool = max_pool
         self.path = naming.socket_path(self.name, path, create=path is None)
         self.instance = secrets.randbits(64)
-        self.published = 0
         self._spec = (width, height, fmt, layout)
 
         self._lock = threading.RLock()
@@ -228,7 +216,7 @@ class Publisher:
         self._stopping = False
         self._closing = False  # close() said goodbye: a subscriber closing its end now has left
         self._next_id = 1
-        self._seq = 0
+        self._seq = 0  # the next frame's sequence number: also how many were published
         self._dropped: collections.deque[DropRecord] = collections.deque(maxlen=256)
         self._drop_count = 0
         self._refused = 0
@@ -271,18 +259,7 @@ class Publisher:
                 raise UsageError(f"topic {self.name!r} is locked by another process ({self._files.lock_path}) although "
                                  "nothing listens at its socket: a publisher is starting or stopping there")
             time.sleep(0.01)
-        try:
-            info = os.lstat(self.path)
-        except FileNotFoundError:
-            return
-        import stat
-
-        if not stat.S_ISSOCK(info.st_mode):
-            raise UsageError(f"{self.path} exists and is not a socket: not removing it")
-        if sockets.listening(self.path):
-            raise UsageError(f"socket {self.path} is in use by a live server (not an eglcuda publisher holding the "
-                             "topic's lock)")
-        os.unlink(self.path)  # a dead publisher's
+        sockets.remove_dead_socket(self.path)  # a dead publisher's, if any
 
     # ---- pool -------------------------------------------------------------------------------
     def _grow(self) -> _Slot:
@@ -308,6 +285,7 @@ class Publisher:
         Waits while every pool frame is held, up to ``timeout`` seconds (None: ``every_timeout``
         plus one second); an ``every`` subscriber that keeps a frame longer than ``every_timeout``
         meanwhile is dropped. Raises :class:`Timeout` when no frame came free."""
+        limit = self.every_timeout + 1.0 if timeout is None else positive_seconds(timeout, "timeout")
         with self._lock:
             self._check_open()
             self._service()
@@ -319,7 +297,7 @@ class Publisher:
                 self._grow()
                 slot = self._take_free()
             if slot is None:
-                slot = self._wait_for_slot(timeout)
+                slot = self._wait_for_slot(limit)
             backend = self._backend
             if backend is None:  # pragma: no cover - set for as long as the publisher is open
                 raise self._closed_error()
@@ -385,7 +363,6 @@ class Publisher:
             slot.published_at = time.monotonic()
             self._deliver(slot, seq, timestamp_ns, payload, stream)
             self._maybe_free(slot)
-            self.published += 1
             self._measure(slot.published_at)
             return seq
 
@@ -555,7 +532,7 @@ class Publisher:
     def _wait_for_room(self) -> None:
         """Wait until every 'every' subscriber has room for one more frame; drop those that do not
         release one within every_timeout."""
-        full = [s for s in self._subs if s.alive and s.qos is Qos.EVERY and len(s.outstanding) >= s.queue]
+        full = [s for s in self._subs if s.alive and s.qos is Qos.EVERY and len(s.outstanding) >= s.credit]
         if not full:
             return
         deadline = time.monotonic() + self.every_timeout
@@ -567,18 +544,20 @@ class Publisher:
                                f"{self.every_timeout} s (every_timeout): it did not release a frame in time")
                 return
             self._poll(left)
-            full = [s for s in full if s.alive and len(s.outstanding) >= s.queue]
+            full = [s for s in full if s.alive and len(s.outstanding) >= s.credit]
 
-    def _wait_for_slot(self, timeout: float | None) -> _Slot:
-        limit = self.every_timeout + 1.0 if timeout is None else _positive("timeout", timeout)
+    def _wait_for_slot(self, limit: float) -> _Slot:
+        """A free slot, waiting up to ``limit`` seconds (Timeout after that)."""
         deadline = time.monotonic() + limit
         while True:
             slot = self._take_free()
             if slot is not None:
                 return slot
             now = time.monotonic()
-            stale = [s for s in self._subs if s.alive and s.qos is Qos.EVERY and s.outstanding
-                     and now - min(x.published_at for x in s.outstanding.values()) >= self.every_timeout]
+            # When each 'every' subscriber that holds frames got the oldest of them.
+            oldest = [(s, min(x.published_at for x in s.outstanding.values())) for s in self._subs
+                      if s.alive and s.qos is Qos.EVERY and s.outstanding]
+            stale = [s for s, since in oldest if now - since >= self.every_timeout]
             for sub in stale:
                 self._drop(sub, Reason.QUEUE_FULL, f"it held frames for more than {self.every_timeout} s "
                            "(every_timeout) while the publisher needed a pool frame")
@@ -589,10 +568,8 @@ class Publisher:
                 raise Timeout(f"no pool frame came free within {limit} s: all {len(self._pool)} are held (max_pool "
                               f"{self.max_pool}) by subscriber process(es) {', '.join(holders) or 'none'}")
             wait = deadline - now
-            oldest = [min(x.published_at for x in s.outstanding.values()) for s in self._subs
-                      if s.alive and s.qos is Qos.EVERY and s.outstanding]
             if oldest:
-                wait = min(wait, min(oldest) + self.every_timeout - now)
+                wait = min(wait, min(since for _, since in oldest) + self.every_timeout - now)
             if any(s.alive and s.link.returns_later for s in self._subs):
                 # EGLStream frames come back through the driver, which has no descriptor to wait on.
                 wait = min(wait, 0.002)
@@ -606,7 +583,7 @@ class Publisher:
         for sub in list(self._subs):
             if not sub.alive:
                 continue
-            if sub.qos is Qos.LATEST and len(sub.outstanding) >= LATEST_CREDIT:
+            if sub.qos is Qos.LATEST and len(sub.outstanding) >= sub.credit:
                 sub.skipped += 1
                 if not sub.noticed and self._send(sub, protocol.encode(protocol.Notice(seq))):
                     sub.noticed = True
@@ -740,7 +717,7 @@ class Publisher:
             "layout": g.layout.value, "pitch": g.pitch, "fps": self.fps, "measured_fps": self._measured_fps,
             "pool": len(self._pool), "max_pool": self.max_pool, "published": self.published, "access": self.access,
             "transports": sorted(self._transports), "subscribers_total": len(subs), "dropped": self._drop_count,
-            "subscribers": [vars_of(s.info()) for s in subs[: registry.MAX_LISTED]],
+            "subscribers": [asdict(s.info()) for s in subs[: registry.MAX_LISTED]],
             "uptime_s": time.monotonic() - self._started,
         }
 
@@ -774,6 +751,11 @@ class Publisher:
         return list(self._dropped)
 
     @property
+    def published(self) -> int:
+        """How many frames were published (the next frame's sequence number)."""
+        return self._seq
+
+    @property
     def pool_size(self) -> int:
         return len(self._pool)
 
@@ -796,6 +778,7 @@ class Publisher:
         """Tell every subscriber goodbye, wait up to ``timeout`` seconds for them to let go (so no
         pool memory is freed under a subscriber still mapping it), free the pool, remove the
         socket. Safe to call twice."""
+        wait = sockets.wait_seconds(timeout)
         if self._closed:
             return
         self._closed = True
@@ -805,7 +788,7 @@ class Publisher:
             self._stop_service()
             if self._joined:
                 self._adopt()
-            deadline = time.monotonic() + max(timeout, 0.0)
+            deadline = time.monotonic() + wait
             waiting = []
             for sub in list(self._subs):
                 try:
@@ -870,12 +853,6 @@ class Publisher:
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"{len(self._subs)} subscriber(s), {self.published} published"
         return f"<Publisher {self.name!r}: {state}>"
-
-
-def vars_of(info: SubscriberInfo) -> dict[str, Any]:
-    from dataclasses import asdict
-
-    return asdict(info)
 
 
 def _pid_at(path: str) -> str:
@@ -951,7 +928,7 @@ def _accept(publisher: Publisher, listener: socket.socket, poller: select.epoll,
         conn.setblocking(False)
         try:
             peer = sockets.peer_of(conn)
-        except OSError:
+        except PeerError:
             conn.close()
             continue
         why = publisher._access_refusal(peer)

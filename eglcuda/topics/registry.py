@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..errors import EglCudaError, PeerError, UsageError
+from ..streams import share
 from . import naming, protocol, sockets
 from .info import SubscriberInfo
 
@@ -174,9 +175,7 @@ def _remove_stale(socket_path: str) -> bool:
     if fd is None:
         return False  # a publisher holds it: alive
     try:
-        info = os.lstat(socket_path)
-        if info.st_uid == os.geteuid() and sockets.is_socket(socket_path) and not sockets.listening(socket_path):
-            os.unlink(socket_path)
+        sockets.remove_dead_socket(socket_path, owner=os.geteuid())
     except (OSError, UsageError):
         pass
     naming.release_lock(lock, fd)
@@ -203,6 +202,7 @@ def list_topics(directory: str | os.PathLike[str] | None = None, clean: bool = T
     """The live topics in ``directory`` (default: this user's topic directory), each publisher
     asked for its status (up to ``timeout`` seconds each). Sockets of dead publishers are
     removed when ``clean``, else only reported."""
+    timeout = share.positive_seconds(timeout, "timeout")
     try:
         folder = naming.topic_directory(create=False, directory=directory)
     except FileNotFoundError:
@@ -212,8 +212,12 @@ def list_topics(directory: str | os.PathLike[str] | None = None, clean: bool = T
         path = os.path.join(folder, entry)
         if entry.endswith(naming.SUFFIX + naming.LOCK_SUFFIX):
             socket_path = path[: -len(naming.LOCK_SUFFIX)]
-            if clean and not os.path.exists(socket_path) and not _lock_held(socket_path):
-                fd = naming.take_lock(path)  # an orphan lock: its publisher died before binding
+            if clean and not os.path.exists(socket_path):
+                # An orphan lock, if no one holds it: its publisher died before binding.
+                try:
+                    fd = naming.take_lock(path)
+                except (OSError, UsageError):
+                    fd = None
                 if fd is not None:
                     naming.release_lock(path, fd)
             continue

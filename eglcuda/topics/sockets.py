@@ -12,12 +12,12 @@ import os
 import select
 import socket
 import stat
-import struct
 import time
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Any, Iterable
 
 from ..errors import Timeout, UsageError
+from ..streams.share import peer_credentials, remaining
 from .protocol import MAX_MESSAGE, ProtocolError
 
 _MAX_FDS = 2  # room for one more than any message may carry, to notice extras
@@ -41,8 +41,8 @@ def seqpacket() -> socket.socket:
 
 
 def peer_of(sock: socket.socket) -> Peer:
-    pid, uid, gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
-    return Peer(pid, uid, gid)
+    """The process at the other end of ``sock``; :class:`PeerError` when the kernel does not say."""
+    return Peer(*peer_credentials(sock))
 
 
 def peer_groups(pid: int) -> set[int]:
@@ -73,11 +73,12 @@ def close_quietly(sock: socket.socket) -> None:
     sock.close()
 
 
-def remaining(deadline: float, what: str) -> float:
-    left = deadline - time.monotonic()
-    if left <= 0:
-        raise Timeout(what)
-    return left
+def wait_seconds(value: Any, what: str = "timeout") -> float:
+    """``value`` as a time to wait (``what`` names it in the error): a number of seconds >= 0.
+    Raises :class:`UsageError` for anything else."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= 0:
+        raise UsageError(f"{what} is a number of seconds >= 0, got {value!r}")
+    return float(value)
 
 
 def close_fds(fds: Iterable[int]) -> None:
@@ -202,6 +203,29 @@ def remove_if_same(path: str, bound: os.stat_result | None) -> None:
         now = os.lstat(path)
         if (now.st_ino, now.st_dev) == (bound.st_ino, bound.st_dev):
             os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def remove_dead_socket(path: str, owner: int | None = None) -> None:
+    """Remove the socket file at ``path`` that a dead publisher left (the caller holds the topic's
+    lock, so no eglcuda publisher is starting there); nothing to do when there is no file.
+    Raises :class:`UsageError`, removing nothing, when the file is not a socket, belongs to
+    another uid than ``owner`` (None: any) or something listens on it; ``OSError`` when it
+    cannot be read or removed."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(info.st_mode):
+        raise UsageError(f"{path} exists and is not a socket: not removing it")
+    if owner is not None and info.st_uid != owner:
+        raise UsageError(f"socket {path} belongs to uid {info.st_uid}, not {owner}: not removing it")
+    if listening(path):
+        raise UsageError(f"socket {path} is in use by a live server (not an eglcuda publisher holding the "
+                         "topic's lock)")
+    try:
+        os.unlink(path)
     except FileNotFoundError:
         pass
 

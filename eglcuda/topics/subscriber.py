@@ -9,12 +9,11 @@ import time
 from typing import Any, Iterable, Iterator, NoReturn, TypeVar, overload
 
 from ..errors import ClosedError, Dropped, EglCudaError, PeerError, Refused, StreamDisconnected, Timeout, UsageError
-from ..frames.formats import Layout, color_format
+from ..streams.share import numeric_ids, positive_seconds
 from . import naming, protocol, sockets
 from .info import TopicInfo
 from .protocol import Qos, Reason
-from .publisher import LATEST_CREDIT
-from .transports import CudaSubscriberBackend, SubscriberBackend, SubscriberTransport, TRANSPORT_NAMES
+from .transports import CudaSubscriberBackend, Geometry, SubscriberBackend, SubscriberTransport, TRANSPORT_NAMES
 from ..frames.interop import stream_handle
 
 
@@ -127,18 +126,16 @@ class Subscriber:
         if not isinstance(queue, int) or isinstance(queue, bool) or not 1 <= queue <= protocol.MAX_QUEUE:
             raise UsageError(f"queue is an int in 1..{protocol.MAX_QUEUE}, got {queue!r}")
         self.queue = queue
-        if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not timeout > 0:
-            raise UsageError(f"timeout is a positive number of seconds, got {timeout!r}")
-        self.timeout = float(timeout)
+        self.timeout = positive_seconds(timeout, "timeout")
         if _backend is None and transport not in ("auto",) + TRANSPORT_NAMES:
             raise UsageError(f"transport is 'auto' or one of {TRANSPORT_NAMES}, got {transport!r}")
         self.path = naming.socket_path(self.name, path)
-        if trusted_uids is None:
-            self._trusted: set[int] | None = {os.geteuid()}
-        elif trusted_uids == "any":
-            self._trusted = None
+        self._trusted: frozenset[int] | None = None  # None: any uid
+        if isinstance(trusted_uids, str):
+            if trusted_uids != "any":
+                raise UsageError(f"trusted_uids is None, 'any' or a set of numeric uids, got {trusted_uids!r}")
         else:
-            self._trusted = {int(uid) for uid in trusted_uids}
+            self._trusted = numeric_ids(trusted_uids, "trusted_uids", frozenset((os.geteuid(),)))
         self._closed = False
         self._sock: socket.socket | None = None
         self._transport: SubscriberTransport | None = None
@@ -147,8 +144,10 @@ class Subscriber:
         self._pending: collections.deque[protocol.Frame] = collections.deque()
         self._unsent: collections.deque[bytes] = collections.deque()
         self._notice = -1
-        self._last_seq: int | None = None
-        self._buffer = bytearray(protocol.MAX_MESSAGE + 1)
+        self._last_seq: int | None = None  # the last frame received
+        self._last_seen: int | None = None  # the last frame announced
+        # Messages are read into one buffer (never resized) and decoded from a view of it.
+        self._buffer = memoryview(bytearray(protocol.MAX_MESSAGE + 1))
         self._poller: select.poll | None = None
         self.info: TopicInfo | None = None
         if _backend is None:
@@ -195,6 +194,11 @@ class Subscriber:
                 raise Refused(f"the publisher at {self.path} serves topic {welcome.topic!r}", int(Reason.VERSION))
             if welcome.transport not in self._wishes:
                 raise PeerError(f"the publisher chose transport {welcome.transport!r}, not one of {self._wishes}")
+            try:
+                geometry = Geometry.from_welcome(welcome)
+            except UsageError as exc:
+                raise protocol.ProtocolError(f"the publisher at {self.path} describes frames this side cannot "
+                                             f"take: {exc}") from None
             transport = backend.transport(welcome.transport, welcome, self.qos, self.queue)
             extra, fds = transport.attach()
             try:
@@ -217,9 +221,8 @@ class Subscriber:
         self._unsent.clear()
         self._notice = -1
         self._last_seq = None
-        fmt = color_format(welcome.format)
-        self.info = TopicInfo(name=self.name, path=self.path, width=welcome.width, height=welcome.height, format=fmt,
-                              layout=Layout.ARRAY if welcome.layout else Layout.PITCH, pitch=welcome.pitch,
+        self.info = TopicInfo(name=self.name, path=self.path, width=geometry.width, height=geometry.height,
+                              format=geometry.format, layout=geometry.layout, pitch=geometry.pitch,
                               fps=welcome.fps or None, pool=welcome.pool, publisher_pid=welcome.publisher_pid,
                               instance=welcome.instance, transport=welcome.transport, next_seq=welcome.next_seq)
 
@@ -261,7 +264,7 @@ class Subscriber:
         transport = self._transport
         if transport is None:  # pragma: no cover - set with the socket, which _check_connected saw
             raise self._not_connected()
-        limit = 1 if transport.exclusive else (LATEST_CREDIT if self.qos is Qos.LATEST else self.queue)
+        limit = 1 if transport.exclusive else protocol.credit(self.qos, self.queue)
         if len(self._held) >= limit:
             while True:  # a drop or goodbye already waiting says more than this usage error
                 header = self._read(None)
@@ -270,9 +273,7 @@ class Subscriber:
                 self._pending.append(header)
             raise UsageError(f"this subscriber holds {len(self._held)} message(s), as many as it may: release one "
                              "before receiving another")
-        if timeout is not None and (not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout < 0):
-            raise UsageError(f"timeout is a number of seconds >= 0, got {timeout!r}")
-        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        deadline = time.monotonic() + (self.timeout if timeout is None else sockets.wait_seconds(timeout))
         self._flush()
         while True:
             header = self._next_frame(deadline)
@@ -380,11 +381,11 @@ class Subscriber:
             if not size:
                 self._lose(StreamDisconnected(f"the publisher of topic {self.name!r} is gone: its connection closed "
                                               "without a goodbye (its process exited or was killed)"))
-            data = buffer[:size]
+            data = buffer[:size]  # a view: decoding copies the payload, nothing else
             message: protocol.Message | None = protocol.decode_frame_fast(data)
             if message is None:
                 try:
-                    message = protocol.decode(bytes(data))
+                    message = protocol.decode(data)
                 except protocol.ProtocolError as exc:
                     self._lose(PeerError(f"the publisher of topic {self.name!r} sent a malformed message: {exc}"))
             if isinstance(message, protocol.Frame):
@@ -412,8 +413,6 @@ class Subscriber:
                                    message.code or int(Reason.CLOSING)))
             else:
                 self._lose(PeerError(f"the publisher of topic {self.name!r} sent {type(message).__name__} mid-stream"))
-
-    _last_seen: int | None = None
 
     def _skip(self, header: protocol.Frame) -> None:
         transport = self._transport
@@ -490,9 +489,10 @@ class Subscriber:
         :class:`TopicInfo` (a new ``instance``). While still connected, returns the current info."""
         if self._closed:
             raise ClosedError(f"the subscriber of topic {self.name!r} is closed")
+        wait = self.timeout if timeout is None else sockets.wait_seconds(timeout)
         if self._sock is None or self._lost is not None:
             self._disconnect()
-            self._connect(time.monotonic() + (self.timeout if timeout is None else timeout))
+            self._connect(time.monotonic() + wait)
         info = self.info
         if info is None:  # pragma: no cover - every handshake sets it
             raise self._not_connected()
@@ -557,6 +557,7 @@ class Subscriber:
                     pass
             self._disconnect()
         finally:
+            self._buffer.release()  # (nothing reads into it any more: receive() refuses once closed)
             self._backend.close()
 
     def __enter__(self) -> "Subscriber":

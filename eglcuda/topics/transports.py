@@ -67,6 +67,11 @@ class DeviceIdentity:
     uuid: bytes = NO_UUID
     integrated: bool = False
 
+    @classmethod
+    def of(cls, device: CudaDevice) -> "DeviceIdentity":
+        """The identity of ``device`` (its UUID as MIG-aware ``cuDeviceGetUuid_v2`` gives it)."""
+        return cls(device.ordinal, cuda.instance_uuid(device.handle), device.info.integrated)
+
 
 @dataclass(frozen=True)
 class Geometry:
@@ -547,19 +552,18 @@ class CudaIpcSubscriber(SubscriberTransport):
             raise protocol.ProtocolError("cuda-ipc offered to a subscriber without a CUDA device")
         self.device: CudaDevice = backend.device
         self.stream = backend.cuda_stream
+        # The bytes a slot's allocation must hold: up to the end of the last plane.
+        self._slot_bytes = self.geometry.plane_offsets[-1] + self._spec.planes[-1].nbytes
         self._slots: dict[int, tuple[bytes, int, Any]] = {}  # slot -> (memory handle, base, event)
         self._done: dict[int, Any] = {}
-        self._views: list[SlotView] = []
         self._closed = False
 
     def on_slot(self, slot: protocol.Slot) -> None:
         if len(slot.extra) != _IPC_SLOT.size:
             raise protocol.ProtocolError(f"a cuda-ipc SLOT carries {_IPC_SLOT.size} bytes, got {len(slot.extra)}")
         handle, event_handle, size = _IPC_SLOT.unpack(slot.extra)
-        last = self.geometry.plane_offsets[-1] + plane_geometry(
-            self.geometry.format, self.geometry.width, self.geometry.height, self.geometry.pitch)[-1].nbytes
-        if size < last:
-            raise protocol.ProtocolError(f"slot {slot.slot} is {size} bytes, its frame needs {last}")
+        if size < self._slot_bytes:
+            raise protocol.ProtocolError(f"slot {slot.slot} is {size} bytes, its frame needs {self._slot_bytes}")
         if slot.slot in self._slots:
             raise protocol.ProtocolError(f"slot {slot.slot} described twice")
         base = _imports.open(handle, self.device)
@@ -846,10 +850,8 @@ class CudaPublisherBackend(PublisherBackend):
     ``cuda-ipc`` and ``eglstream`` transports."""
 
     def __init__(self, device: "int | CudaDevice") -> None:
-
-        self.device = device if isinstance(device, CudaDevice) else get_device(device)
-        self.identity = DeviceIdentity(self.device.ordinal, cuda_ipc.device_uuid(self.device.handle),
-                                       self.device.info.integrated)
+        self.device = get_device(device)
+        self.identity = DeviceIdentity.of(self.device)
         self.geometry_spec: Geometry | None = None
         self._uuids: dict[bytes, int] | None = None
         self._transports = [CudaIpcPublisher(self), EglStreamPublisher(self)]
@@ -879,12 +881,12 @@ class CudaPublisherBackend(PublisherBackend):
         if self._uuids is None:
             found = {}
             for ordinal in range(cuda.device_count()):
-                found[cuda_ipc.device_uuid(cuda_ipc.device_handle(ordinal))] = ordinal
+                found[cuda.instance_uuid(cuda.device_get(ordinal))] = ordinal
             self._uuids = found
         return self._uuids.get(uuid)
 
     def can_access_peer(self, ordinal: int, peer: int) -> bool:
-        return cuda_ipc.can_access_peer(cuda_ipc.device_handle(ordinal), cuda_ipc.device_handle(peer))
+        return cuda_ipc.can_access_peer(cuda.device_get(ordinal), cuda.device_get(peer))
 
     def close(self) -> None:
         for transport in self._transports:
@@ -915,9 +917,8 @@ class CudaSubscriberBackend(SubscriberBackend):
             device = ordinal
         else:
             self.consumer = protocol.ConsumerKind.CUDA
-        self.device = device if isinstance(device, CudaDevice) else get_device(device)
-        self.identity = DeviceIdentity(self.device.ordinal, cuda_ipc.device_uuid(self.device.handle),
-                                       self.device.info.integrated)
+        self.device = get_device(device)
+        self.identity = DeviceIdentity.of(self.device)
         self.device.make_current()
         self._own_stream = cuda_stream is None and gl_context is None
         if self._own_stream:

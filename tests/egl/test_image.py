@@ -7,7 +7,7 @@ import pytest
 
 import eglcuda
 from eglcuda.images.image import TEXTURE_FORMATS
-from eglcuda.images.paths import _make_texture, _read_texture, _write_texture
+from eglcuda.images.paths import make_texture, read_texture, write_texture
 
 from ..conftest import require_extension
 from .test_leaks import grows
@@ -39,7 +39,7 @@ def test_second_texture_bound_to_the_image_sees_every_texel(display, image_conte
     rng = np.random.default_rng()
     width, height = size
     texels = random_texels(rng, fmt, width, height)
-    texture = _make_texture(fmt, texels)
+    texture = make_texture(fmt, texels)
     shared = eglcuda.siblings_alias(display)
     if "Mesa" in display.vendor:
         assert shared  # Mesa's siblings share storage; NVIDIA driver 580 copies at bind
@@ -48,17 +48,17 @@ def test_second_texture_bound_to_the_image_sees_every_texel(display, image_conte
         assert (image.width, image.height, image.format) == (width, height, fmt)
         alias = image.bind_texture()
         assert alias != texture
-        np.testing.assert_array_equal(_read_texture(fmt, alias, width, height), texels)
+        np.testing.assert_array_equal(read_texture(fmt, alias, width, height), texels)
         # A later write through the sibling reaches the source exactly when the self-test says
         # siblings share storage on this display.
         update = random_texels(rng, fmt, width, height)
-        _write_texture(fmt, alias, update)
+        write_texture(fmt, alias, update)
         GL.glFinish()
-        assert np.array_equal(_read_texture(fmt, texture, width, height), update) == shared
+        assert np.array_equal(read_texture(fmt, texture, width, height), update) == shared
         update = random_texels(rng, fmt, width, height)
-        _write_texture(fmt, texture, update)
+        write_texture(fmt, texture, update)
         GL.glFinish()
-        assert np.array_equal(_read_texture(fmt, alias, width, height), update) == shared
+        assert np.array_equal(read_texture(fmt, alias, width, height), update) == shared
         GL.glDeleteTextures([alias, texture])
 
 
@@ -67,11 +67,11 @@ def test_image_outlives_its_texture_and_can_be_rebound(image_context):
 
     rng = np.random.default_rng()
     texels = random_texels(rng, RGBA8, 9, 4)
-    texture = _make_texture(RGBA8, texels)
+    texture = make_texture(RGBA8, texels)
     image = eglcuda.Image(image_context, texture)
     GL.glDeleteTextures([texture])
     again = image.bind_texture()
-    np.testing.assert_array_equal(_read_texture(RGBA8, again, 9, 4), texels)
+    np.testing.assert_array_equal(read_texture(RGBA8, again, 9, 4), texels)
     GL.glDeleteTextures([again])
     image.close()
     image.close()  # twice is fine
@@ -86,7 +86,7 @@ def test_bad_textures_are_refused_before_egl(image_context):
             eglcuda.Image(image_context, bad)
     with pytest.raises(eglcuda.UsageError, match="not a texture"):
         eglcuda.Image(image_context, 987654)
-    texture = _make_texture(RGBA8, np.zeros((2, 2, 4), np.uint8))
+    texture = make_texture(RGBA8, np.zeros((2, 2, 4), np.uint8))
     GL.glDeleteTextures([texture])
     with pytest.raises(eglcuda.UsageError, match="not a texture"):
         eglcuda.Image(image_context, texture)
@@ -101,7 +101,7 @@ def test_bad_textures_are_refused_before_egl(image_context):
 
 
 def test_texture_of_another_context_is_refused(display, image_context):
-    texture = _make_texture(RGBA8, np.ones((2, 2, 4), np.uint8))
+    texture = make_texture(RGBA8, np.ones((2, 2, 4), np.uint8))
     with display.create_context() as other:  # not sharing with image_context
         with pytest.raises(eglcuda.UsageError, match="not a texture"):
             eglcuda.Image(other, texture + 1000)
@@ -122,7 +122,7 @@ def test_closed_objects(display):
     require_extension(display, "EGL_KHR_image_base", "EGL_KHR_gl_texture_2D_image")
     context = display.create_context()
     context.make_current()
-    texture = _make_texture(RGBA8, np.ones((2, 2, 4), np.uint8))
+    texture = make_texture(RGBA8, np.ones((2, 2, 4), np.uint8))
     assert texture > 0
     image = eglcuda.Image(context, texture)
     display.close()  # closes children: the image and the context
@@ -140,7 +140,7 @@ def test_closing_the_context_closes_its_images(display):
     context = display.create_context()
     context.make_current()
     # One image per texture: NVIDIA's EGL refuses a second EGLImage of a texture (EGL_BAD_ACCESS).
-    images = [eglcuda.Image(context, _make_texture(RGBA8, np.ones((2, 2, 4), np.uint8))) for _ in range(3)]
+    images = [eglcuda.Image(context, make_texture(RGBA8, np.ones((2, 2, 4), np.uint8))) for _ in range(3)]
     context.close()  # the images first (and what CUDA registered from them), then the context
     assert context.closed and all(image.closed for image in images)
     assert not display.closed
@@ -152,7 +152,7 @@ def test_gl_errors_of_eglcuda_calls_are_gl_errors(image_context):
     from eglcuda._bind import gl as gl_binding
     from eglcuda._bind._native import ffi, lib
 
-    texture = _make_texture(RGBA8, np.ones((2, 2, 4), np.uint8))
+    texture = make_texture(RGBA8, np.ones((2, 2, 4), np.uint8))
     with eglcuda.Image(image_context, texture) as image:
         alias = image.bind_texture()  # binds GL_OES_EGL_image's function
         gl_binding.clear_errors()
@@ -182,7 +182,7 @@ def test_unsupported_format_has_no_cuda_view_but_an_image(image_context):
 def test_image_create_close_is_flat(image_context):
     from OpenGL import GL
 
-    texture = _make_texture(RGBA8, np.ones((16, 16, 4), np.uint8))
+    texture = make_texture(RGBA8, np.ones((16, 16, 4), np.uint8))
 
     def cycle():
         image = eglcuda.Image(image_context, texture)
@@ -204,7 +204,7 @@ def test_float_texture_works_or_the_driver_refusal_is_named(image_context):
     context = image_context
     rng = np.random.default_rng()
     texels = random_texels(rng, R32F, 13, 6)
-    texture = _make_texture(R32F, texels)
+    texture = make_texture(R32F, texels)
     try:
         image = eglcuda.Image(context, texture)
     except eglcuda.EGLError as exc:
@@ -213,4 +213,4 @@ def test_float_texture_works_or_the_driver_refusal_is_named(image_context):
     with image:
         assert image.format == R32F
         alias = image.bind_texture()
-        np.testing.assert_array_equal(_read_texture(R32F, alias, 13, 6), texels)
+        np.testing.assert_array_equal(read_texture(R32F, alias, 13, 6), texels)

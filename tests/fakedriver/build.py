@@ -49,6 +49,25 @@ def build(out_dir: str | pathlib.Path, asan: bool = False) -> tuple[pathlib.Path
     return egl, cuda
 
 
+FAKECUDA_SOURCE = HERE.parent / "fakecuda" / "fake_libcuda.c"
+
+
+def build_fakecuda(out_dir: str | pathlib.Path) -> pathlib.Path:
+    """Compile tests/fakecuda/fake_libcuda.c, the stand-in libcuda of the unit tests (no EGL, device
+    memory in shared memory), as ``out_dir``/libcuda.so.1: put ``out_dir`` on LD_LIBRARY_PATH."""
+    cc = compiler()
+    if cc is None:
+        raise BuildError("no C compiler (gcc or cc) on PATH")
+    out = pathlib.Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    library = out / "libcuda.so.1"
+    step = [cc, "-shared", "-fPIC", "-O1", "-o", str(library), str(FAKECUDA_SOURCE)]
+    result = subprocess.run(step, capture_output=True, text=True)
+    if result.returncode:
+        raise BuildError(f"{' '.join(step)}\n{result.stdout}{result.stderr}")
+    return library
+
+
 if __name__ == "__main__":
     if len(sys.argv) < 2:
         sys.exit(__doc__)

@@ -9,7 +9,7 @@ import pytest
 import eglcuda
 from eglcuda import ImagePath
 from eglcuda.images.image import TEXTURE_FORMATS
-from eglcuda.images.paths import _make_texture, _read_texture
+from eglcuda.images.paths import make_texture, read_texture
 
 from ..conftest import require_extension
 from .test_stream import open_fds
@@ -65,7 +65,7 @@ def test_forcing_a_path_that_is_not_coherent_raises(cuda_display, context):
     choice = eglcuda.image_path(cuda_display)
     if choice.native_coherent:
         pytest.skip("the native path is coherent here")
-    texture = _make_texture(RGBA8, random_texels(np.random.default_rng(), RGBA8, 8, 8))
+    texture = make_texture(RGBA8, random_texels(np.random.default_rng(), RGBA8, 8, 8))
     with eglcuda.Image(context, texture) as image:
         with pytest.raises(eglcuda.NotCoherent, match="not coherent"):
             image.register_cuda(path="native")
@@ -81,7 +81,7 @@ def test_both_directions_every_texel(context, fmt, size):
     rng = np.random.default_rng()
     width, height = size
     texels = random_texels(rng, fmt, width, height)
-    texture = _make_texture(fmt, texels)
+    texture = make_texture(fmt, texels)
     with eglcuda.Image(context, texture) as image, image.register_cuda() as registration:
         # GL -> CUDA
         with registration.map() as mapped:
@@ -91,7 +91,7 @@ def test_both_directions_every_texel(context, fmt, size):
             written = random_texels(rng, fmt, width, height)
             mapped.copy_from(written)
         with context.current():
-            np.testing.assert_array_equal(_read_texture(fmt, texture, width, height), written)
+            np.testing.assert_array_equal(read_texture(fmt, texture, width, height), written)
             # GL writes again; CUDA must see the new texels at the next map.
             again = random_texels(rng, fmt, width, height)
             GL.glBindTexture(GL.GL_TEXTURE_2D, texture)
@@ -112,7 +112,7 @@ def test_kernel_rewrites_the_texture_through_the_surface(context, fmt):
     width, height = 333, 77
     texels = random_texels(rng, fmt, width, height)
     key = random_texels(rng, fmt, width, height)
-    texture = _make_texture(fmt, texels)
+    texture = make_texture(fmt, texels)
     kernel = cp.RawModule(code=XOR_KERNELS).get_function("xor_rgba8" if fmt is RGBA8 else "xor_r8")
     stream = cp.cuda.Stream(non_blocking=True)
     with eglcuda.Image(context, texture) as image, image.register_cuda() as registration:
@@ -123,21 +123,21 @@ def test_kernel_rewrites_the_texture_through_the_surface(context, fmt):
                        (cp.uint64(mapped.surface), device_key, np.int32(width), np.int32(height)))
         # unmap ordered the kernel before GL's read
         with context.current():
-            np.testing.assert_array_equal(_read_texture(fmt, texture, width, height), texels ^ key)
+            np.testing.assert_array_equal(read_texture(fmt, texture, width, height), texels ^ key)
             GL.glDeleteTextures([texture])
 
 
 def test_repeated_map_unmap_with_random_data(context):
     rng = np.random.default_rng()
     width, height = 130, 66
-    texture = _make_texture(RGBA8, random_texels(rng, RGBA8, width, height))
+    texture = make_texture(RGBA8, random_texels(rng, RGBA8, width, height))
     with eglcuda.Image(context, texture) as image, image.register_cuda() as registration:
         for _ in range(50):
             data = random_texels(rng, RGBA8, width, height)
             with registration.map() as mapped:
                 mapped.copy_from(data)
             with context.current():
-                np.testing.assert_array_equal(_read_texture(RGBA8, texture, width, height), data)
+                np.testing.assert_array_equal(read_texture(RGBA8, texture, width, height), data)
         mapped = registration.map()
         with pytest.raises(eglcuda.UsageError, match="already mapped"):
             registration.map()
@@ -156,7 +156,7 @@ def test_gl_interop_needs_the_source_texture(cuda_display, context):
 
     if eglcuda.image_path(cuda_display).path != ImagePath.GL_INTEROP:
         pytest.skip("the native path is used here")
-    texture = _make_texture(RGBA8, np.zeros((4, 4, 4), np.uint8))
+    texture = make_texture(RGBA8, np.zeros((4, 4, 4), np.uint8))
     with eglcuda.Image(context, texture) as image:
         GL.glDeleteTextures([texture])
         with pytest.raises(eglcuda.UsageError, match="was deleted"):
@@ -164,7 +164,7 @@ def test_gl_interop_needs_the_source_texture(cuda_display, context):
 
 
 def test_wrong_size_upload_is_refused(context):
-    texture = _make_texture(RGBA8, np.zeros((4, 4, 4), np.uint8))
+    texture = make_texture(RGBA8, np.zeros((4, 4, 4), np.uint8))
     with eglcuda.Image(context, texture) as image, image.register_cuda() as registration:
         with registration.map() as mapped:
             with pytest.raises(eglcuda.UsageError, match="expected uint8"):
@@ -174,7 +174,7 @@ def test_wrong_size_upload_is_refused(context):
 
 
 def test_image_close_unregisters_first(context):
-    texture = _make_texture(RGBA8, np.zeros((4, 4, 4), np.uint8))
+    texture = make_texture(RGBA8, np.zeros((4, 4, 4), np.uint8))
     image = eglcuda.Image(context, texture)
     registration = image.register_cuda()
     mapped = registration.map()
@@ -187,7 +187,7 @@ def test_image_close_unregisters_first(context):
 def test_create_register_close_cycles_do_not_leak(context):
     rng = np.random.default_rng()
     device = eglcuda.get_device(0)
-    texture = _make_texture(RGBA8, random_texels(rng, RGBA8, 256, 256))
+    texture = make_texture(RGBA8, random_texels(rng, RGBA8, 256, 256))
 
     def cycle():
         with eglcuda.Image(context, texture) as image, image.register_cuda() as registration:
@@ -221,7 +221,7 @@ def test_float_texture_works_or_the_driver_refusal_is_named(context):
     context = context
     rng = np.random.default_rng()
     texels = random_texels(rng, R32F, 13, 6)
-    texture = _make_texture(R32F, texels)
+    texture = make_texture(R32F, texels)
     try:
         image = eglcuda.Image(context, texture)
     except eglcuda.EGLError as exc:

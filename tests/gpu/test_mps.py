@@ -8,15 +8,15 @@ import os
 import pathlib
 import subprocess
 import sys
-import time
 
 import pytest
 
-import eglcuda
 from eglcuda import mps
 
+from ..json_peer import JsonPeer
+from ..waiting import wait_until
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-EGLCUDA_TREE = str(pathlib.Path(eglcuda.__file__).resolve().parents[1])  # where this eglcuda is imported from, for children
 UNDER_MPS = "import json; from eglcuda import mps; print(json.dumps(mps.under_mps(0)))"
 
 
@@ -38,7 +38,6 @@ def child(code: str, env: dict[str, str] | None = None, timeout: float = 120) ->
     """A fresh interpreter (the test process has CUDA initialized already: it cannot become a client)."""
     environment = {key: value for key, value in os.environ.items() if not key.startswith("CUDA_MPS_")}
     environment.update(env or {})
-    environment["PYTHONPATH"] = os.pathsep.join(p for p in (EGLCUDA_TREE, os.environ.get("PYTHONPATH")) if p)
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout,
                           env=environment, cwd=ROOT)
 
@@ -83,19 +82,15 @@ time.sleep(300)
 
 
 def test_sigkill_of_the_owner_leaves_no_daemon_behind(real_mps):
-    owner = subprocess.Popen([sys.executable, "-c", OWNER, UNDER_MPS], stdout=subprocess.PIPE, text=True,
-                             cwd=ROOT, env={**os.environ, "PYTHONPATH": os.pathsep.join(
-                                     p for p in (EGLCUDA_TREE, os.environ.get("PYTHONPATH")) if p)})
+    owner = JsonPeer(["-c", OWNER, UNDER_MPS], cwd=str(ROOT))
     try:
-        status = json.loads(owner.stdout.readline())
+        status = owner.wait_for(lambda m: "pipe_directory" in m, timeout=120)  # a daemon, then a CUDA client
         assert json.loads(status["client"])[0] is True
     finally:
         owner.kill()
-        owner.wait()
-    deadline = time.monotonic() + 20
+        owner.stop()
     pipe = status["pipe_directory"]
-    while time.monotonic() < deadline and (pathlib.Path(status["directory"]).exists()
-                                           or any(p.pipe_directory == pipe for p in mps.mps_processes())):
-        time.sleep(0.1)
+    wait_until(lambda: not pathlib.Path(status["directory"]).exists()
+               and not any(p.pipe_directory == pipe for p in mps.mps_processes()), 20)
     assert not pathlib.Path(status["directory"]).exists()
     assert [p for p in mps.mps_processes() if p.pipe_directory == pipe] == []

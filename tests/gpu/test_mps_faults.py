@@ -54,7 +54,6 @@ from ..conftest import _missing, require_extension
 from ..json_peer import JsonPeer
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-EGLCUDA_TREE = str(pathlib.Path(eglcuda.__file__).resolve().parents[1])  # where this eglcuda is imported from, for children
 PEER = pathlib.Path(__file__).with_name("fault_peer.py")
 REPORT_VARIABLE = "EGLCUDA_FAULT_REPORT"
 
@@ -80,13 +79,6 @@ class FaultPeer(JsonPeer):
     def __init__(self, role: str, *args: str, env: dict[str, str]) -> None:
         super().__init__([str(PEER), role, *args], env=env, cwd=str(ROOT))
         self.role = role
-
-    def send(self, line: str) -> None:
-        try:
-            self.process.stdin.write(line + "\n")
-            self.process.stdin.flush()
-        except (BrokenPipeError, ValueError, OSError):
-            pass  # it has exited: what it said is what counts
 
     def last(self, *events: str) -> dict | None:
         for message in reversed(list(self.messages)):
@@ -132,12 +124,6 @@ def wait_exit(peer: FaultPeer, timeout: float) -> dict[str, Any]:
     return found
 
 
-def peer_environment(mode_env: dict[str, str]) -> dict[str, str]:
-    environment = dict(mode_env)
-    environment["PYTHONPATH"] = os.pathsep.join(p for p in (EGLCUDA_TREE, mode_env.get("PYTHONPATH")) if p)
-    return environment
-
-
 @dataclasses.dataclass
 class Mode:
     """Without MPS, or clients of a private daemon (``daemon``)."""
@@ -163,7 +149,7 @@ def start_pipeline(mode: Mode, folder: str, name: str, peers: list[FaultPeer], f
     which the caller stops)."""
     seed = int(np.random.default_rng().integers(1, 2**31))
     path = os.path.join(folder, name)
-    env = peer_environment(mode.env)
+    env = mode.env  # os.environ's copy: tests/conftest.py made children import this eglcuda
     consumer = FaultPeer("consumer", "--socket", path, "--seed", str(seed), env=env)
     peers.append(consumer)
     serving = consumer.wait_for(lambda m: m.get("event") in ("serving", "outcome"))
@@ -262,7 +248,7 @@ def run_client(mode: Mode, timeout: float = CLIENT_TIMEOUT_S) -> dict[str, Any]:
     began = time.monotonic()
     try:
         done = subprocess.run([sys.executable, str(PEER), "client"], capture_output=True, text=True,
-                              timeout=timeout, env=peer_environment(mode.env), cwd=str(ROOT))
+                              timeout=timeout, env=mode.env, cwd=str(ROOT))
     except subprocess.TimeoutExpired as exc:  # run() has killed it
         stderr = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else exc.stderr or ""
         return {"ok": False, "hung": True, "seconds": round(time.monotonic() - began, 3), "stderr": stderr[-1000:]}
@@ -516,7 +502,7 @@ def test_a_third_process_faulting_on_the_gpu(cuda_python: None, mode: Mode, fold
         for peer in (pipeline.consumer, pipeline.producer):
             expect_mode(peer, mode)
         wait_streaming(pipeline, STREAMING_FRAMES)
-        faulter = FaultPeer("faulter", "--target", "null", env=peer_environment(mode.env))
+        faulter = FaultPeer("faulter", "--target", "null", env=mode.env)
         peers.append(faulter)
         expect_mode(faulter, mode)
         ready = faulter.wait_for(lambda m: m.get("event") in ("ready", "outcome", "unavailable"))

@@ -32,10 +32,9 @@ from .topics_peer import check, content, payload_of
 from ..json_peer import JsonPeer
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-EGLCUDA_TREE = str(pathlib.Path(eglcuda.__file__).resolve().parents[1])  # where this eglcuda is imported from, for children
 PEER = pathlib.Path(__file__).with_name("topics_peer.py")
-ENV = {**os.environ, "PYTHONPATH": EGLCUDA_TREE + os.pathsep + os.environ.get("PYTHONPATH", ""),
-       "PYOPENGL_PLATFORM": "egl"}
+# Children inherit the environment: tests/conftest.py makes them import this eglcuda, and sets
+# PYOPENGL_PLATFORM=egl.
 TRANSPORTS = ["cuda-ipc", "eglstream"]
 
 
@@ -66,7 +65,7 @@ class Peer(JsonPeer):
     wait_timeout = 60.0
 
     def __init__(self, role: str, name: str, path: str, *args: str) -> None:
-        super().__init__([str(PEER), role, "--name", name, "--path", path, *args], env=ENV, cwd=str(ROOT))
+        super().__init__([str(PEER), role, "--name", name, "--path", path, *args], cwd=str(ROOT))
 
 
 def put(pub: eglcuda.Publisher, seq: int, seed: int) -> int:
@@ -370,7 +369,7 @@ def test_auto_picks_cuda_ipc_across_processes_and_eglstream_in_process(display, 
             peer.wait_for(lambda m: m["event"] == "done")
             assert_all_ok(peer)
             listing = subprocess.run([sys.executable, "-m", "eglcuda", "topics", "--json", "--dir",
-                                      os.path.dirname(path)], env=ENV, cwd=ROOT, capture_output=True, text=True,
+                                      os.path.dirname(path)], cwd=ROOT, capture_output=True, text=True,
                                      timeout=60)
             assert listing.returncode == 0, listing.stderr
             (entry,) = json.loads(listing.stdout)["topics"]

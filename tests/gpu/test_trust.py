@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import textwrap
 import threading
 import time
@@ -17,21 +16,13 @@ import pytest
 
 import eglcuda
 
-from ..conftest import require_extension
 from .streamkit import connected, fill_random
+from . import test_crossprocess
 from .test_crossprocess import Peer, check
 
-
-@pytest.fixture
-def display(cuda_display):
-    require_extension(cuda_display, "EGL_KHR_stream", "EGL_KHR_stream_fifo", "EGL_KHR_stream_cross_process_fd")
-    return cuda_display
-
-
-@pytest.fixture
-def sock_path():
-    with tempfile.TemporaryDirectory(prefix="eglcuda-") as folder:
-        yield os.path.join(folder, "s")
+# test_crossprocess's fixtures, bound in this module so that pytest finds them here too.
+display = test_crossprocess.display
+sock_path = test_crossprocess.sock_path
 
 
 def run_script(body: str, timeout: float = 60) -> subprocess.CompletedProcess:

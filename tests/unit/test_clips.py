@@ -6,8 +6,6 @@ The band tests need numpy only. Decoding the committed clips needs PyAV or an ff
 from __future__ import annotations
 
 import json
-import os
-import shutil
 
 import numpy as np
 import pytest
@@ -93,16 +91,10 @@ def test_clips_decode_to_their_indices_pyav():
 
 
 def _ffmpeg_or_skip():
-    if os.environ.get("FFMPEG"):
-        return os.environ["FFMPEG"]
     try:
-        import imageio_ffmpeg
-        return imageio_ffmpeg.get_ffmpeg_exe()
-    except ImportError:
-        exe = shutil.which("ffmpeg")
-        if not exe:
-            pytest.skip("no ffmpeg (set FFMPEG or pip install imageio-ffmpeg)")
-        return exe
+        return mc.find_ffmpeg()
+    except SystemExit as exc:  # none: it says how to get one
+        pytest.skip(str(exc))
 
 
 def test_clips_decode_to_their_indices_ffmpeg():

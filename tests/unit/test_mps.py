@@ -21,6 +21,9 @@ from eglcuda import mps
 from eglcuda._bind import cuda as _cuda
 from eglcuda._bind import loader as _loader
 
+from ..json_peer import JsonPeer
+from ..waiting import wait_until
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 FAKE = pathlib.Path(__file__).resolve().parent / "fake_mps"
 
@@ -36,15 +39,6 @@ def write_fakes(folder: pathlib.Path, names=("control", "server")) -> None:
 def processes_under(root: str) -> list[mps.MPSProcess]:
     """The fake daemons and servers whose pipe directory lies under ``root``."""
     return [p for p in mps.mps_processes() if p.pipe_directory and p.pipe_directory.startswith(root)]
-
-
-def wait_until(condition, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return condition()
 
 
 @pytest.fixture
@@ -215,15 +209,15 @@ time.sleep(300)
 
 
 def test_sigkill_of_the_owner_stops_the_daemon_and_removes_the_directories(fake):
-    owner = subprocess.Popen([sys.executable, "-c", OWNER], stdout=subprocess.PIPE, text=True)
+    owner = JsonPeer(["-c", OWNER])
     try:
-        status = json.loads(owner.stdout.readline())
+        status = owner.wait_for(lambda m: "pipe_directory" in m)
         pipe = status["pipe_directory"]
         server = int(control(pipe, "start_server -uid 0").stdout)
-        assert status["owner_pid"] == owner.pid and mps._alive(status["control_pid"]) and mps._alive(server)
+        assert status["owner_pid"] == owner.process.pid and mps._alive(status["control_pid"]) and mps._alive(server)
     finally:
         owner.kill()  # SIGKILL: no Python cleanup runs in the owner
-        owner.wait()
+        owner.stop()
     started = time.monotonic()
     gone = wait_until(lambda: not pathlib.Path(status["directory"]).exists() and not processes_under(pipe), 10)
     assert gone, (processes_under(pipe), list(pathlib.Path(status["directory"]).glob("*")))

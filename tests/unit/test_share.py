@@ -113,9 +113,7 @@ def test_path_in_use_by_a_live_server(sock_path):
     read_end, write_end = os.pipe()
     try:
         thread, outcome = serve_in_thread(sock_path, write_end, {}, timeout=10)
-        deadline = time.monotonic() + 5
-        while not os.path.exists(sock_path) and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_for_socket(sock_path)
         with pytest.raises(eglcuda.UsageError, match="in use"):
             eglcuda.offer_fd(sock_path, write_end, {}, timeout=1)
         fd, _, conn = eglcuda.receive_fd(sock_path, timeout=5)  # the first server still works
@@ -141,9 +139,7 @@ def test_server_turns_away_strangers_and_times_out(sock_path):
     read_end, write_end = os.pipe()
     try:
         thread, outcome = serve_in_thread(sock_path, write_end, {}, timeout=1.5)
-        deadline = time.monotonic() + 5
-        while not os.path.exists(sock_path) and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_for_socket(sock_path)
         stranger = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         stranger.connect(sock_path)
         stranger.sendall(b"GET / HTTP/1.0\r\n\r\n")

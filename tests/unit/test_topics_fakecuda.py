@@ -8,28 +8,24 @@ from __future__ import annotations
 
 import os
 import pathlib
-import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 
 import pytest
+from ..fakedriver import build as fake_build
 from ..json_peer import JsonPeer
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PEER = ROOT / "tests" / "gpu" / "topics_peer.py"
-SOURCE = ROOT / "tests" / "fakecuda" / "fake_libcuda.c"
 
 
 @pytest.fixture(scope="module")
 def env():
-    compiler = shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
+    if fake_build.compiler() is None:
         pytest.skip("no C compiler for the fake libcuda")
     with tempfile.TemporaryDirectory(prefix="eglcuda-fakecuda-") as folder:
-        subprocess.run([compiler, "-shared", "-fPIC", "-O1", "-o", os.path.join(folder, "libcuda.so.1"), str(SOURCE)],
-                       check=True, capture_output=True)
+        fake_build.build_fakecuda(folder)
         yield {**os.environ, "LD_LIBRARY_PATH": folder, "__EGL_VENDOR_LIBRARY_FILENAMES": "/nonexistent.json"}  # no EGL: cuda-ipc only
 
 
@@ -112,16 +108,15 @@ def test_cuda_ipc_publisher_killed_and_restarted(env, path):
         subscriber = Peer(env, "subscribe", path, "--transport", "cuda-ipc", "--seed", "1", "--rejoin",
                           "--no-check", "--count", "60")
         subscriber.wait_for(lambda m: m["event"] == "got" and len(subscriber.got()) >= 10)
-        first.process.send_signal(signal.SIGKILL)
-        first.process.wait(10)
+        first.kill()
         lost = subscriber.wait_for(lambda m: m["event"] == "disconnected")
         assert lost["kind"] == "StreamDisconnected"
         second = Peer(env, "publish", path, *PUBLISH, "--frames", "0", "--rate", "300", "--seed", "1")
         try:
             rejoined = subscriber.wait_for(lambda m: m["event"] == "rejoined")
         except AssertionError:
-            second.process.kill()
-            raise AssertionError(f"second publisher said {second.messages}, {second.process.stderr.read()[-3000:]}")
+            second.kill()
+            raise AssertionError(f"second publisher said {second.messages}, {second.stderr()}")
         assert rejoined["transport"] == "cuda-ipc"
         subscriber.wait_for(lambda m: m["event"] == "done")
     finally:

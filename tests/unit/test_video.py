@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -16,14 +15,12 @@ import tempfile
 import numpy as np
 import pytest
 
-import eglcuda
-
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-EGLCUDA_TREE = str(pathlib.Path(eglcuda.__file__).resolve().parents[1])  # where this eglcuda is imported from, for children
 sys.path.insert(0, str(ROOT / "samples"))
 import _video as video  # noqa: E402
 
 from ..data import make_clips as mc  # noqa: E402
+from ..fakedriver import build as fake_build  # noqa: E402
 
 SAMPLE = ROOT / "samples" / "video_pipeline.py"
 BENCH = ROOT / "bench" / "video.py"
@@ -131,13 +128,13 @@ def test_band_of_a_grey_frame_reads_through_the_rgb_conversion():
 @pytest.fixture(scope="module")
 def fake_env():
     pytest.importorskip("av", reason="the fake PyNvVideoCodec decodes with PyAV")
-    compiler = shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
+    if fake_build.compiler() is None:
         pytest.skip("no C compiler for the fake libcuda")
     with tempfile.TemporaryDirectory(prefix="eglcuda-fakecuda-video-") as folder:
-        subprocess.run([compiler, "-shared", "-fPIC", "-O1", "-o", os.path.join(folder, "libcuda.so.1"),
-                        str(ROOT / "tests" / "fakecuda" / "fake_libcuda.c")], check=True, capture_output=True)
-        paths = [str(ROOT / "tests" / "fakenvc"), EGLCUDA_TREE, os.environ.get("PYTHONPATH", "")]
+        fake_build.build_fakecuda(folder)
+        # tests/conftest.py has put the tree this eglcuda is imported from on PYTHONPATH (when it
+        # is not on a child's default path): children import the same one.
+        paths = [str(ROOT / "tests" / "fakenvc"), os.environ.get("PYTHONPATH", "")]
         yield {**os.environ, "LD_LIBRARY_PATH": folder, "PYTHONPATH": os.pathsep.join(p for p in paths if p),
                "__EGL_VENDOR_LIBRARY_FILENAMES": "/nonexistent.json"}  # no EGL: cuda-ipc only
 
@@ -201,7 +198,7 @@ def test_what_is_missing_is_one_line(fake_env, tmp_path):
     (tmp_path / "not_video.mp4").write_bytes(b"\0" * 1000)
     done = run(fake_env, SAMPLE, tmp_path / "not_video.mp4", "--subscribers", "stats")
     assert done.returncode == 2 and len(done.stderr.splitlines()) == 1 and "needs" in done.stderr, done.stderr
-    no_nvc = {**fake_env, "PYTHONPATH": EGLCUDA_TREE}
+    no_nvc = {**fake_env, "PYTHONPATH": os.environ.get("PYTHONPATH", "")}  # without the fake PyNvVideoCodec
     done = run(no_nvc, SAMPLE, CLIP, "--subscribers", "stats")
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.splitlines() == [f"samples/video_pipeline.py: needs PyNvVideoCodec to decode with NVDEC: "
