@@ -21,8 +21,10 @@ one of them stalled (joined, never reads), against 8 that all read (the issue's 
 
     python bench/topics.py [--quick] [--mps] [--out DIR] [--duration S] [--sync]
                            [--transports cuda-ipc,eglstream,ipc-ring,torch-mp] [--subscribers 1,2,4,8]
-                           [--qos latest,every] [--sizes 1080p-nv12,4k-argb]
+                           [--qos latest,every] [--sizes 1080p-nv12,4k-argb] [--profile DIR]
 
+--profile DIR writes a cProfile file per publisher and subscriber process (``<role>-<pid>.prof``,
+read with ``python -m pstats``): where the Python side of each transport spends its time.
 --mps runs everything under a private MPS daemon (eglcuda.mps.MPSDaemon: private pipe and log
 directories, stopped at the end, also if this process dies).
 Writes results.json, results.md and plots (matplotlib PNG; without matplotlib one line says the
@@ -66,12 +68,15 @@ def emit(**result) -> None:
     print("RESULT " + json.dumps(result), flush=True)
 
 
-def summarize(latencies_ns: list[int], received: int, first_ns: int, last_ns: int) -> dict:
+def summarize(latencies_ns: list[int], received: int, first_ns: int, last_ns: int, cpu_s: float = math.nan) -> dict:
+    """A subscriber's result; ``cpu_s``: its process's CPU time from its first timed frame to the
+    end marker (all threads), reported per frame: what the transport costs the subscriber's CPU,
+    whatever the other processes do."""
     values = sorted(latencies_ns)
     pick = (lambda q: values[min(len(values) - 1, int(q * (len(values) - 1)))] / 1e3) if values else (lambda q: math.nan)
     span = (last_ns - first_ns) / 1e9
     return {"frames": received, "rate": received / span if span > 0 else math.nan, "p50_us": pick(0.5),
-            "p99_us": pick(0.99)}
+            "p99_us": pick(0.99), "cpu_us": 1e6 * cpu_s / received if received else math.nan}
 
 
 # ==== eglcuda ==================================================================================
@@ -92,14 +97,15 @@ def eglcuda_publisher(args) -> int:
         pub.publish(frame, payload=b"")
     for _ in range(WARMUP):
         pub.publish(pub.next_frame(), payload=b"")
-    count, started = 0, now_ns()
+    count, started, cpu = 0, now_ns(), time.process_time()
     end = started + int(args.duration * 1e9)
     while now_ns() < end:
         pub.publish(pub.next_frame(), payload=b"W")
         count += 1
     elapsed = (now_ns() - started) / 1e9
+    cpu = time.process_time() - cpu
     transports = sorted({s.transport for s in pub.subscribers})
-    emit(role="publisher", rate=count / elapsed, frames=count, transports=transports)
+    emit(role="publisher", rate=count / elapsed, frames=count, transports=transports, cpu_us=1e6 * cpu / count)
     pub.publish(pub.next_frame(), payload=b"E")
     pub.close(timeout=2)  # a stalled subscriber never leaves: do not wait long for it
     return 0
@@ -113,7 +119,7 @@ def eglcuda_subscriber(args) -> int:
     emit(role="joined", transport=sub.info.transport)
     if args.stall:
         time.sleep(10_000)  # joined, never reads: killed by the orchestrator
-    latencies, received, first, last = [], 0, 0, 0
+    latencies, received, first, last, cpu = [], 0, 0, 0, math.nan
     stream = sub.cuda_stream or 0
     try:
         while True:
@@ -125,17 +131,21 @@ def eglcuda_subscriber(args) -> int:
                 cuda.stream_synchronize(stream)
             stamp = now_ns() if args.sync else message.received_ns
             if message.payload == b"W":
+                if not received:
+                    cpu = time.process_time()
                 received += 1
                 latencies.append(stamp - message.timestamp_ns)
                 first = first or stamp
                 last = stamp
             finished = message.payload == b"E"
+            if finished and received:
+                cpu = time.process_time() - cpu
             message.release()
             if finished:
                 break
     finally:
         sub.close()
-    emit(role="subscriber", **summarize(latencies, received, first, last))
+    emit(role="subscriber", **summarize(latencies, received, first, last, cpu))
     return 0
 
 
@@ -198,7 +208,7 @@ def ring_publisher(args) -> int:
             collect(1.0)
         slot = free.pop(0)
         if phase == "warm" and seq >= total:
-            phase, started = "timed", now_ns()
+            phase, started, cpu = "timed", now_ns(), time.process_time()
             end = started + int(args.duration * 1e9)
         if phase == "timed" and now_ns() >= end:
             break
@@ -211,6 +221,7 @@ def ring_publisher(args) -> int:
         seq += 1
         count += phase == "timed"
     elapsed = (now_ns() - started) / 1e9
+    cpu = time.process_time() - cpu
     for sock in socks:
         sock.setblocking(True)
         sock.send(_RING_FRAME.pack(255, 0, 0))
@@ -221,7 +232,7 @@ def ring_publisher(args) -> int:
     for buffer, event in zip(buffers, events):
         cuda_ipc.event_destroy(event)
         cuda.mem_free(buffer)
-    emit(role="publisher", rate=count / elapsed, frames=count, transports=["ipc-ring"])
+    emit(role="publisher", rate=count / elapsed, frames=count, transports=["ipc-ring"], cpu_us=1e6 * cpu / count)
     for result in results:
         emit(**result)
     return 0
@@ -241,16 +252,20 @@ def ring_subscriber(args) -> int:
         buffers.append(cuda_ipc.open_mem_handle(handles[at:at + 64]))  # opened once, used for every frame
         events.append(cuda_ipc.open_event_handle(handles[at + 64:at + 128]))
     sock.send(b"opened")
-    latencies, received, first, last = [], 0, 0, 0
+    latencies, received, first, last, cpu = [], 0, 0, 0, math.nan
     while True:
         slot, seq, stamp = _RING_FRAME.unpack(sock.recv(64))
         if slot == 255:
+            if received:
+                cpu = time.process_time() - cpu
             break
         cuda_ipc.wait(stream, events[slot])
         if args.sync:
             cuda.stream_synchronize(stream)
         got = now_ns()
         if stamp:
+            if not received:
+                cpu = time.process_time()
             received += 1
             latencies.append(got - stamp)
             first = first or got
@@ -258,7 +273,7 @@ def ring_subscriber(args) -> int:
         sock.send(bytes([slot]))
     for buffer in buffers:
         cuda_ipc.close_mem_handle(buffer)
-    emit(role="subscriber", **summarize(latencies, received, first, last))
+    emit(role="subscriber", **summarize(latencies, received, first, last, cpu))
     return 0
 
 
@@ -336,11 +351,26 @@ def torch_run(args) -> int:
     return 0
 
 
+def profiled(role, args) -> int:
+    """``role(args)`` under cProfile, its statistics written to ``args.profile``/<role>-<pid>.prof."""
+    import cProfile
+
+    folder = pathlib.Path(args.profile)
+    folder.mkdir(parents=True, exist_ok=True)
+    profile = cProfile.Profile()
+    try:
+        return profile.runcall(role, args)
+    finally:
+        profile.dump_stats(str(folder / f"{args.role}-{os.getpid()}.prof"))
+
+
 # ==== the orchestrator ===================================================================================
 
 def run_config(args, transport: str, size: str, qos: str, n: int, stalled: bool = False) -> dict:
     """One configuration in fresh processes; returns the publisher's and the subscribers' results."""
     common = ["--size", size, "--duration", str(args.duration)] + (["--sync"] if args.sync else [])
+    if args.profile:
+        common += ["--profile", str(pathlib.Path(args.profile).resolve() / f"{transport}-{qos}-n{n}")]
     outputs = []
     with tempfile.TemporaryDirectory(prefix="eglcuda-bench-topics-") as folder:
         os.chmod(folder, 0o700)
@@ -388,7 +418,9 @@ def run_config(args, transport: str, size: str, qos: str, n: int, stalled: bool 
         return {"error": f"{len(pub)} publisher and {len(subs)} of {n - stalled} subscriber results"}
     return {"publisher_rate": pub[0]["rate"], "transports": pub[0]["transports"],
             "subscriber_rates": [s["rate"] for s in subs], "p50_us": statistics.median(s["p50_us"] for s in subs),
-            "p50_worst_us": max(s["p50_us"] for s in subs), "p99_us": max(s["p99_us"] for s in subs)}
+            "p50_worst_us": max(s["p50_us"] for s in subs), "p99_us": max(s["p99_us"] for s in subs),
+            "publisher_cpu_us": pub[0].get("cpu_us", math.nan),
+            "subscriber_cpu_us": statistics.median(s.get("cpu_us", math.nan) for s in subs)}
 
 
 @contextlib.contextmanager
@@ -463,6 +495,7 @@ def main() -> int:
     parser.add_argument("--subscribers", default=None, help="e.g. 1,2,4,8")
     parser.add_argument("--qos", default="latest,every")
     parser.add_argument("--sizes", default=None, help=f"from {','.join(SIZES)}")
+    parser.add_argument("--profile", default=None, help="write cProfile files of each process to this folder")
     # the roles of the processes this script spawns
     parser.add_argument("--role", choices=["pub", "sub", "ring-pub", "ring-sub", "torch"], help=argparse.SUPPRESS)
     parser.add_argument("--path", help=argparse.SUPPRESS)
@@ -474,8 +507,9 @@ def main() -> int:
     args = parser.parse_args()
     if args.role:
         args.duration = args.duration or 2.0
-        return {"pub": eglcuda_publisher, "sub": eglcuda_subscriber, "ring-pub": ring_publisher,
-                "ring-sub": ring_subscriber, "torch": torch_run}[args.role](args)
+        role = {"pub": eglcuda_publisher, "sub": eglcuda_subscriber, "ring-pub": ring_publisher,
+                "ring-sub": ring_subscriber, "torch": torch_run}[args.role]
+        return profiled(role, args) if args.profile else role(args)
 
     transports = args.transports.split(",")
     # Probed in a child: this process never initializes CUDA, so an MPS daemon serves every process.
@@ -550,7 +584,8 @@ def format_row(row: dict) -> str:
         return f"{label}: ERROR {row['error']}"
     rates = row["subscriber_rates"]
     return (f"{label}: publisher {row['publisher_rate']:8.0f}/s, subscribers {min(rates):8.0f}..{max(rates):8.0f}/s, "
-            f"p50 {row['p50_us']:7.1f} us (worst {row['p50_worst_us']:7.1f}), p99 {row['p99_us']:8.1f} us "
+            f"p50 {row['p50_us']:7.1f} us (worst {row['p50_worst_us']:7.1f}), p99 {row['p99_us']:8.1f} us, "
+            f"CPU us/frame pub {row.get('publisher_cpu_us', math.nan):.1f} sub {row.get('subscriber_cpu_us', math.nan):.1f} "
             f"[{','.join(row['transports'])}]")
 
 
@@ -558,16 +593,18 @@ def markdown(rows: list[dict], args) -> str:
     lines = [f"Frame topics, one publisher and N subscriber processes; MPS {'on' if args.mps else 'off'}; "
              f"{args.duration} s timed per configuration{'; latency includes the stream sync' if args.sync else ''}.",
              "", "| size | qos | transport | N | publisher frames/s | slowest subscriber frames/s | p50 us (median of "
-             "subscribers) | worst p50 us | worst p99 us |", "|---|---|---|---:|---:|---:|---:|---:|---:|"]
+             "subscribers) | worst p50 us | worst p99 us | publisher CPU us/frame | subscriber CPU us/frame (median) |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for row in rows:
         name = row["transport"] + (" (1 of N stalled)" if row.get("stalled") else "")
         if "publisher_rate" not in row:
             lines.append(f"| {row['size']} | {row['qos']} | {name} | {row['n']} | "
-                         f"{row.get('skipped') or row.get('error')} | | | | |")
+                         f"{row.get('skipped') or row.get('error')} | | | | | | |")
             continue
         lines.append(f"| {row['size']} | {row['qos']} | {name} | {row['n']} | {row['publisher_rate']:.0f} | "
                      f"{min(row['subscriber_rates']):.0f} | {row['p50_us']:.1f} | {row['p50_worst_us']:.1f} | "
-                     f"{row['p99_us']:.1f} |")
+                     f"{row['p99_us']:.1f} | {row.get('publisher_cpu_us', math.nan):.1f} | "
+                     f"{row.get('subscriber_cpu_us', math.nan):.1f} |")
     stalls = [r for r in rows if r.get("stalled") and "publisher_rate" in r]
     for stall in stalls:
         base = next((r for r in rows if not r.get("stalled") and r["size"] == stall["size"] and r["qos"] == "latest"

@@ -12,7 +12,10 @@ Prints each subscriber's frames, skips, transport and failures, and the publishe
 when every check passed, 1 otherwise, 2 (one line) where there is no GPU with EGL streams between
 processes and to GL, or no PyOpenGL (``pip install 'eglcuda[gl]'``).
 
-    python samples/topic_fanout.py [--frames 300] [--width 1280 --height 720] [--transport auto]
+    python samples/topic_fanout.py [--frames 300] [--width 1280 --height 720] [--transport auto] [--mps]
+
+With --mps every process runs under CUDA MPS (a private daemon for the run, or the one already
+serving this GPU; exits 2 with one line when nvidia-cuda-mps-control is missing).
 """
 from __future__ import annotations
 
@@ -27,7 +30,7 @@ import time
 os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _script import lazy, require, run  # noqa: E402
+from _script import lazy, mps_session, run  # noqa: E402
 
 PROGRAM = "samples/topic_fanout.py"
 # Imported at first use, once require() has checked they are there (and so --help always works).
@@ -92,6 +95,7 @@ def main() -> int:
     parser.add_argument("--height", type=int, default=720)
     parser.add_argument("--transport", default="auto", choices=["auto", "cuda-ipc", "eglstream"],
                         help="for the checker and the slow subscriber (the GL one always uses an EGLStream)")
+    parser.add_argument("--mps", action="store_true", help="run the publisher and the subscribers under CUDA MPS")
     parser.add_argument("--role", choices=["checker", "gl", "slow"], help=argparse.SUPPRESS)
     parser.add_argument("--name", default="fanout", help=argparse.SUPPRESS)
     parser.add_argument("--path", help=argparse.SUPPRESS)
@@ -101,7 +105,13 @@ def main() -> int:
 
     # EGLStreams between processes (the checker and slow subscribers without CUDA IPC), a GL
     # consumer with PyOpenGL (the gl subscriber), CUDA IPC when it is asked for by name.
-    require(PROGRAM, "cross-process", "gl-stream", *(["cuda-ipc"] if args.transport == "cuda-ipc" else []))
+    needs = ["cross-process", "gl-stream", *(["cuda-ipc"] if args.transport == "cuda-ipc" else [])]
+    with mps_session(PROGRAM, args.mps, *needs):
+        return publish(args)
+
+
+def publish(args: argparse.Namespace) -> int:
+    """The publisher's side: start the three subscribers, publish, collect their reports."""
     with tempfile.TemporaryDirectory(prefix="eglcuda-fanout-") as folder:
         os.chmod(folder, 0o700)
         path = os.path.join(folder, "fanout.topic")

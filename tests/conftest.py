@@ -72,6 +72,12 @@ def _children_import_this_eglcuda() -> None:
 _children_import_this_eglcuda()
 
 
+# Tests that make a process fault on the GPU run last: after such a fault (driver 580, H100),
+# cross-process EGLStreams into GL texture consumers delivered wrong texels and then failed with
+# EGL_BAD_STATE_KHR for the rest of the machine's session (docs/mps.md, "Fault containment").
+GPU_FAULT_TESTS = HERE / "gpu" / "test_mps_faults.py"
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         path = pathlib.Path(str(item.fspath))
@@ -81,6 +87,7 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.gpu)
         elif HERE / "fake" in path.parents:
             item.add_marker(pytest.mark.fake)
+    items.sort(key=lambda item: pathlib.Path(str(item.fspath)) == GPU_FAULT_TESTS)  # stable: the rest keep their order
 
 
 def pytest_report_header(config):

@@ -610,7 +610,12 @@ class Publisher:
                     continue
                 link.deliver(slot, stream)
             except EglCudaError as exc:
-                self._drop(sub, Reason.TRANSPORT, f"delivering frame {seq} failed: {exc}")
+                if self._is_leaving(sub):
+                    # Its goodbye came after this call's read of the sockets and its consumer
+                    # disconnected meanwhile: the driver's refusal is its leaving (as in _reclaim).
+                    self._drop(sub, Reason.CLOSING, "it left", notify=False, left=True)
+                else:
+                    self._drop(sub, Reason.TRANSPORT, f"delivering frame {seq} failed: {exc}")
                 continue
             sub.outstanding[seq] = slot
             slot.holders.add(sub)

@@ -588,12 +588,17 @@ class CudaIpcSubscriber(SubscriberTransport):
         if self._closed:
             return 0, b""
         self.device.make_current()
+        stream = cuda_stream if cuda_stream is not None else (self.stream or 0)
+        if cuda_ipc.stream_done(stream):
+            # Every read of the slot queued on the stream has finished: the publisher may write
+            # it without waiting, so no "done" event is recorded (or waited on and queried there).
+            return protocol.RELEASE_TAKEN, b""
         extra = b""
         done = self._done.get(frame.slot)
         if done is None:
             done = self._done[frame.slot] = cuda_ipc.event_create_interprocess()
             extra = cuda_ipc.event_handle(done)
-        cuda_ipc.record(done, cuda_stream if cuda_stream is not None else (self.stream or 0))
+        cuda_ipc.record(done, stream)
         return protocol.RELEASE_RECORDED | protocol.RELEASE_TAKEN, extra
 
     def close(self) -> None:

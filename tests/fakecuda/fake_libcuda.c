@@ -8,7 +8,9 @@
  * is missing, as on an old driver. Not a model of the GPU's timing or its asynchrony.
  *
  * Build: cc -shared -fPIC -o libcuda.so.1 fake_libcuda.c   (tests/unit/test_topics_fakecuda.py does)
- * Environment: FAKECUDA_DEVICES (default 1), FAKECUDA_INTEGRATED (default 0). */
+ * Environment: FAKECUDA_DEVICES (default 1), FAKECUDA_INTEGRATED (default 0), FAKECUDA_BUSY_AFTER_WAIT
+ * (default 0; 1: the first cuStreamQuery after a cuStreamWaitEvent says CUDA_ERROR_NOT_READY, as a
+ * real stream would while a kernel queued behind the wait still runs). */
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <pthread.h>
@@ -183,7 +185,16 @@ CUresult cuMemsetD8Async(CUdeviceptr p, unsigned char v, size_t n, CUstream s) {
 CUresult cuStreamCreate(CUstream *s, unsigned int flags) { (void)flags; if (need_context()) return INVALID_CONTEXT; *s = malloc(16); return OK; }
 CUresult cuStreamDestroy_v2(CUstream s) { free(s); return OK; }
 CUresult cuStreamSynchronize(CUstream s) { (void)s; return need_context(); }
-CUresult cuStreamQuery(CUstream s) { (void)s; return need_context(); }
+static int waited;  /* a cuStreamWaitEvent since the last cuStreamQuery (FAKECUDA_BUSY_AFTER_WAIT) */
+CUresult cuStreamQuery(CUstream s)
+{
+    (void)s;
+    if (need_context()) return INVALID_CONTEXT;
+    const char *busy = getenv("FAKECUDA_BUSY_AFTER_WAIT");
+    if (waited && busy && atoi(busy)) { waited = 0; return NOT_READY; }
+    waited = 0;
+    return OK;
+}
 
 static CUresult check_event(CUevent e) { return e && e->magic == EVENT_MAGIC ? OK : INVALID_HANDLE; }
 CUresult cuEventCreate(CUevent *e, unsigned int flags)
@@ -203,7 +214,7 @@ CUresult cuEventDestroy_v2(CUevent e) { if (check_event(e)) return INVALID_HANDL
 CUresult cuEventRecord(CUevent e, CUstream s) { (void)s; if (need_context()) return INVALID_CONTEXT; return check_event(e); }
 CUresult cuEventQuery(CUevent e) { return check_event(e); }
 CUresult cuEventSynchronize(CUevent e) { return check_event(e); }
-CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned int flags) { (void)s; (void)flags; if (need_context()) return INVALID_CONTEXT; return check_event(e); }
+CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned int flags) { (void)s; (void)flags; if (need_context()) return INVALID_CONTEXT; waited = 1; return check_event(e); }
 
 /* CUDA IPC: a memory handle names (exporter pid, memfd, size); an event handle (pid, id). */
 struct mem_handle { uint32_t magic; int32_t pid; int32_t fd; uint32_t pad; uint64_t size; };

@@ -147,6 +147,28 @@ def test_fanout_every_byte_1080p_nv12(display, transport, topic):
         assert latest.wait_for(lambda m: m["event"] == "disconnected")["kind"] == "Dropped"
 
 
+def test_slot_not_written_while_a_subscriber_kernel_still_reads_it(display, topic):
+    """A cuda-ipc subscriber queues a 30 ms kernel and then GPU copies of the frame, and releases
+    it before they run; the publisher has one pool frame, so it writes the next frame into the same
+    slot at once. Every copy must still hold the frame it was taken from (the publisher's write
+    waits, on the GPU, for the subscriber's reading)."""
+    pytest.importorskip("cupy")
+    name, path = topic
+    seed, frames = 9, 6
+    with eglcuda.Publisher(name, 640, 480, "NV12", pool=1, max_pool=1, every_timeout=10.0, path=path) as pub:
+        peer = Peer("subscribe", name, path, "--transport", "cuda-ipc", "--late-copy-ms", "30", "--seed", str(seed),
+                    "--count", str(frames))
+        try:
+            assert peer.wait_for(lambda m: m["event"] == "ready")["transport"] == "cuda-ipc"
+            for seq in range(frames):
+                put(pub, seq, seed)
+            peer.wait_for(lambda m: m["event"] == "done")
+            assert [m["seq"] for m in peer.got()] == list(range(frames))
+            assert_all_ok(peer)
+        finally:
+            peer.stop()
+
+
 @pytest.mark.parametrize("fmt, size", [("ARGB", (333, 97)), ("YUV420_PLANAR", (640, 480)),
                                        ("YUV444_PLANAR", (64, 48)), ("Y", (1000, 10))],
                          ids=["ARGB-333x97", "I420-640x480", "YUV444-64x48", "Y-1000x10"])

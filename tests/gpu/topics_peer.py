@@ -84,7 +84,12 @@ def subscribe(args) -> int:
                 info = sub.wait_for_publisher(args.timeout)
                 say(event="rejoined", instance=info.instance, transport=info.transport)
                 continue
-            ok, why = check(message, args.seed) if not args.no_check else (True, "")
+            if args.late_copy_ms:
+                # Read the frame on the GPU after a long kernel, release it at once, check later:
+                # the publisher's next write into the slot must wait for this reading.
+                ok, why = _check_late_copy(message, args.late_copy_ms, sub.cuda_stream, args.seed)
+            else:
+                ok, why = check(message, args.seed) if not args.no_check else (True, "")
             latency_us = (message.received_ns - message.timestamp_ns) / 1e3
             say(event="got", seq=message.seq, ok=ok, why=why, skipped=message.skipped, latency_us=latency_us)
             got += 1
@@ -122,6 +127,35 @@ def _queue_long_kernel(message, milliseconds: float, stream: int) -> None:
     sink = cupy.zeros(1, cupy.uint32)
     with cupy.cuda.ExternalStream(stream):
         spin((1,), (32,), (message.frame.planes[0].pointer, cupy.uint64(int(milliseconds * 1e6)), sink))
+
+
+def _check_late_copy(message, milliseconds: float, stream: int, seed: int) -> tuple[bool, str]:
+    """Queue a long kernel, then copies of every plane, on ``stream``; release the message before
+    either ran; then wait for the copies and check every byte (CuPy)."""
+    import cupy
+
+    seq, payload = message.seq, message.payload
+    planes = message.frame.planes
+    shapes = [tuple(p.shape) for p in planes]
+    copies = [cupy.empty((p.height, p.geometry.row_bytes), cupy.uint8) for p in planes]
+    cupy.cuda.Device().synchronize()  # the allocations are done before the kernel is queued
+    external = cupy.cuda.ExternalStream(stream)
+    _queue_long_kernel(message, milliseconds, stream)
+    # Driver copies (cuMemcpy2DAsync) queued behind the kernel: nothing to compile on the way.
+    for plane, copy in zip(planes, copies):
+        plane.copy_to_device(copy.data.ptr, plane.geometry.row_bytes, stream)
+    busy = not external.done
+    message.release()
+    external.synchronize()
+    if not busy:
+        return False, "the stream finished the kernel before the release: the test proves nothing"
+    if payload != payload_of(seq, seed):
+        return False, f"payload {payload!r}"
+    for index, (copy, expected) in enumerate(zip(copies, content(shapes, seed, seq))):
+        bad = int(np.count_nonzero(copy.get().reshape(expected.shape) != expected))
+        if bad:
+            return False, f"plane {index}: {bad} of {expected.size} bytes differ (written again before it was read?)"
+    return True, ""
 
 
 def publish(args) -> int:
@@ -209,6 +243,8 @@ def main() -> int:
     parser.add_argument("--hold", type=int, default=0, help="messages kept before releasing the oldest")
     parser.add_argument("--sleep-ms", type=float, default=0.0, help="time spent on each frame (a slow subscriber)")
     parser.add_argument("--kernel-ms", type=float, default=0.0, help="a GPU kernel reading each frame (CuPy)")
+    parser.add_argument("--late-copy-ms", type=float, default=0.0,
+                        help="copy each frame on the GPU behind a kernel of this length, release, then check (CuPy)")
     parser.add_argument("--rejoin", action="store_true", help="wait for a restarted publisher when it dies")
     parser.add_argument("--no-check", action="store_true")
     parser.add_argument("--width", type=int, default=1920)
