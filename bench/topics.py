@@ -23,8 +23,10 @@ one of them stalled (joined, never reads), against 8 that all read (the issue's 
                            [--transports cuda-ipc,eglstream,ipc-ring,torch-mp] [--subscribers 1,2,4,8]
                            [--qos latest,every] [--sizes 1080p-nv12,4k-argb] [--profile DIR]
 
---profile DIR writes a cProfile file per publisher and subscriber process (``<role>-<pid>.prof``,
-read with ``python -m pstats``): where the Python side of each transport spends its time.
+--profile DIR writes a cProfile file per publisher and subscriber process of the eglcuda and ring
+transports (``DIR/<configuration>/<role>-<pid>.prof``, read with ``python -m pstats``): where the
+Python side of each spends its time. The profiler's own cost then inflates the rates and the CPU
+times per frame: compare profiled runs only with each other.
 --mps runs everything under a private MPS daemon (eglcuda.mps.MPSDaemon: private pipe and log
 directories, stopped at the end, also if this process dies).
 Writes results.json, results.md and plots (matplotlib PNG; without matplotlib one line says the
@@ -171,7 +173,8 @@ def ring_publisher(args) -> int:
     children = []
     for index, (mine, theirs) in enumerate(pairs):
         children.append(subprocess.Popen([sys.executable, __file__, "--role", "ring-sub", "--fd", str(theirs.fileno()),
-                                          "--size", args.size] + (["--sync"] if args.sync else []),
+                                          "--size", args.size] + (["--sync"] if args.sync else [])
+                                         + (["--profile", args.profile] if args.profile else []),
                                          pass_fds=[theirs.fileno()], stdout=subprocess.PIPE, text=True, cwd=ROOT))
         theirs.close()
         mine.send(handles)
@@ -370,7 +373,8 @@ def run_config(args, transport: str, size: str, qos: str, n: int, stalled: bool 
     """One configuration in fresh processes; returns the publisher's and the subscribers' results."""
     common = ["--size", size, "--duration", str(args.duration)] + (["--sync"] if args.sync else [])
     if args.profile:
-        common += ["--profile", str(pathlib.Path(args.profile).resolve() / f"{transport}-{qos}-n{n}")]
+        folder = f"{transport}-{size}-{qos}-n{n}{'-stalled' if stalled else ''}"
+        common += ["--profile", str(pathlib.Path(args.profile).resolve() / folder)]
     outputs = []
     with tempfile.TemporaryDirectory(prefix="eglcuda-bench-topics-") as folder:
         os.chmod(folder, 0o700)
@@ -420,7 +424,17 @@ def run_config(args, transport: str, size: str, qos: str, n: int, stalled: bool 
             "subscriber_rates": [s["rate"] for s in subs], "p50_us": statistics.median(s["p50_us"] for s in subs),
             "p50_worst_us": max(s["p50_us"] for s in subs), "p99_us": max(s["p99_us"] for s in subs),
             "publisher_cpu_us": pub[0].get("cpu_us", math.nan),
-            "subscriber_cpu_us": statistics.median(s.get("cpu_us", math.nan) for s in subs)}
+            "subscriber_cpu_us": _median_known(s.get("cpu_us") for s in subs)}
+
+
+def _median_known(values) -> float:
+    """The median of the values that were measured (NaN when none was: torch-mp, a subscriber that got no frame)."""
+    known = [v for v in values if isinstance(v, (int, float)) and not math.isnan(v)]
+    return statistics.median(known) if known else math.nan
+
+
+def _us(value: float) -> str:
+    return "-" if value is None or math.isnan(value) else f"{value:.1f}"
 
 
 @contextlib.contextmanager
@@ -585,7 +599,7 @@ def format_row(row: dict) -> str:
     rates = row["subscriber_rates"]
     return (f"{label}: publisher {row['publisher_rate']:8.0f}/s, subscribers {min(rates):8.0f}..{max(rates):8.0f}/s, "
             f"p50 {row['p50_us']:7.1f} us (worst {row['p50_worst_us']:7.1f}), p99 {row['p99_us']:8.1f} us, "
-            f"CPU us/frame pub {row.get('publisher_cpu_us', math.nan):.1f} sub {row.get('subscriber_cpu_us', math.nan):.1f} "
+            f"CPU us/frame pub {_us(row.get('publisher_cpu_us', math.nan))} sub {_us(row.get('subscriber_cpu_us', math.nan))} "
             f"[{','.join(row['transports'])}]")
 
 
@@ -603,8 +617,8 @@ def markdown(rows: list[dict], args) -> str:
             continue
         lines.append(f"| {row['size']} | {row['qos']} | {name} | {row['n']} | {row['publisher_rate']:.0f} | "
                      f"{min(row['subscriber_rates']):.0f} | {row['p50_us']:.1f} | {row['p50_worst_us']:.1f} | "
-                     f"{row['p99_us']:.1f} | {row.get('publisher_cpu_us', math.nan):.1f} | "
-                     f"{row.get('subscriber_cpu_us', math.nan):.1f} |")
+                     f"{row['p99_us']:.1f} | {_us(row.get('publisher_cpu_us', math.nan))} | "
+                     f"{_us(row.get('subscriber_cpu_us', math.nan))} |")
     stalls = [r for r in rows if r.get("stalled") and "publisher_rate" in r]
     for stall in stalls:
         base = next((r for r in rows if not r.get("stalled") and r["size"] == stall["size"] and r["qos"] == "latest"

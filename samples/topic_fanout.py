@@ -115,32 +115,39 @@ def publish(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="eglcuda-fanout-") as folder:
         os.chmod(folder, 0o700)
         path = os.path.join(folder, "fanout.topic")
-        with eglcuda.Publisher("fanout", args.width, args.height, "ARGB", fps=None, path=path,
-                               every_timeout=10.0) as pub:
-            children = {role: subprocess.Popen([sys.executable, __file__, "--role", role, "--path", path,
-                                                "--transport", args.transport], stdout=subprocess.PIPE, text=True)
-                        for role in ("checker", "gl", "slow")}
-            for role, child in children.items():  # wait until each has joined
-                line = child.stdout.readline()
-                if not line:
-                    print(f"topic_fanout: the {role} subscriber did not start")
-                    return 1
-            started = time.monotonic()
-            for seq in range(args.frames):
-                frame = pub.next_frame(timeout=30)
-                frame.planes[0].copy_from(frame_bytes(args.height, args.width, seq))
-                pub.publish(frame, payload=b"%d" % seq)
-            rate = args.frames / (time.monotonic() - started)
-            transports = {info.pid: info.transport for info in pub.subscribers}
-            pub.close(timeout=10)
-        results = []
-        for role, child in children.items():
-            out, _ = child.communicate(timeout=60)
-            done = [json.loads(line) for line in out.splitlines() if line.strip()]
-            if done and done[-1].get("event") == "done":
-                results.append(done[-1])
-            else:  # its error, if any, went to our stderr (one line)
-                results.append({"role": role, "error": f"exited with status {child.returncode} before reporting"})
+        children: dict[str, subprocess.Popen] = {}
+        try:
+            with eglcuda.Publisher("fanout", args.width, args.height, "ARGB", fps=None, path=path,
+                                   every_timeout=10.0) as pub:
+                children = {role: subprocess.Popen([sys.executable, __file__, "--role", role, "--path", path,
+                                                    "--transport", args.transport], stdout=subprocess.PIPE, text=True)
+                            for role in ("checker", "gl", "slow")}
+                for role, child in children.items():  # wait until each has joined
+                    line = child.stdout.readline()
+                    if not line:
+                        print(f"topic_fanout: the {role} subscriber did not start")
+                        return 1
+                started = time.monotonic()
+                for seq in range(args.frames):
+                    frame = pub.next_frame(timeout=30)
+                    frame.planes[0].copy_from(frame_bytes(args.height, args.width, seq))
+                    pub.publish(frame, payload=b"%d" % seq)
+                rate = args.frames / (time.monotonic() - started)
+                transports = {info.pid: info.transport for info in pub.subscribers}
+                pub.close(timeout=10)
+            results = []
+            for role, child in children.items():
+                out, _ = child.communicate(timeout=60)
+                done = [json.loads(line) for line in out.splitlines() if line.strip()]
+                if done and done[-1].get("event") == "done":
+                    results.append(done[-1])
+                else:  # its error, if any, went to our stderr (one line)
+                    results.append({"role": role, "error": f"exited with status {child.returncode} before reporting"})
+        finally:  # a subscriber still running here (an early return, an error) must not outlive the sample
+            for child in children.values():
+                if child.poll() is None:
+                    child.kill()
+                    child.wait(10)
     failed = False
     print(f"published {args.frames} frames of {args.width}x{args.height} ARGB at {rate:.0f} frames/s "
           f"(subscriber transports by pid: {transports})")

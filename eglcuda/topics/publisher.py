@@ -516,6 +516,20 @@ class Publisher:
                 return False
             time.sleep(0.002)
 
+    def _gone_meanwhile(self, sub: _Subscriber) -> bool:
+        """After its transport or its connection failed: whether the failure is the subscriber
+        going away since this call read the sockets. Its waiting messages are read: releases, then a goodbye (it left) or
+        the end of its connection without one (dropped: its process exited or was killed). When
+        neither is there yet, either may come within 50 ms (a closing subscriber says goodbye
+        before its consumer disconnects; a killed process's connection closes a moment after)."""
+        self._read(sub)
+        if sub.alive:
+            poller = select.poll()
+            poller.register(sub.fd, select.POLLIN)
+            if poller.poll(50):
+                self._read(sub)
+        return not sub.alive
+
     def _maybe_free(self, slot: _Slot) -> None:
         if slot.state is SlotState.PUBLISHED and not slot.holders:
             slot.state = SlotState.FREE
@@ -610,11 +624,7 @@ class Publisher:
                     continue
                 link.deliver(slot, stream)
             except EglCudaError as exc:
-                if self._is_leaving(sub):
-                    # Its goodbye came after this call's read of the sockets and its consumer
-                    # disconnected meanwhile: the driver's refusal is its leaving (as in _reclaim).
-                    self._drop(sub, Reason.CLOSING, "it left", notify=False, left=True)
-                else:
+                if not self._gone_meanwhile(sub):
                     self._drop(sub, Reason.TRANSPORT, f"delivering frame {seq} failed: {exc}")
                 continue
             sub.outstanding[seq] = slot
@@ -632,7 +642,9 @@ class Publisher:
             if sub.qos is Qos.LATEST:
                 return False
         except OSError as exc:
-            self._drop(sub, Reason.TRANSPORT, f"its connection failed ({exc.strerror or exc})", notify=False)
+            # The connection broke: what it sent before (a goodbye?) says whether it left or died.
+            if not self._gone_meanwhile(sub):
+                self._drop(sub, Reason.TRANSPORT, f"its connection failed ({exc.strerror or exc})", notify=False)
             return False
         if sockets.wait_writable(sub.sock, time.monotonic() + self.every_timeout):
             try:

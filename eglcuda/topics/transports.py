@@ -5,10 +5,12 @@
   memory and event handles once, before the slot's first frame reaches it (a SLOT message). Per
   frame the publisher records the slot's event on the publish stream, after the user's work;
   the subscriber's stream waits on it (``cuStreamWaitEvent``: no host wait). When the subscriber
-  releases a frame it records its own interprocess "done" event for the slot on its stream (its
-  handle travels in the slot's first RELEASE) and the publisher, before the slot is written again,
-  makes the writing stream wait on the done events of every subscriber that read it. A dropped or
-  dead subscriber's events are never waited on again.
+  releases a frame while its stream still has work queued (a kernel reading the frame), it
+  records its own interprocess "done" event for the slot on that stream (the event's handle
+  travels in the first RELEASE that records one for the slot), and the publisher, before the slot
+  is written again, makes the writing stream wait on the done events of every subscriber that
+  recorded one. A release from a stream with nothing queued carries no event (an interprocess
+  record costs about 2.6 us). A dropped or dead subscriber's events are never waited on again.
 - ``eglstream`` (Jetson, GL subscribers, a subscriber in the publisher's own process, and
   wherever CUDA IPC is refused): the subscriber makes an EGLStream on its own display (mailbox
   for ``latest``, a FIFO of its queue length for ``every``), connects its consumer (CUDA or GL),

@@ -9,8 +9,8 @@
  *
  * Build: cc -shared -fPIC -o libcuda.so.1 fake_libcuda.c   (tests/unit/test_topics_fakecuda.py does)
  * Environment: FAKECUDA_DEVICES (default 1), FAKECUDA_INTEGRATED (default 0), FAKECUDA_BUSY_AFTER_WAIT
- * (default 0; 1: the first cuStreamQuery after a cuStreamWaitEvent says CUDA_ERROR_NOT_READY, as a
- * real stream would while a kernel queued behind the wait still runs). */
+ * (default 0; N > 0: every Nth cuStreamQuery that follows a cuStreamWaitEvent says
+ * CUDA_ERROR_NOT_READY, as a real stream would while a kernel queued behind the wait still runs). */
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <pthread.h>
@@ -186,14 +186,16 @@ CUresult cuStreamCreate(CUstream *s, unsigned int flags) { (void)flags; if (need
 CUresult cuStreamDestroy_v2(CUstream s) { free(s); return OK; }
 CUresult cuStreamSynchronize(CUstream s) { (void)s; return need_context(); }
 static int waited;  /* a cuStreamWaitEvent since the last cuStreamQuery (FAKECUDA_BUSY_AFTER_WAIT) */
+static unsigned queries_after_wait;
 CUresult cuStreamQuery(CUstream s)
 {
     (void)s;
     if (need_context()) return INVALID_CONTEXT;
-    const char *busy = getenv("FAKECUDA_BUSY_AFTER_WAIT");
-    if (waited && busy && atoi(busy)) { waited = 0; return NOT_READY; }
+    const char *every = getenv("FAKECUDA_BUSY_AFTER_WAIT");
+    int n = every ? atoi(every) : 0;
+    int busy = waited && n > 0 && ++queries_after_wait % (unsigned)n == 0;
     waited = 0;
-    return OK;
+    return busy ? NOT_READY : OK;
 }
 
 static CUresult check_event(CUevent e) { return e && e->magic == EVENT_MAGIC ? OK : INVALID_HANDLE; }

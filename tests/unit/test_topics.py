@@ -471,6 +471,38 @@ def test_a_subscriber_that_breaks_the_protocol_is_dropped(path):
         bad.close()
 
 
+@pytest.mark.parametrize("then", ["alive", "goodbye", "goodbye-socket-open", "killed"])
+def test_a_failed_hand_over_reads_the_subscriber_first(path, then):
+    """Sending the frame's message or handing the frame over fails. The publisher first reads what
+    the subscriber sent since its last read of the sockets: a goodbye makes it a leave (no drop),
+    whether its socket is closed already (the send fails) or not yet (the transport fails); its
+    connection closed without one, a drop saying its process exited or was killed; nothing, a
+    transport drop with the error."""
+    with publisher(path) as pub:
+        sub = subscriber(path, qos="every")
+        put(pub, b"0")
+        sub.receive(1).release()
+        if then == "goodbye":
+            sub.close()  # its release, then its goodbye
+        elif then == "goodbye-socket-open":
+            sub._sock.send(protocol.encode(protocol.Bye(int(Reason.CLOSING), "leaving")))
+        elif then == "killed":
+            sub._sock.close()  # the connection ends without a goodbye, as when its process dies
+        pub._transports["null"].fail_deliver = True
+        pub._service = lambda: None  # the messages come after publish() read the sockets
+        put(pub, b"1")
+        assert pub.subscribers == []
+        if then.startswith("goodbye"):
+            assert pub.dropped == []
+        else:
+            (record,) = pub.dropped
+            assert record.code == "TRANSPORT"
+            expected = "delivering frame 1 failed" if then == "alive" else "exited or was killed"
+            assert expected in record.reason, record.reason
+        if then != "goodbye":
+            sub.close()
+
+
 def test_too_many_waiting_connections_are_turned_away(path):
     with publisher(path, handshake_timeout=5) as pub:
         idle = [raw(path) for _ in range(40)]
