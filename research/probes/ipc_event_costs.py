@@ -11,10 +11,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import pathlib
 import statistics
 import subprocess
 import sys
 import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "bench"))
+from _script import require  # noqa: E402 - the benchmarks' check: one line and status 2 when something is missing
+
+PROGRAM = "research/probes/ipc_event_costs.py"
 
 
 def timed(label: str, call, calls: int, rounds: int) -> tuple[str, float]:
@@ -82,6 +88,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if not args.child:
+        require(PROGRAM, "cuda-ipc")
     side("child" if args.child else "parent", args.calls, args.rounds)
     return 0
 
