@@ -1,6 +1,7 @@
 """Build hooks: cffi's setuptools integration compiles the binding layer, eglcuda._bind._native,
 from build_ffi.py; Cython compiles the per-frame path (eglcuda/frames/_core.pyx and
-eglcuda/streams/cuda.pyx, and the resource base eglcuda/_resource.pyx) against the same declarations in csrc/.
+eglcuda/streams/cuda.pyx, a topic's messages in eglcuda/topics/_wire.pyx, and the resource base
+eglcuda/_resource.pyx) against the same declarations in csrc/.
 
 What the sdist carries besides the package (build_ffi.py, csrc/, the .pyx and .pxd sources, the
 stubs) is listed in MANIFEST.in; `python -m build` makes the sdist and a wheel from it."""
@@ -18,6 +19,8 @@ COMPILED = [
     Extension("eglcuda.frames._core", ["eglcuda/frames/_core.pyx"], include_dirs=["csrc"],
               extra_compile_args=["-O2"]),
     Extension("eglcuda.streams.cuda", ["eglcuda/streams/cuda.pyx"], include_dirs=["csrc"],
+              extra_compile_args=["-O2"]),
+    Extension("eglcuda.topics._wire", ["eglcuda/topics/_wire.pyx"], include_dirs=["csrc"],
               extra_compile_args=["-O2"]),
 ]
 

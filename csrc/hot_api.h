@@ -8,7 +8,7 @@
  *
  * Needs the types of egl_core.h, egl_stream.h and cuda_egl.h. */
 
-#define EGLCUDA_HOT_API_VERSION 3
+#define EGLCUDA_HOT_API_VERSION 4
 
 /* Which driver call a fused helper says failed (*failed_call). */
 enum eglcuda_call {
@@ -48,4 +48,16 @@ struct eglcuda_hot_api {
     CUresult (*consumer_release)(CUcontext ctx, CUeglStreamConnection *conn, CUgraphicsResource resource,
                                  CUstream *stream, int *failed_call);
     CUresult (*consumer_counter)(EGLDisplay dpy, EGLStreamKHR egl_stream, EGLuint64KHR *consumer_frame);
+    /* The cuda-ipc topic transport (eglcuda/topics/_wire.pyx), each with ctx made current first. */
+    CUresult (*ipc_record)(CUcontext ctx, CUevent event, CUstream stream);   /* cuEventRecord */
+    /* A subscriber's release: when stream still has work queued, record done on it (*recorded 1);
+     * when it has finished, nothing (*recorded 0). done NULL: CUDA_ERROR_NOT_READY when it would
+     * record (the caller makes the slot's event, then calls again). */
+    CUresult (*ipc_release)(CUcontext ctx, CUstream stream, CUevent done, int *recorded);
+    /* Unless event has completed, make stream wait for it (on the GPU): a subscriber before it
+     * reads a frame (the publisher's event), the publisher before it writes a slot again (the
+     * subscriber's done event). */
+    CUresult (*ipc_order_after)(CUcontext ctx, CUstream stream, CUevent event);
+    /* cuEventQuery: CUDA_SUCCESS once event has completed, CUDA_ERROR_NOT_READY before. */
+    CUresult (*ipc_event_done)(CUcontext ctx, CUevent event);
 };

@@ -33,10 +33,11 @@ class Event:
     """A ``CUevent`` this process created or opened from another process's handle. Destroyed
     by :func:`event_destroy` (the owner calls it; an opened event is closed the same way)."""
 
-    __slots__ = ("handle", "__weakref__")
+    __slots__ = ("handle", "address", "__weakref__")
 
     def __init__(self, handle) -> None:
         self.handle = handle
+        self.address = int(ffi.cast("uintptr_t", handle))  # for the compiled per-frame steps
 
 
 def require() -> None:

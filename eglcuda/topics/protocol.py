@@ -224,7 +224,7 @@ _WELCOME = struct.Struct("<BHIQIIIBIdHQB")  # kind version pid instance w h form
 _EXTRA_ONLY = struct.Struct("<BH")  # kind, extra length
 _REASON = struct.Struct("<BHH")  # kind, code, reason length
 FRAME_HEAD = struct.Struct("<BQHQQH")  # kind seq slot timestamp number payload-length
-_RELEASE = struct.Struct("<BQBB")  # kind seq flags extra-length
+RELEASE_HEAD = _RELEASE = struct.Struct("<BQBB")  # kind seq flags extra-length
 _SLOT = struct.Struct("<BHH")  # kind slot extra-length
 _NOTICE = struct.Struct("<BQ")
 _STATUS = struct.Struct("<BI")

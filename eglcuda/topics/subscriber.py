@@ -3,14 +3,13 @@ from __future__ import annotations
 
 import collections
 import os
-import select
 import socket
 import time
 from typing import Any, Iterable, Iterator, NoReturn, TypeVar, overload
 
 from ..errors import ClosedError, Dropped, EglCudaError, PeerError, Refused, StreamDisconnected, Timeout, UsageError
 from ..streams.share import numeric_ids, positive_seconds
-from . import naming, protocol, sockets
+from . import _wire, naming, protocol, sockets
 from .info import TopicInfo
 from .protocol import Qos, Reason
 from .transports import CudaSubscriberBackend, Geometry, SubscriberBackend, SubscriberTransport, TRANSPORT_NAMES
@@ -146,9 +145,8 @@ class Subscriber:
         self._notice = -1
         self._last_seq: int | None = None  # the last frame received
         self._last_seen: int | None = None  # the last frame announced
-        # Messages are read into one buffer (never resized) and decoded from a view of it.
-        self._buffer = memoryview(bytearray(protocol.MAX_MESSAGE + 1))
-        self._poller: select.poll | None = None
+        self._inbox: _wire.Inbox | None = None  # reads the publisher's messages (set with the socket)
+        self._limit = 1
         self.info: TopicInfo | None = None
         if _backend is None:
 
@@ -213,9 +211,9 @@ class Subscriber:
             sockets.close_quietly(sock)
             raise
         self._sock = sock
-        self._poller = poller = select.poll()
-        poller.register(sock, select.POLLIN)
+        self._inbox = _wire.Inbox(sock.fileno())
         self._transport = transport
+        self._limit = 1 if transport.exclusive else protocol.credit(self.qos, self.queue)  # messages it may hold
         self._lost = None
         self._pending.clear()
         self._unsent.clear()
@@ -260,12 +258,11 @@ class Subscriber:
 
         An EGLStream subscriber holds one message at a time; a CUDA IPC one up to its queue
         (``every``) or two (``latest``)."""
-        self._check_connected()
         transport = self._transport
-        if transport is None:  # pragma: no cover - set with the socket, which _check_connected saw
-            raise self._not_connected()
-        limit = 1 if transport.exclusive else protocol.credit(self.qos, self.queue)
-        if len(self._held) >= limit:
+        if transport is None or self._lost is not None or self._closed:
+            self._check_connected()
+            raise self._not_connected()  # pragma: no cover - _check_connected raised
+        if len(self._held) >= self._limit:
             while True:  # a drop or goodbye already waiting says more than this usage error
                 header = self._read(None)
                 if header is None:
@@ -274,9 +271,10 @@ class Subscriber:
             raise UsageError(f"this subscriber holds {len(self._held)} message(s), as many as it may: release one "
                              "before receiving another")
         deadline = time.monotonic() + (self.timeout if timeout is None else sockets.wait_seconds(timeout))
-        self._flush()
+        if self._unsent:
+            self._flush()
         while True:
-            header = self._next_frame(deadline)
+            header = self._pending.popleft() if self._pending else self._read(deadline)
             if self.qos is Qos.LATEST:
                 header = self._newest(header)
                 if header.seq < self._notice:
@@ -357,43 +355,32 @@ class Subscriber:
     def _read(self, deadline: float | None) -> protocol.Frame | None:
         """The next FRAME, handling the other messages on the way. With ``deadline`` None, only
         what is already waiting: None when no FRAME is."""
-        sock, buffer = self._sock, self._buffer
-        if sock is None:  # pragma: no cover - callers check the connection first
+        inbox = self._inbox
+        if inbox is None:  # pragma: no cover - callers check the connection first
             raise self._not_connected()
         while True:
-            # The publisher sends no descriptors: a plain read into one buffer (a message longer
-            # than any valid one comes out too long and fails to decode).
-            try:
-                size = sock.recv_into(buffer)
-            except (BlockingIOError, InterruptedError):
+            received = inbox.next(deadline)
+            kind = received.__class__
+            if kind is protocol.Frame:
+                frame: protocol.Frame = received
+                last = self._last_seen
+                if last is not None and frame.seq <= last:
+                    self._lose(PeerError(f"topic {self.name!r}: frame {frame.seq} came after frame {last}"))
+                self._last_seen = frame.seq
+                return frame
+            if received is None:
                 if deadline is None:
                     return None
-                left = deadline - time.monotonic()
-                poller = self._poller
-                if poller is None:  # pragma: no cover - set and cleared with the socket
-                    raise self._not_connected() from None
-                if left <= 0 or not poller.poll(left * 1000.0 + 0.5):
-                    if deadline - time.monotonic() <= 0:
-                        raise Timeout(f"no frame of topic {self.name!r} arrived in time") from None
-                continue
-            except OSError:
-                size = 0
-            if not size:
+                raise Timeout(f"no frame of topic {self.name!r} arrived in time")
+            if kind is bytes and not received:
                 self._lose(StreamDisconnected(f"the publisher of topic {self.name!r} is gone: its connection closed "
                                               "without a goodbye (its process exited or was killed)"))
-            data = buffer[:size]  # a view: decoding copies the payload, nothing else
-            message: protocol.Message | None = protocol.decode_frame_fast(data)
-            if message is None:
+            message: protocol.Message = received
+            if kind is bytes:  # not a FRAME (nor a RELEASE): the generic decoder checks it
                 try:
-                    message = protocol.decode(data)
+                    message = protocol.decode(received)
                 except protocol.ProtocolError as exc:
                     self._lose(PeerError(f"the publisher of topic {self.name!r} sent a malformed message: {exc}"))
-            if isinstance(message, protocol.Frame):
-                if self._last_seen is not None and message.seq <= self._last_seen:
-                    self._lose(PeerError(f"topic {self.name!r}: frame {message.seq} came after frame "
-                                         f"{self._last_seen}"))
-                self._last_seen = message.seq
-                return message
             if isinstance(message, protocol.Notice):
                 self._notice = max(self._notice, message.seq)
             elif isinstance(message, protocol.Slot):
@@ -437,6 +424,14 @@ class Subscriber:
         self._queue_release(protocol.encode_release(message.seq, flags, extra))
 
     def _queue_release(self, data: bytes) -> None:
+        if not self._unsent and self._sock is not None:
+            try:
+                self._sock.send(data)
+                return
+            except BlockingIOError:
+                pass
+            except OSError:
+                return
         self._unsent.append(data)
         self._flush()
 
@@ -474,7 +469,7 @@ class Subscriber:
             except EglCudaError:  # pragma: no cover - the publisher is gone; nothing else to do
                 pass
         sock, self._sock = self._sock, None
-        self._poller = None
+        self._inbox = None
         if sock is not None:
             sockets.close_quietly(sock)  # unread messages would reset the connection: the goodbye would be lost
         self._pending.clear()
@@ -557,7 +552,6 @@ class Subscriber:
                     pass
             self._disconnect()
         finally:
-            self._buffer.release()  # (nothing reads into it any more: receive() refuses once closed)
             self._backend.close()
 
     def __enter__(self) -> "Subscriber":

@@ -40,7 +40,7 @@ from .._bind import cuda, cuda_egl, cuda_ipc  # nothing is loaded at import: lib
 from ..errors import ClosedError, EglCudaError, PeerError, Timeout, UsageError
 from ..frames.formats import ColorFormat, Layout, color_format, plane_geometry
 from ..frames.frame import Frame, FrameBase, Plane
-from . import protocol
+from . import _wire, protocol
 from ..context import GLContext
 from ..cuda_device import CudaDevice, get_device
 from ..frames.interop import stream_handle
@@ -105,6 +105,7 @@ class PublisherLink(abc.ABC):
 
     transport: "PublisherTransport"
     returns_later = False  # frames come back through reclaim(), which has no descriptor to wait on
+    message_only = False  # True: the FRAME message is the whole hand-over (number() is 0, deliver() does nothing)
 
     def ready_extra(self) -> bytes:
         """Transport data for the READY message."""
@@ -118,6 +119,12 @@ class PublisherLink(abc.ABC):
     def number(self) -> int:
         """The stream frame number the next :meth:`deliver` will give its frame (0: none)."""
         return 0
+
+    def reading_done(self, slot: Any) -> bool:
+        """Whether the subscriber's GPU work on ``slot`` (that :meth:`before_write` would
+        order a write after) has finished; asked on the host, without waiting. True: that
+        ordering is no longer needed, and the link forgets it."""
+        return True
 
     @abc.abstractmethod
     def deliver(self, slot: Any, cuda_stream: int | None) -> None:
@@ -436,8 +443,7 @@ class CudaIpcPublisher(PublisherTransport):
 
     def on_publish(self, slot: Any, cuda_stream: int | None) -> None:
         entry = self._slot(slot)
-        self.device.make_current()
-        cuda_ipc.record(entry.event, cuda_stream or 0)
+        _wire.ipc_record(self.device.context, entry.event.address, cuda_stream or 0)
 
     def close(self) -> None:
         slots, self._slots = self._slots, {}
@@ -449,6 +455,7 @@ class CudaIpcPublisher(PublisherTransport):
 
 class CudaIpcLink(PublisherLink):
     transport: CudaIpcPublisher
+    message_only = True
 
     def __init__(self, transport: CudaIpcPublisher) -> None:
         self.transport = transport
@@ -481,17 +488,23 @@ class CudaIpcLink(PublisherLink):
             self._recorded.add(slot.index)
         return True
 
+    def reading_done(self, slot: Any) -> bool:
+        if slot.index not in self._recorded:
+            return True
+        if not _wire.ipc_event_done(self.transport.device.context, self._done[slot.index].address):
+            return False
+        self._recorded.discard(slot.index)
+        return True
+
     def before_write(self, slot: Any, cuda_stream: int | None) -> None:
         if slot.index not in self._recorded:
             return
         self._recorded.discard(slot.index)
-        event = self._done[slot.index]
-        self.transport.device.make_current()
         # Usually the subscriber's reading is long done by the time the slot comes round again:
         # one query then spares the stream a wait (and the publisher a wait on a process that
         # might die before its queued record runs).
-        if not cuda_ipc.event_done(event):
-            cuda_ipc.wait(cuda_stream or 0, event)
+        _wire.ipc_order_after(self.transport.device.context, cuda_stream or 0, self._done[slot.index].address,
+                              "ordering the write after the subscriber's reading")
 
     def close(self) -> None:
         done, self._done = self._done, {}
@@ -554,9 +567,10 @@ class CudaIpcSubscriber(SubscriberTransport):
             raise protocol.ProtocolError("cuda-ipc offered to a subscriber without a CUDA device")
         self.device: CudaDevice = backend.device
         self.stream = backend.cuda_stream
+        self._context: int = self.device.context
         # The bytes a slot's allocation must hold: up to the end of the last plane.
         self._slot_bytes = self.geometry.plane_offsets[-1] + self._spec.planes[-1].nbytes
-        self._slots: dict[int, tuple[bytes, int, Any]] = {}  # slot -> (memory handle, base, event)
+        self._slots: dict[int, tuple[bytes, int, Any]] = {}  # slot -> (memory handle, base, the publisher's event)
         self._done: dict[int, Any] = {}
         self._closed = False
 
@@ -581,26 +595,30 @@ class CudaIpcSubscriber(SubscriberTransport):
         entry = self._slots.get(frame.slot)
         if entry is None:
             raise protocol.ProtocolError(f"frame {frame.seq} is in slot {frame.slot}, which was never described")
-        self.device.make_current()
-        cuda_ipc.wait(self.stream or 0, entry[2])
+        # When the frame's writing has finished, the stream is left idle: then the release
+        # needs no done event either (see _wire.ipc_release).
+        _wire.ipc_order_after(self._context, self.stream or 0, entry[2].address,
+                              "ordering the subscriber's stream after the frame's event")
         return SlotView(self._spec, entry[1], self.device, self.stream, frame.slot), None
 
     def release(self, obj: Any, frame: protocol.Frame, cuda_stream: int | None) -> tuple[int, bytes]:
         obj._released = True
         if self._closed:
             return 0, b""
-        self.device.make_current()
         stream = cuda_stream if cuda_stream is not None else (self.stream or 0)
-        if cuda_ipc.stream_done(stream):
-            # Every read of the slot queued on the stream has finished: the publisher may write
-            # it without waiting, so no "done" event is recorded (or waited on and queried there).
+        done = self._done.get(frame.slot)
+        # When every read of the slot queued on the stream has finished, the publisher may write
+        # it without waiting: no "done" event is recorded (or waited on and queried there).
+        state = _wire.ipc_release(self._context, stream, 0 if done is None else done.address)
+        if state == 0:
             return protocol.RELEASE_TAKEN, b""
         extra = b""
-        done = self._done.get(frame.slot)
-        if done is None:
+        if state == 2:  # the slot's first busy release: its event is made and sent once
+            self.device.make_current()
             done = self._done[frame.slot] = cuda_ipc.event_create_interprocess()
             extra = cuda_ipc.event_handle(done)
-        cuda_ipc.record(done, stream)
+            if _wire.ipc_release(self._context, stream, done.address) == 0:
+                return protocol.RELEASE_TAKEN, extra  # finished meanwhile: the event goes along unrecorded
         return protocol.RELEASE_RECORDED | protocol.RELEASE_TAKEN, extra
 
     def close(self) -> None:

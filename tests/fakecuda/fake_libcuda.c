@@ -9,8 +9,10 @@
  *
  * Build: cc -shared -fPIC -o libcuda.so.1 fake_libcuda.c   (tests/unit/test_topics_fakecuda.py does)
  * Environment: FAKECUDA_DEVICES (default 1), FAKECUDA_INTEGRATED (default 0), FAKECUDA_BUSY_AFTER_WAIT
- * (default 0; N > 0: every Nth cuStreamQuery that follows a cuStreamWaitEvent says
- * CUDA_ERROR_NOT_READY, as a real stream would while a kernel queued behind the wait still runs). */
+ * (default 0; N > 0: every Nth cuEventQuery says CUDA_ERROR_NOT_READY, as a real event would while
+ * the work before its record still runs, and every Nth cuStreamQuery that follows a
+ * cuStreamWaitEvent says it too, as a real stream would while a kernel queued behind the wait
+ * still runs). */
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <pthread.h>
@@ -214,7 +216,16 @@ CUresult cuEventCreate(CUevent *e, unsigned int flags)
 }
 CUresult cuEventDestroy_v2(CUevent e) { if (check_event(e)) return INVALID_HANDLE; e->magic = 0; free(e); return OK; }
 CUresult cuEventRecord(CUevent e, CUstream s) { (void)s; if (need_context()) return INVALID_CONTEXT; return check_event(e); }
-CUresult cuEventQuery(CUevent e) { return check_event(e); }
+static unsigned event_queries;
+CUresult cuEventQuery(CUevent e)
+{
+    CUresult status = check_event(e);
+    const char *every = getenv("FAKECUDA_BUSY_AFTER_WAIT");
+    int n = every ? atoi(every) : 0;
+    if (status == OK && n > 0 && ++event_queries % (unsigned)n == 0)
+        return NOT_READY;
+    return status;
+}
 CUresult cuEventSynchronize(CUevent e) { return check_event(e); }
 CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned int flags) { (void)s; (void)flags; if (need_context()) return INVALID_CONTEXT; waited = 1; return check_event(e); }
 

@@ -48,9 +48,11 @@ PUBLISH = ("--width", "64", "--height", "48", "--format", "NV12")
 
 @pytest.mark.parametrize("busy_every", [0, 1, 3], ids=["streams-idle", "streams-busy", "streams-mixed"])
 def test_cuda_ipc_fanout_every_byte(env, path, busy_every):
-    """busy_every N: every Nth release finds the subscriber's stream still busy, so that release
-    records its done event and the publisher orders its next write into the slot after it; the
-    others (all when idle) send no event. Mixed: a slot's event is first made at a later release."""
+    """busy_every N: every Nth event query finds the writer's work still running (the reader's
+    stream then waits for it), and every Nth release after such a wait finds the subscriber's
+    stream still busy, so that release records its done event and the publisher orders its next
+    write into the slot after it; the others (all when idle) send no event. Mixed: a slot's event
+    is first made at a later release."""
     if busy_every:
         env = {**env, "FAKECUDA_BUSY_AFTER_WAIT": str(busy_every)}
     publisher = Peer(env, "publish", path, *PUBLISH, "--frames", "0", "--rate", "400", "--seed", "5")
