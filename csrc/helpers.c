@@ -222,23 +222,26 @@ void eglcuda_store_flag(volatile uint32_t *flag, uint32_t value)
 /* ---- the cuda-ipc topic transport's per-frame steps ----------------------------------------
  * One call from Cython each (eglcuda/topics/_wire.pyx): the context check and the driver call,
  * with no Python between them. */
-static CUresult eglcuda_ipc_record(CUcontext ctx, CUevent event, CUstream stream)
+static CUresult eglcuda_ipc_record(CUcontext ctx, CUevent event, CUstream stream, int *failed_call)
 {
     CUresult status = eglcuda_ensure_current(ctx);
-    return status != CUDA_SUCCESS ? status : cuEventRecord(event, stream);
+    if (status != CUDA_SUCCESS) { *failed_call = EGLCUDA_CALL_CONTEXT; return status; }
+    *failed_call = EGLCUDA_CALL_EVENT_RECORD;
+    return cuEventRecord(event, stream);
 }
 
 /* Recording an interprocess event costs 4-7x an ordinary one (measured on an H100): record
  * only when the stream still has work that may read the frame. */
-static CUresult eglcuda_ipc_release(CUcontext ctx, CUstream stream, CUevent done, int *recorded)
+static CUresult eglcuda_ipc_release(CUcontext ctx, CUstream stream, CUevent done, int *recorded, int *failed_call)
 {
     *recorded = 0;
     CUresult status = eglcuda_ensure_current(ctx);
-    if (status != CUDA_SUCCESS)
-        return status;
+    if (status != CUDA_SUCCESS) { *failed_call = EGLCUDA_CALL_CONTEXT; return status; }
+    *failed_call = EGLCUDA_CALL_STREAM_QUERY;
     status = cuStreamQuery(stream);
     if (status != CUDA_ERROR_NOT_READY || done == NULL)
         return status;  /* NOT_READY with done NULL: the caller makes the slot's event first */
+    *failed_call = EGLCUDA_CALL_EVENT_RECORD;
     status = cuEventRecord(done, stream);
     if (status == CUDA_SUCCESS)
         *recorded = 1;
@@ -249,21 +252,24 @@ static CUresult eglcuda_ipc_release(CUcontext ctx, CUstream stream, CUevent done
  * releases without a done event, so the publisher has none to wait for. A stream waiting on
  * another process's event is what costs (measured on an H100 without MPS: a topic at 26k frames/s
  * with the waits, 62-69k without), so the wait is queued only while the event is pending. */
-static CUresult eglcuda_ipc_order_after(CUcontext ctx, CUstream stream, CUevent event)
+static CUresult eglcuda_ipc_order_after(CUcontext ctx, CUstream stream, CUevent event, int *failed_call)
 {
     CUresult status = eglcuda_ensure_current(ctx);
-    if (status != CUDA_SUCCESS)
-        return status;
+    if (status != CUDA_SUCCESS) { *failed_call = EGLCUDA_CALL_CONTEXT; return status; }
+    *failed_call = EGLCUDA_CALL_EVENT_QUERY;
     status = cuEventQuery(event);
     if (status != CUDA_ERROR_NOT_READY)
         return status;
+    *failed_call = EGLCUDA_CALL_STREAM_WAIT_EVENT;
     return cuStreamWaitEvent(stream, event, 0);
 }
 
-static CUresult eglcuda_ipc_event_done(CUcontext ctx, CUevent event)
+static CUresult eglcuda_ipc_event_done(CUcontext ctx, CUevent event, int *failed_call)
 {
     CUresult status = eglcuda_ensure_current(ctx);
-    return status != CUDA_SUCCESS ? status : cuEventQuery(event);
+    if (status != CUDA_SUCCESS) { *failed_call = EGLCUDA_CALL_CONTEXT; return status; }
+    *failed_call = EGLCUDA_CALL_EVENT_QUERY;
+    return cuEventQuery(event);
 }
 
 /* ---- the table the stream endpoints call through (csrc/hot_api.h) ------------------------- */

@@ -8,7 +8,7 @@
  *
  * Needs the types of egl_core.h, egl_stream.h and cuda_egl.h. */
 
-#define EGLCUDA_HOT_API_VERSION 4
+#define EGLCUDA_HOT_API_VERSION 5
 
 /* Which driver call a fused helper says failed (*failed_call). */
 enum eglcuda_call {
@@ -18,7 +18,11 @@ enum eglcuda_call {
     EGLCUDA_CALL_COUNTER = 3,  /* eglQueryStreamu64KHR (the consumer frame counter) */
     EGLCUDA_CALL_RELEASE = 4,  /* cuEGLStreamConsumerReleaseFrame */
     EGLCUDA_CALL_PRESENT = 5,  /* cuEGLStreamProducerPresentFrame */
-    EGLCUDA_CALL_RETURN = 6    /* cuEGLStreamProducerReturnFrame */
+    EGLCUDA_CALL_RETURN = 6,   /* cuEGLStreamProducerReturnFrame */
+    EGLCUDA_CALL_EVENT_QUERY = 7,       /* cuEventQuery */
+    EGLCUDA_CALL_STREAM_WAIT_EVENT = 8, /* cuStreamWaitEvent */
+    EGLCUDA_CALL_EVENT_RECORD = 9,      /* cuEventRecord */
+    EGLCUDA_CALL_STREAM_QUERY = 10      /* cuStreamQuery */
 };
 
 /* The guide: CUDA cannot present more than 64 active frames on one stream. */
@@ -48,16 +52,17 @@ struct eglcuda_hot_api {
     CUresult (*consumer_release)(CUcontext ctx, CUeglStreamConnection *conn, CUgraphicsResource resource,
                                  CUstream *stream, int *failed_call);
     CUresult (*consumer_counter)(EGLDisplay dpy, EGLStreamKHR egl_stream, EGLuint64KHR *consumer_frame);
-    /* The cuda-ipc topic transport (eglcuda/topics/_wire.pyx), each with ctx made current first. */
-    CUresult (*ipc_record)(CUcontext ctx, CUevent event, CUstream stream);   /* cuEventRecord */
+    /* The cuda-ipc topic transport (eglcuda/topics/_wire.pyx), each with ctx made current first;
+     * on failure *failed_call says which call failed. */
+    CUresult (*ipc_record)(CUcontext ctx, CUevent event, CUstream stream, int *failed_call);
     /* A subscriber's release: when stream still has work queued, record done on it (*recorded 1);
      * when it has finished, nothing (*recorded 0). done NULL: CUDA_ERROR_NOT_READY when it would
      * record (the caller makes the slot's event, then calls again). */
-    CUresult (*ipc_release)(CUcontext ctx, CUstream stream, CUevent done, int *recorded);
+    CUresult (*ipc_release)(CUcontext ctx, CUstream stream, CUevent done, int *recorded, int *failed_call);
     /* Unless event has completed, make stream wait for it (on the GPU): a subscriber before it
      * reads a frame (the publisher's event), the publisher before it writes a slot again (the
      * subscriber's done event). */
-    CUresult (*ipc_order_after)(CUcontext ctx, CUstream stream, CUevent event);
+    CUresult (*ipc_order_after)(CUcontext ctx, CUstream stream, CUevent event, int *failed_call);
     /* cuEventQuery: CUDA_SUCCESS once event has completed, CUDA_ERROR_NOT_READY before. */
-    CUresult (*ipc_event_done)(CUcontext ctx, CUevent event);
+    CUresult (*ipc_event_done)(CUcontext ctx, CUevent event, int *failed_call);
 };

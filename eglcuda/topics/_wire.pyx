@@ -61,12 +61,17 @@ cdef extern from "eglcuda_types.h" nogil:
     struct eglcuda_hot_api:
         unsigned int version
         unsigned int size
-        CUresult (*ipc_record)(CUcontext, CUevent, CUstream) noexcept nogil
-        CUresult (*ipc_release)(CUcontext, CUstream, CUevent, int *) noexcept nogil
-        CUresult (*ipc_order_after)(CUcontext, CUstream, CUevent) noexcept nogil
-        CUresult (*ipc_event_done)(CUcontext, CUevent) noexcept nogil
+        CUresult (*ipc_record)(CUcontext, CUevent, CUstream, int *) noexcept nogil
+        CUresult (*ipc_release)(CUcontext, CUstream, CUevent, int *, int *) noexcept nogil
+        CUresult (*ipc_order_after)(CUcontext, CUstream, CUevent, int *) noexcept nogil
+        CUresult (*ipc_event_done)(CUcontext, CUevent, int *) noexcept nogil
     enum:
         EGLCUDA_HOT_API_VERSION
+        EGLCUDA_CALL_CONTEXT
+        EGLCUDA_CALL_EVENT_QUERY
+        EGLCUDA_CALL_STREAM_WAIT_EVENT
+        EGLCUDA_CALL_EVENT_RECORD
+        EGLCUDA_CALL_STREAM_QUERY
 
 cdef enum:
     FRAME_HEAD_SIZE = 29  # kind u8, seq u64, slot u16, timestamp u64, number u64, payload length u16
@@ -138,6 +143,9 @@ cdef class Inbox:
     cdef ssize_t capacity
 
     def __cinit__(self, int fd, ssize_t capacity=protocol.MAX_MESSAGE + 1):
+        if fd < 0 or capacity < FRAME_HEAD_SIZE + 1:
+            raise ValueError(f"an Inbox reads a descriptor (got {fd}) into a buffer longer than a FRAME head "
+                             f"(got {capacity} bytes)")
         self.fd = fd
         self.capacity = capacity
         self.buffer = <uint8_t *>malloc(capacity)
@@ -146,6 +154,10 @@ cdef class Inbox:
 
     def __dealloc__(self):
         free(self.buffer)
+
+    def close(self):
+        """Read nothing more (call it before the socket is closed: its number may be reused)."""
+        self.fd = -1
 
     def next(self, deadline=None):
         """The next message: a ``Frame`` or ``Release`` tuple, the bytes of any other message,
@@ -159,6 +171,8 @@ cdef class Inbox:
         watch.fd = self.fd
         watch.events = POLLIN
         while True:
+            if self.fd < 0:
+                return NO_BYTES
             size = recv(self.fd, self.buffer, self.capacity, MSG_DONTWAIT)
             if size > 0:
                 return decode(self.buffer, size)
@@ -173,26 +187,32 @@ cdef class Inbox:
             if deadline is None:
                 return None
             left = <double>deadline - monotonic()
-            if left <= 0:
+            if not left > 0:  # (a NaN deadline too)
                 return None
             wait_ms = 2000000000 if left > 2000000.0 else <int>(left * 1000.0) + 1
             with nogil:
                 ready = poll(&watch, 1, wait_ms)
-            if ready < 0 and errno == EINTR:
+            if ready < 0:
+                if errno != EINTR:
+                    return NO_BYTES  # (poll fails only on a bad descriptor or no memory)
                 PyErr_CheckSignals()
 
-def drain(int epoll_fd, double timeout, dict inboxes):
+def drain(int epoll_fd, double timeout, dict inboxes, int limit):
     """Wait up to ``timeout`` seconds (0: not at all; the wait releases the GIL) for any of an
-    ``epoll`` set's connections to be readable, then read each readable one to its end.
+    ``epoll`` set's connections to be readable, then read up to ``limit`` messages from each
+    readable one (a level-triggered set reports the rest at the next call).
 
     ``inboxes`` maps a descriptor to ``(inbox, key)``; returns ``[(key, message), ...]`` in the
     order read (messages as :meth:`Inbox.next` gives them). Descriptors not in ``inboxes`` are
     skipped."""
     cdef epoll_event ready[READY_EVENTS]
-    cdef int count, i, wait_ms
+    cdef int count, i, wait_ms, taken
     cdef list found = []
     cdef Inbox inbox
-    wait_ms = 0 if timeout <= 0 else (2000000000 if timeout > 2000000.0 else <int>(timeout * 1000.0) + 1)
+    if not timeout > 0:  # (a NaN too)
+        wait_ms = 0
+    else:
+        wait_ms = 2000000000 if timeout > 2000000.0 else <int>(timeout * 1000.0) + 1
     while True:
         with nogil:
             count = epoll_wait(epoll_fd, ready, READY_EVENTS, wait_ms)
@@ -207,7 +227,7 @@ def drain(int epoll_fd, double timeout, dict inboxes):
                 continue
             inbox = <Inbox>entry[0]
             key = entry[1]
-            while True:
+            for taken in range(limit):
                 message = inbox.next()
                 if message is None:
                     break
@@ -221,13 +241,23 @@ def drain(int epoll_fd, double timeout, dict inboxes):
 
 # ---- the cuda-ipc transport's driver steps (csrc/helpers.c) ---------------------------------------
 
+CALL_NAMES = {EGLCUDA_CALL_CONTEXT: "cuCtxSetCurrent", EGLCUDA_CALL_EVENT_QUERY: "cuEventQuery",
+              EGLCUDA_CALL_STREAM_WAIT_EVENT: "cuStreamWaitEvent", EGLCUDA_CALL_EVENT_RECORD: "cuEventRecord",
+              EGLCUDA_CALL_STREAM_QUERY: "cuStreamQuery"}
+
+
+cdef object failed(CUresult status, int call, str doing):
+    return cuda_error(status, CALL_NAMES.get(call, "the CUDA driver"), doing)
+
+
 def ipc_record(uintptr_t context, uintptr_t event, uintptr_t stream):
-    """Record ``event`` on ``stream``."""
+    """Record ``event`` on ``stream`` (the publisher, once per frame)."""
     cdef CUresult status
+    cdef int call = EGLCUDA_CALL_CONTEXT
     with nogil:
-        status = hot.ipc_record(<CUcontext>context, <CUevent>event, <CUstream>stream)
+        status = hot.ipc_record(<CUcontext>context, <CUevent>event, <CUstream>stream, &call)
     if status:
-        raise cuda_error(status, "cuEventRecord", "recording the frame's event")
+        raise failed(status, call, "recording the frame's event")
 
 
 def ipc_release(uintptr_t context, uintptr_t stream, uintptr_t done):
@@ -236,27 +266,29 @@ def ipc_release(uintptr_t context, uintptr_t stream, uintptr_t done):
     have been but ``done`` is 0 (make the slot's event, then call again)."""
     cdef CUresult status
     cdef int recorded = 0
+    cdef int call = EGLCUDA_CALL_CONTEXT
     with nogil:
-        status = hot.ipc_release(<CUcontext>context, <CUstream>stream, <CUevent>done, &recorded)
+        status = hot.ipc_release(<CUcontext>context, <CUstream>stream, <CUevent>done, &recorded, &call)
     if recorded:
         return 1
     if status == 0:
         return 0
     if status == CUDA_ERROR_NOT_READY and done == 0:
         return 2
-    raise cuda_error(status, "cuStreamQuery / cuEventRecord", "recording the subscriber's done event")
+    raise failed(status, call, "letting go of a frame (the subscriber's done event)")
 
 
 def ipc_event_done(uintptr_t context, uintptr_t event):
     """Whether ``event`` (another process's) has completed, asked without waiting."""
     cdef CUresult status
+    cdef int call = EGLCUDA_CALL_CONTEXT
     with nogil:
-        status = hot.ipc_event_done(<CUcontext>context, <CUevent>event)
+        status = hot.ipc_event_done(<CUcontext>context, <CUevent>event, &call)
     if status == 0:
         return True
     if status == CUDA_ERROR_NOT_READY:
         return False
-    raise cuda_error(status, "cuEventQuery", "asking whether a subscriber's reading finished")
+    raise failed(status, call, "asking whether a subscriber's reading finished")
 
 
 def ipc_order_after(uintptr_t context, uintptr_t stream, uintptr_t event, str doing):
@@ -264,7 +296,8 @@ def ipc_order_after(uintptr_t context, uintptr_t stream, uintptr_t event, str do
     GPU; no host wait. A subscriber calls it before reading a frame, the publisher before writing
     a slot again."""
     cdef CUresult status
+    cdef int call = EGLCUDA_CALL_CONTEXT
     with nogil:
-        status = hot.ipc_order_after(<CUcontext>context, <CUstream>stream, <CUevent>event)
+        status = hot.ipc_order_after(<CUcontext>context, <CUstream>stream, <CUevent>event, &call)
     if status:
-        raise cuda_error(status, "cuEventQuery / cuStreamWaitEvent", doing)
+        raise failed(status, call, doing)

@@ -4,8 +4,9 @@ Two threads share a publisher:
 
 - the user's thread calls :meth:`Publisher.next_frame` and :meth:`Publisher.publish`; it owns
   the pool, the subscribers that finished their handshake, and their messages (releases and
-  goodbyes), which it reads without blocking at each call (one ``epoll`` poll) and waits for only
-  when it must (a full ``every`` queue, no free pool slot);
+  goodbyes). :meth:`Publisher.next_frame` reads them all without blocking (one ``epoll`` poll),
+  before any slot is written again; :meth:`Publisher.publish` reads those of subscribers whose
+  queue is full, and waits only when it must (a full ``every`` queue, no free pool slot);
 - a service thread accepts connections, checks who they come from (``SO_PEERCRED``), answers
   status requests and runs each subscriber's handshake (HELLO, WELCOME, ATTACH, READY) with a
   deadline; a subscriber that completed it is handed to the user's thread, which adopts it at its
@@ -42,6 +43,8 @@ from ..frames.interop import foreign_device_pointer
 log = logging.getLogger("eglcuda.topics")
 
 _RECV_LIMIT = 4096  # longer than any message a subscriber sends after its handshake
+_READ_LIMIT = protocol.MAX_QUEUE + 2  # messages read from one subscriber per poll (the rest: next poll)
+_KIND_BYE = int(protocol.Kind.BYE)
 MAX_PENDING_HANDSHAKES = 32
 SEND_BUFFER = 1 << 20
 ACCESS_MODES = {"user": 0o600, "group": 0o660, "all": 0o666}
@@ -75,7 +78,7 @@ class _Subscriber:
     """A subscriber after its handshake, as the user's thread tracks it."""
 
     __slots__ = ("id", "sock", "fd", "inbox", "peer", "qos", "queue", "credit", "link", "transport", "outstanding",
-                 "seen_slots", "delivered", "skipped", "noticed", "since", "alive", "__weakref__")
+                 "seen_slots", "delivered", "skipped", "noticed", "since", "alive", "leaving", "__weakref__")
 
     def __init__(self, ident: int, sock: socket.socket, peer: sockets.Peer, hello: protocol.Hello,
                  link: PublisherLink, transport: str) -> None:
@@ -96,6 +99,7 @@ class _Subscriber:
         self.noticed = False  # a NOTICE went out since its last frame
         self.since = time.time()
         self.alive = True
+        self.leaving = False  # its goodbye or end of connection was read, not handled yet
 
     def info(self) -> SubscriberInfo:
         return SubscriberInfo(id=self.id, pid=self.peer.pid, uid=self.peer.uid, qos=self.qos.name.lower(),
@@ -154,9 +158,10 @@ class Publisher:
     :param pool: pool frames made at start. The pool grows, up to ``max_pool``, when no frame is
         free: ``latest`` subscribers never slow the publisher down, and an ``every`` subscriber may
         hold its whole queue while the next frame is written (its backpressure is the queue: see
-        :meth:`publish`). It also grows when every free frame is still read by a subscriber's GPU
-        work (CUDA IPC): a write that waits on the GPU for another process costs both of them
-        far more than a new frame does.
+        :meth:`publish`). It also grows when every free frame is still read by a subscriber's
+        GPU work (CUDA IPC): a write that waits on the GPU for another process costs both of them
+        far more than a new frame does. ``max_pool`` bounds the memory (a 4K ARGB frame is
+        33 MB).
     :param device: the CUDA device of the pool.
     :param every_timeout: seconds the publisher waits for an ``every`` subscriber that holds a
         full queue (or the pool frame the publisher needs) before dropping it.
@@ -302,7 +307,14 @@ class Publisher:
                 self._reclaim_all()
                 slot = self._take_free(settled=True)
             if slot is None and len(self._pool) < self.max_pool:
-                self._grow()
+                if not self._free:
+                    self._grow()  # nothing free at all: the pool must grow (or wait)
+                else:
+                    try:
+                        self._grow()  # free slots are still read on the GPU: a new one spares the wait
+                    except EglCudaError as exc:
+                        log.info("topic %s: growing the pool failed (%s); writing after the GPU wait",
+                                 self.name, exc)
                 slot = self._take_free(settled=True)
             if slot is None:
                 slot = self._take_free()
@@ -372,9 +384,11 @@ class Publisher:
             seq = self._seq
             self._seq += 1
             slot.seq = seq
-            slot.state = SlotState.PUBLISHED
             slot.published_at = time.monotonic()
+            # The slot stays WRITING while it is handed out: a subscriber dropped meanwhile
+            # frees what it held, and must not free this slot before the others got it.
             self._deliver(slot, seq, timestamp_ns, payload, stream)
+            slot.state = SlotState.PUBLISHED
             self._maybe_free(slot)
             self._measure(slot.published_at)
             return seq
@@ -411,7 +425,13 @@ class Publisher:
         epoll = self._epoll
         if epoll is None:  # pragma: no cover - set for as long as the publisher is open
             raise self._closed_error()
-        for sub, message in _wire.drain(epoll.fileno(), timeout, self._inboxes):
+        batch = _wire.drain(epoll.fileno(), timeout, self._inboxes, _READ_LIMIT)
+        for sub, message in batch:
+            if message.__class__ is bytes and (not message or message[0] == _KIND_BYE):
+                # Its goodbye (or its end) is in this batch, read off its socket already: a
+                # release before it that fails to take frames back is its leaving (_is_leaving).
+                sub.leaving = True
+        for sub, message in batch:
             if sub.alive:
                 self._handle(sub, message)
 
@@ -507,7 +527,10 @@ class Publisher:
 
     def _is_leaving(self, sub: _Subscriber, within: float = 0.05) -> bool:
         """Whether a goodbye or the end of the connection is (or within ``within`` seconds comes)
-        next on the subscriber's socket. Reads nothing: the message stays for _read."""
+        next on the subscriber's socket, or was read with its last messages. Reads nothing: the
+        message stays for _read."""
+        if sub.leaving:
+            return True
         deadline = time.monotonic() + within
         while True:
             try:
@@ -554,8 +577,11 @@ class Publisher:
         found = None
         while free:
             slot = free.popleft()
-            if slot.state is not SlotState.FREE or slot.holders:
+            if slot.state is not SlotState.FREE:
                 continue  # a stale entry: the slot was taken or published since
+            if slot.holders:  # (not expected: a free slot nobody holds) held again: free once released
+                slot.state = SlotState.PUBLISHED
+                continue
             if not settled or not slot.waiters or self._settled(slot):
                 found = slot
                 break
@@ -717,6 +743,7 @@ class Publisher:
             except (OSError, ValueError):
                 pass
         self._inboxes.pop(sub.fd, None)
+        sub.inbox.close()  # before its descriptor is closed (and its number reused)
         sockets.close_quietly(sub.sock)
         sub.outstanding.clear()
         for slot in self._pool:

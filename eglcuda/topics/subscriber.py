@@ -469,7 +469,9 @@ class Subscriber:
             except EglCudaError:  # pragma: no cover - the publisher is gone; nothing else to do
                 pass
         sock, self._sock = self._sock, None
-        self._inbox = None
+        inbox, self._inbox = self._inbox, None
+        if inbox is not None:
+            inbox.close()  # before the descriptor is closed (and its number reused)
         if sock is not None:
             sockets.close_quietly(sock)  # unread messages would reset the connection: the goodbye would be lost
         self._pending.clear()

@@ -615,9 +615,15 @@ class CudaIpcSubscriber(SubscriberTransport):
         extra = b""
         if state == 2:  # the slot's first busy release: its event is made and sent once
             self.device.make_current()
-            done = self._done[frame.slot] = cuda_ipc.event_create_interprocess()
-            extra = cuda_ipc.event_handle(done)
-            if _wire.ipc_release(self._context, stream, done.address) == 0:
+            done = cuda_ipc.event_create_interprocess()
+            try:
+                extra = cuda_ipc.event_handle(done)
+                state = _wire.ipc_release(self._context, stream, done.address)
+            except BaseException:
+                cuda_ipc.event_destroy(done)  # never sent: a later release makes another
+                raise
+            self._done[frame.slot] = done
+            if state == 0:
                 return protocol.RELEASE_TAKEN, extra  # finished meanwhile: the event goes along unrecorded
         return protocol.RELEASE_RECORDED | protocol.RELEASE_TAKEN, extra
 

@@ -12,7 +12,8 @@
  * (default 0; N > 0: every Nth cuEventQuery says CUDA_ERROR_NOT_READY, as a real event would while
  * the work before its record still runs, and every Nth cuStreamQuery that follows a
  * cuStreamWaitEvent says it too, as a real stream would while a kernel queued behind the wait
- * still runs). */
+ * still runs), FAKECUDA_STATS_DIR (unset: none; else each process keeps DIR/<pid>.calls up to date:
+ * how many cuEventRecord and cuStreamWaitEvent calls it made, for tests that check a path ran). */
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <pthread.h>
@@ -189,15 +190,21 @@ CUresult cuStreamDestroy_v2(CUstream s) { free(s); return OK; }
 CUresult cuStreamSynchronize(CUstream s) { (void)s; return need_context(); }
 static int waited;  /* a cuStreamWaitEvent since the last cuStreamQuery (FAKECUDA_BUSY_AFTER_WAIT) */
 static unsigned queries_after_wait;
+static int busy_queries;  /* the next queries that still say NOT_READY, unless an event is recorded first */
 CUresult cuStreamQuery(CUstream s)
 {
     (void)s;
     if (need_context()) return INVALID_CONTEXT;
     const char *every = getenv("FAKECUDA_BUSY_AFTER_WAIT");
     int n = every ? atoi(every) : 0;
-    int busy = waited && n > 0 && ++queries_after_wait % (unsigned)n == 0;
+    if (waited && n > 0 && ++queries_after_wait % (unsigned)n == 0)
+        busy_queries = 2;  /* busy for this query and the next: a caller may ask twice before recording */
     waited = 0;
-    return busy ? NOT_READY : OK;
+    if (busy_queries > 0) {
+        busy_queries--;
+        return NOT_READY;
+    }
+    return OK;
 }
 
 static CUresult check_event(CUevent e) { return e && e->magic == EVENT_MAGIC ? OK : INVALID_HANDLE; }
@@ -215,7 +222,31 @@ CUresult cuEventCreate(CUevent *e, unsigned int flags)
     return OK;
 }
 CUresult cuEventDestroy_v2(CUevent e) { if (check_event(e)) return INVALID_HANDLE; e->magic = 0; free(e); return OK; }
-CUresult cuEventRecord(CUevent e, CUstream s) { (void)s; if (need_context()) return INVALID_CONTEXT; return check_event(e); }
+static unsigned long records, waits;
+static void count_call(unsigned long *counter)
+{
+    ++*counter;
+    const char *dir = getenv("FAKECUDA_STATS_DIR");
+    if (!dir)
+        return;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%d.calls", dir, (int)getpid());
+    FILE *file = fopen(path, "w");
+    if (file) {
+        fprintf(file, "records %lu waits %lu\n", records, waits);
+        fclose(file);
+    }
+}
+
+CUresult cuEventRecord(CUevent e, CUstream s)
+{
+    (void)s;
+    if (need_context()) return INVALID_CONTEXT;
+    busy_queries = 0;  /* the stream's queued work "ran" behind the record */
+    CUresult status = check_event(e);
+    if (status == OK) count_call(&records);
+    return status;
+}
 static unsigned event_queries;
 CUresult cuEventQuery(CUevent e)
 {
@@ -227,7 +258,15 @@ CUresult cuEventQuery(CUevent e)
     return status;
 }
 CUresult cuEventSynchronize(CUevent e) { return check_event(e); }
-CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned int flags) { (void)s; (void)flags; if (need_context()) return INVALID_CONTEXT; waited = 1; return check_event(e); }
+CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned int flags)
+{
+    (void)s; (void)flags;
+    if (need_context()) return INVALID_CONTEXT;
+    waited = 1;
+    CUresult status = check_event(e);
+    if (status == OK) count_call(&waits);
+    return status;
+}
 
 /* CUDA IPC: a memory handle names (exporter pid, memfd, size); an event handle (pid, id). */
 struct mem_handle { uint32_t magic; int32_t pid; int32_t fd; uint32_t pad; uint64_t size; };

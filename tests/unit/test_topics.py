@@ -503,6 +503,102 @@ def test_a_failed_hand_over_reads_the_subscriber_first(path, then):
             sub.close()
 
 
+def test_a_subscriber_leaving_during_publish_does_not_cost_a_pool_frame(path):
+    """A full 'latest' subscriber that leaves between next_frame() and publish() is read (and
+    dropped) while the frame is handed out: the frame must still come free once the others
+    release it, so every pool frame keeps being used."""
+    with publisher(path, pool=3, max_pool=3, every_timeout=2.0) as pub:
+        latest = subscriber(path, qos="latest")  # first in the publisher's list: handed frames first
+        every = subscriber(path, qos="every")
+        put(pub, b"0")
+        put(pub, b"1")  # latest holds its two: full
+        for _ in range(2):
+            every.receive().release()
+        frame = pub.next_frame()
+        latest.close()
+        time.sleep(0.05)  # its goodbye is waiting when publish() reads it
+        frame.data[:] = pattern(b"2")
+        pub.publish(frame, payload=b"2")
+        held = every.receive()  # frame 2's slot stays held while the next frames go out
+        for key in (b"3", b"4", b"5"):
+            put(pub, key)
+            every.receive().release()
+        assert held.frame.data == pattern(b"2")
+        held.release()
+        used = set()
+        for i in range(12):
+            frame = pub.next_frame()
+            used.add(pub._writing[id(frame)].index)
+            frame.data[:] = pattern(b"%d" % i)
+            pub.publish(frame, payload=b"%d" % i)
+            with every.receive() as message:
+                assert message.frame.data == pattern(b"%d" % i)
+        assert used == {0, 1, 2} and pub.pool_size == 3 and not pub.dropped
+        every.close()
+
+
+def test_growing_for_unsettled_frames_falls_back_when_memory_runs_out(path, monkeypatch):
+    """When every free frame is still read on the GPU (a done event pending) the pool grows; an
+    allocation that fails then is no error: the write waits on the GPU instead."""
+    import topics_null
+    from eglcuda.errors import CUDAError
+
+    class Recorded(topics_null.NullSubscriberTransport):
+        def release(self, obj, frame, cuda_stream):
+            super().release(obj, frame, cuda_stream)
+            return protocol.RELEASE_TAKEN | protocol.RELEASE_RECORDED, b""
+
+    class TwoFrames(NullPublisherBackend):
+        def allocate(self, *args):
+            if self.allocated >= 2:
+                raise CUDAError(2, "cuMemAlloc", name="CUDA_ERROR_OUT_OF_MEMORY")
+            return super().allocate(*args)
+
+    ordered = []
+    monkeypatch.setattr(topics_null, "NullSubscriberTransport", Recorded)
+    monkeypatch.setattr(topics_null.NullLink, "reading_done", lambda self, slot: False, raising=False)
+    monkeypatch.setattr(topics_null.NullLink, "before_write", lambda self, slot, stream: ordered.append(slot.index),
+                        raising=False)
+    with publisher(path, pool=2, _backend=TwoFrames()) as pub, subscriber(path, qos="every") as sub:
+        for i in range(5):
+            put(pub, b"%d" % i)
+            with sub.receive() as message:
+                assert message.frame.data == pattern(b"%d" % i)
+        assert pub.pool_size == 2 and len(ordered) == 3, ordered  # frames 2-4 reuse a slot after a wait
+
+
+def test_a_goodbye_read_with_a_release_is_a_leave_not_a_drop(path, monkeypatch):
+    """A link whose frames come back later (an EGLStream's) fails to take them back while its
+    subscriber's consumer disconnects; the goodbye that follows the release in the same read
+    says that the subscriber left."""
+    import topics_null
+    from eglcuda.errors import EglCudaError
+
+    def refuse(self):
+        raise EglCudaError("the consumer is disconnecting")
+
+    slow_close = topics_null.NullSubscriberTransport.close
+
+    def close_slowly(self):
+        time.sleep(0.3)  # an EGLStream consumer's disconnect may take that long
+        slow_close(self)
+
+    monkeypatch.setattr(topics_null.NullLink, "returns_later", True)
+    monkeypatch.setattr(topics_null.NullLink, "released", lambda self, slot, release: False)
+    monkeypatch.setattr(topics_null.NullLink, "reclaim", refuse, raising=False)
+    monkeypatch.setattr(topics_null.NullSubscriberTransport, "close", close_slowly)
+    with publisher(path) as pub:
+        sub = subscriber(path)
+        put(pub, b"a")
+        sub.receive().release()
+        leaving = threading.Thread(target=sub.close)
+        leaving.start()
+        time.sleep(0.05)  # the release and the goodbye are sent; the socket is still open
+        pub.discard(pub.next_frame())
+        leaving.join()
+        assert pub.subscribers == [] and pub.dropped == []
+
+
 def test_too_many_waiting_connections_are_turned_away(path):
     with publisher(path, handshake_timeout=5) as pub:
         idle = [raw(path) for _ in range(40)]

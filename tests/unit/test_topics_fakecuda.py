@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -53,8 +54,10 @@ def test_cuda_ipc_fanout_every_byte(env, path, busy_every):
     stream still busy, so that release records its done event and the publisher orders its next
     write into the slot after it; the others (all when idle) send no event. Mixed: a slot's event
     is first made at a later release."""
+    stats = tempfile.mkdtemp(prefix="eglcuda-fakecuda-stats-")
+    env = {**env, "FAKECUDA_STATS_DIR": stats}
     if busy_every:
-        env = {**env, "FAKECUDA_BUSY_AFTER_WAIT": str(busy_every)}
+        env["FAKECUDA_BUSY_AFTER_WAIT"] = str(busy_every)
     publisher = Peer(env, "publish", path, *PUBLISH, "--frames", "0", "--rate", "400", "--seed", "5")
     subscribers = []
     try:
@@ -71,9 +74,22 @@ def test_cuda_ipc_fanout_every_byte(env, path, busy_every):
         assert seqs == list(range(seqs[0], seqs[0] + 40))
         seqs = [m["seq"] for m in latest.got()]
         assert seqs == sorted(set(seqs)) and sum(m["skipped"] for m in latest.got()) > 0
+        # Which ordering ran: a subscriber's stream waits only for a pending frame event, and a
+        # release records a done event only while its stream is busy; the publisher's stream
+        # waits for one only when it must write a slot whose reader may still be busy.
+        calls = {}
+        for name in os.listdir(stats):
+            words = pathlib.Path(stats, name).read_text().split()
+            calls[int(name.split(".")[0])] = {"records": int(words[1]), "waits": int(words[3])}
+        every_calls = calls.get(every.process.pid, {"records": 0, "waits": 0})
+        if busy_every:
+            assert every_calls["waits"] > 0 and every_calls["records"] > 0, calls
+        else:
+            assert every_calls == {"records": 0, "waits": 0}, calls
     finally:
         for peer in [publisher, *subscribers]:
             peer.stop()
+        shutil.rmtree(stats, ignore_errors=True)
 
 
 def test_cuda_ipc_join_leave_cycles_and_two_subscribers_in_one_process(env, path):

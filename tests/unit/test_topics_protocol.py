@@ -1,14 +1,18 @@
 """The topic wire format (eglcuda.topics.protocol): every message round-trips, and anything
-that is not exactly a valid message is refused with ProtocolError (Hypothesis properties)."""
+that is not exactly a valid message is refused with ProtocolError, and the compiled reader
+(eglcuda/topics/_wire.pyx) decodes what it takes exactly as the decoder does (Hypothesis properties)."""
 from __future__ import annotations
 
 import json
+import select
+import socket
+import time
 
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from eglcuda.topics import protocol
+from eglcuda.topics import _wire, protocol
 from eglcuda.topics.protocol import ProtocolError
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -207,3 +211,72 @@ def test_status_refuses_non_objects_and_non_finite_numbers():
         with pytest.raises(ProtocolError):
             protocol.decode(protocol._STATUS.pack(protocol.Kind.STATUS, len(text)) + text)
     assert json.loads(b"{}") == protocol.decode(protocol._STATUS.pack(protocol.Kind.STATUS, 2) + b"{}").body
+
+
+# ---- the compiled reader (eglcuda/topics/_wire.pyx) ---------------------------------------------
+
+@SETTINGS
+@given(data=st.binary(max_size=protocol.MAX_MESSAGE))
+@example(data=protocol.encode_frame(7, 3, 11, 0, b"payload"))
+@example(data=protocol.encode_release(9, protocol.RELEASE_TAKEN, b"x" * 64))
+@example(data=protocol.encode_frame(7, 3, 11, 0, b"payload")[:-1])
+@example(data=protocol.RELEASE_HEAD.pack(int(protocol.Kind.RELEASE), 9, 0x80, 0))  # unknown flags
+def test_the_compiled_reader_agrees_with_the_decoder(data):
+    """What _wire.Inbox decodes itself (FRAME, RELEASE) equals protocol.decode's result; anything
+    else comes back as its bytes, for protocol.decode to accept or refuse."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    with ours, theirs:
+        inbox = _wire.Inbox(ours.fileno())
+        if not data:
+            return  # an empty datagram reads as the end of the connection; no message is empty
+        theirs.send(data)
+        got = inbox.next(time.monotonic() + 5)
+        if isinstance(got, bytes):
+            assert got == data
+            try:
+                decoded = protocol.decode(data)
+            except ProtocolError:
+                return
+            assert not isinstance(decoded, (protocol.Frame, protocol.Release)), decoded
+        else:
+            assert got == protocol.decode(data) and type(got) is type(protocol.decode(data))
+
+
+def test_the_compiled_reader_says_nothing_end_and_closed():
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    with ours:
+        inbox = _wire.Inbox(ours.fileno())
+        assert inbox.next() is None  # nothing waiting, no wait
+        started = time.monotonic()
+        assert inbox.next(started + 0.05) is None and time.monotonic() - started >= 0.045
+        assert inbox.next(float("nan")) is None
+        theirs.send(protocol.encode_release(1))
+        theirs.send(protocol.encode_release(2))
+        theirs.close()
+        assert [inbox.next(), inbox.next(), inbox.next()] == [protocol.Release(1), protocol.Release(2), b""]
+        inbox.close()
+        assert inbox.next(time.monotonic() + 1) == b""  # closed: reads nothing more, waits for nothing
+    with pytest.raises(ValueError):
+        _wire.Inbox(-1)
+
+
+def test_drain_reads_at_most_the_limit_per_connection():
+    pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET) for _ in range(2)]
+    poller = select.epoll()
+    try:
+        inboxes = {}
+        for key, (ours, theirs) in enumerate(pairs):
+            poller.register(ours.fileno(), select.EPOLLIN)
+            inboxes[ours.fileno()] = (_wire.Inbox(ours.fileno()), key)
+            for seq in range(3):
+                theirs.send(protocol.encode_release(seq))
+        first = _wire.drain(poller.fileno(), 0.0, inboxes, 2)
+        assert sorted(first) == [(k, protocol.Release(s)) for k in (0, 1) for s in (0, 1)]
+        rest = _wire.drain(poller.fileno(), 1.0, inboxes, 2)
+        assert sorted(rest) == [(0, protocol.Release(2)), (1, protocol.Release(2))]
+        assert _wire.drain(poller.fileno(), 0.0, inboxes, 2) == []
+    finally:
+        poller.close()
+        for ours, theirs in pairs:
+            ours.close()
+            theirs.close()
