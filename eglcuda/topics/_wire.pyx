@@ -164,6 +164,10 @@ cdef class Inbox:
         ``b""`` once the connection ended (closed, or failed), or None when none came: at once
         with ``deadline`` None, else by ``deadline`` (``time.monotonic()`` seconds; the wait
         releases the GIL)."""
+        return self.read(deadline)
+
+    cdef object read(self, object deadline):
+        # next()'s body, which drain() calls without a Python method lookup per message
         cdef ssize_t size
         cdef int error, wait_ms, ready
         cdef double left
@@ -228,7 +232,7 @@ def drain(int epoll_fd, double timeout, dict inboxes, int limit):
             inbox = <Inbox>entry[0]
             key = entry[1]
             for taken in range(limit):
-                message = inbox.next()
+                message = inbox.read(None)
                 if message is None:
                     break
                 found.append((key, message))

@@ -457,31 +457,11 @@ _REASONED: dict[Kind, Callable[[int, str], Refuse | Drop | Bye]] = {Kind.REFUSE:
 
 
 def _decode_frame(data: bytes) -> Frame:
-    _, seq, slot, timestamp, number, length = FRAME_HEAD.unpack_from(data)  # (also decode_frame_fast)
+    _, seq, slot, timestamp, number, length = FRAME_HEAD.unpack_from(data)
     _check(slot < MAX_POOL, f"slot {slot}")
     _check(length <= MAX_PAYLOAD, "payload too long")
     _check(len(data) == FRAME_HEAD.size + length, "payload length does not match")
     return Frame(seq, slot, timestamp, number, data[FRAME_HEAD.size:])
-
-
-def decode_frame_fast(data: bytes | bytearray | memoryview) -> Frame | None:
-    """A FRAME datagram without the generic checks' overhead (None: not a well-formed FRAME; the
-    caller then decodes it the slow way, for the error). The payload is the one copy made: pass
-    a memoryview of a receive buffer to decode in place."""
-    if len(data) >= _FRAME_SIZE and data[0] == _KIND_FRAME:
-        _, seq, slot, timestamp, number, length = _FRAME_UNPACK(data)
-        if length == len(data) - _FRAME_SIZE and length <= MAX_PAYLOAD and slot < MAX_POOL:
-            return Frame(seq, slot, timestamp, number, bytes(data[_FRAME_SIZE:]))
-    return None
-
-
-def decode_release_fast(data: bytes) -> Release | None:
-    """A RELEASE datagram, checked, or None (see :func:`decode_frame_fast`)."""
-    if len(data) >= _RELEASE_SIZE and data[0] == _KIND_RELEASE:
-        _, seq, flags, length = _RELEASE_UNPACK(data)
-        if length == len(data) - _RELEASE_SIZE and length <= MAX_RELEASE_EXTRA and not flags & ~_RELEASE_FLAGS:
-            return Release(seq, flags, data[_RELEASE_SIZE:])
-    return None
 
 
 def _decode_release(data: bytes) -> Release:
@@ -520,13 +500,6 @@ def _decode_status(data: bytes) -> Status:
 def _fail(what: str) -> Any:
     raise ProtocolError(what)
 
-
-_FRAME_SIZE = FRAME_HEAD.size
-_FRAME_UNPACK = FRAME_HEAD.unpack_from
-_KIND_FRAME = int(Kind.FRAME)
-_RELEASE_SIZE = _RELEASE.size
-_RELEASE_UNPACK = _RELEASE.unpack_from
-_KIND_RELEASE = int(Kind.RELEASE)
 
 _DECODERS: dict[int, Callable[[bytes], Message]] = {
     Kind.HELLO: _decode_hello,

@@ -307,14 +307,13 @@ class Publisher:
                 self._reclaim_all()
                 slot = self._take_free(settled=True)
             if slot is None and len(self._pool) < self.max_pool:
-                if not self._free:
-                    self._grow()  # nothing free at all: the pool must grow (or wait)
-                else:
-                    try:
-                        self._grow()  # free slots are still read on the GPU: a new one spares the wait
-                    except EglCudaError as exc:
-                        log.info("topic %s: growing the pool failed (%s); writing after the GPU wait",
-                                 self.name, exc)
+                try:
+                    self._grow()
+                except EglCudaError as exc:
+                    if not self._free:
+                        raise  # nothing free at all: the pool had to grow
+                    # Free slots are still read on the GPU: write one after the wait instead.
+                    log.info("topic %s: growing the pool failed (%s); writing after the GPU wait", self.name, exc)
                 slot = self._take_free(settled=True)
             if slot is None:
                 slot = self._take_free()
@@ -477,9 +476,7 @@ class Publisher:
         except protocol.ProtocolError as exc:
             self._drop(sub, Reason.PROTOCOL, f"it sent a malformed message: {exc}")
             return
-        if isinstance(decoded, protocol.Release):  # (_wire takes every well-formed one: not reached)
-            self._on_release(sub, decoded)
-        elif isinstance(decoded, protocol.Bye):
+        if isinstance(decoded, protocol.Bye):  # (every well-formed RELEASE came decoded from _wire)
             self._drop(sub, Reason.CLOSING, f"it left ({decoded.reason})", notify=False, left=True)
         else:
             self._drop(sub, Reason.PROTOCOL, f"it sent {type(decoded).__name__} after its handshake")
@@ -573,7 +570,7 @@ class Publisher:
         """The oldest free slot (``settled``: the oldest whose former readers' GPU work has all
         finished, so writing it needs no wait; the others stay free, in order)."""
         free = self._free
-        unsettled: list[_Slot] = []
+        unsettled: list[_Slot] | None = None  # (made only when needed: this runs every frame)
         found = None
         while free:
             slot = free.popleft()
@@ -585,8 +582,11 @@ class Publisher:
             if not settled or not slot.waiters or self._settled(slot):
                 found = slot
                 break
+            if unsettled is None:
+                unsettled = []
             unsettled.append(slot)
-        free.extendleft(reversed(unsettled))
+        if unsettled:
+            free.extendleft(reversed(unsettled))
         return found
 
     def _settled(self, slot: _Slot) -> bool:
