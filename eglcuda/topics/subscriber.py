@@ -322,7 +322,7 @@ class Subscriber:
             if self._pending:
                 newer = self._pending.popleft()
             else:
-                newer = self._read(None)
+                newer = self._read(None, rest=True)  # (what came with it; a newer one is for the next receive)
                 if newer is None:
                     return header
             self._skip(header)
@@ -350,16 +350,17 @@ class Subscriber:
     def _read(self, deadline: float) -> protocol.Frame: ...
 
     @overload
-    def _read(self, deadline: None) -> protocol.Frame | None: ...
+    def _read(self, deadline: None, rest: bool = False) -> protocol.Frame | None: ...
 
-    def _read(self, deadline: float | None) -> protocol.Frame | None:
+    def _read(self, deadline: float | None, rest: bool = False) -> protocol.Frame | None:
         """The next FRAME, handling the other messages on the way. With ``deadline`` None, only
-        what is already waiting: None when no FRAME is."""
+        what is already waiting: None when no FRAME is (``rest``: what the last read found
+        waiting, without asking the socket again when that read emptied it)."""
         inbox = self._inbox
         if inbox is None:  # pragma: no cover - callers check the connection first
             raise self._not_connected()
+        received = inbox.rest() if rest else inbox.next(deadline)
         while True:
-            received = inbox.next(deadline)
             kind = received.__class__
             if kind is protocol.Frame:
                 frame: protocol.Frame = received
@@ -400,6 +401,7 @@ class Subscriber:
                                    message.code or int(Reason.CLOSING)))
             else:
                 self._lose(PeerError(f"the publisher of topic {self.name!r} sent {type(message).__name__} mid-stream"))
+            received = inbox.rest() if deadline is None else inbox.next(deadline)
 
     def _skip(self, header: protocol.Frame) -> None:
         transport = self._transport

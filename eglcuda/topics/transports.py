@@ -106,6 +106,7 @@ class PublisherLink(abc.ABC):
     transport: "PublisherTransport"
     returns_later = False  # frames come back through reclaim(), which has no descriptor to wait on
     message_only = False  # True: the FRAME message is the whole hand-over (number() is 0, deliver() does nothing)
+    plain_release = False  # True: a RELEASE without a done event frees its slot (released() would return True)
 
     def ready_extra(self) -> bytes:
         """Transport data for the READY message."""
@@ -456,6 +457,7 @@ class CudaIpcPublisher(PublisherTransport):
 class CudaIpcLink(PublisherLink):
     transport: CudaIpcPublisher
     message_only = True
+    plain_release = True
 
     def __init__(self, transport: CudaIpcPublisher) -> None:
         self.transport = transport
