@@ -202,6 +202,7 @@ cdef class Inbox:
         """Read nothing more (call it before the socket is closed: its number may be reused)."""
         self.fd = -1
         self.count = self.at = 0
+        self.short = False  # (so rest() too says the end, not "nothing waiting")
 
     def next(self, deadline=None):
         """The next message: a ``Frame`` or ``Release`` tuple, the bytes of any other message,

@@ -282,6 +282,13 @@ def test_the_compiled_reader_takes_what_is_waiting_with_one_read():
         assert isinstance(first, bytes) and first[0] == protocol.Kind.BYE
         assert inbox.queued_kinds() == bytes([protocol.Kind.RELEASE, 0])  # a release, then the end
         assert [inbox.rest(), inbox.rest()] == [protocol.Release(6), b""]
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    with ours, theirs:
+        inbox = _wire.Inbox(ours.fileno(), batch=4)
+        theirs.send(protocol.encode_release(1))
+        assert inbox.next() == protocol.Release(1)  # a short batch: rest() would say "nothing more"
+        inbox.close()
+        assert inbox.rest() == b"" and inbox.next() == b""  # closed: the end, from either
     with pytest.raises(ValueError):
         _wire.Inbox(0, batch=0)
 
