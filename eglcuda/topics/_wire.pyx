@@ -350,8 +350,8 @@ def hand_out(list subs, object slot, object seq, bytes data, object transport, o
              bint recorded=False):
     """Send the FRAME message ``data`` of ``slot`` (sequence ``seq``) to each live subscriber
     whose link belongs to the message-only ``transport`` (recorded once, with
-    ``transport.on_publish(slot, stream)``, before the first send, unless ``recorded``) and which may take it now: a
-    ``latest`` subscriber below its credit, a slot it was described. Each one sent is recorded as
+    ``transport.on_publish(slot, stream)``, before the first send, unless ``recorded``) and which
+    may take it now: a ``latest`` subscriber below its credit, a slot it was described. Each one sent is recorded as
     the publisher does (outstanding, holders, delivered, noticed).
 
     Returns ``(others, recorded)``: the live subscribers this did not serve, in order (another
@@ -393,40 +393,33 @@ def hand_out(list subs, object slot, object seq, bytes data, object transport, o
 
 def settle(list batch, object free, object published, object free_state):
     """Handle the plain releases of ``batch`` (``[(subscriber, message), ...]`` from
-    :func:`drain`): a ``Release`` with no done event (neither recorded nor sent), from a live subscriber
-    whose link frees a slot on such a release (``plain_release``), for a frame it holds. The slot
+    :func:`drain`): a ``Release`` with no done event (neither recorded nor sent), from a live
+    subscriber whose link frees a slot on such a release (``plain_release``), for a frame it holds. The slot
     loses that holder; a published slot nobody holds any more becomes ``free_state`` and goes to
     the end of ``free``.
 
     Returns what is left, in order: every other message, and all that follow one of them from the
     same subscriber (its messages keep their order)."""
     cdef list rest = []
-    cdef set held_back = None
-    cdef unsigned int flags
+    cdef set held_back = set()  # subscribers with a message in ``rest``: their later ones follow it
     for entry in batch:
         sub = entry[0]
         message = entry[1]
         if not sub.alive:
             continue
-        if (message.__class__ is not Release or (held_back is not None and sub in held_back)
-                or message[2] or <unsigned int>message[1] & RELEASE_RECORDED or not sub.link.plain_release):
-            rest.append(entry)
-            if held_back is None:
-                held_back = set()
-            held_back.add(sub)
-            continue
-        slot = sub.outstanding.pop(message[0], None)
-        if slot is None:  # not a frame it holds: the publisher's path drops it with the reason
-            rest.append(entry)
-            if held_back is None:
-                held_back = set()
-            held_back.add(sub)
-            continue
-        holders = slot.holders
-        holders.discard(sub)
-        if not holders and slot.state is published:
-            slot.state = free_state
-            free.append(slot)
+        if (message.__class__ is Release and sub not in held_back and not message[2]
+                and not <unsigned int>message[1] & RELEASE_RECORDED and sub.link.plain_release):
+            slot = sub.outstanding.pop(message[0], None)
+            if slot is not None:
+                holders = slot.holders
+                holders.discard(sub)
+                if not holders and slot.state is published:
+                    slot.state = free_state
+                    free.append(slot)
+                continue
+            # (not a frame it holds: the publisher's path drops it with the reason)
+        rest.append(entry)
+        held_back.add(sub)
     return rest
 
 

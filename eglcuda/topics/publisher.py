@@ -671,7 +671,7 @@ class Publisher:
             # The common case compiled: a CUDA IPC subscriber that may take the frame now. The
             # rest (and any failure) comes back here.
             others, done = _wire.hand_out(self._subs, slot, seq, shared, fast, stream, Qos.LATEST)
-            if others and any(sub.qos is Qos.LATEST for sub in others):
+            if others and any(sub.qos is Qos.LATEST and len(sub.outstanding) >= sub.credit for sub in others):
                 # 'latest' ones at their credit may have released a frame since the last read:
                 # one read of every socket (and its releases handled in _wire) instead of one
                 # Python read per such subscriber; then the compiled step again for them.
