@@ -4,7 +4,12 @@ Serial round trip (one thread: present, acquire, map, release, return) and pipel
 (producer and consumer threads, FIFO 4), ARGB pitch-linear frames, at several sizes. All three
 stacks run in this one invocation, interleaved per size, so their ratios share the machine's state.
 
-    python bench/stream_roundtrip.py [--quick] [--markdown FILE] [--plot docs/img/roundtrip_MODE.svg]
+    python bench/stream_roundtrip.py [--quick] [--repeats N] [--cpus 2,5] [--fresh] [--markdown FILE]
+                                     [--plot docs/img/roundtrip_MODE.svg]
+
+Each round runs every column once, the C side first in even rounds and the Python side first in
+odd ones. Each C column is a fresh process; with --fresh each round's Python columns run in a fresh
+interpreter too (otherwise in this long-lived one).
 
 (1) C: bench/c/stream_roundtrip.c, built here with gcc, the same driver calls with no Python; and
     "C + counter", which also reads the stream's consumer frame counter after each acquire, as
@@ -26,6 +31,7 @@ cuda-python for (3) (without them that column reads n/a) and matplotlib for --pl
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import pathlib
 import statistics
@@ -318,31 +324,56 @@ RATIOS = [("eglcuda / C", "eglcuda", "C"),
 RATIO = "ratio: "  # prefix of the ratio entries in a row's results
 
 
-def measure(mode: str, binary, display, stack, width: int, height: int, iterations: int) -> dict:
-    """One run of every column for one size and loop mode (NaN where a column has no such loop)."""
+def measure_c(mode: str, binary, width: int, height: int, iterations: int) -> dict:
+    """One run of each C column for one size and loop mode (NaN where a column has no such loop);
+    each is a fresh process."""
     nan = float("nan")
     if mode == "serial":
-        runs = {
-            "C": lambda: run_c(binary, width, height, iterations, "serial"),
-            "C + counter": lambda: run_c(binary, width, height, iterations, "serial_counter"),
-            "C, same calls": lambda: run_c(binary, width, height, iterations, "serial_same"),
-            "eglcuda": lambda: eglcuda_serial(display, width, height, iterations),
-            "eglcuda steps": lambda: eglcuda_serial_steps(display, width, height, iterations),
-            "eglcuda steps, bare": lambda: eglcuda_serial_steps(display, width, height, iterations, frame_numbers=False),
-        }
+        return {name: run_c(binary, width, height, iterations, variant) for name, variant in
+                (("C", "serial"), ("C + counter", "serial_counter"), ("C, same calls", "serial_same"))}
+    return {"C": run_c(binary, width, height, iterations, "pipelined"), "C + counter": nan, "C, same calls": nan}
+
+
+def measure_python(mode: str, display, stack, width: int, height: int, iterations: int) -> dict:
+    """One run of each Python column (eglcuda's three, then the PyOpenGL + cuda-python stack) in
+    this process."""
+    if mode == "serial":
+        result = {"eglcuda": eglcuda_serial(display, width, height, iterations),
+                  "eglcuda steps": eglcuda_serial_steps(display, width, height, iterations),
+                  "eglcuda steps, bare": eglcuda_serial_steps(display, width, height, iterations, frame_numbers=False)}
     else:
-        runs = {
-            "C": lambda: run_c(binary, width, height, iterations, "pipelined"),
-            "C + counter": lambda: nan,
-            "C, same calls": lambda: nan,
-            "eglcuda": lambda: eglcuda_pipelined(display, width, height, iterations),
-            "eglcuda steps": lambda: eglcuda_pipelined(display, width, height, iterations, steps=True),
-            "eglcuda steps, bare": lambda: eglcuda_pipelined(display, width, height, iterations, steps=True,
-                                                             frame_numbers=False),
-        }
-    result = {name: run() for name, run in runs.items()}
-    result["PyOpenGL+cuda-python"] = getattr(stack, mode)(width, height, iterations) if stack is not None else nan
+        result = {"eglcuda": eglcuda_pipelined(display, width, height, iterations),
+                  "eglcuda steps": eglcuda_pipelined(display, width, height, iterations, steps=True),
+                  "eglcuda steps, bare": eglcuda_pipelined(display, width, height, iterations, steps=True,
+                                                           frame_numbers=False)}
+    result["PyOpenGL+cuda-python"] = getattr(stack, mode)(width, height, iterations) if stack is not None else float("nan")
     return result
+
+
+def measure_python_fresh(mode: str, width: int, height: int, iterations: int) -> dict:
+    """:func:`measure_python` in a fresh interpreter (on this process's CPUs), as each C column
+    runs: a long-lived process and a fresh one need not run at the same speed."""
+    done = subprocess.run([sys.executable, __file__, "--child", mode, str(width), str(height), str(iterations)],
+                          capture_output=True, text=True, timeout=600)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    if done.returncode or not lines:
+        raise RuntimeError(f"the fresh Python process failed ({done.returncode}): "
+                           f"{one_line(done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.stdout)}")
+    return {name: float(value) for name, value in json.loads(lines[-1][7:]).items()}
+
+
+def child(mode: str, width: int, height: int, iterations: int) -> int:
+    """--child: the Python columns of one round, printed as one RESULT line of JSON."""
+    display = eglcuda.Display.for_cuda_device(0)
+    try:
+        stack = Stack()
+    except Exception as exc:  # the parent reads n/a, as in its own process
+        print(f"PyOpenGL+cuda-python stack unavailable: {one_line(exc)[:200]}", file=sys.stderr)
+        stack = None
+    result = measure_python(mode, display, stack, width, height, iterations)
+    display.close()
+    print("RESULT " + json.dumps(result), flush=True)
+    return 0
 
 
 def markdown_tables(rows) -> str:
@@ -371,10 +402,16 @@ def main() -> int:
     parser.add_argument("--markdown", help="write the markdown tables to this file")
     parser.add_argument("--plot", "--svg", dest="plot", metavar="FILE",
                         help="write bar charts to this path (.svg, .png); MODE in it becomes serial / pipelined")
+    parser.add_argument("--fresh", action="store_true",
+                        help="run each round's Python columns in a fresh interpreter, as each C column runs")
+    parser.add_argument("--child", nargs=4, metavar=("MODE", "W", "H", "N"), help=argparse.SUPPRESS)
     parser.add_argument("--cpus", default=None,
                         help="comma-separated CPUs to pin the serial loops to, one row each (default: the "
                              "lowest CPU this process may use); C and eglcuda run on the same CPU")
     args = parser.parse_args()
+    if args.child:
+        mode, width, height, iterations = args.child
+        return child(mode, int(width), int(height), int(iterations))
     require(PROGRAM, "cuda-stream", modules=[MATPLOTLIB] if args.plot else [], gcc=True)
     serial_n, pipe_n = (500, 500) if args.quick else (10000, 3000)
     # One serial round trip took 10.3 to 12.9 us in C alone depending on the CPU it ran on (H200
@@ -391,20 +428,33 @@ def main() -> int:
         stack, stack_error = None, one_line(exc)[:200]
         print(f"PyOpenGL+cuda-python stack unavailable, its column reads n/a: {stack_error}")
 
+    def python_columns(mode: str, width: int, height: int, iterations: int) -> dict:
+        nonlocal stack, stack_error
+        if args.fresh:
+            return measure_python_fresh(mode, width, height, iterations)
+        try:
+            return measure_python(mode, display, stack, width, height, iterations)
+        except Exception as exc:  # the stack failing mid-run: its column reads n/a from here on
+            if stack is None:
+                raise
+            stack_error, stack = f"{type(exc).__name__}: {exc}", None
+            return measure_python(mode, display, stack, width, height, iterations)
+
     rows = []
     loops = [("serial", serial_n, {cpu}) for cpu in cpus] + [("pipelined", pipe_n, all_cpus)]
     for width, height in SIZES:
         for mode, iterations, affinity in loops:
             os.sched_setaffinity(0, affinity)  # inherited by the C reference's process
             cells: dict[str, list[float]] = {name: [] for name in COLUMNS}
-            for _ in range(args.repeats):  # interleaved, so drift hits all of them alike
-                try:
-                    run = measure(mode, binary, display, stack, width, height, iterations)
-                except Exception as exc:
-                    if stack is None:
-                        raise
-                    stack_error, stack = f"{type(exc).__name__}: {exc}", None
-                    run = measure(mode, binary, display, stack, width, height, iterations)
+            for round_ in range(args.repeats):  # interleaved, so drift hits all of them alike
+                # C first in even rounds, Python first in odd ones: a drift within a round then
+                # favours neither side.
+                if round_ % 2 == 0:
+                    run = measure_c(mode, binary, width, height, iterations)
+                    run.update(python_columns(mode, width, height, iterations))
+                else:
+                    run = python_columns(mode, width, height, iterations)
+                    run.update(measure_c(mode, binary, width, height, iterations))
                 for name, value in run.items():
                     cells[name].append(value)
             med = {k: statistics.median(v) for k, v in cells.items()}

@@ -16,10 +16,13 @@ processes, waits until every subscriber joined, warms up, then publishes as fast
 subscribers allow for --duration seconds. Latency runs from just before the publisher hands a frame
 over (its timestamp, CLOCK_MONOTONIC, shared by the host's processes) to the moment receive
 returns in the subscriber (with --sync: after the subscriber's stream also caught up with the
-frame's GPU work). Subscribers do no work on the frames. Also measured: 8 'latest' subscribers with
+frame's GPU work). Subscribers do no work on the frames. The publisher does none either, unless
+--write: then it writes every frame on the GPU before handing it over (a device-to-device copy of
+the whole frame, each plane, queued on the stream it publishes with), as a decoder or a kernel
+producing the frame would; the ring does the same copies. Also measured: 8 'latest' subscribers with
 one of them stalled (joined, never reads), against 8 that all read (the issue's "< 5 %").
 
-    python bench/topics.py [--quick] [--mps] [--out DIR] [--duration S] [--sync]
+    python bench/topics.py [--quick] [--mps] [--out DIR] [--duration S] [--sync] [--write]
                            [--transports cuda-ipc,eglstream,ipc-ring,torch-mp] [--subscribers 1,2,4,8]
                            [--qos latest,every] [--sizes 1080p-nv12,4k-argb] [--profile DIR]
 
@@ -62,6 +65,11 @@ POOL = 8
 WARMUP = 50
 
 
+def plane_rows(width: int, height: int, fmt: str) -> list[tuple[int, int]]:
+    """(row bytes, rows) of each plane of a frame: the copies --write queues per frame."""
+    return [(width * 4, height)] if fmt == "ARGB" else [(width, height), (width, height // 2)]
+
+
 def now_ns() -> int:
     return time.monotonic_ns()
 
@@ -90,6 +98,17 @@ def eglcuda_publisher(args) -> int:
     pub = eglcuda.Publisher("bench", width, height, fmt, path=args.path, pool=POOL, every_timeout=30.0,
                             max_pool=64)
     emit(role="ready")
+    write = None
+    if args.write:
+        from eglcuda._bind import cuda
+
+        rows = plane_rows(width, height, fmt)
+        source = cuda.mem_alloc(sum(b * r for b, r in rows), "the frames' source")
+        offsets = [sum(b * r for b, r in rows[:i]) for i in range(len(rows))]
+
+        def write(frame) -> None:  # what a decoder's or a kernel's output costs the stream
+            for plane, offset, (row_bytes, _) in zip(frame.planes, offsets, rows):
+                plane.copy_from_device(source + offset, row_bytes)
     deadline = time.monotonic() + 120
     while len(pub.subscribers) < args.n:
         if time.monotonic() > deadline:
@@ -102,7 +121,10 @@ def eglcuda_publisher(args) -> int:
     count, started, cpu = 0, now_ns(), time.process_time()
     end = started + int(args.duration * 1e9)
     while now_ns() < end:
-        pub.publish(pub.next_frame(), payload=b"W")
+        frame = pub.next_frame()
+        if write is not None:
+            write(frame)
+        pub.publish(frame, payload=b"W")
         count += 1
     elapsed = (now_ns() - started) / 1e9
     cpu = time.process_time() - cpu
@@ -167,6 +189,9 @@ def ring_publisher(args) -> int:
     device = get_device(0)
     device.make_current()
     buffers = [cuda.mem_alloc(size, "a ring buffer") for _ in range(POOL)]
+    rows = plane_rows(width, height, fmt)
+    offsets = [sum(b * r for b, r in rows[:i]) for i in range(len(rows))]
+    source = cuda.mem_alloc(size, "the frames' source") if args.write else 0
     events = [cuda_ipc.event_create_interprocess() for _ in range(POOL)]
     handles = b"".join(cuda_ipc.mem_handle(b) + cuda_ipc.event_handle(e) for b, e in zip(buffers, events))
     pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET) for _ in range(args.n)]
@@ -215,6 +240,10 @@ def ring_publisher(args) -> int:
             end = started + int(args.duration * 1e9)
         if phase == "timed" and now_ns() >= end:
             break
+        if source:  # --write: the same copies the topic's publisher queues
+            for offset, (row_bytes, height_rows) in zip(offsets, rows):
+                cuda.copy_2d(stream, ("device", source + offset, row_bytes),
+                             ("device", buffers[slot] + offset, row_bytes), row_bytes, height_rows, wait=False)
         stamp = now_ns()
         cuda_ipc.record(events[slot], stream)
         message = _RING_FRAME.pack(slot, seq, stamp if phase == "timed" else 0)
@@ -235,6 +264,8 @@ def ring_publisher(args) -> int:
     for buffer, event in zip(buffers, events):
         cuda_ipc.event_destroy(event)
         cuda.mem_free(buffer)
+    if source:
+        cuda.mem_free(source)
     emit(role="publisher", rate=count / elapsed, frames=count, transports=["ipc-ring"], cpu_us=1e6 * cpu / count)
     for result in results:
         emit(**result)
@@ -371,7 +402,8 @@ def profiled(role, args) -> int:
 
 def run_config(args, transport: str, size: str, qos: str, n: int, stalled: bool = False) -> dict:
     """One configuration in fresh processes; returns the publisher's and the subscribers' results."""
-    common = ["--size", size, "--duration", str(args.duration)] + (["--sync"] if args.sync else [])
+    common = (["--size", size, "--duration", str(args.duration)] + (["--sync"] if args.sync else [])
+              + (["--write"] if args.write else []))
     if args.profile:
         folder = f"{transport}-{size}-{qos}-n{n}{'-stalled' if stalled else ''}"
         common += ["--profile", str(pathlib.Path(args.profile).resolve() / folder)]
@@ -505,6 +537,8 @@ def main() -> int:
     parser.add_argument("--out", default="bench-topics", help="folder for results and plots")
     parser.add_argument("--duration", type=float, default=None, help="timed seconds per configuration")
     parser.add_argument("--sync", action="store_true", help="latency includes the subscriber's stream catching up")
+    parser.add_argument("--write", action="store_true",
+                        help="the publisher writes every frame on the GPU (a device copy per plane) before handing it over")
     parser.add_argument("--transports", default=",".join(TRANSPORTS))
     parser.add_argument("--subscribers", default=None, help="e.g. 1,2,4,8")
     parser.add_argument("--qos", default="latest,every")
@@ -555,6 +589,7 @@ def main() -> int:
                     rows.append(row)
                     print(format_row(row), flush=True)
     (out / "results.json").write_text(json.dumps({"mps": args.mps, "duration": args.duration, "sync": args.sync,
+                                                  "write": args.write,
                                                   "rows": rows}, indent=1))
     table = markdown(rows, args)
     (out / "results.md").write_text(table + "\n")
@@ -605,7 +640,8 @@ def format_row(row: dict) -> str:
 
 def markdown(rows: list[dict], args) -> str:
     lines = [f"Frame topics, one publisher and N subscriber processes; MPS {'on' if args.mps else 'off'}; "
-             f"{args.duration} s timed per configuration{'; latency includes the stream sync' if args.sync else ''}.",
+             f"{args.duration} s timed per configuration{'; latency includes the stream sync' if args.sync else ''}"
+             f"{'; the publisher writes every frame on the GPU (--write)' if args.write else ''}.",
              "", "| size | qos | transport | N | publisher frames/s | slowest subscriber frames/s | p50 us (median of "
              "subscribers) | worst p50 us | worst p99 us | publisher CPU us/frame | subscriber CPU us/frame (median) |",
              "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]

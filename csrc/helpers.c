@@ -222,12 +222,30 @@ void eglcuda_store_flag(volatile uint32_t *flag, uint32_t value)
 /* ---- the cuda-ipc topic transport's per-frame steps ----------------------------------------
  * One call from Cython each (eglcuda/topics/_wire.pyx): the context check and the driver call,
  * with no Python between them. */
-static CUresult eglcuda_ipc_record(CUcontext ctx, CUevent event, CUstream stream, int *failed_call)
+/* A frame whose writing has finished needs no event: with query set, when the publish stream has
+ * nothing queued the record is skipped, and the slot's event keeps its last record, which has
+ * completed too (it was queued on a stream now idle), or, recorded on another stream still busy,
+ * makes a reader wait longer than it must, never shorter. (The legacy default stream's query also
+ * counts the work of the context's blocking streams, as its record waits for it: measured on
+ * driver 580.) Without MPS an interprocess record is GPU work in the publisher's own time slice,
+ * which each reader's query then waits for. */
+static CUresult eglcuda_ipc_record(CUcontext ctx, CUevent event, CUstream stream, int query, int *recorded,
+                                   int *failed_call)
 {
+    *recorded = 0;
     CUresult status = eglcuda_ensure_current(ctx);
     if (status != CUDA_SUCCESS) { *failed_call = EGLCUDA_CALL_CONTEXT; return status; }
+    if (query) {
+        *failed_call = EGLCUDA_CALL_STREAM_QUERY;
+        status = cuStreamQuery(stream);
+        if (status != CUDA_ERROR_NOT_READY)
+            return status;
+    }
     *failed_call = EGLCUDA_CALL_EVENT_RECORD;
-    return cuEventRecord(event, stream);
+    status = cuEventRecord(event, stream);
+    if (status == CUDA_SUCCESS)
+        *recorded = 1;
+    return status;
 }
 
 /* Recording an interprocess event costs 4-7x an ordinary one (measured on an H100): record

@@ -8,7 +8,7 @@
  *
  * Needs the types of egl_core.h, egl_stream.h and cuda_egl.h. */
 
-#define EGLCUDA_HOT_API_VERSION 5
+#define EGLCUDA_HOT_API_VERSION 6
 
 /* Which driver call a fused helper says failed (*failed_call). */
 enum eglcuda_call {
@@ -54,14 +54,16 @@ struct eglcuda_hot_api {
     CUresult (*consumer_counter)(EGLDisplay dpy, EGLStreamKHR egl_stream, EGLuint64KHR *consumer_frame);
     /* The cuda-ipc topic transport (eglcuda/topics/_wire.pyx), each with ctx made current first;
      * on failure *failed_call says which call failed. */
-    CUresult (*ipc_record)(CUcontext ctx, CUevent event, CUstream stream, int *failed_call);
+    /* The publisher's frame event. query: ask the stream first and record only while it has work
+     * queued; *recorded says whether it recorded. */
+    CUresult (*ipc_record)(CUcontext ctx, CUevent event, CUstream stream, int query, int *recorded,
+                           int *failed_call);
     /* A subscriber's release: when stream still has work queued, record done on it (*recorded 1);
      * when it has finished, nothing (*recorded 0). done NULL: CUDA_ERROR_NOT_READY when it would
      * record (the caller makes the slot's event, then calls again). */
     CUresult (*ipc_release)(CUcontext ctx, CUstream stream, CUevent done, int *recorded, int *failed_call);
     /* Unless event has completed, make stream wait for it (on the GPU): a subscriber before it
-     * reads a frame (the publisher's event), the publisher before it writes a slot again (the
-     * subscriber's done event). */
+     * reads a frame (the publisher's event). */
     CUresult (*ipc_order_after)(CUcontext ctx, CUstream stream, CUevent event, int *failed_call);
     /* cuEventQuery: CUDA_SUCCESS once event has completed, CUDA_ERROR_NOT_READY before. */
     CUresult (*ipc_event_done)(CUcontext ctx, CUevent event, int *failed_call);

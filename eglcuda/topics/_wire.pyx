@@ -79,7 +79,7 @@ cdef extern from "eglcuda_types.h" nogil:
     struct eglcuda_hot_api:
         unsigned int version
         unsigned int size
-        CUresult (*ipc_record)(CUcontext, CUevent, CUstream, int *) noexcept nogil
+        CUresult (*ipc_record)(CUcontext, CUevent, CUstream, int, int *, int *) noexcept nogil
         CUresult (*ipc_release)(CUcontext, CUstream, CUevent, int *, int *) noexcept nogil
         CUresult (*ipc_order_after)(CUcontext, CUstream, CUevent, int *) noexcept nogil
         CUresult (*ipc_event_done)(CUcontext, CUevent, int *) noexcept nogil
@@ -434,14 +434,17 @@ cdef object failed(CUresult status, int call, str doing):
     return cuda_error(status, CALL_NAMES.get(call, "the CUDA driver"), doing)
 
 
-def ipc_record(uintptr_t context, uintptr_t event, uintptr_t stream):
-    """Record ``event`` on ``stream`` (the publisher, once per frame)."""
+def ipc_record(uintptr_t context, uintptr_t event, uintptr_t stream, bint query=False):
+    """Record ``event`` on ``stream`` (the publisher, once per frame); with ``query``, only if
+    ``stream`` still has work queued. Returns whether it recorded."""
     cdef CUresult status
+    cdef int recorded = 0
     cdef int call = EGLCUDA_CALL_CONTEXT
     with nogil:
-        status = hot.ipc_record(<CUcontext>context, <CUevent>event, <CUstream>stream, &call)
+        status = hot.ipc_record(<CUcontext>context, <CUevent>event, <CUstream>stream, query, &recorded, &call)
     if status:
         raise failed(status, call, "recording the frame's event")
+    return recorded != 0
 
 
 def ipc_release(uintptr_t context, uintptr_t stream, uintptr_t done):
@@ -477,8 +480,7 @@ def ipc_event_done(uintptr_t context, uintptr_t event):
 
 def ipc_order_after(uintptr_t context, uintptr_t stream, uintptr_t event, str doing):
     """Unless ``event`` (another process's) has completed, make ``stream`` wait for it on the
-    GPU; no host wait. A subscriber calls it before reading a frame, the publisher before writing
-    a slot again."""
+    GPU; no host wait. A subscriber calls it before reading a frame."""
     cdef CUresult status
     cdef int call = EGLCUDA_CALL_CONTEXT
     with nogil:

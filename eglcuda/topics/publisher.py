@@ -45,6 +45,7 @@ log = logging.getLogger("eglcuda.topics")
 _RECV_LIMIT = 4096  # longer than any message a subscriber sends after its handshake
 _READ_BATCH = 8  # messages one read takes from a subscriber's socket (its releases since the last read)
 _READ_INTERVAL = 0.001  # seconds: the longest a publishing publisher leaves its subscribers' messages unread
+_SETTLE_POLL = 0.001  # seconds between the questions of a publisher waiting for subscribers' GPU reading
 _READ_LIMIT = protocol.MAX_QUEUE + 2  # messages read from one subscriber per poll (the rest: next poll)
 _KIND_BYE = int(protocol.Kind.BYE)
 MAX_PENDING_HANDSHAKES = 32
@@ -64,14 +65,15 @@ class SlotState(enum.Enum):
 class _Slot:
     """One pool frame and who holds it."""
 
-    __slots__ = ("index", "frame", "state", "holders", "waiters", "seq", "published_at")
+    __slots__ = ("index", "frame", "state", "holders", "waiters", "waiting_since", "seq", "published_at")
 
     def __init__(self, index: int, frame: Any) -> None:
         self.index = index
         self.frame = frame
         self.state = SlotState.FREE
         self.holders: set[_Subscriber] = set()  # links whose transport still holds the memory
-        self.waiters: list[_Subscriber] = []  # released with a done event to wait on before writing
+        self.waiters: list[_Subscriber] = []  # released with a done event: their GPU work may still read it
+        self.waiting_since = 0.0  # time.monotonic() of the first of those releases
         self.seq = -1
         self.published_at = 0.0
 
@@ -161,12 +163,12 @@ class Publisher:
         free: ``latest`` subscribers never slow the publisher down, and an ``every`` subscriber may
         hold its whole queue while the next frame is written (its backpressure is the queue: see
         :meth:`publish`). It also grows when every free frame is still read by a subscriber's
-        GPU work (CUDA IPC): a write that waits on the GPU for another process costs both of them
-        far more than a new frame does. ``max_pool`` bounds the memory (a 4K ARGB frame is
-        33 MB).
+        GPU work (CUDA IPC), rather than wait for that work (then :meth:`next_frame` waits on the
+        host). ``max_pool`` bounds the memory (a 4K ARGB frame is 33 MB).
     :param device: the CUDA device of the pool.
     :param every_timeout: seconds the publisher waits for an ``every`` subscriber that holds a
-        full queue (or the pool frame the publisher needs) before dropping it.
+        full queue (or the pool frame the publisher needs), or for any subscriber's GPU work still
+        reading a frame it released when the publisher needs that frame, before dropping it.
     :param access: who may subscribe: ``"user"`` (this uid only, the default), ``"group"`` (also
         members of this process's group) or ``"all"``. Checked on every connection with
         ``SO_PEERCRED``; the socket's mode follows. Other than ``"user"`` needs ``path`` in a
@@ -310,11 +312,12 @@ class Publisher:
             # each). At camera rates every frame still reads them.
             if self._subs and time.monotonic() - self._read_at >= _READ_INTERVAL:
                 self._poll(0.0)
-            # A slot no subscriber's GPU work still reads first: without MPS, a stream made to wait
-            # on another process's work ties the two processes' GPU time slices together
-            # (measured on an H100: 26k frames/s to one subscriber with such waits, 64-69k
-            # without). Then a new slot, while the pool may grow; then one whose readers the
-            # write must wait for, on the GPU.
+            # A slot no subscriber's GPU work still reads first; then a new slot, while the pool
+            # may grow; then the wait (_wait_for_slot), on the host. The publisher's stream never
+            # waits for another process's event: without MPS such a wait ties the two processes'
+            # GPU time slices together (measured on an H100: 26k frames/s to one subscriber with
+            # such waits, 64-69k without), and a subscriber that dies before its queued work ran
+            # could leave it waiting for good.
             slot = self._take_free(settled=True)
             if slot is None:
                 if self._subs:
@@ -327,25 +330,13 @@ class Publisher:
                 except EglCudaError as exc:
                     if not self._free:
                         raise  # nothing free at all: the pool had to grow
-                    # Free slots are still read on the GPU: write one after the wait instead.
-                    log.info("topic %s: growing the pool failed (%s); writing after the GPU wait", self.name, exc)
+                    # Free slots are still read on the GPU: one is written once that reading ends.
+                    log.info("topic %s: growing the pool failed (%s); waiting for a slot's readers", self.name, exc)
                 slot = self._take_free(settled=True)
             if slot is None:
-                slot = self._take_free()
-            if slot is None:
                 slot = self._wait_for_slot(limit)
-            backend = self._backend
-            if backend is None:  # pragma: no cover - set for as long as the publisher is open
+            if self._backend is None:  # pragma: no cover - set for as long as the publisher is open
                 raise self._closed_error()
-            stream = backend.stream_handle(cuda_stream)
-            if slot.waiters:
-                waiters, slot.waiters = slot.waiters, []
-                for sub in waiters:
-                    if sub.alive:
-                        try:
-                            sub.link.before_write(slot, stream)
-                        except EglCudaError as exc:
-                            self._drop(sub, Reason.TRANSPORT, f"ordering after its reading failed: {exc}")
             slot.state = SlotState.WRITING
             self._writing[id(slot.frame)] = slot
             return slot.frame
@@ -503,6 +494,8 @@ class Publisher:
         if freed:
             slot.holders.discard(sub)
             if release.flags & protocol.RELEASE_RECORDED:
+                if not slot.waiters:
+                    slot.waiting_since = time.monotonic()
                 slot.waiters.append(sub)
             self._maybe_free(slot)
         else:
@@ -600,14 +593,17 @@ class Publisher:
 
     def _settled(self, slot: _Slot) -> bool:
         """Whether every reader that released ``slot`` with a done event has finished with it
-        (then the write needs no GPU wait: the waiters are forgotten)."""
+        (then it may be written: the waiters are forgotten). A subscriber the question fails for
+        is dropped; a dropped one is not waited for."""
         for sub in slot.waiters:
             if sub.alive:
                 try:
-                    if not sub.link.reading_done(slot):
-                        return False
-                except EglCudaError:
-                    return False  # before_write meets the error again and drops the subscriber
+                    done = sub.link.reading_done(slot)
+                except EglCudaError as exc:
+                    self._drop(sub, Reason.TRANSPORT, f"asking whether its GPU reading of a frame ended failed: {exc}")
+                    continue
+                if not done:
+                    return False
         slot.waiters = []
         return True
 
@@ -630,10 +626,14 @@ class Publisher:
             full = [s for s in full if s.alive and len(s.outstanding) >= s.credit]
 
     def _wait_for_slot(self, limit: float) -> _Slot:
-        """A free slot, waiting up to ``limit`` seconds (Timeout after that)."""
+        """A free slot no subscriber's GPU work still reads, waiting up to ``limit`` seconds
+        (Timeout after that). While the free slots are still read on the GPU (released with a
+        done event not yet completed), the wait is on the host, asking every _SETTLE_POLL; a
+        subscriber still reading one every_timeout after its release is dropped, as is an
+        'every' subscriber that holds a frame that long."""
         deadline = time.monotonic() + limit
         while True:
-            slot = self._take_free()
+            slot = self._take_free(settled=True)
             if slot is not None:
                 return slot
             now = time.monotonic()
@@ -644,7 +644,13 @@ class Publisher:
             for sub in stale:
                 self._drop(sub, Reason.QUEUE_FULL, f"it held frames for more than {self.every_timeout} s "
                            "(every_timeout) while the publisher needed a pool frame")
-            if stale:
+            unsettled = [slot for slot in self._free if slot.state is SlotState.FREE and slot.waiters]
+            slow = {sub for slot in unsettled if now - slot.waiting_since >= self.every_timeout
+                    for sub in slot.waiters if sub.alive}
+            for sub in slow:
+                self._drop(sub, Reason.QUEUE_FULL, f"its GPU work still read a frame {self.every_timeout} s "
+                           "(every_timeout) after it released it, while the publisher needed a pool frame")
+            if stale or slow:
                 continue
             if now >= deadline:
                 holders = sorted({f"{s.peer.pid} ({s.qos.name.lower()})" for slot in self._pool for s in slot.holders})
@@ -656,6 +662,8 @@ class Publisher:
             if any(s.alive and s.link.returns_later for s in self._subs):
                 # EGLStream frames come back through the driver, which has no descriptor to wait on.
                 wait = min(wait, 0.002)
+            if unsettled:  # nor does the end of a subscriber's GPU work
+                wait = min(wait, _SETTLE_POLL, min(s.waiting_since for s in unsettled) + self.every_timeout - now)
             self._poll(max(wait, 0.0))
             self._reclaim_all()
 
@@ -671,7 +679,8 @@ class Publisher:
             # The common case compiled: a CUDA IPC subscriber that may take the frame now. The
             # rest (and any failure) comes back here.
             others, done = _wire.hand_out(self._subs, slot, seq, shared, fast, stream, Qos.LATEST)
-            if others and any(sub.qos is Qos.LATEST and len(sub.outstanding) >= sub.credit for sub in others):
+            if others and self._worth_a_read([sub for sub in others
+                                              if sub.qos is Qos.LATEST and len(sub.outstanding) >= sub.credit]):
                 # 'latest' ones at their credit may have released a frame since the last read:
                 # one read of every socket (and its releases handled in _wire) instead of one
                 # Python read per such subscriber; then the compiled step again for them.
@@ -685,7 +694,7 @@ class Publisher:
             if not sub.alive:
                 continue
             if sub.qos is Qos.LATEST and len(sub.outstanding) >= sub.credit:
-                if not fresh:
+                if not fresh and self._worth_a_read([sub]):
                     self._read(sub)  # a release may have come since the last read
                 if not sub.alive:
                     continue
@@ -728,6 +737,20 @@ class Publisher:
             slot.holders.add(sub)
             sub.delivered += 1
             sub.noticed = False
+
+    def _worth_a_read(self, at_credit: list[_Subscriber]) -> bool:
+        """Whether the messages of these 'latest' subscribers at their credit are worth reading
+        before a frame is handed out: when the last read is _READ_INTERVAL old, or when one of them
+        keeps up (the oldest frame it holds is younger than that: its release may be on the way).
+        One that holds its frames longer (a slow or stalled subscriber) is read with the others,
+        at least every _READ_INTERVAL (next_frame), not once per frame: a stalled subscriber then
+        costs the publisher no read a frame."""
+        if not at_credit:
+            return False
+        now = time.monotonic()
+        if now - self._read_at >= _READ_INTERVAL:
+            return True
+        return any(now - next(iter(sub.outstanding.values())).published_at < _READ_INTERVAL for sub in at_credit)
 
     def _send(self, sub: _Subscriber, data: bytes) -> bool:
         """Send one message without blocking the publisher on a subscriber that stopped reading:

@@ -122,9 +122,9 @@ class PublisherLink(abc.ABC):
         return 0
 
     def reading_done(self, slot: Any) -> bool:
-        """Whether the subscriber's GPU work on ``slot`` (that :meth:`before_write` would
-        order a write after) has finished; asked on the host, without waiting. True: that
-        ordering is no longer needed, and the link forgets it."""
+        """Whether the subscriber's GPU work on ``slot`` (released with its done event recorded)
+        has finished; asked on the host, without waiting. True: the slot may be written, and the
+        link forgets that work."""
         return True
 
     @abc.abstractmethod
@@ -140,10 +140,6 @@ class PublisherLink(abc.ABC):
     def reclaim(self) -> list[Any]:
         """Pool frames the transport gave back since the last call (EGLStream returns)."""
         return []
-
-    def before_write(self, slot: Any, cuda_stream: int | None) -> None:
-        """Order ``cuda_stream``, where ``slot`` is about to be written, after this subscriber's
-        reading of it (called only for slots it released with its done event recorded)."""
 
     @abc.abstractmethod
     def close(self) -> None:
@@ -339,6 +335,9 @@ class SlotView(FrameBase):
 # ==== cuda-ipc: the publisher's side ===============================================================
 
 _IPC_SLOT = struct.Struct("<64s64sQ")  # memory handle, event handle, allocation size
+# A cuda-ipc publisher whose stream was busy at a publish records the next frames' events without
+# asking the stream first (one stream query saved per frame), this many, then asks again.
+_ASK_AGAIN_AFTER = 16
 _LOCAL = b"local:"
 _local_streams: "weakref.WeakValueDictionary[bytes, Any]" = weakref.WeakValueDictionary()
 
@@ -362,6 +361,7 @@ class CudaIpcPublisher(PublisherTransport):
         self._slots: dict[int, _IpcSlot] = {}
         self._unavailable: str | None = None
         self._checked = False
+        self._record_unasked = 0  # frames left to record without asking the stream first
 
     def _check_platform(self) -> str | None:
         if self.device.info.integrated:
@@ -444,7 +444,16 @@ class CudaIpcPublisher(PublisherTransport):
 
     def on_publish(self, slot: Any, cuda_stream: int | None) -> None:
         entry = self._slot(slot)
-        _wire.ipc_record(self.device.context, entry.event.address, cuda_stream or 0)
+        # A frame written and finished before its publish needs no event (see _wire.ipc_record):
+        # the stream is asked first. A publisher whose stream was busy is likely to be busy for the
+        # next frames too (its kernels write each frame): it then records without asking, and
+        # asks again after _ASK_AGAIN_AFTER frames.
+        asking = self._record_unasked == 0
+        recorded = _wire.ipc_record(self.device.context, entry.event.address, cuda_stream or 0, asking)
+        if asking:
+            self._record_unasked = _ASK_AGAIN_AFTER if recorded else 0
+        else:
+            self._record_unasked -= 1
 
     def close(self) -> None:
         slots, self._slots = self._slots, {}
@@ -497,16 +506,6 @@ class CudaIpcLink(PublisherLink):
             return False
         self._recorded.discard(slot.index)
         return True
-
-    def before_write(self, slot: Any, cuda_stream: int | None) -> None:
-        if slot.index not in self._recorded:
-            return
-        self._recorded.discard(slot.index)
-        # Usually the subscriber's reading is long done by the time the slot comes round again:
-        # one query then spares the stream a wait (and the publisher a wait on a process that
-        # might die before its queued record runs).
-        _wire.ipc_order_after(self.transport.device.context, cuda_stream or 0, self._done[slot.index].address,
-                              "ordering the write after the subscriber's reading")
 
     def close(self) -> None:
         done, self._done = self._done, {}

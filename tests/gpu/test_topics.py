@@ -513,3 +513,53 @@ def test_publish_from_cupy_arrays(display, topic):
             assert_all_ok(local_check)
         finally:
             local_check.stop()
+
+
+_SPIN = r'''
+extern "C" __global__ void spin(unsigned long long nanoseconds) {
+    unsigned long long start, now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+    do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now)); } while (now - start < nanoseconds);
+}'''
+
+
+@pytest.mark.parametrize("writer", ["own-stream", "legacy-stream", "blocking-stream-published-as-legacy"])
+def test_subscribers_wait_for_a_write_still_running_at_publish(display, topic, writer):
+    """cuda-ipc: the publisher queues a 20 ms kernel and then the copies writing each frame, and
+    publishes at once. Its publish stream is busy, so the frame's event is recorded (a publish
+    from an idle stream records none), and each subscriber reads the frame's own bytes.
+
+    ``own-stream``: written and published on a CuPy stream; ``legacy-stream``: on the legacy default
+    stream, published with None; ``blocking-stream-published-as-legacy``: written on a blocking
+    stream, published with None (the legacy stream's query and record cover the blocking streams'
+    work: measured on driver 580)."""
+    cupy = pytest.importorskip("cupy")
+    if eglcuda.get_device(0).info.integrated:
+        pytest.skip("CUDA IPC is not available on an integrated GPU (Tegra)")
+    name, path = topic
+    seed, frames = 40, 6
+    spin = cupy.RawKernel(_SPIN, "spin")
+    work = cupy.cuda.Stream.null if writer == "legacy-stream" else cupy.cuda.Stream(non_blocking=False)
+    published_on = work.ptr if writer == "own-stream" else None
+    with eglcuda.Publisher(name, 1920, 1080, "NV12", path=path, pool=2) as pub:
+        peer = Peer("subscribe", name, path, "--transport", "cuda-ipc", "--seed", str(seed), "--count", str(frames))
+        try:
+            assert peer.wait_for(lambda m: m["event"] == "ready")["transport"] == "cuda-ipc"
+            for seq in range(frames):
+                frame = pub.next_frame(timeout=30, cuda_stream=published_on)
+                planes = frame.planes
+                staged = [cupy.asarray(data.reshape(p.height, p.geometry.row_bytes))
+                          for p, data in zip(planes, content([p.shape for p in planes], seed, seq))]
+                cupy.cuda.Device().synchronize()  # staged before the kernel: only the kernel delays the copies
+                with work:
+                    spin((1,), (1,), (cupy.uint64(20_000_000),))
+                for plane, source in zip(planes, staged):
+                    plane.copy_from_device(source.data.ptr, plane.geometry.row_bytes, cuda_stream=work.ptr)
+                assert not work.done, "the kernel finished before the publish: the test proves nothing"
+                pub.publish(frame, cuda_stream=published_on, payload=payload_of(seq, seed))
+            peer.wait_for(lambda m: m["event"] == "done")
+            assert_all_ok(peer)
+            assert len(peer.got()) == frames
+        finally:
+            peer.stop()
+            cupy.cuda.Device().synchronize()

@@ -151,6 +151,34 @@ def test_latest_never_slows_the_publisher_and_then_sees_fresh_frames(path):
         sleeper.close()
 
 
+def test_a_stalled_latest_subscriber_is_not_read_before_every_frame(path):
+    """A 'latest' subscriber that holds its two frames and reads nothing more is read with the
+    others (at least every millisecond), not before each frame it cannot take: a stalled
+    subscriber costs the publisher no read per frame."""
+    with publisher(path, pool=4) as pub:
+        stalled = subscriber(path, qos="latest")
+        put(pub, b"0")
+        put(pub, b"1")  # its credit: it holds two frames now
+        reads: list[str] = []
+        for name in ("_poll", "_read"):
+            def counting(*args, _original=getattr(pub, name), _name=name):
+                reads.append(_name)
+                return _original(*args)
+            setattr(pub, name, counting)
+        time.sleep(0.005)  # the frames it holds are older than the read interval now
+        started = time.monotonic()
+        for i in range(2, 302):
+            put(pub, b"%d" % i)
+        elapsed = time.monotonic() - started
+        assert elapsed < 0.1, f"300 publishes took {elapsed:.3f} s: too slow a machine for this test to tell"
+        # At most a read per millisecond from next_frame, and one more from publish when it ran
+        # a millisecond after that read: far fewer than one per frame.
+        assert len(reads) <= 2 * elapsed / 0.001 + 4, (len(reads), elapsed)
+        (info,) = pub.subscribers
+        assert (info.delivered, info.outstanding) == (2, 2)
+        stalled.close()
+
+
 def test_a_slow_latest_subscriber_gets_the_newest_frames(path):
     """A publisher at ~2 kHz and a subscriber that takes 10 ms per frame: every frame it gets
     was published after it asked (or is the newest at that moment), and it skips the rest."""
@@ -538,34 +566,70 @@ def test_a_subscriber_leaving_during_publish_does_not_cost_a_pool_frame(path):
         every.close()
 
 
-def test_growing_for_unsettled_frames_falls_back_when_memory_runs_out(path, monkeypatch):
-    """When every free frame is still read on the GPU (a done event pending) the pool grows; an
-    allocation that fails then is no error: the write waits on the GPU instead."""
+def _recording_subscribers(monkeypatch, reading_done):
+    """Null subscribers whose every release says its done event was recorded (its GPU work may
+    still read the frame), with ``reading_done(slot)`` answering the publisher's question."""
     import topics_null
-    from eglcuda.errors import CUDAError
 
     class Recorded(topics_null.NullSubscriberTransport):
         def release(self, obj, frame, cuda_stream):
             super().release(obj, frame, cuda_stream)
             return protocol.RELEASE_TAKEN | protocol.RELEASE_RECORDED, b""
 
-    class TwoFrames(NullPublisherBackend):
-        def allocate(self, *args):
-            if self.allocated >= 2:
-                raise CUDAError(2, "cuMemAlloc", name="CUDA_ERROR_OUT_OF_MEMORY")
-            return super().allocate(*args)
-
-    ordered = []
     monkeypatch.setattr(topics_null, "NullSubscriberTransport", Recorded)
-    monkeypatch.setattr(topics_null.NullLink, "reading_done", lambda self, slot: False, raising=False)
-    monkeypatch.setattr(topics_null.NullLink, "before_write", lambda self, slot, stream: ordered.append(slot.index),
-                        raising=False)
-    with publisher(path, pool=2, _backend=TwoFrames()) as pub, subscriber(path, qos="every") as sub:
+    monkeypatch.setattr(topics_null.NullLink, "reading_done", lambda self, slot: reading_done(slot), raising=False)
+
+
+class _TwoFrames(NullPublisherBackend):
+    def allocate(self, *args):
+        if self.allocated >= 2:
+            from eglcuda.errors import CUDAError
+            raise CUDAError(2, "cuMemAlloc", name="CUDA_ERROR_OUT_OF_MEMORY")
+        return super().allocate(*args)
+
+
+def test_growing_for_unsettled_frames_falls_back_when_memory_runs_out(path, monkeypatch):
+    """When every free frame is still read on the GPU (a done event pending) the pool grows; an
+    allocation that fails then is no error: the publisher waits, on the host, until the reading
+    of one has ended, and writes that one."""
+    asked: dict[int, int] = {}
+    ended: list[int] = []
+
+    def reading_done(slot):  # each frame's reading ends at the third question
+        asked[slot.index] = asked.get(slot.index, 0) + 1
+        if asked[slot.index] < 3:
+            return False
+        del asked[slot.index]
+        ended.append(slot.index)
+        return True
+
+    _recording_subscribers(monkeypatch, reading_done)
+    with publisher(path, pool=2, _backend=_TwoFrames()) as pub, subscriber(path, qos="every") as sub:
         for i in range(5):
             put(pub, b"%d" % i)
             with sub.receive() as message:
                 assert message.frame.data == pattern(b"%d" % i)
-        assert pub.pool_size == 2 and len(ordered) == 3, ordered  # frames 2-4 reuse a slot after a wait
+        assert pub.pool_size == 2 and not pub.dropped
+        assert len(ended) >= 3, ended  # frames 2-4 each waited for a slot's reading to end
+
+
+def test_a_subscriber_whose_gpu_reading_never_ends_is_dropped(path, monkeypatch):
+    """A subscriber released the only pool frame with a done event that never completes (its
+    process hung on the GPU, say): the publisher waits for it on the host for every_timeout, then
+    drops it with the reason on both sides, and goes on with the frame."""
+    _recording_subscribers(monkeypatch, lambda slot: False)
+    with publisher(path, pool=1, max_pool=1, every_timeout=0.3) as pub, subscriber(path, qos="every") as sub:
+        put(pub, b"0")
+        with sub.receive() as message:
+            assert message.frame.data == pattern(b"0")
+        started = time.monotonic()
+        put(pub, b"1")
+        assert 0.25 < time.monotonic() - started < 3.0
+        (record,) = pub.dropped
+        assert record.code == "QUEUE_FULL" and "GPU work still read a frame" in record.reason
+        with pytest.raises(eglcuda.Dropped, match="GPU work") as caught:
+            sub.receive(2)
+        assert caught.value.code == Reason.QUEUE_FULL
 
 
 def test_a_goodbye_read_with_a_release_is_a_leave_not_a_drop(path, monkeypatch):

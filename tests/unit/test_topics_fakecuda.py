@@ -51,8 +51,8 @@ PUBLISH = ("--width", "64", "--height", "48", "--format", "NV12")
 def test_cuda_ipc_fanout_every_byte(env, path, busy_every):
     """busy_every N: every Nth event query finds the writer's work still running (the reader's
     stream then waits for it), and every Nth release after such a wait finds the subscriber's
-    stream still busy, so that release records its done event and the publisher orders its next
-    write into the slot after it; the others (all when idle) send no event. Mixed: a slot's event
+    stream still busy, so that release records its done event and the publisher writes that slot
+    again only once the event has completed; the others (all when idle) send no event. Mixed: a slot's event
     is first made at a later release."""
     stats = tempfile.mkdtemp(prefix="eglcuda-fakecuda-stats-")
     env = {**env, "FAKECUDA_STATS_DIR": stats}
@@ -75,17 +75,21 @@ def test_cuda_ipc_fanout_every_byte(env, path, busy_every):
         seqs = [m["seq"] for m in latest.got()]
         assert seqs == sorted(set(seqs)) and sum(m["skipped"] for m in latest.got()) > 0
         # Which ordering ran: a subscriber's stream waits only for a pending frame event, and a
-        # release records a done event only while its stream is busy; the publisher's stream
-        # waits for one only when it must write a slot whose reader may still be busy.
+        # release records a done event only while its stream is busy.
         calls = {}
         for name in os.listdir(stats):
             words = pathlib.Path(stats, name).read_text().split()
             calls[int(name.split(".")[0])] = {"records": int(words[1]), "waits": int(words[3])}
         every_calls = calls.get(every.process.pid, {"records": 0, "waits": 0})
+        publisher_calls = calls.get(publisher.process.pid, {"records": 0, "waits": 0})
         if busy_every:
             assert every_calls["waits"] > 0 and every_calls["records"] > 0, calls
         else:
             assert every_calls == {"records": 0, "waits": 0}, calls
+        # The publisher's stream never waits for a subscriber's event (it waits on the host for
+        # a slot whose readers finished), and its frames were written and finished before each
+        # publish (host copies): a publish from an idle stream records no event.
+        assert publisher_calls == {"records": 0, "waits": 0}, calls
     finally:
         for peer in [publisher, *subscribers]:
             peer.stop()

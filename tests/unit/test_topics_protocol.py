@@ -462,3 +462,38 @@ def test_settle_frees_slots_on_plain_releases_and_keeps_each_subscribers_order()
     finally:
         for sub in (a, b, eglstream):
             sub.close()
+
+
+def test_a_busy_cuda_ipc_publisher_records_without_asking_then_asks_again(monkeypatch):
+    """The publisher's frame event: an idle publish stream is asked every frame (and then needs no
+    record); once a publish found it busy, the next _ASK_AGAIN_AFTER frames are recorded without
+    asking, then it asks again."""
+    from types import SimpleNamespace
+
+    from eglcuda.topics import transports
+
+    asked: list[bool] = []
+    stream_busy = [True]
+
+    def record(context: int, event: int, stream: int, query: bool = False) -> bool:
+        assert (context, event, stream) == (11, 22, 33)
+        asked.append(query)
+        return stream_busy[0] or not query  # recorded: unless it asked and the stream was idle
+
+    monkeypatch.setattr(transports._wire, "ipc_record", record)
+    publisher = object.__new__(transports.CudaIpcPublisher)  # the bookkeeping alone: no device
+    publisher.device = SimpleNamespace(context=11)
+    publisher._slots = {0: SimpleNamespace(event=SimpleNamespace(address=22))}
+    publisher._record_unasked = 0
+    slot = SimpleNamespace(index=0)
+    skipped = transports._ASK_AGAIN_AFTER
+
+    for _ in range(2 * (skipped + 1)):
+        publisher.on_publish(slot, 33)
+    assert asked == ([True] + [False] * skipped) * 2
+    publisher.on_publish(slot, 33)  # asks, finds it busy: the next frames record unasked
+    stream_busy[0] = False  # the publisher's kernels stopped: after those frames, it asks each frame
+    asked.clear()
+    for _ in range(skipped + 4):
+        publisher.on_publish(slot, 33)
+    assert asked == [False] * skipped + [True] * 4

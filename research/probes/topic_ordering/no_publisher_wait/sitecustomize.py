@@ -1,7 +1,6 @@
-# Diagnostic only, NOT SAFE: the cuda-ipc publisher never orders a write after a subscriber's
-# done event (a slot may be written while a subscriber's kernel still reads it). Loaded by
+# Diagnostic only, NOT SAFE: the cuda-ipc publisher never waits for a subscriber's done event (a
+# slot may be written while a subscriber's kernel still reads it). Loaded by
 # research/probes/topic_ordering.sh through PYTHONPATH into every process of a bench run.
 from eglcuda.topics import transports
 
-transports.CudaIpcLink.before_write = lambda self, slot, cuda_stream: None
 transports.CudaIpcLink.reading_done = lambda self, slot: True
