@@ -65,15 +65,16 @@ class SlotState(enum.Enum):
 class _Slot:
     """One pool frame and who holds it."""
 
-    __slots__ = ("index", "frame", "state", "holders", "waiters", "waiting_since", "seq", "published_at")
+    __slots__ = ("index", "frame", "state", "holders", "waiters", "seq", "published_at")
 
     def __init__(self, index: int, frame: Any) -> None:
         self.index = index
         self.frame = frame
         self.state = SlotState.FREE
         self.holders: set[_Subscriber] = set()  # links whose transport still holds the memory
-        self.waiters: list[_Subscriber] = []  # released with a done event: their GPU work may still read it
-        self.waiting_since = 0.0  # time.monotonic() of the first of those releases
+        # Subscribers that released it with a done event (their GPU work may still read it), and
+        # when (time.monotonic()).
+        self.waiters: dict[_Subscriber, float] = {}
         self.seq = -1
         self.published_at = 0.0
 
@@ -292,17 +293,25 @@ class Publisher:
 
     # ---- the frame path ---------------------------------------------------------------------
     def next_frame(self, timeout: float | None = None, cuda_stream: Any = None) -> Any:
-        """A free pool frame to write the next frame into, ordered for writing on ``cuda_stream``
-        (None: the legacy default stream): the reading of every subscriber that held it before
-        is ordered before that stream's later work, without a host wait. Write on that stream (or
-        order your stream after it), then :meth:`publish` the frame.
+        """A free pool frame to write the next frame into: no subscriber holds it, and the GPU
+        work of every subscriber that read it before has finished, so it may be written at once
+        on any stream. Write it, then :meth:`publish` it with the stream the writing was queued
+        on. ``cuda_stream`` (None: the legacy default stream) is checked here and otherwise
+        unused: the frame needs no ordering on it.
 
-        Waits while every pool frame is held, up to ``timeout`` seconds (None: ``every_timeout``
-        plus one second); an ``every`` subscriber that keeps a frame longer than ``every_timeout``
-        meanwhile is dropped. Raises :class:`Timeout` when no frame came free."""
+        Waits while every pool frame is held, or still read by a subscriber's GPU work after its
+        release (on the host: the publisher's stream never waits for another process), up to
+        ``timeout`` seconds (None: ``every_timeout`` plus one second). An ``every`` subscriber
+        that keeps a frame, or any subscriber whose GPU work still reads one it released, longer
+        than ``every_timeout`` meanwhile is dropped. Raises :class:`Timeout` when no frame came
+        free."""
         limit = self.every_timeout + 1.0 if timeout is None else positive_seconds(timeout, "timeout")
         with self._lock:
             self._check_open()
+            backend = self._backend
+            if backend is None:  # pragma: no cover - set for as long as the publisher is open
+                raise self._closed_error()
+            backend.stream_handle(cuda_stream)  # (a bad value fails here, before a slot is taken)
             if self._joined:
                 self._adopt()
             # The subscribers' messages are read at least every _READ_INTERVAL, and whenever no
@@ -335,8 +344,6 @@ class Publisher:
                 slot = self._take_free(settled=True)
             if slot is None:
                 slot = self._wait_for_slot(limit)
-            if self._backend is None:  # pragma: no cover - set for as long as the publisher is open
-                raise self._closed_error()
             slot.state = SlotState.WRITING
             self._writing[id(slot.frame)] = slot
             return slot.frame
@@ -494,9 +501,7 @@ class Publisher:
         if freed:
             slot.holders.discard(sub)
             if release.flags & protocol.RELEASE_RECORDED:
-                if not slot.waiters:
-                    slot.waiting_since = time.monotonic()
-                slot.waiters.append(sub)
+                slot.waiters[sub] = time.monotonic()
             self._maybe_free(slot)
         else:
             self._reclaim(sub)
@@ -574,38 +579,40 @@ class Publisher:
         free = self._free
         unsettled: list[_Slot] | None = None  # (made only when needed: this runs every frame)
         found = None
-        while free:
-            slot = free.popleft()
-            if slot.state is not SlotState.FREE:
-                continue  # a stale entry: the slot was taken or published since
-            if slot.holders:  # (not expected: a free slot nobody holds) held again: free once released
-                slot.state = SlotState.PUBLISHED
-                continue
-            if not settled or not slot.waiters or self._settled(slot):
-                found = slot
-                break
-            if unsettled is None:
-                unsettled = []
-            unsettled.append(slot)
-        if unsettled:
-            free.extendleft(reversed(unsettled))
+        try:
+            while free:
+                slot = free.popleft()
+                if slot.state is not SlotState.FREE:
+                    continue  # a stale entry: the slot was taken or published since
+                if slot.holders:  # (not expected: a free slot nobody holds) held again: free once released
+                    slot.state = SlotState.PUBLISHED
+                    continue
+                if not settled or not slot.waiters or self._settled(slot):
+                    found = slot
+                    break
+                if unsettled is None:
+                    unsettled = []
+                unsettled.append(slot)
+        finally:  # (also when a question fails: no free slot is lost)
+            if unsettled:
+                free.extendleft(reversed(unsettled))
         return found
 
     def _settled(self, slot: _Slot) -> bool:
         """Whether every reader that released ``slot`` with a done event has finished with it
-        (then it may be written: the waiters are forgotten). A subscriber the question fails for
-        is dropped; a dropped one is not waited for."""
-        for sub in slot.waiters:
+        (then it may be written). Each one asked is forgotten once it has finished; a dropped one
+        is not waited for, and one the question fails for is dropped (unless it was leaving)."""
+        waiters = slot.waiters
+        for sub in list(waiters):
             if sub.alive:
                 try:
-                    done = sub.link.reading_done(slot)
+                    if not sub.link.reading_done(slot):
+                        continue  # still reading
                 except EglCudaError as exc:
-                    self._drop(sub, Reason.TRANSPORT, f"asking whether its GPU reading of a frame ended failed: {exc}")
-                    continue
-                if not done:
-                    return False
-        slot.waiters = []
-        return True
+                    if not self._gone_meanwhile(sub):
+                        self._drop(sub, Reason.TRANSPORT, f"asking whether its GPU reading of a frame ended failed: {exc}")
+            del waiters[sub]
+        return not waiters
 
     # ---- the user's thread: waiting -------------------------------------------------------------
     def _wait_for_room(self) -> None:
@@ -644,9 +651,11 @@ class Publisher:
             for sub in stale:
                 self._drop(sub, Reason.QUEUE_FULL, f"it held frames for more than {self.every_timeout} s "
                            "(every_timeout) while the publisher needed a pool frame")
+            # Free slots still read on the GPU (_take_free asked each of their waiters just now: those
+            # left are still reading), and the subscribers reading one every_timeout after releasing it.
             unsettled = [slot for slot in self._free if slot.state is SlotState.FREE and slot.waiters]
-            slow = {sub for slot in unsettled if now - slot.waiting_since >= self.every_timeout
-                    for sub in slot.waiters if sub.alive}
+            slow = {sub for slot in unsettled for sub, since in slot.waiters.items()
+                    if sub.alive and now - since >= self.every_timeout}
             for sub in slow:
                 self._drop(sub, Reason.QUEUE_FULL, f"its GPU work still read a frame {self.every_timeout} s "
                            "(every_timeout) after it released it, while the publisher needed a pool frame")
@@ -654,8 +663,13 @@ class Publisher:
                 continue
             if now >= deadline:
                 holders = sorted({f"{s.peer.pid} ({s.qos.name.lower()})" for slot in self._pool for s in slot.holders})
-                raise Timeout(f"no pool frame came free within {limit} s: all {len(self._pool)} are held (max_pool "
-                              f"{self.max_pool}) by subscriber process(es) {', '.join(holders) or 'none'}")
+                readers = sorted({f"{s.peer.pid} ({s.qos.name.lower()})" for slot in unsettled for s in slot.waiters})
+                if not readers:
+                    raise Timeout(f"no pool frame came free within {limit} s: all {len(self._pool)} are held (max_pool "
+                                  f"{self.max_pool}) by subscriber process(es) {', '.join(holders) or 'none'}")
+                raise Timeout(f"no pool frame came free within {limit} s (pool {len(self._pool)}, max_pool "
+                              f"{self.max_pool}): {len(unsettled)} released but still read on the GPU by subscriber "
+                              f"process(es) {', '.join(readers)}, the others held by {', '.join(holders) or 'none'}")
             wait = deadline - now
             if oldest:
                 wait = min(wait, min(since for _, since in oldest) + self.every_timeout - now)
@@ -663,7 +677,8 @@ class Publisher:
                 # EGLStream frames come back through the driver, which has no descriptor to wait on.
                 wait = min(wait, 0.002)
             if unsettled:  # nor does the end of a subscriber's GPU work
-                wait = min(wait, _SETTLE_POLL, min(s.waiting_since for s in unsettled) + self.every_timeout - now)
+                first = min(since for slot in unsettled for since in slot.waiters.values())
+                wait = min(wait, _SETTLE_POLL, first + self.every_timeout - now)
             self._poll(max(wait, 0.0))
             self._reclaim_all()
 

@@ -568,7 +568,7 @@ def test_a_subscriber_leaving_during_publish_does_not_cost_a_pool_frame(path):
 
 def _recording_subscribers(monkeypatch, reading_done):
     """Null subscribers whose every release says its done event was recorded (its GPU work may
-    still read the frame), with ``reading_done(slot)`` answering the publisher's question."""
+    still read the frame), with ``reading_done(link, slot)`` answering the publisher's question."""
     import topics_null
 
     class Recorded(topics_null.NullSubscriberTransport):
@@ -577,7 +577,7 @@ def _recording_subscribers(monkeypatch, reading_done):
             return protocol.RELEASE_TAKEN | protocol.RELEASE_RECORDED, b""
 
     monkeypatch.setattr(topics_null, "NullSubscriberTransport", Recorded)
-    monkeypatch.setattr(topics_null.NullLink, "reading_done", lambda self, slot: reading_done(slot), raising=False)
+    monkeypatch.setattr(topics_null.NullLink, "reading_done", reading_done, raising=False)
 
 
 class _TwoFrames(NullPublisherBackend):
@@ -595,7 +595,7 @@ def test_growing_for_unsettled_frames_falls_back_when_memory_runs_out(path, monk
     asked: dict[int, int] = {}
     ended: list[int] = []
 
-    def reading_done(slot):  # each frame's reading ends at the third question
+    def reading_done(link, slot):  # each frame's reading ends at the third question
         asked[slot.index] = asked.get(slot.index, 0) + 1
         if asked[slot.index] < 3:
             return False
@@ -617,7 +617,7 @@ def test_a_subscriber_whose_gpu_reading_never_ends_is_dropped(path, monkeypatch)
     """A subscriber released the only pool frame with a done event that never completes (its
     process hung on the GPU, say): the publisher waits for it on the host for every_timeout, then
     drops it with the reason on both sides, and goes on with the frame."""
-    _recording_subscribers(monkeypatch, lambda slot: False)
+    _recording_subscribers(monkeypatch, lambda link, slot: False)
     with publisher(path, pool=1, max_pool=1, every_timeout=0.3) as pub, subscriber(path, qos="every") as sub:
         put(pub, b"0")
         with sub.receive() as message:
@@ -630,6 +630,58 @@ def test_a_subscriber_whose_gpu_reading_never_ends_is_dropped(path, monkeypatch)
         with pytest.raises(eglcuda.Dropped, match="GPU work") as caught:
             sub.receive(2)
         assert caught.value.code == Reason.QUEUE_FULL
+
+
+def test_each_reader_gets_every_timeout_from_its_own_release(path, monkeypatch):
+    """Two subscribers read the only pool frame. One releases it at once and its GPU reading ends
+    at once; the other holds it 0.6 s, then releases it with GPU work that ends 0.1 s later
+    (every_timeout 0.5 s). The publisher waits for that reading, counted from its own release,
+    and drops nobody."""
+    import topics_null
+
+    released_at: dict[int, float] = {}
+    lags = [0.0, 0.1]  # GPU reading after the release, per subscriber in the order they joined
+
+    def released(link, slot, release):
+        released_at[id(link)] = time.monotonic()
+        return True
+
+    def reading_done(link, slot):
+        return time.monotonic() - released_at[id(link)] >= lags[link.transport.links.index(link)]
+
+    _recording_subscribers(monkeypatch, reading_done)
+    monkeypatch.setattr(topics_null.NullLink, "released", released, raising=False)
+    with publisher(path, pool=1, max_pool=1, every_timeout=0.5) as pub:
+        quick, holder = subscriber(path, qos="every"), subscriber(path, qos="latest")
+        put(pub, b"0")
+        with quick.receive(1) as message:
+            assert message.frame.data == pattern(b"0")
+        held = holder.receive(1)
+        result: dict[str, int] = {}
+        thread = threading.Thread(target=lambda: result.update(seq=put(pub, b"1")))
+        thread.start()
+        time.sleep(0.6)
+        released = time.monotonic()
+        held.release()
+        thread.join(10)
+        waited = time.monotonic() - released
+        assert result == {"seq": 1} and not pub.dropped, pub.dropped
+        assert 0.09 < waited < 1.0, waited
+        with quick.receive(1) as message:
+            assert message.frame.data == pattern(b"1")
+        quick.close()
+        holder.close()
+
+
+def test_a_timeout_names_the_subscribers_still_reading_on_the_gpu(path, monkeypatch):
+    _recording_subscribers(monkeypatch, lambda link, slot: False)
+    with publisher(path, pool=1, max_pool=1, every_timeout=5) as pub, subscriber(path, qos="every") as sub:
+        put(pub, b"0")
+        with sub.receive(1):
+            pass
+        with pytest.raises(eglcuda.Timeout, match=rf"1 released but still read on the GPU by subscriber process\(es\) "
+                                                  rf"{os.getpid()} \(every\)"):
+            pub.next_frame(timeout=0.1)
 
 
 def test_a_goodbye_read_with_a_release_is_a_leave_not_a_drop(path, monkeypatch):

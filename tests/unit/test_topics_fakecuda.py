@@ -51,9 +51,10 @@ PUBLISH = ("--width", "64", "--height", "48", "--format", "NV12")
 def test_cuda_ipc_fanout_every_byte(env, path, busy_every):
     """busy_every N: every Nth event query finds the writer's work still running (the reader's
     stream then waits for it), and every Nth release after such a wait finds the subscriber's
-    stream still busy, so that release records its done event and the publisher writes that slot
-    again only once the event has completed; the others (all when idle) send no event. Mixed: a slot's event
-    is first made at a later release."""
+    stream still busy, so that release records its done event; the others (all when idle) send
+    no event. Mixed: a slot's event is first made at a later release. (With N = 1 no done event
+    ever completes: the pool grows instead. tests/unit/test_topics.py covers the publisher's
+    wait for the reading to end.)"""
     stats = tempfile.mkdtemp(prefix="eglcuda-fakecuda-stats-")
     env = {**env, "FAKECUDA_STATS_DIR": stats}
     if busy_every:
