@@ -23,9 +23,15 @@ producing the frame would; the ring does the same copies. Also measured: 8 'late
 one of them stalled (joined, never reads), against 8 that all read (the issue's "< 5 %").
 
     python bench/topics.py [--quick] [--mps] [--out DIR] [--duration S] [--sync] [--write]
+                           [--stall-pairs K [--stall-phase S]]
                            [--transports cuda-ipc,eglstream,ipc-ring,torch-mp] [--subscribers 1,2,4,8]
                            [--qos latest,every] [--sizes 1080p-nv12,4k-argb] [--profile DIR]
 
+--stall-pairs K also measures the stalled subscriber inside one run: with N 'latest' subscribers
+(the largest N), the first one is stopped (SIGSTOP) and resumed (SIGCONT) K times, --stall-phase
+seconds each (default 0.5), while the publisher runs free; each stalled phase's publisher rate is
+compared with the mean of the running phases on either side. Between two configurations (fresh
+processes) this bench scatters by about 20 %; within one run the comparison is seconds apart.
 --profile DIR writes a cProfile file per publisher and subscriber process of the eglcuda and ring
 transports (``DIR/<configuration>/<role>-<pid>.prof``, read with ``python -m pstats``): where the
 Python side of each spends its time. The profiler's own cost then inflates the rates and the CPU
@@ -40,6 +46,7 @@ and ipc-ring) or nvidia-cuda-mps-control for --mps.
 from __future__ import annotations
 
 import argparse
+import array
 import contextlib
 import json
 import math
@@ -50,6 +57,7 @@ import statistics
 import struct
 import subprocess
 import sys
+import signal
 import tempfile
 import time
 
@@ -118,6 +126,8 @@ def eglcuda_publisher(args) -> int:
         pub.publish(frame, payload=b"")
     for _ in range(WARMUP):
         pub.publish(pub.next_frame(), payload=b"")
+    times = array.array("q") if args.times else None  # --stall-pairs: when each frame was published
+    emit(role="timed")
     count, started, cpu = 0, now_ns(), time.process_time()
     end = started + int(args.duration * 1e9)
     while now_ns() < end:
@@ -126,7 +136,12 @@ def eglcuda_publisher(args) -> int:
             write(frame)
         pub.publish(frame, payload=b"W")
         count += 1
+        if times is not None:
+            times.append(now_ns())
     elapsed = (now_ns() - started) / 1e9
+    if times is not None:
+        with open(args.times, "wb") as out:
+            times.tofile(out)
     cpu = time.process_time() - cpu
     transports = sorted({s.transport for s in pub.subscribers})
     emit(role="publisher", rate=count / elapsed, frames=count, transports=transports, cpu_us=1e6 * cpu / count)
@@ -459,6 +474,73 @@ def run_config(args, transport: str, size: str, qos: str, n: int, stalled: bool 
             "subscriber_cpu_us": _median_known(s.get("cpu_us") for s in subs)}
 
 
+def run_stall_pairs(args, transport: str, size: str, n: int) -> dict:
+    """One configuration of n 'latest' subscribers in which the first subscriber is stopped
+    (SIGSTOP: it holds its frames and reads nothing) and resumed (SIGCONT) in turns of
+    --stall-phase seconds, --stall-pairs times, while the publisher runs free. Each stalled phase's
+    publisher rate is compared with the mean of the running phases around it: the same processes,
+    seconds apart, so the machine's drift between configurations does not enter the ratio."""
+    pairs, phase = args.stall_pairs, args.stall_phase
+    duration = (2 * pairs + 1) * phase + 1.0
+    common = ["--size", size, "--duration", str(duration)] + (["--write"] if args.write else [])
+    with tempfile.TemporaryDirectory(prefix="eglcuda-bench-topics-") as folder:
+        os.chmod(folder, 0o700)
+        path, times_file = os.path.join(folder, "bench.topic"), os.path.join(folder, "times")
+        publisher = subprocess.Popen([sys.executable, __file__, "--role", "pub", "--path", path, "--n", str(n),
+                                      "--times", times_file, *common], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+        subscribers = [subprocess.Popen([sys.executable, __file__, "--role", "sub", "--path", path, "--qos", "latest",
+                                         "--transport", transport, *common], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+                       for _ in range(n)]
+        victim = subscribers[0]
+        stopped = False
+        try:
+            lines = []
+            while True:  # until the publisher starts its timed loop (every subscriber joined)
+                line = publisher.stdout.readline()
+                if not line:
+                    return {"error": "the publisher ended before its timed loop"}
+                lines.append(line)
+                if line.startswith("RESULT ") and json.loads(line[7:])["role"] in ("timed", "skipped"):
+                    break
+            if json.loads(lines[-1][7:])["role"] == "skipped":
+                return {"skipped": json.loads(lines[-1][7:])["reason"]}
+            bounds = [now_ns()]  # phases: running, then stalled and running in turns
+            time.sleep(phase)
+            for _ in range(pairs):
+                victim.send_signal(signal.SIGSTOP)
+                stopped = True
+                bounds.append(now_ns())
+                time.sleep(phase)
+                victim.send_signal(signal.SIGCONT)
+                stopped = False
+                bounds.append(now_ns())
+                time.sleep(phase)
+            bounds.append(now_ns())
+            publisher.communicate(timeout=120)
+            for child in subscribers:
+                child.communicate(timeout=120)
+            times = array.array("q")
+            with open(times_file, "rb") as data:
+                times.frombytes(data.read())
+        finally:
+            if stopped:
+                victim.send_signal(signal.SIGCONT)
+            for child in [publisher, *subscribers]:
+                if child.poll() is None:
+                    child.kill()
+                    child.wait(10)
+    # The first tenth of each phase is left out (the switch itself).
+    rates = []
+    for start, stop in zip(bounds, bounds[1:]):
+        start += (stop - start) // 10
+        count = sum(1 for t in times if start <= t < stop)
+        rates.append(count / ((stop - start) / 1e9))
+    running, stalled = rates[0::2], rates[1::2]
+    changes = [rate / ((running[k] + running[k + 1]) / 2) - 1.0 for k, rate in enumerate(stalled)]
+    return {"stall_pairs": pairs, "stall_phase": phase, "running_rates": running, "stalled_rates": stalled,
+            "changes": changes, "median_change": statistics.median(changes)}
+
+
 def _median_known(values) -> float:
     """The median of the values that were measured (NaN when none was: torch-mp, a subscriber that got no frame)."""
     known = [v for v in values if isinstance(v, (int, float)) and not math.isnan(v)]
@@ -544,6 +626,10 @@ def main() -> int:
     parser.add_argument("--qos", default="latest,every")
     parser.add_argument("--sizes", default=None, help=f"from {','.join(SIZES)}")
     parser.add_argument("--profile", default=None, help="write cProfile files of each process to this folder")
+    parser.add_argument("--stall-pairs", type=int, default=0, metavar="K",
+                        help="also measure one stalled 'latest' subscriber of N inside one run: stop it and "
+                             "resume it K times (SIGSTOP / SIGCONT), comparing the publisher's rate in each phase")
+    parser.add_argument("--stall-phase", type=float, default=0.5, metavar="S", help="seconds per --stall-pairs phase")
     # the roles of the processes this script spawns
     parser.add_argument("--role", choices=["pub", "sub", "ring-pub", "ring-sub", "torch"], help=argparse.SUPPRESS)
     parser.add_argument("--path", help=argparse.SUPPRESS)
@@ -552,6 +638,7 @@ def main() -> int:
     parser.add_argument("--transport", default="auto", help=argparse.SUPPRESS)
     parser.add_argument("--stall", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--fd", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--times", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.role:
         args.duration = args.duration or 2.0
@@ -588,6 +675,11 @@ def main() -> int:
                            **run_config(args, transport, size, "latest", n, stalled=True)}
                     rows.append(row)
                     print(format_row(row), flush=True)
+                    if args.stall_pairs > 0:
+                        row = {"size": size, "qos": "latest", "transport": transport, "n": n, "paired": True,
+                               **run_stall_pairs(args, transport, size, n)}
+                        rows.append(row)
+                        print(format_row(row), flush=True)
     (out / "results.json").write_text(json.dumps({"mps": args.mps, "duration": args.duration, "sync": args.sync,
                                                   "write": args.write,
                                                   "rows": rows}, indent=1))
@@ -622,6 +714,9 @@ def summary_line(rows: list[dict]) -> str:
         if base:
             parts.append(f"{stall['transport']} 1 stalled of {stall['n']}: "
                          f"{100.0 * (stall['publisher_rate'] / base['publisher_rate'] - 1.0):+.1f} %")
+    for paired in (r for r in rows if r.get("paired") and "changes" in r and r["size"] == size):
+        parts.append(f"{paired['transport']} 1 of {paired['n']} stopped and resumed: "
+                     f"{100 * paired['median_change']:+.1f} % (median of {paired['stall_pairs']})")
     return "; ".join(parts)
 
 
@@ -631,6 +726,11 @@ def format_row(row: dict) -> str:
         return f"{label}: skipped ({row['skipped']})"
     if "error" in row:
         return f"{label}: ERROR {row['error']}"
+    if row.get("paired"):
+        changes = ", ".join(f"{100 * c:+.1f}" for c in row["changes"])
+        return (f"{label} (1 stopped and resumed, {row['stall_pairs']} x {row['stall_phase']} s): publisher rate "
+                f"change median {100 * row['median_change']:+.1f} % ({changes} %), running "
+                f"{statistics.median(row['running_rates']):.0f}/s")
     rates = row["subscriber_rates"]
     return (f"{label}: publisher {row['publisher_rate']:8.0f}/s, subscribers {min(rates):8.0f}..{max(rates):8.0f}/s, "
             f"p50 {row['p50_us']:7.1f} us (worst {row['p50_worst_us']:7.1f}), p99 {row['p99_us']:8.1f} us, "
@@ -646,6 +746,8 @@ def markdown(rows: list[dict], args) -> str:
              "subscribers) | worst p50 us | worst p99 us | publisher CPU us/frame | subscriber CPU us/frame (median) |",
              "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for row in rows:
+        if row.get("paired") and "changes" in row:
+            continue  # (after the table)
         name = row["transport"] + (" (1 of N stalled)" if row.get("stalled") else "")
         if "publisher_rate" not in row:
             lines.append(f"| {row['size']} | {row['qos']} | {name} | {row['n']} | "
@@ -663,6 +765,12 @@ def markdown(rows: list[dict], args) -> str:
             change = 100.0 * (stall["publisher_rate"] / base["publisher_rate"] - 1.0)
             lines.append(f"\n{stall['size']} {stall['transport']}: one stalled 'latest' subscriber of {stall['n']} "
                          f"changes the publisher's rate by {change:+.1f} % (target: more than -5 %).")
+    for row in rows:
+        if row.get("paired") and "changes" in row:
+            lines.append(f"\n{row['size']} {row['transport']}, in one run: one of {row['n']} 'latest' subscribers "
+                         f"stopped and resumed {row['stall_pairs']} times ({row['stall_phase']} s each) changes the "
+                         f"publisher's rate by {100 * row['median_change']:+.1f} % (median; each stop: "
+                         f"{', '.join(f'{100 * c:+.1f}' for c in row['changes'])} %; target: more than -5 %).")
     return "\n".join(lines)
 
 

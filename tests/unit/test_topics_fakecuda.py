@@ -152,3 +152,23 @@ def test_cuda_ipc_publisher_killed_and_restarted(env, path):
         for peer in (first, second, subscriber):
             if peer is not None:
                 peer.stop()
+
+
+def test_the_topic_bench_measures_a_stopped_and_resumed_subscriber(env):
+    """bench/topics.py --stall-pairs on the stand-in libcuda: the publisher's rate in each phase,
+    a subscriber stopped (SIGSTOP) and resumed in turns, and every process ends (the stopped one
+    is resumed). Checks that the measurement runs and reports what it says, not any figure."""
+    import json
+
+    with tempfile.TemporaryDirectory(prefix="eglcuda-bench-stall-") as out:
+        done = subprocess.run([sys.executable, str(ROOT / "bench" / "topics.py"), "--sizes", "1080p-nv12",
+                               "--subscribers", "2", "--transports", "cuda-ipc", "--qos", "latest", "--duration", "0.3",
+                               "--stall-pairs", "2", "--stall-phase", "0.3", "--out", out],
+                              env=env, cwd=str(ROOT), capture_output=True, text=True, timeout=180)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        rows = json.loads(pathlib.Path(out, "results.json").read_text())["rows"]
+    (paired,) = [r for r in rows if r.get("paired")]
+    assert paired["stall_pairs"] == 2 and len(paired["changes"]) == 2
+    assert len(paired["running_rates"]) == 3 and len(paired["stalled_rates"]) == 2
+    assert all(rate > 0 for rate in paired["running_rates"] + paired["stalled_rates"])
+    assert "stopped and resumed 2 times" in done.stdout
