@@ -47,17 +47,18 @@ from __future__ import annotations
 
 import argparse
 import array
+import bisect
 import contextlib
 import json
 import math
 import os
 import pathlib
+import signal
 import socket
 import statistics
 import struct
 import subprocess
 import sys
-import signal
 import tempfile
 import time
 
@@ -474,6 +475,17 @@ def run_config(args, transport: str, size: str, qos: str, n: int, stalled: bool 
             "subscriber_cpu_us": _median_known(s.get("cpu_us") for s in subs)}
 
 
+def _die_with_parent():
+    """A preexec_fn for a child: SIGKILL when this process dies, so that a subscriber this process
+    stopped (SIGSTOP) is not left behind, stopped, if it is killed. (prctl is looked up here, in
+    the parent: the child only calls it.)"""
+    import ctypes
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    PR_SET_PDEATHSIG = 1
+    return lambda: prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+
+
 def run_stall_pairs(args, transport: str, size: str, n: int) -> dict:
     """One configuration of n 'latest' subscribers in which the first subscriber is stopped
     (SIGSTOP: it holds its frames and reads nothing) and resumed (SIGCONT) in turns of
@@ -482,28 +494,25 @@ def run_stall_pairs(args, transport: str, size: str, n: int) -> dict:
     seconds apart, so the machine's drift between configurations does not enter the ratio."""
     pairs, phase = args.stall_pairs, args.stall_phase
     duration = (2 * pairs + 1) * phase + 1.0
-    common = ["--size", size, "--duration", str(duration)] + (["--write"] if args.write else [])
+    common = (["--size", size, "--duration", str(duration)] + (["--sync"] if args.sync else [])
+              + (["--write"] if args.write else []))
     with tempfile.TemporaryDirectory(prefix="eglcuda-bench-topics-") as folder:
         os.chmod(folder, 0o700)
         path, times_file = os.path.join(folder, "bench.topic"), os.path.join(folder, "times")
+        spawn = dict(stdout=subprocess.PIPE, text=True, cwd=ROOT, preexec_fn=_die_with_parent())
         publisher = subprocess.Popen([sys.executable, __file__, "--role", "pub", "--path", path, "--n", str(n),
-                                      "--times", times_file, *common], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+                                      "--times", times_file, *common], **spawn)
         subscribers = [subprocess.Popen([sys.executable, __file__, "--role", "sub", "--path", path, "--qos", "latest",
-                                         "--transport", transport, *common], stdout=subprocess.PIPE, text=True, cwd=ROOT)
-                       for _ in range(n)]
+                                         "--transport", transport, *common], **spawn) for _ in range(n)]
         victim = subscribers[0]
         stopped = False
         try:
-            lines = []
             while True:  # until the publisher starts its timed loop (every subscriber joined)
                 line = publisher.stdout.readline()
                 if not line:
                     return {"error": "the publisher ended before its timed loop"}
-                lines.append(line)
-                if line.startswith("RESULT ") and json.loads(line[7:])["role"] in ("timed", "skipped"):
+                if line.startswith("RESULT ") and json.loads(line[7:])["role"] == "timed":
                     break
-            if json.loads(lines[-1][7:])["role"] == "skipped":
-                return {"skipped": json.loads(lines[-1][7:])["reason"]}
             bounds = [now_ns()]  # phases: running, then stalled and running in turns
             time.sleep(phase)
             for _ in range(pairs):
@@ -516,9 +525,14 @@ def run_stall_pairs(args, transport: str, size: str, n: int) -> dict:
                 bounds.append(now_ns())
                 time.sleep(phase)
             bounds.append(now_ns())
-            publisher.communicate(timeout=120)
-            for child in subscribers:
-                child.communicate(timeout=120)
+            outputs = [publisher.communicate(timeout=120)[0]] + [child.communicate(timeout=120)[0]
+                                                                  for child in subscribers]
+            results = [json.loads(line[7:]) for out in outputs for line in out.splitlines()
+                       if line.startswith("RESULT ")]
+            reported = sum(1 for r in results if r["role"] == "subscriber")
+            if publisher.returncode or not os.path.exists(times_file) or reported != n:
+                return {"error": f"publisher exit status {publisher.returncode}, {reported} of {n} subscribers "
+                                 "reported (one dropped or died?)"}
             times = array.array("q")
             with open(times_file, "rb") as data:
                 times.frombytes(data.read())
@@ -529,11 +543,14 @@ def run_stall_pairs(args, transport: str, size: str, n: int) -> dict:
                 if child.poll() is None:
                     child.kill()
                     child.wait(10)
+    if not times or times[-1] < bounds[-2]:
+        return {"error": "the publisher stopped publishing before the last phase"}
+    bounds[-1] = min(bounds[-1], times[-1])  # (the publisher's own end, when it came first)
     # The first tenth of each phase is left out (the switch itself).
     rates = []
     for start, stop in zip(bounds, bounds[1:]):
         start += (stop - start) // 10
-        count = sum(1 for t in times if start <= t < stop)
+        count = bisect.bisect_left(times, stop) - bisect.bisect_left(times, start)
         rates.append(count / ((stop - start) / 1e9))
     running, stalled = rates[0::2], rates[1::2]
     changes = [rate / ((running[k] + running[k + 1]) / 2) - 1.0 for k, rate in enumerate(stalled)]
@@ -640,6 +657,8 @@ def main() -> int:
     parser.add_argument("--fd", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--times", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.stall_pairs < 0 or not args.stall_phase > 0:
+        parser.error("--stall-pairs is 0 or more and --stall-phase more than 0")
     if args.role:
         args.duration = args.duration or 2.0
         role = {"pub": eglcuda_publisher, "sub": eglcuda_subscriber, "ring-pub": ring_publisher,

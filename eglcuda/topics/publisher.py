@@ -578,7 +578,7 @@ class Publisher:
         finished, so writing it needs no wait; the others stay free, in order)."""
         free = self._free
         unsettled: list[_Slot] | None = None  # (made only when needed: this runs every frame)
-        found = None
+        found = asking = None
         try:
             while free:
                 slot = free.popleft()
@@ -587,13 +587,20 @@ class Publisher:
                 if slot.holders:  # (not expected: a free slot nobody holds) held again: free once released
                     slot.state = SlotState.PUBLISHED
                     continue
-                if not settled or not slot.waiters or self._settled(slot):
-                    found = slot
-                    break
-                if unsettled is None:
-                    unsettled = []
-                unsettled.append(slot)
-        finally:  # (also when a question fails: no free slot is lost)
+                if settled and slot.waiters:
+                    asking = slot
+                    if not self._settled(slot):
+                        if unsettled is None:
+                            unsettled = []
+                        unsettled.append(slot)
+                        asking = None
+                        continue
+                    asking = None
+                found = slot
+                break
+        finally:  # (also when a question raises: no free slot is lost)
+            if asking is not None:
+                free.appendleft(asking)
             if unsettled:
                 free.extendleft(reversed(unsettled))
         return found
@@ -611,7 +618,7 @@ class Publisher:
                 except EglCudaError as exc:
                     if not self._gone_meanwhile(sub):
                         self._drop(sub, Reason.TRANSPORT, f"asking whether its GPU reading of a frame ended failed: {exc}")
-            del waiters[sub]
+            waiters.pop(sub, None)  # (a drop took it out already)
         return not waiters
 
     # ---- the user's thread: waiting -------------------------------------------------------------
@@ -651,6 +658,8 @@ class Publisher:
             for sub in stale:
                 self._drop(sub, Reason.QUEUE_FULL, f"it held frames for more than {self.every_timeout} s "
                            "(every_timeout) while the publisher needed a pool frame")
+            if stale:
+                continue  # (the slots they held came free, and their readers were not asked yet)
             # Free slots still read on the GPU (_take_free asked each of their waiters just now: those
             # left are still reading), and the subscribers reading one every_timeout after releasing it.
             unsettled = [slot for slot in self._free if slot.state is SlotState.FREE and slot.waiters]
@@ -659,7 +668,7 @@ class Publisher:
             for sub in slow:
                 self._drop(sub, Reason.QUEUE_FULL, f"its GPU work still read a frame {self.every_timeout} s "
                            "(every_timeout) after it released it, while the publisher needed a pool frame")
-            if stale or slow:
+            if slow:
                 continue
             if now >= deadline:
                 holders = sorted({f"{s.peer.pid} ({s.qos.name.lower()})" for slot in self._pool for s in slot.holders})
@@ -812,6 +821,7 @@ class Publisher:
         sub.outstanding.clear()
         for slot in self._pool:
             slot.holders.discard(sub)
+            slot.waiters.pop(sub, None)
         try:
             sub.link.close()
         except Exception as exc:  # noqa: BLE001 - the subscriber is gone either way

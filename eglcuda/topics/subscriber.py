@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import collections
+import logging
 import os
 import socket
 import time
@@ -12,9 +13,11 @@ from ..streams.share import numeric_ids, positive_seconds
 from . import _wire, naming, protocol, sockets
 from .info import TopicInfo
 from .protocol import Qos, Reason
-from .transports import CudaSubscriberBackend, Geometry, SubscriberBackend, SubscriberTransport, TRANSPORT_NAMES
+from .transports import (CudaSubscriberBackend, Geometry, SubscriberBackend, SubscriberTransport, TRANSPORT_NAMES,
+                         UNMAP_WAIT_S)
 from ..frames.interop import stream_handle
 
+log = logging.getLogger("eglcuda.topics")
 
 _M = TypeVar("_M", bound=protocol.Message)
 
@@ -550,6 +553,14 @@ class Subscriber:
                 for message in list(self._held):
                     message.release()
                 self._flush()
+                transport = self._transport
+                if transport is not None:
+                    # The publisher writes the frames again as soon as it reads the goodbye: the
+                    # GPU work queued on them ends first (bounded: see UNMAP_WAIT_S).
+                    try:
+                        transport.finish_reading(UNMAP_WAIT_S)
+                    except EglCudaError as exc:
+                        log.warning("topic %s: waiting for the subscriber's GPU work failed: %s", self.name, exc)
                 try:
                     self._sock.send(protocol.encode(protocol.Bye(int(Reason.CLOSING), "the subscriber closed")))
                 except OSError:

@@ -240,6 +240,12 @@ class SubscriberTransport(abc.ABC):
     def lost(self) -> None:
         """The publisher is gone: make held frames unusable before :meth:`close`."""
 
+    def finish_reading(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for the GPU work this subscriber queued on its frames to
+        end (before its goodbye: the publisher does not wait for a subscriber that left). Returns
+        whether it ended."""
+        return True
+
     @abc.abstractmethod
     def close(self) -> None:
         """Release everything; held frames become unusable."""
@@ -628,6 +634,15 @@ class CudaIpcSubscriber(SubscriberTransport):
                 return protocol.RELEASE_TAKEN, extra  # finished meanwhile: the event goes along unrecorded
         return protocol.RELEASE_RECORDED | protocol.RELEASE_TAKEN, extra
 
+    def finish_reading(self, timeout: float) -> bool:
+        self.device.make_current()
+        deadline = time.monotonic() + timeout
+        while not cuda_ipc.stream_done(self.stream or 0):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.001)
+        return True
+
     def close(self) -> None:
         if self._closed:
             return
@@ -636,19 +651,14 @@ class CudaIpcSubscriber(SubscriberTransport):
         done, self._done = self._done, {}
         if not slots and not done:
             return
-        self.device.make_current()
         # Work queued on the slots (the user's kernels) must end before they are unmapped. The
         # wait is bounded: a stream waiting on the event of a publisher killed before its record
         # ran might never finish, and a subscriber must not hang on it; the mappings are then
         # left in place (the driver drops them at exit).
-        deadline = time.monotonic() + UNMAP_WAIT_S
-        while not cuda_ipc.stream_done(self.stream or 0):
-            if time.monotonic() > deadline:
-                log.warning("topic subscriber: its CUDA stream is still busy after %.1f s; leaving %d pool "
-                            "slot(s) mapped", UNMAP_WAIT_S, len(slots))
-                slots = {}
-                break
-            time.sleep(0.001)
+        if not self.finish_reading(UNMAP_WAIT_S):
+            log.warning("topic subscriber: its CUDA stream is still busy after %.1f s; leaving %d pool "
+                        "slot(s) mapped", UNMAP_WAIT_S, len(slots))
+            slots = {}
         for handle, _base, event in slots.values():
             cuda_ipc.event_destroy(event)
             _imports.close(handle, self.device)

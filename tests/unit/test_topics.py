@@ -673,6 +673,49 @@ def test_each_reader_gets_every_timeout_from_its_own_release(path, monkeypatch):
         holder.close()
 
 
+def test_dropping_a_subscriber_that_held_frames_does_not_drop_their_finished_readers(path, monkeypatch):
+    """An 'every' subscriber holds both pool frames past every_timeout; a 'latest' one released
+    them at once (done events recorded, its reading long over). The publisher drops the first
+    and writes the frames it held: the second is asked whether its reading ended (it has), not
+    dropped for it."""
+    _recording_subscribers(monkeypatch, lambda link, slot: True)
+    with publisher(path, pool=2, max_pool=2, every_timeout=0.3) as pub:
+        holder, quick = subscriber(path, qos="every"), subscriber(path, qos="latest")
+        for key in (b"0", b"1"):
+            put(pub, key)
+            with quick.receive(1) as message:
+                assert message.frame.data == pattern(key)
+        put(pub, b"2")  # both frames held by `holder`: it is dropped after every_timeout
+        (record,) = pub.dropped
+        assert record.code == "QUEUE_FULL" and "held frames" in record.reason
+        assert [s.qos for s in pub.subscribers] == ["latest"]
+        with quick.receive(1) as message:
+            assert message.frame.data == pattern(b"2")
+        holder.close()
+        quick.close()
+
+
+def test_a_question_that_raises_loses_no_pool_frame(path, monkeypatch):
+    asked = []
+
+    def reading_done(link, slot):
+        asked.append(slot.index)
+        if len(asked) == 1:
+            raise RuntimeError("the first question fails")
+        return True
+
+    _recording_subscribers(monkeypatch, reading_done)
+    with publisher(path, pool=1, max_pool=1) as pub, subscriber(path, qos="every") as sub:
+        put(pub, b"0")
+        with sub.receive(1):
+            pass
+        with pytest.raises(RuntimeError, match="first question"):
+            put(pub, b"1")
+        put(pub, b"1", timeout=2)  # the frame is still the pool's
+        with sub.receive(1) as message:
+            assert message.frame.data == pattern(b"1")
+
+
 def test_a_timeout_names_the_subscribers_still_reading_on_the_gpu(path, monkeypatch):
     _recording_subscribers(monkeypatch, lambda link, slot: False)
     with publisher(path, pool=1, max_pool=1, every_timeout=5) as pub, subscriber(path, qos="every") as sub:
