@@ -544,7 +544,9 @@ class Subscriber:
 
     def close(self) -> None:
         """Say goodbye to the publisher and let go of everything (held messages become
-        unusable). Safe to call twice."""
+        unusable). The goodbye waits, up to 2 s, for the GPU work queued on this subscriber's
+        frames (CUDA IPC): the publisher writes them again once it has read it. Safe to call
+        twice."""
         if self._closed:
             return
         self._closed = True
