@@ -74,9 +74,12 @@ POOL = 8
 WARMUP = 50
 
 
-def plane_rows(width: int, height: int, fmt: str) -> list[tuple[int, int]]:
-    """(row bytes, rows) of each plane of a frame: the copies --write queues per frame."""
-    return [(width * 4, height)] if fmt == "ARGB" else [(width, height), (width, height // 2)]
+def plane_rows(width: int, height: int, fmt: str) -> list[tuple[int, int, int]]:
+    """(offset, row bytes, rows) of each plane of a frame packed in one buffer: the copies
+    --write queues per frame."""
+    planes = [(width * 4, height)] if fmt == "ARGB" else [(width, height), (width, height // 2)]
+    offsets = [sum(b * r for b, r in planes[:i]) for i in range(len(planes))]
+    return [(offset, row_bytes, rows) for offset, (row_bytes, rows) in zip(offsets, planes)]
 
 
 def now_ns() -> int:
@@ -111,12 +114,11 @@ def eglcuda_publisher(args) -> int:
     if args.write:
         from eglcuda._bind import cuda
 
-        rows = plane_rows(width, height, fmt)
-        source = cuda.mem_alloc(sum(b * r for b, r in rows), "the frames' source")
-        offsets = [sum(b * r for b, r in rows[:i]) for i in range(len(rows))]
+        planes = plane_rows(width, height, fmt)
+        source = cuda.mem_alloc(sum(b * r for _, b, r in planes), "the frames' source")
 
         def write(frame) -> None:  # what a decoder's or a kernel's output costs the stream
-            for plane, offset, (row_bytes, _) in zip(frame.planes, offsets, rows):
+            for plane, (offset, row_bytes, _) in zip(frame.planes, planes):
                 plane.copy_from_device(source + offset, row_bytes)
     deadline = time.monotonic() + 120
     while len(pub.subscribers) < args.n:
@@ -205,8 +207,7 @@ def ring_publisher(args) -> int:
     device = get_device(0)
     device.make_current()
     buffers = [cuda.mem_alloc(size, "a ring buffer") for _ in range(POOL)]
-    rows = plane_rows(width, height, fmt)
-    offsets = [sum(b * r for b, r in rows[:i]) for i in range(len(rows))]
+    planes = plane_rows(width, height, fmt)
     source = cuda.mem_alloc(size, "the frames' source") if args.write else 0
     events = [cuda_ipc.event_create_interprocess() for _ in range(POOL)]
     handles = b"".join(cuda_ipc.mem_handle(b) + cuda_ipc.event_handle(e) for b, e in zip(buffers, events))
@@ -257,7 +258,7 @@ def ring_publisher(args) -> int:
         if phase == "timed" and now_ns() >= end:
             break
         if source:  # --write: the same copies the topic's publisher queues
-            for offset, (row_bytes, height_rows) in zip(offsets, rows):
+            for offset, row_bytes, height_rows in planes:
                 cuda.copy_2d(stream, ("device", source + offset, row_bytes),
                              ("device", buffers[slot] + offset, row_bytes), row_bytes, height_rows, wait=False)
         stamp = now_ns()
@@ -416,10 +417,15 @@ def profiled(role, args) -> int:
 
 # ==== the orchestrator ===================================================================================
 
+def child_args(args, size: str, duration: float) -> list[str]:
+    """The options every process of a configuration gets."""
+    return (["--size", size, "--duration", str(duration)] + (["--sync"] if args.sync else [])
+            + (["--write"] if args.write else []))
+
+
 def run_config(args, transport: str, size: str, qos: str, n: int, stalled: bool = False) -> dict:
     """One configuration in fresh processes; returns the publisher's and the subscribers' results."""
-    common = (["--size", size, "--duration", str(args.duration)] + (["--sync"] if args.sync else [])
-              + (["--write"] if args.write else []))
+    common = child_args(args, size, args.duration)
     if args.profile:
         folder = f"{transport}-{size}-{qos}-n{n}{'-stalled' if stalled else ''}"
         common += ["--profile", str(pathlib.Path(args.profile).resolve() / folder)]
@@ -493,9 +499,7 @@ def run_stall_pairs(args, transport: str, size: str, n: int) -> dict:
     publisher rate is compared with the mean of the running phases around it: the same processes,
     seconds apart, so the machine's drift between configurations does not enter the ratio."""
     pairs, phase = args.stall_pairs, args.stall_phase
-    duration = (2 * pairs + 1) * phase + 1.0
-    common = (["--size", size, "--duration", str(duration)] + (["--sync"] if args.sync else [])
-              + (["--write"] if args.write else []))
+    common = child_args(args, size, (2 * pairs + 1) * phase + 1.0)
     with tempfile.TemporaryDirectory(prefix="eglcuda-bench-topics-") as folder:
         os.chmod(folder, 0o700)
         path, times_file = os.path.join(folder, "bench.topic"), os.path.join(folder, "times")

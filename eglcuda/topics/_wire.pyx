@@ -133,6 +133,14 @@ cdef inline double monotonic() noexcept nogil:
     return now.tv_sec + now.tv_nsec * 1e-9
 
 
+cdef inline int wait_ms(double seconds) noexcept nogil:
+    """A ``poll``/``epoll_wait`` timeout of at least ``seconds`` (rounded up, capped; 0 for none
+    or a NaN)."""
+    if not seconds > 0:
+        return 0
+    return 2000000000 if seconds > 2000000.0 else <int>(seconds * 1000.0) + 1
+
+
 cdef object decode(const uint8_t *data, ssize_t size):
     """A FRAME or RELEASE as its tuple when well formed; any other message as its bytes (the
     generic decoder checks those, and rejects a malformed FRAME or RELEASE with its reason)."""
@@ -232,7 +240,7 @@ cdef class Inbox:
 
     cdef object read(self, object deadline, bint rest):
         # next()'s and rest()'s body, which drain() calls without a Python method lookup
-        cdef int got, error, wait_ms, ready
+        cdef int got, error, ready
         cdef unsigned int i
         cdef double left
         cdef pollfd watch
@@ -257,9 +265,8 @@ cdef class Inbox:
                 left = <double>deadline - monotonic()
                 if not left > 0:  # (a NaN deadline too)
                     return None
-                wait_ms = 2000000000 if left > 2000000.0 else <int>(left * 1000.0) + 1
                 with nogil:
-                    ready = poll(&watch, 1, wait_ms)
+                    ready = poll(&watch, 1, wait_ms(left))
                 if ready < 0:
                     if errno != EINTR:
                         return NO_BYTES  # (poll fails only on a bad descriptor or no memory)
@@ -303,16 +310,13 @@ def drain(int epoll_fd, double timeout, dict inboxes, int limit):
     order read (messages as :meth:`Inbox.next` gives them). Descriptors not in ``inboxes`` are
     skipped."""
     cdef epoll_event ready[READY_EVENTS]
-    cdef int count, i, wait_ms, taken
+    cdef int count, i, waiting, taken
     cdef list found = []
     cdef Inbox inbox
-    if not timeout > 0:  # (a NaN too)
-        wait_ms = 0
-    else:
-        wait_ms = 2000000000 if timeout > 2000000.0 else <int>(timeout * 1000.0) + 1
+    waiting = wait_ms(timeout)
     while True:
         with nogil:
-            count = epoll_wait(epoll_fd, ready, READY_EVENTS, wait_ms)
+            count = epoll_wait(epoll_fd, ready, READY_EVENTS, waiting)
         if count < 0:
             if errno == EINTR:
                 PyErr_CheckSignals()
@@ -337,7 +341,7 @@ def drain(int epoll_fd, double timeout, dict inboxes, int limit):
                     break
         if count < READY_EVENTS:
             return found
-        wait_ms = 0
+        waiting = 0
 
 
 # ---- the publisher's per-subscriber steps ----------------------------------------------------------

@@ -327,12 +327,12 @@ class Publisher:
             # GPU time slices together (measured on an H100: 26k frames/s to one subscriber with
             # such waits, 64-69k without), and a subscriber that dies before its queued work ran
             # could leave it waiting for good.
-            slot = self._take_free(settled=True)
+            slot = self._take_free()
             if slot is None:
                 if self._subs:
                     self._poll(0.0)
                 self._reclaim_all()
-                slot = self._take_free(settled=True)
+                slot = self._take_free()
             if slot is None and len(self._pool) < self.max_pool:
                 try:
                     self._grow()
@@ -341,7 +341,7 @@ class Publisher:
                         raise  # nothing free at all: the pool had to grow
                     # Free slots are still read on the GPU: one is written once that reading ends.
                     log.info("topic %s: growing the pool failed (%s); waiting for a slot's readers", self.name, exc)
-                slot = self._take_free(settled=True)
+                slot = self._take_free()
             if slot is None:
                 slot = self._wait_for_slot(limit)
             slot.state = SlotState.WRITING
@@ -573,12 +573,12 @@ class Publisher:
             slot.state = SlotState.FREE
             self._free.append(slot)
 
-    def _take_free(self, settled: bool = False) -> _Slot | None:
-        """The oldest free slot (``settled``: the oldest whose former readers' GPU work has all
-        finished, so writing it needs no wait; the others stay free, in order)."""
+    def _take_free(self) -> _Slot | None:
+        """The oldest free slot whose former readers' GPU work has all finished, so that writing
+        it needs no wait (the others stay free, in order)."""
         free = self._free
         unsettled: list[_Slot] | None = None  # (made only when needed: this runs every frame)
-        found = asking = None
+        found = None
         try:
             while free:
                 slot = free.popleft()
@@ -587,20 +587,16 @@ class Publisher:
                 if slot.holders:  # (not expected: a free slot nobody holds) held again: free once released
                     slot.state = SlotState.PUBLISHED
                     continue
-                if settled and slot.waiters:
-                    asking = slot
+                if slot.waiters:
+                    if unsettled is None:
+                        unsettled = []
+                    unsettled.append(slot)  # (put back below, also when the question raises)
                     if not self._settled(slot):
-                        if unsettled is None:
-                            unsettled = []
-                        unsettled.append(slot)
-                        asking = None
                         continue
-                    asking = None
+                    unsettled.pop()
                 found = slot
                 break
-        finally:  # (also when a question raises: no free slot is lost)
-            if asking is not None:
-                free.appendleft(asking)
+        finally:
             if unsettled:
                 free.extendleft(reversed(unsettled))
         return found
@@ -647,7 +643,7 @@ class Publisher:
         'every' subscriber that holds a frame that long."""
         deadline = time.monotonic() + limit
         while True:
-            slot = self._take_free(settled=True)
+            slot = self._take_free()
             if slot is not None:
                 return slot
             now = time.monotonic()

@@ -3,14 +3,16 @@
 - ``cuda-ipc`` (discrete GPUs, the subscriber on the publisher's GPU or on a peer GPU): every pool
   slot is its own ``cuMemAlloc`` allocation with an interprocess event. A subscriber opens a slot's
   memory and event handles once, before the slot's first frame reaches it (a SLOT message). Per
-  frame the publisher records the slot's event on the publish stream, after the user's work;
-  the subscriber's stream waits on it (``cuStreamWaitEvent``: no host wait). When the subscriber
+  frame the publisher records the slot's event on the publish stream, after the user's work
+  (unless that work has finished already: ``CudaIpcPublisher.on_publish``); the subscriber's
+  stream waits on it while it is pending (``cuStreamWaitEvent``: no host wait). When the subscriber
   releases a frame while its stream still has work queued (a kernel reading the frame), it
   records its own interprocess "done" event for the slot on that stream (the event's handle
-  travels in the first RELEASE that records one for the slot), and the publisher, before the slot
-  is written again, makes the writing stream wait on the done events of every subscriber that
-  recorded one. A release from a stream with nothing queued carries no event (an interprocess
-  record costs about 2.6 us). A dropped or dead subscriber's events are never waited on again.
+  travels in the first RELEASE that records one for the slot), and the publisher writes the slot
+  again only once the done events of every subscriber that recorded one have completed (asked on
+  the host: its own stream never waits for another process). A release from a stream with nothing
+  queued carries no event (an interprocess record costs about 2.6 us). A dropped or dead
+  subscriber's events are never waited on again.
 - ``eglstream`` (Jetson, GL subscribers, a subscriber in the publisher's own process, and
   wherever CUDA IPC is refused): the subscriber makes an EGLStream on its own display (mailbox
   for ``latest``, a FIFO of its queue length for ``every``), connects its consumer (CUDA or GL),
