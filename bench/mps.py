@@ -9,9 +9,10 @@ reference forks its own), all on CUDA device 0:
 - C reference, one stream (bench/c/cross_gpu.c ``twoproc 0 0``): 1920x1080 NV12, 1920x1080 ARGB
   and 3840x2160 ARGB, each with no GPU work, with ``KERNELS=1`` (both processes queue a small
   memset per frame, as a pipeline does: the GPU time-slicing between processes shows only then)
-  and with ``KERNELS=1 PEEK=1`` (the consumer also copies one word of each frame to the host and
-  synchronizes, as the Python benchmarks' consumers do: the C figure eglcuda is held against);
-  frames/s, latency, median present and release.
+  with ``KERNELS=1 PEEK=1`` (the consumer also copies one word of each frame to the host and
+  synchronizes, as the Python benchmarks' consumers do) and with ``FILL=1 PEEK=1`` (the producer
+  writes every byte of each frame, the consumer checks one word: the work of bench/cross_process.py's
+  pairs, the C figure eglcuda's pair is held against); frames/s, latency, median present and release.
 - C reference, ``BREAKDOWN=1`` (1080p NV12, 4K ARGB): present and release timed with the
   caller's CUDA stream idle and right after a queued memset, with and without the other process
   queueing work (four phases: none, producer, consumer, both).
@@ -67,12 +68,18 @@ XP_TRANSPORTS = ["eglcuda", "cuda-ipc", "shm"]
 FANOUT_CASES = [(1920, 1080, "NV12"), (3840, 2160, "ARGB")]
 FANOUT_CONSUMERS = [1, 2, 4, 8]
 BREAKDOWN_PHASES = ("none", "producer", "consumer", "both")
-C_ENVIRONMENT = ("CHECK", "PACE_US", "KERNELS", "PEEK", "BREAKDOWN", "CONSUMERS")  # never inherited by a C run
+C_ENVIRONMENT = ("CHECK", "PACE_US", "KERNELS", "PEEK", "PEEK_1D", "FILL", "NONBLOCKING", "BREAKDOWN",
+                 "CONSUMERS")  # never inherited by a C run
 # The C program's GPU work per frame: key suffix, words, environment.
 C_WORK = {"none": ("", "no GPU work", {}), "kernels": (".kernels", "KERNELS=1", {"KERNELS": "1"}),
-          "peek": (".kernels.peek", "KERNELS=1 PEEK=1", {"KERNELS": "1", "PEEK": "1"})}
-TWOPROC_WORK = ("none", "kernels", "peek")
-COMPARED = "peek"  # the C figures eglcuda is held against: the same GPU work per frame as its benchmarks
+          "peek": (".kernels.peek", "KERNELS=1 PEEK=1", {"KERNELS": "1", "PEEK": "1"}),
+          "fill": (".fill.peek", "FILL=1 PEEK=1", {"FILL": "1", "PEEK": "1"})}
+TWOPROC_WORK = ("none", "kernels", "peek", "fill")
+# The C figures eglcuda is held against: the same GPU work per frame as the Python side. Fan-out
+# (bench/fanout.py): the producer writes 64 KiB of each frame, every consumer reads one word.
+# One stream (bench/cross_process.py): the producer writes the whole frame, the consumer reads one word.
+COMPARED = "peek"
+COMPARED_PAIR = "fill"
 GOAL_C = 0.9  # under MPS: eglcuda >= 0.9x the C reference
 
 
@@ -484,9 +491,12 @@ def rows_for(results: dict) -> list[tuple[str, list[Row]]]:
                      Row(f"{name}: latency p50 (p99)", key, "latency_p50_us", "us", p99="latency_p99_us"),
                      Row(f"{name}: present", key, "present_us", "us"),
                      Row(f"{name}: release", key, "release_us", "us")]
+            if "PEEK" in C_WORK[work][2]:  # the consumer's other two steps
+                rows += [Row(f"{name}: acquire and map", key, "acquire_us", "us"),
+                         Row(f"{name}: peek (copy one word, synchronize)", key, "peek_us", "us")]
     for width, height in XP_SIZES:
         case = case_key(width, height)
-        c_key = f"c.twoproc.{case}{C_WORK[COMPARED][0]}"
+        c_key = f"c.twoproc.{case}{C_WORK[COMPARED_PAIR][0]}"
         ipc = f"xp.cuda-ipc.{case}"
         for transport in XP_TRANSPORTS:
             key = f"xp.{transport}.{case}"
@@ -498,9 +508,12 @@ def rows_for(results: dict) -> list[tuple[str, list[Row]]]:
                          ipc_key=ipc if mine else None, ipc_metric="latency_p50_us")]
             if mine:
                 rows += [Row(f"{name}: present (mean of the free-running loop)", key, "calls_us.present", "us"),
+                         Row(f"{name}: acquire (mean of the free-running loop)", key, "calls_us.acquire", "us"),
+                         Row(f"{name}: check, one word through cuda-python (mean)", key, "calls_us.check", "us"),
                          Row(f"{name}: release (mean of the free-running loop)", key, "calls_us.release", "us")]
-    sections.append(("One stream between two processes, one GPU (eglcuda/C: against C twoproc KERNELS=1 PEEK=1 of "
-                     "the same size; cross_process.py's producer fills the whole frame)",
+    sections.append(("One stream between two processes, one GPU (eglcuda/C: against C twoproc FILL=1 PEEK=1 of "
+                     "the same size: like cross_process.py's pairs, the producer writes the whole frame and the "
+                     "consumer reads one word)",
                      [r for r in rows if r.key in keys]))
     rows = []
     for width, height, fmt in BREAKDOWN_CASES:

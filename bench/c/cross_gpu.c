@@ -59,7 +59,16 @@
  *                MPS the GPU then time-slices between the two processes' contexts.
  *   PEEK=1       the consumer copies one 4-byte word of each acquired frame to the host on its
  *                CUDA stream and synchronizes it before the release (what the Python benchmarks'
- *                consumers do to check a frame: bench/cross_process.py, bench/fanout.py).
+ *                consumers do to check a frame: bench/cross_process.py, bench/fanout.py). twoproc's
+ *                line then ends with acquire_us=<float> (the acquire and the map) and
+ *                peek_us=<float> (the copy and the synchronize), medians. PEEK_1D=1 makes that
+ *                copy with cuMemcpyDtoHAsync (a pitch frame) instead of cuMemcpy2DAsync.
+ *   NONBLOCKING=1  both ends create their CUDA stream non-blocking (CU_STREAM_NON_BLOCKING), as
+ *                bench/cross_process.py's ends do; by default it is a blocking stream.
+ *   FILL=1       the producer writes every byte of each frame before the present (one 32-bit
+ *                memset of the frame's number over all its planes, on its CUDA stream), as
+ *                bench/cross_process.py's producers do; with PEEK=1 the consumer checks that the
+ *                word it copies holds that number (exit 1 at the first that does not).
  *   BREAKDOWN=1  twoproc only, without CHECK: the measured frames run in four equal phases, by
  *                which side queues that memset before its call: none, producer, consumer, both.
  *                A side that queues none synchronizes its CUDA stream first, outside the timed
@@ -100,6 +109,9 @@
  * Exported as "cuMemsetD2D8Async": the asynchronous memsets have no _v2 symbol. */
 CUresult cuMemsetD2D8Async(CUdeviceptr dstDevice, size_t dstPitch, unsigned char uc, size_t Width, size_t Height,
                            CUstream hStream);
+CUresult cuMemsetD32Async(CUdeviceptr dstDevice, unsigned int ui, size_t N, CUstream hStream);
+/* Exported as "cuMemcpyDtoHAsync_v2". */
+CUresult cuMemcpyDtoHAsync(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream);
 /* Not in csrc/cuda_egl.h: cuInit's answer on a machine without a CUDA device (CUDA driver API). */
 #define CUDA_ERROR_NO_DEVICE 100
 
@@ -112,7 +124,7 @@ FN(eglQueryStreamKHR); FN(eglGetStreamFileDescriptorKHR); FN(eglCreateStreamFrom
 /* libcuda, through dlsym */
 FN(cuInit); FN(cuGetErrorName); FN(cuDeviceGetCount); FN(cuDeviceGet); FN(cuDevicePrimaryCtxRetain);
 FN(cuCtxSetCurrent); FN(cuMemAlloc); FN(cuMemFree); FN(cuStreamCreate); FN(cuStreamSynchronize);
-FN(cuMemsetD2D8Async); FN(cuMemcpy2DAsync);
+FN(cuMemsetD2D8Async); FN(cuMemsetD32Async); FN(cuMemcpy2DAsync); FN(cuMemcpyDtoHAsync);
 FN(cuEGLStreamConsumerConnect); FN(cuEGLStreamProducerConnect); FN(cuEGLStreamConsumerAcquireFrame);
 FN(cuGraphicsResourceGetMappedEglFrame); FN(cuEGLStreamConsumerReleaseFrame);
 FN(cuEGLStreamProducerPresentFrame); FN(cuEGLStreamProducerReturnFrame);
@@ -173,6 +185,7 @@ struct consumer {
     CUeglStreamConnection conn;
     CUstream cu_stream;
     double *release_s, *latency_s;
+    double *acquire_s, *peek_s;   /* PEEK: the acquire with its map, the copy with its synchronize */
     unsigned char *host[2], *want[2]; /* CHECK: the copied planes, an expected row */
     int64_t start_ns, end_ns;
     CUdeviceptr scratch;          /* KERNELS, BREAKDOWN: what the memset writes */
@@ -183,7 +196,8 @@ static const char *role = "cross_gpu";  /* the prefix of error lines */
 static pid_t child_pid = -1;
 static struct geometry G;
 static int width, height, iterations, warmup, total, check, same_gpu;
-static int kernels, peek, breakdown, consumers = 1;
+static int kernels, peek, peek_1d, fill, breakdown, consumers = 1;
+static unsigned int stream_flags; /* NONBLOCKING */
 static pid_t fan_child[MAX_CONSUMERS];  /* fanout, in the producer: the consumer processes */
 static int fan_children;
 static int64_t pace_ns;
@@ -304,6 +318,8 @@ static void load_libraries(void)
     LOAD(cuda, "libcuda.so.1", cuStreamCreate, "cuStreamCreate");
     LOAD(cuda, "libcuda.so.1", cuStreamSynchronize, "cuStreamSynchronize");
     LOAD(cuda, "libcuda.so.1", cuMemsetD2D8Async, "cuMemsetD2D8Async");
+    LOAD(cuda, "libcuda.so.1", cuMemsetD32Async, "cuMemsetD32Async");
+    LOAD(cuda, "libcuda.so.1", cuMemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2");
     LOAD(cuda, "libcuda.so.1", cuMemcpy2DAsync, "cuMemcpy2DAsync_v2");
     LOAD(cuda, "libcuda.so.1", cuEGLStreamConsumerConnect, "cuEGLStreamConsumerConnect");
     LOAD(cuda, "libcuda.so.1", cuEGLStreamProducerConnect, "cuEGLStreamProducerConnect");
@@ -509,27 +525,41 @@ static double phase_median_us(const double *values, int phase)
     return median;
 }
 
-/* PEEK: one word of plane 0 to the host, on the consumer's stream, which is then synchronized. */
-static void peek_frame(struct consumer *co, const CUeglFrame *m)
+/* PEEK: one word of plane 0 to the host, on the consumer's stream, which is then synchronized;
+ * with FILL, it must hold frame k's number. */
+static void peek_frame(struct consumer *co, const CUeglFrame *m, int k)
 {
     static uint32_t word;
-    CUDA_MEMCPY2D copy;
-    memset(&copy, 0, sizeof copy);
-    if (m->frameType == CU_EGL_FRAME_TYPE_PITCH) {
-        copy.srcMemoryType = CU_MEMORYTYPE_DEVICE;
-        copy.srcDevice = (CUdeviceptr)(uintptr_t)m->frame.pPitch[0];
-        copy.srcPitch = m->pitch;
+    int pitch = m->frameType == CU_EGL_FRAME_TYPE_PITCH;
+    if (peek_1d && pitch) {
+        CU(p_cuMemcpyDtoHAsync(&word, (CUdeviceptr)(uintptr_t)m->frame.pPitch[0], sizeof word, co->cu_stream));
     } else {
-        copy.srcMemoryType = CU_MEMORYTYPE_ARRAY;
-        copy.srcArray = m->frame.pArray[0];
+        CUDA_MEMCPY2D copy;
+        memset(&copy, 0, sizeof copy);
+        if (pitch) {
+            copy.srcMemoryType = CU_MEMORYTYPE_DEVICE;
+            copy.srcDevice = (CUdeviceptr)(uintptr_t)m->frame.pPitch[0];
+            copy.srcPitch = m->pitch;
+        } else {
+            copy.srcMemoryType = CU_MEMORYTYPE_ARRAY;
+            copy.srcArray = m->frame.pArray[0];
+        }
+        copy.dstMemoryType = CU_MEMORYTYPE_HOST;
+        copy.dstHost = &word;
+        copy.dstPitch = sizeof word;
+        copy.WidthInBytes = sizeof word;
+        copy.Height = 1;
+        CU(p_cuMemcpy2DAsync(&copy, co->cu_stream));
     }
-    copy.dstMemoryType = CU_MEMORYTYPE_HOST;
-    copy.dstHost = &word;
-    copy.dstPitch = sizeof word;
-    copy.WidthInBytes = sizeof word;
-    copy.Height = 1;
-    CU(p_cuMemcpy2DAsync(&copy, co->cu_stream));
     CU(p_cuStreamSynchronize(co->cu_stream));
+    if (fill && word != (uint32_t)k)
+        fail("FILL: frame %d arrived holding 0x%08x where its producer wrote 0x%08x", k, word, (uint32_t)k);
+}
+
+/* FILL: every byte of the frame, as the Python benchmarks' producers write it. */
+static void fill_whole(CUdeviceptr memory, CUstream stream, int k)
+{
+    CU(p_cuMemsetD32Async(memory, (unsigned int)k, G.bytes / 4, stream));
 }
 
 static void fill_frame(CUdeviceptr memory, CUstream stream, int k)
@@ -645,7 +675,7 @@ static void producer_setup(struct producer *pr, int gpu, int fd, EGLDisplay same
         if (check_opened)
             require_connecting(pr->dpy, pr->stream);
     }
-    CU(p_cuStreamCreate(&pr->cu_stream, 0));
+    CU(p_cuStreamCreate(&pr->cu_stream, stream_flags));
     for (int i = 0; i < POOL; i++) {
         CU(p_cuMemAlloc(&pr->memory[i], G.bytes));
         describe_frame(&pr->pool[i], pr->memory[i]);
@@ -693,6 +723,8 @@ static void producer_present(struct producer *pr, int k)
     int index = pr->free_list[--pr->free_count];
     if (check)
         fill_frame(pr->memory[index], pr->cu_stream, k);
+    else if (fill)
+        fill_whole(pr->memory[index], pr->cu_stream, k);
     int phase = phase_of(k);
     if (phase >= 0) {  /* BREAKDOWN: the producer queues work in phases 1 and 3, else its stream is idle */
         if (phase & 1)
@@ -769,11 +801,14 @@ static void consumer_setup(struct consumer *co, int gpu)
         if (co->fd < 0)
             fail("eglGetStreamFileDescriptorKHR -> EGL error 0x%x", p_eglGetError());
     }
-    CU(p_cuStreamCreate(&co->cu_stream, 0));
+    CU(p_cuStreamCreate(&co->cu_stream, stream_flags));
     CU(p_cuEGLStreamConsumerConnect(&co->conn, co->stream));
     co->release_s = calloc((size_t)total, sizeof(double));
     co->latency_s = calloc((size_t)total, sizeof(double));
     if (!co->release_s || !co->latency_s)
+        fail("out of memory");
+    if (peek && (!(co->acquire_s = calloc((size_t)total, sizeof(double)))
+                 || !(co->peek_s = calloc((size_t)total, sizeof(double)))))
         fail("out of memory");
     co->scratch = scratch_alloc();
     if (breakdown && !(co->acquire_ns = calloc((size_t)total, sizeof(int64_t))))
@@ -825,14 +860,17 @@ static void consumer_frame(struct consumer *co, int k)
     CUeglFrame mapped;
     if (k == warmup && !co->start_ns)
         co->start_ns = now_ns();
+    int64_t t_asked = now_ns();
     if (co->acquire_ns)
-        co->acquire_ns[k] = now_ns();
+        co->acquire_ns[k] = t_asked;
     CUresult r = p_cuEGLStreamConsumerAcquireFrame(&co->conn, &resource, &co->cu_stream, acquire_timeout_us);
     int64_t t_acquired = now_ns();
     if (r != CUDA_SUCCESS)
         fail("cuEGLStreamConsumerAcquireFrame (frame %d) -> %d %s (stream state 0x%x%s)", k, r, cu_name(r),
              stream_state(co->dpy, co->stream), peer_note());
     CU(p_cuGraphicsResourceGetMappedEglFrame(&mapped, resource, 0, 0));
+    if (co->acquire_s)
+        co->acquire_s[k] = (now_ns() - t_asked) * 1e-9;
     /* FIFO: the k-th acquire gets the k-th present, unless the acquire timed out and the driver
      * handed the last frame back again; the stamp tells. */
     struct stamp *s = &shm->ring[k % RING];
@@ -844,8 +882,12 @@ static void consumer_frame(struct consumer *co, int k)
     co->latency_s[k] = (t_acquired - __atomic_load_n(&s->t_ns, __ATOMIC_RELAXED)) * 1e-9;
     if (check)
         check_frame(co, &mapped, k);
-    if (peek)
-        peek_frame(co, &mapped);
+    if (peek) {
+        int64_t before_peek = now_ns();
+        peek_frame(co, &mapped, k);
+        if (co->peek_s)
+            co->peek_s[k] = (now_ns() - before_peek) * 1e-9;
+    }
     int phase = phase_of(k);
     if (phase >= 0) {  /* BREAKDOWN: the consumer queues work in phases 2 and 3, else its stream is idle */
         if (phase & 2)
@@ -911,6 +953,11 @@ static void report(struct consumer *co, double present_us)
                                      PHASE_NAMES[phase], shm->present_phase_us[phase], PHASE_NAMES[phase],
                                      phase_median_us(co->release_s, phase), PHASE_NAMES[phase],
                                      phase_median_us(co->latency_s, phase), PHASE_NAMES[phase], phase_fps(co, phase));
+    }
+    if (co->peek_s) {
+        size_t used = strlen(extra);
+        snprintf(extra + used, sizeof extra - used, " acquire_us=%.2f peek_us=%.2f",
+                 quantile_us(co->acquire_s + warmup, iterations, 0.5), quantile_us(co->peek_s + warmup, iterations, 0.5));
     }
     double seconds = (co->end_ns - co->start_ns) * 1e-9;
     double p50 = quantile_us(co->latency_s + warmup, iterations, 0.5);
@@ -1264,6 +1311,8 @@ static void fan_present_all(struct fan *f, int k)
     int i = fan_take(f);
     if (check)
         fill_frame(f->memory[i], f->cu_stream, k);
+    else if (fill)
+        fill_whole(f->memory[i], f->cu_stream, k);
     if (kernels)
         queue_kernel(f->scratch, f->cu_stream, k);
     f->holders[i] = consumers;
@@ -1322,7 +1371,7 @@ static void run_fanout(int producer_gpu, int consumer_gpu)
     f->ctx = context_for(producer_gpu);
     f->dpy = display_for(producer_gpu);
     NEED(eglCreateStreamFromFileDescriptorKHR); NEED(eglDestroyStreamKHR); NEED(eglQueryStreamKHR);
-    CU(p_cuStreamCreate(&f->cu_stream, 0));
+    CU(p_cuStreamCreate(&f->cu_stream, stream_flags));
     for (int i = 0; i < FAN_POOL; i++) {
         CU(p_cuMemAlloc(&f->memory[i], G.bytes));
         describe_frame(&f->pool[i], f->memory[i]);
@@ -1469,12 +1518,22 @@ int main(int argc, char **argv)
     kernels = env && *env && strcmp(env, "0") != 0;
     env = getenv("PEEK");
     peek = env && *env && strcmp(env, "0") != 0;
+    env = getenv("PEEK_1D");
+    peek_1d = env && *env && strcmp(env, "0") != 0;
+    env = getenv("NONBLOCKING");
+    stream_flags = env && *env && strcmp(env, "0") != 0 ? 1u /* CU_STREAM_NON_BLOCKING */ : 0u;
+    env = getenv("FILL");
+    fill = env && *env && strcmp(env, "0") != 0;
     env = getenv("BREAKDOWN");
     breakdown = env && *env && strcmp(env, "0") != 0;
+    if (fill && check)
+        usage_exit("FILL=1 and CHECK=1 both write every frame: choose one");
     if (breakdown && !twoproc)
         usage_exit("BREAKDOWN=1 is for twoproc");
     if (breakdown && check)
         usage_exit("BREAKDOWN=1 times the calls without CHECK's fills and copies");
+    if (breakdown && fill)
+        usage_exit("BREAKDOWN=1 times the calls without FILL's writes");
     if (breakdown && iterations < 40)
         usage_exit("BREAKDOWN=1 needs ITERATIONS >= 40 (four phases)");
     warmup = iterations / 10 + 2;

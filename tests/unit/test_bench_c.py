@@ -37,7 +37,8 @@ def built(tmp_path_factory):
 def run(built, *args, timeout=60, **env):
     binary, libs = built
     environment = {k: v for k, v in os.environ.items()
-                   if k not in ("CHECK", "PACE_US", "KERNELS", "BREAKDOWN", "CONSUMERS")}
+                   if k not in ("CHECK", "PACE_US", "KERNELS", "PEEK", "PEEK_1D", "FILL", "NONBLOCKING", "BREAKDOWN",
+                                "CONSUMERS")}
     environment.update(LD_LIBRARY_PATH=str(libs), **{k: str(v) for k, v in env.items()})
     return subprocess.run([str(binary), *map(str, args)], capture_output=True, text=True, timeout=timeout,
                           env=environment, start_new_session=True)
@@ -108,6 +109,8 @@ def test_breakdown_fields(built):
     (("fanout", 0, 0, 64, 48, "nv12", 300), {"BREAKDOWN": 1}, "BREAKDOWN=1 is for twoproc"),
     (("twoproc", 0, 0, 64, 48, "nv12", 300), {"BREAKDOWN": 1, "CHECK": 1}, "without CHECK"),
     (("twoproc", 0, 0, 64, 48, "nv12", 20), {"BREAKDOWN": 1}, "ITERATIONS >= 40"),
+    (("twoproc", 0, 0, 64, 48, "nv12", 300), {"FILL": 1, "CHECK": 1}, "choose one"),
+    (("twoproc", 0, 0, 64, 48, "nv12", 300), {"BREAKDOWN": 1, "FILL": 1}, "without FILL"),
     (("fanout", 0, 1, 64, 48, "nv12", 300, 2), {}, "needs two GPUs: found 1"),
 ])
 def test_usage_errors(built, args, env, says):
@@ -125,6 +128,34 @@ def test_a_failing_process_says_why_in_one_line(built, mode, consumers):
     lines = done.stderr.splitlines()
     assert lines and all(line.startswith("cross_gpu ") for line in lines), done.stderr
     assert any("cuEGLStreamConsumerAcquireFrame (frame 150) -> 999" in line for line in lines), done.stderr
+
+
+@pytest.mark.parametrize("copy", ["2d", "1d"])
+@pytest.mark.parametrize("mode,consumers,fmt", [("twoproc", None, "argb"), ("twoproc", None, "nv12"),
+                                                  ("fanout", 3, "nv12")])
+def test_fill_writes_every_frame_and_peek_checks_it(built, mode, consumers, fmt, copy):
+    args = [mode, 0, 0, 64, 48, fmt, 300] + ([consumers] if consumers else [])
+    peek = {"PEEK": 1, "PEEK_1D": int(copy == "1d")}
+    values = result(run(built, *args, FILL=1, **peek))
+    assert float(values["fps"]) > 0
+    if mode == "twoproc":  # the consumer's two steps, timed
+        assert float(values["acquire_us"]) > 0 and float(values["peek_us"]) > 0
+    # A frame its producer did not write (the fake skips the 150th fill) is caught by the
+    # consumer's check of the word it copies.
+    done = run(built, *args, FILL=1, **peek, FAKE_SKIP_FILL_AT=150)
+    assert done.returncode == 1
+    assert "FILL: frame 150 arrived holding" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("mode,consumers", [("twoproc", None), ("fanout", 3)])
+def test_nonblocking_streams_carry_every_byte(built, mode, consumers):
+    args = [mode, 0, 0, 66, 50, "nv12", 200] + ([consumers] if consumers else [])
+    # The fake refuses a stream created with other flags than the ones asked for.
+    done = run(built, *args, CHECK=1, NONBLOCKING=1, FAKE_WANT_STREAM_FLAGS=1)
+    result(done)
+    assert "check=ok" in done.stdout
+    result(run(built, *args, CHECK=1, FAKE_WANT_STREAM_FLAGS=0))
+    assert run(built, *args, CHECK=1, FAKE_WANT_STREAM_FLAGS=1).returncode == 1
 
 
 def test_peek_copies_a_word_per_frame(built):

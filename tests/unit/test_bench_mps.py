@@ -45,7 +45,8 @@ def synthetic(mps, tmp_path) -> pathlib.Path:
         cell = {"group": key.split(".")[0], "label": label, "params": params}
         for phase, gain in (("off", 1.0), ("on", 5.0)):
             n = params.get("consumers", 1)
-            rate = gain * 10000 / n * (0.95 if key.startswith("fan.eglcuda") else 0.8 if "cuda-ipc" in key else 1)
+            rate = gain * 10000 / n * (0.95 if key.startswith("fan.eglcuda") else 0.8 if "cuda-ipc" in key
+                                       else 0.5 if key.endswith(".fill.peek") else 1)
             value = {"fps": rate, "rounds_per_s": rate, "latency_p50_us": 1e6 / rate, "latency_p99_us": 3e6 / rate,
                      "present_us": 40 / gain, "release_us": 15 / gain, "bad": 0, "calls_us": {"present": 20.0}}
             for p in mps.BREAKDOWN_PHASES:
@@ -71,6 +72,10 @@ def test_table_and_goals(tmp_path):
     assert "| eglcuda fan-out 1920x1080 NV12 N=2: rounds/s | 4,750 | 23,750 | 5.00 | 0.95 / 0.95 | 1.19 / 1.19 |" \
         in table
     assert "| shm (cross_process.py) 3840x2160 ARGB: frames/s | failed | 50,000 | - |  |  |" in table
+    # One stream: eglcuda's pair against C with the same work (FILL=1 PEEK=1, half the rate here)
+    assert "| C twoproc 3840x2160 ARGB, FILL=1 PEEK=1: frames/s | 5,000 | 25,000 | 5.00 |  |  |" in table
+    assert "| eglcuda (cross_process.py) 3840x2160 ARGB: frames/s | 10,000 | 50,000 | 5.00 | 2.00 / 2.00 | 1.25 / 1.25 |" \
+        in table
     assert "### Goals under MPS: 30 of 30 met (0 not measured)" in table
 
 

@@ -8,8 +8,9 @@
  * waits up to about a millisecond, DISCONNECTED once a consumer's process exits. Misuse (a frame
  * presented while still in flight on that stream, an acquire with a frame held, a copy or memset
  * outside an allocation, ...) answers CUDA_ERROR_UNKNOWN and prints "FAKE MISUSE" on stderr.
- * FAKE_FAIL_STREAM=i FAKE_FAIL_AT=n: the n-th acquire on stream i fails. FAKE_STATS=1: counts at
- * each producer disconnect. */
+ * FAKE_FAIL_STREAM=i FAKE_FAIL_AT=n: the n-th acquire on stream i fails. FAKE_SKIP_FILL_AT=n: the
+ * n-th 32-bit memset (counted from 0) of the process writes nothing. FAKE_WANT_STREAM_FLAGS=n: a
+ * CUDA stream created with other flags is misuse. FAKE_STATS=1: counts at each producer disconnect. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <pthread.h>
@@ -114,13 +115,34 @@ CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
     return 0;
 }
 CUresult cuMemFree_v2(CUdeviceptr p) { (void)p; return 0; }
-CUresult cuStreamCreate(CUstream *s, unsigned int f) { (void)f; *s = (CUstream)0x99; return 0; }
+CUresult cuStreamCreate(CUstream *s, unsigned int f)
+{   /* FAKE_WANT_STREAM_FLAGS=n: a stream created with other flags is misuse */
+    if (getenv("FAKE_WANT_STREAM_FLAGS") && f != (unsigned int)atoi(getenv("FAKE_WANT_STREAM_FLAGS"))) { misuse("stream flags", -1); return 1; }
+    *s = (CUstream)0x99;
+    return 0;
+}
 CUresult cuStreamSynchronize(CUstream s) { (void)s; return 0; }
 CUresult cuMemsetD2D8Async(CUdeviceptr dst, size_t pitch, unsigned char uc, size_t width, size_t height, CUstream s)
 {
     (void)s;
     if (!height || !in_region(dst, pitch * (height - 1) + width)) { misuse("memset out of bounds", -1); return 1; }
     for (size_t y = 0; y < height; y++) memset((void *)(uintptr_t)(dst + y * pitch), uc, width);
+    return 0;
+}
+CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, CUstream s)
+{
+    (void)s;
+    if (!n || !in_region(src, n)) { misuse("copy out of bounds", -1); return 1; }
+    memcpy(dst, (const void *)(uintptr_t)src, n);
+    return 0;
+}
+CUresult cuMemsetD32Async(CUdeviceptr dst, unsigned int ui, size_t n, CUstream s)
+{
+    (void)s;
+    if (!n || (dst & 3) || !in_region(dst, n * 4)) { misuse("memset32 out of bounds", -1); return 1; }
+    static long fills;
+    if (getenv("FAKE_SKIP_FILL_AT") && fills++ == atol(getenv("FAKE_SKIP_FILL_AT"))) return 0;
+    for (size_t i = 0; i < n; i++) ((unsigned int *)(uintptr_t)dst)[i] = ui;
     return 0;
 }
 CUresult cuMemcpy2DAsync_v2(const CUDA_MEMCPY2D *c, CUstream s)
