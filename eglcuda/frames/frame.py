@@ -16,6 +16,7 @@ from ..cuda_device import CudaDevice, get_device
 from ..errors import ClosedError, Unsupported, UsageError
 from .formats import (
     SAME_GEOMETRY,
+    MAX_PITCH,
     ColorFormat,
     Layout,
     PlaneGeometry,
@@ -168,15 +169,19 @@ class Plane:
         pointer = self.pointer
         if copy:
             raise BufferError("eglcuda planes export without copying only (copy=True refused)")
-        if dl_device is not None and tuple(dl_device) != self.__dlpack_device__():
+        if dl_device is not None and _pair(dl_device, "dl_device") != self.__dlpack_device__():
             raise BufferError(f"plane lives on {self.__dlpack_device__()}, not {dl_device}")
+        if max_version is not None:
+            max_version = _pair(max_version, "max_version")
         consumer_stream = dlpack_stream(stream)
         if consumer_stream is not None:
             self._frame._order_before(consumer_stream)
         # Only a 1.0 capsule can say read-only; with an unversioned one, consumers of acquired
         # frames must still only read (EGLStream's rule).
-        versioned = max_version is not None and tuple(max_version) >= (1, 0)
-        return make_capsule(self._frame, pointer, self._frame.device.ordinal, self.shape, self.strides,
+        versioned = max_version is not None and max_version >= (1, 0)
+        # The capsule keeps this plane (and through it the frame) alive: Frame.close() then sees
+        # the tensor as a live view and leaves the memory to it.
+        return make_capsule(self, pointer, self._frame.device.ordinal, self.shape, self.strides,
                             self.read_only, versioned)
 
     # ---- copies --------------------------------------------------------------------------------
@@ -205,7 +210,9 @@ class Plane:
         target = self._location(writing=True)
         frame = self._frame
         data = np.ascontiguousarray(data)
-        if data.dtype != np.uint8 or data.size != self.height * self.geometry.row_bytes:
+        # (height, row_bytes) is the same bytes as a one-row-per-line view; anything else would
+        # land scrambled (a transposed image has the right size and the wrong rows).
+        if data.dtype != np.uint8 or data.shape not in (self.shape, (self.height, self.geometry.row_bytes)):
             raise UsageError(f"expected uint8 data of shape {self.shape}, got {data.dtype} {data.shape}")
         g = self.geometry
         _copy_2d(frame.device, frame.cuda_stream or 0, src=("host", data, g.row_bytes), dst=target,
@@ -232,6 +239,17 @@ class Plane:
 
     def __repr__(self) -> str:
         return f"<Plane {self.index} {self.width}x{self.height}x{self.channels} pitch {self.pitch}>"
+
+
+def _pair(value: Any, name: str) -> tuple[int, int]:
+    """A DLPack (int, int) argument, or a clear error."""
+    try:
+        first, second = value
+        if all(isinstance(v, int) and not isinstance(v, bool) for v in (first, second)):
+            return (first, second)
+    except (TypeError, ValueError):
+        pass
+    raise UsageError(f"{name} is a pair of ints, got {value!r}")
 
 
 def order_after(device: CudaDevice, own_stream: int | None, consumer_stream: int) -> None:
@@ -343,12 +361,10 @@ def _check_driver_extents(device: CudaDevice, fmt: ColorFormat, width: int, heig
 
 def _free_frame(ordinal: int, layout: Layout, addresses: tuple[int, ...], wrapped: Any,
                 memory: MemoryKind = MemoryKind.DEVICE) -> None:
-    """Finalizer: free what eglcuda allocated (nothing for wrapped memory). Never raises."""
+    """Finalizer: free what eglcuda allocated. Wrapped memory is its owner's: ``wrapped`` (the
+    objects kept alive with the frame) is only let go of here. Never raises."""
     try:
         if wrapped is not None:
-            release = getattr(wrapped, "release", None)
-            if callable(release):
-                release()
             return
         device = get_device(ordinal)
         device.make_current()
@@ -398,10 +414,11 @@ class Frame(FrameCore, FrameBase):
         # reference cycle, and the frame's device memory would wait for the cycle collector.
         self._plane_specs = tuple(zip(geometry, plane_addresses))
         self._plane_refs: tuple[weakref.ReferenceType[Plane], ...] = ()
+        # Owned first: should the description fail, the memory goes with this half-made frame.
+        self._own(_free_frame, device.ordinal, layout, addresses if owned else (), None if owned else keep, memory)
         # The driver's description, built once: present passes it without allocating.
         self._describe(layout is Layout.ARRAY, tuple(plane_addresses), width, height,
                        pitch if layout is Layout.PITCH else 0, geometry[0].channels, int(format))
-        self._own(_free_frame, device.ordinal, layout, addresses if owned else (), None if owned else keep, memory)
 
     @property
     def _planes(self) -> tuple[Plane, ...]:  # type: ignore[override]
@@ -429,8 +446,9 @@ class Frame(FrameCore, FrameBase):
             fmt = SAME_GEOMETRY[fmt]
         check_size(width, height, fmt)
         layout = layout_of(layout)
-        if pitch_alignment < 1 or pitch_alignment & (pitch_alignment - 1):
-            raise UsageError(f"pitch_alignment must be a power of two, got {pitch_alignment}")
+        if not isinstance(pitch_alignment, int) or isinstance(pitch_alignment, bool) or pitch_alignment < 1 \
+                or pitch_alignment & (pitch_alignment - 1) or pitch_alignment > MAX_PITCH:
+            raise UsageError(f"pitch_alignment is a power of two (an int) of at most {MAX_PITCH}, got {pitch_alignment!r}")
         if layout is Layout.ARRAY and memory is not MemoryKind.DEVICE:
             raise UsageError(f"CUDA-array frames live in device memory; {memory.value} memory needs layout='pitch'")
         device = get_device(device)
@@ -584,13 +602,18 @@ class Frame(FrameCore, FrameBase):
 
     def close(self) -> None:
         """Free the frame's memory (if eglcuda allocated it). Safe to call twice. Raises
-        :class:`UsageError` while the frame belongs to a connected producer."""
+        :class:`UsageError` while the frame belongs to a connected producer.
+
+        The frame is unusable at once. Its memory is freed now unless something still points
+        into it: a :class:`Plane` object held anywhere (a CuPy array made through
+        ``__cuda_array_interface__`` holds its plane), a DLPack tensor (PyTorch's holds the
+        plane), a :meth:`host_array` view. Then it is freed when the last of them is gone."""
         if self.presented:
             raise UsageError("the frame was presented on a producer that is still connected; "
                              "the driver may still use it: disconnect the producer first")
-        if len(self._host_views):
-            # NumPy arrays still point into the memory: free it when the last one goes (they
-            # hold this frame), not now, which would leave them dangling.
+        if len(self._host_views) or any(ref() is not None for ref in self._plane_refs):
+            # Arrays still point into the memory and hold this frame: free it when the last one
+            # goes (the frame's finalizer), not now, which would leave them dangling.
             self._closed_early = True
             return
         super().close()

@@ -11,6 +11,7 @@ from ..errors import UsageError
 DL_CUDA = 2
 _LEGACY_DEFAULT_STREAM = 1
 _PER_THREAD_DEFAULT_STREAM = 2
+_NO_SYNCHRONIZATION = -1
 CU_STREAM_PER_THREAD = 0x2
 
 
@@ -36,16 +37,23 @@ def stream_handle(stream: Any) -> int:
 
 
 def dlpack_stream(stream: Any) -> int | None:
-    """The ``CUstream`` a DLPack consumer named in ``__dlpack__(stream=...)``."""
-    if stream is None:
+    """The ``CUstream`` a DLPack consumer named in ``__dlpack__(stream=...)``; None when it asks
+    for no ordering (None, or -1: the protocol's "do not synchronize")."""
+    if isinstance(stream, (bool, float, str, bytes)):
+        raise UsageError(f"a DLPack stream is None, -1, 1, 2 or a CUstream as an int, got {stream!r}")
+    if not isinstance(stream, int):
+        return None if stream is None else stream_handle(stream)  # a stream object, named directly
+    if stream == _NO_SYNCHRONIZATION:
         return None
+    if stream < 0:
+        raise UsageError(f"a DLPack stream is None, -1, 1, 2 or a CUstream as an int, got {stream!r}")
     if stream == _LEGACY_DEFAULT_STREAM:
         return 0
     if stream == _PER_THREAD_DEFAULT_STREAM:
         return CU_STREAM_PER_THREAD
     if stream == 0:
         raise UsageError("stream 0 is ambiguous for CUDA in DLPack; pass 1 (legacy default) or 2 (per-thread)")
-    return stream_handle(stream)
+    return stream
 
 
 def foreign_device_pointer(obj: Any) -> tuple[int, tuple[int, ...], tuple[int, ...] | None, str, Any]:

@@ -114,6 +114,15 @@ def _forget_gl_extensions(context_address: int) -> None:
 on_context_destroyed(_forget_gl_extensions)
 
 
+_MAX_LEVELS = 32  # a GLint mipmap level of a texture whose sides fit 32 bits
+_MAX_TEXTURE_NAME = 2**32 - 1  # a GLuint
+
+
+def _check_texture_name(texture: object) -> None:
+    if type(texture) is not int or not 0 < texture <= _MAX_TEXTURE_NAME:
+        raise UsageError(f"texture must be a GL texture name (an int in 1..2**32-1), got {texture!r}")
+
+
 def _require_gl_extension(context: GLContext, *names: str) -> None:
     """Raise :class:`Unsupported` unless ``context`` (current on this thread) lists one of
     ``names`` (extensions that define or require the same function)."""
@@ -143,10 +152,9 @@ class Image(Resource):
             raise UsageError(f"context must be an eglcuda.GLContext, got {type(context).__name__}")
         if context.closed:
             raise ClosedError("the GL context is closed (or its display is)")
-        if type(texture) is not int or texture <= 0:
-            raise UsageError(f"texture must be a GL texture name (an int > 0), got {texture!r}")
-        if type(level) is not int or level < 0:
-            raise UsageError(f"level must be an int >= 0, got {level!r}")
+        _check_texture_name(texture)
+        if type(level) is not int or not 0 <= level < _MAX_LEVELS:
+            raise UsageError(f"level must be a mipmap level, an int in 0..{_MAX_LEVELS - 1}, got {level!r}")
         display = context.display
         display.require("EGL_KHR_image_base", "EGL_KHR_gl_texture_2D_image")
         GL = gl()
@@ -157,9 +165,13 @@ class Image(Resource):
                 _gl.clear_errors()
                 if not _gl.accepted(lambda: GL.glBindTexture(GL.GL_TEXTURE_2D, texture)):
                     raise UsageError(f"texture {texture} is not a 2D texture (GL_TEXTURE_2D)")
-                width = int(GL.glGetTexLevelParameteriv(GL.GL_TEXTURE_2D, level, GL.GL_TEXTURE_WIDTH))
-                height = int(GL.glGetTexLevelParameteriv(GL.GL_TEXTURE_2D, level, GL.GL_TEXTURE_HEIGHT))
-                internal = int(GL.glGetTexLevelParameteriv(GL.GL_TEXTURE_2D, level, GL.GL_TEXTURE_INTERNAL_FORMAT))
+                sizes: list[int] = []
+                # A level past the context's largest mipmap is a GL error, not an empty level.
+                if not _gl.accepted(lambda: sizes.extend(
+                        int(GL.glGetTexLevelParameteriv(GL.GL_TEXTURE_2D, level, query))
+                        for query in (GL.GL_TEXTURE_WIDTH, GL.GL_TEXTURE_HEIGHT, GL.GL_TEXTURE_INTERNAL_FORMAT))):
+                    sizes = [0, 0, 0]
+                width, height, internal = sizes
             if width == 0 or height == 0:
                 raise UsageError(f"texture {texture} has no storage at level {level}")
             handle = egl_image.create_from_texture(display.handle, context.handle, texture, level)
@@ -199,8 +211,8 @@ class Image(Resource):
             _require_gl_extension(context, "GL_OES_EGL_image", "GL_OES_EGL_image_external")
             if texture is None:
                 texture = int(GL.glGenTextures(1))
-            elif type(texture) is not int or texture <= 0:
-                raise UsageError(f"texture must be a GL texture name (an int > 0), got {texture!r}")
+            else:
+                _check_texture_name(texture)
             with TextureBinding():
                 _gl.clear_errors()
                 if not _gl.accepted(lambda: GL.glBindTexture(GL.GL_TEXTURE_2D, texture)):

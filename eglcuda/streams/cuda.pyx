@@ -237,6 +237,8 @@ cdef bint gate_enter_within(Gate *gate, str endpoint, double timeout_s) except -
     """gate_enter, giving up after ``timeout_s`` seconds: False when another thread is still
     inside (a present into a full FIFO waits for the consumer, without limit)."""
     cdef timespec deadline
+    if timeout_s > 1e9:  # infinity, or past any deadline a timespec holds: no limit
+        return gate_wait(gate, endpoint, NULL)
     clock_gettime(CLOCK_REALTIME, &deadline)
     deadline.tv_sec += <long>timeout_s
     deadline.tv_nsec += <long>((timeout_s - <long>timeout_s) * 1e9)
@@ -355,6 +357,9 @@ cdef class CudaProducer(Resource):
         # A thread of the parent may have been inside the gate at fork: start afresh, closed.
         gate_init_noexcept(&self.gate)
         self.connected = False
+        # The frames it presented are the parent's business: in this process none is in use.
+        if self.link is not None:
+            self.link.connected = False
 
     def __init__(self, stream, width, height, device=None, format=None, layout=None) -> None:
         self._format = None if format is None else color_format(format)
@@ -820,6 +825,9 @@ cdef class CudaConsumer(Resource):
         # A thread of the parent may have been inside the gate at fork: start afresh, closed.
         gate_init_noexcept(&self.gate)
         self.connected = False
+        # The frame the parent held is not this process's to read or release.
+        if self.held is not None:
+            self._let_go_of_held()
 
     def __init__(self, stream, device=None, cuda_stream=None, location=None, bint frame_numbers=True) -> None:
         stream._check_consumer_slot()
@@ -1031,6 +1039,8 @@ cdef class CudaConsumer(Resource):
                 if frame._released:
                     raise ClosedError("the frame was already released")
                 raise UsageError("this frame does not belong to this consumer")
+            if not self.connected:
+                raise ClosedError("the consumer is disconnected (or its stream closed)")
             with nogil:
                 status = hot.consumer_release(self.ctx, self.conn, self.held_resource, &self.cu_stream,
                                               &self.failed_call)

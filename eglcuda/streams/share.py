@@ -69,9 +69,12 @@ _REQUIRED_FOR_STREAM = ("fifo_length", "reuse_last_frame", "pid")  # what serve_
 
 # --- arguments -------------------------------------------------------------------------------
 
+_LONGEST_WAIT_S = 1e8  # about three years: socket timeouts and deadlines hold it
+
+
 def _deadline(timeout: float) -> float:
-    if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not timeout > 0:
-        raise UsageError(f"timeout is a positive number of seconds, got {timeout!r}")
+    if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not 0 < timeout <= _LONGEST_WAIT_S:
+        raise UsageError(f"timeout is a positive number of seconds (at most {_LONGEST_WAIT_S:.0e}), got {timeout!r}")
     return time.monotonic() + timeout
 
 
@@ -121,8 +124,8 @@ def numeric_ids(value: Any, what: str, default: frozenset[int]) -> frozenset[int
 
 
 def positive_seconds(value: Any, what: str) -> float:
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0 or value != value:
-        raise UsageError(f"{what} is a positive number of seconds, got {value!r}")
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value <= _LONGEST_WAIT_S:
+        raise UsageError(f"{what} is a positive number of seconds (at most {_LONGEST_WAIT_S:.0e}), got {value!r}")
     return float(value)
 
 

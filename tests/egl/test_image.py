@@ -98,6 +98,30 @@ def test_bad_textures_are_refused_before_egl(image_context):
         eglcuda.Image(image_context, 1, level=-1)
     with pytest.raises(eglcuda.UsageError):
         eglcuda.Image("not a context", 1)
+    with pytest.raises(eglcuda.UsageError, match="2\\*\\*32"):
+        eglcuda.Image(image_context, 2**32 + 1)  # a GLuint would wrap it to texture 1
+
+
+def test_levels_past_the_texture_are_refused(image_context):
+    texture = make_texture(RGBA8, np.ones((2, 2, 4), np.uint8))
+    for level in (1, 20):  # no storage there; 20 is past any context's mipmap chain (a GL error)
+        with pytest.raises(eglcuda.UsageError, match="no storage at level"):
+            eglcuda.Image(image_context, texture, level=level)
+    for level in (32, 2**40, True):
+        with pytest.raises(eglcuda.UsageError, match="mipmap level"):
+            eglcuda.Image(image_context, texture, level=level)
+
+
+def test_bind_texture_refuses_names_a_gluint_cannot_hold(image_context):
+    from OpenGL import GL
+
+    source = make_texture(RGBA8, np.full((2, 2, 4), 9, np.uint8))
+    bystander = make_texture(RGBA8, np.full((4, 8, 4), 7, np.uint8))
+    with eglcuda.Image(image_context, source) as image:
+        with pytest.raises(eglcuda.UsageError, match="2\\*\\*32"):
+            image.bind_texture(texture=2**32 + bystander)  # would wrap to the bystander
+    GL.glBindTexture(GL.GL_TEXTURE_2D, bystander)
+    assert int(GL.glGetTexLevelParameteriv(GL.GL_TEXTURE_2D, 0, GL.GL_TEXTURE_WIDTH)) == 8  # untouched
 
 
 def test_texture_of_another_context_is_refused(display, image_context):

@@ -1,0 +1,193 @@
+"""Misuse the way users make it, on the fake driver: closing a frame whose memory another library
+still points into, DLPack's reserved stream values, uploads of the wrong shape, bad pitch
+alignments, owners of wrapped memory, fork with a frame held, unbounded timeouts. Each case says
+what a user gets: a clear exception before the driver, or memory that stays valid while it is
+used."""
+from __future__ import annotations
+
+import gc
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import eglcuda
+from eglcuda import ClosedError, UsageError
+
+from .harness import fake, fake_driver_test
+from .kit import rng, stream_of
+
+
+@fake_driver_test
+def test_closing_a_frame_leaves_its_memory_to_live_views():
+    """close() makes the frame unusable at once; its memory is freed only when nothing points into
+    it: a DLPack capsule (a tensor of PyTorch or CuPy keeps one), a Plane held elsewhere (a CuPy
+    array made through __cuda_array_interface__ holds its plane). Without views, close frees."""
+    before = fake.live_allocations()
+    for view in ("dlpack", "versioned dlpack", "plane"):
+        frame = eglcuda.Frame.allocate(8, 4)
+        plane = frame.planes[0]
+        held = {"dlpack": lambda: plane.__dlpack__(stream=None),
+                "versioned dlpack": lambda: plane.__dlpack__(max_version=(1, 0)),
+                "plane": lambda: plane}[view]()
+        del plane
+        frame.close()
+        assert frame.closed
+        with pytest.raises(ClosedError):
+            frame.planes
+        assert fake.live_allocations() == before + 1, f"{view}: freed under a live view"
+        del held, frame
+        gc.collect()
+        assert fake.live_allocations() == before, f"{view}: not freed once the view went"
+    frame = eglcuda.Frame.allocate(8, 4)
+    assert frame.planes[0].pointer  # a plane made and dropped is no view
+    frame.close()
+    assert fake.live_allocations() == before
+
+
+@fake_driver_test
+def test_dlpack_reserved_streams_and_bad_arguments():
+    """stream=-1 asks for no ordering (the protocol's value); a float, a bool or another negative
+    number, and malformed max_version or dl_device, are refused with UsageError."""
+    with stream_of(8, 4) as (_, stream, producer, consumer):
+        frame = producer.allocate_frame()
+        producer.present(frame)
+        acquired = consumer.acquire(timeout_us=1_000_000)
+        plane = acquired.planes[0]
+        waits = fake.calls("cuStreamWaitEvent")
+        plane.__dlpack__(stream=-1)
+        assert fake.calls("cuStreamWaitEvent") == waits  # nothing ordered
+        for bad in (1.5, True, -2, "1"):
+            with pytest.raises(UsageError, match="DLPack stream"):
+                plane.__dlpack__(stream=bad)
+        with pytest.raises(UsageError, match="max_version"):
+            plane.__dlpack__(max_version=1)
+        with pytest.raises(UsageError, match="dl_device"):
+            plane.__dlpack__(dl_device=5)
+        acquired.release()
+
+
+@fake_driver_test
+def test_copy_from_refuses_data_of_the_wrong_shape():
+    """A transposed image has the plane's size and the wrong rows: refused, not uploaded scrambled.
+    The plane's own shape, and (height, row bytes), are taken."""
+    random = rng()
+    frame = eglcuda.Frame.allocate(4, 2)
+    plane = frame.planes[0]  # (2, 4, 4)
+    with pytest.raises(UsageError, match=r"shape \(2, 4, 4\)"):
+        plane.copy_from(random.integers(0, 256, (4, 2, 4), dtype=np.uint8))
+    data = random.integers(0, 256, (2, 4, 4), dtype=np.uint8)
+    plane.copy_from(data.reshape(2, 16))
+    assert np.array_equal(plane.to_numpy(), data)
+    frame.close()
+
+
+@fake_driver_test
+def test_pitch_alignment_is_checked_before_allocating():
+    before = fake.live_allocations()
+    for bad in (0, 3, 2**32, 1.0, "256", True, -256):
+        with pytest.raises(UsageError, match="pitch_alignment"):
+            eglcuda.Frame.allocate(16, 16, pitch_alignment=bad)
+    gc.collect()
+    assert fake.live_allocations() == before
+    frame = eglcuda.Frame.allocate(16, 16, pitch_alignment=1024)
+    assert frame.pitch == 1024
+    frame.close()
+
+
+@fake_driver_test
+def test_wrapped_memory_owner_is_only_kept_alive():
+    """from_pointer(owner=...) keeps the owner alive with the frame and calls nothing on it."""
+    class Owner:
+        released = 0
+
+        def release(self) -> None:  # a name many buffer types have; eglcuda must not call it
+            Owner.released += 1
+
+    memory = eglcuda.Frame.allocate(8, 4)
+    owner = Owner()
+    frame = eglcuda.Frame.from_pointer(memory.planes[0].pointer, 8, 4, memory.pitch, owner=owner)
+    frame.close()
+    del frame
+    gc.collect()
+    assert Owner.released == 0
+    memory.close()
+
+
+@fake_driver_test
+def test_a_frame_held_at_fork_is_not_the_childs():
+    """In a child made by fork(), the acquired frame the parent holds is released from the child's
+    point of view (no read, no driver release), and the frames the parent presented may be closed
+    (the child's copies of them are not in use). The parent goes on with its frame."""
+    with stream_of(8, 4) as (_, stream, producer, consumer):
+        frame = producer.allocate_frame()
+        producer.present(frame)
+        held = consumer.acquire(timeout_us=1_000_000)
+        releases = fake.calls("cuEGLStreamConsumerReleaseFrame")
+        pid = os.fork()
+        if pid == 0:
+            status = 1
+            try:
+                for attempt in (lambda: held.planes, held.to_numpy, held.release):
+                    try:
+                        attempt()
+                    except ClosedError:
+                        continue
+                    os.write(2, f"child: {attempt} worked on the parent's frame\n".encode())
+                    break
+                else:
+                    if fake.calls("cuEGLStreamConsumerReleaseFrame") == releases:
+                        frame.close()
+                        status = 0
+            except BaseException as exc:  # noqa: BLE001 - reported through the exit status
+                os.write(2, f"child: {exc!r}\n".encode())
+            os._exit(status)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert held.planes[0].to_numpy().shape == (4, 8, 4)
+        held.release()
+
+
+@pytest.mark.parametrize("timeout", [float("inf"), 1e30])
+@fake_driver_test
+def test_close_with_an_unbounded_timeout_waits_for_the_call_inside(timeout):
+    """close(timeout=inf) while another thread is inside acquire: close waits for it (here the
+    acquire gives up after 0.6 s) instead of giving up at once."""
+    with eglcuda.Display.for_cuda_device(0) as display, display.create_stream() as stream:
+        consumer = stream.connect_cuda_consumer()
+        producer = stream.connect_cuda_producer(4, 4)
+        inside = threading.Event()
+
+        def acquire() -> None:
+            inside.set()
+            try:
+                consumer.acquire(timeout_us=600_000)
+            except eglcuda.EglCudaError:
+                pass
+
+        thread = threading.Thread(target=acquire)
+        thread.start()
+        inside.wait()
+        time.sleep(0.1)
+        started = time.monotonic()
+        consumer.close(timeout=timeout)
+        assert time.monotonic() - started > 0.3
+        assert consumer.closed
+        thread.join()
+        producer.close()
+
+
+@pytest.mark.parametrize("timeout", [float("inf"), 1e30, float("nan")])
+@fake_driver_test
+def test_sharing_refuses_timeouts_no_socket_can_hold(timeout):
+    with eglcuda.Display.for_cuda_device(0) as display, display.create_stream(cross_process=True) as stream:
+        consumer = stream.connect_cuda_consumer()
+        path = f"/tmp/eglcuda-misuse-{os.getpid()}.sock"
+        with pytest.raises(UsageError, match="timeout"):
+            eglcuda.serve_stream(stream, path, timeout=timeout)
+        with pytest.raises(UsageError, match="timeout"):
+            eglcuda.receive_stream(display, path, timeout=timeout)
+        assert not os.path.exists(path)
+        consumer.close()
