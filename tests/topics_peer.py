@@ -61,6 +61,9 @@ def subscribe(args) -> int:
         held.append(message)
         if len(held) > args.hold:
             held.pop(0).release()
+        if len(held) >= args.queue:  # it may hold no more: wait, holding them, to be killed or told
+            sys.stdin.readline()
+            return 0
 
 
 def main() -> int:

@@ -117,6 +117,7 @@ class _Files:
     collected without being closed."""
 
     def __init__(self, lock_path: str, socket_path: str) -> None:
+        self.pid = os.getpid()
         self.lock_path = lock_path
         self.socket_path = socket_path
         self.lock_fd: int | None = None
@@ -125,12 +126,18 @@ class _Files:
 
     def release(self) -> None:
         bound, self.bound = self.bound, None
-        sockets.remove_if_same(self.socket_path, bound)
         fd, self.lock_fd = self.lock_fd, None
-        if fd is not None:
-            naming.release_lock(self.lock_path, fd)
-        wake, self.wake = self.wake, (-1, -1)
-        for end in wake:
+        mine: list[int] = list(self.wake)
+        self.wake = (-1, -1)
+        if os.getpid() != self.pid:
+            # A forked child: the files and the lock are the parent's; only the copies of the
+            # descriptors are this process's to close.
+            mine.append(-1 if fd is None else fd)
+        else:
+            sockets.remove_if_same(self.socket_path, bound)
+            if fd is not None:
+                naming.release_lock(self.lock_path, fd)
+        for end in mine:
             if end >= 0:
                 try:
                     os.close(end)
@@ -198,7 +205,7 @@ class Publisher:
             raise UsageError(f"max_pool ({max_pool}) is smaller than pool ({pool})")
         self.every_timeout = positive_seconds(every_timeout, "every_timeout")
         self.handshake_timeout = positive_seconds(handshake_timeout, "handshake_timeout")
-        if access not in ACCESS_MODES:
+        if not isinstance(access, str) or access not in ACCESS_MODES:
             raise UsageError(f"access is one of {sorted(ACCESS_MODES)}, got {access!r}")
         if access != "user" and path is None:
             raise UsageError(f"access={access!r} lets other users subscribe, but the default topic directory is "
@@ -207,6 +214,8 @@ class Publisher:
         self.fps = None if fps is None else float(fps)
         self.max_pool = max_pool
         self.path = naming.socket_path(self.name, path, create=path is None)
+        if not os.path.isdir(os.path.dirname(self.path) or "."):
+            raise UsageError(f"the directory of {self.path} does not exist (a publisher makes its socket there)")
         self.instance = secrets.randbits(64)
         self._spec = (width, height, fmt, layout)
 
@@ -383,8 +392,8 @@ class Publisher:
             backend = self._backend
             if backend is None:  # pragma: no cover - set for as long as the publisher is open
                 raise self._closed_error()
-            stream = backend.stream_handle(cuda_stream)
             try:
+                stream = backend.stream_handle(cuda_stream)
                 # next_frame() read the subscribers' messages; what came since is read where it
                 # matters: for a full 'every' queue (_wait_for_room) or 'latest' one (_deliver).
                 if self._joined:
@@ -669,12 +678,16 @@ class Publisher:
             if now >= deadline:
                 holders = sorted({f"{s.peer.pid} ({s.qos.name.lower()})" for slot in self._pool for s in slot.holders})
                 readers = sorted({f"{s.peer.pid} ({s.qos.name.lower()})" for slot in unsettled for s in slot.waiters})
+                mine = len(self._writing)
+                yours = (f"; {mine} taken with next_frame() and not yet published or discarded (by this "
+                         "process)" if mine else "")
                 if not readers:
                     raise Timeout(f"no pool frame came free within {limit} s: all {len(self._pool)} are held (max_pool "
-                                  f"{self.max_pool}) by subscriber process(es) {', '.join(holders) or 'none'}")
+                                  f"{self.max_pool}) by subscriber process(es) {', '.join(holders) or 'none'}{yours}")
                 raise Timeout(f"no pool frame came free within {limit} s (pool {len(self._pool)}, max_pool "
                               f"{self.max_pool}): {len(unsettled)} released but still read on the GPU by subscriber "
-                              f"process(es) {', '.join(readers)}, the others held by {', '.join(holders) or 'none'}")
+                              f"process(es) {', '.join(readers)}, the others held by {', '.join(holders) or 'none'}"
+                              f"{yours}")
             wait = deadline - now
             if oldest:
                 wait = min(wait, min(since for _, since in oldest) + self.every_timeout - now)
@@ -944,6 +957,9 @@ class Publisher:
             return
         self._closed = True
         _open_publishers.discard(self)
+        if os.getpid() != self._files.pid:
+            self._forget_in_child()
+            return
         with self._lock:
             self._closing = True
             self._stop_service()
@@ -965,6 +981,22 @@ class Publisher:
             for sub in list(self._subs):
                 self._drop(sub, Reason.CLOSING, "the publisher closed the topic", notify=False)
             self._teardown()
+
+    def _forget_in_child(self) -> None:
+        """close() in a child made by fork(): the topic, its subscribers and its pool are the
+        parent's. Close this process's copies of the descriptors; say nothing to anyone, remove no
+        file, free no memory (nor call CUDA, which a forked child must not)."""
+        # Closed without reading or shutting down: these connections are the parent's (a read
+        # here would take its messages, a change of flags would change its sockets).
+        for sock in [sub.sock for sub in self._subs] + ([self._listener] if self._listener is not None else []):
+            sock.close()
+        if self._epoll is not None:
+            self._epoll.close()
+        self._subs, self._pool, self._listener, self._epoll, self._backend = [], [], None, None, None
+        self._free.clear()
+        self._by_frame.clear()
+        self._writing.clear()
+        self._files.release()
 
     def _stop_service(self) -> None:
         self._stopping = True

@@ -156,13 +156,18 @@ def _descriptors(ancillary: list[tuple[int, int, bytes]]) -> list[int]:
     return fds
 
 
+_LONGEST_CONNECT_S = 3600.0
+
+
 def connect(path: str, deadline: float, what: str, wait: bool = True) -> socket.socket:
     """A socket connected to ``path``; with ``wait``, retries until ``deadline`` while nothing
     listens there yet (the publisher may not have started)."""
     while True:
         sock = seqpacket()
         try:
-            sock.settimeout(remaining(deadline, what))
+            # A UNIX connect answers at once or waits for room in the listener's backlog; the wait
+            # is capped at an hour, as a socket timeout cannot hold an unbounded one.
+            sock.settimeout(min(remaining(deadline, what), _LONGEST_CONNECT_S))
             sock.connect(path)
             sock.setblocking(False)
             return sock
@@ -174,6 +179,11 @@ def connect(path: str, deadline: float, what: str, wait: bool = True) -> socket.
         except socket.timeout:
             sock.close()
             raise Timeout(what) from None
+        except OSError as exc:
+            sock.close()
+            if exc.errno == errno.EPROTOTYPE:
+                raise UsageError(f"{path} is a socket of another kind (not an eglcuda topic)") from None
+            raise
         except BaseException:
             sock.close()
             raise

@@ -1,11 +1,13 @@
 """The receiving end of a topic: :class:`Subscriber` and the :class:`Message` it hands out."""
 from __future__ import annotations
 
+import atexit
 import collections
 import logging
 import os
 import socket
 import time
+import weakref
 from typing import Any, Iterable, Iterator, NoReturn, TypeVar, overload
 
 from ..errors import ClosedError, Dropped, EglCudaError, PeerError, Refused, StreamDisconnected, Timeout, UsageError
@@ -18,12 +20,24 @@ from .transports import (CudaSubscriberBackend, Geometry, SubscriberBackend, Sub
 from ..frames.interop import stream_handle
 
 log = logging.getLogger("eglcuda.topics")
+# Open subscribers, closed at interpreter exit (before eglcuda's own resources go) if the program
+# did not: the publisher then hears a goodbye, and no mapping or CUDA stream outlives them.
+_open_subscribers: "weakref.WeakSet[Subscriber]" = weakref.WeakSet()
 
 _M = TypeVar("_M", bound=protocol.Message)
 
 
 class _HandshakeLost(PeerError):
     """The connection ended before the publisher answered (it died, or was not serving yet)."""
+
+
+def _let_go(message: "Message") -> None:
+    """Mark a message released without its transport (the publisher is gone, or this subscriber
+    is closing): a view of a pool slot (CUDA IPC) stops working, as the slot is about to be
+    unmapped or written again. (An EGLStream's acquired frame is released when its stream closes.)"""
+    message._released = True
+    if isinstance(getattr(message._frame, "_released", None), bool):
+        message._frame._released = True
 
 
 class Message:
@@ -122,6 +136,8 @@ class Subscriber:
                  _backend: SubscriberBackend | None = None) -> None:
         self.name = naming.check_name(name)
         try:
+            if isinstance(qos, bool):
+                raise ValueError(qos)  # an int to Qos, but surely not meant as one
             self.qos = Qos[qos.upper()] if isinstance(qos, str) else Qos(qos)
         except (KeyError, ValueError):
             raise UsageError(f"qos is 'latest' or 'every', got {qos!r}") from None
@@ -139,6 +155,7 @@ class Subscriber:
         else:
             self._trusted = numeric_ids(trusted_uids, "trusted_uids", frozenset((os.geteuid(),)))
         self._closed = False
+        self._pid = os.getpid()  # a forked child's close() leaves the parent's subscription alone
         self._sock: socket.socket | None = None
         self._transport: SubscriberTransport | None = None
         self._lost: BaseException | None = None
@@ -162,6 +179,16 @@ class Subscriber:
             self._closed = True
             _backend.close()
             raise
+        _open_subscribers.add(self)
+
+    def __del__(self) -> None:
+        # Collected without close(): let go as close() does (goodbye, mappings, CUDA stream).
+        if getattr(self, "_closed", True) or getattr(self, "_pid", None) != os.getpid():
+            return
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - a finalizer must not raise
+            pass
 
     # ---- the handshake ----------------------------------------------------------------------------
     def _connect(self, deadline: float) -> None:
@@ -416,6 +443,7 @@ class Subscriber:
     def _release(self, message: Message, cuda_stream: Any) -> None:
         self._held.discard(message)
         if self._lost is not None or self._closed or self._transport is None:
+            _let_go(message)  # nobody to tell; its view must still stop working before the unmap
             return
         stream = None
         if cuda_stream is not None:
@@ -461,11 +489,7 @@ class Subscriber:
     def _disconnect(self) -> None:
         held, self._held = self._held, set()
         for message in held:
-            message._released = True
-            if isinstance(getattr(message._frame, "_released", None), bool):
-                # A view of a pool slot (CUDA IPC): the slot may be written again. (An EGLStream's
-                # acquired frame is released when its stream closes.)
-                message._frame._released = True
+            _let_go(message)
         transport, self._transport = self._transport, None
         if transport is not None:
             try:
@@ -549,11 +573,17 @@ class Subscriber:
         twice."""
         if self._closed:
             return
-        self._closed = True
+        _open_subscribers.discard(self)
+        if os.getpid() != self._pid:
+            self._forget_in_child()
+            return
         try:
             if self._sock is not None and self._lost is None:
+                # Released through the transport (their views stop working, the publisher hears
+                # of them) before this subscriber counts as closed, which would only mark them.
                 for message in list(self._held):
                     message.release()
+                self._closed = True
                 self._flush()
                 transport = self._transport
                 if transport is not None:
@@ -567,9 +597,28 @@ class Subscriber:
                     self._sock.send(protocol.encode(protocol.Bye(int(Reason.CLOSING), "the subscriber closed")))
                 except OSError:
                     pass
+            self._closed = True
             self._disconnect()
         finally:
+            self._closed = True
             self._backend.close()
+
+    def _forget_in_child(self) -> None:
+        """close() in a child made by fork(): the subscription is the parent's. Its messages stop
+        working here, this process's copy of the connection is closed without a word or a read
+        (either would reach the parent's publisher as the parent's), and no CUDA call is made
+        (the transport's mappings and stream are the parent's, and a forked child must not)."""
+        self._closed = True
+        held, self._held = self._held, set()
+        for message in held:
+            _let_go(message)
+        self._transport = None
+        inbox, self._inbox = self._inbox, None
+        if inbox is not None:
+            inbox.close()
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            sock.close()
 
     def __enter__(self) -> "Subscriber":
         return self
@@ -585,3 +634,12 @@ class Subscriber:
         else:
             state = f"disconnected ({self._lost})"
         return f"<Subscriber {self.name!r} {self.qos.name.lower()}: {state}>"
+
+
+@atexit.register
+def _close_at_exit() -> None:
+    for subscriber in list(_open_subscribers):
+        try:
+            subscriber.close()
+        except Exception:  # noqa: BLE001 - exit goes on
+            pass

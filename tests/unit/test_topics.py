@@ -1071,3 +1071,95 @@ def test_a_publisher_collected_without_close_leaves_nothing(folder):
         gc.collect()
     assert threading.active_count() == threads and open_fds() <= fds
     assert os.listdir(folder) == []
+
+
+def test_a_publish_refused_for_its_stream_keeps_the_frame(path):
+    """A bad cuda_stream is a UsageError; the frame stays the caller's to publish or discard."""
+    from eglcuda.frames.interop import stream_handle
+
+    class Checking(NullPublisherBackend):  # takes the stream as the CUDA backends do
+        def stream_handle(self, cuda_stream):
+            return None if cuda_stream is None else stream_handle(cuda_stream)
+
+    with publisher(path, pool=1, max_pool=1, _backend=Checking()) as pub:
+        frame = pub.next_frame(1)
+        with pytest.raises(eglcuda.UsageError, match="CUDA stream"):
+            pub.publish(frame, cuda_stream="not a stream")
+        pub.discard(frame)
+        frame = pub.next_frame(1)  # the pool's only frame came back
+        assert pub.publish(frame) == 0
+
+
+def test_a_pool_timeout_counts_the_frames_the_publisher_took_itself(path):
+    with publisher(path, pool=2, max_pool=2) as pub:
+        taken = [pub.next_frame(1), pub.next_frame(1)]
+        with pytest.raises(eglcuda.Timeout, match="2 taken with next_frame"):
+            pub.next_frame(0.05)
+        for frame in taken:
+            pub.discard(frame)
+
+
+def test_arguments_that_only_looked_right(folder, path):
+    for qos in (True, False):
+        with pytest.raises(eglcuda.UsageError, match="qos"):
+            subscriber(path, qos=qos)
+    with pytest.raises(eglcuda.UsageError, match="access"):
+        publisher(path, access=["user"])
+    with pytest.raises(eglcuda.UsageError, match="does not exist"):
+        publisher(os.path.join(folder, "missing", "t.topic"))
+    assert os.listdir(folder) == []
+
+
+def test_a_socket_of_another_kind_is_named_as_such(folder, path):
+    other = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    other.bind(path)
+    other.listen(1)
+    try:
+        with pytest.raises(eglcuda.UsageError, match="another kind"):
+            subscriber(path, timeout=1)
+    finally:
+        other.close()
+
+
+def test_waiting_for_a_publisher_without_limit_can_be_asked(path):
+    """wait_for_publisher(inf) waits (here for a publisher started 0.3 s later) instead of failing
+    on a socket timeout that cannot hold it."""
+    pub = publisher(path)
+    sub = subscriber(path)
+    pub.close()
+    with pytest.raises(eglcuda.StreamDisconnected):
+        sub.receive(2)
+    later = threading.Timer(0.3, lambda: holder.append(publisher(path)))
+    holder: list = []
+    later.start()
+    try:
+        info = sub.wait_for_publisher(float("inf"))
+        assert info.name == "t" and sub.connected
+    finally:
+        later.join()
+        sub.close()
+        for pub in holder:
+            pub.close()
+
+
+def test_a_subscriber_collected_without_close_lets_go_as_close_does(path):
+    """Its backend (the CUDA stream, on a GPU) is closed and the publisher hears a goodbye: the
+    subscriber left, it was not dropped."""
+    closed = []
+
+    class Recording(NullSubscriberBackend):
+        def close(self):
+            closed.append(True)
+            super().close()
+
+    with publisher(path) as pub:
+        sub = subscriber(path, _backend=Recording())
+        put(pub, b"0")
+        sub.receive(1).release()
+        del sub
+        gc.collect()
+        assert closed == [True]
+        deadline = time.monotonic() + 5
+        while pub.subscribers and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert pub.subscribers == [] and pub.dropped == []

@@ -154,6 +154,103 @@ def test_cuda_ipc_publisher_killed_and_restarted(env, path):
                 peer.stop()
 
 
+# A subscriber process that keeps a message's frame past the subscriber's end (``with`` block
+# left, or the publisher gone first), then reads it: the slot it viewed is unmapped by then.
+KEPT_FRAME = """
+import os, signal, sys
+import eglcuda
+pid = int(sys.argv[2])
+with eglcuda.Subscriber("t", path=sys.argv[1], timeout=10) as subscriber:
+    message = subscriber.receive(timeout=10)
+    frame, plane = message.frame, message.frame.planes[0]
+    if sys.argv[3] == "publisher-gone":
+        os.kill(pid, signal.SIGKILL)
+        try:
+            while True:
+                subscriber.receive(timeout=10).release()
+        except eglcuda.StreamDisconnected:
+            pass
+print("released", message.released, frame.released, flush=True)
+for read in (lambda: frame.planes, plane.to_numpy, lambda: plane.pointer):
+    try:
+        read()
+        print("read worked", flush=True)
+    except eglcuda.ClosedError:
+        print("closed", flush=True)
+"""
+
+
+@pytest.mark.parametrize("how", ["subscriber-closed", "publisher-gone"])
+def test_a_frame_kept_past_its_subscriber_is_unusable(env, path, how):
+    """Reading it raises ClosedError (it read unmapped memory: a segmentation fault)."""
+    publisher = Peer(env, "publish", path, *PUBLISH, "--frames", "0", "--rate", "300", "--seed", "2")
+    try:
+        publisher.wait_for(lambda m: m["event"] == "ready")
+        done = subprocess.run([sys.executable, "-c", KEPT_FRAME, path, str(publisher.process.pid), how],
+                              env=env, cwd=str(ROOT), capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert done.stdout.split("\n")[:4] == ["released True True", "closed", "closed", "closed"], done.stdout
+    finally:
+        publisher.stop()
+
+
+# Processes that fork children which leave as programs do (sys.exit runs the atexit hooks, which
+# close every open publisher; a child also closes the Subscriber it inherited): the topic and the
+# subscription must stay the parents'.
+FORKING_SUBSCRIBER = """
+import os, sys, eglcuda
+with eglcuda.Subscriber("t", path=sys.argv[1], timeout=10, qos="every") as sub:
+    print("joined", flush=True)
+    for _ in range(10):
+        sub.receive(timeout=10).release()
+    pid = os.fork()
+    if pid == 0:
+        sub.close()
+        sys.exit(0)
+    os.waitpid(pid, 0)
+    for _ in range(50):
+        sub.receive(timeout=10).release()
+    print("got all, connected", sub.connected, flush=True)
+"""
+FORKING_PUBLISHER = """
+import os, subprocess, sys, time
+import eglcuda
+path, subscribe = sys.argv[1], sys.argv[2]
+publisher = eglcuda.Publisher("t", 64, 48, "NV12", path=path)
+reader = subprocess.Popen([sys.executable, "-c", subscribe, path], stdout=subprocess.PIPE, text=True)
+assert reader.stdout.readline() == "joined\\n"
+sent = 0
+while reader.poll() is None and sent < 2000:
+    publisher.publish(publisher.next_frame(timeout=10))
+    sent += 1
+    if sent == 5:
+        pid = os.fork()
+        if pid == 0:
+            sys.exit(0)
+        os.waitpid(pid, 0)
+        print("socket file", os.path.exists(path), flush=True)
+        try:
+            eglcuda.Publisher("t", 64, 48, "NV12", path=path).close()
+            print("a second publisher was let in", flush=True)
+        except eglcuda.EglCudaError:
+            print("a second publisher refused", flush=True)
+    time.sleep(0.002)
+print("reader:", reader.stdout.readline().strip(), "exit", reader.wait(timeout=30), flush=True)
+publisher.close()
+"""
+
+
+def test_a_forked_child_leaves_the_parents_topic_alone(env, path):
+    """A child's exit (atexit closes every open publisher) and its close() of an inherited
+    subscriber used to remove the parent's socket and lock, tell the subscribers the topic closed,
+    or end the parent's subscription."""
+    done = subprocess.run([sys.executable, "-c", FORKING_PUBLISHER, path, FORKING_SUBSCRIBER], env=env,
+                          cwd=str(ROOT), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines() == ["socket file True", "a second publisher refused",
+                                        "reader: got all, connected True exit 0"], done.stdout + done.stderr[-2000:]
+
+
 def test_the_topic_bench_measures_a_stopped_and_resumed_subscriber(env):
     """bench/topics.py --stall-pairs on the stand-in libcuda: the publisher's rate in each phase,
     a subscriber stopped (SIGSTOP) and resumed in turns, and every process ends (the stopped one
