@@ -518,7 +518,7 @@ class Frame(FrameCore, FrameBase):
         if not arrays:
             raise UsageError("from_arrays needs one array per plane, got none")
         described = [foreign_device_pointer(a) for a in arrays]
-        pointer0, shape0, strides0, _, _ = described[0]
+        pointer0, shape0, strides0, _, _, _ = described[0]
         if len(shape0) not in (2, 3):
             raise UsageError(f"plane 0 must be (height, width) or (height, width, channels), got shape {shape0}")
         height = height if height is not None else shape0[0]
@@ -529,7 +529,7 @@ class Frame(FrameCore, FrameBase):
         geometry = _plane_geometry(fmt, width, height, pitch)
         if len(described) != len(geometry):
             raise UsageError(f"a {fmt.name} frame has {len(geometry)} plane(s), got {len(described)} array(s)")
-        for i, ((pointer, shape, strides, typestr, _), g) in enumerate(zip(described, geometry)):
+        for i, ((pointer, shape, strides, typestr, _, _), g) in enumerate(zip(described, geometry)):
             expected = (g.height, g.width, g.channels) if g.channels > 1 else (g.height, g.width)
             # (height, width, 1) is how some libraries describe one-channel planes (PyNvVideoCodec's Y).
             accepted = (expected, (g.height, g.row_bytes), (g.height, g.width, g.channels))
@@ -538,13 +538,18 @@ class Frame(FrameCore, FrameBase):
             if not _is_address(pointer):
                 raise UsageError(f"plane {i} has no usable device address ({pointer!r})")
             row = strides[0] if strides else g.row_bytes
-            inner_ok = strides is None or tuple(strides[1:]) in ((g.channels, 1), (1,), (1, 1))
+            # Pixels packed along the row as the shape says: (channels, 1) for (h, w, channels),
+            # 1 for (h, w); anything else overlaps or spreads the pixels.
+            inner_ok = strides is None or tuple(strides[1:]) == ((shape[2], 1) if len(shape) == 3 else (1,))
             if row != g.pitch or not inner_ok:
                 raise UsageError(f"plane {i} rows must be {g.pitch} bytes apart with contiguous pixels, got strides {strides}")
         device = get_device(device)
         _check_driver_extents(device, fmt, width, height, pitch, [d[0] for d in described])
-        return cls(width=width, height=height, format=fmt, layout=Layout.PITCH, pitch=pitch, device=device,
-                   addresses=(), plane_addresses=tuple(d[0] for d in described), owned=False, keep=list(arrays))
+        frame = cls(width=width, height=height, format=fmt, layout=Layout.PITCH, pitch=pitch, device=device,
+                    addresses=(), plane_addresses=tuple(d[0] for d in described), owned=False, keep=list(arrays))
+        if any(read_only for *_, read_only in described):
+            frame.read_only = True  # eglcuda writes none of it, and its views say so
+        return frame
 
     # ---- memory kinds ------------------------------------------------------------------------
     def host_array(self, plane: int = 0) -> np.ndarray:

@@ -56,13 +56,13 @@ def dlpack_stream(stream: Any) -> int | None:
     return stream
 
 
-def foreign_device_pointer(obj: Any) -> tuple[int, tuple[int, ...], tuple[int, ...] | None, str, Any]:
-    """(pointer, shape, strides in bytes or None, typestr, stream) of a foreign CUDA array, from
+def foreign_device_pointer(obj: Any) -> tuple[int, tuple[int, ...], tuple[int, ...] | None, str, Any, bool]:
+    """(pointer, shape, strides in bytes or None, typestr, stream, read-only) of a foreign CUDA array, from
     ``__cuda_array_interface__``. DLPack-only objects are taken through ``torch``-free means:
     their capsule is not parsed here; pass ``__cuda_array_interface__`` objects or raw pointers."""
     interface = getattr(obj, "__cuda_array_interface__", None)
     if interface is None:
         raise UsageError(f"{type(obj).__name__} has no __cuda_array_interface__")
-    pointer, _read_only = interface["data"]
+    pointer, read_only = interface["data"]
     return int(pointer), tuple(interface["shape"]), (tuple(interface["strides"]) if interface.get("strides") else None), \
-        interface["typestr"], interface.get("stream")
+        interface["typestr"], interface.get("stream"), bool(read_only)

@@ -1294,7 +1294,7 @@ def _copy_into(frame: Any, source: Any, cuda_stream: Any) -> None:
         if isinstance(array, np.ndarray):
             target.copy_from(array)
             continue
-        pointer, shape, strides, typestr, _ = foreign_device_pointer(array)
+        pointer, shape, strides, typestr, _, _ = foreign_device_pointer(array)
         rows = target.height
         row_bytes = target.geometry.row_bytes
         if typestr not in ("|u1", "<u1") or shape[0] != rows or int(np.prod(shape[1:])) != row_bytes:
@@ -1330,7 +1330,7 @@ def _split_stacked(array: Any, planes: Sequence[Any]) -> list[Any]:
             out.append(flat[at: at + plane.height].reshape(plane.shape))
             at += plane.height
         return out
-    pointer, shape, strides, typestr, _ = foreign_device_pointer(array)
+    pointer, shape, strides, typestr, _, _ = foreign_device_pointer(array)
     if typestr not in ("|u1", "<u1") or shape[0] != total or int(np.prod(shape[1:])) != width_bytes:
         raise UsageError(f"a stacked source is ({total}, {width_bytes}) uint8, got {typestr} {shape}")
     pitch = strides[0] if strides else width_bytes

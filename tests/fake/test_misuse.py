@@ -191,3 +191,35 @@ def test_sharing_refuses_timeouts_no_socket_can_hold(timeout):
             eglcuda.receive_stream(display, path, timeout=timeout)
         assert not os.path.exists(path)
         consumer.close()
+
+
+class _Foreign:
+    """A foreign CUDA array (as CuPy or PyTorch describe theirs) over eglcuda-allocated memory."""
+
+    def __init__(self, pointer: int, shape: tuple, strides: tuple, read_only: bool = False) -> None:
+        self.__cuda_array_interface__ = {"shape": shape, "strides": strides, "typestr": "|u1",
+                                         "data": (pointer, read_only), "version": 3}
+
+
+@fake_driver_test
+def test_from_arrays_takes_the_layout_and_read_only_flag_it_is_given():
+    """Pixels that overlap (strides (pitch, 1, 1) for four channels) are refused; a read-only
+    array makes a read-only frame: eglcuda writes none of it and its views say so."""
+    memory = eglcuda.Frame.allocate(8, 4)
+    pointer, pitch = memory.planes[0].pointer, memory.pitch
+    with pytest.raises(UsageError, match="contiguous pixels"):
+        eglcuda.Frame.from_arrays(_Foreign(pointer, (4, 8, 4), (pitch, 1, 1)))
+    frame = eglcuda.Frame.from_arrays(_Foreign(pointer, (4, 8, 4), (pitch, 4, 1), read_only=True))
+    assert frame.read_only
+    plane = frame.planes[0]
+    assert plane.__cuda_array_interface__["data"] == (pointer, True)
+    with pytest.raises(UsageError, match="read-only"):
+        plane.copy_from(np.zeros((4, 8, 4), np.uint8))
+    writable = eglcuda.Frame.from_arrays(_Foreign(pointer, (4, 8, 4), (pitch, 4, 1)))
+    assert not writable.read_only
+    one_channel = eglcuda.Frame.allocate(8, 4, format="Y")
+    for shape, strides in (((4, 8), (one_channel.pitch, 1)), ((4, 8, 1), (one_channel.pitch, 1, 1))):
+        assert eglcuda.Frame.from_arrays(_Foreign(one_channel.planes[0].pointer, shape, strides), format="Y").width == 8
+    del frame, plane, writable
+    memory.close()
+    one_channel.close()
