@@ -36,6 +36,7 @@ import select
 import socket
 import stat
 import struct
+import termios
 import time
 from typing import TYPE_CHECKING, Any, Iterable
 
@@ -646,10 +647,22 @@ def _hand_over(conn: socket.socket, payload: bytes, fd: int, deadline: float, pa
         if not chunk:
             break
         answer += chunk
+    if not answer and _unread(conn):
+        # It ended its side (a shutdown, or a close racing our send) with the offer still unread
+        # in its queue: the descriptor never reached it. (One that read it and closed is below.)
+        return False
     if answer != ACK:
         raise PeerError(f"the receiver at {path} (pid {pid}) closed without opening the stream"
                         + (f" (it answered {answer!r})" if answer else ""))
     return True
+
+
+def _unread(conn: socket.socket) -> int:
+    """Bytes this end sent that its peer has not read yet (``SIOCOUTQ``; 0 if unknown)."""
+    try:
+        return int(struct.unpack("i", fcntl.ioctl(conn.fileno(), termios.TIOCOUTQ, b"\0" * 4))[0])
+    except OSError:
+        return 0
 
 
 def offer_fd(path: str | os.PathLike, fd: int, description: dict[str, Any], timeout: float = 30.0, *,

@@ -719,6 +719,14 @@ def junk_client(path, kind, outcome, stop):
             sock.close()
             outcome.append(b"")
             return
+        elif kind == "greet-shutdown-late":  # half-closes once the offer is there, unread, then goes
+            sock.sendall(_share.HELLO)
+            select.select([sock], [], [], 5)
+            sock.shutdown(socket.SHUT_WR)
+            time.sleep(0.2)
+            sock.close()
+            outcome.append(b"")
+            return
         elif kind == "greet-more":
             sock.sendall(_share.HELLO + b"x")
         elif kind == "slow":
@@ -791,9 +799,12 @@ def serve_with_junk(path, kinds, settle=0.05, handshake_timeout=2.0):
 
 
 @pytest.mark.parametrize("kind", ["silent", "half", "garbage", "slow", "greet-close", "greet-close-late",
-                                  "greet-shutdown", "greet-more"])
+                                  "greet-shutdown", "greet-shutdown-late", "greet-more"])
 def test_real_receiver_is_served_while_a_bad_client_hangs_on(sock_path, kind):
-    settle = 0.3 if kind == "greet-close-late" else 0.05  # let the server send it the offer first
+    # Let the server send the late ones the offer first (greet-shutdown-late then half-closes
+    # with it unread: the server's read ends before the close, which it took for a receiver
+    # that read the offer and left, and stopped serving).
+    settle = 0.5 if kind in ("greet-close-late", "greet-shutdown-late") else 0.05
     took, _ = serve_with_junk(sock_path, [kind], settle=settle)
     assert took < 1.0, f"the real receiver waited {took:.2f} s behind a {kind} client"
 
