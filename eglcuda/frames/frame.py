@@ -224,6 +224,7 @@ class Plane:
         source = self._location()
         frame = self._frame
         g = self.geometry
+        _check_linear(pointer, pitch, g)
         stream = (frame.cuda_stream or 0) if cuda_stream is None else stream_handle(cuda_stream)
         _copy_2d(frame.device, stream, src=source, dst=("device", pointer, pitch), width_bytes=g.row_bytes,
                  height=g.height, wait=False)
@@ -234,6 +235,7 @@ class Plane:
         target = self._location(writing=True)
         frame = self._frame
         g = self.geometry
+        _check_linear(pointer, pitch, g)
         _copy_2d(frame.device, stream_handle(cuda_stream), src=("device", pointer, pitch), dst=target,
                  width_bytes=g.row_bytes, height=g.height, wait=False)
 
@@ -250,6 +252,16 @@ def _pair(value: Any, name: str) -> tuple[int, int]:
     except (TypeError, ValueError):
         pass
     raise UsageError(f"{name} is a pair of ints, got {value!r}")
+
+
+def _check_linear(pointer: Any, pitch: Any, geometry: PlaneGeometry) -> None:
+    """Linear device memory a plane is copied to or from: a device address and a pitch that
+    holds the plane's rows."""
+    if not _is_address(pointer):
+        raise UsageError(f"pointer is a device address (a non-null int below 2**64), got {pointer!r}")
+    if not isinstance(pitch, int) or isinstance(pitch, bool) or not geometry.row_bytes <= pitch <= MAX_PITCH:
+        raise UsageError(f"pitch is an int of {geometry.row_bytes}..{MAX_PITCH} bytes (a row of this plane), "
+                         f"got {pitch!r}")
 
 
 def order_after(device: CudaDevice, own_stream: int | None, consumer_stream: int) -> None:
@@ -563,6 +575,8 @@ class Frame(FrameCore, FrameBase):
         if self._host_address is None:
             raise UsageError(f"a {self.memory.value}-memory frame has no host view; allocate it with "
                              "memory='pinned' or 'managed' (or use to_numpy() for a copy)")
+        if not isinstance(plane, int) or isinstance(plane, bool) or not 0 <= plane < len(self._plane_specs):
+            raise UsageError(f"plane is an index in 0..{len(self._plane_specs) - 1}, got {plane!r}")
         chosen = self.planes[plane]
         interface = {"shape": chosen.shape, "strides": chosen.strides, "typestr": "|u1", "version": 3,
                      "data": (self._host_address + chosen._address - self.key, False)}

@@ -22,6 +22,8 @@ def stream_handle(stream: Any) -> int:
     if stream is None:
         return 0
     if isinstance(stream, int) and not isinstance(stream, bool):
+        if not 0 <= stream < 2**64:
+            raise UsageError(f"a CUDA stream handle is an address (an int in 0..2**64-1), got {stream}")
         return stream
     protocol = getattr(stream, "__cuda_stream__", None)
     if protocol is not None:

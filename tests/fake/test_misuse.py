@@ -223,3 +223,31 @@ def test_from_arrays_takes_the_layout_and_read_only_flag_it_is_given():
     del frame, plane, writable
     memory.close()
     one_channel.close()
+
+
+@fake_driver_test
+def test_raw_arguments_get_usage_errors_before_the_driver():
+    """Addresses, pitches, stream handles and plane indexes of the wrong kind: UsageError, not an
+    OverflowError or TypeError from deep inside, and nothing reaches the driver."""
+    with stream_of(8, 4) as (_, stream, producer, consumer):
+        frame = producer.allocate_frame()
+        plane = frame.planes[0]
+        target = eglcuda.Frame.allocate(8, 4)
+        copies = fake.calls("cuMemcpy2DAsync")
+        for pointer, pitch in (("x", 64), (0, 64), (target.planes[0].pointer, -1),
+                               (target.planes[0].pointer, 8), (target.planes[0].pointer, True)):
+            with pytest.raises(UsageError):
+                plane.copy_to_device(pointer, pitch)
+            with pytest.raises(UsageError):
+                plane.copy_from_device(pointer, pitch)
+        assert fake.calls("cuMemcpy2DAsync") == copies
+        plane.copy_to_device(target.planes[0].pointer, target.pitch)  # (the count does count)
+        assert fake.calls("cuMemcpy2DAsync") == copies + 1
+        with pytest.raises(UsageError, match="CUDA stream"):
+            producer.present(frame, cuda_stream=-1)
+        pinned = eglcuda.Frame.allocate(8, 4, memory="pinned")
+        for bad in (True, 1, -1, "0"):
+            with pytest.raises(UsageError, match="plane is an index"):
+                pinned.host_array(bad)
+        assert pinned.host_array(0).shape == (4, 8, 4)
+        target.close()
