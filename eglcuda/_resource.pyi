@@ -21,3 +21,6 @@ class Resource:
     def __enter__(self) -> Self: ...
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  traceback: TracebackType | None) -> None: ...
+
+def exiting() -> bool:
+    """Whether the interpreter is exiting (eglcuda's exit hook has begun)."""

@@ -12,6 +12,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .._bind import cuda
+from .._resource import exiting
 from ..cuda_device import CudaDevice, get_device
 from ..errors import ClosedError, Unsupported, UsageError
 from .formats import (
@@ -630,9 +631,10 @@ class Frame(FrameCore, FrameBase):
         if self.presented:
             raise UsageError("the frame was presented on a producer that is still connected; "
                              "the driver may still use it: disconnect the producer first")
-        if len(self._host_views) or any(ref() is not None for ref in self._plane_refs):
+        if (len(self._host_views) or any(ref() is not None for ref in self._plane_refs)) and not exiting():
             # Arrays still point into the memory and hold this frame: free it when the last one
-            # goes (the frame's finalizer), not now, which would leave them dangling.
+            # goes (the frame's finalizer), not now, which would leave them dangling. (At exit
+            # it is freed now: later would be after its CUDA context is gone.)
             self._closed_early = True
             return
         super().close()

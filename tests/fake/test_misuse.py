@@ -251,3 +251,30 @@ def test_raw_arguments_get_usage_errors_before_the_driver():
                 pinned.host_array(bad)
         assert pinned.host_array(0).shape == (4, 8, 4)
         target.close()
+
+
+def test_frames_with_live_views_at_exit_are_freed_before_their_context():
+    """A pinned or managed frame whose host view, or a device frame whose plane, lives until the
+    interpreter exits is freed in eglcuda's exit order, while its CUDA context is still there
+    (deferred to the view, the free came after the context's release: driver misuse)."""
+    from .harness import run_fake
+
+    out = run_fake("""
+        import atexit, ctypes, os
+
+        def report():  # registered first: runs after every exit hook of eglcuda
+            egl = ctypes.CDLL(os.environ["EGLCUDA_LIBEGL"])
+            egl.fake_misuse_first.restype = ctypes.c_char_p
+            print("misuse", egl.fake_misuse_count(), (egl.fake_misuse_first() or b"").decode(), flush=True)
+
+        atexit.register(report)
+        import eglcuda
+        pinned = eglcuda.Frame.allocate(4, 4, memory="pinned")
+        pinned_view = pinned.host_array()
+        managed = eglcuda.Frame.allocate(4, 4, memory="managed")
+        managed_view = managed.host_array()
+        device = eglcuda.Frame.allocate(4, 4)
+        plane = device.planes[0]
+        print("exiting", flush=True)
+    """)
+    assert out.splitlines()[-2:] == ["exiting", "misuse 0 "], out
