@@ -328,6 +328,9 @@ class _HostView:
         self.frame = frame
         self.__array_interface__ = interface
         frame._host_views.add(self)
+        # Told when this view goes: a frame closed meanwhile frees its memory then.
+        frame._host_watch = [ref for ref in frame._host_watch if ref() is not None]
+        frame._host_watch.append(weakref.ref(self, frame._view_gone))
 
 
 def _allocate_linear(device: CudaDevice, memory: MemoryKind, size: int, what: str) -> tuple[int, int | None, int]:
@@ -413,6 +416,7 @@ class Frame(FrameCore, FrameBase):
         self.memory = memory
         self._host_address = host_address  # where the CPU sees plane 0 (pinned and managed frames)
         self._host_views: weakref.WeakSet[_HostView] = weakref.WeakSet()
+        self._host_watch: list[weakref.ReferenceType[_HostView]] = []
         self._closed_early = False  # closed by the user while host views lived: freed when they die
         self.height = height
         self.format = format
@@ -435,12 +439,36 @@ class Frame(FrameCore, FrameBase):
 
     @property
     def _planes(self) -> tuple[Plane, ...]:  # type: ignore[override]
-        held = tuple(ref() for ref in self._plane_refs)
+        held = [ref() for ref in self._plane_refs]
         if held and None not in held:
-            return held  # type: ignore[return-value]  # None was ruled out just above
-        planes = tuple(Plane(self, i, g, a) for i, (g, a) in enumerate(self._plane_specs))
-        self._plane_refs = tuple(weakref.ref(plane) for plane in planes)
-        return planes
+            return tuple(held)  # type: ignore[arg-type]  # None was ruled out just above
+        # Only the planes that died are made again: one still alive (a tensor's capsule holds it)
+        # stays the one close() watches.
+        planes = tuple(held[i] if i < len(held) and held[i] is not None else Plane(self, i, g, a)
+                       for i, (g, a) in enumerate(self._plane_specs))
+        self._plane_refs = tuple(weakref.ref(plane, self._view_gone) for plane in planes)  # type: ignore[arg-type]
+        return planes  # type: ignore[return-value]
+
+    def _viewed(self) -> bool:
+        """Whether anything still points into the memory: a Plane object (held by the program, a
+        CuPy array, a DLPack capsule) or a host view."""
+        # (Iterated, not len(): while a view's weak reference callbacks run, the WeakSet may
+        # still count it, but yields only live members.)
+        return any(True for _ in self._host_views) or any(ref() is not None for ref in self._plane_refs)
+
+    @property
+    def _view_gone(self) -> Any:
+        """The weak reference callback of each view: once the frame is closed and the last view
+        is gone, its memory is freed (the frame object itself may live on)."""
+        frame = weakref.ref(self)
+
+        def gone(_view: Any) -> None:
+            alive = frame()
+            if alive is not None and alive._closed_early and not alive._viewed():
+                alive._closed_early = False
+                alive.close()
+
+        return gone
 
     # ---- construction ------------------------------------------------------------------------
     @classmethod
@@ -631,10 +659,10 @@ class Frame(FrameCore, FrameBase):
         if self.presented:
             raise UsageError("the frame was presented on a producer that is still connected; "
                              "the driver may still use it: disconnect the producer first")
-        if (len(self._host_views) or any(ref() is not None for ref in self._plane_refs)) and not exiting():
-            # Arrays still point into the memory and hold this frame: free it when the last one
-            # goes (the frame's finalizer), not now, which would leave them dangling. (At exit
-            # it is freed now: later would be after its CUDA context is gone.)
+        if self._viewed() and not exiting():
+            # Arrays still point into the memory: free it when the last one goes (a weak
+            # reference callback of each view), not now, which would leave them dangling. (At
+            # exit it is freed now: later would be after its CUDA context is gone.)
             self._closed_early = True
             return
         super().close()

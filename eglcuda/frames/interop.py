@@ -47,7 +47,7 @@ def dlpack_stream(stream: Any) -> int | None:
         return None if stream is None else stream_handle(stream)  # a stream object, named directly
     if stream == _NO_SYNCHRONIZATION:
         return None
-    if stream < 0:
+    if not 0 <= stream < 2**64:
         raise UsageError(f"a DLPack stream is None, -1, 1, 2 or a CUstream as an int, got {stream!r}")
     if stream == _LEGACY_DEFAULT_STREAM:
         return 0

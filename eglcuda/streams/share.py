@@ -647,14 +647,24 @@ def _hand_over(conn: socket.socket, payload: bytes, fd: int, deadline: float, pa
         if not chunk:
             break
         answer += chunk
-    if not answer and _unread(conn):
-        # It ended its side (a shutdown, or a close racing our send) with the offer still unread
-        # in its queue: the descriptor never reached it. (One that read it and closed is below.)
-        return False
+    if not answer and _dropped_unread(conn, min(deadline, time.monotonic() + _HANDSHAKE_S)):
+        return False  # it closed with the offer still queued: the descriptor never reached it
     if answer != ACK:
         raise PeerError(f"the receiver at {path} (pid {pid}) closed without opening the stream"
                         + (f" (it answered {answer!r})" if answer else ""))
     return True
+
+
+def _dropped_unread(conn: socket.socket, until: float) -> bool:
+    """After a peer ended its side without answering the offer (a close, or only a shutdown of
+    its writing, which it can still follow with a read): True once it is known to have closed
+    with the offer unread (the kernel then drops the offer and its descriptor, and reports
+    ECONNRESET here); False if it read the offer, or has done neither by ``until``."""
+    while _unread(conn):
+        if time.monotonic() >= until:
+            return False
+        time.sleep(0.002)
+    return conn.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == errno.ECONNRESET
 
 
 def _unread(conn: socket.socket) -> int:

@@ -360,6 +360,7 @@ class Publisher:
     def discard(self, frame: Any) -> None:
         """Give back a frame from :meth:`next_frame` without publishing it."""
         with self._lock:
+            self._check_open()
             slot = self._writing.pop(id(frame), None)
             if slot is None or slot.frame is not frame:
                 raise UsageError("discard takes a frame from this publisher's next_frame() that was not published")

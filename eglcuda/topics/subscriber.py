@@ -21,7 +21,7 @@ from ..frames.interop import stream_handle
 
 log = logging.getLogger("eglcuda.topics")
 # Open subscribers, closed at interpreter exit (before eglcuda's own resources go) if the program
-# did not: the publisher then hears a goodbye, and no mapping or CUDA stream outlives them.
+# did not: the publisher then hears a goodbye, not a dropped connection.
 _open_subscribers: "weakref.WeakSet[Subscriber]" = weakref.WeakSet()
 
 _M = TypeVar("_M", bound=protocol.Message)
@@ -179,16 +179,9 @@ class Subscriber:
             self._closed = True
             _backend.close()
             raise
+        # (Not closed when collected: a collection may run inside another subscriber's transport,
+        # holding its locks, or after its stream was finalized. At exit it is closed, in order.)
         _open_subscribers.add(self)
-
-    def __del__(self) -> None:
-        # Collected without close(): let go as close() does (goodbye, mappings, CUDA stream).
-        if getattr(self, "_closed", True) or getattr(self, "_pid", None) != os.getpid():
-            return
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001 - a finalizer must not raise
-            pass
 
     # ---- the handshake ----------------------------------------------------------------------------
     def _connect(self, deadline: float) -> None:
@@ -597,11 +590,12 @@ class Subscriber:
                     self._sock.send(protocol.encode(protocol.Bye(int(Reason.CLOSING), "the subscriber closed")))
                 except OSError:
                     pass
-            self._closed = True
-            self._disconnect()
         finally:
             self._closed = True
-            self._backend.close()
+            try:
+                self._disconnect()  # also when a release above raised: nothing stays mapped
+            finally:
+                self._backend.close()
 
     def _forget_in_child(self) -> None:
         """close() in a child made by fork(): the subscription is the parent's. Its messages stop

@@ -26,21 +26,25 @@ def test_closing_a_frame_leaves_its_memory_to_live_views():
     it: a DLPack capsule (a tensor of PyTorch or CuPy keeps one), a Plane held elsewhere (a CuPy
     array made through __cuda_array_interface__ holds its plane). Without views, close frees."""
     before = fake.live_allocations()
-    for view in ("dlpack", "versioned dlpack", "plane"):
-        frame = eglcuda.Frame.allocate(8, 4)
+    for view in ("dlpack", "versioned dlpack", "plane", "host view"):
+        frame = eglcuda.Frame.allocate(8, 4, format="NV12", memory="pinned" if view == "host view" else "device")
         plane = frame.planes[0]
         held = {"dlpack": lambda: plane.__dlpack__(stream=None),
                 "versioned dlpack": lambda: plane.__dlpack__(max_version=(1, 0)),
-                "plane": lambda: plane}[view]()
+                "plane": lambda: plane,
+                "host view": lambda: frame.host_array(0)}[view]()
         del plane
+        assert len(frame.planes) == 2  # plane 1 made again; plane 0, still held, is the same one
         frame.close()
         assert frame.closed
         with pytest.raises(ClosedError):
             frame.planes
         assert fake.live_allocations() == before + 1, f"{view}: freed under a live view"
-        del held, frame
-        gc.collect()
+        del held  # the frame object lives on: its memory goes with the last view all the same
         assert fake.live_allocations() == before, f"{view}: not freed once the view went"
+        del frame
+        gc.collect()
+        assert fake.live_allocations() == before
     frame = eglcuda.Frame.allocate(8, 4)
     assert frame.planes[0].pointer  # a plane made and dropped is no view
     frame.close()
@@ -59,7 +63,7 @@ def test_dlpack_reserved_streams_and_bad_arguments():
         waits = fake.calls("cuStreamWaitEvent")
         plane.__dlpack__(stream=-1)
         assert fake.calls("cuStreamWaitEvent") == waits  # nothing ordered
-        for bad in (1.5, True, -2, "1"):
+        for bad in (1.5, True, -2, "1", 2**64):
             with pytest.raises(UsageError, match="DLPack stream"):
                 plane.__dlpack__(stream=bad)
         with pytest.raises(UsageError, match="max_version"):

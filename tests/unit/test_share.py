@@ -200,6 +200,32 @@ def test_server_reports_a_receiver_that_dies(sock_path):
         os.close(write_end)
 
 
+def test_a_peer_that_half_closes_then_reads_the_offer_ends_the_serving(sock_path):
+    """It greets, waits for the offer, shuts down its writing (the server's read ends) and then
+    reads the offer, descriptor and all: it holds the stream, so the server must not offer it to
+    anyone else (it raises PeerError, as for a receiver that read the offer and closed)."""
+    read_end, write_end = os.pipe()
+    try:
+        thread, outcome = serve_in_thread(sock_path, write_end, {})
+        wait_for_socket(sock_path)
+        peer = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        peer.connect(sock_path)
+        peer.sendall(_share.HELLO)
+        select.select([peer], [], [], 5)
+        peer.shutdown(socket.SHUT_WR)
+        time.sleep(0.1)
+        _, fds, _, _ = socket.recv_fds(peer, 65536, 4)
+        assert len(fds) == 1  # it has the descriptor
+        for fd in fds:
+            os.close(fd)
+        peer.close()
+        thread.join(10)
+        assert isinstance(outcome.get("error"), eglcuda.PeerError), outcome
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+
+
 def test_receiver_times_out_without_a_server(sock_path):
     started = time.monotonic()
     with pytest.raises(eglcuda.Timeout, match="no eglcuda stream server"):

@@ -1142,24 +1142,30 @@ def test_waiting_for_a_publisher_without_limit_can_be_asked(path):
             pub.close()
 
 
-def test_a_subscriber_collected_without_close_lets_go_as_close_does(path):
-    """Its backend (the CUDA stream, on a GPU) is closed and the publisher hears a goodbye: the
-    subscriber left, it was not dropped."""
-    closed = []
-
-    class Recording(NullSubscriberBackend):
-        def close(self):
-            closed.append(True)
-            super().close()
-
+def test_a_subscriber_open_at_exit_says_goodbye(path):
+    """A program that ends without closing its subscriber: the exit hook closes it, and the
+    publisher counts it as having left, not as dropped."""
+    code = (f"import sys; sys.path.insert(0, {str(HERE)!r}); import eglcuda\n"
+            "from topics_null import NullSubscriberBackend\n"
+            f"sub = eglcuda.Subscriber('t', path={path!r}, timeout=5, _backend=NullSubscriberBackend())\n"
+            "message = sub.receive(5)\n"
+            "print('got', message.seq, flush=True)\n")
     with publisher(path) as pub:
-        sub = subscriber(path, _backend=Recording())
+        child = subprocess.Popen([sys.executable, "-c", code], env=ENV, stdout=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 10
+        while not pub.subscribers and time.monotonic() < deadline:
+            time.sleep(0.01)
         put(pub, b"0")
-        sub.receive(1).release()
-        del sub
-        gc.collect()
-        assert closed == [True]
-        deadline = time.monotonic() + 5
+        assert child.communicate(timeout=30)[0].strip() == "got 0"
+        assert child.returncode == 0
         while pub.subscribers and time.monotonic() < deadline:
             time.sleep(0.01)
         assert pub.subscribers == [] and pub.dropped == []
+
+
+def test_discarding_after_close_says_the_publisher_is_closed(path):
+    pub = publisher(path)
+    frame = pub.next_frame(1)
+    pub.close()
+    with pytest.raises(eglcuda.ClosedError, match="closed"):
+        pub.discard(frame)
