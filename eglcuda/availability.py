@@ -340,7 +340,7 @@ def available(what: str, reason: bool = False) -> bool | tuple[bool, str]:
     get it, in one line. Never raises for a platform reason (a probe that fails counts as "no",
     with the failure as the reason); each probe runs once per process. An unknown name raises
     :class:`UsageError`: a typo must not read as "this machine cannot"."""
-    if what not in CAPABILITIES:
+    if not isinstance(what, str) or what not in CAPABILITIES:
         raise UsageError(f"unknown capability {what!r}; known: {', '.join(CAPABILITIES)}")
     answer = _probe(what)
     return answer if reason else answer[0]

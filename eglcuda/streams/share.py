@@ -985,6 +985,8 @@ def serve_stream(stream: "Stream", path: str | os.PathLike, timeout: float = 30.
 
     By default only a process of our own effective uid gets the stream, the socket file is 0600
     and its directory must be private; the keyword options are :func:`offer_fd`'s."""
+    if not all(hasattr(stream, name) for name in ("closed", "imported", "_fd_box", "state")):
+        raise UsageError(f"serve_stream takes an eglcuda.Stream, got {type(stream).__name__}")
     if stream.closed:
         raise ClosedError("the stream is closed (or its display is)")
     if stream.imported:
@@ -1014,6 +1016,8 @@ def receive_stream(display: "Display", path: str | os.PathLike, timeout: float =
     The server must run as our own effective uid unless ``allowed_uids``/``allowed_gids`` say
     otherwise, and its description must be complete and well-formed: both are checked before
     the stream is opened (:class:`PeerError`). The other keyword options are :func:`receive_fd`'s."""
+    if not all(hasattr(display, name) for name in ("closed", "require")):
+        raise UsageError(f"receive_stream takes an eglcuda.Display, got {type(display).__name__}")
     if display.closed:
         raise ClosedError(f"{display.description} is closed")
     display.require("EGL_KHR_stream", "EGL_KHR_stream_cross_process_fd")

@@ -147,6 +147,7 @@ class Stream(Resource):
         DISCONNECTED and a producer's connect fails with CUDA_ERROR_UNKNOWN). Its FIFO length is
         read from the stream; connect the endpoint this process plays as usual (the consumer side
         connects first, in its own process)."""
+        check_display(display, "Stream.from_fd")
         if type(fd) is not int or fd < 0:
             raise UsageError(f"a file descriptor is a non-negative int, got {fd!r}")
         try:

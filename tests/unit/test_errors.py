@@ -84,3 +84,17 @@ def test_for_cuda_device_rejects_bad_ordinals_before_egl(ordinal):
 def test_for_device_rejects_non_devices():
     with pytest.raises(eglcuda.UsageError):
         eglcuda.Display.for_device("/dev/dri/renderD128")
+
+
+def test_objects_of_the_wrong_kind_are_named_before_any_driver_call(tmp_path):
+    """What used to escape as AttributeError or TypeError from inside."""
+    path = str(tmp_path / "s.sock")
+    with pytest.raises(eglcuda.UsageError, match="eglcuda.Display"):
+        eglcuda.Stream.from_fd(None, 0)
+    with pytest.raises(eglcuda.UsageError, match="eglcuda.Display"):
+        eglcuda.receive_stream(None, path, timeout=0.1)
+    with pytest.raises(eglcuda.UsageError, match="eglcuda.Stream"):
+        eglcuda.serve_stream(None, path, timeout=0.1)
+    with pytest.raises(eglcuda.UsageError, match="unknown capability"):
+        eglcuda.available(["egl"])
+    assert not (tmp_path / "s.sock").exists()
