@@ -165,8 +165,9 @@ class Plane:
 
     def __dlpack__(self, *, stream: Any = None, max_version: tuple[int, int] | None = None,
                    dl_device: tuple[int, int] | None = None, copy: bool | None = None) -> Any:
-        """A DLPack capsule sharing this plane's memory. If the consumer names a ``stream``,
-        that stream is made to wait for the frame's work first (no host wait)."""
+        """A DLPack capsule sharing this plane's memory. The consumer's ``stream`` (None: the
+        legacy default stream, as the protocol says) is made to wait for the frame's work first,
+        without a host wait; ``stream=-1`` asks for no ordering."""
         pointer = self.pointer
         if copy:
             raise BufferError("eglcuda planes export without copying only (copy=True refused)")

@@ -39,12 +39,15 @@ def stream_handle(stream: Any) -> int:
 
 
 def dlpack_stream(stream: Any) -> int | None:
-    """The ``CUstream`` a DLPack consumer named in ``__dlpack__(stream=...)``; None when it asks
-    for no ordering (None, or -1: the protocol's "do not synchronize")."""
+    """The ``CUstream`` a DLPack consumer named in ``__dlpack__(stream=...)``: None (the
+    protocol's default) is the legacy default stream; None is returned for -1, the protocol's
+    "do not synchronize"."""
+    if stream is None:
+        return 0
     if isinstance(stream, (bool, float, str, bytes)):
         raise UsageError(f"a DLPack stream is None, -1, 1, 2 or a CUstream as an int, got {stream!r}")
     if not isinstance(stream, int):
-        return None if stream is None else stream_handle(stream)  # a stream object, named directly
+        return stream_handle(stream)  # a stream object, named directly
     if stream == _NO_SYNCHRONIZATION:
         return None
     if not 0 <= stream < 2**64:

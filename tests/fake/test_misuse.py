@@ -63,6 +63,8 @@ def test_dlpack_reserved_streams_and_bad_arguments():
         waits = fake.calls("cuStreamWaitEvent")
         plane.__dlpack__(stream=-1)
         assert fake.calls("cuStreamWaitEvent") == waits  # nothing ordered
+        plane.__dlpack__()  # None: the legacy default stream waits for the frame (the protocol's default)
+        assert fake.calls("cuStreamWaitEvent") == waits + 1
         for bad in (1.5, True, -2, "1", 2**64):
             with pytest.raises(UsageError, match="DLPack stream"):
                 plane.__dlpack__(stream=bad)
