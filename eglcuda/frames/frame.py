@@ -7,7 +7,7 @@ from __future__ import annotations
 import abc
 import enum
 import weakref
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -334,6 +334,18 @@ class _HostView:
         frame._host_watch.append(weakref.ref(self, frame._view_gone))
 
 
+def _view_callback(frame: "weakref.ReferenceType[Frame]") -> Callable[[Any], None]:
+    """The weak reference callback of each view of ``frame`` (planes, host views): once the frame
+    is closed and its last view is gone, its memory is freed (the frame object may live on)."""
+    def gone(_view: Any) -> None:
+        alive = frame()
+        if alive is not None and alive._closed_early and not alive._viewed():
+            alive._closed_early = False
+            alive.close()
+
+    return gone
+
+
 def _allocate_linear(device: CudaDevice, memory: MemoryKind, size: int, what: str) -> tuple[int, int | None, int]:
     """``size`` bytes of ``memory``: (device address, host address or None, the address to free)."""
     if memory is MemoryKind.DEVICE:
@@ -418,7 +430,8 @@ class Frame(FrameCore, FrameBase):
         self._host_address = host_address  # where the CPU sees plane 0 (pinned and managed frames)
         self._host_views: weakref.WeakSet[_HostView] = weakref.WeakSet()
         self._host_watch: list[weakref.ReferenceType[_HostView]] = []
-        self._closed_early = False  # closed by the user while host views lived: freed when they die
+        self._closed_early = False  # closed by the user while views lived: freed when they die
+        self._view_gone = _view_callback(weakref.ref(self))
         self.height = height
         self.format = format
         self.layout = layout
@@ -440,9 +453,9 @@ class Frame(FrameCore, FrameBase):
 
     @property
     def _planes(self) -> tuple[Plane, ...]:  # type: ignore[override]
-        held = [ref() for ref in self._plane_refs]
+        held = tuple(ref() for ref in self._plane_refs)
         if held and None not in held:
-            return tuple(held)  # type: ignore[arg-type]  # None was ruled out just above
+            return held  # type: ignore[return-value]  # None was ruled out just above
         # Only the planes that died are made again: one still alive (a tensor's capsule holds it)
         # stays the one close() watches.
         planes = tuple(held[i] if i < len(held) and held[i] is not None else Plane(self, i, g, a)
@@ -457,19 +470,6 @@ class Frame(FrameCore, FrameBase):
         # still count it, but yields only live members.)
         return any(True for _ in self._host_views) or any(ref() is not None for ref in self._plane_refs)
 
-    @property
-    def _view_gone(self) -> Any:
-        """The weak reference callback of each view: once the frame is closed and the last view
-        is gone, its memory is freed (the frame object itself may live on)."""
-        frame = weakref.ref(self)
-
-        def gone(_view: Any) -> None:
-            alive = frame()
-            if alive is not None and alive._closed_early and not alive._viewed():
-                alive._closed_early = False
-                alive.close()
-
-        return gone
 
     # ---- construction ------------------------------------------------------------------------
     @classmethod

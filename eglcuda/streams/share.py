@@ -74,9 +74,7 @@ _LONGEST_WAIT_S = 1e8  # about three years: socket timeouts and deadlines hold i
 
 
 def _deadline(timeout: float) -> float:
-    if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not 0 < timeout <= _LONGEST_WAIT_S:
-        raise UsageError(f"timeout is a positive number of seconds (at most {_LONGEST_WAIT_S:.0e}), got {timeout!r}")
-    return time.monotonic() + timeout
+    return time.monotonic() + positive_seconds(timeout, "timeout")
 
 
 def remaining(deadline: float, what: str) -> float:
