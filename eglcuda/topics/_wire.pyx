@@ -180,13 +180,15 @@ cdef class Inbox:
     cdef unsigned int at  # the next of them to hand out
     cdef bint short  # the last batch was not full: the socket had nothing more then
     cdef bint waited  # the last wait found nothing: the next one polls before it reads
+    cdef int wake_fd  # readable: stop waiting (another thread is closing the owner); -1: none
 
-    def __cinit__(self, int fd, ssize_t capacity=protocol.MAX_MESSAGE + 1, unsigned int batch=4):
+    def __cinit__(self, int fd, ssize_t capacity=protocol.MAX_MESSAGE + 1, unsigned int batch=4, int wake_fd=-1):
         cdef unsigned int i
         if fd < 0 or capacity < FRAME_HEAD_SIZE + 1 or not 1 <= batch <= 64:
             raise ValueError(f"an Inbox reads a descriptor (got {fd}) into buffers longer than a FRAME head "
                              f"(got {capacity} bytes), 1 to 64 messages at a time (got {batch})")
         self.fd = fd
+        self.wake_fd = wake_fd
         self.capacity = capacity
         self.batch = batch
         self.buffer = <uint8_t *>malloc(capacity * batch)
@@ -209,6 +211,7 @@ cdef class Inbox:
     def close(self):
         """Read nothing more (call it before the socket is closed: its number may be reused)."""
         self.fd = -1
+        self.wake_fd = -1
         self.count = self.at = 0
         self.short = False  # (so rest() too says the end, not "nothing waiting")
 
@@ -216,7 +219,8 @@ cdef class Inbox:
         """The next message: a ``Frame`` or ``Release`` tuple, the bytes of any other message,
         ``b""`` once the connection ended (closed, or failed), or None when none came: at once
         with ``deadline`` None, else by ``deadline`` (``time.monotonic()`` seconds; the wait
-        releases the GIL)."""
+        releases the GIL). A wait also ends, with ``b""``, once the ``wake_fd`` given at
+        construction is readable."""
         return self.read(deadline, False)
 
     def rest(self):
@@ -243,7 +247,7 @@ cdef class Inbox:
         cdef int got, error, ready
         cdef unsigned int i
         cdef double left
-        cdef pollfd watch
+        cdef pollfd watch[2]
         if self.at < self.count:
             i = self.at
             self.at += 1
@@ -255,8 +259,11 @@ cdef class Inbox:
             self.short = False
             return None
         self.short = False
-        watch.fd = self.fd
-        watch.events = POLLIN
+        watch[0].fd = self.fd
+        watch[0].events = POLLIN
+        watch[1].fd = self.wake_fd
+        watch[1].events = POLLIN
+        watch[1].revents = 0
         while True:
             if self.fd < 0:
                 return NO_BYTES
@@ -266,7 +273,7 @@ cdef class Inbox:
                 if not left > 0:  # (a NaN deadline too)
                     return None
                 with nogil:
-                    ready = poll(&watch, 1, wait_ms(left))
+                    ready = poll(watch, 2 if watch[1].fd >= 0 else 1, wait_ms(left))
                 if ready < 0:
                     if errno != EINTR:
                         return NO_BYTES  # (poll fails only on a bad descriptor or no memory)
@@ -274,6 +281,8 @@ cdef class Inbox:
                     continue
                 if ready == 0:
                     continue  # (the deadline check above ends it)
+                if watch[1].revents:
+                    return NO_BYTES  # woken: the owner is closing (it checks why)
             got = recvmmsg(self.fd, self.headers, self.batch, MSG_DONTWAIT, NULL)
             if got > 0:
                 self.count = got

@@ -14,9 +14,9 @@ import socket
 import stat
 import time
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
-from ..errors import Timeout, UsageError
+from ..errors import ClosedError, Timeout, UsageError
 from ..streams.share import peer_credentials, remaining
 from .protocol import MAX_MESSAGE, ProtocolError
 
@@ -159,10 +159,14 @@ def _descriptors(ancillary: list[tuple[int, int, bytes]]) -> list[int]:
 _LONGEST_CONNECT_S = 3600.0
 
 
-def connect(path: str, deadline: float, what: str, wait: bool = True) -> socket.socket:
+def connect(path: str, deadline: float, what: str, wait: bool = True,
+            stop: Callable[[], bool] | None = None) -> socket.socket:
     """A socket connected to ``path``; with ``wait``, retries until ``deadline`` while nothing
-    listens there yet (the publisher may not have started)."""
+    listens there yet (the publisher may not have started), unless ``stop()`` says to stop
+    (then :class:`eglcuda.ClosedError`)."""
     while True:
+        if stop is not None and stop():
+            raise ClosedError(f"stopped waiting for a publisher at {path}: closed")
         sock = seqpacket()
         try:
             # A UNIX connect answers at once or waits for room in the listener's backlog; the wait

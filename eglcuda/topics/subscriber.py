@@ -6,6 +6,7 @@ import collections
 import logging
 import os
 import socket
+import threading
 import time
 import weakref
 from typing import Any, Iterable, Iterator, NoReturn, TypeVar, overload
@@ -155,6 +156,11 @@ class Subscriber:
         else:
             self._trusted = numeric_ids(trusted_uids, "trusted_uids", frozenset((os.geteuid(),)))
         self._closed = False
+        # close() from another thread: it sets _closing and makes _wake_fd readable, which ends a
+        # receive() waiting for the publisher, then takes _busy once the receive has left.
+        self._closing = False
+        self._busy = threading.RLock()  # held by receive() and wait_for_publisher()
+        self._wake_fd = -1
         self._pid = os.getpid()  # a forked child's close() leaves the parent's subscription alone
         self._sock: socket.socket | None = None
         self._transport: SubscriberTransport | None = None
@@ -173,10 +179,12 @@ class Subscriber:
             _backend = CudaSubscriberBackend(device, gl_context, cuda_stream)
         self._backend = _backend
         try:
+            self._wake_fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
             self._wishes = _backend.wishes(transport)
             self._connect(time.monotonic() + self.timeout)
         except BaseException:
             self._closed = True
+            self._close_wake_fd()
             _backend.close()
             raise
         # (Not closed when collected: a collection may run inside another subscriber's transport,
@@ -194,11 +202,13 @@ class Subscriber:
             except _HandshakeLost as exc:
                 if time.monotonic() + sockets.CONNECT_RETRY_S >= deadline:
                     raise PeerError(str(exc)) from None
+                if self._closing:
+                    raise self._closed_error() from None
                 time.sleep(sockets.CONNECT_RETRY_S)
 
     def _handshake(self, deadline: float) -> None:
         waited = f"no publisher of topic {self.name!r} answered at {self.path} in time"
-        sock = sockets.connect(self.path, deadline, waited)
+        sock = sockets.connect(self.path, deadline, waited, stop=self._stop_waiting)
         transport = None
         try:
             peer = sockets.peer_of(sock)
@@ -234,7 +244,7 @@ class Subscriber:
             sockets.close_quietly(sock)
             raise
         self._sock = sock
-        self._inbox = _wire.Inbox(sock.fileno())
+        self._inbox = _wire.Inbox(sock.fileno(), wake_fd=self._wake_fd)
         self._transport = transport
         self._limit = 1 if transport.exclusive else protocol.credit(self.qos, self.queue)  # messages it may hold
         self._lost = None
@@ -280,7 +290,16 @@ class Subscriber:
         closed the topic, with the reason); :meth:`wait_for_publisher` reconnects.
 
         An EGLStream subscriber holds one message at a time; a CUDA IPC one up to its queue
-        (``every``) or two (``latest``)."""
+        (``every``) or two (``latest``).
+
+        :meth:`close` from another thread ends a waiting receive with
+        :class:`eglcuda.ClosedError`."""
+        with self._busy:
+            if self._closing:
+                raise self._closed_error()
+            return self._receive(timeout)
+
+    def _receive(self, timeout: float | None) -> Message:
         transport = self._transport
         if transport is None or self._lost is not None or self._closed:
             self._check_connected()
@@ -324,7 +343,7 @@ class Subscriber:
 
     def _check_connected(self) -> None:
         if self._closed:
-            raise ClosedError(f"the subscriber of topic {self.name!r} is closed")
+            raise self._closed_error()
         if self._lost is not None:
             raise self._lost
         if self._sock is None:  # pragma: no cover - _lost is set whenever the socket goes
@@ -397,6 +416,8 @@ class Subscriber:
                     return None
                 raise Timeout(f"no frame of topic {self.name!r} arrived in time")
             if kind is bytes and not received:
+                if self._closing:  # woken by close() in another thread: the connection is fine
+                    raise self._closed_error()
                 self._lose(StreamDisconnected(f"the publisher of topic {self.name!r} is gone: its connection closed "
                                               "without a goodbye (its process exited or was killed)"))
             message: protocol.Message = received
@@ -505,13 +526,15 @@ class Subscriber:
         """Once the publisher is gone (:meth:`receive` raised :class:`eglcuda.StreamDisconnected`),
         wait up to ``timeout`` seconds (None: the subscriber's ``timeout``) for a publisher of the
         topic to be there again (a restarted one) and subscribe to it; returns its
-        :class:`TopicInfo` (a new ``instance``). While still connected, returns the current info."""
-        if self._closed:
-            raise ClosedError(f"the subscriber of topic {self.name!r} is closed")
+        :class:`TopicInfo` (a new ``instance``). While still connected, returns the current info.
+        :meth:`close` from another thread ends the wait with :class:`eglcuda.ClosedError`."""
         wait = self.timeout if timeout is None else sockets.wait_seconds(timeout)
-        if self._sock is None or self._lost is not None:
-            self._disconnect()
-            self._connect(time.monotonic() + wait)
+        with self._busy:
+            if self._closed or self._closing:
+                raise self._closed_error()
+            if self._sock is None or self._lost is not None:
+                self._disconnect()
+                self._connect(time.monotonic() + wait)
         info = self.info
         if info is None:  # pragma: no cover - every handshake sets it
             raise self._not_connected()
@@ -554,6 +577,10 @@ class Subscriber:
                     if exc.code == Reason.CLOSING:
                         return
                     raise
+                except ClosedError:
+                    if self._closing or self._closed:
+                        return  # closed, by another thread too
+                    raise  # pragma: no cover - only a closed subscriber raises it
                 yield previous
         finally:
             if previous is not None:
@@ -563,13 +590,23 @@ class Subscriber:
         """Say goodbye to the publisher and let go of everything (held messages become
         unusable). The goodbye waits, up to 2 s, for the GPU work queued on this subscriber's
         frames (CUDA IPC): the publisher writes them again once it has read it. Safe to call
-        twice."""
+        twice, and from another thread: a :meth:`receive` waiting there for a frame ends with
+        :class:`eglcuda.ClosedError` (an iteration ends), and this call returns once it has."""
         if self._closed:
             return
         _open_subscribers.discard(self)
         if os.getpid() != self._pid:
             self._forget_in_child()
             return
+        self._closing = True
+        if self._wake_fd >= 0:
+            os.eventfd_write(self._wake_fd, 1)
+        with self._busy:  # a receive in another thread leaves: woken, or by its deadline
+            if self._closed:
+                return
+            self._close()
+
+    def _close(self) -> None:
         try:
             if self._sock is not None and self._lost is None:
                 # Released through the transport (their views stop working, the publisher hears
@@ -595,7 +632,19 @@ class Subscriber:
             try:
                 self._disconnect()  # also when a release above raised: nothing stays mapped
             finally:
+                self._close_wake_fd()
                 self._backend.close()
+
+    def _closed_error(self) -> ClosedError:
+        return ClosedError(f"the subscriber of topic {self.name!r} is closed")
+
+    def _stop_waiting(self) -> bool:
+        return self._closing
+
+    def _close_wake_fd(self) -> None:
+        fd, self._wake_fd = self._wake_fd, -1
+        if fd >= 0:
+            os.close(fd)
 
     def _forget_in_child(self) -> None:
         """close() in a child made by fork(): the subscription is the parent's. Its messages stop
@@ -613,6 +662,7 @@ class Subscriber:
         sock, self._sock = self._sock, None
         if sock is not None:
             sock.close()
+        self._close_wake_fd()
 
     def __enter__(self) -> "Subscriber":
         return self

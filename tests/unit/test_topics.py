@@ -1169,3 +1169,94 @@ def test_discarding_after_close_says_the_publisher_is_closed(path):
     pub.close()
     with pytest.raises(eglcuda.ClosedError, match="closed"):
         pub.discard(frame)
+
+
+# ---- closing from another thread ---------------------------------------------------------------
+
+def test_close_from_another_thread_ends_a_waiting_receive(path):
+    """A worker waits in receive() (no frame comes); the main thread closes the subscriber: the
+    receive ends at once with ClosedError, the publisher hears a goodbye, not a drop."""
+    with publisher(path) as pub:
+        sub = subscriber(path, qos="every", queue=2)
+        fds = open_fds()
+        outcome: list = []
+
+        def wait():
+            started = time.monotonic()
+            try:
+                sub.receive(30)
+                outcome.append("a frame")
+            except eglcuda.ClosedError:
+                outcome.append(time.monotonic() - started)
+
+        worker = threading.Thread(target=wait)
+        worker.start()
+        time.sleep(0.2)  # the worker is in its wait by now
+        started = time.monotonic()
+        sub.close()
+        closed_in = time.monotonic() - started
+        worker.join(5)
+        assert not worker.is_alive()
+        assert len(outcome) == 1 and isinstance(outcome[0], float), outcome
+        assert outcome[0] < 5 and closed_in < 2
+        with pytest.raises(eglcuda.ClosedError):
+            sub.receive(0.1)
+        deadline = time.monotonic() + 5
+        while pub.subscribers and time.monotonic() < deadline:
+            pub.discard(pub.next_frame(1))  # (the publisher reads its sockets as it works)
+            time.sleep(0.01)
+        assert pub.subscribers == [] and pub.dropped == []
+        assert open_fds() < fds  # the socket and the wake-up descriptor are gone
+
+
+def test_close_from_another_thread_ends_an_iteration(path):
+    """for message in subscriber: ... in a worker ends, without an error, when the main thread
+    closes the subscriber, after the frames it got were intact."""
+    with publisher(path) as pub:
+        sub = subscriber(path, qos="every", queue=4)
+        seen: list = []
+        failed: list = []
+
+        def read():
+            try:
+                for message in sub:
+                    assert message.frame.data == pattern(message.payload)
+                    seen.append(message.seq)
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                failed.append(exc)
+
+        worker = threading.Thread(target=read)
+        worker.start()
+        for i in range(20):
+            put(pub, b"%d" % i, timeout=5)
+        deadline = time.monotonic() + 10
+        while len(seen) < 20 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        sub.close()
+        worker.join(5)
+        assert not worker.is_alive() and failed == []
+        assert seen == list(range(20))
+
+
+def test_close_from_another_thread_ends_a_wait_for_the_publisher(path):
+    pub = publisher(path)
+    sub = subscriber(path)
+    pub.close()
+    with pytest.raises(eglcuda.StreamDisconnected):
+        sub.receive(2)
+    outcome: list = []
+
+    def wait():
+        try:
+            sub.wait_for_publisher(60)
+            outcome.append("connected")
+        except eglcuda.ClosedError:
+            outcome.append("closed")
+
+    worker = threading.Thread(target=wait)
+    worker.start()
+    time.sleep(0.2)
+    started = time.monotonic()
+    sub.close()
+    worker.join(5)
+    assert outcome == ["closed"] and time.monotonic() - started < 2
