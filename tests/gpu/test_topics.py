@@ -402,6 +402,45 @@ def test_auto_picks_cuda_ipc_across_processes_and_eglstream_in_process(display, 
             peer.stop()
 
 
+def test_close_from_another_thread_ends_a_waiting_receive(display, topic):
+    """A reader thread waits in receive() on an in-process (EGLStream) subscriber; the main thread
+    closes it: the receive ends with ClosedError at once, and the publisher goes on serving a
+    second subscriber, every byte checked."""
+    name, path = topic
+    seed = 4
+    with eglcuda.Publisher(name, 320, 240, "NV12", path=path) as pub:
+        first = eglcuda.Subscriber(name, qos="every", path=path, timeout=20)
+        second = eglcuda.Subscriber(name, qos="every", path=path, timeout=20)
+        outcome: list = []
+
+        def wait() -> None:
+            try:
+                first.receive(30)
+                outcome.append("a frame")
+            except eglcuda.ClosedError:
+                outcome.append("closed")
+
+        reader = threading.Thread(target=wait)
+        reader.start()
+        time.sleep(0.3)
+        started = time.monotonic()
+        first.close()
+        reader.join(10)
+        assert outcome == ["closed"] and time.monotonic() - started < 3
+        try:
+            for seq in range(5):
+                put(pub, seq, seed)
+                with second.receive(10) as message:
+                    ok, why = check(message, seed)
+                    assert ok, why
+            deadline = time.monotonic() + 10
+            while len(pub.subscribers) > 1 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert len(pub.subscribers) == 1 and pub.dropped == []
+        finally:
+            second.close()
+
+
 # ---- hostile peers ----------------------------------------------------------------------------------------
 
 def test_hostile_peers_are_turned_away_while_a_subscriber_receives(display, transport, topic):
