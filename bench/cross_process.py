@@ -34,6 +34,7 @@ which this script prints. Without CUDA IPC (Tegra) that transport is left out.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import multiprocessing as mp
 import os
 import statistics
@@ -52,6 +53,11 @@ TRANSPORTS = ["eglcuda", "cuda-ipc", "shm"]
 SLOTS = 6
 WARMUP = 20
 FIFO = int(os.environ.get("EGLCUDA_BENCH_FIFO", "4"))  # an environment variable: spawned children see it
+# How eglcuda's consumer checks a frame in the throughput phase (a diagnostic of docs/mps.md):
+# "word" (default) its 4-byte copy and synchronize; "sync-first" a synchronize of its stream
+# first, timed apart ("sync"); "pinned" the word in page-locked host memory; "none" no check.
+CHECK = os.environ.get("EGLCUDA_BENCH_CHECK", "word")
+CHECKS = ("word", "sync-first", "pinned", "none")
 # The GPU each end runs on (bench/cross_gpu.py sets them): environment variables, for the same reason.
 GPU = {"producer": int(os.environ.get("EGLCUDA_BENCH_PRODUCER_GPU", "0")),
        "consumer": int(os.environ.get("EGLCUDA_BENCH_CONSUMER_GPU", "0"))}
@@ -81,6 +87,9 @@ class Cuda:
         self.check(cu.cuCtxSetCurrent(self.context))
         self.stream = self.check(cu.cuStreamCreate(1))  # non-blocking
         self.word = np.zeros(1, np.uint32)
+        self.word_address = self.word.ctypes.data
+        if CHECK == "pinned":
+            self.word_address = int(self.check(cu.cuMemAllocHost(4)))
 
     def check(self, result):
         error, *values = result
@@ -100,8 +109,10 @@ class Cuda:
     def word_at(self, pointer: int, index: int, size: int) -> int:
         """One 4-byte word of a frame, read after the stream's earlier work."""
         offset = (index * 2654435761 % (size // 4)) * 4
-        self.check(self.cu.cuMemcpyDtoHAsync(self.word.ctypes.data, pointer + offset, 4, self.stream))
+        self.check(self.cu.cuMemcpyDtoHAsync(self.word_address, pointer + offset, 4, self.stream))
         self.sync()
+        if self.word_address != self.word.ctypes.data:
+            return int.from_bytes(ctypes.string_at(self.word_address, 4), "little")
         return int(self.word[0])
 
 
@@ -172,12 +183,20 @@ def eglcuda_consumer(conn, width, height, latency_frames, throughput_frames, soc
             frame.release()
             conn.send(None)
         spent = {"acquire": 0.0, "check": 0.0, "release": 0.0}
+        if CHECK == "sync-first":
+            spent["sync"] = 0.0
         for i in range(WARMUP + latency_frames, WARMUP + latency_frames + throughput_frames):
             t0 = now()
             frame = consumer.acquire(timeout_us=10_000_000)
             t1 = now()
-            plane = frame.planes[0]
-            bad += cuda.word_at(plane.pointer, i, plane.pitch * height) != i
+            if CHECK == "sync-first":
+                cuda.sync()
+                t_synced = now()
+                spent["sync"] += t_synced - t1
+                t1 = t_synced
+            if CHECK != "none":
+                plane = frame.planes[0]
+                bad += cuda.word_at(plane.pointer, i, plane.pitch * height) != i
             t2 = now()
             frame.release()
             t3 = now()
@@ -405,6 +424,9 @@ def main() -> int:
     parser.add_argument("--mps", action="store_true",
                         help="run the processes under CUDA MPS (a private daemon, or the one already running)")
     args = parser.parse_args()
+    if CHECK not in CHECKS:
+        print(f"{PROGRAM}: EGLCUDA_BENCH_CHECK is one of {', '.join(CHECKS)}, got {CHECK!r}", file=sys.stderr)
+        return 2
     require(PROGRAM)  # eglcuda itself, before the MPS session uses it
     from eglcuda import mps
 
