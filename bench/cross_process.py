@@ -55,9 +55,11 @@ WARMUP = 20
 FIFO = int(os.environ.get("EGLCUDA_BENCH_FIFO", "4"))  # an environment variable: spawned children see it
 # How eglcuda's consumer checks a frame in the throughput phase (a diagnostic of docs/mps.md):
 # "word" (default) its 4-byte copy and synchronize; "sync-first" a synchronize of its stream
-# first, timed apart ("sync"); "pinned" the word in page-locked host memory; "none" no check.
+# first, timed apart ("sync"); "split" the word's steps timed apart (the plane's address "plane",
+# the copy call "copy", the synchronize "sync"); "pinned" the word in page-locked host memory;
+# "none" no check.
 CHECK = os.environ.get("EGLCUDA_BENCH_CHECK", "word")
-CHECKS = ("word", "sync-first", "pinned", "none")
+CHECKS = ("word", "sync-first", "split", "pinned", "none")
 # The GPU each end runs on (bench/cross_gpu.py sets them): environment variables, for the same reason.
 GPU = {"producer": int(os.environ.get("EGLCUDA_BENCH_PRODUCER_GPU", "0")),
        "consumer": int(os.environ.get("EGLCUDA_BENCH_CONSUMER_GPU", "0"))}
@@ -149,20 +151,23 @@ def eglcuda_producer(conn, width, height, latency_frames, throughput_frames, soc
             if back is not None:
                 free.append(back)
         first = None
-        spent = {"present": 0.0, "return_frame": 0.0}
+        steps: dict[str, list[float]] = {"present": [], "return_frame": [], "fill": []}
         for i in range(throughput_frames):
             started = now()
             frame = take()
-            spent["return_frame"] += now() - started
+            returned = now()
             cuda.fill(frame.planes[0].pointer, size, WARMUP + latency_frames + i)
-            first = first or now()
-            started = now()
+            filled = now()
+            first = first or filled
             producer.present(frame, cuda_stream=cuda.stream)
-            spent["present"] += now() - started
+            steps["present"].append(now() - filled)
+            steps["return_frame"].append(returned - started)
+            steps["fill"].append(filled - returned)
         conn.recv()  # the consumer is done: the stream may go
         stream.close()
     return {"sent": sent[WARMUP:], "first": first,
-            "calls_us": {k: 1e6 * v / throughput_frames for k, v in spent.items()}}
+            "calls_us": {k: 1e6 * sum(v) / throughput_frames for k, v in steps.items()},
+            "calls_p50_us": {k: 1e6 * statistics.median(v) for k, v in steps.items()}}
 
 
 def eglcuda_consumer(conn, width, height, latency_frames, throughput_frames, socket_path):
@@ -182,9 +187,9 @@ def eglcuda_consumer(conn, width, height, latency_frames, throughput_frames, soc
             bad += cuda.word_at(plane.pointer, i, plane.pitch * height) != i
             frame.release()
             conn.send(None)
-        spent = {"acquire": 0.0, "check": 0.0, "release": 0.0}
-        if CHECK == "sync-first":
-            spent["sync"] = 0.0
+        steps: dict[str, list[float]] = {"acquire": [], "check": [], "release": []}
+        if CHECK in ("sync-first", "split"):
+            steps.update({"plane": [], "copy": [], "sync": []} if CHECK == "split" else {"sync": []})
         for i in range(WARMUP + latency_frames, WARMUP + latency_frames + throughput_frames):
             t0 = now()
             frame = consumer.acquire(timeout_us=10_000_000)
@@ -192,22 +197,35 @@ def eglcuda_consumer(conn, width, height, latency_frames, throughput_frames, soc
             if CHECK == "sync-first":
                 cuda.sync()
                 t_synced = now()
-                spent["sync"] += t_synced - t1
+                steps["sync"].append(t_synced - t1)
                 t1 = t_synced
-            if CHECK != "none":
+            if CHECK == "split":
+                plane = frame.planes[0]
+                pointer, size = plane.pointer, plane.pitch * height
+                t_plane = now()
+                offset = (i * 2654435761 % (size // 4)) * 4
+                cuda.check(cuda.cu.cuMemcpyDtoHAsync(cuda.word_address, pointer + offset, 4, cuda.stream))
+                t_copy = now()
+                cuda.sync()
+                bad += int(cuda.word[0]) != i
+                steps["plane"].append(t_plane - t1)
+                steps["copy"].append(t_copy - t_plane)
+                steps["sync"].append(now() - t_copy)
+            elif CHECK != "none":
                 plane = frame.planes[0]
                 bad += cuda.word_at(plane.pointer, i, plane.pitch * height) != i
             t2 = now()
             frame.release()
             t3 = now()
-            spent["acquire"] += t1 - t0
-            spent["check"] += t2 - t1
-            spent["release"] += t3 - t2
+            steps["acquire"].append(t1 - t0)
+            steps["check"].append(t2 - t1)
+            steps["release"].append(t3 - t2)
         last = now()
         conn.send(None)
         stream.close()
     return {"got": got[WARMUP:], "last": last, "bad": bad,
-            "calls_us": {k: 1e6 * v / throughput_frames for k, v in spent.items()}}
+            "calls_us": {k: 1e6 * sum(v) / throughput_frames for k, v in steps.items()},
+            "calls_p50_us": {k: 1e6 * statistics.median(v) for k, v in steps.items()}}
 
 
 def ipc_producer(conn, width, height, latency_frames, throughput_frames, socket_path):
@@ -412,7 +430,9 @@ def run_pair(transport: str, width: int, height: int, latency_frames: int, throu
             "fps": throughput_frames / (outcome["consumer"]["last"] - outcome["producer"]["first"]),
             "pinned": outcome["consumer"].get("pinned"),
             "mps": (outcome["producer"].get("mps"), outcome["consumer"].get("mps")),
-            "calls_us": {**outcome["producer"].get("calls_us", {}), **outcome["consumer"].get("calls_us", {})}}
+            "calls_us": {**outcome["producer"].get("calls_us", {}), **outcome["consumer"].get("calls_us", {})},
+            "calls_p50_us": {**outcome["producer"].get("calls_p50_us", {}),
+                             **outcome["consumer"].get("calls_p50_us", {})}}
 
 
 def main() -> int:
@@ -465,6 +485,8 @@ def run_all(args: argparse.Namespace) -> int:
             if transport == "eglcuda":
                 print("           eglcuda us/frame in each call: "
                       + ", ".join(f"{k} {v:.1f}" for k, v in row["calls_us"].items()), flush=True)
+                print("           median us: "
+                      + ", ".join(f"{k} {v:.1f}" for k, v in row["calls_p50_us"].items()), flush=True)
     if transports != TRANSPORTS or sizes != SIZES:
         return 1 if sum(r["bad"] for r in rows) else 0
     lines = [f"Cross-process, ARGB, {latency_frames} paced frames for latency (after {WARMUP} warm-up), "
