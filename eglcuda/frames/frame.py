@@ -133,8 +133,10 @@ class Plane:
     @property
     def pointer(self) -> int:
         """The device address of the plane's first byte (pitch-linear frames only)."""
-        self._frame._check_usable()
-        if self._frame.layout is not Layout.PITCH:
+        frame = self._frame
+        frame._check_usable()
+        # (A pitch-linear plane has a pitch: the layout is asked only where it has none.)
+        if not self.geometry.pitch and frame.layout is not Layout.PITCH:
             raise UsageError("a CUDA-array plane has no device pointer; use .array")
         return self._address
 
@@ -453,15 +455,21 @@ class Frame(FrameCore, FrameBase):
 
     @property
     def _planes(self) -> tuple[Plane, ...]:  # type: ignore[override]
-        held = tuple(ref() for ref in self._plane_refs)
+        # (Written for speed: a loop's frame.planes[0].pointer makes its plane again each frame.)
+        held = tuple([ref() for ref in self._plane_refs])
         if held and None not in held:
             return held  # type: ignore[return-value]  # None was ruled out just above
-        # Only the planes that died are made again: one still alive (a tensor's capsule holds it)
-        # stays the one close() watches.
-        planes = tuple(held[i] if i < len(held) and held[i] is not None else Plane(self, i, g, a)
-                       for i, (g, a) in enumerate(self._plane_specs))
-        self._plane_refs = tuple(weakref.ref(plane, self._view_gone) for plane in planes)  # type: ignore[arg-type]
-        return planes  # type: ignore[return-value]
+        gone = self._view_gone
+        specs = self._plane_specs
+        if not held:
+            planes = tuple([Plane(self, i, g, a) for i, (g, a) in enumerate(specs)])
+        else:
+            # Only the planes that died are made again: one still alive (a tensor's capsule holds
+            # it) stays the one close() watches.
+            planes = tuple([held[i] if held[i] is not None else Plane(self, i, g, a)  # type: ignore[misc]
+                            for i, (g, a) in enumerate(specs)])
+        self._plane_refs = tuple([weakref.ref(plane, gone) for plane in planes])
+        return planes
 
     def _viewed(self) -> bool:
         """Whether anything still points into the memory: a Plane object (held by the program, a

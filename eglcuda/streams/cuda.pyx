@@ -727,12 +727,8 @@ cdef class AcquiredFrame:
 
     @property
     def _planes(self) -> tuple:
-        cdef CUeglFrame *egl
         if self._planes_cache is None:
-            egl = &self._consumer.egl_frame
-            geometry = _plane_geometry(self.format, egl.width, egl.height, self.pitch)
-            self._planes_cache = tuple(Plane(self, i, g, <uintptr_t>egl.frame.pPitch[i])
-                                       for i, g in enumerate(geometry[:egl.planeCount]))
+            self._planes_cache = self._consumer._make_planes(self)
         return self._planes_cache
 
     def _order_before(self, consumer_stream: int) -> None:
@@ -813,6 +809,10 @@ cdef class CudaConsumer(Resource):
     cdef int spare_next
     # What a call let go of inside the gate, dropped by the caller after it (see _acquire).
     cdef object dropped, evicted
+    # The plane geometry of the last frame whose planes were asked for, and what it was made from:
+    # a stream's frames keep one size and format, so each frame's planes reuse it.
+    cdef tuple geometry
+    cdef unsigned int geometry_format, geometry_width, geometry_height, geometry_pitch, geometry_planes
     cdef Gate gate
 
     def __cinit__(self, *args, **kwargs):
@@ -1053,6 +1053,24 @@ cdef class CudaConsumer(Resource):
             gate_leave(&self.gate)
         del dropped  # after the gate: see _let_go_of_held
         return 0
+
+    cdef tuple _make_planes(self, AcquiredFrame frame):
+        """The Plane objects of the frame now acquired (its planes' first use)."""
+        cdef CUeglFrame *egl = &self.egl_frame
+        cdef unsigned int pitch = 0 if egl.frameType == CU_EGL_FRAME_TYPE_ARRAY else egl.pitch
+        cdef Py_ssize_t i, count
+        if (self.geometry is None or egl.eglColorFormat != self.geometry_format or egl.width != self.geometry_width
+                or egl.height != self.geometry_height or pitch != self.geometry_pitch
+                or egl.planeCount != self.geometry_planes):
+            self.geometry = _plane_geometry(color_format(egl.eglColorFormat), egl.width, egl.height,
+                                            pitch)[:egl.planeCount]
+            self.geometry_format, self.geometry_width, self.geometry_height = egl.eglColorFormat, egl.width, egl.height
+            self.geometry_pitch, self.geometry_planes = pitch, egl.planeCount
+        geometry = self.geometry
+        count = len(geometry)
+        if count == 1:
+            return (Plane(frame, 0, geometry[0], <uintptr_t>egl.frame.pPitch[0]),)
+        return tuple([Plane(frame, i, geometry[i], <uintptr_t>egl.frame.pPitch[i]) for i in range(count)])
 
     # ---- frame numbers without asking EGL --------------------------------------------------------
     # An acquired frame's number, and whether it is new or the previous frame handed back again,
