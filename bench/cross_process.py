@@ -60,6 +60,12 @@ FIFO = int(os.environ.get("EGLCUDA_BENCH_FIFO", "4"))  # an environment variable
 # "none" no check.
 CHECK = os.environ.get("EGLCUDA_BENCH_CHECK", "word")
 CHECKS = ("word", "sync-first", "split", "pinned", "none")
+# EGLCUDA_BENCH_FILL=0: eglcuda's producer does not write its frames in the throughput phase (with
+# EGLCUDA_BENCH_CHECK=none: the stream's hand-over alone, as C's plain twoproc).
+FILL = os.environ.get("EGLCUDA_BENCH_FILL", "1") != "0"
+# EGLCUDA_BENCH_NUMBERS=0: eglcuda's consumer is connected with frame_numbers=False (no frame-counter
+# query per acquire).
+NUMBERS = os.environ.get("EGLCUDA_BENCH_NUMBERS", "1") != "0"
 # The GPU each end runs on (bench/cross_gpu.py sets them): environment variables, for the same reason.
 GPU = {"producer": int(os.environ.get("EGLCUDA_BENCH_PRODUCER_GPU", "0")),
        "consumer": int(os.environ.get("EGLCUDA_BENCH_CONSUMER_GPU", "0"))}
@@ -156,7 +162,8 @@ def eglcuda_producer(conn, width, height, latency_frames, throughput_frames, soc
             started = now()
             frame = take()
             returned = now()
-            cuda.fill(frame.planes[0].pointer, size, WARMUP + latency_frames + i)
+            if FILL:
+                cuda.fill(frame.planes[0].pointer, size, WARMUP + latency_frames + i)
             filled = now()
             first = first or filled
             producer.present(frame, cuda_stream=cuda.stream)
@@ -176,7 +183,7 @@ def eglcuda_consumer(conn, width, height, latency_frames, throughput_frames, soc
     cuda = Cuda(GPU["consumer"])
     with eglcuda.Display.for_cuda_device(GPU["consumer"]) as display:
         stream = display.create_stream(fifo_length=FIFO, cross_process=True)
-        consumer = stream.connect_cuda_consumer(cuda_stream=int(cuda.stream))
+        consumer = stream.connect_cuda_consumer(cuda_stream=int(cuda.stream), frame_numbers=NUMBERS)
         eglcuda.serve_stream(stream, socket_path, timeout=60)
         got, bad = [], 0
         for i in range(WARMUP + latency_frames):
@@ -446,6 +453,10 @@ def main() -> int:
     args = parser.parse_args()
     if CHECK not in CHECKS:
         print(f"{PROGRAM}: EGLCUDA_BENCH_CHECK is one of {', '.join(CHECKS)}, got {CHECK!r}", file=sys.stderr)
+        return 2
+    if not FILL and CHECK != "none":
+        print(f"{PROGRAM}: EGLCUDA_BENCH_FILL=0 leaves the frames unwritten: set EGLCUDA_BENCH_CHECK=none",
+              file=sys.stderr)
         return 2
     require(PROGRAM)  # eglcuda itself, before the MPS session uses it
     from eglcuda import mps
