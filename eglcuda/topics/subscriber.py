@@ -161,6 +161,8 @@ class Subscriber:
         self._closing = False
         self._busy = threading.RLock()  # held by receive() and wait_for_publisher()
         self._wake_fd = -1
+        self._wake_lock = threading.Lock()  # the descriptor is written and closed under it
+        self._wake_finalizer: weakref.finalize[[int], Subscriber] | None = None  # closes it if collected unclosed
         self._pid = os.getpid()  # a forked child's close() leaves the parent's subscription alone
         self._sock: socket.socket | None = None
         self._transport: SubscriberTransport | None = None
@@ -180,6 +182,7 @@ class Subscriber:
         self._backend = _backend
         try:
             self._wake_fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+            self._wake_finalizer = weakref.finalize(self, os.close, self._wake_fd)
             self._wishes = _backend.wishes(transport)
             self._connect(time.monotonic() + self.timeout)
         except BaseException:
@@ -599,8 +602,9 @@ class Subscriber:
             self._forget_in_child()
             return
         self._closing = True
-        if self._wake_fd >= 0:
-            os.eventfd_write(self._wake_fd, 1)
+        with self._wake_lock:
+            if self._wake_fd >= 0:
+                os.eventfd_write(self._wake_fd, 1)
         with self._busy:  # a receive in another thread leaves: woken, or by its deadline
             if self._closed:
                 return
@@ -642,9 +646,11 @@ class Subscriber:
         return self._closing
 
     def _close_wake_fd(self) -> None:
-        fd, self._wake_fd = self._wake_fd, -1
-        if fd >= 0:
-            os.close(fd)
+        with self._wake_lock:
+            self._wake_fd = -1
+            finalizer, self._wake_finalizer = self._wake_finalizer, None
+            if finalizer is not None:
+                finalizer()  # closes the descriptor, once
 
     def _forget_in_child(self) -> None:
         """close() in a child made by fork(): the subscription is the parent's. Its messages stop

@@ -1260,3 +1260,29 @@ def test_close_from_another_thread_ends_a_wait_for_the_publisher(path):
     sub.close()
     worker.join(5)
     assert outcome == ["closed"] and time.monotonic() - started < 2
+
+
+def test_a_subscriber_collected_without_close_leaves_no_wake_up_descriptor(path):
+    """The eventfd that wakes a waiting receive is closed when the subscriber is collected
+    unclosed, not only by close()."""
+    def eventfds() -> int:
+        count = 0
+        for name in os.listdir("/proc/self/fd"):
+            try:
+                count += os.readlink(f"/proc/self/fd/{name}") == "anon_inode:[eventfd]"
+            except OSError:  # (the listing's own descriptor)
+                pass
+        return count
+
+    with publisher(path):
+        before = eventfds()
+        for _ in range(5):
+            sub = subscriber(path)
+            assert eventfds() == before + 1
+            sub._disconnect()  # its socket goes; the subscriber itself is left unclosed
+            del sub
+            gc.collect()
+        assert eventfds() == before
+        sub = subscriber(path)
+        sub.close()
+        assert eventfds() == before
