@@ -459,15 +459,12 @@ class Frame(FrameCore, FrameBase):
         held = tuple([ref() for ref in self._plane_refs])
         if held and None not in held:
             return held  # type: ignore[return-value]  # None was ruled out just above
-        gone = self._view_gone
+        # Only the planes that died are made again: one still alive (a tensor's capsule holds it)
+        # stays the one close() watches.
         specs = self._plane_specs
-        if not held:
-            planes = tuple([Plane(self, i, g, a) for i, (g, a) in enumerate(specs)])
-        else:
-            # Only the planes that died are made again: one still alive (a tensor's capsule holds
-            # it) stays the one close() watches.
-            planes = tuple([held[i] if held[i] is not None else Plane(self, i, g, a)  # type: ignore[misc]
-                            for i, (g, a) in enumerate(specs)])
+        planes = tuple([plane if plane is not None else Plane(self, i, g, a)
+                        for i, (plane, (g, a)) in enumerate(zip(held or (None,) * len(specs), specs))])
+        gone = self._view_gone
         self._plane_refs = tuple([weakref.ref(plane, gone) for plane in planes])
         return planes
 

@@ -1058,7 +1058,7 @@ cdef class CudaConsumer(Resource):
         """The Plane objects of the frame now acquired (its planes' first use)."""
         cdef CUeglFrame *egl = &self.egl_frame
         cdef unsigned int pitch = 0 if egl.frameType == CU_EGL_FRAME_TYPE_ARRAY else egl.pitch
-        cdef Py_ssize_t i, count
+        cdef Py_ssize_t i
         if (self.geometry is None or egl.eglColorFormat != self.geometry_format or egl.width != self.geometry_width
                 or egl.height != self.geometry_height or pitch != self.geometry_pitch
                 or egl.planeCount != self.geometry_planes):
@@ -1067,10 +1067,7 @@ cdef class CudaConsumer(Resource):
             self.geometry_format, self.geometry_width, self.geometry_height = egl.eglColorFormat, egl.width, egl.height
             self.geometry_pitch, self.geometry_planes = pitch, egl.planeCount
         geometry = self.geometry
-        count = len(geometry)
-        if count == 1:
-            return (Plane(frame, 0, geometry[0], <uintptr_t>egl.frame.pPitch[0]),)
-        return tuple([Plane(frame, i, geometry[i], <uintptr_t>egl.frame.pPitch[i]) for i in range(count)])
+        return tuple([Plane(frame, i, geometry[i], <uintptr_t>egl.frame.pPitch[i]) for i in range(len(geometry))])
 
     # ---- frame numbers without asking EGL --------------------------------------------------------
     # An acquired frame's number, and whether it is new or the previous frame handed back again,

@@ -205,9 +205,7 @@ class Subscriber:
             except _HandshakeLost as exc:
                 if time.monotonic() + sockets.CONNECT_RETRY_S >= deadline:
                     raise PeerError(str(exc)) from None
-                if self._closing:
-                    raise self._closed_error() from None
-                time.sleep(sockets.CONNECT_RETRY_S)
+                time.sleep(sockets.CONNECT_RETRY_S)  # (a close() meanwhile: the next connect says so)
 
     def _handshake(self, deadline: float) -> None:
         waited = f"no publisher of topic {self.name!r} answered at {self.path} in time"
