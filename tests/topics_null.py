@@ -15,10 +15,12 @@ import hashlib
 import mmap
 import os
 import struct
+import time
 import weakref
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from eglcuda.frames.formats import ColorFormat, Layout, default_pitch, plane_geometry
+from eglcuda.errors import ClosedError, Timeout
 from eglcuda.topics import protocol
 from eglcuda.topics.transports import (DeviceIdentity, Geometry, PublisherBackend, PublisherLink, PublisherTransport,
                                        SubscriberBackend, SubscriberTransport)
@@ -173,6 +175,9 @@ class NullSubscriberTransport(SubscriberTransport):
         self.size = size
         self.slots: set[int] = set()
         self.taken = 0
+        self.releases: list[int] = []  # the seq of every release, in order
+        self.stalled = False  # True: announced frames do not arrive (take waits for stop or the deadline)
+        self.release_delay = 0.0  # seconds each release takes
         self.closed = False
 
     def attach(self) -> tuple[bytes, list[int]]:
@@ -183,14 +188,28 @@ class NullSubscriberTransport(SubscriberTransport):
             raise protocol.ProtocolError("bad null SLOT")
         self.slots.add(slot.slot)
 
-    def take(self, frame: protocol.Frame, deadline: float) -> tuple[Any, int | None]:
+    def take(self, frame: protocol.Frame, deadline: float,
+             stop: Callable[[], bool] | None = None) -> tuple[Any, int | None]:
         if frame.slot not in self.slots:
             raise protocol.ProtocolError(f"slot {frame.slot} never described")
+        while self.stalled:  # like an EGLStream frame announced but not arrived: wait in steps
+            if stop is not None and stop():
+                raise ClosedError("stopped waiting for a frame: closed")
+            if time.monotonic() >= deadline:
+                raise Timeout("the announced frame did not arrive")
+            time.sleep(0.01)
         self.taken += 1
         view = memoryview(self.memory)[frame.slot * self.size:(frame.slot + 1) * self.size]
         return NullView(frame.slot, view), None
 
     def release(self, obj: Any, frame: protocol.Frame, cuda_stream: int | None) -> tuple[int, bytes]:
+        if self.closed:
+            raise AssertionError("a release through a closed transport")
+        if self.release_delay:
+            time.sleep(self.release_delay)  # (a CUDA IPC release's driver calls take this long)
+            if self.closed:
+                raise AssertionError("the transport was closed while a release was under way")
+        self.releases.append(frame.seq)
         obj._released = True
         obj._data.release()
         return protocol.RELEASE_TAKEN, b""

@@ -14,10 +14,10 @@ import socket
 import stat
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
 from ..errors import ClosedError, Timeout, UsageError
-from ..streams.share import peer_credentials, remaining
+from ..streams.share import peer_credentials
 from .protocol import MAX_MESSAGE, ProtocolError
 
 _MAX_FDS = 2  # room for one more than any message may carry, to notice extras
@@ -115,35 +115,48 @@ def receive_now(sock: socket.socket) -> tuple[bytes, list[int]] | None:
     return data, fds
 
 
-def receive(sock: socket.socket, deadline: float, what: str) -> tuple[bytes, list[int]]:
-    """One message, waiting until ``deadline`` (:class:`Timeout` with ``what`` after it). The
-    socket is left non-blocking."""
+def receive(sock: socket.socket, deadline: float, what: str, wake_fd: int = -1) -> tuple[bytes, list[int]]:
+    """One message, waiting until ``deadline`` (:class:`Timeout` with ``what`` after it;
+    :class:`eglcuda.ClosedError` once ``wake_fd`` is readable). The socket is left non-blocking."""
     sock.setblocking(False)
     while True:
         got = receive_now(sock)
         if got is not None:
             return got
-        wait_readable(sock, deadline, what)
+        wait_readable(sock, deadline, what, wake_fd)
 
 
-def wait_readable(sock: socket.socket, deadline: float, what: str) -> None:
+def wait_readable(sock: socket.socket, deadline: float, what: str, wake_fd: int = -1) -> None:
+    """Wait until ``sock`` has something to read: :class:`Timeout` with ``what`` at ``deadline``,
+    :class:`eglcuda.ClosedError` once ``wake_fd`` (an eventfd another thread writes to stop the
+    wait; -1: none) is readable."""
+    if not _wait(sock, select.POLLIN, deadline, wake_fd):
+        raise Timeout(what)
+
+
+def wait_writable(sock: socket.socket, deadline: float, wake_fd: int = -1) -> bool:
+    """Whether ``sock`` can take a message before ``deadline``; :class:`eglcuda.ClosedError` once
+    ``wake_fd`` is readable."""
+    return _wait(sock, select.POLLOUT, deadline, wake_fd)
+
+
+def _wait(sock: socket.socket | None, events: int, deadline: float, wake_fd: int) -> bool:
+    """Poll ``sock`` (None: nothing, just wait) for ``events`` and ``wake_fd`` for input until
+    ``deadline``: True when the socket is ready, False at the deadline, ClosedError when woken."""
     poller = select.poll()
-    poller.register(sock, select.POLLIN)
+    if sock is not None:
+        poller.register(sock, events)
+    if wake_fd >= 0:
+        poller.register(wake_fd, select.POLLIN)
     while True:
-        left = remaining(deadline, what)
-        try:
-            if poller.poll(min(left, 3600.0) * 1000.0 + 0.5):
-                return
-        except InterruptedError:  # pragma: no cover - Python retries poll itself (PEP 475)
-            continue
-
-
-def wait_writable(sock: socket.socket, deadline: float) -> bool:
-    """Whether ``sock`` can take a message before ``deadline``."""
-    poller = select.poll()
-    poller.register(sock, select.POLLOUT)
-    left = deadline - time.monotonic()
-    return bool(left > 0 and poller.poll(left * 1000.0 + 0.5))
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        ready = poller.poll(min(left, 3600.0) * 1000.0 + 0.5)  # (PEP 475: retried after a signal)
+        if any(fd == wake_fd for fd, _ in ready):
+            raise ClosedError("stopped waiting: closed by another thread")
+        if ready:
+            return True
 
 
 def _descriptors(ancillary: list[tuple[int, int, bytes]]) -> list[int]:
@@ -156,33 +169,25 @@ def _descriptors(ancillary: list[tuple[int, int, bytes]]) -> list[int]:
     return fds
 
 
-_LONGEST_CONNECT_S = 3600.0
-
-
-def connect(path: str, deadline: float, what: str, wait: bool = True,
-            stop: Callable[[], bool] | None = None) -> socket.socket:
-    """A socket connected to ``path``; with ``wait``, retries until ``deadline`` while nothing
-    listens there yet (the publisher may not have started), unless ``stop()`` says to stop
-    (then :class:`eglcuda.ClosedError`)."""
+def connect(path: str, deadline: float, what: str, wait: bool = True, wake_fd: int = -1) -> socket.socket:
+    """A non-blocking socket connected to ``path``. With ``wait``, retries until ``deadline``
+    (then :class:`Timeout` with ``what``) while nothing listens there yet (the publisher may not
+    have started) or its backlog is full; :class:`eglcuda.ClosedError` once ``wake_fd`` (see
+    :func:`wait_readable`) is readable."""
     while True:
-        if stop is not None and stop():
-            raise ClosedError(f"stopped waiting for a publisher at {path}: closed")
+        if wake_fd >= 0 and select.select([wake_fd], [], [], 0)[0]:
+            raise ClosedError(f"stopped waiting for a publisher at {path}: closed by another thread")
         sock = seqpacket()
         try:
-            # A UNIX connect answers at once or waits for room in the listener's backlog; the wait
-            # is capped at an hour, as a socket timeout cannot hold an unbounded one.
-            sock.settimeout(min(remaining(deadline, what), _LONGEST_CONNECT_S))
-            sock.connect(path)
+            # A non-blocking UNIX connect answers at once: connected, nobody there, or EAGAIN for
+            # a full backlog (a publisher busy accepting), which is worth another try like the rest.
             sock.setblocking(False)
+            sock.connect(path)
             return sock
-        except (FileNotFoundError, ConnectionRefusedError):
+        except (FileNotFoundError, ConnectionRefusedError, BlockingIOError):
             sock.close()
             if not wait:
                 raise
-            time.sleep(max(0.0, min(CONNECT_RETRY_S, deadline - time.monotonic())))
-        except socket.timeout:
-            sock.close()
-            raise Timeout(what) from None
         except OSError as exc:
             sock.close()
             if exc.errno == errno.EPROTOTYPE:
@@ -191,6 +196,9 @@ def connect(path: str, deadline: float, what: str, wait: bool = True,
         except BaseException:
             sock.close()
             raise
+        if time.monotonic() >= deadline:
+            raise Timeout(what)
+        _wait(None, 0, min(deadline, time.monotonic() + CONNECT_RETRY_S), wake_fd)
 
 
 def bind_listener(path: str, mode: int, backlog: int = 64) -> tuple[socket.socket, os.stat_result]:

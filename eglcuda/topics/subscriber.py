@@ -89,10 +89,8 @@ class Message:
         on, if not the subscriber's own (the publisher's next write into it waits for that
         stream, on the GPU). Safe to call twice; after the publisher is gone it only marks the
         message released."""
-        if self._released:
-            return
-        self._released = True
-        self._subscriber._release(self, cuda_stream)
+        if not self._released:
+            self._subscriber._release(self, cuda_stream)
 
     def __enter__(self) -> "Message":
         return self
@@ -157,11 +155,15 @@ class Subscriber:
             self._trusted = numeric_ids(trusted_uids, "trusted_uids", frozenset((os.geteuid(),)))
         self._closed = False
         # close() from another thread: it sets _closing and makes _wake_fd readable, which ends a
-        # receive() waiting for the publisher, then takes _busy once the receive has left.
+        # receive() or wait_for_publisher() waiting, then takes _busy once that call has left.
         self._closing = False
         self._busy = threading.RLock()  # held by receive() and wait_for_publisher()
+        # Held briefly while the connection's state changes (a release, a disconnect, the close):
+        # Message.release() may come from any thread, also while another one closes.
+        self._state = threading.RLock()
         self._wake_fd = -1
-        self._wake_lock = threading.Lock()  # the descriptor is written and closed under it
+        self._wake_lock = threading.RLock()  # the descriptor is written and closed under it (RLock: a
+        # signal handler may close the subscriber while this thread holds it)
         self._wake_finalizer: weakref.finalize[[int], Subscriber] | None = None  # closes it if collected unclosed
         self._pid = os.getpid()  # a forked child's close() leaves the parent's subscription alone
         self._sock: socket.socket | None = None
@@ -206,10 +208,12 @@ class Subscriber:
                 if time.monotonic() + sockets.CONNECT_RETRY_S >= deadline:
                     raise PeerError(str(exc)) from None
                 time.sleep(sockets.CONNECT_RETRY_S)  # (a close() meanwhile: the next connect says so)
+            except ClosedError:
+                raise self._closed_error() from None
 
     def _handshake(self, deadline: float) -> None:
         waited = f"no publisher of topic {self.name!r} answered at {self.path} in time"
-        sock = sockets.connect(self.path, deadline, waited, stop=self._stop_waiting)
+        sock = sockets.connect(self.path, deadline, waited, wake_fd=self._wake_fd)
         transport = None
         try:
             peer = sockets.peer_of(sock)
@@ -264,11 +268,11 @@ class Subscriber:
                 sockets.send(sock, data)
                 return
             except BlockingIOError:
-                if not sockets.wait_writable(sock, deadline):
+                if not sockets.wait_writable(sock, deadline, self._wake_fd):
                     raise Timeout(f"the publisher at {self.path} does not read its socket") from None
 
     def _expect(self, sock: socket.socket, deadline: float, kind: type[_M], waited: str) -> _M:
-        data, fds = sockets.receive(sock, deadline, waited)
+        data, fds = sockets.receive(sock, deadline, waited, self._wake_fd)
         sockets.close_fds(fds)
         if not data:
             raise _HandshakeLost(f"the publisher at {self.path} closed the connection during the handshake")
@@ -295,6 +299,8 @@ class Subscriber:
 
         :meth:`close` from another thread ends a waiting receive with
         :class:`eglcuda.ClosedError`."""
+        if os.getpid() != self._pid:
+            raise self._forked_error()
         with self._busy:
             if self._closing:
                 raise self._closed_error()
@@ -326,9 +332,13 @@ class Subscriber:
                     self._skip(header)
                     continue
             try:
-                frame, number = transport.take(header, deadline)
+                frame, number = transport.take(header, deadline, self._stop_waiting)
             except Timeout:
                 self._pending.appendleft(header)
+                raise
+            except ClosedError:
+                if self._closing:  # close() in another thread: it lets go of the announced frame
+                    raise self._closed_error() from None
                 raise
             except StreamDisconnected as exc:
                 self._lose(StreamDisconnected(f"the publisher of topic {self.name!r} is gone ({exc})"))
@@ -456,22 +466,31 @@ class Subscriber:
         self._queue_release(protocol.encode_release(header.seq, flags, extra))
 
     def _release(self, message: Message, cuda_stream: Any) -> None:
-        self._held.discard(message)
-        if self._lost is not None or self._closed or self._transport is None:
-            _let_go(message)  # nobody to tell; its view must still stop working before the unmap
+        stream = None if cuda_stream is None else stream_handle(cuda_stream)  # (bad input: nothing changed)
+        if os.getpid() != self._pid:
+            _let_go(message)  # a forked child: the mappings and the connection are the parent's
             return
-        stream = None
-        if cuda_stream is not None:
-
-            stream = stream_handle(cuda_stream)
-        try:
-            flags, extra = self._transport.release(message._frame, message._header, stream)
-        except EglCudaError:
-            # The transport could not let go (its publisher may be gone): the next receive says so.
-            return
-        self._queue_release(protocol.encode_release(message.seq, flags, extra))
+        with self._state:  # once, also when two threads release it, or one closes meanwhile
+            if message._released:
+                return
+            message._released = True
+            self._held.discard(message)
+            transport = self._transport
+            if self._lost is not None or self._closed or transport is None:
+                _let_go(message)  # nobody to tell; its view must still stop working before the unmap
+                return
+            try:
+                flags, extra = transport.release(message._frame, message._header, stream)
+            except EglCudaError:
+                # The transport could not let go (its publisher may be gone): the next receive says so.
+                return
+            self._queue_release(protocol.encode_release(message.seq, flags, extra))
 
     def _queue_release(self, data: bytes) -> None:
+        with self._state:
+            self._send_or_queue(data)
+
+    def _send_or_queue(self, data: bytes) -> None:
         if not self._unsent and self._sock is not None:
             try:
                 self._sock.send(data)
@@ -481,10 +500,14 @@ class Subscriber:
             except OSError:
                 return
         self._unsent.append(data)
-        self._flush()
+        self._send_queued()
 
     def _flush(self) -> None:
         """Send queued releases; if the publisher's socket is full, they wait for the next call."""
+        with self._state:
+            self._send_queued()
+
+    def _send_queued(self) -> None:
         while self._unsent and self._sock is not None:
             try:
                 self._sock.send(self._unsent[0])
@@ -502,6 +525,10 @@ class Subscriber:
         raise error
 
     def _disconnect(self) -> None:
+        with self._state:
+            self._drop_connection()
+
+    def _drop_connection(self) -> None:
         held, self._held = self._held, set()
         for message in held:
             _let_go(message)
@@ -530,6 +557,8 @@ class Subscriber:
         :class:`TopicInfo` (a new ``instance``). While still connected, returns the current info.
         :meth:`close` from another thread ends the wait with :class:`eglcuda.ClosedError`."""
         wait = self.timeout if timeout is None else sockets.wait_seconds(timeout)
+        if os.getpid() != self._pid:
+            raise self._forked_error()
         with self._busy:
             if self._closed or self._closing:
                 raise self._closed_error()
@@ -567,6 +596,8 @@ class Subscriber:
     def __iter__(self) -> Iterator[Message]:
         """Messages until the publisher closes the topic; each step releases the previous message
         if it is still held. Drops and crashes raise as in :meth:`receive`."""
+        if self._closed or self._closing:
+            raise self._closed_error()  # (a close() later, from another thread, just ends the loop)
         previous = None
         try:
             while True:
@@ -595,20 +626,25 @@ class Subscriber:
         :class:`eglcuda.ClosedError` (an iteration ends), and this call returns once it has."""
         if self._closed:
             return
-        _open_subscribers.discard(self)
         if os.getpid() != self._pid:
+            _open_subscribers.discard(self)
             self._forget_in_child()
             return
         self._closing = True
         with self._wake_lock:
             if self._wake_fd >= 0:
                 os.eventfd_write(self._wake_fd, 1)
-        with self._busy:  # a receive in another thread leaves: woken, or by its deadline
-            if self._closed:
-                return
-            self._close()
+        with self._busy:  # a receive in another thread leaves (woken at once), then this goes on
+            if not self._closed:
+                self._close()
+        # (Only now: a close() interrupted while waiting above stays for the exit hook to finish.)
+        _open_subscribers.discard(self)
 
     def _close(self) -> None:
+        with self._state:
+            self._say_goodbye()
+
+    def _say_goodbye(self) -> None:
         try:
             if self._sock is not None and self._lost is None:
                 # Released through the transport (their views stop working, the publisher hears
@@ -639,6 +675,10 @@ class Subscriber:
 
     def _closed_error(self) -> ClosedError:
         return ClosedError(f"the subscriber of topic {self.name!r} is closed")
+
+    def _forked_error(self) -> UsageError:
+        return UsageError(f"this subscriber of topic {self.name!r} belongs to process {self._pid}, not to this "
+                          "forked child: make a new Subscriber here (close() here only lets go of its copy)")
 
     def _stop_waiting(self) -> bool:
         return self._closing

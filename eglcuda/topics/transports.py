@@ -36,7 +36,7 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from .._bind import cuda, cuda_egl, cuda_ipc  # nothing is loaded at import: libcuda opens at first use
 from ..errors import ClosedError, EglCudaError, PeerError, Timeout, UsageError
@@ -226,10 +226,12 @@ class SubscriberTransport(abc.ABC):
         raise protocol.ProtocolError(f"the {self.name} transport takes no SLOT messages")
 
     @abc.abstractmethod
-    def take(self, frame: protocol.Frame, deadline: float) -> tuple[Any, int | None]:
+    def take(self, frame: protocol.Frame, deadline: float,
+             stop: Callable[[], bool] | None = None) -> tuple[Any, int | None]:
         """The frame ``frame`` announces, ready to be read on the subscriber's stream, and the
         stream frame number it arrived with (None: the transport has no numbers, the frame is
-        the announced one). Raises :class:`Timeout` when it does not arrive before ``deadline``."""
+        the announced one). Raises :class:`Timeout` when it does not arrive before ``deadline``,
+        :class:`ClosedError` when a wait for it sees ``stop()`` true (another thread closing)."""
 
     @abc.abstractmethod
     def release(self, obj: Any, frame: protocol.Frame, cuda_stream: int | None) -> tuple[int, bytes]:
@@ -600,7 +602,8 @@ class CudaIpcSubscriber(SubscriberTransport):
             raise
         self._slots[slot.slot] = (handle, base, event)
 
-    def take(self, frame: protocol.Frame, deadline: float) -> tuple[Any, int | None]:
+    def take(self, frame: protocol.Frame, deadline: float,
+             stop: Callable[[], bool] | None = None) -> tuple[Any, int | None]:
         entry = self._slots.get(frame.slot)
         if entry is None:
             raise protocol.ProtocolError(f"frame {frame.seq} is in slot {frame.slot}, which was never described")
@@ -855,7 +858,8 @@ class EglStreamSubscriber(SubscriberTransport):
         self.stream = stream
         return b"", [fd]
 
-    def take(self, frame: protocol.Frame, deadline: float) -> tuple[Any, int | None]:
+    def take(self, frame: protocol.Frame, deadline: float,
+             stop: Callable[[], bool] | None = None) -> tuple[Any, int | None]:
         consumer = self.consumer
         if consumer is None:
             raise ClosedError("the subscriber's EGLStream consumer is not connected (attach() not done, or closed)")
@@ -868,6 +872,8 @@ class EglStreamSubscriber(SubscriberTransport):
                 # whenever the value changes, so a steady value saves an EGL call per frame.
                 got = consumer.acquire(timeout_us=min(left_us, ACQUIRE_STEP_US))
             except Timeout:
+                if stop is not None and stop():
+                    raise ClosedError(f"stopped waiting for frame {frame.seq}: closed by another thread") from None
                 continue
             number = got.number
             if number is not None and number >= frame.number:

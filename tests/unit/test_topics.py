@@ -1286,3 +1286,162 @@ def test_a_subscriber_collected_without_close_leaves_no_wake_up_descriptor(path)
         sub = subscriber(path)
         sub.close()
         assert eventfds() == before
+
+
+def _wait_in_thread(call) -> tuple[threading.Thread, list]:
+    """Run ``call`` in a worker; the list gets ("closed", seconds) for a ClosedError, else what
+    happened."""
+    outcome: list = []
+
+    def run():
+        started = time.monotonic()
+        try:
+            outcome.append(("returned", call()))
+        except eglcuda.ClosedError:
+            outcome.append(("closed", time.monotonic() - started))
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            outcome.append(("raised", exc))
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    time.sleep(0.3)  # the worker is in its wait by now
+    return worker, outcome
+
+
+def test_close_from_another_thread_ends_a_handshake_waiting_for_an_answer(path):
+    """wait_for_publisher() connected to a socket whose owner never answers the greeting: a
+    close() from another thread ends it at once, not at its 60 s deadline."""
+    pub = publisher(path)
+    sub = subscriber(path)
+    pub.close()
+    with pytest.raises(eglcuda.StreamDisconnected):
+        sub.receive(2)
+    silent = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    silent.bind(path)
+    silent.listen(4)  # takes the connection into its backlog, never accepts nor answers
+    try:
+        worker, outcome = _wait_in_thread(lambda: sub.wait_for_publisher(60))
+        started = time.monotonic()
+        sub.close()
+        worker.join(5)
+        assert not worker.is_alive()
+        assert outcome and outcome[0][0] == "closed", outcome
+        assert time.monotonic() - started < 2
+    finally:
+        silent.close()
+
+
+def test_close_from_another_thread_ends_a_wait_for_an_announced_frame(path):
+    """A frame was announced but its transport has not delivered it (an EGLStream frame still
+    on its way): a receive waiting for it ends at once on close() from another thread, and the
+    publisher hears a goodbye."""
+    with publisher(path) as pub:
+        sub = subscriber(path, qos="every", queue=2)
+        sub._backend.transports[-1].stalled = True
+        put(pub, b"0", timeout=5)
+        worker, outcome = _wait_in_thread(lambda: sub.receive(60))
+        started = time.monotonic()
+        sub.close()
+        worker.join(5)
+        assert not worker.is_alive()
+        assert outcome and outcome[0][0] == "closed", outcome
+        assert time.monotonic() - started < 2
+        deadline = time.monotonic() + 5
+        while pub.subscribers and time.monotonic() < deadline:
+            pub.discard(pub.next_frame(1))
+            time.sleep(0.01)
+        assert pub.subscribers == [] and pub.dropped == []
+
+
+def test_releases_from_another_thread_while_closing_are_each_sent_once(path):
+    """One thread releases its messages while another closes the subscriber, in every
+    interleaving the scheduler gives: no error in either, every message ends released, the
+    transport lets go of each frame at most once and never after it was closed."""
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # many more interleavings
+    try:
+        with publisher(path, pool=8, max_pool=8) as pub:
+            for round_ in range(40):
+                sub = subscriber(path, qos="every", queue=6)
+                for i in range(6):
+                    put(pub, b"%d-%d" % (round_, i), timeout=5)
+                messages = [sub.receive(5) for _ in range(6)]
+                sub._backend.transports[-1].release_delay = 0.001 * (round_ % 3)
+                failed: list = []
+                go = threading.Barrier(2)
+
+                def release_all():
+                    try:
+                        go.wait(5)
+                        for message in messages:
+                            message.release()
+                    except BaseException as exc:  # noqa: BLE001 - reported below
+                        failed.append(exc)
+
+                worker = threading.Thread(target=release_all)
+                worker.start()
+                go.wait(5)
+                sub.close()
+                worker.join(5)
+                assert not worker.is_alive() and failed == []
+                assert all(message.released for message in messages)
+                releases = sub._backend.transports[-1].releases
+                assert len(releases) == len(set(releases)) <= 6
+                assert set(releases) <= {message.seq for message in messages}
+    finally:
+        sys.setswitchinterval(switch)
+
+
+def test_a_message_released_by_two_threads_is_released_once(path):
+    with publisher(path) as pub:
+        sub = subscriber(path, qos="every", queue=4)
+        sub._backend.transports[-1].release_delay = 0.001  # both threads are in the release at once
+        for round_ in range(50):
+            put(pub, b"%d" % round_, timeout=5)
+            message = sub.receive(5)
+            go = threading.Barrier(2)
+
+            def release():
+                go.wait(5)
+                message.release()
+
+            worker = threading.Thread(target=release)
+            worker.start()
+            go.wait(5)
+            message.release()
+            worker.join(5)
+        releases = sub._backend.transports[-1].releases
+        assert releases == sorted(set(releases)) and len(releases) == 50
+        sub.close()
+
+
+def test_iterating_a_closed_subscriber_says_it_is_closed(path):
+    with publisher(path):
+        sub = subscriber(path)
+        sub.close()
+        with pytest.raises(eglcuda.ClosedError):
+            for _ in sub:
+                pass
+
+
+def test_a_forked_child_cannot_receive_on_its_parent_s_subscriber(path):
+    """A child made by fork() gets a clear error from receive() and wait_for_publisher() (the
+    connection is the parent's); the parent's subscription goes on unharmed."""
+    with publisher(path) as pub:
+        sub = subscriber(path, qos="every", queue=2)
+
+        def child() -> bool:
+            for call in (lambda: sub.receive(1), lambda: sub.wait_for_publisher(1)):
+                try:
+                    call()
+                    return False
+                except eglcuda.UsageError as exc:
+                    if "forked" not in str(exc):
+                        return False
+            return True
+
+        assert _in_child(child) == 0
+        put(pub, b"after the child", timeout=5)
+        with sub.receive(5) as message:
+            assert message.frame.data == pattern(b"after the child")
+        sub.close()
