@@ -46,6 +46,7 @@ _RECV_LIMIT = 4096  # longer than any message a subscriber sends after its hands
 _READ_BATCH = 8  # messages one read takes from a subscriber's socket (its releases since the last read)
 _READ_INTERVAL = 0.001  # seconds: the longest a publishing publisher leaves its subscribers' messages unread
 _SETTLE_POLL = 0.001  # seconds between the questions of a publisher waiting for subscribers' GPU reading
+_CLOSE_CHECK_S = 0.05  # seconds: the longest a wait in next_frame/publish goes on after close() in another thread
 _READ_LIMIT = protocol.MAX_QUEUE + 2  # messages read from one subscriber per poll (the rest: next poll)
 _KIND_BYE = int(protocol.Kind.BYE)
 MAX_PENDING_HANDSHAKES = 32
@@ -636,13 +637,15 @@ class Publisher:
             return
         deadline = time.monotonic() + self.every_timeout
         while full:
+            if self._closed:  # close() in another thread waits for this call: end it
+                raise self._closed_error()
             left = deadline - time.monotonic()
             if left <= 0:
                 for sub in full:
                     self._drop(sub, Reason.QUEUE_FULL, f"its queue of {sub.queue} frame(s) stayed full for "
                                f"{self.every_timeout} s (every_timeout): it did not release a frame in time")
                 return
-            self._poll(left)
+            self._poll(min(left, _CLOSE_CHECK_S))
             full = [s for s in full if s.alive and len(s.outstanding) >= s.credit]
 
     def _wait_for_slot(self, limit: float) -> _Slot:
@@ -656,6 +659,8 @@ class Publisher:
             slot = self._take_free()
             if slot is not None:
                 return slot
+            if self._closed:  # close() in another thread waits for this call: end it
+                raise self._closed_error()
             now = time.monotonic()
             # When each 'every' subscriber that holds frames got the oldest of them.
             oldest = [(s, min(x.published_at for x in s.outstanding.values())) for s in self._subs
@@ -689,7 +694,7 @@ class Publisher:
                               f"{self.max_pool}): {len(unsettled)} released but still read on the GPU by subscriber "
                               f"process(es) {', '.join(readers)}, the others held by {', '.join(holders) or 'none'}"
                               f"{yours}")
-            wait = deadline - now
+            wait = min(deadline - now, _CLOSE_CHECK_S)
             if oldest:
                 wait = min(wait, min(since for _, since in oldest) + self.every_timeout - now)
             if any(s.alive and s.link.returns_later for s in self._subs):
@@ -800,12 +805,18 @@ class Publisher:
             if not self._gone_meanwhile(sub):
                 self._drop(sub, Reason.TRANSPORT, f"its connection failed ({exc.strerror or exc})", notify=False)
             return False
-        if sockets.wait_writable(sub.sock, time.monotonic() + self.every_timeout):
-            try:
-                sub.sock.send(data)
-                return True
-            except OSError:
-                pass
+        deadline = time.monotonic() + self.every_timeout
+        while not self._closed:  # (close() in another thread waits for this publish: cut it short)
+            if sockets.wait_writable(sub.sock, min(deadline, time.monotonic() + _CLOSE_CHECK_S)):
+                try:
+                    sub.sock.send(data)
+                    return True
+                except OSError:
+                    break
+            if time.monotonic() >= deadline:
+                break
+        else:
+            return False
         self._drop(sub, Reason.QUEUE_FULL, f"its socket stayed full for {self.every_timeout} s (every_timeout)")
         return False
 
@@ -952,7 +963,9 @@ class Publisher:
     def close(self, timeout: float = 1.0) -> None:
         """Tell every subscriber goodbye, wait up to ``timeout`` seconds for them to let go (so no
         pool memory is freed under a subscriber still mapping it), free the pool, remove the
-        socket. Safe to call twice."""
+        socket. Safe to call twice, and from another thread: a :meth:`next_frame` or
+        :meth:`publish` waiting there (for a pool frame, or for room in an ``every`` subscriber's
+        queue) ends within 50 ms with :class:`eglcuda.ClosedError`, then this call goes on."""
         wait = sockets.wait_seconds(timeout)
         if self._closed:
             return

@@ -1445,3 +1445,41 @@ def test_a_forked_child_cannot_receive_on_its_parent_s_subscriber(path):
         with sub.receive(5) as message:
             assert message.frame.data == pattern(b"after the child")
         sub.close()
+
+
+def test_publisher_close_from_another_thread_ends_a_wait_for_a_pool_frame(path):
+    """Every pool frame is held by an 'every' subscriber: next_frame() waits. close() from
+    another thread ends that wait at once (not at its 60 s timeout), and the topic closes."""
+    pub = publisher(path, pool=2, max_pool=2, every_timeout=60)
+    sub = subscriber(path, qos="every", queue=2)
+    put(pub, b"0", timeout=5)
+    put(pub, b"1", timeout=5)
+    held = [sub.receive(5), sub.receive(5)]
+    worker, outcome = _wait_in_thread(lambda: pub.next_frame(60))
+    started = time.monotonic()
+    pub.close(timeout=0.5)
+    worker.join(5)
+    assert not worker.is_alive()
+    assert outcome and outcome[0][0] == "closed", outcome
+    assert time.monotonic() - started < 2 and pub.closed and not os.path.exists(path)
+    with pytest.raises(eglcuda.Dropped, match="closed the topic"):
+        sub.receive(2)  # the goodbye reached the subscriber
+    assert all(message.released for message in held)
+    sub.close()
+
+
+def test_publisher_close_from_another_thread_ends_a_wait_for_a_full_queue(path):
+    """An 'every' subscriber's queue is full: publish() waits for room. close() from another
+    thread ends it at once, with ClosedError, and the frame is not published."""
+    pub = publisher(path, pool=4, max_pool=4, every_timeout=60)
+    sub = subscriber(path, qos="every", queue=1)
+    put(pub, b"0", timeout=5)
+    frame = pub.next_frame(5)
+    worker, outcome = _wait_in_thread(lambda: pub.publish(frame, payload=b"1"))
+    started = time.monotonic()
+    pub.close(timeout=0.5)
+    worker.join(5)
+    assert not worker.is_alive()
+    assert outcome and outcome[0][0] == "closed", outcome
+    assert time.monotonic() - started < 2 and pub.published == 1
+    sub.close()
