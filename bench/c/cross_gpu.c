@@ -74,6 +74,11 @@
  *                A side that queues none synchronizes its CUDA stream first, outside the timed
  *                span (its stream is idle at the call). Extra fields, for each phase P:
  *                present_us_P release_us_P latency_p50_us_P fps_P (medians; fps over the phase).
+ *   POLLUTE_KB=N twoproc only: after each frame, both ends read and write one byte in each 64-byte
+ *                line of a private buffer of N KiB (what an interpreter's own work between two
+ *                driver calls does to the CPU caches). It is outside the timed calls, so the
+ *                medians (present_us, release_us, acquire_us) show what a cold cache costs the
+ *                driver's own calls; fps includes the walk itself.
  *
  * Exit status: 0 done, 1 a driver call or the check failed, 2 usage, a library missing
  * (libEGL.so.1, libcuda.so.1), or fewer than two GPUs ("needs two GPUs: found N").
@@ -197,6 +202,15 @@ static pid_t child_pid = -1;
 static struct geometry G;
 static int width, height, iterations, warmup, total, check, same_gpu;
 static int kernels, peek, peek_1d, fill, breakdown, consumers = 1;
+static size_t pollute_bytes;          /* POLLUTE_KB */
+static volatile unsigned char *pollute_buffer;
+
+/* POLLUTE_KB: walk the buffer, one byte per cache line, between frames. */
+static void pollute(void)
+{
+    for (size_t i = 0; i < pollute_bytes; i += 64)
+        pollute_buffer[i] += 1;
+}
 static unsigned int stream_flags; /* NONBLOCKING */
 static pid_t fan_child[MAX_CONSUMERS];  /* fanout, in the producer: the consumer processes */
 static int fan_children;
@@ -764,6 +778,8 @@ static void producer_run(struct producer *pr)
         if (pace_ns)
             pace_until(start + k * pace_ns);
         producer_present(pr, k);
+        if (pollute_bytes)
+            pollute();
     }
 }
 
@@ -909,8 +925,11 @@ static void consumer_run(struct consumer *co)
 {
     CU(p_cuCtxSetCurrent(co->ctx));
     consumer_wait_producer(co);
-    for (int k = 0; k < total; k++)
+    for (int k = 0; k < total; k++) {
         consumer_frame(co, k);
+        if (pollute_bytes)
+            pollute();
+    }
     __atomic_store_n(&shm->consumer_done, 1, __ATOMIC_RELEASE);
 }
 
@@ -1526,6 +1545,17 @@ int main(int argc, char **argv)
     fill = env && *env && strcmp(env, "0") != 0;
     env = getenv("BREAKDOWN");
     breakdown = env && *env && strcmp(env, "0") != 0;
+    env = getenv("POLLUTE_KB");
+    if (env && *env) {
+        int kib = 0;
+        if (!twoproc)
+            usage_exit("POLLUTE_KB is for twoproc");
+        if (parse_int(env, 0, 1 << 20, &kib))
+            usage_exit("POLLUTE_KB is a number of KiB, 0..1048576");
+        pollute_bytes = (size_t)kib * 1024;
+        if (pollute_bytes && !(pollute_buffer = calloc(pollute_bytes, 1)))
+            fail("POLLUTE_KB: out of memory");
+    }
     if (fill && check)
         usage_exit("FILL=1 and CHECK=1 both write every frame: choose one");
     if (breakdown && !twoproc)
