@@ -105,6 +105,7 @@ class NullPublisherTransport(PublisherTransport):
 
             raise PeerError("a null subscriber attaches with b'null-attach' and no descriptors")
         link = NullLink(self)
+        link.message_only = self.backend.message_only  # (deliver() is then not called, as for CUDA IPC)
         self.links.append(link)
         return link
 
@@ -113,7 +114,9 @@ class NullPublisherTransport(PublisherTransport):
 
 
 class NullPublisherBackend(PublisherBackend):
-    def __init__(self, max_pool: int = protocol.MAX_POOL, names: Sequence[str] = (NULL,)) -> None:
+    def __init__(self, max_pool: int = protocol.MAX_POOL, names: Sequence[str] = (NULL,),
+                 message_only: bool = False) -> None:
+        self.message_only = message_only  # links that hand frames over by the FRAME message alone
         self.identity = DeviceIdentity(0, b"N" * 16, False)
         self.fd = os.memfd_create("eglcuda-null-pool", os.MFD_CLOEXEC)
         self._fd_closer = weakref.finalize(self, os.close, self.fd)

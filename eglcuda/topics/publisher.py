@@ -95,7 +95,7 @@ class _Subscriber:
         self.peer = peer
         self.qos = hello.qos
         self.queue = hello.queue
-        self.credit = protocol.credit(hello.qos, hello.queue)  # frames it may hold or have unread
+        self.credit = protocol.credit(hello.qos, hello.queue, link.message_only)  # frames it may have outstanding
         self.link = link
         self.transport = transport
         self.outstanding: dict[int, _Slot] = {}  # seq -> slot: delivered, not released
@@ -376,7 +376,7 @@ class Publisher:
         now, ``CLOCK_MONOTONIC``, comparable across the host's processes) travel with the frame.
 
         An ``every`` subscriber whose queue is full is waited for up to ``every_timeout``, then
-        dropped; a ``latest`` subscriber that holds two frames is skipped (and told so)."""
+        dropped; a ``latest`` subscriber at its credit is skipped (and told so)."""
         if not isinstance(payload, (bytes, bytearray, memoryview)):
             raise UsageError(f"payload is bytes, got {type(payload).__name__}")
         payload = bytes(payload)

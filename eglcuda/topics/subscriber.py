@@ -106,9 +106,11 @@ class Message:
 class Subscriber:
     """A subscriber of topic ``name``, in this or any other process of the host.
 
-    :param qos: ``"latest"`` never slows the publisher: while this subscriber holds two frames
-        (one in use, the newest waiting), newer ones are skipped and :meth:`receive` then returns
-        the next frame published after it asked. ``"every"``: lossless, with a queue of ``queue``
+    :param qos: ``"latest"`` never slows the publisher: it holds at most two messages (one in
+        use, the newest waiting); while it is behind (through CUDA IPC: four of its frames held,
+        announced and not received, or released a moment ago; through an EGLStream: two), newer
+        frames are skipped, and :meth:`receive` then returns the next frame published after it
+        asked. ``"every"``: lossless, with a queue of ``queue``
         frames; when it is full the publisher waits up to its ``every_timeout``, then drops this
         subscriber (:meth:`receive` raises :class:`eglcuda.Dropped` with the reason).
     :param queue: frames an ``every`` subscriber may hold or have unread (1..64).
@@ -251,7 +253,7 @@ class Subscriber:
         self._sock = sock
         self._inbox = _wire.Inbox(sock.fileno(), wake_fd=self._wake_fd)
         self._transport = transport
-        self._limit = 1 if transport.exclusive else protocol.credit(self.qos, self.queue)  # messages it may hold
+        self._limit = 1 if transport.exclusive else protocol.hold_limit(self.qos, self.queue)
         self._lost = None
         self._pending.clear()
         self._unsent.clear()

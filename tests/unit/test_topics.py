@@ -1483,3 +1483,37 @@ def test_publisher_close_from_another_thread_ends_a_wait_for_a_full_queue(path):
     assert outcome and outcome[0][0] == "closed", outcome
     assert time.monotonic() - started < 2 and pub.published == 1
     sub.close()
+
+
+def test_a_latest_subscriber_of_a_message_only_transport_keeps_up_to_four_frames(path):
+    """Through a transport whose FRAME message is the whole hand-over (CUDA IPC), the publisher
+    lets a 'latest' subscriber have four frames outstanding (it still holds at most two): a
+    stalled one keeps four, is skipped after that and told so; once it reads again it gets a
+    frame published after it asked, intact."""
+    backend = NullPublisherBackend(message_only=True)
+    with publisher(path, pool=8, _backend=backend) as pub:
+        sub = subscriber(path, qos="latest")
+        for i in range(7):
+            put(pub, b"%d" % i)
+        (info,) = pub.subscribers
+        assert (info.delivered, info.outstanding, info.skipped) == (4, 4, 3)
+        assert pub.pool_size <= 8  # four kept, the others written again
+        stop = threading.Event()
+
+        def keep_publishing():
+            i = 7
+            while not stop.is_set():
+                put(pub, b"%d" % i)
+                i += 1
+                time.sleep(0.005)
+
+        worker = threading.Thread(target=keep_publishing)
+        worker.start()
+        try:
+            # Frame 3 is the newest announced to it, but it was told of a newer one: not stale.
+            with sub.receive(5) as message:
+                assert message.seq >= 7 and message.frame.data == pattern(message.payload)
+        finally:
+            stop.set()
+            worker.join(5)
+        sub.close()
