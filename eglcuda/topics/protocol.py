@@ -57,7 +57,7 @@ LATEST_HOLD = 2  # messages a 'latest' subscriber may hold: one in use, the newe
 # Frames a publisher lets a 'latest' subscriber on a message-only transport (CUDA IPC) have
 # outstanding: held, announced and not received, or released with the release not read yet.
 # Above LATEST_HOLD, so that the releases of one that keeps up are read every few frames, not
-# before every frame (8 subscribers on an H100: 1.09x the publisher's rate of a credit of 2).
+# before every frame (docs/topics.md, "Why a latest subscriber ... may keep four pool frames").
 LATEST_CREDIT = 4
 MAX_PLANES = 3
 MAX_DIMENSION = 32768
