@@ -181,6 +181,7 @@ class NullSubscriberTransport(SubscriberTransport):
         self.releases: list[int] = []  # the seq of every release, in order
         self.stalled = False  # True: announced frames do not arrive (take waits for stop or the deadline)
         self.release_delay = 0.0  # seconds each release takes
+        self.fail_with: BaseException | None = None  # the next take raises it (a transport failing)
         self.closed = False
 
     def attach(self) -> tuple[bytes, list[int]]:
@@ -195,6 +196,9 @@ class NullSubscriberTransport(SubscriberTransport):
              stop: Callable[[], bool] | None = None) -> tuple[Any, int | None]:
         if frame.slot not in self.slots:
             raise protocol.ProtocolError(f"slot {frame.slot} never described")
+        if self.fail_with is not None:
+            error, self.fail_with = self.fail_with, None
+            raise error
         while self.stalled:  # like an EGLStream frame announced but not arrived: wait in steps
             if stop is not None and stop():
                 raise ClosedError("stopped waiting for a frame: closed")

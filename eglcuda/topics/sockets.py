@@ -159,6 +159,13 @@ def _wait(sock: socket.socket | None, events: int, deadline: float, wake_fd: int
             return True
 
 
+def readable_now(fd: int) -> bool:
+    """Whether ``fd`` has something to read now (poll, not select: any descriptor number)."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(0))
+
+
 def _descriptors(ancillary: list[tuple[int, int, bytes]]) -> list[int]:
     fds: list[int] = []
     for level, kind, payload in ancillary:
@@ -175,7 +182,7 @@ def connect(path: str, deadline: float, what: str, wait: bool = True, wake_fd: i
     have started) or its backlog is full; :class:`eglcuda.ClosedError` once ``wake_fd`` (see
     :func:`wait_readable`) is readable."""
     while True:
-        if wake_fd >= 0 and select.select([wake_fd], [], [], 0)[0]:
+        if wake_fd >= 0 and readable_now(wake_fd):
             raise ClosedError(f"stopped waiting for a publisher at {path}: closed by another thread")
         sock = seqpacket()
         try:

@@ -25,6 +25,16 @@ log = logging.getLogger("eglcuda.topics")
 # did not: the publisher then hears a goodbye, not a dropped connection.
 _open_subscribers: "weakref.WeakSet[Subscriber]" = weakref.WeakSet()
 
+
+def _mark_forked() -> None:
+    # In a child made by fork(), every subscriber is the parent's: a flag set once here spares
+    # the per-frame calls an os.getpid() each.
+    for subscriber in list(_open_subscribers):
+        subscriber._forked = True
+
+
+os.register_at_fork(after_in_child=_mark_forked)
+
 _M = TypeVar("_M", bound=protocol.Message)
 
 
@@ -168,6 +178,12 @@ class Subscriber:
         # signal handler may close the subscriber while this thread holds it)
         self._wake_finalizer: weakref.finalize[[int], Subscriber] | None = None  # closes it if collected unclosed
         self._pid = os.getpid()  # a forked child's close() leaves the parent's subscription alone
+        self._forked = False  # set in a forked child (see _mark_forked)
+        # A close() on a thread that is inside receive() or a release (a signal handler) only
+        # wakes that call; the outer call closes once it has left its locks.
+        self._close_deferred = False
+        self._stop_event = threading.Event()  # set with _closing; its is_set() is the transport's stop()
+        self._stop = self._stop_event.is_set  # (no reference to self: no cycle)
         self._sock: socket.socket | None = None
         self._transport: SubscriberTransport | None = None
         self._lost: BaseException | None = None
@@ -211,7 +227,9 @@ class Subscriber:
                     raise PeerError(str(exc)) from None
                 time.sleep(sockets.CONNECT_RETRY_S)  # (a close() meanwhile: the next connect says so)
             except ClosedError:
-                raise self._closed_error() from None
+                if self._closing:  # woken by close() in another thread
+                    raise self._closed_error() from None
+                raise
 
     def _handshake(self, deadline: float) -> None:
         waited = f"no publisher of topic {self.name!r} answered at {self.path} in time"
@@ -301,12 +319,16 @@ class Subscriber:
 
         :meth:`close` from another thread ends a waiting receive with
         :class:`eglcuda.ClosedError`."""
-        if os.getpid() != self._pid:
+        if self._forked:
             raise self._forked_error()
-        with self._busy:
-            if self._closing:
-                raise self._closed_error()
-            return self._receive(timeout)
+        try:
+            with self._busy:
+                if self._closing:
+                    raise self._closed_error()
+                return self._receive(timeout)
+        finally:
+            if self._close_deferred:
+                self.close()
 
     def _receive(self, timeout: float | None) -> Message:
         transport = self._transport
@@ -334,14 +356,14 @@ class Subscriber:
                     self._skip(header)
                     continue
             try:
-                frame, number = transport.take(header, deadline, self._stop_waiting)
+                frame, number = transport.take(header, deadline, self._stop)
             except Timeout:
                 self._pending.appendleft(header)
                 raise
-            except ClosedError:
+            except ClosedError as exc:
                 if self._closing:  # close() in another thread: it lets go of the announced frame
                     raise self._closed_error() from None
-                raise
+                self._lose(StreamDisconnected(f"receiving from topic {self.name!r} failed: {exc}"))
             except StreamDisconnected as exc:
                 self._lose(StreamDisconnected(f"the publisher of topic {self.name!r} is gone ({exc})"))
             except EglCudaError as exc:
@@ -465,11 +487,12 @@ class Subscriber:
         if transport is None:  # pragma: no cover - only called while connected
             raise self._not_connected()
         flags, extra = transport.skip(header)
-        self._queue_release(protocol.encode_release(header.seq, flags, extra))
+        with self._state:
+            self._send_or_queue(protocol.encode_release(header.seq, flags, extra))
 
     def _release(self, message: Message, cuda_stream: Any) -> None:
         stream = None if cuda_stream is None else stream_handle(cuda_stream)  # (bad input: nothing changed)
-        if os.getpid() != self._pid:
+        if self._forked:
             _let_go(message)  # a forked child: the mappings and the connection are the parent's
             return
         with self._state:  # once, also when two threads release it, or one closes meanwhile
@@ -480,17 +503,15 @@ class Subscriber:
             transport = self._transport
             if self._lost is not None or self._closed or transport is None:
                 _let_go(message)  # nobody to tell; its view must still stop working before the unmap
-                return
-            try:
-                flags, extra = transport.release(message._frame, message._header, stream)
-            except EglCudaError:
-                # The transport could not let go (its publisher may be gone): the next receive says so.
-                return
-            self._queue_release(protocol.encode_release(message.seq, flags, extra))
-
-    def _queue_release(self, data: bytes) -> None:
-        with self._state:
-            self._send_or_queue(data)
+            else:
+                try:
+                    flags, extra = transport.release(message._frame, message._header, stream)
+                except EglCudaError:
+                    pass  # the transport could not let go (its publisher may be gone): the next receive says so
+                else:
+                    self._send_or_queue(protocol.encode_release(message.seq, flags, extra))
+        if self._close_deferred:
+            self.close()  # (inside receive() or another release, it waits for the outermost call)
 
     def _send_or_queue(self, data: bytes) -> None:
         if not self._unsent and self._sock is not None:
@@ -559,14 +580,18 @@ class Subscriber:
         :class:`TopicInfo` (a new ``instance``). While still connected, returns the current info.
         :meth:`close` from another thread ends the wait with :class:`eglcuda.ClosedError`."""
         wait = self.timeout if timeout is None else sockets.wait_seconds(timeout)
-        if os.getpid() != self._pid:
+        if self._forked:
             raise self._forked_error()
-        with self._busy:
-            if self._closed or self._closing:
-                raise self._closed_error()
-            if self._sock is None or self._lost is not None:
-                self._disconnect()
-                self._connect(time.monotonic() + wait)
+        try:
+            with self._busy:
+                if self._closed or self._closing:
+                    raise self._closed_error()
+                if self._sock is None or self._lost is not None:
+                    self._disconnect()
+                    self._connect(time.monotonic() + wait)
+        finally:
+            if self._close_deferred:
+                self.close()
         info = self.info
         if info is None:  # pragma: no cover - every handshake sets it
             raise self._not_connected()
@@ -628,14 +653,21 @@ class Subscriber:
         :class:`eglcuda.ClosedError` (an iteration ends), and this call returns once it has."""
         if self._closed:
             return
-        if os.getpid() != self._pid:
+        if self._forked:
             _open_subscribers.discard(self)
             self._forget_in_child()
             return
         self._closing = True
+        self._stop_event.set()
         with self._wake_lock:
             if self._wake_fd >= 0:
                 os.eventfd_write(self._wake_fd, 1)
+        if self._busy._is_owned() or self._state._is_owned():  # type: ignore[attr-defined]
+            # Called on a thread that is inside receive(), wait_for_publisher() or a release (a
+            # signal handler, a finalizer): closing here would pull the connection from under
+            # that call. It ends woken (ClosedError) and closes on its way out.
+            self._close_deferred = True
+            return
         with self._busy:  # a receive in another thread leaves (woken at once), then this goes on
             if not self._closed:
                 self._close()
@@ -681,9 +713,6 @@ class Subscriber:
     def _forked_error(self) -> UsageError:
         return UsageError(f"this subscriber of topic {self.name!r} belongs to process {self._pid}, not to this "
                           "forked child: make a new Subscriber here (close() here only lets go of its copy)")
-
-    def _stop_waiting(self) -> bool:
-        return self._closing
 
     def _close_wake_fd(self) -> None:
         with self._wake_lock:

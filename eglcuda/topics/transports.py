@@ -878,8 +878,11 @@ class EglStreamSubscriber(SubscriberTransport):
             number = got.number
             if number is not None and number >= frame.number:
                 return got, number
-            # An older frame handed back again (a mailbox keeps its last frame): wait for the new one.
+            # An older frame handed back again (a mailbox keeps its last frame): wait for the new
+            # one. Such an acquire returns at once, not with Timeout: stop() is asked here too.
             got.release()
+            if stop is not None and stop():
+                raise ClosedError(f"stopped waiting for frame {frame.seq}: closed by another thread")
 
     def release(self, obj: Any, frame: protocol.Frame, cuda_stream: int | None) -> tuple[int, bytes]:
         if not obj.released:

@@ -8,12 +8,15 @@ import gc
 import json
 import os
 import pathlib
+import resource
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import types
 
 import pytest
 
@@ -1392,27 +1395,130 @@ def test_releases_from_another_thread_while_closing_are_each_sent_once(path):
         sys.setswitchinterval(switch)
 
 
-def test_a_message_released_by_two_threads_is_released_once(path):
+def test_a_subscriber_works_with_descriptor_numbers_above_1024(path):
+    """A program with many files open (a recorder, a server) gets descriptor numbers above
+    1024, where select() cannot go: subscribing, receiving and closing still work."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = 1300
+    if hard != resource.RLIM_INFINITY and hard < wanted:
+        pytest.skip(f"the descriptor limit is {hard}, below {wanted}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, wanted), hard))
+    filler: list[int] = []
+    try:
+        with publisher(path) as pub:
+            while not filler or filler[-1] < 1100:
+                filler.append(os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC))
+            sub = subscriber(path, qos="every", queue=2)
+            assert sub._wake_fd > 1024 and sub._sock.fileno() > 1024
+            put(pub, b"high", timeout=5)
+            with sub.receive(5) as message:
+                assert message.frame.data == pattern(b"high")
+            sub.close()
+    finally:
+        for fd in filler:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_mailbox_handing_back_its_old_frame_still_sees_a_close():
+    """An EGLStream mailbox hands its last frame back at once when no new one came (no Timeout):
+    a wait for an announced frame there still ends once stop() says so, not at its deadline."""
+    from eglcuda.topics.transports import EglStreamSubscriber
+
+    class OldFrame:
+        number = 3
+        released = False
+
+        def release(self):
+            self.released = True
+
+    class Mailbox:
+        handed = 0
+
+        def acquire(self, timeout_us):
+            self.handed += 1
+            time.sleep(0.001)
+            return OldFrame()
+
+    transport = EglStreamSubscriber(None, types.SimpleNamespace(publisher_pid=0), protocol.Qos.LATEST, 1)
+    transport.consumer = Mailbox()
+    stopping = threading.Event()
+    worker, outcome = _wait_in_thread(
+        lambda: transport.take(protocol.Frame(seq=9, slot=0, timestamp_ns=0, number=4, payload=b""),
+                               time.monotonic() + 60, stopping.is_set))
+    started = time.monotonic()
+    stopping.set()
+    worker.join(5)
+    assert not worker.is_alive()
+    assert outcome and outcome[0][0] == "closed", outcome
+    assert time.monotonic() - started < 1
+    assert transport.consumer.handed > 10  # it did spin on the old frame meanwhile
+
+
+def test_a_transport_that_fails_closed_disconnects_instead_of_looking_closed(path):
+    """A ClosedError from the transport that no close() caused (its consumer went away) is a
+    lost connection (StreamDisconnected), not 'the subscriber is closed'; reconnecting works."""
     with publisher(path) as pub:
-        sub = subscriber(path, qos="every", queue=4)
-        sub._backend.transports[-1].release_delay = 0.001  # both threads are in the release at once
-        for round_ in range(50):
-            put(pub, b"%d" % round_, timeout=5)
-            message = sub.receive(5)
-            go = threading.Barrier(2)
-
-            def release():
-                go.wait(5)
-                message.release()
-
-            worker = threading.Thread(target=release)
-            worker.start()
-            go.wait(5)
-            message.release()
-            worker.join(5)
-        releases = sub._backend.transports[-1].releases
-        assert releases == sorted(set(releases)) and len(releases) == 50
+        sub = subscriber(path, qos="every", queue=2)
+        sub._backend.transports[-1].fail_with = eglcuda.ClosedError("the consumer is gone")
+        put(pub, b"0", timeout=5)
+        with pytest.raises(eglcuda.StreamDisconnected, match="the consumer is gone"):
+            sub.receive(5)
+        assert not sub.connected and not sub.closed
+        sub.wait_for_publisher(5)
+        put(pub, b"1", timeout=5)
+        with sub.receive(5) as message:
+            assert message.frame.data == pattern(b"1")
         sub.close()
+
+
+@pytest.mark.skipif(threading.current_thread() is not threading.main_thread(), reason="signals need the main thread")
+def test_close_from_a_signal_handler_during_a_release_waits_for_the_release(path):
+    """A signal handler calling close() on the thread that is inside a release: the release
+    finishes through the open transport, then the subscriber closes (the publisher hears a
+    goodbye, not a dropped connection)."""
+    with publisher(path) as pub:
+        sub = subscriber(path, qos="every", queue=2)
+        transport = sub._backend.transports[-1]
+        put(pub, b"0", timeout=5)
+        message = sub.receive(5)
+        transport.release_delay = 0.3
+        previous = signal.signal(signal.SIGALRM, lambda *_: sub.close())
+        try:
+            signal.setitimer(signal.ITIMER_REAL, 0.05)
+            message.release()  # the handler runs in its sleep
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+        assert sub.closed and message.released
+        assert transport.releases == [message.seq]
+        deadline = time.monotonic() + 5
+        while pub.subscribers and time.monotonic() < deadline:
+            pub.discard(pub.next_frame(1))
+            time.sleep(0.01)
+        assert pub.subscribers == [] and pub.dropped == []
+
+
+@pytest.mark.skipif(threading.current_thread() is not threading.main_thread(), reason="signals need the main thread")
+def test_close_from_a_signal_handler_ends_a_waiting_receive_and_closes(path):
+    with publisher(path) as pub:
+        sub = subscriber(path, qos="every", queue=2)
+        previous = signal.signal(signal.SIGALRM, lambda *_: sub.close())
+        started = time.monotonic()
+        try:
+            signal.setitimer(signal.ITIMER_REAL, 0.1)
+            with pytest.raises(eglcuda.ClosedError):
+                sub.receive(30)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+        assert time.monotonic() - started < 2
+        assert sub.closed and sub._backend.transports[-1].closed
+        deadline = time.monotonic() + 5
+        while pub.subscribers and time.monotonic() < deadline:
+            pub.discard(pub.next_frame(1))
+            time.sleep(0.01)
+        assert pub.subscribers == [] and pub.dropped == []
 
 
 def test_iterating_a_closed_subscriber_says_it_is_closed(path):
