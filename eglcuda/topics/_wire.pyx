@@ -21,7 +21,7 @@ a changed layout fails here, before any message is read.
 """
 from cpython.exc cimport PyErr_CheckSignals
 from cpython.bytes cimport PyBytes_FromStringAndSize
-from libc.errno cimport EAGAIN, EINTR, errno
+from libc.errno cimport EAGAIN, ECONNRESET, EINTR, errno
 from libc.stdint cimport uint8_t, uint32_t, uint64_t, uintptr_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport memset
@@ -248,6 +248,7 @@ cdef class Inbox:
         cdef unsigned int i
         cdef double left
         cdef pollfd watch[2]
+        cdef bint reset_seen = False
         if self.at < self.count:
             i = self.at
             self.at += 1
@@ -299,6 +300,12 @@ cdef class Inbox:
             error = errno
             if error == EINTR:
                 PyErr_CheckSignals()
+                continue
+            if error == ECONNRESET and not reset_seen:
+                # The peer closed with messages of ours unread: the kernel says so once, before
+                # what the peer sent last (a goodbye, a drop with its reason), which is still
+                # queued. Read on: those messages, then the end.
+                reset_seen = True
                 continue
             if error != EAGAIN:  # (EWOULDBLOCK is EAGAIN on Linux)
                 return NO_BYTES

@@ -100,14 +100,18 @@ def send(sock: socket.socket, data: bytes, fds: list[int] | tuple[int, ...] = ()
 def receive_now(sock: socket.socket) -> tuple[bytes, list[int]] | None:
     """One message from a non-blocking socket: ``(data, fds)``; ``(b"", [])`` at end of stream;
     None when nothing is waiting. Raises :class:`ProtocolError` for a message that was cut
-    (longer than any valid one) or came with more descriptors than fit; ConnectionResetError is
-    reported as end of stream."""
+    (longer than any valid one) or came with more descriptors than fit. A peer that closed with
+    messages of ours unread makes the kernel report ECONNRESET once, ahead of what the peer sent
+    last (still queued): that is read next, then the end of stream."""
     try:
         data, ancillary, flags, _ = sock.recvmsg(MAX_MESSAGE + 1, _CMSG_SPACE, _RECV_FLAGS)
     except (BlockingIOError, InterruptedError):
         return None
     except (ConnectionResetError, BrokenPipeError):
-        return b"", []
+        try:
+            data, ancillary, flags, _ = sock.recvmsg(MAX_MESSAGE + 1, _CMSG_SPACE, _RECV_FLAGS)
+        except OSError:
+            return b"", []
     fds = _descriptors(ancillary)
     if flags & _TRUNCATED or len(data) > MAX_MESSAGE:
         close_fds(fds)

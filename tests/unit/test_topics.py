@@ -1521,6 +1521,26 @@ def test_close_from_a_signal_handler_ends_a_waiting_receive_and_closes(path):
         assert pub.subscribers == [] and pub.dropped == []
 
 
+def test_a_goodbye_is_heard_from_a_subscriber_closing_with_an_announcement_unread(path, monkeypatch):
+    """A frame announced just after the subscriber's last read is unread when its socket closes,
+    which resets the connection ahead of the goodbye: the publisher still reads the goodbye (a
+    leave, not a drop). (Closing without the final read here makes the race certain.)"""
+    with publisher(path) as pub:
+        sub = subscriber(path, qos="every", queue=4)
+        put(pub, b"0", timeout=5)
+        with sub.receive(5):
+            pass
+        put(pub, b"1", timeout=5)  # announced, never read
+        monkeypatch.setattr(eglcuda.topics.sockets, "close_quietly", lambda sock: sock.close())
+        sub.close()
+        monkeypatch.undo()
+        deadline = time.monotonic() + 5
+        while pub.subscribers and time.monotonic() < deadline:
+            put(pub, b"more", timeout=5)
+            time.sleep(0.01)
+        assert pub.subscribers == [] and pub.dropped == []
+
+
 def test_iterating_a_closed_subscriber_says_it_is_closed(path):
     with publisher(path):
         sub = subscriber(path)

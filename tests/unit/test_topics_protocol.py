@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from eglcuda.topics import _wire, protocol
+from eglcuda.topics import _wire, protocol, sockets
 from eglcuda.topics.protocol import ProtocolError
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -260,6 +260,31 @@ def test_the_compiled_reader_says_nothing_end_and_closed():
         assert inbox.next(time.monotonic() + 1) == b""  # closed: reads nothing more, waits for nothing
     with pytest.raises(ValueError):
         _wire.Inbox(-1)
+
+
+@pytest.mark.parametrize("waits", [False, True])
+def test_a_goodbye_sent_before_a_reset_is_still_read(waits):
+    """A peer that says goodbye and closes while a message of ours is still unread on its side
+    resets the connection: the kernel reports ECONNRESET once, ahead of the goodbye. Both
+    readers (the compiled one and sockets.receive_now) hand over the goodbye, then the end."""
+    bye = protocol.encode(protocol.Bye(int(protocol.Reason.CLOSING), "leaving"))
+    for reader in ("inbox", "receive_now"):
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        with ours:
+            theirs.send(protocol.encode_release(4))
+            theirs.send(bye)
+            ours.send(protocol.encode_frame(1, 0, 0, 0, b""))  # never read by the peer
+            theirs.close()
+            if reader == "inbox":
+                inbox = _wire.Inbox(ours.fileno())
+                deadline = time.monotonic() + 5 if waits else None
+                assert [inbox.next(deadline), inbox.next(deadline), inbox.next(deadline)] == \
+                    [protocol.Release(4), bye, b""]
+                inbox.close()
+            else:
+                ours.setblocking(False)
+                got = [sockets.receive_now(ours) for _ in range(3)]
+                assert got == [(protocol.encode_release(4), []), (bye, []), (b"", [])]
 
 
 def test_the_compiled_reader_takes_what_is_waiting_with_one_read():
