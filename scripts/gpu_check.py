@@ -4,6 +4,9 @@ Runs ``python -m eglcuda info``, the conformance checks (``python -m eglcuda che
 capabilities required), the GPU test tier (tests that need NVIDIA EGL + CUDA must run:
 EGLCUDA_REQUIRE_GPU=1 turns a skip for a missing platform into a failure), the EGL tier, every
 sample and the quick benchmarks; writes their logs under --out and prints one summary table.
+The GPU fault tests (``tests/gpu/test_mps_faults.py``) run last of all: after a process faulted
+on the GPU, EGLStreams into GL textures fail in later processes for the rest of the machine's
+session (docs/mps.md, "After a GPU fault"), which the GL samples would report as failures.
 
     python scripts/gpu_check.py --out /tmp/eglcuda-check
 
@@ -26,7 +29,10 @@ import xml.etree.ElementTree as ET
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
-TEST_GROUPS = [("gpu tier", "tests/gpu"), ("egl tier", "tests/egl"), ("unit", "tests/unit")]
+FAULT_TESTS = "tests/gpu/test_mps_faults.py"
+TEST_GROUPS = [("gpu tier", ["tests/gpu", f"--ignore={FAULT_TESTS}"]), ("egl tier", ["tests/egl"]),
+               ("unit", ["tests/unit"])]
+LAST_GROUP = ("gpu faults (last: they leave GL consumers broken)", [FAULT_TESTS])
 SAMPLES: list[tuple[str, list[str]]] = [
     ("cuda_to_cuda 1080p FIFO 4", ["samples/cuda_to_cuda.py", "--frames", "300"]),
     ("cuda_to_cuda 4K mailbox", ["samples/cuda_to_cuda.py", "--width", "3840", "--height", "2160", "--fifo", "0", "--frames", "200"]),
@@ -112,15 +118,18 @@ def main() -> int:
                  (closing[-1] if closing else "no result") + ("" if code == 0 else f"; FAIL (exit {code})"),
                  f"{seconds:.0f}s"))
 
+    def tests(name: str, arguments: list[str]) -> None:
+        xml = out / (name.split(" (")[0].replace(" ", "_") + ".xml")
+        code, text, seconds = run(name, ["-m", "pytest", *arguments, "-ra", "-q", f"--junitxml={xml}"], out, 1500, env)
+        if xml.exists():
+            passed, skipped, failed = junit_counts(xml)
+            rows.append((f"tests: {name}", f"{passed} passed, {failed} failed, {skipped} skipped", f"{seconds:.0f}s"))
+        else:
+            rows.append((f"tests: {name}", f"FAIL (exit {code}, no report)", f"{seconds:.0f}s"))
+
     if args.only in (None, "tests"):
-        for name, path in TEST_GROUPS:
-            xml = out / (name.replace(" ", "_") + ".xml")
-            code, text, seconds = run(name, ["-m", "pytest", path, "-ra", "-q", f"--junitxml={xml}"], out, 1500, env)
-            if xml.exists():
-                passed, skipped, failed = junit_counts(xml)
-                rows.append((f"tests: {name}", f"{passed} passed, {failed} failed, {skipped} skipped", f"{seconds:.0f}s"))
-            else:
-                rows.append((f"tests: {name}", f"FAIL (exit {code}, no report)", f"{seconds:.0f}s"))
+        for name, arguments in TEST_GROUPS:
+            tests(name, arguments)
     if args.only in (None, "samples"):
         for name, sample in SAMPLES:
             code, text, seconds = run(f"sample {name}", sample, out, 600, env)
@@ -132,6 +141,8 @@ def main() -> int:
             summary = [line.split("SUMMARY", 1)[1].strip() for line in text.splitlines() if "SUMMARY" in line]
             rows.append((f"bench: {name}", ("; ".join(summary) or "ok") if code == 0 else f"FAIL (exit {code})",
                          f"{seconds:.0f}s"))
+    if args.only in (None, "tests"):
+        tests(*LAST_GROUP)
 
     width = max(len(r[0]) for r in rows)
     print("\n" + "=" * 100)
