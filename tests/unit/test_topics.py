@@ -63,6 +63,16 @@ def put(pub, key: bytes, timeout=None) -> int:
     return pub.publish(frame, payload=key)
 
 
+def assert_everyone_left(pub) -> None:
+    """Every subscriber is gone within 5 s, each with a goodbye (none dropped). The publisher
+    reads its sockets as it works: it is kept working meanwhile."""
+    deadline = time.monotonic() + 5
+    while pub.subscribers and time.monotonic() < deadline:
+        pub.discard(pub.next_frame(1))
+        time.sleep(0.01)
+    assert pub.subscribers == [] and pub.dropped == []
+
+
 def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
@@ -1204,11 +1214,7 @@ def test_close_from_another_thread_ends_a_waiting_receive(path):
         assert outcome[0] < 5 and closed_in < 2
         with pytest.raises(eglcuda.ClosedError):
             sub.receive(0.1)
-        deadline = time.monotonic() + 5
-        while pub.subscribers and time.monotonic() < deadline:
-            pub.discard(pub.next_frame(1))  # (the publisher reads its sockets as it works)
-            time.sleep(0.01)
-        assert pub.subscribers == [] and pub.dropped == []
+        assert_everyone_left(pub)
         assert open_fds() < fds  # the socket and the wake-up descriptor are gone
 
 
@@ -1311,6 +1317,17 @@ def _wait_in_thread(call) -> tuple[threading.Thread, list]:
     return worker, outcome
 
 
+def _close_ends_the_wait(call, close) -> None:
+    """``call`` waits in a worker; ``close()`` here ends it with ClosedError within 2 s."""
+    worker, outcome = _wait_in_thread(call)
+    started = time.monotonic()
+    close()
+    worker.join(5)
+    assert not worker.is_alive()
+    assert outcome and outcome[0][0] == "closed", outcome
+    assert time.monotonic() - started < 2
+
+
 def test_close_from_another_thread_ends_a_handshake_waiting_for_an_answer(path):
     """wait_for_publisher() connected to a socket whose owner never answers the greeting: a
     close() from another thread ends it at once, not at its 60 s deadline."""
@@ -1323,13 +1340,7 @@ def test_close_from_another_thread_ends_a_handshake_waiting_for_an_answer(path):
     silent.bind(path)
     silent.listen(4)  # takes the connection into its backlog, never accepts nor answers
     try:
-        worker, outcome = _wait_in_thread(lambda: sub.wait_for_publisher(60))
-        started = time.monotonic()
-        sub.close()
-        worker.join(5)
-        assert not worker.is_alive()
-        assert outcome and outcome[0][0] == "closed", outcome
-        assert time.monotonic() - started < 2
+        _close_ends_the_wait(lambda: sub.wait_for_publisher(60), sub.close)
     finally:
         silent.close()
 
@@ -1342,18 +1353,8 @@ def test_close_from_another_thread_ends_a_wait_for_an_announced_frame(path):
         sub = subscriber(path, qos="every", queue=2)
         sub._backend.transports[-1].stalled = True
         put(pub, b"0", timeout=5)
-        worker, outcome = _wait_in_thread(lambda: sub.receive(60))
-        started = time.monotonic()
-        sub.close()
-        worker.join(5)
-        assert not worker.is_alive()
-        assert outcome and outcome[0][0] == "closed", outcome
-        assert time.monotonic() - started < 2
-        deadline = time.monotonic() + 5
-        while pub.subscribers and time.monotonic() < deadline:
-            pub.discard(pub.next_frame(1))
-            time.sleep(0.01)
-        assert pub.subscribers == [] and pub.dropped == []
+        _close_ends_the_wait(lambda: sub.receive(60), sub.close)
+        assert_everyone_left(pub)
 
 
 def test_releases_from_another_thread_while_closing_are_each_sent_once(path):
@@ -1492,11 +1493,7 @@ def test_close_from_a_signal_handler_during_a_release_waits_for_the_release(path
             signal.signal(signal.SIGALRM, previous)
         assert sub.closed and message.released
         assert transport.releases == [message.seq]
-        deadline = time.monotonic() + 5
-        while pub.subscribers and time.monotonic() < deadline:
-            pub.discard(pub.next_frame(1))
-            time.sleep(0.01)
-        assert pub.subscribers == [] and pub.dropped == []
+        assert_everyone_left(pub)
 
 
 @pytest.mark.skipif(threading.current_thread() is not threading.main_thread(), reason="signals need the main thread")
@@ -1514,11 +1511,7 @@ def test_close_from_a_signal_handler_ends_a_waiting_receive_and_closes(path):
             signal.signal(signal.SIGALRM, previous)
         assert time.monotonic() - started < 2
         assert sub.closed and sub._backend.transports[-1].closed
-        deadline = time.monotonic() + 5
-        while pub.subscribers and time.monotonic() < deadline:
-            pub.discard(pub.next_frame(1))
-            time.sleep(0.01)
-        assert pub.subscribers == [] and pub.dropped == []
+        assert_everyone_left(pub)
 
 
 def test_a_goodbye_is_heard_from_a_subscriber_closing_with_an_announcement_unread(path, monkeypatch):
@@ -1534,11 +1527,7 @@ def test_a_goodbye_is_heard_from_a_subscriber_closing_with_an_announcement_unrea
         monkeypatch.setattr(eglcuda.topics.sockets, "close_quietly", lambda sock: sock.close())
         sub.close()
         monkeypatch.undo()
-        deadline = time.monotonic() + 5
-        while pub.subscribers and time.monotonic() < deadline:
-            put(pub, b"more", timeout=5)
-            time.sleep(0.01)
-        assert pub.subscribers == [] and pub.dropped == []
+        assert_everyone_left(pub)
 
 
 def test_iterating_a_closed_subscriber_says_it_is_closed(path):
@@ -1581,13 +1570,8 @@ def test_publisher_close_from_another_thread_ends_a_wait_for_a_pool_frame(path):
     put(pub, b"0", timeout=5)
     put(pub, b"1", timeout=5)
     held = [sub.receive(5), sub.receive(5)]
-    worker, outcome = _wait_in_thread(lambda: pub.next_frame(60))
-    started = time.monotonic()
-    pub.close(timeout=0.5)
-    worker.join(5)
-    assert not worker.is_alive()
-    assert outcome and outcome[0][0] == "closed", outcome
-    assert time.monotonic() - started < 2 and pub.closed and not os.path.exists(path)
+    _close_ends_the_wait(lambda: pub.next_frame(60), lambda: pub.close(timeout=0.5))
+    assert pub.closed and not os.path.exists(path)
     with pytest.raises(eglcuda.Dropped, match="closed the topic"):
         sub.receive(2)  # the goodbye reached the subscriber
     assert all(message.released for message in held)
@@ -1601,13 +1585,8 @@ def test_publisher_close_from_another_thread_ends_a_wait_for_a_full_queue(path):
     sub = subscriber(path, qos="every", queue=1)
     put(pub, b"0", timeout=5)
     frame = pub.next_frame(5)
-    worker, outcome = _wait_in_thread(lambda: pub.publish(frame, payload=b"1"))
-    started = time.monotonic()
-    pub.close(timeout=0.5)
-    worker.join(5)
-    assert not worker.is_alive()
-    assert outcome and outcome[0][0] == "closed", outcome
-    assert time.monotonic() - started < 2 and pub.published == 1
+    _close_ends_the_wait(lambda: pub.publish(frame, payload=b"1"), lambda: pub.close(timeout=0.5))
+    assert pub.published == 1
     sub.close()
 
 
