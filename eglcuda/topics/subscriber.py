@@ -28,9 +28,13 @@ _open_subscribers: "weakref.WeakSet[Subscriber]" = weakref.WeakSet()
 
 def _mark_forked() -> None:
     # In a child made by fork(), every subscriber is the parent's: a flag set once here spares
-    # the per-frame calls an os.getpid() each.
+    # the per-frame calls an os.getpid() each. Its locks are new: another thread of the parent
+    # may have held one at the fork, and nothing in the child would let it go.
     for subscriber in list(_open_subscribers):
         subscriber._forked = True
+        subscriber._busy = threading.RLock()
+        subscriber._state = threading.RLock()
+        subscriber._wake_lock = threading.RLock()
 
 
 os.register_at_fork(after_in_child=_mark_forked)
@@ -182,6 +186,7 @@ class Subscriber:
         # A close() on a thread that is inside receive() or a release (a signal handler) only
         # wakes that call; the outer call closes once it has left its locks.
         self._close_deferred = False
+        self._deferred_by = 0  # the thread that deferred it: it alone finishes the close
         self._stop_event = threading.Event()  # set with _closing; its is_set() is the transport's stop()
         self._stop = self._stop_event.is_set  # (no reference to self: no cycle)
         self._sock: socket.socket | None = None
@@ -325,10 +330,13 @@ class Subscriber:
             with self._busy:
                 if self._closing:
                     raise self._closed_error()
-                return self._receive(timeout)
+                message = self._receive(timeout)
         finally:
             if self._close_deferred:
-                self.close()
+                self._finish_deferred_close()
+        if self._closed:  # closed by a signal handler during this call: the message was let go
+            raise self._closed_error()
+        return message
 
     def _receive(self, timeout: float | None) -> Message:
         transport = self._transport
@@ -495,23 +503,25 @@ class Subscriber:
         if self._forked:
             _let_go(message)  # a forked child: the mappings and the connection are the parent's
             return
-        with self._state:  # once, also when two threads release it, or one closes meanwhile
-            if message._released:
-                return
-            message._released = True
-            self._held.discard(message)
-            transport = self._transport
-            if self._lost is not None or self._closed or transport is None:
-                _let_go(message)  # nobody to tell; its view must still stop working before the unmap
-            else:
-                try:
-                    flags, extra = transport.release(message._frame, message._header, stream)
-                except EglCudaError:
-                    pass  # the transport could not let go (its publisher may be gone): the next receive says so
+        try:
+            with self._state:  # once, also when two threads release it, or one closes meanwhile
+                if message._released:
+                    return
+                message._released = True
+                self._held.discard(message)
+                transport = self._transport
+                if self._lost is not None or self._closed or transport is None:
+                    _let_go(message)  # nobody to tell; its view must still stop working before the unmap
                 else:
-                    self._send_or_queue(protocol.encode_release(message.seq, flags, extra))
-        if self._close_deferred:
-            self.close()  # (inside receive() or another release, it waits for the outermost call)
+                    try:
+                        flags, extra = transport.release(message._frame, message._header, stream)
+                    except EglCudaError:
+                        pass  # the transport could not let go (its publisher may be gone): the next receive says so
+                    else:
+                        self._send_or_queue(protocol.encode_release(message.seq, flags, extra))
+        finally:
+            if self._close_deferred:
+                self._finish_deferred_close()
 
     def _send_or_queue(self, data: bytes) -> None:
         if not self._unsent and self._sock is not None:
@@ -591,7 +601,9 @@ class Subscriber:
                     self._connect(time.monotonic() + wait)
         finally:
             if self._close_deferred:
-                self.close()
+                self._finish_deferred_close()
+        if self._closed:  # closed by a signal handler during this call
+            raise self._closed_error()
         info = self.info
         if info is None:  # pragma: no cover - every handshake sets it
             raise self._not_connected()
@@ -650,10 +662,13 @@ class Subscriber:
         unusable). The goodbye waits, up to 2 s, for the GPU work queued on this subscriber's
         frames (CUDA IPC): the publisher writes them again once it has read it. Safe to call
         twice, and from another thread: a :meth:`receive` waiting there for a frame ends with
-        :class:`eglcuda.ClosedError` (an iteration ends), and this call returns once it has."""
+        :class:`eglcuda.ClosedError` (an iteration ends), and this call returns once it has.
+        Called on a thread that is itself inside :meth:`receive`, :meth:`wait_for_publisher` or
+        a release (from a signal handler), it returns at once: that call ends with
+        :class:`eglcuda.ClosedError` and the subscriber is closed as it returns."""
         if self._closed:
             return
-        if self._forked:
+        if self._forked or os.getpid() != self._pid:  # (getpid too: a fork from C runs no Python hook)
             _open_subscribers.discard(self)
             self._forget_in_child()
             return
@@ -666,6 +681,7 @@ class Subscriber:
             # Called on a thread that is inside receive(), wait_for_publisher() or a release (a
             # signal handler, a finalizer): closing here would pull the connection from under
             # that call. It ends woken (ClosedError) and closes on its way out.
+            self._deferred_by = threading.get_ident()
             self._close_deferred = True
             return
         with self._busy:  # a receive in another thread leaves (woken at once), then this goes on
@@ -673,6 +689,13 @@ class Subscriber:
                 self._close()
         # (Only now: a close() interrupted while waiting above stays for the exit hook to finish.)
         _open_subscribers.discard(self)
+
+    def _finish_deferred_close(self) -> None:
+        """A close() deferred by this thread (see close()) goes on now, unless this thread is still
+        inside another call that holds the locks (then the outer call finishes it). Other threads
+        leave it alone: they could wait for locks that the deferring thread holds."""
+        if self._deferred_by == threading.get_ident():
+            self.close()
 
     def _close(self) -> None:
         with self._state:

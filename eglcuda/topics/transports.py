@@ -876,7 +876,7 @@ class EglStreamSubscriber(SubscriberTransport):
                     raise ClosedError(f"stopped waiting for frame {frame.seq}: closed by another thread") from None
                 continue
             number = got.number
-            if number is not None and number >= frame.number:
+            if number is None or number >= frame.number:  # (no frame numbers: it cannot be told apart)
                 return got, number
             # An older frame handed back again (a mailbox keeps its last frame): wait for the new
             # one. Such an acquire returns at once, not with Timeout: stop() is asked here too.

@@ -4,6 +4,7 @@ shared memory derived from their payload, so a pool frame written again while a 
 holds it shows up as wrong bytes."""
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
@@ -1456,6 +1457,27 @@ def test_a_mailbox_handing_back_its_old_frame_still_sees_a_close():
     assert transport.consumer.handed > 10  # it did spin on the old frame meanwhile
 
 
+def test_an_eglstream_consumer_without_frame_numbers_takes_the_frame_it_gets():
+    """Where the stream gives no frame numbers, the frame acquired is the one taken (it cannot
+    be told apart from an old one), not waited past until the deadline."""
+    from eglcuda.topics.transports import EglStreamSubscriber
+
+    class Unnumbered:
+        number = None
+        released = False
+
+    class Consumer:
+        def acquire(self, timeout_us):
+            return Unnumbered()
+
+    transport = EglStreamSubscriber(None, types.SimpleNamespace(publisher_pid=0), protocol.Qos.EVERY, 2)
+    transport.consumer = Consumer()
+    started = time.monotonic()
+    got, number = transport.take(protocol.Frame(seq=1, slot=0, timestamp_ns=0, number=5, payload=b""),
+                                 time.monotonic() + 5)
+    assert isinstance(got, Unnumbered) and number is None and time.monotonic() - started < 1
+
+
 def test_a_transport_that_fails_closed_disconnects_instead_of_looking_closed(path):
     """A ClosedError from the transport that no close() caused (its consumer went away) is a
     lost connection (StreamDisconnected), not 'the subscriber is closed'; reconnecting works."""
@@ -1473,6 +1495,18 @@ def test_a_transport_that_fails_closed_disconnects_instead_of_looking_closed(pat
         sub.close()
 
 
+@contextlib.contextmanager
+def _on_alarm(handler, after: float):
+    """``handler`` runs on SIGALRM ``after`` seconds into the block (main thread only)."""
+    previous = signal.signal(signal.SIGALRM, handler)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, after)
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 @pytest.mark.skipif(threading.current_thread() is not threading.main_thread(), reason="signals need the main thread")
 def test_close_from_a_signal_handler_during_a_release_waits_for_the_release(path):
     """A signal handler calling close() on the thread that is inside a release: the release
@@ -1484,15 +1518,63 @@ def test_close_from_a_signal_handler_during_a_release_waits_for_the_release(path
         put(pub, b"0", timeout=5)
         message = sub.receive(5)
         transport.release_delay = 0.3
-        previous = signal.signal(signal.SIGALRM, lambda *_: sub.close())
-        try:
-            signal.setitimer(signal.ITIMER_REAL, 0.05)
+        with _on_alarm(lambda *_: sub.close(), 0.05):
             message.release()  # the handler runs in its sleep
-        finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, previous)
         assert sub.closed and message.released
         assert transport.releases == [message.seq]
+        assert_everyone_left(pub)
+
+
+class _Shutdown(Exception):
+    pass
+
+
+@pytest.mark.skipif(threading.current_thread() is not threading.main_thread(), reason="signals need the main thread")
+def test_a_signal_handler_that_closes_then_raises_during_a_release_still_closes(path):
+    """The usual SIGTERM handler: close(), then raise to leave the main loop. Raised inside a
+    release, the close still happens as the release unwinds: goodbye said, nothing held."""
+    with publisher(path) as pub:
+        sub = subscriber(path, qos="every", queue=2)
+        put(pub, b"0", timeout=5)
+        put(pub, b"1", timeout=5)
+        first, second = sub.receive(5), sub.receive(5)
+        sub._backend.transports[-1].release_delay = 0.3
+
+        def handler(*_):
+            sub.close()
+            raise _Shutdown
+
+        with _on_alarm(handler, 0.05):
+            with pytest.raises(_Shutdown):
+                first.release()
+        assert sub.closed and first.released and second.released
+        assert_everyone_left(pub)
+
+
+@pytest.mark.skipif(threading.current_thread() is not threading.main_thread(), reason="signals need the main thread")
+def test_a_release_on_another_thread_does_not_wait_for_a_close_deferred_by_a_signal_handler(path):
+    """A handler closes the subscriber while this thread is in receive(), then waits for a worker
+    that releases a message (an executor's shutdown): the worker's release returns at once."""
+    with publisher(path) as pub:
+        sub = subscriber(path, qos="every", queue=2)
+        put(pub, b"0", timeout=5)
+        held = sub.receive(5)
+        go = threading.Event()
+        worker = threading.Thread(target=lambda: (go.wait(5), held.release()), daemon=True)
+        worker.start()
+        blocked: list[bool] = []
+
+        def handler(*_):
+            sub.close()  # put off: this thread is inside receive()
+            go.set()
+            worker.join(2)
+            blocked.append(worker.is_alive())
+
+        with _on_alarm(handler, 0.05):
+            with pytest.raises(eglcuda.ClosedError):
+                sub.receive(30)
+        worker.join(5)
+        assert blocked == [False] and held.released and sub.closed
         assert_everyone_left(pub)
 
 
@@ -1500,15 +1582,10 @@ def test_close_from_a_signal_handler_during_a_release_waits_for_the_release(path
 def test_close_from_a_signal_handler_ends_a_waiting_receive_and_closes(path):
     with publisher(path) as pub:
         sub = subscriber(path, qos="every", queue=2)
-        previous = signal.signal(signal.SIGALRM, lambda *_: sub.close())
         started = time.monotonic()
-        try:
-            signal.setitimer(signal.ITIMER_REAL, 0.1)
+        with _on_alarm(lambda *_: sub.close(), 0.1):
             with pytest.raises(eglcuda.ClosedError):
                 sub.receive(30)
-        finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, previous)
         assert time.monotonic() - started < 2
         assert sub.closed and sub._backend.transports[-1].closed
         assert_everyone_left(pub)
@@ -1537,6 +1614,38 @@ def test_iterating_a_closed_subscriber_says_it_is_closed(path):
         with pytest.raises(eglcuda.ClosedError):
             for _ in sub:
                 pass
+
+
+def test_a_forked_child_closes_a_subscriber_whose_locks_another_thread_held(path):
+    """Another thread of the parent held the subscriber's locks at the fork: the child's copy
+    of the subscriber still closes (it gets new locks), and the parent's goes on unharmed."""
+    with publisher(path) as pub:
+        sub = subscriber(path, qos="every", queue=2)
+        holding, done = threading.Event(), threading.Event()
+
+        def hold():
+            with sub._busy, sub._state, sub._wake_lock:
+                holding.set()
+                done.wait(10)
+
+        holder = threading.Thread(target=hold)
+        holder.start()
+        holding.wait(5)
+
+        def child() -> bool:
+            signal.alarm(5)  # (a hang ends the child: the test then fails)
+            sub.close()
+            return sub.closed
+
+        try:
+            assert _in_child(child) == 0
+        finally:
+            done.set()
+            holder.join(5)
+        put(pub, b"after", timeout=5)
+        with sub.receive(5) as message:
+            assert message.frame.data == pattern(b"after")
+        sub.close()
 
 
 def test_a_forked_child_cannot_receive_on_its_parent_s_subscriber(path):
