@@ -331,11 +331,20 @@ class Subscriber:
                 if self._closing:
                     raise self._closed_error()
                 message = self._receive(timeout)
-        finally:
+        except EglCudaError as exc:
             if self._close_deferred:
                 self._finish_deferred_close()
-        if self._closed:  # closed by a signal handler during this call: the message was let go
-            raise self._closed_error()
+                if self._closed:  # (a Timeout or a drop after the close: the close is what happened)
+                    raise self._closed_error() from exc
+            raise
+        except BaseException:
+            if self._close_deferred:
+                self._finish_deferred_close()
+            raise
+        if self._close_deferred:
+            self._finish_deferred_close()
+            if self._closed:  # closed by a signal handler during this call: the message was let go
+                raise self._closed_error()
         return message
 
     def _receive(self, timeout: float | None) -> Message:
@@ -599,6 +608,12 @@ class Subscriber:
                 if self._sock is None or self._lost is not None:
                     self._disconnect()
                     self._connect(time.monotonic() + wait)
+        except EglCudaError as exc:
+            if self._close_deferred:
+                self._finish_deferred_close()
+                if self._closed:
+                    raise self._closed_error() from exc
+            raise
         finally:
             if self._close_deferred:
                 self._finish_deferred_close()
@@ -665,7 +680,11 @@ class Subscriber:
         :class:`eglcuda.ClosedError` (an iteration ends), and this call returns once it has.
         Called on a thread that is itself inside :meth:`receive`, :meth:`wait_for_publisher` or
         a release (from a signal handler), it returns at once: that call ends with
-        :class:`eglcuda.ClosedError` and the subscriber is closed as it returns."""
+        :class:`eglcuda.ClosedError` and the subscriber is closed as it returns, on that thread.
+        Meanwhile releases from other threads go through, but a ``close()`` from another thread
+        waits for it (a handler must not wait for a thread that closes the subscriber).
+        After a ``fork()`` made outside Python (from C, with no at-fork hooks), only ``close()``
+        is safe in the child."""
         if self._closed:
             return
         if self._forked or os.getpid() != self._pid:  # (getpid too: a fork from C runs no Python hook)
@@ -695,6 +714,7 @@ class Subscriber:
         inside another call that holds the locks (then the outer call finishes it). Other threads
         leave it alone: they could wait for locks that the deferring thread holds."""
         if self._deferred_by == threading.get_ident():
+            self._close_deferred = False  # (close() sets it again if this thread still holds the locks)
             self.close()
 
     def _close(self) -> None:
@@ -708,27 +728,31 @@ class Subscriber:
                 # of them) before this subscriber counts as closed, which would only mark them.
                 for message in list(self._held):
                     message.release()
-                self._closed = True
-                self._flush()
-                transport = self._transport
-                if transport is not None:
-                    # The publisher writes the frames again as soon as it reads the goodbye: the
-                    # GPU work queued on them ends first (bounded: see UNMAP_WAIT_S).
-                    try:
-                        transport.finish_reading(UNMAP_WAIT_S)
-                    except EglCudaError as exc:
-                        log.warning("topic %s: waiting for the subscriber's GPU work failed: %s", self.name, exc)
-                try:
-                    self._sock.send(protocol.encode(protocol.Bye(int(Reason.CLOSING), "the subscriber closed")))
-                except OSError:
-                    pass
         finally:
+            # (Also when a release above raised, a signal handler's exception say: the
+            # publisher still hears a goodbye, and nothing stays mapped.)
             self._closed = True
             try:
-                self._disconnect()  # also when a release above raised: nothing stays mapped
+                if self._sock is not None and self._lost is None:
+                    self._flush()
+                    transport = self._transport
+                    if transport is not None:
+                        # The publisher writes the frames again as soon as it reads the goodbye:
+                        # the GPU work queued on them ends first (bounded: see UNMAP_WAIT_S).
+                        try:
+                            transport.finish_reading(UNMAP_WAIT_S)
+                        except EglCudaError as exc:
+                            log.warning("topic %s: waiting for the subscriber's GPU work failed: %s", self.name, exc)
+                    try:
+                        self._sock.send(protocol.encode(protocol.Bye(int(Reason.CLOSING), "the subscriber closed")))
+                    except OSError:
+                        pass
             finally:
-                self._close_wake_fd()
-                self._backend.close()
+                try:
+                    self._disconnect()
+                finally:
+                    self._close_wake_fd()
+                    self._backend.close()
 
     def _closed_error(self) -> ClosedError:
         return ClosedError(f"the subscriber of topic {self.name!r} is closed")

@@ -1529,6 +1529,14 @@ class _Shutdown(Exception):
     pass
 
 
+def _closing_then_raising(sub):
+    """A SIGTERM handler's usual shape: close the subscriber, then raise to leave the main loop."""
+    def handler(*_):
+        sub.close()
+        raise _Shutdown
+    return handler
+
+
 @pytest.mark.skipif(threading.current_thread() is not threading.main_thread(), reason="signals need the main thread")
 def test_a_signal_handler_that_closes_then_raises_during_a_release_still_closes(path):
     """The usual SIGTERM handler: close(), then raise to leave the main loop. Raised inside a
@@ -1539,12 +1547,7 @@ def test_a_signal_handler_that_closes_then_raises_during_a_release_still_closes(
         put(pub, b"1", timeout=5)
         first, second = sub.receive(5), sub.receive(5)
         sub._backend.transports[-1].release_delay = 0.3
-
-        def handler(*_):
-            sub.close()
-            raise _Shutdown
-
-        with _on_alarm(handler, 0.05):
+        with _on_alarm(_closing_then_raising(sub), 0.05):
             with pytest.raises(_Shutdown):
                 first.release()
         assert sub.closed and first.released and second.released
@@ -1575,6 +1578,41 @@ def test_a_release_on_another_thread_does_not_wait_for_a_close_deferred_by_a_sig
                 sub.receive(30)
         worker.join(5)
         assert blocked == [False] and held.released and sub.closed
+        assert_everyone_left(pub)
+
+
+def test_a_receive_that_fails_after_a_close_it_put_off_says_closed(path):
+    """close() on the thread inside receive() (what a signal handler does), after which the
+    receive fails another way (its frame does not come): the caller hears ClosedError, what
+    happened first, and the subscriber is closed."""
+    with publisher(path) as pub:
+        sub = subscriber(path, qos="every", queue=2)
+        put(pub, b"0", timeout=5)
+        transport = sub._backend.transports[-1]
+
+        def take(frame, deadline, stop=None):
+            sub.close()  # put off: this thread holds the subscriber's locks
+            assert not sub.closed
+            raise eglcuda.Timeout("the announced frame did not arrive")
+
+        transport.take = take
+        with pytest.raises(eglcuda.ClosedError):
+            sub.receive(5)
+        assert sub.closed and transport.closed
+        assert_everyone_left(pub)
+
+
+@pytest.mark.skipif(threading.current_thread() is not threading.main_thread(), reason="signals need the main thread")
+def test_a_handler_that_raises_during_close_s_own_releases_still_says_goodbye(path):
+    with publisher(path) as pub:
+        sub = subscriber(path, qos="every", queue=2)
+        put(pub, b"0", timeout=5)
+        held = sub.receive(5)
+        sub._backend.transports[-1].release_delay = 0.3
+        with _on_alarm(_closing_then_raising(sub), 0.05):
+            with pytest.raises(_Shutdown):
+                sub.close()  # interrupted in the release of the held message
+        assert sub.closed and held.released
         assert_everyone_left(pub)
 
 
