@@ -91,6 +91,7 @@ class NullPublisherTransport(PublisherTransport):
         self.refuse: str | None = None
         self.fail_deliver = False
         self.published = 0
+        self.publish_delay = 0.0  # seconds each publish's hand-out takes
         self.links: list[NullLink] = []
 
     def refusal(self, hello: protocol.Hello, peer_pid: int) -> str | None:
@@ -110,6 +111,10 @@ class NullPublisherTransport(PublisherTransport):
         return link
 
     def on_publish(self, slot: Any, cuda_stream: int | None) -> None:
+        if self.publish_delay:
+            time.sleep(self.publish_delay)
+            if self.backend.closed:
+                raise AssertionError("the publisher's backend was closed while a publish was under way")
         self.published += 1
 
 

@@ -239,6 +239,9 @@ class Publisher:
         self._join_lock = threading.Lock()
         self._stopping = False
         self._closing = False  # close() said goodbye: a subscriber closing its end now has left
+        # (thread, timeout) of a close() put off because its thread was inside a call holding
+        # _lock (a signal handler): that call finishes it on its way out.
+        self._deferred_close: tuple[int, float] | None = None
         self._next_id = 1
         self._seq = 0  # the next frame's sequence number: also how many were published
         self._dropped: collections.deque[DropRecord] = collections.deque(maxlen=256)
@@ -316,57 +319,65 @@ class Publisher:
         than ``every_timeout`` meanwhile is dropped. Raises :class:`Timeout` when no frame came
         free."""
         limit = self.every_timeout + 1.0 if timeout is None else positive_seconds(timeout, "timeout")
-        with self._lock:
-            self._check_open()
-            backend = self._backend
-            if backend is None:  # pragma: no cover - set for as long as the publisher is open
-                raise self._closed_error()
-            backend.stream_handle(cuda_stream)  # (a bad value fails here, before a slot is taken)
-            if self._joined:
-                self._adopt()
-            # The subscribers' messages are read at least every _READ_INTERVAL, and whenever no
-            # settled slot is free (publish reads a full queue's): a fast publisher then takes
-            # several releases from each socket with one read, where reading every frame cost a
-            # read and an empty read per subscriber per frame (measured on an H100: about 1.8 us
-            # each). At camera rates every frame still reads them.
-            if self._subs and time.monotonic() - self._read_at >= _READ_INTERVAL:
-                self._poll(0.0)
-            # A slot no subscriber's GPU work still reads first; then a new slot, while the pool
-            # may grow; then the wait (_wait_for_slot), on the host. The publisher's stream never
-            # waits for another process's event: without MPS such a wait ties the two processes'
-            # GPU time slices together (measured on an H100: 26k frames/s to one subscriber with
-            # such waits, 64-69k without), and a subscriber that dies before its queued work ran
-            # could leave it waiting for good.
-            slot = self._take_free()
-            if slot is None:
-                if self._subs:
+        try:
+            with self._lock:
+                self._check_open()
+                backend = self._backend
+                if backend is None:  # pragma: no cover - set for as long as the publisher is open
+                    raise self._closed_error()
+                backend.stream_handle(cuda_stream)  # (a bad value fails here, before a slot is taken)
+                if self._joined:
+                    self._adopt()
+                # The subscribers' messages are read at least every _READ_INTERVAL, and whenever no
+                # settled slot is free (publish reads a full queue's): a fast publisher then takes
+                # several releases from each socket with one read, where reading every frame cost a
+                # read and an empty read per subscriber per frame (measured on an H100: about 1.8 us
+                # each). At camera rates every frame still reads them.
+                if self._subs and time.monotonic() - self._read_at >= _READ_INTERVAL:
                     self._poll(0.0)
-                self._reclaim_all()
+                # A slot no subscriber's GPU work still reads first; then a new slot, while the pool
+                # may grow; then the wait (_wait_for_slot), on the host. The publisher's stream never
+                # waits for another process's event: without MPS such a wait ties the two processes'
+                # GPU time slices together (measured on an H100: 26k frames/s to one subscriber with
+                # such waits, 64-69k without), and a subscriber that dies before its queued work ran
+                # could leave it waiting for good.
                 slot = self._take_free()
-            if slot is None and len(self._pool) < self.max_pool:
-                try:
-                    self._grow()
-                except EglCudaError as exc:
-                    if not self._free:
-                        raise  # nothing free at all: the pool had to grow
-                    # Free slots are still read on the GPU: one is written once that reading ends.
-                    log.info("topic %s: growing the pool failed (%s); waiting for a slot's readers", self.name, exc)
-                slot = self._take_free()
-            if slot is None:
-                slot = self._wait_for_slot(limit)
-            slot.state = SlotState.WRITING
-            self._writing[id(slot.frame)] = slot
-            return slot.frame
+                if slot is None:
+                    if self._subs:
+                        self._poll(0.0)
+                    self._reclaim_all()
+                    slot = self._take_free()
+                if slot is None and len(self._pool) < self.max_pool:
+                    try:
+                        self._grow()
+                    except EglCudaError as exc:
+                        if not self._free:
+                            raise  # nothing free at all: the pool had to grow
+                        # Free slots are still read on the GPU: one is written once that reading ends.
+                        log.info("topic %s: growing the pool failed (%s); waiting for a slot's readers", self.name, exc)
+                    slot = self._take_free()
+                if slot is None:
+                    slot = self._wait_for_slot(limit)
+                slot.state = SlotState.WRITING
+                self._writing[id(slot.frame)] = slot
+                return slot.frame
+        finally:
+            if self._deferred_close is not None:
+                self._finish_deferred_close()
 
     def discard(self, frame: Any) -> None:
         """Give back a frame from :meth:`next_frame` without publishing it."""
-        with self._lock:
-            self._check_open()
-            slot = self._writing.pop(id(frame), None)
-            if slot is None or slot.frame is not frame:
-                raise UsageError("discard takes a frame from this publisher's next_frame() that was not published")
-            slot.state = SlotState.PUBLISHED
-            self._maybe_free(slot)
+        try:
+            with self._lock:
+                self._check_open()
+                slot = self._writing.pop(id(frame), None)
+                if slot is None or slot.frame is not frame:
+                    raise UsageError("discard takes a frame from this publisher's next_frame() that was not published")
+                slot.state = SlotState.PUBLISHED
+                self._maybe_free(slot)
+        finally:
+            if self._deferred_close is not None:
+                self._finish_deferred_close()
 
     def publish(self, frame: Any, cuda_stream: Any = None, payload: bytes = b"", timestamp_ns: int | None = None) -> int:
         """Publish ``frame`` (from :meth:`next_frame`) to every subscriber; returns its sequence
@@ -386,35 +397,39 @@ class Publisher:
             timestamp_ns = time.monotonic_ns()
         elif not isinstance(timestamp_ns, int) or isinstance(timestamp_ns, bool) or not 0 <= timestamp_ns < 2**64:
             raise UsageError(f"timestamp_ns is an int in 0..2**64-1, got {timestamp_ns!r}")
-        with self._lock:
-            self._check_open()
-            slot = self._writing.pop(id(frame), None)
-            if slot is None or slot.frame is not frame:
-                raise UsageError("publish takes a frame from this publisher's next_frame(), once")
-            backend = self._backend
-            if backend is None:  # pragma: no cover - set for as long as the publisher is open
-                raise self._closed_error()
-            try:
-                stream = backend.stream_handle(cuda_stream)
-                # next_frame() read the subscribers' messages; what came since is read where it
-                # matters: for a full 'every' queue (_wait_for_room) or 'latest' one (_deliver).
-                if self._joined:
-                    self._adopt()  # a late joiner starts at this frame
-                self._wait_for_room()
-            except BaseException:
-                self._writing[id(frame)] = slot
-                raise
-            seq = self._seq
-            self._seq += 1
-            slot.seq = seq
-            slot.published_at = time.monotonic()
-            # The slot stays WRITING while it is handed out: a subscriber dropped meanwhile
-            # frees what it held, and must not free this slot before the others got it.
-            self._deliver(slot, seq, timestamp_ns, payload, stream)
-            slot.state = SlotState.PUBLISHED
-            self._maybe_free(slot)
-            self._measure(slot.published_at)
-            return seq
+        try:
+            with self._lock:
+                self._check_open()
+                slot = self._writing.pop(id(frame), None)
+                if slot is None or slot.frame is not frame:
+                    raise UsageError("publish takes a frame from this publisher's next_frame(), once")
+                backend = self._backend
+                if backend is None:  # pragma: no cover - set for as long as the publisher is open
+                    raise self._closed_error()
+                try:
+                    stream = backend.stream_handle(cuda_stream)
+                    # next_frame() read the subscribers' messages; what came since is read where it
+                    # matters: for a full 'every' queue (_wait_for_room) or 'latest' one (_deliver).
+                    if self._joined:
+                        self._adopt()  # a late joiner starts at this frame
+                    self._wait_for_room()
+                except BaseException:
+                    self._writing[id(frame)] = slot
+                    raise
+                seq = self._seq
+                self._seq += 1
+                slot.seq = seq
+                slot.published_at = time.monotonic()
+                # The slot stays WRITING while it is handed out: a subscriber dropped meanwhile
+                # frees what it held, and must not free this slot before the others got it.
+                self._deliver(slot, seq, timestamp_ns, payload, stream)
+                slot.state = SlotState.PUBLISHED
+                self._maybe_free(slot)
+                self._measure(slot.published_at)
+                return seq
+        finally:
+            if self._deferred_close is not None:
+                self._finish_deferred_close()
 
     def publish_from(self, source: Any, cuda_stream: Any = None, payload: bytes = b"",
                      timestamp_ns: int | None = None, timeout: float | None = None) -> int:
@@ -924,12 +939,16 @@ class Publisher:
     def subscribers(self) -> list[SubscriberInfo]:
         """The subscribers connected now (those whose handshake just finished are adopted at the
         next :meth:`next_frame` / :meth:`publish`, and listed from then on)."""
-        with self._lock:
-            if self._joined and not self._closed:
-                self._adopt()
-            if self._subs and not self._closed:
-                self._poll(0.0)  # what they sent since: goodbyes, ended connections
-            return [s.info() for s in self._subs if s.alive]
+        try:
+            with self._lock:
+                if self._joined and not self._closed:
+                    self._adopt()
+                if self._subs and not self._closed:
+                    self._poll(0.0)  # what they sent since: goodbyes, ended connections
+                return [s.info() for s in self._subs if s.alive]
+        finally:
+            if self._deferred_close is not None:
+                self._finish_deferred_close()
 
     @property
     def dropped(self) -> list[DropRecord]:
@@ -965,15 +984,38 @@ class Publisher:
         pool memory is freed under a subscriber still mapping it), free the pool, remove the
         socket. Safe to call twice, and from another thread: a :meth:`next_frame` or
         :meth:`publish` waiting there (for a pool frame, or for room in an ``every`` subscriber's
-        queue) ends within 50 ms with :class:`eglcuda.ClosedError`, then this call goes on."""
+        queue) ends within 50 ms with :class:`eglcuda.ClosedError`, then this call goes on.
+        Called on a thread that is itself inside one of those calls (from a signal handler), it
+        returns at once: that call goes on (a wait in it ends with ClosedError) and the topic is
+        closed as it returns."""
         wait = sockets.wait_seconds(timeout)
         if self._closed:
             return
         self._closed = True
-        _open_publishers.discard(self)
         if os.getpid() != self._files.pid:
+            _open_publishers.discard(self)
             self._forget_in_child()
             return
+        if self._lock._is_owned():  # type: ignore[attr-defined]
+            # Called on a thread that is inside next_frame(), publish() or discard() (a signal
+            # handler): closing here would free the pool and the subscribers under that call.
+            # It goes on (a wait in it ends with ClosedError), and closes the topic as it returns.
+            self._deferred_close = (threading.get_ident(), wait)
+            return
+        self._close_now(wait)
+
+    def _finish_deferred_close(self) -> None:
+        """Finish a close() this thread put off, once it holds the lock no more (a nested call
+        leaves it to the outer one). Other threads leave it alone: the lock is this thread's."""
+        deferred = self._deferred_close
+        if deferred is None or deferred[0] != threading.get_ident():
+            return
+        if not self._lock._is_owned():  # type: ignore[attr-defined]
+            self._deferred_close = None
+            self._close_now(deferred[1])
+
+    def _close_now(self, wait: float) -> None:
+        _open_publishers.discard(self)
         with self._lock:
             self._closing = True
             self._stop_service()
@@ -1359,6 +1401,9 @@ def _split_stacked(array: Any, planes: Sequence[Any]) -> list[Any]:
 def _close_at_exit() -> None:
     for publisher in list(_open_publishers):
         try:
-            publisher.close(timeout=0.2)
+            if publisher._deferred_close is not None:  # (its thread never returned to finish it)
+                publisher._close_now(0.2)
+            else:
+                publisher.close(timeout=0.2)
         except Exception:  # noqa: BLE001 - exit goes on
             pass

@@ -1737,6 +1737,44 @@ def test_publisher_close_from_another_thread_ends_a_wait_for_a_full_queue(path):
     sub.close()
 
 
+@pytest.mark.skipif(threading.current_thread() is not threading.main_thread(), reason="signals need the main thread")
+def test_publisher_close_from_a_signal_handler_during_a_publish_waits_for_the_publish(path):
+    """A SIGINT/SIGTERM handler calling Publisher.close() while this thread is inside publish():
+    the publish finishes on the open publisher (the subscriber gets the frame, intact), then
+    the topic closes (the subscriber hears it closed, the socket file is gone)."""
+    backend = NullPublisherBackend()
+    pub = publisher(path, _backend=backend)
+    sub = subscriber(path, qos="every", queue=2)
+    frame = pub.next_frame(5)
+    frame.data[:] = pattern(b"last")
+    backend.transports()[0].publish_delay = 0.3
+    with _on_alarm(lambda *_: pub.close(), 0.05):
+        seq = pub.publish(frame, payload=b"last")
+    assert pub.closed and not os.path.exists(path)
+    with sub.receive(5) as message:
+        assert message.seq == seq and message.frame.data == pattern(b"last")
+    with pytest.raises(eglcuda.Dropped, match="closed the topic"):
+        sub.receive(5)
+    sub.close()
+
+
+@pytest.mark.skipif(threading.current_thread() is not threading.main_thread(), reason="signals need the main thread")
+def test_publisher_close_from_a_signal_handler_ends_a_waiting_next_frame_and_closes(path):
+    """next_frame() waits for a pool frame (all held by an 'every' subscriber); a handler's
+    close() ends it with ClosedError at once and the topic is closed when it returns."""
+    pub = publisher(path, pool=2, max_pool=2, every_timeout=60)
+    sub = subscriber(path, qos="every", queue=2)
+    put(pub, b"0", timeout=5)
+    put(pub, b"1", timeout=5)
+    started = time.monotonic()
+    with _on_alarm(lambda *_: pub.close(), 0.1):
+        with pytest.raises(eglcuda.ClosedError):
+            pub.next_frame(30)
+    assert time.monotonic() - started < 2
+    assert pub.closed and not os.path.exists(path) and pub.subscribers == []
+    sub.close()
+
+
 def test_a_latest_subscriber_of_a_message_only_transport_keeps_up_to_four_frames(path):
     """Through a transport whose FRAME message is the whole hand-over (CUDA IPC), the publisher
     lets a 'latest' subscriber have four frames outstanding (it still holds at most two): a
