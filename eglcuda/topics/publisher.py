@@ -222,6 +222,8 @@ class Publisher:
 
         self._lock = threading.RLock()
         self._closed = False
+        self._close_started = False  # _close_now ran (once: the exit hook and a put-off close may race)
+        self._torn_down = threading.Event()  # set once everything is released (see close())
         self._files = _Files(naming.lock_path(self.path), self.path)
         weakref.finalize(self, self._files.release)
         self._listener: socket.socket | None = None
@@ -358,6 +360,9 @@ class Publisher:
                     slot = self._take_free()
                 if slot is None:
                     slot = self._wait_for_slot(limit)
+                if self._closed:  # by a signal handler during this call: the pool goes as it returns
+                    self._free.appendleft(slot)
+                    raise self._closed_error()
                 slot.state = SlotState.WRITING
                 self._writing[id(slot.frame)] = slot
                 return slot.frame
@@ -990,6 +995,12 @@ class Publisher:
         closed as it returns."""
         wait = sockets.wait_seconds(timeout)
         if self._closed:
+            if not self._torn_down.is_set() and os.getpid() == self._files.pid \
+                    and not self._lock._is_owned():  # type: ignore[attr-defined]
+                # Another thread's close is under way, or one put off by a signal handler on
+                # the thread in next_frame()/publish() (its call ends within about 50 ms):
+                # return once the topic is closed, as a close() does.
+                self._torn_down.wait(wait + 1.0)
             return
         self._closed = True
         if os.getpid() != self._files.pid:
@@ -1011,11 +1022,28 @@ class Publisher:
         if deferred is None or deferred[0] != threading.get_ident():
             return
         if not self._lock._is_owned():  # type: ignore[attr-defined]
-            self._deferred_close = None
-            self._close_now(deferred[1])
+            try:
+                self._close_now(deferred[1])
+            finally:
+                self._deferred_close = None
 
     def _close_now(self, wait: float) -> None:
+        """close()'s work, once (see _close_started)."""
+        if os.getpid() != self._files.pid:  # (the exit hook of a forked child: the topic is the parent's)
+            _open_publishers.discard(self)
+            self._forget_in_child()
+            return
+        with self._join_lock:
+            if self._close_started:
+                return
+            self._close_started = True
         _open_publishers.discard(self)
+        try:
+            self._close_locked(wait)
+        finally:
+            self._torn_down.set()
+
+    def _close_locked(self, wait: float) -> None:
         with self._lock:
             self._closing = True
             self._stop_service()
@@ -1092,6 +1120,7 @@ class Publisher:
             self._epoll.close()
         self._files.release()
         self._closed = True
+        self._torn_down.set()
 
     def __enter__(self) -> "Publisher":
         return self
@@ -1401,7 +1430,7 @@ def _split_stacked(array: Any, planes: Sequence[Any]) -> list[Any]:
 def _close_at_exit() -> None:
     for publisher in list(_open_publishers):
         try:
-            if publisher._deferred_close is not None:  # (its thread never returned to finish it)
+            if publisher._closed:  # a close put off, whose thread never returned to finish it
                 publisher._close_now(0.2)
             else:
                 publisher.close(timeout=0.2)

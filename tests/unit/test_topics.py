@@ -1775,6 +1775,72 @@ def test_publisher_close_from_a_signal_handler_ends_a_waiting_next_frame_and_clo
     sub.close()
 
 
+@pytest.mark.skipif(threading.current_thread() is not threading.main_thread(), reason="signals need the main thread")
+def test_publisher_close_from_a_signal_handler_before_next_frame_takes_a_slot(path):
+    """The handler's close() comes while next_frame() is inside its lock with a free slot
+    waiting: next_frame() raises ClosedError, never hands out a frame the close then frees."""
+    backend = NullPublisherBackend()
+    pub = publisher(path, _backend=backend)
+    checked = backend.stream_handle
+
+    def slow_check(cuda_stream):
+        time.sleep(0.3)  # (the handler runs here, inside next_frame)
+        return checked(cuda_stream)
+
+    backend.stream_handle = slow_check
+    with _on_alarm(lambda *_: pub.close(), 0.05):
+        with pytest.raises(eglcuda.ClosedError):
+            pub.next_frame(5)
+    assert pub.closed and not os.path.exists(path)
+
+
+@pytest.mark.skipif(threading.current_thread() is not threading.main_thread(), reason="signals need the main thread")
+def test_a_close_on_another_thread_returns_once_a_put_off_close_is_done(path):
+    """While a close put off by a handler waits for the interrupted publish(), a close() from
+    another thread returns once the topic is closed (its socket gone), as a close() does."""
+    backend = NullPublisherBackend()
+    pub = publisher(path, _backend=backend)
+    sub = subscriber(path, qos="every", queue=2)
+    frame = pub.next_frame(5)
+    backend.transports()[0].publish_delay = 0.5
+    socket_there_after_close: list[bool] = []
+
+    def close_elsewhere():
+        pub.close()
+        socket_there_after_close.append(os.path.exists(path))
+
+    other = threading.Timer(0.05, close_elsewhere)
+
+    def handler(*_):
+        pub.close()
+        other.start()
+
+    with _on_alarm(handler, 0.05):
+        pub.publish(frame)
+    other.join(5)
+    assert socket_there_after_close == [False]
+    sub.close()
+
+
+def test_a_forked_child_s_exit_hook_leaves_the_parent_s_put_off_close_alone(path):
+    """A fork while a close is put off (the handler's thread still inside publish()): the
+    child's exit hook lets go of its copies only; the parent's topic stays until it closes."""
+    from eglcuda.topics import publisher as publisher_module
+
+    pub = publisher(path)
+    with pub._lock:  # as in a publish() that a handler's close() interrupted
+        pub.close()
+
+        def child() -> bool:
+            publisher_module._close_at_exit()  # what the child's interpreter runs as it exits
+            return True
+
+        assert _in_child(child) == 0
+        assert os.path.exists(path)  # the parent's socket is still there
+    pub._finish_deferred_close()
+    assert not os.path.exists(path)
+
+
 def test_a_latest_subscriber_of_a_message_only_transport_keeps_up_to_four_frames(path):
     """Through a transport whose FRAME message is the whole hand-over (CUDA IPC), the publisher
     lets a 'latest' subscriber have four frames outstanding (it still holds at most two): a
