@@ -223,6 +223,7 @@ class Publisher:
         self._lock = threading.RLock()
         self._closed = False
         self._close_started = False  # _close_now ran (once: the exit hook and a put-off close may race)
+        self._closer = 0  # the thread whose close() set _closed, while that call runs
         self._torn_down = threading.Event()  # set once everything is released (see close())
         self._files = _Files(naming.lock_path(self.path), self.path)
         weakref.finalize(self, self._files.release)
@@ -992,28 +993,38 @@ class Publisher:
         queue) ends within 50 ms with :class:`eglcuda.ClosedError`, then this call goes on.
         Called on a thread that is itself inside one of those calls (from a signal handler), it
         returns at once: that call goes on (a wait in it ends with ClosedError) and the topic is
-        closed as it returns."""
+        closed as it returns. A ``close()`` from another thread meanwhile returns once the topic
+        is closed (at most ``timeout`` + 1 s later): a handler should not wait for a thread that
+        closes the publisher too."""
         wait = sockets.wait_seconds(timeout)
+        me = threading.get_ident()
         if self._closed:
-            if not self._torn_down.is_set() and os.getpid() == self._files.pid \
-                    and not self._lock._is_owned():  # type: ignore[attr-defined]
-                # Another thread's close is under way, or one put off by a signal handler on
-                # the thread in next_frame()/publish() (its call ends within about 50 ms):
-                # return once the topic is closed, as a close() does.
-                self._torn_down.wait(wait + 1.0)
+            mine = me == self._closer or self._lock._is_owned()  # type: ignore[attr-defined]
+            if mine or os.getpid() != self._files.pid:
+                return  # (this thread's own close, under way or put off: it cannot wait for itself)
+            if self._deferred_close is None and not self._close_started:
+                self._close_now(wait)  # a close interrupted before its work began: done here
+            # Another thread's close is under way, or one put off by a signal handler on the
+            # thread in next_frame()/publish() (its call ends within about 50 ms).
+            self._torn_down.wait(wait + 1.0)
             return
         self._closed = True
-        if os.getpid() != self._files.pid:
-            _open_publishers.discard(self)
-            self._forget_in_child()
-            return
-        if self._lock._is_owned():  # type: ignore[attr-defined]
-            # Called on a thread that is inside next_frame(), publish() or discard() (a signal
-            # handler): closing here would free the pool and the subscribers under that call.
-            # It goes on (a wait in it ends with ClosedError), and closes the topic as it returns.
-            self._deferred_close = (threading.get_ident(), wait)
-            return
-        self._close_now(wait)
+        self._closer = me  # (while this call runs: a handler's close() on this thread returns at once)
+        try:
+            if os.getpid() != self._files.pid:
+                _open_publishers.discard(self)
+                self._forget_in_child()
+                return
+            if self._lock._is_owned():  # type: ignore[attr-defined]
+                # Called on a thread that is inside next_frame(), publish() or discard() (a signal
+                # handler): closing here would free the pool and the subscribers under that call.
+                # It goes on (a wait in it ends with ClosedError), and closes the topic as it returns.
+                self._deferred_close = (me, wait)
+                return
+            self._close_now(wait)
+            self._torn_down.wait(wait + 1.0)  # (at once, unless another thread's close() began it first)
+        finally:
+            self._closer = 0
 
     def _finish_deferred_close(self) -> None:
         """Finish a close() this thread put off, once it holds the lock no more (a nested call
@@ -1037,8 +1048,8 @@ class Publisher:
             if self._close_started:
                 return
             self._close_started = True
-        _open_publishers.discard(self)
         try:
+            _open_publishers.discard(self)
             self._close_locked(wait)
         finally:
             self._torn_down.set()

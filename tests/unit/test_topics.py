@@ -1841,6 +1841,55 @@ def test_a_forked_child_s_exit_hook_leaves_the_parent_s_put_off_close_alone(path
     assert not os.path.exists(path)
 
 
+@pytest.mark.skipif(threading.current_thread() is not threading.main_thread(), reason="signals need the main thread")
+def test_a_handler_s_close_during_this_thread_s_own_close_does_not_wait_for_it(path):
+    """This thread's close() waits for a publish() in a worker; a handler's close() on this
+    thread meanwhile returns at once (it cannot wait for its own thread), and the close ends."""
+    backend = NullPublisherBackend()
+    pub = publisher(path, _backend=backend)
+    sub = subscriber(path, qos="every", queue=2)
+    frame = pub.next_frame(5)
+    backend.transports()[0].publish_delay = 0.5
+    worker = threading.Thread(target=lambda: pub.publish(frame))
+    worker.start()
+    time.sleep(0.1)  # the worker is inside publish(), holding the publisher's lock
+    handler_took: list[float] = []
+
+    def handler(*_):
+        started = time.monotonic()
+        pub.close()
+        handler_took.append(time.monotonic() - started)
+
+    with _on_alarm(handler, 0.1):
+        pub.close()
+    worker.join(5)
+    assert handler_took and handler_took[0] < 0.5
+    assert pub.closed and not os.path.exists(path)
+    sub.close()
+
+
+def test_a_close_interrupted_before_its_work_is_done_by_the_next_close(path, monkeypatch):
+    """close() interrupted (KeyboardInterrupt) after it marked the publisher closed, before its
+    work began: the next close() does that work, at once."""
+    pub = publisher(path)
+    close_now = type(pub)._close_now
+    interrupted: list[bool] = []
+
+    def interrupt_once(self, wait):
+        if not interrupted:
+            interrupted.append(True)
+            raise KeyboardInterrupt
+        return close_now(self, wait)
+
+    monkeypatch.setattr(type(pub), "_close_now", interrupt_once)
+    with pytest.raises(KeyboardInterrupt):
+        pub.close()
+    assert os.path.exists(path)
+    started = time.monotonic()
+    pub.close()
+    assert time.monotonic() - started < 0.5 and not os.path.exists(path)
+
+
 def test_a_latest_subscriber_of_a_message_only_transport_keeps_up_to_four_frames(path):
     """Through a transport whose FRAME message is the whole hand-over (CUDA IPC), the publisher
     lets a 'latest' subscriber have four frames outstanding (it still holds at most two): a
