@@ -331,20 +331,12 @@ class Subscriber:
                 if self._closing:
                     raise self._closed_error()
                 message = self._receive(timeout)
-        except EglCudaError as exc:
+        except BaseException as exc:
             if self._close_deferred:
-                self._finish_deferred_close()
-                if self._closed:  # (a Timeout or a drop after the close: the close is what happened)
-                    raise self._closed_error() from exc
-            raise
-        except BaseException:
-            if self._close_deferred:
-                self._finish_deferred_close()
+                self._close_put_off_during_call(exc)
             raise
         if self._close_deferred:
-            self._finish_deferred_close()
-            if self._closed:  # closed by a signal handler during this call: the message was let go
-                raise self._closed_error()
+            self._close_put_off_during_call(None)  # (the message was let go if it closed)
         return message
 
     def _receive(self, timeout: float | None) -> Message:
@@ -608,16 +600,13 @@ class Subscriber:
                 if self._sock is None or self._lost is not None:
                     self._disconnect()
                     self._connect(time.monotonic() + wait)
-        except EglCudaError as exc:
+        except BaseException as exc:
             if self._close_deferred:
-                self._finish_deferred_close()
-                if self._closed:
-                    raise self._closed_error() from exc
+                self._close_put_off_during_call(exc)
             raise
-        finally:
-            if self._close_deferred:
-                self._finish_deferred_close()
-        if self._closed:  # closed by a signal handler during this call
+        if self._close_deferred:
+            self._close_put_off_during_call(None)
+        if self._closed:  # (by another thread since this call left)
             raise self._closed_error()
         info = self.info
         if info is None:  # pragma: no cover - every handshake sets it
@@ -716,6 +705,15 @@ class Subscriber:
         if self._deferred_by == threading.get_ident():
             self._close_deferred = False  # (close() sets it again if this thread still holds the locks)
             self.close()
+
+    def _close_put_off_during_call(self, error: BaseException | None) -> None:
+        """At the end of receive() or wait_for_publisher(), which ``error`` ended (None: it
+        succeeded): finish a close() put off during it; if that closed the subscriber, the call
+        ends with ClosedError, unless it ended with another kind of exception (a signal
+        handler's own, say)."""
+        self._finish_deferred_close()
+        if self._closed and (error is None or isinstance(error, EglCudaError)):
+            raise self._closed_error() from error
 
     def _close(self) -> None:
         with self._state:
