@@ -22,7 +22,7 @@ the whole frame, each plane, queued on the stream it publishes with), as a decod
 producing the frame would; the ring does the same copies. Also measured: 8 'latest' subscribers with
 one of them stalled (joined, never reads), against 8 that all read (the issue's "< 5 %").
 
-    python bench/topics.py [--quick] [--mps] [--out DIR] [--duration S] [--sync] [--write]
+    python bench/topics.py [--quick] [--mps] [--out DIR] [--duration S] [--sync] [--write] [--busy-wait US]
                            [--stall-pairs K [--stall-phase S]]
                            [--transports cuda-ipc,eglstream,ipc-ring,torch-mp] [--subscribers 1,2,4,8]
                            [--qos latest,every] [--sizes 1080p-nv12,4k-argb] [--profile DIR]
@@ -32,6 +32,9 @@ one of them stalled (joined, never reads), against 8 that all read (the issue's 
 seconds each (default 0.5), while the publisher runs free; each stalled phase's publisher rate is
 compared with the mean of the running phases on either side. Between two configurations (fresh
 processes) this bench scatters by about 20 %; within one run the comparison is seconds apart.
+--busy-wait US is the eglcuda subscribers' ``busy_wait`` in microseconds (default 20, the
+Subscriber's default; 0 sleeps at once): how long a subscriber asks for the next frame without
+sleeping before it sleeps. The ring's subscribers sleep in ``recv`` at once, as cudaipcsrc does.
 --profile DIR writes a cProfile file per publisher and subscriber process of the eglcuda and ring
 transports (``DIR/<configuration>/<role>-<pid>.prof``, read with ``python -m pstats``): where the
 Python side of each spends its time. The profiler's own cost then inflates the rates and the CPU
@@ -157,7 +160,8 @@ def eglcuda_subscriber(args) -> int:
     import eglcuda
     from eglcuda._bind import cuda
 
-    sub = eglcuda.Subscriber("bench", qos=args.qos, queue=4, path=args.path, timeout=120, transport=args.transport)
+    sub = eglcuda.Subscriber("bench", qos=args.qos, queue=4, path=args.path, timeout=120, transport=args.transport,
+                             busy_wait=args.busy_wait * 1e-6)
     emit(role="joined", transport=sub.info.transport)
     if args.stall:
         time.sleep(10_000)  # joined, never reads: killed by the orchestrator
@@ -419,8 +423,8 @@ def profiled(role, args) -> int:
 
 def child_args(args, size: str, duration: float) -> list[str]:
     """The options every process of a configuration gets."""
-    return (["--size", size, "--duration", str(duration)] + (["--sync"] if args.sync else [])
-            + (["--write"] if args.write else []))
+    return (["--size", size, "--duration", str(duration), "--busy-wait", str(args.busy_wait)]
+            + (["--sync"] if args.sync else []) + (["--write"] if args.write else []))
 
 
 def run_config(args, transport: str, size: str, qos: str, n: int, stalled: bool = False) -> dict:
@@ -646,6 +650,8 @@ def main() -> int:
     parser.add_argument("--subscribers", default=None, help="e.g. 1,2,4,8")
     parser.add_argument("--qos", default="latest,every")
     parser.add_argument("--sizes", default=None, help=f"from {','.join(SIZES)}")
+    parser.add_argument("--busy-wait", type=float, default=20.0, metavar="US",
+                        help="eglcuda subscribers' busy_wait in microseconds (0: sleep at once)")
     parser.add_argument("--profile", default=None, help="write cProfile files of each process to this folder")
     parser.add_argument("--stall-pairs", type=int, default=0, metavar="K",
                         help="also measure one stalled 'latest' subscriber of N inside one run: stop it and "
@@ -672,6 +678,8 @@ def main() -> int:
     transports = args.transports.split(",")
     # Probed in a child: this process never initializes CUDA, so an MPS daemon serves every process.
     require(PROGRAM, *needs(transports), in_child=True)
+    if not 0 <= args.busy_wait <= 10_000:
+        parser.error(f"--busy-wait is 0 to 10000 microseconds, got {args.busy_wait:g}")
     args.duration = args.duration or (1.0 if args.quick else 2.0)
     sizes = (args.sizes or ("1080p-nv12" if args.quick else ",".join(SIZES))).split(",")
     ns = [int(n) for n in (args.subscribers or ("1,4,8" if args.quick else "1,2,4,8")).split(",")]
@@ -680,7 +688,7 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     rows: list[dict] = []
     with (mps_daemon() if args.mps else contextlib.nullcontext("off")) as mps_mode:
-        print(f"MPS: {mps_mode}", flush=True)
+        print(f"MPS: {mps_mode}; eglcuda subscribers busy-wait {args.busy_wait:g} us", flush=True)
         for size in sizes:
             for qos in qoses:
                 for transport in transports:
@@ -704,7 +712,7 @@ def main() -> int:
                         rows.append(row)
                         print(format_row(row), flush=True)
     (out / "results.json").write_text(json.dumps({"mps": args.mps, "duration": args.duration, "sync": args.sync,
-                                                  "write": args.write,
+                                                  "write": args.write, "busy_wait_us": args.busy_wait,
                                                   "rows": rows}, indent=1))
     table = markdown(rows, args)
     (out / "results.md").write_text(table + "\n")
@@ -764,7 +772,8 @@ def format_row(row: dict) -> str:
 def markdown(rows: list[dict], args) -> str:
     lines = [f"Frame topics, one publisher and N subscriber processes; MPS {'on' if args.mps else 'off'}; "
              f"{args.duration} s timed per configuration{'; latency includes the stream sync' if args.sync else ''}"
-             f"{'; the publisher writes every frame on the GPU (--write)' if args.write else ''}.",
+             f"{'; the publisher writes every frame on the GPU (--write)' if args.write else ''}"
+             f"; eglcuda subscribers busy-wait {args.busy_wait:g} us.",
              "", "| size | qos | transport | N | publisher frames/s | slowest subscriber frames/s | p50 us (median of "
              "subscribers) | worst p50 us | worst p99 us | publisher CPU us/frame | subscriber CPU us/frame (median) |",
              "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]

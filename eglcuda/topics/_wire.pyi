@@ -4,7 +4,8 @@ from typing import Any
 class Inbox:
     """The receiving side of one topic connection after its handshake."""
 
-    def __init__(self, fd: int, capacity: int = ..., batch: int = ..., wake_fd: int = ...) -> None: ...
+    def __init__(self, fd: int, capacity: int = ..., batch: int = ..., wake_fd: int = ...,
+                 busy_wait: float = ...) -> None: ...
     def close(self) -> None: ...
     def next(self, deadline: float | None = None) -> Any:
         """A ``Frame`` or ``Release`` tuple, the bytes of any other message, ``b""`` at the end of

@@ -20,12 +20,16 @@ The wire layout comes from protocol.py (``FRAME_HEAD`` and the RELEASE struct), 
 a changed layout fails here, before any message is read.
 """
 from cpython.exc cimport PyErr_CheckSignals
+from cpython.pythread cimport PyThread_get_thread_ident
 from cpython.bytes cimport PyBytes_FromStringAndSize
 from libc.errno cimport EAGAIN, ECONNRESET, EINTR, errno
+from libc.math cimport isfinite
 from libc.stdint cimport uint8_t, uint32_t, uint64_t, uintptr_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport memset
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
+
+import threading
 
 from .._bind.cuda import cuda_error
 from .._bind.hot import table_address
@@ -116,6 +120,7 @@ cdef object Frame = protocol.Frame
 cdef object Release = protocol.Release
 cdef object NO_BYTES = b""
 cdef object tuple_new = tuple.__new__
+cdef unsigned long main_thread_ident = threading.main_thread().ident  # (the thread that runs signal handlers)
 
 
 cdef inline uint64_t le(const uint8_t *at, int size) noexcept nogil:
@@ -168,7 +173,7 @@ cdef class Inbox:
     out one by one, so a publisher reading a subscriber's four releases makes one system call,
     not five (four reads and the empty one that says there is no more). Each message has a buffer
     one byte longer than the longest valid message, so a longer one arrives cut and fails to
-    decode."""
+    decode. A wait asks ``busy_wait`` seconds without sleeping before it sleeps in ``poll``."""
 
     cdef int fd
     cdef uint8_t *buffer
@@ -181,14 +186,18 @@ cdef class Inbox:
     cdef bint short  # the last batch was not full: the socket had nothing more then
     cdef bint waited  # the last wait found nothing: the next one polls before it reads
     cdef int wake_fd  # readable: stop waiting (another thread is closing the owner); -1: none
+    cdef double busy_wait  # seconds a wait asks without sleeping before it sleeps in poll()
 
-    def __cinit__(self, int fd, ssize_t capacity=protocol.MAX_MESSAGE + 1, unsigned int batch=4, int wake_fd=-1):
+    def __cinit__(self, int fd, ssize_t capacity=protocol.MAX_MESSAGE + 1, unsigned int batch=4, int wake_fd=-1,
+                  double busy_wait=0.0):
         cdef unsigned int i
-        if fd < 0 or capacity < FRAME_HEAD_SIZE + 1 or not 1 <= batch <= 64:
+        if fd < 0 or capacity < FRAME_HEAD_SIZE + 1 or not 1 <= batch <= 64 or not (busy_wait >= 0 and isfinite(busy_wait)):
             raise ValueError(f"an Inbox reads a descriptor (got {fd}) into buffers longer than a FRAME head "
-                             f"(got {capacity} bytes), 1 to 64 messages at a time (got {batch})")
+                             f"(got {capacity} bytes), 1 to 64 messages at a time (got {batch}), and "
+                             f"busy-waits 0 or more seconds (got {busy_wait})")
         self.fd = fd
         self.wake_fd = wake_fd
+        self.busy_wait = busy_wait
         self.capacity = capacity
         self.batch = batch
         self.buffer = <uint8_t *>malloc(capacity * batch)
@@ -246,7 +255,9 @@ cdef class Inbox:
         # next()'s and rest()'s body, which drain() calls without a Python method lookup
         cdef int got, error, ready
         cdef unsigned int i
-        cdef double left
+        cdef double left, busy_until, until
+        cdef int watched
+        cdef bint check_signals
         cdef pollfd watch[2]
         cdef bint reset_seen = False
         if self.at < self.count:
@@ -270,11 +281,38 @@ cdef class Inbox:
                 return NO_BYTES
             if deadline is not None and self.waited:
                 # Nothing was waiting last time either: wait first, then read (two calls, not three).
-                left = <double>deadline - monotonic()
+                until = <double>deadline
+                left = until - monotonic()
                 if not left > 0:  # (a NaN deadline too)
                     return None
+                watched = 2 if watch[1].fd >= 0 else 1
+                # Ask without sleeping first: a message that comes meanwhile is taken without a
+                # sleep and a wake-up, which the sender pays for too (measured on an H100, 8
+                # subscribers: p50 latency 24-32 us sleeping at once, 16-24 us with 20 us asked).
+                # A poll that does not sleep is not interrupted by a signal, so on the main thread
+                # (the only one that runs handlers) the handler of one that came meanwhile runs
+                # before the sleep; other threads ask and sleep without taking the GIL between.
+                check_signals = self.busy_wait > 0 and PyThread_get_thread_ident() == main_thread_ident
+                ready = 0
                 with nogil:
-                    ready = poll(watch, 2 if watch[1].fd >= 0 else 1, wait_ms(left))
+                    if self.busy_wait > 0:
+                        busy_until = monotonic() + (self.busy_wait if self.busy_wait < left else left)
+                        while True:
+                            ready = poll(watch, watched, 0)
+                            if ready != 0 or monotonic() >= busy_until:
+                                break
+                    if ready == 0 and not check_signals:
+                        left = until - monotonic()
+                        if left > 0:
+                            ready = poll(watch, watched, wait_ms(left))
+                if ready == 0 and check_signals:
+                    PyErr_CheckSignals()
+                    if self.fd < 0:
+                        return NO_BYTES  # (closed by the handler)
+                    left = until - monotonic()
+                    if left > 0:
+                        with nogil:
+                            ready = poll(watch, watched, wait_ms(left))
                 if ready < 0:
                     if errno != EINTR:
                         return NO_BYTES  # (poll fails only on a bad descriptor or no memory)

@@ -21,6 +21,7 @@ from .transports import (CudaSubscriberBackend, Geometry, SubscriberBackend, Sub
 from ..frames.interop import stream_handle
 
 log = logging.getLogger("eglcuda.topics")
+_MAX_BUSY_WAIT = 0.01  # seconds: longer asking without sleeping is a CPU burner, not a shorter wake-up
 # Open subscribers, closed at interpreter exit (before eglcuda's own resources go) if the program
 # did not: the publisher then hears a goodbye, not a dropped connection.
 _open_subscribers: "weakref.WeakSet[Subscriber]" = weakref.WeakSet()
@@ -140,6 +141,12 @@ class Subscriber:
     :param cuda_stream: the CUDA stream frames are ordered on (None: one made for this subscriber).
     :param trusted_uids: the users whose publishers are accepted (None: this process's own uid;
         ``"any"``: everyone). Checked with ``SO_PEERCRED``.
+    :param busy_wait: seconds a wait for the publisher's next message asks for it without
+        sleeping before it sleeps (0 to 0.01; 0: sleep at once). A frame that
+        comes within it is taken without a wake-up: lower latency, and a faster publisher at high
+        frame rates, for about this much CPU time per wait at most (20 us at 60 frames/s is 0.1 %
+        of a core). On the main thread a signal that comes meanwhile has its handler run when
+        the asking ends.
 
     Raises :class:`eglcuda.Timeout` when no publisher answered in ``timeout`` seconds and
     :class:`eglcuda.Refused` when the publisher turned this subscriber away.
@@ -148,7 +155,7 @@ class Subscriber:
     def __init__(self, name: str, qos: str = "latest", queue: int = 4, device: Any = 0, timeout: float = 5.0,
                  path: str | os.PathLike[str] | None = None, transport: str = "auto", gl_context: Any = None, *,
                  cuda_stream: Any = None, trusted_uids: Iterable[int] | str | None = None,
-                 _backend: SubscriberBackend | None = None) -> None:
+                 busy_wait: float = 20e-6, _backend: SubscriberBackend | None = None) -> None:
         self.name = naming.check_name(name)
         try:
             if isinstance(qos, bool):
@@ -160,6 +167,10 @@ class Subscriber:
             raise UsageError(f"queue is an int in 1..{protocol.MAX_QUEUE}, got {queue!r}")
         self.queue = queue
         self.timeout = positive_seconds(timeout, "timeout")
+        if (not isinstance(busy_wait, (int, float)) or isinstance(busy_wait, bool)
+                or not 0 <= busy_wait <= _MAX_BUSY_WAIT):
+            raise UsageError(f"busy_wait is a number of seconds in 0..{_MAX_BUSY_WAIT}, got {busy_wait!r}")
+        self._busy_wait = float(busy_wait)
         if _backend is None and transport not in ("auto",) + TRANSPORT_NAMES:
             raise UsageError(f"transport is 'auto' or one of {TRANSPORT_NAMES}, got {transport!r}")
         self.path = naming.socket_path(self.name, path)
@@ -274,7 +285,7 @@ class Subscriber:
             sockets.close_quietly(sock)
             raise
         self._sock = sock
-        self._inbox = _wire.Inbox(sock.fileno(), wake_fd=self._wake_fd)
+        self._inbox = _wire.Inbox(sock.fileno(), wake_fd=self._wake_fd, busy_wait=self._busy_wait)
         self._transport = transport
         self._limit = 1 if transport.exclusive else protocol.hold_limit(self.qos, self.queue)
         self._lost = None
@@ -621,6 +632,11 @@ class Subscriber:
     def transport(self) -> str | None:
         """The transport frames arrive through (None while not connected)."""
         return self.info.transport if self.connected and self.info is not None else None
+
+    @property
+    def busy_wait(self) -> float:
+        """Seconds a wait for the next message asks without sleeping first (set at construction)."""
+        return self._busy_wait
 
     @property
     def cuda_stream(self) -> int | None:

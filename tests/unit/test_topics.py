@@ -938,7 +938,14 @@ def test_bad_arguments(path):
             publisher(path, **options)
     assert not os.path.exists(path)
     with publisher(path) as pub:
-        for options in ({"qos": "sometimes"}, {"queue": 0}, {"timeout": 0}, {"transport": "pigeon"}):
+        for busy_wait in (0, 0.0, 0.01, 5e-6):  # (seconds: 0 sleeps at once)
+            with subscriber(path, busy_wait=busy_wait) as sub:
+                assert sub.busy_wait == busy_wait and isinstance(sub.busy_wait, float)
+                with pytest.raises(AttributeError):
+                    sub.busy_wait = 1e-3  # type: ignore[misc]  # (its connection's reader has it already)
+        for options in ({"qos": "sometimes"}, {"queue": 0}, {"timeout": 0}, {"transport": "pigeon"},
+                        {"busy_wait": -1e-6}, {"busy_wait": 0.02}, {"busy_wait": float("nan")},
+                        {"busy_wait": True}, {"busy_wait": "20us"}):
             with pytest.raises(eglcuda.UsageError):
                 eglcuda.Subscriber("t", path=path, **options)
         frame = pub.next_frame()

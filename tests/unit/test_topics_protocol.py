@@ -4,8 +4,11 @@ that is not exactly a valid message is refused with ProtocolError, and the compi
 from __future__ import annotations
 
 import json
+import os
 import random
+import resource
 import select
+import signal
 import socket
 import threading
 import time
@@ -331,6 +334,87 @@ def test_the_compiled_reader_waits_then_reads_after_a_wait():
             theirs.send(protocol.encode_release(seq))
         assert [inbox.next(time.monotonic() + 5) for _ in range(4)] == [protocol.Release(s) for s in range(8, 12)]
         assert inbox.next(time.monotonic() + 0.01) is None
+
+
+def test_a_busy_wait_takes_a_message_without_sleeping_and_still_ends_every_wait():
+    """With busy_wait, a wait asks without sleeping first: a message sent meanwhile arrives,
+    one sent after it is still taken by the sleep that follows, an empty wait ends at its
+    deadline (also one shorter than busy_wait, without sleeping), the wake descriptor ends it,
+    and a signal's handler runs before the sleep. (Long waits and loose bounds: CI machines are
+    slow and busy.)"""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    wake_r, wake_w = os.pipe()
+    try:
+        asking = _wire.Inbox(ours.fileno(), wake_fd=wake_r, busy_wait=3.0)
+        assert asking.next(time.monotonic() + 0.01) is None  # nothing, and the wait ended by its deadline
+        sender = threading.Timer(0.05, lambda: theirs.send(protocol.encode_release(1)))
+        sender.start()
+        started = time.monotonic()
+        assert asking.next(started + 10) == protocol.Release(1)
+        assert time.monotonic() - started < 2.5  # taken while asking, not after it
+        sender.join()
+        # An empty wait shorter than busy_wait asks until its deadline and never sleeps (no
+        # voluntary context switch); one with busy_wait 0 sleeps at once.
+        sleeps = resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw
+        started = time.monotonic()
+        assert asking.next(started + 0.05) is None and 0.045 <= time.monotonic() - started < 2.0
+        assert resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw == sleeps, "it slept instead of asking"
+        sleeper = _wire.Inbox(ours.fileno())
+        assert sleeper.next(time.monotonic() + 0.01) is None
+        sleeps = resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw
+        assert sleeper.next(time.monotonic() + 0.05) is None
+        assert resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw > sleeps
+        sleeper.close()
+        # A signal while it asks (a poll that does not sleep is not interrupted): the handler runs
+        # once the asking ends, before the sleep, not at the deadline.
+        halfway = _wire.Inbox(ours.fileno(), busy_wait=0.5)
+        assert halfway.next(time.monotonic() + 0.01) is None
+        previous = signal.signal(signal.SIGALRM, _raise_alarm)
+        try:
+            for _ in range(3):  # (the first of a process's alarms may come in a syscall that sleeps)
+                signal.setitimer(signal.ITIMER_REAL, 0.05)
+                started = time.monotonic()
+                with pytest.raises(_Alarm):
+                    halfway.next(started + 10)
+                assert time.monotonic() - started < 5, "the handler ran only at the deadline"
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+        halfway.close()
+        threading.Timer(0.05, lambda: os.write(wake_w, b"x")).start()
+        started = time.monotonic()
+        assert asking.next(started + 10) == b""  # woken while asking: the owner is closing
+        assert time.monotonic() - started < 2.5
+        asking.close()
+        os.read(wake_r, 1)
+        brief = _wire.Inbox(ours.fileno(), wake_fd=wake_r, busy_wait=0.01)
+        assert brief.next(time.monotonic() + 0.01) is None
+        sender = threading.Timer(0.3, lambda: theirs.send(protocol.encode_release(2)))
+        sender.start()
+        assert brief.next(time.monotonic() + 10) == protocol.Release(2)  # (in the sleep after asking)
+        sender.join()
+        threading.Timer(0.3, lambda: os.write(wake_w, b"x")).start()
+        started = time.monotonic()
+        assert brief.next(started + 10) == b""  # woken while sleeping
+        assert time.monotonic() - started < 5
+        brief.close()
+    finally:
+        ours.close()
+        theirs.close()
+        os.close(wake_r)
+        os.close(wake_w)
+    with pytest.raises(ValueError, match="busy-waits"):
+        _wire.Inbox(0, busy_wait=-1.0)
+    with pytest.raises(ValueError, match="busy-waits"):
+        _wire.Inbox(0, busy_wait=float("nan"))
+
+
+class _Alarm(Exception):
+    pass
+
+
+def _raise_alarm(signum, frame):
+    raise _Alarm()
 
 
 def test_drain_hands_out_the_rest_of_a_batch_it_read():
