@@ -3,6 +3,7 @@ conversions of foreign CUDA streams and arrays into raw handles. (DLPack capsule
 the compiled part of this layer, :mod:`eglcuda.frames._core`.)"""
 from __future__ import annotations
 
+import numbers
 from typing import Any
 
 from ..errors import UsageError
@@ -21,20 +22,32 @@ def stream_handle(stream: Any) -> int:
     cuda-python (``CUstream``, ``int()``-able)."""
     if stream is None:
         return 0
-    if isinstance(stream, int) and not isinstance(stream, bool):
-        if not 0 <= stream < 2**64:
-            raise UsageError(f"a CUDA stream handle is an address (an int in 0..2**64-1), got {stream}")
-        return stream
-    protocol = getattr(stream, "__cuda_stream__", None)
-    if protocol is not None:
-        return int(protocol()[1])
-    for attribute in ("ptr", "cuda_stream", "handle"):
-        value = getattr(stream, attribute, None)
-        if isinstance(value, int):
-            return value
+    if type(stream) is int:
+        value = stream
+    elif isinstance(stream, (bool, float, complex, str, bytes)):
+        raise UsageError(f"a CUDA stream is None, an int handle or a stream object, got {stream!r}")
+    else:
+        value = _handle_of(stream)
+    if not 0 <= value < 2**64:
+        raise UsageError(f"a CUDA stream handle is an address (an int in 0..2**64-1), got {value}")
+    return value
+
+
+def _handle_of(stream: Any) -> int:
+    """The handle of a stream object, or of a number that is an integer (a NumPy one, say)."""
     try:
+        protocol = getattr(stream, "__cuda_stream__", None)
+        if protocol is not None:
+            return int(protocol()[1])
+        for attribute in ("ptr", "cuda_stream", "handle"):
+            value = getattr(stream, attribute, None)
+            if isinstance(value, int) and not isinstance(value, bool):
+                return value
+        if isinstance(stream, numbers.Number) and not isinstance(stream, numbers.Integral):
+            # (a NumPy float would be cut to an int that names another stream)
+            raise UsageError(f"a CUDA stream is None, an int handle or a stream object, got {stream!r}")
         return int(stream)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, IndexError, OverflowError):
         raise UsageError(f"cannot take a CUDA stream from {type(stream).__name__}") from None
 
 

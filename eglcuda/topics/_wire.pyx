@@ -29,6 +29,7 @@ from libc.stdlib cimport free, malloc
 from libc.string cimport memset
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 
+import os
 import threading
 
 from .._bind.cuda import cuda_error
@@ -121,6 +122,15 @@ cdef object Release = protocol.Release
 cdef object NO_BYTES = b""
 cdef object tuple_new = tuple.__new__
 cdef unsigned long main_thread_ident = threading.main_thread().ident  # (the thread that runs signal handlers)
+
+
+def _forked() -> None:
+    # A child made by fork() runs on the thread that forked, which is its main thread now.
+    global main_thread_ident
+    main_thread_ident = PyThread_get_thread_ident()
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 cdef inline uint64_t le(const uint8_t *at, int size) noexcept nogil:
@@ -288,10 +298,11 @@ cdef class Inbox:
                 watched = 2 if watch[1].fd >= 0 else 1
                 # Ask without sleeping first: a message that comes meanwhile is taken without a
                 # sleep and a wake-up, which the sender pays for too (measured on an H100, 8
-                # subscribers: p50 latency 24-32 us sleeping at once, 16-24 us with 20 us asked).
-                # A poll that does not sleep is not interrupted by a signal, so on the main thread
-                # (the only one that runs handlers) the handler of one that came meanwhile runs
-                # before the sleep; other threads ask and sleep without taking the GIL between.
+                # subscribers: p50 latency 23-30 us sleeping at once, 16-24 us with 20 us asked).
+                # A signal that lands between the asking polls (not inside one, which returns
+                # EINTR) interrupts no sleep, so on the main thread (the only one that runs
+                # handlers) its handler runs before the sleep; other threads ask and sleep
+                # without taking the GIL between.
                 check_signals = self.busy_wait > 0 and PyThread_get_thread_ident() == main_thread_ident
                 ready = 0
                 with nogil:

@@ -222,6 +222,7 @@ class Publisher:
 
         self._lock = threading.RLock()
         self._closed = False
+        self._forked = False  # set in a child made by fork() (see _mark_forked)
         self._close_started = False  # _close_now ran (once: the exit hook and a put-off close may race)
         self._closer = 0  # the thread whose close() set _closed, while that call runs
         self._torn_down = threading.Event()  # set once everything is released (see close())
@@ -428,9 +429,13 @@ class Publisher:
                 slot.published_at = time.monotonic()
                 # The slot stays WRITING while it is handed out: a subscriber dropped meanwhile
                 # frees what it held, and must not free this slot before the others got it.
-                self._deliver(slot, seq, timestamp_ns, payload, stream)
-                slot.state = SlotState.PUBLISHED
-                self._maybe_free(slot)
+                try:
+                    self._deliver(slot, seq, timestamp_ns, payload, stream)
+                finally:
+                    # (also when the delivery was cut short, by a KeyboardInterrupt say: those
+                    # that got the frame hold the slot, and it is free once they let it go)
+                    slot.state = SlotState.PUBLISHED
+                    self._maybe_free(slot)
                 self._measure(slot.published_at)
                 return seq
         finally:
@@ -945,6 +950,8 @@ class Publisher:
     def subscribers(self) -> list[SubscriberInfo]:
         """The subscribers connected now (those whose handshake just finished are adopted at the
         next :meth:`next_frame` / :meth:`publish`, and listed from then on)."""
+        if self._forked:
+            raise self._forked_error()  # (a read here would take the parent's messages)
         try:
             with self._lock:
                 if self._joined and not self._closed:
@@ -981,6 +988,12 @@ class Publisher:
     def _check_open(self) -> None:
         if self._closed:
             raise self._closed_error()
+        if self._forked:
+            raise self._forked_error()
+
+    def _forked_error(self) -> UsageError:
+        return UsageError(f"the publisher of topic {self.name!r} belongs to the process that made it: in a forked "
+                          "child it may only be closed (its subscribers' connections are the parent's)")
 
     def _closed_error(self) -> ClosedError:
         return ClosedError(f"the publisher of topic {self.name!r} is closed")
@@ -1435,6 +1448,19 @@ def _split_stacked(array: Any, planes: Sequence[Any]) -> list[Any]:
         out.append(_Rows(pointer + at * pitch, plane.height, width_bytes, pitch))
         at += plane.height
     return out
+
+
+def _mark_forked() -> None:
+    # In a child made by fork(), every publisher is the parent's: its frame calls refuse (they
+    # would read and write the parent's subscriber connections), close() lets go of the child's
+    # copies only. Its locks are new: another thread of the parent may have held one at the fork.
+    for publisher in list(_open_publishers):
+        publisher._forked = True
+        publisher._lock = threading.RLock()
+        publisher._join_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_mark_forked)
 
 
 @atexit.register

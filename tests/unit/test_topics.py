@@ -19,6 +19,7 @@ import threading
 import time
 import types
 
+import numpy as np
 import pytest
 
 import eglcuda
@@ -1106,9 +1107,67 @@ def test_a_publish_refused_for_its_stream_keeps_the_frame(path):
         frame = pub.next_frame(1)
         with pytest.raises(eglcuda.UsageError, match="CUDA stream"):
             pub.publish(frame, cuda_stream="not a stream")
+        # Values that only looked like a handle: floats (cut to another stream's number before),
+        # negative or too large ones, also as NumPy scalars or from a stream object.
+        for bad in (True, -1.0, 1.0, 2.0**64, np.float32(1), np.int64(-5), b"1", -1, 2**64, _NegativeStream()):
+            with pytest.raises(eglcuda.UsageError, match="CUDA stream"):
+                pub.publish(frame, cuda_stream=bad)
         pub.discard(frame)
         frame = pub.next_frame(1)  # the pool's only frame came back
-        assert pub.publish(frame) == 0
+        assert pub.publish(frame, cuda_stream=np.uint64(0)) == 0
+    assert stream_handle(np.int64(7)) == 7 and stream_handle(_NegativeStream.Good()) == 99
+
+
+class _NegativeStream:
+    def __cuda_stream__(self):
+        return (0, -3)
+
+    class Good:
+        def __cuda_stream__(self):
+            return (0, 99)
+
+
+def test_a_release_refused_for_its_stream_keeps_the_message(path):
+    """A bad cuda_stream for Message.release() is a UsageError before anything changed: the
+    message is still held and its release afterwards reaches the publisher (an 'every' queue of
+    one would stay full for good otherwise)."""
+    with publisher(path, every_timeout=30) as pub:
+        sub = subscriber(path, qos="every", queue=1)
+        put(pub, b"one", timeout=5)
+        message = sub.receive(5)
+        for bad in (-1.0, np.int64(-5), True):
+            with pytest.raises(eglcuda.UsageError, match="CUDA stream"):
+                message.release(cuda_stream=bad)
+            assert not message.released
+        message.release()
+        put(pub, b"two", timeout=5)  # (the queue of one had room again)
+        with sub.receive(5) as message:
+            assert message.frame.data == pattern(b"two")
+        sub.close()
+
+
+def test_a_publish_interrupted_while_handing_out_does_not_lose_the_slot(path, monkeypatch):
+    """A KeyboardInterrupt (or any error) in the middle of publish()'s hand-out leaves the slot
+    published: those that got the frame hold it, and it comes free once they let it go."""
+    with publisher(path, pool=1, max_pool=1, every_timeout=30) as pub:
+        sub = subscriber(path, qos="every", queue=2)
+        put(pub, b"warm", timeout=5)
+        sub.receive(5).release()
+
+        def interrupted(*args):
+            raise KeyboardInterrupt
+
+        frame = pub.next_frame(5)
+        with monkeypatch.context() as patch:
+            patch.setattr(pub, "_deliver", interrupted)
+            with pytest.raises(KeyboardInterrupt):
+                pub.publish(frame)
+        frame = pub.next_frame(5)  # the pool's only frame came back
+        frame.data[:] = pattern(b"after")
+        pub.publish(frame)
+        with sub.receive(5) as message:
+            assert message.frame.data == pattern(b"after")
+        sub.close()
 
 
 def test_a_pool_timeout_counts_the_frames_the_publisher_took_itself(path):
@@ -1693,26 +1752,57 @@ def test_a_forked_child_closes_a_subscriber_whose_locks_another_thread_held(path
         sub.close()
 
 
+def _all_refused_as_forked(*calls) -> bool:
+    """Whether each call raised UsageError saying the object belongs to the parent (forked)."""
+    for call in calls:
+        try:
+            call()
+            return False
+        except eglcuda.UsageError as exc:
+            if "forked" not in str(exc):
+                return False
+    return True
+
+
 def test_a_forked_child_cannot_receive_on_its_parent_s_subscriber(path):
     """A child made by fork() gets a clear error from receive() and wait_for_publisher() (the
     connection is the parent's); the parent's subscription goes on unharmed."""
     with publisher(path) as pub:
         sub = subscriber(path, qos="every", queue=2)
 
-        def child() -> bool:
-            for call in (lambda: sub.receive(1), lambda: sub.wait_for_publisher(1)):
-                try:
-                    call()
-                    return False
-                except eglcuda.UsageError as exc:
-                    if "forked" not in str(exc):
-                        return False
-            return True
-
-        assert _in_child(child) == 0
+        assert _in_child(lambda: _all_refused_as_forked(lambda: sub.receive(1), lambda: sub.wait_for_publisher(1))) == 0
         put(pub, b"after the child", timeout=5)
         with sub.receive(5) as message:
             assert message.frame.data == pattern(b"after the child")
+        sub.close()
+
+
+def test_a_forked_child_cannot_publish_on_its_parent_s_topic(path):
+    """In a child made by fork(), the publisher's frame calls and its subscriber list refuse
+    with a clear error (they would write and read the parent's subscriber connections: the
+    parent's subscriber was dropped for a release of a frame it never got); the child's exit
+    leaves the topic alone, and the parent goes on publishing to the same subscriber."""
+    with publisher(path) as pub:
+        sub = subscriber(path, qos="every", queue=2)
+        put(pub, b"before", timeout=5)
+        with sub.receive(5) as message:
+            assert message.frame.data == pattern(b"before")
+        held = pub.next_frame(5)
+
+        def child() -> bool:
+            refused = _all_refused_as_forked(
+                lambda: pub.next_frame(1), lambda: pub.publish(held), lambda: pub.discard(held),
+                lambda: pub.publish_from(np.zeros(len(held.data), np.uint8)), lambda: pub.subscribers)
+            pub.close()
+            return refused
+
+        assert _in_child(child) == 0
+        pub.discard(held)
+        assert [s.pid for s in pub.subscribers] == [os.getpid()]
+        put(pub, b"after the child", timeout=5)
+        with sub.receive(5) as message:
+            assert message.frame.data == pattern(b"after the child")
+        assert not pub.dropped
         sub.close()
 
 
