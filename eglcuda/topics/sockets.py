@@ -195,10 +195,12 @@ def connect(path: str, deadline: float, what: str, wait: bool = True, wake_fd: i
             sock.setblocking(False)
             sock.connect(path)
             return sock
-        except (FileNotFoundError, ConnectionRefusedError, BlockingIOError):
+        except (FileNotFoundError, ConnectionRefusedError, BlockingIOError) as exc:
             sock.close()
             if not wait:
                 raise
+            if isinstance(exc, ConnectionRefusedError):
+                _refuse_unless_socket(path)  # (a file or directory there will never answer)
         except OSError as exc:
             sock.close()
             if exc.errno == errno.EPROTOTYPE:
@@ -210,6 +212,16 @@ def connect(path: str, deadline: float, what: str, wait: bool = True, wake_fd: i
         if time.monotonic() >= deadline:
             raise Timeout(what)
         _wait(None, 0, min(deadline, time.monotonic() + CONNECT_RETRY_S), wake_fd)
+
+
+def _refuse_unless_socket(path: str) -> None:
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return  # (gone meanwhile: wait for a publisher as before)
+    if not stat.S_ISSOCK(mode):
+        kind = "a directory" if stat.S_ISDIR(mode) else "not a socket"
+        raise UsageError(f"{path} is {kind}: a topic's path is its publisher's socket")
 
 
 def bind_listener(path: str, mode: int, backlog: int = 64) -> tuple[socket.socket, os.stat_result]:

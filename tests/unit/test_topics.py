@@ -1201,6 +1201,22 @@ def test_a_socket_of_another_kind_is_named_as_such(folder, path):
         other.close()
 
 
+def test_a_path_that_is_no_socket_is_named_as_such_at_once(folder, path):
+    """A file or a directory at the topic's path will never answer: said at once, not after the
+    whole timeout as "no publisher answered". A path where nothing is yet still waits."""
+    for make, kind in ((lambda: open(path, "w").close(), "not a socket"), (lambda: os.mkdir(path), "a directory")):
+        make()
+        started = time.monotonic()
+        with pytest.raises(eglcuda.UsageError, match=kind):
+            subscriber(path, timeout=10)
+        assert time.monotonic() - started < 5
+        (os.rmdir if os.path.isdir(path) else os.remove)(path)
+    started = time.monotonic()
+    with pytest.raises(eglcuda.Timeout):
+        subscriber(path, timeout=0.3)
+    assert time.monotonic() - started >= 0.25
+
+
 def test_waiting_for_a_publisher_without_limit_can_be_asked(path):
     """wait_for_publisher(inf) waits (here for a publisher started 0.3 s later) instead of failing
     on a socket timeout that cannot hold it."""
