@@ -25,7 +25,7 @@ def stream_handle(stream: Any) -> int:
     if type(stream) is int:
         value = stream
     elif isinstance(stream, (bool, float, complex, str, bytes)):
-        raise UsageError(f"a CUDA stream is None, an int handle or a stream object, got {stream!r}")
+        raise _not_a_stream(stream)
     else:
         value = _handle_of(stream)
     if not 0 <= value < 2**64:
@@ -44,11 +44,14 @@ def _handle_of(stream: Any) -> int:
             if isinstance(value, int) and not isinstance(value, bool):
                 return value
         if isinstance(stream, numbers.Number) and not isinstance(stream, numbers.Integral):
-            # (a NumPy float would be cut to an int that names another stream)
-            raise UsageError(f"a CUDA stream is None, an int handle or a stream object, got {stream!r}")
+            raise _not_a_stream(stream)  # (a NumPy float would be cut to an int that names another stream)
         return int(stream)
     except (TypeError, ValueError, IndexError, OverflowError):
         raise UsageError(f"cannot take a CUDA stream from {type(stream).__name__}") from None
+
+
+def _not_a_stream(value: Any) -> UsageError:
+    return UsageError(f"a CUDA stream is None, an int handle or a stream object, got {value!r}")
 
 
 def dlpack_stream(stream: Any) -> int | None:

@@ -167,10 +167,9 @@ class Subscriber:
             raise UsageError(f"queue is an int in 1..{protocol.MAX_QUEUE}, got {queue!r}")
         self.queue = queue
         self.timeout = positive_seconds(timeout, "timeout")
-        if (not isinstance(busy_wait, (int, float)) or isinstance(busy_wait, bool)
-                or not 0 <= busy_wait <= _MAX_BUSY_WAIT):
-            raise UsageError(f"busy_wait is a number of seconds in 0..{_MAX_BUSY_WAIT}, got {busy_wait!r}")
-        self._busy_wait = float(busy_wait)
+        self._busy_wait = sockets.wait_seconds(busy_wait, "busy_wait")
+        if self._busy_wait > _MAX_BUSY_WAIT:
+            raise UsageError(f"busy_wait is at most {_MAX_BUSY_WAIT} seconds, got {busy_wait!r}")
         if _backend is None and transport not in ("auto",) + TRANSPORT_NAMES:
             raise UsageError(f"transport is 'auto' or one of {TRANSPORT_NAMES}, got {transport!r}")
         self.path = naming.socket_path(self.name, path)
