@@ -334,9 +334,11 @@ cdef class CudaProducer(Resource):
     # failed present leaves them unequal for good.
     cdef long long presents_started
     cdef readonly long long frames_presented
-    # The frames presented and not returned, in present order, and their plane-0 addresses (what a
-    # returned CUeglFrame is matched by).
+    # The frames presented and not returned, in present order, in the first ``flying`` slots of a
+    # list of fixed length (None past them), and their plane-0 addresses (what a returned CUeglFrame
+    # is matched by). Fixed, so taking one out is a few slot moves, not a list resize.
     cdef list flight
+    cdef int flying
     cdef unsigned long long flight_key[EGLCUDA_MAX_FRAMES_IN_FLIGHT]
     # Every frame presented since connect, by key: the driver keeps them associated until disconnect.
     cdef dict associated
@@ -345,7 +347,7 @@ cdef class CudaProducer(Resource):
 
     def __cinit__(self, *args, **kwargs):
         gate_init(&self.gate)
-        self.flight = []
+        self.flight = [None] * EGLCUDA_MAX_FRAMES_IN_FLIGHT
         self.associated = {}
         self.link = ProducerLink()
         self.link.connected = False
@@ -424,9 +426,9 @@ cdef class CudaProducer(Resource):
         try:
             if not self.connected:
                 raise ClosedError("the producer is disconnected (or its stream closed)")
-            if not self.flight:
+            if not self.flying:
                 return None
-            if self.reuse and len(self.flight) == 1:
+            if self.reuse and self.flying == 1:
                 # With reuse on, the stream keeps its newest frame: a single frame in flight cannot
                 # come back, so one try answers at once.
                 wait_us = 0
@@ -452,7 +454,7 @@ cdef class CudaProducer(Resource):
             known = self._ready(frame, cuda_stream)
             core = <FrameCore>frame
             stream_box = &self.default_stream if cuda_stream is None else &self.present_stream
-            if self.reuse and not self.flight:
+            if self.reuse and not self.flying:
                 # After this present the stream keeps the newest frame: with reuse on and nothing
                 # else in flight nothing can come back, so one try is enough.
                 wait_us = 0
@@ -491,11 +493,10 @@ cdef class CudaProducer(Resource):
                 if link is self.link:
                     known = True
                     break
-        cdef int flying = len(self.flight)
-        for i in range(flying):
+        for i in range(self.flying):
             if self.flight_key[i] == core.key:
                 self._check_frame(frame)  # raises: already in flight
-        if not known or flying >= EGLCUDA_MAX_FRAMES_IN_FLIGHT:
+        if not known or self.flying >= EGLCUDA_MAX_FRAMES_IN_FLIGHT:
             self._check_frame(frame)
         if cuda_stream is not None:
             self.present_stream = <CUstream><uintptr_t>stream_handle(cuda_stream)
@@ -504,8 +505,9 @@ cdef class CudaProducer(Resource):
     cdef int _presented(self, FrameCore core, bint known) except -1:
         """After a successful present: the frame is in flight; its first present on this producer
         fixes the connection's format and layout if they were open, and associates it."""
-        self.flight_key[len(self.flight)] = core.key
-        self.flight.append(core)
+        self.flight_key[self.flying] = core.key
+        self.flight[self.flying] = core
+        self.flying += 1
         self.frames_presented += 1
         core.last_link = self.link
         if not known:
@@ -519,17 +521,21 @@ cdef class CudaProducer(Resource):
 
     cdef object _take_returned(self):
         """The frame the driver just returned, taken out of the in-flight table."""
-        cdef int flying = len(self.flight)
+        cdef int flying = self.flying
         cdef int at
+        cdef list flight = self.flight
         for at in range(flying):
             if self.flight_key[at] == self.returned_key:
                 break
         else:
             raise UsageError(f"the driver returned a frame eglcuda did not present (plane 0 at "
                              f"0x{self.returned_key:x})")
-        frame = self.flight.pop(at)
+        frame = flight[at]
         for at in range(at, flying - 1):
+            flight[at] = flight[at + 1]
             self.flight_key[at] = self.flight_key[at + 1]
+        flight[flying - 1] = None
+        self.flying = flying - 1
         return frame
 
     cdef object _return_failed(self, CUresult status, unsigned long long waited_us):
@@ -571,7 +577,7 @@ cdef class CudaProducer(Resource):
                                    "(copy the managed data into one)")
         if frame.key in self._in_flight:
             raise UsageError("this frame is already in flight: wait for return_frame() to give it back")
-        if len(self.flight) >= EGLCUDA_MAX_FRAMES_IN_FLIGHT:
+        if self.flying >= EGLCUDA_MAX_FRAMES_IN_FLIGHT:
             raise UsageError(f"{EGLCUDA_MAX_FRAMES_IN_FLIGHT} frames are in flight (the driver's limit): "
                              "return_frame() one before presenting another")
 
@@ -589,12 +595,12 @@ cdef class CudaProducer(Resource):
     @property
     def in_flight(self) -> int:
         """Frames presented and not yet returned."""
-        return len(self.flight)
+        return self.flying
 
     @property
     def _in_flight(self) -> dict:
         """A new dict of the frames in flight, by key."""
-        return {self.flight_key[i]: frame for i, frame in enumerate(self.flight)}
+        return {self.flight_key[i]: self.flight[i] for i in range(self.flying)}
 
     def allocate_frame(self, format=None, layout=None) -> Frame:
         """A new frame of this connection's size (and format and layout, if fixed)."""
@@ -620,7 +626,8 @@ cdef class CudaProducer(Resource):
         Resource.close(self)  # disconnects
         self.link.connected = False
         frames = self.flight
-        self.flight = []
+        self.flight = [None] * EGLCUDA_MAX_FRAMES_IN_FLIGHT
+        self.flying = 0
         associated = self.associated
         self.associated = {}
         for frame in associated.values():
@@ -628,7 +635,7 @@ cdef class CudaProducer(Resource):
         del frames, associated  # dropped after the tables are consistent: callbacks may run
 
     def __repr__(self) -> str:
-        state = "closed" if self.closed else f"{len(self.flight)} in flight"
+        state = "closed" if self.closed else f"{self.flying} in flight"
         return f"<CudaProducer {self.width}x{self.height} on CUDA {self.device.ordinal}: {state}>"
 
 

@@ -283,6 +283,33 @@ def test_return_frame_semantics_with_reuse():
 
 
 @fake_driver_test
+def test_frames_come_back_out_of_present_order_as_themselves():
+    """A frame presented later can come back first (mailbox: the consumer holds an older one while
+    a newer one is dropped unseen). Each return gives back the very Frame the driver returned, and
+    a frame still in flight cannot be presented again."""
+    with stream_of(32, 16) as (_, stream, producer, consumer):
+        a, b, c, d = (producer.allocate_frame() for _ in range(4))
+        producer.present(a)
+        held = consumer.acquire()
+        producer.present(b)
+        producer.present(c)  # b is dropped unseen while a is held: b comes back before a
+        assert producer.in_flight == 3
+        assert producer.return_frame(timeout_us=1_000_000) is b
+        assert set(producer._in_flight.values()) == {a, c}
+        with pytest.raises(eglcuda.UsageError, match="in flight"):
+            producer.present(a)
+        held.release()
+        assert producer.return_frame(timeout_us=1_000_000) is a
+        assert list(producer._in_flight.values()) == [c]
+        producer.present(d)
+        producer.present(b)  # c, then d, dropped unseen: both come back
+        back = {producer.return_frame(timeout_us=1_000_000), producer.return_frame(timeout_us=1_000_000)}
+        assert back == {c, d}
+        assert list(producer._in_flight.values()) == [b] and producer.in_flight == 1
+        assert repr(producer).endswith("1 in flight>")
+
+
+@fake_driver_test
 def test_return_frame_without_reuse():
     with stream_of(64, 48, reuse_last_frame=False) as (_, stream, producer, consumer):
         assert not stream.reuse_last_frame
