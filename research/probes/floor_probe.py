@@ -78,6 +78,8 @@ def main():
     parser.add_argument("--json", help="write every round's figures here")
     parser.add_argument("--tree", action="append", default=[], metavar="NAME=PATH",
                         help="also run the four-call loop of the tree at PATH, fresh each round")
+    parser.add_argument("--lean", action="store_true",
+                        help="only C, the GIL-released floor with the context check, eglcuda's four calls and the trees")
     args = parser.parse_args()
     sizes = [tuple(int(v) for v in s.split("x")) for s in args.sizes] or SIZES
     cpus = [int(c) for c in args.cpus.split(",")] if args.cpus else [min(os.sched_getaffinity(0))]
@@ -97,6 +99,9 @@ def main():
                 "eglcuda four calls": lambda: eglcuda_serial(display, w, h, n),
                 "eglcuda steps": lambda: eglcuda_serial_steps(display, w, h, n),
             }
+            if args.lean:
+                cases = {k: v for k, v in cases.items()
+                         if k in ("C", "floor, GIL released, context check", "eglcuda four calls")}
             for name, path in (t.split("=", 1) for t in args.tree):
                 cases[f"tree {name}, fresh"] = lambda path=path: tree_serial(path, w, h, n)
             runs = {k: [] for k in cases}
@@ -115,9 +120,9 @@ def main():
                 print(f"  {k} over the GIL-released floor: {us:+.2f} us/frame", flush=True)
             records.append({"size": f"{w}x{h}", "cpu": cpu, "frames": n, "runs": runs, "ratios": ratios,
                             "over_floor_us": extra})
+            if args.json:  # after every block: a run cut short keeps what it measured
+                pathlib.Path(args.json).write_text(json.dumps(records, indent=1))
     display.close()
-    if args.json:
-        pathlib.Path(args.json).write_text(json.dumps(records, indent=1))
 
 
 if __name__ == "__main__":
