@@ -84,6 +84,7 @@ def mps_enabled(ordinal: int = 0) -> bool | None:
 
 # ---- memory, copies and ordering (frames layer) -------------------------------------------------
 
+ERROR_LAUNCH_TIMEOUT = lib.CUDA_ERROR_LAUNCH_TIMEOUT  # also what a timed-out EGLStream acquire or return answers
 MANAGED_ATTACH_GLOBAL = lib.CU_MEM_ATTACH_GLOBAL
 MANAGED_ATTACH_HOST = lib.CU_MEM_ATTACH_HOST
 MANAGED_ATTACH_SINGLE = lib.CU_MEM_ATTACH_SINGLE

@@ -11,7 +11,7 @@ import enum
 import os
 from typing import TYPE_CHECKING, Any
 
-from .._bind.cuda import cuda_error
+from .._bind.cuda import ERROR_LAUNCH_TIMEOUT, cuda_error
 from ..cuda_device import CudaDevice
 from ..display import Display, check_display
 from .._resource import Resource
@@ -221,7 +221,8 @@ class Stream(Resource):
     def _driver_failure(self, status: int, call: str, doing: str, peer: str,
                         timeout_us: int | None = None) -> Exception:
         """The error for a failed endpoint call, read from the stream's state: the other end
-        (``peer``) gone, no frame yet (when ``timeout_us`` is given), or the driver's own error."""
+        (``peer``) gone, no frame to hand out (an acquire that timed out: ``timeout_us`` given),
+        or the driver's own error."""
         try:
             state = self.state
         except Exception:
@@ -231,6 +232,12 @@ class Stream(Resource):
                                       f"{cuda_error(status, call)})")
         if timeout_us is not None and state in (StreamState.EMPTY, StreamState.CONNECTING):
             return Timeout(f"no frame arrived within {timeout_us} us (stream {state.name})")
+        if timeout_us is not None and status == ERROR_LAUNCH_TIMEOUT:
+            # The driver's own answer for an acquire that waited in vain. The state read after it
+            # may already show a frame presented since (NEW_FRAME), or the one the consumer saw
+            # last, which a stream with reuse_last_frame=False does not hand out again (OLD_FRAME).
+            where = state.name if state is not None else "state unknown"
+            return Timeout(f"no new frame arrived within {timeout_us} us (stream {where} after the wait)")
         return cuda_error(status, call, doing)
 
     @property

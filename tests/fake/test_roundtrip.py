@@ -323,6 +323,28 @@ def test_return_frame_without_reuse():
 
 
 @fake_driver_test
+def test_an_acquire_the_driver_timed_out_is_a_timeout_whatever_the_state_says_after():
+    """The driver's timeout answer (CUDA_ERROR_LAUNCH_TIMEOUT) to an acquire is a Timeout even when
+    the state read after it is not EMPTY: a producer thread may have presented a frame since
+    (NEW_FRAME), or a stream without reuse holds the frame the consumer saw last (OLD_FRAME)."""
+    with stream_of(64, 48, reuse_last_frame=False) as (_, stream, producer, consumer):
+        a, b = producer.allocate_frame(), producer.allocate_frame()
+        producer.present(a)
+        consumer.acquire().release()
+        producer.present(b)
+        assert stream.state is StreamState.NEW_FRAME
+        fake.fail("cuEGLStreamConsumerAcquireFrame", 702)  # as if b came just after the wait ended
+        with pytest.raises(eglcuda.Timeout, match="no new frame arrived within 20000 us .stream NEW_FRAME"):
+            consumer.acquire(timeout_us=20_000)
+        fake.fail("cuEGLStreamConsumerAcquireFrame", 999)  # any other refusal stays the driver's error
+        with pytest.raises(eglcuda.CUDAError):
+            consumer.acquire(timeout_us=20_000)
+        with consumer.acquire(timeout_us=1_000_000) as acquired:  # b is still there
+            assert acquired.is_new
+        assert producer.return_frame(timeout_us=1_000_000) is a
+
+
+@fake_driver_test
 def test_acquire_without_a_new_frame_hands_back_the_old_one():
     random = rng()
     with stream_of(32, 8) as (_, stream, producer, consumer):

@@ -168,6 +168,28 @@ def test_reuse_off_returns_the_last_frame(display):
         assert producer.in_flight == 0
 
 
+def test_reuse_off_an_acquire_with_nothing_new_is_a_timeout(display):
+    """Without reuse the frame the consumer released is not handed out again: an acquire with
+    nothing new raises Timeout (whatever state the stream reports after the wait), and the next
+    frame still arrives with its bytes."""
+    require_extension(display, "EGL_NV_stream_reset")
+    rng = np.random.default_rng()
+    with connected(display, 64, 48, reuse_last_frame=False) as (stream, producer, consumer):
+        a, b = producer.allocate_frame(), producer.allocate_frame()
+        producer.present(a)
+        consumer.acquire(timeout_us=1_000_000).release()
+        started = time.perf_counter()
+        with pytest.raises(eglcuda.Timeout):
+            consumer.acquire(timeout_us=20_000)
+        assert time.perf_counter() - started < 5
+        expected = fill_random(b, rng)
+        producer.present(b)
+        with consumer.acquire(timeout_us=1_000_000) as acquired:
+            assert acquired.is_new
+            assert_frame_equals(acquired, expected)
+        assert producer.return_frame(timeout_us=1_000_000) is a
+
+
 def test_acquire_without_a_new_frame_hands_back_the_old_one(display):
     rng = np.random.default_rng()
     with connected(display, 32, 8) as (stream, producer, consumer):
