@@ -12,6 +12,10 @@ from ._native import ffi, lib
 _init_lock = threading.RLock()
 _initialized = False
 
+# The driver's answer for a launch that timed out, and for an EGLStream acquire or return that
+# waited in vain.
+ERROR_LAUNCH_TIMEOUT = lib.CUDA_ERROR_LAUNCH_TIMEOUT
+
 
 def cuda_error(code: int, call: str, doing: str = "") -> CUDAError:
     """Build a :class:`CUDAError`, naming the code through the driver where it can."""
@@ -84,7 +88,6 @@ def mps_enabled(ordinal: int = 0) -> bool | None:
 
 # ---- memory, copies and ordering (frames layer) -------------------------------------------------
 
-ERROR_LAUNCH_TIMEOUT = lib.CUDA_ERROR_LAUNCH_TIMEOUT  # also what a timed-out EGLStream acquire or return answers
 MANAGED_ATTACH_GLOBAL = lib.CU_MEM_ATTACH_GLOBAL
 MANAGED_ATTACH_HOST = lib.CU_MEM_ATTACH_HOST
 MANAGED_ATTACH_SINGLE = lib.CU_MEM_ATTACH_SINGLE
