@@ -66,6 +66,12 @@ FILL = os.environ.get("EGLCUDA_BENCH_FILL", "1") != "0"
 # EGLCUDA_BENCH_NUMBERS=0: eglcuda's consumer is connected with frame_numbers=False (no frame-counter
 # query per acquire).
 NUMBERS = os.environ.get("EGLCUDA_BENCH_NUMBERS", "1") != "0"
+# EGLCUDA_BENCH_STREAM=legacy: each end's GPU work and its transport's calls go on the legacy default
+# stream instead of a non-blocking stream of its own (eglcuda: the consumer connected with
+# cuda_stream=0, present(cuda_stream=0)); producer-legacy: the producer's only. See
+# docs/crossprocess.md, "Which CUDA stream".
+STREAM = os.environ.get("EGLCUDA_BENCH_STREAM", "own")
+STREAMS = ("own", "legacy", "producer-legacy")
 # The GPU each end runs on (bench/cross_gpu.py sets them): environment variables, for the same reason.
 GPU = {"producer": int(os.environ.get("EGLCUDA_BENCH_PRODUCER_GPU", "0")),
        "consumer": int(os.environ.get("EGLCUDA_BENCH_CONSUMER_GPU", "0"))}
@@ -86,14 +92,16 @@ def driver():
 class Cuda:
     """The few driver calls both ends need, through cuda-python, on a device's primary context."""
 
-    def __init__(self, ordinal: int = 0) -> None:
+    def __init__(self, ordinal: int = 0, role: str = "producer") -> None:
         self.cu = cu = driver()
         self.ok = cu.CUresult.CUDA_SUCCESS
         self.check(cu.cuInit(0))
         device = self.check(cu.cuDeviceGet(ordinal))
         self.context = self.check(cu.cuDevicePrimaryCtxRetain(device))
         self.check(cu.cuCtxSetCurrent(self.context))
-        self.stream = self.check(cu.cuStreamCreate(1))  # non-blocking
+        # non-blocking, or the legacy default stream (EGLCUDA_BENCH_STREAM=legacy)
+        legacy = STREAM == "legacy" or (STREAM == "producer-legacy" and role == "producer")
+        self.stream = cu.CUstream(0) if legacy else self.check(cu.cuStreamCreate(1))
         self.word = np.zeros(1, np.uint32)
         self.word_address = self.word.ctypes.data
         if CHECK == "pinned":
@@ -180,7 +188,7 @@ def eglcuda_producer(conn, width, height, latency_frames, throughput_frames, soc
 def eglcuda_consumer(conn, width, height, latency_frames, throughput_frames, socket_path):
     import eglcuda
 
-    cuda = Cuda(GPU["consumer"])
+    cuda = Cuda(GPU["consumer"], "consumer")
     with eglcuda.Display.for_cuda_device(GPU["consumer"]) as display:
         stream = display.create_stream(fifo_length=FIFO, cross_process=True)
         consumer = stream.connect_cuda_consumer(cuda_stream=int(cuda.stream), frame_numbers=NUMBERS)
@@ -273,7 +281,7 @@ def ipc_producer(conn, width, height, latency_frames, throughput_frames, socket_
 
 
 def ipc_consumer(conn, width, height, latency_frames, throughput_frames, socket_path):
-    cuda, cu = Cuda(GPU["consumer"]), driver()
+    cuda, cu = Cuda(GPU["consumer"], "consumer"), driver()
     size = width * 4 * height
     buffers, events = [], []
     for mem_bytes, event_bytes in conn.recv():  # opened once, used for every frame
@@ -356,7 +364,7 @@ def shm_producer(conn, width, height, latency_frames, throughput_frames, socket_
 def shm_consumer(conn, width, height, latency_frames, throughput_frames, socket_path):
     from multiprocessing import shared_memory
 
-    cuda, cu = Cuda(GPU["consumer"]), driver()
+    cuda, cu = Cuda(GPU["consumer"], "consumer"), driver()
     size = width * 4 * height
     shm = shared_memory.SharedMemory(name=conn.recv())
     host = np.ndarray((SLOTS, size), np.uint8, buffer=shm.buf)
@@ -453,6 +461,9 @@ def main() -> int:
     args = parser.parse_args()
     if CHECK not in CHECKS:
         print(f"{PROGRAM}: EGLCUDA_BENCH_CHECK is one of {', '.join(CHECKS)}, got {CHECK!r}", file=sys.stderr)
+        return 2
+    if STREAM not in STREAMS:
+        print(f"{PROGRAM}: EGLCUDA_BENCH_STREAM is one of {', '.join(STREAMS)}, got {STREAM!r}", file=sys.stderr)
         return 2
     if not FILL and CHECK != "none":
         print(f"{PROGRAM}: EGLCUDA_BENCH_FILL=0 leaves the frames unwritten: set EGLCUDA_BENCH_CHECK=none",

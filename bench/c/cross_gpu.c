@@ -65,6 +65,15 @@
  *                copy with cuMemcpyDtoHAsync (a pitch frame) instead of cuMemcpy2DAsync.
  *   NONBLOCKING=1  both ends create their CUDA stream non-blocking (CU_STREAM_NON_BLOCKING), as
  *                bench/cross_process.py's ends do; by default it is a blocking stream.
+ *   CALL_STREAM=own|legacy|per-thread  the CUDA stream the EGLStream calls (present, return,
+ *                acquire, release) pass: each end's own stream (the default), the legacy default
+ *                stream (NULL) or the per-thread default stream. The GPU work (FILL, KERNELS, CHECK,
+ *                PEEK) stays on the end's own stream: a blocking one (without NONBLOCKING) is
+ *                ordered with the legacy default stream, a non-blocking one is not.
+ *                CALL_STREAM_PRODUCER / CALL_STREAM_CONSUMER: the same for one side only.
+ *   HOST_SYNC=1  each end synchronizes its own stream on the host right before its present or
+ *                release (inside the timed span: present_us and release_us include it).
+ *   WORK_STREAM=legacy  each end's GPU work (and CALL_STREAM=own) uses the legacy default stream.
  *   FILL=1       the producer writes every byte of each frame before the present (one 32-bit
  *                memset of the frame's number over all its planes, on its CUDA stream), as
  *                bench/cross_process.py's producers do; with PEEK=1 the consumer checks that the
@@ -212,6 +221,35 @@ static void pollute(void)
         pollute_buffer[i] += 1;
 }
 static unsigned int stream_flags; /* NONBLOCKING */
+enum { PRODUCER_SIDE, CONSUMER_SIDE };
+static int call_own_stream[2] = {1, 1}; /* CALL_STREAM: an end's EGLStream calls pass its own stream */
+static CUstream call_stream[2];         /* ... or this one: NULL (legacy) or CU_STREAM_PER_THREAD */
+static int host_sync;                   /* HOST_SYNC */
+static int work_on_legacy;              /* WORK_STREAM=legacy */
+
+/* The stream an EGLStream call of one side passes, its own stream being *own (CALL_STREAM). */
+static CUstream *call_stream_of(int side, CUstream *own)
+{
+    return call_own_stream[side] ? own : &call_stream[side];
+}
+
+/* CALL_STREAM's value for one side, or both (side < 0). */
+static int set_call_stream(int side, const char *value)
+{
+    for (int i = 0; i < 2; i++) {
+        if (side >= 0 && i != side)
+            continue;
+        if (strcmp(value, "legacy") == 0)
+            call_own_stream[i] = 0, call_stream[i] = NULL;
+        else if (strcmp(value, "per-thread") == 0)
+            call_own_stream[i] = 0, call_stream[i] = (CUstream)(uintptr_t)0x2; /* CU_STREAM_PER_THREAD */
+        else if (strcmp(value, "own") == 0)
+            call_own_stream[i] = 1;
+        else
+            return -1;
+    }
+    return 0;
+}
 static pid_t fan_child[MAX_CONSUMERS];  /* fanout, in the producer: the consumer processes */
 static int fan_children;
 static int64_t pace_ns;
@@ -690,6 +728,8 @@ static void producer_setup(struct producer *pr, int gpu, int fd, EGLDisplay same
             require_connecting(pr->dpy, pr->stream);
     }
     CU(p_cuStreamCreate(&pr->cu_stream, stream_flags));
+    if (work_on_legacy)
+        pr->cu_stream = NULL; /* WORK_STREAM=legacy (the created stream is left unused) */
     for (int i = 0; i < POOL; i++) {
         CU(p_cuMemAlloc(&pr->memory[i], G.bytes));
         describe_frame(&pr->pool[i], pr->memory[i]);
@@ -708,7 +748,7 @@ static void producer_setup(struct producer *pr, int gpu, int fd, EGLDisplay same
 static int producer_try_return(struct producer *pr)
 {
     CUeglFrame back;
-    CUresult r = p_cuEGLStreamProducerReturnFrame(&pr->conn, &back, &pr->cu_stream);
+    CUresult r = p_cuEGLStreamProducerReturnFrame(&pr->conn, &back, call_stream_of(PRODUCER_SIDE, &pr->cu_stream));
     if (r == CUDA_ERROR_LAUNCH_TIMEOUT)
         return 0;
     if (r != CUDA_SUCCESS)
@@ -752,7 +792,9 @@ static void producer_present(struct producer *pr, int k)
     int64_t t0 = now_ns();
     __atomic_store_n(&s->t_ns, t0, __ATOMIC_RELAXED);
     __atomic_store_n(&s->seq, (uint64_t)k + 1, __ATOMIC_RELEASE);
-    CU(p_cuEGLStreamProducerPresentFrame(&pr->conn, pr->pool[index], &pr->cu_stream));
+    if (host_sync)
+        CU(p_cuStreamSynchronize(pr->cu_stream));
+    CU(p_cuEGLStreamProducerPresentFrame(&pr->conn, pr->pool[index], call_stream_of(PRODUCER_SIDE, &pr->cu_stream)));
     pr->present_s[k] = (now_ns() - t0) * 1e-9;
 }
 
@@ -818,6 +860,8 @@ static void consumer_setup(struct consumer *co, int gpu)
             fail("eglGetStreamFileDescriptorKHR -> EGL error 0x%x", p_eglGetError());
     }
     CU(p_cuStreamCreate(&co->cu_stream, stream_flags));
+    if (work_on_legacy)
+        co->cu_stream = NULL;
     CU(p_cuEGLStreamConsumerConnect(&co->conn, co->stream));
     co->release_s = calloc((size_t)total, sizeof(double));
     co->latency_s = calloc((size_t)total, sizeof(double));
@@ -879,7 +923,8 @@ static void consumer_frame(struct consumer *co, int k)
     int64_t t_asked = now_ns();
     if (co->acquire_ns)
         co->acquire_ns[k] = t_asked;
-    CUresult r = p_cuEGLStreamConsumerAcquireFrame(&co->conn, &resource, &co->cu_stream, acquire_timeout_us);
+    CUresult r = p_cuEGLStreamConsumerAcquireFrame(&co->conn, &resource, call_stream_of(CONSUMER_SIDE, &co->cu_stream),
+                                                acquire_timeout_us);
     int64_t t_acquired = now_ns();
     if (r != CUDA_SUCCESS)
         fail("cuEGLStreamConsumerAcquireFrame (frame %d) -> %d %s (stream state 0x%x%s)", k, r, cu_name(r),
@@ -914,7 +959,9 @@ static void consumer_frame(struct consumer *co, int k)
         queue_kernel(co->scratch, co->cu_stream, k);
     }
     int64_t t0 = now_ns();
-    CU(p_cuEGLStreamConsumerReleaseFrame(&co->conn, resource, &co->cu_stream));
+    if (host_sync)
+        CU(p_cuStreamSynchronize(co->cu_stream));
+    CU(p_cuEGLStreamConsumerReleaseFrame(&co->conn, resource, call_stream_of(CONSUMER_SIDE, &co->cu_stream)));
     int64_t t1 = now_ns();
     co->release_s[k] = (t1 - t0) * 1e-9;
     if (k == total - 1)
@@ -1279,7 +1326,7 @@ static void fan_consumer_process(int c, int sock, int producer_gpu, int consumer
 static int fan_try_return(struct fan *f, int c)
 {
     CUeglFrame back;
-    CUresult r = p_cuEGLStreamProducerReturnFrame(&f->conn[c], &back, &f->cu_stream);
+    CUresult r = p_cuEGLStreamProducerReturnFrame(&f->conn[c], &back, call_stream_of(PRODUCER_SIDE, &f->cu_stream));
     if (r == CUDA_ERROR_LAUNCH_TIMEOUT)
         return 0;
     if (r != CUDA_SUCCESS)
@@ -1342,7 +1389,7 @@ static void fan_present_all(struct fan *f, int k)
         int64_t t0 = now_ns();
         __atomic_store_n(&s->t_ns, t0, __ATOMIC_RELAXED);
         __atomic_store_n(&s->seq, (uint64_t)k + 1, __ATOMIC_RELEASE);
-        CUresult r = p_cuEGLStreamProducerPresentFrame(&f->conn[c], f->pool[i], &f->cu_stream);
+        CUresult r = p_cuEGLStreamProducerPresentFrame(&f->conn[c], f->pool[i], call_stream_of(PRODUCER_SIDE, &f->cu_stream));
         if (r != CUDA_SUCCESS)
             fail("cuEGLStreamProducerPresentFrame (round %d, consumer %d) -> %d %s%s", k, c, r, cu_name(r), fan_note());
         f->present_s[(size_t)k * consumers + c] = (now_ns() - t0) * 1e-9;
@@ -1541,6 +1588,18 @@ int main(int argc, char **argv)
     peek_1d = env && *env && strcmp(env, "0") != 0;
     env = getenv("NONBLOCKING");
     stream_flags = env && *env && strcmp(env, "0") != 0 ? 1u /* CU_STREAM_NON_BLOCKING */ : 0u;
+    const char *call_names[3] = {"CALL_STREAM", "CALL_STREAM_PRODUCER", "CALL_STREAM_CONSUMER"};
+    for (int i = 0; i < 3; i++) {
+        env = getenv(call_names[i]);
+        if (env && *env && set_call_stream(i - 1, env))
+            usage_exit("CALL_STREAM, CALL_STREAM_PRODUCER and CALL_STREAM_CONSUMER are own, legacy or per-thread");
+    }
+    env = getenv("HOST_SYNC");
+    host_sync = env && *env && strcmp(env, "0") != 0;
+    env = getenv("WORK_STREAM");
+    work_on_legacy = env && strcmp(env, "legacy") == 0;
+    if (env && *env && !work_on_legacy && strcmp(env, "own") != 0)
+        usage_exit("WORK_STREAM is own or legacy");
     env = getenv("FILL");
     fill = env && *env && strcmp(env, "0") != 0;
     env = getenv("BREAKDOWN");
