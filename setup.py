@@ -12,15 +12,21 @@ if int(setuptools.__version__.split(".")[0]) < 77:  # pyproject.toml's SPDX lice
                      "pip install -U 'setuptools>=77'")
 
 from Cython.Build import cythonize  # noqa: E402
+import glob  # noqa: E402
+
 from setuptools import Extension, setup  # noqa: E402
+
+# The C declarations and the helper table's contract: a change rebuilds the extensions that
+# include them (an incremental build would otherwise keep an old table layout in one of them).
+HEADERS = sorted(glob.glob("csrc/*.h"))
 
 COMPILED = [
     Extension("eglcuda._resource", ["eglcuda/_resource.pyx"], extra_compile_args=["-O2"]),
-    Extension("eglcuda.frames._core", ["eglcuda/frames/_core.pyx"], include_dirs=["csrc"],
+    Extension("eglcuda.frames._core", ["eglcuda/frames/_core.pyx"], include_dirs=["csrc"], depends=HEADERS,
               extra_compile_args=["-O2"]),
-    Extension("eglcuda.streams.cuda", ["eglcuda/streams/cuda.pyx"], include_dirs=["csrc"],
+    Extension("eglcuda.streams.cuda", ["eglcuda/streams/cuda.pyx"], include_dirs=["csrc"], depends=HEADERS,
               extra_compile_args=["-O2"]),
-    Extension("eglcuda.topics._wire", ["eglcuda/topics/_wire.pyx"], include_dirs=["csrc"],
+    Extension("eglcuda.topics._wire", ["eglcuda/topics/_wire.pyx"], include_dirs=["csrc"], depends=HEADERS,
               extra_compile_args=["-O2"]),
 ]
 

@@ -117,6 +117,18 @@ CUresult eglcuda_producer_return(CUcontext ctx, CUeglStreamConnection *conn, CUe
     return return_step(conn, frame, stream, timeout_us, plane0);
 }
 
+/* Wait for the legacy default stream's work on the host. Between processes the driver does not
+ * order a present or a release that names the legacy default stream (NULL) after that stream's
+ * work: measured on driver 580 without MPS, a consumer in another process read frames whose
+ * writes had not landed (docs/streams.md, "The legacy default stream between processes"). */
+static CUresult eglcuda_legacy_sync(CUcontext ctx, int *failed_call)
+{
+    CUresult status = eglcuda_ensure_current(ctx);
+    if (status != CUDA_SUCCESS) { *failed_call = EGLCUDA_CALL_CONTEXT; return status; }
+    *failed_call = EGLCUDA_CALL_SYNCHRONIZE;
+    return cuStreamSynchronize(NULL);
+}
+
 /* ---- fused steps for frame loops ------------------------------------------------------------
  * A loop makes one call from Python per frame and side instead of two: each crossing costs more
  * than the driver's cheaper calls (see docs/benchmarks.md). */
@@ -302,6 +314,7 @@ static const struct eglcuda_hot_api eglcuda_hot_api_table = {
     eglcuda_consumer_next,
     eglcuda_consumer_release,
     eglcuda_consumer_counter,
+    eglcuda_legacy_sync,
     eglcuda_ipc_record,
     eglcuda_ipc_release,
     eglcuda_ipc_order_after,

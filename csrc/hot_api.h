@@ -8,7 +8,7 @@
  *
  * Needs the types of egl_core.h, egl_stream.h and cuda_egl.h. */
 
-#define EGLCUDA_HOT_API_VERSION 6
+#define EGLCUDA_HOT_API_VERSION 7
 
 /* Which driver call a fused helper says failed (*failed_call). */
 enum eglcuda_call {
@@ -22,7 +22,8 @@ enum eglcuda_call {
     EGLCUDA_CALL_EVENT_QUERY = 7,       /* cuEventQuery */
     EGLCUDA_CALL_STREAM_WAIT_EVENT = 8, /* cuStreamWaitEvent */
     EGLCUDA_CALL_EVENT_RECORD = 9,      /* cuEventRecord */
-    EGLCUDA_CALL_STREAM_QUERY = 10      /* cuStreamQuery */
+    EGLCUDA_CALL_STREAM_QUERY = 10,     /* cuStreamQuery */
+    EGLCUDA_CALL_SYNCHRONIZE = 11       /* cuStreamSynchronize (the legacy default stream) */
 };
 
 /* The guide: CUDA cannot present more than 64 active frames on one stream. */
@@ -52,6 +53,10 @@ struct eglcuda_hot_api {
     CUresult (*consumer_release)(CUcontext ctx, CUeglStreamConnection *conn, CUgraphicsResource resource,
                                  CUstream *stream, int *failed_call);
     CUresult (*consumer_counter)(EGLDisplay dpy, EGLStreamKHR egl_stream, EGLuint64KHR *consumer_frame);
+    /* Wait on the host for the work queued on the legacy default stream, ctx made current first:
+     * what an endpoint of a stream shared with another process does before a present or release
+     * that names that stream, because the driver does not order it there (docs/streams.md). */
+    CUresult (*legacy_sync)(CUcontext ctx, int *failed_call);
     /* The cuda-ipc topic transport (eglcuda/topics/_wire.pyx), each with ctx made current first;
      * on failure *failed_call says which call failed. */
     /* The publisher's frame event. query: ask the stream first and record only while it has work

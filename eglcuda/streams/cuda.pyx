@@ -66,6 +66,7 @@ cdef extern from "eglcuda_types.h" nogil:
         CUresult (*consumer_release)(CUcontext, CUeglStreamConnection *, CUgraphicsResource,
                                      CUstream *, int *) noexcept nogil
         CUresult (*consumer_counter)(EGLDisplay, EGLStreamKHR, EGLuint64KHR *) noexcept nogil
+        CUresult (*legacy_sync)(CUcontext, int *) noexcept nogil
 
     enum:
         EGLCUDA_HOT_API_VERSION
@@ -76,9 +77,11 @@ cdef extern from "eglcuda_types.h" nogil:
         EGLCUDA_CALL_RELEASE
         EGLCUDA_CALL_PRESENT
         EGLCUDA_CALL_RETURN
+        EGLCUDA_CALL_SYNCHRONIZE
         EGLCUDA_MAX_FRAMES_IN_FLIGHT
         EGLCUDA_DEFAULT_ACQUIRE_TIMEOUT_US
         CUDA_ERROR_LAUNCH_TIMEOUT
+        CUDA_SUCCESS
 
 # A weak reference list is what keeps an acquired frame from being reused (see _frame_for).
 cdef extern from *:
@@ -103,7 +106,13 @@ CALL_NAMES = {EGLCUDA_CALL_CONTEXT: "cuCtxSetCurrent", EGLCUDA_CALL_ACQUIRE: "cu
               EGLCUDA_CALL_MAP: "cuGraphicsResourceGetMappedEglFrame", EGLCUDA_CALL_COUNTER: "eglQueryStreamu64KHR",
               EGLCUDA_CALL_RELEASE: "cuEGLStreamConsumerReleaseFrame",
               EGLCUDA_CALL_PRESENT: "cuEGLStreamProducerPresentFrame",
-              EGLCUDA_CALL_RETURN: "cuEGLStreamProducerReturnFrame"}
+              EGLCUDA_CALL_RETURN: "cuEGLStreamProducerReturnFrame",
+              EGLCUDA_CALL_SYNCHRONIZE: "cuStreamSynchronize"}
+
+
+cdef inline bint is_legacy(CUstream stream) noexcept nogil:
+    """NULL or CU_STREAM_LEGACY: the legacy default stream."""
+    return <uintptr_t>stream <= 1
 
 # ---- the helper table ---------------------------------------------------------------------------
 
@@ -329,6 +338,10 @@ cdef class CudaProducer(Resource):
     cdef unsigned long long returned_key
     cdef int failed_call
     cdef bint reuse, connected
+    # The stream is shared with another process (or opened on another GPU's display): a present
+    # naming the legacy default stream waits for that stream's work on the host first, because the
+    # driver does not order it (see eglcuda_legacy_sync in csrc/helpers.c).
+    cdef bint shared
     # Presents begun and presents done (successfully), each counted with the GIL held: a consumer
     # in this process reads them to number a new frame without asking EGL (see _derive_plan). A
     # failed present leaves them unequal for good.
@@ -379,6 +392,7 @@ cdef class CudaProducer(Resource):
         self._own(_driver.disconnect, <uintptr_t>self.ctx, "producer", self._connection, 0, parent=stream)
         self.conn = <CUeglStreamConnection *><uintptr_t>_driver.connection_address(self._connection)
         self.reuse = bool(stream.reuse_last_frame)
+        self.shared = stream._shared()
         self.connected = True
         self.link.connected = True
         stream.producer = self
@@ -393,8 +407,10 @@ cdef class CudaProducer(Resource):
         """Hand ``frame`` to the consumer. ``cuda_stream`` is where the work writing the frame was
         queued (None: the legacy default stream). The driver returns only once that work is done
         (measured on driver 580), and on a FIFO stream only once the queue has room; the wait
-        releases the GIL. The frame is checked against the connection (size, format, layout,
-        device) the first time this producer sees it, before the driver does."""
+        releases the GIL. On a stream shared with another process, a present naming the legacy
+        default stream (None, 0) first waits for that stream's work on the host: the driver does
+        not order it there (docs/streams.md). The frame is checked against the connection (size,
+        format, layout, device) the first time this producer sees it, before the driver does."""
         cdef FrameCore core
         cdef CUstream *stream_box
         cdef CUresult status
@@ -405,7 +421,11 @@ cdef class CudaProducer(Resource):
             stream_box = &self.default_stream if cuda_stream is None else &self.present_stream
             self.presents_started += 1
             with nogil:
-                status = hot.producer_present(self.ctx, self.conn, &core.egl, stream_box, &self.failed_call)
+                status = CUDA_SUCCESS
+                if self.shared and is_legacy(stream_box[0]):
+                    status = hot.legacy_sync(self.ctx, &self.failed_call)
+                if status == CUDA_SUCCESS:
+                    status = hot.producer_present(self.ctx, self.conn, &core.egl, stream_box, &self.failed_call)
             if status:
                 raise self.stream._driver_failure(status, CALL_NAMES[self.failed_call], "presenting a frame",
                                                   "consumer")
@@ -460,7 +480,11 @@ cdef class CudaProducer(Resource):
                 wait_us = 0
             self.presents_started += 1
             with nogil:
-                status = hot.producer_present_return(self.ctx, self.conn, &core.egl, stream_box, &self.returned,
+                status = CUDA_SUCCESS
+                if self.shared and is_legacy(stream_box[0]):
+                    status = hot.legacy_sync(self.ctx, &self.failed_call)
+                if status == CUDA_SUCCESS:
+                    status = hot.producer_present_return(self.ctx, self.conn, &core.egl, stream_box, &self.returned,
                                                      &self.return_stream, wait_us, &self.returned_key,
                                                      &self.failed_call)
             if status and self.failed_call != EGLCUDA_CALL_RETURN:  # the context switch or the present
@@ -782,7 +806,10 @@ cdef class CudaConsumer(Resource):
 
     Holds at most one acquired frame at a time (the driver's rule): release it before the next
     :meth:`acquire`. Work on an acquired frame belongs on :attr:`cuda_stream`, which the driver
-    orders after the producer's work on the frame (implicit synchronization).
+    orders after the producer's work on the frame (implicit synchronization). A consumer on the
+    legacy default stream (``cuda_stream=0``) of a stream shared with another process waits for
+    that stream's work on the host before each release, because the driver does not order a
+    release there (docs/streams.md).
     """
 
     cdef readonly object stream
@@ -803,6 +830,9 @@ cdef class CudaConsumer(Resource):
     cdef uint64_t counter, last_number
     cdef int failed_call
     cdef bint use_counter, has_last, producer_seen, connected
+    # Its stream is the legacy default stream and the EGLStream is shared with another process: a
+    # release waits for that stream's work on the host first (as CudaProducer.shared).
+    cdef bint sync_before_release
     # Frame numbers without the EGL query (see _derive_plan).
     cdef CudaProducer producer  # the stream's producer when it is in this process
     cdef bint fifo, last_latched, base_known, derive_off
@@ -860,6 +890,7 @@ cdef class CudaConsumer(Resource):
                   self.cuda_stream if self.own_stream else 0, parent=stream)
         self.conn = <CUeglStreamConnection *><uintptr_t>_driver.connection_address(self._connection)
         self.cu_stream = <CUstream>self.cuda_stream
+        self.sync_before_release = is_legacy(self.cu_stream) and stream._shared()
         self.dpy = <EGLDisplay>pointer(stream.display.handle)
         self.egl_stream = <EGLStreamKHR>pointer(stream.handle)
         self.frame_numbers = frame_numbers
@@ -950,10 +981,15 @@ cdef class CudaConsumer(Resource):
         if release_held and self.held is not None:
             held_resource = self.held_resource
             with nogil:
-                status = hot.consumer_next(self.ctx, self.conn, held_resource, &self.resource, &self.cu_stream,
-                                           wait_us, &self.egl_frame, dpy, self.egl_stream, &self.counter,
-                                           &self.failed_call)
-            if not status or (self.failed_call != EGLCUDA_CALL_CONTEXT and self.failed_call != EGLCUDA_CALL_RELEASE):
+                status = CUDA_SUCCESS
+                if self.sync_before_release:
+                    status = hot.legacy_sync(self.ctx, &self.failed_call)
+                if status == CUDA_SUCCESS:
+                    status = hot.consumer_next(self.ctx, self.conn, held_resource, &self.resource, &self.cu_stream,
+                                               wait_us, &self.egl_frame, dpy, self.egl_stream, &self.counter,
+                                               &self.failed_call)
+            if not status or (self.failed_call != EGLCUDA_CALL_CONTEXT and self.failed_call != EGLCUDA_CALL_RELEASE
+                              and self.failed_call != EGLCUDA_CALL_SYNCHRONIZE):
                 self._let_go_of_held()  # released: the stream owns it from here on
             # else it was not released: it stays held and usable, and the error says why
         else:
@@ -968,8 +1004,8 @@ cdef class CudaConsumer(Resource):
             if self.failed_call == EGLCUDA_CALL_COUNTER:
                 # The frame is acquired and mapped; only the counter query failed: go on without it.
                 self._counter_failed()
-            elif self.failed_call == EGLCUDA_CALL_RELEASE:
-                raise cuda_error(status, "cuEGLStreamConsumerReleaseFrame", "releasing a frame")
+            elif self.failed_call == EGLCUDA_CALL_RELEASE or self.failed_call == EGLCUDA_CALL_SYNCHRONIZE:
+                raise cuda_error(status, CALL_NAMES[self.failed_call], "releasing a frame")
             else:
                 raise self.stream._driver_failure(
                     status, CALL_NAMES.get(self.failed_call, "the acquire"), "acquiring a frame", "producer",
@@ -1049,8 +1085,12 @@ cdef class CudaConsumer(Resource):
             if not self.connected:
                 raise ClosedError("the consumer is disconnected (or its stream closed)")
             with nogil:
-                status = hot.consumer_release(self.ctx, self.conn, self.held_resource, &self.cu_stream,
-                                              &self.failed_call)
+                status = CUDA_SUCCESS
+                if self.sync_before_release:
+                    status = hot.legacy_sync(self.ctx, &self.failed_call)
+                if status == CUDA_SUCCESS:
+                    status = hot.consumer_release(self.ctx, self.conn, self.held_resource, &self.cu_stream,
+                                                  &self.failed_call)
             if status:
                 # The frame stays held and usable: the caller may release it again.
                 raise cuda_error(status, CALL_NAMES[self.failed_call], "releasing a frame")

@@ -183,6 +183,11 @@ class Stream(Resource):
         self._fd_box.append(fd)
         return fd
 
+    def _shared(self) -> bool:
+        """Whether another process (or another GPU's display) may hold this stream: it was made
+        with ``cross_process=True``, exported, or opened from a descriptor."""
+        return bool(self._fd_box)
+
     def export_fd(self) -> int:
         """A new file descriptor for this stream, the caller's to send and close.
 

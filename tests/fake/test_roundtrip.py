@@ -575,3 +575,85 @@ def test_producer_before_consumer_and_misuse_of_acquired_frames():
                     use()
             with pytest.raises(eglcuda.UsageError, match="read-only"):
                 consumer.acquire().planes[0].copy_from(np.zeros((16, 16, 4), np.uint8))
+
+
+# ---- the legacy default stream on a stream shared with another process ----------------------------
+
+SYNCHRONIZE = "cuStreamSynchronize"
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["this-process", "shared"])
+@fake_driver_test
+def test_calls_naming_the_legacy_stream_wait_for_it_on_a_shared_stream(shared):
+    """Between processes the driver does not order a present or a release that names the legacy
+    default stream after that stream's work (driver 580, docs/streams.md). On a stream shared with
+    another process eglcuda synchronizes the legacy default stream on the host before such a
+    present (``present(frame)``, ``cuda_stream=0`` or ``1``, ``present_and_return``) and before
+    such a release (a consumer on ``cuda_stream=0``: ``release``, ``acquire_next``), once per call;
+    never for another CUDA stream, nor on a stream of this process alone. Every frame's bytes
+    arrive."""
+    from eglcuda._bind import cuda as _cuda
+
+    random = rng()
+    each = 1 if shared else 0
+    with display() as opened, opened.create_stream(fifo_length=4, cross_process=shared) as stream:
+        consumer = stream.connect_cuda_consumer(cuda_stream=0)
+        producer = stream.connect_cuda_producer(24, 10)
+        created = _cuda.stream_create()
+        ring = [producer.allocate_frame() for _ in range(4)]
+
+        def syncs_of(call):
+            before = fake.calls(SYNCHRONIZE)
+            result = call()
+            return fake.calls(SYNCHRONIZE) - before, result
+
+        for index, (cuda_stream, expected) in enumerate([(None, each), (0, each), (1, each), (created, 0)]):
+            frame = ring[index % 2]
+            if index >= 2:
+                assert producer.return_frame(1_000_000) is frame
+            data = fill_random(frame, random)
+            assert syncs_of(lambda: producer.present(frame, cuda_stream=cuda_stream))[0] == expected, cuda_stream
+            acquired = consumer.acquire(timeout_us=1_000_000)
+            assert_frame_equals(acquired, data)
+            assert syncs_of(acquired.release)[0] == each  # the consumer's stream is the legacy one
+        data = fill_random(ring[2], random)
+        assert syncs_of(lambda: producer.present_and_return(ring[2], timeout_us=0))[0] == each
+        held = consumer.acquire(timeout_us=1_000_000)
+        assert_frame_equals(held, data)
+        data = fill_random(ring[3], random)
+        assert syncs_of(lambda: producer.present(ring[3], cuda_stream=created))[0] == 0
+        count, acquired = syncs_of(lambda: consumer.acquire_next(timeout_us=1_000_000))
+        assert count == each and held.released
+        assert_frame_equals(acquired, data)
+        acquired.release()
+        _cuda.stream_destroy(created)
+
+
+@fake_driver_test
+def test_a_failed_legacy_synchronize_presents_and_releases_nothing():
+    """The synchronize before a present or a release on a shared stream fails: a CUDAError naming
+    cuStreamSynchronize; the frame is not in flight (presenting it again works), the acquired frame
+    stays held (releasing it again works)."""
+    random = rng()
+    with display() as opened, opened.create_stream(fifo_length=4, cross_process=True) as stream:
+        consumer = stream.connect_cuda_consumer(cuda_stream=0)
+        producer = stream.connect_cuda_producer(24, 10)
+        frame = producer.allocate_frame()
+        data = fill_random(frame, random)
+        presents = fake.calls("cuEGLStreamProducerPresentFrame")
+        fake.fail(SYNCHRONIZE, 1)  # CUDA_ERROR_INVALID_VALUE
+        with pytest.raises(eglcuda.CUDAError) as info:
+            producer.present(frame)
+        assert (info.value.call, info.value.code) == (SYNCHRONIZE, 1), str(info.value)
+        assert fake.calls("cuEGLStreamProducerPresentFrame") == presents and producer.in_flight == 0
+        producer.present(frame)
+        acquired = consumer.acquire(timeout_us=1_000_000)
+        releases = fake.calls("cuEGLStreamConsumerReleaseFrame")
+        fake.fail(SYNCHRONIZE, 1)
+        with pytest.raises(eglcuda.CUDAError) as info:
+            acquired.release()
+        assert info.value.call == SYNCHRONIZE and fake.calls("cuEGLStreamConsumerReleaseFrame") == releases
+        assert not acquired.released
+        assert_frame_equals(acquired, data)
+        acquired.release()
+        assert acquired.released

@@ -43,6 +43,28 @@ def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
+def cuda_driver():
+    """cuda-python's driver module (cuda.bindings since 12.6, ``cuda.cuda`` before)."""
+    try:
+        from cuda.bindings import driver
+    except ImportError:
+        from cuda import cuda as driver  # type: ignore[no-redef]
+    return driver
+
+
+def write_on_legacy_stream(driver, frame, number: int, passes: int) -> None:
+    """Queue ``passes`` fills of plane 0 on the legacy default stream, the last one with ``number``
+    in every 32-bit word, and return without waiting for them (what a kernel writing the frame on
+    PyTorch's or CuPy's default stream does)."""
+    plane = frame.planes[0]
+    words = plane.pitch * frame.height // 4
+    for index in range(passes):
+        value = number if index == passes - 1 else 0xDEAD0000 | index
+        status, = driver.cuMemsetD32Async(plane.pointer, value, words, driver.CUstream(0))
+        if status != driver.CUresult.CUDA_SUCCESS:
+            raise RuntimeError(f"cuMemsetD32Async: {status}")
+
+
 def produce(args) -> int:
     with eglcuda.Display.for_cuda_device(args.device) as display:
         stream = eglcuda.receive_stream(display, args.socket, timeout=30)
@@ -51,6 +73,7 @@ def produce(args) -> int:
                                                 layout=args.layout, device=args.device)
         maybe_die(args, "connected")
         free = [producer.allocate_frame() for _ in range(stream.fifo_length + 2)]
+        driver = cuda_driver() if args.write == "legacy-async" else None
         say(event="connected", fifo_length=stream.fifo_length, pid=os.getpid())
         number = 0
         while args.frames == 0 or number < args.frames:
@@ -60,10 +83,14 @@ def produce(args) -> int:
                     free.append(back)
             frame = free.pop()
             number = producer.frames_presented + 1
-            for plane, data in zip(frame.planes, frame_content(frame, args.seed, number)):
-                plane.copy_from(data)
-            producer.present(frame)
-            say(event="presented", number=number)
+            if driver is not None:
+                write_on_legacy_stream(driver, frame, number, args.passes)
+            else:
+                for plane, data in zip(frame.planes, frame_content(frame, args.seed, number)):
+                    plane.copy_from(data)
+            producer.present(frame)  # cuda_stream None: the legacy default stream
+            if driver is None:
+                say(event="presented", number=number)
             maybe_die(args, "presented")
             if args.pace_ms:
                 time.sleep(args.pace_ms / 1e3)
@@ -136,6 +163,10 @@ def main() -> int:
     parser.add_argument("--count", type=int, default=200)
     parser.add_argument("--device", type=int, default=0, help="the producer's CUDA device")
     parser.add_argument("--layout", default="pitch", choices=["pitch", "array"])
+    parser.add_argument("--write", default="copy", choices=["copy", "legacy-async"],
+                        help="copy: frame_content through copy_from; legacy-async: --passes fills of "
+                             "plane 0 queued on the legacy default stream, the last with the frame's number")
+    parser.add_argument("--passes", type=int, default=8)
     parser.add_argument("--die-at", default=None, choices=["received", "connected", "presented", "served"],
                         help="SIGKILL this process at that step")
     args = parser.parse_args()

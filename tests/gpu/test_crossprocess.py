@@ -237,6 +237,107 @@ def test_nobody_takes_the_stream(display, sock_path):
         assert not os.path.exists(sock_path)
 
 
+# ---- the legacy default stream between processes -----------------------------------------------
+
+def cuda_driver():
+    driver = pytest.importorskip("cuda.bindings.driver", reason="needs cuda-python (pip install cuda-python)")
+    return driver
+
+
+def read_words(driver, pointer: int, offsets, stream: int) -> list[int]:
+    """32-bit words at ``offsets`` bytes from ``pointer``, copied on ``stream`` and waited for."""
+    words = np.zeros(len(offsets), np.uint32)
+    for index, offset in enumerate(offsets):
+        status, = driver.cuMemcpyDtoHAsync(words.ctypes.data + 4 * index, pointer + offset, 4, driver.CUstream(stream))
+        assert status == driver.CUresult.CUDA_SUCCESS, status
+    status, = driver.cuStreamSynchronize(driver.CUstream(stream))
+    assert status == driver.CUresult.CUDA_SUCCESS, status
+    return [int(w) for w in words]
+
+
+def legacy_writer(sock_path, frames, width=1920, height=1080):
+    """A producer process that writes each frame on the legacy default stream without waiting and
+    calls ``present(frame)`` (no cuda_stream): eight fills of plane 0 queued, the last one with the
+    frame's number in every word."""
+    return Peer("producer", "--socket", sock_path, "--width", str(width), "--height", str(height),
+                "--frames", str(frames), "--write", "legacy-async", "--passes", "8")
+
+
+def test_present_on_the_legacy_stream_waits_for_its_writes_across_processes(display, sock_path):
+    """``present(frame)`` names the legacy default stream; the driver does not order a present
+    there after that stream's work when the consumer is another process (driver 580 without MPS:
+    consumers read frames whose writes had not landed). eglcuda waits for that stream on the
+    host first, so every word the consumer reads right after its acquire is the frame's number."""
+    driver = cuda_driver()
+    frames = 300
+    stream, consumer = serve(display, sock_path)
+    peer = legacy_writer(sock_path, frames)
+    try:
+        eglcuda.serve_stream(stream, sock_path, timeout=30)
+        rng = np.random.default_rng()
+        wrong, numbers = [], []
+        while len(numbers) < frames:
+            with consumer.acquire(timeout_us=5_000_000) as acquired:
+                plane = acquired.planes[0]
+                size = plane.pitch * acquired.height
+                offsets = [0, size - 4] + [int(o) * 4 for o in rng.integers(0, size // 4, 6)]
+                got = read_words(driver, plane.pointer, offsets, acquired.cuda_stream)
+                if any(word != acquired.number for word in got):
+                    wrong.append((acquired.number, got))
+                numbers.append(acquired.number)
+        assert numbers == list(range(1, frames + 1))
+        assert not wrong, f"{len(wrong)} of {frames} frames read before their writes landed: {wrong[:3]}"
+        assert peer.finish() == 0, peer.stderr()
+    finally:
+        stream.close()
+        if peer.process.poll() is None:
+            peer.kill()
+
+
+def test_release_on_the_legacy_stream_waits_for_its_reads_across_processes(display, sock_path):
+    """A consumer on the legacy default stream (``cuda_stream=0``) queues copies of each frame
+    there and releases it at once: the release waits for those reads (eglcuda synchronizes the
+    legacy stream on the host before it), so the producer's next writes into that buffer never
+    reach a copy. Every copy holds its own frame's number."""
+    driver = cuda_driver()
+    frames, width, height = 200, 1920, 1080
+    stream = display.create_stream(fifo_length=4, cross_process=True)
+    consumer = stream.connect_cuda_consumer(cuda_stream=0)
+    peer = legacy_writer(sock_path, frames, width, height)
+    targets, numbers = [], []
+    try:
+        eglcuda.serve_stream(stream, sock_path, timeout=30)
+        size = 0
+        for index in range(frames):
+            with consumer.acquire(timeout_us=5_000_000) as acquired:
+                plane = acquired.planes[0]
+                if not targets:  # one copy target per frame, made before the frames come fast
+                    size = plane.pitch * height
+                    for _ in range(frames):
+                        status, target = driver.cuMemAlloc(size)
+                        assert status == driver.CUresult.CUDA_SUCCESS, status
+                        targets.append(target)
+                for _ in range(4):  # a read that takes a while, queued behind nothing else
+                    status, = driver.cuMemcpyDtoDAsync(targets[index], plane.pointer, size, driver.CUstream(0))
+                    assert status == driver.CUresult.CUDA_SUCCESS, status
+                numbers.append(acquired.number)
+            # released here, with the copies maybe still queued
+        assert numbers == list(range(1, frames + 1))
+        wrong = []
+        for number, target in zip(numbers, targets):
+            got = read_words(driver, int(target), [0, size // 2, size - 4], 0)
+            if any(word != number for word in got):
+                wrong.append((number, got))
+        assert not wrong, f"{len(wrong)} of {frames} copies hold another frame's writes: {wrong[:3]}"
+        assert peer.finish() == 0, peer.stderr()
+    finally:
+        for target in targets:
+            driver.cuMemFree(target)
+        stream.close()
+        if peer.process.poll() is None:
+            peer.kill()
+
+
 def test_two_hundred_cross_process_cycles_leak_nothing(display, sock_path):
     seed = 1  # what the peer's "cycles" role presents
     count = 200
