@@ -118,9 +118,10 @@ CUresult eglcuda_producer_return(CUcontext ctx, CUeglStreamConnection *conn, CUe
 }
 
 /* Wait for the legacy default stream's work on the host. Between processes the driver does not
- * order a present or a release that names the legacy default stream (NULL) after that stream's
- * work: measured on driver 580 without MPS, a consumer in another process read frames whose
- * writes had not landed (docs/streams.md, "The legacy default stream between processes"). */
+ * order a present that names the legacy default stream (NULL) after that stream's work: measured
+ * on driver 580 without MPS, a consumer in another process read frames whose writes had not
+ * landed (docs/streams.md, "The legacy default stream between processes"). A release named there
+ * is waited for too, as a precaution. */
 static CUresult eglcuda_legacy_sync(CUcontext ctx, int *failed_call)
 {
     CUresult status = eglcuda_ensure_current(ctx);

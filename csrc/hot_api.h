@@ -55,7 +55,8 @@ struct eglcuda_hot_api {
     CUresult (*consumer_counter)(EGLDisplay dpy, EGLStreamKHR egl_stream, EGLuint64KHR *consumer_frame);
     /* Wait on the host for the work queued on the legacy default stream, ctx made current first:
      * what an endpoint of a stream shared with another process does before a present or release
-     * that names that stream, because the driver does not order it there (docs/streams.md). */
+     * that names that stream. The driver does not order such a present (measured); the release
+     * is waited for as a precaution (docs/streams.md). */
     CUresult (*legacy_sync)(CUcontext ctx, int *failed_call);
     /* The cuda-ipc topic transport (eglcuda/topics/_wire.pyx), each with ctx made current first;
      * on failure *failed_call says which call failed. */

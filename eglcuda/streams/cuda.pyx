@@ -427,8 +427,7 @@ cdef class CudaProducer(Resource):
                 if status == CUDA_SUCCESS:
                     status = hot.producer_present(self.ctx, self.conn, &core.egl, stream_box, &self.failed_call)
             if status:
-                raise self.stream._driver_failure(status, CALL_NAMES[self.failed_call], "presenting a frame",
-                                                  "consumer")
+                raise self._present_failure(status)
             self._presented(core, known)
         finally:
             gate_leave(&self.gate)
@@ -487,9 +486,8 @@ cdef class CudaProducer(Resource):
                     status = hot.producer_present_return(self.ctx, self.conn, &core.egl, stream_box, &self.returned,
                                                      &self.return_stream, wait_us, &self.returned_key,
                                                      &self.failed_call)
-            if status and self.failed_call != EGLCUDA_CALL_RETURN:  # the context switch or the present
-                raise self.stream._driver_failure(status, CALL_NAMES[self.failed_call], "presenting a frame",
-                                                  "consumer")
+            if status and self.failed_call != EGLCUDA_CALL_RETURN:  # the synchronize, the context or the present
+                raise self._present_failure(status)
             self._presented(core, known)
             if status:
                 return self._return_failed(status, wait_us)
@@ -561,6 +559,13 @@ cdef class CudaProducer(Resource):
         flight[flying - 1] = None
         self.flying = flying - 1
         return frame
+
+    cdef object _present_failure(self, CUresult status):
+        """The error of a failed present (or of the synchronize before it)."""
+        if self.failed_call == EGLCUDA_CALL_SYNCHRONIZE:
+            # The legacy stream's own work failed (or its context did): not a sign of the consumer.
+            return cuda_error(status, CALL_NAMES[EGLCUDA_CALL_SYNCHRONIZE], "presenting a frame")
+        return self.stream._driver_failure(status, CALL_NAMES[self.failed_call], "presenting a frame", "consumer")
 
     cdef object _return_failed(self, CUresult status, unsigned long long waited_us):
         """A failed return: None for 'none came back yet', else the error."""
@@ -808,8 +813,9 @@ cdef class CudaConsumer(Resource):
     :meth:`acquire`. Work on an acquired frame belongs on :attr:`cuda_stream`, which the driver
     orders after the producer's work on the frame (implicit synchronization). A consumer on the
     legacy default stream (``cuda_stream=0``) of a stream shared with another process waits for
-    that stream's work on the host before each release, because the driver does not order a
-    release there (docs/streams.md).
+    that stream's work on the host before each release: the driver does not order a present named
+    on that stream between processes, and eglcuda does not rely on it for a release either
+    (docs/streams.md).
     """
 
     cdef readonly object stream

@@ -657,3 +657,47 @@ def test_a_failed_legacy_synchronize_presents_and_releases_nothing():
         assert_frame_equals(acquired, data)
         acquired.release()
         assert acquired.released
+
+
+@fake_driver_test
+def test_a_failed_legacy_synchronize_in_the_fused_calls():
+    """The same failure inside ``present_and_return`` (nothing presented, nothing taken back, the
+    frame not in flight) and inside ``acquire_next`` (the held frame stays held and usable, the
+    next frame stays in the stream; the next ``acquire_next`` releases the one and takes the
+    other). On a stream that disconnects meanwhile the failure is still the synchronize's
+    CUDAError, not StreamDisconnected."""
+    random = rng()
+    with display() as opened, opened.create_stream(fifo_length=4, cross_process=True) as stream:
+        consumer = stream.connect_cuda_consumer(cuda_stream=0)
+        producer = stream.connect_cuda_producer(24, 10)
+        ring = [producer.allocate_frame() for _ in range(3)]
+        first = fill_random(ring[0], random)
+        fake.fail(SYNCHRONIZE, 1)
+        with pytest.raises(eglcuda.CUDAError) as info:
+            producer.present_and_return(ring[0], timeout_us=0)
+        assert info.value.call == SYNCHRONIZE and producer.in_flight == 0
+        assert producer.present_and_return(ring[0], timeout_us=0) is None
+        held = consumer.acquire(timeout_us=1_000_000)
+        second = fill_random(ring[1], random)
+        producer.present(ring[1])
+        releases = fake.calls("cuEGLStreamConsumerReleaseFrame")
+        acquires = fake.calls("cuEGLStreamConsumerAcquireFrame")
+        fake.fail(SYNCHRONIZE, 1)
+        with pytest.raises(eglcuda.CUDAError) as info:
+            consumer.acquire_next(timeout_us=1_000_000)
+        assert info.value.call == SYNCHRONIZE, str(info.value)
+        assert fake.calls("cuEGLStreamConsumerReleaseFrame") == releases
+        assert fake.calls("cuEGLStreamConsumerAcquireFrame") == acquires
+        assert not held.released
+        assert_frame_equals(held, first)
+        acquired = consumer.acquire_next(timeout_us=1_000_000)
+        assert held.released
+        assert_frame_equals(acquired, second)
+        acquired.release()
+        # The consumer goes: a failed synchronize before the next present is still its own error.
+        consumer.close()
+        assert stream.state is eglcuda.StreamState.DISCONNECTED
+        fake.fail(SYNCHRONIZE, 1)
+        with pytest.raises(eglcuda.CUDAError) as info:
+            producer.present(ring[2])
+        assert info.value.call == SYNCHRONIZE and not isinstance(info.value, eglcuda.StreamDisconnected)

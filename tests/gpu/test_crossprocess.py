@@ -7,6 +7,7 @@ import gc
 import os
 import pathlib
 import tempfile
+import threading
 import time
 
 import numpy as np
@@ -15,7 +16,7 @@ import pytest
 import eglcuda
 from eglcuda import ColorFormat
 
-from ..conftest import require_extension
+from ..conftest import _missing, require_extension
 from .stream_peer import frame_content
 from ..json_peer import JsonPeer
 
@@ -240,7 +241,11 @@ def test_nobody_takes_the_stream(display, sock_path):
 # ---- the legacy default stream between processes -----------------------------------------------
 
 def cuda_driver():
-    driver = pytest.importorskip("cuda.bindings.driver", reason="needs cuda-python (pip install cuda-python)")
+    """cuda-python's driver module; the GPU tier (EGLCUDA_REQUIRE_GPU=1) fails without it."""
+    try:
+        from cuda.bindings import driver
+    except ImportError:
+        _missing("needs cuda-python (pip install 'eglcuda[cuda]')", "EGLCUDA_REQUIRE_GPU")
     return driver
 
 
@@ -266,10 +271,11 @@ def legacy_writer(sock_path, frames, width=1920, height=1080):
 def test_present_on_the_legacy_stream_waits_for_its_writes_across_processes(display, sock_path):
     """``present(frame)`` names the legacy default stream; the driver does not order a present
     there after that stream's work when the consumer is another process (driver 580 without MPS:
-    consumers read frames whose writes had not landed). eglcuda waits for that stream on the
-    host first, so every word the consumer reads right after its acquire is the frame's number."""
+    consumers read frames whose writes had not landed, about 10 in 600 through eglcuda). eglcuda
+    waits for that stream on the host first, so every word the consumer reads right after its
+    acquire is the frame's number."""
     driver = cuda_driver()
-    frames = 300
+    frames = 1000
     stream, consumer = serve(display, sock_path)
     peer = legacy_writer(sock_path, frames)
     try:
@@ -295,33 +301,46 @@ def test_present_on_the_legacy_stream_waits_for_its_writes_across_processes(disp
 
 
 def test_release_on_the_legacy_stream_waits_for_its_reads_across_processes(display, sock_path):
-    """A consumer on the legacy default stream (``cuda_stream=0``) queues copies of each frame
-    there and releases it at once: the release waits for those reads (eglcuda synchronizes the
-    legacy stream on the host before it), so the producer's next writes into that buffer never
-    reach a copy. Every copy holds its own frame's number."""
+    """A consumer on the legacy default stream (``cuda_stream=0``) queues a copy of each frame
+    there, held back on the GPU until a flag that a timer sets 20 ms later, and releases the frame
+    at once, without waiting for anything itself. The release waits for that read (eglcuda
+    synchronizes the legacy stream on the host before it). Had it not, the consumer would go on
+    acquiring, the producer would have the buffer back within a few frames and write later frames
+    into it while the copy is still held back. Every copy holds its own frame's number."""
+    from eglcuda._bind import cuda as _cuda
+
     driver = cuda_driver()
-    frames, width, height = 200, 1920, 1080
+    frames, width, height = 40, 1920, 1080
     stream = display.create_stream(fifo_length=4, cross_process=True)
-    consumer = stream.connect_cuda_consumer(cuda_stream=0)
-    peer = legacy_writer(sock_path, frames, width, height)
-    targets, numbers = [], []
+    targets, numbers, timers, flag = [], [], [], None
+    peer = None
     try:
+        consumer = stream.connect_cuda_consumer(cuda_stream=0)
+        flag = _cuda.host_alloc_mapped(4, "allocating the test's flag")
+        _cuda.zero_host(flag[0], 4)
+        peer = legacy_writer(sock_path, frames, width, height)
         eglcuda.serve_stream(stream, sock_path, timeout=30)
         size = 0
         for index in range(frames):
             with consumer.acquire(timeout_us=5_000_000) as acquired:
                 plane = acquired.planes[0]
-                if not targets:  # one copy target per frame, made before the frames come fast
+                if not targets:  # one copy target per frame
                     size = plane.pitch * height
                     for _ in range(frames):
                         status, target = driver.cuMemAlloc(size)
                         assert status == driver.CUresult.CUDA_SUCCESS, status
                         targets.append(target)
-                for _ in range(4):  # a read that takes a while, queued behind nothing else
-                    status, = driver.cuMemcpyDtoDAsync(targets[index], plane.pointer, size, driver.CUstream(0))
-                    assert status == driver.CUresult.CUDA_SUCCESS, status
+                _cuda.stream_wait_value_geq(0, flag[1], index + 1)  # the read waits for the timer
+                status, = driver.cuMemcpyDtoDAsync(targets[index], plane.pointer, size, driver.CUstream(0))
+                assert status == driver.CUresult.CUDA_SUCCESS, status
                 numbers.append(acquired.number)
-            # released here, with the copies maybe still queued
+                timers.append(threading.Timer(0.02, _cuda.flag_store, (flag[0], index + 1)))
+                timers[-1].start()
+            # released here: with the wait, once the copy has run
+        for timer in timers:
+            timer.join()
+        _cuda.flag_store(flag[0], frames + 1)  # timers may have fired out of order: free every copy
+        _cuda.stream_synchronize(0)
         assert numbers == list(range(1, frames + 1))
         wrong = []
         for number, target in zip(numbers, targets):
@@ -331,10 +350,17 @@ def test_release_on_the_legacy_stream_waits_for_its_reads_across_processes(displ
         assert not wrong, f"{len(wrong)} of {frames} copies hold another frame's writes: {wrong[:3]}"
         assert peer.finish() == 0, peer.stderr()
     finally:
+        for timer in timers:
+            timer.join()
+        if flag is not None:
+            _cuda.flag_store(flag[0], 1 << 30)  # nothing stays held back on the GPU
+            _cuda.stream_synchronize(0)
         for target in targets:
             driver.cuMemFree(target)
+        if flag is not None:
+            _cuda.host_free(flag[0])
         stream.close()
-        if peer.process.poll() is None:
+        if peer is not None and peer.process.poll() is None:
             peer.kill()
 
 
