@@ -241,11 +241,15 @@ def test_nobody_takes_the_stream(display, sock_path):
 # ---- the legacy default stream between processes -----------------------------------------------
 
 def cuda_driver():
-    """cuda-python's driver module; the GPU tier (EGLCUDA_REQUIRE_GPU=1) fails without it."""
+    """cuda-python's driver module (``cuda.bindings`` since 12.6, ``cuda.cuda`` before); the GPU
+    tier (EGLCUDA_REQUIRE_GPU=1) fails without it."""
     try:
         from cuda.bindings import driver
     except ImportError:
-        _missing("needs cuda-python (pip install 'eglcuda[cuda]')", "EGLCUDA_REQUIRE_GPU")
+        try:
+            from cuda import cuda as driver  # type: ignore[no-redef]
+        except ImportError:
+            _missing("needs cuda-python (pip install 'eglcuda[cuda]')", "EGLCUDA_REQUIRE_GPU")
     return driver
 
 
@@ -331,11 +335,15 @@ def test_release_on_the_legacy_stream_waits_for_its_reads_across_processes(displ
                         assert status == driver.CUresult.CUDA_SUCCESS, status
                         targets.append(target)
                 _cuda.stream_wait_value_geq(0, flag[1], index + 1)  # the read waits for the timer
-                status, = driver.cuMemcpyDtoDAsync(targets[index], plane.pointer, size, driver.CUstream(0))
-                assert status == driver.CUresult.CUDA_SUCCESS, status
+                try:
+                    timers.append(threading.Timer(0.02, _cuda.flag_store, (flag[0], index + 1)))
+                    timers[-1].start()
+                    status, = driver.cuMemcpyDtoDAsync(targets[index], plane.pointer, size, driver.CUstream(0))
+                    assert status == driver.CUresult.CUDA_SUCCESS, status
+                except BaseException:
+                    _cuda.flag_store(flag[0], 1 << 30)  # or the release's synchronize waits for good
+                    raise
                 numbers.append(acquired.number)
-                timers.append(threading.Timer(0.02, _cuda.flag_store, (flag[0], index + 1)))
-                timers[-1].start()
             # released here: with the wait, once the copy has run
         for timer in timers:
             timer.join()
@@ -350,18 +358,20 @@ def test_release_on_the_legacy_stream_waits_for_its_reads_across_processes(displ
         assert not wrong, f"{len(wrong)} of {frames} copies hold another frame's writes: {wrong[:3]}"
         assert peer.finish() == 0, peer.stderr()
     finally:
-        for timer in timers:
-            timer.join()
-        if flag is not None:
-            _cuda.flag_store(flag[0], 1 << 30)  # nothing stays held back on the GPU
-            _cuda.stream_synchronize(0)
-        for target in targets:
-            driver.cuMemFree(target)
-        if flag is not None:
-            _cuda.host_free(flag[0])
-        stream.close()
-        if peer is not None and peer.process.poll() is None:
-            peer.kill()
+        try:
+            if peer is not None:
+                peer.stop()
+            for timer in timers:
+                timer.join()
+            if flag is not None:
+                _cuda.flag_store(flag[0], 1 << 30)  # nothing stays held back on the GPU
+                _cuda.stream_synchronize(0)
+        finally:
+            for target in targets:
+                driver.cuMemFree(target)
+            if flag is not None:
+                _cuda.host_free(flag[0])
+            stream.close()
 
 
 def test_two_hundred_cross_process_cycles_leak_nothing(display, sock_path):
