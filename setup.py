@@ -5,6 +5,8 @@ eglcuda/_resource.pyx) against the same declarations in csrc/.
 
 What the sdist carries besides the package (build_ffi.py, csrc/, the .pyx and .pxd sources, the
 stubs) is listed in MANIFEST.in; `python -m build` makes the sdist and a wheel from it."""
+import glob
+
 import setuptools
 
 if int(setuptools.__version__.split(".")[0]) < 77:  # pyproject.toml's SPDX license needs it
@@ -12,8 +14,6 @@ if int(setuptools.__version__.split(".")[0]) < 77:  # pyproject.toml's SPDX lice
                      "pip install -U 'setuptools>=77'")
 
 from Cython.Build import cythonize  # noqa: E402
-import glob  # noqa: E402
-
 from setuptools import Extension, setup  # noqa: E402
 
 # The C declarations and the helper table's contract: a change rebuilds the extensions that

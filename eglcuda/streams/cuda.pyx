@@ -114,6 +114,12 @@ cdef inline bint is_legacy(CUstream stream) noexcept nogil:
     """NULL or CU_STREAM_LEGACY: the legacy default stream."""
     return <uintptr_t>stream <= 1
 
+
+cdef inline CUresult legacy_first(bint needed, CUcontext ctx, int *failed_call) noexcept nogil:
+    """The host wait an endpoint of a shared stream makes before a present or release named on
+    the legacy default stream (csrc/helpers.c, eglcuda_legacy_sync), when ``needed``."""
+    return hot.legacy_sync(ctx, failed_call) if needed else CUDA_SUCCESS
+
 # ---- the helper table ---------------------------------------------------------------------------
 
 cdef const eglcuda_hot_api *hot = NULL
@@ -421,9 +427,7 @@ cdef class CudaProducer(Resource):
             stream_box = &self.default_stream if cuda_stream is None else &self.present_stream
             self.presents_started += 1
             with nogil:
-                status = CUDA_SUCCESS
-                if self.shared and is_legacy(stream_box[0]):
-                    status = hot.legacy_sync(self.ctx, &self.failed_call)
+                status = legacy_first(self.shared and is_legacy(stream_box[0]), self.ctx, &self.failed_call)
                 if status == CUDA_SUCCESS:
                     status = hot.producer_present(self.ctx, self.conn, &core.egl, stream_box, &self.failed_call)
             if status:
@@ -479,9 +483,7 @@ cdef class CudaProducer(Resource):
                 wait_us = 0
             self.presents_started += 1
             with nogil:
-                status = CUDA_SUCCESS
-                if self.shared and is_legacy(stream_box[0]):
-                    status = hot.legacy_sync(self.ctx, &self.failed_call)
+                status = legacy_first(self.shared and is_legacy(stream_box[0]), self.ctx, &self.failed_call)
                 if status == CUDA_SUCCESS:
                     status = hot.producer_present_return(self.ctx, self.conn, &core.egl, stream_box, &self.returned,
                                                      &self.return_stream, wait_us, &self.returned_key,
@@ -987,9 +989,7 @@ cdef class CudaConsumer(Resource):
         if release_held and self.held is not None:
             held_resource = self.held_resource
             with nogil:
-                status = CUDA_SUCCESS
-                if self.sync_before_release:
-                    status = hot.legacy_sync(self.ctx, &self.failed_call)
+                status = legacy_first(self.sync_before_release, self.ctx, &self.failed_call)
                 if status == CUDA_SUCCESS:
                     status = hot.consumer_next(self.ctx, self.conn, held_resource, &self.resource, &self.cu_stream,
                                                wait_us, &self.egl_frame, dpy, self.egl_stream, &self.counter,
@@ -1091,9 +1091,7 @@ cdef class CudaConsumer(Resource):
             if not self.connected:
                 raise ClosedError("the consumer is disconnected (or its stream closed)")
             with nogil:
-                status = CUDA_SUCCESS
-                if self.sync_before_release:
-                    status = hot.legacy_sync(self.ctx, &self.failed_call)
+                status = legacy_first(self.sync_before_release, self.ctx, &self.failed_call)
                 if status == CUDA_SUCCESS:
                     status = hot.consumer_release(self.ctx, self.conn, self.held_resource, &self.cu_stream,
                                                   &self.failed_call)
