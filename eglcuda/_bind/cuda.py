@@ -213,6 +213,25 @@ def order_streams(first: int, then: int) -> None:
         lib.cuEventDestroy(event[0])
 
 
+def join_streams(target: int, streams: "list[int] | tuple[int, ...]", doing: str = "") -> bool:
+    """Make stream ``target`` wait, on the GPU, for the work queued so far on each of ``streams``
+    that still has any (``cuStreamQuery`` says not ready); idle streams cost only that query.
+    Returns whether any was busy. In the current context. (A stream that is ``target`` itself is
+    skipped: its own order holds.)"""
+    busy = False
+    for stream in streams:
+        if stream == target:
+            continue
+        status = lib.cuStreamQuery(ffi.cast("CUstream", stream))
+        if status == 0:
+            continue
+        if status != lib.CUDA_ERROR_NOT_READY:
+            raise cuda_error(status, "cuStreamQuery", doing or "asking whether a stream that read a frame is done")
+        order_streams(stream, target)
+        busy = True
+    return busy
+
+
 # ---- devices and their primary contexts (eglcuda.cuda_device) -----------------------------------
 
 ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = lib.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR

@@ -42,3 +42,6 @@ cdef class FrameCore(Resource):
     # one it was presented on (checked first: a frame usually cycles on one producer).
     cdef list links
     cdef ProducerLink last_link
+    # The CUDA streams the frame was handed to (DLPack, copies) since its last present or publish:
+    # what the next one is ordered after (docs/ordering.md). None: none.
+    cdef public list _handed_to

@@ -30,7 +30,7 @@ from .formats import (
     layout_of,
 )
 from ._core import FrameCore, make_capsule
-from .interop import DL_CUDA, dlpack_stream, foreign_device_pointer, stream_handle
+from .interop import DL_CUDA, cai_reader_streams, dlpack_stream, foreign_device_pointer, stream_handle
 
 PLANE_ALIGNMENT = 256  # bytes between planes of one allocation, and the default pitch alignment
 
@@ -151,7 +151,11 @@ class Plane:
     # ---- zero-copy protocols -----------------------------------------------------------------
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]:
-        stream = self._frame.cuda_stream
+        frame = self._frame
+        stream = frame.cuda_stream
+        # The consumer never says which stream it reads on: the streams it most likely uses count
+        # as the frame's users (docs/ordering.md).
+        frame._note_users(cai_reader_streams(frame.device.ordinal))
         return {
             "shape": self.shape,
             "strides": self.strides,
@@ -169,7 +173,8 @@ class Plane:
                    dl_device: tuple[int, int] | None = None, copy: bool | None = None) -> Any:
         """A DLPack capsule sharing this plane's memory. The consumer's ``stream`` (None: the
         legacy default stream, as the protocol says) is made to wait for the frame's work first,
-        without a host wait; ``stream=-1`` asks for no ordering."""
+        without a host wait, and is remembered: the frame's release, present or publish is ordered
+        after it (docs/ordering.md). ``stream=-1`` asks for neither."""
         pointer = self.pointer
         if copy:
             raise BufferError("eglcuda planes export without copying only (copy=True refused)")
@@ -179,7 +184,7 @@ class Plane:
             max_version = _pair(max_version, "max_version")
         consumer_stream = dlpack_stream(stream)
         if consumer_stream is not None:
-            self._frame._order_before(consumer_stream)
+            self._frame._hand_to(consumer_stream)
         # Only a 1.0 capsule can say read-only; with an unversioned one, consumers of acquired
         # frames must still only read (EGLStream's rule).
         versioned = max_version is not None and max_version >= (1, 0)
@@ -224,23 +229,31 @@ class Plane:
 
     def copy_to_device(self, pointer: int, pitch: int, cuda_stream: Any = None) -> None:
         """Queue a copy of the plane into linear device memory (``pitch`` bytes per row) on
-        ``cuda_stream`` (default: the frame's stream); does not wait."""
+        ``cuda_stream`` (default: the frame's stream); does not wait. Another stream is ordered
+        after the frame's and counts as one of its readers (docs/ordering.md)."""
         source = self._location()
         frame = self._frame
         g = self.geometry
         _check_linear(pointer, pitch, g)
-        stream = (frame.cuda_stream or 0) if cuda_stream is None else stream_handle(cuda_stream)
+        if cuda_stream is None:
+            stream = frame.cuda_stream or 0
+        else:
+            stream = stream_handle(cuda_stream)
+            frame._hand_to(stream)
         _copy_2d(frame.device, stream, src=source, dst=("device", pointer, pitch), width_bytes=g.row_bytes,
                  height=g.height, wait=False)
 
     def copy_from_device(self, pointer: int, pitch: int, cuda_stream: Any = None) -> None:
         """Queue a copy from linear device memory (``pitch`` bytes per row) into the plane on
-        ``cuda_stream`` (default: the legacy default stream); does not wait."""
+        ``cuda_stream`` (default: the legacy default stream); does not wait. The stream counts as
+        one of the frame's users: its present or publish is ordered after it."""
         target = self._location(writing=True)
         frame = self._frame
         g = self.geometry
         _check_linear(pointer, pitch, g)
-        _copy_2d(frame.device, stream_handle(cuda_stream), src=("device", pointer, pitch), dst=target,
+        stream = stream_handle(cuda_stream)
+        frame._note_users((stream,))
+        _copy_2d(frame.device, stream, src=("device", pointer, pitch), dst=target,
                  width_bytes=g.row_bytes, height=g.height, wait=False)
 
     def __repr__(self) -> str:
@@ -268,6 +281,17 @@ def _check_linear(pointer: Any, pitch: Any, geometry: PlaneGeometry) -> None:
                          f"got {pitch!r}")
 
 
+def note_users(users: list[int] | None, streams: Sequence[int]) -> list[int]:
+    """``users`` (a frame's list of the streams it was handed to, or None) with ``streams`` added
+    once each."""
+    if users is None:
+        return list(dict.fromkeys(streams))
+    for stream in streams:
+        if stream not in users:
+            users.append(stream)
+    return users
+
+
 def order_after(device: CudaDevice, own_stream: int | None, consumer_stream: int) -> None:
     """Make ``consumer_stream`` wait for the work queued so far on ``own_stream`` (a frame's
     stream), without blocking the host."""
@@ -291,6 +315,10 @@ class FrameBase(abc.ABC):
     device: CudaDevice
     read_only: bool = False
     _planes: tuple["Plane", ...]
+    # The CUDA streams the frame was handed to since it came to its holder (DLPack consumers,
+    # copies, __cuda_array_interface__'s likely readers): what its release, present or publish is
+    # ordered after (docs/ordering.md). None: none.
+    _handed_to: list[int] | None = None
 
     @property
     def cuda_stream(self) -> int | None:
@@ -306,9 +334,15 @@ class FrameBase(abc.ABC):
     def _check_usable(self) -> None:
         """Raise :class:`ClosedError` unless the frame's memory may be used."""
 
-    def _order_before(self, consumer_stream: int) -> None:
-        """Make ``consumer_stream`` wait for the frame's stream, without blocking the host."""
+    def _hand_to(self, consumer_stream: int) -> None:
+        """Make ``consumer_stream`` wait for the frame's stream, without blocking the host, and
+        remember it as one of the frame's users."""
         order_after(self.device, self.cuda_stream, consumer_stream)
+        self._handed_to = note_users(self._handed_to, (consumer_stream,))
+
+    def _note_users(self, streams: Sequence[int]) -> None:
+        """Remember ``streams`` as users of the frame (work there may read or write it)."""
+        self._handed_to = note_users(self._handed_to, streams)
 
     def to_numpy(self) -> list[np.ndarray]:
         """Host copies of every plane (debugging)."""

@@ -4,6 +4,7 @@ the compiled part of this layer, :mod:`eglcuda.frames._core`.)"""
 from __future__ import annotations
 
 import numbers
+import sys
 from typing import Any
 
 from ..errors import UsageError
@@ -75,6 +76,43 @@ def dlpack_stream(stream: Any) -> int | None:
     if stream == 0:
         raise UsageError("stream 0 is ambiguous for CUDA in DLPack; pass 1 (legacy default) or 2 (per-thread)")
     return stream
+
+
+def cai_stream(value: Any) -> int | None:
+    """The ``CUstream`` of a ``__cuda_array_interface__`` v3 ``stream`` entry: None (nothing to
+    wait for), 1 (the legacy default stream), 2 (the per-thread default stream) or a handle."""
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 < value < 2**64:
+        raise UsageError(f"__cuda_array_interface__'s stream is None or a positive int, got {value!r}")
+    if value == _LEGACY_DEFAULT_STREAM:
+        return 0
+    if value == _PER_THREAD_DEFAULT_STREAM:
+        return CU_STREAM_PER_THREAD
+    return value
+
+
+def cai_reader_streams(ordinal: int = 0) -> tuple[int, ...]:
+    """The streams a ``__cuda_array_interface__`` consumer most likely works on, since the
+    protocol never tells the exporter: the legacy default stream (CuPy's, Numba's and PyTorch's
+    default), and the current streams of CuPy and PyTorch on CUDA device ``ordinal`` where those
+    libraries are already loaded (never imported here). Work on any other stream must be named
+    at release (docs/ordering.md)."""
+    streams = [0]
+    cupy = sys.modules.get("cupy")
+    if cupy is not None:
+        try:
+            streams.append(stream_handle(cupy.cuda.get_current_stream(ordinal).ptr))
+        except Exception:  # an old CuPy without the device argument, or no CUDA there: the default stays
+            pass
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        try:
+            if torch.cuda.is_initialized():
+                streams.append(stream_handle(torch.cuda.current_stream(ordinal).cuda_stream))
+        except Exception:  # a CPU-only build: nothing more to count
+            pass
+    return tuple(streams)
 
 
 def foreign_device_pointer(obj: Any) -> tuple[int, tuple[int, ...], tuple[int, ...] | None, str, Any, bool]:

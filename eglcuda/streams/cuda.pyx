@@ -32,7 +32,7 @@ from .._bind.hot import table_address
 from .._resource import abandon, exiting
 from ..errors import ClosedError, StreamDisconnected, Timeout, Unsupported, UsageError
 from ..frames.formats import ColorFormat, Layout, _plane_geometry, check_size, color_format, layout_of
-from ..frames.frame import Frame, FrameBase, Plane, order_after
+from ..frames.frame import Frame, FrameBase, Plane, note_users, order_after
 from ..frames.interop import stream_handle
 from .stream import ResourceLocation, StreamState, check_microseconds
 
@@ -425,6 +425,8 @@ cdef class CudaProducer(Resource):
             known = self._ready(frame, cuda_stream)
             core = <FrameCore>frame
             stream_box = &self.default_stream if cuda_stream is None else &self.present_stream
+            if core._handed_to is not None:
+                self._join_writers(core, stream_box[0])
             self.presents_started += 1
             with nogil:
                 status = legacy_first(self.shared and is_legacy(stream_box[0]), self.ctx, &self.failed_call)
@@ -477,6 +479,8 @@ cdef class CudaProducer(Resource):
             known = self._ready(frame, cuda_stream)
             core = <FrameCore>frame
             stream_box = &self.default_stream if cuda_stream is None else &self.present_stream
+            if core._handed_to is not None:
+                self._join_writers(core, stream_box[0])
             if self.reuse and not self.flying:
                 # After this present the stream keeps the newest frame: with reuse on and nothing
                 # else in flight nothing can come back, so one try is enough.
@@ -525,6 +529,15 @@ cdef class CudaProducer(Resource):
         if cuda_stream is not None:
             self.present_stream = <CUstream><uintptr_t>stream_handle(cuda_stream)
         return known
+
+    cdef int _join_writers(self, FrameCore core, CUstream target) except -1:
+        """Order the present stream after every stream the frame was handed to since its last
+        present (a DLPack consumer writing it, say): the driver waits for the present stream's
+        work only (docs/ordering.md)."""
+        self.device.make_current()
+        cuda.join_streams(<uintptr_t>target, core._handed_to, "ordering a present after the streams that wrote the frame")
+        core._handed_to = None
+        return 0
 
     cdef int _presented(self, FrameCore core, bint known) except -1:
         """After a successful present: the frame is in flight; its first present on this producer
@@ -689,6 +702,9 @@ cdef class AcquiredFrame:
 
     cdef readonly CudaConsumer _consumer
     cdef object _planes_cache
+    # The streams the frame was handed to (DLPack consumers, copies, CAI's likely readers): its
+    # release is ordered after them (docs/ordering.md). None: none.
+    cdef list _handed_to
     cdef uint64_t _number
     cdef bint _numbered, _fresh, _released
     cdef object __weakref__
@@ -769,8 +785,15 @@ cdef class AcquiredFrame:
             self._planes_cache = self._consumer._make_planes(self)
         return self._planes_cache
 
-    def _order_before(self, consumer_stream: int) -> None:
+    def _hand_to(self, consumer_stream: int) -> None:
+        """Make ``consumer_stream`` wait for the consumer's stream and remember it: the release
+        waits for it too."""
         order_after(self.device, self.cuda_stream, consumer_stream)
+        self._handed_to = note_users(self._handed_to, (consumer_stream,))
+
+    def _note_users(self, streams) -> None:
+        """Remember ``streams`` as readers of the frame: the release waits for them."""
+        self._handed_to = note_users(self._handed_to, streams)
 
     def to_numpy(self) -> list:
         """Host copies of every plane (debugging)."""
@@ -987,6 +1010,8 @@ cdef class CudaConsumer(Resource):
         dpy = self.dpy if (self.use_counter and not derive) else NULL
         wait_us = <unsigned int>timeout_us
         if release_held and self.held is not None:
+            if self.held._handed_to is not None:
+                self._join_readers(self.held)
             held_resource = self.held_resource
             with nogil:
                 status = legacy_first(self.sync_before_release, self.ctx, &self.failed_call)
@@ -1066,7 +1091,16 @@ cdef class CudaConsumer(Resource):
                 self.spare1 = frame
             self.spare_next ^= 1
         frame._released = False
+        frame._handed_to = None
         return frame
+
+    cdef int _join_readers(self, AcquiredFrame frame) except -1:
+        """Order the consumer's stream after every stream the frame was handed to: the driver's
+        release waits for that one stream's work only (docs/ordering.md)."""
+        self.device.make_current()
+        cuda.join_streams(self.cuda_stream, frame._handed_to, "ordering a release after the streams that read the frame")
+        frame._handed_to = None
+        return 0
 
     cdef void _let_go_of_held(self) noexcept:
         """Mark the held frame released and stop holding it (its caller or the spares may still
@@ -1076,6 +1110,7 @@ cdef class CudaConsumer(Resource):
         cdef AcquiredFrame held = self.held
         self.dropped = held._planes_cache
         held._planes_cache = None
+        held._handed_to = None
         held._released = True
         self.held = None
 
@@ -1090,6 +1125,8 @@ cdef class CudaConsumer(Resource):
                 raise UsageError("this frame does not belong to this consumer")
             if not self.connected:
                 raise ClosedError("the consumer is disconnected (or its stream closed)")
+            if frame._handed_to is not None:
+                self._join_readers(frame)
             with nogil:
                 status = legacy_first(self.sync_before_release, self.ctx, &self.failed_call)
                 if status == CUDA_SUCCESS:

@@ -38,7 +38,8 @@ from . import _wire, naming, protocol, registry, sockets
 from .info import DropRecord, SubscriberInfo, TopicInfo
 from .protocol import Qos, Reason
 from .transports import CUDA_IPC, CudaPublisherBackend, PublisherBackend, PublisherLink, PublisherTransport
-from ..frames.interop import foreign_device_pointer
+from ..frames.frame import order_after
+from ..frames.interop import cai_stream, foreign_device_pointer, stream_handle
 
 log = logging.getLogger("eglcuda.topics")
 
@@ -415,6 +416,9 @@ class Publisher:
                     raise self._closed_error()
                 try:
                     stream = backend.stream_handle(cuda_stream)
+                    # Streams the frame was handed to while written (a DLPack consumer's) join the
+                    # publish stream: subscribers read after their work too (docs/ordering.md).
+                    backend.order_writes(frame, stream)
                     # next_frame() read the subscribers' messages; what came since is read where it
                     # matters: for a full 'every' queue (_wait_for_room) or 'latest' one (_deliver).
                     if self._joined:
@@ -1403,21 +1407,26 @@ def _copy_into(frame: Any, source: Any, cuda_stream: Any) -> None:
         if isinstance(array, np.ndarray):
             target.copy_from(array)
             continue
-        pointer, shape, strides, typestr, _, _ = foreign_device_pointer(array)
+        pointer, shape, strides, typestr, written_on, _ = foreign_device_pointer(array)
         rows = target.height
         row_bytes = target.geometry.row_bytes
         if typestr not in ("|u1", "<u1") or shape[0] != rows or int(np.prod(shape[1:])) != row_bytes:
             raise UsageError(f"plane {target.index} takes uint8 data of shape {target.shape}, got {typestr} {shape}")
         pitch = strides[0] if strides else row_bytes
+        source_stream = cai_stream(written_on)
+        if source_stream is not None:
+            # The array's exporter named the stream its data is ordered on (CuPy's and PyTorch's
+            # current stream): the copy waits for it on the GPU.
+            order_after(frame.device, source_stream, stream_handle(cuda_stream))
         target.copy_from_device(pointer, pitch, cuda_stream)
 
 
 class _Rows:
     """A window of rows of a foreign CUDA array (for a stacked multi-plane array)."""
 
-    def __init__(self, pointer: int, rows: int, row_bytes: int, pitch: int) -> None:
+    def __init__(self, pointer: int, rows: int, row_bytes: int, pitch: int, stream: Any = None) -> None:
         self.__cuda_array_interface__ = {"shape": (rows, row_bytes), "strides": (pitch, 1), "typestr": "|u1",
-                                         "data": (pointer, True), "version": 3}
+                                         "data": (pointer, True), "version": 3, "stream": stream}
 
 
 def _split_stacked(array: Any, planes: Sequence[Any]) -> list[Any]:
@@ -1439,13 +1448,13 @@ def _split_stacked(array: Any, planes: Sequence[Any]) -> list[Any]:
             out.append(flat[at: at + plane.height].reshape(plane.shape))
             at += plane.height
         return out
-    pointer, shape, strides, typestr, _, _ = foreign_device_pointer(array)
+    pointer, shape, strides, typestr, written_on, _ = foreign_device_pointer(array)
     if typestr not in ("|u1", "<u1") or shape[0] != total or int(np.prod(shape[1:])) != width_bytes:
         raise UsageError(f"a stacked source is ({total}, {width_bytes}) uint8, got {typestr} {shape}")
     pitch = strides[0] if strides else width_bytes
     out, at = [], 0
     for plane in planes:
-        out.append(_Rows(pointer + at * pitch, plane.height, width_bytes, pitch))
+        out.append(_Rows(pointer + at * pitch, plane.height, width_bytes, pitch, written_on))
         at += plane.height
     return out
 

@@ -203,6 +203,11 @@ class PublisherBackend(abc.ABC):
 
         return stream_handle(cuda_stream)
 
+    def order_writes(self, frame: Any, stream: int | None) -> None:
+        """Before ``frame`` is published on ``stream`` (None: the legacy default stream): make
+        that stream wait for every other stream the frame was handed to while it was written
+        (docs/ordering.md)."""
+
     def close(self) -> None:
         """After every frame is freed."""
 
@@ -292,7 +297,8 @@ class SlotView(FrameBase):
     ``to_numpy``), ordered on the subscriber's CUDA stream. Unusable once its message is released:
     the publisher may then write the slot again."""
 
-    __slots__ = ("_spec", "_base", "device", "_stream", "_released", "slot", "_plane_cache", "__weakref__")
+    __slots__ = ("_spec", "_base", "device", "_stream", "_released", "slot", "_plane_cache", "_handed_to",
+                 "__weakref__")
 
     read_only = True
 
@@ -305,6 +311,7 @@ class SlotView(FrameBase):
         self._released = False
         # Made when first asked for: most frames' planes are read once or never.
         self._plane_cache: tuple[Plane, ...] | None = None
+        self._handed_to: list[int] | None = None
 
     width = property(lambda self: self._spec.geometry.width)
     height = property(lambda self: self._spec.geometry.height)
@@ -617,7 +624,15 @@ class CudaIpcSubscriber(SubscriberTransport):
         obj._released = True
         if self._closed:
             return 0, b""
-        stream = cuda_stream if cuda_stream is not None else (self.stream or 0)
+        own = self.stream or 0
+        stream = cuda_stream if cuda_stream is not None else own
+        readers = obj._handed_to
+        if readers is not None or stream != own:
+            # Every stream the frame was handed to, and the subscriber's own, join the stream the
+            # done event goes on: the query below then sees their work too (docs/ordering.md).
+            obj._handed_to = None
+            self.device.make_current()
+            cuda.join_streams(stream, (own, *(readers or ())), "ordering a release after the streams that read the frame")
         done = self._done.get(frame.slot)
         # When every read of the slot queued on the stream has finished, the publisher may write
         # it without waiting: no "done" event is recorded (or waited on and queried there).
@@ -886,6 +901,8 @@ class EglStreamSubscriber(SubscriberTransport):
 
     def release(self, obj: Any, frame: protocol.Frame, cuda_stream: int | None) -> tuple[int, bytes]:
         if not obj.released:
+            if cuda_stream is not None and hasattr(obj, "_note_users"):  # (a GL frame is read by GL)
+                obj._note_users((cuda_stream,))  # the consumer's release waits for it too
             obj.release()
         return protocol.RELEASE_TAKEN, b""
 
@@ -921,6 +938,13 @@ class CudaPublisherBackend(PublisherBackend):
             offsets = tuple(0 for _ in frame.planes)
         self.geometry_spec = Geometry(frame.width, frame.height, frame.format, frame.layout, frame.pitch, offsets)
         return self.geometry_spec
+
+    def order_writes(self, frame: Any, stream: int | None) -> None:
+        writers = frame._handed_to
+        if writers is not None:
+            frame._handed_to = None
+            self.device.make_current()
+            cuda.join_streams(stream or 0, writers, "ordering a publish after the streams that wrote the frame")
 
     def free(self, frame: Any) -> None:
         frame.close()

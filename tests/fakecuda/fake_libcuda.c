@@ -13,7 +13,12 @@
  * the work before its record still runs, and every Nth cuStreamQuery that follows a
  * cuStreamWaitEvent says it too, as a real stream would while a kernel queued behind the wait
  * still runs), FAKECUDA_STATS_DIR (unset: none; else each process keeps DIR/<pid>.calls up to date:
- * how many cuEventRecord and cuStreamWaitEvent calls it made, for tests that check a path ran). */
+ * how many cuEventRecord and cuStreamWaitEvent calls it made, for tests that check a path ran).
+ *
+ * Test hook: fakecuda_hold(stream, 1) marks a stream as having queued work that has not run,
+ * until fakecuda_hold(stream, 0). While it holds, cuStreamQuery of that stream says NOT_READY, an
+ * event recorded on it is pending, and a stream that waits on such an event is busy too (so the
+ * order between streams is modelled, not the work's timing). In this process only. */
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <pthread.h>
@@ -45,7 +50,7 @@ enum { OK = 0, INVALID_VALUE = 1, OUT_OF_MEMORY = 2, NOT_INITIALIZED = 3, INVALI
        INVALID_CONTEXT = 201, ALREADY_MAPPED = 208, INVALID_HANDLE = 400, NOT_READY = 600, NOT_SUPPORTED = 801 };
 enum { HOST = 1, DEVICE = 2, ARRAY = 3, UNIFIED = 4 };
 
-struct fake_event { uint32_t magic; uint32_t id; int interprocess; };
+struct fake_event { uint32_t magic; uint32_t id; int interprocess; uint32_t holds; };
 #define EVENT_MAGIC 0x45564e54u
 #define MAX_ALLOCS 8192
 #define TOTAL_MEMORY (8ull << 30)
@@ -188,13 +193,57 @@ CUresult cuMemsetD8Async(CUdeviceptr p, unsigned char v, size_t n, CUstream s) {
 CUresult cuStreamCreate(CUstream *s, unsigned int flags) { (void)flags; if (need_context()) return INVALID_CONTEXT; *s = malloc(16); return OK; }
 CUresult cuStreamDestroy_v2(CUstream s) { free(s); return OK; }
 CUresult cuStreamSynchronize(CUstream s) { (void)s; return need_context(); }
+/* fakecuda_hold: each hold is a bit (never reused); a stream's entry says which holds it waits on. */
+#define MAX_STREAM_STATES 256
+static struct { CUstream stream; uint32_t hold; uint32_t waits; } stream_states[MAX_STREAM_STATES];
+static uint32_t live_holds, next_hold = 1;
+static int stream_state(CUstream s)  /* the index of s's entry, made if need be; -1 when full (caller holds lock) */
+{
+    int free_entry = -1;
+    for (int i = 0; i < MAX_STREAM_STATES; i++) {
+        if (stream_states[i].hold || stream_states[i].waits) {
+            if (stream_states[i].stream == s) return i;
+        } else if (free_entry < 0) {
+            free_entry = i;
+        }
+    }
+    if (free_entry >= 0) stream_states[free_entry].stream = s;
+    return free_entry;
+}
+static uint32_t holds_of(CUstream s)  /* the live holds s is behind (caller holds lock) */
+{
+    for (int i = 0; i < MAX_STREAM_STATES; i++)
+        if ((stream_states[i].hold || stream_states[i].waits) && stream_states[i].stream == s)
+            return (stream_states[i].hold | stream_states[i].waits) & live_holds;
+    return 0;
+}
+void fakecuda_hold(CUstream s, int held)
+{
+    pthread_mutex_lock(&lock);
+    int i = stream_state(s);
+    if (i >= 0) {
+        if (held && !stream_states[i].hold && next_hold) {
+            stream_states[i].hold = next_hold;
+            live_holds |= next_hold;
+            next_hold <<= 1;
+        } else if (!held) {
+            live_holds &= ~stream_states[i].hold;
+            stream_states[i].hold = 0;
+        }
+    }
+    pthread_mutex_unlock(&lock);
+}
+
 static int waited;  /* a cuStreamWaitEvent since the last cuStreamQuery (FAKECUDA_BUSY_AFTER_WAIT) */
 static unsigned queries_after_wait;
 static int busy_queries;  /* the next queries that still say NOT_READY, unless an event is recorded first */
 CUresult cuStreamQuery(CUstream s)
 {
-    (void)s;
     if (need_context()) return INVALID_CONTEXT;
+    pthread_mutex_lock(&lock);
+    uint32_t behind = holds_of(s);
+    pthread_mutex_unlock(&lock);
+    if (behind) return NOT_READY;
     const char *every = getenv("FAKECUDA_BUSY_AFTER_WAIT");
     int n = every ? atoi(every) : 0;
     if (waited && n > 0 && ++queries_after_wait % (unsigned)n == 0)
@@ -240,17 +289,22 @@ static void count_call(unsigned long *counter)
 
 CUresult cuEventRecord(CUevent e, CUstream s)
 {
-    (void)s;
     if (need_context()) return INVALID_CONTEXT;
     busy_queries = 0;  /* the stream's queued work "ran" behind the record */
     CUresult status = check_event(e);
-    if (status == OK) count_call(&records);
+    if (status == OK) {
+        pthread_mutex_lock(&lock);
+        e->holds = holds_of(s);
+        pthread_mutex_unlock(&lock);
+        count_call(&records);
+    }
     return status;
 }
 static unsigned event_queries;
 CUresult cuEventQuery(CUevent e)
 {
     CUresult status = check_event(e);
+    if (status == OK && (e->holds & live_holds)) return NOT_READY;
     const char *every = getenv("FAKECUDA_BUSY_AFTER_WAIT");
     int n = every ? atoi(every) : 0;
     if (status == OK && n > 0 && ++event_queries % (unsigned)n == 0)
@@ -260,11 +314,18 @@ CUresult cuEventQuery(CUevent e)
 CUresult cuEventSynchronize(CUevent e) { return check_event(e); }
 CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned int flags)
 {
-    (void)s; (void)flags;
+    (void)flags;
     if (need_context()) return INVALID_CONTEXT;
     waited = 1;
     CUresult status = check_event(e);
-    if (status == OK) count_call(&waits);
+    if (status == OK) {
+        pthread_mutex_lock(&lock);
+        uint32_t behind = e->holds & live_holds;
+        int i = behind ? stream_state(s) : -1;
+        if (i >= 0) stream_states[i].waits |= behind;
+        pthread_mutex_unlock(&lock);
+        count_call(&waits);
+    }
     return status;
 }
 
