@@ -62,6 +62,9 @@ class Kit:
         self.cupy_side = cupy.cuda.Stream(non_blocking=True)
         self._torch_side = None
         self._raw = None
+        # Staged sources stay alive until finish(): freed sooner, CuPy's pool could hand their
+        # memory to the next staging while a slow write still reads it.
+        self._staged: list = []
 
     def torch_side(self):
         if self._torch_side is None:
@@ -123,6 +126,7 @@ class Kit:
         write."""
         cupy = self.cupy
         staged = cupy.asarray(data)
+        self._staged.append(staged)
         cupy.cuda.Device().synchronize()
         with self._scope(kind):
             if kind.startswith("torch"):
@@ -139,6 +143,7 @@ class Kit:
 
     def finish(self) -> None:
         self.cupy.cuda.Device().synchronize()
+        self._staged.clear()
 
 
 class _Both:
