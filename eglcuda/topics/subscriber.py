@@ -21,6 +21,9 @@ from .transports import (CudaSubscriberBackend, Geometry, SubscriberBackend, Sub
 from ..frames.interop import stream_handle
 
 log = logging.getLogger("eglcuda.topics")
+# Messages a subscriber reads past, looking for its drop, when one before it cannot be used: more
+# than a publisher sends before a drop (a SLOT and a FRAME per frame of the queue, NOTICEs).
+_READ_AHEAD = 4 * protocol.MAX_POOL + 4 * protocol.MAX_QUEUE
 _MAX_BUSY_WAIT = 0.01  # seconds: longer asking without sleeping is a CPU burner, not a shorter wake-up
 # Open subscribers, closed at interpreter exit (before eglcuda's own resources go) if the program
 # did not: the publisher then hears a goodbye, not a dropped connection.
@@ -382,11 +385,12 @@ class Subscriber:
             except ClosedError as exc:
                 if self._closing:  # close() in another thread: it lets go of the announced frame
                     raise self._closed_error() from None
-                self._lose(StreamDisconnected(f"receiving from topic {self.name!r} failed: {exc}"))
+                self._lose(self._drop_waiting() or StreamDisconnected(f"receiving from topic {self.name!r} failed: {exc}"))
             except StreamDisconnected as exc:
-                self._lose(StreamDisconnected(f"the publisher of topic {self.name!r} is gone ({exc})"))
+                self._lose(self._drop_waiting() or
+                           StreamDisconnected(f"the publisher of topic {self.name!r} is gone ({exc})"))
             except EglCudaError as exc:
-                self._lose(StreamDisconnected(f"receiving from topic {self.name!r} failed: {exc}"))
+                self._lose(self._drop_waiting() or StreamDisconnected(f"receiving from topic {self.name!r} failed: {exc}"))
             if number is not None and number != header.number:
                 header = self._match(header, number, frame, deadline)
             skipped = 0 if self._last_seq is None else header.seq - self._last_seq - 1
@@ -489,17 +493,45 @@ class Subscriber:
                 try:
                     transport.on_slot(message)
                 except EglCudaError as exc:
-                    self._lose(StreamDisconnected(f"topic {self.name!r}: opening pool slot {message.slot} failed: "
-                                                  f"{exc}"))
-            elif isinstance(message, protocol.Drop):
-                self._lose(Dropped(f"the publisher of topic {self.name!r} dropped this subscriber: {message.reason}",
-                                   message.code))
-            elif isinstance(message, protocol.Bye):
-                self._lose(Dropped(f"the publisher of topic {self.name!r} closed the topic: {message.reason}",
-                                   message.code or int(Reason.CLOSING)))
+                    self._lose(self._drop_waiting() or
+                               StreamDisconnected(f"topic {self.name!r}: opening pool slot {message.slot} failed: {exc}"))
+            elif isinstance(message, (protocol.Drop, protocol.Bye)):
+                self._lose(self._dropped(message))
             else:
                 self._lose(PeerError(f"the publisher of topic {self.name!r} sent {type(message).__name__} mid-stream"))
             received = inbox.rest() if deadline is None else inbox.next(deadline)
+
+    def _dropped(self, message: protocol.Drop | protocol.Bye) -> Dropped:
+        if isinstance(message, protocol.Drop):
+            return Dropped(f"the publisher of topic {self.name!r} dropped this subscriber: {message.reason}",
+                           message.code)
+        return Dropped(f"the publisher of topic {self.name!r} closed the topic: {message.reason}",
+                       message.code or int(Reason.CLOSING))
+
+    def _drop_waiting(self) -> Dropped | None:
+        """The drop (or the topic's close) already waiting on the connection behind the messages
+        before it, as the error to raise; None when none is waiting. Called when a message sent
+        before the drop cannot be used any more (its slot cannot be mapped: the publisher, having
+        dropped this subscriber, may have exited since): the drop says why, not that failure. The
+        messages read past are lost with the connection."""
+        inbox = self._inbox
+        if inbox is None:
+            return None
+        for _ in range(_READ_AHEAD):  # (a live publisher may go on sending: read what is there, no more)
+            received = inbox.next(None)
+            if received is None or received.__class__ is not bytes:
+                if received is None:
+                    return None
+                continue  # a FRAME
+            if not received:
+                return None  # the end of the connection: no drop came before it
+            try:
+                message = protocol.decode(received)
+            except protocol.ProtocolError:
+                return None
+            if isinstance(message, (protocol.Drop, protocol.Bye)):
+                return self._dropped(message)
+        return None
 
     def _skip(self, header: protocol.Frame) -> None:
         transport = self._transport

@@ -1577,6 +1577,23 @@ def test_a_transport_that_fails_closed_disconnects_instead_of_looking_closed(pat
         sub.close()
 
 
+def test_a_frame_that_cannot_be_taken_after_a_drop_does_not_hide_the_drop(path):
+    """Issue 42: a subscriber dropped for being slow whose queued frame (or slot) cannot be used
+    any more when it reads again (the publisher exited meanwhile) raises Dropped with the drop's
+    reason, not the transport's failure."""
+    with publisher(path, every_timeout=0.1) as pub:
+        sub = subscriber(path, qos="every", queue=1)
+        put(pub, b"0", timeout=5)
+        put(pub, b"1", timeout=5)  # its queue is full: dropped after every_timeout
+        assert [record.code for record in pub.dropped] == ["QUEUE_FULL"]
+        sub._backend.transports[-1].fail_with = eglcuda.StreamDisconnected("cuIpcOpenMemHandle failed")
+        with pytest.raises(eglcuda.Dropped, match="every_timeout") as raised:
+            sub.receive(5)
+        assert raised.value.code == Reason.QUEUE_FULL
+        assert not sub.connected
+        sub.close()
+
+
 @contextlib.contextmanager
 def _on_alarm(handler, after: float):
     """``handler`` runs on SIGALRM ``after`` seconds into the block (main thread only)."""
