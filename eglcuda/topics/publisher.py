@@ -854,7 +854,7 @@ class Publisher:
         sub.alive = False
         if notify:
             try:
-                sub.sock.send(protocol.encode(protocol.Drop(int(code), reason)))
+                sockets.send(sub.sock, protocol.encode(protocol.Drop(int(code), reason)))
             except OSError:
                 pass
         if self._epoll is not None:  # (always: a subscriber is adopted into it)
@@ -1272,7 +1272,7 @@ def _end(poller: select.epoll, pending: dict[int, _Handshake], handshake: _Hands
     _stop_watching(poller, pending, handshake)
     if code is not None:
         try:
-            handshake.sock.send(protocol.encode(protocol.Refuse(int(code), reason)))
+            sockets.send(handshake.sock, protocol.encode(protocol.Refuse(int(code), reason)))
         except OSError:
             pass
     sockets.close_quietly(handshake.sock)
@@ -1311,7 +1311,7 @@ def _on_hello(publisher: Publisher, poller: select.epoll, pending: dict[int, _Ha
         return
     if isinstance(message, protocol.StatusRequest):
         try:
-            handshake.sock.send(protocol.encode(protocol.Status(publisher._status())))
+            sockets.send(handshake.sock, protocol.encode(protocol.Status(publisher._status())))
         except (OSError, ValueError):
             pass
         _end(poller, pending, handshake, None, "")
@@ -1343,7 +1343,7 @@ def _on_hello(publisher: Publisher, poller: select.epoll, pending: dict[int, _Ha
              "no transport both sides can use (" + "; ".join(reasons) + ")")
         return
     try:
-        handshake.sock.send(protocol.encode(publisher._welcome(message, chosen)))
+        sockets.send(handshake.sock, protocol.encode(publisher._welcome(message, chosen)))
     except OSError:
         _end(poller, pending, handshake, None, "")
         return
@@ -1372,7 +1372,7 @@ def _on_attach(publisher: Publisher, poller: select.epoll, pending: dict[int, _H
     with publisher._join_lock:
         publisher._joined.append(sub)  # first: the publishing thread looks at the list without the lock
         try:
-            handshake.sock.send(protocol.encode(protocol.Ready(link.ready_extra())))
+            sockets.send(handshake.sock, protocol.encode(protocol.Ready(link.ready_extra())))
         except OSError:
             publisher._joined.remove(sub)
             link.close()

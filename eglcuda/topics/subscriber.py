@@ -276,7 +276,7 @@ class Subscriber:
             transport = backend.transport(welcome.transport, welcome, self.qos, self.queue)
             extra, fds = transport.attach()
             try:
-                sockets.send(sock, protocol.encode(protocol.Attach(extra)), fds)
+                self._send_now(sock, protocol.encode(protocol.Attach(extra)), deadline, fds)
             finally:
                 sockets.close_fds(fds)
             ready = self._expect(sock, deadline, protocol.Ready, waited)
@@ -300,14 +300,30 @@ class Subscriber:
                               fps=welcome.fps or None, pool=welcome.pool, publisher_pid=welcome.publisher_pid,
                               instance=welcome.instance, transport=welcome.transport, next_seq=welcome.next_seq)
 
-    def _send_now(self, sock: socket.socket, data: bytes, deadline: float) -> None:
+    def _send_now(self, sock: socket.socket, data: bytes, deadline: float,
+                  fds: list[int] | tuple[int, ...] = ()) -> None:
+        """Send a handshake message. A publisher that ended the connection (it turned this
+        subscriber away, and may have closed before this side wrote) makes the write fail: what
+        it said is read then, and raised as :class:`eglcuda.Refused` with its reason."""
         while True:
             try:
-                sockets.send(sock, data)
+                sockets.send(sock, data, fds)
                 return
             except BlockingIOError:
                 if not sockets.wait_writable(sock, deadline, self._wake_fd):
                     raise Timeout(f"the publisher at {self.path} does not read its socket") from None
+            except OSError as exc:  # EPIPE, ECONNRESET: the publisher closed its end
+                said = sockets.parting_words(sock)
+                if said is not None:
+                    raise self._refusal(said) from None
+                raise _HandshakeLost(f"the publisher at {self.path} closed the connection during the handshake "
+                                     f"({exc.strerror or exc})") from None
+
+    def _refusal(self, message: protocol.Refuse | protocol.Drop | protocol.Bye) -> Refused:
+        if isinstance(message, protocol.Refuse):
+            return Refused(f"the publisher of topic {self.name!r} turned this subscriber away: {message.reason}",
+                           message.code)
+        return Refused(f"the publisher of topic {self.name!r} ended the handshake: {message.reason}", message.code)
 
     def _expect(self, sock: socket.socket, deadline: float, kind: type[_M], waited: str) -> _M:
         data, fds = sockets.receive(sock, deadline, waited, self._wake_fd)
@@ -315,11 +331,8 @@ class Subscriber:
         if not data:
             raise _HandshakeLost(f"the publisher at {self.path} closed the connection during the handshake")
         message = protocol.decode(data, len(fds))
-        if isinstance(message, protocol.Refuse):
-            raise Refused(f"the publisher of topic {self.name!r} turned this subscriber away: {message.reason}",
-                          message.code)
-        if isinstance(message, (protocol.Drop, protocol.Bye)):
-            raise Refused(f"the publisher of topic {self.name!r} ended the handshake: {message.reason}", message.code)
+        if isinstance(message, (protocol.Refuse, protocol.Drop, protocol.Bye)):
+            raise self._refusal(message)
         if not isinstance(message, kind):
             raise protocol.ProtocolError(f"expected {kind.__name__}, got {type(message).__name__}")
         return message

@@ -795,6 +795,102 @@ def test_too_many_waiting_connections_are_turned_away(path):
         del pub
 
 
+# ---- a publisher that refuses and closes before the peer's write (issue 42) ---------------------
+
+@contextlib.contextmanager
+def refusing_server(path, code=Reason.BUSY, reason="32 connections are already in their handshake"):
+    """A stand-in publisher at ``path`` that answers each connection with REFUSE and closes it at
+    once, reading nothing. Yields an event set once it has closed the first connection."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind(path)
+    listener.listen(8)
+    closed = threading.Event()
+
+    def serve():
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            conn.send(protocol.encode(protocol.Refuse(int(code), reason)))
+            conn.close()
+            closed.set()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield closed
+    finally:
+        listener.shutdown(socket.SHUT_RDWR)
+        listener.close()
+        thread.join(5)
+
+
+def test_a_refusal_before_the_greeting_is_written_raises_refused(path, monkeypatch):
+    """The publisher turned the subscriber away (REFUSE, then close) before the subscriber wrote
+    its HELLO: the write fails (EPIPE); Subscriber() reads the refusal and raises Refused with
+    its reason and code, not BrokenPipeError."""
+    from eglcuda.topics import sockets
+
+    with refusing_server(path) as closed:
+        real = sockets.peer_of
+
+        def greet_late(sock):  # the subscriber writes its HELLO only after the publisher closed
+            peer = real(sock)
+            assert closed.wait(5)
+            return peer
+
+        monkeypatch.setattr(sockets, "peer_of", greet_late)
+        with pytest.raises(eglcuda.Refused, match="already in their handshake") as raised:
+            subscriber(path, timeout=2)
+        assert raised.value.code == Reason.BUSY
+
+
+def test_a_status_query_refused_before_it_is_written_raises_peer_error(path, monkeypatch):
+    from eglcuda.topics import registry, sockets
+
+    with refusing_server(path, Reason.ACCESS, "uid 1234 may not subscribe") as closed:
+        real = sockets.peer_of
+
+        def ask_late(sock):
+            peer = real(sock)
+            assert closed.wait(5)
+            return peer
+
+        monkeypatch.setattr(sockets, "peer_of", ask_late)
+        with pytest.raises(eglcuda.PeerError, match="uid 1234 may not subscribe"):
+            registry.query(path, 2)
+
+
+class _SlowAttach(NullSubscriberBackend):
+    """A subscriber backend whose transport takes ``delay`` seconds to make its ATTACH."""
+
+    def __init__(self, delay):
+        super().__init__()
+        self.delay = delay
+
+    def transport(self, name, welcome, qos, queue):
+        transport = super().transport(name, welcome, qos, queue)
+        attach = transport.attach
+
+        def slow():
+            time.sleep(self.delay)
+            return attach()
+
+        transport.attach = slow
+        return transport
+
+
+def test_a_handshake_ended_before_the_attach_is_written_raises_refused(path):
+    """The publisher ends a handshake that outlasts handshake_timeout (REFUSE, then close) while
+    the subscriber makes its ATTACH: writing the ATTACH fails (EPIPE), and Subscriber() raises
+    Refused with the publisher's reason."""
+    with publisher(path, handshake_timeout=0.3):
+        with pytest.raises(eglcuda.Refused, match="did not finish within 0.3 s") as raised:
+            subscriber(path, timeout=5, _backend=_SlowAttach(1.0))
+        assert raised.value.code == Reason.TIMEOUT
+
+
 def _in_child(body) -> int:
     """Run ``body`` in a forked child; its exit status (0: body returned True)."""
     pid = os.fork()
