@@ -20,6 +20,7 @@ from __future__ import annotations
 import atexit
 import collections
 import enum
+import errno
 import logging
 import os
 import secrets
@@ -49,7 +50,9 @@ _SETTLE_POLL = 0.001  # seconds between the questions of a publisher waiting for
 _CLOSE_CHECK_S = 0.05  # seconds: the longest a wait in next_frame/publish goes on after close() in another thread
 _READ_LIMIT = protocol.MAX_QUEUE + 2  # messages read from one subscriber per poll (the rest: next poll)
 _KIND_BYE = int(protocol.Kind.BYE)
-MAX_PENDING_HANDSHAKES = 32
+MAX_PENDING_HANDSHAKES = 32  # connections in their handshake at once (a flood makes room: see _make_room)
+MAX_PENDING_PER_PEER = 8  # of them from one process: its older idle ones make room for its new one
+_ACCEPT_PAUSE_S = 0.05  # seconds the listener rests when this process is out of descriptors
 SEND_BUFFER = 1 << 20
 ACCESS_MODES = {"user": 0o600, "group": 0o660, "all": 0o666}
 _MEASURE_ALPHA = 0.05  # smoothing of the measured frame rate
@@ -1170,7 +1173,8 @@ def _serve(ref: "weakref.ref[Publisher]", listener: socket.socket, wake: int) ->
     """Accept connections, answer status requests and run handshakes until the publisher stops.
     Holds the publisher only weakly between events."""
     poller = select.epoll()
-    pending: dict[int, _Handshake] = {}
+    pending: dict[int, _Handshake] = {}  # by descriptor, oldest first (a dict keeps insertion order)
+    paused_until = 0.0  # the listener is not watched until then (no descriptor to accept with)
     try:
         try:
             poller.register(listener.fileno(), select.EPOLLIN)
@@ -1186,6 +1190,13 @@ def _serve(ref: "weakref.ref[Publisher]", listener: socket.socket, wake: int) ->
             timeout = 1.0
             if pending:
                 timeout = min(timeout, max(0.0, min(h.deadline for h in pending.values()) - time.monotonic()))
+            if paused_until:
+                left = paused_until - time.monotonic()
+                if left <= 0:
+                    paused_until = 0.0
+                    poller.modify(listener.fileno(), select.EPOLLIN)
+                else:
+                    timeout = min(timeout, left)
             del publisher
             events = poller.poll(timeout)
             publisher = ref()
@@ -1198,7 +1209,11 @@ def _serve(ref: "weakref.ref[Publisher]", listener: socket.socket, wake: int) ->
                     except OSError:
                         pass
                 elif fd == listener.fileno():
-                    _accept(publisher, listener, poller, pending)
+                    if not _accept(publisher, listener, poller, pending):
+                        # Out of descriptors, and no idle handshake to end for one: rest the listener
+                        # (level-triggered, it would wake this thread at once, again and again).
+                        paused_until = time.monotonic() + _ACCEPT_PAUSE_S
+                        poller.modify(listener.fileno(), 0)
                 else:
                     handshake = pending.get(fd)
                     if handshake is not None:
@@ -1218,15 +1233,30 @@ def _serve(ref: "weakref.ref[Publisher]", listener: socket.socket, wake: int) ->
 
 
 def _accept(publisher: Publisher, listener: socket.socket, poller: select.epoll,
-            pending: dict[int, _Handshake]) -> None:
+            pending: dict[int, _Handshake]) -> bool:
+    """Take every connection waiting. False when this process is out of descriptors and no idle
+    handshake could be ended to make one free (the caller rests the listener a moment).
+
+    A flood of connections that say nothing (a stuck or hostile process of an allowed user)
+    must not lock real subscribers out: a new connection is never turned away while an idle one
+    waits in its handshake. One process keeps at most MAX_PENDING_PER_PEER handshakes (its
+    oldest idle one is ended for its new one), and at MAX_PENDING_HANDSHAKES the oldest idle
+    handshake of the process with the most is ended. Idle: nothing waiting on its socket. A
+    subscriber sends its greeting as soon as it connects, so a slow subscriber that does greet
+    keeps its whole handshake_timeout unless a flood needs its place while it sends nothing."""
     while True:
         try:
             conn, _ = listener.accept()
         except (BlockingIOError, InterruptedError):
-            return
-        except OSError as exc:  # e.g. EMFILE: leave it for the next round
+            return True
+        except OSError as exc:
+            if exc.errno in (errno.EMFILE, errno.ENFILE):
+                if _make_room(poller, pending, None):
+                    continue  # a descriptor came free
+                log.warning("topic %s: accept failed: %s", publisher.name, exc)
+                return False
             log.warning("topic %s: accept failed: %s", publisher.name, exc)
-            return
+            return True
         conn.setblocking(False)
         try:
             peer = sockets.peer_of(conn)
@@ -1237,10 +1267,13 @@ def _accept(publisher: Publisher, listener: socket.socket, poller: select.epoll,
         if why is not None:
             publisher._refused += 1
             log.warning("topic %s: turning away pid %d: %s", publisher.name, peer.pid, why)
-        if len(pending) >= MAX_PENDING_HANDSHAKES:
+        if sum(1 for h in pending.values() if h.peer.pid == peer.pid) >= MAX_PENDING_PER_PEER:
+            _make_room(poller, pending, peer.pid)
+        if len(pending) >= MAX_PENDING_HANDSHAKES and not _make_room(poller, pending, None):
+            # Every handshake has something waiting to be read: they move on at this round.
             try:
-                conn.send(protocol.encode(protocol.Refuse(int(Reason.BUSY), f"{MAX_PENDING_HANDSHAKES} connections are "
-                                                          "already in their handshake")))
+                sockets.send(conn, protocol.encode(protocol.Refuse(int(Reason.BUSY), f"{MAX_PENDING_HANDSHAKES} "
+                                                                   "connections are already in their handshake")))
             except OSError:
                 pass
             sockets.close_quietly(conn)
@@ -1255,6 +1288,28 @@ def _accept(publisher: Publisher, listener: socket.socket, poller: select.epoll,
         handshake = _Handshake(conn, peer, deadline, why)
         pending[conn.fileno()] = handshake
         poller.register(conn.fileno(), select.EPOLLIN)
+
+
+def _make_room(poller: select.epoll, pending: dict[int, _Handshake], pid: int | None) -> bool:
+    """End one idle handshake (nothing waiting on its socket) to make room for a new connection:
+    the oldest of process ``pid``'s, or (None) of the process with the most handshakes; one that
+    said nothing yet goes before one that greeted. False when there is none."""
+    if pid is None:
+        counts = collections.Counter(h.peer.pid for h in pending.values())
+        order = sorted(counts, key=counts.__getitem__, reverse=True)
+    else:
+        order = [pid]
+    for candidate in order:
+        mine = [h for h in pending.values() if h.peer.pid == candidate]  # (oldest first)
+        for handshake in sorted(mine, key=lambda h: h.hello is not None):  # (stable: still oldest first)
+            if sockets.readable_now(handshake.sock.fileno()):
+                continue  # its greeting (or its end) is waiting: this round reads it
+            said = "said nothing" if handshake.hello is None else "did not attach"
+            _end(poller, pending, handshake, Reason.BUSY,
+                 f"it {said} while {len(pending)} connections waited for their handshake ({len(mine)} of them from "
+                 f"its process): the oldest idle one makes room for a new one")
+            return True
+    return False
 
 
 def _stop_watching(poller: select.epoll, pending: dict[int, _Handshake], handshake: _Handshake) -> None:

@@ -236,7 +236,8 @@ class Subscriber:
     def _connect(self, deadline: float) -> None:
         """Subscribe, waiting until ``deadline`` for a publisher that takes this subscriber. A
         connection that ends before the publisher answered (a publisher dying or still starting:
-        its socket may take a connection it never serves) is tried again."""
+        its socket may take a connection it never serves) is tried again, and so is one the
+        publisher turned away as busy (its handshakes were full for a moment)."""
         while True:
             try:
                 return self._handshake(deadline)
@@ -244,6 +245,10 @@ class Subscriber:
                 if time.monotonic() + sockets.CONNECT_RETRY_S >= deadline:
                     raise PeerError(str(exc)) from None
                 time.sleep(sockets.CONNECT_RETRY_S)  # (a close() meanwhile: the next connect says so)
+            except Refused as exc:
+                if exc.code != int(Reason.BUSY) or time.monotonic() + sockets.CONNECT_RETRY_S >= deadline:
+                    raise
+                time.sleep(sockets.CONNECT_RETRY_S)
             except ClosedError:
                 if self._closing:  # woken by close() in another thread
                     raise self._closed_error() from None
