@@ -912,6 +912,17 @@ class Publisher:
                     f"group {gid} (access='group')")
         return f"uid {peer.uid} is not this publisher's uid {os.geteuid()} (access='user')"
 
+    def _pool_refusal(self, transport: PublisherTransport) -> str | None:
+        """Why this publisher's pool cannot serve a subscriber through ``transport`` (None: it can):
+        an end that keeps as many pool frames as max_pool allows would never give one back, and
+        the publisher would wait every_timeout for good."""
+        keeps = transport.keeps_frames
+        if self.max_pool > keeps:
+            return None
+        return (f"its end keeps {keeps} pool frame(s) until the next frame replaces it (an EGLStream keeps the newest "
+                f"frame presented to it), and this publisher has max_pool={self.max_pool}: it would never get a pool "
+                f"frame back. Give the Publisher max_pool >= {keeps + 1}, or subscribe through another transport")
+
     def _welcome(self, hello: protocol.Hello, transport: PublisherTransport) -> protocol.Welcome:
         g = self.geometry
         fps = self.fps if self.fps is not None else (self._measured_fps or 0.0)
@@ -1386,7 +1397,7 @@ def _on_hello(publisher: Publisher, poller: select.epoll, pending: dict[int, _Ha
             reasons.append(f"{wish}: not offered by this publisher")
             continue
         try:
-            why = transport.refusal(message, handshake.peer.pid)
+            why = transport.refusal(message, handshake.peer.pid) or publisher._pool_refusal(transport)
         except EglCudaError as exc:
             why = str(exc)
         if why is None:

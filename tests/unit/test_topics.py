@@ -902,6 +902,41 @@ def test_a_handshake_ended_before_the_attach_is_written_raises_refused(path):
         assert raised.value.code == Reason.TIMEOUT
 
 
+# ---- a pool too small for an EGLStream subscriber (issue 42) ---------------------------------------
+
+def eglstream_like_backend(max_pool=protocol.MAX_POOL):
+    """A null publisher backend offering a transport named "eglstream" whose ends keep one pool
+    frame (as an EGLStream keeps its newest), beside the plain "null" one."""
+    backend = NullPublisherBackend(max_pool=max_pool, names=("eglstream", "null"))
+    backend.transports()[0].keeps_frames = 1
+    return backend
+
+
+def test_an_eglstream_subscriber_is_refused_by_a_publisher_of_one_pool_frame(path):
+    """Issue 42: with pool=1, max_pool=1, an eglstream subscriber got one frame and the publisher
+    then waited every_timeout for good ("no pool frame came free ... held by subscriber"): the
+    stream keeps its newest frame. The handshake refuses that transport, saying what to set; a
+    subscriber that can take another transport gets it; max_pool=2 serves eglstream."""
+    from eglcuda.topics.transports import EglStreamPublisher
+
+    assert EglStreamPublisher.keeps_frames == 1
+    with publisher(path, pool=1, max_pool=1, _backend=eglstream_like_backend()) as pub:
+        with pytest.raises(eglcuda.Refused, match=r"max_pool=1.*max_pool >= 2") as raised:
+            subscriber(path, transport="eglstream")
+        assert raised.value.code == Reason.UNSUPPORTED and "eglstream:" in raised.value.reason
+        backend = NullSubscriberBackend()
+        backend.wishes = lambda requested: ("eglstream", "null")
+        other = subscriber(path, _backend=backend)
+        assert other.info.transport == "null"
+        other.close()
+        del pub
+    with publisher(path, pool=1, max_pool=2, _backend=eglstream_like_backend()) as pub:
+        sub = subscriber(path, transport="eglstream")
+        assert sub.info.transport == "eglstream"
+        sub.close()
+        del pub
+
+
 # ---- admission under a flood of silent connections (issue 42) -----------------------------------
 
 # A process that opens COUNT connections to a publisher, says nothing on any of them and keeps them
