@@ -186,7 +186,9 @@ class Publisher:
         ``SO_PEERCRED``; the socket's mode follows. Other than ``"user"`` needs ``path`` in a
         directory those users can reach (the default directory is private).
     :param path: an explicit socket path instead of the topic directory.
-    :param handshake_timeout: seconds a connecting subscriber has for its handshake.
+    :param handshake_timeout: seconds a connecting subscriber has for its handshake. A
+        connection with nothing to read is turned away sooner when others need its place (at
+        most 8 handshakes per process, 32 in all: see "Admission under a flood" in docs/topics.md).
 
     One thread at a time calls :meth:`next_frame` / :meth:`publish` (they take a lock).
     """
