@@ -54,6 +54,7 @@ MAX_PENDING_HANDSHAKES = 32  # connections in their handshake at once (a flood m
 MAX_PENDING_PER_PEER = 8  # of them from one process: its older idle ones make room for its new one
 _ACCEPT_PAUSE_S = 0.05  # seconds the listener rests when this process is out of descriptors
 SEND_BUFFER = 1 << 20
+_MESSAGE_OVERHEAD = 4096  # bytes a message costs a socket's send buffer beyond its data (generous)
 ACCESS_MODES = {"user": 0o600, "group": 0o660, "all": 0o666}
 _MEASURE_ALPHA = 0.05  # smoothing of the measured frame rate
 
@@ -858,10 +859,7 @@ class Publisher:
             return
         sub.alive = False
         if notify:
-            try:
-                sockets.send(sub.sock, protocol.encode(protocol.Drop(int(code), reason)))
-            except OSError:
-                pass
+            _tell(sub.sock, protocol.encode(protocol.Drop(int(code), reason)))
         if self._epoll is not None:  # (always: a subscriber is adopted into it)
             try:
                 self._epoll.unregister(sub.fd)
@@ -1171,6 +1169,26 @@ class Publisher:
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"{len(self._subs)} subscriber(s), {self.published} published"
         return f"<Publisher {self.name!r}: {state}>"
+
+
+def _tell(sock: socket.socket, data: bytes) -> None:
+    """Send a last message (a DROP) on a connection about to be closed, also when the messages
+    queued before it filled the socket (a subscriber that stopped reading): its send buffer then
+    grows by what the message needs, so that after reading those the peer learns why, rather
+    than only that the connection ended. Best effort: the kernel caps the buffer (wmem_max)."""
+    try:
+        sockets.send(sock, data)
+        return
+    except BlockingIOError:
+        pass
+    except OSError:
+        return
+    try:
+        size = sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)  # (twice what was set: the kernel's books)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, size // 2 + len(data) + _MESSAGE_OVERHEAD)
+        sockets.send(sock, data)
+    except OSError:
+        pass
 
 
 def _pid_at(path: str) -> str:

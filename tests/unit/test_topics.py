@@ -1805,6 +1805,31 @@ def test_a_transport_that_fails_closed_disconnects_instead_of_looking_closed(pat
         sub.close()
 
 
+def test_a_drop_reaches_a_subscriber_whose_socket_queued_messages_filled(path, monkeypatch):
+    """Issue 42, messages queued before a drop must not hide it: an 'every' subscriber that stopped
+    reading until its socket was full is dropped ("its socket stayed full"); the DROP did not fit
+    behind the frames on its socket, so after reading them the subscriber saw only the end of
+    the connection (StreamDisconnected) instead of Dropped with the reason."""
+    from eglcuda.topics import publisher as publisher_module
+
+    monkeypatch.setattr(publisher_module, "SEND_BUFFER", 1 << 16)  # (full after a few frames of 16 KB)
+    with publisher(path, every_timeout=0.1) as pub:
+        sub = subscriber(path, qos="every", queue=64)
+        sent = 0
+        while not pub.dropped and sent < 64:
+            put(pub, b"%d" % sent + bytes(16000), timeout=5)
+            sent += 1
+        assert [record.reason for record in pub.dropped] == ["its socket stayed full for 0.1 s (every_timeout)"]
+        got = 0
+        with pytest.raises(eglcuda.StreamDisconnected) as raised:
+            while True:
+                sub.receive(1).release()
+                got += 1
+        assert isinstance(raised.value, eglcuda.Dropped), raised.value
+        assert "socket stayed full" in str(raised.value) and 0 < got < sent
+        sub.close()
+
+
 def test_a_frame_that_cannot_be_taken_after_a_drop_does_not_hide_the_drop(path):
     """Issue 42: a subscriber dropped for being slow whose queued frame (or slot) cannot be used
     any more when it reads again (the publisher exited meanwhile) raises Dropped with the drop's
