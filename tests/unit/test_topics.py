@@ -1023,6 +1023,39 @@ def test_silent_connections_of_many_processes_make_room_for_subscribers(path):
         del pub
 
 
+def test_out_of_descriptors_at_accept_ends_an_idle_handshake_or_rests(path):
+    """EMFILE at accept: an idle handshake is ended (told BUSY) to free a descriptor and the
+    accept goes on; with none to end, _accept says so (the service thread then stops watching
+    the listener for a moment instead of waking at once, again and again)."""
+    import errno
+    import select
+    from eglcuda.topics import publisher as publisher_module
+    from eglcuda.topics import sockets
+
+    class Listener:
+        def __init__(self, errors):
+            self.errors = list(errors)
+
+        def accept(self):
+            raise self.errors.pop(0)
+
+    emfile = OSError(errno.EMFILE, "Too many open files")
+    with publisher(path) as pub:
+        poller = select.epoll()
+        assert publisher_module._accept(pub, Listener([emfile]), poller, {}) is False
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        handshake = publisher_module._Handshake(ours, sockets.peer_of(ours), time.monotonic() + 5, None)
+        pending = {ours.fileno(): handshake}
+        poller.register(ours.fileno(), select.EPOLLIN)
+        assert publisher_module._accept(pub, Listener([emfile, BlockingIOError()]), poller, pending) is True
+        assert pending == {}
+        refused = protocol.decode(theirs.recv(70000))
+        assert isinstance(refused, protocol.Refuse) and refused.code == Reason.BUSY and "said nothing" in refused.reason
+        theirs.close()
+        poller.close()
+        del pub
+
+
 def _in_child(body) -> int:
     """Run ``body`` in a forked child; its exit status (0: body returned True)."""
     pid = os.fork()
