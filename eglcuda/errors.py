@@ -216,7 +216,8 @@ class Dropped(StreamDisconnected):
 
 class Refused(PeerError):
     """A topic's publisher turned this subscriber away at the handshake (wrong user, no common
-    transport, a topic name or protocol version that does not match); ``reason`` says why."""
+    transport, a topic name or protocol version that does not match, or, once the subscriber's
+    timeout has passed, a publisher still too busy with other handshakes); ``reason`` says why."""
 
     def __init__(self, reason: str, code: int = 0) -> None:
         self.reason = reason

@@ -20,6 +20,7 @@ from __future__ import annotations
 import atexit
 import collections
 import enum
+import errno
 import logging
 import os
 import secrets
@@ -50,8 +51,11 @@ _SETTLE_POLL = 0.001  # seconds between the questions of a publisher waiting for
 _CLOSE_CHECK_S = 0.05  # seconds: the longest a wait in next_frame/publish goes on after close() in another thread
 _READ_LIMIT = protocol.MAX_QUEUE + 2  # messages read from one subscriber per poll (the rest: next poll)
 _KIND_BYE = int(protocol.Kind.BYE)
-MAX_PENDING_HANDSHAKES = 32
+MAX_PENDING_HANDSHAKES = 32  # connections in their handshake at once (a flood makes room: see _make_room)
+MAX_PENDING_PER_PEER = 8  # of them from one process: its older idle ones make room for its new one
+_ACCEPT_PAUSE_S = 0.05  # seconds the listener rests when this process is out of descriptors
 SEND_BUFFER = 1 << 20
+_MESSAGE_OVERHEAD = 4096  # bytes a message costs a socket's send buffer beyond its data (generous)
 ACCESS_MODES = {"user": 0o600, "group": 0o660, "all": 0o666}
 _MEASURE_ALPHA = 0.05  # smoothing of the measured frame rate
 
@@ -184,7 +188,9 @@ class Publisher:
         ``SO_PEERCRED``; the socket's mode follows. Other than ``"user"`` needs ``path`` in a
         directory those users can reach (the default directory is private).
     :param path: an explicit socket path instead of the topic directory.
-    :param handshake_timeout: seconds a connecting subscriber has for its handshake.
+    :param handshake_timeout: seconds a connecting subscriber has for its handshake. A
+        connection with nothing to read is turned away sooner when others need its place (at
+        most 8 handshakes per process, 32 in all: see "Admission under a flood" in docs/topics.md).
 
     One thread at a time calls :meth:`next_frame` / :meth:`publish` (they take a lock).
     """
@@ -857,10 +863,7 @@ class Publisher:
             return
         sub.alive = False
         if notify:
-            try:
-                sub.sock.send(protocol.encode(protocol.Drop(int(code), reason)))
-            except OSError:
-                pass
+            _tell(sub.sock, protocol.encode(protocol.Drop(int(code), reason)))
         if self._epoll is not None:  # (always: a subscriber is adopted into it)
             try:
                 self._epoll.unregister(sub.fd)
@@ -912,6 +915,17 @@ class Publisher:
             return (f"uid {peer.uid} (gid {peer.gid}) is neither this publisher's user ({os.geteuid()}) nor in its "
                     f"group {gid} (access='group')")
         return f"uid {peer.uid} is not this publisher's uid {os.geteuid()} (access='user')"
+
+    def _pool_refusal(self, transport: PublisherTransport) -> str | None:
+        """Why this publisher's pool cannot serve a subscriber through ``transport`` (None: it can):
+        an end that keeps as many pool frames as max_pool allows would never give one back, and
+        the publisher would wait every_timeout for good."""
+        keeps = transport.keeps_frames
+        if self.max_pool > keeps:
+            return None
+        return (f"its end keeps {keeps} pool frame(s) until the next frame replaces it (an EGLStream keeps the newest "
+                f"frame presented to it), and this publisher has max_pool={self.max_pool}: it would never get a pool "
+                f"frame back. Give the Publisher max_pool >= {keeps + 1}, or subscribe through another transport")
 
     def _welcome(self, hello: protocol.Hello, transport: PublisherTransport) -> protocol.Welcome:
         g = self.geometry
@@ -1161,6 +1175,26 @@ class Publisher:
         return f"<Publisher {self.name!r}: {state}>"
 
 
+def _tell(sock: socket.socket, data: bytes) -> None:
+    """Send a last message (a DROP) on a connection about to be closed, also when the messages
+    queued before it filled the socket (a subscriber that stopped reading): its send buffer then
+    grows by what the message needs, so that after reading those the peer learns why, rather
+    than only that the connection ended. Best effort: the kernel caps the buffer (wmem_max)."""
+    try:
+        sockets.send(sock, data)
+        return
+    except BlockingIOError:
+        pass
+    except OSError:
+        return
+    try:
+        size = sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)  # (twice what was set: the kernel's books)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, size // 2 + len(data) + _MESSAGE_OVERHEAD)
+        sockets.send(sock, data)
+    except OSError:
+        pass
+
+
 def _pid_at(path: str) -> str:
     try:
         return f" (pid {registry.query(path, 0.5).pid})"
@@ -1174,7 +1208,8 @@ def _serve(ref: "weakref.ref[Publisher]", listener: socket.socket, wake: int) ->
     """Accept connections, answer status requests and run handshakes until the publisher stops.
     Holds the publisher only weakly between events."""
     poller = select.epoll()
-    pending: dict[int, _Handshake] = {}
+    pending: dict[int, _Handshake] = {}  # by descriptor, oldest first (a dict keeps insertion order)
+    paused_until = 0.0  # the listener is not watched until then (no descriptor to accept with)
     try:
         try:
             poller.register(listener.fileno(), select.EPOLLIN)
@@ -1190,6 +1225,13 @@ def _serve(ref: "weakref.ref[Publisher]", listener: socket.socket, wake: int) ->
             timeout = 1.0
             if pending:
                 timeout = min(timeout, max(0.0, min(h.deadline for h in pending.values()) - time.monotonic()))
+            if paused_until:
+                left = paused_until - time.monotonic()
+                if left <= 0:
+                    paused_until = 0.0
+                    poller.modify(listener.fileno(), select.EPOLLIN)
+                else:
+                    timeout = min(timeout, left)
             del publisher
             events = poller.poll(timeout)
             publisher = ref()
@@ -1202,7 +1244,11 @@ def _serve(ref: "weakref.ref[Publisher]", listener: socket.socket, wake: int) ->
                     except OSError:
                         pass
                 elif fd == listener.fileno():
-                    _accept(publisher, listener, poller, pending)
+                    if not _accept(publisher, listener, poller, pending):
+                        # Out of descriptors, and no idle handshake to end for one: rest the listener
+                        # (level-triggered, it would wake this thread at once, again and again).
+                        paused_until = time.monotonic() + _ACCEPT_PAUSE_S
+                        poller.modify(listener.fileno(), 0)
                 else:
                     handshake = pending.get(fd)
                     if handshake is not None:
@@ -1222,15 +1268,30 @@ def _serve(ref: "weakref.ref[Publisher]", listener: socket.socket, wake: int) ->
 
 
 def _accept(publisher: Publisher, listener: socket.socket, poller: select.epoll,
-            pending: dict[int, _Handshake]) -> None:
+            pending: dict[int, _Handshake]) -> bool:
+    """Take every connection waiting. False when this process is out of descriptors and no idle
+    handshake could be ended to make one free (the caller rests the listener a moment).
+
+    A flood of connections that say nothing (a stuck or hostile process of an allowed user)
+    must not lock real subscribers out: a new connection is never turned away while an idle one
+    waits in its handshake. One process keeps at most MAX_PENDING_PER_PEER handshakes (its
+    oldest idle one is ended for its new one), and at MAX_PENDING_HANDSHAKES the oldest idle
+    handshake of the process with the most is ended. Idle: nothing waiting on its socket. A
+    subscriber sends its greeting as soon as it connects, so a slow subscriber that does greet
+    keeps its whole handshake_timeout unless a flood needs its place while it sends nothing."""
     while True:
         try:
             conn, _ = listener.accept()
         except (BlockingIOError, InterruptedError):
-            return
-        except OSError as exc:  # e.g. EMFILE: leave it for the next round
+            return True
+        except OSError as exc:
+            if exc.errno in (errno.EMFILE, errno.ENFILE):
+                if _make_room(poller, pending, None):
+                    continue  # a descriptor came free
+                log.warning("topic %s: accept failed: %s", publisher.name, exc)
+                return False
             log.warning("topic %s: accept failed: %s", publisher.name, exc)
-            return
+            return True
         conn.setblocking(False)
         try:
             peer = sockets.peer_of(conn)
@@ -1241,10 +1302,13 @@ def _accept(publisher: Publisher, listener: socket.socket, poller: select.epoll,
         if why is not None:
             publisher._refused += 1
             log.warning("topic %s: turning away pid %d: %s", publisher.name, peer.pid, why)
-        if len(pending) >= MAX_PENDING_HANDSHAKES:
+        if sum(1 for h in pending.values() if h.peer.pid == peer.pid) >= MAX_PENDING_PER_PEER:
+            _make_room(poller, pending, peer.pid)
+        if len(pending) >= MAX_PENDING_HANDSHAKES and not _make_room(poller, pending, None):
+            # Every handshake has something waiting to be read: they move on at this round.
             try:
-                conn.send(protocol.encode(protocol.Refuse(int(Reason.BUSY), f"{MAX_PENDING_HANDSHAKES} connections are "
-                                                          "already in their handshake")))
+                sockets.send(conn, protocol.encode(protocol.Refuse(int(Reason.BUSY), f"{MAX_PENDING_HANDSHAKES} "
+                                                                   "connections are already in their handshake")))
             except OSError:
                 pass
             sockets.close_quietly(conn)
@@ -1259,6 +1323,28 @@ def _accept(publisher: Publisher, listener: socket.socket, poller: select.epoll,
         handshake = _Handshake(conn, peer, deadline, why)
         pending[conn.fileno()] = handshake
         poller.register(conn.fileno(), select.EPOLLIN)
+
+
+def _make_room(poller: select.epoll, pending: dict[int, _Handshake], pid: int | None) -> bool:
+    """End one idle handshake (nothing waiting on its socket) to make room for a new connection:
+    the oldest of process ``pid``'s, or (None) of the process with the most handshakes; one that
+    said nothing yet goes before one that greeted. False when there is none."""
+    if pid is None:
+        counts = collections.Counter(h.peer.pid for h in pending.values())
+        order = sorted(counts, key=counts.__getitem__, reverse=True)
+    else:
+        order = [pid]
+    for candidate in order:
+        mine = [h for h in pending.values() if h.peer.pid == candidate]  # (oldest first)
+        for handshake in sorted(mine, key=lambda h: h.hello is not None):  # (stable: still oldest first)
+            if sockets.readable_now(handshake.sock.fileno()):
+                continue  # its greeting (or its end) is waiting: this round reads it
+            said = "said nothing" if handshake.hello is None else "did not attach"
+            _end(poller, pending, handshake, Reason.BUSY,
+                 f"it {said} while {len(pending)} connections waited for their handshake ({len(mine)} of them from "
+                 f"its process): the oldest idle one makes room for a new one")
+            return True
+    return False
 
 
 def _stop_watching(poller: select.epoll, pending: dict[int, _Handshake], handshake: _Handshake) -> None:
@@ -1276,7 +1362,7 @@ def _end(poller: select.epoll, pending: dict[int, _Handshake], handshake: _Hands
     _stop_watching(poller, pending, handshake)
     if code is not None:
         try:
-            handshake.sock.send(protocol.encode(protocol.Refuse(int(code), reason)))
+            sockets.send(handshake.sock, protocol.encode(protocol.Refuse(int(code), reason)))
         except OSError:
             pass
     sockets.close_quietly(handshake.sock)
@@ -1315,7 +1401,7 @@ def _on_hello(publisher: Publisher, poller: select.epoll, pending: dict[int, _Ha
         return
     if isinstance(message, protocol.StatusRequest):
         try:
-            handshake.sock.send(protocol.encode(protocol.Status(publisher._status())))
+            sockets.send(handshake.sock, protocol.encode(protocol.Status(publisher._status())))
         except (OSError, ValueError):
             pass
         _end(poller, pending, handshake, None, "")
@@ -1335,7 +1421,7 @@ def _on_hello(publisher: Publisher, poller: select.epoll, pending: dict[int, _Ha
             reasons.append(f"{wish}: not offered by this publisher")
             continue
         try:
-            why = transport.refusal(message, handshake.peer.pid)
+            why = transport.refusal(message, handshake.peer.pid) or publisher._pool_refusal(transport)
         except EglCudaError as exc:
             why = str(exc)
         if why is None:
@@ -1347,7 +1433,7 @@ def _on_hello(publisher: Publisher, poller: select.epoll, pending: dict[int, _Ha
              "no transport both sides can use (" + "; ".join(reasons) + ")")
         return
     try:
-        handshake.sock.send(protocol.encode(publisher._welcome(message, chosen)))
+        sockets.send(handshake.sock, protocol.encode(publisher._welcome(message, chosen)))
     except OSError:
         _end(poller, pending, handshake, None, "")
         return
@@ -1376,7 +1462,7 @@ def _on_attach(publisher: Publisher, poller: select.epoll, pending: dict[int, _H
     with publisher._join_lock:
         publisher._joined.append(sub)  # first: the publishing thread looks at the list without the lock
         try:
-            handshake.sock.send(protocol.encode(protocol.Ready(link.ready_extra())))
+            sockets.send(handshake.sock, protocol.encode(protocol.Ready(link.ready_extra())))
         except OSError:
             publisher._joined.remove(sub)
             link.close()

@@ -148,7 +148,15 @@ def query(path: str, timeout: float = 1.0) -> TopicStatus:
         peer = sockets.peer_of(sock)
         if peer.uid != os.geteuid() and os.geteuid() != 0:
             raise PeerError(f"{path} is served by uid {peer.uid}, not by this user")
-        sockets.send(sock, protocol.encode(protocol.StatusRequest()))
+        try:
+            sockets.send(sock, protocol.encode(protocol.StatusRequest()))
+        except BlockingIOError:
+            raise PeerError(f"the publisher at {path} does not read its socket") from None
+        except OSError as exc:  # EPIPE, ECONNRESET: it closed, maybe after saying why
+            said = sockets.parting_words(sock)
+            if said is not None:
+                raise PeerError(f"the publisher at {path} refused: {said.reason}") from None
+            raise PeerError(f"the publisher at {path} closed the connection ({exc.strerror or exc})") from None
         data, fds = sockets.receive(sock, deadline, f"the publisher at {path} sent no status within {timeout} s")
         sockets.close_fds(fds)
         if not data:

@@ -18,6 +18,7 @@ from typing import Any, Iterable
 
 from ..errors import ClosedError, Timeout, UsageError
 from ..streams.share import peer_credentials
+from . import protocol
 from .protocol import MAX_MESSAGE, ProtocolError
 
 _MAX_FDS = 2  # room for one more than any message may carry, to notice extras
@@ -25,6 +26,7 @@ _CMSG_SPACE = socket.CMSG_SPACE(_MAX_FDS * array.array("i").itemsize)
 _RECV_FLAGS = int(getattr(socket, "MSG_CMSG_CLOEXEC", 0))
 _TRUNCATED = int(socket.MSG_TRUNC | socket.MSG_CTRUNC)
 CONNECT_RETRY_S = 0.02
+_SEND_FLAGS = int(getattr(socket, "MSG_NOSIGNAL", 0))
 
 
 @dataclass(frozen=True)
@@ -90,11 +92,36 @@ def close_fds(fds: Iterable[int]) -> None:
 
 
 def send(sock: socket.socket, data: bytes, fds: list[int] | tuple[int, ...] = ()) -> None:
-    """Send one message (and ``fds``) on a connected socket, in whatever blocking mode it is in."""
+    """Send one message (and ``fds``) on a connected socket, in whatever blocking mode it is in.
+    A peer that closed makes it raise ``BrokenPipeError`` (never SIGPIPE, whatever the program
+    did with that signal): see :func:`parting_words` for what the peer said before."""
     if fds:
-        sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+        sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))], _SEND_FLAGS)
     else:
-        sock.send(data)
+        sock.send(data, _SEND_FLAGS)
+
+
+def parting_words(sock: socket.socket) -> protocol.Refuse | protocol.Drop | protocol.Bye | None:
+    """After a write to ``sock`` failed because the peer closed its end (EPIPE, ECONNRESET): the
+    REFUSE, DROP or BYE it sent before closing, which is still waiting to be read (a refusal is
+    often sent and the connection closed before this side wrote its greeting); None when it
+    said none of them. Reads what is waiting, without waiting; the socket is left non-blocking."""
+    try:
+        sock.setblocking(False)
+        for _ in range(64):
+            got = receive_now(sock)
+            if got is None:
+                return None
+            data, fds = got
+            close_fds(fds)
+            if not data:
+                return None
+            message = protocol.decode(data, len(fds))
+            if isinstance(message, (protocol.Refuse, protocol.Drop, protocol.Bye)):
+                return message
+    except (OSError, ProtocolError):
+        pass
+    return None
 
 
 def receive_now(sock: socket.socket) -> tuple[bytes, list[int]] | None:

@@ -21,6 +21,9 @@ from .transports import (CudaSubscriberBackend, Geometry, SubscriberBackend, Sub
 from ..frames.interop import stream_handle
 
 log = logging.getLogger("eglcuda.topics")
+# Messages a subscriber reads past, looking for its drop, when one before it cannot be used: more
+# than a publisher sends before a drop (a SLOT and a FRAME per frame of the queue, NOTICEs).
+_READ_AHEAD = 4 * protocol.MAX_POOL + 4 * protocol.MAX_QUEUE
 _MAX_BUSY_WAIT = 0.01  # seconds: longer asking without sleeping is a CPU burner, not a shorter wake-up
 # Open subscribers, closed at interpreter exit (before eglcuda's own resources go) if the program
 # did not: the publisher then hears a goodbye, not a dropped connection.
@@ -233,7 +236,8 @@ class Subscriber:
     def _connect(self, deadline: float) -> None:
         """Subscribe, waiting until ``deadline`` for a publisher that takes this subscriber. A
         connection that ends before the publisher answered (a publisher dying or still starting:
-        its socket may take a connection it never serves) is tried again."""
+        its socket may take a connection it never serves) is tried again, and so is one the
+        publisher turned away as busy (its handshakes were full for a moment)."""
         while True:
             try:
                 return self._handshake(deadline)
@@ -241,6 +245,10 @@ class Subscriber:
                 if time.monotonic() + sockets.CONNECT_RETRY_S >= deadline:
                     raise PeerError(str(exc)) from None
                 time.sleep(sockets.CONNECT_RETRY_S)  # (a close() meanwhile: the next connect says so)
+            except Refused as exc:
+                if exc.code != int(Reason.BUSY) or time.monotonic() + sockets.CONNECT_RETRY_S >= deadline:
+                    raise
+                time.sleep(sockets.CONNECT_RETRY_S)
             except ClosedError:
                 if self._closing:  # woken by close() in another thread
                     raise self._closed_error() from None
@@ -273,7 +281,7 @@ class Subscriber:
             transport = backend.transport(welcome.transport, welcome, self.qos, self.queue)
             extra, fds = transport.attach()
             try:
-                sockets.send(sock, protocol.encode(protocol.Attach(extra)), fds)
+                self._send_now(sock, protocol.encode(protocol.Attach(extra)), deadline, fds)
             finally:
                 sockets.close_fds(fds)
             ready = self._expect(sock, deadline, protocol.Ready, waited)
@@ -297,14 +305,30 @@ class Subscriber:
                               fps=welcome.fps or None, pool=welcome.pool, publisher_pid=welcome.publisher_pid,
                               instance=welcome.instance, transport=welcome.transport, next_seq=welcome.next_seq)
 
-    def _send_now(self, sock: socket.socket, data: bytes, deadline: float) -> None:
+    def _send_now(self, sock: socket.socket, data: bytes, deadline: float,
+                  fds: list[int] | tuple[int, ...] = ()) -> None:
+        """Send a handshake message. A publisher that ended the connection (it turned this
+        subscriber away, and may have closed before this side wrote) makes the write fail: what
+        it said is read then, and raised as :class:`eglcuda.Refused` with its reason."""
         while True:
             try:
-                sockets.send(sock, data)
+                sockets.send(sock, data, fds)
                 return
             except BlockingIOError:
                 if not sockets.wait_writable(sock, deadline, self._wake_fd):
                     raise Timeout(f"the publisher at {self.path} does not read its socket") from None
+            except OSError as exc:  # EPIPE, ECONNRESET: the publisher closed its end
+                said = sockets.parting_words(sock)
+                if said is not None:
+                    raise self._refusal(said) from None
+                raise _HandshakeLost(f"the publisher at {self.path} closed the connection during the handshake "
+                                     f"({exc.strerror or exc})") from None
+
+    def _refusal(self, message: protocol.Refuse | protocol.Drop | protocol.Bye) -> Refused:
+        if isinstance(message, protocol.Refuse):
+            return Refused(f"the publisher of topic {self.name!r} turned this subscriber away: {message.reason}",
+                           message.code)
+        return Refused(f"the publisher of topic {self.name!r} ended the handshake: {message.reason}", message.code)
 
     def _expect(self, sock: socket.socket, deadline: float, kind: type[_M], waited: str) -> _M:
         data, fds = sockets.receive(sock, deadline, waited, self._wake_fd)
@@ -312,11 +336,8 @@ class Subscriber:
         if not data:
             raise _HandshakeLost(f"the publisher at {self.path} closed the connection during the handshake")
         message = protocol.decode(data, len(fds))
-        if isinstance(message, protocol.Refuse):
-            raise Refused(f"the publisher of topic {self.name!r} turned this subscriber away: {message.reason}",
-                          message.code)
-        if isinstance(message, (protocol.Drop, protocol.Bye)):
-            raise Refused(f"the publisher of topic {self.name!r} ended the handshake: {message.reason}", message.code)
+        if isinstance(message, (protocol.Refuse, protocol.Drop, protocol.Bye)):
+            raise self._refusal(message)
         if not isinstance(message, kind):
             raise protocol.ProtocolError(f"expected {kind.__name__}, got {type(message).__name__}")
         return message
@@ -382,11 +403,12 @@ class Subscriber:
             except ClosedError as exc:
                 if self._closing:  # close() in another thread: it lets go of the announced frame
                     raise self._closed_error() from None
-                self._lose(StreamDisconnected(f"receiving from topic {self.name!r} failed: {exc}"))
+                self._lose(self._drop_waiting() or StreamDisconnected(f"receiving from topic {self.name!r} failed: {exc}"))
             except StreamDisconnected as exc:
-                self._lose(StreamDisconnected(f"the publisher of topic {self.name!r} is gone ({exc})"))
+                self._lose(self._drop_waiting() or
+                           StreamDisconnected(f"the publisher of topic {self.name!r} is gone ({exc})"))
             except EglCudaError as exc:
-                self._lose(StreamDisconnected(f"receiving from topic {self.name!r} failed: {exc}"))
+                self._lose(self._drop_waiting() or StreamDisconnected(f"receiving from topic {self.name!r} failed: {exc}"))
             if number is not None and number != header.number:
                 header = self._match(header, number, frame, deadline)
             skipped = 0 if self._last_seq is None else header.seq - self._last_seq - 1
@@ -489,17 +511,45 @@ class Subscriber:
                 try:
                     transport.on_slot(message)
                 except EglCudaError as exc:
-                    self._lose(StreamDisconnected(f"topic {self.name!r}: opening pool slot {message.slot} failed: "
-                                                  f"{exc}"))
-            elif isinstance(message, protocol.Drop):
-                self._lose(Dropped(f"the publisher of topic {self.name!r} dropped this subscriber: {message.reason}",
-                                   message.code))
-            elif isinstance(message, protocol.Bye):
-                self._lose(Dropped(f"the publisher of topic {self.name!r} closed the topic: {message.reason}",
-                                   message.code or int(Reason.CLOSING)))
+                    self._lose(self._drop_waiting() or
+                               StreamDisconnected(f"topic {self.name!r}: opening pool slot {message.slot} failed: {exc}"))
+            elif isinstance(message, (protocol.Drop, protocol.Bye)):
+                self._lose(self._dropped(message))
             else:
                 self._lose(PeerError(f"the publisher of topic {self.name!r} sent {type(message).__name__} mid-stream"))
             received = inbox.rest() if deadline is None else inbox.next(deadline)
+
+    def _dropped(self, message: protocol.Drop | protocol.Bye) -> Dropped:
+        if isinstance(message, protocol.Drop):
+            return Dropped(f"the publisher of topic {self.name!r} dropped this subscriber: {message.reason}",
+                           message.code)
+        return Dropped(f"the publisher of topic {self.name!r} closed the topic: {message.reason}",
+                       message.code or int(Reason.CLOSING))
+
+    def _drop_waiting(self) -> Dropped | None:
+        """The drop (or the topic's close) already waiting on the connection behind the messages
+        before it, as the error to raise; None when none is waiting. Called when a message sent
+        before the drop cannot be used any more (its slot cannot be mapped: the publisher, having
+        dropped this subscriber, may have exited since): the drop says why, not that failure. The
+        messages read past are lost with the connection."""
+        inbox = self._inbox
+        if inbox is None:
+            return None
+        for _ in range(_READ_AHEAD):  # (a live publisher may go on sending: read what is there, no more)
+            received = inbox.next(None)
+            if received is None or received.__class__ is not bytes:
+                if received is None:
+                    return None
+                continue  # a FRAME
+            if not received:
+                return None  # the end of the connection: no drop came before it
+            try:
+                message = protocol.decode(received)
+            except protocol.ProtocolError:
+                return None
+            if isinstance(message, (protocol.Drop, protocol.Bye)):
+                return self._dropped(message)
+        return None
 
     def _skip(self, header: protocol.Frame) -> None:
         transport = self._transport

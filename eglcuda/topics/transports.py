@@ -152,6 +152,9 @@ class PublisherTransport(abc.ABC):
     """One way of moving the pool's frames to subscribers, on the publisher's side."""
 
     name: str
+    # Pool frames a subscriber's end keeps however soon it releases: the publisher needs more than
+    # this (max_pool) to ever get one back, and refuses the transport at the handshake otherwise.
+    keeps_frames = 0
 
     @abc.abstractmethod
     def refusal(self, hello: protocol.Hello, peer_pid: int) -> str | None:
@@ -690,6 +693,9 @@ class CudaIpcSubscriber(SubscriberTransport):
 
 class EglStreamPublisher(PublisherTransport):
     name = EGLSTREAM
+    # The stream holds the newest frame presented to it until a newer one replaces it (the
+    # consumer may acquire it again): that pool frame comes back only after the next present.
+    keeps_frames = 1
 
     def __init__(self, backend: "CudaPublisherBackend") -> None:
         self.backend = backend

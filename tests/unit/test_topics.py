@@ -774,24 +774,285 @@ def test_a_goodbye_read_with_a_release_is_a_leave_not_a_drop(path, monkeypatch):
         assert pub.subscribers == [] and pub.dropped == []
 
 
-def test_too_many_waiting_connections_are_turned_away(path):
+def test_silent_connections_of_one_process_make_room_for_its_new_ones(path):
+    """One process keeps at most MAX_PENDING_PER_PEER connections in their handshake: its oldest
+    silent ones are turned away (BUSY) for its new ones, and a subscriber of that same process
+    joins while they are all held open. (Issue 42: the new connection was the one turned away,
+    so 32 silent connections locked every subscriber out for handshake_timeout.)"""
+    from eglcuda.topics.publisher import MAX_PENDING_PER_PEER
+
     with publisher(path, handshake_timeout=5) as pub:
         idle = [raw(path) for _ in range(40)]
         time.sleep(0.3)
-        busy = 0
-        for sock in idle:
+        busy = []
+        for index, sock in enumerate(idle):
             sock.setblocking(False)
             try:
                 message = answer(sock)
             except BlockingIOError:
                 continue
-            busy += isinstance(message, protocol.Refuse) and message.code == Reason.BUSY
-        assert busy == 40 - 32
+            if isinstance(message, protocol.Refuse) and message.code == Reason.BUSY:
+                busy.append(index)
+        assert busy == list(range(40 - MAX_PENDING_PER_PEER))
+        sub = subscriber(path, timeout=1)  # while they are held
+        put(pub, b"x")
+        with sub.receive(1) as message:
+            assert message.frame.data == pattern(b"x")
+        sub.close()
         for sock in idle:
             sock.close()
-        sub = subscriber(path)  # once they are gone, a subscriber gets in
-        put(pub, b"x")
+        del pub
+
+
+# ---- a publisher that refuses and closes before the peer's write (issue 42) ---------------------
+
+@contextlib.contextmanager
+def refusing_server(path, code=Reason.BUSY, reason="32 connections are already in their handshake"):
+    """A stand-in publisher at ``path`` that answers each connection with REFUSE and closes it at
+    once, reading nothing. Yields an event set once it has closed the first connection."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind(path)
+    listener.listen(8)
+    closed = threading.Event()
+
+    def serve():
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            conn.send(protocol.encode(protocol.Refuse(int(code), reason)))
+            conn.close()
+            closed.set()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield closed
+    finally:
+        listener.shutdown(socket.SHUT_RDWR)
+        listener.close()
+        thread.join(5)
+
+
+def test_a_refusal_before_the_greeting_is_written_raises_refused(path, monkeypatch):
+    """The publisher turned the subscriber away (REFUSE, then close) before the subscriber wrote
+    its HELLO: the write fails (EPIPE); Subscriber() reads the refusal and raises Refused with
+    its reason and code, not BrokenPipeError."""
+    from eglcuda.topics import sockets
+
+    with refusing_server(path) as closed:
+        real = sockets.peer_of
+
+        def greet_late(sock):  # the subscriber writes its HELLO only after the publisher closed
+            peer = real(sock)
+            assert closed.wait(5)
+            return peer
+
+        monkeypatch.setattr(sockets, "peer_of", greet_late)
+        started = time.monotonic()
+        with pytest.raises(eglcuda.Refused, match="already in their handshake") as raised:
+            subscriber(path, timeout=0.5)
+        assert raised.value.code == Reason.BUSY
+        assert time.monotonic() - started >= 0.4  # (busy: tried again until its timeout)
+
+
+def test_a_status_query_refused_before_it_is_written_raises_peer_error(path, monkeypatch):
+    from eglcuda.topics import registry, sockets
+
+    with refusing_server(path, Reason.ACCESS, "uid 1234 may not subscribe") as closed:
+        real = sockets.peer_of
+
+        def ask_late(sock):
+            peer = real(sock)
+            assert closed.wait(5)
+            return peer
+
+        monkeypatch.setattr(sockets, "peer_of", ask_late)
+        with pytest.raises(eglcuda.PeerError, match="uid 1234 may not subscribe"):
+            registry.query(path, 2)
+
+
+class _SlowAttach(NullSubscriberBackend):
+    """A subscriber backend whose transport takes ``delay`` seconds to make its ATTACH."""
+
+    def __init__(self, delay):
+        super().__init__()
+        self.delay = delay
+
+    def transport(self, name, welcome, qos, queue):
+        transport = super().transport(name, welcome, qos, queue)
+        attach = transport.attach
+
+        def slow():
+            time.sleep(self.delay)
+            return attach()
+
+        transport.attach = slow
+        return transport
+
+
+def test_a_handshake_ended_before_the_attach_is_written_raises_refused(path):
+    """The publisher ends a handshake that outlasts handshake_timeout (REFUSE, then close) while
+    the subscriber makes its ATTACH: writing the ATTACH fails (EPIPE), and Subscriber() raises
+    Refused with the publisher's reason."""
+    with publisher(path, handshake_timeout=0.3):
+        with pytest.raises(eglcuda.Refused, match="did not finish within 0.3 s") as raised:
+            subscriber(path, timeout=5, _backend=_SlowAttach(1.0))
+        assert raised.value.code == Reason.TIMEOUT
+
+
+# ---- a pool too small for an EGLStream subscriber (issue 42) ---------------------------------------
+
+def eglstream_like_backend(max_pool=protocol.MAX_POOL):
+    """A null publisher backend offering a transport named "eglstream" whose ends keep one pool
+    frame (as an EGLStream keeps its newest), beside the plain "null" one."""
+    backend = NullPublisherBackend(max_pool=max_pool, names=("eglstream", "null"))
+    backend.transports()[0].keeps_frames = 1
+    return backend
+
+
+def test_an_eglstream_subscriber_is_refused_by_a_publisher_of_one_pool_frame(path):
+    """Issue 42: with pool=1, max_pool=1, an eglstream subscriber got one frame and the publisher
+    then waited every_timeout for good ("no pool frame came free ... held by subscriber"): the
+    stream keeps its newest frame. The handshake refuses that transport, saying what to set; a
+    subscriber that can take another transport gets it; max_pool=2 serves eglstream."""
+    from eglcuda.topics.transports import EglStreamPublisher
+
+    assert EglStreamPublisher.keeps_frames == 1
+    with publisher(path, pool=1, max_pool=1, _backend=eglstream_like_backend()) as pub:
+        with pytest.raises(eglcuda.Refused, match=r"max_pool=1.*max_pool >= 2") as raised:
+            subscriber(path, transport="eglstream")
+        assert raised.value.code == Reason.UNSUPPORTED and "eglstream:" in raised.value.reason
+        backend = NullSubscriberBackend()
+        backend.wishes = lambda requested: ("eglstream", "null")
+        other = subscriber(path, _backend=backend)
+        assert other.info.transport == "null"
+        other.close()
+        del pub
+    with publisher(path, pool=1, max_pool=2, _backend=eglstream_like_backend()) as pub:
+        sub = subscriber(path, transport="eglstream")
+        assert sub.info.transport == "eglstream"
         sub.close()
+        del pub
+
+
+# ---- admission under a flood of silent connections (issue 42) -----------------------------------
+
+# A process that opens COUNT connections to a publisher, says nothing on any of them and keeps them
+# all open (those the publisher turns away too) until told to stop.
+SILENT_FLOOD = """
+import resource, socket, sys, time
+path, count = sys.argv[1], int(sys.argv[2])
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+if soft < count + 64:
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(count + 64, hard) if hard != resource.RLIM_INFINITY else count + 64, hard))
+held = []
+for _ in range(count):
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    while True:
+        try:
+            sock.connect(path)
+            break
+        except BlockingIOError:  # (the publisher's backlog is full for a moment)
+            time.sleep(0.001)
+    held.append(sock)
+print("held", len(held), flush=True)
+sys.stdin.readline()
+"""
+
+
+@contextlib.contextmanager
+def silent_flood(path, count):
+    flood = subprocess.Popen([sys.executable, "-c", SILENT_FLOOD, path, str(count)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        said = flood.stdout.readline()
+        assert said == f"held {count}\n", said + flood.stderr.read()[-2000:] if flood.poll() is not None else said
+        yield flood
+    finally:
+        flood.kill()
+        flood.wait()
+
+
+def join_times(path, joins):
+    """Seconds each of ``joins`` subscribers (one after the other) took to join; None for one
+    that failed (with the error it raised)."""
+    times = []
+    for _ in range(joins):
+        started = time.monotonic()
+        try:
+            sub = subscriber(path, timeout=5)
+        except eglcuda.EglCudaError as exc:
+            times.append((None, f"{type(exc).__name__}: {exc}"))
+            continue
+        times.append((time.monotonic() - started, None))
+        sub.close()
+    return times
+
+
+def test_a_flood_of_silent_connections_does_not_lock_subscribers_out(path):
+    """Issue 42: 32 silent connections of one process held every new subscriber out (BUSY) for
+    handshake_timeout. With 1,000 silent connections held open by one process (the goal), at
+    least 99 % of real subscribers join, each within 1 s."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1100:
+        pytest.skip(f"the descriptor limit ({hard}) does not let one process hold 1,000 connections")
+    with publisher(path, handshake_timeout=30) as pub:
+        slow = raw(path)  # a peer of another process than the flood's that greets late, but greets
+        with silent_flood(path, 1000):
+            times = join_times(path, 200)
+            slow.send(hello())
+            assert isinstance(answer(slow), protocol.Welcome)
+        slow.close()
+        within = sum(1 for took, _ in times if took is not None and took <= 1.0)
+        failures = [why for _, why in times if why is not None][:3]
+        assert within >= 0.99 * len(times), f"{within} of {len(times)} joined within 1 s; {failures}"
+        del pub
+
+
+def test_silent_connections_of_many_processes_make_room_for_subscribers(path):
+    """At MAX_PENDING_HANDSHAKES, the oldest silent connection of the process with the most makes
+    room: six processes holding 8 silent connections each do not lock a subscriber out."""
+    with publisher(path, handshake_timeout=30) as pub:
+        with contextlib.ExitStack() as floods:
+            for _ in range(6):
+                floods.enter_context(silent_flood(path, 8))
+            times = join_times(path, 20)
+        assert all(took is not None and took <= 1.0 for took, _ in times), times
+        del pub
+
+
+def test_out_of_descriptors_at_accept_ends_an_idle_handshake_or_rests(path):
+    """EMFILE at accept: an idle handshake is ended (told BUSY) to free a descriptor and the
+    accept goes on; with none to end, _accept says so (the service thread then stops watching
+    the listener for a moment instead of waking at once, again and again)."""
+    import errno
+    import select
+    from eglcuda.topics import publisher as publisher_module
+    from eglcuda.topics import sockets
+
+    class Listener:
+        def __init__(self, errors):
+            self.errors = list(errors)
+
+        def accept(self):
+            raise self.errors.pop(0)
+
+    emfile = OSError(errno.EMFILE, "Too many open files")
+    with publisher(path) as pub:
+        poller = select.epoll()
+        assert publisher_module._accept(pub, Listener([emfile]), poller, {}) is False
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        handshake = publisher_module._Handshake(ours, sockets.peer_of(ours), time.monotonic() + 5, None)
+        pending = {ours.fileno(): handshake}
+        poller.register(ours.fileno(), select.EPOLLIN)
+        assert publisher_module._accept(pub, Listener([emfile, BlockingIOError()]), poller, pending) is True
+        assert pending == {}
+        refused = protocol.decode(theirs.recv(70000))
+        assert isinstance(refused, protocol.Refuse) and refused.code == Reason.BUSY and "said nothing" in refused.reason
+        theirs.close()
+        poller.close()
         del pub
 
 
@@ -1574,6 +1835,48 @@ def test_a_transport_that_fails_closed_disconnects_instead_of_looking_closed(pat
         put(pub, b"1", timeout=5)
         with sub.receive(5) as message:
             assert message.frame.data == pattern(b"1")
+        sub.close()
+
+
+def test_a_drop_reaches_a_subscriber_whose_socket_queued_messages_filled(path, monkeypatch):
+    """Issue 42, messages queued before a drop must not hide it: an 'every' subscriber that stopped
+    reading until its socket was full is dropped ("its socket stayed full"); the DROP did not fit
+    behind the frames on its socket, so after reading them the subscriber saw only the end of
+    the connection (StreamDisconnected) instead of Dropped with the reason."""
+    from eglcuda.topics import publisher as publisher_module
+
+    monkeypatch.setattr(publisher_module, "SEND_BUFFER", 1 << 16)  # (full after a few frames of 16 KB)
+    with publisher(path, every_timeout=0.1) as pub:
+        sub = subscriber(path, qos="every", queue=64)
+        sent = 0
+        while not pub.dropped and sent < 64:
+            put(pub, b"%d" % sent + bytes(16000), timeout=5)
+            sent += 1
+        assert [record.reason for record in pub.dropped] == ["its socket stayed full for 0.1 s (every_timeout)"]
+        got = 0
+        with pytest.raises(eglcuda.StreamDisconnected) as raised:
+            while True:
+                sub.receive(1).release()
+                got += 1
+        assert isinstance(raised.value, eglcuda.Dropped), raised.value
+        assert "socket stayed full" in str(raised.value) and 0 < got < sent
+        sub.close()
+
+
+def test_a_frame_that_cannot_be_taken_after_a_drop_does_not_hide_the_drop(path):
+    """Issue 42: a subscriber dropped for being slow whose queued frame (or slot) cannot be used
+    any more when it reads again (the publisher exited meanwhile) raises Dropped with the drop's
+    reason, not the transport's failure."""
+    with publisher(path, every_timeout=0.1) as pub:
+        sub = subscriber(path, qos="every", queue=1)
+        put(pub, b"0", timeout=5)
+        put(pub, b"1", timeout=5)  # its queue is full: dropped after every_timeout
+        assert [record.code for record in pub.dropped] == ["QUEUE_FULL"]
+        sub._backend.transports[-1].fail_with = eglcuda.StreamDisconnected("cuIpcOpenMemHandle failed")
+        with pytest.raises(eglcuda.Dropped, match="every_timeout") as raised:
+            sub.receive(5)
+        assert raised.value.code == Reason.QUEUE_FULL
+        assert not sub.connected
         sub.close()
 
 

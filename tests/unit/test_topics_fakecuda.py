@@ -269,3 +269,55 @@ def test_the_topic_bench_measures_a_stopped_and_resumed_subscriber(env):
     assert len(paired["running_rates"]) == 3 and len(paired["stalled_rates"]) == 2
     assert all(rate > 0 for rate in paired["running_rates"] + paired["stalled_rates"])
     assert "stopped and resumed 2 times" in done.stdout
+
+
+# Issue 42: an 'every' subscriber that stops reading is dropped (queue full); the publisher then
+# exits before the subscriber reads again. What waits on its socket: the SLOT and FRAME messages
+# sent before the drop, then the DROP. The SLOT's memory handle names the publisher's process, gone
+# now, so mapping it fails; that must not hide the drop and its reason.
+DROPPED_THEN_GONE_PUBLISHER = """
+import sys, eglcuda
+with eglcuda.Publisher("t", 64, 48, "NV12", path=sys.argv[1], pool=4, every_timeout=0.2) as pub:
+    print("ready", flush=True)
+    sys.stdin.readline()  # the subscriber has joined
+    while not pub.dropped:
+        pub.publish(pub.next_frame(timeout=5))
+    print("dropped", pub.dropped[0].code, flush=True)
+"""
+DROPPED_SUBSCRIBER = """
+import sys, eglcuda
+sub = eglcuda.Subscriber("t", path=sys.argv[1], qos="every", queue=2, transport="cuda-ipc", timeout=10)
+print("joined", flush=True)
+sys.stdin.readline()  # dropped meanwhile, and its publisher has exited
+try:
+    sub.receive(timeout=5)
+    print("received", flush=True)
+except eglcuda.EglCudaError as exc:
+    print(type(exc).__name__, exc, flush=True)
+sub.close()
+"""
+
+
+def test_a_dropped_subscriber_hears_the_drop_after_its_publisher_exited(env, path):
+    publisher = subprocess.Popen([sys.executable, "-c", DROPPED_THEN_GONE_PUBLISHER, path], env=env, cwd=str(ROOT),
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    subscriber = None
+    try:
+        assert publisher.stdout.readline() == "ready\n", publisher.stderr.read()[-2000:]
+        subscriber = subprocess.Popen([sys.executable, "-c", DROPPED_SUBSCRIBER, path], env=env, cwd=str(ROOT),
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert subscriber.stdout.readline() == "joined\n", subscriber.stderr.read()[-2000:]
+        publisher.stdin.write("go\n")
+        publisher.stdin.flush()
+        assert publisher.stdout.readline() == "dropped QUEUE_FULL\n", publisher.stderr.read()[-2000:]
+        assert publisher.wait(timeout=30) == 0, publisher.stderr.read()[-2000:]
+        subscriber.stdin.write("read\n")
+        subscriber.stdin.flush()
+        said = subscriber.stdout.readline()
+        assert subscriber.wait(timeout=30) == 0, subscriber.stderr.read()[-2000:]
+        assert said.startswith("Dropped ") and "every_timeout" in said, said
+    finally:
+        for process in (publisher, subscriber):
+            if process is not None and process.poll() is None:
+                process.kill()
+                process.wait()
