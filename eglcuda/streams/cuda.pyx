@@ -415,8 +415,10 @@ cdef class CudaProducer(Resource):
         (measured on driver 580), and on a FIFO stream only once the queue has room; the wait
         releases the GIL. On a stream shared with another process, a present naming the legacy
         default stream (None, 0) first waits for that stream's work on the host: the driver does
-        not order it there (docs/streams.md). The frame is checked against the connection (size,
-        format, layout, device) the first time this producer sees it, before the driver does."""
+        not order it there (docs/streams.md). Streams the frame was handed to since its last
+        present (a DLPack consumer that wrote it) are waited for too, on the GPU
+        (docs/ordering.md). The frame is checked against the connection (size, format, layout,
+        device) the first time this producer sees it, before the driver does."""
         cdef FrameCore core
         cdef CUstream *stream_box
         cdef CUresult status
@@ -732,8 +734,9 @@ cdef class AcquiredFrame:
 
     def release(self) -> None:
         """Give the frame back to the stream. The driver returns only once the work queued on the
-        frame's ``cuda_stream`` is done (measured on driver 580); the wait releases the GIL.
-        Raises :class:`ClosedError` if already released."""
+        frame's ``cuda_stream`` is done (measured on driver 580); that stream first waits, on the
+        GPU, for every stream the frame was handed to (DLPack consumers'; see docs/ordering.md).
+        The wait releases the GIL. Raises :class:`ClosedError` if already released."""
         self._consumer._release(self)
 
     def _check_usable(self) -> None:

@@ -396,8 +396,9 @@ class Publisher:
     def publish(self, frame: Any, cuda_stream: Any = None, payload: bytes = b"", timestamp_ns: int | None = None) -> int:
         """Publish ``frame`` (from :meth:`next_frame`) to every subscriber; returns its sequence
         number. ``cuda_stream`` is where the work writing it was queued (None: the legacy default
-        stream): subscribers read after that work, without a host wait here (CUDA IPC) or with
-        the driver's wait (EGLStream). ``payload`` (at most 16 KiB) and ``timestamp_ns`` (default:
+        stream): subscribers read after that work, and after the work of every stream the frame
+        was handed to while written (a DLPack consumer's: docs/ordering.md), without a host wait
+        here (CUDA IPC) or with the driver's wait (EGLStream). ``payload`` (at most 16 KiB) and ``timestamp_ns`` (default:
         now, ``CLOCK_MONOTONIC``, comparable across the host's processes) travel with the frame.
 
         An ``every`` subscriber whose queue is full is waited for up to ``every_timeout``, then

@@ -103,10 +103,13 @@ class Message:
         return self._released
 
     def release(self, cuda_stream: Any = None) -> None:
-        """Give the frame back. ``cuda_stream``: the stream the last work on the frame was queued
-        on, if not the subscriber's own (the publisher's next write into it waits for that
-        stream, on the GPU). Safe to call twice; after the publisher is gone it only marks the
-        message released."""
+        """Give the frame back. The publisher's next write into it waits, on the GPU, for the
+        subscriber's stream and every stream the frame was handed to (DLPack consumers'; for
+        ``__cuda_array_interface__`` views the legacy default stream and CuPy's and PyTorch's
+        current streams: docs/ordering.md). ``cuda_stream``: one more stream to wait for, where
+        work on the frame was queued that eglcuda could not learn of (a raw pointer, a CAI view
+        read on another stream). Safe to call twice; after the publisher is gone it only marks
+        the message released."""
         if not self._released:
             self._subscriber._release(self, cuda_stream)
 
