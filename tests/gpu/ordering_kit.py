@@ -120,6 +120,16 @@ class Kit:
             self.spin()
             return view.copy()
 
+    def read_raw(self, plane, stream: int):
+        """A slow read through the plane's raw pointer on the frame's own stream (the stream given
+        to ``Subscriber(cuda_stream=...)``): a spin kernel, then a driver copy (no view taken)."""
+        copy = self.cupy.empty((plane.height, plane.geometry.row_bytes), self.cupy.uint8)
+        self.cupy.cuda.Device().synchronize()
+        with self.cupy.cuda.ExternalStream(stream):
+            self.spin()
+        plane.copy_to_device(copy.data.ptr, plane.geometry.row_bytes)  # on the frame's stream
+        return copy
+
     def write(self, kind: str, plane, data: np.ndarray) -> None:
         """Queue a slow write of ``data`` (host bytes of the plane's shape) into ``plane`` on
         ``kind``'s stream. The bytes are staged on the GPU first, so only the spin delays the

@@ -38,11 +38,17 @@ def main() -> int:
         import torch
 
         torch.zeros(1, device="cuda")  # CUDA initialized: the reader's first frame is not the slow one
-    sub = eglcuda.Subscriber(args.name, qos="every", queue=1, path=args.path, transport=args.transport, timeout=30)
+    own = kit.cupy_side.ptr if args.reader == "subscriber-stream" else None  # Subscriber(cuda_stream=...)
+    sub = eglcuda.Subscriber(args.name, qos="every", queue=1, path=args.path, transport=args.transport, timeout=30,
+                             cuda_stream=own)
     say(event="ready", transport=sub.info.transport)
     copies = []
     for message in sub:  # the documented loop: each step releases the previous message
-        copies.append((message.seq, kit.read(args.reader, message.frame.planes[0])))
+        plane = message.frame.planes[0]
+        if args.reader == "subscriber-stream":
+            copies.append((message.seq, kit.read_raw(plane, message.frame.cuda_stream)))
+        else:
+            copies.append((message.seq, kit.read(args.reader, plane)))
         if len(copies) == args.count:
             message.release()
             break

@@ -71,11 +71,12 @@ def publisher(name: str, path: str, transport: str) -> eglcuda.Publisher:
     return eglcuda.Publisher(name, WIDTH, HEIGHT, "NV12", pool=pool, max_pool=pool, every_timeout=30.0, path=path)
 
 
-@pytest.mark.parametrize("reader", READERS)
+@pytest.mark.parametrize("reader", [*READERS, "subscriber-stream"])
 def test_topic_reader_on_any_stream_is_done_before_its_slot_is_written(display, transport, topic, reader):
     """The subscriber runs ``for message in sub: copy = read(message.frame.planes[0])`` with the
     read slow on ``reader``'s stream; the publisher writes each next frame as soon as a slot is
-    free. Every copy must hold the frame it was taken from."""
+    free. Every copy must hold the frame it was taken from. (``subscriber-stream``: the stream
+    given to ``Subscriber(cuda_stream=...)``, read through the plane's raw pointer.)"""
     needs(reader)
     name, path = topic
     seed = 7
