@@ -38,7 +38,7 @@ from ..streams.share import positive_seconds
 from . import _wire, naming, protocol, registry, sockets
 from .info import DropRecord, SubscriberInfo, TopicInfo
 from .protocol import Qos, Reason
-from .transports import CUDA_IPC, CudaPublisherBackend, PublisherBackend, PublisherLink, PublisherTransport
+from .transports import CudaPublisherBackend, PublisherBackend, PublisherLink, PublisherTransport
 from ..frames.frame import order_after
 from ..frames.interop import cai_stream, foreign_device_pointer, stream_handle
 
@@ -269,7 +269,7 @@ class Publisher:
             self._backend = _backend
             self._transports: dict[str, PublisherTransport] = {t.name: t for t in _backend.transports()}
             # The transport whose subscribers _wire.hand_out serves (its links take the FRAME message alone).
-            self._fast_transport = self._transports.get(CUDA_IPC)
+            self._fast_transport = self._transports.get("cuda-ipc")
             for _ in range(pool):
                 self._grow()
             self.geometry = _backend.geometry(self._pool[0].frame)

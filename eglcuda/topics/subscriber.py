@@ -16,8 +16,9 @@ from ..streams.share import numeric_ids, positive_seconds
 from . import _wire, naming, protocol, sockets
 from .info import TopicInfo
 from .protocol import Qos, Reason
-from .transports import (CudaSubscriberBackend, Geometry, SubscriberBackend, SubscriberTransport, TRANSPORT_NAMES,
-                         UNMAP_WAIT_S)
+from . import transports
+from .transports import CudaSubscriberBackend, Geometry, SubscriberBackend, SubscriberTransport
+from .transports.base import UNMAP_WAIT_S
 from ..frames.interop import stream_handle
 
 log = logging.getLogger("eglcuda.topics")
@@ -176,8 +177,8 @@ class Subscriber:
         self._busy_wait = sockets.wait_seconds(busy_wait, "busy_wait")
         if self._busy_wait > _MAX_BUSY_WAIT:
             raise UsageError(f"busy_wait is at most {_MAX_BUSY_WAIT} seconds, got {busy_wait!r}")
-        if _backend is None and transport not in ("auto",) + TRANSPORT_NAMES:
-            raise UsageError(f"transport is 'auto' or one of {TRANSPORT_NAMES}, got {transport!r}")
+        if _backend is None and transport not in ("auto",) + transports.names():
+            raise UsageError(f"transport is 'auto' or one of {transports.names()}, got {transport!r}")
         self.path = naming.socket_path(self.name, path)
         self._trusted: frozenset[int] | None = None  # None: any uid
         if isinstance(trusted_uids, str):

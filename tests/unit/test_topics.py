@@ -917,7 +917,7 @@ def test_an_eglstream_subscriber_is_refused_by_a_publisher_of_one_pool_frame(pat
     then waited every_timeout for good ("no pool frame came free ... held by subscriber"): the
     stream keeps its newest frame. The handshake refuses that transport, saying what to set; a
     subscriber that can take another transport gets it; max_pool=2 serves eglstream."""
-    from eglcuda.topics.transports import EglStreamPublisher
+    from eglcuda.topics.transports.eglstream import EglStreamPublisher
 
     assert EglStreamPublisher.keeps_frames == 1
     with publisher(path, pool=1, max_pool=1, _backend=eglstream_like_backend()) as pub:
@@ -1768,7 +1768,7 @@ def test_a_subscriber_works_with_descriptor_numbers_above_1024(path):
 def test_a_mailbox_handing_back_its_old_frame_still_sees_a_close():
     """An EGLStream mailbox hands its last frame back at once when no new one came (no Timeout):
     a wait for an announced frame there still ends once stop() says so, not at its deadline."""
-    from eglcuda.topics.transports import EglStreamSubscriber
+    from eglcuda.topics.transports.eglstream import EglStreamSubscriber
 
     class OldFrame:
         number = 3
@@ -1803,7 +1803,7 @@ def test_a_mailbox_handing_back_its_old_frame_still_sees_a_close():
 def test_an_eglstream_consumer_without_frame_numbers_takes_the_frame_it_gets():
     """Where the stream gives no frame numbers, the frame acquired is the one taken (it cannot
     be told apart from an old one), not waited past until the deadline."""
-    from eglcuda.topics.transports import EglStreamSubscriber
+    from eglcuda.topics.transports.eglstream import EglStreamSubscriber
 
     class Unnumbered:
         number = None

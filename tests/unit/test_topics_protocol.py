@@ -619,7 +619,7 @@ def test_a_busy_cuda_ipc_publisher_records_without_asking_then_asks_again(monkey
     asking, then it asks again."""
     from types import SimpleNamespace
 
-    from eglcuda.topics import transports
+    from eglcuda.topics.transports import cuda_ipc as transports
 
     asked: list[bool] = []
     stream_busy = [True]

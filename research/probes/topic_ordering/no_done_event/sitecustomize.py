@@ -1,7 +1,8 @@
 # Diagnostic only, NOT SAFE: cuda-ipc subscribers never record a done event at release, so the
 # publisher never waits for their GPU work. Loaded by research/probes/topic_ordering.sh through
 # PYTHONPATH into every process of a bench run.
-from eglcuda.topics import protocol, transports
+from eglcuda.topics import protocol
+from eglcuda.topics.transports import cuda_ipc as transports
 
 
 def _release(self, obj, frame, cuda_stream):

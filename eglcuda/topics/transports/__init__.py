@@ -1,0 +1,23 @@
+"""How a topic's frames reach a subscriber: transports as plug-ins behind one interface.
+
+- :mod:`.base`: the interface (:class:`PublisherTransport`, :class:`PublisherLink`,
+  :class:`SubscriberTransport`, the backends) and what both ends share (:class:`Geometry`,
+  :class:`DeviceIdentity`);
+- :mod:`.registry`: the transports by name (:class:`TransportSpec`); ``auto`` picks by rank;
+- :mod:`.views`: :class:`SlotView`, a mapped pool slot as a frame;
+- one module per transport: :mod:`.cuda_ipc`, :mod:`.eglstream`;
+- :mod:`.backends`: the real GPU backends, which make one transport of each registered kind.
+
+Adding a transport is one new module here (its two sides and a ``register(TransportSpec(...))``
+at its end; docs/architecture.md walks through it) and one name in the import below.
+"""
+from .base import (NO_UUID, DeviceIdentity, Geometry, PublisherBackend, PublisherLink, PublisherTransport,
+                   SubscriberBackend, SubscriberTransport)
+from .registry import TransportSpec, get, names, register, registered
+from .views import SlotView
+from . import cuda_ipc, eglstream  # noqa: F401  (the built-in transports: each registers itself)
+from .backends import CudaPublisherBackend, CudaSubscriberBackend
+
+__all__ = ["NO_UUID", "DeviceIdentity", "Geometry", "PublisherBackend", "PublisherLink", "PublisherTransport",
+           "SubscriberBackend", "SubscriberTransport", "TransportSpec", "get", "names", "register", "registered",
+           "SlotView", "CudaPublisherBackend", "CudaSubscriberBackend"]

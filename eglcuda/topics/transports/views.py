@@ -1,0 +1,82 @@
+"""What a subscriber reads when a transport maps the publisher's pool slots into its process
+(``cuda-ipc``, ``cuda-vmm``): :class:`SlotView`, with the same plane interface as
+:class:`eglcuda.AcquiredFrame`."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ...errors import ClosedError
+from ...frames.formats import plane_geometry
+from ...frames.frame import FrameBase, Plane
+from .base import Geometry
+
+if TYPE_CHECKING:
+    from ...cuda_device import CudaDevice
+
+
+class _ViewSpec:
+    """What every view of one topic's slots shares (made once per subscription)."""
+
+    __slots__ = ("geometry", "planes")
+
+    def __init__(self, geometry: Geometry) -> None:
+        self.geometry = geometry
+        self.planes = plane_geometry(geometry.format, geometry.width, geometry.height, geometry.pitch)
+
+
+class SlotView(FrameBase):
+    """A read-only view of a publisher's pool slot, as a ``cuda-ipc`` subscriber receives it: the
+    same plane interface as :class:`eglcuda.AcquiredFrame` (DLPack, ``__cuda_array_interface__``,
+    ``to_numpy``), ordered on the subscriber's CUDA stream. Unusable once its message is released:
+    the publisher may then write the slot again."""
+
+    __slots__ = ("_spec", "_base", "device", "_stream", "_released", "slot", "_plane_cache", "_handed_to",
+                 "__weakref__")
+
+    read_only = True
+
+    def __init__(self, spec: _ViewSpec, base: int, device: "CudaDevice", stream: int | None, slot: int) -> None:
+        self._spec = spec
+        self._base = base
+        self.device = device
+        self.slot = slot
+        self._stream = stream
+        self._released = False
+        # Made when first asked for: most frames' planes are read once or never.
+        self._plane_cache: tuple[Plane, ...] | None = None
+        self._handed_to: list[int] | None = None
+
+    width = property(lambda self: self._spec.geometry.width)
+    height = property(lambda self: self._spec.geometry.height)
+    format = property(lambda self: self._spec.geometry.format)
+    layout = property(lambda self: self._spec.geometry.layout)
+    pitch = property(lambda self: self._spec.geometry.pitch)
+
+    # FrameBase declares _planes as an attribute; a view computes it, read-only (as Frame does).
+    @property
+    def _planes(self) -> tuple[Plane, ...]:  # type: ignore[override]
+        planes = self._plane_cache
+        if planes is None:
+            base = self._base
+            planes = self._plane_cache = tuple(
+                Plane(self, i, g, base + offset)
+                for i, (g, offset) in enumerate(zip(self._spec.planes, self._spec.geometry.plane_offsets)))
+        return planes
+
+    @property
+    def cuda_stream(self) -> int | None:
+        """The subscriber's ``CUstream``: it waits for the publisher's work on this frame."""
+        return self._stream
+
+    @property
+    def released(self) -> bool:
+        return self._released
+
+    def _check_usable(self) -> None:
+        if self._released:
+            raise ClosedError("the message was released (or the subscriber lost its publisher): the publisher may "
+                              "have written this slot again; receive a new message")
+
+    def __repr__(self) -> str:
+        state = " released" if self._released else ""
+        return f"<SlotView slot {self.slot} {self.width}x{self.height} {self.format.name}{state}>"
