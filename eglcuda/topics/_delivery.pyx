@@ -1,0 +1,216 @@
+# cython: language_level=3
+"""A topic publisher's books and its per-frame delivery steps, compiled: the one place they are
+kept.
+
+:class:`Slot` (a pool frame and who holds it) and :class:`Member` (a subscriber after its
+handshake) are typed in ``_delivery.pxd``. The steps every frame takes live here and nowhere else:
+
+- :func:`hand_out`: the FRAME message of a slot to every subscriber whose link takes the message
+  alone (``message_only``: ``cuda-ipc``, ``cuda-vmm``) and that may take it now; the rest go back
+  to the publisher's Python path (another transport, at its credit, a new slot, a full socket);
+- :func:`settle`: the plain releases of a batch of messages (no done event);
+- :func:`delivered`, :func:`released`, :func:`free_if_unheld`, :func:`forget`: the same book
+  entries for the publisher's Python path (SLOT messages, EGLStream presents, releases with a done
+  event, drops), which calls them and never keeps books of its own.
+
+Measured on an H100: the Python form of these steps cost the publisher about 1.6 us per subscriber
+per frame, eight subscribers' worth a fifth of a frame's time.
+"""
+import time
+
+from .info import SubscriberInfo
+from . import _wire, protocol
+
+cdef extern from "<sys/socket.h>" nogil:
+    ssize_t send(int fd, const void *buf, size_t n, int flags)
+    int MSG_DONTWAIT
+    int MSG_NOSIGNAL
+
+FREE = SLOT_FREE
+WRITING = SLOT_WRITING
+PUBLISHED = SLOT_PUBLISHED
+STATE_NAMES = {SLOT_FREE: "free", SLOT_WRITING: "writing", SLOT_PUBLISHED: "published"}
+
+cdef object Release = protocol.Release
+cdef object LATEST = protocol.Qos.LATEST
+cdef unsigned int RELEASE_RECORDED = protocol.RELEASE_RECORDED
+
+
+cdef class Slot:
+    """One pool frame and who holds it."""
+
+    def __init__(self, int index, object frame):
+        self.index = index
+        self.frame = frame
+        self.state = SLOT_FREE
+        self.holders = set()
+        self.waiters = {}
+        self.seq = -1
+        self.published_at = 0.0
+
+    def __repr__(self):
+        return f"<Slot {self.index} {STATE_NAMES.get(self.state, self.state)} seq {self.seq}>"
+
+
+cdef class Member:
+    """A subscriber after its handshake, as the publishing thread tracks it."""
+
+    def __init__(self, long long ident, object sock, object peer, object hello, object link, str transport,
+                 int recv_limit, int read_batch):
+        self.id = ident
+        self.sock = sock
+        self.fd = sock.fileno()
+        self.inbox = _wire.Inbox(self.fd, recv_limit, read_batch)  # its messages, read by the publishing thread
+        self.peer = peer
+        self.qos = hello.qos
+        self.latest = hello.qos is LATEST
+        self.queue = hello.queue
+        self.link = link
+        self.message_only = link.message_only
+        self.plain_release = link.plain_release
+        self.credit = protocol.credit(hello.qos, hello.queue, link.message_only)
+        self.transport = transport
+        self.outstanding = {}
+        self.seen_slots = set()
+        self.delivered = 0
+        self.skipped = 0
+        self.noticed = False
+        self.since = time.time()
+        self.alive = True
+        self.leaving = False
+
+    def info(self):
+        return SubscriberInfo(id=self.id, pid=self.peer.pid, uid=self.peer.uid, qos=self.qos.name.lower(),
+                              queue=self.queue, transport=self.transport, delivered=self.delivered,
+                              skipped=self.skipped, outstanding=len(self.outstanding), since=self.since)
+
+    def __repr__(self):
+        return f"<Member {self.id} pid {self.peer.pid} {self.transport}{'' if self.alive else ' gone'}>"
+
+
+# ---- the book entries ------------------------------------------------------------------------------
+
+cdef int record_delivery(Member sub, Slot slot, object seq) except -1:
+    sub.outstanding[seq] = slot
+    slot.holders.add(sub)
+    sub.delivered += 1
+    sub.noticed = False
+    return 0
+
+
+cdef int maybe_free(Slot slot, object free) except -1:
+    if slot.state == SLOT_PUBLISHED and not slot.holders:
+        slot.state = SLOT_FREE
+        free.append(slot)
+    return 0
+
+
+cdef int let_go(Member sub, Slot slot, bint recorded, double now, object free) except -1:
+    slot.holders.discard(sub)
+    if recorded:
+        slot.waiters[sub] = now
+    maybe_free(slot, free)
+    return 0
+
+
+def delivered(Member sub, Slot slot, object seq):
+    """``sub`` got frame ``seq`` of ``slot``: it holds the slot until it releases the frame."""
+    record_delivery(sub, slot, seq)
+
+
+def released(Member sub, Slot slot, bint recorded, double now, object free):
+    """``sub``'s link let go of ``slot``; ``recorded``: its GPU work may still read it (a done event
+    recorded at ``now``). A published slot nobody holds any more goes to the end of ``free``."""
+    let_go(sub, slot, recorded, now, free)
+
+
+def free_if_unheld(Slot slot, object free):
+    """A published slot nobody holds becomes free (the end of ``free``)."""
+    maybe_free(slot, free)
+
+
+def forget(Member sub, list pool, object free):
+    """``sub`` is gone: it holds nothing, and no slot waits for its GPU work any more."""
+    cdef Slot slot
+    sub.outstanding.clear()
+    for slot in pool:
+        slot.holders.discard(sub)
+        slot.waiters.pop(sub, None)
+    for slot in pool:
+        maybe_free(slot, free)
+
+
+# ---- the per-frame steps ---------------------------------------------------------------------------
+
+def hand_out(list subs, Slot slot, object seq, bytes data, object stream, set recorded):
+    """Send the FRAME message ``data`` of ``slot`` (sequence ``seq``) to each live subscriber whose
+    link is message-only and which may take it now: a ``latest`` subscriber below its credit, a
+    slot it was described. Before a transport's first send, ``transport.on_publish(slot, stream)``
+    runs once (unless the transport is in ``recorded``, to which it is added).
+
+    Returns the live subscribers this did not serve, in order (another kind of link, at its
+    credit, a new slot, a full or failed socket, a failed record: the publisher's Python path
+    serves them)."""
+    cdef list others = []
+    cdef set failed = None
+    cdef const char *raw = data
+    cdef Py_ssize_t size = len(data)
+    cdef ssize_t sent
+    cdef Member sub
+    cdef int index = slot.index
+    for sub in subs:
+        if not sub.alive:
+            continue
+        if (not sub.message_only or index not in sub.seen_slots
+                or (sub.latest and len(sub.outstanding) >= sub.credit)):
+            others.append(sub)
+            continue
+        transport = sub.link.transport
+        if transport not in recorded:
+            if failed is not None and transport in failed:
+                others.append(sub)
+                continue
+            try:
+                transport.on_publish(slot, stream)
+            except Exception:  # the Python path meets it again, and drops with the reason
+                if failed is None:
+                    failed = set()
+                failed.add(transport)
+                others.append(sub)
+                continue
+            recorded.add(transport)
+        sent = send(sub.fd, raw, size, MSG_DONTWAIT | MSG_NOSIGNAL)
+        if sent != size:  # (a full socket or a broken connection: the Python path decides)
+            others.append(sub)
+            continue
+        record_delivery(sub, slot, seq)
+    return others
+
+
+def settle(list batch, object free):
+    """Handle the plain releases of ``batch`` (``[(member, message), ...]`` from
+    :func:`eglcuda.topics._wire.drain`): a ``Release`` with no done event (neither recorded nor
+    sent), from a live subscriber whose link frees a slot on such a release, for a frame it holds.
+
+    Returns what is left, in order: every other message, and all that follow one of them from the
+    same subscriber (its messages keep their order)."""
+    cdef list rest = []
+    cdef set held_back = set()  # subscribers with a message in ``rest``: their later ones follow it
+    cdef Member sub
+    cdef Slot slot
+    for entry in batch:
+        sub = <Member>entry[0]
+        message = entry[1]
+        if not sub.alive:
+            continue
+        if (message.__class__ is Release and sub.plain_release and sub not in held_back and not message[2]
+                and not <unsigned int>message[1] & RELEASE_RECORDED):
+            found = sub.outstanding.pop(message[0], None)
+            if found is not None:
+                slot = <Slot>found
+                let_go(sub, slot, False, 0.0, free)
+                continue
+            # (not a frame it holds: the publisher's path drops it with the reason)
+        rest.append(entry)
+        held_back.add(sub)
+    return rest

@@ -1,0 +1,82 @@
+"""``Publisher.publish_from``'s copy of a source (a frame, one array per plane, or one stacked
+array) into a pool frame, ordered after the stream the source's exporter names."""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..errors import UsageError
+from ..frames.frame import order_after
+from ..frames.interop import cai_stream, foreign_device_pointer, stream_handle
+
+
+def copy_into(frame: Any, source: Any, cuda_stream: Any) -> None:
+    """publish_from's copy of ``source`` into pool frame ``frame``."""
+    planes = frame.planes
+    if hasattr(source, "planes"):
+        sources = list(source.planes)
+        if len(sources) != len(planes):
+            raise UsageError(f"the source has {len(sources)} planes, the topic's frames {len(planes)}")
+        for target, plane in zip(planes, sources):
+            if (plane.width, plane.height, plane.channels) != (target.width, target.height, target.channels):
+                raise UsageError(f"source plane {plane.index} is {plane.shape}, the topic's {target.shape}")
+            plane.copy_to_device(target.pointer, target.pitch, cuda_stream)
+        return
+    arrays = list(source) if isinstance(source, (list, tuple)) else [source]
+    if len(arrays) == 1 and len(planes) > 1:
+        arrays = _split_stacked(arrays[0], planes)
+    if len(arrays) != len(planes):
+        raise UsageError(f"publish_from takes one array per plane ({len(planes)}), got {len(arrays)}")
+    for target, array in zip(planes, arrays):
+        if isinstance(array, np.ndarray):
+            target.copy_from(array)
+            continue
+        pointer, shape, strides, typestr, written_on, _ = foreign_device_pointer(array)
+        rows = target.height
+        row_bytes = target.geometry.row_bytes
+        if typestr not in ("|u1", "<u1") or shape[0] != rows or int(np.prod(shape[1:])) != row_bytes:
+            raise UsageError(f"plane {target.index} takes uint8 data of shape {target.shape}, got {typestr} {shape}")
+        pitch = strides[0] if strides else row_bytes
+        source_stream = cai_stream(written_on)
+        if source_stream is not None:
+            # The array's exporter named the stream its data is ordered on (CuPy's and PyTorch's
+            # current stream): the copy waits for it on the GPU.
+            order_after(frame.device, source_stream, stream_handle(cuda_stream))
+        target.copy_from_device(pointer, pitch, cuda_stream)
+
+
+class _Rows:
+    """A window of rows of a foreign CUDA array (for a stacked multi-plane array)."""
+
+    def __init__(self, pointer: int, rows: int, row_bytes: int, pitch: int, stream: Any = None) -> None:
+        self.__cuda_array_interface__ = {"shape": (rows, row_bytes), "strides": (pitch, 1), "typestr": "|u1",
+                                         "data": (pointer, True), "version": 3, "stream": stream}
+
+
+def _split_stacked(array: Any, planes: Sequence[Any]) -> list[Any]:
+
+    row_bytes = {p.geometry.row_bytes for p in planes}
+    total = sum(p.height for p in planes)
+    if len(row_bytes) != 1:
+        raise UsageError("a single source array covers only formats whose planes have equal row sizes (NV12); "
+                         "pass one array per plane")
+    (width_bytes,) = row_bytes
+    if isinstance(array, np.ndarray):
+        flat = array.reshape(array.shape[0], -1)
+        if flat.shape != (total, width_bytes):
+            raise UsageError(f"a stacked source is ({total}, {width_bytes}) uint8, got {array.shape}")
+        out, at = [], 0
+        for plane in planes:
+            out.append(flat[at: at + plane.height].reshape(plane.shape))
+            at += plane.height
+        return out
+    pointer, shape, strides, typestr, written_on, _ = foreign_device_pointer(array)
+    if typestr not in ("|u1", "<u1") or shape[0] != total or int(np.prod(shape[1:])) != width_bytes:
+        raise UsageError(f"a stacked source is ({total}, {width_bytes}) uint8, got {typestr} {shape}")
+    pitch = strides[0] if strides else width_bytes
+    out, at = [], 0
+    for plane in planes:
+        out.append(_Rows(pointer + at * pitch, plane.height, width_bytes, pitch, written_on))
+        at += plane.height
+    return out
