@@ -7,7 +7,7 @@
  * Only what eglcuda's frames layer and the topic transport "cuda-ipc" call is here; anything else
  * is missing, as on an old driver. Not a model of the GPU's timing or its asynchrony.
  *
- * Build: cc -shared -fPIC -o libcuda.so.1 fake_libcuda.c   (tests/unit/test_topics_fakecuda.py does)
+ * Build: cc -shared -fPIC -o libcuda.so.1 fake_libcuda.c   (tests/unit/topics/test_fakecuda.py does)
  * Environment: FAKECUDA_DEVICES (default 1), FAKECUDA_INTEGRATED (default 0), FAKECUDA_BUSY_AFTER_WAIT
  * (default 0; N > 0: every Nth cuEventQuery says CUDA_ERROR_NOT_READY, as a real event would while
  * the work before its record still runs, and every Nth cuStreamQuery that follows a

@@ -1,8 +1,8 @@
 """A publisher or subscriber that hands every frame to a stream the stand-in libcuda holds busy
-(tests/fakecuda/fake_libcuda.c's fakecuda_hold), for tests/unit/test_ordering_fakecuda.py.
+(tests/fakecuda/fake_libcuda.c's fakecuda_hold), for tests/unit/topics/test_ordering_fakecuda.py.
 
-    python tests/unit/ordering_fake_peer.py publish --path P --frames N [--hand dlpack]
-    python tests/unit/ordering_fake_peer.py subscribe --path P --count N [--hand dlpack|cai|none]
+    python tests/unit/topics/ordering_fake_peer.py publish --path P --frames N [--hand dlpack]
+    python tests/unit/topics/ordering_fake_peer.py subscribe --path P --count N [--hand dlpack|cai|none]
 
 The publisher writes each frame with host copies (tests/gpu/topics_peer.py's content), then hands
 plane 0 to the held stream as a DLPack consumer that writes it would, and publishes with no stream
@@ -18,7 +18,7 @@ import ctypes
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "gpu"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "gpu"))
 
 import eglcuda  # noqa: E402
 from eglcuda._bind import cuda  # noqa: E402

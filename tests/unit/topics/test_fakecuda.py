@@ -14,10 +14,10 @@ import sys
 import tempfile
 
 import pytest
-from ..fakedriver import build as fake_build
-from ..json_peer import JsonPeer
+from ...fakedriver import build as fake_build
+from ...json_peer import JsonPeer
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+ROOT = pathlib.Path(__file__).resolve().parents[3]
 PEER = ROOT / "tests" / "gpu" / "topics_peer.py"
 
 
@@ -53,8 +53,8 @@ def test_cuda_ipc_fanout_every_byte(env, path, busy_every):
     stream then waits for it), and every Nth release after such a wait finds the subscriber's
     stream still busy, so that release records its done event; the others (all when idle) send
     no event. Mixed: a slot's event is first made at a later release. (With N = 1 no done event
-    ever completes: the pool grows instead. tests/unit/test_topics.py covers the publisher's
-    wait for the reading to end.)"""
+    ever completes: the pool grows instead. tests/unit/topics/test_gpu_reading.py covers the
+    publisher's wait for the reading to end.)"""
     stats = tempfile.mkdtemp(prefix="eglcuda-fakecuda-stats-")
     env = {**env, "FAKECUDA_STATS_DIR": stats}
     if busy_every:

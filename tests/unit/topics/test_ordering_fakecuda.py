@@ -10,10 +10,10 @@ import pathlib
 
 import pytest
 
-from ..json_peer import JsonPeer
-from .test_topics_fakecuda import PUBLISH, Peer as TopicsPeer, env, path  # noqa: F401  (fixtures)
+from ...json_peer import JsonPeer
+from .test_fakecuda import PUBLISH, Peer as TopicsPeer, env, path  # noqa: F401  (fixtures)
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+ROOT = pathlib.Path(__file__).resolve().parents[3]
 PEER = pathlib.Path(__file__).with_name("ordering_fake_peer.py")
 
 

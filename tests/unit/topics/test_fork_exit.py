@@ -1,0 +1,142 @@
+"""Topics on the CPU, fork() and exit: a forked child's copies of a subscriber or publisher
+refuse to work and leave the parent's topic alone, and a subscriber open at exit says goodbye."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+
+import eglcuda
+
+from .helpers import ENV, HERE, _in_child, pattern, publisher, put, subscriber
+
+
+def test_a_forked_child_closes_a_subscriber_whose_locks_another_thread_held(path):
+    """Another thread of the parent held the subscriber's locks at the fork: the child's copy
+    of the subscriber still closes (it gets new locks), and the parent's goes on unharmed."""
+    with publisher(path) as pub:
+        sub = subscriber(path, qos="every", queue=2)
+        holding, done = threading.Event(), threading.Event()
+
+        def hold():
+            with sub._busy, sub._state, sub._wake_lock:
+                holding.set()
+                done.wait(10)
+
+        holder = threading.Thread(target=hold)
+        holder.start()
+        holding.wait(5)
+
+        def child() -> bool:
+            signal.alarm(5)  # (a hang ends the child: the test then fails)
+            sub.close()
+            return sub.closed
+
+        try:
+            assert _in_child(child) == 0
+        finally:
+            done.set()
+            holder.join(5)
+        put(pub, b"after", timeout=5)
+        with sub.receive(5) as message:
+            assert message.frame.data == pattern(b"after")
+        sub.close()
+
+
+def _all_refused_as_forked(*calls) -> bool:
+    """Whether each call raised UsageError saying the object belongs to the parent (forked)."""
+    for call in calls:
+        try:
+            call()
+            return False
+        except eglcuda.UsageError as exc:
+            if "forked" not in str(exc):
+                return False
+    return True
+
+
+def test_a_forked_child_cannot_receive_on_its_parent_s_subscriber(path):
+    """A child made by fork() gets a clear error from receive() and wait_for_publisher() (the
+    connection is the parent's); the parent's subscription goes on unharmed."""
+    with publisher(path) as pub:
+        sub = subscriber(path, qos="every", queue=2)
+
+        assert _in_child(lambda: _all_refused_as_forked(lambda: sub.receive(1), lambda: sub.wait_for_publisher(1))) == 0
+        put(pub, b"after the child", timeout=5)
+        with sub.receive(5) as message:
+            assert message.frame.data == pattern(b"after the child")
+        sub.close()
+
+
+def test_a_forked_child_cannot_publish_on_its_parent_s_topic(path):
+    """In a child made by fork(), the publisher's frame calls and its subscriber list refuse
+    with a clear error (they would write and read the parent's subscriber connections: the
+    parent's subscriber was dropped for a release of a frame it never got); the child's exit
+    leaves the topic alone, and the parent goes on publishing to the same subscriber."""
+    with publisher(path) as pub:
+        sub = subscriber(path, qos="every", queue=2)
+        put(pub, b"before", timeout=5)
+        with sub.receive(5) as message:
+            assert message.frame.data == pattern(b"before")
+        held = pub.next_frame(5)
+
+        def child() -> bool:
+            refused = _all_refused_as_forked(
+                lambda: pub.next_frame(1), lambda: pub.publish(held), lambda: pub.discard(held),
+                lambda: pub.publish_from(np.zeros(len(held.data), np.uint8)), lambda: pub.subscribers)
+            pub.close()
+            return refused
+
+        assert _in_child(child) == 0
+        pub.discard(held)
+        assert [s.pid for s in pub.subscribers] == [os.getpid()]
+        put(pub, b"after the child", timeout=5)
+        with sub.receive(5) as message:
+            assert message.frame.data == pattern(b"after the child")
+        assert not pub.dropped
+        sub.close()
+
+
+def test_a_forked_child_s_exit_hook_leaves_the_parent_s_put_off_close_alone(path):
+    """A fork while a close is put off (the handler's thread still inside publish()): the
+    child's exit hook lets go of its copies only; the parent's topic stays until it closes."""
+    from eglcuda.topics import publisher as publisher_module
+
+    pub = publisher(path)
+    with pub._lock:  # as in a publish() that a handler's close() interrupted
+        pub.close()
+
+        def child() -> bool:
+            publisher_module._close_at_exit()  # what the child's interpreter runs as it exits
+            return True
+
+        assert _in_child(child) == 0
+        assert os.path.exists(path)  # the parent's socket is still there
+    pub._finish_deferred_close()
+    assert not os.path.exists(path)
+
+
+def test_a_subscriber_open_at_exit_says_goodbye(path):
+    """A program that ends without closing its subscriber: the exit hook closes it, and the
+    publisher counts it as having left, not as dropped."""
+    code = (f"import sys; sys.path.insert(0, {str(HERE)!r}); import eglcuda\n"
+            "from topics_null import NullSubscriberBackend\n"
+            f"sub = eglcuda.Subscriber('t', path={path!r}, timeout=5, _backend=NullSubscriberBackend())\n"
+            "message = sub.receive(5)\n"
+            "print('got', message.seq, flush=True)\n")
+    with publisher(path) as pub:
+        child = subprocess.Popen([sys.executable, "-c", code], env=ENV, stdout=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 10
+        while not pub.subscribers and time.monotonic() < deadline:
+            time.sleep(0.01)
+        put(pub, b"0")
+        assert child.communicate(timeout=30)[0].strip() == "got 0"
+        assert child.returncode == 0
+        while pub.subscribers and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert pub.subscribers == [] and pub.dropped == []

@@ -1,0 +1,130 @@
+"""Topics on the CPU, leaks: join/leave cycles, publishers and subscribers collected without
+close(), the GPU backends without CUDA, and descriptor numbers above 1024."""
+from __future__ import annotations
+
+import gc
+import os
+import resource
+import threading
+import time
+
+import pytest
+
+import eglcuda
+
+from .helpers import open_fds, pattern, publisher, put, subscriber
+
+
+def test_a_thousand_join_leave_cycles_leak_nothing(path, folder):
+    with publisher(path) as pub:
+        backend = pub._backend
+
+
+        def cycle(i):
+            sub = subscriber(path, qos="every" if i % 2 else "latest")
+            put(pub, b"%d" % i)
+            with sub.receive(2) as message:
+                assert message.payload == b"%d" % i
+            if i % 3:
+                sub.close()
+            else:
+                sub._sock.close()  # leaves without a goodbye, like a crash
+                sub._sock = None
+                sub.close()
+
+        for i in range(20):  # warm-up: whatever is made once per process
+            cycle(i)
+        put(pub, b"warm")
+        gc.collect()
+        threads, fds = threading.active_count(), open_fds()
+        for i in range(1000):
+            cycle(i)
+        put(pub, b"end")
+        gc.collect()
+        assert pub.subscribers == [] and pub.pool_size == 8
+        assert threading.active_count() == threads and open_fds() == fds
+        assert sorted(os.listdir(folder)) == ["t.topic", "t.topic.lock"]
+        links = backend.transports()[0].links
+        assert len(links) == 1020 and all(link.closed for link in links)
+    assert os.listdir(folder) == []
+    assert backend.closed and all(f.freed for f in backend.frames)
+
+
+def test_without_cuda_the_gpu_backends_say_so_and_leave_nothing(folder):
+    from eglcuda._bind import loader
+
+    ok, _ = loader.cuda_available()
+    if ok:
+        pytest.skip("this machine has CUDA")
+    path = os.path.join(folder, "t.topic")
+    with pytest.raises(eglcuda.Unsupported, match="libcuda"):
+        eglcuda.Publisher("t", 64, 32, "NV12", path=path)
+    assert os.listdir(folder) == []
+    with pytest.raises(eglcuda.Unsupported, match="libcuda"):
+        eglcuda.Subscriber("t", path=path, timeout=0.1)
+
+
+def test_a_publisher_collected_without_close_leaves_nothing(folder):
+    path = os.path.join(folder, "t.topic")
+    threads, fds = threading.active_count(), open_fds()
+    pub = publisher(path)
+    put(pub, b"x")
+    del pub
+    gc.collect()
+    deadline = time.monotonic() + 5
+    while (threading.active_count() > threads or open_fds() > fds) and time.monotonic() < deadline:
+        time.sleep(0.05)
+        gc.collect()
+    assert threading.active_count() == threads and open_fds() <= fds
+    assert os.listdir(folder) == []
+
+
+def test_a_subscriber_collected_without_close_leaves_no_wake_up_descriptor(path):
+    """The eventfd that wakes a waiting receive is closed when the subscriber is collected
+    unclosed, not only by close()."""
+    def eventfds() -> int:
+        count = 0
+        for name in os.listdir("/proc/self/fd"):
+            try:
+                count += os.readlink(f"/proc/self/fd/{name}") == "anon_inode:[eventfd]"
+            except OSError:  # (the listing's own descriptor)
+                pass
+        return count
+
+    with publisher(path):
+        before = eventfds()
+        for _ in range(5):
+            sub = subscriber(path)
+            assert eventfds() == before + 1
+            sub._disconnect()  # its socket goes; the subscriber itself is left unclosed
+            del sub
+            gc.collect()
+        assert eventfds() == before
+        sub = subscriber(path)
+        sub.close()
+        assert eventfds() == before
+
+
+def test_a_subscriber_works_with_descriptor_numbers_above_1024(path):
+    """A program with many files open (a recorder, a server) gets descriptor numbers above
+    1024, where select() cannot go: subscribing, receiving and closing still work."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = 1300
+    if hard != resource.RLIM_INFINITY and hard < wanted:
+        pytest.skip(f"the descriptor limit is {hard}, below {wanted}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, wanted), hard))
+    filler: list[int] = []
+    try:
+        with publisher(path) as pub:
+            while not filler or filler[-1] < 1100:
+                filler.append(os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC))
+            sub = subscriber(path, qos="every", queue=2)
+            assert sub._wake_fd > 1024 and sub._sock.fileno() > 1024
+            put(pub, b"high", timeout=5)
+            with sub.receive(5) as message:
+                assert message.frame.data == pattern(b"high")
+            sub.close()
+    finally:
+        for fd in filler:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
