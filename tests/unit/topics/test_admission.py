@@ -23,7 +23,7 @@ def test_silent_connections_of_one_process_make_room_for_its_new_ones(path):
     silent ones are turned away (BUSY) for its new ones, and a subscriber of that same process
     joins while they are all held open. (Issue 42: the new connection was the one turned away,
     so 32 silent connections locked every subscriber out for handshake_timeout.)"""
-    from eglcuda.topics.publisher import MAX_PENDING_PER_PEER
+    from eglcuda.topics.handshake import MAX_PENDING_PER_PEER
 
     with publisher(path, handshake_timeout=5) as pub:
         idle = [raw(path) for _ in range(40)]
@@ -138,7 +138,7 @@ def test_out_of_descriptors_at_accept_ends_an_idle_handshake_or_rests(path):
     the listener for a moment instead of waking at once, again and again)."""
     import errno
     import select
-    from eglcuda.topics import publisher as publisher_module
+    from eglcuda.topics import handshake as handshake_module
     from eglcuda.topics import sockets
 
     class Listener:
@@ -151,12 +151,12 @@ def test_out_of_descriptors_at_accept_ends_an_idle_handshake_or_rests(path):
     emfile = OSError(errno.EMFILE, "Too many open files")
     with publisher(path) as pub:
         poller = select.epoll()
-        assert publisher_module._accept(pub, Listener([emfile]), poller, {}) is False
+        assert handshake_module.accept(pub, Listener([emfile]), poller, {}) is False
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        handshake = publisher_module._Handshake(ours, sockets.peer_of(ours), time.monotonic() + 5, None)
+        handshake = handshake_module.Handshake(ours, sockets.peer_of(ours), time.monotonic() + 5, None)
         pending = {ours.fileno(): handshake}
         poller.register(ours.fileno(), select.EPOLLIN)
-        assert publisher_module._accept(pub, Listener([emfile, BlockingIOError()]), poller, pending) is True
+        assert handshake_module.accept(pub, Listener([emfile, BlockingIOError()]), poller, pending) is True
         assert pending == {}
         refused = protocol.decode(theirs.recv(70000))
         assert isinstance(refused, protocol.Refuse) and refused.code == Reason.BUSY and "said nothing" in refused.reason

@@ -146,9 +146,9 @@ def test_a_drop_reaches_a_subscriber_whose_socket_queued_messages_filled(path, m
     reading until its socket was full is dropped ("its socket stayed full"); the DROP did not fit
     behind the frames on its socket, so after reading them the subscriber saw only the end of
     the connection (StreamDisconnected) instead of Dropped with the reason."""
-    from eglcuda.topics import publisher as publisher_module
+    from eglcuda.topics import handshake as handshake_module
 
-    monkeypatch.setattr(publisher_module, "SEND_BUFFER", 1 << 16)  # (full after a few frames of 16 KB)
+    monkeypatch.setattr(handshake_module, "SEND_BUFFER", 1 << 16)  # (full after a few frames of 16 KB)
     with publisher(path, every_timeout=0.1) as pub:
         sub = subscriber(path, qos="every", queue=64)
         sent = 0

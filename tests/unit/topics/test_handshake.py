@@ -236,7 +236,7 @@ def test_peer_uid_is_checked(access, uid, gid, allowed):
                 return isinstance(got, protocol.Refuse) and got.code == Reason.ACCESS and f"uid {uid}" in got.reason
 
             assert _in_child(child) == 0
-            assert pub._refused == (0 if allowed else 1)
+            assert pub.refused == (0 if allowed else 1)
 
 
 @needs_root

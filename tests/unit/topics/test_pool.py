@@ -92,7 +92,7 @@ def test_a_subscriber_leaving_during_publish_does_not_cost_a_pool_frame(path):
         used = set()
         for i in range(12):
             frame = pub.next_frame()
-            used.add(pub._writing[id(frame)].index)
+            used.add(pub._pool.writing[id(frame)].index)
             frame.data[:] = pattern(b"%d" % i)
             pub.publish(frame, payload=b"%d" % i)
             with every.receive() as message:
@@ -165,7 +165,7 @@ def test_a_publish_interrupted_while_handing_out_does_not_lose_the_slot(path, mo
 
         frame = pub.next_frame(5)
         with monkeypatch.context() as patch:
-            patch.setattr(pub, "_deliver", interrupted)
+            patch.setattr(pub._delivery, "deliver", interrupted)
             with pytest.raises(KeyboardInterrupt):
                 pub.publish(frame)
         frame = pub.next_frame(5)  # the pool's only frame came back

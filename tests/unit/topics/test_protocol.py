@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import resource
 import select
 import signal
@@ -495,122 +494,6 @@ def test_drain_reads_at_most_the_limit_per_connection():
         for ours, theirs in pairs:
             ours.close()
             theirs.close()
-
-
-class _Link:
-    def __init__(self, transport, message_only=True, plain_release=True):
-        self.transport, self.message_only, self.plain_release = transport, message_only, plain_release
-
-
-class _Transport:
-    name = "fast"
-
-    def __init__(self, fail=False):
-        self.fail, self.records = fail, []
-
-    def on_publish(self, slot, stream):
-        if self.fail:
-            raise RuntimeError("the record failed")
-        self.records.append((slot.index, stream))
-
-
-class _Sub:
-    """What _wire's publisher steps read and write of a publisher's subscriber."""
-
-    def __init__(self, transport, qos="every", credit=4, seen=(0,), **link):
-        self.sock, self.peer = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self.fd = self.sock.fileno()
-        self.link = _Link(transport, **link)
-        self.qos, self.credit, self.seen_slots = qos, credit, set(seen)
-        self.outstanding, self.delivered, self.noticed, self.alive = {}, 0, True, True
-
-    def close(self):
-        self.sock.close()
-        self.peer.close()
-
-
-class _PoolSlot:
-    def __init__(self, index):
-        self.index, self.holders, self.state = index, set(), "published"
-
-
-def test_hand_out_serves_the_common_case_and_returns_the_rest_in_order():
-    fast, other = _Transport(), _Transport()
-    ready = _Sub(fast)
-    full_latest = _Sub(fast, qos="latest", credit=2)
-    full_latest.outstanding = {1: None, 2: None}
-    new_slot = _Sub(fast, seen=())
-    elsewhere = _Sub(other)
-    numbered = _Sub(fast, message_only=False)
-    gone = _Sub(fast)
-    gone.peer.close()  # its connection is broken: the send fails
-    dead = _Sub(fast)
-    dead.alive = False
-    subs = [ready, full_latest, new_slot, elsewhere, numbered, gone, dead]
-    slot = _PoolSlot(0)
-    data = bytes(random.randrange(256) for _ in range(40))
-    try:
-        others, recorded = _wire.hand_out(subs, slot, 7, data, fast, 1234, "latest")
-        assert recorded and fast.records == [(0, 1234)] and not other.records
-        assert others == [full_latest, new_slot, elsewhere, numbered, gone]
-        assert ready.peer.recv(100) == data
-        assert (ready.outstanding, ready.delivered, ready.noticed) == ({7: slot}, 1, False)
-        assert slot.holders == {ready}
-        for sub in others:
-            assert sub.delivered == 0 and 7 not in sub.outstanding
-    finally:
-        for sub in subs:
-            sub.close()
-
-
-def test_hand_out_leaves_everyone_to_the_publisher_when_the_record_fails():
-    fast = _Transport(fail=True)
-    subs = [_Sub(fast), _Sub(fast)]
-    try:
-        others, recorded = _wire.hand_out(subs, _PoolSlot(0), 1, b"frame", fast, None, "latest")
-        assert others == subs and not recorded
-        for sub in subs:
-            with pytest.raises(BlockingIOError):
-                sub.peer.recv(100, socket.MSG_DONTWAIT)  # nothing was sent
-    finally:
-        for sub in subs:
-            sub.close()
-
-
-def test_settle_frees_slots_on_plain_releases_and_keeps_each_subscribers_order():
-    import collections
-
-    fast = _Transport()
-    a, b, eglstream = _Sub(fast), _Sub(fast), _Sub(fast, plain_release=False)
-    slots = [_PoolSlot(i) for i in range(4)]
-    for seq, slot in enumerate(slots):
-        for sub in (a, b):
-            sub.outstanding[seq] = slot
-            slot.holders.add(sub)
-    eglstream.outstanding[0] = slots[0]
-    slots[0].holders.add(eglstream)
-    free = collections.deque()
-    bye = protocol.encode(protocol.Bye(0, "leaving"))
-    batch = [(a, protocol.Release(0, protocol.RELEASE_TAKEN)), (b, protocol.Release(0)),
-             (a, protocol.Release(1, protocol.RELEASE_TAKEN | protocol.RELEASE_RECORDED)),  # a done event
-             (a, protocol.Release(2, protocol.RELEASE_TAKEN)),  # after a's held-back one: held back too
-             (b, protocol.Release(1, protocol.RELEASE_TAKEN)), (b, protocol.Release(9, protocol.RELEASE_TAKEN)),
-             (b, protocol.Release(2, protocol.RELEASE_TAKEN)), (eglstream, protocol.Release(0, protocol.RELEASE_TAKEN)),
-             (a, bye)]
-    try:
-        rest = _wire.settle(batch, free, "published", "free")
-        assert rest == [batch[2], batch[3], batch[5], batch[6], batch[7], batch[8]]
-        assert slots[0].holders == {eglstream} and slots[0].state == "published"  # still held by one
-        assert slots[1].holders == {a} and set(a.outstanding) == {1, 2, 3} and set(b.outstanding) == {2, 3}
-        assert not free
-        rest = _wire.settle([(eglstream, protocol.Release(0, protocol.RELEASE_TAKEN))], free, "published", "free")
-        assert len(rest) == 1  # its link does not free on a release: the publisher's own path
-        eglstream.link.plain_release = True
-        assert _wire.settle(rest, free, "published", "free") == []
-        assert list(free) == [slots[0]] and slots[0].state == "free"
-    finally:
-        for sub in (a, b, eglstream):
-            sub.close()
 
 
 def test_a_busy_cuda_ipc_publisher_records_without_asking_then_asks_again(monkeypatch):

@@ -101,11 +101,11 @@ def test_a_stalled_latest_subscriber_is_not_read_before_every_frame(path):
         put(pub, b"0")
         put(pub, b"1")  # its credit: it holds two frames now
         reads: list[str] = []
-        for name in ("_poll", "_read"):
-            def counting(*args, _original=getattr(pub, name), _name=name):
+        for name in ("poll", "_read"):
+            def counting(*args, _original=getattr(pub._delivery, name), _name=name):
                 reads.append(_name)
                 return _original(*args)
-            setattr(pub, name, counting)
+            setattr(pub._delivery, name, counting)
         time.sleep(0.005)  # the frames it holds are older than the read interval now
         started = time.monotonic()
         for i in range(2, 302):

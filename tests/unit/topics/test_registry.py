@@ -184,7 +184,7 @@ def test_status_schema_is_strict(path):
     from eglcuda.topics import registry
 
     with publisher(path) as pub:
-        body = pub._status()
+        body = pub.status()
         registry.validate_status(body)
         for broken in ({**body, "extra": 1}, {k: v for k, v in body.items() if k != "pid"}, {**body, "pid": "1"},
                        {**body, "pid": -1}, {**body, "layout": "tiled"}, {**body, "subscribers": [{"id": 1}]},
