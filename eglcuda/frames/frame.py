@@ -338,11 +338,12 @@ class FrameBase(abc.ABC):
         """Make ``consumer_stream`` wait for the frame's stream, without blocking the host, and
         remember it as one of the frame's users."""
         order_after(self.device, self.cuda_stream, consumer_stream)
-        self._handed_to = note_users(self._handed_to, (consumer_stream,))
+        self._note_users((consumer_stream,))
 
     def _note_users(self, streams: Sequence[int]) -> None:
         """Remember ``streams`` as users of the frame (work there may read or write it)."""
-        self._handed_to = note_users(self._handed_to, streams)
+        # (The field is each subclass's: a slot of SlotView, a field of Frame's FrameCore.)
+        self._handed_to = note_users(self._handed_to, streams)  # type: ignore[misc]
 
     def to_numpy(self) -> list[np.ndarray]:
         """Host copies of every plane (debugging)."""

@@ -83,6 +83,17 @@ class Pool:
         """Free slots still read on the GPU (released with a done event not known to be complete)."""
         return [slot for slot in self.free if slot.state == FREE and slot.waiters]
 
+    def refusal(self, transport: PublisherTransport) -> str | None:
+        """Why this pool cannot serve a subscriber through ``transport`` (None: it can): an end
+        that keeps as many pool frames as max_pool allows would never give one back, and the
+        publisher would wait every_timeout for good."""
+        keeps = transport.keeps_frames
+        if self.max_pool > keeps:
+            return None
+        return (f"its end keeps {keeps} pool frame(s) until the next frame replaces it (an EGLStream keeps the newest "
+                f"frame presented to it), and this publisher has max_pool={self.max_pool}: it would never get a pool "
+                f"frame back. Give the Publisher max_pool >= {keeps + 1}, or subscribe through another transport")
+
     def held(self, sub: Member) -> bool:
         """Whether ``sub`` holds any published slot."""
         return any(sub in slot.holders for slot in self.slots if slot.state == PUBLISHED)

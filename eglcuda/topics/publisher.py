@@ -16,7 +16,6 @@ stream; one that stops reading costs at most ``every_timeout`` (``every``) or no
 """
 from __future__ import annotations
 
-import atexit
 import functools
 import logging
 import os
@@ -28,6 +27,7 @@ import weakref
 from dataclasses import asdict
 from typing import Any
 
+from .._lifecycle import Deferral, Tracked
 from ..errors import ClosedError, EglCudaError, UsageError
 from ..frames.formats import ColorFormat, Layout, color_format, check_size, layout_of
 from ..streams.share import positive_seconds
@@ -35,6 +35,7 @@ from . import handshake, naming, protocol, registry, sockets
 from ._delivery import Member
 from .copying import copy_into
 from .delivery import READ_BATCH, RECV_LIMIT, Delivery
+from .files import TopicFiles
 from .info import DropRecord, SubscriberInfo, TopicInfo
 from .pool import Pool
 from .transports import CudaPublisherBackend, PublisherBackend, PublisherLink, PublisherTransport
@@ -44,40 +45,6 @@ log = logging.getLogger("eglcuda.topics")
 ACCESS_MODES = {"user": 0o600, "group": 0o660, "all": 0o666}
 _MEASURE_ALPHA = 0.05  # smoothing of the measured frame rate
 
-_open_publishers: "weakref.WeakSet[Publisher]" = weakref.WeakSet()
-
-
-class _Files:
-    """The lock and socket files of a publisher: released once, at close or when the publisher is
-    collected without being closed."""
-
-    def __init__(self, lock_path: str, socket_path: str) -> None:
-        self.pid = os.getpid()
-        self.lock_path = lock_path
-        self.socket_path = socket_path
-        self.lock_fd: int | None = None
-        self.bound: os.stat_result | None = None
-        self.wake = (-1, -1)  # the pipe that wakes the service thread
-
-    def release(self) -> None:
-        bound, self.bound = self.bound, None
-        fd, self.lock_fd = self.lock_fd, None
-        mine: list[int] = list(self.wake)
-        self.wake = (-1, -1)
-        if os.getpid() != self.pid:
-            # A forked child: the files and the lock are the parent's; only the copies of the
-            # descriptors are this process's to close.
-            mine.append(-1 if fd is None else fd)
-        else:
-            sockets.remove_if_same(self.socket_path, bound)
-            if fd is not None:
-                naming.release_lock(self.lock_path, fd)
-        for end in mine:
-            if end >= 0:
-                try:
-                    os.close(end)
-                except OSError:
-                    pass
 
 
 class Publisher:
@@ -147,11 +114,11 @@ class Publisher:
         # Set once closed (close() began, or the teardown ran); the delivery's waits ask it.
         self._stop_flag = threading.Event()
         self._close_lock = threading.Lock()  # _close_started is set once
-        self._forked = False  # set in a child made by fork() (see _mark_forked)
+        self._forked = False  # set in a child made by fork() (see _forked)
         self._close_started = False  # _close_now ran (once: the exit hook and a put-off close may race)
         self._closer = 0  # the thread whose close() set _closed, while that call runs
         self._torn_down = threading.Event()  # set once everything is released (see close())
-        self._files = _Files(naming.lock_path(self.path), self.path)
+        self._files = TopicFiles(naming.lock_path(self.path), self.path)
         weakref.finalize(self, self._files.release)
         self._listener: socket.socket | None = None
         self._thread: threading.Thread | None = None
@@ -160,9 +127,9 @@ class Publisher:
         self._pool: Pool | None = None
         self._delivery: Delivery | None = None
         self._stopping = False
-        # (thread, timeout) of a close() put off because its thread was inside a call holding
-        # _lock (a signal handler): that call finishes it on its way out.
-        self._deferred_close: tuple[int, float] | None = None
+        # A close() put off because its thread was inside a call holding _lock (a signal
+        # handler): that call finishes it on its way out (value: its timeout).
+        self._deferral = Deferral()
         self._next_id = 1
         self._id_lock = threading.Lock()
         self._seq = 0  # the next frame's sequence number: also how many were published
@@ -171,7 +138,7 @@ class Publisher:
         self._last_publish = 0.0
         self._started = time.monotonic()
         try:
-            self._claim()
+            self._files.claim(self.name)
             if _backend is None:
                 _backend = CudaPublisherBackend(device)
             self._backend = _backend
@@ -193,25 +160,9 @@ class Publisher:
         except BaseException:
             self._teardown()
             raise
-        _open_publishers.add(self)
+        _open.add(self)
 
     # ---- the socket path --------------------------------------------------------------------
-    def _claim(self) -> None:
-        """Take the topic's lock and make its socket path free (a dead publisher's is stale)."""
-        deadline = time.monotonic() + 1.0
-        while True:
-            self._files.lock_fd = naming.take_lock(self._files.lock_path)
-            if self._files.lock_fd is not None:
-                break
-            # Held: by a live publisher, or for a moment by a registry checking for stale sockets.
-            if sockets.is_socket(self.path) and sockets.listening(self.path):
-                raise UsageError(f"topic {self.name!r} already has a live publisher{_pid_at(self.path)} at {self.path}")
-            if time.monotonic() > deadline:
-                raise UsageError(f"topic {self.name!r} is locked by another process ({self._files.lock_path}) although "
-                                 "nothing listens at its socket: a publisher is starting or stopping there")
-            time.sleep(0.01)
-        sockets.remove_dead_socket(self.path)  # a dead publisher's, if any
-
     # ---- the frame path ---------------------------------------------------------------------
     def next_frame(self, timeout: float | None = None, cuda_stream: Any = None) -> Any:
         """A free pool frame to write the next frame into: no subscriber holds it, and the GPU
@@ -240,7 +191,7 @@ class Publisher:
                     raise self._closed_error()
                 return pool.start_writing(slot)
         finally:
-            if self._deferred_close is not None:
+            if self._deferral:
                 self._finish_deferred_close()
 
     def discard(self, frame: Any) -> None:
@@ -251,7 +202,7 @@ class Publisher:
                 pool.published(pool.take_written(
                     frame, "discard takes a frame from this publisher's next_frame() that was not published"))
         finally:
-            if self._deferred_close is not None:
+            if self._deferral:
                 self._finish_deferred_close()
 
     def publish(self, frame: Any, cuda_stream: Any = None, payload: bytes = b"", timestamp_ns: int | None = None) -> int:
@@ -306,7 +257,7 @@ class Publisher:
                 self._measure(slot.published_at)
                 return seq
         finally:
-            if self._deferred_close is not None:
+            if self._deferral:
                 self._finish_deferred_close()
 
     def publish_from(self, source: Any, cuda_stream: Any = None, payload: bytes = b"",
@@ -353,31 +304,23 @@ class Publisher:
         return f"uid {peer.uid} is not this publisher's uid {os.geteuid()} (access='user')"
 
     def choose_transport(self, hello: protocol.Hello, peer_pid: int) -> tuple[PublisherTransport | None, list[str]]:
-        reasons = []
+        reasons: list[str] = []
+        pool = self._pool
+        if pool is None:  # pragma: no cover - the service starts once the pool is made
+            return None, ["the publisher is closing"]
         for wish in hello.wishes:
             transport = self._transports.get(wish)
             if transport is None:
                 reasons.append(f"{wish}: not offered by this publisher")
                 continue
             try:
-                why = transport.refusal(hello, peer_pid) or self._pool_refusal(transport)
+                why = transport.refusal(hello, peer_pid) or pool.refusal(transport)
             except EglCudaError as exc:
                 why = str(exc)
             if why is None:
                 return transport, reasons
             reasons.append(f"{wish}: {why}")
         return None, reasons
-
-    def _pool_refusal(self, transport: PublisherTransport) -> str | None:
-        """Why this publisher's pool cannot serve a subscriber through ``transport`` (None: it can):
-        an end that keeps as many pool frames as max_pool allows would never give one back, and
-        the publisher would wait every_timeout for good."""
-        keeps = transport.keeps_frames
-        if self.max_pool > keeps:
-            return None
-        return (f"its end keeps {keeps} pool frame(s) until the next frame replaces it (an EGLStream keeps the newest "
-                f"frame presented to it), and this publisher has max_pool={self.max_pool}: it would never get a pool "
-                f"frame back. Give the Publisher max_pool >= {keeps + 1}, or subscribe through another transport")
 
     def welcome(self, hello: protocol.Hello, transport: PublisherTransport) -> protocol.Welcome:
         g = self.geometry
@@ -453,7 +396,7 @@ class Publisher:
                         delivery.poll(0.0)  # what they sent since: goodbyes, ended connections
                 return [s.info() for s in delivery.subs if s.alive]
         finally:
-            if self._deferred_close is not None:
+            if self._deferral:
                 self._finish_deferred_close()
 
     @property
@@ -517,7 +460,7 @@ class Publisher:
             mine = me == self._closer or self._lock._is_owned()  # type: ignore[attr-defined]
             if mine or os.getpid() != self._files.pid:
                 return  # (this thread's own close, under way or put off: it cannot wait for itself)
-            if self._deferred_close is None and not self._close_started:
+            if not self._deferral and not self._close_started:
                 self._close_now(wait)  # a close interrupted before its work began: done here
             # Another thread's close is under way, or one put off by a signal handler on the
             # thread in next_frame()/publish() (its call ends within about 50 ms).
@@ -527,14 +470,14 @@ class Publisher:
         self._closer = me  # (while this call runs: a handler's close() on this thread returns at once)
         try:
             if os.getpid() != self._files.pid:
-                _open_publishers.discard(self)
+                _open.discard(self)
                 self._forget_in_child()
                 return
             if self._lock._is_owned():  # type: ignore[attr-defined]
                 # Called on a thread that is inside next_frame(), publish() or discard() (a signal
                 # handler): closing here would free the pool and the subscribers under that call.
                 # It goes on (a wait in it ends with ClosedError), and closes the topic as it returns.
-                self._deferred_close = (me, wait)
+                self._deferral.put_off(wait)
                 return
             self._close_now(wait)
             self._torn_down.wait(wait + 1.0)  # (at once, unless another thread's close() began it first)
@@ -544,19 +487,16 @@ class Publisher:
     def _finish_deferred_close(self) -> None:
         """Finish a close() this thread put off, once it holds the lock no more (a nested call
         leaves it to the outer one). Other threads leave it alone: the lock is this thread's."""
-        deferred = self._deferred_close
-        if deferred is None or deferred[0] != threading.get_ident():
-            return
-        if not self._lock._is_owned():  # type: ignore[attr-defined]
+        if self._deferral.mine() and not self._lock._is_owned():  # type: ignore[attr-defined]
             try:
-                self._close_now(deferred[1])
+                self._close_now(self._deferral.value)  # type: ignore[arg-type]
             finally:
-                self._deferred_close = None
+                self._deferral.take()
 
     def _close_now(self, wait: float) -> None:
         """close()'s work, once (see _close_started)."""
         if os.getpid() != self._files.pid:  # (the exit hook of a forked child: the topic is the parent's)
-            _open_publishers.discard(self)
+            _open.discard(self)
             self._forget_in_child()
             return
         with self._close_lock:
@@ -564,7 +504,7 @@ class Publisher:
                 return
             self._close_started = True
         try:
-            _open_publishers.discard(self)
+            _open.discard(self)
             with self._lock:
                 if self._delivery is not None:
                     self._delivery.closing = True  # (before the service stops: a leaving subscriber has left)
@@ -637,38 +577,25 @@ def _closed_error(name: str) -> ClosedError:
     return ClosedError(f"the publisher of topic {name!r} is closed")
 
 
-def _pid_at(path: str) -> str:
-    try:
-        return f" (pid {registry.query(path, 0.5).pid})"
-    except Exception:  # noqa: BLE001 - only a detail of the message
-        return ""
-
-
 # ---- fork and exit ------------------------------------------------------------------------------------
 
-def _mark_forked() -> None:
+def _forked(publisher: Publisher) -> None:
     # In a child made by fork(), every publisher is the parent's: its frame calls refuse (they
     # would read and write the parent's subscriber connections), close() lets go of the child's
     # copies only. Its locks are new: another thread of the parent may have held one at the fork.
-    for publisher in list(_open_publishers):
-        publisher._forked = True
-        publisher._lock = threading.RLock()
-        publisher._id_lock = threading.Lock()
-        publisher._close_lock = threading.Lock()
-        if publisher._delivery is not None:
-            publisher._delivery.join_lock = threading.Lock()
+    publisher._forked = True
+    publisher._lock = threading.RLock()
+    publisher._id_lock = threading.Lock()
+    publisher._close_lock = threading.Lock()
+    if publisher._delivery is not None:
+        publisher._delivery.join_lock = threading.Lock()
 
 
-os.register_at_fork(after_in_child=_mark_forked)
+def _close_at_exit(publisher: Publisher) -> None:
+    if publisher._closed:  # a close put off, whose thread never returned to finish it
+        publisher._close_now(0.2)
+    else:
+        publisher.close(timeout=0.2)
 
 
-@atexit.register
-def _close_at_exit() -> None:
-    for publisher in list(_open_publishers):
-        try:
-            if publisher._closed:  # a close put off, whose thread never returned to finish it
-                publisher._close_now(0.2)
-            else:
-                publisher.close(timeout=0.2)
-        except Exception:  # noqa: BLE001 - exit goes on
-            pass
+_open: Tracked[Publisher] = Tracked(_forked, _close_at_exit)

@@ -112,7 +112,7 @@ def test_a_forked_child_s_exit_hook_leaves_the_parent_s_put_off_close_alone(path
         pub.close()
 
         def child() -> bool:
-            publisher_module._close_at_exit()  # what the child's interpreter runs as it exits
+            publisher_module._open._exit()  # what the child's interpreter runs as it exits
             return True
 
         assert _in_child(child) == 0

@@ -33,6 +33,7 @@ def test_a_publish_waits_for_the_stream_a_writer_took_the_frame_on(env, path):  
         subscriber.wait_for(lambda m: m["event"] == "ready")
         publisher.send("go")
         subscriber.wait_for(lambda m: m["event"] == "done")
+        publisher.wait_for(lambda m: m.get("event") == "published" and m["seq"] == 4)
         published = [m for m in publisher.messages if m.get("event") == "published"]
         assert len(published) == 5 and all(m["legacy_waits"] for m in published), published
         assert all(m["ok"] for m in subscriber.got()), subscriber.got()
