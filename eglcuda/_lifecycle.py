@@ -28,20 +28,20 @@ class Tracked(Generic[T]):
     exceptions are swallowed: exit goes on)."""
 
     def __init__(self, forked: Callable[[T], None], at_exit: Callable[[T], None]) -> None:
-        self._open: weakref.WeakSet[T] = weakref.WeakSet()  # type: ignore[type-var]
+        self._open: weakref.WeakSet[T] = weakref.WeakSet()
         self._forked = forked
         self._at_exit = at_exit
         os.register_at_fork(after_in_child=self._in_child)
         atexit.register(self._exit)
 
     def add(self, obj: T) -> None:
-        self._open.add(obj)  # type: ignore[arg-type]
+        self._open.add(obj)
 
     def discard(self, obj: T) -> None:
-        self._open.discard(obj)  # type: ignore[arg-type]
+        self._open.discard(obj)
 
     def __iter__(self) -> Iterator[T]:
-        return iter(list(self._open))  # type: ignore[arg-type]
+        return iter(list(self._open))
 
     def _in_child(self) -> None:
         for obj in self:
