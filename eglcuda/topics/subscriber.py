@@ -1,7 +1,7 @@
-"""The receiving end of a topic: :class:`Subscriber` and the :class:`Message` it hands out."""
+"""The receiving end of a topic: :class:`Subscriber`, which hands out :class:`Message` objects
+(message.py), joins through joining.py, and reads each frame through its transport."""
 from __future__ import annotations
 
-import atexit
 import collections
 import logging
 import os
@@ -9,122 +9,24 @@ import socket
 import threading
 import time
 import weakref
-from typing import Any, Iterable, Iterator, NoReturn, TypeVar, overload
+from typing import Any, Iterable, Iterator, NoReturn, overload
 
-from ..errors import ClosedError, Dropped, EglCudaError, PeerError, Refused, StreamDisconnected, Timeout, UsageError
-from ..streams.share import numeric_ids, positive_seconds
-from . import _wire, naming, protocol, sockets
-from .info import TopicInfo
-from .protocol import Qos, Reason
-from . import transports
-from .transports import CudaSubscriberBackend, Geometry, SubscriberBackend, SubscriberTransport
-from .transports.base import UNMAP_WAIT_S
+from .._lifecycle import Deferral, Tracked
+from ..errors import ClosedError, Dropped, EglCudaError, PeerError, StreamDisconnected, Timeout, UsageError
 from ..frames.interop import stream_handle
+from ..streams.share import numeric_ids, positive_seconds
+from . import _wire, joining, naming, protocol, sockets, transports
+from .info import TopicInfo
+from .message import Message, let_go
+from .protocol import Qos, Reason
+from .transports import CudaSubscriberBackend, SubscriberBackend, SubscriberTransport
+from .transports.base import UNMAP_WAIT_S
 
 log = logging.getLogger("eglcuda.topics")
 # Messages a subscriber reads past, looking for its drop, when one before it cannot be used: more
 # than a publisher sends before a drop (a SLOT and a FRAME per frame of the queue, NOTICEs).
 _READ_AHEAD = 4 * protocol.MAX_POOL + 4 * protocol.MAX_QUEUE
 _MAX_BUSY_WAIT = 0.01  # seconds: longer asking without sleeping is a CPU burner, not a shorter wake-up
-# Open subscribers, closed at interpreter exit (before eglcuda's own resources go) if the program
-# did not: the publisher then hears a goodbye, not a dropped connection.
-_open_subscribers: "weakref.WeakSet[Subscriber]" = weakref.WeakSet()
-
-
-def _mark_forked() -> None:
-    # In a child made by fork(), every subscriber is the parent's: a flag set once here spares
-    # the per-frame calls an os.getpid() each. Its locks are new: another thread of the parent
-    # may have held one at the fork, and nothing in the child would let it go.
-    for subscriber in list(_open_subscribers):
-        subscriber._forked = True
-        subscriber._busy = threading.RLock()
-        subscriber._state = threading.RLock()
-        subscriber._wake_lock = threading.RLock()
-
-
-os.register_at_fork(after_in_child=_mark_forked)
-
-_M = TypeVar("_M", bound=protocol.Message)
-
-
-class _HandshakeLost(PeerError):
-    """The connection ended before the publisher answered (it died, or was not serving yet)."""
-
-
-def _let_go(message: "Message") -> None:
-    """Mark a message released without its transport (the publisher is gone, or this subscriber
-    is closing): a view of a pool slot (CUDA IPC) stops working, as the slot is about to be
-    unmapped or written again. (An EGLStream's acquired frame is released when its stream closes.)"""
-    message._released = True
-    if isinstance(getattr(message._frame, "_released", None), bool):
-        message._frame._released = True
-
-
-class Message:
-    """One received frame with its metadata; a context manager that releases it.
-
-    - ``frame``: read-only, on the subscriber's CUDA stream (:attr:`Subscriber.cuda_stream`):
-      its ``planes`` hand out DLPack / ``__cuda_array_interface__`` views. Through CUDA IPC it
-      is a :class:`eglcuda.topics.SlotView`; through an EGLStream the consumer's
-      :class:`eglcuda.AcquiredFrame` (a GL subscriber's :class:`eglcuda.GLFrame`).
-    - ``seq``: the publisher's sequence number (0, 1, 2, ... since it started);
-      ``skipped``: frames published since this subscriber's previous message that it did not get.
-    - ``timestamp_ns``: the publisher's timestamp (``CLOCK_MONOTONIC`` unless it gave its own);
-      ``received_ns``: when :meth:`Subscriber.receive` returned it (same clock).
-    - ``payload``: the publisher's bytes for this frame.
-
-    :meth:`release` gives the frame back; until every subscriber released it, the publisher does
-    not write its pool frame again. Work on the frame must be queued on the subscriber's stream,
-    or on the stream given to :meth:`release`, before the release."""
-
-    __slots__ = ("_subscriber", "_frame", "_header", "seq", "timestamp_ns", "payload", "skipped", "received_ns",
-                 "number", "_released", "__weakref__")
-
-    def __init__(self, subscriber: "Subscriber", frame: Any, header: protocol.Frame, skipped: int,
-                 number: int | None) -> None:
-        self._subscriber = subscriber
-        self._frame = frame
-        self._header = header
-        self.seq = header.seq
-        self.timestamp_ns = header.timestamp_ns
-        self.payload = header.payload
-        self.skipped = skipped
-        self.number = number  # the frame's number on the subscriber's EGLStream (None for CUDA IPC)
-        self.received_ns = time.monotonic_ns()
-        self._released = False
-
-    @property
-    def frame(self) -> Any:
-        if self._released:
-            raise ClosedError("the message was released; its frame is no longer readable")
-        return self._frame
-
-    @property
-    def released(self) -> bool:
-        return self._released
-
-    def release(self, cuda_stream: Any = None) -> None:
-        """Give the frame back. The publisher's next write into it waits, on the GPU, for the
-        subscriber's stream and every stream the frame was handed to (DLPack consumers'; for
-        ``__cuda_array_interface__`` views the legacy default stream and CuPy's and PyTorch's
-        current streams: docs/ordering.md). ``cuda_stream``: one more stream to wait for, where
-        work on the frame was queued that eglcuda could not learn of (a raw pointer, a CAI view
-        read on another stream). Safe to call twice; after the publisher is gone it only marks
-        the message released."""
-        if not self._released:
-            self._subscriber._release(self, cuda_stream)
-
-    def __enter__(self) -> "Message":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
-
-    def __repr__(self) -> str:
-        state = " released" if self._released else ""
-        return f"<Message seq {self.seq}{state}>"
-
-
 class Subscriber:
     """A subscriber of topic ``name``, in this or any other process of the host.
 
@@ -199,11 +101,10 @@ class Subscriber:
         # signal handler may close the subscriber while this thread holds it)
         self._wake_finalizer: weakref.finalize[[int], Subscriber] | None = None  # closes it if collected unclosed
         self._pid = os.getpid()  # a forked child's close() leaves the parent's subscription alone
-        self._forked = False  # set in a forked child (see _mark_forked)
+        self._forked = False  # set in a forked child (see _forked)
         # A close() on a thread that is inside receive() or a release (a signal handler) only
-        # wakes that call; the outer call closes once it has left its locks.
-        self._close_deferred = False
-        self._deferred_by = 0  # the thread that deferred it: it alone finishes the close
+        # wakes that call; the outer call closes once it has left its locks (that thread alone).
+        self._deferral = Deferral()
         self._stop_event = threading.Event()  # set with _closing; its is_set() is the transport's stop()
         self._stop = self._stop_event.is_set  # (no reference to self: no cycle)
         self._sock: socket.socket | None = None
@@ -225,7 +126,8 @@ class Subscriber:
         try:
             self._wake_fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
             self._wake_finalizer = weakref.finalize(self, os.close, self._wake_fd)
-            self._wishes = _backend.wishes(transport)
+            self._request = joining.Request(self.name, self.path, self.qos, self.queue, self._trusted,
+                                            _backend.wishes(transport), self._wake_fd, self._busy_wait)
             self._connect(time.monotonic() + self.timeout)
         except BaseException:
             self._closed = True
@@ -234,118 +136,20 @@ class Subscriber:
             raise
         # (Not closed when collected: a collection may run inside another subscriber's transport,
         # holding its locks, or after its stream was finalized. At exit it is closed, in order.)
-        _open_subscribers.add(self)
+        _open.add(self)
 
-    # ---- the handshake ----------------------------------------------------------------------------
     def _connect(self, deadline: float) -> None:
-        """Subscribe, waiting until ``deadline`` for a publisher that takes this subscriber. A
-        connection that ends before the publisher answered (a publisher dying or still starting:
-        its socket may take a connection it never serves) is tried again, and so is one the
-        publisher turned away as busy (its handshakes were full for a moment)."""
-        while True:
-            try:
-                return self._handshake(deadline)
-            except _HandshakeLost as exc:
-                if time.monotonic() + sockets.CONNECT_RETRY_S >= deadline:
-                    raise PeerError(str(exc)) from None
-                time.sleep(sockets.CONNECT_RETRY_S)  # (a close() meanwhile: the next connect says so)
-            except Refused as exc:
-                if exc.code != int(Reason.BUSY) or time.monotonic() + sockets.CONNECT_RETRY_S >= deadline:
-                    raise
-                time.sleep(sockets.CONNECT_RETRY_S)
-            except ClosedError:
-                if self._closing:  # woken by close() in another thread
-                    raise self._closed_error() from None
-                raise
-
-    def _handshake(self, deadline: float) -> None:
-        waited = f"no publisher of topic {self.name!r} answered at {self.path} in time"
-        sock = sockets.connect(self.path, deadline, waited, wake_fd=self._wake_fd)
-        transport = None
-        try:
-            peer = sockets.peer_of(sock)
-            if self._trusted is not None and peer.uid not in self._trusted:
-                raise Refused(f"the publisher at {self.path} runs as uid {peer.uid}, which this subscriber does not "
-                              f"trust (trusted_uids: {sorted(self._trusted)})", int(Reason.ACCESS))
-            backend = self._backend
-            hello = protocol.Hello(pid=os.getpid(), qos=self.qos, queue=self.queue, consumer=backend.consumer,
-                                   device=backend.identity.ordinal, gpu_uuid=backend.identity.uuid,
-                                   integrated=backend.identity.integrated, wishes=tuple(self._wishes), topic=self.name)
-            self._send_now(sock, protocol.encode(hello), deadline)
-            welcome = self._expect(sock, deadline, protocol.Welcome, waited)
-            if welcome.topic != self.name:
-                raise Refused(f"the publisher at {self.path} serves topic {welcome.topic!r}", int(Reason.VERSION))
-            if welcome.transport not in self._wishes:
-                raise PeerError(f"the publisher chose transport {welcome.transport!r}, not one of {self._wishes}")
-            try:
-                geometry = Geometry.from_welcome(welcome)
-            except UsageError as exc:
-                raise protocol.ProtocolError(f"the publisher at {self.path} describes frames this side cannot "
-                                             f"take: {exc}") from None
-            transport = backend.transport(welcome.transport, welcome, self.qos, self.queue)
-            extra, fds = transport.attach()
-            try:
-                self._send_now(sock, protocol.encode(protocol.Attach(extra)), deadline, fds)
-            finally:
-                sockets.close_fds(fds)
-            ready = self._expect(sock, deadline, protocol.Ready, waited)
-            transport.ready(ready)
-        except BaseException:
-            if transport is not None:
-                transport.close()
-            sockets.close_quietly(sock)
-            raise
-        self._sock = sock
-        self._inbox = _wire.Inbox(sock.fileno(), wake_fd=self._wake_fd, busy_wait=self._busy_wait)
-        self._transport = transport
-        self._limit = 1 if transport.exclusive else protocol.hold_limit(self.qos, self.queue)
+        """Subscribe (joining.py): a publisher that takes this subscriber, by ``deadline``."""
+        joined = joining.join(self._request, self._backend, deadline, lambda: self._closing, self._closed_error)
+        self._sock, self._inbox, self._transport, self._limit = joined.sock, joined.inbox, joined.transport, joined.limit
+        self.info = joined.info
         self._lost = None
         self._pending.clear()
         self._unsent.clear()
         self._notice = -1
         self._last_seq = None
-        self.info = TopicInfo(name=self.name, path=self.path, width=geometry.width, height=geometry.height,
-                              format=geometry.format, layout=geometry.layout, pitch=geometry.pitch,
-                              fps=welcome.fps or None, pool=welcome.pool, publisher_pid=welcome.publisher_pid,
-                              instance=welcome.instance, transport=welcome.transport, next_seq=welcome.next_seq)
 
-    def _send_now(self, sock: socket.socket, data: bytes, deadline: float,
-                  fds: list[int] | tuple[int, ...] = ()) -> None:
-        """Send a handshake message. A publisher that ended the connection (it turned this
-        subscriber away, and may have closed before this side wrote) makes the write fail: what
-        it said is read then, and raised as :class:`eglcuda.Refused` with its reason."""
-        while True:
-            try:
-                sockets.send(sock, data, fds)
-                return
-            except BlockingIOError:
-                if not sockets.wait_writable(sock, deadline, self._wake_fd):
-                    raise Timeout(f"the publisher at {self.path} does not read its socket") from None
-            except OSError as exc:  # EPIPE, ECONNRESET: the publisher closed its end
-                said = sockets.parting_words(sock)
-                if said is not None:
-                    raise self._refusal(said) from None
-                raise _HandshakeLost(f"the publisher at {self.path} closed the connection during the handshake "
-                                     f"({exc.strerror or exc})") from None
-
-    def _refusal(self, message: protocol.Refuse | protocol.Drop | protocol.Bye) -> Refused:
-        if isinstance(message, protocol.Refuse):
-            return Refused(f"the publisher of topic {self.name!r} turned this subscriber away: {message.reason}",
-                           message.code)
-        return Refused(f"the publisher of topic {self.name!r} ended the handshake: {message.reason}", message.code)
-
-    def _expect(self, sock: socket.socket, deadline: float, kind: type[_M], waited: str) -> _M:
-        data, fds = sockets.receive(sock, deadline, waited, self._wake_fd)
-        sockets.close_fds(fds)
-        if not data:
-            raise _HandshakeLost(f"the publisher at {self.path} closed the connection during the handshake")
-        message = protocol.decode(data, len(fds))
-        if isinstance(message, (protocol.Refuse, protocol.Drop, protocol.Bye)):
-            raise self._refusal(message)
-        if not isinstance(message, kind):
-            raise protocol.ProtocolError(f"expected {kind.__name__}, got {type(message).__name__}")
-        return message
-
+    # ---- the handshake ----------------------------------------------------------------------------
     # ---- receiving --------------------------------------------------------------------------------
     def receive(self, timeout: float | None = None) -> Message:
         """The next frame (``every``) or the newest one (``latest``), waiting up to ``timeout``
@@ -367,10 +171,10 @@ class Subscriber:
                     raise self._closed_error()
                 message = self._receive(timeout)
         except BaseException as exc:
-            if self._close_deferred:
+            if self._deferral:
                 self._close_put_off_during_call(exc)
             raise
-        if self._close_deferred:
+        if self._deferral:
             self._close_put_off_during_call(None)  # (the message was let go if it closed)
         return message
 
@@ -566,7 +370,7 @@ class Subscriber:
     def _release(self, message: Message, cuda_stream: Any) -> None:
         stream = None if cuda_stream is None else stream_handle(cuda_stream)  # (bad input: nothing changed)
         if self._forked:
-            _let_go(message)  # a forked child: the mappings and the connection are the parent's
+            let_go(message)  # a forked child: the mappings and the connection are the parent's
             return
         try:
             with self._state:  # once, also when two threads release it, or one closes meanwhile
@@ -576,7 +380,7 @@ class Subscriber:
                 self._held.discard(message)
                 transport = self._transport
                 if self._lost is not None or self._closed or transport is None:
-                    _let_go(message)  # nobody to tell; its view must still stop working before the unmap
+                    let_go(message)  # nobody to tell; its view must still stop working before the unmap
                 else:
                     try:
                         flags, extra = transport.release(message._frame, message._header, stream)
@@ -585,7 +389,7 @@ class Subscriber:
                     else:
                         self._send_or_queue(protocol.encode_release(message.seq, flags, extra))
         finally:
-            if self._close_deferred:
+            if self._deferral:
                 self._finish_deferred_close()
 
     def _send_or_queue(self, data: bytes) -> None:
@@ -629,7 +433,7 @@ class Subscriber:
     def _drop_connection(self) -> None:
         held, self._held = self._held, set()
         for message in held:
-            _let_go(message)
+            let_go(message)
         transport, self._transport = self._transport, None
         if transport is not None:
             try:
@@ -665,10 +469,10 @@ class Subscriber:
                     self._disconnect()
                     self._connect(time.monotonic() + wait)
         except BaseException as exc:
-            if self._close_deferred:
+            if self._deferral:
                 self._close_put_off_during_call(exc)
             raise
-        if self._close_deferred:
+        if self._deferral:
             self._close_put_off_during_call(None)
         if self._closed:  # (by another thread since this call left)
             raise self._closed_error()
@@ -746,7 +550,7 @@ class Subscriber:
         if self._closed:
             return
         if self._forked or os.getpid() != self._pid:  # (getpid too: a fork from C runs no Python hook)
-            _open_subscribers.discard(self)
+            _open.discard(self)
             self._forget_in_child()
             return
         self._closing = True
@@ -758,21 +562,20 @@ class Subscriber:
             # Called on a thread that is inside receive(), wait_for_publisher() or a release (a
             # signal handler, a finalizer): closing here would pull the connection from under
             # that call. It ends woken (ClosedError) and closes on its way out.
-            self._deferred_by = threading.get_ident()
-            self._close_deferred = True
+            self._deferral.put_off()
             return
         with self._busy:  # a receive in another thread leaves (woken at once), then this goes on
             if not self._closed:
                 self._close()
         # (Only now: a close() interrupted while waiting above stays for the exit hook to finish.)
-        _open_subscribers.discard(self)
+        _open.discard(self)
 
     def _finish_deferred_close(self) -> None:
         """A close() deferred by this thread (see close()) goes on now, unless this thread is still
         inside another call that holds the locks (then the outer call finishes it). Other threads
         leave it alone: they could wait for locks that the deferring thread holds."""
-        if self._deferred_by == threading.get_ident():
-            self._close_deferred = False  # (close() sets it again if this thread still holds the locks)
+        if self._deferral.mine():
+            self._deferral.take()  # (close() puts it off again if this thread still holds the locks)
             self.close()
 
     def _close_put_off_during_call(self, error: BaseException | None) -> None:
@@ -843,7 +646,7 @@ class Subscriber:
         self._closed = True
         held, self._held = self._held, set()
         for message in held:
-            _let_go(message)
+            let_go(message)
         self._transport = None
         inbox, self._inbox = self._inbox, None
         if inbox is not None:
@@ -869,10 +672,16 @@ class Subscriber:
         return f"<Subscriber {self.name!r} {self.qos.name.lower()}: {state}>"
 
 
-@atexit.register
-def _close_at_exit() -> None:
-    for subscriber in list(_open_subscribers):
-        try:
-            subscriber.close()
-        except Exception:  # noqa: BLE001 - exit goes on
-            pass
+def _forked(subscriber: Subscriber) -> None:
+    # In a child made by fork(), every subscriber is the parent's: a flag set once here spares
+    # the per-frame calls an os.getpid() each. Its locks are new: another thread of the parent
+    # may have held one at the fork, and nothing in the child would let it go.
+    subscriber._forked = True
+    subscriber._busy = threading.RLock()
+    subscriber._state = threading.RLock()
+    subscriber._wake_lock = threading.RLock()
+
+
+# Open subscribers, closed at interpreter exit (before eglcuda's own resources go) if the program
+# did not: the publisher then hears a goodbye, not a dropped connection.
+_open: Tracked[Subscriber] = Tracked(_forked, Subscriber.close)
