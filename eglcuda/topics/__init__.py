@@ -8,15 +8,19 @@
 - :func:`list_topics` (``python -m eglcuda topics``) lists live topics and removes the sockets of
   dead publishers.
 
-Modules: :mod:`.naming` (names, directories, locks), :mod:`.protocol` (the wire format),
-:mod:`.sockets` (socket helpers), :mod:`.transports` (CUDA IPC and EGLStream behind one
-interface), :mod:`.publisher`, :mod:`.subscriber`, :mod:`.registry`. See docs/topics.md.
+Modules (docs/architecture.md draws them): :mod:`.publisher` (a facade over :mod:`.pool`,
+:mod:`.delivery` with the compiled books of ``_delivery``, :mod:`.handshake` and :mod:`.files`),
+:mod:`.subscriber` (with :mod:`.joining` and :mod:`.message`), :mod:`.transports` (one module per
+transport behind one interface, registered by name), :mod:`.protocol` and ``_wire`` (the wire
+format), :mod:`.naming` (names, directories, locks), :mod:`.sockets` (the topic's socket steps),
+:mod:`.registry` (listing). See docs/topics.md.
 """
 from .info import DropRecord, SubscriberInfo, TopicInfo
 from .protocol import Qos, Reason
 from .publisher import Publisher
 from .registry import Listing, TopicStatus, list_topics
-from .subscriber import Message, Subscriber
+from .message import Message
+from .subscriber import Subscriber
 from .transports import SlotView
 
 __all__ = ["DropRecord", "Listing", "Message", "Publisher", "Qos", "Reason", "SlotView", "Subscriber", "SubscriberInfo",
