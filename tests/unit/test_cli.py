@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import pathlib
 import subprocess
 import sys
 
@@ -97,3 +98,18 @@ def test_check_rejects_unknown_names():
     result = run("check", "--only", "no-such-check", "--json", "-")
     assert result.returncode == 2
     assert "no-such-check" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_the_command_reference_names_every_command_sample_and_benchmark():
+    root = pathlib.Path(__file__).resolve().parents[2]
+    page = root / "docs" / "cli.md"
+    if not page.exists():
+        pytest.skip("docs/cli.md is not in this tree")
+    text = page.read_text()
+    for command in ("info", "check", "topics", "mps"):
+        assert f"python -m eglcuda {command}" in text, command
+    scripts = [p for folder in ("samples", "bench") for p in sorted((root / folder).glob("*.py"))
+               if not p.name.startswith("_")]
+    assert scripts
+    for script in scripts:
+        assert f"python {script.relative_to(root)}" in text, f"docs/cli.md does not mention {script.name}"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -17,6 +18,10 @@ import pytest
 
 import eglcuda
 from eglcuda._bind import loader
+
+from ..egl.test_readme import first_look
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 NO_EGL = {"EGLCUDA_LIBEGL": "/nonexistent/libEGL.so.1"}
 NO_OPENGL = {"EGLCUDA_LIBOPENGL": "/nonexistent/libOpenGL.so.0"}
@@ -126,3 +131,26 @@ def test_a_cuda_display_without_libcuda_names_libcuda():
     assert result.returncode == 0, result.stderr
     assert "libcuda.so.1 is not available" in result.stdout and "NVIDIA driver" in result.stdout, result.stdout
     assert "NVIDIA's EGL" not in result.stdout
+
+
+@pytest.mark.parametrize("document", ["README.md", "docs/index.md"])
+@pytest.mark.parametrize("case", ["as-is", "no-egl", "no-libopengl", "no-pyopengl"])
+def test_the_first_look_runs_or_fails_in_one_eglcuda_line(document, case, tmp_path):
+    """The README's first look, as written: it runs where EGL, GL and PyOpenGL are (the EGL tier
+    checks its output), and elsewhere ends in one line from eglcuda with status 2, no traceback."""
+    path = ROOT / document
+    if not path.exists():
+        pytest.skip(f"{document} is not in this tree")
+    code = first_look(path)
+    env = {"no-egl": NO_EGL, "no-libopengl": NO_OPENGL}.get(case)
+    prelude = NO_PYOPENGL if case == "no-pyopengl" else ""
+    result = python(prelude + code, env, cwd=tmp_path)
+    if case == "as-is" and eglcuda.available("gl") and eglcuda.available("sync"):
+        assert result.returncode == 0, result.stderr
+        assert "fence signaled: True" in result.stdout
+        return
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stdout == "" and "Traceback" not in result.stderr, result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("eglcuda: needs "), result.stderr
+    assert "install" in lines[0], lines[0]
