@@ -33,8 +33,8 @@ The names, from the most basic up:
 ========================  ==========================================================================
 
 Probing CUDA initializes the driver in this process (``cuInit``), as any CUDA call does; start
-other processes with ``spawn``, not ``fork``, after that. The ``egl`` and ``sync`` probes leave
-CUDA alone.
+other processes with ``spawn``, not ``fork``, after that. The ``egl``, ``gl`` and ``sync`` probes
+leave CUDA alone (``gl`` imports PyOpenGL).
 
 In a script, :func:`require` is the one-line form: it returns when everything named is here, and
 otherwise prints what is missing and how to get it and exits with status 2.
