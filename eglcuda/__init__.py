@@ -38,10 +38,11 @@ from .syncs.sync import CudaWait, Sync, SyncKind, cuda_wait_sync, sync_after_cud
 
 from . import mps  # CUDA MPS: eglcuda.mps.MPSDaemon, under_mps (imports only errors and _bind)
 from ._version import __version__
-from .availability import available
+from .availability import available, require
 
 __all__ = [
     "available",
+    "require",
     "AcquiredFrame",
     "Attach",
     "MemoryKind",

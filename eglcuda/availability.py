@@ -17,6 +17,8 @@ The names, from the most basic up:
 
 ========================  ==========================================================================
 ``"egl"``                 an EGL display opens (an EGL device's, or Mesa's surfaceless one)
+``"gl"``                  GL calls in eglcuda's contexts: that display, a desktop GL library
+                          (``libOpenGL.so.0``) and PyOpenGL
 ``"sync"``                EGLSync fences and reusable syncs on that display (Mesa has them)
 ``"cuda"``                the CUDA driver loads and sees at least one device
 ``"cuda-egl"``            CUDA device 0 has an EGL display (NVIDIA's EGL, ``EGL_NV_device_cuda``)
@@ -31,11 +33,15 @@ The names, from the most basic up:
 ========================  ==========================================================================
 
 Probing CUDA initializes the driver in this process (``cuInit``), as any CUDA call does; start
-other processes with ``spawn``, not ``fork``, after that. The ``egl`` and ``sync`` probes leave
-CUDA alone.
+other processes with ``spawn``, not ``fork``, after that. The ``egl``, ``gl`` and ``sync`` probes
+leave CUDA alone (``gl`` imports PyOpenGL).
+
+In a script, :func:`require` is the one-line form: it returns when everything named is here, and
+otherwise prints what is missing and how to get it and exits with status 2.
 """
 from __future__ import annotations
 
+import sys
 import threading
 from dataclasses import dataclass
 from typing import Callable, Literal, overload
@@ -47,10 +53,10 @@ from .display import Device, Display, client_extensions, devices
 from .errors import EglCudaError, UsageError
 from ._bind.gl import gl
 
-__all__ = ["CAPABILITIES", "NEEDS", "available", "explain"]
+__all__ = ["CAPABILITIES", "NEEDS", "available", "explain", "require"]
 
 NVIDIA_DRIVER = "it comes with the NVIDIA driver"
-MESA_EGL = "on Debian/Ubuntu: apt-get install libegl1 libegl-mesa0 libgl1-mesa-dri (Mesa, no GPU needed)"
+MESA_EGL = _loader.MESA_HINT
 
 
 def _one_line(exc: BaseException) -> str:
@@ -202,22 +208,28 @@ def _cross_process() -> tuple[bool, str]:
     return _need_on_cuda_display("EGLStreams between processes", ("EGL_KHR_stream_cross_process_fd",))
 
 
-def _pyopengl() -> tuple[bool, str]:
+def _gl() -> tuple[bool, str]:
+    ok, why = _probe("egl")
+    if not ok:
+        return False, why
+    ok, why = _loader.opengl_available()
+    if not ok:
+        return False, why
     try:
-
-        gl()
+        GL = gl()
     except EglCudaError as exc:
-        return False, f"{_one_line(exc)} (pip install 'eglcuda[gl]')"
-    except Exception as exc:  # PyOpenGL present but broken: say so, never raise
+        return False, _one_line(exc)
+    except Exception as exc:  # never raise
         return False, f"PyOpenGL does not import: {_one_line(exc)}"
-    return True, "PyOpenGL"
+    version = getattr(sys.modules.get("OpenGL"), "__version__", "?")
+    return True, f"PyOpenGL {version} ({GL.__name__}) with {_loader.opengl_available()[1]}"
 
 
 def _gl_stream() -> tuple[bool, str]:
     ok, why = _probe("cuda-stream")
     if not ok:
         return False, why
-    ok, why = _pyopengl()
+    ok, why = _probe("gl")
     if not ok:
         return False, why
     return _need_on_cuda_display("GL texture consumers and GL surface producers",
@@ -228,7 +240,7 @@ def _eglimage_cuda() -> tuple[bool, str]:
     display, why = _cuda_display(0)
     if display is None:
         return False, why
-    ok, why = _pyopengl()
+    ok, why = _probe("gl")
     if not ok:
         return False, why
     if not (_loader.is_bound("cuGraphicsEGLRegisterImage") or _loader.is_bound("cuGraphicsGLRegisterImage")):
@@ -283,6 +295,7 @@ def _two_gpus() -> tuple[bool, str]:
 # What each capability means to someone who lacks it: "needs ..." in one line.
 NEEDS: dict[str, str] = {
     "egl": "EGL (Mesa is enough)",
+    "gl": "OpenGL through PyOpenGL on EGL (Mesa is enough)",
     "sync": "EGLSync fences and reusable syncs (Mesa has them)",
     "cuda": "an NVIDIA GPU and its driver",
     "cuda-egl": "an NVIDIA GPU with NVIDIA's EGL",
@@ -297,6 +310,7 @@ NEEDS: dict[str, str] = {
 
 CAPABILITIES: dict[str, Callable[[], tuple[bool, str]]] = {
     "egl": _egl,
+    "gl": _gl,
     "sync": _sync,
     "cuda": _cuda,
     "cuda-egl": _cuda_egl,
@@ -332,8 +346,8 @@ def available(what: str, reason: Literal[True]) -> tuple[bool, str]: ...
 
 
 def available(what: str, reason: bool = False) -> bool | tuple[bool, str]:
-    """Whether this machine can do ``what`` (one of :data:`CAPABILITIES`: ``"egl"``, ``"sync"``,
-    ``"cuda"``, ``"cuda-egl"``, ``"cuda-stream"``, ``"cross-process"``, ``"gl-stream"``, ``"eglimage-cuda"``,
+    """Whether this machine can do ``what`` (one of :data:`CAPABILITIES`: ``"egl"``, ``"gl"``,
+    ``"sync"``, ``"cuda"``, ``"cuda-egl"``, ``"cuda-stream"``, ``"cross-process"``, ``"gl-stream"``, ``"eglimage-cuda"``,
     ``"cuda-sync"``, ``"cuda-ipc"``, ``"two-gpus"``).
 
     With ``reason=True``, returns ``(ok, reason)``: what was found, or what is missing and how to
@@ -354,6 +368,21 @@ def explain(*names: str) -> str | None:
         if not ok:
             return f"needs {NEEDS[name]}: {why}"
     return None
+
+
+def require(*names: str) -> None:
+    """Return if this machine has every capability named (see :func:`available`); otherwise print
+    one line to stderr, ``eglcuda: needs ...: what is missing (how to get it)``, and exit with
+    status 2. For scripts and the first lines of a program: ``eglcuda.require("gl")`` before
+    ``from OpenGL import GL`` turns PyOpenGL's traceback on a machine without EGL or GL into that
+    line. (In a library, use :func:`available` or :func:`explain` and decide there.)"""
+    for name in names:
+        if not isinstance(name, str) or name not in CAPABILITIES:
+            raise UsageError(f"unknown capability {name!r}; known: {', '.join(CAPABILITIES)}")
+    why = explain(*names)
+    if why:
+        print(f"eglcuda: {why}", file=sys.stderr, flush=True)
+        raise SystemExit(2)
 
 
 def _forget() -> None:

@@ -21,12 +21,24 @@ from .info import collect, format_report
 from .topics.registry import format_listing, list_topics
 
 
+DESCRIPTION = ("eglcuda: zero-copy frame streaming between CUDA, OpenGL and other processes through EGL.\n"
+               "These commands tell what this machine can do, and manage the helpers a pipeline uses.")
+EPILOG = ("'python -m eglcuda COMMAND --help' describes a command. Start with 'info', then 'check'.\n"
+          "The commands, samples and benchmarks: docs/cli.md.")
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m eglcuda", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m eglcuda", description=DESCRIPTION, epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_version(parser)
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    info = commands.add_parser("info", help="report EGL, CUDA and the interop paths available here")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
+    info = commands.add_parser(
+        "info", help="report EGL, CUDA and the interop paths available here",
+        description="What this machine's EGL, GL and CUDA offer, and which of eglcuda's interop paths work "
+                    "here: a one-line summary with the root cause of what does not, then the EGL devices "
+                    "and displays, the CUDA driver and devices, MPS, and a table of paths with 'available' "
+                    "or 'unsupported (why)'. Never fails: a missing library is part of the report.")
     info.add_argument("--json", action="store_true", help="machine-readable output")
     info.set_defaults(run=_info)
     _add_check(commands)
@@ -109,13 +121,21 @@ def _add_mps(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") ->
     stop.add_argument("--all", action="store_true", help="stop every eglcuda MPS daemon of this user")
     stop.add_argument("--timeout", type=float, default=10.0,
                       help="seconds for the daemon to quit before it is signalled (default 10)")
-    status = actions.add_parser("status", help="this user's eglcuda MPS daemons and the others running here")
+    status = actions.add_parser(
+        "status", help="this user's eglcuda MPS daemons and the others running here",
+        description="Where nvidia-cuda-mps-control is, which MPS pipe directory this shell's programs would "
+                    "use, this user's eglcuda MPS daemons (running or not, their control and server pids, "
+                    "what stops them) and the other MPS daemons running on this machine.")
     status.add_argument("--json", action="store_true", help="machine-readable output")
     parser.set_defaults(run=_mps_command)
 
 
 def _add_topics(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
-    topics = commands.add_parser("topics", help="list live frame topics; remove the sockets of dead publishers")
+    topics = commands.add_parser(
+        "topics", help="list live frame topics; remove the sockets of dead publishers",
+        description="The live frame topics (eglcuda.Publisher) of this user: each publisher's pid, frame "
+                    "size and format, rate and subscribers with their transport. Sockets left by publishers "
+                    "that died are removed (or only reported, with --no-clean).")
     topics.add_argument("--json", action="store_true", help="machine-readable output")
     topics.add_argument("--dir", default=None, help="the topic directory (default: this user's)")
     topics.add_argument("--no-clean", action="store_true", help="report stale sockets without removing them")
@@ -198,6 +218,11 @@ def _topics(args: argparse.Namespace) -> int:
     """``topics``: the live topics with their publisher's pid, size, format, rate and subscribers
     (and the transport each uses)."""
 
+    if args.dir is not None and not os.path.isdir(args.dir):
+        # An absent default folder only means no topic was ever published; a named one is a mistake.
+        print(f"python -m eglcuda topics: --dir {args.dir}: no such folder (without --dir, this user's topic "
+              "directory is used)", file=sys.stderr)
+        return 2
     try:
         listing = list_topics(directory=args.dir, clean=not args.no_clean, timeout=args.timeout)
     except UsageError as exc:

@@ -25,7 +25,7 @@ the reason from :func:`eglcuda.available`; it never counts as passed.
 ========================  =========================================================================
 
 The checks run against the eglcuda that Python imports (the installed package, wherever this is
-run from) and need nothing outside it but PyOpenGL for the GL checks (``eglcuda[gl]``).
+run from) and need nothing outside it but PyOpenGL for the GL checks (``pip install PyOpenGL``).
 """
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ import numpy as np
 from ._bind import cuda
 from ._bind.gl import gl
 from ._version import __version__
-from .availability import CAPABILITIES, available, explain
+from .availability import CAPABILITIES, NEEDS, available, explain
 from .display import Display
 from .errors import EglCudaError, PeerError, StreamDisconnected, Timeout
 from .frames.formats import ColorFormat, Layout
@@ -62,7 +62,6 @@ from .syncs.sync import Sync, cuda_wait_sync, sync_after_cuda
 __all__ = ["CHECKS", "Check", "Outcome", "format_table", "main", "run_checks"]
 
 PASS, FAIL, NOT_APPLICABLE = "pass", "fail", "n/a"
-GL_HINT = "pip install 'eglcuda[gl]'"
 
 
 class CheckFailed(Exception):
@@ -115,10 +114,9 @@ _RGBA8 = TEXTURE_FORMATS[0x8058]  # what the checks' textures hold: random RGBA 
 
 def _gl() -> Any:
     try:
-
         return gl()
-    except EglCudaError as exc:
-        raise NotApplicable(f"PyOpenGL is not installed ({GL_HINT})") from exc
+    except EglCudaError as exc:  # Unsupported: says what is missing and how to get it
+        raise NotApplicable(f"needs {NEEDS['gl']}: {_one_line(exc)}") from exc
 
 
 def _random_texels(rng: np.random.Generator, width: int, height: int) -> np.ndarray:
@@ -562,10 +560,10 @@ def check_cuda_egl_gl_sync() -> str:
 
 CHECKS: list[Check] = [
     Check("gl-context", "display, headless GL context, GL version; texture and framebuffer read back",
-          ("egl",), True, check_gl_context),
+          ("egl", "gl"), True, check_gl_context),
     Check("eglimage-siblings", "EGLImage of a texture; a sibling texture reads the same random texels",
-          ("egl",), True, check_eglimage_siblings),
-    Check("fence-sync", "fence sync signaled after glFinish; server wait on a fence", ("sync",), True,
+          ("egl", "gl"), True, check_eglimage_siblings),
+    Check("fence-sync", "fence sync signaled after glFinish; server wait on a fence", ("sync", "gl"), True,
           check_fence_sync),
     Check("reusable-sync", "reusable sync: signal, unsignal, waits, a signal from another thread", ("sync",), False,
           check_reusable_sync),
@@ -576,7 +574,7 @@ CHECKS: list[Check] = [
     Check("eglimage-cuda", "EGLImage -> CUDA on the self-tested path, both directions, every texel",
           ("eglimage-cuda",), True, check_eglimage_cuda),
     Check("cuda-egl-gl-sync", "CUDA -> EGLSync -> GL server wait ordering, held-back stream, copied bytes",
-          ("cuda-sync",), True, check_cuda_egl_gl_sync),
+          ("cuda-sync", "gl"), True, check_cuda_egl_gl_sync),
 ]
 
 

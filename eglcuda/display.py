@@ -11,6 +11,7 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ._bind import cuda as _cuda_driver
 from ._bind import egl
 from ._bind import loader as _loader
 from ._resource import Resource
@@ -146,10 +147,15 @@ class Display(Resource):
         (EGL and CUDA enumerate GPUs in different orders on multi-GPU hosts)."""
         if not isinstance(ordinal, int) or ordinal < 0:
             raise UsageError(f"a CUDA device ordinal is an int >= 0, got {ordinal!r}")
+        # The root cause first: without libcuda (a CPU machine) there is no CUDA device to match.
+        _loader.cuda()
         found = devices()
         for device in found:
             if device.cuda_ordinal == ordinal:
                 return cls.for_device(device)
+        count = _cuda_driver.device_count()
+        if ordinal >= count:
+            raise Unsupported(f"CUDA device {ordinal}", where=f"this machine (the CUDA driver sees {count})")
         listed = ", ".join(str(d) for d in found) or "none"
         raise Unsupported(
             f"an EGL device for CUDA device {ordinal}",

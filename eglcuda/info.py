@@ -71,6 +71,11 @@ class _Facts:
     image_choice: Any = None  # eglcuda.PathChoice from the EGLImage self-test, when it could run
     gl_wait: tuple[str, str] | None = None  # (path, why) of GL server waits on CUDA syncs, when probed
     egl_displays: dict[str, frozenset[str]] = field(default_factory=dict)  # every display that opened
+    gl_why: str | None = None  # why GL calls cannot run here (available("gl")), None when they can
+
+    def need_gl(self) -> str | None:
+        """None when eglcuda's GL steps can run (the same answer as ``available("gl")``)."""
+        return self.gl_why
 
     def need_any_display(self, *extensions: str) -> str | None:
         """For paths without CUDA: None when one EGL display (any vendor) has all ``extensions``."""
@@ -105,7 +110,8 @@ class InteropPath:
 
 
 def _eglimage_registration(facts: _Facts) -> str | None:
-    why = facts.need_stream_ext("EGL_KHR_gl_texture_2D_image") or facts.need_cuda("cuGraphicsEGLRegisterImage")
+    why = (facts.need_stream_ext("EGL_KHR_gl_texture_2D_image") or facts.need_cuda("cuGraphicsEGLRegisterImage")
+           or facts.need_gl())
     if why:
         return why
     choice = facts.image_choice
@@ -140,9 +146,10 @@ def _topic_cuda_ipc(facts: _Facts) -> str | None:
 CROSS_PROCESS_PATH = "EGLStream across processes (fd over a UNIX socket)"
 
 INTEROP_PATHS: list[InteropPath] = [
-    InteropPath("GL contexts (headless)", lambda f: f.need_any_display(), cuda=False),
+    InteropPath("GL contexts (headless)", lambda f: f.need_any_display() or f.need_gl(), cuda=False),
     InteropPath("EGLImage GL texture -> GL texture",
-                lambda f: f.need_any_display("EGL_KHR_image_base", "EGL_KHR_gl_texture_2D_image"), cuda=False),
+                lambda f: f.need_any_display("EGL_KHR_image_base", "EGL_KHR_gl_texture_2D_image") or f.need_gl(),
+                cuda=False),
     InteropPath("EGLStream CUDA -> CUDA", lambda f: f.need_stream_ext("EGL_KHR_stream")
                 or f.need_cuda("cuEGLStreamProducerConnect", "cuEGLStreamConsumerConnectWithFlags")),
     InteropPath("EGLStream FIFO mode", lambda f: f.need_stream_ext("EGL_KHR_stream_fifo")),
@@ -155,12 +162,13 @@ INTEROP_PATHS: list[InteropPath] = [
                 lambda f: "eglcuda refuses them: cuEGLStreamProducerPresentFrame crashed the process on a managed "
                           "frame (H100/H200, driver 580); not verified on Tegra"),
     InteropPath("EGLStream CUDA -> GL texture",
-                lambda f: f.need_stream_ext("EGL_KHR_stream_consumer_gltexture")),
+                lambda f: f.need_stream_ext("EGL_KHR_stream_consumer_gltexture") or f.need_gl()),
     InteropPath("EGLStream GL surface -> CUDA",
-                lambda f: f.need_stream_ext("EGL_KHR_stream_producer_eglsurface")),
+                lambda f: f.need_stream_ext("EGL_KHR_stream_producer_eglsurface") or f.need_gl()),
     InteropPath("EGLImage GL texture -> CUDA (native)", _eglimage_registration),
     InteropPath("EGLImage GL texture -> CUDA (GL interop)",
-                lambda f: f.need_stream_ext("EGL_KHR_gl_texture_2D_image") or f.need_cuda("cuGraphicsGLRegisterImage")),
+                lambda f: f.need_stream_ext("EGL_KHR_gl_texture_2D_image") or f.need_cuda("cuGraphicsGLRegisterImage")
+                or f.need_gl()),
     InteropPath("EGLSync fence / reusable / server wait",
                 lambda f: f.need_any_display("EGL_KHR_fence_sync", "EGL_KHR_reusable_sync", "EGL_KHR_wait_sync"),
                 cuda=False),
@@ -267,8 +275,10 @@ def collect() -> dict[str, Any]:
     if cuda_ok and cuda_display_extensions is not None and "EGL_KHR_reusable_sync" in cuda_display_extensions:
         gl_wait = _gl_wait_choice()
         report["gl_server_wait"] = {"path": gl_wait[0], "reason": gl_wait[1]}
+    gl_ok, gl_why = available("gl", reason=True)
+    report["gl"] = {"available": gl_ok, "reason": gl_why}
     facts = _Facts(cuda_display_extensions, cuda_display_name, cuda_ok, cuda_why, integrated, image_choice, gl_wait,
-                   egl_displays)
+                   egl_displays, None if gl_ok else gl_why)
     report["paths"] = [_path_status(path, facts) for path in INTEROP_PATHS]
     report["gpu_pairs"] = _gpu_pairs(cuda["devices"] if cuda_ok else [])
     report["mps"] = _mps_report(cuda_ok and bool(cuda["devices"]),
@@ -395,6 +405,9 @@ def summarize(report: dict[str, Any], facts: _Facts) -> dict[str, Any]:
         line += f"; {len(explained)} need {needs}, root cause: {cause[1]}"
     if others:
         line += f"; {len(others)} more not available here (see the table)"
+    gl = report.get("gl")
+    if gl and not gl["available"] and (cause is None or cause[0] != "egl"):
+        line += f"; GL calls: {gl['reason']}"
     return {"line": line, "available": working, "root_cause": cause[1] if cause else None,
             "root_cause_needs": needs,
             "root_cause_explains": explained, "other_unavailable": others}
@@ -440,6 +453,9 @@ def format_report(report: dict[str, Any]) -> str:
     if "surfaceless" in egl:
         lines.append("  surfaceless display:")
         lines.extend(_format_display(egl["surfaceless"], "    "))
+    if report.get("gl"):
+        gl = report["gl"]
+        lines.append(f"GL calls (PyOpenGL in EGL contexts): {'yes' if gl['available'] else 'NO'}, {gl['reason']}")
     lines.append("")
     cuda = report["cuda"]
     lines.append(f"CUDA driver ({cuda['library']}): {'found' if cuda['loaded'] else 'NOT FOUND'}")

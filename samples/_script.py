@@ -33,7 +33,7 @@ CUPY_HINT = ("pip install 'eglcuda[samples-cuda13]' for a CUDA 13 driver, or 'eg
              "CUDA 12 (nvidia-smi shows the version)")
 # (module to import, what it is for, how to get it)
 CUPY = ("cupy", "CuPy for its kernels", CUPY_HINT)
-PYOPENGL = ("OpenGL.GL", "PyOpenGL for its GL calls", "pip install 'eglcuda[gl]'")
+PYOPENGL = ("OpenGL.GL", "PyOpenGL for its GL calls", "pip install PyOpenGL")
 
 
 def fail(program: str, message: str, status: int) -> None:

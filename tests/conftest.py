@@ -119,10 +119,24 @@ def pytest_report_header(config):
     return lines
 
 
-def _missing(reason: str, required_by: str) -> None:
+def _missing(reason: str, required_by: str, module_level: bool = False) -> None:
     if os.environ.get(required_by) == "1":
         pytest.fail(f"{reason} (and {required_by}=1 says this tier must run)")
-    pytest.skip(reason)
+    pytest.skip(reason, allow_module_level=module_level)
+
+
+def gl_module(module_level: bool = False):
+    """PyOpenGL's ``OpenGL.GL`` for eglcuda's EGL contexts, or a skip naming what is missing
+    (``eglcuda.available("gl")``: libEGL, a desktop GL library, PyOpenGL). Not
+    ``pytest.importorskip("OpenGL.GL")``: without libEGL or libOpenGL PyOpenGL raises
+    AttributeError or NullFunctionError, which importorskip lets through. ``module_level=True``
+    at a module's top skips the whole module."""
+    ok, why = eglcuda.available("gl", reason=True)
+    if not ok:
+        _missing(f"needs {eglcuda.availability.NEEDS['gl']}: {why}", "EGLCUDA_REQUIRE_EGL", module_level)
+    from OpenGL import GL
+
+    return GL
 
 
 @pytest.fixture(scope="session")
@@ -148,7 +162,8 @@ def display(egl_device):
 
 @pytest.fixture
 def gl_context(display):
-    """A current desktop-GL context; released and destroyed after the test."""
+    """A current desktop-GL context for PyOpenGL's calls; released and destroyed after the test."""
+    gl_module()
     with display.create_context() as context:
         yield context
 

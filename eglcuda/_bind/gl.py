@@ -16,20 +16,30 @@ from types import ModuleType
 from typing import Any, Callable
 
 from ..errors import GLError, Unsupported
+from . import loader
 from ._native import ffi, lib
 
 _module: ModuleType | None = None
 
 
 def gl() -> ModuleType:
-    """``OpenGL.GL``, imported for EGL contexts on first use."""
+    """``OpenGL.GL``, imported for EGL contexts on first use. Raises :class:`Unsupported`, naming
+    what to install, when libEGL, a desktop GL library or PyOpenGL is missing: PyOpenGL itself
+    fails on those with an AttributeError or a NullFunctionError at the first call."""
     global _module
     if _module is None:
         os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
+        loader.egl()  # PyOpenGL's EGL platform needs libEGL before its GL module imports
+        ok, _ = loader.opengl_available()
+        if not ok:  # PyOpenGL would fall back to GLES and fail at the first desktop GL call
+            raise Unsupported(loader.OPENGL_LIBRARY, where="this machine", hint=loader.OPENGL_INSTALL_HINT)
         try:
             from OpenGL import GL
-        except ImportError as exc:  # pragma: no cover - PyOpenGL is a dependency
+        except ImportError as exc:
             raise Unsupported("PyOpenGL", where="this Python", hint="pip install PyOpenGL") from exc
+        except Exception as exc:  # PyOpenGL present but broken (a platform it cannot load)
+            raise Unsupported("a working PyOpenGL", where="this Python",
+                              hint=f"importing OpenGL.GL failed: {type(exc).__name__}: {exc}") from exc
         _module = GL
     return _module
 

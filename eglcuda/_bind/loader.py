@@ -6,9 +6,13 @@ Nothing is loaded at import. The first EGL (or CUDA) operation calls :func:`egl`
 bound with ``eglGetProcAddress`` only once a client or display extension string lists the
 extension (:func:`bind_egl_extensions`): a non-NULL pointer alone proves nothing.
 
-Test hook: the environment variables ``EGLCUDA_LIBEGL``, ``EGLCUDA_LIBCUDA`` and
-``EGLCUDA_LIBVULKAN``, when set (read at import), name the library file to open instead of the
-default soname, e.g. the fake driver the CPU test tier builds (tests/fakedriver/). They are for
+The GL library (``libOpenGL.so.0``, glvnd's desktop GL) is only looked for: PyOpenGL loads it
+for the GL calls, and :func:`opengl_available` says beforehand whether it will find one.
+
+Test hook: the environment variables ``EGLCUDA_LIBEGL``, ``EGLCUDA_LIBCUDA``,
+``EGLCUDA_LIBVULKAN`` and ``EGLCUDA_LIBOPENGL``, when set (read at import), name the library file
+to open instead of the default soname, e.g. the fake driver the CPU test tier builds
+(tests/fakedriver/), or a file that does not exist to stand for a missing library. They are for
 tests only: eglcuda does not check that the file is a real driver.
 """
 from __future__ import annotations
@@ -23,10 +27,19 @@ from ._native import ffi, lib
 EGL_LIBRARY = "libEGL.so.1"
 CUDA_LIBRARY = "libcuda.so.1"
 VULKAN_LIBRARY = "libvulkan.so.1"
+OPENGL_LIBRARY = "libOpenGL.so.0"
+# PyOpenGL's EGL platform loads libOpenGL.so.0, else libGL.so.1 (glvnd's GLX library, which also
+# dispatches to the EGL context that is current).
+OPENGL_LIBRARIES = (OPENGL_LIBRARY, "libGL.so.1")
+# What Mesa needs for eglcuda's EGL and GL steps without a GPU, in one place: every hint names it.
+MESA_PACKAGES = "libegl1 libegl-mesa0 libgl1-mesa-dri libopengl0"
+MESA_HINT = f"on Debian/Ubuntu: apt-get install {MESA_PACKAGES} (Mesa, no GPU needed)"
 EGL_INSTALL_HINT = (
-    "install an EGL implementation: on Debian/Ubuntu 'apt-get install libegl1 libegl-mesa0 "
-    "libgl1-mesa-dri' (Mesa, no GPU needed), or the NVIDIA driver's EGL with the glvnd loader"
+    f"install an EGL implementation: on Debian/Ubuntu 'apt-get install {MESA_PACKAGES}' "
+    "(Mesa, no GPU needed), or the NVIDIA driver's EGL with the glvnd loader"
 )
+OPENGL_INSTALL_HINT = ("on Debian/Ubuntu: apt-get install libopengl0, glvnd's OpenGL library; the NVIDIA "
+                       "driver's packages bring it too")
 CUDA_INSTALL_HINT = "install the NVIDIA driver (libcuda.so.1 ships with it, not with the CUDA toolkit)"
 VULKAN_INSTALL_HINT = "install the Vulkan loader (Debian/Ubuntu: 'apt-get install libvulkan1'); the NVIDIA driver brings the ICD"
 
@@ -68,6 +81,8 @@ _lock = threading.Lock()
 _egl = _Library(os.environ.get("EGLCUDA_LIBEGL") or EGL_LIBRARY)
 _cuda = _Library(os.environ.get("EGLCUDA_LIBCUDA") or CUDA_LIBRARY)
 _vulkan = _Library(os.environ.get("EGLCUDA_LIBVULKAN") or VULKAN_LIBRARY)
+_opengl_names = (os.environ["EGLCUDA_LIBOPENGL"],) if os.environ.get("EGLCUDA_LIBOPENGL") else OPENGL_LIBRARIES
+_opengl: list[str] = []  # the first of _opengl_names that loads, once looked for; "" when none does
 
 
 def _open(library: _Library, hint: str, group: str) -> _Library:
@@ -131,6 +146,23 @@ def cuda_available() -> tuple[bool, str]:
     except Unsupported as exc:
         return False, str(exc)
     return True, ""
+
+
+def opengl_available() -> tuple[bool, str]:
+    """Whether a desktop GL library (``libOpenGL.so.0``, else ``libGL.so.1``) loads, which
+    PyOpenGL needs for GL calls in EGL contexts; and what is missing if not (never raises).
+    The library is opened once and left open; no function is bound from it."""
+    with _lock:
+        if not _opengl:
+            found = ""
+            for name in _opengl_names:
+                if lib.eglcuda_dlopen(name.encode()) != ffi.NULL:
+                    found = name
+                    break
+            _opengl.append(found)
+    if _opengl[0]:
+        return True, _opengl[0]
+    return False, f"no {OPENGL_LIBRARY} on this machine ({OPENGL_INSTALL_HINT})"
 
 
 def bind_egl_extensions(extensions: frozenset[str]) -> None:

@@ -54,7 +54,7 @@ class Publisher:
 
     :param name: the topic's name (letters, digits, ``_ . -``); its socket is
         ``$XDG_RUNTIME_DIR/eglcuda/<name>.topic`` (see :mod:`eglcuda.topics.naming`) or ``path``.
-    :param width, height, format, layout: what every frame is (any format and layout
+    :param width: with ``height``, ``format`` and ``layout``, what every frame is (any format and layout
         :meth:`eglcuda.Frame.allocate` makes; CUDA IPC needs ``layout="pitch"``).
     :param fps: the nominal frame rate subscribers are told (None: the rate measured so far).
     :param pool: pool frames made at start. The pool grows, up to ``max_pool``, when no frame is

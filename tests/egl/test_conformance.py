@@ -11,12 +11,14 @@ import pytest
 import eglcuda
 from eglcuda import conformance
 
+from ..conftest import gl_module
+
 EGL_CHECKS = ["gl-context", "eglimage-siblings", "fence-sync", "reusable-sync"]
 GPU_CHECKS = ["cuda-stream", "cross-process", "eglimage-cuda", "cuda-egl-gl-sync"]
 
 
 def test_the_egl_checks_pass_here(egl_device):
-    pytest.importorskip("OpenGL")
+    gl_module()
     outcomes = {o.name: o for o in conformance.run_checks(EGL_CHECKS)}
     assert list(outcomes) == EGL_CHECKS
     for name, outcome in outcomes.items():
@@ -49,7 +51,7 @@ def test_a_failing_check_fails_the_command(egl_device, monkeypatch):
 
 
 def test_command_prints_the_table_and_writes_json(egl_device, tmp_path):
-    pytest.importorskip("OpenGL")
+    gl_module()
     out = tmp_path / "check.json"
     result = subprocess.run([sys.executable, "-m", "eglcuda", "check", "--json", str(out), "--require", "egl,sync"],
                             capture_output=True, text=True, timeout=300, cwd=tmp_path)

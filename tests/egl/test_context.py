@@ -9,7 +9,9 @@ import pytest
 import eglcuda
 from eglcuda._bind import egl
 
-GL = pytest.importorskip("OpenGL.GL")
+from ..conftest import gl_module
+
+GL = gl_module(module_level=True)
 
 
 def make_fbo(width: int, height: int, texels: np.ndarray):

@@ -9,7 +9,7 @@ import eglcuda
 from eglcuda.images.image import TEXTURE_FORMATS
 from eglcuda.images.paths import make_texture, read_texture, write_texture
 
-from ..conftest import require_extension
+from ..conftest import gl_module, require_extension
 from .test_leaks import grows
 
 RGBA8 = TEXTURE_FORMATS[0x8058]
@@ -21,6 +21,7 @@ R32F = TEXTURE_FORMATS[0x822E]
 @pytest.fixture
 def image_context(display):
     require_extension(display, "EGL_KHR_image_base", "EGL_KHR_gl_texture_2D_image")
+    gl_module()
     with display.create_context() as context:
         yield context
 
@@ -34,7 +35,7 @@ def random_texels(rng, fmt, width, height):
 @pytest.mark.parametrize("fmt", [RGBA8, RG8, R8], ids=lambda f: f.name)
 @pytest.mark.parametrize("size", [(1, 1), (7, 5), (64, 64), (250, 33)])
 def test_second_texture_bound_to_the_image_sees_every_texel(display, image_context, fmt, size):
-    from OpenGL import GL
+    GL = gl_module()
 
     rng = np.random.default_rng()
     width, height = size
@@ -63,7 +64,7 @@ def test_second_texture_bound_to_the_image_sees_every_texel(display, image_conte
 
 
 def test_image_outlives_its_texture_and_can_be_rebound(image_context):
-    from OpenGL import GL
+    GL = gl_module()
 
     rng = np.random.default_rng()
     texels = random_texels(rng, RGBA8, 9, 4)
@@ -79,7 +80,7 @@ def test_image_outlives_its_texture_and_can_be_rebound(image_context):
 
 
 def test_bad_textures_are_refused_before_egl(image_context):
-    from OpenGL import GL
+    GL = gl_module()
 
     for bad in (0, -3, 1.5, "1", None, True):
         with pytest.raises(eglcuda.UsageError):
@@ -113,7 +114,7 @@ def test_levels_past_the_texture_are_refused(image_context):
 
 
 def test_bind_texture_refuses_names_a_gluint_cannot_hold(image_context):
-    from OpenGL import GL
+    GL = gl_module()
 
     source = make_texture(RGBA8, np.full((2, 2, 4), 9, np.uint8))
     bystander = make_texture(RGBA8, np.full((4, 8, 4), 7, np.uint8))
@@ -133,7 +134,7 @@ def test_texture_of_another_context_is_refused(display, image_context):
 
 
 def test_non_2d_texture_is_refused(image_context):
-    from OpenGL import GL
+    GL = gl_module()
 
     cube = int(GL.glGenTextures(1))
     GL.glBindTexture(GL.GL_TEXTURE_CUBE_MAP, cube)
@@ -144,6 +145,7 @@ def test_non_2d_texture_is_refused(image_context):
 
 def test_closed_objects(display):
     require_extension(display, "EGL_KHR_image_base", "EGL_KHR_gl_texture_2D_image")
+    gl_module()  # make_texture's GL calls
     context = display.create_context()
     context.make_current()
     texture = make_texture(RGBA8, np.ones((2, 2, 4), np.uint8))
@@ -161,6 +163,7 @@ def test_closed_objects(display):
 
 def test_closing_the_context_closes_its_images(display):
     require_extension(display, "EGL_KHR_image_base", "EGL_KHR_gl_texture_2D_image")
+    gl_module()  # make_texture's GL calls
     context = display.create_context()
     context.make_current()
     # One image per texture: NVIDIA's EGL refuses a second EGLImage of a texture (EGL_BAD_ACCESS).
@@ -171,7 +174,7 @@ def test_closing_the_context_closes_its_images(display):
 
 
 def test_gl_errors_of_eglcuda_calls_are_gl_errors(image_context):
-    from OpenGL import GL
+    GL = gl_module()
 
     from eglcuda._bind import gl as gl_binding
     from eglcuda._bind._native import ffi, lib
@@ -191,7 +194,7 @@ def test_gl_errors_of_eglcuda_calls_are_gl_errors(image_context):
 
 
 def test_unsupported_format_has_no_cuda_view_but_an_image(image_context):
-    from OpenGL import GL
+    GL = gl_module()
 
     texture = int(GL.glGenTextures(1))
     GL.glBindTexture(GL.GL_TEXTURE_2D, texture)
@@ -204,7 +207,7 @@ def test_unsupported_format_has_no_cuda_view_but_an_image(image_context):
 
 
 def test_image_create_close_is_flat(image_context):
-    from OpenGL import GL
+    GL = gl_module()
 
     texture = make_texture(RGBA8, np.ones((16, 16, 4), np.uint8))
 

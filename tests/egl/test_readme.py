@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+from ..conftest import gl_module
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
@@ -23,7 +25,7 @@ def first_look(document: pathlib.Path) -> str:
 
 @pytest.mark.parametrize("document", ["README.md", "docs/index.md"])
 def test_first_look_runs_as_written(egl_device, document, tmp_path):
-    pytest.importorskip("OpenGL")
+    gl_module()
     if not (ROOT / document).exists():
         pytest.skip(f"{document} is not in this tree")
     code = first_look(ROOT / document)

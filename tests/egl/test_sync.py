@@ -10,7 +10,7 @@ import pytest
 
 import eglcuda
 
-from ..conftest import require_extension
+from ..conftest import gl_module, require_extension
 from .test_leaks import grows
 
 
@@ -21,7 +21,7 @@ def sync_display(display):
 
 
 def test_fence_signals_after_gl_work(sync_display):
-    from OpenGL import GL
+    GL = gl_module()
 
     rng = np.random.default_rng()
     with sync_display.create_context():
@@ -77,7 +77,7 @@ def test_signal_from_another_thread_wakes_the_waiter(sync_display):
 
 def test_server_wait_on_a_fence(sync_display):
     require_extension(sync_display, "EGL_KHR_wait_sync")
-    from OpenGL import GL
+    GL = gl_module()
 
     with sync_display.create_context():
         with eglcuda.Sync.fence(sync_display) as fence:
@@ -122,7 +122,7 @@ def test_create_close_cycles_are_flat(sync_display):
 
 def test_server_wait_on_a_reusable_sync_orders_gl_after_the_signal(sync_display):
     require_extension(sync_display, "EGL_KHR_wait_sync")
-    from OpenGL import GL
+    GL = gl_module()
 
     with sync_display.create_context():
         honoured = eglcuda.syncs.paths.server_waits_reusable(sync_display)

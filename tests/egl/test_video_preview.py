@@ -12,10 +12,12 @@ import pytest
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "samples"))
 import _video as video  # noqa: E402
 
+from ..conftest import gl_module  # noqa: E402
+
 
 @pytest.mark.parametrize("size", [(64, 48), (333, 97)], ids=lambda s: f"{s[0]}x{s[1]}")
 def test_preview_draws_every_texel_and_reads_regions(display, size):
-    GL = pytest.importorskip("OpenGL.GL")
+    GL = gl_module()
     width, height = size
     rng = np.random.default_rng(11)
     texels = rng.integers(0, 256, (height, width, 4), dtype=np.uint8)

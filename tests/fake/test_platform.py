@@ -44,6 +44,14 @@ def test_devices_displays_and_the_cuda_device():
     assert fake.calls("eglGetProcAddress") > 0
 
 
+@fake_driver_test
+def test_a_cuda_ordinal_past_the_drivers_devices_is_named_as_such():
+    # Not "CUDA devices need NVIDIA's EGL": the EGL here is NVIDIA's (fake); there is no device 3.
+    with pytest.raises(eglcuda.Unsupported) as info:
+        eglcuda.Display.for_cuda_device(3)
+    assert str(info.value) == "CUDA device 3 is not available on this machine (the CUDA driver sees 1)"
+
+
 @fake_driver_test(env={"FAKE_CUDA_DEVICE_COUNT": "2"})
 def test_two_gpus_are_matched_by_cuda_ordinal_not_by_index():
     found = eglcuda.devices()

@@ -80,7 +80,7 @@ def test_table_and_goals(tmp_path):
 
 
 def test_plot(tmp_path):
-    pytest.importorskip("matplotlib")
+    pytest.importorskip("matplotlib", reason="needs matplotlib for the plot: pip install matplotlib")
     mps = load("mps")
     folder = synthetic(mps, tmp_path)
     done = subprocess.run([sys.executable, str(ROOT / "bench" / "mps.py"), "--plot", str(folder)],

@@ -2,8 +2,11 @@
 from __future__ import annotations
 
 import json
+import pathlib
 import subprocess
 import sys
+
+import pytest
 
 import eglcuda
 
@@ -18,6 +21,41 @@ def test_bare_command_prints_help():
     assert result.returncode == 0, result.stderr
     assert "usage: python -m eglcuda" in result.stdout
     assert "info" in result.stdout and "check" in result.stdout
+
+
+def test_help_is_plain_text_and_lists_each_command_once():
+    result = run("--help")
+    assert result.returncode == 0, result.stderr
+    assert "``" not in result.stdout and ":func:" not in result.stdout, result.stdout
+    for command in ("info", "check", "mps", "topics"):
+        listed = [line for line in result.stdout.splitlines() if line.split()[:1] == [command]]
+        assert len(listed) == 1, (command, result.stdout)
+
+
+@pytest.mark.parametrize("command", [("info",), ("check",), ("topics",), ("mps",), ("mps", "start"),
+                                     ("mps", "stop"), ("mps", "status")])
+def test_every_command_help_describes_the_command(command):
+    result = run(*command, "--help")
+    assert result.returncode == 0, result.stderr
+    paragraphs = result.stdout.split("\n\n")
+    assert paragraphs[0].startswith("usage: python -m eglcuda " + " ".join(command))
+    description = paragraphs[1]
+    assert not description.startswith(("options:", "positional arguments:")), result.stdout
+    assert len(description.split()) >= 10, description
+
+
+def test_topics_in_a_folder_that_does_not_exist_is_an_error(tmp_path):
+    missing = tmp_path / "no-such-folder"
+    result = run("topics", "--dir", str(missing))
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stdout == ""
+    assert result.stderr.splitlines() == [
+        f"python -m eglcuda topics: --dir {missing}: no such folder (without --dir, this user's topic directory is used)"]
+    empty = tmp_path / "empty"
+    empty.mkdir(mode=0o700)
+    result = run("topics", "--dir", str(empty))
+    assert result.returncode == 0, result.stderr
+    assert "(none)" in result.stdout
 
 
 def test_version():
@@ -60,3 +98,18 @@ def test_check_rejects_unknown_names():
     result = run("check", "--only", "no-such-check", "--json", "-")
     assert result.returncode == 2
     assert "no-such-check" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_the_command_reference_names_every_command_sample_and_benchmark():
+    root = pathlib.Path(__file__).resolve().parents[2]
+    page = root / "docs" / "cli.md"
+    if not page.exists():
+        pytest.skip("docs/cli.md is not in this tree")
+    text = page.read_text()
+    for command in ("info", "check", "topics", "mps"):
+        assert f"python -m eglcuda {command}" in text, command
+    scripts = [p for folder in ("samples", "bench") for p in sorted((root / folder).glob("*.py"))
+               if not p.name.startswith("_")]
+    assert scripts
+    for script in scripts:
+        assert f"python {script.relative_to(root)}" in text, f"docs/cli.md does not mention {script.name}"

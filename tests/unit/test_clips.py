@@ -76,7 +76,7 @@ def test_manifest_names_committed_clips():
 
 
 def test_clips_decode_to_their_indices_pyav():
-    av = pytest.importorskip("av")
+    av = pytest.importorskip("av", reason="PyAV decodes the clips: pip install av (in the test extra: pip install -e '.[test]')")
     for name, entry in _manifest().items():
         with av.open(str(mc.HERE / name)) as container:
             n = 0

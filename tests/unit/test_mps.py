@@ -372,7 +372,7 @@ def test_directories_others_could_write_are_refused(fake):
         mps.MPSDaemon().start()
 
 
-@pytest.mark.skipif(os.getuid() == 0, reason="root may write anywhere: nothing is refused to it")
+@pytest.mark.skipif(os.getuid() == 0, reason="needs a user other than root: root may write anywhere, so nothing is refused to it")
 def test_a_user_not_allowed_to_make_the_directories_is_refused(fake):
     os.chmod(fake["runtime"], 0o500)
     try:

@@ -3,6 +3,7 @@ naming it and how to get it, exit status 2, never a traceback."""
 from __future__ import annotations
 
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -62,3 +63,34 @@ def test_video_is_only_an_extra():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert project["optional-dependencies"]["video"] == ["PyNvVideoCodec>=2.2"]
     assert not any("nvvideocodec" in d.lower() or d.lower().startswith(("av", "torch")) for d in project["dependencies"])
+
+
+def _imported_modules(*folders: str) -> set[str]:
+    """The top-level modules that the Python files under ``folders`` import."""
+    names: set[str] = set()
+    pattern = re.compile(r"^\s*(?:import|from)\s+([A-Za-z_]\w*)", re.M)
+    for folder in folders:
+        for path in (ROOT / folder).rglob("*.py"):
+            names.update(pattern.findall(path.read_text()))
+    return names
+
+
+def test_the_test_extra_holds_what_the_tests_import_and_nothing_more():
+    tomllib = pytest.importorskip("tomllib")
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    module_of = {"pyopengl": "OpenGL", "imageio-ffmpeg": "imageio_ffmpeg"}
+    declared = {re.split(r"[<>=!~\[ ;]", requirement)[0].lower() for requirement in extras["test"]}
+    imported = _imported_modules("tests")
+    for distribution in declared:
+        assert module_of.get(distribution, distribution) in imported, f"[test] lists {distribution}, no test imports it"
+    # PyAV and imageio-ffmpeg: without them the clip and fake-decoder tests could only skip.
+    assert {"pytest", "pyopengl", "hypothesis", "av", "imageio-ffmpeg"} <= declared
+
+
+def test_the_bench_extra_has_torch_for_the_comparisons():
+    tomllib = pytest.importorskip("tomllib")
+
+    bench = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["bench"]
+    assert "torch" in _imported_modules("bench")
+    assert any(requirement.startswith("torch") for requirement in bench)

@@ -29,6 +29,17 @@ CLIP = ROOT / "tests" / "data" / "index_320x240_h264.mp4"
 
 # ---- helpers -----------------------------------------------------------------------------------------
 
+def _load_sample():
+    """samples/video_pipeline.py as a module (its main() only runs as a script)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("video_pipeline_sample", SAMPLE)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def test_payload_round_trips():
     digests = (bytes(range(32)), bytes(range(32, 64)))
     got = video.unpack_payload(video.pack_payload(7, -5, digests))
@@ -127,7 +138,8 @@ def test_band_of_a_grey_frame_reads_through_the_rgb_conversion():
 
 @pytest.fixture(scope="module")
 def fake_env():
-    pytest.importorskip("av", reason="the fake PyNvVideoCodec decodes with PyAV")
+    pytest.importorskip("av", reason="the fake PyNvVideoCodec decodes with PyAV: pip install av "
+                        "(in the test extra: pip install -e '.[test]')")
     if fake_build.compiler() is None:
         pytest.skip("no C compiler for the fake libcuda")
     with tempfile.TemporaryDirectory(prefix="eglcuda-fakecuda-video-") as folder:
@@ -167,6 +179,33 @@ def test_pipeline_checks_every_frame(fake_env, tmp_path, qos):
     summary = json.loads((tmp_path / "summary.json").read_text())
     entry = json.loads(mc.MANIFEST.read_text())[CLIP.name]
     assert summary["decoder"]["digests"] == [list(pair) for pair in zip(entry["y_sha256"], entry["uv_sha256"])]
+
+
+def test_a_clip_without_the_index_band_is_not_checked_for_it(fake_env, tmp_path):
+    # FFmpeg's test pattern, not a tests/data/make_clips.py clip: no frame index band in the picture.
+    try:
+        ffmpeg = mc.find_ffmpeg()
+    except SystemExit as exc:
+        pytest.skip(str(exc))
+    clip = tmp_path / "pattern.mp4"
+    subprocess.run([ffmpeg, "-hide_banner", "-loglevel", "error", "-f", "lavfi", "-i", "testsrc=size=320x240:rate=30",
+                    "-frames:v", "12", "-pix_fmt", "yuv420p", str(clip)], check=True, timeout=120)
+    done = run(fake_env, SAMPLE, clip, "--max", "--check", "--subscribers", "stats", "--out", tmp_path / "out")
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = result_of(done)
+    assert result["ok"] and result["decoder"]["frames"] == 12
+    assert result["decoder"]["index_ok"] is None
+    assert "carry no index band" in done.stdout and "order not checked" in done.stdout
+    assert "FAIL" not in done.stdout
+    (stats,) = result["subscribers"]
+    assert stats["checked"] == stats["frames"] == 12 and stats["bad"] == 0  # the digests still are compared
+
+
+def test_the_index_band_decides_what_is_checked():
+    sample = _load_sample()
+    assert sample.carries_index_band([0, 1, 2, None])
+    assert not sample.carries_index_band([None, None, 7, None])
+    assert not sample.carries_index_band([])
 
 
 def test_pipeline_paces_at_the_file_rate(fake_env, tmp_path):
