@@ -2,30 +2,27 @@
 (message.py), joins through joining.py, and reads each frame through its transport."""
 from __future__ import annotations
 
-import collections
+import functools
 import logging
 import os
-import socket
 import threading
 import time
 import weakref
-from typing import Any, Iterable, Iterator, NoReturn, overload
+from typing import Any, Iterable, Iterator, NoReturn
 
 from .._lifecycle import Deferral, Tracked
 from ..errors import ClosedError, Dropped, EglCudaError, PeerError, StreamDisconnected, Timeout, UsageError
 from ..frames.interop import stream_handle
 from ..streams.share import numeric_ids, positive_seconds
-from . import _wire, joining, naming, protocol, sockets, transports
+from . import joining, naming, protocol, sockets, transports
+from .connection import Connection, Lost
 from .info import TopicInfo
 from .message import Message, let_go
 from .protocol import Qos, Reason
-from .transports import CudaSubscriberBackend, SubscriberBackend, SubscriberTransport
+from .transports import CudaSubscriberBackend, SubscriberBackend
 from .transports.base import UNMAP_WAIT_S
 
 log = logging.getLogger("eglcuda.topics")
-# Messages a subscriber reads past, looking for its drop, when one before it cannot be used: more
-# than a publisher sends before a drop (a SLOT and a FRAME per frame of the queue, NOTICEs).
-_READ_AHEAD = 4 * protocol.MAX_POOL + 4 * protocol.MAX_QUEUE
 _MAX_BUSY_WAIT = 0.01  # seconds: longer asking without sleeping is a CPU burner, not a shorter wake-up
 class Subscriber:
     """A subscriber of topic ``name``, in this or any other process of the host.
@@ -107,17 +104,10 @@ class Subscriber:
         self._deferral = Deferral()
         self._stop_event = threading.Event()  # set with _closing; its is_set() is the transport's stop()
         self._stop = self._stop_event.is_set  # (no reference to self: no cycle)
-        self._sock: socket.socket | None = None
-        self._transport: SubscriberTransport | None = None
+        self._conn: Connection | None = None  # the connection to the publisher (None: not connected)
         self._lost: BaseException | None = None
         self._held: set[Message] = set()
-        self._pending: collections.deque[protocol.Frame] = collections.deque()
-        self._unsent: collections.deque[bytes] = collections.deque()
-        self._notice = -1
         self._last_seq: int | None = None  # the last frame received
-        self._last_seen: int | None = None  # the last frame announced
-        self._inbox: _wire.Inbox | None = None  # reads the publisher's messages (set with the socket)
-        self._limit = 1
         self.info: TopicInfo | None = None
         if _backend is None:
 
@@ -140,13 +130,12 @@ class Subscriber:
 
     def _connect(self, deadline: float) -> None:
         """Subscribe (joining.py): a publisher that takes this subscriber, by ``deadline``."""
-        joined = joining.join(self._request, self._backend, deadline, lambda: self._closing, self._closed_error)
-        self._sock, self._inbox, self._transport, self._limit = joined.sock, joined.inbox, joined.transport, joined.limit
+        closed_error = functools.partial(_closed_error, self.name)
+        joined = joining.join(self._request, self._backend, deadline, self._stop, closed_error)
+        # (No reference back to the subscriber: one dropped without close() is collected at once.)
+        self._conn = Connection(self.name, joined, self._stop, closed_error)
         self.info = joined.info
         self._lost = None
-        self._pending.clear()
-        self._unsent.clear()
-        self._notice = -1
         self._last_seq = None
 
     # ---- the handshake ----------------------------------------------------------------------------
@@ -179,26 +168,35 @@ class Subscriber:
         return message
 
     def _receive(self, timeout: float | None) -> Message:
-        transport = self._transport
-        if transport is None or self._lost is not None or self._closed:
+        conn = self._conn
+        if conn is None or self._lost is not None or self._closed:
             self._check_connected()
             raise self._not_connected()  # pragma: no cover - _check_connected raised
-        if len(self._held) >= self._limit:
+        try:
+            return self._take(conn, timeout)
+        except Lost as lost:
+            error = lost.error
+        self._lose(error)  # (outside the handler: the error raised has no Lost chained to it)
+
+    def _take(self, conn: Connection, timeout: float | None) -> Message:
+        """receive()'s work on an open connection; its end is raised as :class:`Lost`."""
+        if len(self._held) >= conn.limit:
             while True:  # a drop or goodbye already waiting says more than this usage error
-                header = self._read(None)
+                header = conn.read(None)
                 if header is None:
                     break
-                self._pending.append(header)
+                conn.pending.append(header)
             raise UsageError(f"this subscriber holds {len(self._held)} message(s), as many as it may: release one "
                              "before receiving another")
         deadline = time.monotonic() + (self.timeout if timeout is None else sockets.wait_seconds(timeout))
-        if self._unsent:
+        if conn.unsent:
             self._flush()
+        transport = conn.transport
         while True:
-            header = self._pending.popleft() if self._pending else self._read(deadline)
+            header = conn.next_frame(deadline)
             if self.qos is Qos.LATEST:
-                header = self._newest(header)
-                if header.seq < self._notice:
+                header = conn.newest(header, self._skip)
+                if header.seq < conn.notice:
                     # A newer frame was published while this subscriber could take no more: this
                     # one is stale. Give it back; the next frame published comes instead.
                     self._skip(header)
@@ -206,19 +204,18 @@ class Subscriber:
             try:
                 frame, number = transport.take(header, deadline, self._stop)
             except Timeout:
-                self._pending.appendleft(header)
+                conn.pending.appendleft(header)
                 raise
             except ClosedError as exc:
                 if self._closing:  # close() in another thread: it lets go of the announced frame
                     raise self._closed_error() from None
-                self._lose(self._drop_waiting() or StreamDisconnected(f"receiving from topic {self.name!r} failed: {exc}"))
+                raise Lost(conn.drop_waiting() or StreamDisconnected(f"receiving from topic {self.name!r} failed: {exc}"))
             except StreamDisconnected as exc:
-                self._lose(self._drop_waiting() or
-                           StreamDisconnected(f"the publisher of topic {self.name!r} is gone ({exc})"))
+                raise Lost(conn.drop_waiting() or StreamDisconnected(f"the publisher of topic {self.name!r} is gone ({exc})"))
             except EglCudaError as exc:
-                self._lose(self._drop_waiting() or StreamDisconnected(f"receiving from topic {self.name!r} failed: {exc}"))
+                raise Lost(conn.drop_waiting() or StreamDisconnected(f"receiving from topic {self.name!r} failed: {exc}"))
             if number is not None and number != header.number:
-                header = self._match(header, number, frame, deadline)
+                header = self._match(conn, header, number, frame, deadline)
             skipped = 0 if self._last_seq is None else header.seq - self._last_seq - 1
             self._last_seq = header.seq
             message = Message(self, frame, header, skipped, number)
@@ -230,142 +227,35 @@ class Subscriber:
             raise self._closed_error()
         if self._lost is not None:
             raise self._lost
-        if self._sock is None:  # pragma: no cover - _lost is set whenever the socket goes
+        if self._conn is None:  # pragma: no cover - _lost is set whenever the connection goes
             raise self._not_connected()
 
     def _not_connected(self) -> StreamDisconnected:
         return StreamDisconnected(f"not connected to topic {self.name!r}")
 
-    def _next_frame(self, deadline: float) -> protocol.Frame:
-        if self._pending:
-            return self._pending.popleft()
-        return self._read(deadline)
-
-    def _newest(self, header: protocol.Frame) -> protocol.Frame:
-        """The newest frame already announced (older ones are given back unread)."""
-        while True:
-            newer: protocol.Frame | None
-            if self._pending:
-                newer = self._pending.popleft()
-            else:
-                newer = self._read(None, rest=True)  # (what came with it; a newer one is for the next receive)
-                if newer is None:
-                    return header
-            self._skip(header)
-            header = newer
-
-    def _match(self, header: protocol.Frame, number: int, frame: Any, deadline: float) -> protocol.Frame:
+    def _match(self, conn: Connection, header: protocol.Frame, number: int, frame: Any,
+               deadline: float) -> protocol.Frame:
         """The EGLStream handed over frame ``number``, newer than ``header`` announced: a mailbox
         replaced the announced frames with a newer one, whose announcement is on its way."""
-        transport = self._transport
-        if transport is None:  # pragma: no cover - receive() holds it
-            raise self._not_connected()
         if self.qos is Qos.EVERY or number < header.number:
-            transport.release(frame, header, None)
-            self._lose(PeerError(f"topic {self.name!r}: the EGLStream handed over frame {number} where frame "
+            conn.transport.release(frame, header, None)
+            raise Lost(PeerError(f"topic {self.name!r}: the EGLStream handed over frame {number} where frame "
                                  f"{header.number} was announced"))
         while header.number < number:
             self._skip(header)
-            header = self._next_frame(deadline)
+            header = conn.next_frame(deadline)
         if header.number != number:
-            transport.release(frame, header, None)
-            self._lose(PeerError(f"topic {self.name!r}: no announcement for EGLStream frame {number}"))
+            conn.transport.release(frame, header, None)
+            raise Lost(PeerError(f"topic {self.name!r}: no announcement for EGLStream frame {number}"))
         return header
 
-    @overload
-    def _read(self, deadline: float) -> protocol.Frame: ...
-
-    @overload
-    def _read(self, deadline: None, rest: bool = False) -> protocol.Frame | None: ...
-
-    def _read(self, deadline: float | None, rest: bool = False) -> protocol.Frame | None:
-        """The next FRAME, handling the other messages on the way. With ``deadline`` None, only
-        what is already waiting: None when no FRAME is (``rest``: what the last read found
-        waiting, without asking the socket again when that read emptied it)."""
-        inbox = self._inbox
-        if inbox is None:  # pragma: no cover - callers check the connection first
-            raise self._not_connected()
-        received = inbox.rest() if rest else inbox.next(deadline)
-        while True:
-            kind = received.__class__
-            if kind is protocol.Frame:
-                frame: protocol.Frame = received
-                last = self._last_seen
-                if last is not None and frame.seq <= last:
-                    self._lose(PeerError(f"topic {self.name!r}: frame {frame.seq} came after frame {last}"))
-                self._last_seen = frame.seq
-                return frame
-            if received is None:
-                if deadline is None:
-                    return None
-                raise Timeout(f"no frame of topic {self.name!r} arrived in time")
-            if kind is bytes and not received:
-                if self._closing:  # woken by close() in another thread: the connection is fine
-                    raise self._closed_error()
-                self._lose(StreamDisconnected(f"the publisher of topic {self.name!r} is gone: its connection closed "
-                                              "without a goodbye (its process exited or was killed)"))
-            message: protocol.Message = received
-            if kind is bytes:  # not a FRAME (nor a RELEASE): the generic decoder checks it
-                try:
-                    message = protocol.decode(received)
-                except protocol.ProtocolError as exc:
-                    self._lose(PeerError(f"the publisher of topic {self.name!r} sent a malformed message: {exc}"))
-            if isinstance(message, protocol.Notice):
-                self._notice = max(self._notice, message.seq)
-            elif isinstance(message, protocol.Slot):
-                transport = self._transport
-                if transport is None:  # pragma: no cover - set and cleared with the socket
-                    raise self._not_connected()
-                try:
-                    transport.on_slot(message)
-                except EglCudaError as exc:
-                    self._lose(self._drop_waiting() or
-                               StreamDisconnected(f"topic {self.name!r}: opening pool slot {message.slot} failed: {exc}"))
-            elif isinstance(message, (protocol.Drop, protocol.Bye)):
-                self._lose(self._dropped(message))
-            else:
-                self._lose(PeerError(f"the publisher of topic {self.name!r} sent {type(message).__name__} mid-stream"))
-            received = inbox.rest() if deadline is None else inbox.next(deadline)
-
-    def _dropped(self, message: protocol.Drop | protocol.Bye) -> Dropped:
-        if isinstance(message, protocol.Drop):
-            return Dropped(f"the publisher of topic {self.name!r} dropped this subscriber: {message.reason}",
-                           message.code)
-        return Dropped(f"the publisher of topic {self.name!r} closed the topic: {message.reason}",
-                       message.code or int(Reason.CLOSING))
-
-    def _drop_waiting(self) -> Dropped | None:
-        """The drop (or the topic's close) already waiting on the connection behind the messages
-        before it, as the error to raise; None when none is waiting. Called when a message sent
-        before the drop cannot be used any more (its slot cannot be mapped: the publisher, having
-        dropped this subscriber, may have exited since): the drop says why, not that failure. The
-        messages read past are lost with the connection."""
-        inbox = self._inbox
-        if inbox is None:
-            return None
-        for _ in range(_READ_AHEAD):  # (a live publisher may go on sending: read what is there, no more)
-            received = inbox.next(None)
-            if received is None or received.__class__ is not bytes:
-                if received is None:
-                    return None
-                continue  # a FRAME
-            if not received:
-                return None  # the end of the connection: no drop came before it
-            try:
-                message = protocol.decode(received)
-            except protocol.ProtocolError:
-                return None
-            if isinstance(message, (protocol.Drop, protocol.Bye)):
-                return self._dropped(message)
-        return None
-
     def _skip(self, header: protocol.Frame) -> None:
-        transport = self._transport
-        if transport is None:  # pragma: no cover - only called while connected
+        conn = self._conn
+        if conn is None:  # pragma: no cover - only called while connected
             raise self._not_connected()
-        flags, extra = transport.skip(header)
+        flags, extra = conn.transport.skip(header)
         with self._state:
-            self._send_or_queue(protocol.encode_release(header.seq, flags, extra))
+            conn.send_or_queue(protocol.encode_release(header.seq, flags, extra))
 
     def _release(self, message: Message, cuda_stream: Any) -> None:
         stream = None if cuda_stream is None else stream_handle(cuda_stream)  # (bad input: nothing changed)
@@ -378,47 +268,25 @@ class Subscriber:
                     return
                 message._released = True
                 self._held.discard(message)
-                transport = self._transport
-                if self._lost is not None or self._closed or transport is None:
+                conn = self._conn
+                if self._lost is not None or self._closed or conn is None:
                     let_go(message)  # nobody to tell; its view must still stop working before the unmap
                 else:
                     try:
-                        flags, extra = transport.release(message._frame, message._header, stream)
+                        flags, extra = conn.transport.release(message._frame, message._header, stream)
                     except EglCudaError:
                         pass  # the transport could not let go (its publisher may be gone): the next receive says so
                     else:
-                        self._send_or_queue(protocol.encode_release(message.seq, flags, extra))
+                        conn.send_or_queue(protocol.encode_release(message.seq, flags, extra))
         finally:
             if self._deferral:
                 self._finish_deferred_close()
 
-    def _send_or_queue(self, data: bytes) -> None:
-        if not self._unsent and self._sock is not None:
-            try:
-                self._sock.send(data)
-                return
-            except BlockingIOError:
-                pass
-            except OSError:
-                return
-        self._unsent.append(data)
-        self._send_queued()
-
     def _flush(self) -> None:
         """Send queued releases; if the publisher's socket is full, they wait for the next call."""
         with self._state:
-            self._send_queued()
-
-    def _send_queued(self) -> None:
-        while self._unsent and self._sock is not None:
-            try:
-                self._sock.send(self._unsent[0])
-            except BlockingIOError:
-                return
-            except OSError:
-                self._unsent.clear()
-                return
-            self._unsent.popleft()
+            if self._conn is not None:
+                self._conn.send_queued()
 
     def _lose(self, error: BaseException) -> NoReturn:
         """The connection is over: make held frames unusable, close the transport, raise ``error``."""
@@ -434,22 +302,9 @@ class Subscriber:
         held, self._held = self._held, set()
         for message in held:
             let_go(message)
-        transport, self._transport = self._transport, None
-        if transport is not None:
-            try:
-                transport.lost()
-                transport.close()
-            except EglCudaError:  # pragma: no cover - the publisher is gone; nothing else to do
-                pass
-        sock, self._sock = self._sock, None
-        inbox, self._inbox = self._inbox, None
-        if inbox is not None:
-            inbox.close()  # before the descriptor is closed (and its number reused)
-        if sock is not None:
-            sockets.close_quietly(sock)  # unread messages would reset the connection: the goodbye would be lost
-        self._pending.clear()
-        self._unsent.clear()
-        self._last_seen = None
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
 
     # ---- the publisher coming back ------------------------------------------------------------------
     def wait_for_publisher(self, timeout: float | None = None) -> TopicInfo:
@@ -465,7 +320,7 @@ class Subscriber:
             with self._busy:
                 if self._closed or self._closing:
                     raise self._closed_error()
-                if self._sock is None or self._lost is not None:
+                if self._conn is None or self._lost is not None:
                     self._disconnect()
                     self._connect(time.monotonic() + wait)
         except BaseException as exc:
@@ -483,7 +338,7 @@ class Subscriber:
 
     @property
     def connected(self) -> bool:
-        return self._sock is not None and self._lost is None and not self._closed
+        return self._conn is not None and self._lost is None and not self._closed
 
     @property
     def transport(self) -> str | None:
@@ -593,7 +448,7 @@ class Subscriber:
 
     def _say_goodbye(self) -> None:
         try:
-            if self._sock is not None and self._lost is None:
+            if self._conn is not None and self._lost is None:
                 # Released through the transport (their views stop working, the publisher hears
                 # of them) before this subscriber counts as closed, which would only mark them.
                 for message in list(self._held):
@@ -603,18 +458,17 @@ class Subscriber:
             # publisher still hears a goodbye, and nothing stays mapped.)
             self._closed = True
             try:
-                if self._sock is not None and self._lost is None:
+                conn = self._conn
+                if conn is not None and self._lost is None:
                     self._flush()
-                    transport = self._transport
-                    if transport is not None:
-                        # The publisher writes the frames again as soon as it reads the goodbye:
-                        # the GPU work queued on them ends first (bounded: see UNMAP_WAIT_S).
-                        try:
-                            transport.finish_reading(UNMAP_WAIT_S)
-                        except EglCudaError as exc:
-                            log.warning("topic %s: waiting for the subscriber's GPU work failed: %s", self.name, exc)
+                    # The publisher writes the frames again as soon as it reads the goodbye: the
+                    # GPU work queued on them ends first (bounded: see UNMAP_WAIT_S).
                     try:
-                        self._sock.send(protocol.encode(protocol.Bye(int(Reason.CLOSING), "the subscriber closed")))
+                        conn.transport.finish_reading(UNMAP_WAIT_S)
+                    except EglCudaError as exc:
+                        log.warning("topic %s: waiting for the subscriber's GPU work failed: %s", self.name, exc)
+                    try:
+                        conn.sock.send(protocol.encode(protocol.Bye(int(Reason.CLOSING), "the subscriber closed")))
                     except OSError:
                         pass
             finally:
@@ -625,7 +479,7 @@ class Subscriber:
                     self._backend.close()
 
     def _closed_error(self) -> ClosedError:
-        return ClosedError(f"the subscriber of topic {self.name!r} is closed")
+        return _closed_error(self.name)
 
     def _forked_error(self) -> UsageError:
         return UsageError(f"this subscriber of topic {self.name!r} belongs to process {self._pid}, not to this "
@@ -647,13 +501,10 @@ class Subscriber:
         held, self._held = self._held, set()
         for message in held:
             let_go(message)
-        self._transport = None
-        inbox, self._inbox = self._inbox, None
-        if inbox is not None:
-            inbox.close()
-        sock, self._sock = self._sock, None
-        if sock is not None:
-            sock.close()
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.inbox.close()
+            conn.sock.close()
         self._close_wake_fd()
 
     def __enter__(self) -> "Subscriber":
@@ -670,6 +521,10 @@ class Subscriber:
         else:
             state = f"disconnected ({self._lost})"
         return f"<Subscriber {self.name!r} {self.qos.name.lower()}: {state}>"
+
+
+def _closed_error(name: str) -> ClosedError:
+    return ClosedError(f"the subscriber of topic {name!r} is closed")
 
 
 def _forked(subscriber: Subscriber) -> None:

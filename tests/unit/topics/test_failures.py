@@ -79,7 +79,7 @@ def test_a_subscriber_that_breaks_the_protocol_is_dropped(path):
         good = subscriber(path, qos="every")
         bad = subscriber(path, qos="every")
         put(pub, b"0")
-        bad._sock.send(protocol.encode_release(12345))  # a frame it never had
+        bad._conn.sock.send(protocol.encode_release(12345))  # a frame it never had
         time.sleep(0.002)  # a publisher reads its subscribers' messages at least every millisecond
         put(pub, b"1")
         (record,) = pub.dropped
@@ -106,9 +106,9 @@ def test_a_failed_hand_over_reads_the_subscriber_first(path, then):
         if then == "goodbye":
             sub.close()  # its release, then its goodbye
         elif then == "goodbye-socket-open":
-            sub._sock.send(protocol.encode(protocol.Bye(int(Reason.CLOSING), "leaving")))
+            sub._conn.sock.send(protocol.encode(protocol.Bye(int(Reason.CLOSING), "leaving")))
         elif then == "killed":
-            sub._sock.close()  # the connection ends without a goodbye, as when its process dies
+            sub._conn.sock.close()  # the connection ends without a goodbye, as when its process dies
         pub._transports["null"].fail_deliver = True
         pub._service = lambda: None  # the messages come after publish() read the sockets
         put(pub, b"1")

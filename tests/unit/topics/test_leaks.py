@@ -28,8 +28,7 @@ def test_a_thousand_join_leave_cycles_leak_nothing(path, folder):
             if i % 3:
                 sub.close()
             else:
-                sub._sock.close()  # leaves without a goodbye, like a crash
-                sub._sock = None
+                sub._conn.sock.close()  # leaves without a goodbye, like a crash
                 sub.close()
 
         for i in range(20):  # warm-up: whatever is made once per process
@@ -119,7 +118,7 @@ def test_a_subscriber_works_with_descriptor_numbers_above_1024(path):
             while not filler or filler[-1] < 1100:
                 filler.append(os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC))
             sub = subscriber(path, qos="every", queue=2)
-            assert sub._wake_fd > 1024 and sub._sock.fileno() > 1024
+            assert sub._wake_fd > 1024 and sub._conn.sock.fileno() > 1024
             put(pub, b"high", timeout=5)
             with sub.receive(5) as message:
                 assert message.frame.data == pattern(b"high")

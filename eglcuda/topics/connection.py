@@ -1,0 +1,180 @@
+"""A subscriber's connection to its publisher after the handshake: the publisher's messages read
+in order (each FRAME handed back; SLOT and NOTICE handled on the way; a DROP or BYE raised as
+:class:`eglcuda.Dropped` with its reason), and the subscriber's releases written without ever
+blocking (queued while the publisher's socket is full)."""
+from __future__ import annotations
+
+import collections
+from typing import Callable, NoReturn, overload
+
+from ..errors import ClosedError, Dropped, EglCudaError, PeerError, StreamDisconnected, Timeout
+from . import protocol, sockets
+from .joining import Joined
+from .protocol import Reason
+
+# Messages a subscriber reads past, looking for its drop, when one before it cannot be used: more
+# than a publisher sends before a drop (a SLOT and a FRAME per frame of the queue, NOTICEs).
+_READ_AHEAD = 4 * protocol.MAX_POOL + 4 * protocol.MAX_QUEUE
+
+
+class Lost(Exception):
+    """The connection is over, for ``error``: the subscriber lets go of everything and raises it."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(error)
+        self.error = error
+
+
+class Connection:
+    """``closing()`` says a close() from another thread woke a wait (then ``closed_error()`` is
+    raised). The end of the subscription is raised as :class:`Lost`."""
+
+    def __init__(self, name: str, joined: Joined, closing: Callable[[], bool],
+                 closed_error: Callable[[], ClosedError]) -> None:
+        self.name = name
+        self.sock = joined.sock
+        self.inbox = joined.inbox
+        self.transport = joined.transport
+        self.limit = joined.limit  # messages the subscriber may hold at once
+        self.pending: collections.deque[protocol.Frame] = collections.deque()  # announced, not taken yet
+        self.unsent: collections.deque[bytes] = collections.deque()  # releases the full socket did not take
+        self.notice = -1  # the newest frame the publisher skipped this subscriber for
+        self.last_seen: int | None = None  # the last frame announced
+        self._closing = closing
+        self._closed_error = closed_error
+
+    def _lose(self, error: BaseException) -> NoReturn:
+        raise Lost(error)
+
+    # ---- reading ---------------------------------------------------------------------------------
+    def next_frame(self, deadline: float) -> protocol.Frame:
+        if self.pending:
+            return self.pending.popleft()
+        return self.read(deadline)
+
+    @overload
+    def read(self, deadline: float) -> protocol.Frame: ...
+    @overload
+    def read(self, deadline: None, rest: bool = False) -> protocol.Frame | None: ...
+    def read(self, deadline: float | None, rest: bool = False) -> protocol.Frame | None:
+        """The next FRAME, handling the other messages on the way. With ``deadline`` None, only
+        what is already waiting: None when no FRAME is (``rest``: what the last read found
+        waiting, without asking the socket again when that read emptied it)."""
+        inbox = self.inbox
+        received = inbox.rest() if rest else inbox.next(deadline)
+        while True:
+            kind = received.__class__
+            if kind is protocol.Frame:
+                frame: protocol.Frame = received
+                last = self.last_seen
+                if last is not None and frame.seq <= last:
+                    self._lose(PeerError(f"topic {self.name!r}: frame {frame.seq} came after frame {last}"))
+                self.last_seen = frame.seq
+                return frame
+            if received is None:
+                if deadline is None:
+                    return None
+                raise Timeout(f"no frame of topic {self.name!r} arrived in time")
+            if kind is bytes and not received:
+                if self._closing():  # woken by close() in another thread: the connection is fine
+                    raise self._closed_error()
+                self._lose(StreamDisconnected(f"the publisher of topic {self.name!r} is gone: its connection closed "
+                                              "without a goodbye (its process exited or was killed)"))
+            message: protocol.Message = received
+            if kind is bytes:  # not a FRAME (nor a RELEASE): the generic decoder checks it
+                try:
+                    message = protocol.decode(received)
+                except protocol.ProtocolError as exc:
+                    self._lose(PeerError(f"the publisher of topic {self.name!r} sent a malformed message: {exc}"))
+            if isinstance(message, protocol.Notice):
+                self.notice = max(self.notice, message.seq)
+            elif isinstance(message, protocol.Slot):
+                try:
+                    self.transport.on_slot(message)
+                except EglCudaError as exc:
+                    self._lose(self.drop_waiting() or
+                               StreamDisconnected(f"topic {self.name!r}: opening pool slot {message.slot} failed: {exc}"))
+            elif isinstance(message, (protocol.Drop, protocol.Bye)):
+                self._lose(self.dropped(message))
+            else:
+                self._lose(PeerError(f"the publisher of topic {self.name!r} sent {type(message).__name__} mid-stream"))
+            received = inbox.rest() if deadline is None else inbox.next(deadline)
+
+    def newest(self, header: protocol.Frame, skip: Callable[[protocol.Frame], None]) -> protocol.Frame:
+        """The newest frame already announced (older ones go to ``skip``, unread)."""
+        while True:
+            newer: protocol.Frame | None
+            if self.pending:
+                newer = self.pending.popleft()
+            else:
+                newer = self.read(None, rest=True)  # (what came with it; a newer one is for the next receive)
+                if newer is None:
+                    return header
+            skip(header)
+            header = newer
+
+    def dropped(self, message: protocol.Drop | protocol.Bye) -> Dropped:
+        if isinstance(message, protocol.Drop):
+            return Dropped(f"the publisher of topic {self.name!r} dropped this subscriber: {message.reason}",
+                           message.code)
+        return Dropped(f"the publisher of topic {self.name!r} closed the topic: {message.reason}",
+                       message.code or int(Reason.CLOSING))
+
+    def drop_waiting(self) -> Dropped | None:
+        """The drop (or the topic's close) already waiting on the connection behind the messages
+        before it, as the error to raise; None when none is waiting. Called when a message sent
+        before the drop cannot be used any more (its slot cannot be mapped: the publisher, having
+        dropped this subscriber, may have exited since): the drop says why, not that failure. The
+        messages read past are lost with the connection."""
+        for _ in range(_READ_AHEAD):  # (a live publisher may go on sending: read what is there, no more)
+            received = self.inbox.next(None)
+            if received is None or received.__class__ is not bytes:
+                if received is None:
+                    return None
+                continue  # a FRAME
+            if not received:
+                return None  # the end of the connection: no drop came before it
+            try:
+                message = protocol.decode(received)
+            except protocol.ProtocolError:
+                return None
+            if isinstance(message, (protocol.Drop, protocol.Bye)):
+                return self.dropped(message)
+        return None
+
+    # ---- writing (under the subscriber's state lock) ------------------------------------------------
+    def send_or_queue(self, data: bytes) -> None:
+        if not self.unsent:
+            try:
+                self.sock.send(data)
+                return
+            except BlockingIOError:
+                pass
+            except OSError:
+                return
+        self.unsent.append(data)
+        self.send_queued()
+
+    def send_queued(self) -> None:
+        """Send queued releases; if the publisher's socket is full, they wait for the next call."""
+        while self.unsent:
+            try:
+                self.sock.send(self.unsent[0])
+            except BlockingIOError:
+                return
+            except OSError:
+                self.unsent.clear()
+                return
+            self.unsent.popleft()
+
+    def close(self) -> None:
+        """Close the transport and the socket (held frames were let go of first)."""
+        try:
+            self.transport.lost()
+            self.transport.close()
+        except EglCudaError:  # pragma: no cover - the publisher is gone; nothing else to do
+            pass
+        self.inbox.close()  # before the descriptor is closed (and its number reused)
+        sockets.close_quietly(self.sock)  # unread messages would reset the connection: the goodbye would be lost
+        self.pending.clear()
+        self.unsent.clear()
