@@ -40,6 +40,8 @@ import termios
 import time
 from typing import TYPE_CHECKING, Any, Iterable
 
+from .._unix import (Policy, check_directories, check_path, check_socket_file, deadline_in, peer_credentials,
+                     positive_seconds, recv_fds, remaining)
 from ..errors import ClosedError, PeerError, Timeout, UsageError
 
 from .stream import Stream, StreamState
@@ -66,175 +68,6 @@ _MAX_FIFO = 4096  # as Stream(fifo_length=...)
 _MAX_PID = 2**31 - 1
 _INT_BOUND = 2**63  # ints inside "extra" lie in -2**63 .. 2**63-1
 _REQUIRED_FOR_STREAM = ("fifo_length", "reuse_last_frame", "pid")  # what serve_stream always sends
-
-
-# --- arguments -------------------------------------------------------------------------------
-
-_LONGEST_WAIT_S = 1e8  # about three years: socket timeouts and deadlines hold it
-
-
-def _deadline(timeout: float) -> float:
-    return time.monotonic() + positive_seconds(timeout, "timeout")
-
-
-def remaining(deadline: float, what: str) -> float:
-    left = deadline - time.monotonic()
-    if left <= 0:
-        raise Timeout(what)
-    return left
-
-
-def check_path(path: str | os.PathLike) -> str:
-    try:
-        text = os.fspath(path)
-    except TypeError:
-        raise UsageError(f"a socket path is a non-empty str, got {path!r}") from None
-    if not isinstance(text, str) or not text:
-        raise UsageError(f"a socket path is a non-empty str, got {path!r}")
-    if text.startswith("\0"):
-        # Linux's abstract names have no file, hence no permissions and no owner to check, and
-        # anyone on the host (in the same network namespace) may bind one first: refused.
-        raise UsageError(f"abstract socket names (starting with NUL) are not supported, got {text!r}: "
-                         "use a path in a private directory")
-    if "\0" in text:
-        raise UsageError(f"a socket path cannot contain NUL, got {text!r}")
-    if len(os.fsencode(text)) >= 108:  # sun_path holds 108 bytes with the terminating NUL
-        raise UsageError(f"socket path is {len(os.fsencode(text))} bytes; UNIX sockets take at most 107: {text}")
-    if not os.path.basename(text):
-        raise UsageError(f"a socket path names a file, got the directory {text!r}")
-    return text
-
-
-def numeric_ids(value: Any, what: str, default: frozenset[int]) -> frozenset[int]:
-    if value is None:
-        return default
-    if isinstance(value, int) and not isinstance(value, bool):
-        value = (value,)
-    if isinstance(value, (str, bytes)):
-        raise UsageError(f"{what} is a set of numeric ids, got {value!r}")
-    try:
-        ids = frozenset(value)
-    except TypeError:
-        raise UsageError(f"{what} is a set of numeric ids, got {value!r}") from None
-    for item in ids:
-        if not isinstance(item, int) or isinstance(item, bool) or not 0 <= item < 2**32:
-            raise UsageError(f"{what} holds numeric ids (0 .. 2**32-1), got {item!r}")
-    return ids
-
-
-def positive_seconds(value: Any, what: str) -> float:
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value <= _LONGEST_WAIT_S:
-        raise UsageError(f"{what} is a positive number of seconds (at most {_LONGEST_WAIT_S:.0e}), got {value!r}")
-    return float(value)
-
-
-class _Policy:
-    """Who may be at the other end of the socket, and which directories we trust.
-
-    A peer is allowed when its uid is in ``uids`` or its gid in ``gids`` (the credentials the
-    kernel recorded when it connected or listened: effective uid and primary gid; supplementary
-    groups are not seen). Default: our own effective uid only, root included only when we are
-    root. A directory (or socket file) is trusted when it belongs to us, to root, or to an
-    allowed uid."""
-
-    __slots__ = ("uids", "gids", "allow_shared_dir")
-
-    def __init__(self, allowed_uids: Any, allowed_gids: Any, allow_shared_dir: Any) -> None:
-        self.uids = numeric_ids(allowed_uids, "allowed_uids", frozenset((os.geteuid(),)))
-        self.gids = numeric_ids(allowed_gids, "allowed_gids", frozenset())
-        if not self.uids and not self.gids:
-            raise UsageError("allowed_uids and allowed_gids are both empty: no peer could ever be accepted")
-        if not isinstance(allow_shared_dir, bool):
-            raise UsageError(f"allow_shared_dir is True or False, got {allow_shared_dir!r}")
-        self.allow_shared_dir = allow_shared_dir
-
-    def allows(self, uid: int, gid: int) -> bool:
-        return uid in self.uids or gid in self.gids
-
-    def trusts_owner(self, uid: int) -> bool:
-        return uid == os.geteuid() or uid == 0 or uid in self.uids
-
-    def describe(self) -> str:
-        text = f"allowed uids: {sorted(self.uids)}"
-        if self.gids:
-            text += f", allowed gids: {sorted(self.gids)}"
-        return text
-
-
-# --- who is where ----------------------------------------------------------------------------
-
-def peer_credentials(conn: socket.socket) -> tuple[int, int, int]:
-    """(pid, uid, gid) of the other end, as the kernel recorded them when it connected (the
-    client) or listened (the server). Fails closed: no credentials, no hand-over."""
-    try:
-        raw = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("iII"))
-        pid, uid, gid = struct.unpack("iII", raw)
-    except (OSError, AttributeError, struct.error) as exc:
-        raise PeerError(f"cannot tell which user is at the other end of the socket (SO_PEERCRED: {exc})") from None
-    return pid, uid, gid
-
-
-def _directory_problem(info: os.stat_result, policy: _Policy) -> str | None:
-    """Why a directory lets someone we do not trust replace what is in it, or None."""
-    if not stat.S_ISDIR(info.st_mode):
-        return "is not a directory"
-    if not policy.trusts_owner(info.st_uid):
-        return f"belongs to uid {info.st_uid} ({policy.describe()}, plus our own uid and root)"
-    sticky = bool(info.st_mode & stat.S_ISVTX)  # others may add entries but not remove or rename ours
-    if info.st_mode & stat.S_IWOTH and not sticky:
-        return "is writable by every user (and has no sticky bit)"
-    if info.st_mode & stat.S_IWGRP and not sticky and info.st_gid not in policy.gids:
-        return f"is writable by group {info.st_gid} (and has no sticky bit)"
-    return None
-
-
-def _ancestors(directory: str) -> list[str]:
-    chain = [directory]
-    while True:
-        parent = os.path.dirname(chain[-1])
-        if parent == chain[-1]:
-            return chain
-        chain.append(parent)
-
-
-def _check_directories(path: str, policy: _Policy, opened: int | None = None) -> None:
-    """Refuse a socket path whose directory, or any directory above it (as written and as
-    resolved), someone we do not trust could write to: they could replace the socket with their
-    own. ``opened``: a descriptor of the parent directory, which must be the one checked.
-    FileNotFoundError passes through (the receiver waits for the directory to appear)."""
-    parent = os.path.dirname(os.path.abspath(path))
-    seen: set[str] = set()
-    for directory in _ancestors(parent) + _ancestors(os.path.realpath(parent)):
-        if directory in seen:
-            continue
-        seen.add(directory)
-        problem = _directory_problem(os.stat(directory), policy)
-        if problem:
-            raise UsageError(f"refusing socket path {path}: directory {directory} {problem}, so another user "
-                             "could replace the socket; use a private directory (mode 0700, e.g. under "
-                             "$XDG_RUNTIME_DIR), or pass allow_shared_dir=True to rely on the peer-uid check alone")
-    if opened is not None:
-        info, named = os.fstat(opened), os.stat(parent)
-        if (info.st_dev, info.st_ino) != (named.st_dev, named.st_ino):
-            raise UsageError(f"directory {parent} was replaced while it was being checked")
-        problem = _directory_problem(info, policy)
-        if problem:
-            raise UsageError(f"refusing socket path {path}: directory {parent} {problem}")
-
-
-def _check_socket_file(path: str, policy: _Policy) -> bool:
-    """False while nothing is at ``path``; a socket of a trusted owner is fine; anything else
-    raises. The receiver's check before connecting (SO_PEERCRED after connecting is the real one)."""
-    try:
-        info = os.lstat(path)
-    except FileNotFoundError:
-        return False
-    if not stat.S_ISSOCK(info.st_mode):
-        raise UsageError(f"{path} is not a socket" + (" (a symbolic link)" if stat.S_ISLNK(info.st_mode) else ""))
-    if not policy.trusts_owner(info.st_uid):
-        raise PeerError(f"the socket {path} belongs to uid {info.st_uid}, which is not allowed ({policy.describe()}): "
-                        "another user may have taken the path")
-    return True
 
 
 # --- the description -------------------------------------------------------------------------
@@ -551,7 +384,7 @@ class _Greeting:
 class _Tally:
     """What the server turned away, for the message of its Timeout."""
 
-    def __init__(self, path: str, timeout: float, policy: _Policy) -> None:
+    def __init__(self, path: str, timeout: float, policy: Policy) -> None:
         self.path, self.timeout, self.policy = path, timeout, policy
         self.turned_away = 0
         self.refused_uids: set[int] = set()
@@ -571,7 +404,7 @@ class _Tally:
                 + (f" ({'; '.join(notes)})" if notes else ""))
 
 
-def _accept_all(listener: socket.socket, policy: _Policy, handshake: float, tally: _Tally,
+def _accept_all(listener: socket.socket, policy: Policy, handshake: float, tally: _Tally,
                 pending: dict[int, _Greeting], poller: select.poll) -> None:
     while True:
         try:
@@ -694,9 +527,9 @@ def offer_fd(path: str | os.PathLike, fd: int, description: dict[str, Any], time
     other uids are allowed, or they cannot connect at all.
 
     The low-level half of :func:`serve_stream`, for any descriptor."""
-    deadline = _deadline(timeout)
+    deadline = deadline_in(timeout)
     path = check_path(path)
-    policy = _Policy(allowed_uids, allowed_gids, allow_shared_dir)
+    policy = Policy(allowed_uids, allowed_gids, allow_shared_dir)
     handshake = positive_seconds(handshake_timeout, "handshake_timeout")
     if not isinstance(socket_mode, int) or isinstance(socket_mode, bool) or not 0 <= socket_mode <= 0o777:
         raise UsageError(f"socket_mode is a permission mode in 0 .. 0o777, got {socket_mode!r}")
@@ -717,7 +550,7 @@ def offer_fd(path: str | os.PathLike, fd: int, description: dict[str, Any], time
     try:
         if not policy.allow_shared_dir:
             try:
-                _check_directories(path, policy, parent_fd)
+                check_directories(path, policy, parent_fd)
             except PermissionError as exc:
                 raise UsageError(f"cannot check the directories of socket path {path}: {exc}") from None
         try:
@@ -749,7 +582,7 @@ def offer_fd(path: str | os.PathLike, fd: int, description: dict[str, Any], time
 
 
 def _serve(listener: socket.socket, path: str, fd: int, payload: bytes, deadline: float, timeout: float,
-           policy: _Policy, handshake: float) -> int:
+           policy: Policy, handshake: float) -> int:
     """Accept and greet connections concurrently (poll), each with its own handshake deadline,
     until one allowed receiver greets and takes the descriptor, or ``deadline`` passes."""
     tally = _Tally(path, timeout, policy)
@@ -797,24 +630,6 @@ def _serve(listener: socket.socket, path: str, fd: int, payload: bytes, deadline
 
 # --- the receiver ----------------------------------------------------------------------------
 
-def _recv_fds(conn: socket.socket, size: int, most: int) -> tuple[bytes, list[int], int]:
-    """socket.recv_fds, with the descriptors close-on-exec from the start (MSG_CMSG_CLOEXEC: the
-    kernel sets the flag as it installs them, so no fork/exec in another thread can inherit
-    them). socket.recv_fds itself cannot do this: it accepts a flags argument but does not pass
-    it on to recvmsg (Python 3.11 at least). Every descriptor received is in the list, even from
-    a message that is otherwise refused, so that the caller closes them."""
-    fds: list[int] = []
-    data, ancillary, flags, _ = conn.recvmsg(size, socket.CMSG_SPACE(most * _INT_SIZE), socket.MSG_CMSG_CLOEXEC)
-    for level, kind, payload in ancillary:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            usable = len(payload) - len(payload) % _INT_SIZE
-            fds.extend(struct.unpack(f"{usable // _INT_SIZE}i", payload[:usable]))
-    return data, fds, flags
-
-
-_INT_SIZE = struct.calcsize("i")
-
-
 def _read_line(conn: socket.socket, limit: int, deadline: float, what: str) -> bytes:
     """Bytes up to and including the first newline (at most ``limit``); b"" if the peer closed."""
     data = b""
@@ -835,7 +650,7 @@ def _read_line(conn: socket.socket, limit: int, deadline: float, what: str) -> b
 _FULL = " (its queue of connections stayed full)"
 
 
-def _connect(path: str, policy: _Policy, deadline: float, timeout: float) -> socket.socket:
+def _connect(path: str, policy: Policy, deadline: float, timeout: float) -> socket.socket:
     """A connection to the server at ``path``, retried while nothing listens there yet (or its
     queue is full) until ``deadline``; the path's directories and file checked before each try."""
     waited = f"no eglcuda stream server at {path} within {timeout} s"
@@ -845,8 +660,8 @@ def _connect(path: str, policy: _Policy, deadline: float, timeout: float) -> soc
         present = True
         if not policy.allow_shared_dir:
             try:
-                _check_directories(path, policy)
-                present = _check_socket_file(path, policy)
+                check_directories(path, policy)
+                present = check_socket_file(path, policy)
             except (FileNotFoundError, NotADirectoryError):
                 present = False
             except PermissionError as exc:
@@ -886,9 +701,9 @@ def _connect(path: str, policy: _Policy, deadline: float, timeout: float) -> soc
 
 def _receive(path: str | os.PathLike, timeout: float, policy_args: tuple[Any, Any, Any],
              required: tuple[str, ...]) -> tuple[int, dict[str, Any], socket.socket]:
-    deadline = _deadline(timeout)
+    deadline = deadline_in(timeout)
     path = check_path(path)
-    policy = _Policy(*policy_args)
+    policy = Policy(*policy_args)
     conn = _connect(path, policy, deadline, timeout)
     fds: list[int] = []
     try:
@@ -906,7 +721,7 @@ def _receive(path: str | os.PathLike, timeout: float, policy_args: tuple[Any, An
             pass  # it closed at once; what it said before that (REFUSED) is still there to read
         conn.settimeout(remaining(deadline, waited))
         try:
-            data, fds, flags = _recv_fds(conn, _MAX_MESSAGE, 4)
+            data, fds, flags = recv_fds(conn, _MAX_MESSAGE, 4)
         except socket.timeout:
             raise Timeout(waited) from None
         except OSError:

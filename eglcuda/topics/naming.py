@@ -19,7 +19,7 @@ import re
 import stat
 
 from ..errors import UsageError
-from ..streams.share import check_path
+from .._unix import check_path
 
 SUFFIX = ".topic"
 LOCK_SUFFIX = ".lock"

@@ -30,7 +30,7 @@ from typing import Any
 from .._lifecycle import Deferral, Tracked
 from ..errors import ClosedError, EglCudaError, UsageError
 from ..frames.formats import ColorFormat, Layout, color_format, check_size, layout_of
-from ..streams.share import positive_seconds
+from .._unix import Policy, positive_seconds
 from . import handshake, naming, protocol, registry, sockets
 from ._delivery import Member
 from .copying import copy_into
@@ -103,6 +103,9 @@ class Publisher:
             raise UsageError(f"access={access!r} lets other users subscribe, but the default topic directory is "
                              "private to this user: pass path= in a directory they can reach")
         self.access = access
+        # Who may subscribe (None: anyone): this user, and with 'group' this process's group (a
+        # peer's supplementary groups count too).
+        self._policy = None if access == "all" else Policy(None, (os.getegid(),) if access == "group" else (), False)
         self.fps = None if fps is None else float(fps)
         self.max_pool = max_pool
         self.path = naming.socket_path(self.name, path, create=path is None)
@@ -293,15 +296,8 @@ class Publisher:
         return self._stopping
 
     def access_refusal(self, peer: sockets.Peer) -> str | None:
-        if peer.uid == os.geteuid() or self.access == "all":
-            return None
-        if self.access == "group":
-            gid = os.getegid()
-            if peer.gid == gid or gid in sockets.peer_groups(peer.pid):
-                return None
-            return (f"uid {peer.uid} (gid {peer.gid}) is neither this publisher's user ({os.geteuid()}) nor in its "
-                    f"group {gid} (access='group')")
-        return f"uid {peer.uid} is not this publisher's uid {os.geteuid()} (access='user')"
+        why = None if self._policy is None else self._policy.refusal(peer)
+        return None if why is None else f"{why}, access={self.access!r}"
 
     def choose_transport(self, hello: protocol.Hello, peer_pid: int) -> tuple[PublisherTransport | None, list[str]]:
         reasons: list[str] = []

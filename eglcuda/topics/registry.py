@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..errors import EglCudaError, PeerError, UsageError
-from ..streams import share
+from .. import _unix
 from . import naming, protocol, sockets
 from .info import SubscriberInfo
 
@@ -210,7 +210,7 @@ def list_topics(directory: str | os.PathLike[str] | None = None, clean: bool = T
     """The live topics in ``directory`` (default: this user's topic directory), each publisher
     asked for its status (up to ``timeout`` seconds each). Sockets of dead publishers are
     removed when ``clean``, else only reported."""
-    timeout = share.positive_seconds(timeout, "timeout")
+    timeout = _unix.positive_seconds(timeout, "timeout")
     try:
         folder = naming.topic_directory(create=False, directory=directory)
     except FileNotFoundError:

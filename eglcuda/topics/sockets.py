@@ -1,62 +1,31 @@
-"""Small helpers for the topic sockets: ``SOCK_SEQPACKET`` UNIX sockets, one datagram per
-message, descriptors as ``SCM_RIGHTS``, peer credentials (``SO_PEERCRED``) and deadlines.
+"""The topic sockets' own steps: ``SOCK_SEQPACKET`` UNIX sockets, one datagram per message of
+:mod:`.protocol`, connecting, binding and cleaning up topic sockets. The machinery the streams'
+hand-over shares (credentials, access policy, descriptors, deadlines, waits) is
+:mod:`eglcuda._unix`, re-exported here for the topic modules.
 
 Every blocking call takes a deadline (``time.monotonic()`` seconds) and raises
 :class:`eglcuda.Timeout` when it passes; descriptors that arrive with a message this side does not
 want, or more of them than asked for, are closed at once."""
 from __future__ import annotations
 
-import array
 import errno
 import os
-import select
 import socket
 import stat
 import time
-from dataclasses import dataclass
-from typing import Any, Iterable
 
+from .._unix import (Peer, Policy, close_fds, pause, peer_of, readable_now, recv_fds, send, seqpacket, wait_readable,
+                     wait_seconds, wait_writable)
 from ..errors import ClosedError, Timeout, UsageError
-from ..streams.share import peer_credentials
 from . import protocol
 from .protocol import MAX_MESSAGE, ProtocolError
 
 _MAX_FDS = 2  # room for one more than any message may carry, to notice extras
-_CMSG_SPACE = socket.CMSG_SPACE(_MAX_FDS * array.array("i").itemsize)
-_RECV_FLAGS = int(getattr(socket, "MSG_CMSG_CLOEXEC", 0))
 _TRUNCATED = int(socket.MSG_TRUNC | socket.MSG_CTRUNC)
 CONNECT_RETRY_S = 0.02
-_SEND_FLAGS = int(getattr(socket, "MSG_NOSIGNAL", 0))
 
-
-@dataclass(frozen=True)
-class Peer:
-    """Who is at the other end of a connected UNIX socket, as the kernel says (``SO_PEERCRED``)."""
-
-    pid: int
-    uid: int
-    gid: int
-
-
-def seqpacket() -> socket.socket:
-    return socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
-
-
-def peer_of(sock: socket.socket) -> Peer:
-    """The process at the other end of ``sock``; :class:`PeerError` when the kernel does not say."""
-    return Peer(*peer_credentials(sock))
-
-
-def peer_groups(pid: int) -> set[int]:
-    """The supplementary groups of process ``pid`` (``/proc/<pid>/status``); empty if unreadable."""
-    try:
-        with open(f"/proc/{pid}/status", "rb") as f:
-            for line in f:
-                if line.startswith(b"Groups:"):
-                    return {int(g) for g in line.split()[1:]}
-    except (OSError, ValueError):
-        pass
-    return set()
+__all__ = ["Peer", "Policy", "close_fds", "peer_of", "readable_now", "send", "seqpacket", "wait_readable",
+           "wait_seconds", "wait_writable"]
 
 
 def close_quietly(sock: socket.socket) -> None:
@@ -66,39 +35,13 @@ def close_quietly(sock: socket.socket) -> None:
     try:
         sock.setblocking(False)
         for _ in range(4096):
-            data, ancillary, _, _ = sock.recvmsg(MAX_MESSAGE + 1, _CMSG_SPACE, _RECV_FLAGS)
-            close_fds(_descriptors(ancillary))
+            data, fds, _ = recv_fds(sock, MAX_MESSAGE + 1, _MAX_FDS)
+            close_fds(fds)
             if not data:
                 break
     except OSError:
         pass
     sock.close()
-
-
-def wait_seconds(value: Any, what: str = "timeout") -> float:
-    """``value`` as a time to wait (``what`` names it in the error): a number of seconds >= 0.
-    Raises :class:`UsageError` for anything else."""
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= 0:
-        raise UsageError(f"{what} is a number of seconds >= 0, got {value!r}")
-    return float(value)
-
-
-def close_fds(fds: Iterable[int]) -> None:
-    for fd in fds:
-        try:
-            os.close(fd)
-        except OSError:
-            pass
-
-
-def send(sock: socket.socket, data: bytes, fds: list[int] | tuple[int, ...] = ()) -> None:
-    """Send one message (and ``fds``) on a connected socket, in whatever blocking mode it is in.
-    A peer that closed makes it raise ``BrokenPipeError`` (never SIGPIPE, whatever the program
-    did with that signal): see :func:`parting_words` for what the peer said before."""
-    if fds:
-        sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))], _SEND_FLAGS)
-    else:
-        sock.send(data, _SEND_FLAGS)
 
 
 def parting_words(sock: socket.socket) -> protocol.Refuse | protocol.Drop | protocol.Bye | None:
@@ -131,15 +74,14 @@ def receive_now(sock: socket.socket) -> tuple[bytes, list[int]] | None:
     messages of ours unread makes the kernel report ECONNRESET once, ahead of what the peer sent
     last (still queued): that is read next, then the end of stream."""
     try:
-        data, ancillary, flags, _ = sock.recvmsg(MAX_MESSAGE + 1, _CMSG_SPACE, _RECV_FLAGS)
+        data, fds, flags = recv_fds(sock, MAX_MESSAGE + 1, _MAX_FDS)
     except (BlockingIOError, InterruptedError):
         return None
     except (ConnectionResetError, BrokenPipeError):
         try:
-            data, ancillary, flags, _ = sock.recvmsg(MAX_MESSAGE + 1, _CMSG_SPACE, _RECV_FLAGS)
+            data, fds, flags = recv_fds(sock, MAX_MESSAGE + 1, _MAX_FDS)
         except OSError:
             return b"", []
-    fds = _descriptors(ancillary)
     if flags & _TRUNCATED or len(data) > MAX_MESSAGE:
         close_fds(fds)
         raise ProtocolError(f"a message longer than {MAX_MESSAGE} bytes or with too many descriptors")
@@ -155,56 +97,6 @@ def receive(sock: socket.socket, deadline: float, what: str, wake_fd: int = -1) 
         if got is not None:
             return got
         wait_readable(sock, deadline, what, wake_fd)
-
-
-def wait_readable(sock: socket.socket, deadline: float, what: str, wake_fd: int = -1) -> None:
-    """Wait until ``sock`` has something to read: :class:`Timeout` with ``what`` at ``deadline``,
-    :class:`eglcuda.ClosedError` once ``wake_fd`` (an eventfd another thread writes to stop the
-    wait; -1: none) is readable."""
-    if not _wait(sock, select.POLLIN, deadline, wake_fd):
-        raise Timeout(what)
-
-
-def wait_writable(sock: socket.socket, deadline: float, wake_fd: int = -1) -> bool:
-    """Whether ``sock`` can take a message before ``deadline``; :class:`eglcuda.ClosedError` once
-    ``wake_fd`` is readable."""
-    return _wait(sock, select.POLLOUT, deadline, wake_fd)
-
-
-def _wait(sock: socket.socket | None, events: int, deadline: float, wake_fd: int) -> bool:
-    """Poll ``sock`` (None: nothing, just wait) for ``events`` and ``wake_fd`` for input until
-    ``deadline``: True when the socket is ready, False at the deadline, ClosedError when woken."""
-    poller = select.poll()
-    if sock is not None:
-        poller.register(sock, events)
-    if wake_fd >= 0:
-        poller.register(wake_fd, select.POLLIN)
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return False
-        ready = poller.poll(min(left, 3600.0) * 1000.0 + 0.5)  # (PEP 475: retried after a signal)
-        if any(fd == wake_fd for fd, _ in ready):
-            raise ClosedError("stopped waiting: closed by another thread")
-        if ready:
-            return True
-
-
-def readable_now(fd: int) -> bool:
-    """Whether ``fd`` has something to read now (poll, not select: any descriptor number)."""
-    poller = select.poll()
-    poller.register(fd, select.POLLIN)
-    return bool(poller.poll(0))
-
-
-def _descriptors(ancillary: list[tuple[int, int, bytes]]) -> list[int]:
-    fds: list[int] = []
-    for level, kind, payload in ancillary:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            received = array.array("i")
-            received.frombytes(payload[: len(payload) - len(payload) % received.itemsize])
-            fds.extend(received)
-    return fds
 
 
 def connect(path: str, deadline: float, what: str, wait: bool = True, wake_fd: int = -1) -> socket.socket:
@@ -238,7 +130,7 @@ def connect(path: str, deadline: float, what: str, wait: bool = True, wake_fd: i
             raise
         if time.monotonic() >= deadline:
             raise Timeout(what)
-        _wait(None, 0, min(deadline, time.monotonic() + CONNECT_RETRY_S), wake_fd)
+        pause(min(deadline, time.monotonic() + CONNECT_RETRY_S), wake_fd)
 
 
 def _refuse_unless_socket(path: str) -> None:

@@ -13,7 +13,7 @@ from typing import Any, Iterable, Iterator, NoReturn
 from .._lifecycle import Deferral, Tracked
 from ..errors import ClosedError, Dropped, EglCudaError, PeerError, StreamDisconnected, Timeout, UsageError
 from ..frames.interop import stream_handle
-from ..streams.share import numeric_ids, positive_seconds
+from .._unix import numeric_ids, positive_seconds
 from . import joining, naming, protocol, sockets, transports
 from .connection import Connection, Lost
 from .info import TopicInfo
