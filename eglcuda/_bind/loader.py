@@ -8,7 +8,7 @@ extension (:func:`bind_egl_extensions`): a non-NULL pointer alone proves nothing
 
 Test hook: the environment variables ``EGLCUDA_LIBEGL``, ``EGLCUDA_LIBCUDA`` and
 ``EGLCUDA_LIBVULKAN``, when set (read at import), name the library file to open instead of the
-default soname, e.g. the fake driver the CPU test tier builds (tests/fakedriver/). They are for
+default soname, e.g. the fake driver the CPU test tier builds (tests/fakes/). They are for
 tests only: eglcuda does not check that the file is a real driver.
 """
 from __future__ import annotations

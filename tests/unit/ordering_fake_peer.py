@@ -1,5 +1,5 @@
 """A publisher or subscriber that hands every frame to a stream the stand-in libcuda holds busy
-(tests/fakecuda/fake_libcuda.c's fakecuda_hold), for tests/unit/test_ordering_fakecuda.py.
+(tests/fakes/driver/fake_libcuda.c's fakecuda_hold), for tests/unit/test_ordering_fakecuda.py.
 
     python tests/unit/ordering_fake_peer.py publish --path P --frames N [--hand dlpack]
     python tests/unit/ordering_fake_peer.py subscribe --path P --count N [--hand dlpack|cai|none]

@@ -1,5 +1,5 @@
 """bench/c/cross_gpu.c on any machine with gcc: it builds warning-free, and its modes run against a
-fake libEGL/libcuda (tests/unit/fake_cross_gpu/fake.c: cross-process streams in shared memory):
+fake libEGL/libcuda (tests/fakes/driver/fake_cross_process.c: cross-process streams in shared memory):
 twoproc, fanout to several consumer processes (every byte checked with CHECK=1), KERNELS=1,
 BREAKDOWN=1's extra fields, failures (one line per process, exit status 1) and usage errors."""
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SOURCE = ROOT / "bench" / "c" / "cross_gpu.c"
-FAKE = pathlib.Path(__file__).resolve().parent / "fake_cross_gpu" / "fake.c"
+FAKE = pathlib.Path(__file__).resolve().parents[1] / "fakes" / "driver" / "fake_cross_process.c"
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
 

@@ -1,6 +1,6 @@
 """The topic layer's real CUDA code paths (the cuda-ipc transport, pool frames from
 Frame.allocate, SlotView planes, plane copies) on a machine without a GPU: every process loads
-tests/fakecuda/fake_libcuda.c instead of libcuda.so.1, whose "device memory" is shared memory and
+tests/fakes/driver/fake_libcuda.c instead of libcuda.so.1, whose "device memory" is shared memory and
 whose CUDA IPC maps it between processes. The GPU peers of tests/gpu/topics_peer.py run unchanged
 and check every byte. This checks the Python side of the GPU path (not the driver's behaviour,
 timing or asynchrony, which tests/gpu/test_topics.py checks on a GPU)."""
@@ -14,7 +14,7 @@ import sys
 import tempfile
 
 import pytest
-from ..fakedriver import build as fake_build
+from ..fakes import build as fake_build
 from ..json_peer import JsonPeer
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]

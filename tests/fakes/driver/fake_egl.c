@@ -5,7 +5,7 @@
  * stream model, and the test controls below. A test tool, not a driver: nothing is rendered, no
  * GL context can be made (eglChooseConfig finds no config).
  *
- * Built by the tests themselves (tests/fake/conftest.py, tests/fakedriver/build.sh):
+ * Built by the tests themselves (tests/fake/conftest.py, tests/fakes/build.py):
  *   gcc -shared -fPIC -pthread -Wl,-Bsymbolic -Wl,-soname,libfake_egl.so -o libfake_egl.so fake_egl.c
  * and loaded through eglcuda's test hook EGLCUDA_LIBEGL=/path/to/libfake_egl.so.
  *

@@ -1,6 +1,6 @@
-"""Build the fake driver: libfake_egl.so and libfake_cuda.so, from the C files next to this one.
+"""Build the fake driver: libfake_egl.so and libfake_cuda.so, from the C files in driver/.
 
-    python3 tests/fakedriver/build.py OUT_DIR [--asan]
+    python3 tests/fakes/build.py OUT_DIR [--asan]
 
 prints the two paths; point eglcuda at them with EGLCUDA_LIBEGL and EGLCUDA_LIBCUDA (see
 eglcuda/_bind/loader.py). libfake_cuda.so needs libfake_egl.so (the stream model and the test
@@ -15,6 +15,7 @@ import subprocess
 import sys
 
 HERE = pathlib.Path(__file__).resolve().parent
+DRIVER = HERE / "driver"
 SOURCES = ("fake_common.h", "fake_egl.c", "fake_cuda.c")
 FLAGS = ["-std=gnu11", "-O1", "-g", "-fPIC", "-shared", "-pthread", "-Wall", "-Wextra", "-Werror",
          "-fvisibility=hidden", "-Wl,-Bsymbolic", "-Wl,-z,defs"]
@@ -38,8 +39,8 @@ def build(out_dir: str | pathlib.Path, asan: bool = False) -> tuple[pathlib.Path
     flags = FLAGS + (["-fsanitize=address", "-fno-omit-frame-pointer"] if asan else [])
     egl, cuda = out / "libfake_egl.so", out / "libfake_cuda.so"
     steps = [
-        [cc, *flags, "-Wl,-soname,libfake_egl.so", "-o", str(egl), str(HERE / "fake_egl.c")],
-        [cc, *flags, "-Wl,-soname,libfake_cuda.so", "-o", str(cuda), str(HERE / "fake_cuda.c"),
+        [cc, *flags, "-Wl,-soname,libfake_egl.so", "-o", str(egl), str(DRIVER / "fake_egl.c")],
+        [cc, *flags, "-Wl,-soname,libfake_cuda.so", "-o", str(cuda), str(DRIVER / "fake_cuda.c"),
          f"-L{out}", "-lfake_egl", "-Wl,-rpath,$ORIGIN"],
     ]
     for step in steps:
@@ -49,11 +50,11 @@ def build(out_dir: str | pathlib.Path, asan: bool = False) -> tuple[pathlib.Path
     return egl, cuda
 
 
-FAKECUDA_SOURCE = HERE.parent / "fakecuda" / "fake_libcuda.c"
+FAKECUDA_SOURCE = DRIVER / "fake_libcuda.c"
 
 
 def build_fakecuda(out_dir: str | pathlib.Path) -> pathlib.Path:
-    """Compile tests/fakecuda/fake_libcuda.c, the stand-in libcuda of the unit tests (no EGL, device
+    """Compile tests/fakes/driver/fake_libcuda.c, the stand-in libcuda of the unit tests (no EGL, device
     memory in shared memory), as ``out_dir``/libcuda.so.1: put ``out_dir`` on LD_LIBRARY_PATH."""
     cc = compiler()
     if cc is None:

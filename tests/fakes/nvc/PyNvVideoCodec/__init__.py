@@ -1,7 +1,7 @@
 """A stand-in for PyNvVideoCodec on a machine without a GPU (tests only).
 
 PyAV decodes on the CPU into host buffers whose addresses play the decoder's device pointers:
-with tests/fakecuda/fake_libcuda.c as libcuda.so.1, "device memory" is host memory, so eglcuda's
+with tests/fakes/driver/fake_libcuda.c as libcuda.so.1, "device memory" is host memory, so eglcuda's
 plane copies read them. It behaves like PyNvVideoCodec 2.2.4 where samples/_video.py relies on
 it (see docs/pynvvideocodec.md): NV12 output as one (H*3/2, W) buffer per frame with pitch W,
 the frames of one ``Decode`` call in buffers 0..n-1 that the next call writes again,
