@@ -50,23 +50,15 @@ def build(out_dir: str | pathlib.Path, asan: bool = False) -> tuple[pathlib.Path
     return egl, cuda
 
 
-FAKECUDA_SOURCE = DRIVER / "fake_libcuda.c"
-
-
-def build_fakecuda(out_dir: str | pathlib.Path) -> pathlib.Path:
-    """Compile tests/fakes/driver/fake_libcuda.c, the stand-in libcuda of the unit tests (no EGL, device
-    memory in shared memory), as ``out_dir``/libcuda.so.1: put ``out_dir`` on LD_LIBRARY_PATH."""
-    cc = compiler()
-    if cc is None:
-        raise BuildError("no C compiler (gcc or cc) on PATH")
-    out = pathlib.Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    library = out / "libcuda.so.1"
-    step = [cc, "-shared", "-fPIC", "-O1", "-o", str(library), str(FAKECUDA_SOURCE)]
-    result = subprocess.run(step, capture_output=True, text=True)
-    if result.returncode:
-        raise BuildError(f"{' '.join(step)}\n{result.stdout}{result.stderr}")
-    return library
+def build_libcuda(out_dir: str | pathlib.Path, asan: bool = False) -> pathlib.Path:
+    """:func:`build`, plus ``out_dir``/libcuda.so.1 (a link to libfake_cuda.so) for the tests that
+    load the fake as the system's libcuda: put ``out_dir`` on LD_LIBRARY_PATH (their children then
+    load it too, by its usual name). Returns the libcuda.so.1 path."""
+    _, cuda = build(out_dir, asan=asan)
+    link = cuda.parent / "libcuda.so.1"
+    if not link.is_symlink():
+        link.symlink_to(cuda.name)
+    return link
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """The video pipeline on a machine without a GPU: samples/_video.py's helpers, and
-samples/video_pipeline.py end to end against stand-ins (tests/fakes/driver/fake_libcuda.c as
+samples/video_pipeline.py end to end against stand-ins (tests/fakes/driver/fake_cuda.c as
 libcuda.so.1, tests/fakes/nvc/PyNvVideoCodec decoding with PyAV on the CPU). The decoder process,
 the topic (cuda-ipc through the fake driver), a stats subscriber process and every check run for
 real; NVDEC, the GPU's asynchrony, PyTorch and GL do not (tests/gpu/test_video.py runs those)."""
@@ -131,7 +131,7 @@ def fake_env():
     if fake_build.compiler() is None:
         pytest.skip("no C compiler for the fake libcuda")
     with tempfile.TemporaryDirectory(prefix="eglcuda-fakecuda-video-") as folder:
-        fake_build.build_fakecuda(folder)
+        fake_build.build_libcuda(folder)
         # tests/conftest.py has put the tree this eglcuda is imported from on PYTHONPATH (when it
         # is not on a child's default path): children import the same one.
         paths = [str(ROOT / "tests" / "fakes" / "nvc"), os.environ.get("PYTHONPATH", "")]
