@@ -61,6 +61,29 @@ def build_libcuda(out_dir: str | pathlib.Path, asan: bool = False) -> pathlib.Pa
     return link
 
 
+def build_cross_process(out_dir: str | pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]:
+    """The fake for bench/c/cross_gpu.c: ``out_dir``/libEGL.so.1 from driver/fake_egl_shared.c
+    (EGLStreams and device memory shared by the processes of one fork tree) and
+    ``out_dir``/libcuda.so.1, the same fake_cuda.c built against it. Put ``out_dir`` on
+    LD_LIBRARY_PATH. Returns (libEGL.so.1, libcuda.so.1)."""
+    cc = compiler()
+    if cc is None:
+        raise BuildError("no C compiler (gcc or cc) on PATH")
+    out = pathlib.Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    egl, cuda = out / "libEGL.so.1", out / "libcuda.so.1"
+    steps = [
+        [cc, *FLAGS, "-Wl,-soname,libEGL.so.1", "-o", str(egl), str(DRIVER / "fake_egl_shared.c")],
+        [cc, *FLAGS, "-Wl,-soname,libcuda.so.1", "-o", str(cuda), str(DRIVER / "fake_cuda.c"),
+         f"-L{out}", "-l:libEGL.so.1", "-Wl,-rpath,$ORIGIN"],
+    ]
+    for step in steps:
+        result = subprocess.run(step, capture_output=True, text=True)
+        if result.returncode:
+            raise BuildError(f"{' '.join(step)}\n{result.stdout}{result.stderr}")
+    return egl, cuda
+
+
 if __name__ == "__main__":
     if len(sys.argv) < 2:
         sys.exit(__doc__)

@@ -222,6 +222,8 @@ struct fake_stream {
     uint64_t consumer_frame;         /* the number of the frame latched last */
     struct fake_conn *consumer, *producer;
     struct fake_frame *frames;       /* not yet returned, in present order */
+    int id;                          /* streams are numbered from 0 in creation order (FAKE_FAIL_STREAM) */
+    long presents, acquires, returns, returns_waited, returns_missed; /* FAKE_STATS */
 };
 
 struct fake_conn {
@@ -259,8 +261,15 @@ FAKE_EXPORT struct fake_conn *fake__conn_new(struct fake_stream *stream, int pro
 FAKE_EXPORT struct fake_conn *fake__conn_lookup(void *conn);
 FAKE_EXPORT void fake__conn_free(struct fake_conn *conn);
 FAKE_EXPORT struct fake_frame *fake__frame_lookup(void *resource);
+FAKE_EXPORT struct fake_frame *fake__frame_new(void); /* zeroed; fake__frame_unlink frees it */
 FAKE_EXPORT void fake__frame_unlink(struct fake_frame *frame);
 FAKE_EXPORT int fake__device_count(void);
+/* Device memory the model shares between processes (fake_egl_shared.c: a region mapped before
+ * fork, at the same address in every process), or NULL: the fake libcuda then makes its own
+ * (fake_egl.c). fake__shared_contains says whether a range lies in memory shared that way, which
+ * another process may have allocated. */
+FAKE_EXPORT void *fake__shared_alloc(size_t size);
+FAKE_EXPORT int fake__shared_contains(uintptr_t address, size_t length);
 
 /* The per-call preamble: count the call, and return the injected fault if one is armed. */
 #define FAKE_ENTER(name, on_fault)                  \

@@ -125,6 +125,11 @@ static unsigned busy_after_wait;   /* FAKE_CUDA_BUSY_AFTER_WAIT */
 static const char *stats_dir;      /* FAKE_CUDA_STATS_DIR */
 static size_t vmm_granularity = (size_t)2 << 20;
 static uint32_t next_event_id = 1;
+static int want_stream_flags = -1;  /* FAKE_WANT_STREAM_FLAGS */
+static long skip_memset32_at = -1;  /* FAKE_SKIP_FILL_AT */
+static int fail_stream = -1;        /* FAKE_FAIL_STREAM, FAKE_FAIL_AT */
+static long fail_at = -1;
+static int print_stats;             /* FAKE_STATS */
 
 __attribute__((constructor)) static void fake_cuda_load(void)
 {
@@ -143,6 +148,19 @@ __attribute__((constructor)) static void fake_cuda_load(void)
     busy_after_wait = value && atoi(value) > 0 ? (unsigned)atoi(value) : 0;
     value = getenv("FAKE_CUDA_STATS_DIR");
     stats_dir = value && *value ? value : NULL;
+    value = getenv("FAKE_WANT_STREAM_FLAGS");
+    if (value && *value)
+        want_stream_flags = atoi(value);
+    value = getenv("FAKE_SKIP_FILL_AT");
+    if (value && *value)
+        skip_memset32_at = atol(value);
+    value = getenv("FAKE_FAIL_STREAM");
+    if (value && *value && getenv("FAKE_FAIL_AT")) {
+        fail_stream = atoi(value);
+        fail_at = atol(getenv("FAKE_FAIL_AT"));
+    }
+    value = getenv("FAKE_STATS");
+    print_stats = value && atoi(value) != 0;
     value = getenv("FAKE_CUDA_VMM_GRANULARITY");
     if (value && strtoull(value, NULL, 0) >= 4096 && (strtoull(value, NULL, 0) & (strtoull(value, NULL, 0) - 1)) == 0)
         vmm_granularity = strtoull(value, NULL, 0);
@@ -426,6 +444,8 @@ FAKE_EXPORT CUresult cuCtxSynchronize(void)
 /* ---- memory ------------------------------------------------------------------------------- */
 /* The live allocation holding [address, address + length), lock held; NULL if none does. *partial
  * says whether one holds the start but not the end. */
+static struct alloc elsewhere = {.kind = KIND_FOREIGN, .fd = -1};
+
 static struct alloc *find_range(uintptr_t address, size_t length, int *partial)
 {
     if (partial)
@@ -440,6 +460,10 @@ static struct alloc *find_range(uintptr_t address, size_t length, int *partial)
             return NULL;
         }
     }
+    /* Memory another process allocated in the model's shared region (an EGLStream producer's
+     * frame, read by the consumer's process): device memory of no allocation of ours. */
+    if (fake__shared_contains(address, length))
+        return &elsewhere;
     return NULL;
 }
 
@@ -504,13 +528,15 @@ static CUresult new_allocation(size_t size, int kind, unsigned char **out)
     int device = current->device;
     if (used_bytes[device] + size > total_bytes || used_bytes[device] + size < size)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    int fd;
-    unsigned char *memory = shared_memory(size, &fd);
-    if (memory == NULL)
+    int fd = -1;
+    unsigned char *memory = fake__shared_alloc(size); /* memory every process of the model sees */
+    if (memory == NULL && (memory = shared_memory(size, &fd)) == NULL)
         return CUDA_ERROR_OUT_OF_MEMORY;
     if (track(memory, size, kind, device, fd) == NULL) {
-        munmap(memory, size);
-        close(fd);
+        if (fd >= 0) {
+            munmap(memory, size);
+            close(fd);
+        }
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     used_bytes[device] += size;
@@ -521,8 +547,10 @@ static CUresult new_allocation(size_t size, int kind, unsigned char **out)
 static void drop_allocation(struct alloc *a)
 {
     used_bytes[a->device] -= a->size;
-    munmap(a->base, a->size);
-    close(a->fd);
+    if (a->fd >= 0) { /* memory of the model's shared region is never given back */
+        munmap(a->base, a->size);
+        close(a->fd);
+    }
     untrack(a);
 }
 
@@ -660,7 +688,7 @@ FAKE_EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, 
         return status;
     fake__lock();
     struct alloc *a = find_range((uintptr_t)dptr, 1, NULL);
-    if (a == NULL) {
+    if (a == NULL || a == &elsewhere) {
         status = CUDA_ERROR_NOT_FOUND;
     } else {
         if (pbase)
@@ -899,6 +927,10 @@ FAKE_EXPORT CUresult cuStreamCreate(CUstream *out, unsigned int flags)
         return status;
     if (out == NULL || flags > 1)
         return CUDA_ERROR_INVALID_VALUE;
+    if (want_stream_flags >= 0 && (int)flags != want_stream_flags) {
+        fake__misuse("cuStreamCreate: flags %u, the test wants %d", flags, want_stream_flags);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
     struct fake_cu_stream *s = calloc(1, sizeof(*s));
     if (s == NULL)
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -1252,6 +1284,8 @@ FAKE_EXPORT CUresult cuMemsetD2D8Async(CUdeviceptr dst, size_t pitch, unsigned c
     return status;
 }
 
+static long memsets32; /* counted from 0, for FAKE_SKIP_FILL_AT */
+
 FAKE_EXPORT CUresult cuMemsetD32Async(CUdeviceptr dst, unsigned int value, size_t count, CUstream stream)
 {
     FAKE_ENTER("cuMemsetD32Async", return fake_fault_);
@@ -1264,7 +1298,7 @@ FAKE_EXPORT CUresult cuMemsetD32Async(CUdeviceptr dst, unsigned int value, size_
     } else if (count && find_range((uintptr_t)dst, count * 4, &partial) == NULL) {
         fake__misuse("cuMemsetD32Async: 0x%lx + %zu words is not inside a live allocation", (unsigned long)dst, count);
         status = partial ? CUDA_ERROR_ILLEGAL_ADDRESS : CUDA_ERROR_INVALID_VALUE;
-    } else {
+    } else if (skip_memset32_at < 0 || memsets32++ != skip_memset32_at) { /* the skipped one writes nothing */
         for (size_t i = 0; i < count; i++)
             ((unsigned int *)(uintptr_t)dst)[i] = value;
     }
@@ -2042,6 +2076,14 @@ FAKE_EXPORT CUresult cuEGLStreamConsumerDisconnect(CUeglStreamConnection *conn)
 FAKE_EXPORT CUresult cuEGLStreamProducerDisconnect(CUeglStreamConnection *conn)
 {
     FAKE_ENTER("cuEGLStreamProducerDisconnect", return fake_fault_);
+    if (print_stats && conn != NULL) {
+        fake__lock();
+        struct fake_conn *c = fake__conn_lookup(*conn);
+        if (c && c->producer)
+            fprintf(stderr, "stream %d: presents=%ld returns=%ld waited=%ld missed=%ld\n", c->stream->id,
+                    c->stream->presents, c->stream->returns, c->stream->returns_waited, c->stream->returns_missed);
+        fake__unlock();
+    }
     return disconnect("cuEGLStreamProducerDisconnect", conn, 1);
 }
 
@@ -2101,7 +2143,7 @@ FAKE_EXPORT CUresult cuEGLStreamProducerPresentFrame(CUeglStreamConnection *pcon
             }
         }
     }
-    struct fake_frame *entry = calloc(1, sizeof(*entry));
+    struct fake_frame *entry = fake__frame_new();
     if (entry == NULL) {
         status = CUDA_ERROR_OUT_OF_MEMORY;
         goto out;
@@ -2118,6 +2160,7 @@ FAKE_EXPORT CUresult cuEGLStreamProducerPresentFrame(CUeglStreamConnection *pcon
         tail = &f->next;
     }
     *tail = entry;
+    s->presents++;
     fake__wake_all();
 out:
     fake__unlock();
@@ -2135,16 +2178,21 @@ FAKE_EXPORT CUresult cuEGLStreamProducerReturnFrame(CUeglStreamConnection *pconn
     if (status)
         return status;
     long long deadline = fake__now_ns() + return_wait_ns;
-    for (;;) {
-        struct fake_frame *f = conn->stream->frames;
+    struct fake_stream *s = conn->stream;
+    for (int waited_here = 0;; waited_here = 1) {
+        struct fake_frame *f = s->frames;
         while (f && f->status != FRAME_RETURNABLE)
             f = f->next;
         if (f) {
             *out = f->desc;
             fake__frame_unlink(f);
+            s->returns++;
             break;
         }
+        if (!waited_here)
+            s->returns_waited++;
         if (fake__now_ns() >= deadline) {
+            s->returns_missed++;
             status = CUDA_ERROR_LAUNCH_TIMEOUT;
             break;
         }
@@ -2169,6 +2217,10 @@ FAKE_EXPORT CUresult cuEGLStreamConsumerAcquireFrame(CUeglStreamConnection *pcon
     if (status)
         return status;
     struct fake_stream *s = conn->stream;
+    if (s->id == fail_stream && s->acquires == fail_at) { /* FAKE_FAIL_STREAM, FAKE_FAIL_AT */
+        fake__unlock();
+        return CUDA_ERROR_UNKNOWN;
+    }
     long long deadline = timeout_us == 0xFFFFFFFFu ? -1 : fake__now_ns() + (long long)timeout_us * 1000;
     struct fake_frame *got = NULL;
     for (;;) {
@@ -2206,6 +2258,7 @@ FAKE_EXPORT CUresult cuEGLStreamConsumerAcquireFrame(CUeglStreamConnection *pcon
     }
     if (got) {
         *resource = (CUgraphicsResource)got;
+        s->acquires++;
         fake__wake_all();
     } else {
         status = s->disconnected ? CUDA_ERROR_UNKNOWN : CUDA_ERROR_LAUNCH_TIMEOUT;
