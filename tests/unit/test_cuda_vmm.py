@@ -187,3 +187,22 @@ for call in (lambda: cuda_vmm.release(12345), lambda: cuda_vmm.export_fd(12345),
         "cuMemRelease CUDA_ERROR_INVALID_VALUE", "cuMemExportToShareableHandle CUDA_ERROR_INVALID_VALUE",
         "cuMemUnmap CUDA_ERROR_INVALID_VALUE", "cuMemAddressFree CUDA_ERROR_INVALID_VALUE",
         "cuMemAddressReserve CUDA_ERROR_INVALID_VALUE"]
+
+
+def test_supported_says_why_not_and_never_raises(fake_env):
+    out = python({**fake_env, "FAKE_CUDA_DEVICE_COUNT": "2"}, """
+from eglcuda._bind import cuda_vmm
+print(cuda_vmm.supported(0), cuda_vmm.supported(1))
+print(cuda_vmm.supported(2))
+print(cuda_vmm.granularity(1))
+""")
+    lines = out.splitlines()
+    assert lines[0] == "None None"
+    assert "cuDeviceGet" in lines[1] and "CUDA_ERROR_INVALID_DEVICE" in lines[1]
+    assert lines[2] == str(2 << 20)
+
+
+def test_supported_without_libcuda_says_so():
+    env = {**os.environ, "EGLCUDA_LIBCUDA": "/nonexistent/libcuda.so.1"}
+    out = python(env, "from eglcuda._bind import cuda_vmm; print(cuda_vmm.supported(0))")
+    assert "libcuda.so.1" in out and "not available" in out
