@@ -1,11 +1,14 @@
-"""Build the fake driver: libfake_egl.so and libfake_cuda.so, from the C files in driver/.
+"""Build the C fakes of driver/ (see tests/fakes/README.md): the one fake libcuda, fake_cuda.c,
+over one of the two EGL-side libraries that hold the lock, the faults and the stream model.
 
     python3 tests/fakes/build.py OUT_DIR [--asan]
 
-prints the two paths; point eglcuda at them with EGLCUDA_LIBEGL and EGLCUDA_LIBCUDA (see
-eglcuda/_bind/loader.py). libfake_cuda.so needs libfake_egl.so (the stream model and the test
-controls live there) and finds it next to itself (rpath $ORIGIN), so one process always has one
-copy of the fake's state, whichever library eglcuda opens first.
+prints the two paths of :func:`build` (libfake_egl.so, libfake_cuda.so); point eglcuda at them
+with EGLCUDA_LIBEGL and EGLCUDA_LIBCUDA (see eglcuda/_bind/loader.py). libfake_cuda.so needs
+libfake_egl.so and finds it next to itself (rpath $ORIGIN), so one process always has one copy of
+the fake's state, whichever library eglcuda opens first. :func:`build_libcuda` adds the name
+libcuda.so.1 for tests that put the folder on LD_LIBRARY_PATH; :func:`build_cross_process` builds
+the same fake_cuda.c over fake_egl_shared.c for bench/c/cross_gpu.c.
 """
 from __future__ import annotations
 
