@@ -23,7 +23,7 @@ CSRC = HERE / "csrc"
 
 # Order matters: later headers use the types of earlier ones.
 HEADERS = ["egl_core.h", "egl_stream.h", "egl_image.h", "egl_sync.h", "cuda_egl.h", "interop_semaphore.h",
-           "cuda_ipc.h"]
+           "cuda_ipc.h", "cuda_vmm.h"]
 
 _REQUIRES = re.compile(r"/\*\s*@requires\s+([\w|]+)\s*\*/")
 _SYMBOL = re.compile(r"/\*\s*@symbol\s+(\w+)\s*\*/")

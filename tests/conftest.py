@@ -3,7 +3,7 @@
 - tests/unit: no EGL needed.
 - tests/egl: any EGL (Mesa's llvmpipe on CI). Marked ``egl``.
 - tests/gpu: NVIDIA EGL + CUDA. Marked ``gpu``.
-- tests/fake: the stream path against the fake driver of tests/fakedriver/ (a C compiler is
+- tests/fake: the stream path against the fake driver of tests/fakes/ (a C compiler is
   enough), each test in a child interpreter. Marked ``fake``.
 
 A tier whose platform is missing is skipped with the exact reason, which comes from

@@ -12,7 +12,7 @@ for the GL calls, and :func:`opengl_available` says beforehand whether it will f
 Test hook: the environment variables ``EGLCUDA_LIBEGL``, ``EGLCUDA_LIBCUDA``,
 ``EGLCUDA_LIBVULKAN`` and ``EGLCUDA_LIBOPENGL``, when set (read at import), name the library file
 to open instead of the default soname, e.g. the fake driver the CPU test tier builds
-(tests/fakedriver/), or a file that does not exist to stand for a missing library. They are for
+(tests/fakes/), or a file that does not exist to stand for a missing library. They are for
 tests only: eglcuda does not check that the file is a real driver.
 """
 from __future__ import annotations

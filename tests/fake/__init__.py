@@ -1,1 +1,1 @@
-"""Tests against the fake driver of tests/fakedriver/ (see conftest.py)."""
+"""Tests against the fake driver of tests/fakes/ (see conftest.py)."""

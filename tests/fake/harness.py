@@ -1,4 +1,4 @@
-"""Running tests against the fake driver (tests/fakedriver/) in fresh interpreters.
+"""Running tests against the fake driver (tests/fakes/) in fresh interpreters.
 
 eglcuda opens libEGL and libcuda once per process, and the test session may already have Mesa's
 libEGL loaded for the EGL tier. So each test of this tier runs in a child interpreter started with

@@ -124,6 +124,7 @@ def test_a_stream_opened_from_its_descriptor_is_the_same_stream():
         with pytest.raises(eglcuda.EGLError, match="EGL_BAD_STREAM_KHR"):
             with open(os.devnull) as unrelated:
                 eglcuda.Stream.from_fd(opened, unrelated.fileno())
+    frame.close()  # the fake's device memory is a memfd: the frame's descriptor goes with it
     assert len(os.listdir("/proc/self/fd")) == fds
 
 

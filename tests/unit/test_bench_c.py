@@ -1,7 +1,8 @@
-"""bench/c/cross_gpu.c on any machine with gcc: it builds warning-free, and its modes run against a
-fake libEGL/libcuda (tests/unit/fake_cross_gpu/fake.c: cross-process streams in shared memory):
-twoproc, fanout to several consumer processes (every byte checked with CHECK=1), KERNELS=1,
-BREAKDOWN=1's extra fields, failures (one line per process, exit status 1) and usage errors."""
+"""bench/c/cross_gpu.c on any machine with gcc: it builds warning-free, and its modes run against the
+fake driver (tests/fakes/: the one fake libcuda, fake_cuda.c, over fake_egl_shared.c's EGLStreams
+shared by the processes of one fork tree): twoproc, fanout to several consumer processes (every
+byte checked with CHECK=1), KERNELS=1, BREAKDOWN=1's extra fields, failures (one line per process,
+exit status 1) and usage errors."""
 from __future__ import annotations
 
 import os
@@ -11,9 +12,10 @@ import subprocess
 
 import pytest
 
+from ..fakes import build as fake_build
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SOURCE = ROOT / "bench" / "c" / "cross_gpu.c"
-FAKE = pathlib.Path(__file__).resolve().parent / "fake_cross_gpu" / "fake.c"
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
 
@@ -26,11 +28,7 @@ def built(tmp_path_factory):
                            "-lpthread"], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     libs = folder / "lib"
-    libs.mkdir()
-    done = subprocess.run(["gcc", "-O1", "-Wall", "-fPIC", "-shared", f"-I{ROOT / 'csrc'}", "-o",
-                           str(libs / "libEGL.so.1"), str(FAKE), "-lpthread"], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    (libs / "libcuda.so.1").symlink_to("libEGL.so.1")  # one library: the streams are shared by both "drivers"
+    fake_build.build_cross_process(libs)
     return binary, libs
 
 

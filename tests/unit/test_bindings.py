@@ -96,6 +96,22 @@ def test_resource_desc_layout():
     assert ffi.offsetof("CUDA_RESOURCE_DESC", "flags") == 136
 
 
+def test_vmm_struct_layouts():
+    # cuda.h on LP64: two enums, CUmemLocation (8), the win32 metadata pointer, then allocFlags
+    # (compressionType, gpuDirectRDMACapable, usage, reserved[4]: 8 bytes).
+    assert ffi.sizeof("CUmemAllocationProp") == 32
+    offsets = {"type": 0, "requestedHandleTypes": 4, "location": 8, "win32HandleMetaData": 16, "allocFlags": 24}
+    for field, offset in offsets.items():
+        assert ffi.offsetof("CUmemAllocationProp", field) == offset, field
+    prop = ffi.new("CUmemAllocationProp *")
+    base = int(ffi.cast("uintptr_t", prop))
+    assert int(ffi.cast("uintptr_t", ffi.addressof(prop.allocFlags, "usage"))) - base == 26
+    assert int(ffi.cast("uintptr_t", ffi.addressof(prop.allocFlags, "reserved"))) - base == 28
+    assert ffi.sizeof("CUmemLocation") == 8 and ffi.sizeof("CUmemAccessDesc") == 12
+    assert ffi.offsetof("CUmemAccessDesc", "flags") == 8
+    assert ffi.sizeof("CUmemGenericAllocationHandle") == 8
+
+
 @pytest.mark.parametrize(
     "name, value",
     [
@@ -108,6 +124,10 @@ def test_resource_desc_layout():
         ("EGL_STREAM_STATE_DISCONNECTED_KHR", 0x321A), ("EGL_SUPPORT_REUSE_NV", 0x3335),
         ("EGL_STREAM_FIFO_LENGTH_KHR", 0x31FC), ("EGL_CUDA_DEVICE_NV", 0x323A),
         ("EGL_SYNC_CUDA_EVENT_NV", 0x323C), ("EGL_GL_TEXTURE_2D_KHR", 0x30B1),
+        ("CU_MEM_ALLOCATION_TYPE_PINNED", 1), ("CU_MEM_LOCATION_TYPE_DEVICE", 1),
+        ("CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR", 1), ("CU_MEM_ACCESS_FLAGS_PROT_READWRITE", 3),
+        ("CU_MEM_ALLOC_GRANULARITY_MINIMUM", 0), ("CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED", 102),
+        ("CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED", 103),
     ],
 )
 def test_constants(name, value):

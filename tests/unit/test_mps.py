@@ -1,4 +1,4 @@
-"""eglcuda.mps on any machine: a fake nvidia-cuda-mps-control/-server (tests/unit/fake_mps) put
+"""eglcuda.mps on any machine: a fake nvidia-cuda-mps-control/-server (tests/fakes/mps) put
 first on PATH stands in for the driver's, so that starting, stopping, the watchdog, the refusals
 and the command line are checked without a GPU. tests/gpu/test_mps.py runs the real daemon."""
 from __future__ import annotations
@@ -25,7 +25,7 @@ from ..json_peer import JsonPeer
 from ..waiting import wait_until
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-FAKE = pathlib.Path(__file__).resolve().parent / "fake_mps"
+FAKE = pathlib.Path(__file__).resolve().parents[1] / "fakes" / "mps"
 
 
 def write_fakes(folder: pathlib.Path, names=("control", "server")) -> None:

@@ -1,6 +1,6 @@
 """The video pipeline on a machine without a GPU: samples/_video.py's helpers, and
-samples/video_pipeline.py end to end against stand-ins (tests/fakecuda/fake_libcuda.c as
-libcuda.so.1, tests/fakenvc/PyNvVideoCodec decoding with PyAV on the CPU). The decoder process,
+samples/video_pipeline.py end to end against stand-ins (tests/fakes/driver/fake_cuda.c as
+libcuda.so.1, tests/fakes/nvc/PyNvVideoCodec decoding with PyAV on the CPU). The decoder process,
 the topic (cuda-ipc through the fake driver), a stats subscriber process and every check run for
 real; NVDEC, the GPU's asynchrony, PyTorch and GL do not (tests/gpu/test_video.py runs those)."""
 from __future__ import annotations
@@ -20,7 +20,7 @@ sys.path.insert(0, str(ROOT / "samples"))
 import _video as video  # noqa: E402
 
 from ..data import make_clips as mc  # noqa: E402
-from ..fakedriver import build as fake_build  # noqa: E402
+from ..fakes import build as fake_build  # noqa: E402
 
 SAMPLE = ROOT / "samples" / "video_pipeline.py"
 BENCH = ROOT / "bench" / "video.py"
@@ -143,10 +143,10 @@ def fake_env():
     if fake_build.compiler() is None:
         pytest.skip("no C compiler for the fake libcuda")
     with tempfile.TemporaryDirectory(prefix="eglcuda-fakecuda-video-") as folder:
-        fake_build.build_fakecuda(folder)
+        fake_build.build_libcuda(folder)
         # tests/conftest.py has put the tree this eglcuda is imported from on PYTHONPATH (when it
         # is not on a child's default path): children import the same one.
-        paths = [str(ROOT / "tests" / "fakenvc"), os.environ.get("PYTHONPATH", "")]
+        paths = [str(ROOT / "tests" / "fakes" / "nvc"), os.environ.get("PYTHONPATH", "")]
         yield {**os.environ, "LD_LIBRARY_PATH": folder, "PYTHONPATH": os.pathsep.join(p for p in paths if p),
                "__EGL_VENDOR_LIBRARY_FILENAMES": "/nonexistent.json"}  # no EGL: cuda-ipc only
 

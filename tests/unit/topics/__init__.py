@@ -5,4 +5,4 @@ holds it shows up as wrong bytes.
 
 The tests are split by subject into the modules of this package; conftest.py holds their
 fixtures and helpers.py the helpers they share. The wire protocol's own tests, and the topics on
-the stand-in libcuda (tests/fakecuda), are here too."""
+the stand-in libcuda (tests/fakes/driver/fake_cuda.c), are here too."""

@@ -1,5 +1,5 @@
 """A publisher or subscriber that hands every frame to a stream the stand-in libcuda holds busy
-(tests/fakecuda/fake_libcuda.c's fakecuda_hold), for tests/unit/topics/test_ordering_fakecuda.py.
+(tests/fakes/driver/fake_cuda.c's fake_cuda_hold), for tests/unit/topics/test_ordering_fakecuda.py.
 
     python tests/unit/topics/ordering_fake_peer.py publish --path P --frames N [--hand dlpack]
     python tests/unit/topics/ordering_fake_peer.py subscribe --path P --count N [--hand dlpack|cai|none]
@@ -29,7 +29,7 @@ NOT_READY = 600
 
 def fake() -> ctypes.CDLL:
     library = ctypes.CDLL("libcuda.so.1")
-    library.fakecuda_hold.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    library.fake_cuda_hold.argtypes = [ctypes.c_void_p, ctypes.c_int]
     library.cuStreamQuery.argtypes = [ctypes.c_void_p]
     return library
 
@@ -45,12 +45,12 @@ def publish(args) -> int:
             frame = pub.next_frame(timeout=10)
             for plane, data in zip(frame.planes, content([p.shape for p in frame.planes], args.seed, seq)):
                 plane.copy_from(data)
-            library.fakecuda_hold(held, 1)
+            library.fake_cuda_hold(held, 1)
             if args.hand == "dlpack":
                 frame.planes[0].__dlpack__(stream=held)  # a consumer that writes the frame on `held`
             pub.publish(frame, payload=payload_of(seq, args.seed))
             legacy_waits = library.cuStreamQuery(None) == NOT_READY
-            library.fakecuda_hold(held, 0)
+            library.fake_cuda_hold(held, 0)
             say(event="published", seq=seq, legacy_waits=legacy_waits)
         sys.stdin.readline()
     return 0
@@ -65,14 +65,14 @@ def subscribe(args) -> int:
     got = 0
     for message in sub:
         ok, why = check(message, args.seed)
-        library.fakecuda_hold(held, 1)
+        library.fake_cuda_hold(held, 1)
         if args.hand == "dlpack":
             message.frame.planes[0].__dlpack__(stream=held)
         elif args.hand == "cai":
             message.frame.planes[0].__cuda_array_interface__
         message.release()
         own_waits = library.cuStreamQuery(sub.cuda_stream) == NOT_READY
-        library.fakecuda_hold(held, 0)
+        library.fake_cuda_hold(held, 0)
         say(event="got", seq=message.seq, ok=ok, why=why, own_waits=own_waits)
         got += 1
         if got == args.count:

@@ -1,6 +1,6 @@
 """The topic layer's real CUDA code paths (the cuda-ipc transport, pool frames from
 Frame.allocate, SlotView planes, plane copies) on a machine without a GPU: every process loads
-tests/fakecuda/fake_libcuda.c instead of libcuda.so.1, whose "device memory" is shared memory and
+tests/fakes/driver/fake_cuda.c instead of libcuda.so.1, whose "device memory" is shared memory and
 whose CUDA IPC maps it between processes. The GPU peers of tests/gpu/topics_peer.py run unchanged
 and check every byte. This checks the Python side of the GPU path (not the driver's behaviour,
 timing or asynchrony, which tests/gpu/test_topics.py checks on a GPU)."""
@@ -14,7 +14,7 @@ import sys
 import tempfile
 
 import pytest
-from ...fakedriver import build as fake_build
+from ...fakes import build as fake_build
 from ...json_peer import JsonPeer
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
@@ -26,7 +26,7 @@ def env():
     if fake_build.compiler() is None:
         pytest.skip("no C compiler for the fake libcuda")
     with tempfile.TemporaryDirectory(prefix="eglcuda-fakecuda-") as folder:
-        fake_build.build_fakecuda(folder)
+        fake_build.build_libcuda(folder)
         yield {**os.environ, "LD_LIBRARY_PATH": folder, "__EGL_VENDOR_LIBRARY_FILENAMES": "/nonexistent.json"}  # no EGL: cuda-ipc only
 
 
@@ -56,9 +56,9 @@ def test_cuda_ipc_fanout_every_byte(env, path, busy_every):
     ever completes: the pool grows instead. tests/unit/topics/test_gpu_reading.py covers the
     publisher's wait for the reading to end.)"""
     stats = tempfile.mkdtemp(prefix="eglcuda-fakecuda-stats-")
-    env = {**env, "FAKECUDA_STATS_DIR": stats}
+    env = {**env, "FAKE_CUDA_STATS_DIR": stats}
     if busy_every:
-        env["FAKECUDA_BUSY_AFTER_WAIT"] = str(busy_every)
+        env["FAKE_CUDA_BUSY_AFTER_WAIT"] = str(busy_every)
     publisher = Peer(env, "publish", path, *PUBLISH, "--frames", "0", "--rate", "400", "--seed", "5")
     subscribers = []
     try:

@@ -1,4 +1,4 @@
-"""The ordering contract (docs/ordering.md) on the stand-in libcuda, whose fakecuda_hold keeps a
+"""The ordering contract (docs/ordering.md) on the stand-in libcuda, whose fake_cuda_hold keeps a
 stream "busy" so the order between streams can be seen without a GPU: a frame handed to a stream
 (DLPack's ``stream=``, or ``__cuda_array_interface__``'s likely readers) makes the publish or the
 release that follows wait for that stream, and the release then carries a done event for the
@@ -33,6 +33,7 @@ def test_a_publish_waits_for_the_stream_a_writer_took_the_frame_on(env, path):  
         subscriber.wait_for(lambda m: m["event"] == "ready")
         publisher.send("go")
         subscriber.wait_for(lambda m: m["event"] == "done")
+        # The subscriber may be done before the publisher has said its last "published".
         publisher.wait_for(lambda m: m.get("event") == "published" and m["seq"] == 4)
         published = [m for m in publisher.messages if m.get("event") == "published"]
         assert len(published) == 5 and all(m["legacy_waits"] for m in published), published

@@ -1,8 +1,11 @@
-/* A fake libcuda for testing eglcuda without a GPU: the CUDA driver calls eglcuda makes on the
- * frame path, where "device memory" is host memory (posix_memalign), so what eglcuda's plane
- * copies write can be read back and checked. Builds on libfake_egl.so (fake_common.h), which owns
- * the lock, the fault injection and the EGLStream model; see fake_egl.c for that model and for
- * the test controls.
+/* The one fake libcuda, for testing eglcuda without a GPU: the CUDA driver calls eglcuda (and
+ * bench/c/cross_gpu.c) make, where "device memory" is host memory in shared-memory files (one
+ * memfd per allocation), so what eglcuda's plane copies write can be read back and checked, and
+ * another process can map it (CUDA IPC, VMM descriptors). Builds on a stream-model library
+ * (fake_common.h): libfake_egl.so (fake_egl.c), which owns the lock, the fault injection and the
+ * EGLStream model; see fake_egl.c for that model and tests/fakes/README.md for the test controls.
+ * Every test that needs a libcuda loads this one (tests/fakes/build.py builds it): the fake tier
+ * as libfake_cuda.so, the unit tests as libcuda.so.1 on LD_LIBRARY_PATH.
  *
  * What is modelled, and checked the way a driver would refuse it (each refusal of a kind eglcuda
  * should never cause is also noted as a misuse, see fake_misuse_count()):
@@ -30,20 +33,34 @@
  *     and answers CUDA_ERROR_LAUNCH_TIMEOUT (702), as the real driver does.
  *   - endpoint calls on a stream an endpoint left fail with CUDA_ERROR_UNKNOWN (999); acquire with
  *     no frame fails with CUDA_ERROR_LAUNCH_TIMEOUT after the timeout.
+ *   - CUDA IPC: memory handles of cuMemAlloc allocations, opened in another process of the same
+ *     user (through /proc/PID/fd), once per process; interprocess events (opened as new events).
+ *   - virtual memory management with POSIX file descriptor handles (see that section): the
+ *     descriptor works in any process it is sent to.
+ *   - the order between streams, without timing: the fake_cuda_hold test hook,
+ *     FAKE_CUDA_BUSY_AFTER_WAIT and FAKE_CUDA_STATS_DIR (see "streams and events").
  * Not modelled: kernels, GL interop, EGLImage, external semaphores, host functions (those entry
  * points are not exported, so eglcuda reports them unsupported). */
 #define _GNU_SOURCE
 #include "fake_common.h"
 
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #define MAX_DEVICES 4
 #define MAX_FRAMES_IN_STREAM 64
 
 /* ---- state -------------------------------------------------------------------------------- */
-enum { KIND_DEVICE, KIND_HOST, KIND_MANAGED };
+/* KIND_IMPORTED: another process's allocation opened with cuIpcOpenMemHandle; KIND_VMM: a mapped
+ * VMM range with access granted (cuMemSetAccess); KIND_FOREIGN: memory a test adopted as device
+ * memory that another library owns (fake_cuda_adopt: the fake PyNvVideoCodec's decoded frames,
+ * NVDEC's memory on a GPU). All are device memory for copies; none is freed with cuMemFree. */
+enum { KIND_DEVICE, KIND_HOST, KIND_MANAGED, KIND_IMPORTED, KIND_VMM, KIND_FOREIGN };
 
 struct alloc {
     struct alloc *next;
@@ -51,6 +68,8 @@ struct alloc {
     size_t size;
     int kind;
     int device;
+    int fd;       /* the memfd holding the bytes; -1 for KIND_IMPORTED and KIND_VMM */
+    char key[32]; /* KIND_IMPORTED: "pid:fd" of the exporter's allocation (mapped once per process) */
 };
 
 struct fake_array {
@@ -61,6 +80,7 @@ struct fake_array {
     unsigned int channels;
     int device;
     unsigned char *data;
+    int fd; /* the memfd behind data */
 };
 
 struct fake_cu_stream {
@@ -74,6 +94,8 @@ struct fake_event {
     struct fake_event *next;
     unsigned int flags;
     long long recorded_ns; /* 0: never recorded */
+    uint32_t id;           /* names it in an interprocess handle */
+    uint32_t holds;        /* the fake_cuda_hold holds its last record is behind */
 };
 
 struct fake_ctx {
@@ -98,6 +120,16 @@ static size_t used_bytes[MAX_DEVICES];
 static size_t total_bytes = (size_t)1 << 30;
 static long long fifo_wait_ns = 10000ll * 1000000ll;
 static long long return_wait_ns = 1000ll * 1000ll;
+static int integrated;
+static unsigned busy_after_wait;   /* FAKE_CUDA_BUSY_AFTER_WAIT */
+static const char *stats_dir;      /* FAKE_CUDA_STATS_DIR */
+static size_t vmm_granularity = (size_t)2 << 20;
+static uint32_t next_event_id = 1;
+static int want_stream_flags = -1;  /* FAKE_WANT_STREAM_FLAGS */
+static long skip_memset32_at = -1;  /* FAKE_SKIP_FILL_AT */
+static int fail_stream = -1;        /* FAKE_FAIL_STREAM, FAKE_FAIL_AT */
+static long fail_at = -1;
+static int print_stats;             /* FAKE_STATS */
 
 __attribute__((constructor)) static void fake_cuda_load(void)
 {
@@ -110,6 +142,28 @@ __attribute__((constructor)) static void fake_cuda_load(void)
     value = getenv("FAKE_RETURN_WAIT_US");
     if (value)
         return_wait_ns = strtoll(value, NULL, 0) * 1000ll;
+    value = getenv("FAKE_CUDA_INTEGRATED");
+    integrated = value && atoi(value) != 0;
+    value = getenv("FAKE_CUDA_BUSY_AFTER_WAIT");
+    busy_after_wait = value && atoi(value) > 0 ? (unsigned)atoi(value) : 0;
+    value = getenv("FAKE_CUDA_STATS_DIR");
+    stats_dir = value && *value ? value : NULL;
+    value = getenv("FAKE_WANT_STREAM_FLAGS");
+    if (value && *value)
+        want_stream_flags = atoi(value);
+    value = getenv("FAKE_SKIP_FILL_AT");
+    if (value && *value)
+        skip_memset32_at = atol(value);
+    value = getenv("FAKE_FAIL_STREAM");
+    if (value && *value && getenv("FAKE_FAIL_AT")) {
+        fail_stream = atoi(value);
+        fail_at = atol(getenv("FAKE_FAIL_AT"));
+    }
+    value = getenv("FAKE_STATS");
+    print_stats = value && atoi(value) != 0;
+    value = getenv("FAKE_CUDA_VMM_GRANULARITY");
+    if (value && strtoull(value, NULL, 0) >= 4096 && (strtoull(value, NULL, 0) & (strtoull(value, NULL, 0) - 1)) == 0)
+        vmm_granularity = strtoull(value, NULL, 0);
     for (int i = 0; i < MAX_DEVICES; i++) {
         contexts[i].magic = MAGIC_CTX;
         contexts[i].device = i;
@@ -130,6 +184,7 @@ static const struct {
     {100, "CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is detected"},
     {101, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"},
     {201, "CUDA_ERROR_INVALID_CONTEXT", "invalid device context"},
+    {208, "CUDA_ERROR_ALREADY_MAPPED", "resource already mapped"},
     {400, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"},
     {401, "CUDA_ERROR_ILLEGAL_STATE", "the operation cannot be performed in the present state"},
     {500, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
@@ -260,7 +315,11 @@ FAKE_EXPORT CUresult cuDeviceGetAttribute(int *value, int attribute, CUdevice de
     switch (attribute) {
     case 75: *value = 9; break;        /* compute capability major */
     case 76: *value = 0; break;        /* minor */
-    case 18: *value = 0; break;        /* integrated */
+    case 18: *value = integrated; break; /* integrated (FAKE_CUDA_INTEGRATED) */
+    case 41: *value = 1; break;        /* unified addressing */
+    case 102: *value = 1; break;       /* virtual memory management */
+    case 103: *value = 1; break;       /* POSIX file descriptor handles */
+    case 125: *value = 1; break;       /* interprocess events */
     case 19: *value = 1; break;        /* can map host memory */
     case 83: *value = 1; break;        /* managed memory */
     case 89: *value = 1; break;        /* concurrent managed access */
@@ -280,6 +339,40 @@ FAKE_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
     if (bytes == NULL)
         return CUDA_ERROR_INVALID_VALUE;
     *bytes = total_bytes;
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev)
+{
+    FAKE_ENTER("cuDeviceGetUuid", return fake_fault_);
+    CUresult status = check_device(dev);
+    if (status)
+        return status;
+    if (uuid == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    memset(uuid, 0, sizeof(*uuid));
+    memcpy(uuid->bytes, "FAKEGPU-UUID-", 13);
+    uuid->bytes[15] = (char)dev;
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev)
+{
+    FAKE_ENTER("cuDeviceGetUuid_v2", return fake_fault_);
+    return cuDeviceGetUuid(uuid, dev); /* no MIG instances here */
+}
+
+FAKE_EXPORT CUresult cuDeviceCanAccessPeer(int *can, CUdevice dev, CUdevice peer)
+{
+    FAKE_ENTER("cuDeviceCanAccessPeer", return fake_fault_);
+    CUresult status = check_device(dev);
+    if (status == CUDA_SUCCESS)
+        status = check_device(peer);
+    if (status)
+        return status;
+    if (can == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    *can = dev != peer; /* every pair of distinct fake GPUs is peer-capable */
     return CUDA_SUCCESS;
 }
 
@@ -351,6 +444,8 @@ FAKE_EXPORT CUresult cuCtxSynchronize(void)
 /* ---- memory ------------------------------------------------------------------------------- */
 /* The live allocation holding [address, address + length), lock held; NULL if none does. *partial
  * says whether one holds the start but not the end. */
+static struct alloc elsewhere = {.kind = KIND_FOREIGN, .fd = -1};
+
 static struct alloc *find_range(uintptr_t address, size_t length, int *partial)
 {
     if (partial)
@@ -365,6 +460,10 @@ static struct alloc *find_range(uintptr_t address, size_t length, int *partial)
             return NULL;
         }
     }
+    /* Memory another process allocated in the model's shared region (an EGLStream producer's
+     * frame, read by the consumer's process): device memory of no allocation of ours. */
+    if (fake__shared_contains(address, length))
+        return &elsewhere;
     return NULL;
 }
 
@@ -376,6 +475,52 @@ static struct alloc *find_base(uintptr_t address)
     return NULL;
 }
 
+/* `size` bytes of shared memory: a memfd, mapped read/write (page-aligned). Another process maps
+ * the same bytes through the descriptor: CUDA IPC opens /proc/PID/fd/N, a VMM descriptor is sent
+ * over a socket. NULL when out of memory or descriptors. */
+static unsigned char *shared_memory(size_t size, int *fd_out)
+{
+    int fd = memfd_create("fake-cuda", MFD_CLOEXEC);
+    if (fd < 0)
+        return NULL;
+    if (ftruncate(fd, (off_t)size) < 0) {
+        close(fd);
+        return NULL;
+    }
+    void *memory = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (memory == MAP_FAILED) {
+        close(fd);
+        return NULL;
+    }
+    *fd_out = fd;
+    return memory;
+}
+
+static struct alloc *track(unsigned char *base, size_t size, int kind, int device, int fd)
+{
+    struct alloc *a = calloc(1, sizeof(*a));
+    if (a == NULL)
+        return NULL;
+    a->base = base;
+    a->size = size;
+    a->kind = kind;
+    a->device = device;
+    a->fd = fd;
+    a->next = allocations;
+    allocations = a;
+    return a;
+}
+
+static void untrack(struct alloc *a)
+{
+    for (struct alloc **p = &allocations; *p; p = &(*p)->next)
+        if (*p == a) {
+            *p = a->next;
+            break;
+        }
+    free(a);
+}
+
 static CUresult new_allocation(size_t size, int kind, unsigned char **out)
 {
     if (size == 0)
@@ -383,18 +528,17 @@ static CUresult new_allocation(size_t size, int kind, unsigned char **out)
     int device = current->device;
     if (used_bytes[device] + size > total_bytes || used_bytes[device] + size < size)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    struct alloc *a = calloc(1, sizeof(*a));
-    void *memory = NULL;
-    if (a == NULL || posix_memalign(&memory, 512, size) != 0) {
-        free(a);
+    int fd = -1;
+    unsigned char *memory = fake__shared_alloc(size); /* memory every process of the model sees */
+    if (memory == NULL && (memory = shared_memory(size, &fd)) == NULL)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    if (track(memory, size, kind, device, fd) == NULL) {
+        if (fd >= 0) {
+            munmap(memory, size);
+            close(fd);
+        }
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    a->base = memory;
-    a->size = size;
-    a->kind = kind;
-    a->device = device;
-    a->next = allocations;
-    allocations = a;
     used_bytes[device] += size;
     *out = memory;
     return CUDA_SUCCESS;
@@ -402,14 +546,12 @@ static CUresult new_allocation(size_t size, int kind, unsigned char **out)
 
 static void drop_allocation(struct alloc *a)
 {
-    for (struct alloc **p = &allocations; *p; p = &(*p)->next)
-        if (*p == a) {
-            *p = a->next;
-            break;
-        }
     used_bytes[a->device] -= a->size;
-    free(a->base);
-    free(a);
+    if (a->fd >= 0) { /* memory of the model's shared region is never given back */
+        munmap(a->base, a->size);
+        close(a->fd);
+    }
+    untrack(a);
 }
 
 static CUresult allocate(const char *call, size_t size, int kind, unsigned char **out)
@@ -500,7 +642,7 @@ static CUresult free_allocation(const char *call, uintptr_t address, int host)
         return status;
     fake__lock();
     struct alloc *a = find_base(address);
-    if (a == NULL || (a->kind == KIND_HOST) != host) {
+    if (a == NULL || (a->kind == KIND_HOST) != host || a->kind > KIND_MANAGED) {
         fake__misuse("%s: 0x%lx is not a live %s allocation", call, (unsigned long)address,
                      host ? "pinned host" : "device or managed");
         status = CUDA_ERROR_INVALID_VALUE;
@@ -546,7 +688,7 @@ FAKE_EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, 
         return status;
     fake__lock();
     struct alloc *a = find_range((uintptr_t)dptr, 1, NULL);
-    if (a == NULL) {
+    if (a == NULL || a == &elsewhere) {
         status = CUDA_ERROR_NOT_FOUND;
     } else {
         if (pbase)
@@ -626,6 +768,7 @@ FAKE_EXPORT CUresult cuArrayCreate_v2(CUarray *handle, const CUDA_ARRAY_DESCRIPT
     a->channels = desc->NumChannels;
     a->device = current->device;
     a->data = data;
+    a->fd = backing->fd;
     free(backing);
     a->next = arrays;
     arrays = a;
@@ -653,7 +796,8 @@ FAKE_EXPORT CUresult cuArrayDestroy(CUarray handle)
             }
         used_bytes[a->device] -= a->row_bytes * a->height;
         a->magic = 0;
-        free(a->data);
+        munmap(a->data, a->row_bytes * a->height);
+        close(a->fd);
         free(a);
     }
     fake__unlock();
@@ -695,6 +839,86 @@ static CUresult enter_with_stream(const char *call, CUstream stream)
     return CUDA_SUCCESS;
 }
 
+/* The order between streams, without timing (fake_cuda_hold): a test marks a stream as having
+ * queued work that has not run, until it lets go. Each hold is a bit, never reused; a stream's
+ * entry says which holds it waits behind: its own, and those of the events it waited on. While a
+ * hold is live, cuStreamQuery of a stream behind it says NOT_READY, an event recorded on such a
+ * stream is pending, and a stream that waits on that event is behind the hold too. Lock held. */
+#define MAX_STREAM_STATES 256
+static struct {
+    CUstream stream;
+    uint32_t hold;
+    uint32_t waits;
+} stream_states[MAX_STREAM_STATES];
+static uint32_t live_holds, next_hold = 1;
+
+/* The index of the stream's entry, made if need be; -1 when the table is full. */
+static int stream_state(CUstream stream)
+{
+    int free_entry = -1;
+    for (int i = 0; i < MAX_STREAM_STATES; i++) {
+        if (stream_states[i].hold || stream_states[i].waits) {
+            if (stream_states[i].stream == stream)
+                return i;
+        } else if (free_entry < 0) {
+            free_entry = i;
+        }
+    }
+    if (free_entry >= 0)
+        stream_states[free_entry].stream = stream;
+    return free_entry;
+}
+
+static uint32_t holds_of(CUstream stream)
+{
+    for (int i = 0; i < MAX_STREAM_STATES; i++)
+        if ((stream_states[i].hold || stream_states[i].waits) && stream_states[i].stream == stream)
+            return (stream_states[i].hold | stream_states[i].waits) & live_holds;
+    return 0;
+}
+
+/* Test hook: mark `stream` (NULL: the legacy default stream) busy (held = 1) or let it go (0). */
+FAKE_EXPORT void fake_cuda_hold(CUstream stream, int held)
+{
+    fake__lock();
+    int i = stream_state(stream);
+    if (i >= 0) {
+        if (held && !stream_states[i].hold && next_hold) {
+            stream_states[i].hold = next_hold;
+            live_holds |= next_hold;
+            next_hold <<= 1;
+        } else if (!held) {
+            live_holds &= ~stream_states[i].hold;
+            stream_states[i].hold = 0;
+        }
+    }
+    fake__unlock();
+}
+
+/* FAKE_CUDA_BUSY_AFTER_WAIT=N: every Nth cuStreamQuery after a cuStreamWaitEvent says NOT_READY
+ * (twice: a caller may ask again before recording), and so does every Nth cuEventQuery, as a real
+ * stream and event would while the work before them still runs. Lock held. */
+static int waited;
+static unsigned queries_after_wait, event_queries;
+static int busy_queries;
+
+/* FAKE_CUDA_STATS_DIR: DIR/<pid>.calls says how many cuEventRecord and cuStreamWaitEvent calls this
+ * process made, kept up to date for tests that check which ordering path ran. */
+static unsigned long records, waits;
+static void count_call(unsigned long *counter)
+{
+    ++*counter;
+    if (stats_dir == NULL)
+        return;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%d.calls", stats_dir, (int)getpid());
+    FILE *file = fopen(path, "w");
+    if (file) {
+        fprintf(file, "records %lu waits %lu\n", records, waits);
+        fclose(file);
+    }
+}
+
 FAKE_EXPORT CUresult cuStreamCreate(CUstream *out, unsigned int flags)
 {
     FAKE_ENTER("cuStreamCreate", return fake_fault_);
@@ -703,6 +927,10 @@ FAKE_EXPORT CUresult cuStreamCreate(CUstream *out, unsigned int flags)
         return status;
     if (out == NULL || flags > 1)
         return CUDA_ERROR_INVALID_VALUE;
+    if (want_stream_flags >= 0 && (int)flags != want_stream_flags) {
+        fake__misuse("cuStreamCreate: flags %u, the test wants %d", flags, want_stream_flags);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
     struct fake_cu_stream *s = calloc(1, sizeof(*s));
     if (s == NULL)
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -751,8 +979,20 @@ FAKE_EXPORT CUresult cuStreamQuery(CUstream stream)
 {
     FAKE_ENTER("cuStreamQuery", return fake_fault_);
     CUresult status = enter_with_stream("cuStreamQuery", stream);
-    if (status == CUDA_SUCCESS)
-        fake__unlock();
+    if (status)
+        return status;
+    if (holds_of(stream)) {
+        status = CUDA_ERROR_NOT_READY;
+    } else {
+        if (waited && busy_after_wait && ++queries_after_wait % busy_after_wait == 0)
+            busy_queries = 2;
+        waited = 0;
+        if (busy_queries > 0) {
+            busy_queries--;
+            status = CUDA_ERROR_NOT_READY;
+        }
+    }
+    fake__unlock();
     return status;
 }
 
@@ -762,11 +1002,19 @@ FAKE_EXPORT CUresult cuStreamWaitEvent(CUstream stream, CUevent event, unsigned 
     CUresult status = enter_with_stream("cuStreamWaitEvent", stream);
     if (status)
         return status;
-    if (event_of(event) == NULL) {
+    struct fake_event *e = event_of(event);
+    waited = 1;
+    if (e == NULL) {
         fake__misuse("cuStreamWaitEvent: %p is not a live event", (void *)event);
         status = CUDA_ERROR_INVALID_HANDLE;
     } else if (flags != 0) {
         status = CUDA_ERROR_INVALID_VALUE;
+    } else {
+        uint32_t behind = e->holds & live_holds;
+        int i = behind ? stream_state(stream) : -1;
+        if (i >= 0)
+            stream_states[i].waits |= behind;
+        count_call(&waits);
     }
     fake__unlock();
     return status;
@@ -792,7 +1040,7 @@ FAKE_EXPORT CUresult cuEventCreate(CUevent *out, unsigned int flags)
     CUresult status = need_context("cuEventCreate");
     if (status)
         return status;
-    if (out == NULL || (flags & ~0x7u))
+    if (out == NULL || (flags & ~0x7u) || ((flags & 0x4) && !(flags & 0x2))) /* interprocess: no timing */
         return CUDA_ERROR_INVALID_VALUE;
     struct fake_event *e = calloc(1, sizeof(*e));
     if (e == NULL)
@@ -800,6 +1048,7 @@ FAKE_EXPORT CUresult cuEventCreate(CUevent *out, unsigned int flags)
     e->magic = MAGIC_EVENT;
     e->flags = flags;
     fake__lock();
+    e->id = next_event_id++;
     e->next = events;
     events = e;
     fake__unlock();
@@ -841,6 +1090,9 @@ FAKE_EXPORT CUresult cuEventRecord(CUevent event, CUstream stream)
         status = CUDA_ERROR_INVALID_HANDLE;
     } else {
         e->recorded_ns = fake__now_ns();
+        e->holds = holds_of(stream);
+        busy_queries = 0; /* the stream's queued work "ran" behind the record */
+        count_call(&records);
     }
     fake__unlock();
     return status;
@@ -869,7 +1121,17 @@ FAKE_EXPORT CUresult cuEventSynchronize(CUevent event)
 FAKE_EXPORT CUresult cuEventQuery(CUevent event)
 {
     FAKE_ENTER("cuEventQuery", return fake_fault_);
-    return event_check("cuEventQuery", event);
+    CUresult status = event_check("cuEventQuery", event);
+    if (status)
+        return status;
+    fake__lock();
+    struct fake_event *e = event_of(event);
+    if (e && (e->holds & live_holds))
+        status = CUDA_ERROR_NOT_READY;
+    else if (busy_after_wait && ++event_queries % busy_after_wait == 0)
+        status = CUDA_ERROR_NOT_READY;
+    fake__unlock();
+    return status;
 }
 
 FAKE_EXPORT CUresult cuEventElapsedTime(float *ms, CUevent start, CUevent end)
@@ -996,6 +1258,626 @@ FAKE_EXPORT CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char value, size_
         status = partial ? CUDA_ERROR_ILLEGAL_ADDRESS : CUDA_ERROR_INVALID_VALUE;
     } else if (count) {
         memset((void *)(uintptr_t)dst, value, count);
+    }
+    fake__unlock();
+    return status;
+}
+
+/* The 1D and 2D memsets and the device-to-host copy bench/c/cross_gpu.c makes. */
+FAKE_EXPORT CUresult cuMemsetD2D8Async(CUdeviceptr dst, size_t pitch, unsigned char value, size_t width,
+                                       size_t height, CUstream stream)
+{
+    FAKE_ENTER("cuMemsetD2D8Async", return fake_fault_);
+    CUresult status = enter_with_stream("cuMemsetD2D8Async", stream);
+    if (status)
+        return status;
+    int partial;
+    if (width && height && (pitch < width || find_range((uintptr_t)dst, pitch * (height - 1) + width, &partial) == NULL)) {
+        fake__misuse("cuMemsetD2D8Async: 0x%lx, %zu rows of %zu bytes %zu apart, is not inside a live allocation",
+                     (unsigned long)dst, height, width, pitch);
+        status = pitch < width ? CUDA_ERROR_INVALID_VALUE : partial ? CUDA_ERROR_ILLEGAL_ADDRESS : CUDA_ERROR_INVALID_VALUE;
+    } else {
+        for (size_t row = 0; row < height && width; row++)
+            memset((void *)(uintptr_t)(dst + row * pitch), value, width);
+    }
+    fake__unlock();
+    return status;
+}
+
+static long memsets32; /* counted from 0, for FAKE_SKIP_FILL_AT */
+
+FAKE_EXPORT CUresult cuMemsetD32Async(CUdeviceptr dst, unsigned int value, size_t count, CUstream stream)
+{
+    FAKE_ENTER("cuMemsetD32Async", return fake_fault_);
+    CUresult status = enter_with_stream("cuMemsetD32Async", stream);
+    if (status)
+        return status;
+    int partial;
+    if (dst & 3) {
+        status = CUDA_ERROR_INVALID_VALUE;
+    } else if (count && find_range((uintptr_t)dst, count * 4, &partial) == NULL) {
+        fake__misuse("cuMemsetD32Async: 0x%lx + %zu words is not inside a live allocation", (unsigned long)dst, count);
+        status = partial ? CUDA_ERROR_ILLEGAL_ADDRESS : CUDA_ERROR_INVALID_VALUE;
+    } else if (skip_memset32_at < 0 || memsets32++ != skip_memset32_at) { /* the skipped one writes nothing */
+        for (size_t i = 0; i < count; i++)
+            ((unsigned int *)(uintptr_t)dst)[i] = value;
+    }
+    fake__unlock();
+    return status;
+}
+
+FAKE_EXPORT CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t count, CUstream stream)
+{
+    FAKE_ENTER("cuMemcpyDtoHAsync", return fake_fault_);
+    CUresult status = enter_with_stream("cuMemcpyDtoHAsync", stream);
+    if (status)
+        return status;
+    int partial;
+    if (dst == NULL) {
+        status = CUDA_ERROR_INVALID_VALUE;
+    } else if (count && find_range((uintptr_t)src, count, &partial) == NULL) {
+        fake__misuse("cuMemcpyDtoHAsync: 0x%lx + %zu bytes is not inside a live allocation", (unsigned long)src, count);
+        status = partial ? CUDA_ERROR_ILLEGAL_ADDRESS : CUDA_ERROR_INVALID_VALUE;
+    } else if (count) {
+        memcpy(dst, (const void *)(uintptr_t)src, count);
+    }
+    fake__unlock();
+    return status;
+}
+
+/* Test hooks: treat [base, base + size) of host memory as device memory another library owns (a
+ * decoder's output), or stop. Not counted in fake_live_allocations(). */
+FAKE_EXPORT int fake_cuda_adopt(void *base, size_t size)
+{
+    fake__lock();
+    struct alloc *a = size ? track(base, size, KIND_FOREIGN, 0, -1) : NULL;
+    fake__unlock();
+    return a != NULL;
+}
+
+FAKE_EXPORT int fake_cuda_disown(void *base)
+{
+    fake__lock();
+    struct alloc *a = find_base((uintptr_t)base);
+    int found = a != NULL && a->kind == KIND_FOREIGN;
+    if (found)
+        untrack(a);
+    fake__unlock();
+    return found;
+}
+
+/* ---- CUDA IPC ----------------------------------------------------------------------------- */
+/* A memory handle names (exporter pid, the allocation's memfd, size); the importer opens
+ * /proc/PID/fd/N, so, as with the driver, a handle works in any process of the same user, not in
+ * the exporter's own, and once per process (CUDA_ERROR_ALREADY_MAPPED). An event handle names
+ * (pid, event id): the opened event is a new event of the importer, with no link to the
+ * exporter's records (work is done when queued, so every order holds anyway). */
+struct ipc_mem {
+    uint32_t magic;
+    int32_t pid;
+    int32_t fd;
+    uint32_t pad;
+    uint64_t size;
+};
+struct ipc_event {
+    uint32_t magic;
+    int32_t pid;
+    uint32_t id;
+};
+#define IPC_MEM_MAGIC 0x4d454d48u
+#define IPC_EVENT_MAGIC 0x45565448u
+
+FAKE_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr dptr)
+{
+    FAKE_ENTER("cuIpcGetMemHandle", return fake_fault_);
+    CUresult status = need_context("cuIpcGetMemHandle");
+    if (status)
+        return status;
+    if (handle == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    fake__lock();
+    struct alloc *a = find_base((uintptr_t)dptr);
+    if (a == NULL || a->kind != KIND_DEVICE) {
+        status = CUDA_ERROR_INVALID_VALUE; /* only the base of a cuMemAlloc allocation */
+    } else {
+        struct ipc_mem m = {IPC_MEM_MAGIC, getpid(), a->fd, 0, a->size};
+        memset(handle, 0, sizeof(*handle));
+        memcpy(handle->reserved, &m, sizeof(m));
+    }
+    fake__unlock();
+    return status;
+}
+
+FAKE_EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *dptr, CUipcMemHandle handle, unsigned int flags)
+{
+    FAKE_ENTER("cuIpcOpenMemHandle", return fake_fault_);
+    CUresult status = need_context("cuIpcOpenMemHandle");
+    if (status)
+        return status;
+    struct ipc_mem m;
+    memcpy(&m, handle.reserved, sizeof(m));
+    if (dptr == NULL || m.magic != IPC_MEM_MAGIC || flags > 1)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (m.pid == getpid())
+        return CUDA_ERROR_INVALID_CONTEXT; /* the driver's rule: not in the exporting process */
+    char key[32], path[64];
+    snprintf(key, sizeof key, "%d:%d", m.pid, m.fd);
+    fake__lock();
+    for (struct alloc *a = allocations; a; a = a->next)
+        if (a->kind == KIND_IMPORTED && strcmp(a->key, key) == 0) {
+            fake__unlock();
+            return CUDA_ERROR_ALREADY_MAPPED;
+        }
+    fake__unlock();
+    snprintf(path, sizeof path, "/proc/%d/fd/%d", m.pid, m.fd);
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    if (fd < 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    void *base = mmap(NULL, m.size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (base == MAP_FAILED)
+        return CUDA_ERROR_INVALID_VALUE;
+    fake__lock();
+    struct alloc *a = track(base, m.size, KIND_IMPORTED, current->device, -1);
+    if (a == NULL) {
+        fake__unlock();
+        munmap(base, m.size);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    snprintf(a->key, sizeof a->key, "%s", key);
+    fake__unlock();
+    *dptr = (CUdeviceptr)(uintptr_t)base;
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr dptr)
+{
+    FAKE_ENTER("cuIpcCloseMemHandle", return fake_fault_);
+    CUresult status = need_context("cuIpcCloseMemHandle");
+    if (status)
+        return status;
+    fake__lock();
+    struct alloc *a = find_base((uintptr_t)dptr);
+    if (a == NULL || a->kind != KIND_IMPORTED) {
+        fake__misuse("cuIpcCloseMemHandle: 0x%lx is not memory opened from a handle", (unsigned long)dptr);
+        status = CUDA_ERROR_INVALID_VALUE;
+    } else {
+        munmap(a->base, a->size);
+        untrack(a);
+    }
+    fake__unlock();
+    return status;
+}
+
+FAKE_EXPORT CUresult cuIpcGetEventHandle(CUipcEventHandle *handle, CUevent event)
+{
+    FAKE_ENTER("cuIpcGetEventHandle", return fake_fault_);
+    CUresult status = need_context("cuIpcGetEventHandle");
+    if (status)
+        return status;
+    if (handle == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    fake__lock();
+    struct fake_event *e = event_of(event);
+    if (e == NULL) {
+        fake__misuse("cuIpcGetEventHandle: %p is not a live event", (void *)event);
+        status = CUDA_ERROR_INVALID_HANDLE;
+    } else if (!(e->flags & 0x4)) {
+        status = CUDA_ERROR_INVALID_VALUE; /* not made with CU_EVENT_INTERPROCESS */
+    } else {
+        struct ipc_event m = {IPC_EVENT_MAGIC, getpid(), e->id};
+        memset(handle, 0, sizeof(*handle));
+        memcpy(handle->reserved, &m, sizeof(m));
+    }
+    fake__unlock();
+    return status;
+}
+
+FAKE_EXPORT CUresult cuIpcOpenEventHandle(CUevent *out, CUipcEventHandle handle)
+{
+    FAKE_ENTER("cuIpcOpenEventHandle", return fake_fault_);
+    CUresult status = need_context("cuIpcOpenEventHandle");
+    if (status)
+        return status;
+    struct ipc_event m;
+    memcpy(&m, handle.reserved, sizeof(m));
+    if (out == NULL || m.magic != IPC_EVENT_MAGIC)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (m.pid == getpid())
+        return CUDA_ERROR_INVALID_CONTEXT;
+    struct fake_event *e = calloc(1, sizeof(*e));
+    if (e == NULL)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    e->magic = MAGIC_EVENT;
+    e->flags = 0x6;
+    fake__lock();
+    e->id = next_event_id++;
+    e->next = events;
+    events = e;
+    fake__unlock();
+    *out = (CUevent)e;
+    return CUDA_SUCCESS;
+}
+
+/* ---- virtual memory management ------------------------------------------------------------ */
+/* A physical allocation (cuMemCreate) is a memfd of its size; its handle is the address of its
+ * record. Export dups the memfd (the caller owns the copy); import takes a descriptor, in any
+ * process that holds one (sent with SCM_RIGHTS), and keeps its own dup. A reservation
+ * (cuMemAddressReserve) is PROT_NONE anonymous address space; cuMemMap maps the memfd over part
+ * of it (MAP_FIXED, MAP_SHARED) still PROT_NONE, cuMemSetAccess makes it readable and writable
+ * (from then on it is device memory for copies and memsets), cuMemUnmap puts the PROT_NONE
+ * reservation back. cuMemRelease closes the handle's descriptor: a live mapping keeps the bytes,
+ * as the driver keeps an allocation until its last mapping goes.
+ * The granularity is 2 MiB, as NVIDIA GPUs report (FAKE_CUDA_VMM_GRANULARITY=BYTES, a power of
+ * two >= 4096, sets another); memfd pages are only touched when written, so it costs little.
+ * Only the POSIX file descriptor handle type is modelled: others are CUDA_ERROR_NOT_SUPPORTED. */
+#define MAGIC_VMM 0x564D4D48u
+
+struct vmm_handle {
+    unsigned int magic;
+    struct vmm_handle *next;
+    int fd;
+    size_t size;
+    int device;   /* -1: imported (its bytes count on the exporter's device) */
+};
+
+struct vmm_range { /* a reservation, or a mapping inside one */
+    struct vmm_range *next;
+    uintptr_t base;
+    size_t size;
+    struct alloc *accessible; /* mapping with access granted: its entry among the allocations */
+};
+
+static struct vmm_handle *vmm_handles;
+static struct vmm_range *reservations, *mappings;
+
+static struct vmm_handle *vmm_handle_of(CUmemGenericAllocationHandle handle)
+{
+    for (struct vmm_handle *h = vmm_handles; h; h = h->next)
+        if ((CUmemGenericAllocationHandle)(uintptr_t)h == handle)
+            return h;
+    return NULL;
+}
+
+static struct vmm_handle *vmm_handle_new(int fd, size_t size, int device)
+{
+    struct vmm_handle *h = calloc(1, sizeof(*h));
+    if (h == NULL)
+        return NULL;
+    h->magic = MAGIC_VMM;
+    h->fd = fd;
+    h->size = size;
+    h->device = device;
+    h->next = vmm_handles;
+    vmm_handles = h;
+    return h;
+}
+
+static struct vmm_range *range_holding(struct vmm_range *list, uintptr_t base, size_t size)
+{
+    for (struct vmm_range *r = list; r; r = r->next)
+        if (base >= r->base && size <= r->size && base - r->base <= r->size - size)
+            return r;
+    return NULL;
+}
+
+static int overlaps(struct vmm_range *list, uintptr_t base, size_t size)
+{
+    for (struct vmm_range *r = list; r; r = r->next)
+        if (base < r->base + r->size && r->base < base + size)
+            return 1;
+    return 0;
+}
+
+static void range_unlink(struct vmm_range **list, struct vmm_range *range)
+{
+    for (struct vmm_range **p = list; *p; p = &(*p)->next)
+        if (*p == range) {
+            *p = range->next;
+            break;
+        }
+    free(range);
+}
+
+static int valid_prop(const CUmemAllocationProp *prop)
+{
+    return prop && prop->type == 1 /* pinned */ && prop->location.type == 1 /* device */ &&
+           prop->location.id >= 0 && prop->location.id < fake__device_count();
+}
+
+FAKE_EXPORT CUresult cuMemGetAllocationGranularity(size_t *granularity, const CUmemAllocationProp *prop, int option)
+{
+    FAKE_ENTER("cuMemGetAllocationGranularity", return fake_fault_);
+    if (!ready())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (granularity == NULL || !valid_prop(prop) || (option != 0 && option != 1))
+        return CUDA_ERROR_INVALID_VALUE;
+    *granularity = vmm_granularity; /* minimum and recommended alike */
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
+                                 unsigned long long flags)
+{
+    FAKE_ENTER("cuMemCreate", return fake_fault_);
+    if (!ready())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (handle == NULL || !valid_prop(prop) || flags != 0 || size == 0 || size % vmm_granularity)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (prop->requestedHandleTypes != 1)
+        return CUDA_ERROR_NOT_SUPPORTED; /* only POSIX file descriptors are modelled */
+    int device = prop->location.id;
+    fake__lock();
+    CUresult status = CUDA_SUCCESS;
+    if (used_bytes[device] + size > total_bytes || used_bytes[device] + size < size) {
+        status = CUDA_ERROR_OUT_OF_MEMORY;
+    } else {
+        int fd = memfd_create("fake-cuda-vmm", MFD_CLOEXEC);
+        struct vmm_handle *h = NULL;
+        if (fd < 0 || ftruncate(fd, (off_t)size) < 0 || (h = vmm_handle_new(fd, size, device)) == NULL) {
+            if (fd >= 0)
+                close(fd);
+            status = CUDA_ERROR_OUT_OF_MEMORY;
+        } else {
+            used_bytes[device] += size;
+            *handle = (CUmemGenericAllocationHandle)(uintptr_t)h;
+        }
+    }
+    fake__unlock();
+    return status;
+}
+
+FAKE_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
+{
+    FAKE_ENTER("cuMemRelease", return fake_fault_);
+    if (!ready())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult status = CUDA_SUCCESS;
+    fake__lock();
+    struct vmm_handle *h = vmm_handle_of(handle);
+    if (h == NULL) {
+        fake__misuse("cuMemRelease: 0x%llx is not a live allocation handle", handle);
+        status = CUDA_ERROR_INVALID_VALUE;
+    } else {
+        for (struct vmm_handle **p = &vmm_handles; *p; p = &(*p)->next)
+            if (*p == h) {
+                *p = h->next;
+                break;
+            }
+        if (h->device >= 0)
+            used_bytes[h->device] -= h->size;
+        close(h->fd);
+        h->magic = 0;
+        free(h);
+    }
+    fake__unlock();
+    return status;
+}
+
+FAKE_EXPORT CUresult cuMemExportToShareableHandle(void *shareable, CUmemGenericAllocationHandle handle, int type,
+                                                  unsigned long long flags)
+{
+    FAKE_ENTER("cuMemExportToShareableHandle", return fake_fault_);
+    if (!ready())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (shareable == NULL || flags != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (type != 1)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    CUresult status = CUDA_SUCCESS;
+    fake__lock();
+    struct vmm_handle *h = vmm_handle_of(handle);
+    if (h == NULL) {
+        fake__misuse("cuMemExportToShareableHandle: 0x%llx is not a live allocation handle", handle);
+        status = CUDA_ERROR_INVALID_VALUE;
+    } else {
+        int fd = fcntl(h->fd, F_DUPFD_CLOEXEC, 0);
+        if (fd < 0)
+            status = CUDA_ERROR_OUT_OF_MEMORY;
+        else
+            *(int *)shareable = fd;
+    }
+    fake__unlock();
+    return status;
+}
+
+FAKE_EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, void *os_handle, int type)
+{
+    FAKE_ENTER("cuMemImportFromShareableHandle", return fake_fault_);
+    if (!ready())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (handle == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (type != 1)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    int fd = (int)(intptr_t)os_handle;
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size <= 0 ||
+        (size_t)st.st_size % vmm_granularity)
+        return CUDA_ERROR_INVALID_VALUE; /* not a descriptor of an exported allocation */
+    int own = fcntl(fd, F_DUPFD_CLOEXEC, 0); /* the caller keeps (and closes) its descriptor */
+    if (own < 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    fake__lock();
+    struct vmm_handle *h = vmm_handle_new(own, (size_t)st.st_size, -1);
+    fake__unlock();
+    if (h == NULL) {
+        close(own);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *handle = (CUmemGenericAllocationHandle)(uintptr_t)h;
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
+                                         unsigned long long flags)
+{
+    FAKE_ENTER("cuMemAddressReserve", return fake_fault_);
+    if (!ready())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (ptr == NULL || size == 0 || size % vmm_granularity || flags != 0 || (alignment & (alignment - 1)))
+        return CUDA_ERROR_INVALID_VALUE;
+    (void)addr; /* a hint the driver may ignore: so does the fake */
+    size_t align = alignment > vmm_granularity ? alignment : vmm_granularity;
+    size_t span = size + align;
+    unsigned char *raw = mmap(NULL, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (raw == MAP_FAILED)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    uintptr_t base = ((uintptr_t)raw + align - 1) & ~(uintptr_t)(align - 1);
+    if (base > (uintptr_t)raw)
+        munmap(raw, base - (uintptr_t)raw);
+    if ((uintptr_t)raw + span > base + size)
+        munmap((void *)(base + size), (uintptr_t)raw + span - (base + size));
+    struct vmm_range *r = calloc(1, sizeof(*r));
+    if (r == NULL) {
+        munmap((void *)base, size);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    r->base = base;
+    r->size = size;
+    fake__lock();
+    r->next = reservations;
+    reservations = r;
+    fake__unlock();
+    *ptr = (CUdeviceptr)base;
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
+{
+    FAKE_ENTER("cuMemAddressFree", return fake_fault_);
+    if (!ready())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult status = CUDA_SUCCESS;
+    fake__lock();
+    struct vmm_range *r = range_holding(reservations, (uintptr_t)ptr, size);
+    if (r == NULL || r->base != (uintptr_t)ptr || r->size != size) {
+        fake__misuse("cuMemAddressFree: 0x%lx + %zu is not a reservation", (unsigned long)ptr, size);
+        status = CUDA_ERROR_INVALID_VALUE;
+    } else if (overlaps(mappings, r->base, r->size)) {
+        fake__misuse("cuMemAddressFree: 0x%lx + %zu is still mapped", (unsigned long)ptr, size);
+        status = CUDA_ERROR_INVALID_VALUE;
+    } else {
+        munmap((void *)r->base, r->size);
+        range_unlink(&reservations, r);
+    }
+    fake__unlock();
+    return status;
+}
+
+FAKE_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+                              unsigned long long flags)
+{
+    FAKE_ENTER("cuMemMap", return fake_fault_);
+    if (!ready())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (size == 0 || size % vmm_granularity || offset % vmm_granularity || flags != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult status = CUDA_SUCCESS;
+    fake__lock();
+    struct vmm_handle *h = vmm_handle_of(handle);
+    struct vmm_range *m = NULL;
+    if (h == NULL) {
+        fake__misuse("cuMemMap: 0x%llx is not a live allocation handle", handle);
+        status = CUDA_ERROR_INVALID_VALUE;
+    } else if (offset > h->size || size > h->size - offset) {
+        status = CUDA_ERROR_INVALID_VALUE;
+    } else if (range_holding(reservations, (uintptr_t)ptr, size) == NULL) {
+        fake__misuse("cuMemMap: 0x%lx + %zu is not inside a reservation", (unsigned long)ptr, size);
+        status = CUDA_ERROR_INVALID_VALUE;
+    } else if (overlaps(mappings, (uintptr_t)ptr, size)) {
+        status = CUDA_ERROR_ALREADY_MAPPED;
+    } else if ((m = calloc(1, sizeof(*m))) == NULL ||
+               mmap((void *)(uintptr_t)ptr, size, PROT_NONE, MAP_SHARED | MAP_FIXED, h->fd, (off_t)offset) == MAP_FAILED) {
+        free(m);
+        status = CUDA_ERROR_OUT_OF_MEMORY;
+    } else {
+        m->base = (uintptr_t)ptr;
+        m->size = size;
+        m->next = mappings;
+        mappings = m;
+    }
+    fake__unlock();
+    return status;
+}
+
+/* The mappings that cover [base, base + size) exactly (whole mappings, no gap); 0 if they do not. */
+static int covered(uintptr_t base, size_t size)
+{
+    size_t sum = 0;
+    for (struct vmm_range *m = mappings; m; m = m->next) {
+        if (m->base >= base && m->base - base < size) {
+            if (m->size > size - (m->base - base))
+                return 0;
+            sum += m->size;
+        } else if (m->base < base && m->base + m->size > base) {
+            return 0;
+        }
+    }
+    return sum == size;
+}
+
+FAKE_EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count)
+{
+    FAKE_ENTER("cuMemSetAccess", return fake_fault_);
+    if (!ready())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (desc == NULL || count == 0 || size == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    int prot = -1;
+    for (size_t i = 0; i < count; i++) {
+        if (desc[i].location.type != 1 || desc[i].location.id < 0 || desc[i].location.id >= fake__device_count())
+            return CUDA_ERROR_INVALID_DEVICE;
+        int p = desc[i].flags == 3 ? PROT_READ | PROT_WRITE : desc[i].flags == 1 ? PROT_READ :
+                desc[i].flags == 0 ? PROT_NONE : -1;
+        if (p < 0)
+            return CUDA_ERROR_INVALID_VALUE;
+        prot = p > prot ? p : prot; /* one address space here: the widest access of any device */
+    }
+    CUresult status = CUDA_SUCCESS;
+    fake__lock();
+    if (!covered((uintptr_t)ptr, size)) {
+        fake__misuse("cuMemSetAccess: 0x%lx + %zu is not wholly mapped", (unsigned long)ptr, size);
+        status = CUDA_ERROR_INVALID_VALUE;
+    } else {
+        for (struct vmm_range *m = mappings; m; m = m->next) {
+            if (m->base < (uintptr_t)ptr || m->base - (uintptr_t)ptr >= size)
+                continue;
+            mprotect((void *)m->base, m->size, prot);
+            if (prot != PROT_NONE && m->accessible == NULL)
+                m->accessible = track((unsigned char *)m->base, m->size, KIND_VMM, desc[0].location.id, -1);
+            else if (prot == PROT_NONE && m->accessible != NULL) {
+                untrack(m->accessible);
+                m->accessible = NULL;
+            }
+        }
+    }
+    fake__unlock();
+    return status;
+}
+
+FAKE_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
+{
+    FAKE_ENTER("cuMemUnmap", return fake_fault_);
+    if (!ready())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult status = CUDA_SUCCESS;
+    fake__lock();
+    if (size == 0 || !covered((uintptr_t)ptr, size)) {
+        fake__misuse("cuMemUnmap: 0x%lx + %zu is not wholly mapped", (unsigned long)ptr, size);
+        status = CUDA_ERROR_INVALID_VALUE;
+    } else {
+        struct vmm_range *m = mappings, *next;
+        for (; m; m = next) {
+            next = m->next;
+            if (m->base < (uintptr_t)ptr || m->base - (uintptr_t)ptr >= size)
+                continue;
+            /* Back to reserved address space: nobody else may map there meanwhile. */
+            mmap((void *)m->base, m->size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+            if (m->accessible)
+                untrack(m->accessible);
+            range_unlink(&mappings, m);
+        }
     }
     fake__unlock();
     return status;
@@ -1194,6 +2076,14 @@ FAKE_EXPORT CUresult cuEGLStreamConsumerDisconnect(CUeglStreamConnection *conn)
 FAKE_EXPORT CUresult cuEGLStreamProducerDisconnect(CUeglStreamConnection *conn)
 {
     FAKE_ENTER("cuEGLStreamProducerDisconnect", return fake_fault_);
+    if (print_stats && conn != NULL) {
+        fake__lock();
+        struct fake_conn *c = fake__conn_lookup(*conn);
+        if (c && c->producer)
+            fprintf(stderr, "stream %d: presents=%ld returns=%ld waited=%ld missed=%ld\n", c->stream->id,
+                    c->stream->presents, c->stream->returns, c->stream->returns_waited, c->stream->returns_missed);
+        fake__unlock();
+    }
     return disconnect("cuEGLStreamProducerDisconnect", conn, 1);
 }
 
@@ -1253,7 +2143,7 @@ FAKE_EXPORT CUresult cuEGLStreamProducerPresentFrame(CUeglStreamConnection *pcon
             }
         }
     }
-    struct fake_frame *entry = calloc(1, sizeof(*entry));
+    struct fake_frame *entry = fake__frame_new();
     if (entry == NULL) {
         status = CUDA_ERROR_OUT_OF_MEMORY;
         goto out;
@@ -1270,6 +2160,7 @@ FAKE_EXPORT CUresult cuEGLStreamProducerPresentFrame(CUeglStreamConnection *pcon
         tail = &f->next;
     }
     *tail = entry;
+    s->presents++;
     fake__wake_all();
 out:
     fake__unlock();
@@ -1287,16 +2178,21 @@ FAKE_EXPORT CUresult cuEGLStreamProducerReturnFrame(CUeglStreamConnection *pconn
     if (status)
         return status;
     long long deadline = fake__now_ns() + return_wait_ns;
-    for (;;) {
-        struct fake_frame *f = conn->stream->frames;
+    struct fake_stream *s = conn->stream;
+    for (int waited_here = 0;; waited_here = 1) {
+        struct fake_frame *f = s->frames;
         while (f && f->status != FRAME_RETURNABLE)
             f = f->next;
         if (f) {
             *out = f->desc;
             fake__frame_unlink(f);
+            s->returns++;
             break;
         }
+        if (!waited_here)
+            s->returns_waited++;
         if (fake__now_ns() >= deadline) {
+            s->returns_missed++;
             status = CUDA_ERROR_LAUNCH_TIMEOUT;
             break;
         }
@@ -1321,6 +2217,10 @@ FAKE_EXPORT CUresult cuEGLStreamConsumerAcquireFrame(CUeglStreamConnection *pcon
     if (status)
         return status;
     struct fake_stream *s = conn->stream;
+    if (s->id == fail_stream && s->acquires == fail_at) { /* FAKE_FAIL_STREAM, FAKE_FAIL_AT */
+        fake__unlock();
+        return CUDA_ERROR_UNKNOWN;
+    }
     long long deadline = timeout_us == 0xFFFFFFFFu ? -1 : fake__now_ns() + (long long)timeout_us * 1000;
     struct fake_frame *got = NULL;
     for (;;) {
@@ -1358,6 +2258,7 @@ FAKE_EXPORT CUresult cuEGLStreamConsumerAcquireFrame(CUeglStreamConnection *pcon
     }
     if (got) {
         *resource = (CUgraphicsResource)got;
+        s->acquires++;
         fake__wake_all();
     } else {
         status = s->disconnected ? CUDA_ERROR_UNKNOWN : CUDA_ERROR_LAUNCH_TIMEOUT;
@@ -1435,6 +2336,18 @@ FAKE_EXPORT long fake_cuda_count(const char *what)
     } else if (strcmp(what, "retained") == 0) {
         for (int i = 0; i < MAX_DEVICES; i++)
             n += contexts[i].retained;
+    } else if (strcmp(what, "vmm_handles") == 0) {
+        for (struct vmm_handle *h = vmm_handles; h; h = h->next)
+            n++;
+    } else if (strcmp(what, "vmm_reservations") == 0) {
+        for (struct vmm_range *r = reservations; r; r = r->next)
+            n++;
+    } else if (strcmp(what, "vmm_mappings") == 0) {
+        for (struct vmm_range *m = mappings; m; m = m->next)
+            n++;
+    } else if (strcmp(what, "imported") == 0) {
+        for (struct alloc *a = allocations; a; a = a->next)
+            n += a->kind == KIND_IMPORTED;
     } else if (strcmp(what, "used_bytes") == 0) {
         for (int i = 0; i < MAX_DEVICES; i++)
             n += (long)used_bytes[i];
@@ -1445,14 +2358,19 @@ FAKE_EXPORT long fake_cuda_count(const char *what)
     return n;
 }
 
-/* Every allocation eglcuda could leak: device, pinned and managed memory, and arrays. */
+/* Every allocation eglcuda could leak: device, pinned and managed memory, arrays, memory opened
+ * from IPC handles, VMM handles, reservations and accessible mappings. */
 FAKE_EXPORT long fake_live_allocations(void)
 {
     long n = 0;
     fake__lock();
     for (struct alloc *a = allocations; a; a = a->next)
-        n++;
+        n += a->kind != KIND_FOREIGN;
     for (struct fake_array *a = arrays; a; a = a->next)
+        n++;
+    for (struct vmm_handle *h = vmm_handles; h; h = h->next)
+        n++;
+    for (struct vmm_range *r = reservations; r; r = r->next)
         n++;
     fake__unlock();
     return n;

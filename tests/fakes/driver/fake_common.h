@@ -130,12 +130,41 @@ typedef struct {
     size_t Height;
 } CUDA_MEMCPY2D;
 
+/* CUDA IPC (cuda.h: CU_IPC_HANDLE_SIZE 64) and device UUIDs. */
+typedef struct { char reserved[64]; } CUipcMemHandle;
+typedef struct { char reserved[64]; } CUipcEventHandle;
+typedef struct { char bytes[16]; } CUuuid;
+
+/* Virtual memory management (cuda.h, CUDA 10.2 and later). The enums are 4 bytes. */
+typedef unsigned long long CUmemGenericAllocationHandle;
+typedef struct {
+    int type; /* CUmemLocationType: 1 device */
+    int id;
+} CUmemLocation;
+typedef struct {
+    int type;                 /* CUmemAllocationType: 1 pinned */
+    int requestedHandleTypes; /* CUmemAllocationHandleType: 1 POSIX file descriptor */
+    CUmemLocation location;
+    void *win32HandleMetaData;
+    struct {
+        unsigned char compressionType;
+        unsigned char gpuDirectRDMACapable;
+        unsigned short usage;
+        unsigned char reserved[4];
+    } allocFlags;
+} CUmemAllocationProp;
+typedef struct {
+    CUmemLocation location;
+    int flags; /* CUmemAccess_flags: 0 none, 1 read, 3 read/write */
+} CUmemAccessDesc;
+
 #define CUDA_SUCCESS 0
 #define CUDA_ERROR_INVALID_VALUE 1
 #define CUDA_ERROR_OUT_OF_MEMORY 2
 #define CUDA_ERROR_NOT_INITIALIZED 3
 #define CUDA_ERROR_INVALID_DEVICE 101
 #define CUDA_ERROR_INVALID_CONTEXT 201
+#define CUDA_ERROR_ALREADY_MAPPED 208
 #define CUDA_ERROR_INVALID_HANDLE 400
 #define CUDA_ERROR_ILLEGAL_STATE 401
 #define CUDA_ERROR_NOT_FOUND 500
@@ -154,6 +183,9 @@ typedef struct {
 
 _Static_assert(sizeof(CUeglFrame) == 64, "CUeglFrame is 64 bytes on LP64");
 _Static_assert(sizeof(CUDA_MEMCPY2D) == 128, "CUDA_MEMCPY2D is 128 bytes on LP64");
+_Static_assert(sizeof(CUmemAllocationProp) == 32, "CUmemAllocationProp is 32 bytes on LP64");
+_Static_assert(offsetof(CUmemAllocationProp, allocFlags) == 24, "allocFlags follows the metadata pointer");
+_Static_assert(sizeof(CUmemAccessDesc) == 12, "CUmemAccessDesc is 12 bytes");
 
 /* ---- the EGLStream model (see fake_egl.c for the rules) ------------------------------------- */
 enum fake_frame_status {
@@ -190,6 +222,8 @@ struct fake_stream {
     uint64_t consumer_frame;         /* the number of the frame latched last */
     struct fake_conn *consumer, *producer;
     struct fake_frame *frames;       /* not yet returned, in present order */
+    int id;                          /* streams are numbered from 0 in creation order (FAKE_FAIL_STREAM) */
+    long presents, acquires, returns, returns_waited, returns_missed; /* FAKE_STATS */
 };
 
 struct fake_conn {
@@ -227,8 +261,15 @@ FAKE_EXPORT struct fake_conn *fake__conn_new(struct fake_stream *stream, int pro
 FAKE_EXPORT struct fake_conn *fake__conn_lookup(void *conn);
 FAKE_EXPORT void fake__conn_free(struct fake_conn *conn);
 FAKE_EXPORT struct fake_frame *fake__frame_lookup(void *resource);
+FAKE_EXPORT struct fake_frame *fake__frame_new(void); /* zeroed; fake__frame_unlink frees it */
 FAKE_EXPORT void fake__frame_unlink(struct fake_frame *frame);
 FAKE_EXPORT int fake__device_count(void);
+/* Device memory the model shares between processes (fake_egl_shared.c: a region mapped before
+ * fork, at the same address in every process), or NULL: the fake libcuda then makes its own
+ * (fake_egl.c). fake__shared_contains says whether a range lies in memory shared that way, which
+ * another process may have allocated. */
+FAKE_EXPORT void *fake__shared_alloc(size_t size);
+FAKE_EXPORT int fake__shared_contains(uintptr_t address, size_t length);
 
 /* The per-call preamble: count the call, and return the injected fault if one is armed. */
 #define FAKE_ENTER(name, on_fault)                  \

@@ -1,7 +1,8 @@
 """A stand-in for PyNvVideoCodec on a machine without a GPU (tests only).
 
 PyAV decodes on the CPU into host buffers whose addresses play the decoder's device pointers:
-with tests/fakecuda/fake_libcuda.c as libcuda.so.1, "device memory" is host memory, so eglcuda's
+with tests/fakes/driver/fake_cuda.c as libcuda.so.1, "device memory" is host memory, and each
+buffer is adopted as device memory the decoder owns (the fake's ``fake_cuda_adopt``), so eglcuda's
 plane copies read them. It behaves like PyNvVideoCodec 2.2.4 where samples/_video.py relies on
 it (see docs/pynvvideocodec.md): NV12 output as one (H*3/2, W) buffer per frame with pitch W,
 the frames of one ``Decode`` call in buffers 0..n-1 that the next call writes again,
@@ -10,7 +11,9 @@ Only the calls samples/_video.py makes are here. Not a model of NVDEC's timing.
 """
 from __future__ import annotations
 
+import ctypes
 import enum
+import weakref
 
 import numpy as np
 
@@ -46,6 +49,28 @@ class DisplayDecodeLatencyType(enum.Enum):
 class VideoPacketFlag(enum.IntEnum):
     ENDOFSTREAM = 1
     ENDOFPICTURE = 2
+
+
+def _fake_driver():
+    try:
+        library = ctypes.CDLL("libcuda.so.1")
+        library.fake_cuda_adopt.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        library.fake_cuda_disown.argtypes = [ctypes.c_void_p]
+    except (OSError, AttributeError):
+        return None  # not the fake: nothing to tell
+    return library
+
+
+_DRIVER = _fake_driver()
+
+
+def _device_buffer(size: int) -> np.ndarray:
+    """A host buffer the fake libcuda takes for device memory (NVDEC's output) while it lives."""
+    buffer = np.empty(size, np.uint8)
+    if _DRIVER is not None:
+        _DRIVER.fake_cuda_adopt(buffer.ctypes.data, size)
+        weakref.finalize(buffer, _DRIVER.fake_cuda_disown, buffer.ctypes.data)
+    return buffer
 
 
 _CODECS = {"h264": cudaVideoCodec.H264, "hevc": cudaVideoCodec.HEVC, "av1": cudaVideoCodec.AV1,
@@ -153,7 +178,7 @@ class _Decoder:
         result = []
         for number, (nv12, pts) in enumerate(self._decode(packet)):
             if number == len(self._slots):
-                self._slots.append(np.empty(nv12.size, np.uint8))
+                self._slots.append(_device_buffer(nv12.size))
             slot = self._slots[number]
             slot[:] = nv12.reshape(-1)
             result.append(_DecodedFrame(slot, self.width, self.height, pts))
@@ -162,7 +187,7 @@ class _Decoder:
     def GetNumDecodedFrame(self, packet: PacketData) -> int:  # noqa: N802
         decoded = self._decode(packet)
         for nv12, _ in decoded:
-            buffer = self._free.pop() if self._free else np.empty(nv12.size, np.uint8)
+            buffer = self._free.pop() if self._free else _device_buffer(nv12.size)
             buffer[:] = nv12.reshape(-1)
             self._ready.append(buffer)
         return len(decoded)

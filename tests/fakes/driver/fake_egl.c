@@ -5,7 +5,7 @@
  * stream model, and the test controls below. A test tool, not a driver: nothing is rendered, no
  * GL context can be made (eglChooseConfig finds no config).
  *
- * Built by the tests themselves (tests/fake/conftest.py, tests/fakedriver/build.sh):
+ * Built by the tests themselves (tests/fake/conftest.py, tests/fakes/build.py):
  *   gcc -shared -fPIC -pthread -Wl,-Bsymbolic -Wl,-soname,libfake_egl.so -o libfake_egl.so fake_egl.c
  * and loaded through eglcuda's test hook EGLCUDA_LIBEGL=/path/to/libfake_egl.so.
  *
@@ -428,6 +428,8 @@ static struct fake_handle *handle_of(EGLStreamKHR handle)
     return NULL;
 }
 
+static int next_stream_id;
+
 FAKE_EXPORT struct fake_stream *fake__stream_from_handle(void *handle)
 {
     struct fake_handle *h = handle_of(handle);
@@ -478,6 +480,12 @@ FAKE_EXPORT void fake__frame_unlink(struct fake_frame *frame)
     frame->magic = 0;
     free(frame);
 }
+
+FAKE_EXPORT struct fake_frame *fake__frame_new(void) { return calloc(1, sizeof(struct fake_frame)); }
+
+/* Every process has its own memory here: the fake libcuda allocates it. */
+FAKE_EXPORT void *fake__shared_alloc(size_t size) { (void)size; return NULL; }
+FAKE_EXPORT int fake__shared_contains(uintptr_t address, size_t length) { (void)address; (void)length; return 0; }
 
 FAKE_EXPORT struct fake_frame *fake__frame_lookup(void *resource)
 {
@@ -625,6 +633,7 @@ static EGLStreamKHR eglCreateStreamKHR(EGLDisplay dpy, const EGLint *attribs)
         goto out;
     }
     s->magic = FAKE_MAGIC_STREAM;
+    s->id = next_stream_id++;
     s->fifo_length = fifo;
     s->latency_us = latency;
     s->reuse = reuse;

@@ -3,7 +3,7 @@ AddressSanitizer (see run_under_valgrind.sh): every per-frame call, pitch and ar
 and NV12, mailbox and FIFO, a producer thread, an injected fault, a descriptor, and every byte
 checked. Exits non-zero on any failure; prints "roundtrip ok" at the end.
 
-Needs EGLCUDA_LIBEGL and EGLCUDA_LIBCUDA pointing at the fake (tests/fakedriver/build.py)."""
+Needs EGLCUDA_LIBEGL and EGLCUDA_LIBCUDA pointing at the fake (tests/fakes/build.py)."""
 from __future__ import annotations
 
 import ctypes

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Run a short eglcuda round trip (tests/fakedriver/roundtrip.py) against the fake driver under
+# Run a short eglcuda round trip (tests/fakes/driver/roundtrip.py) against the fake driver under
 # valgrind's memcheck, or under AddressSanitizer.
 #
-#   tests/fakedriver/run_under_valgrind.sh            # valgrind memcheck
-#   tests/fakedriver/run_under_valgrind.sh --asan     # the fake built with -fsanitize=address
-#   tests/fakedriver/run_under_valgrind.sh -- ARGS...  # python3 ARGS... instead of the round trip
-#   tests/fakedriver/run_under_valgrind.sh --asan -- -m pytest tests/fake -q
+#   tests/fakes/driver/run_under_valgrind.sh            # valgrind memcheck
+#   tests/fakes/driver/run_under_valgrind.sh --asan     # the fake built with -fsanitize=address
+#   tests/fakes/driver/run_under_valgrind.sh -- ARGS...  # python3 ARGS... instead of the round trip
+#   tests/fakes/driver/run_under_valgrind.sh --asan -- -m pytest tests/fake -q
 #       # the whole fake tier with the fake built with ASan (the children inherit the preload)
 #
 # Exits 1 when valgrind (or ASan) reports an error: invalid reads or writes, uses of
@@ -36,7 +36,7 @@ fi
 
 build_flags=()
 [[ $mode == asan ]] && build_flags=(--asan)
-python3 "$here/build.py" "$out" "${build_flags[@]}" >/dev/null
+python3 "$here/../build.py" "$out" "${build_flags[@]}" >/dev/null
 
 export EGLCUDA_LIBEGL="$out/libfake_egl.so" EGLCUDA_LIBCUDA="$out/libfake_cuda.so"
 export EGLCUDA_LIBVULKAN=/nonexistent/libvulkan.so.1
