@@ -36,52 +36,11 @@ from ..frames.frame import Frame, FrameBase, Plane, note_users, order_after
 from ..frames.interop import stream_handle
 from .stream import ResourceLocation, StreamState, check_microseconds
 
-cdef extern from "eglcuda_types.h" nogil:
-    ctypedef int CUresult
-    ctypedef void *CUcontext
-    ctypedef void *CUstream
-    ctypedef void *CUgraphicsResource
-    ctypedef void *CUeglStreamConnection
-    ctypedef void *EGLDisplay
-    ctypedef void *EGLStreamKHR
-    ctypedef uint64_t EGLuint64KHR
-
-    struct eglcuda_hot_api:
-        unsigned int version
-        unsigned int size
-        CUresult (*ensure_current)(CUcontext) noexcept nogil
-        CUresult (*producer_present)(CUcontext, CUeglStreamConnection *, const CUeglFrame *,
-                                     CUstream *, int *) noexcept nogil
-        CUresult (*producer_return)(CUcontext, CUeglStreamConnection *, CUeglFrame *, CUstream *,
-                                    unsigned long long, unsigned long long *, int *) noexcept nogil
-        CUresult (*producer_present_return)(CUcontext, CUeglStreamConnection *, const CUeglFrame *, CUstream *,
-                                            CUeglFrame *, CUstream *, unsigned long long, unsigned long long *,
-                                            int *) noexcept nogil
-        CUresult (*consumer_acquire)(CUcontext, CUeglStreamConnection *, CUgraphicsResource *, CUstream *,
-                                     unsigned int, CUeglFrame *, EGLDisplay, EGLStreamKHR, EGLuint64KHR *,
-                                     int *) noexcept nogil
-        CUresult (*consumer_next)(CUcontext, CUeglStreamConnection *, CUgraphicsResource, CUgraphicsResource *,
-                                  CUstream *, unsigned int, CUeglFrame *, EGLDisplay, EGLStreamKHR,
-                                  EGLuint64KHR *, int *) noexcept nogil
-        CUresult (*consumer_release)(CUcontext, CUeglStreamConnection *, CUgraphicsResource,
-                                     CUstream *, int *) noexcept nogil
-        CUresult (*consumer_counter)(EGLDisplay, EGLStreamKHR, EGLuint64KHR *) noexcept nogil
-        CUresult (*legacy_sync)(CUcontext, int *) noexcept nogil
-
-    enum:
-        EGLCUDA_HOT_API_VERSION
-        EGLCUDA_CALL_CONTEXT
-        EGLCUDA_CALL_ACQUIRE
-        EGLCUDA_CALL_MAP
-        EGLCUDA_CALL_COUNTER
-        EGLCUDA_CALL_RELEASE
-        EGLCUDA_CALL_PRESENT
-        EGLCUDA_CALL_RETURN
-        EGLCUDA_CALL_SYNCHRONIZE
-        EGLCUDA_MAX_FRAMES_IN_FLIGHT
-        EGLCUDA_DEFAULT_ACQUIRE_TIMEOUT_US
-        CUDA_ERROR_LAUNCH_TIMEOUT
-        CUDA_SUCCESS
+from eglcuda._hot cimport (
+    CUDA_ERROR_LAUNCH_TIMEOUT, CUDA_SUCCESS, EGLCUDA_CALL_ACQUIRE, EGLCUDA_CALL_CONTEXT, EGLCUDA_CALL_COUNTER,
+    EGLCUDA_CALL_MAP, EGLCUDA_CALL_PRESENT, EGLCUDA_CALL_RELEASE, EGLCUDA_CALL_RETURN, EGLCUDA_CALL_SYNCHRONIZE,
+    EGLCUDA_DEFAULT_ACQUIRE_TIMEOUT_US, EGLCUDA_MAX_FRAMES_IN_FLIGHT, CUcontext, CUeglStreamConnection,
+    CUgraphicsResource, CUresult, CUstream, EGLDisplay, EGLStreamKHR, EGLuint64KHR, eglcuda_hot_api, hot_table)
 
 # A weak reference list is what keeps an acquired frame from being reused (see _frame_for).
 cdef extern from *:
@@ -122,18 +81,7 @@ cdef inline CUresult legacy_first(bint needed, CUcontext ctx, int *failed_call) 
 
 # ---- the helper table ---------------------------------------------------------------------------
 
-cdef const eglcuda_hot_api *hot = NULL
-
-
-cdef void _install(uintptr_t table) except *:
-    global hot
-    cdef const eglcuda_hot_api *candidate = <const eglcuda_hot_api *>table
-    if candidate == NULL or candidate.version != EGLCUDA_HOT_API_VERSION or candidate.size != sizeof(eglcuda_hot_api):
-        raise ImportError("eglcuda's compiled parts come from different builds (the per-frame helper table "
-                          "does not match): reinstall eglcuda")
-    hot = candidate
-
-_install(table_address())
+cdef const eglcuda_hot_api *hot = hot_table(table_address())
 
 # ---- the endpoint gate --------------------------------------------------------------------------
 # One thread at a time inside an endpoint's calls, which release the GIL for the driver. The common

@@ -76,39 +76,21 @@ cdef extern from "<sys/epoll.h>" nogil:
         epoll_data_t data
     int epoll_wait(int epfd, epoll_event *events, int maxevents, int timeout)
 
-cdef extern from "eglcuda_types.h" nogil:
-    ctypedef int CUresult
-    ctypedef void *CUcontext
-    ctypedef void *CUstream
-    ctypedef void *CUevent
-    struct eglcuda_hot_api:
-        unsigned int version
-        unsigned int size
-        CUresult (*ipc_record)(CUcontext, CUevent, CUstream, int, int *, int *) noexcept nogil
-        CUresult (*ipc_release)(CUcontext, CUstream, CUevent, int *, int *) noexcept nogil
-        CUresult (*ipc_order_after)(CUcontext, CUstream, CUevent, int *) noexcept nogil
-        CUresult (*ipc_event_done)(CUcontext, CUevent, int *) noexcept nogil
-    enum:
-        EGLCUDA_HOT_API_VERSION
-        EGLCUDA_CALL_CONTEXT
-        EGLCUDA_CALL_EVENT_QUERY
-        EGLCUDA_CALL_STREAM_WAIT_EVENT
-        EGLCUDA_CALL_EVENT_RECORD
-        EGLCUDA_CALL_STREAM_QUERY
+from eglcuda._hot cimport (
+    EGLCUDA_CALL_CONTEXT, EGLCUDA_CALL_EVENT_QUERY, EGLCUDA_CALL_EVENT_RECORD,
+    EGLCUDA_CALL_STREAM_QUERY, EGLCUDA_CALL_STREAM_WAIT_EVENT, CUcontext, CUevent, CUresult, CUstream,
+    eglcuda_hot_api, hot_table)
 
 cdef enum:
+    CUDA_ERROR_NOT_READY = 600  # (csrc/cuda_ipc.h, which eglcuda_types.h leaves out)
     FRAME_HEAD_SIZE = 29  # kind u8, seq u64, slot u16, timestamp u64, number u64, payload length u16
     RELEASE_HEAD_SIZE = 11  # kind u8, seq u64, flags u8, extra length u8
-    CUDA_ERROR_NOT_READY = 600
     READY_EVENTS = 256  # epoll events taken per wait (more ready connections: the next wait)
 
 if protocol.FRAME_HEAD.size != FRAME_HEAD_SIZE or protocol.RELEASE_HEAD.size != RELEASE_HEAD_SIZE:
     raise ImportError("eglcuda.topics._wire was built for another wire layout than protocol.py's: rebuild eglcuda")
 
-cdef const eglcuda_hot_api *hot = <const eglcuda_hot_api *><uintptr_t>table_address()
-if hot == NULL or hot.version != EGLCUDA_HOT_API_VERSION or hot.size != sizeof(eglcuda_hot_api):
-    raise ImportError("eglcuda's compiled parts come from different builds (the per-frame helper table does not "
-                      "match): reinstall eglcuda")
+cdef const eglcuda_hot_api *hot = hot_table(table_address())
 
 cdef uint8_t KIND_FRAME = <uint8_t>int(protocol.Kind.FRAME)
 cdef uint8_t KIND_RELEASE = <uint8_t>int(protocol.Kind.RELEASE)
