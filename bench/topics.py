@@ -2,7 +2,8 @@
 and present-to-receive latency (p50 / p99) for N = 1, 2, 4, 8, qos latest and every, 1080p NV12
 and 4K ARGB, through each eglcuda transport, next to the alternatives in the same run:
 
-- ``cuda-ipc``, ``eglstream``: eglcuda.Publisher / Subscriber with the transport forced;
+- ``cuda-ipc``, ``cuda-vmm``, ``eglstream``: eglcuda.Publisher / Subscriber with the transport forced
+  (for ``cuda-vmm`` the publisher offers it alone: its pool is VMM memory);
 - ``ipc-ring``: a plain CUDA IPC ring written like GStreamer's cudaipcsink/cudaipcsrc: 8 device
   buffers and interprocess events, handles sent once per subscriber and opened once, per frame an
   event record and a small message per subscriber, the subscriber's stream waits on the event and
@@ -72,7 +73,8 @@ from _script import MATPLOTLIB, require, run  # noqa: E402
 PROGRAM = "bench/topics.py"
 ROOT = HERE.parent
 SIZES = {"1080p-nv12": (1920, 1080, "NV12"), "4k-argb": (3840, 2160, "ARGB")}
-TRANSPORTS = ["cuda-ipc", "eglstream", "ipc-ring", "torch-mp"]
+TRANSPORTS = ["cuda-ipc", "cuda-vmm", "eglstream", "ipc-ring", "torch-mp"]
+EGLCUDA_TRANSPORTS = ("cuda-ipc", "cuda-vmm", "eglstream")
 POOL = 8
 WARMUP = 50
 
@@ -110,8 +112,9 @@ def eglcuda_publisher(args) -> int:
     import eglcuda
 
     width, height, fmt = SIZES[args.size]
+    offer = ["cuda-vmm"] if args.transport == "cuda-vmm" else None  # (its pool is VMM memory)
     pub = eglcuda.Publisher("bench", width, height, fmt, path=args.path, pool=POOL, every_timeout=30.0,
-                            max_pool=64)
+                            max_pool=64, transports=offer)
     emit(role="ready")
     write = None
     if args.write:
@@ -437,9 +440,10 @@ def run_config(args, transport: str, size: str, qos: str, n: int, stalled: bool 
     with tempfile.TemporaryDirectory(prefix="eglcuda-bench-topics-") as folder:
         os.chmod(folder, 0o700)
         path = os.path.join(folder, "bench.topic")
-        if transport in ("cuda-ipc", "eglstream"):
+        if transport in EGLCUDA_TRANSPORTS:
             publisher = subprocess.Popen([sys.executable, __file__, "--role", "pub", "--path", path, "--n", str(n),
-                                          *common], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+                                          "--transport", transport, *common], stdout=subprocess.PIPE, text=True,
+                                         cwd=ROOT)
             subscribers = [subprocess.Popen([sys.executable, __file__, "--role", "sub", "--path", path, "--qos", qos,
                                              "--transport", transport, *common]
                                             + (["--stall"] if stalled and index == 0 else []),
@@ -509,7 +513,7 @@ def run_stall_pairs(args, transport: str, size: str, n: int) -> dict:
         path, times_file = os.path.join(folder, "bench.topic"), os.path.join(folder, "times")
         spawn = dict(stdout=subprocess.PIPE, text=True, cwd=ROOT, preexec_fn=_die_with_parent())
         publisher = subprocess.Popen([sys.executable, __file__, "--role", "pub", "--path", path, "--n", str(n),
-                                      "--times", times_file, *common], **spawn)
+                                      "--times", times_file, "--transport", transport, *common], **spawn)
         subscribers = [subprocess.Popen([sys.executable, __file__, "--role", "sub", "--path", path, "--qos", "latest",
                                          "--transport", transport, *common], **spawn) for _ in range(n)]
         victim = subscribers[0]
@@ -700,7 +704,7 @@ def main() -> int:
                         rows.append(row)
                         print(format_row(row), flush=True)
             if "latest" in qoses and max(ns) >= 2:
-                for transport in [t for t in transports if t in ("cuda-ipc", "eglstream")]:
+                for transport in [t for t in transports if t in EGLCUDA_TRANSPORTS]:
                     n = max(ns)
                     row = {"size": size, "qos": "latest", "transport": transport, "n": n, "stalled": True,
                            **run_config(args, transport, size, "latest", n, stalled=True)}

@@ -17,7 +17,7 @@ import stat
 import struct
 import time
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 from .errors import ClosedError, PeerError, Timeout, UsageError
 
@@ -245,7 +245,7 @@ def check_socket_file(path: str, policy: Policy) -> bool:
 
 # ---- descriptors (SCM_RIGHTS) -----------------------------------------------------------------------
 
-def send(sock: socket.socket, data: bytes, fds: list[int] | tuple[int, ...] = ()) -> None:
+def send(sock: socket.socket, data: bytes, fds: Sequence[int] = ()) -> None:
     """Send one message (and ``fds``) on a connected socket, in whatever blocking mode it is in.
     A peer that closed makes it raise ``BrokenPipeError`` (never SIGPIPE, whatever the program
     did with that signal): what it said before is still there to read."""

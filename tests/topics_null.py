@@ -192,7 +192,7 @@ class NullSubscriberTransport(SubscriberTransport):
     def attach(self) -> tuple[bytes, list[int]]:
         return b"null-attach", []
 
-    def on_slot(self, slot: protocol.Slot) -> None:
+    def on_slot(self, slot: protocol.Slot, fds: Sequence[int] = ()) -> None:
         if slot.extra != struct.pack("<H", slot.slot) or slot.slot in self.slots:
             raise protocol.ProtocolError("bad null SLOT")
         self.slots.add(slot.slot)

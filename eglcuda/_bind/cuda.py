@@ -288,6 +288,16 @@ def mem_get_info() -> tuple[int, int]:
 # ---- used by images and syncs --------------------------------------------------------------------
 # Handles (streams, events, arrays, surface objects, semaphores) are addresses or ints.
 
+def stream_idle(stream: int, doing: str = "") -> bool:
+    """Whether ``stream`` has nothing queued (``cuStreamQuery``), in the current context; other
+    answers than "not ready" raise."""
+    status = lib.cuStreamQuery(ffi.cast("CUstream", stream))
+    if status == lib.CUDA_ERROR_NOT_READY:
+        return False
+    check(status, "cuStreamQuery", doing)
+    return True
+
+
 def stream_synchronize(stream: int, doing: str = "") -> None:
     """Wait until the work queued on ``stream`` so far is done."""
     check(lib.cuStreamSynchronize(ffi.cast("CUstream", stream)), "cuStreamSynchronize", doing)

@@ -52,10 +52,25 @@ cdef extern from "<sys/socket.h>" nogil:
     struct mmsghdr:
         msghdr msg_hdr
         unsigned int msg_len
+    struct cmsghdr:
+        size_t cmsg_len
+        int cmsg_level
+        int cmsg_type
+    cmsghdr *CMSG_FIRSTHDR(msghdr *message)
+    cmsghdr *CMSG_NXTHDR(msghdr *message, cmsghdr *header)
+    unsigned char *CMSG_DATA(cmsghdr *header)
+    size_t CMSG_SPACE(size_t length)
+    size_t CMSG_LEN(size_t length)
     int recvmmsg(int fd, mmsghdr *messages, unsigned int count, int flags, timespec *timeout)
     ssize_t send(int fd, const void *buf, size_t n, int flags)
     int MSG_DONTWAIT
     int MSG_NOSIGNAL
+    int MSG_CMSG_CLOEXEC
+    int SOL_SOCKET
+    int SCM_RIGHTS
+
+cdef extern from "<unistd.h>" nogil:
+    int close(int fd)
 
 cdef extern from "<poll.h>" nogil:
     struct pollfd:
@@ -86,6 +101,7 @@ cdef enum:
     FRAME_HEAD_SIZE = 29  # kind u8, seq u64, slot u16, timestamp u64, number u64, payload length u16
     RELEASE_HEAD_SIZE = 11  # kind u8, seq u64, flags u8, extra length u8
     READY_EVENTS = 256  # epoll events taken per wait (more ready connections: the next wait)
+    MAX_CARRIED = 2  # descriptors a message may bring: one more than any message carries, to notice extras
 
 if protocol.FRAME_HEAD.size != FRAME_HEAD_SIZE or protocol.RELEASE_HEAD.size != RELEASE_HEAD_SIZE:
     raise ImportError("eglcuda.topics._wire was built for another wire layout than protocol.py's: rebuild eglcuda")
@@ -101,6 +117,7 @@ cdef unsigned int RELEASE_FLAGS = protocol.RELEASE_RECORDED | protocol.RELEASE_T
 cdef unsigned int RELEASE_RECORDED = protocol.RELEASE_RECORDED
 cdef object Frame = protocol.Frame
 cdef object Release = protocol.Release
+cdef object Carried = protocol.Carried
 cdef object NO_BYTES = b""
 cdef object tuple_new = tuple.__new__
 cdef unsigned long main_thread_ident = threading.main_thread().ident  # (the thread that runs signal handlers)
@@ -157,15 +174,50 @@ cdef object decode(const uint8_t *data, ssize_t size):
     return PyBytes_FromStringAndSize(<const char *>data, size)
 
 
+cdef list carried(msghdr *header):
+    """The descriptors a message brought (SCM_RIGHTS), as a list of ints."""
+    cdef list fds = []
+    cdef cmsghdr *cmsg = CMSG_FIRSTHDR(header)
+    cdef int *data
+    cdef size_t count, k
+    while cmsg != NULL:
+        if cmsg.cmsg_level == SOL_SOCKET and cmsg.cmsg_type == SCM_RIGHTS:
+            data = <int *>CMSG_DATA(cmsg)
+            count = (cmsg.cmsg_len - CMSG_LEN(0)) // sizeof(int)
+            for k in range(count):
+                fds.append(data[k])
+        cmsg = CMSG_NXTHDR(header, cmsg)
+    return fds
+
+
+cdef void close_carried(msghdr *header) noexcept:
+    cdef cmsghdr *cmsg
+    cdef int *data
+    cdef size_t count, k
+    if header.msg_controllen == 0 or header.msg_control == NULL:
+        return
+    cmsg = CMSG_FIRSTHDR(header)
+    while cmsg != NULL:
+        if cmsg.cmsg_level == SOL_SOCKET and cmsg.cmsg_type == SCM_RIGHTS:
+            data = <int *>CMSG_DATA(cmsg)
+            count = (cmsg.cmsg_len - CMSG_LEN(0)) // sizeof(int)
+            for k in range(count):
+                close(data[k])
+        cmsg = CMSG_NXTHDR(header, cmsg)
+    header.msg_controllen = 0
+
+
 cdef class Inbox:
-    """The receiving side of one ``SOCK_SEQPACKET`` connection after its handshake (no
-    descriptors come any more).
+    """The receiving side of one ``SOCK_SEQPACKET`` connection after its handshake.
 
     Each read asks the kernel for up to ``batch`` messages at once (``recvmmsg``) and hands them
     out one by one, so a publisher reading a subscriber's four releases makes one system call,
     not five (four reads and the empty one that says there is no more). Each message has a buffer
     one byte longer than the longest valid message, so a longer one arrives cut and fails to
-    decode. A wait asks ``busy_wait`` seconds without sleeping before it sleeps in ``poll``."""
+    decode. A wait asks ``busy_wait`` seconds without sleeping before it sleeps in ``poll``.
+    A message that brought descriptors (``SCM_RIGHTS``, made close-on-exec as they arrive: a
+    transport's SLOT) comes as a :class:`eglcuda.topics.protocol.Carried` of its bytes and the
+    descriptors, which are then the caller's to close."""
 
     cdef int fd
     cdef uint8_t *buffer
@@ -173,6 +225,8 @@ cdef class Inbox:
     cdef unsigned int batch
     cdef mmsghdr *headers
     cdef iovec *vectors
+    cdef unsigned char *control  # each message's room for descriptors
+    cdef size_t control_space
     cdef unsigned int count  # messages of the last batch
     cdef unsigned int at  # the next of them to hand out
     cdef bint short  # the last batch was not full: the socket had nothing more then
@@ -195,7 +249,9 @@ cdef class Inbox:
         self.buffer = <uint8_t *>malloc(capacity * batch)
         self.headers = <mmsghdr *>malloc(sizeof(mmsghdr) * batch)
         self.vectors = <iovec *>malloc(sizeof(iovec) * batch)
-        if self.buffer == NULL or self.headers == NULL or self.vectors == NULL:
+        self.control_space = CMSG_SPACE(sizeof(int) * MAX_CARRIED)
+        self.control = <unsigned char *>malloc(self.control_space * batch)
+        if self.buffer == NULL or self.headers == NULL or self.vectors == NULL or self.control == NULL:
             raise MemoryError()
         memset(self.headers, 0, sizeof(mmsghdr) * batch)
         for i in range(batch):
@@ -205,9 +261,32 @@ cdef class Inbox:
             self.headers[i].msg_hdr.msg_iovlen = 1
 
     def __dealloc__(self):
+        cdef unsigned int i
+        for i in range(self.at, self.count):  # descriptors read but never handed out: ours to close
+            close_carried(&self.headers[i].msg_hdr)
         free(self.buffer)
         free(self.headers)
         free(self.vectors)
+        free(self.control)
+
+    cdef void make_room(self) noexcept:
+        """Room for each message's descriptors before a read (the kernel shrinks msg_controllen
+        to what it wrote)."""
+        cdef unsigned int i
+        for i in range(self.batch):
+            self.headers[i].msg_hdr.msg_control = self.control + i * self.control_space
+            self.headers[i].msg_hdr.msg_controllen = self.control_space
+            self.headers[i].msg_hdr.msg_flags = 0
+
+    cdef object message(self, unsigned int i):
+        """Message ``i`` of the last batch, decoded; a Carried when it brought descriptors."""
+        cdef msghdr *header = &self.headers[i].msg_hdr
+        if header.msg_controllen == 0:
+            return decode(self.buffer + i * self.capacity, self.headers[i].msg_len)
+        fds = carried(header)
+        header.msg_controllen = 0  # (handed out: __dealloc__ must not close them)
+        return tuple_new(Carried, (PyBytes_FromStringAndSize(<const char *>self.buffer + i * self.capacity,
+                                                              self.headers[i].msg_len), fds))
 
     def close(self):
         """Read nothing more (call it before the socket is closed: its number may be reused)."""
@@ -258,7 +337,7 @@ cdef class Inbox:
             if self.headers[i].msg_len == 0:
                 self.at = self.count  # (past the end, recvmmsg fills every entry left with one)
                 return NO_BYTES
-            return decode(self.buffer + i * self.capacity, self.headers[i].msg_len)
+            return self.message(i)
         if rest and self.short:
             self.short = False
             return None
@@ -315,7 +394,8 @@ cdef class Inbox:
                     continue  # (the deadline check above ends it)
                 if watch[1].revents:
                     return NO_BYTES  # woken: the owner is closing (it checks why)
-            got = recvmmsg(self.fd, self.headers, self.batch, MSG_DONTWAIT, NULL)
+            self.make_room()
+            got = recvmmsg(self.fd, self.headers, self.batch, MSG_DONTWAIT | MSG_CMSG_CLOEXEC, NULL)
             if got > 0:
                 self.count = got
                 self.at = 1
@@ -325,7 +405,7 @@ cdef class Inbox:
                 if self.headers[0].msg_len == 0:
                     self.at = self.count
                     return NO_BYTES
-                return decode(self.buffer, self.headers[0].msg_len)
+                return self.message(0)
             if got == 0:
                 return NO_BYTES
             error = errno

@@ -81,19 +81,28 @@ class Connection:
                 self._lose(StreamDisconnected(f"the publisher of topic {self.name!r} is gone: its connection closed "
                                               "without a goodbye (its process exited or was killed)"))
             message: protocol.Message = received
-            if kind is bytes:  # not a FRAME (nor a RELEASE): the generic decoder checks it
-                try:
-                    message = protocol.decode(received)
-                except protocol.ProtocolError as exc:
-                    self._lose(PeerError(f"the publisher of topic {self.name!r} sent a malformed message: {exc}"))
+            fds: list[int] = []
+            if kind is protocol.Carried:  # (a SLOT of a transport that passes descriptors)
+                received, fds = received
+                kind = bytes
+            try:
+                if kind is bytes:  # not a FRAME (nor a RELEASE): the generic decoder checks it
+                    try:
+                        message = protocol.decode(received, len(fds))
+                    except protocol.ProtocolError as exc:
+                        self._lose(PeerError(f"the publisher of topic {self.name!r} sent a malformed message: {exc}"))
+                if isinstance(message, protocol.Slot):
+                    try:
+                        self.transport.on_slot(message, fds)
+                    except (EglCudaError, protocol.ProtocolError) as exc:
+                        self._lose(self.drop_waiting() or StreamDisconnected(
+                            f"topic {self.name!r}: opening pool slot {message.slot} failed: {exc}"))
+            finally:
+                sockets.close_fds(fds)
             if isinstance(message, protocol.Notice):
                 self.notice = max(self.notice, message.seq)
             elif isinstance(message, protocol.Slot):
-                try:
-                    self.transport.on_slot(message)
-                except EglCudaError as exc:
-                    self._lose(self.drop_waiting() or
-                               StreamDisconnected(f"topic {self.name!r}: opening pool slot {message.slot} failed: {exc}"))
+                pass  # (opened above)
             elif isinstance(message, (protocol.Drop, protocol.Bye)):
                 self._lose(self.dropped(message))
             else:

@@ -14,7 +14,7 @@ import select
 import socket
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from ..errors import ClosedError, EglCudaError, PeerError, Timeout
 from . import _delivery, _wire, protocol, sockets
@@ -113,6 +113,10 @@ class Delivery:
         kind = message.__class__
         if kind is protocol.Release:
             self._on_release(sub, message)
+            return
+        if kind is protocol.Carried:
+            sockets.close_fds(message.fds)
+            self.drop(sub, Reason.PROTOCOL, "it sent descriptors after its handshake")
             return
         if kind is not bytes:  # a FRAME: a publisher's message
             self.drop(sub, Reason.PROTOCOL, "it sent Frame after its handshake")
@@ -372,7 +376,8 @@ class Delivery:
                     recorded.add(link.transport)
                 if index not in sub.seen_slots:
                     extra = link.slot_extra(slot)
-                    if extra is not None and not self._send(sub, protocol.encode(protocol.Slot(index, extra))):
+                    if extra is not None and not self._send(sub, protocol.encode(protocol.Slot(index, extra)),
+                                                            link.slot_fds(slot)):
                         sub.skipped += 1
                         continue
                     sub.seen_slots.add(index)
@@ -406,11 +411,12 @@ class Delivery:
             return True
         return any(now - next(iter(sub.outstanding.values())).published_at < _READ_INTERVAL for sub in at_credit)
 
-    def _send(self, sub: Member, data: bytes) -> bool:
-        """Send one message without blocking the publisher on a subscriber that stopped reading:
-        'latest' ones miss it (False); 'every' ones get every_timeout, then are dropped."""
+    def _send(self, sub: Member, data: bytes, fds: Sequence[int] = ()) -> bool:
+        """Send one message (with ``fds``) without blocking the publisher on a subscriber that
+        stopped reading: 'latest' ones miss it (False); 'every' ones get every_timeout, then are
+        dropped."""
         try:
-            sockets.send(sub.sock, data)
+            sockets.send(sub.sock, data, fds)
             return True
         except BlockingIOError:
             if sub.latest:
@@ -424,7 +430,7 @@ class Delivery:
         while not self._stopped():  # (close() in another thread waits for this publish: cut it short)
             if sockets.wait_writable(sub.sock, min(deadline, time.monotonic() + CLOSE_CHECK_S)):
                 try:
-                    sockets.send(sub.sock, data)
+                    sockets.send(sub.sock, data, fds)
                     return True
                 except OSError:
                     break

@@ -206,6 +206,14 @@ class Frame(NamedTuple):  # the per-frame messages are tuples: cheaper to make t
     payload: bytes
 
 
+class Carried(NamedTuple):
+    """A message that came with descriptors (``SCM_RIGHTS``), as the compiled reader hands it out:
+    its bytes (for :func:`decode`, with ``len(fds)``) and the descriptors, the receiver's to close."""
+
+    data: bytes
+    fds: list[int]
+
+
 class Release(NamedTuple):
     seq: int
     flags: int = 0
@@ -366,7 +374,8 @@ def decode(data: bytes | bytearray | memoryview, fds: int = 0) -> Message:
     message = bytes(data)
     _check(0 < len(message) <= MAX_MESSAGE, f"a message of {len(message)} bytes")
     kind = message[0]
-    _check(fds == 0 or (kind == Kind.ATTACH and fds <= 1), f"{fds} descriptor(s) with a message of kind {kind}")
+    _check(fds == 0 or (kind in (Kind.ATTACH, Kind.SLOT) and fds <= 1),
+           f"{fds} descriptor(s) with a message of kind {kind}")
     decoder = _DECODERS.get(kind)
     if decoder is None:
         raise ProtocolError(f"unknown message kind {kind}")

@@ -25,7 +25,7 @@ import threading
 import time
 import weakref
 from dataclasses import asdict
-from typing import Any
+from typing import Any, Sequence
 
 from .._lifecycle import Deferral, Tracked
 from ..errors import ClosedError, EglCudaError, UsageError
@@ -75,6 +75,9 @@ class Publisher:
     :param handshake_timeout: seconds a connecting subscriber has for its handshake. A
         connection with nothing to read is turned away sooner when others need its place (at
         most 8 handshakes per process, 32 in all: see "Admission under a flood" in docs/topics.md).
+    :param transports: the transports offered (names; None: ``cuda-ipc`` and ``eglstream``).
+        Naming ``cuda-vmm`` makes the pool memory shared by file descriptor (docs/security.md),
+        which ``cuda-ipc`` cannot export.
 
     One thread at a time calls :meth:`next_frame` / :meth:`publish` (they take a lock).
     """
@@ -83,7 +86,7 @@ class Publisher:
                  layout: Layout | str = "pitch", fps: float | None = None, pool: int = 8, device: Any = 0,
                  every_timeout: float = 1.0, access: str = "user", path: str | os.PathLike[str] | None = None, *,
                  max_pool: int = protocol.MAX_POOL, handshake_timeout: float = 5.0,
-                 _backend: PublisherBackend | None = None) -> None:
+                 transports: Sequence[str] | None = None, _backend: PublisherBackend | None = None) -> None:
         self.name = naming.check_name(name)
         fmt = color_format(format)
         check_size(width, height, fmt)
@@ -143,7 +146,7 @@ class Publisher:
         try:
             self._files.claim(self.name)
             if _backend is None:
-                _backend = CudaPublisherBackend(device)
+                _backend = CudaPublisherBackend(device, transports)
             self._backend = _backend
             self._transports = {t.name: t for t in _backend.transports()}
             self._pool = Pool(_backend, (width, height, fmt, layout), max_pool, list(self._transports.values()))

@@ -33,7 +33,7 @@ FRAMES = 30
 SPIN_MS = 12.0
 WIDTH, HEIGHT = 640, 480
 # The smallest pool each transport works with: an EGLStream consumer keeps its newest frame.
-SMALLEST_POOL = {"cuda-ipc": 1, "eglstream": 2}
+SMALLEST_POOL = {"cuda-ipc": 1, "cuda-vmm": 1, "eglstream": 2}
 
 
 @pytest.fixture
@@ -42,7 +42,7 @@ def display(cuda_display):
     return cuda_display
 
 
-@pytest.fixture(params=["cuda-ipc", "eglstream"])
+@pytest.fixture(params=["cuda-ipc", "cuda-vmm", "eglstream"])
 def transport(request, display):
     if request.param == "cuda-ipc" and eglcuda.get_device(0).info.integrated:
         pytest.skip("CUDA IPC is not available on an integrated GPU (Tegra)")
@@ -68,7 +68,9 @@ class Peer(JsonPeer):
 
 def publisher(name: str, path: str, transport: str) -> eglcuda.Publisher:
     pool = SMALLEST_POOL[transport]
-    return eglcuda.Publisher(name, WIDTH, HEIGHT, "NV12", pool=pool, max_pool=pool, every_timeout=30.0, path=path)
+    offer = {"transports": ["cuda-vmm", "eglstream"]} if transport == "cuda-vmm" else {}
+    return eglcuda.Publisher(name, WIDTH, HEIGHT, "NV12", pool=pool, max_pool=pool, every_timeout=30.0, path=path,
+                             **offer)
 
 
 @pytest.mark.parametrize("reader", [*READERS, "subscriber-stream"])

@@ -35,7 +35,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 PEER = pathlib.Path(__file__).with_name("topics_peer.py")
 # Children inherit the environment: tests/conftest.py makes them import this eglcuda, and sets
 # PYOPENGL_PLATFORM=egl.
-TRANSPORTS = ["cuda-ipc", "eglstream"]
+TRANSPORTS = ["cuda-ipc", "cuda-vmm", "eglstream"]
 
 
 @pytest.fixture
@@ -49,6 +49,16 @@ def transport(request, display):
     if request.param == "cuda-ipc" and eglcuda.get_device(0).info.integrated:
         pytest.skip("CUDA IPC is not available on an integrated GPU (Tegra)")
     return request.param
+
+
+def offered(transport: str) -> dict:
+    """The Publisher keywords that make it offer ``transport`` (cuda-vmm is offered when named)."""
+    return {"transports": ["cuda-vmm", "eglstream"]} if transport == "cuda-vmm" else {}
+
+
+def offer_args(transport: str) -> list:
+    """The same for a publishing topics_peer.py."""
+    return ["--offer", "cuda-vmm,eglstream"] if transport == "cuda-vmm" else []
 
 
 @pytest.fixture
@@ -117,7 +127,7 @@ def test_fanout_every_byte_1080p_nv12(display, transport, topic):
     'every' subscriber gets all frames in order, the 'latest' one a rising subset, every byte right."""
     name, path = topic
     seed, frames = 5, 60
-    with eglcuda.Publisher(name, 1920, 1080, "NV12", fps=60.0, every_timeout=10.0, path=path) as pub:
+    with eglcuda.Publisher(name, 1920, 1080, "NV12", fps=60.0, every_timeout=10.0, path=path, **offered(transport)) as pub:
         every = [Peer("subscribe", name, path, "--transport", transport, "--seed", str(seed)) for _ in range(3)]
         latest = Peer("subscribe", name, path, "--transport", transport, "--qos", "latest", "--sleep-ms", "50",
                       "--seed", str(seed))
@@ -198,7 +208,7 @@ def test_formats_reach_both_transports(display, topic, fmt, size):
 def test_late_join_leave_and_rejoin(display, transport, topic):
     name, path = topic
     seed = 3
-    with eglcuda.Publisher(name, 640, 480, "NV12", path=path, every_timeout=10.0) as pub:
+    with eglcuda.Publisher(name, 640, 480, "NV12", path=path, every_timeout=10.0, **offered(transport)) as pub:
         feeder = Feeder(pub, seed, rate=200)
         try:
             for round_ in range(3):
@@ -225,7 +235,7 @@ def test_late_join_leave_and_rejoin(display, transport, topic):
 def test_subscriber_killed_while_others_receive(display, transport, topic, qos):
     name, path = topic
     seed = 4
-    with eglcuda.Publisher(name, 1920, 1080, "NV12", path=path, every_timeout=5.0) as pub:
+    with eglcuda.Publisher(name, 1920, 1080, "NV12", path=path, every_timeout=5.0, **offered(transport)) as pub:
         victim = Peer("subscribe", name, path, "--transport", transport, "--qos", qos, "--hold", "1",
                       "--queue", "2", "--sleep-ms", "5", "--seed", str(seed))
         witness = Peer("subscribe", name, path, "--transport", transport, "--qos", qos, "--seed", str(seed))
@@ -287,7 +297,8 @@ def test_subscriber_killed_with_gpu_work_queued_behind_its_release(display, topi
 
 def test_publisher_killed_and_restarted_while_the_subscriber_waits(display, transport, topic):
     name, path = topic
-    first = Peer("publish", name, path, "--width", "1280", "--height", "720", "--seed", "21", "--rate", "200")
+    first = Peer("publish", name, path, "--width", "1280", "--height", "720", "--seed", "21", "--rate", "200",
+                 *offer_args(transport))
     second = None
     try:
         first.wait_for(lambda m: m["event"] == "ready")
@@ -307,7 +318,8 @@ def test_publisher_killed_and_restarted_while_the_subscriber_waits(display, tran
                         assert ok, why
             assert not isinstance(caught.value, eglcuda.Dropped)
             assert time.monotonic() - started < 10
-            second = Peer("publish", name, path, "--width", "1280", "--height", "720", "--seed", "22", "--rate", "200")
+            second = Peer("publish", name, path, "--width", "1280", "--height", "720", "--seed", "22", "--rate", "200",
+                          *offer_args(transport))
             info = sub.wait_for_publisher(timeout=60)
             assert info.instance != old and info.publisher_pid == second.process.pid
             assert info.transport == transport
@@ -329,6 +341,8 @@ def test_publisher_killed_and_restarted_while_the_subscriber_waits(display, tran
 def test_subscriber_on_another_gpu(display, transport, topic, devices):
     if eglcuda._bind.cuda.device_count() < 2:
         pytest.skip("needs two GPUs (run it on nvidia-h200-x2)")
+    if transport == "cuda-vmm":
+        pytest.skip("cuda-vmm maps the pool on the publisher's GPU only (a subscriber elsewhere takes another transport)")
     publisher_device, subscriber_device = devices
     name, path = topic
     seed = 6
@@ -446,7 +460,8 @@ def test_close_from_another_thread_ends_a_waiting_receive(display, topic):
 def test_hostile_peers_are_turned_away_while_a_subscriber_receives(display, transport, topic):
     name, path = topic
     seed = 13
-    with eglcuda.Publisher(name, 640, 480, "NV12", path=path, handshake_timeout=1.0, every_timeout=10.0) as pub:
+    with eglcuda.Publisher(name, 640, 480, "NV12", path=path, handshake_timeout=1.0, every_timeout=10.0,
+                           **offered(transport)) as pub:
         witness = Peer("subscribe", name, path, "--transport", transport, "--seed", str(seed))
         try:
             witness.wait_for(lambda m: m["event"] == "ready")
@@ -504,7 +519,7 @@ def test_a_thousand_join_leave_cycles_leave_descriptors_and_memory_flat(display,
     name, path = topic
     seed = 17
     device = eglcuda.get_device(0)
-    with eglcuda.Publisher(name, 640, 480, "NV12", path=path, every_timeout=10.0) as pub:
+    with eglcuda.Publisher(name, 640, 480, "NV12", path=path, every_timeout=10.0, **offered(transport)) as pub:
         feeder = Feeder(pub, seed, rate=500)
         try:
             warm = Peer("cycles", name, path, "--transport", transport, "--qos", "latest", "--seed", str(seed),

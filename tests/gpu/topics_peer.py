@@ -160,7 +160,8 @@ def _check_late_copy(message, milliseconds: float, stream: int, seed: int) -> tu
 
 def publish(args) -> int:
     pub = eglcuda.Publisher(args.name, args.width, args.height, args.format, layout=args.layout, fps=args.fps,
-                            pool=args.pool, device=args.device, every_timeout=args.every_timeout, path=args.path)
+                            pool=args.pool, device=args.device, every_timeout=args.every_timeout, path=args.path,
+                            transports=args.offer.split(",") if args.offer else None)
     say(event="ready", pid=os.getpid(), instance=pub.instance)
     seq = 0
     try:
@@ -255,6 +256,7 @@ def main() -> int:
     parser.add_argument("--pool", type=int, default=8)
     parser.add_argument("--every-timeout", type=float, default=5.0)
     parser.add_argument("--frames", type=int, default=0)
+    parser.add_argument("--offer", default="", help="publisher: the transports offered (comma-separated)")
     parser.add_argument("--rate", type=float, default=0.0)
     args = parser.parse_args()
     return {"subscribe": subscribe, "publish": publish, "gl": gl, "cycles": cycles}[args.role](args)

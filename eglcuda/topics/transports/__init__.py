@@ -5,7 +5,7 @@
   :class:`DeviceIdentity`);
 - :mod:`.registry`: the transports by name (:class:`TransportSpec`); ``auto`` picks by rank;
 - :mod:`.views`: :class:`SlotView`, a mapped pool slot as a frame;
-- one module per transport: :mod:`.cuda_ipc`, :mod:`.eglstream`;
+- one module per transport: :mod:`.cuda_ipc`, :mod:`.cuda_vmm`, :mod:`.eglstream`;
 - :mod:`.backends`: the real GPU backends, which make one transport of each registered kind.
 
 Adding a transport is one new module here (its two sides and a ``register(TransportSpec(...))``
@@ -15,7 +15,7 @@ from .base import (NO_UUID, DeviceIdentity, Geometry, PublisherBackend, Publishe
                    SubscriberBackend, SubscriberTransport)
 from .registry import TransportSpec, get, names, register, registered
 from .views import SlotView
-from . import cuda_ipc, eglstream  # noqa: F401  (the built-in transports: each registers itself)
+from . import cuda_ipc, cuda_vmm, eglstream  # noqa: F401  (the built-in transports: each registers itself)
 from .backends import CudaPublisherBackend, CudaSubscriberBackend
 
 __all__ = ["NO_UUID", "DeviceIdentity", "Geometry", "PublisherBackend", "PublisherLink", "PublisherTransport",

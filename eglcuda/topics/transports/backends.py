@@ -21,18 +21,30 @@ from . import registry
 
 
 class CudaPublisherBackend(PublisherBackend):
-    """A publisher on a CUDA device: pool frames from :meth:`eglcuda.Frame.allocate`, the
-    ``cuda-ipc`` and ``eglstream`` transports."""
+    """A publisher on a CUDA device: the registered transports it offers (``transports``: their
+    names; None: those offered by default), and pool frames from :meth:`eglcuda.Frame.allocate`
+    unless one of them needs its own kind of memory (``cuda-vmm``)."""
 
-    def __init__(self, device: "int | CudaDevice") -> None:
+    def __init__(self, device: "int | CudaDevice", transports: Sequence[str] | None = None) -> None:
+        known = registry.registered()
+        if transports is not None:
+            if isinstance(transports, str) or not all(isinstance(name, str) for name in transports):
+                raise UsageError(f"transports is a sequence of transport names, got {transports!r}")
+            unknown = sorted(set(transports) - {spec.name for spec in known})
+            if unknown or not transports:
+                raise UsageError(f"transports are some of {[spec.name for spec in known]}, got {list(transports)!r}")
         self.device = get_device(device)
         self.identity = DeviceIdentity.of(self.device)
         self.geometry_spec: Geometry | None = None
         self._uuids: dict[bytes, int] | None = None
-        self._transports = [spec.publisher(self) for spec in registry.registered()]
+        self._transports = [spec.publisher(self) for spec in known
+                            if (spec.offered if transports is None else spec.name in transports)]
 
     def allocate(self, width: int, height: int, format: ColorFormat, layout: Layout) -> Any:
-
+        for transport in self._transports:
+            frame = transport.allocate(width, height, format, layout)
+            if frame is not None:
+                return frame
         return Frame.allocate(width, height, format, layout, self.device)
 
     def geometry(self, frame: Any) -> Geometry:

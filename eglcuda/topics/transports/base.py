@@ -80,6 +80,11 @@ class PublisherLink(abc.ABC):
         or None when the transport needs none."""
         return None
 
+    def slot_fds(self, slot: Any) -> Sequence[int]:
+        """Descriptors the SLOT message carries (``SCM_RIGHTS``; still the transport's: the
+        kernel gives the subscriber its own copies)."""
+        return ()
+
     def number(self) -> int:
         """The stream frame number the next :meth:`deliver` will give its frame (0: none)."""
         return 0
@@ -128,6 +133,11 @@ class PublisherTransport(abc.ABC):
     def attach(self, hello: protocol.Hello, attach: protocol.Attach, fds: list[int], peer_pid: int) -> PublisherLink:
         """Connect a subscriber (on the publisher's service thread). ``fds`` are the caller's to
         close afterwards. Raises :class:`PeerError` or :class:`EglCudaError` with the reason."""
+
+    def allocate(self, width: int, height: int, format: ColorFormat, layout: Layout) -> Any:
+        """A pool frame in the memory this transport needs (None: any frame of the backend's
+        does). At most one of a publisher's transports may need its own."""
+        return None
 
     def add_slot(self, slot: Any) -> None:
         """A pool slot was made (on the publishing thread)."""
@@ -190,8 +200,10 @@ class SubscriberTransport(abc.ABC):
     def ready(self, ready: protocol.Ready) -> None:
         """The publisher connected its side."""
 
-    def on_slot(self, slot: protocol.Slot) -> None:
-        """A SLOT message: a pool slot's transport data (before its first frame)."""
+    def on_slot(self, slot: protocol.Slot, fds: Sequence[int] = ()) -> None:
+        """A SLOT message: a pool slot's transport data (before its first frame), and the
+        descriptors it brought (the caller closes them after this call: keep a duplicate, or
+        use them before returning)."""
         raise protocol.ProtocolError(f"the {self.name} transport takes no SLOT messages")
 
     @abc.abstractmethod

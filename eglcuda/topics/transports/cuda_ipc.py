@@ -22,7 +22,7 @@ import os
 import struct
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from ..._bind import cuda, cuda_ipc
 from ...cuda_device import CudaDevice
@@ -279,7 +279,9 @@ class CudaIpcSubscriber(SubscriberTransport):
         self._done: dict[int, Any] = {}
         self._closed = False
 
-    def on_slot(self, slot: protocol.Slot) -> None:
+    def on_slot(self, slot: protocol.Slot, fds: Sequence[int] = ()) -> None:
+        if fds:
+            raise protocol.ProtocolError("a cuda-ipc SLOT carries no descriptors")
         if len(slot.extra) != _IPC_SLOT.size:
             raise protocol.ProtocolError(f"a cuda-ipc SLOT carries {_IPC_SLOT.size} bytes, got {len(slot.extra)}")
         handle, event_handle, size = _IPC_SLOT.unpack(slot.extra)

@@ -25,7 +25,8 @@ class TransportSpec:
     - ``rank``: ``auto`` asks for transports in rising rank (ties: registration order);
     - ``unfit(backend)``: why a subscriber with this backend cannot use the transport at all
       (None: it can; asked before the handshake: a forced transport then fails with the reason);
-    - ``on_integrated``: whether ``auto`` offers it on an integrated GPU (Tegra).
+    - ``on_integrated``: whether ``auto`` offers it on an integrated GPU (Tegra);
+    - ``offered``: whether a publisher offers it unless told which transports to offer.
     """
 
     name: str
@@ -34,6 +35,7 @@ class TransportSpec:
     rank: int
     unfit: Callable[[Any], str | None] = _fits_any
     on_integrated: bool = True
+    offered: bool = True
 
 
 _registered: dict[str, TransportSpec] = {}

@@ -97,6 +97,34 @@ def test_cuda_ipc_fanout_every_byte(env, path, busy_every):
         shutil.rmtree(stats, ignore_errors=True)
 
 
+def test_cuda_vmm_fanout_every_byte_with_one_descriptor_per_slot(env, path):
+    """A publisher offering cuda-vmm: its pool is VMM memory (cuda-ipc cannot export it), each
+    slot's descriptor reaches a subscriber once, with its SLOT message, and two subscribers (every,
+    latest) check every byte of every frame they get; auto picks cuda-vmm there."""
+    publisher = Peer(env, "publish", path, *PUBLISH, "--frames", "0", "--rate", "400", "--seed", "6",
+                     "--offer", "cuda-ipc,cuda-vmm,eglstream", "--pool", "4")
+    subscribers = []
+    try:
+        publisher.wait_for(lambda m: m["event"] == "ready")
+        every = Peer(env, "subscribe", path, "--transport", "cuda-vmm", "--seed", "6", "--count", "40", "--hold", "3")
+        latest = Peer(env, "subscribe", path, "--qos", "latest", "--sleep-ms", "10", "--seed", "6", "--count", "10")
+        subscribers = [every, latest]
+        for peer in subscribers:
+            assert peer.wait_for(lambda m: m["event"] == "ready")["transport"] == "cuda-vmm"
+        for peer in subscribers:
+            peer.wait_for(lambda m: m["event"] == "done")
+            assert all(m["ok"] for m in peer.got()), [m for m in peer.got() if not m["ok"]][:2]
+        seqs = [m["seq"] for m in every.got()]
+        assert seqs == list(range(seqs[0], seqs[0] + 40))
+        assert sum(m["skipped"] for m in latest.got()) > 0
+        for peer in subscribers:  # no descriptor left open once it closed: mapped, then closed
+            done = peer.wait_for(lambda m: m["event"] == "done")
+            assert done["got"] in (40, 10)
+    finally:
+        for peer in [publisher, *subscribers]:
+            peer.stop()
+
+
 def test_cuda_ipc_join_leave_cycles_and_two_subscribers_in_one_process(env, path):
     publisher = Peer(env, "publish", path, *PUBLISH, "--frames", "0", "--rate", "1000", "--seed", "7")
     try:
