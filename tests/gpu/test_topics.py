@@ -179,16 +179,18 @@ def test_slot_not_written_while_a_subscriber_kernel_still_reads_it(display, topi
             peer.stop()
 
 
+@pytest.mark.parametrize("pool", ["cuda-ipc", "cuda-vmm"], ids=["ipc-pool", "vmm-pool"])
 @pytest.mark.parametrize("fmt, size", [("ARGB", (333, 97)), ("YUV420_PLANAR", (640, 480)),
                                        ("YUV444_PLANAR", (64, 48)), ("Y", (1000, 10))],
                          ids=["ARGB-333x97", "I420-640x480", "YUV444-64x48", "Y-1000x10"])
-def test_formats_reach_both_transports(display, topic, fmt, size):
-    """One subscriber per transport on the same topic, every byte, for each format."""
+def test_formats_reach_both_transports(display, topic, fmt, size, pool):
+    """One subscriber per transport the pool serves (CUDA IPC or VMM memory, and an EGLStream)
+    on the same topic, every byte, for each format."""
     name, path = topic
     seed = 9
-    with eglcuda.Publisher(name, size[0], size[1], fmt, path=path, every_timeout=10.0) as pub:
+    with eglcuda.Publisher(name, size[0], size[1], fmt, path=path, every_timeout=10.0, **offered(pool)) as pub:
         peers = [Peer("subscribe", name, path, "--transport", t, "--seed", str(seed), "--count", "12")
-                 for t in TRANSPORTS]
+                 for t in (pool, "eglstream")]
         try:
             for peer in peers:
                 peer.wait_for(lambda m: m["event"] == "ready")

@@ -132,15 +132,16 @@ def test_a_flipped_byte_is_refused_or_canonical(message, data):
 
 
 @SETTINGS
-@given(messages.filter(lambda m: not isinstance(m, protocol.Attach)), st.integers(1, 2))
-def test_descriptors_only_with_attach(message, fds):
+@given(messages.filter(lambda m: not isinstance(m, (protocol.Attach, protocol.Slot))), st.integers(1, 2))
+def test_descriptors_only_with_attach_and_slot(message, fds):
     with pytest.raises(ProtocolError, match="descriptor"):
         protocol.decode(protocol.encode(message), fds)
 
 
-def test_attach_takes_at_most_one_descriptor():
-    data = protocol.encode(protocol.Attach(b""))
-    assert protocol.decode(data, 1) == protocol.Attach(b"")
+@pytest.mark.parametrize("message", [protocol.Attach(b""), protocol.Slot(3, b"12345678")])
+def test_attach_and_slot_take_at_most_one_descriptor(message):
+    data = protocol.encode(message)
+    assert protocol.decode(data, 1) == message
     with pytest.raises(ProtocolError):
         protocol.decode(data, 2)
 
