@@ -112,9 +112,11 @@ def eglcuda_publisher(args) -> int:
     import eglcuda
 
     width, height, fmt = SIZES[args.size]
-    offer = ["cuda-vmm"] if args.transport == "cuda-vmm" else None  # (its pool is VMM memory)
+    # cuda-vmm is offered alone: its pool is VMM memory. (No keyword otherwise: the same bench
+    # runs against trees from before it.)
+    offer = {"transports": ["cuda-vmm"]} if args.transport == "cuda-vmm" else {}
     pub = eglcuda.Publisher("bench", width, height, fmt, path=args.path, pool=POOL, every_timeout=30.0,
-                            max_pool=64, transports=offer)
+                            max_pool=64, **offer)
     emit(role="ready")
     write = None
     if args.write:

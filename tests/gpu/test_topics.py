@@ -184,13 +184,17 @@ def test_slot_not_written_while_a_subscriber_kernel_still_reads_it(display, topi
                                        ("YUV444_PLANAR", (64, 48)), ("Y", (1000, 10))],
                          ids=["ARGB-333x97", "I420-640x480", "YUV444-64x48", "Y-1000x10"])
 def test_formats_reach_both_transports(display, topic, fmt, size, pool):
-    """One subscriber per transport the pool serves (CUDA IPC or VMM memory, and an EGLStream)
-    on the same topic, every byte, for each format."""
+    """One subscriber per transport the pool serves (CUDA IPC memory: cuda-ipc and an EGLStream;
+    VMM memory: cuda-vmm, while an EGLStream subscriber is refused with the reason: the driver
+    cannot present VMM memory) on the same topic, every byte, for each format."""
     name, path = topic
     seed = 9
     with eglcuda.Publisher(name, size[0], size[1], fmt, path=path, every_timeout=10.0, **offered(pool)) as pub:
+        if pool == "cuda-vmm":
+            with pytest.raises(eglcuda.Refused, match="cannot present"):
+                eglcuda.Subscriber(name, path=path, transport="eglstream", timeout=10)
         peers = [Peer("subscribe", name, path, "--transport", t, "--seed", str(seed), "--count", "12")
-                 for t in (pool, "eglstream")]
+                 for t in ((pool, "eglstream") if pool == "cuda-ipc" else (pool,))]
         try:
             for peer in peers:
                 peer.wait_for(lambda m: m["event"] == "ready")
