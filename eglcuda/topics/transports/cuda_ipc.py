@@ -31,7 +31,7 @@ from ...frames.formats import Layout
 from .. import _wire, protocol
 from .base import NO_UUID, UNMAP_WAIT_S, Geometry, PublisherLink, PublisherTransport, SubscriberTransport
 from .registry import TransportSpec, register
-from .views import SlotView, _ViewSpec
+from .views import SlotView, _ViewSpec, join_readers, unfit_for_cuda_views
 
 if TYPE_CHECKING:
     from .backends import CudaPublisherBackend, CudaSubscriberBackend
@@ -313,15 +313,9 @@ class CudaIpcSubscriber(SubscriberTransport):
         obj._released = True
         if self._closed:
             return 0, b""
-        own = self.stream or 0
-        stream = cuda_stream if cuda_stream is not None else own
-        readers = obj._handed_to
-        if readers is not None or stream != own:
-            # Every stream the frame was handed to, and the subscriber's own, join the stream the
-            # done event goes on: the query below then sees their work too (docs/ordering.md).
-            obj._handed_to = None
-            self.device.make_current()
-            cuda.join_streams(stream, (own, *(readers or ())), "ordering a release after the streams that read the frame")
+        # Every stream that may read the frame joins the one the done event goes on: the query
+        # below then sees their work too.
+        stream = join_readers(obj, self.stream or 0, cuda_stream)
         done = self._done.get(frame.slot)
         # When every read of the slot queued on the stream has finished, the publisher may write
         # it without waiting: no "done" event is recorded (or waited on and queried there).
@@ -375,13 +369,5 @@ class CudaIpcSubscriber(SubscriberTransport):
             cuda_ipc.event_destroy(event)
 
 
-def _unfit(backend: Any) -> str | None:
-    """Why a subscriber end cannot use CUDA IPC at all."""
-    if backend.consumer is protocol.ConsumerKind.GL:
-        return "a GL subscriber receives frames through an EGLStream (gl_context)"
-    if backend.device is None:
-        return "the subscriber has no CUDA device"
-    return None
-
-
-register(TransportSpec(CUDA_IPC, CudaIpcPublisher, CudaIpcSubscriber, rank=10, unfit=_unfit, on_integrated=False))
+register(TransportSpec(CUDA_IPC, CudaIpcPublisher, CudaIpcSubscriber, rank=10, unfit=unfit_for_cuda_views,
+                       on_integrated=False))

@@ -35,7 +35,7 @@ from ...frames.frame import PLANE_ALIGNMENT, Frame
 from .. import protocol
 from .base import NO_UUID, UNMAP_WAIT_S, Geometry, PublisherLink, PublisherTransport, SubscriberTransport
 from .registry import TransportSpec, register
-from .views import SlotView, _ViewSpec
+from .views import SlotView, _ViewSpec, join_readers, unfit_for_cuda_views
 
 if TYPE_CHECKING:
     from .backends import CudaPublisherBackend, CudaSubscriberBackend
@@ -216,14 +216,10 @@ class CudaVmmSubscriber(SubscriberTransport):
         obj._released = True
         if self._closed:
             return 0, b""
-        own = self.stream or 0
-        stream = cuda_stream if cuda_stream is not None else own
-        readers = obj._handed_to
-        obj._handed_to = None
-        self.device.make_current()
         # Every stream that may read the frame joins one, which the host then waits for when it
         # has work queued: the publisher may write the slot as soon as the RELEASE arrives.
-        cuda.join_streams(stream, (own, *(readers or ())), "ordering a release after the streams that read the frame")
+        stream = join_readers(obj, self.stream or 0, cuda_stream)
+        self.device.make_current()
         if not cuda.stream_idle(stream):
             cuda.stream_synchronize(stream, "finishing the reads of a frame before releasing it (cuda-vmm)")
         return protocol.RELEASE_TAKEN, b""
@@ -260,14 +256,7 @@ def _wait_idle(device: CudaDevice, stream: int, timeout: float) -> bool:
     return True
 
 
-def _unfit(backend: Any) -> str | None:
-    if backend.consumer is protocol.ConsumerKind.GL:
-        return "a GL subscriber receives frames through an EGLStream (gl_context)"
-    if backend.device is None:
-        return "the subscriber has no CUDA device"
-    return None
-
-
 # Offered when a publisher names it (Publisher(transports=...)): its pool is then VMM memory, which
 # cuda-ipc cannot export.
-register(TransportSpec(CUDA_VMM, CudaVmmPublisher, CudaVmmSubscriber, rank=20, unfit=_unfit, offered=False))
+register(TransportSpec(CUDA_VMM, CudaVmmPublisher, CudaVmmSubscriber, rank=20, unfit=unfit_for_cuda_views,
+                       offered=False))

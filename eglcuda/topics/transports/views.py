@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..._bind import cuda
 from ...errors import ClosedError
 from ...frames.formats import plane_geometry
 from ...frames.frame import FrameBase, Plane
+from .. import protocol
 from .base import Geometry
 
 if TYPE_CHECKING:
@@ -80,3 +82,26 @@ class SlotView(FrameBase):
     def __repr__(self) -> str:
         state = " released" if self._released else ""
         return f"<SlotView slot {self.slot} {self.width}x{self.height} {self.format.name}{state}>"
+
+
+def join_readers(view: SlotView, own: int, cuda_stream: int | None) -> int:
+    """At a release of ``view``: the stream its order goes on (``cuda_stream``, else the
+    subscriber's own ``own``), made to wait, on the GPU, for the subscriber's stream and every
+    stream the view was handed to that still has work queued (docs/ordering.md). Idle streams
+    cost a query each; a view handed to nobody, released on its own stream, costs nothing."""
+    stream = cuda_stream if cuda_stream is not None else own
+    readers = view._handed_to
+    if readers is not None or stream != own:
+        view._handed_to = None
+        view.device.make_current()
+        cuda.join_streams(stream, (own, *(readers or ())), "ordering a release after the streams that read the frame")
+    return stream
+
+
+def unfit_for_cuda_views(backend: object) -> str | None:
+    """Why a subscriber end cannot read mapped slots with CUDA at all (a transport's unfit)."""
+    if getattr(backend, "consumer", None) is protocol.ConsumerKind.GL:
+        return "a GL subscriber receives frames through an EGLStream (gl_context)"
+    if getattr(backend, "device", None) is None:
+        return "the subscriber has no CUDA device"
+    return None
