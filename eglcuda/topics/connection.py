@@ -101,11 +101,9 @@ class Connection:
                 sockets.close_fds(fds)
             if isinstance(message, protocol.Notice):
                 self.notice = max(self.notice, message.seq)
-            elif isinstance(message, protocol.Slot):
-                pass  # (opened above)
             elif isinstance(message, (protocol.Drop, protocol.Bye)):
                 self._lose(self.dropped(message))
-            else:
+            elif not isinstance(message, protocol.Slot):  # (a SLOT was opened above)
                 self._lose(PeerError(f"the publisher of topic {self.name!r} sent {type(message).__name__} mid-stream"))
             received = inbox.rest() if deadline is None else inbox.next(deadline)
 

@@ -79,16 +79,23 @@ def allocate_frame(device: CudaDevice, width: int, height: int, format: ColorFor
     step = cuda_vmm.granularity(device.ordinal)
     size = -(-total // step) * step
     handle = cuda_vmm.create(size, device.ordinal)
-    address = fd = None
+    address = None
+    mapped = False
     try:
         address = cuda_vmm.reserve(size, step)
         cuda_vmm.map(address, size, handle)
+        mapped = True
         cuda_vmm.set_access(address, size, device.ordinal)
         fd = cuda_vmm.export_fd(handle)
     except BaseException:
-        if address is not None:
-            cuda_vmm.unmap_release(address, size)  # (the unmap of a range never mapped fails: first raised)
-        cuda_vmm.release(handle)
+        try:  # undo what was done; the failure that stopped it is the one raised
+            if mapped:
+                cuda_vmm.unmap_release(address, size)  # type: ignore[arg-type]  # (set with mapped)
+            elif address is not None:
+                cuda_vmm.address_free(address, size)
+            cuda_vmm.release(handle)
+        except EglCudaError:
+            pass
         raise
     mapping = _Mapping(address, size, handle, fd)
     weakref.finalize(mapping, _unmap, device, address, size, handle, fd)
