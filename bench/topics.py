@@ -27,6 +27,7 @@ one of them stalled (joined, never reads), against 8 that all read (the issue's 
                            [--stall-pairs K [--stall-phase S]]
                            [--transports cuda-ipc,eglstream,ipc-ring,torch-mp] [--subscribers 1,2,4,8]
                            [--qos latest,every] [--sizes 1080p-nv12,4k-argb] [--profile DIR]
+                           [--rounds R] [--baseline SITE_DIR]
 
 --stall-pairs K also measures the stalled subscriber inside one run: with N 'latest' subscribers
 (the largest N), the first one is stopped (SIGSTOP) and resumed (SIGCONT) K times, --stall-phase
@@ -40,6 +41,15 @@ sleeping before it sleeps. The ring's subscribers sleep in ``recv`` at once, as 
 transports (``DIR/<configuration>/<role>-<pid>.prof``, read with ``python -m pstats``): where the
 Python side of each spends its time. The profiler's own cost then inflates the rates and the CPU
 times per frame: compare profiled runs only with each other.
+--rounds R runs every configuration R times (fresh processes each time); the tables give the
+median of the rounds. --baseline SITE_DIR runs each eglcuda configuration twice per round: once with
+this tree's eglcuda and once with the eglcuda installed in SITE_DIR (an older tree, built with
+``pip install --no-deps --no-build-isolation --target SITE_DIR OLD_TREE``; put first on the
+children's PYTHONPATH), alternating which goes first, so that the machine's drift falls on both
+alike. The comparison table then gives, per cell, the current tree's medians, the ratio to the
+baseline's (frames/s: higher is better; CPU us/frame and latency: lower is better) and, in the
+'every' rows, the ratio to the ipc-ring of the same rounds. (The stalled-subscriber rows run in the
+first round only, with this tree.)
 --mps runs everything under a private MPS daemon (eglcuda.mps.MPSDaemon: private pipe and log
 directories, stopped at the end, also if this process dies).
 Writes results.json, results.md and plots (matplotlib PNG; without matplotlib one line says the
@@ -155,7 +165,8 @@ def eglcuda_publisher(args) -> int:
             times.tofile(out)
     cpu = time.process_time() - cpu
     transports = sorted({s.transport for s in pub.subscribers})
-    emit(role="publisher", rate=count / elapsed, frames=count, transports=transports, cpu_us=1e6 * cpu / count)
+    emit(role="publisher", rate=count / elapsed, frames=count, transports=transports, cpu_us=1e6 * cpu / count,
+         module=os.path.dirname(eglcuda.__file__))
     pub.publish(pub.next_frame(), payload=b"E")
     pub.close(timeout=2)  # a stalled subscriber never leaves: do not wait long for it
     return 0
@@ -432,24 +443,43 @@ def child_args(args, size: str, duration: float) -> list[str]:
             + (["--sync"] if args.sync else []) + (["--write"] if args.write else []))
 
 
-def run_config(args, transport: str, size: str, qos: str, n: int, stalled: bool = False) -> dict:
-    """One configuration in fresh processes; returns the publisher's and the subscribers' results."""
+def tree_env(args, tree: str) -> dict[str, str]:
+    """The environment of an eglcuda configuration's processes: ``tree`` "baseline" puts
+    --baseline first on PYTHONPATH (its eglcuda is imported), "current" leaves it off."""
+    env = dict(os.environ)
+    parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if args.baseline:
+        parts = [p for p in parts if os.path.abspath(p) != args.baseline]
+        if tree == "baseline":
+            parts.insert(0, args.baseline)
+    if parts:
+        env["PYTHONPATH"] = os.pathsep.join(parts)
+    else:
+        env.pop("PYTHONPATH", None)
+    return env
+
+
+def run_config(args, transport: str, size: str, qos: str, n: int, stalled: bool = False,
+               tree: str = "current") -> dict:
+    """One configuration in fresh processes; returns the publisher's and the subscribers' results.
+    ``tree``: which eglcuda the processes import (see tree_env)."""
     common = child_args(args, size, args.duration)
     if args.profile:
-        folder = f"{transport}-{size}-{qos}-n{n}{'-stalled' if stalled else ''}"
+        folder = f"{transport}-{size}-{qos}-n{n}{'-stalled' if stalled else ''}{'-' + tree if args.baseline else ''}"
         common += ["--profile", str(pathlib.Path(args.profile).resolve() / folder)]
     outputs = []
+    env = tree_env(args, tree)
     with tempfile.TemporaryDirectory(prefix="eglcuda-bench-topics-") as folder:
         os.chmod(folder, 0o700)
         path = os.path.join(folder, "bench.topic")
         if transport in EGLCUDA_TRANSPORTS:
             publisher = subprocess.Popen([sys.executable, __file__, "--role", "pub", "--path", path, "--n", str(n),
                                           "--transport", transport, *common], stdout=subprocess.PIPE, text=True,
-                                         cwd=ROOT)
+                                         cwd=ROOT, env=env)
             subscribers = [subprocess.Popen([sys.executable, __file__, "--role", "sub", "--path", path, "--qos", qos,
                                              "--transport", transport, *common]
                                             + (["--stall"] if stalled and index == 0 else []),
-                                            stdout=subprocess.PIPE, text=True, cwd=ROOT) for index in range(n)]
+                                            stdout=subprocess.PIPE, text=True, cwd=ROOT, env=env) for index in range(n)]
             try:
                 out, _ = publisher.communicate(timeout=300)
                 outputs.append(out)
@@ -468,7 +498,7 @@ def run_config(args, transport: str, size: str, qos: str, n: int, stalled: bool 
         else:
             role = "ring-pub" if transport == "ipc-ring" else "torch"
             child = subprocess.Popen([sys.executable, __file__, "--role", role, "--n", str(n), *common],
-                                     stdout=subprocess.PIPE, text=True, cwd=ROOT)
+                                     stdout=subprocess.PIPE, text=True, cwd=ROOT, env=env)
             try:
                 out, _ = child.communicate(timeout=300)
                 outputs.append(out)
@@ -488,7 +518,8 @@ def run_config(args, transport: str, size: str, qos: str, n: int, stalled: bool 
             "subscriber_rates": [s["rate"] for s in subs], "p50_us": statistics.median(s["p50_us"] for s in subs),
             "p50_worst_us": max(s["p50_us"] for s in subs), "p99_us": max(s["p99_us"] for s in subs),
             "publisher_cpu_us": pub[0].get("cpu_us", math.nan),
-            "subscriber_cpu_us": _median_known(s.get("cpu_us") for s in subs)}
+            "subscriber_cpu_us": _median_known(s.get("cpu_us") for s in subs),
+            **({"module": pub[0]["module"]} if "module" in pub[0] else {})}
 
 
 def _die_with_parent():
@@ -663,6 +694,11 @@ def main() -> int:
                         help="also measure one stalled 'latest' subscriber of N inside one run: stop it and "
                              "resume it K times (SIGSTOP / SIGCONT), comparing the publisher's rate in each phase")
     parser.add_argument("--stall-phase", type=float, default=0.5, metavar="S", help="seconds per --stall-pairs phase")
+    parser.add_argument("--rounds", type=int, default=1, metavar="R",
+                        help="run every configuration R times; the tables give the medians")
+    parser.add_argument("--baseline", default=None, metavar="SITE_DIR",
+                        help="also run each eglcuda configuration with the eglcuda installed in SITE_DIR (an older "
+                             "tree: pip install --target), alternating with this tree, and compare them")
     # the roles of the processes this script spawns
     parser.add_argument("--role", choices=["pub", "sub", "ring-pub", "ring-sub", "torch"], help=argparse.SUPPRESS)
     parser.add_argument("--path", help=argparse.SUPPRESS)
@@ -675,6 +711,8 @@ def main() -> int:
     args = parser.parse_args()
     if args.stall_pairs < 0 or not args.stall_phase > 0:
         parser.error("--stall-pairs is 0 or more and --stall-phase more than 0")
+    if args.rounds < 1:
+        parser.error(f"--rounds is 1 or more, got {args.rounds}")
     if args.role:
         args.duration = args.duration or 2.0
         role = {"pub": eglcuda_publisher, "sub": eglcuda_subscriber, "ring-pub": ring_publisher,
@@ -684,6 +722,12 @@ def main() -> int:
     transports = args.transports.split(",")
     # Probed in a child: this process never initializes CUDA, so an MPS daemon serves every process.
     require(PROGRAM, *needs(transports), in_child=True)
+    if args.baseline:
+        args.baseline = os.path.abspath(args.baseline)
+        if not os.path.isfile(os.path.join(args.baseline, "eglcuda", "__init__.py")):
+            print(f"{PROGRAM}: --baseline {args.baseline} holds no eglcuda: build the older tree there with "
+                  "pip install --no-deps --no-build-isolation --target DIR TREE", file=sys.stderr)
+            return 2
     if not 0 <= args.busy_wait <= 10_000:
         parser.error(f"--busy-wait is 0 to 10000 microseconds, got {args.busy_wait:g}")
     args.duration = args.duration or (1.0 if args.quick else 2.0)
@@ -695,16 +739,20 @@ def main() -> int:
     rows: list[dict] = []
     with (mps_daemon() if args.mps else contextlib.nullcontext("off")) as mps_mode:
         print(f"MPS: {mps_mode}; eglcuda subscribers busy-wait {args.busy_wait:g} us", flush=True)
+        for round_ in range(args.rounds):
+            for size in sizes:
+                for qos in qoses:
+                    for transport in transports:
+                        if transport in ("ipc-ring", "torch-mp") and qos != "every":
+                            continue  # lossless rings: compared in the 'every' rows
+                        for n in ns:
+                            for tree in trees(args, transport, round_):
+                                row = {"size": size, "qos": qos, "transport": transport, "n": n,
+                                       **({"round": round_, "tree": tree} if args.rounds > 1 or args.baseline else {}),
+                                       **run_config(args, transport, size, qos, n, tree=tree)}
+                                rows.append(row)
+                                print(format_row(row), flush=True)
         for size in sizes:
-            for qos in qoses:
-                for transport in transports:
-                    if transport in ("ipc-ring", "torch-mp") and qos != "every":
-                        continue  # lossless rings: compared in the 'every' rows
-                    for n in ns:
-                        row = {"size": size, "qos": qos, "transport": transport, "n": n,
-                               **run_config(args, transport, size, qos, n)}
-                        rows.append(row)
-                        print(format_row(row), flush=True)
             if "latest" in qoses and max(ns) >= 2:
                 for transport in [t for t in transports if t in EGLCUDA_TRANSPORTS]:
                     n = max(ns)
@@ -717,17 +765,93 @@ def main() -> int:
                                **run_stall_pairs(args, transport, size, n)}
                         rows.append(row)
                         print(format_row(row), flush=True)
+    cells = compare(rows) if args.rounds > 1 or args.baseline else []
     (out / "results.json").write_text(json.dumps({"mps": args.mps, "duration": args.duration, "sync": args.sync,
                                                   "write": args.write, "busy_wait_us": args.busy_wait,
-                                                  "rows": rows}, indent=1))
-    table = markdown(rows, args)
-    (out / "results.md").write_text(table + "\n")
-    written = plot(rows, out)
+                                                  "rounds": args.rounds, "baseline": args.baseline,
+                                                  "rows": rows, "comparison": cells}, indent=1))
+    first = [r for r in rows if r.get("round", 0) == 0 and r.get("tree", "current") == "current"]
+    table = markdown(first, args)
+    compared = compare_markdown(cells, args) if cells else ""
+    (out / "results.md").write_text(table + ("\n\n" + compared if compared else "") + "\n")
+    written = plot(first, out)
     print("\n" + table)
     print(f"\nwrote {out}/results.json, results.md, {', '.join(written) or 'no plots'}")
-    print("SUMMARY " + summary_line(rows))
+    print("SUMMARY " + summary_line(first))
+    if compared:
+        print("\n" + compared)
     errors = [r for r in rows if "error" in r]
     return 1 if errors else 0
+
+
+def trees(args, transport: str, round_: int) -> list[str]:
+    """Which eglcuda trees run a configuration in round ``round_``, in order: with --baseline, an
+    eglcuda transport runs with both, the baseline first in even rounds (the alternatives run once,
+    with this tree)."""
+    if not args.baseline or transport not in EGLCUDA_TRANSPORTS:
+        return ["current"]
+    return ["baseline", "current"] if round_ % 2 == 0 else ["current", "baseline"]
+
+
+COMPARED = (("publisher_rate", "frames/s", True), ("publisher_cpu_us", "pub CPU us/frame", False),
+            ("p50_us", "p50 us", False), ("p99_us", "p99 us", False))
+
+
+def compare(rows: list[dict]) -> list[dict]:
+    """Per cell (size, qos, transport, N; stalled rows left out): the median over rounds of each
+    COMPARED metric for this tree and the baseline, their ratio (current / baseline), and in the
+    'every' cells the ratio of frames/s to the ipc-ring's median of the same size and N."""
+    good = [r for r in rows if "publisher_rate" in r and not r.get("stalled") and not r.get("paired")]
+    keys = sorted({(r["size"], r["qos"], r["transport"], r["n"]) for r in good},
+                  key=lambda k: (k[0], k[1], TRANSPORTS.index(k[2]) if k[2] in TRANSPORTS else 99, k[3]))
+    cells = []
+    for size, qos, transport, n in keys:
+        mine = [r for r in good if (r["size"], r["qos"], r["transport"], r["n"]) == (size, qos, transport, n)]
+        cell: dict = {"size": size, "qos": qos, "transport": transport, "n": n}
+        for tree in ("current", "baseline"):
+            runs = [r for r in mine if r.get("tree", "current") == tree]
+            if runs:
+                cell[tree] = {metric: _median_known(r.get(metric, math.nan) for r in runs) for metric, _, _ in COMPARED}
+                cell[tree]["rounds"] = len(runs)
+        if "current" in cell and "baseline" in cell:
+            cell["ratio"] = {metric: _ratio(cell["current"][metric], cell["baseline"][metric]) for metric, _, _ in COMPARED}
+        ring = [r["publisher_rate"] for r in good if r["transport"] == "ipc-ring" and r["size"] == size and r["n"] == n]
+        if ring and transport != "ipc-ring" and qos == "every" and "current" in cell:
+            cell["vs_ring"] = _ratio(cell["current"]["publisher_rate"], statistics.median(ring))
+        cells.append(cell)
+    return cells
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b and not math.isnan(a) and not math.isnan(b) else math.nan
+
+
+def compare_markdown(cells: list[dict], args) -> str:
+    """The comparison table (see compare)."""
+    rounds = max((c.get("current", {}).get("rounds", 0) for c in cells), default=0)
+    lines = [f"Comparison, median of {rounds} round(s); MPS {'on' if args.mps else 'off'}"
+             + (f"; baseline eglcuda from {args.baseline} (ratio: this tree / baseline; frames/s higher is better, "
+                "the others lower)" if args.baseline else "") + "; vs ring: frames/s / ipc-ring's (every).", ""]
+    head = ["size", "qos", "transport", "N"]
+    for _, label, _ in COMPARED:
+        head += [label] + ([f"{label} baseline", "ratio"] if args.baseline else [])
+    head.append("vs ring")
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * 4 + "---:|" * (len(head) - 4)]
+    for cell in cells:
+        values = [cell["size"], cell["qos"], cell["transport"], str(cell["n"])]
+        for metric, _, _ in COMPARED:
+            values.append(_fmt(cell.get("current", {}).get(metric)))
+            if args.baseline:
+                values += [_fmt(cell.get("baseline", {}).get(metric)), _fmt(cell.get("ratio", {}).get(metric), 3)]
+        values.append(_fmt(cell.get("vs_ring"), 3))
+        lines.append("| " + " | ".join(values) + " |")
+    return "\n".join(lines)
+
+
+def _fmt(value, digits: int = 1) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{value:.{digits}f}" if digits != 1 or value < 1000 else f"{value:.0f}"
 
 
 def summary_line(rows: list[dict]) -> str:
