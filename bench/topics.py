@@ -27,7 +27,7 @@ one of them stalled (joined, never reads), against 8 that all read (the issue's 
                            [--stall-pairs K [--stall-phase S]]
                            [--transports cuda-ipc,eglstream,ipc-ring,torch-mp] [--subscribers 1,2,4,8]
                            [--qos latest,every] [--sizes 1080p-nv12,4k-argb] [--profile DIR]
-                           [--rounds R] [--baseline SITE_DIR]
+                           [--rounds R] [--baseline SITE_DIR] [--rate FPS] [--pin]
 
 --stall-pairs K also measures the stalled subscriber inside one run: with N 'latest' subscribers
 (the largest N), the first one is stopped (SIGSTOP) and resumed (SIGCONT) K times, --stall-phase
@@ -50,6 +50,9 @@ alike. The comparison table then gives, per cell, the current tree's medians, th
 baseline's (frames/s: higher is better; CPU us/frame and latency: lower is better) and, in the
 'every' rows, the ratio to the ipc-ring of the same rounds. (The stalled-subscriber rows run in the
 first round only, with this tree.)
+--rate FPS paces the eglcuda publishers (the ring and torch-mp run free): the publisher's CPU time
+per frame is then measured with subscribers that keep up, less disturbed by a busy machine.
+--pin puts each publisher on one CPU of its own and its subscribers on the others.
 --mps runs everything under a private MPS daemon (eglcuda.mps.MPSDaemon: private pipe and log
 directories, stopped at the end, also if this process dies).
 Writes results.json, results.md and plots (matplotlib PNG; without matplotlib one line says the
@@ -101,6 +104,14 @@ def now_ns() -> int:
     return time.monotonic_ns()
 
 
+def pin(args, publisher: bool) -> None:
+    """--pin: the publisher on the first CPU this process may use, everyone else on the others."""
+    if args.pin:
+        cpus = sorted(os.sched_getaffinity(0))
+        if len(cpus) >= 2:
+            os.sched_setaffinity(0, cpus[:1] if publisher else cpus[1:])
+
+
 def emit(**result) -> None:
     print("RESULT " + json.dumps(result), flush=True)
 
@@ -119,6 +130,7 @@ def summarize(latencies_ns: list[int], received: int, first_ns: int, last_ns: in
 # ==== eglcuda ==================================================================================
 
 def eglcuda_publisher(args) -> int:
+    pin(args, True)
     import eglcuda
 
     width, height, fmt = SIZES[args.size]
@@ -151,7 +163,14 @@ def eglcuda_publisher(args) -> int:
     emit(role="timed")
     count, started, cpu = 0, now_ns(), time.process_time()
     end = started + int(args.duration * 1e9)
+    period = int(1e9 / args.rate) if args.rate else 0
+    due = started
     while now_ns() < end:
+        if period:  # --rate: paced, sleeping (no CPU time) until the frame is due
+            due += period
+            ahead = due - now_ns()
+            if ahead > 0:
+                time.sleep(ahead / 1e9)
         frame = pub.next_frame()
         if write is not None:
             write(frame)
@@ -173,6 +192,7 @@ def eglcuda_publisher(args) -> int:
 
 
 def eglcuda_subscriber(args) -> int:
+    pin(args, False)
     import eglcuda
     from eglcuda._bind import cuda
 
@@ -235,11 +255,12 @@ def ring_publisher(args) -> int:
     children = []
     for index, (mine, theirs) in enumerate(pairs):
         children.append(subprocess.Popen([sys.executable, __file__, "--role", "ring-sub", "--fd", str(theirs.fileno()),
-                                          "--size", args.size] + (["--sync"] if args.sync else [])
+                                          "--size", args.size] + (["--sync"] if args.sync else []) + (["--pin"] if args.pin else [])
                                          + (["--profile", args.profile] if args.profile else []),
                                          pass_fds=[theirs.fileno()], stdout=subprocess.PIPE, text=True, cwd=ROOT))
         theirs.close()
         mine.send(handles)
+    pin(args, True)  # (after its subscribers started: they take the other CPUs)
     socks = [mine for mine, _ in pairs]
     for sock in socks:
         assert sock.recv(16) == b"opened"
@@ -310,6 +331,7 @@ def ring_publisher(args) -> int:
 
 
 def ring_subscriber(args) -> int:
+    pin(args, False)
     from eglcuda import get_device
     from eglcuda._bind import cuda, cuda_egl, cuda_ipc
 
@@ -439,8 +461,8 @@ def profiled(role, args) -> int:
 
 def child_args(args, size: str, duration: float) -> list[str]:
     """The options every process of a configuration gets."""
-    return (["--size", size, "--duration", str(duration), "--busy-wait", str(args.busy_wait)]
-            + (["--sync"] if args.sync else []) + (["--write"] if args.write else []))
+    return (["--size", size, "--duration", str(duration), "--busy-wait", str(args.busy_wait), "--rate", str(args.rate)]
+            + (["--sync"] if args.sync else []) + (["--write"] if args.write else []) + (["--pin"] if args.pin else []))
 
 
 def tree_env(args, tree: str) -> dict[str, str]:
@@ -694,6 +716,10 @@ def main() -> int:
                         help="also measure one stalled 'latest' subscriber of N inside one run: stop it and "
                              "resume it K times (SIGSTOP / SIGCONT), comparing the publisher's rate in each phase")
     parser.add_argument("--stall-phase", type=float, default=0.5, metavar="S", help="seconds per --stall-pairs phase")
+    parser.add_argument("--rate", type=float, default=0.0, metavar="FPS",
+                        help="eglcuda publishers publish at this rate (0: as fast as the subscribers allow)")
+    parser.add_argument("--pin", action="store_true",
+                        help="the publisher on one CPU of its own, the subscribers on the others (sched_setaffinity)")
     parser.add_argument("--rounds", type=int, default=1, metavar="R",
                         help="run every configuration R times; the tables give the medians")
     parser.add_argument("--baseline", default=None, metavar="SITE_DIR",
@@ -711,6 +737,8 @@ def main() -> int:
     args = parser.parse_args()
     if args.stall_pairs < 0 or not args.stall_phase > 0:
         parser.error("--stall-pairs is 0 or more and --stall-phase more than 0")
+    if not 0 <= args.rate <= 1e6:
+        parser.error(f"--rate is 0 to 1e6 frames/s, got {args.rate:g}")
     if args.rounds < 1:
         parser.error(f"--rounds is 1 or more, got {args.rounds}")
     if args.role:

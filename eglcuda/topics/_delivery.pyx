@@ -9,6 +9,8 @@ handshake) are typed in ``_delivery.pxd``. The steps every frame takes live here
   alone (``message_only``: ``cuda-ipc``, ``cuda-vmm``) and that may take it now; the rest go back
   to the publisher's Python path (another transport, at its credit, a new slot, a full socket);
 - :func:`settle`: the plain releases of a batch of messages (no done event);
+- :func:`full_every`: the ``every`` subscribers a publish waits for; :func:`take_free`: the
+  free slot :meth:`~eglcuda.topics.delivery.Delivery.free_slot` hands out;
 - :func:`delivered`, :func:`released`, :func:`free_if_unheld`, :func:`forget`: the same book
   entries for the publisher's Python path (SLOT messages, EGLStream presents, releases with a done
   event, drops), which calls them and never keeps books of its own.
@@ -34,6 +36,7 @@ STATE_NAMES = {SLOT_FREE: "free", SLOT_WRITING: "writing", SLOT_PUBLISHED: "publ
 cdef object Release = protocol.Release
 cdef object LATEST = protocol.Qos.LATEST
 cdef unsigned int RELEASE_RECORDED = protocol.RELEASE_RECORDED
+cdef int KIND_BYE = int(protocol.Kind.BYE)
 
 
 cdef class Slot:
@@ -191,6 +194,8 @@ def settle(list batch, object free):
     """Handle the plain releases of ``batch`` (``[(member, message), ...]`` from
     :func:`eglcuda.topics._wire.drain`): a ``Release`` with no done event (neither recorded nor
     sent), from a live subscriber whose link frees a slot on such a release, for a frame it holds.
+    A subscriber whose goodbye (or end of connection: ``b""``) is in the batch is marked
+    ``leaving`` (a release before it that fails to take frames back is its leaving).
 
     Returns what is left, in order: every other message, and all that follow one of them from the
     same subscriber (its messages keep their order)."""
@@ -198,9 +203,14 @@ def settle(list batch, object free):
     cdef set held_back = set()  # subscribers with a message in ``rest``: their later ones follow it
     cdef Member sub
     cdef Slot slot
+    cdef bytes data
     for entry in batch:
         sub = <Member>entry[0]
         message = entry[1]
+        if message.__class__ is bytes:
+            data = <bytes>message
+            if not data or data[0] == KIND_BYE:
+                sub.leaving = True  # (read when the publisher's path handles the rest)
         if not sub.alive:
             continue
         if (message.__class__ is Release and sub.plain_release and sub not in held_back and not message[2]
@@ -214,3 +224,46 @@ def settle(list batch, object free):
         rest.append(entry)
         held_back.add(sub)
     return rest
+
+
+def full_every(list subs):
+    """The live ``every`` subscribers of ``subs`` whose queue is full (as many frames outstanding as
+    their credit), in order: those a publish waits for. Empty when none is (every frame asks)."""
+    cdef list full = []
+    cdef Member sub
+    for sub in subs:
+        if sub.alive and not sub.latest and len(sub.outstanding) >= sub.credit:
+            full.append(sub)
+    return full
+
+
+def take_free(object free, object settled):
+    """The oldest free slot of the deque ``free`` whose former readers' GPU work has all finished
+    (``settled(slot)`` asks, for a slot released with done events), so that writing it needs no
+    wait; None when there is none. Stale entries (taken or published since) are dropped; a free
+    slot held again becomes published (free once released); the unsettled ones stay free, in
+    order (also when ``settled`` raises)."""
+    cdef list unsettled = None
+    cdef Slot slot
+    cdef Slot found = None
+    try:
+        while free:
+            slot = <Slot>free.popleft()
+            if slot.state != SLOT_FREE:
+                continue  # a stale entry: the slot was taken or published since
+            if slot.holders:  # (not expected: a free slot nobody holds) held again: free once released
+                slot.state = SLOT_PUBLISHED
+                continue
+            if slot.waiters:
+                if unsettled is None:
+                    unsettled = []
+                unsettled.append(slot)  # (put back below, also when the question raises)
+                if not settled(slot):
+                    continue
+                unsettled.pop()
+            found = slot
+            break
+    finally:
+        if unsettled:
+            free.extendleft(reversed(unsettled))
+    return found

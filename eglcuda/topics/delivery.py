@@ -81,11 +81,9 @@ class Delivery:
             raise self._closed_error()
         batch = _wire.drain(epoll.fileno(), timeout, self._inboxes, _READ_LIMIT)
         self.read_at = time.monotonic()
-        for sub, message in batch:
-            if message.__class__ is bytes and (not message or message[0] == _KIND_BYE):
-                # Its goodbye (or its end) is in this batch, read off its socket already: a
-                # release before it that fails to take frames back is its leaving (_is_leaving).
-                sub.leaving = True
+        # (settle also marks a subscriber whose goodbye or end is in this batch, read off its
+        # socket already, as leaving: a release before it that fails to take frames back is its
+        # leaving, _is_leaving)
         for sub, message in _delivery.settle(batch, self.pool.free):
             if sub.alive:  # (the plain releases were handled by the core)
                 self._handle(sub, message)
@@ -262,7 +260,7 @@ class Delivery:
     def wait_for_room(self) -> None:
         """Wait until every 'every' subscriber has room for one more frame; drop those that do not
         release one within every_timeout."""
-        full = [s for s in self.subs if s.alive and s.qos is Qos.EVERY and len(s.outstanding) >= s.credit]
+        full = _delivery.full_every(self.subs)
         if not full:
             return
         deadline = time.monotonic() + self.every_timeout

@@ -53,31 +53,8 @@ class Pool:
     def take_free(self, settled: Callable[[Slot], bool]) -> Slot | None:
         """The oldest free slot whose former readers' GPU work has all finished (``settled`` asks,
         for a slot released with done events), so that writing it needs no wait. The others stay
-        free, in order."""
-        free = self.free
-        unsettled: list[Slot] | None = None  # (made only when needed: this runs every frame)
-        found = None
-        try:
-            while free:
-                slot = free.popleft()
-                if slot.state != FREE:
-                    continue  # a stale entry: the slot was taken or published since
-                if slot.holders:  # (not expected: a free slot nobody holds) held again: free once released
-                    slot.state = PUBLISHED
-                    continue
-                if slot.waiters:
-                    if unsettled is None:
-                        unsettled = []
-                    unsettled.append(slot)  # (put back below, also when the question raises)
-                    if not settled(slot):
-                        continue
-                    unsettled.pop()
-                found = slot
-                break
-        finally:
-            if unsettled:
-                free.extendleft(reversed(unsettled))
-        return found
+        free, in order. (Compiled: it runs every frame; see ``_delivery.take_free``.)"""
+        return _delivery.take_free(self.free, settled)
 
     def unsettled(self) -> list[Slot]:
         """Free slots still read on the GPU (released with a done event not known to be complete)."""

@@ -46,7 +46,6 @@ ACCESS_MODES = {"user": 0o600, "group": 0o660, "all": 0o666}
 _MEASURE_ALPHA = 0.05  # smoothing of the measured frame rate
 
 
-
 class Publisher:
     """The publisher of topic ``name``: a pool of frames of one size, format and layout, handed
     to any number of :class:`eglcuda.Subscriber` objects in this and other processes without
@@ -157,6 +156,8 @@ class Publisher:
             # collected, and its files released, as soon as the user lets go of it.)
             self._delivery = Delivery(self.name, self._pool, self.every_timeout, self._stop_flag.is_set,
                                       functools.partial(_closed_error, self.name))
+            # What a frame call uses (None once closed, and in a forked child).
+            self._hot: tuple[PublisherBackend, Pool, Delivery] | None = (_backend, self._pool, self._delivery)
             self._files.wake = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
             self._listener, self._files.bound = sockets.bind_listener(self.path, ACCESS_MODES[access])
             self._thread = threading.Thread(target=handshake.serve,
@@ -168,7 +169,6 @@ class Publisher:
             raise
         _open.add(self)
 
-    # ---- the socket path --------------------------------------------------------------------
     # ---- the frame path ---------------------------------------------------------------------
     def next_frame(self, timeout: float | None = None, cuda_stream: Any = None) -> Any:
         """A free pool frame to write the next frame into: no subscriber holds it, and the GPU
@@ -186,18 +186,18 @@ class Publisher:
         limit = self.every_timeout + 1.0 if timeout is None else positive_seconds(timeout, "timeout")
         try:
             with self._lock:
-                backend, pool, delivery = self._parts()
+                backend, pool, delivery = self._hot or self._parts()
                 backend.stream_handle(cuda_stream)  # (a bad value fails here, before a slot is taken)
                 # The subscribers' messages are read at least every millisecond, and whenever no
                 # settled slot is free (publish reads a full queue's).
                 delivery.poll_if_due()
                 slot = delivery.free_slot(limit)
-                if self._closed:  # by a signal handler during this call: the pool goes as it returns
+                if self._hot is None:  # closed by a signal handler during this call: the pool goes as it returns
                     pool.free.appendleft(slot)
                     raise self._closed_error()
                 return pool.start_writing(slot)
         finally:
-            if self._deferral:
+            if self._deferral.thread:  # (a close put off: see close())
                 self._finish_deferred_close()
 
     def discard(self, frame: Any) -> None:
@@ -208,7 +208,7 @@ class Publisher:
                 pool.published(pool.take_written(
                     frame, "discard takes a frame from this publisher's next_frame() that was not published"))
         finally:
-            if self._deferral:
+            if self._deferral.thread:  # (a close put off: see close())
                 self._finish_deferred_close()
 
     def publish(self, frame: Any, cuda_stream: Any = None, payload: bytes = b"", timestamp_ns: int | None = None) -> int:
@@ -233,10 +233,10 @@ class Publisher:
             raise UsageError(f"timestamp_ns is an int in 0..2**64-1, got {timestamp_ns!r}")
         try:
             with self._lock:
-                backend, pool, delivery = self._parts()
+                backend, pool, delivery = self._hot or self._parts()
                 slot = pool.take_written(frame, "publish takes a frame from this publisher's next_frame(), once")
                 try:
-                    stream = backend.stream_handle(cuda_stream)
+                    stream = None if cuda_stream is None else backend.stream_handle(cuda_stream)
                     # Streams the frame was handed to while written (a DLPack consumer's) join the
                     # publish stream: subscribers read after their work too (docs/ordering.md).
                     backend.order_writes(frame, stream)
@@ -263,7 +263,7 @@ class Publisher:
                 self._measure(slot.published_at)
                 return seq
         finally:
-            if self._deferral:
+            if self._deferral.thread:  # (a close put off: see close())
                 self._finish_deferred_close()
 
     def publish_from(self, source: Any, cuda_stream: Any = None, payload: bytes = b"",
@@ -285,12 +285,11 @@ class Publisher:
         return self.publish(frame, cuda_stream, payload, timestamp_ns)
 
     def _measure(self, now: float) -> None:
-        if self._last_publish:
-            interval = now - self._last_publish
-            if interval > 0:
-                rate = 1.0 / interval
-                self._measured_fps = rate if self._measured_fps is None else (
-                    self._measured_fps + _MEASURE_ALPHA * (rate - self._measured_fps))
+        interval = now - self._last_publish
+        if self._last_publish and interval > 0:
+            rate = 1.0 / interval
+            self._measured_fps = rate if self._measured_fps is None else (
+                self._measured_fps + _MEASURE_ALPHA * (rate - self._measured_fps))
         self._last_publish = now
 
     # ---- admission: what the handshake service asks (handshake.Admission) ----------------------
@@ -395,7 +394,7 @@ class Publisher:
                         delivery.poll(0.0)  # what they sent since: goodbyes, ended connections
                 return [s.info() for s in delivery.subs if s.alive]
         finally:
-            if self._deferral:
+            if self._deferral.thread:  # (a close put off: see close())
                 self._finish_deferred_close()
 
     @property
@@ -425,15 +424,12 @@ class Publisher:
         return self._stop_flag.is_set()
 
     def _parts(self) -> tuple[PublisherBackend, Pool, Delivery]:
-        """The parts, for a frame call of an open publisher (else the error saying why not)."""
-        if self._closed:
-            raise self._closed_error()
-        if self._forked:
+        """The parts, for a frame call of an open publisher (``_hot``), else the error saying why not."""
+        if self._forked and not self._closed:
             raise self._forked_error()
-        backend, pool, delivery = self._backend, self._pool, self._delivery
-        if backend is None or pool is None or delivery is None:  # pragma: no cover - set while open
+        if self._hot is None or self._closed:
             raise self._closed_error()
-        return backend, pool, delivery
+        return self._hot
 
     def _forked_error(self) -> UsageError:
         return UsageError(f"the publisher of topic {self.name!r} belongs to the process that made it: in a forked "
@@ -465,6 +461,7 @@ class Publisher:
             # thread in next_frame()/publish() (its call ends within about 50 ms).
             self._torn_down.wait(wait + 1.0)
             return
+        self._hot = None  # (first: a frame call in a signal handler's thread sees it at once)
         self._stop_flag.set()
         self._closer = me  # (while this call runs: a handler's close() on this thread returns at once)
         try:
@@ -557,6 +554,7 @@ class Publisher:
         if self._delivery is not None:
             self._delivery.close_epoll()
         self._files.release()
+        self._hot = None
         self._stop_flag.set()
         self._torn_down.set()
 
@@ -583,6 +581,7 @@ def _forked(publisher: Publisher) -> None:
     # would read and write the parent's subscriber connections), close() lets go of the child's
     # copies only. Its locks are new: another thread of the parent may have held one at the fork.
     publisher._forked = True
+    publisher._hot = None
     publisher._lock = threading.RLock()
     publisher._id_lock = threading.Lock()
     publisher._close_lock = threading.Lock()
