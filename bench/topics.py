@@ -780,6 +780,7 @@ def main() -> int:
                                        **run_config(args, transport, size, qos, n, tree=tree)}
                                 rows.append(row)
                                 print(format_row(row), flush=True)
+                                save(out, args, rows)  # (so far: a run cut short keeps what it measured)
         for size in sizes:
             if "latest" in qoses and max(ns) >= 2:
                 for transport in [t for t in transports if t in EGLCUDA_TRANSPORTS]:
@@ -793,11 +794,7 @@ def main() -> int:
                                **run_stall_pairs(args, transport, size, n)}
                         rows.append(row)
                         print(format_row(row), flush=True)
-    cells = compare(rows) if args.rounds > 1 or args.baseline else []
-    (out / "results.json").write_text(json.dumps({"mps": args.mps, "duration": args.duration, "sync": args.sync,
-                                                  "write": args.write, "busy_wait_us": args.busy_wait,
-                                                  "rounds": args.rounds, "baseline": args.baseline,
-                                                  "rows": rows, "comparison": cells}, indent=1))
+    cells = save(out, args, rows)
     first = [r for r in rows if r.get("round", 0) == 0 and r.get("tree", "current") == "current"]
     table = markdown(first, args)
     compared = compare_markdown(cells, args) if cells else ""
@@ -810,6 +807,16 @@ def main() -> int:
         print("\n" + compared)
     errors = [r for r in rows if "error" in r]
     return 1 if errors else 0
+
+
+def save(out: pathlib.Path, args, rows: list[dict]) -> list[dict]:
+    """Write results.json (the rows, and with --rounds or --baseline the comparison); returns the comparison."""
+    cells = compare(rows) if args.rounds > 1 or args.baseline else []
+    (out / "results.json").write_text(json.dumps({"mps": args.mps, "duration": args.duration, "sync": args.sync,
+                                                  "write": args.write, "busy_wait_us": args.busy_wait,
+                                                  "rounds": args.rounds, "baseline": args.baseline,
+                                                  "rows": rows, "comparison": cells}, indent=1))
+    return cells
 
 
 def trees(args, transport: str, round_: int) -> list[str]:

@@ -267,3 +267,41 @@ def take_free(object free, object settled):
         if unsettled:
             free.extendleft(reversed(unsettled))
     return found
+
+
+def worth_a_read(list subs, double now, double read_at, double interval):
+    """Whether the messages of the live ``latest`` subscribers of ``subs`` at their credit are worth
+    reading before a frame is handed out: when there is one, and the last read (``read_at``) is
+    ``interval`` old, or one of them keeps up (the oldest frame it holds is younger than that: its
+    release may be on the way)."""
+    cdef Member sub
+    for sub in subs:
+        if not (sub.alive and sub.latest and len(sub.outstanding) >= sub.credit):
+            continue
+        if now - read_at >= interval:
+            return True
+        for slot in sub.outstanding.values():  # (the oldest first: entries are made in order)
+            if now - (<Slot>slot).published_at < interval:
+                return True
+            break
+    return False
+
+
+def skip_full(list subs):
+    """Skip the frame for every live ``latest`` subscriber of ``subs`` at its credit (its
+    ``skipped`` count goes up). Returns ``(rest, notify)``: the other live subscribers, in order,
+    and those skipped that were not told of a skip since their last frame (the publisher's path
+    sends them a NOTICE)."""
+    cdef list rest = []
+    cdef list notify = []
+    cdef Member sub
+    for sub in subs:
+        if not sub.alive:
+            continue
+        if sub.latest and len(sub.outstanding) >= sub.credit:
+            sub.skipped += 1
+            if not sub.noticed:
+                notify.append(sub)
+            continue
+        rest.append(sub)
+    return rest, notify

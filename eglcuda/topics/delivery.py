@@ -346,14 +346,23 @@ class Delivery:
         # The common case compiled: a message-only subscriber that may take the frame now. The
         # rest (and any failure) comes back here.
         others = _delivery.hand_out(self.subs, slot, seq, shared, stream, recorded)
+        if not others:
+            return
         fresh = False  # whether every subscriber's messages were read for this frame
-        if others and self._worth_a_read([sub for sub in others if sub.latest and len(sub.outstanding) >= sub.credit]):
+        if self._worth_a_read(others):
             # 'latest' ones at their credit may have released a frame since the last read: one
             # read of every socket (and its releases handled by the core) instead of one Python
             # read per such subscriber; then the compiled step again for them.
             self.poll(0.0)
             fresh = True
             others = _delivery.hand_out(others, slot, seq, shared, stream, recorded)
+        if fresh or time.monotonic() - self.read_at < _READ_INTERVAL:
+            # No read is due for those still at their credit (_worth_a_read said so, or they were
+            # read just now): each skips this frame, compiled; a NOTICE tells it once.
+            others, notify = _delivery.skip_full(others)
+            for sub in notify:
+                if sub.alive and self._send(sub, protocol.encode(protocol.Notice(seq))):
+                    sub.noticed = True
         for sub in list(others):
             if not sub.alive:
                 continue
@@ -395,19 +404,14 @@ class Delivery:
                 continue
             _delivery.delivered(sub, slot, seq)
 
-    def _worth_a_read(self, at_credit: list[Member]) -> bool:
-        """Whether the messages of these 'latest' subscribers at their credit are worth reading
-        before a frame is handed out: when the last read is _READ_INTERVAL old, or when one of them
-        keeps up (the oldest frame it holds is younger than that: its release may be on the way).
-        One that holds its frames longer (a slow or stalled subscriber) is read with the others,
-        at least every _READ_INTERVAL (next_frame), not once per frame: a stalled subscriber then
-        costs the publisher no read a frame."""
-        if not at_credit:
-            return False
-        now = time.monotonic()
-        if now - self.read_at >= _READ_INTERVAL:
-            return True
-        return any(now - next(iter(sub.outstanding.values())).published_at < _READ_INTERVAL for sub in at_credit)
+    def _worth_a_read(self, subs: list[Member]) -> bool:
+        """Whether the messages of the 'latest' subscribers of ``subs`` at their credit are worth
+        reading before a frame is handed out: when the last read is _READ_INTERVAL old, or when one
+        of them keeps up (the oldest frame it holds is younger than that: its release may be on the
+        way). One that holds its frames longer (a slow or stalled subscriber) is read with the
+        others, at least every _READ_INTERVAL (next_frame), not once per frame: a stalled
+        subscriber then costs the publisher no read a frame (compiled: _delivery.worth_a_read)."""
+        return _delivery.worth_a_read(subs, time.monotonic(), self.read_at, _READ_INTERVAL)
 
     def _send(self, sub: Member, data: bytes, fds: Sequence[int] = ()) -> bool:
         """Send one message (with ``fds``) without blocking the publisher on a subscriber that

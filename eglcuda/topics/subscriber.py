@@ -160,10 +160,10 @@ class Subscriber:
                     raise self._closed_error()
                 message = self._receive(timeout)
         except BaseException as exc:
-            if self._deferral:
+            if self._deferral.thread:  # (a close put off)
                 self._close_put_off_during_call(exc)
             raise
-        if self._deferral:
+        if self._deferral.thread:  # (a close put off)
             self._close_put_off_during_call(None)  # (the message was let go if it closed)
         return message
 
@@ -279,7 +279,7 @@ class Subscriber:
                     else:
                         conn.send_or_queue(protocol.encode_release(message.seq, flags, extra))
         finally:
-            if self._deferral:
+            if self._deferral.thread:  # (a close put off)
                 self._finish_deferred_close()
 
     def _flush(self) -> None:
