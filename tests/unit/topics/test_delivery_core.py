@@ -1,6 +1,7 @@
 """The publisher's books and per-frame steps, compiled (eglcuda/topics/_delivery.pyx): the
 typed Slot and Member classes, hand_out (the FRAME message to every message-only subscriber that
-may take it now) and settle (plain releases), on real sockets."""
+may take it now), settle (plain releases), and the per-frame questions and skips (full_every,
+take_free, worth_a_read, skip_full), on real sockets."""
 from __future__ import annotations
 
 import collections
@@ -127,8 +128,10 @@ def test_settle_frees_slots_on_plain_releases_and_keeps_each_subscribers_order()
              (b, protocol.Release(2, protocol.RELEASE_TAKEN)), (eglstream, protocol.Release(0, protocol.RELEASE_TAKEN)),
              (a, bye)]
     try:
+        assert not a.leaving
         rest = _delivery.settle(batch, free)
         assert rest == [batch[2], batch[3], batch[5], batch[6], batch[7], batch[8]]
+        assert a.leaving and not b.leaving  # a's goodbye is in the batch: its failures are its leaving
         assert slots[0].holders == {eglstream} and slots[0].state == PUBLISHED  # still held by one
         assert slots[1].holders == {a} and set(a.outstanding) == {1, 2, 3} and set(b.outstanding) == {2, 3}
         assert not free
@@ -155,5 +158,74 @@ def test_a_release_with_a_done_event_keeps_the_slot_waiting_and_forget_lets_go()
         _delivery.delivered(sub, held, 6)
         _delivery.forget(sub, [slot, held], free)
         assert not slot.waiters and not held.holders and not sub.outstanding and list(free) == [slot, held]
+    finally:
+        _close(sub)
+
+
+def test_the_per_frame_questions_pick_the_subscribers_the_python_path_did():
+    """full_every, worth_a_read and skip_full against the rules written out here, on random
+    subscribers (qos, credit, frames held and how old, alive or not)."""
+    rng = random.Random(43)
+    fast = _Transport()
+    for _ in range(40):
+        subs = []
+        for index in range(rng.randint(0, 6)):
+            sub = _sub(fast, qos=rng.choice([Qos.EVERY, Qos.LATEST]), credit=rng.randint(1, 3))
+            for seq in range(rng.randint(0, 3)):
+                slot = _published(seq)
+                slot.published_at = 100.0 - rng.choice([0.0002, 0.0005, 0.002, 0.5])
+                sub.outstanding[seq] = slot
+            sub.alive = rng.random() > 0.15
+            sub.noticed = rng.random() > 0.5
+            subs.append(sub)
+        try:
+            now, read_at = 100.0, 100.0 - rng.choice([0.0001, 0.0005, 0.002])
+
+            def full(sub):
+                return len(sub.outstanding) >= sub.credit
+
+            assert _delivery.full_every(subs) == [s for s in subs if s.alive and s.qos is Qos.EVERY and full(s)]
+            at_credit = [s for s in subs if s.alive and s.qos is Qos.LATEST and full(s)]
+            expected = bool(at_credit) and (now - read_at >= 0.001 or any(
+                now - next(iter(s.outstanding.values())).published_at < 0.001 for s in at_credit))
+            assert _delivery.worth_a_read(subs, now, read_at, 0.001) is expected
+            skipped_before = {s: s.skipped for s in subs}
+            noticed = {s: s.noticed for s in subs}
+            rest, notify = _delivery.skip_full(subs)
+            assert rest == [s for s in subs if s.alive and s not in at_credit]
+            assert notify == [s for s in at_credit if not noticed[s]]
+            assert all(s.skipped == skipped_before[s] + (s in at_credit) for s in subs)
+        finally:
+            for sub in subs:
+                _close(sub)
+
+
+def test_take_free_hands_out_the_oldest_settled_slot_and_keeps_the_others_in_order():
+    sub = _sub(_Transport())
+    stale, held, reading, ready, later = (Slot(i, None) for i in range(5))
+    stale.state = PUBLISHED  # an entry left from before it was published again
+    held.holders.add(sub)  # (free, yet held again: it becomes published, free once released)
+    reading.waiters[sub] = 1.0  # released with a done event its GPU work has not reached
+    free = collections.deque([stale, held, reading, ready, later])
+    asked = []
+
+    def settled(slot):
+        asked.append(slot.index)
+        return slot is not reading
+
+    try:
+        assert _delivery.take_free(free, settled) is ready
+        assert asked == [2] and list(free) == [reading, later] and held.state == PUBLISHED
+        reading.waiters.clear()
+        assert _delivery.take_free(free, settled) is reading and list(free) == [later]
+
+        def fails(slot):
+            raise RuntimeError("the question failed")
+
+        later.waiters[sub] = 2.0
+        with pytest.raises(RuntimeError):
+            _delivery.take_free(free, fails)
+        assert list(free) == [later]  # (put back, also when the question raises)
+        assert _delivery.take_free(collections.deque(), settled) is None
     finally:
         _close(sub)
