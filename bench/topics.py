@@ -918,6 +918,8 @@ def summary_line(rows: list[dict]) -> str:
 
 def format_row(row: dict) -> str:
     label = f"{row['size']:>10} {row['qos']:<6} {row['transport']:<9} N={row['n']}{' (1 stalled)' if row.get('stalled') else ''}"
+    if "tree" in row:
+        label += f" [{row['tree']}, round {row['round'] + 1}]"
     if "skipped" in row:
         return f"{label}: skipped ({row['skipped']})"
     if "error" in row:
