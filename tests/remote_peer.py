@@ -1,0 +1,125 @@
+"""The processes of the remote-subscriber tests (tests/unit/test_remote.py on the stand-in
+libcuda, tests/gpu/test_remote.py on GPUs), each a fresh interpreter; progress as JSON lines.
+
+    python tests/remote_peer.py relay --name T --path P [--qos every] [--listen 127.0.0.1:0]
+    python tests/remote_peer.py subscribe --name T --remote HOST:PORT [--qos every] [--count N] ...
+
+Frames are tests/gpu/topics_peer.py's (content is a function of seed and seq), so a remote
+subscriber checks every byte. The key comes from the environment (EGLCUDA_REMOTE_KEY).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu"))
+
+import eglcuda  # noqa: E402
+from topics_peer import check, say  # noqa: E402
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def relay(args) -> int:
+    with eglcuda.Relay(args.name, args.listen, qos=args.qos, queue=args.queue, device=args.device,
+                       timeout=args.timeout, path=args.path, every_timeout=args.every_timeout,
+                       max_remotes=args.max_remotes) as server:
+        say(event="ready", pid=os.getpid(), port=server.address[1], host=server.address[0])
+
+        def commands() -> None:
+            for line in sys.stdin:
+                if line.strip() == "remotes":
+                    say(event="remotes", remotes=[r.__dict__ for r in server.remotes])
+                elif line.strip() == "bye":
+                    break
+            server.close()
+
+        threading.Thread(target=commands, daemon=True).start()
+        server.serve_forever()
+    say(event="closed", threads=threading.active_count())
+    return 0
+
+
+def subscribe(args) -> int:
+    sub = eglcuda.Subscriber(args.name, qos=args.qos, queue=args.queue, device=args.device, timeout=args.timeout,
+                             remote=args.remote)
+    say(event="ready", pid=os.getpid(), transport=sub.info.transport, instance=sub.info.instance,
+        subscriber=isinstance(sub, eglcuda.Subscriber), info=[sub.info.width, sub.info.height, sub.info.format.name])
+    held = []
+    got = 0
+    try:
+        while args.count == 0 or got < args.count:
+            try:
+                message = sub.receive(args.receive_timeout or args.timeout)
+            except eglcuda.Timeout as exc:
+                say(event="timeout", reason=str(exc))
+                if args.stop_on_timeout:
+                    break
+                continue
+            except eglcuda.StreamDisconnected as exc:
+                say(event="disconnected", kind=type(exc).__name__, reason=str(exc),
+                    code=getattr(exc, "code", None))
+                if not args.rejoin:
+                    break
+                for message in held:
+                    message.release()
+                held.clear()
+                try:
+                    info = sub.wait_for_publisher(args.timeout)
+                except eglcuda.EglCudaError as exc2:
+                    say(event="rejoin-failed", kind=type(exc2).__name__, reason=str(exc2))
+                    break
+                say(event="rejoined", instance=info.instance, transport=info.transport)
+                continue
+            ok, why = check(message, args.seed) if not args.no_check else (True, "")
+            say(event="got", seq=message.seq, ok=ok, why=why, skipped=message.skipped,
+                latency_us=(message.received_ns - message.timestamp_ns) / 1e3)
+            got += 1
+            held.append(message)
+            if args.sleep_ms:
+                time.sleep(args.sleep_ms / 1e3)
+            while len(held) > args.hold:
+                held.pop(0).release()
+    finally:
+        for message in held:
+            message.release()
+        sub.close()
+    say(event="done", got=got, threads=threading.active_count(), fds=open_fds())
+    if args.wait_bye:
+        sys.stdin.readline()
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("role", choices=["relay", "subscribe"])
+    parser.add_argument("--name", required=True)
+    parser.add_argument("--path", default=None)
+    parser.add_argument("--listen", default="127.0.0.1:0")
+    parser.add_argument("--remote", default=None)
+    parser.add_argument("--qos", default="every")
+    parser.add_argument("--queue", type=int, default=4)
+    parser.add_argument("--device", type=int, default=0)
+    parser.add_argument("--timeout", type=float, default=10.0)
+    parser.add_argument("--receive-timeout", type=float, default=0.0)
+    parser.add_argument("--stop-on-timeout", action="store_true")
+    parser.add_argument("--every-timeout", type=float, default=1.0)
+    parser.add_argument("--max-remotes", type=int, default=16)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--count", type=int, default=0)
+    parser.add_argument("--hold", type=int, default=0)
+    parser.add_argument("--sleep-ms", type=float, default=0.0)
+    parser.add_argument("--rejoin", action="store_true")
+    parser.add_argument("--no-check", action="store_true")
+    parser.add_argument("--wait-bye", action="store_true")
+    args = parser.parse_args()
+    return {"relay": relay, "subscribe": subscribe}[args.role](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
