@@ -10,7 +10,9 @@ subscriber checks every byte. The key comes from the environment (EGLCUDA_REMOTE
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import os
+import signal
 import sys
 import threading
 import time
@@ -46,12 +48,19 @@ def relay(args) -> int:
 
 
 def subscribe(args) -> int:
-    sub = eglcuda.Subscriber(args.name, qos=args.qos, queue=args.queue, device=args.device, timeout=args.timeout,
-                             remote=args.remote)
+    threads, fds = threading.active_count(), open_fds()
+    try:
+        sub = eglcuda.Subscriber(args.name, qos=args.qos, queue=args.queue, device=args.device, timeout=args.timeout,
+                                 remote=args.remote)
+    except eglcuda.EglCudaError as exc:
+        say(event="error", kind=type(exc).__name__, reason=str(exc), code=getattr(exc, "code", None),
+            threads=threading.active_count() - threads, fds=open_fds() - fds)
+        return 0
     say(event="ready", pid=os.getpid(), transport=sub.info.transport, instance=sub.info.instance,
         subscriber=isinstance(sub, eglcuda.Subscriber), info=[sub.info.width, sub.info.height, sub.info.format.name])
     held = []
     got = 0
+    started = time.monotonic()
     try:
         while args.count == 0 or got < args.count:
             try:
@@ -89,15 +98,101 @@ def subscribe(args) -> int:
         for message in held:
             message.release()
         sub.close()
-    say(event="done", got=got, threads=threading.active_count(), fds=open_fds())
+    say(event="done", got=got, threads=threading.active_count() - threads, fds=open_fds() - fds,
+        fps=got / max(1e-9, time.monotonic() - started))
     if args.wait_bye:
         sys.stdin.readline()
     return 0
 
 
+def cycles(args) -> int:
+    """Join, check a few frames, leave, ``--count`` times (plus a refused join and a timed-out
+    one each cycle); threads and descriptors after the first cycle and after the last."""
+    marks = []
+    for cycle in range(args.count):
+        with eglcuda.Subscriber(args.name, qos=args.qos, queue=args.queue, device=args.device, timeout=args.timeout,
+                                remote=args.remote) as sub:
+            for _ in range(3):
+                with sub.receive(args.timeout) as message:
+                    ok, why = check(message, args.seed)
+                    if not ok:
+                        say(event="bad", why=why)
+        try:
+            eglcuda.Subscriber(args.name, remote=args.remote, timeout=args.timeout, key=b"another key, 16+ bytes")
+        except eglcuda.Refused:
+            pass
+        try:
+            eglcuda.Subscriber(args.name, remote="127.0.0.1:9", timeout=0.3)
+        except eglcuda.Timeout:
+            pass
+        if cycle in (0, args.count - 1):
+            marks.append([threading.active_count(), open_fds()])
+    say(event="done", marks=marks)
+    return 0
+
+
+def garbage(args) -> int:
+    """A UCX peer that is no eglcuda subscriber: ``--mode`` magic (a HELLO with a wrong magic),
+    silent (connects, says nothing), big (a message longer than a HELLO), wrongkey (a HELLO,
+    then a PROOF made with another key). Says what the relay answered."""
+    import asyncio
+
+    import numpy as np
+    import ucxx
+
+    from eglcuda.remote import keys, wire
+
+    async def run() -> dict:
+        ucxx.init(progress_mode="blocking")
+        host, port = args.remote.rsplit(":", 1)
+        ep = await ucxx.create_endpoint(host, int(port))
+        answer = np.zeros(wire.HANDSHAKE, np.uint8)
+        if args.mode == "silent":
+            try:
+                await asyncio.wait_for(ep.recv(answer), args.timeout)
+                return {"answer": "message"}
+            except asyncio.TimeoutError:
+                return {"answer": "none"}
+            except Exception as exc:  # noqa: BLE001
+                return {"answer": "closed", "error": type(exc).__name__}
+        if args.mode == "magic":
+            data = bytearray(wire.HANDSHAKE)
+            data[:8] = b"NOTMAGIC"
+        elif args.mode == "big":
+            data = bytearray(np.random.default_rng(3).integers(0, 256, wire.HANDSHAKE * 4, dtype=np.uint8).tobytes())
+        else:
+            data = wire.encode_hello(wire.Hello(eglcuda.topics.protocol.Qos.EVERY, 4, keys.nonce(), args.name))
+        await ep.send(np.frombuffer(bytes(data), np.uint8))
+        try:
+            await asyncio.wait_for(ep.recv(answer), args.timeout)
+        except Exception as exc:  # noqa: BLE001
+            return {"answer": "closed", "error": type(exc).__name__}
+        kind, body = wire.handshake_kind(answer.tobytes())
+        if kind is wire.Kind.REFUSE:
+            code, reason = wire.decode_refuse(body)
+            return {"answer": "refused", "code": code, "reason": reason}
+        if args.mode == "wrongkey":
+            await ep.send(np.frombuffer(wire.encode_proof(bytes(32)), np.uint8))
+            answer[:] = 0
+            try:
+                await asyncio.wait_for(ep.recv(answer), args.timeout)
+            except Exception as exc:  # noqa: BLE001
+                return {"answer": "closed", "error": type(exc).__name__}
+            kind, body = wire.handshake_kind(answer.tobytes())
+            if kind is wire.Kind.REFUSE:
+                code, reason = wire.decode_refuse(body)
+                return {"answer": "refused", "code": code, "reason": reason}
+        return {"answer": kind.name}
+
+    say(event="answer", **asyncio.run(run()))
+    return 0
+
+
 def main() -> int:
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # (a hung peer's stacks, for debugging)
     parser = argparse.ArgumentParser()
-    parser.add_argument("role", choices=["relay", "subscribe"])
+    parser.add_argument("role", choices=["relay", "subscribe", "garbage", "cycles"])
+    parser.add_argument("--mode", default="magic")
     parser.add_argument("--name", required=True)
     parser.add_argument("--path", default=None)
     parser.add_argument("--listen", default="127.0.0.1:0")
@@ -118,7 +213,7 @@ def main() -> int:
     parser.add_argument("--no-check", action="store_true")
     parser.add_argument("--wait-bye", action="store_true")
     args = parser.parse_args()
-    return {"relay": relay, "subscribe": subscribe}[args.role](args)
+    return {"relay": relay, "subscribe": subscribe, "garbage": garbage, "cycles": cycles}[args.role](args)
 
 
 if __name__ == "__main__":

@@ -1,14 +1,22 @@
-"""UCX through UCXX: the one asyncio loop (a daemon thread) that every relay and remote
-subscriber of this process runs its connections on, and the one-line install hint when ucxx is
-missing. The loop and UCXX's context start with the first user and stop with the last (no
-thread is left behind once every relay and remote subscriber is closed)."""
+"""UCX through UCXX: the one asyncio loop (a daemon thread, ``eglcuda-ucx``) that every relay and
+remote subscriber of this process runs its connections on, and the one-line install hint when
+ucxx is missing.
+
+The loop and UCXX's context start with the first relay or remote subscriber and stay until the
+interpreter exits (then open relays and remote subscribers are closed first, and the loop
+stops). Not per user: UCXX's reset() lets go of the context but not of its worker's descriptors
+(measured with ucxx 0.52: six per reset), so a process that joins and leaves often would leak;
+one context for the process's life costs one thread and a fixed few descriptors, and nothing
+grows however often subscribers come and go."""
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
 import importlib
 import os
 import threading
+import weakref
 from typing import Any, Coroutine, TypeVar
 
 from ..errors import Timeout, Unsupported
@@ -21,6 +29,7 @@ _users = 0
 _loop: asyncio.AbstractEventLoop | None = None
 _thread: threading.Thread | None = None
 _ucxx: Any = None
+_open: "weakref.WeakSet[Any]" = weakref.WeakSet()  # relays and remote subscribers to close at exit
 
 
 def ucxx_missing() -> str | None:
@@ -72,32 +81,39 @@ async def _init(ucxx: Any, mode: str) -> None:
 
 
 def release() -> None:
-    """One user less; the last one stops the loop and UCXX's context."""
-    global _users, _loop, _thread
+    """One user less (the loop stays: see the module's docstring)."""
+    global _users
     with _lock:
         _users -= 1
-        if _users > 0 or _loop is None:
-            return
+
+
+def track(obj: Any) -> None:
+    """Close ``obj`` (a relay or remote subscriber) at exit, before the loop stops."""
+    _open.add(obj)
+
+
+def untrack(obj: Any) -> None:
+    _open.discard(obj)
+
+
+def _at_exit() -> None:
+    global _loop, _thread
+    for obj in list(_open):
+        try:
+            obj.close()
+        except Exception:  # noqa: BLE001 - exit goes on
+            pass
+    with _lock:
         loop, thread = _loop, _thread
         _loop = _thread = None
-    try:
-        asyncio.run_coroutine_threadsafe(_reset(), loop).result(10)
-    except Exception:  # noqa: BLE001 - teardown goes on
-        pass
+    if loop is None:
+        return
     loop.call_soon_threadsafe(loop.stop)
-    if thread is not None and thread is not threading.current_thread():
-        thread.join(10)
-    if not loop.is_running():
-        loop.close()
+    if thread is not None:
+        thread.join(5)
 
 
-async def _reset() -> None:
-    # Let aborted endpoints' callbacks run before the context goes.
-    await asyncio.sleep(0)
-    try:
-        _ucxx.reset()
-    except Exception:  # noqa: BLE001 - a context still referenced stays until collected
-        pass
+atexit.register(_at_exit)  # (at import: runs after hooks registered later, and before none that need the loop)
 
 
 def run(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T], timeout: float | None) -> T:

@@ -36,7 +36,9 @@ from .buffers import Pinned
 
 log = logging.getLogger("eglcuda.remote")
 
-STAGING = 8  # staging buffers of a relay (frames between its D2H copy and the end of their sends)
+ABORT_NS = 100_000_000  # how long closing an endpoint may wait for UCX (UCXX's default: 10 s, on the loop)
+STAGING = 12  # staging buffers of a relay (frames between its D2H copy and the end of their sends)
+SEND_AHEAD = 3  # frames a relay has in flight to one remote subscriber (overlaps UCX's round trips)
 LATEST_WINDOW = 3  # frames a relay sends ahead of a 'latest' remote subscriber's credits
 BEAT_S = 0.5  # a side that has said nothing for this long sends a beat
 NO_PUBLISHER = 200  # REFUSE code: the relay has no publisher at the moment (the subscriber retries)
@@ -86,7 +88,7 @@ class _Remote:
         self.queue = queue
         self.window = window
         self.credits = window
-        self.pending: collections.deque[tuple[int, int, int, bytes]] = collections.deque()
+        self.pending: collections.deque[int] = collections.deque()  # staging buffers to send
         self.wake = asyncio.Event()
         self.sent = 0
         self.skipped = 0
@@ -176,6 +178,7 @@ class Relay:
         except BaseException:
             self.close()
             raise
+        _ucx.track(self)
 
     # ---- the local side ---------------------------------------------------------------------------
     def _set_up_staging(self) -> None:
@@ -187,7 +190,8 @@ class Relay:
         old, self._staging = self._staging, None
         if old is not None:
             old.close()
-        self._staging = Pinned(self._device, STAGING, size, f"staging {info.width}x{info.height} frames of a relay")
+        self._staging = Pinned(self._device, STAGING, wire.DATA_AT + size,
+                               f"staging {info.width}x{info.height} frames of a relay")
         self._free = _queue.Queue()
         self._refs = {}
         for index in range(STAGING):
@@ -217,7 +221,7 @@ class Relay:
             finally:
                 message.release()
             if index is not None:
-                self._call(self._dispatch, index, message.seq, message.timestamp_ns, message.payload)
+                self._call(self._dispatch, index)
 
     def _stage(self, message: Any) -> int | None:
         """Copy the frame into a free staging buffer (None: skipped)."""
@@ -227,14 +231,17 @@ class Relay:
             if self.qos is Qos.LATEST:
                 index = self._free.get_nowait()
             else:
-                index = self._free.get(timeout=self.every_timeout)
+                # (An 'every' relay waits, as a local 'every' subscriber would: the publisher's
+                # every_timeout decides; the watchdog drops the remote subscribers that keep it.)
+                index = self._free.get(timeout=self.timeout)
         except _queue.Empty:
             return None  # every staging buffer is still being sent: this frame is skipped
         staging = self._staging
         assert staging is not None
         out = staging.arrays[index]
-        at = 0
+        at = wire.DATA_AT
         try:
+            wire.pack_frame(out, message.seq, message.timestamp_ns, message.payload)
             frame = message.frame
             self._device.make_current()
             for plane in frame.planes:
@@ -300,8 +307,9 @@ class Relay:
         else:
             self._refs[index] = left
 
-    def _dispatch(self, index: int, seq: int, timestamp_ns: int, payload: bytes) -> None:
-        item = (index, seq, timestamp_ns, payload)
+    def _dispatch(self, index: int) -> None:
+        """A staged frame: queue it for each remote subscriber that has room for it."""
+        item = index
         refs = 0
         for remote in self._remotes:
             if not remote.connected or remote.gone is not None:
@@ -358,7 +366,7 @@ class Relay:
             remote.connected = False
             self._abort(ep)
             while remote.pending:
-                self._unref(remote.pending.popleft()[0])
+                self._unref(remote.pending.popleft())
             if remote in self._remotes:
                 self._remotes.remove(remote)
             self._live_remotes = len(self._remotes)
@@ -425,42 +433,55 @@ class Relay:
         return _Remote(ep, peer, hello.qos, hello.queue, window)
 
     async def _send_frames(self, remote: _Remote) -> None:
+        """Send queued frames while there is credit, up to SEND_AHEAD at once; beats when idle;
+        the GONE note when the remote subscriber's end was decided, then return."""
         ep = remote.ep
-        staging = self._staging
-        while True:
-            if remote.gone is not None:
-                code, reason = remote.gone
-                text = reason.encode()[:wire.MAX_REASON]
+        inflight: collections.deque[asyncio.Future[Any]] = collections.deque()
+        try:
+            while True:
+                while inflight and inflight[0].done():
+                    inflight.popleft().result()  # (a failed send ends this remote subscriber)
+                if remote.gone is not None:
+                    if inflight:
+                        await asyncio.wait(list(inflight), timeout=1.0)
+                    code, reason = remote.gone
+                    try:
+                        await asyncio.wait_for(self._send_note(ep, wire.Head.GONE, code, reason), 1.0)
+                    except Exception:  # noqa: BLE001 - it may be gone or stalled
+                        pass
+                    return
+                if remote.pending and remote.credits > 0 and len(inflight) < SEND_AHEAD:
+                    index = remote.pending.popleft()
+                    remote.credits -= 1
+                    task = asyncio.ensure_future(self._send_one(remote, index))
+                    task.add_done_callback(lambda _: remote.wake.set())
+                    task.add_done_callback(_quiet)
+                    inflight.append(task)
+                    continue
+                remote.wake.clear()
                 try:
-                    await asyncio.wait_for(self._send_gone(ep, code, text), 1.0)
-                except Exception:  # noqa: BLE001 - it may be gone or stalled
-                    pass
-                return
-            if remote.pending and remote.credits > 0:
-                index, seq, timestamp_ns, payload = remote.pending.popleft()
-                remote.credits -= 1
-                try:
-                    await ep.send(np.frombuffer(wire.encode_header(wire.Head.FRAME, seq, timestamp_ns, len(payload)),
-                                                np.uint8))
-                    if payload:
-                        await ep.send(np.frombuffer(payload, np.uint8))
-                    assert staging is not None
-                    await ep.send(staging.arrays[index])
-                finally:
-                    self._unref(index)
-                remote.sent += 1
-                continue
-            remote.wake.clear()
-            try:
-                await asyncio.wait_for(remote.wake.wait(), BEAT_S)
-            except (asyncio.TimeoutError, TimeoutError):
-                await ep.send(np.frombuffer(wire.encode_header(wire.Head.BEAT), np.uint8))
+                    await asyncio.wait_for(remote.wake.wait(), BEAT_S)
+                except (asyncio.TimeoutError, TimeoutError):
+                    if not inflight:
+                        await self._send_note(ep, wire.Head.BEAT)
+        finally:
+            self._abort(ep)  # (ends the sends still in flight; their buffers come back below)
+            for task in inflight:
+                task.cancel()
 
-    async def _send_gone(self, ep: Any, code: int, text: bytes) -> None:
-        await ep.send(np.frombuffer(wire.encode_header(wire.Head.GONE, length=len(text), code=code), np.uint8))
-        if text:
-            await ep.send(np.frombuffer(text, np.uint8))
-        await asyncio.sleep(0.05)
+    async def _send_one(self, remote: _Remote, index: int) -> None:
+        try:
+            staging = self._staging
+            assert staging is not None
+            await remote.ep.send(staging.arrays[index], tag=wire.FRAME_TAG)
+            remote.sent += 1
+        finally:
+            self._unref(index)
+
+    async def _send_note(self, ep: Any, kind: wire.Head, code: int = 0, reason: str = "") -> None:
+        await ep.send(np.frombuffer(wire.encode_note(kind, code, reason), np.uint8), tag=wire.NOTE_TAG)
+        if kind is wire.Head.GONE:
+            await asyncio.sleep(0.05)  # (let it leave before the endpoint goes)
 
     async def _read_credits(self, remote: _Remote) -> None:
         buf = np.zeros(wire.CONTROL, np.uint8)
@@ -514,7 +535,7 @@ class Relay:
     def _abort(self, ep: Any) -> None:
         try:
             if not ep.closed:
-                ep.abort()
+                ep.abort(period=ABORT_NS)  # (bounded: a dead peer must not hold the loop)
         except Exception:  # noqa: BLE001 - already gone
             pass
 
@@ -575,6 +596,7 @@ class Relay:
         local subscription ends, every buffer is freed. Safe to call twice."""
         if self._closed:
             return
+        _ucx.untrack(self)
         self._closing = True
         loop = self._loop
         if loop is not None:
@@ -627,3 +649,8 @@ class Relay:
         state = "closed" if self._closed else f"on {self.address[0]}:{self.address[1]}"
         return f"<Relay {self.name!r} {state}>"
 
+
+def _quiet(task: "asyncio.Future[Any]") -> None:
+    """Retrieve a finished task's exception (its owner already acted on the failure)."""
+    if not task.cancelled():
+        task.exception()

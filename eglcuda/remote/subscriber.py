@@ -17,7 +17,6 @@ import os
 import socket
 import threading
 import time
-import weakref
 from typing import Any, Iterable
 
 import numpy as np
@@ -38,7 +37,7 @@ from ..topics.transports.base import UNMAP_WAIT_S, Geometry
 from ..topics.transports.views import SlotView, _ViewSpec, join_readers
 from . import _ucx, keys, wire
 from .buffers import Pinned
-from .relay import BEAT_S, DISCONNECTED, NO_PUBLISHER, parse_address
+from .relay import ABORT_NS, BEAT_S, DISCONNECTED, NO_PUBLISHER, parse_address
 
 log = logging.getLogger("eglcuda.remote")
 _RETRY_S = 0.1  # between attempts to join a relay that has no publisher yet
@@ -56,8 +55,13 @@ class _Link:
         self.free: collections.deque[int] = collections.deque(range(len(host)))
         self.lost: BaseException | None = None
         self.heard = time.monotonic()
-        self.tasks: list[asyncio.Task[Any]] = []
-        self.ended = threading.Event()  # the reader stopped: nothing writes the host buffers any more
+        self.tasks: list[asyncio.Future[Any]] = []
+        self.receiving = 0  # frame receives posted and not finished (UCX may write their buffers)
+        self.kick: asyncio.Event | None = None  # (made on the loop) a buffer came free: post a receive
+        self.posted = 0  # frame receives posted so far (their order is the relay's)
+        self.next_out = 0  # the next of them to hand out
+        self.done: dict[int, tuple[int, int, bytes, int]] = {}  # finished out of order, by posting order
+        self.ended = threading.Event()  # every receive ended: nothing writes the host buffers any more
 
 
 class RemoteSubscriber(Subscriber):
@@ -126,7 +130,7 @@ class RemoteSubscriber(Subscriber):
             self._closed = True
             self._teardown()
             raise
-        _open.add(self)
+        _ucx.track(self)
 
     # ---- joining ----------------------------------------------------------------------------------
     def _connect(self, deadline: float) -> None:
@@ -230,7 +234,8 @@ class RemoteSubscriber(Subscriber):
             self._spec = _ViewSpec(Geometry(first.width, first.height, first.format, Layout.PITCH, first.pitch,
                                             offsets))
         self._free_slots = collections.deque(range(len(self._pool)))
-        host = Pinned(self._device, welcome.window, welcome.frame_bytes, "a remote subscriber's receive window")
+        host = Pinned(self._device, welcome.window, wire.DATA_AT + welcome.frame_bytes,
+                      "a remote subscriber's receive window")
         link = _Link(ep, welcome, host)
         self._link = link
         self._lost = None
@@ -242,49 +247,89 @@ class RemoteSubscriber(Subscriber):
         asyncio.run_coroutine_threadsafe(self._start(link), self._loop).result(5)
 
     async def _start(self, link: _Link) -> None:
-        link.tasks = [asyncio.ensure_future(self._read(link)), asyncio.ensure_future(self._beat(link))]
+        link.kick = asyncio.Event()
+        link.tasks = [asyncio.ensure_future(self._frames(link)), asyncio.ensure_future(self._notes(link)),
+                      asyncio.ensure_future(self._beat(link))]
 
     # ---- the UCX loop ---------------------------------------------------------------------------------
-    async def _read(self, link: _Link) -> None:
-        ep = link.ep
-        header = np.zeros(wire.HEADER, np.uint8)
-        packed = wire.packed_planes(link.welcome.format, link.welcome.width, link.welcome.height)
-        del packed
+    async def _frames(self, link: _Link) -> None:
+        """Keep a frame receive posted into every free buffer of the window (the relay sends only
+        as many frames as there are: its credits)."""
+        kick = link.kick
+        assert kick is not None
         try:
-            while True:
-                await ep.recv(header)
-                link.heard = time.monotonic()
-                kind, seq, timestamp_ns, length, code, _ = wire.decode_header(header.tobytes())
-                if kind is wire.Head.BEAT:
-                    continue
-                extra = np.zeros(length, np.uint8)
-                if length:
-                    await ep.recv(extra)
-                if kind is wire.Head.GONE:
-                    reason = extra.tobytes().decode(errors="replace")
-                    if code == DISCONNECTED:
-                        self._end(link, StreamDisconnected(reason))
-                    else:
-                        self._end(link, Dropped(reason, code))
-                    return
-                with link.cond:
-                    index = link.free.popleft() if link.free else None
-                if index is None:
-                    raise wire.WireError("the relay sent more frames than this subscriber gave credit for")
-                await ep.recv(link.host.arrays[index])
-                link.heard = time.monotonic()
-                with link.cond:
-                    link.ready.append((seq, timestamp_ns, extra.tobytes(), index))
-                    link.cond.notify_all()
+            while link.lost is None:
+                while True:
+                    with link.cond:
+                        index = link.free.popleft() if link.free else None
+                    if index is None:
+                        break
+                    link.receiving += 1
+                    task = asyncio.ensure_future(self._receive_frame(link, index, link.posted))
+                    link.posted += 1
+                    link.tasks.append(task)
+                    task.add_done_callback(link.tasks.remove)
+                    task.add_done_callback(_quiet)
+                kick.clear()
+                await kick.wait()
+        finally:
+            await self._wait_receives(link)
+
+    async def _wait_receives(self, link: _Link) -> None:
+        while link.receiving:
+            await asyncio.sleep(0.005)
+        link.ended.set()
+
+    async def _receive_frame(self, link: _Link, index: int, order: int) -> None:
+        buffer = link.host.arrays[index]
+        try:
+            await link.ep.recv(buffer, tag=wire.FRAME_TAG)
+            link.heard = time.monotonic()
+            kind, seq, timestamp_ns, length, _, _ = wire.decode_header(buffer[:wire.HEADER].tobytes())
+            if kind is not wire.Head.FRAME:
+                raise wire.WireError(f"{kind.name} where a frame was expected")
+            payload = buffer[wire.HEADER:wire.HEADER + length].tobytes()
+            with link.cond:
+                # UCX matches posted receives with the relay's sends in order: handing frames out
+                # in posting order keeps the relay's order when receives finish out of order.
+                link.done[order] = (seq, timestamp_ns, payload, index)
+                while link.next_out in link.done:
+                    link.ready.append(link.done.pop(link.next_out))
+                    link.next_out += 1
+                link.cond.notify_all()
         except asyncio.CancelledError:
             raise
         except wire.WireError as exc:
             self._end(link, StreamDisconnected(f"the relay of topic {self.name!r} broke the protocol: {exc}"))
+            _abort(link.ep)
         except Exception as exc:  # noqa: BLE001 - the endpoint failed
             self._end(link, StreamDisconnected(f"the relay of topic {self.name!r} at {self.remote[0]}:{self.remote[1]} "
                                                f"is gone ({type(exc).__name__}: {exc})"))
         finally:
-            link.ended.set()
+            link.receiving -= 1
+
+    async def _notes(self, link: _Link) -> None:
+        note = np.zeros(wire.NOTE, np.uint8)
+        try:
+            while True:
+                await link.ep.recv(note, tag=wire.NOTE_TAG)
+                link.heard = time.monotonic()
+                kind, _, _, length, code, _ = wire.decode_header(note[:wire.HEADER].tobytes())
+                if kind is wire.Head.BEAT:
+                    continue
+                if kind is not wire.Head.GONE:
+                    raise wire.WireError(f"{kind.name} as a note")
+                reason = note[wire.HEADER:wire.HEADER + length].tobytes().decode(errors="replace")
+                self._end(link, StreamDisconnected(reason) if code == DISCONNECTED else Dropped(reason, code))
+                return
+        except asyncio.CancelledError:
+            raise
+        except wire.WireError as exc:
+            self._end(link, StreamDisconnected(f"the relay of topic {self.name!r} broke the protocol: {exc}"))
+            _abort(link.ep)
+        except Exception as exc:  # noqa: BLE001 - the endpoint failed
+            self._end(link, StreamDisconnected(f"the relay of topic {self.name!r} at {self.remote[0]}:{self.remote[1]} "
+                                               f"is gone ({type(exc).__name__}: {exc})"))
 
     async def _beat(self, link: _Link) -> None:
         beat = np.frombuffer(wire.encode_control(wire.Control.BEAT), np.uint8)
@@ -308,6 +353,8 @@ class RemoteSubscriber(Subscriber):
             if link.lost is None:
                 link.lost = error
             link.cond.notify_all()
+        if link.kick is not None:
+            link.kick.set()  # (the frame poster ends)
 
     async def _send_control(self, link: _Link, kind: wire.Control, count: int) -> None:
         if link.lost is not None:
@@ -318,9 +365,16 @@ class RemoteSubscriber(Subscriber):
             pass
 
     def _credit(self, link: _Link, count: int) -> None:
+        """``count`` buffers of the window came free (the user's thread): post receives, tell the relay."""
         loop = self._loop
         if loop is not None:
-            asyncio.run_coroutine_threadsafe(self._send_control(link, wire.Control.CREDIT, count), loop)
+            asyncio.run_coroutine_threadsafe(self._give_credit(link, count), loop)
+
+    async def _give_credit(self, link: _Link, count: int) -> None:
+        if link.kick is not None:
+            link.kick.set()
+        await asyncio.sleep(0)  # (the receives are posted before the relay hears of the credit)
+        await self._send_control(link, wire.Control.CREDIT, count)
 
     # ---- receiving --------------------------------------------------------------------------------
     def receive(self, timeout: float | None = None) -> Message:
@@ -349,10 +403,10 @@ class RemoteSubscriber(Subscriber):
                     link.cond.wait(left)
                 if self._closing:
                     raise self._closed_error()
-                if not link.ready:
-                    error = link.lost
-                    assert error is not None
-                    self._lose(error)
+                error = link.lost if not link.ready else None
+            if error is not None:  # (outside the condition: dropping the link takes it on the loop)
+                self._lose(error)
+            with link.cond:
                 if self.qos is Qos.LATEST:
                     stale = len(link.ready) - 1
                     for _ in range(stale):
@@ -376,7 +430,7 @@ class RemoteSubscriber(Subscriber):
             # The slot's earlier readers were joined into the subscriber's stream at their release.
             cuda.join_streams(copy, (own,), "ordering a remote frame's copy after the slot's readers")
             source = link.host.arrays[index]
-            at = 0
+            at = wire.DATA_AT
             for g, offset in zip(self._spec.planes, self._spec.geometry.plane_offsets):
                 size = g.row_bytes * g.height
                 cuda.copy_2d(copy, ("host", source[at:at + size], g.row_bytes), ("device", view._base + offset, g.pitch),
@@ -460,12 +514,11 @@ class RemoteSubscriber(Subscriber):
 
     async def _stop_link(self, link: _Link) -> None:
         self._end(link, StreamDisconnected("the link was closed"))
-        _abort(link.ep)
-        for task in link.tasks:
-            task.cancel()
-        await asyncio.sleep(0)
+        _abort(link.ep)  # (cancels the receives still posted)
         if not link.tasks:
             link.ended.set()
+        for task in list(link.tasks):
+            task.cancel()
 
     # ---- the publisher coming back ------------------------------------------------------------------
     def wait_for_publisher(self, timeout: float | None = None) -> TopicInfo:
@@ -508,7 +561,7 @@ class RemoteSubscriber(Subscriber):
             return
         if self._forked or os.getpid() != self._pid:
             self._closed = True
-            _open.discard(self)
+            _ucx.untrack(self)
             return
         self._closing = True
         link = self._link
@@ -530,7 +583,7 @@ class RemoteSubscriber(Subscriber):
                 except Exception:  # noqa: BLE001 - a stalled relay: the endpoint is aborted anyway
                     pass
             self._teardown()
-        _open.discard(self)
+        _ucx.untrack(self)
 
     def _settle(self) -> None:
         """Wait (bounded) for GPU work queued on the pool before it is written or freed."""
@@ -585,32 +638,15 @@ class RemoteSubscriber(Subscriber):
 def _abort(ep: Any) -> None:
     try:
         if not ep.closed:
-            ep.abort()
+            ep.abort(period=ABORT_NS)  # (bounded: a dead peer must not hold the loop)
     except Exception:  # noqa: BLE001 - already gone
         pass
 
 
-class _Open:
-    """Remote subscribers still open at interpreter exit are closed then (the relay hears BYE)."""
-
-    def __init__(self) -> None:
-        self._set: "weakref.WeakSet[RemoteSubscriber]" = weakref.WeakSet()
-        import atexit
-        atexit.register(self.close_all)
-
-    def add(self, sub: RemoteSubscriber) -> None:
-        self._set.add(sub)
-
-    def discard(self, sub: RemoteSubscriber) -> None:
-        self._set.discard(sub)
-
-    def close_all(self) -> None:
-        for sub in list(self._set):
-            try:
-                sub.close()
-            except Exception:  # noqa: BLE001 - exit goes on
-                pass
-
-
-_open = _Open()
 register_remote(RemoteSubscriber)
+
+
+def _quiet(task: "asyncio.Future[Any]") -> None:
+    """Retrieve a finished task's exception (its owner already acted on the failure)."""
+    if not task.cancelled():
+        task.exception()

@@ -9,12 +9,16 @@ peer never makes us allocate what it says.
                                          <---  CHALLENGE (nonce_r, proof_r)   or REFUSE
     PROOF (proof_s)                      --->
                                          <---  WELCOME (geometry, window, publisher) or REFUSE
-    then                                 <---  HEADER: FRAME (seq, time, payload length)
-                                               [payload: exactly that many bytes]
-                                               frame data: exactly the frame's bytes
-                                         <---  HEADER: BEAT (idle) / GONE (code, reason length)
-                                               [reason: exactly that many bytes]
+    then                                 <---  FRAME (tag FRAME_TAG): header (seq, time, payload
+                                                     length), payload area, frame data: always
+                                                     DATA_AT + the frame's bytes
+                                         <---  NOTE (tag NOTE_TAG): BEAT (idle) / GONE (code,
+                                                     reason): always NOTE bytes
     CONTROL: CREDIT (n frames done) / BEAT / BYE  --->
+
+One message per frame (the header rides in front of the data) and the frames on a tag of their
+own: a remote subscriber posts a receive for each free buffer of its window at once, and the
+relay keeps a few sends in flight, so UCX's rendezvous round trips overlap.
 
 proof_r = HMAC(key, "relay" | nonce_s | nonce_r | topic); proof_s = HMAC(key, "subscriber" |
 nonce_r | nonce_s | topic): each side proves it holds the key before the other says more.
@@ -25,6 +29,9 @@ import enum
 import math
 import struct
 from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
 
 from ..errors import PeerError
 from ..frames.formats import ColorFormat, check_size, color_format, plane_geometry
@@ -33,10 +40,15 @@ from ..topics import protocol
 VERSION = 1
 MAGIC = b"EGLCUDAR"
 HANDSHAKE = 512  # bytes of every handshake message
-HEADER = 64  # bytes of a relay's per-frame header
+HEADER = 64  # bytes of a FRAME's or NOTE's header
+DATA_AT = HEADER + protocol.MAX_PAYLOAD  # where a FRAME's frame data starts
+FRAME_TAG = 1
+NOTE_TAG = 2
+NOTE_REASON = 400  # bytes of a NOTE's reason area
+NOTE = HEADER + NOTE_REASON
+MAX_REASON = NOTE_REASON
 CONTROL = 32  # bytes of a remote subscriber's control message
 MAX_NAME = 255
-MAX_REASON = 400
 MAX_WINDOW = 16  # frames a relay may send ahead of a remote subscriber's credits
 MAX_FRAME = 1 << 30  # bytes of one frame's data on the wire
 
@@ -210,10 +222,17 @@ def decode_refuse(body: memoryview) -> tuple[int, str]:
 
 # ---- the data phase ---------------------------------------------------------------------------
 
-def encode_header(kind: Head, seq: int = 0, timestamp_ns: int = 0, length: int = 0, code: int = 0,
-                  skipped: int = 0) -> bytearray:
-    out = bytearray(HEADER)
-    _HEADER.pack_into(out, 0, _HEAD_MAGIC, int(kind), seq, timestamp_ns, length, code, skipped)
+def pack_frame(out: Any, seq: int, timestamp_ns: int, payload: bytes) -> None:
+    """Write a FRAME's header and payload in front of its data in ``out`` (a staging buffer)."""
+    _HEADER.pack_into(out, 0, _HEAD_MAGIC, int(Head.FRAME), seq, timestamp_ns, len(payload), 0, 0)
+    out[HEADER:HEADER + len(payload)] = np.frombuffer(payload, np.uint8)
+
+
+def encode_note(kind: Head, code: int = 0, reason: str = "") -> bytearray:
+    text = reason.encode()[:NOTE_REASON]
+    out = bytearray(NOTE)
+    _HEADER.pack_into(out, 0, _HEAD_MAGIC, int(kind), 0, 0, len(text), code, 0)
+    out[HEADER:HEADER + len(text)] = text
     return out
 
 

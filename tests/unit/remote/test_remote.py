@@ -1,0 +1,224 @@
+"""Relay and remote subscribers over UCX on TCP loopback, every process on the stand-in libcuda
+(the fake's "device memory" is host memory: the relay's D2H copy and the remote side's H2D copy
+run for real). Frames are random per (seed, seq); every byte of every frame is checked."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from .conftest import REMOTE_PEER, ROOT
+
+
+def _frames_ok(peer) -> None:
+    got = peer.got()
+    assert got and all(m["ok"] for m in got), [m for m in got if not m["ok"]][:2]
+
+
+def test_every_and_latest_remote_subscribers_check_every_byte(cluster):
+    cluster.publisher(rate=300)
+    relay, address = cluster.relay("--qos", "every", "--queue", "8")
+    every = cluster.subscriber(address, "--qos", "every", "--queue", "4", "--count", "60", "--hold", "2")
+    latest = cluster.subscriber(address, "--qos", "latest", "--count", "12", "--sleep-ms", "30")
+    for peer in (every, latest):
+        ready = peer.wait_for(lambda m: m["event"] in ("ready", "error"))
+        assert ready["event"] == "ready", ready
+        assert ready["transport"] == "remote" and ready["subscriber"] is True
+        assert ready["info"] == [64, 48, "NV12"]
+    relay.send("remotes")
+    listed = relay.wait_for(lambda m: m["event"] == "remotes")["remotes"]
+    assert sorted(r["qos"] for r in listed if r["connected"]) == ["every", "latest"]
+    for peer in (every, latest):
+        done = peer.wait_for(lambda m: m["event"] == "done")
+        _frames_ok(peer)
+    seqs = [m["seq"] for m in every.got()]
+    assert seqs == list(range(seqs[0], seqs[0] + 60))  # every: lossless through an 'every' relay
+    assert all(m["skipped"] == 0 for m in every.got()[1:])
+    seqs = [m["seq"] for m in latest.got()]
+    assert seqs == sorted(set(seqs)) and sum(m["skipped"] for m in latest.got()) > 0  # latest: a slow one skips
+
+
+def test_wrong_key_is_refused_and_the_relay_serves_on(cluster, env):
+    cluster.publisher()
+    relay, address = cluster.relay()
+    wrong = cluster.subscriber(address, "--count", "3", env={**env, "EGLCUDA_REMOTE_KEY": "ab" * 32})
+    error = wrong.wait_for(lambda m: m["event"] in ("ready", "error"))
+    assert error["event"] == "error" and error["kind"] == "Refused", error
+    assert "key" in error["reason"]
+    good = cluster.subscriber(address, "--count", "5")
+    good.wait_for(lambda m: m["event"] == "done")
+    _frames_ok(good)
+
+
+def test_garbage_peers_are_refused_with_the_reason_and_change_nothing(cluster):
+    cluster.publisher()
+    relay, address = cluster.relay("--timeout", "1.5")
+    answer = cluster.garbage(address, "magic")
+    assert answer["answer"] == "refused" and "not an eglcuda remote topic peer" in answer["reason"], answer
+    answer = cluster.garbage(address, "wrongkey")
+    assert answer["answer"] == "refused" and "authentication failed" in answer["reason"], answer
+    # Longer than any handshake message: the relay's receive of exactly HANDSHAKE bytes fails.
+    answer = cluster.garbage(address, "big")
+    assert answer["answer"] in ("closed", "refused"), answer
+    # Silent: cut off after the relay's timeout, with no answer.
+    started = time.monotonic()
+    answer = cluster.garbage(address, "silent", "--timeout", "6")
+    assert answer["answer"] in ("closed", "none") and time.monotonic() - started < 6, answer
+    # Plain TCP junk at the port (not UCX at all).
+    import socket
+    with socket.create_connection(("127.0.0.1", int(address.rsplit(":", 1)[1])), timeout=2) as raw:
+        raw.sendall(os.urandom(4096))
+    relay.send("remotes")
+    assert relay.wait_for(lambda m: m["event"] == "remotes")["remotes"] == []
+    good = cluster.subscriber(address, "--count", "5")
+    good.wait_for(lambda m: m["event"] == "done")
+    _frames_ok(good)
+
+
+def test_a_killed_remote_subscriber_leaves_the_others_alone(cluster):
+    cluster.publisher(rate=200)
+    relay, address = cluster.relay("--timeout", "2")
+    victim = cluster.subscriber(address, "--count", "0")
+    other = cluster.subscriber(address, "--count", "150", "--qos", "every")
+    victim.wait_for(lambda m: m["event"] == "got")
+    other.wait_for(lambda m: m["event"] == "got")
+    victim.kill()
+    other.wait_for(lambda m: m["event"] == "done", timeout=30)
+    _frames_ok(other)
+    seqs = [m["seq"] for m in other.got()]
+    assert seqs == list(range(seqs[0], seqs[0] + 150))
+    deadline = time.monotonic() + 8
+    while True:  # the relay forgets the killed one (its endpoint fails, or it is silent past the timeout)
+        relay.messages.clear()
+        relay.send("remotes")
+        remotes = relay.wait_for(lambda m: m["event"] == "remotes")["remotes"]
+        if not [r for r in remotes if r["connected"]]:
+            break
+        assert time.monotonic() < deadline, remotes
+        time.sleep(0.2)
+
+
+def test_relay_killed_ends_in_stream_disconnected(cluster):
+    cluster.publisher()
+    relay, address = cluster.relay()
+    sub = cluster.subscriber(address, "--count", "0", "--timeout", "3")
+    sub.wait_for(lambda m: m["event"] == "got")
+    relay.kill()
+    started = time.monotonic()
+    gone = sub.wait_for(lambda m: m["event"] == "disconnected", timeout=15)
+    assert gone["kind"] == "StreamDisconnected", gone
+    assert time.monotonic() - started < 3 + 2.5
+    sub.wait_for(lambda m: m["event"] == "done")
+    _frames_ok(sub)
+
+
+def test_publisher_restart_through_the_relay(cluster):
+    publisher = cluster.publisher(seed=5)
+    relay, address = cluster.relay()
+    sub = cluster.subscriber(address, "--count", "40", "--rejoin", "--timeout", "10", "--qos", "every")
+    first = sub.wait_for(lambda m: m["event"] == "ready")["instance"]
+    sub.wait_for(lambda m: m["event"] == "got")
+    publisher.kill()
+    gone = sub.wait_for(lambda m: m["event"] == "disconnected", timeout=15)
+    assert gone["kind"] in ("StreamDisconnected", "Dropped"), gone
+    cluster.publisher(seed=5)  # the same content: every byte is checked after the rejoin too
+    rejoined = sub.wait_for(lambda m: m["event"] in ("rejoined", "rejoin-failed"), timeout=20)
+    assert rejoined["event"] == "rejoined" and rejoined["instance"] != first, rejoined
+    sub.wait_for(lambda m: m["event"] == "done", timeout=30)
+    _frames_ok(sub)
+
+
+def test_publisher_closing_ends_iteration_with_dropped(cluster):
+    publisher = cluster.publisher()
+    relay, address = cluster.relay()
+    sub = cluster.subscriber(address, "--count", "0")
+    sub.wait_for(lambda m: m["event"] == "got")
+    publisher.send("bye")  # (topics_peer publishes until killed; stdin bye closes it only after --frames)
+    publisher.kill()
+    gone = sub.wait_for(lambda m: m["event"] == "disconnected", timeout=15)
+    assert gone["kind"] in ("StreamDisconnected", "Dropped") and "relay" in gone["reason"], gone
+
+
+def test_stalled_relay_times_out_then_disconnects(cluster):
+    cluster.publisher()
+    relay, address = cluster.relay()
+    sub = cluster.subscriber(address, "--count", "0", "--timeout", "2", "--receive-timeout", "0.5")
+    sub.wait_for(lambda m: m["event"] == "got")
+    os.kill(relay.process.pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        sub.wait_for(lambda m: m["event"] == "timeout", timeout=5)  # receive(timeout) first: Timeout
+        gone = sub.wait_for(lambda m: m["event"] == "disconnected", timeout=10)
+        assert gone["kind"] == "StreamDisconnected" and "said nothing" in gone["reason"], gone
+        assert time.monotonic() - started < 2 + 2.0
+        sub.wait_for(lambda m: m["event"] == "done", timeout=10)
+    finally:
+        os.kill(relay.process.pid, signal.SIGCONT)
+
+
+def test_stalled_remote_subscriber_is_dropped_and_others_go_on(cluster):
+    cluster.publisher(rate=200)
+    relay, address = cluster.relay("--timeout", "1.5", "--qos", "latest")
+    stalled = cluster.subscriber(address, "--count", "0", "--timeout", "30", "--qos", "latest")
+    other = cluster.subscriber(address, "--count", "0", "--qos", "latest")
+    stalled.wait_for(lambda m: m["event"] == "got")
+    other.wait_for(lambda m: m["event"] == "got")
+    os.kill(stalled.process.pid, signal.SIGSTOP)
+    try:
+        deadline = time.monotonic() + 8
+        while True:
+            relay.messages.clear()
+            relay.send("remotes")
+            remotes = relay.wait_for(lambda m: m["event"] == "remotes")["remotes"]
+            dropped = [r for r in remotes if r["dropped"]]
+            if dropped:
+                break
+            assert time.monotonic() < deadline, remotes
+            time.sleep(0.2)
+        assert "said nothing" in dropped[0]["dropped"], dropped
+        before = len(other.got())
+        time.sleep(1.0)
+        assert len(other.got()) > before + 10  # the other one kept getting frames meanwhile
+        _frames_ok(other)
+    finally:
+        os.kill(stalled.process.pid, signal.SIGCONT)
+    gone = stalled.wait_for(lambda m: m["event"] == "disconnected", timeout=35)
+    assert gone["kind"] in ("StreamDisconnected", "Dropped"), gone
+
+
+def test_slow_every_remote_subscriber_is_dropped_with_the_reason(cluster):
+    cluster.publisher(rate=200)
+    relay, address = cluster.relay("--qos", "latest", "--every-timeout", "0.3")
+    slow = cluster.subscriber(address, "--qos", "every", "--queue", "2", "--count", "0", "--sleep-ms", "1000")
+    gone = slow.wait_for(lambda m: m["event"] == "disconnected", timeout=20)
+    assert gone["kind"] == "Dropped" and "every_timeout" in gone["reason"] and gone["code"] == 1, gone
+    _frames_ok(slow)
+
+
+def test_no_relay_listening_times_out(env):
+    started = time.monotonic()
+    out = subprocess.run([sys.executable, str(REMOTE_PEER), "subscribe", "--name", "t", "--remote", "127.0.0.1:9",
+                          "--timeout", "1.5"], env=env, cwd=str(ROOT), capture_output=True, text=True, timeout=30)
+    answer = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")][0]
+    assert answer["event"] == "error" and answer["kind"] == "Timeout", (answer, out.stderr[-2000:])
+    assert time.monotonic() - started < 15
+
+
+def test_join_leave_cycles_leak_nothing(cluster):
+    """Joins, refusals and timeouts, again and again: the threads and descriptors after the
+    first cycle (the UCX loop and context, made once per process) stay as they are."""
+    cluster.publisher()
+    relay, address = cluster.relay()
+    cycles = cluster.cycles(address, "--count", "6")
+    done = cycles.wait_for(lambda m: m["event"] in ("done", "bad"), timeout=60)
+    assert done["event"] == "done", done
+    first, last = done["marks"]
+    assert first == last, done["marks"]
+    relay.send("remotes")
+    remotes = relay.wait_for(lambda m: m["event"] == "remotes")["remotes"]
+    assert [r for r in remotes if r["connected"]] == []
