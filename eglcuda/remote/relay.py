@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import json
 import logging
 import os
 import queue as _queue
@@ -28,7 +27,7 @@ from .._bind import cuda
 from .._unix import positive_seconds
 from ..cuda_device import get_device
 from ..errors import ClosedError, Dropped, EglCudaError, Refused, StreamDisconnected, Timeout, UsageError
-from ..topics import naming, protocol
+from ..topics import naming, protocol, registry
 from ..topics.protocol import Qos, Reason
 from ..topics.subscriber import Subscriber
 from . import _ucx, keys, wire
@@ -43,7 +42,6 @@ LATEST_WINDOW = 3  # frames a relay sends ahead of a 'latest' remote subscriber'
 BEAT_S = 0.5  # a side that has said nothing for this long sends a beat
 NO_PUBLISHER = 200  # REFUSE code: the relay has no publisher at the moment (the subscriber retries)
 DISCONNECTED = 201  # GONE code: the relay lost its publisher without a goodbye (StreamDisconnected)
-STATUS_SUFFIX = ".relay"
 
 
 @dataclass(frozen=True)
@@ -511,8 +509,12 @@ class Relay:
 
     async def _watch(self) -> None:
         """Drop silent (stalled) remote subscribers and 'every' ones that keep no pace."""
+        rounds = 0
         while True:
             await asyncio.sleep(0.1)
+            rounds += 1
+            if rounds % 10 == 0:
+                self._write_status()  # (each second: what `python -m eglcuda topics` shows)
             now = time.monotonic()
             for remote in list(self._remotes):
                 if remote.gone is not None:
@@ -546,6 +548,8 @@ class Relay:
         loop = self._loop
         if loop is None or self._closed:
             return list(self._history)
+        if _ucx.on_loop():
+            return [remote.info() for remote in self._remotes] + list(self._history)
         try:
             return _ucx.run(loop, self._infos(), 2.0)
         except Timeout:  # pragma: no cover - the loop is busy for seconds
@@ -568,7 +572,6 @@ class Relay:
         try:
             while not done.is_set() and not self._closing:
                 done.wait(0.25)
-                self._write_status()
         finally:
             for number, handler in previous.items():
                 signal.signal(number, handler)
@@ -578,15 +581,12 @@ class Relay:
         """The relay's entry beside its topic's socket, for ``python -m eglcuda topics``."""
         if self._closed:
             return
-        path = self._sub.path + f".{os.getpid()}{STATUS_SUFFIX}"
+        infos = [remote.info() for remote in self._remotes] if _ucx.on_loop() else self.remotes
+        path = registry.relay_status_path(self._sub.path, os.getpid())
         body = {"version": 1, "name": self.name, "pid": os.getpid(), "address": f"{self.address[0]}:{self.address[1]}",
-                "qos": self.qos.name.lower(), "remotes": [asdict(r) for r in self.remotes if r.connected]}
-        temporary = path + ".tmp"
+                "qos": self.qos.name.lower(), "remotes": [asdict(r) for r in infos if r.connected]}
         try:
-            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-            with os.fdopen(fd, "w") as out:
-                json.dump(body, out)
-            os.replace(temporary, path)
+            registry.write_relay_status(path, body)
             self._status_path = path
         except OSError as exc:  # the listing misses it; serving goes on
             log.debug("relay %s: status file: %s", self.name, exc)
