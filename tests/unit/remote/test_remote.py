@@ -4,6 +4,7 @@ run for real). Frames are random per (seed, seq); every byte of every frame is c
 from __future__ import annotations
 
 import json
+import pathlib
 import os
 import signal
 import subprocess
@@ -222,3 +223,34 @@ def test_join_leave_cycles_leak_nothing(cluster):
     relay.send("remotes")
     remotes = relay.wait_for(lambda m: m["event"] == "remotes")["remotes"]
     assert [r for r in remotes if r["connected"]] == []
+
+
+def test_cli_relay_with_a_key_file_and_the_topics_listing(cluster, env, path, tmp_path):
+    cluster.publisher()
+    key_file = tmp_path / "key"
+    key_file.write_text(env["EGLCUDA_REMOTE_KEY"])  # hex text as the key's bytes: the subscriber uses the same file
+    key_file.chmod(0o600)
+    cli_env = {**env, "EGLCUDA_REMOTE_KEY": ""}
+    from .conftest import Peer
+    relay = Peer(cli_env, pathlib.Path("-m"), "eglcuda", "relay", "t", "--path", path, "--key-file", str(key_file),
+                 "--listen", "127.0.0.1:0")
+    cluster.peers.append(relay)
+    line = relay.wait_for(lambda m: m.get("event") == "noise" and "listening on" in m["line"])["line"]
+    address = line.strip().rsplit(" ", 1)[1]
+    sub = cluster.subscriber(address, "--count", "0", "--qos", "latest",
+                             env={**cli_env, "EGLCUDA_REMOTE_KEY_FILE": str(key_file)})
+    sub.wait_for(lambda m: m["event"] == "got")
+    deadline = time.monotonic() + 5
+    while True:
+        out = subprocess.run([sys.executable, "-m", "eglcuda", "topics", "--dir", os.path.dirname(path)], env=env,
+                             cwd=str(ROOT), capture_output=True, text=True, timeout=30)
+        if "remote " in out.stdout:
+            break
+        assert time.monotonic() < deadline, out.stdout + out.stderr
+        time.sleep(0.3)
+    assert f"relay on {address}" in out.stdout and "latest" in out.stdout, out.stdout
+    relay.process.send_signal(signal.SIGTERM)
+    assert relay.process.wait(15) == 0
+    gone = sub.wait_for(lambda m: m["event"] == "disconnected", timeout=15)
+    assert gone["kind"] == "Dropped" and "closed" in gone["reason"], gone
+    assert not [name for name in os.listdir(os.path.dirname(path)) if name.endswith(".relay")]
