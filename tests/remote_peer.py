@@ -20,7 +20,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu"))
 
 import eglcuda  # noqa: E402
-from topics_peer import check, say  # noqa: E402
+from topics_peer import _check_late_copy, check, say  # noqa: E402
 
 
 def open_fds() -> int:
@@ -85,10 +85,17 @@ def subscribe(args) -> int:
                     break
                 say(event="rejoined", instance=info.instance, transport=info.transport)
                 continue
-            ok, why = check(message, args.seed) if not args.no_check else (True, "")
+            if args.late_copy_ms:
+                # A long kernel reads the frame, then copies of it, all queued on the subscriber's
+                # stream; the release comes before they ran: the slot's next H2D copy must wait.
+                ok, why = _check_late_copy(message, args.late_copy_ms, sub.cuda_stream, args.seed)
+            else:
+                ok, why = check(message, args.seed) if not args.no_check else (True, "")
             say(event="got", seq=message.seq, ok=ok, why=why, skipped=message.skipped,
                 latency_us=(message.received_ns - message.timestamp_ns) / 1e3)
             got += 1
+            if message.released:
+                continue
             held.append(message)
             if args.sleep_ms:
                 time.sleep(args.sleep_ms / 1e3)
@@ -126,7 +133,10 @@ def cycles(args) -> int:
         except eglcuda.Timeout:
             pass
         if cycle in (0, args.count - 1):
-            marks.append([threading.active_count(), open_fds()])
+            device = eglcuda.get_device(args.device)
+            device.make_current()
+            free = eglcuda._bind.cuda.mem_get_info()[0]  # device memory: the pool and window freed
+            marks.append([threading.active_count(), open_fds(), free])
     say(event="done", marks=marks)
     return 0
 
@@ -210,6 +220,7 @@ def main() -> int:
     parser.add_argument("--hold", type=int, default=0)
     parser.add_argument("--sleep-ms", type=float, default=0.0)
     parser.add_argument("--rejoin", action="store_true")
+    parser.add_argument("--late-copy-ms", type=float, default=0.0)
     parser.add_argument("--no-check", action="store_true")
     parser.add_argument("--wait-bye", action="store_true")
     args = parser.parse_args()
