@@ -152,12 +152,11 @@ def garbage(args) -> int:
 
     from eglcuda.remote import keys, wire
 
-    async def run() -> dict:
-        ucxx.init(progress_mode="blocking")
+    async def run(mode: str) -> dict:
         host, port = args.remote.rsplit(":", 1)
         ep = await ucxx.create_endpoint(host, int(port))
         answer = np.zeros(wire.HANDSHAKE, np.uint8)
-        if args.mode == "silent":
+        if mode == "silent":
             try:
                 await asyncio.wait_for(ep.recv(answer), args.timeout)
                 return {"answer": "message"}
@@ -165,10 +164,10 @@ def garbage(args) -> int:
                 return {"answer": "none"}
             except Exception as exc:  # noqa: BLE001
                 return {"answer": "closed", "error": type(exc).__name__}
-        if args.mode == "magic":
+        if mode == "magic":
             data = bytearray(wire.HANDSHAKE)
             data[:8] = b"NOTMAGIC"
-        elif args.mode == "big":
+        elif mode == "big":
             data = bytearray(np.random.default_rng(3).integers(0, 256, wire.HANDSHAKE * 4, dtype=np.uint8).tobytes())
         else:
             data = wire.encode_hello(wire.Hello(eglcuda.topics.protocol.Qos.EVERY, 4, keys.nonce(), args.name))
@@ -181,7 +180,7 @@ def garbage(args) -> int:
         if kind is wire.Kind.REFUSE:
             code, reason = wire.decode_refuse(body)
             return {"answer": "refused", "code": code, "reason": reason}
-        if args.mode == "wrongkey":
+        if mode == "wrongkey":
             await ep.send(np.frombuffer(wire.encode_proof(bytes(32)), np.uint8))
             answer[:] = 0
             try:
@@ -194,7 +193,12 @@ def garbage(args) -> int:
                 return {"answer": "refused", "code": code, "reason": reason}
         return {"answer": kind.name}
 
-    say(event="answer", **asyncio.run(run()))
+    async def all_modes() -> list:
+        ucxx.init(progress_mode="blocking")
+        return [dict(mode=mode, **await run(mode)) for mode in args.mode.split(",")]
+
+    for answer in asyncio.run(all_modes()):
+        say(event="answer", **answer)
     return 0
 
 

@@ -130,13 +130,13 @@ class Relay:
                  every_timeout: float = 1.0) -> None:
         self.name = naming.check_name(name)
         host, port = parse_address(listen, "listen")
+        _ucx.require()  # (what to install is the first thing to say)
         self._key = keys.load_key(key)
         self.timeout = positive_seconds(timeout, "timeout")
         self.every_timeout = positive_seconds(every_timeout, "every_timeout")
         if not isinstance(max_remotes, int) or isinstance(max_remotes, bool) or not 1 <= max_remotes <= 1024:
             raise UsageError(f"max_remotes is an int in 1..1024, got {max_remotes!r}")
         self.max_remotes = max_remotes
-        _ucx.require()
         self._closing = False
         self._closed = False
         self._lock = threading.Lock()

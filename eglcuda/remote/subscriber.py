@@ -99,8 +99,8 @@ class RemoteSubscriber(Subscriber):
         self.queue = queue
         self.timeout = positive_seconds(timeout, "timeout")
         self._busy_wait = sockets.wait_seconds(busy_wait, "busy_wait")
+        _ucx.require()  # (what to install is the first thing to say)
         self._key = keys.load_key(key)
-        _ucx.require()
         self.path = f"ucx://{remote}"
         self._closed = False
         self._closing = False

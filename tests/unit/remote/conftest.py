@@ -87,10 +87,13 @@ class Cluster:
         self.peers.append(peer)
         return peer
 
-    def garbage(self, address: str, mode: str, *args: str) -> dict:
-        peer = Peer(self.env, REMOTE_PEER, "garbage", "--name", "t", "--remote", address, "--mode", mode, *args)
+    def garbage(self, address: str, modes: str, *args: str) -> dict:
+        """What the relay answered each of ``modes`` (comma-separated), tried in turn by one peer."""
+        peer = Peer(self.env, REMOTE_PEER, "garbage", "--name", "t", "--remote", address, "--mode", modes, *args)
         self.peers.append(peer)
-        return peer.wait_for(lambda m: m["event"] == "answer")
+        count = len(modes.split(","))
+        peer.wait_for(lambda m: len([a for a in peer.messages if a.get("event") == "answer"]) >= count)
+        return {m["mode"]: m for m in peer.messages if m.get("event") == "answer"}
 
     def stop(self) -> None:
         for peer in reversed(self.peers):

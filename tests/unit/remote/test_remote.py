@@ -59,17 +59,17 @@ def test_wrong_key_is_refused_and_the_relay_serves_on(cluster, env):
 def test_garbage_peers_are_refused_with_the_reason_and_change_nothing(cluster):
     cluster.publisher()
     relay, address = cluster.relay("--timeout", "1.5")
-    answer = cluster.garbage(address, "magic")
+    started = time.monotonic()
+    answers = cluster.garbage(address, "magic,wrongkey,big,silent", "--timeout", "3")
+    answer = answers["magic"]
     assert answer["answer"] == "refused" and "not an eglcuda remote topic peer" in answer["reason"], answer
-    answer = cluster.garbage(address, "wrongkey")
+    answer = answers["wrongkey"]
     assert answer["answer"] == "refused" and "authentication failed" in answer["reason"], answer
     # Longer than any handshake message: the relay's receive of exactly HANDSHAKE bytes fails.
-    answer = cluster.garbage(address, "big")
-    assert answer["answer"] in ("closed", "refused"), answer
-    # Silent: cut off after the relay's timeout, with no answer.
-    started = time.monotonic()
-    answer = cluster.garbage(address, "silent", "--timeout", "6")
-    assert answer["answer"] in ("closed", "none") and time.monotonic() - started < 6, answer
+    assert answers["big"]["answer"] in ("closed", "refused"), answers["big"]
+    # Silent: no answer (the relay aborts it after its timeout, 1.5 s; UCX does not tell the peer).
+    assert answers["silent"]["answer"] in ("closed", "none"), answers["silent"]
+    assert time.monotonic() - started < 3 + 8
     # Plain TCP junk at the port (not UCX at all).
     import socket
     with socket.create_connection(("127.0.0.1", int(address.rsplit(":", 1)[1])), timeout=2) as raw:
@@ -134,17 +134,6 @@ def test_publisher_restart_through_the_relay(cluster):
     _frames_ok(sub)
 
 
-def test_publisher_closing_ends_iteration_with_dropped(cluster):
-    publisher = cluster.publisher()
-    relay, address = cluster.relay()
-    sub = cluster.subscriber(address, "--count", "0")
-    sub.wait_for(lambda m: m["event"] == "got")
-    publisher.send("bye")  # (topics_peer publishes until killed; stdin bye closes it only after --frames)
-    publisher.kill()
-    gone = sub.wait_for(lambda m: m["event"] == "disconnected", timeout=15)
-    assert gone["kind"] in ("StreamDisconnected", "Dropped") and "relay" in gone["reason"], gone
-
-
 def test_stalled_relay_times_out_then_disconnects(cluster):
     cluster.publisher()
     relay, address = cluster.relay()
@@ -194,8 +183,8 @@ def test_stalled_remote_subscriber_is_dropped_and_others_go_on(cluster):
 
 def test_slow_every_remote_subscriber_is_dropped_with_the_reason(cluster):
     cluster.publisher(rate=200)
-    relay, address = cluster.relay("--qos", "latest", "--every-timeout", "0.3")
-    slow = cluster.subscriber(address, "--qos", "every", "--queue", "2", "--count", "0", "--sleep-ms", "1000")
+    relay, address = cluster.relay("--qos", "latest", "--every-timeout", "0.2")
+    slow = cluster.subscriber(address, "--qos", "every", "--queue", "2", "--count", "0", "--sleep-ms", "400")
     gone = slow.wait_for(lambda m: m["event"] == "disconnected", timeout=20)
     assert gone["kind"] == "Dropped" and "every_timeout" in gone["reason"] and gone["code"] == 1, gone
     _frames_ok(slow)
@@ -215,7 +204,7 @@ def test_join_leave_cycles_leak_nothing(cluster):
     first cycle (the UCX loop and context, made once per process) stay as they are."""
     cluster.publisher()
     relay, address = cluster.relay()
-    cycles = cluster.cycles(address, "--count", "6")
+    cycles = cluster.cycles(address, "--count", "4")
     done = cycles.wait_for(lambda m: m["event"] in ("done", "bad"), timeout=60)
     assert done["event"] == "done", done
     first, last = done["marks"]

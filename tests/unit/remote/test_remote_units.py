@@ -95,7 +95,7 @@ _NO_UCXX = ("import sys; sys.modules['ucxx'] = None\n"
             "import eglcuda\n"
             "print(eglcuda.remote.ucxx_missing())\n"
             "try:\n"
-            "    eglcuda.Relay('t', key=b'0123456789abcdef')\n"
+            "    eglcuda.Relay('t')\n"
             "except eglcuda.Unsupported as exc:\n"
             "    print('Unsupported:', exc)\n")
 
