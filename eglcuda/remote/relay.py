@@ -27,7 +27,7 @@ from .._bind import cuda
 from .._unix import positive_seconds
 from ..cuda_device import get_device
 from ..errors import ClosedError, Dropped, EglCudaError, Refused, StreamDisconnected, Timeout, UsageError
-from ..topics import naming, protocol, registry
+from ..topics import naming, registry
 from ..topics.protocol import Qos, Reason
 from ..topics.subscriber import Subscriber
 from . import _ucx, keys, wire
@@ -107,7 +107,10 @@ class Relay:
     """Serve topic ``name`` to remote subscribers (``eglcuda.Subscriber(name, remote=...)``)
     over UCX, from a local subscription of it.
 
-    :param listen: ``"HOST:PORT"`` to listen on (port 0: any free port; :attr:`address` says which).
+    :param listen: ``"HOST:PORT"``: the port to listen on (0: any free port; :attr:`address` says
+        which). UCXX's listener (0.52) takes a port only and UCX then listens on every address
+        of the host: HOST is what :attr:`address` reports, not a bind address; keep the port
+        behind a firewall (docs/security.md).
     :param key: the pre-shared key (bytes, at least 16); None: from ``EGLCUDA_REMOTE_KEY_FILE``
         or ``EGLCUDA_REMOTE_KEY`` (docs/security.md).
     :param qos: the relay's own local subscription: ``"latest"`` (never slows the publisher;
@@ -165,7 +168,7 @@ class Relay:
             try:
                 self._listener = _ucx.run(self._loop, self._listen(host, port), self.timeout)
             except BaseException:
-                loop, self._loop = self._loop, None
+                self._loop = None
                 _ucx.release()
                 raise
             self.address: tuple[str, int] = (host, int(self._listener.port))

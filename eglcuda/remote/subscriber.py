@@ -23,8 +23,8 @@ import numpy as np
 
 from .._bind import cuda
 from .._unix import positive_seconds
-from ..errors import ClosedError, Dropped, EglCudaError, Refused, StreamDisconnected, Timeout, UsageError
-from ..frames.formats import Layout, plane_geometry
+from ..errors import Dropped, EglCudaError, Refused, StreamDisconnected, Timeout, UsageError
+from ..frames.formats import Layout
 from ..frames.frame import Frame
 from ..frames.interop import stream_handle
 from ..topics import naming, protocol, sockets

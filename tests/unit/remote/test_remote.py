@@ -11,8 +11,6 @@ import subprocess
 import sys
 import time
 
-import pytest
-
 from .conftest import REMOTE_PEER, ROOT
 
 
@@ -35,7 +33,7 @@ def test_every_and_latest_remote_subscribers_check_every_byte(cluster):
     listed = relay.wait_for(lambda m: m["event"] == "remotes")["remotes"]
     assert sorted(r["qos"] for r in listed if r["connected"]) == ["every", "latest"]
     for peer in (every, latest):
-        done = peer.wait_for(lambda m: m["event"] == "done")
+        peer.wait_for(lambda m: m["event"] == "done")
         _frames_ok(peer)
     seqs = [m["seq"] for m in every.got()]
     assert seqs == list(range(seqs[0], seqs[0] + 60))  # every: lossless through an 'every' relay
