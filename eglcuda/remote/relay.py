@@ -467,8 +467,8 @@ class Relay:
                         await self._send_note(ep, wire.Head.BEAT)
         finally:
             self._abort(ep)  # (ends the sends still in flight; their buffers come back below)
-            for task in inflight:
-                task.cancel()
+            for sending in inflight:
+                sending.cancel()
 
     async def _send_one(self, remote: _Remote, index: int) -> None:
         try:
@@ -576,8 +576,8 @@ class Relay:
             while not done.is_set() and not self._closing:
                 done.wait(0.25)
         finally:
-            for number, handler in previous.items():
-                signal.signal(number, handler)
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
         self.close()
 
     def _write_status(self) -> None:

@@ -25,6 +25,7 @@ from .._bind import cuda
 from .._unix import positive_seconds
 from ..errors import Dropped, EglCudaError, Refused, StreamDisconnected, Timeout, UsageError
 from ..frames.formats import Layout
+from ..cuda_device import CudaDevice
 from ..frames.frame import Frame
 from ..frames.interop import stream_handle
 from ..topics import naming, protocol, sockets
@@ -119,7 +120,9 @@ class RemoteSubscriber(Subscriber):
         self._copy_stream: int | None = None
         self.info: TopicInfo | None = None
         self._backend = CudaSubscriberBackend(device, None, cuda_stream)
-        self._device = self._backend.device
+        if self._backend.device is None:  # pragma: no cover - a CUDA subscriber always has one
+            raise UsageError("a remote subscriber needs a CUDA device")
+        self._device: CudaDevice = self._backend.device
         self._loop: asyncio.AbstractEventLoop | None = None
         try:
             self._loop = _ucx.acquire()
@@ -143,8 +146,10 @@ class RemoteSubscriber(Subscriber):
             if left <= 0:
                 raise Timeout(f"no relay of topic {self.name!r} with a publisher answered at "
                               f"{self.remote[0]}:{self.remote[1]} within {self.timeout:.3g} s ({last})")
+            loop = self._loop
+            assert loop is not None
             try:
-                ep, welcome = _ucx.run(self._loop, self._handshake(), left)
+                ep, welcome = _ucx.run(loop, self._handshake(), left)
             except Timeout:
                 last = "no answer"
                 continue
@@ -244,7 +249,9 @@ class RemoteSubscriber(Subscriber):
         self.info = TopicInfo(self.name, self.path, geometry.width, geometry.height, geometry.format, Layout.PITCH,
                               geometry.pitch, welcome.fps, welcome.pool, welcome.publisher_pid, welcome.instance,
                               "remote", welcome.next_seq)
-        asyncio.run_coroutine_threadsafe(self._start(link), self._loop).result(5)
+        loop = self._loop
+        assert loop is not None
+        asyncio.run_coroutine_threadsafe(self._start(link), loop).result(5)
 
     async def _start(self, link: _Link) -> None:
         link.kick = asyncio.Event()
@@ -458,14 +465,15 @@ class RemoteSubscriber(Subscriber):
         return message
 
     def _views_of(self, slot: int) -> SlotView:
+        spec = self._spec
+        assert spec is not None
         while len(self._views) <= slot:
             index = len(self._views)
-            assert self._spec is not None
-            self._views.append(SlotView(self._spec, self._pool[index].planes[0].pointer, self._device,
+            self._views.append(SlotView(spec, self._pool[index].planes[0].pointer, self._device,
                                         self._backend.cuda_stream, index))
         view = self._views[slot]
         # A new view object per message: a user's old reference must stay released.
-        fresh = SlotView(self._spec, view._base, self._device, self._backend.cuda_stream, slot)
+        fresh = SlotView(spec, view._base, self._device, self._backend.cuda_stream, slot)
         self._views[slot] = fresh
         return fresh
 

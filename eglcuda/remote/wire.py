@@ -154,7 +154,8 @@ def encode_challenge(nonce: bytes, proof: bytes) -> bytearray:
 
 
 def decode_challenge(body: memoryview) -> tuple[bytes, bytes]:
-    return _CHALLENGE.unpack_from(body, 0)
+    nonce, proof = _CHALLENGE.unpack_from(body, 0)
+    return bytes(nonce), bytes(proof)
 
 
 def encode_proof(proof: bytes) -> bytearray:
@@ -162,7 +163,7 @@ def encode_proof(proof: bytes) -> bytearray:
 
 
 def decode_proof(body: memoryview) -> bytes:
-    return _PROOF.unpack_from(body, 0)[0]
+    return bytes(_PROOF.unpack_from(body, 0)[0])
 
 
 @dataclass(frozen=True)
