@@ -119,7 +119,8 @@ class Relay:
     :param device: the CUDA device the relay reads frames on.
     :param timeout: seconds to wait for the publisher at construction; also how long a remote
         subscriber may stay silent (a stalled one) before it is dropped, and a handshake's limit.
-    :param path, trusted_uids: as for a local :class:`eglcuda.Subscriber`.
+    :param path: an explicit topic socket path, as for a local :class:`eglcuda.Subscriber`.
+    :param trusted_uids: the users whose publishers are accepted, as for a local subscriber.
     :param max_remotes: remote subscribers served at once (more are refused).
     :param every_timeout: seconds an ``every`` remote subscriber may go without releasing a frame
         while the relay has frames for it; then it is dropped (it gets :class:`eglcuda.Dropped`).
