@@ -94,19 +94,31 @@ def test_a_killed_remote_subscriber_leaves_the_others_alone(cluster):
         time.sleep(0.2)
 
 
-def test_publisher_restart_through_the_relay(cluster):
-    publisher = cluster.publisher(seed=5)
+def test_publisher_closes_dies_and_restarts_behind_the_relay(cluster):
+    """The publisher closes (Dropped, code CLOSING, forwarded by the relay), a new one dies
+    (StreamDisconnected), a third comes: wait_for_publisher joins each time (a new instance), and
+    every byte after each rejoin is checked (the same seed: the same content)."""
+    publisher = cluster.publisher("--frames", "300", rate=100)
     relay, address = cluster.relay()
-    sub = cluster.subscriber(address, "--count", "40", "--rejoin", "--timeout", "10", "--qos", "every")
-    first = sub.wait_for(lambda m: m["event"] == "ready")["instance"]
+    sub = cluster.subscriber(address, "--count", "0", "--rejoin", "--timeout", "10", "--qos", "every")
+    instances = [sub.wait_for(lambda m: m["event"] == "ready")["instance"]]
     sub.wait_for(lambda m: m["event"] == "got")
-    publisher.kill()
+    publisher.wait_for(lambda m: m["event"] == "published", timeout=20)
+    publisher.send("bye")  # (it closes after its frames, when told)
     gone = sub.wait_for(lambda m: m["event"] == "disconnected", timeout=15)
-    assert gone["kind"] in ("StreamDisconnected", "Dropped"), gone
-    cluster.publisher(seed=5)  # the same content: every byte is checked after the rejoin too
-    rejoined = sub.wait_for(lambda m: m["event"] in ("rejoined", "rejoin-failed"), timeout=20)
-    assert rejoined["event"] == "rejoined" and rejoined["instance"] != first, rejoined
-    sub.wait_for(lambda m: m["event"] == "done", timeout=30)
+    assert gone["kind"] == "Dropped" and gone["code"] == 3, gone  # Reason.CLOSING: an iteration would end
+    for step in range(2):
+        publisher = cluster.publisher()
+        rejoined = sub.wait_for(lambda m: m["event"] in ("rejoined", "rejoin-failed") and m.get("instance") not in
+                                instances, timeout=20)
+        assert rejoined["event"] == "rejoined", rejoined
+        instances.append(rejoined["instance"])
+        count = len(sub.got())
+        sub.wait_for(lambda m: len(sub.got()) >= count + 10)
+        if step == 0:
+            publisher.kill()
+            gone = sub.wait_for(lambda m: m["event"] == "disconnected" and m["kind"] == "StreamDisconnected",
+                                timeout=15)
     _frames_ok(sub)
 
 
