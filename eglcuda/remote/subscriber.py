@@ -454,9 +454,6 @@ class RemoteSubscriber(Subscriber):
         with link.cond:
             link.free.append(index)
         self._credit(link, 1)
-        view._released = False
-        view._plane_cache = None
-        view._handed_to = None
         skipped = 0 if self._last_seq is None else max(0, seq - self._last_seq - 1)
         self._last_seq = seq
         message = Message(self, view, protocol.Frame(seq, slot, timestamp_ns, 0, payload), skipped, None)
