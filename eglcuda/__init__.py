@@ -33,6 +33,7 @@ from .streams.gl import GLFrame, GLSurfaceProducer, GLTextureConsumer
 from .streams.share import acknowledge, offer_fd, receive_fd, receive_stream, serve_stream
 from .streams.stream import ResourceLocation, Stream, StreamState
 from .topics import Message, Publisher, Subscriber, SubscriberInfo, TopicInfo, list_topics
+from .remote import Relay, RemoteInfo, RemoteSubscriber  # (registers Subscriber(remote=...); ucxx not imported)
 from .syncs.paths import ServerWaitPath, SyncPath, SyncPaths, gl_server_wait_path, sync_paths
 from .syncs.sync import CudaWait, Sync, SyncKind, cuda_wait_sync, sync_after_cuda
 
@@ -41,6 +42,9 @@ from ._version import __version__
 from .availability import available, require
 
 __all__ = [
+    "Relay",
+    "RemoteInfo",
+    "RemoteSubscriber",
     "available",
     "require",
     "AcquiredFrame",

@@ -4,6 +4,7 @@
   check                    run the interop conformance checks that apply to this machine
   mps start|stop|status    a private CUDA MPS daemon for a pipeline's processes
   topics [--json]          the live frame topics of this machine (stale sockets of dead publishers removed)
+  relay NAME --listen H:P  serve topic NAME to remote subscribers over UCX (docs/remote.md)
 """
 from __future__ import annotations
 
@@ -44,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     _add_check(commands)
     _add_mps(commands)
     _add_topics(commands)
+    _add_relay(commands)
     args = parser.parse_args(argv)
     if args.command is None:  # bare `python -m eglcuda`: say what there is
         parser.print_help()
@@ -141,6 +143,59 @@ def _add_topics(commands: "argparse._SubParsersAction[argparse.ArgumentParser]")
     topics.add_argument("--no-clean", action="store_true", help="report stale sockets without removing them")
     topics.add_argument("--timeout", type=float, default=1.0, help="seconds to wait for each publisher's answer")
     topics.set_defaults(run=_topics)
+
+
+def _add_relay(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    relay = commands.add_parser(
+        "relay", help="serve a topic to remote subscribers over UCX (needs ucxx)",
+        description="Subscribe to topic NAME here and serve it to remote subscribers "
+                    "(eglcuda.Subscriber(NAME, remote='HOST:PORT')) over UCX, until SIGINT or SIGTERM. Prints "
+                    "'relay NAME listening on HOST:PORT' once serving. The pre-shared key comes from --key-file "
+                    "or the environment (EGLCUDA_REMOTE_KEY_FILE, EGLCUDA_REMOTE_KEY), never the command line "
+                    "(docs/security.md). UCX does not encrypt: a trusted network or a VPN.")
+    relay.add_argument("name", help="the topic")
+    relay.add_argument("--listen", default="127.0.0.1:0", help="HOST:PORT to listen on (port 0: any free one)")
+    relay.add_argument("--key-file", default=None, help="a file holding the key (only its owner may read it)")
+    relay.add_argument("--qos", choices=["latest", "every"], default="latest",
+                       help="the relay's own subscription (latest: never slows the publisher)")
+    relay.add_argument("--queue", type=int, default=4, help="the relay's queue (every)")
+    relay.add_argument("--device", type=int, default=0, help="the CUDA device the relay reads frames on")
+    relay.add_argument("--timeout", type=float, default=5.0,
+                       help="seconds to wait for the publisher, and for a silent remote subscriber")
+    relay.add_argument("--every-timeout", type=float, default=1.0,
+                       help="seconds an 'every' remote subscriber may keep the relay waiting before it is dropped")
+    relay.add_argument("--max-remotes", type=int, default=16, help="remote subscribers served at once")
+    relay.add_argument("--path", default=None, help="an explicit topic socket path")
+    relay.set_defaults(run=_relay)
+
+
+def _relay(args: argparse.Namespace) -> int:
+    """``relay``: exit 2 with one line when ucxx or the key is missing, 1 when it cannot serve."""
+    from .remote import Relay, keys, ucxx_missing
+
+    missing = ucxx_missing()
+    if missing is not None:
+        print(f"python -m eglcuda relay: {missing}", file=sys.stderr)
+        return 2
+    try:
+        key = keys.read_key_file(args.key_file) if args.key_file else keys.load_key(None)
+    except UsageError as exc:
+        print(f"python -m eglcuda relay: {exc}", file=sys.stderr)
+        return 2
+    try:
+        server = Relay(args.name, args.listen, key=key, qos=args.qos, queue=args.queue, device=args.device,
+                       timeout=args.timeout, path=args.path, every_timeout=args.every_timeout,
+                       max_remotes=args.max_remotes)
+    except UsageError as exc:
+        print(f"python -m eglcuda relay: {exc}", file=sys.stderr)
+        return 2
+    except EglCudaError as exc:
+        print(f"python -m eglcuda relay: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    host, port = server.address
+    print(f"relay {args.name} listening on {host}:{port}", flush=True)
+    server.serve_forever()
+    return 0
 
 
 def _mps_command(args: argparse.Namespace) -> int:

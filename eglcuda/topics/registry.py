@@ -8,6 +8,7 @@ publisher answers from its service thread, its subscribers notice nothing).
 """
 from __future__ import annotations
 
+import json
 import os
 import time
 from dataclasses import asdict, dataclass, field
@@ -20,6 +21,8 @@ from .info import SubscriberInfo
 
 STATUS_VERSION = 1
 MAX_LISTED = 256  # subscribers listed in one status (the total is given too)
+RELAY_SUFFIX = ".relay"  # <topic socket>.<pid>.relay: a relay's status (eglcuda.Relay writes it)
+MAX_RELAY_STATUS = 65536  # bytes
 
 _TOPIC_KEYS = {
     "version": int, "name": str, "pid": int, "uid": int, "instance": str, "width": int, "height": int,
@@ -70,6 +73,7 @@ class Listing:
     stale: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
     unresponsive: dict[str, str] = field(default_factory=dict)
+    relays: list[dict[str, Any]] = field(default_factory=list)  # live relays' statuses (each has "topic")
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -206,6 +210,44 @@ def _lock_held(socket_path: str) -> bool:
     return False
 
 
+def relay_status_path(socket_path: str, pid: int) -> str:
+    """Where the relay of process ``pid`` keeps its status, beside the topic's socket."""
+    return f"{socket_path}.{pid}{RELAY_SUFFIX}"
+
+
+def write_relay_status(path: str, body: dict[str, Any]) -> None:
+    """Replace a relay's status file atomically (mode 0600)."""
+    temporary = path + ".tmp"
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        json.dump(body, out)
+    os.replace(temporary, path)
+
+
+def _relay_status(path: str, clean: bool) -> dict[str, Any] | None:
+    """A live relay's status file (a dead relay's is removed when ``clean``; a broken one is skipped)."""
+    try:
+        with open(path, "rb") as source:
+            data = source.read(MAX_RELAY_STATUS + 1)
+        body = json.loads(data) if len(data) <= MAX_RELAY_STATUS else None
+    except (OSError, ValueError):
+        return None
+    if not isinstance(body, dict) or not isinstance(body.get("pid"), int) or not isinstance(body.get("remotes"), list):
+        return None
+    try:
+        os.kill(body["pid"], 0)
+    except ProcessLookupError:
+        if clean:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+        return None
+    except PermissionError:
+        pass
+    return body
+
+
 def list_topics(directory: str | os.PathLike[str] | None = None, clean: bool = True, timeout: float = 1.0) -> Listing:
     """The live topics in ``directory`` (default: this user's topic directory), each publisher
     asked for its status (up to ``timeout`` seconds each). Sockets of dead publishers are
@@ -218,6 +260,11 @@ def list_topics(directory: str | os.PathLike[str] | None = None, clean: bool = T
     listing = Listing(folder)
     for entry in sorted(os.listdir(folder)):
         path = os.path.join(folder, entry)
+        if entry.endswith(RELAY_SUFFIX):
+            status = _relay_status(path, clean)
+            if status is not None:
+                listing.relays.append(status)
+            continue
         if entry.endswith(naming.SUFFIX + naming.LOCK_SUFFIX):
             socket_path = path[: -len(naming.LOCK_SUFFIX)]
             if clean and not os.path.exists(socket_path):
@@ -260,9 +307,25 @@ def format_listing(listing: Listing) -> str:
                          f"{sub.delivered} delivered, {sub.skipped} skipped, {sub.outstanding} held")
         if topic.subscribers_total > len(topic.subscribers):
             lines.append(f"    ... and {topic.subscribers_total - len(topic.subscribers)} more")
+        lines.extend(_relay_lines([r for r in listing.relays if r.get("name") == topic.name]))
+    known = {topic.name for topic in listing.topics}
+    lines.extend(_relay_lines([r for r in listing.relays if r.get("name") not in known]))
     for path in listing.stale:
         state = "removed" if path in listing.removed else "left in place"
         lines.append(f"  stale socket of a dead publisher: {path} ({state})")
     for path, why in listing.unresponsive.items():
         lines.append(f"  no answer from {path}: {why}")
     return "\n".join(lines)
+
+
+def _relay_lines(relays: list[dict[str, Any]]) -> list[str]:
+    lines = []
+    for relay in relays:
+        remotes = [r for r in relay["remotes"] if isinstance(r, dict)]
+        lines.append(f"    relay on {relay.get('address', '?')}: pid {relay['pid']}, {relay.get('qos', '?')}, "
+                     f"{len(remotes)} remote subscriber(s)")
+        for remote in remotes:
+            dropped = f", dropped: {remote['dropped']}" if remote.get("dropped") else ""
+            lines.append(f"      remote {remote.get('peer', '?')}: {remote.get('qos', '?')}, {remote.get('sent', 0)} sent, "
+                         f"{remote.get('skipped', 0)} skipped{dropped}")
+    return lines

@@ -24,6 +24,16 @@ from .transports.base import UNMAP_WAIT_S
 
 log = logging.getLogger("eglcuda.topics")
 _MAX_BUSY_WAIT = 0.01  # seconds: longer asking without sleeping is a CPU burner, not a shorter wake-up
+# The class a Subscriber(remote=...) is made as (eglcuda.remote registers it: it is a layer above).
+_remote_class: "type[Subscriber] | None" = None
+
+
+def register_remote(cls: "type[Subscriber]") -> None:
+    """Make ``Subscriber(..., remote="HOST:PORT")`` construct ``cls`` (eglcuda.remote's)."""
+    global _remote_class
+    _remote_class = cls
+
+
 class Subscriber:
     """A subscriber of topic ``name``, in this or any other process of the host.
 
@@ -47,6 +57,10 @@ class Subscriber:
     :param cuda_stream: the CUDA stream frames are ordered on (None: one made for this subscriber).
     :param trusted_uids: the users whose publishers are accepted (None: this process's own uid;
         ``"any"``: everyone). Checked with ``SO_PEERCRED``.
+    :param remote: ``"HOST:PORT"`` of a relay (:class:`eglcuda.Relay`) of the topic, on this or
+        another host: the subscriber joins through it over UCX and is a
+        :class:`eglcuda.RemoteSubscriber` (docs/remote.md); ``key`` is the relay's pre-shared key
+        (None: from the environment, docs/security.md).
     :param busy_wait: seconds a wait for the publisher's next message asks for it without
         sleeping before it sleeps (0 to 0.01; 0: sleep at once). A frame that
         comes within it is taken without a wake-up: lower latency, and a faster publisher at high
@@ -58,10 +72,20 @@ class Subscriber:
     :class:`eglcuda.Refused` when the publisher turned this subscriber away.
     """
 
+    def __new__(cls, *args: Any, remote: str | None = None, **kwargs: Any) -> "Subscriber":
+        if remote is not None and cls is Subscriber:
+            if _remote_class is None:  # pragma: no cover - importing eglcuda registers it
+                raise UsageError("remote= needs eglcuda.remote (import eglcuda)")
+            return object.__new__(_remote_class)
+        return object.__new__(cls)
+
     def __init__(self, name: str, qos: str = "latest", queue: int = 4, device: Any = 0, timeout: float = 5.0,
                  path: str | os.PathLike[str] | None = None, transport: str = "auto", gl_context: Any = None, *,
                  cuda_stream: Any = None, trusted_uids: Iterable[int] | str | None = None,
-                 busy_wait: float = 20e-6, _backend: SubscriberBackend | None = None) -> None:
+                 busy_wait: float = 20e-6, remote: str | None = None, key: bytes | None = None,
+                 _backend: SubscriberBackend | None = None) -> None:
+        if remote is not None or key is not None:
+            raise UsageError("remote= and key= make a remote subscriber (eglcuda.RemoteSubscriber): key needs remote")
         self.name = naming.check_name(name)
         try:
             if isinstance(qos, bool):

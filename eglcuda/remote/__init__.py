@@ -1,0 +1,16 @@
+"""Remote subscribers: a topic that crosses hosts, on UCX through UCXX (docs/remote.md).
+
+- :class:`Relay` (relay.py): a local subscriber of a topic that serves remote subscribers.
+- :class:`RemoteSubscriber` (subscriber.py): what ``eglcuda.Subscriber(name, remote="HOST:PORT")``
+  makes; frames land in a pool on its own GPU.
+- wire.py: the messages, each of a size known before it arrives; keys.py: the pre-shared key and
+  the mutual HMAC challenge-response; buffers.py: page-locked staging; _ucx.py: the one UCX loop.
+
+Importing this package does not import ucxx: a relay or remote subscriber made without it raises
+:class:`eglcuda.Unsupported` naming what to install (:func:`ucxx_missing`).
+"""
+from ._ucx import INSTALL, ucxx_missing
+from .relay import Relay, RemoteInfo
+from .subscriber import RemoteSubscriber
+
+__all__ = ["INSTALL", "Relay", "RemoteInfo", "RemoteSubscriber", "ucxx_missing"]

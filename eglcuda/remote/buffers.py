@@ -1,0 +1,42 @@
+"""Page-locked host buffers, allocated once per connection (a relay's staging ring, a remote
+subscriber's receive window): the D2H / H2D copies and UCX's sends and receives use them in
+place."""
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+
+from .._bind import cuda
+from ..cuda_device import CudaDevice
+
+
+class Pinned:
+    """``count`` page-locked buffers of ``size`` bytes each, as numpy arrays (``arrays``)."""
+
+    def __init__(self, device: CudaDevice, count: int, size: int, doing: str) -> None:
+        self.device = device
+        self.size = size
+        self._hosts: list[int] = []
+        self.arrays: list[np.ndarray] = []
+        device.make_current()
+        try:
+            for _ in range(count):
+                host, _device_address = cuda.host_alloc_mapped(size, doing)
+                self._hosts.append(host)
+                self.arrays.append(np.ctypeslib.as_array((ctypes.c_ubyte * size).from_address(host)))
+        except BaseException:
+            self.close()
+            raise
+
+    def __len__(self) -> int:
+        return len(self.arrays)
+
+    def close(self) -> None:
+        """Free every buffer (nothing may use them any more: UCX's requests on them ended)."""
+        hosts, self._hosts = self._hosts, []
+        self.arrays = []
+        if hosts:
+            self.device.make_current()
+            for host in hosts:
+                cuda.host_free(host)

@@ -1,0 +1,657 @@
+"""The remote end of a topic: :class:`RemoteSubscriber`, an :class:`eglcuda.Subscriber` that
+joins through a relay (relay.py) over UCX, whose frames land in a pool on its own GPU.
+
+Threads: the shared UCX loop (_ucx.py) receives each frame into a page-locked host buffer of the
+window (the relay sends only as many frames as this side gave credit for) and sends credits and
+beats; :meth:`receive` (the user's thread) copies the frame host -> device into a free pool slot
+on a copy stream that first waits for the subscriber's stream (where releases joined every reader
+of the slot, docs/ordering.md), waits for the copy, returns the host buffer's credit, and hands
+out a :class:`eglcuda.topics.SlotView` of the slot.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import os
+import socket
+import threading
+import time
+from typing import Any, Iterable
+
+import numpy as np
+
+from .._bind import cuda
+from .._unix import positive_seconds
+from ..errors import Dropped, EglCudaError, Refused, StreamDisconnected, Timeout, UsageError
+from ..frames.formats import Layout
+from ..cuda_device import CudaDevice
+from ..frames.frame import Frame
+from ..frames.interop import stream_handle
+from ..topics import naming, protocol, sockets
+from ..topics.info import TopicInfo
+from ..topics.message import Message, let_go
+from ..topics.protocol import Qos, Reason
+from ..topics.subscriber import Subscriber, register_remote
+from ..topics.transports import CudaSubscriberBackend
+from ..topics.transports.base import UNMAP_WAIT_S, Geometry
+from ..topics.transports.views import SlotView, _ViewSpec, join_readers
+from . import _ucx, keys, wire
+from .buffers import Pinned
+from .relay import ABORT_NS, BEAT_S, DISCONNECTED, NO_PUBLISHER, parse_address
+
+log = logging.getLogger("eglcuda.remote")
+_RETRY_S = 0.1  # between attempts to join a relay that has no publisher yet
+
+
+class _Link:
+    """One connection to the relay (state shared by the UCX loop and the user's thread)."""
+
+    def __init__(self, ep: Any, welcome: wire.Welcome, host: Pinned) -> None:
+        self.ep = ep
+        self.welcome = welcome
+        self.host = host
+        self.cond = threading.Condition()
+        self.ready: collections.deque[tuple[int, int, bytes, int]] = collections.deque()  # seq, time, payload, buffer
+        self.free: collections.deque[int] = collections.deque(range(len(host)))
+        self.lost: BaseException | None = None
+        self.heard = time.monotonic()
+        self.tasks: list[asyncio.Future[Any]] = []
+        self.receiving = 0  # frame receives posted and not finished (UCX may write their buffers)
+        self.kick: asyncio.Event | None = None  # (made on the loop) a buffer came free: post a receive
+        self.posted = 0  # frame receives posted so far (their order is the relay's)
+        self.next_out = 0  # the next of them to hand out
+        self.done: dict[int, tuple[int, int, bytes, int]] = {}  # finished out of order, by posting order
+        self.ended = threading.Event()  # every receive ended: nothing writes the host buffers any more
+
+
+class RemoteSubscriber(Subscriber):
+    """A subscriber of topic ``name`` through the relay at ``remote`` (``"HOST:PORT"``), on
+    another host or this one: what :class:`eglcuda.Subscriber` returns when given ``remote=``.
+
+    Everything is as for a local subscriber (:meth:`receive`, iteration, ``qos``, ``queue``,
+    :meth:`wait_for_publisher`, :meth:`close`), and frames are :class:`eglcuda.topics.SlotView`
+    views of this subscriber's own pool on ``device`` (``info.transport`` is ``"remote"``).
+    ``key``: the relay's pre-shared key (None: from ``EGLCUDA_REMOTE_KEY_FILE`` or
+    ``EGLCUDA_REMOTE_KEY``). Raises :class:`eglcuda.Refused` when the relay refused it (a wrong
+    key, another topic), :class:`eglcuda.Timeout` when no relay with a publisher answered in
+    ``timeout`` seconds, :class:`eglcuda.Unsupported` without ucxx. ``path``, ``transport``
+    and ``trusted_uids`` are the relay's business and are ignored; ``gl_context`` is refused."""
+
+    def __init__(self, name: str, qos: str = "latest", queue: int = 4, device: Any = 0, timeout: float = 5.0,
+                 path: Any = None, transport: str = "auto", gl_context: Any = None, *,
+                 cuda_stream: Any = None, trusted_uids: Iterable[int] | str | None = None,
+                 busy_wait: float = 20e-6, remote: str | None = None, key: bytes | None = None,
+                 _backend: Any = None) -> None:
+        self.name = naming.check_name(name)
+        try:
+            if isinstance(qos, bool):
+                raise ValueError(qos)
+            self.qos = Qos[qos.upper()] if isinstance(qos, str) else Qos(qos)
+        except (KeyError, ValueError):
+            raise UsageError(f"qos is 'latest' or 'every', got {qos!r}") from None
+        if not isinstance(queue, int) or isinstance(queue, bool) or not 1 <= queue <= protocol.MAX_QUEUE:
+            raise UsageError(f"queue is an int in 1..{protocol.MAX_QUEUE}, got {queue!r}")
+        if gl_context is not None:
+            raise UsageError("a remote subscriber receives into CUDA memory: gl_context is not possible with remote=")
+        if remote is None:
+            raise UsageError("a RemoteSubscriber needs remote='HOST:PORT' (the relay's address)")
+        self.remote = parse_address(remote, "remote")
+        self.queue = queue
+        self.timeout = positive_seconds(timeout, "timeout")
+        self._busy_wait = sockets.wait_seconds(busy_wait, "busy_wait")
+        _ucx.require()  # (what to install is the first thing to say)
+        self._key = keys.load_key(key)
+        self.path = f"ucx://{remote}"
+        self._closed = False
+        self._closing = False
+        self._forked = False
+        self._pid = os.getpid()
+        self._busy = threading.RLock()
+        self._state = threading.RLock()
+        self._held: set[Message] = set()
+        self._last_seq: int | None = None
+        self._lost: BaseException | None = None
+        self._link: _Link | None = None
+        self._pool: list[Frame] = []
+        self._views: list[SlotView] = []
+        self._free_slots: collections.deque[int] = collections.deque()
+        self._spec: _ViewSpec | None = None
+        self._copy_stream: int | None = None
+        self.info: TopicInfo | None = None
+        self._backend = CudaSubscriberBackend(device, None, cuda_stream)
+        if self._backend.device is None:  # pragma: no cover - a CUDA subscriber always has one
+            raise UsageError("a remote subscriber needs a CUDA device")
+        self._device: CudaDevice = self._backend.device
+        self._loop: asyncio.AbstractEventLoop | None = None
+        try:
+            self._loop = _ucx.acquire()
+            self._device.make_current()
+            self._copy_stream = cuda.stream_create(non_blocking=True)
+            self._connect(time.monotonic() + self.timeout)
+        except BaseException:
+            self._closed = True
+            self._teardown()
+            raise
+        _ucx.track(self)
+
+    # ---- joining ----------------------------------------------------------------------------------
+    def _connect(self, deadline: float) -> None:
+        """Join through the relay by ``deadline``, retrying while it has no publisher."""
+        last: str = "no answer"
+        while True:
+            if self._closing:
+                raise self._closed_error()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise Timeout(f"no relay of topic {self.name!r} with a publisher answered at "
+                              f"{self.remote[0]}:{self.remote[1]} within {self.timeout:.3g} s ({last})")
+            loop = self._loop
+            assert loop is not None
+            try:
+                ep, welcome = _ucx.run(loop, self._handshake(), left)
+            except Timeout:
+                last = "no answer"
+                continue
+            except Refused as exc:
+                if exc.code != NO_PUBLISHER:
+                    raise
+                last = exc.reason
+                time.sleep(min(_RETRY_S, max(0.0, deadline - time.monotonic())))
+                continue
+            except StreamDisconnected as exc:  # the connection failed: retry until the deadline
+                last = str(exc)
+                time.sleep(min(_RETRY_S, max(0.0, deadline - time.monotonic())))
+                continue
+            break
+        try:
+            self._attach(ep, welcome)
+        except BaseException:
+            _abort(ep)
+            raise
+
+    async def _handshake(self) -> tuple[Any, wire.Welcome]:
+        ucxx = _ucx.require()
+        host, port = self.remote
+        try:
+            ep = await ucxx.create_endpoint(host, port)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - any failure to connect
+            raise StreamDisconnected(f"connecting to the relay at {host}:{port} failed: {exc}") from None
+        try:
+            return ep, await self._greet(ep)
+        except BaseException:
+            _abort(ep)
+            raise
+
+    async def _greet(self, ep: Any) -> wire.Welcome:
+        mine = keys.nonce()
+        name = self.name.encode()
+        hello = wire.Hello(self.qos, self.queue, mine, self.name, os.getpid(), socket.gethostname())
+        buf = np.zeros(wire.HANDSHAKE, np.uint8)
+        try:
+            await ep.send(np.frombuffer(wire.encode_hello(hello), np.uint8))
+            await ep.recv(buf)
+            kind, body = wire.handshake_kind(buf.tobytes())
+            if kind is wire.Kind.REFUSE:
+                code, reason = wire.decode_refuse(body)
+                raise Refused(f"the relay refused: {reason}", code)
+            if kind is not wire.Kind.CHALLENGE:
+                raise wire.WireError(f"expected CHALLENGE, got {kind.name}")
+            theirs, proof = wire.decode_challenge(body)
+            if not keys.same(proof, keys.proof(self._key, b"relay", mine, theirs, name)):
+                raise Refused("the relay did not prove it holds the key: wrong key, or not an eglcuda relay",
+                              int(Reason.ACCESS))
+            await ep.send(np.frombuffer(wire.encode_proof(keys.proof(self._key, b"subscriber", theirs, mine, name)),
+                                        np.uint8))
+            buf[:] = 0
+            await ep.recv(buf)
+            kind, body = wire.handshake_kind(buf.tobytes())
+            if kind is wire.Kind.REFUSE:
+                code, reason = wire.decode_refuse(body)
+                raise Refused(f"the relay refused: {reason}", code)
+            if kind is not wire.Kind.WELCOME:
+                raise wire.WireError(f"expected WELCOME, got {kind.name}")
+            return wire.decode_welcome(body)
+        except wire.WireError as exc:
+            raise Refused(f"the peer at {self.remote[0]}:{self.remote[1]} is not a relay this subscriber can use: "
+                          f"{exc}", int(Reason.PROTOCOL)) from None
+        except (Refused, asyncio.CancelledError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - the endpoint failed mid-handshake
+            raise StreamDisconnected(f"the relay at {self.remote[0]}:{self.remote[1]} closed the connection during "
+                                     f"the handshake ({exc})") from None
+
+    def _attach(self, ep: Any, welcome: wire.Welcome) -> None:
+        """Make the pool and the window's host buffers for ``welcome``'s frames; start reading."""
+        limit = self.queue if self.qos is Qos.EVERY else protocol.LATEST_HOLD
+        spec_key = (welcome.width, welcome.height, welcome.format)
+        if self._spec is None or (self._spec.geometry.width, self._spec.geometry.height,
+                                  self._spec.geometry.format) != spec_key or len(self._pool) != limit:
+            self._free_pool()
+            for _ in range(limit):
+                self._pool.append(Frame.allocate(welcome.width, welcome.height, welcome.format, Layout.PITCH,
+                                                 self._device))
+            first = self._pool[0]
+            base = first.planes[0].pointer
+            offsets = tuple(plane.pointer - base for plane in first.planes)
+            self._spec = _ViewSpec(Geometry(first.width, first.height, first.format, Layout.PITCH, first.pitch,
+                                            offsets))
+        self._free_slots = collections.deque(range(len(self._pool)))
+        host = Pinned(self._device, welcome.window, wire.DATA_AT + welcome.frame_bytes,
+                      "a remote subscriber's receive window")
+        link = _Link(ep, welcome, host)
+        self._link = link
+        self._lost = None
+        self._last_seq = None
+        geometry = self._spec.geometry
+        self.info = TopicInfo(self.name, self.path, geometry.width, geometry.height, geometry.format, Layout.PITCH,
+                              geometry.pitch, welcome.fps, welcome.pool, welcome.publisher_pid, welcome.instance,
+                              "remote", welcome.next_seq)
+        loop = self._loop
+        assert loop is not None
+        asyncio.run_coroutine_threadsafe(self._start(link), loop).result(5)
+
+    async def _start(self, link: _Link) -> None:
+        link.kick = asyncio.Event()
+        link.tasks = [asyncio.ensure_future(self._frames(link)), asyncio.ensure_future(self._notes(link)),
+                      asyncio.ensure_future(self._beat(link))]
+
+    # ---- the UCX loop ---------------------------------------------------------------------------------
+    async def _frames(self, link: _Link) -> None:
+        """Keep a frame receive posted into every free buffer of the window (the relay sends only
+        as many frames as there are: its credits)."""
+        kick = link.kick
+        assert kick is not None
+        try:
+            while link.lost is None:
+                while True:
+                    with link.cond:
+                        index = link.free.popleft() if link.free else None
+                    if index is None:
+                        break
+                    link.receiving += 1
+                    task = asyncio.ensure_future(self._receive_frame(link, index, link.posted))
+                    link.posted += 1
+                    link.tasks.append(task)
+                    task.add_done_callback(link.tasks.remove)
+                    task.add_done_callback(_quiet)
+                kick.clear()
+                await kick.wait()
+        finally:
+            await self._wait_receives(link)
+
+    async def _wait_receives(self, link: _Link) -> None:
+        while link.receiving:
+            await asyncio.sleep(0.005)
+        link.ended.set()
+
+    async def _receive_frame(self, link: _Link, index: int, order: int) -> None:
+        buffer = link.host.arrays[index]
+        try:
+            await link.ep.recv(buffer, tag=wire.FRAME_TAG)
+            link.heard = time.monotonic()
+            kind, seq, timestamp_ns, length, _, _ = wire.decode_header(buffer[:wire.HEADER].tobytes())
+            if kind is not wire.Head.FRAME:
+                raise wire.WireError(f"{kind.name} where a frame was expected")
+            payload = buffer[wire.HEADER:wire.HEADER + length].tobytes()
+            with link.cond:
+                # UCX matches posted receives with the relay's sends in order: handing frames out
+                # in posting order keeps the relay's order when receives finish out of order.
+                link.done[order] = (seq, timestamp_ns, payload, index)
+                while link.next_out in link.done:
+                    link.ready.append(link.done.pop(link.next_out))
+                    link.next_out += 1
+                link.cond.notify_all()
+        except asyncio.CancelledError:
+            raise
+        except wire.WireError as exc:
+            self._end(link, StreamDisconnected(f"the relay of topic {self.name!r} broke the protocol: {exc}"))
+            _abort(link.ep)
+        except Exception as exc:  # noqa: BLE001 - the endpoint failed
+            self._end(link, StreamDisconnected(f"the relay of topic {self.name!r} at {self.remote[0]}:{self.remote[1]} "
+                                               f"is gone ({type(exc).__name__}: {exc})"))
+        finally:
+            link.receiving -= 1
+
+    async def _notes(self, link: _Link) -> None:
+        note = np.zeros(wire.NOTE, np.uint8)
+        try:
+            while True:
+                await link.ep.recv(note, tag=wire.NOTE_TAG)
+                link.heard = time.monotonic()
+                kind, _, _, length, code, _ = wire.decode_header(note[:wire.HEADER].tobytes())
+                if kind is wire.Head.BEAT:
+                    continue
+                if kind is not wire.Head.GONE:
+                    raise wire.WireError(f"{kind.name} as a note")
+                reason = note[wire.HEADER:wire.HEADER + length].tobytes().decode(errors="replace")
+                self._end(link, StreamDisconnected(reason) if code == DISCONNECTED else Dropped(reason, code))
+                return
+        except asyncio.CancelledError:
+            raise
+        except wire.WireError as exc:
+            self._end(link, StreamDisconnected(f"the relay of topic {self.name!r} broke the protocol: {exc}"))
+            _abort(link.ep)
+        except Exception as exc:  # noqa: BLE001 - the endpoint failed
+            self._end(link, StreamDisconnected(f"the relay of topic {self.name!r} at {self.remote[0]}:{self.remote[1]} "
+                                               f"is gone ({type(exc).__name__}: {exc})"))
+
+    async def _beat(self, link: _Link) -> None:
+        beat = np.frombuffer(wire.encode_control(wire.Control.BEAT), np.uint8)
+        while link.lost is None:
+            await asyncio.sleep(BEAT_S)
+            if time.monotonic() - link.heard > self.timeout:
+                self._end(link, StreamDisconnected(
+                    f"the relay of topic {self.name!r} said nothing for {self.timeout:.3g} s (a stalled relay or a cut "
+                    f"link)"))
+                _abort(link.ep)
+                return
+            try:
+                await asyncio.wait_for(link.ep.send(beat), BEAT_S)
+            except (asyncio.TimeoutError, TimeoutError):
+                pass
+            except Exception:  # noqa: BLE001 - the reader hears of it too
+                pass
+
+    def _end(self, link: _Link, error: BaseException) -> None:
+        with link.cond:
+            if link.lost is None:
+                link.lost = error
+            link.cond.notify_all()
+        if link.kick is not None:
+            link.kick.set()  # (the frame poster ends)
+
+    async def _send_control(self, link: _Link, kind: wire.Control, count: int) -> None:
+        if link.lost is not None:
+            return
+        try:
+            await link.ep.send(np.frombuffer(wire.encode_control(kind, count), np.uint8))
+        except Exception:  # noqa: BLE001 - the reader hears of it
+            pass
+
+    def _credit(self, link: _Link, count: int) -> None:
+        """``count`` buffers of the window came free (the user's thread): post receives, tell the relay."""
+        loop = self._loop
+        if loop is not None:
+            asyncio.run_coroutine_threadsafe(self._give_credit(link, count), loop)
+
+    async def _give_credit(self, link: _Link, count: int) -> None:
+        if link.kick is not None:
+            link.kick.set()
+        await asyncio.sleep(0)  # (the receives are posted before the relay hears of the credit)
+        await self._send_control(link, wire.Control.CREDIT, count)
+
+    # ---- receiving --------------------------------------------------------------------------------
+    def receive(self, timeout: float | None = None) -> Message:
+        """As :meth:`eglcuda.Subscriber.receive`; the frame was copied into this subscriber's
+        pool before it returns. A relay that lost its publisher, closed, or was cut off raises
+        :class:`eglcuda.StreamDisconnected` (:class:`eglcuda.Dropped` with the reason when it
+        said why); :meth:`wait_for_publisher` joins again."""
+        if self._forked or os.getpid() != self._pid:
+            raise self._forked_error()
+        with self._busy:
+            if self._closing or self._closed:
+                raise self._closed_error()
+            link = self._link
+            if link is None or self._lost is not None:
+                raise self._lost or StreamDisconnected(f"not connected to topic {self.name!r}")
+            if len(self._held) >= len(self._pool):
+                raise UsageError(f"this subscriber holds {len(self._held)} message(s), as many as it may: release "
+                                 "one before receiving another")
+            wait = self.timeout if timeout is None else sockets.wait_seconds(timeout)
+            deadline = time.monotonic() + wait
+            with link.cond:
+                while not link.ready and link.lost is None and not self._closing:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise Timeout(f"no frame of topic {self.name!r} within {wait:.3g} s")
+                    link.cond.wait(left)
+                if self._closing:
+                    raise self._closed_error()
+                error = link.lost if not link.ready else None
+            if error is not None:  # (outside the condition: dropping the link takes it on the loop)
+                self._lose(error)
+            with link.cond:
+                if self.qos is Qos.LATEST:
+                    stale = len(link.ready) - 1
+                    for _ in range(stale):
+                        link.free.append(link.ready.popleft()[3])
+                else:
+                    stale = 0
+                seq, timestamp_ns, payload, index = link.ready.popleft()
+            if stale:
+                self._credit(link, stale)
+            return self._deliver(link, seq, timestamp_ns, payload, index)
+
+    def _deliver(self, link: _Link, seq: int, timestamp_ns: int, payload: bytes, index: int) -> Message:
+        with self._state:
+            slot = self._free_slots.popleft()
+        view = self._views_of(slot)
+        own = self._backend.cuda_stream
+        copy = self._copy_stream
+        assert own is not None and copy is not None and self._spec is not None
+        try:
+            self._device.make_current()
+            # The slot's earlier readers were joined into the subscriber's stream at their release.
+            cuda.join_streams(copy, (own,), "ordering a remote frame's copy after the slot's readers")
+            source = link.host.arrays[index]
+            at = wire.DATA_AT
+            for g, offset in zip(self._spec.planes, self._spec.geometry.plane_offsets):
+                size = g.row_bytes * g.height
+                cuda.copy_2d(copy, ("host", source[at:at + size], g.row_bytes), ("device", view._base + offset, g.pitch),
+                             g.row_bytes, g.height, False)
+                at += size
+            cuda.stream_synchronize(copy, "copying a remote frame into the subscriber's pool")
+        except BaseException:
+            with self._state:
+                self._free_slots.appendleft(slot)
+            with link.cond:
+                link.free.append(index)
+            self._credit(link, 1)
+            raise
+        with link.cond:
+            link.free.append(index)
+        self._credit(link, 1)
+        skipped = 0 if self._last_seq is None else max(0, seq - self._last_seq - 1)
+        self._last_seq = seq
+        message = Message(self, view, protocol.Frame(seq, slot, timestamp_ns, 0, payload), skipped, None)
+        with self._state:
+            self._held.add(message)
+        return message
+
+    def _views_of(self, slot: int) -> SlotView:
+        spec = self._spec
+        assert spec is not None
+        while len(self._views) <= slot:
+            index = len(self._views)
+            self._views.append(SlotView(spec, self._pool[index].planes[0].pointer, self._device,
+                                        self._backend.cuda_stream, index))
+        view = self._views[slot]
+        # A new view object per message: a user's old reference must stay released.
+        fresh = SlotView(spec, view._base, self._device, self._backend.cuda_stream, slot)
+        self._views[slot] = fresh
+        return fresh
+
+    def _release(self, message: Message, cuda_stream: Any) -> None:
+        stream = None if cuda_stream is None else stream_handle(cuda_stream)
+        with self._state:
+            if message._released:
+                return
+            message._released = True
+            self._held.discard(message)
+            view = message._frame
+            own = self._backend.cuda_stream
+            if not self._closed and self._link is not None and own is not None:
+                try:
+                    used = join_readers(view, own, stream)
+                    if used != own:  # the slot's next copy waits for the stream it was released on
+                        self._device.make_current()
+                        cuda.join_streams(own, (used,), "ordering a remote slot's next copy after its release")
+                except EglCudaError:
+                    pass
+            view._released = True
+            if self._link is not None and view.slot < len(self._pool):
+                self._free_slots.append(view.slot)
+
+    def _lose(self, error: BaseException) -> Any:
+        self._lost = error
+        with self._state:
+            for message in list(self._held):
+                let_go(message)
+            self._held.clear()
+        self._drop_link()
+        raise error
+
+    def _drop_link(self) -> None:
+        link, self._link = self._link, None
+        if link is None:
+            return
+        loop = self._loop
+        if loop is not None:
+            try:
+                asyncio.run_coroutine_threadsafe(self._stop_link(link), loop).result(5)
+            except Exception:  # noqa: BLE001 - teardown goes on
+                pass
+        link.ended.wait(5)
+        link.host.close()
+
+    async def _stop_link(self, link: _Link) -> None:
+        self._end(link, StreamDisconnected("the link was closed"))
+        _abort(link.ep)  # (cancels the receives still posted)
+        if not link.tasks:
+            link.ended.set()
+        for task in list(link.tasks):
+            task.cancel()
+
+    # ---- the publisher coming back ------------------------------------------------------------------
+    def wait_for_publisher(self, timeout: float | None = None) -> TopicInfo:
+        """As :meth:`eglcuda.Subscriber.wait_for_publisher`: join through the relay again (it
+        waits for the topic's publisher itself) within ``timeout`` seconds."""
+        wait = self.timeout if timeout is None else sockets.wait_seconds(timeout)
+        if self._forked or os.getpid() != self._pid:
+            raise self._forked_error()
+        with self._busy:
+            if self._closed or self._closing:
+                raise self._closed_error()
+            if self._link is None or self._lost is not None or self._link.lost is not None:
+                with self._state:
+                    for message in list(self._held):
+                        let_go(message)
+                    self._held.clear()
+                self._settle()
+                self._drop_link()
+                self._connect(time.monotonic() + wait)
+        info = self.info
+        if info is None:  # pragma: no cover - every join sets it
+            raise StreamDisconnected(f"not connected to topic {self.name!r}")
+        return info
+
+    @property
+    def connected(self) -> bool:
+        link = self._link
+        return link is not None and link.lost is None and self._lost is None and not self._closed
+
+    @property
+    def cuda_stream(self) -> int | None:
+        return self._backend.cuda_stream
+
+    # ---- the end ----------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Say goodbye to the relay and let go of everything (held messages become unusable; the
+        pool is freed once the GPU work queued on it ended, up to 2 s). Safe to call twice and
+        from another thread (a waiting :meth:`receive` ends with :class:`eglcuda.ClosedError`)."""
+        if self._closed:
+            return
+        if self._forked or os.getpid() != self._pid:
+            self._closed = True
+            _ucx.untrack(self)
+            return
+        self._closing = True
+        link = self._link
+        if link is not None:
+            with link.cond:
+                link.cond.notify_all()
+        with self._busy:
+            if self._closed:
+                return
+            self._closed = True
+            with self._state:
+                for message in list(self._held):
+                    let_go(message)
+                self._held.clear()
+            link = self._link
+            if link is not None and link.lost is None and self._loop is not None:
+                try:
+                    _ucx.run(self._loop, self._send_control(link, wire.Control.BYE, 0), 1.0)
+                except Exception:  # noqa: BLE001 - a stalled relay: the endpoint is aborted anyway
+                    pass
+            self._teardown()
+        _ucx.untrack(self)
+
+    def _settle(self) -> None:
+        """Wait (bounded) for GPU work queued on the pool before it is written or freed."""
+        own = self._backend.cuda_stream
+        if own is None or self._device is None:
+            return
+        self._device.make_current()
+        deadline = time.monotonic() + UNMAP_WAIT_S
+        try:
+            while not cuda.stream_idle(own) and time.monotonic() < deadline:
+                time.sleep(0.001)
+        except EglCudaError:
+            pass
+
+    def _free_pool(self) -> None:
+        for view in self._views:
+            view._released = True
+        self._views = []
+        pool, self._pool = self._pool, []
+        for frame in pool:
+            try:
+                frame.close()
+            except EglCudaError as exc:  # pragma: no cover - teardown goes on
+                log.warning("remote topic %s: freeing a pool frame failed: %s", self.name, exc)
+        self._spec = None
+
+    def _teardown(self) -> None:
+        try:
+            self._drop_link()
+            self._settle()
+            self._free_pool()
+            if self._copy_stream is not None:
+                self._device.make_current()
+                cuda.stream_destroy(self._copy_stream)
+                self._copy_stream = None
+        finally:
+            self._backend.close()
+            if self._loop is not None:
+                self._loop = None
+                _ucx.release()
+
+    def __repr__(self) -> str:
+        if self._closed:
+            state = "closed"
+        elif self.connected:
+            state = f"remote {self.remote[0]}:{self.remote[1]}, {len(self._held)} held"
+        else:
+            state = f"disconnected ({self._lost})"
+        return f"<RemoteSubscriber {self.name!r} {self.qos.name.lower()}: {state}>"
+
+
+def _abort(ep: Any) -> None:
+    try:
+        if not ep.closed:
+            ep.abort(period=ABORT_NS)  # (bounded: a dead peer must not hold the loop)
+    except Exception:  # noqa: BLE001 - already gone
+        pass
+
+
+register_remote(RemoteSubscriber)
+
+
+def _quiet(task: "asyncio.Future[Any]") -> None:
+    """Retrieve a finished task's exception (its owner already acted on the failure)."""
+    if not task.cancelled():
+        task.exception()

@@ -1,0 +1,146 @@
+"""Remote subscribers on GPUs: a publisher, a relay and remote subscribers in fresh interpreters
+(tests/gpu/topics_peer.py publishes, tests/remote_peer.py relays and subscribes), UCX over TCP
+loopback with cuda_copy, and with cuda_ipc on one host; a remote subscriber on the second GPU.
+Every byte of every frame is checked; the ordering test queues a long kernel and copies on the
+remote subscriber's stream and releases before they ran (the next H2D copy into that pool slot
+must wait for them). Needs ucxx (pip install 'eglcuda[remote-cu13]' or the wheels of
+/work/wt44/.device-run-44.sh)."""
+from __future__ import annotations
+
+import importlib.util
+import os
+import pathlib
+import secrets
+import tempfile
+import time
+
+import pytest
+
+import eglcuda
+
+from ..json_peer import JsonPeer
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+TOPICS_PEER = ROOT / "tests" / "gpu" / "topics_peer.py"
+REMOTE_PEER = ROOT / "tests" / "remote_peer.py"
+TLS = {"tcp": "tcp,cuda_copy", "tcp+cuda_ipc": "tcp,cuda_copy,cuda_ipc"}
+
+
+class Peer(JsonPeer):
+    wait_timeout = 60.0
+
+    def __init__(self, env, script, *args: str) -> None:
+        super().__init__([str(script), *args], env=env, cwd=str(ROOT))
+
+
+@pytest.fixture
+def env(cuda_ordinal):
+    if importlib.util.find_spec("ucxx") is None:
+        pytest.skip("ucxx is not installed: pip install 'eglcuda[remote-cu13]' (or remote-cu12)")
+    return {**os.environ, "UCX_NET_DEVICES": "lo", "UCX_WARN_UNUSED_ENV_VARS": "n",
+            "EGLCUDA_REMOTE_KEY": secrets.token_hex(32), "EGLCUDA_REMOTE_KEY_FILE": ""}
+
+
+@pytest.fixture
+def path():
+    with tempfile.TemporaryDirectory(prefix="eglcuda-gpu-remote-") as folder:
+        os.chmod(folder, 0o700)
+        yield os.path.join(folder, "t.topic")
+
+
+def _run(env, path, tls: str, subscribers: list[list[str]], relay_args=(), publisher_device: int = 0,
+         width: int = 1920, height: int = 1080, fmt: str = "NV12", rate: float = 120.0, seed: int = 9):
+    env = {**env, "UCX_TLS": tls}
+    peers = []
+    try:
+        publisher = Peer(env, TOPICS_PEER, "publish", "--name", "t", "--path", path, "--width", str(width),
+                         "--height", str(height), "--format", fmt, "--frames", "0", "--rate", str(rate), "--seed",
+                         str(seed), "--device", str(publisher_device))
+        peers.append(publisher)
+        publisher.wait_for(lambda m: m["event"] == "ready")
+        relay = Peer(env, REMOTE_PEER, "relay", "--name", "t", "--path", path, "--device", str(publisher_device),
+                     *relay_args)
+        peers.append(relay)
+        address = f"127.0.0.1:{relay.wait_for(lambda m: m['event'] == 'ready')['port']}"
+        subs = []
+        for args in subscribers:
+            sub = Peer(env, REMOTE_PEER, "subscribe", "--name", "t", "--remote", address, "--seed", str(seed), *args)
+            peers.append(sub)
+            subs.append(sub)
+        results = []
+        for sub in subs:
+            ready = sub.wait_for(lambda m: m["event"] in ("ready", "error"))
+            assert ready["event"] == "ready", ready
+            assert ready["transport"] == "remote" and ready["info"] == [width, height, fmt]
+            done = sub.wait_for(lambda m: m["event"] == "done", timeout=120)
+            got = sub.got()
+            assert got and all(m["ok"] for m in got), [m for m in got if not m["ok"]][:2]
+            results.append((done, got))
+        return results
+    finally:
+        for peer in reversed(peers):
+            peer.stop()
+
+
+@pytest.mark.parametrize("tls", sorted(TLS), ids=sorted(TLS))
+def test_remote_subscribers_every_byte_1080p(env, path, tls):
+    results = _run(env, path, TLS[tls], [["--qos", "every", "--queue", "4", "--count", "120", "--hold", "2"],
+                                         ["--qos", "latest", "--count", "30", "--sleep-ms", "20"]],
+                   relay_args=("--qos", "every", "--queue", "8"))
+    (every_done, every), (latest_done, latest) = results
+    seqs = [m["seq"] for m in every]
+    assert seqs == list(range(seqs[0], seqs[0] + 120))
+    assert sum(m["skipped"] for m in latest) > 0
+    print(f"\n{tls}: every {every_done['fps']:.0f} frames/s (publisher at 120), latency p50 "
+          f"{sorted(m['latency_us'] for m in every)[60] / 1e3:.2f} ms")
+
+
+@pytest.mark.parametrize("fmt", ["ARGB", "YUV420_PLANAR"])
+def test_remote_other_formats(env, path, fmt):
+    _run(env, path, TLS["tcp"], [["--qos", "every", "--count", "20"]], width=1280, height=720, fmt=fmt,
+         relay_args=("--qos", "every"))
+
+
+def test_release_orders_the_next_copy_after_the_readers(env, path):
+    """A 20 ms kernel, then copies of every plane, on the subscriber's stream; released at once.
+    With a pool of 2 (queue 2) the slot's next H2D copy comes within a frame or two: it must wait."""
+    pytest.importorskip("cupy")
+    _run(env, path, TLS["tcp"], [["--qos", "every", "--queue", "2", "--count", "20", "--late-copy-ms", "20"]],
+         relay_args=("--qos", "every"), rate=200)
+
+
+@pytest.mark.parametrize("devices", [(0, 1), (1, 0)], ids=["pub0-sub1", "pub1-sub0"])
+def test_remote_subscriber_on_the_other_gpu(env, path, devices):
+    if eglcuda._bind.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs (run it on nvidia-h200-x2)")
+    publisher_device, subscriber_device = devices
+    _run(env, path, TLS["tcp+cuda_ipc"], [["--qos", "every", "--count", "60", "--device", str(subscriber_device)]],
+         relay_args=("--qos", "every"), publisher_device=publisher_device)
+
+
+def test_relay_killed_and_cycles_on_the_gpu(env, path):
+    env = {**env, "UCX_TLS": TLS["tcp"]}
+    peers = []
+    try:
+        publisher = Peer(env, TOPICS_PEER, "publish", "--name", "t", "--path", path, "--width", "1920", "--height",
+                         "1080", "--format", "NV12", "--frames", "0", "--rate", "60", "--seed", "9")
+        peers.append(publisher)
+        publisher.wait_for(lambda m: m["event"] == "ready")
+        relay = Peer(env, REMOTE_PEER, "relay", "--name", "t", "--path", path)
+        peers.append(relay)
+        address = f"127.0.0.1:{relay.wait_for(lambda m: m['event'] == 'ready')['port']}"
+        cycles = Peer(env, REMOTE_PEER, "cycles", "--name", "t", "--remote", address, "--seed", "9", "--count", "20")
+        peers.append(cycles)
+        done = cycles.wait_for(lambda m: m["event"] in ("done", "bad"), timeout=120)
+        assert done["event"] == "done", done
+        assert done["marks"][0] == done["marks"][1], done  # threads and descriptors flat over 20 cycles
+        sub = Peer(env, REMOTE_PEER, "subscribe", "--name", "t", "--remote", address, "--seed", "9", "--timeout", "3")
+        peers.append(sub)
+        sub.wait_for(lambda m: m["event"] == "got")
+        relay.kill()
+        started = time.monotonic()
+        gone = sub.wait_for(lambda m: m["event"] == "disconnected", timeout=15)
+        assert gone["kind"] == "StreamDisconnected" and time.monotonic() - started < 5, gone
+    finally:
+        for peer in reversed(peers):
+            peer.stop()

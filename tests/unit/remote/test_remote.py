@@ -1,0 +1,243 @@
+"""Relay and remote subscribers over UCX on TCP loopback, every process on the stand-in libcuda
+(the fake's "device memory" is host memory: the relay's D2H copy and the remote side's H2D copy
+run for real). Frames are random per (seed, seq); every byte of every frame is checked."""
+from __future__ import annotations
+
+import json
+import pathlib
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from .conftest import REMOTE_PEER, ROOT
+
+
+def _frames_ok(peer) -> None:
+    got = peer.got()
+    assert got and all(m["ok"] for m in got), [m for m in got if not m["ok"]][:2]
+
+
+def test_every_and_latest_remote_subscribers_check_every_byte(cluster):
+    cluster.publisher(rate=300)
+    relay, address = cluster.relay("--qos", "every", "--queue", "8")
+    every = cluster.subscriber(address, "--qos", "every", "--queue", "4", "--count", "60", "--hold", "2")
+    latest = cluster.subscriber(address, "--qos", "latest", "--count", "12", "--sleep-ms", "30")
+    for peer in (every, latest):
+        ready = peer.wait_for(lambda m: m["event"] in ("ready", "error"))
+        assert ready["event"] == "ready", ready
+        assert ready["transport"] == "remote" and ready["subscriber"] is True
+        assert ready["info"] == [64, 48, "NV12"]
+    relay.send("remotes")
+    listed = relay.wait_for(lambda m: m["event"] == "remotes")["remotes"]
+    assert sorted(r["qos"] for r in listed if r["connected"]) == ["every", "latest"]
+    for peer in (every, latest):
+        peer.wait_for(lambda m: m["event"] == "done")
+        _frames_ok(peer)
+    seqs = [m["seq"] for m in every.got()]
+    assert seqs == list(range(seqs[0], seqs[0] + 60))  # every: lossless through an 'every' relay
+    assert all(m["skipped"] == 0 for m in every.got()[1:])
+    seqs = [m["seq"] for m in latest.got()]
+    assert seqs == sorted(set(seqs)) and sum(m["skipped"] for m in latest.got()) > 0  # latest: a slow one skips
+
+
+def test_wrong_key_and_garbage_peers_are_refused_with_the_reason_and_change_nothing(cluster, env):
+    cluster.publisher()
+    relay, address = cluster.relay("--timeout", "1.5")
+    wrong = cluster.subscriber(address, "--count", "3", env={**env, "EGLCUDA_REMOTE_KEY": "ab" * 32})
+    error = wrong.wait_for(lambda m: m["event"] in ("ready", "error"))
+    assert error["event"] == "error" and error["kind"] == "Refused", error
+    assert "key" in error["reason"]
+    started = time.monotonic()
+    answers = cluster.garbage(address, "magic,wrongkey,big,silent", "--timeout", "3")
+    answer = answers["magic"]
+    assert answer["answer"] == "refused" and "not an eglcuda remote topic peer" in answer["reason"], answer
+    answer = answers["wrongkey"]
+    assert answer["answer"] == "refused" and "authentication failed" in answer["reason"], answer
+    # Longer than any handshake message: the relay's receive of exactly HANDSHAKE bytes fails.
+    assert answers["big"]["answer"] in ("closed", "refused"), answers["big"]
+    # Silent: no answer (the relay aborts it after its timeout, 1.5 s; UCX does not tell the peer).
+    assert answers["silent"]["answer"] in ("closed", "none"), answers["silent"]
+    assert time.monotonic() - started < 3 + 8
+    # Plain TCP junk at the port (not UCX at all).
+    import socket
+    with socket.create_connection(("127.0.0.1", int(address.rsplit(":", 1)[1])), timeout=2) as raw:
+        raw.sendall(os.urandom(4096))
+    relay.send("remotes")
+    assert relay.wait_for(lambda m: m["event"] == "remotes")["remotes"] == []
+    good = cluster.subscriber(address, "--count", "5")
+    good.wait_for(lambda m: m["event"] == "done")
+    _frames_ok(good)
+
+
+def test_a_killed_remote_subscriber_leaves_the_others_alone(cluster):
+    cluster.publisher(rate=200)
+    relay, address = cluster.relay("--timeout", "2")
+    victim = cluster.subscriber(address, "--count", "0")
+    other = cluster.subscriber(address, "--count", "150", "--qos", "every")
+    victim.wait_for(lambda m: m["event"] == "got")
+    other.wait_for(lambda m: m["event"] == "got")
+    victim.kill()
+    other.wait_for(lambda m: m["event"] == "done", timeout=30)
+    _frames_ok(other)
+    seqs = [m["seq"] for m in other.got()]
+    assert seqs == list(range(seqs[0], seqs[0] + 150))
+    deadline = time.monotonic() + 8
+    while True:  # the relay forgets the killed one (its endpoint fails, or it is silent past the timeout)
+        relay.messages.clear()
+        relay.send("remotes")
+        remotes = relay.wait_for(lambda m: m["event"] == "remotes")["remotes"]
+        if not [r for r in remotes if r["connected"]]:
+            break
+        assert time.monotonic() < deadline, remotes
+        time.sleep(0.2)
+
+
+def test_publisher_closes_dies_and_restarts_behind_the_relay(cluster):
+    """The publisher closes (Dropped, code CLOSING, forwarded by the relay), a new one dies
+    (StreamDisconnected), a third comes: wait_for_publisher joins each time (a new instance), and
+    every byte after each rejoin is checked (the same seed: the same content)."""
+    publisher = cluster.publisher("--frames", "300", rate=100)
+    relay, address = cluster.relay()
+    sub = cluster.subscriber(address, "--count", "0", "--rejoin", "--timeout", "10", "--qos", "every")
+    instances = [sub.wait_for(lambda m: m["event"] == "ready")["instance"]]
+    sub.wait_for(lambda m: m["event"] == "got")
+    publisher.wait_for(lambda m: m["event"] == "published", timeout=20)
+    publisher.send("bye")  # (it closes after its frames, when told)
+    gone = sub.wait_for(lambda m: m["event"] == "disconnected", timeout=15)
+    assert gone["kind"] == "Dropped" and gone["code"] == 3, gone  # Reason.CLOSING: an iteration would end
+    for step in range(2):
+        publisher = cluster.publisher()
+        rejoined = sub.wait_for(lambda m: m["event"] in ("rejoined", "rejoin-failed") and m.get("instance") not in
+                                instances, timeout=20)
+        assert rejoined["event"] == "rejoined", rejoined
+        instances.append(rejoined["instance"])
+        count = len(sub.got())
+        sub.wait_for(lambda m: len(sub.got()) >= count + 10)
+        if step == 0:
+            publisher.kill()
+            gone = sub.wait_for(lambda m: m["event"] == "disconnected" and m["kind"] == "StreamDisconnected",
+                                timeout=15)
+    _frames_ok(sub)
+
+
+def test_stalled_relay_times_out_then_disconnects_and_a_killed_one_at_once(cluster):
+    """SIGSTOP of the relay: receive(t) raises Timeout, and after the subscriber's timeout of
+    silence StreamDisconnected. Then SIGKILL of the (stopped) relay: a second subscriber, with a
+    timeout too long to have noticed the silence, hears at once that the relay is gone."""
+    cluster.publisher()
+    relay, address = cluster.relay()
+    sub = cluster.subscriber(address, "--count", "0", "--timeout", "2", "--receive-timeout", "0.5")
+    other = cluster.subscriber(address, "--count", "0", "--timeout", "30", "--receive-timeout", "0.5")
+    sub.wait_for(lambda m: m["event"] == "got")
+    other.wait_for(lambda m: m["event"] == "got")
+    os.kill(relay.process.pid, signal.SIGSTOP)
+    started = time.monotonic()
+    sub.wait_for(lambda m: m["event"] == "timeout", timeout=5)  # receive(timeout) first: Timeout
+    gone = sub.wait_for(lambda m: m["event"] == "disconnected", timeout=10)
+    assert gone["kind"] == "StreamDisconnected" and "said nothing" in gone["reason"], gone
+    assert time.monotonic() - started < 2 + 2.0
+    sub.wait_for(lambda m: m["event"] == "done", timeout=10)
+    _frames_ok(sub)
+    relay.kill()
+    started = time.monotonic()
+    gone = other.wait_for(lambda m: m["event"] == "disconnected", timeout=15)
+    assert gone["kind"] == "StreamDisconnected" and "is gone" in gone["reason"], gone
+    assert time.monotonic() - started < 3.0
+    other.wait_for(lambda m: m["event"] == "done", timeout=10)
+    _frames_ok(other)
+
+
+def test_stalled_remote_subscriber_is_dropped_and_others_go_on(cluster):
+    cluster.publisher(rate=200)
+    relay, address = cluster.relay("--timeout", "1.5", "--qos", "latest")
+    stalled = cluster.subscriber(address, "--count", "0", "--timeout", "30", "--qos", "latest")
+    other = cluster.subscriber(address, "--count", "0", "--qos", "latest")
+    stalled.wait_for(lambda m: m["event"] == "got")
+    other.wait_for(lambda m: m["event"] == "got")
+    os.kill(stalled.process.pid, signal.SIGSTOP)
+    try:
+        deadline = time.monotonic() + 8
+        while True:
+            relay.messages.clear()
+            relay.send("remotes")
+            remotes = relay.wait_for(lambda m: m["event"] == "remotes")["remotes"]
+            dropped = [r for r in remotes if r["dropped"]]
+            if dropped:
+                break
+            assert time.monotonic() < deadline, remotes
+            time.sleep(0.2)
+        assert "said nothing" in dropped[0]["dropped"], dropped
+        before = len(other.got())
+        time.sleep(1.0)
+        assert len(other.got()) > before + 10  # the other one kept getting frames meanwhile
+        _frames_ok(other)
+    finally:
+        os.kill(stalled.process.pid, signal.SIGCONT)
+    gone = stalled.wait_for(lambda m: m["event"] == "disconnected", timeout=35)
+    assert gone["kind"] in ("StreamDisconnected", "Dropped"), gone
+
+
+def test_slow_every_remote_subscriber_is_dropped_with_the_reason(cluster):
+    cluster.publisher(rate=200)
+    relay, address = cluster.relay("--qos", "latest", "--every-timeout", "0.2")
+    slow = cluster.subscriber(address, "--qos", "every", "--queue", "2", "--count", "0", "--sleep-ms", "400")
+    gone = slow.wait_for(lambda m: m["event"] == "disconnected", timeout=20)
+    assert gone["kind"] == "Dropped" and "every_timeout" in gone["reason"] and gone["code"] == 1, gone
+    _frames_ok(slow)
+
+
+def test_no_relay_listening_times_out(env):
+    started = time.monotonic()
+    out = subprocess.run([sys.executable, str(REMOTE_PEER), "subscribe", "--name", "t", "--remote", "127.0.0.1:9",
+                          "--timeout", "1.5"], env=env, cwd=str(ROOT), capture_output=True, text=True, timeout=30)
+    answer = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")][0]
+    assert answer["event"] == "error" and answer["kind"] == "Timeout", (answer, out.stderr[-2000:])
+    assert time.monotonic() - started < 15
+
+
+def test_join_leave_cycles_leak_nothing(cluster):
+    """Joins, refusals and timeouts, again and again: the threads and descriptors after the
+    first cycle (the UCX loop and context, made once per process) stay as they are."""
+    cluster.publisher()
+    relay, address = cluster.relay()
+    cycles = cluster.cycles(address, "--count", "4")
+    done = cycles.wait_for(lambda m: m["event"] in ("done", "bad"), timeout=60)
+    assert done["event"] == "done", done
+    first, last = done["marks"]
+    assert first == last, done["marks"]
+    relay.send("remotes")
+    remotes = relay.wait_for(lambda m: m["event"] == "remotes")["remotes"]
+    assert [r for r in remotes if r["connected"]] == []
+
+
+def test_cli_relay_with_a_key_file_and_the_topics_listing(cluster, env, path, tmp_path):
+    cluster.publisher()
+    key_file = tmp_path / "key"
+    key_file.write_text(env["EGLCUDA_REMOTE_KEY"])  # hex text as the key's bytes: the subscriber uses the same file
+    key_file.chmod(0o600)
+    cli_env = {**env, "EGLCUDA_REMOTE_KEY": ""}
+    from .conftest import Peer
+    relay = Peer(cli_env, pathlib.Path("-m"), "eglcuda", "relay", "t", "--path", path, "--key-file", str(key_file),
+                 "--listen", "127.0.0.1:0")
+    cluster.peers.append(relay)
+    line = relay.wait_for(lambda m: m.get("event") == "noise" and "listening on" in m["line"])["line"]
+    address = line.strip().rsplit(" ", 1)[1]
+    sub = cluster.subscriber(address, "--count", "0", "--qos", "latest",
+                             env={**cli_env, "EGLCUDA_REMOTE_KEY_FILE": str(key_file)})
+    sub.wait_for(lambda m: m["event"] == "got")
+    deadline = time.monotonic() + 5
+    while True:
+        out = subprocess.run([sys.executable, "-m", "eglcuda", "topics", "--dir", os.path.dirname(path)], env=env,
+                             cwd=str(ROOT), capture_output=True, text=True, timeout=30)
+        if "remote " in out.stdout:
+            break
+        assert time.monotonic() < deadline, out.stdout + out.stderr
+        time.sleep(0.3)
+    assert f"relay on {address}" in out.stdout and "latest" in out.stdout, out.stdout
+    relay.process.send_signal(signal.SIGTERM)
+    assert relay.process.wait(15) == 0
+    gone = sub.wait_for(lambda m: m["event"] == "disconnected", timeout=15)
+    assert gone["kind"] == "Dropped" and "closed" in gone["reason"], gone
+    assert not [name for name in os.listdir(os.path.dirname(path)) if name.endswith(".relay")]

@@ -1,0 +1,115 @@
+"""The remote layer without a network: keys, the wire format's checks, the missing-ucxx line."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+import eglcuda
+from eglcuda.errors import UsageError
+from eglcuda.remote import keys, wire
+from eglcuda.topics.protocol import Qos
+
+from .conftest import ROOT
+
+
+def test_keys_from_argument_file_and_environment(tmp_path, monkeypatch):
+    monkeypatch.delenv(keys.KEY_FILE_VARIABLE, raising=False)
+    monkeypatch.delenv(keys.KEY_VARIABLE, raising=False)
+    with pytest.raises(UsageError, match="EGLCUDA_REMOTE_KEY_FILE.*EGLCUDA_REMOTE_KEY"):
+        keys.load_key(None)
+    secret = os.urandom(32)
+    assert keys.load_key(secret) == secret
+    with pytest.raises(UsageError):
+        keys.load_key(b"short")
+    with pytest.raises(UsageError):
+        keys.load_key("a text key")  # type: ignore[arg-type]
+    monkeypatch.setenv(keys.KEY_VARIABLE, secret.hex())
+    assert keys.load_key(None) == secret
+    monkeypatch.setenv(keys.KEY_VARIABLE, "not hex at all, not hex at all")
+    with pytest.raises(UsageError, match="hex"):
+        keys.load_key(None)
+    path = tmp_path / "key"
+    path.write_bytes(secret + b"\n")
+    path.chmod(0o644)
+    monkeypatch.setenv(keys.KEY_FILE_VARIABLE, str(path))
+    with pytest.raises(UsageError, match="read by others"):  # the file wins over the hex variable
+        keys.load_key(None)
+    path.chmod(0o600)
+    assert keys.load_key(None) == secret
+
+
+def test_proofs_bind_role_nonces_and_topic():
+    key, other = os.urandom(32), os.urandom(32)
+    a, b = keys.nonce(), keys.nonce()
+    proof = keys.proof(key, b"relay", a, b, b"t")
+    assert keys.same(proof, keys.proof(key, b"relay", a, b, b"t"))
+    for changed in (keys.proof(other, b"relay", a, b, b"t"), keys.proof(key, b"subscriber", a, b, b"t"),
+                    keys.proof(key, b"relay", b, a, b"t"), keys.proof(key, b"relay", a, b, b"u")):
+        assert not keys.same(proof, changed)
+
+
+def test_wire_round_trips_and_refuses_what_it_does_not_allow():
+    hello = wire.Hello(Qos.EVERY, 7, keys.nonce(), "cam.front", 1234, "host-a")
+    data = wire.encode_hello(hello)
+    assert len(data) == wire.HANDSHAKE
+    kind, body = wire.handshake_kind(data)
+    assert kind is wire.Kind.HELLO and wire.decode_hello(body) == hello
+    welcome = wire.Welcome(1920, 1080, eglcuda.ColorFormat.NV12, 4, 8, 99, 5, 17, None,
+                           wire.frame_bytes(eglcuda.ColorFormat.NV12, 1920, 1080))
+    assert welcome.frame_bytes == 1920 * 1080 * 3 // 2
+    assert wire.decode_welcome(wire.handshake_kind(wire.encode_welcome(welcome))[1]) == welcome
+    bad = wire.encode_welcome(welcome)
+    bad[16 + 44:16 + 52] = (12345).to_bytes(8, "little")  # a frame size that does not fit the geometry
+    with pytest.raises(wire.WireError, match="frame size"):
+        wire.decode_welcome(wire.handshake_kind(bad)[1])
+    with pytest.raises(wire.WireError, match="not an eglcuda"):
+        wire.handshake_kind(b"X" * wire.HANDSHAKE)
+    with pytest.raises(wire.WireError):
+        wire.handshake_kind(b"\0" * (wire.HANDSHAKE - 1))
+    too_long = bytearray(data)
+    too_long[16 + 2:16 + 4] = (300).to_bytes(2, "little")
+    with pytest.raises(wire.WireError, match="name length"):
+        wire.decode_hello(wire.handshake_kind(too_long)[1])
+    note = wire.encode_note(wire.Head.GONE, 3, "closing")
+    assert wire.decode_header(note)[0] is wire.Head.GONE and wire.decode_header(note)[3] == len("closing")
+    frame = bytearray(wire.HEADER)
+    frame[:4] = b"ECRH"
+    frame[4] = int(wire.Head.FRAME)
+    frame[24:28] = (wire.DATA_AT).to_bytes(4, "little")  # a payload longer than a frame may carry
+    with pytest.raises(wire.WireError, match="length"):
+        wire.decode_header(frame)
+    with pytest.raises(wire.WireError, match="credit"):
+        wire.decode_control(wire.encode_control(wire.Control.CREDIT, wire.MAX_WINDOW + 1))
+
+
+def test_local_subscriber_refuses_a_key_without_remote():
+    with pytest.raises(UsageError, match="key needs remote"):
+        eglcuda.Subscriber("t", key=b"0123456789abcdef0123")
+    assert issubclass(eglcuda.RemoteSubscriber, eglcuda.Subscriber)
+
+
+_NO_UCXX = ("import sys; sys.modules['ucxx'] = None\n"
+            "import eglcuda\n"
+            "print(eglcuda.remote.ucxx_missing())\n"
+            "try:\n"
+            "    eglcuda.Relay('t')\n"
+            "except eglcuda.Unsupported as exc:\n"
+            "    print('Unsupported:', exc)\n")
+
+
+def test_without_ucxx_one_line_says_what_to_install():
+    out = subprocess.run([sys.executable, "-c", _NO_UCXX], capture_output=True, text=True, cwd=str(ROOT), timeout=60)
+    lines = out.stdout.splitlines()
+    assert "pip install 'eglcuda[remote-cu12]'" in lines[0] and "remote-cu13" in lines[0], out
+    assert lines[1].startswith("Unsupported: ucxx is not available") and "remote-cu12" in lines[1], out
+    # The CLI exits 2 with that line (sitecustomize-free: a ucxx that fails to import).
+    shim = ROOT / "tests" / "unit" / "remote" / "no_ucxx"
+    env = {**os.environ, "PYTHONPATH": f"{shim}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+           "EGLCUDA_REMOTE_KEY": "00" * 16}
+    out = subprocess.run([sys.executable, "-m", "eglcuda", "relay", "t"], capture_output=True, text=True,
+                         cwd=str(ROOT), env=env, timeout=60)
+    assert out.returncode == 2, out
+    assert len(out.stderr.strip().splitlines()) == 1 and "remote-cu12" in out.stderr, out.stderr
