@@ -30,10 +30,13 @@ with p99 < 10 ms; the local subscriber's rate unchanged by remote subscribers (w
     python bench/remote.py [--quick] [--out DIR] [--duration S] [--sizes 1080p-nv12,4k-argb]
                            [--subscribers 1,4,8] [--rates max,60] [--variants eglcuda,zmq,ucx-raw]
                            [--width W --height H]   (one custom NV12 size, e.g. for a CPU dry run)
+                           [--no-plots]             (a machine without matplotlib: plots later)
+    python bench/remote.py --replot DIR            (the plots of DIR/results.json, into DIR)
 
 Writes results.json, results.md and plots (PNG, docs/img style) to --out; prints the table last.
 Exits 2 with one line where there is no CUDA GPU, no ucxx (``pip install 'eglcuda[remote-cu13]'``
-or ``remote-cu12``), no pyzmq or no matplotlib (``pip install 'eglcuda[bench]'``). On a machine
+or ``remote-cu12``), no pyzmq or no matplotlib (``pip install 'eglcuda[bench]'``; not checked with
+--no-plots). On a machine
 without a GPU, the fake libcuda of tests/fakes runs it end to end (small sizes): the numbers then
 measure the Python and UCX side only.
 """
@@ -434,9 +437,11 @@ def raw_engine(args, size: int, window: int, env: dict) -> dict:
     import _ucx_raw
 
     try:
-        return _ucx_raw.measure(size, window, args.engine_mode, args.duration, env)
+        result = _ucx_raw.measure(size, window, args.engine_mode, args.duration, env)
     except Exception as exc:  # noqa: BLE001 - reported in the row
         return {"error": " ".join(str(exc).split())[:300]}
+    result.pop("size", None)  # (bytes: the row's "size" is the frame's name)
+    return result
 
 
 def relay_window() -> int:
@@ -572,6 +577,8 @@ def main() -> int:
     parser.add_argument("--engine-mode", default="asyncio-blocking", help="bench/_ucx_raw.py progress mode for ucx-raw")
     parser.add_argument("--width", type=int, help="one custom NV12 size instead of --sizes (with --height)")
     parser.add_argument("--height", type=int)
+    parser.add_argument("--no-plots", action="store_true", help="write no plots (no matplotlib needed)")
+    parser.add_argument("--replot", metavar="DIR", help="only draw the plots of DIR/results.json (into DIR)")
     # the roles of the processes this script spawns
     parser.add_argument("--role", choices=["pub", "local", "relay", "remote", "zmq-pub", "zmq-sub"],
                         help=argparse.SUPPRESS)
@@ -585,6 +592,16 @@ def main() -> int:
         return {"pub": role_publisher, "local": role_local, "relay": role_relay, "remote": role_remote,
                 "zmq-pub": role_zmq_publisher, "zmq-sub": role_zmq_subscriber}[args.role](args)
 
+    if args.replot:
+        require(PROGRAM, modules=[MATPLOTLIB])
+        folder = pathlib.Path(args.replot).resolve()
+        try:
+            saved = json.loads((folder / "results.json").read_text())
+        except (OSError, ValueError) as exc:
+            fail(PROGRAM, f"cannot read {folder / 'results.json'}: {exc}", 1)
+        written = plot(saved["rows"], folder, saved["window"])
+        print(f"wrote {', '.join(str(folder / name) for name in written) or 'no plots (no rows to plot)'}")
+        return 0
     variants = args.variants.split(",")
     unknown = set(variants) - {"eglcuda", "zmq", "ucx-raw"}
     if unknown:
@@ -592,11 +609,11 @@ def main() -> int:
     if (args.width is None) != (args.height is None) or (args.width is not None and (args.width < 16 or args.height < 16
                                                                                        or args.width % 2 or args.height % 2)):
         parser.error("--width and --height go together, even numbers of at least 16")
-    # Checks first: a GPU (CUDA), ucxx, pyzmq, matplotlib.
-    require(PROGRAM, "cuda", modules=[MATPLOTLIB, *([ZMQ] if "zmq" in variants else [])])
-    import eglcuda.remote
+    # Checks first: a GPU (CUDA), ucxx, pyzmq, matplotlib (unless --no-plots).
+    require(PROGRAM, "cuda", modules=[*([] if args.no_plots else [MATPLOTLIB]), *([ZMQ] if "zmq" in variants else [])])
+    from eglcuda.remote import ucxx_missing
 
-    missing = eglcuda.remote.ucxx_missing()
+    missing = ucxx_missing()
     if missing:
         fail(PROGRAM, missing, 2)
     args.duration = args.duration or (1.0 if args.quick else 2.0)
@@ -642,7 +659,7 @@ def main() -> int:
                                                   "engine_mode": args.engine_mode, "ucx_env": {k: env[k] for k in UCX_ENV},
                                                   "rows": rows, "goals": verdicts}, indent=1))
     (out / "results.md").write_text(table + "\n\n" + "\n".join(f"- {v}" for v in verdicts) + "\n")
-    written = plot(rows, out, window)
+    written = [] if args.no_plots else plot(rows, out, window)
     print("\n" + table + "\n")
     for verdict in verdicts:
         print(verdict)

@@ -56,7 +56,8 @@ def report(**message) -> None:
 
 def subscriber(args) -> int:
     """The body of a remote subscriber process (``--role``): the key comes from the environment."""
-    done = {"role": args.role, "frames": 0, "skipped": 0, "bad": 0, "out_of_order": 0, "latency_us": []}
+    done = {"role": args.role, "frames": 0, "skipped": 0, "bad": 0, "out_of_order": 0, "first": None, "last": None,
+            "latency_us": []}
     qos = "every" if args.role == "checker" else "latest"
     with eglcuda.Subscriber(args.name, remote=f"127.0.0.1:{args.port}", qos=qos, timeout=30) as sub:
         done["transport"] = sub.info.transport
@@ -69,6 +70,8 @@ def subscriber(args) -> int:
             done["skipped"] += int(message.skipped)
             done["out_of_order"] += int(seq <= last or seq != message.seq)
             last = seq
+            done["first"] = seq if done["first"] is None else done["first"]
+            done["last"] = seq
             got = message.frame.planes[0].to_numpy()  # in this process's own device memory
             done["latency_us"].append((time.monotonic_ns() - message.timestamp_ns) / 1e3)
             done["bad"] += int(np.count_nonzero(got != frame_bytes(height, width, seq)) != 0)
@@ -86,9 +89,9 @@ def check_needs() -> None:
     require(PROGRAM, "cuda")
     if not (eglcuda.available("cuda-ipc") or eglcuda.available("cross-process")):
         require(PROGRAM, "cuda-ipc")  # names what is missing
-    import eglcuda.remote
+    from eglcuda.remote import ucxx_missing
 
-    missing = eglcuda.remote.ucxx_missing()
+    missing = ucxx_missing()
     if missing:
         fail(PROGRAM, missing, 2)
 
@@ -172,8 +175,8 @@ def main() -> int:
             (not lossless or (result["frames"] == args.frames and result["skipped"] == 0))
         failed |= not ok
         print(f"  {result['role']:8s} {'PASS' if ok else 'FAIL'}: {result['frames']} frames, {result['skipped']} "
-              f"skipped, {result['bad']} wrong, {result['out_of_order']} out of order, via {result['transport']}, "
-              f"latency p50 {result['latency_p50_us']:.0f} us")
+              f"skipped, {result['bad']} wrong, {result['out_of_order']} out of order (seq {result['first']}.."
+              f"{result['last']}), via {result['transport']}, latency p50 {result['latency_p50_us']:.0f} us")
     print("FAIL" if failed else "PASS")
     return 1 if failed else 0
 

@@ -28,6 +28,11 @@ GRIDS = {
                                   (" proto v1", {"UCX_PROTO_ENABLE": "n"}))},
     "focus": {f"{mode} w{w}{name}": (w, mode, extra) for mode in ("blocking", "asyncio-blocking") for w in (1, 3)
               for name, extra in (("", {}), (" tx 256K rx 1M", {"UCX_TCP_TX_SEG_SIZE": "256K", "UCX_TCP_RX_SEG_SIZE": "1M"}))},
+    "asyncio": {f"{mode} w{w} tx 256K rx 1M": (w, mode, {"UCX_TCP_TX_SEG_SIZE": "256K", "UCX_TCP_RX_SEG_SIZE": "1M"})
+                for mode in ("asyncio-blocking", "asyncio-polling", "asyncio-thread", "thread") for w in (1, 3)},
+    "future": {f"{mode} w{w} tx 256K rx 1M{name}": (w, mode, {"UCX_TCP_TX_SEG_SIZE": "256K", "UCX_TCP_RX_SEG_SIZE": "1M", **extra})
+               for mode in ("asyncio-blocking", "asyncio-thread") for w in (1, 3)
+               for name, extra in (("", {}), (" python futures", {"UCXPY_ENABLE_PYTHON_FUTURE": "1"}))},
     "seg": {f"blocking w1 tx {tx} rx {rx}": (1, "blocking", {"UCX_TCP_TX_SEG_SIZE": tx, "UCX_TCP_RX_SEG_SIZE": rx})
             for tx, rx in (("8K", "64K"), ("64K", "1M"), ("256K", "1M"), ("1M", "4M"))},
     "window": {f"blocking w{w}": (w, "blocking", {}) for w in (1, 2, 4, 8)},
