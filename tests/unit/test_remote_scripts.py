@@ -88,7 +88,7 @@ def test_bench_runs_every_role_at_a_tiny_size(env, tmp_path):
     assert all(sub["frames"] > 0 and sub["p50_us"] > 0 for sub in remote["subscribers"]), remote
     assert by_variant["local only"]["local"]["frames"] > 0
     window = json.loads((out / "results.json").read_text())["window"]
-    assert all(by_variant[f"ucx-raw w{w}"]["rate"] > 0 for w in (1, window))
+    assert all(by_variant[f"ucx-raw {mode} w{w}"]["rate"] > 0 for w in (1, window) for mode in ("blocking", "asyncio-blocking"))
     assert "| 64x48-nv12 | eglcuda | max | 2 |" in (out / "results.md").read_text()
 
 
