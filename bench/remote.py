@@ -32,6 +32,7 @@ with p99 < 10 ms; the local subscriber's rate unchanged by remote subscribers (w
                            [--subscribers 1,4,8] [--rates max,60] [--variants eglcuda,zmq,ucx-raw]
                            [--width W --height H]   (one custom NV12 size, e.g. for a CPU dry run)
                            [--no-plots]             (a machine without matplotlib: plots later)
+                           [--ucx-env K=V,...]      (UCX settings for every process, raw engine included)
     python bench/remote.py --replot DIR            (the plots of DIR/results.json, into DIR)
 
 Writes results.json, results.md and plots (PNG, docs/img style) to --out; prints the table last.
@@ -473,7 +474,7 @@ def _f(value: float, digits: int = 0) -> str:
 
 
 def markdown(rows: list[dict], args, window: int) -> str:
-    lines = [f"Remote subscribers over TCP loopback (UCX_TLS={os.environ.get('UCX_TLS', UCX_ENV['UCX_TLS'])}); "
+    lines = [f"Remote subscribers over TCP loopback ({getattr(args, 'ucx_note', '')}); "
              f"{args.duration} s per configuration; latency = publish to usable (in the subscriber's device "
              f"memory, its stream synchronized); ucx-raw: host buffers, progress mode as named, window "
              f"{window} (the relay's) and 1 (ping-pong).", "",
@@ -579,6 +580,8 @@ def main() -> int:
                         help="bench/_ucx_raw.py progress modes for ucx-raw (comma-separated)")
     parser.add_argument("--width", type=int, help="one custom NV12 size instead of --sizes (with --height)")
     parser.add_argument("--height", type=int)
+    parser.add_argument("--ucx-env", default="", metavar="K=V,...",
+                        help="UCX_* settings for every process (e.g. UCX_TCP_TX_SEG_SIZE=256K,UCX_TCP_RX_SEG_SIZE=1M)")
     parser.add_argument("--no-plots", action="store_true", help="write no plots (no matplotlib needed)")
     parser.add_argument("--replot", metavar="DIR", help="only draw the plots of DIR/results.json (into DIR)")
     # the roles of the processes this script spawns
@@ -636,6 +639,13 @@ def main() -> int:
     paces = [0.0 if pace == "max" else float(pace) for pace in args.rates.split(",")]
     window = relay_window()
     env = {**os.environ, **{k: v for k, v in UCX_ENV.items() if k not in os.environ}, "PYTHONUNBUFFERED": "1"}
+    for setting in filter(None, args.ucx_env.split(",")):
+        key, _, value = setting.partition("=")
+        if not key.startswith(("UCX_", "UCXPY_")) or not value:
+            parser.error(f"--ucx-env takes UCX_NAME=VALUE pairs, got {setting!r}")
+        env[key] = value
+    args.ucx_note = " ".join(f"{k}={v}" for k, v in sorted(env.items())
+                             if k.startswith(("UCX_", "UCXPY_")) and k != "UCX_WARN_UNUSED_ENV_VARS")
     out = pathlib.Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     rows: list[dict] = []
@@ -664,7 +674,7 @@ def main() -> int:
     verdicts = goals(rows, window)
     table = markdown(rows, args, window)
     (out / "results.json").write_text(json.dumps({"duration": args.duration, "window": window,
-                                                  "engine_modes": args.engine_modes, "ucx_env": {k: env[k] for k in UCX_ENV},
+                                                  "engine_modes": args.engine_modes, "ucx_env": {k: v for k, v in env.items() if k.startswith(("UCX_", "UCXPY_"))},
                                                   "rows": rows, "goals": verdicts}, indent=1))
     (out / "results.md").write_text(table + "\n\n" + "\n".join(f"- {v}" for v in verdicts) + "\n")
     written = [] if args.no_plots else plot(rows, out, window)
