@@ -650,9 +650,17 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     rows: list[dict] = []
 
+    def save(verdicts: list[str]) -> None:
+        (out / "results.json").write_text(json.dumps({
+            "duration": args.duration, "window": window, "engine_modes": args.engine_modes,
+            "ucx_env": {k: v for k, v in env.items() if k.startswith(("UCX_", "UCXPY_"))}, "rows": rows,
+            "goals": verdicts}, indent=1))
+        (out / "results.md").write_text(markdown(rows, args, window) + "\n\n" + "\n".join(f"- {v}" for v in verdicts) + "\n")
+
     def record(row: dict) -> None:
         rows.append(summarize(row))
         print(markdown([row], args, window).splitlines()[-1], flush=True)
+        save(goals(rows, window))  # after each row: a run cut short keeps what it measured
 
     for size, (width, height, fmt) in sizes.items():
         args.width, args.height, args.format = width, height, fmt
@@ -673,10 +681,7 @@ def main() -> int:
                         record({**base, "variant": variant, "pace": label, "n": n, **run_config(args, variant, n, pace, env)})
     verdicts = goals(rows, window)
     table = markdown(rows, args, window)
-    (out / "results.json").write_text(json.dumps({"duration": args.duration, "window": window,
-                                                  "engine_modes": args.engine_modes, "ucx_env": {k: v for k, v in env.items() if k.startswith(("UCX_", "UCXPY_"))},
-                                                  "rows": rows, "goals": verdicts}, indent=1))
-    (out / "results.md").write_text(table + "\n\n" + "\n".join(f"- {v}" for v in verdicts) + "\n")
+    save(verdicts)
     written = [] if args.no_plots else plot(rows, out, window)
     print("\n" + table + "\n")
     for verdict in verdicts:
