@@ -93,11 +93,13 @@ def emit(**message) -> None:
 
 class Window:
     """The timed window, from the orchestrator's "go START END" line on stdin (read by a thread:
-    the frame loop never blocks on it)."""
+    the frame loop never blocks on it). Stdin closing before that line means the orchestrator is
+    gone: the window is then over at once, and the role ends instead of running on."""
 
     def __init__(self) -> None:
         self.start = self.end = 0
         self.given = threading.Event()
+        self.abandoned = False
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
@@ -107,9 +109,10 @@ class Window:
                 self.start, self.end = int(parts[1]), int(parts[2])
                 self.given.set()
                 return
+        self.abandoned = True
 
     def over(self, margin_s: float = 0.0) -> bool:
-        return self.given.is_set() and now_ns() > self.end + int(margin_s * 1e9)
+        return self.abandoned or (self.given.is_set() and now_ns() > self.end + int(margin_s * 1e9))
 
     def inside(self, stamp: int) -> bool:
         return self.given.is_set() and self.start <= stamp < self.end
@@ -161,7 +164,7 @@ def role_publisher(args) -> int:
             if not window.given.is_set() and not period:
                 time.sleep(0.001)  # while the others join: keep frames coming without eating a core
         span = (window.end - window.start) / 1e9
-        emit(role="publisher", rate=published / span, frames=published)
+        emit(role="publisher", rate=published / span if span > 0 else math.nan, frames=published)
     return 0
 
 
@@ -274,7 +277,7 @@ def role_zmq_publisher(args) -> int:
         if not window.given.is_set() and not period:
             time.sleep(0.001)
     span = (window.end - window.start) / 1e9
-    emit(role="publisher", rate=published / span, frames=published)
+    emit(role="publisher", rate=published / span if span > 0 else math.nan, frames=published)
     sock.close()
     context.term()
     return 0
