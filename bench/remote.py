@@ -1,0 +1,697 @@
+"""Remote subscribers: a topic served over UCX by an eglcuda relay, measured on one host over TCP
+loopback (``UCX_TLS=tcp``, ``UCX_NET_DEVICES=lo``: the path a frame takes between hosts, not UCX's
+shared-memory shortcuts), next to the alternatives in the same run:
+
+- ``eglcuda``: a publisher process, a local subscriber process (qos latest), a relay process
+  (``eglcuda.Relay``) and N remote subscriber processes (``eglcuda.Subscriber(name, remote=...)``,
+  qos latest), each a fresh interpreter;
+- ``ucx-raw``: UCXX itself moving host buffers of the frame's size between two processes (the
+  engine's floor, bench/_ucx_raw.py): with the relay's window of frames in flight (its
+  ``LATEST_WINDOW``) and one in flight (ping-pong), in each of --engine-modes: ``blocking`` (the
+  core API, a thread sleeping in ``progress_worker_event``: the fastest on the CPU machine) and
+  ``asyncio-blocking`` (UCXX's asyncio API, ``progress_mode="blocking"``);
+- ``zmq``: what a user would otherwise write: a device-to-host copy, pyzmq PUB to N SUB
+  processes (high-water mark 2: a slow subscriber loses frames, like qos latest), and a
+  host-to-device copy on arrival (all with eglcuda's CUDA bindings, pinned by nothing: plain
+  host memory, as ``cupy.asnumpy`` gives);
+- ``local only``: the publisher and the local subscriber without relay: the local subscriber's
+  rate with and without remote subscribers running.
+
+Each configuration runs for --duration seconds once every process joined; frames count when their
+publish time (``Message.timestamp_ns``, the publisher's CLOCK_MONOTONIC, shared by the host's
+processes) falls in that window. Latency runs from the publish time to the moment the frame is
+*usable* in the subscriber: in its own device memory (its pool slot for eglcuda, a device buffer
+for zmq) with its stream synchronized. The publisher runs free (--rates max) or paced (--rates 60:
+frames per second). Rates are per subscriber; bytes/s are the frame's bytes times that rate.
+
+Goals (issue 44), checked at the end: one remote subscriber at >= 0.8x the raw engine's rate with
+the relay's window and >= 600 frames/s at 1080p NV12; 8 remote subscribers at 60 frames/s each
+with p99 < 10 ms; the local subscriber's rate unchanged by remote subscribers (within scatter).
+
+    python bench/remote.py [--quick] [--out DIR] [--duration S] [--sizes 1080p-nv12,4k-argb]
+                           [--subscribers 1,4,8] [--rates max,60] [--variants eglcuda,zmq,ucx-raw]
+                           [--width W --height H]   (one custom NV12 size, e.g. for a CPU dry run)
+                           [--no-plots]             (a machine without matplotlib: plots later)
+                           [--ucx-env K=V,...]      (UCX settings for every process, raw engine included)
+    python bench/remote.py --replot DIR            (the plots of DIR/results.json, into DIR)
+
+Writes results.json, results.md and plots (PNG, docs/img style) to --out; prints the table last.
+Exits 2 with one line where there is no CUDA GPU, no ucxx (``pip install 'eglcuda[remote-cu13]'``
+or ``remote-cu12``), no pyzmq or no matplotlib (``pip install 'eglcuda[bench]'``; not checked with
+--no-plots). On a machine
+without a GPU, the fake libcuda of tests/fakes runs it end to end (small sizes): the numbers then
+measure the Python and UCX side only.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import pathlib
+import secrets
+import selectors
+import signal
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from _script import BENCH_HINT, MATPLOTLIB, fail, require, run  # noqa: E402
+
+PROGRAM = "bench/remote.py"
+SIZES = {"1080p-nv12": (1920, 1080, "NV12"), "4k-argb": (3840, 2160, "ARGB")}
+UCX_ENV = {"UCX_TLS": "tcp", "UCX_NET_DEVICES": "lo", "UCX_WARN_UNUSED_ENV_VARS": "n"}
+ZMQ = ("zmq", "pyzmq for the baseline", BENCH_HINT)
+JOIN_S = 60.0  # how long every process of a configuration may take to join
+TAIL_S = 0.3  # the publisher goes on this long after the window, so that late frames still count
+NAME = "bench-remote"
+
+
+def frame_geometry(width: int, height: int, fmt: str) -> tuple[int, int]:
+    """(row bytes, rows) of a frame packed in one buffer: what the zmq baseline copies."""
+    return (width * 4, height) if fmt == "ARGB" else (width, height * 3 // 2)
+
+
+def frame_bytes(width: int, height: int, fmt: str) -> int:
+    row, rows = frame_geometry(width, height, fmt)
+    return row * rows
+
+
+def now_ns() -> int:
+    return time.monotonic_ns()
+
+
+def emit(**message) -> None:
+    print("RESULT " + json.dumps(message), flush=True)
+
+
+class Window:
+    """The timed window, from the orchestrator's "go START END" line on stdin (read by a thread:
+    the frame loop never blocks on it). Stdin closing before that line means the orchestrator is
+    gone: the window is then over at once, and the role ends instead of running on."""
+
+    def __init__(self) -> None:
+        self.start = self.end = 0
+        self.given = threading.Event()
+        self.abandoned = False
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in sys.stdin:
+            parts = line.split()
+            if parts and parts[0] == "go":
+                self.start, self.end = int(parts[1]), int(parts[2])
+                self.given.set()
+                return
+        self.abandoned = True
+
+    def over(self, margin_s: float = 0.0) -> bool:
+        return self.abandoned or (self.given.is_set() and now_ns() > self.end + int(margin_s * 1e9))
+
+    def inside(self, stamp: int) -> bool:
+        return self.given.is_set() and self.start <= stamp < self.end
+
+
+class Tally:
+    """A subscriber's frames and latencies inside the window."""
+
+    def __init__(self) -> None:
+        self.latencies: list[int] = []
+        self.seen = 0
+
+    def add(self, window: Window, published_ns: int, usable_ns: int) -> None:
+        self.seen += 1
+        if window.inside(published_ns):
+            self.latencies.append(usable_ns - published_ns)
+
+    def result(self, window: Window) -> dict:
+        values = sorted(self.latencies)
+        span = (window.end - window.start) / 1e9 if window.given.is_set() else math.nan
+        pick = (lambda q: values[min(len(values) - 1, int(q * (len(values) - 1)))] / 1e3) if values else \
+            (lambda q: math.nan)
+        return {"frames": len(values), "seen": self.seen, "rate": len(values) / span if span > 0 else math.nan,
+                "p50_us": pick(0.5), "p99_us": pick(0.99), "max_us": values[-1] / 1e3 if values else math.nan}
+
+
+# ==== the eglcuda roles ===========================================================================
+
+def role_publisher(args) -> int:
+    import eglcuda
+
+    width, height, fmt = args.width, args.height, args.format
+    window = Window()
+    published = 0
+    period = 1e9 / args.rate if args.rate > 0 else 0.0
+    with eglcuda.Publisher(NAME, width, height, fmt, path=args.path, pool=8, max_pool=32, every_timeout=5.0) as pub:
+        emit(role="ready")
+        next_ns = float(now_ns())
+        while not window.over(TAIL_S):
+            if period:
+                wait = (next_ns - now_ns()) / 1e9
+                if wait > 0:
+                    time.sleep(wait)
+                next_ns += period
+            frame = pub.next_frame(timeout=30)
+            stamp = now_ns()
+            pub.publish(frame, payload=b"")
+            published += window.inside(stamp)
+            if not window.given.is_set() and not period:
+                time.sleep(0.001)  # while the others join: keep frames coming without eating a core
+        span = (window.end - window.start) / 1e9
+        emit(role="publisher", rate=published / span if span > 0 else math.nan, frames=published)
+    return 0
+
+
+def _subscriber_loop(sub, window: Window, tally: Tally) -> None:
+    import eglcuda
+    from eglcuda._bind import cuda
+
+    stream = sub.cuda_stream or 0
+    while not window.over(2.0):
+        try:
+            message = sub.receive(1.0)
+        except eglcuda.Timeout:
+            continue
+        except (eglcuda.Dropped, eglcuda.StreamDisconnected):
+            break  # the publisher closed at the end
+        cuda.stream_synchronize(stream, "waiting for a frame to be usable")
+        tally.add(window, message.timestamp_ns, now_ns())
+        message.release()
+
+
+def role_local(args) -> int:
+    import eglcuda
+
+    window, tally = Window(), Tally()
+    with eglcuda.Subscriber(NAME, qos="latest", path=args.path, timeout=JOIN_S) as sub:
+        emit(role="joined", transport=sub.info.transport)
+        _subscriber_loop(sub, window, tally)
+    emit(role="local", **tally.result(window))
+    return 0
+
+
+def role_relay(args) -> int:
+    import eglcuda
+
+    window = Window()
+    key = bytes.fromhex(pathlib.Path(args.key_file).read_text().strip())
+    with eglcuda.Relay(NAME, listen="127.0.0.1:0", key=key, path=args.path, timeout=JOIN_S) as relay:
+        emit(role="listening", port=relay.address[1])
+        while not window.over(1.0):
+            time.sleep(0.05)
+        remotes = [{"sent": r.sent, "skipped": r.skipped, "dropped": r.dropped} for r in relay.remotes]
+    emit(role="relay", remotes=remotes)
+    return 0
+
+
+def role_remote(args) -> int:
+    import eglcuda
+
+    window, tally = Window(), Tally()
+    key = bytes.fromhex(pathlib.Path(args.key_file).read_text().strip())
+    with eglcuda.Subscriber(NAME, remote=f"127.0.0.1:{args.port}", key=key, qos="latest", timeout=JOIN_S) as sub:
+        emit(role="joined", transport=sub.info.transport)
+        _subscriber_loop(sub, window, tally)
+    emit(role="remote", **tally.result(window))
+    return 0
+
+
+# ==== the zmq baseline ============================================================================
+
+class _Device:
+    """One device buffer of a frame, a stream, and the 2D copies to and from host memory."""
+
+    def __init__(self, width: int, height: int, fmt: str) -> None:
+        from eglcuda._bind import cuda
+        from eglcuda.cuda_device import get_device
+
+        self.cuda = cuda
+        get_device(0).make_current()
+        self.row, self.rows = frame_geometry(width, height, fmt)
+        self.pointer = cuda.mem_alloc(self.row * self.rows, "the zmq baseline's frame")
+        self.stream = cuda.stream_create(non_blocking=True)
+
+    def to_host(self, host) -> None:
+        self.cuda.copy_2d(self.stream, ("device", self.pointer, self.row), ("host", host, self.row), self.row,
+                          self.rows, True)
+
+    def from_host(self, host) -> None:
+        self.cuda.copy_2d(self.stream, ("host", host, self.row), ("device", self.pointer, self.row), self.row,
+                          self.rows, True)
+
+
+def role_zmq_publisher(args) -> int:
+    import numpy as np
+    import zmq
+
+    device = _Device(args.width, args.height, args.format)
+    context = zmq.Context()
+    sock = context.socket(zmq.PUB)
+    sock.setsockopt(zmq.SNDHWM, 2)
+    sock.setsockopt(zmq.LINGER, 0)
+    port = sock.bind_to_random_port("tcp://127.0.0.1")
+    emit(role="ready", port=port)
+    window = Window()
+    published, seq = 0, 0
+    period = 1e9 / args.rate if args.rate > 0 else 0.0
+    next_ns = float(now_ns())
+    size = device.row * device.rows
+    while not window.over(TAIL_S):
+        if period:
+            wait = (next_ns - now_ns()) / 1e9
+            if wait > 0:
+                time.sleep(wait)
+            next_ns += period
+        stamp = now_ns()
+        host = np.empty(size, np.uint8)  # a fresh host array per frame, as cupy.asnumpy gives
+        device.to_host(host)
+        sock.send_multipart([struct.pack("<qq", seq, stamp), host], copy=False)
+        seq += 1
+        published += window.inside(stamp)
+        if not window.given.is_set() and not period:
+            time.sleep(0.001)
+    span = (window.end - window.start) / 1e9
+    emit(role="publisher", rate=published / span if span > 0 else math.nan, frames=published)
+    sock.close()
+    context.term()
+    return 0
+
+
+def role_zmq_subscriber(args) -> int:
+    import zmq
+
+    device = _Device(args.width, args.height, args.format)
+    context = zmq.Context()
+    sock = context.socket(zmq.SUB)
+    sock.setsockopt(zmq.RCVHWM, 2)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SUBSCRIBE, b"")
+    sock.connect(f"tcp://127.0.0.1:{args.port}")
+    window, tally = Window(), Tally()
+    joined = False
+    while not window.over(2.0):
+        if not sock.poll(1000):
+            continue
+        header, body = sock.recv_multipart(copy=False)
+        _, stamp = struct.unpack("<qq", header.bytes)
+        device.from_host(body.buffer)
+        tally.add(window, stamp, now_ns())
+        if not joined:  # a frame arrived: the subscription is in place
+            emit(role="joined", transport="zmq")
+            joined = True
+    emit(role="remote", **tally.result(window))
+    sock.close()
+    context.term()
+    return 0
+
+
+# ==== orchestration ===============================================================================
+
+class Child:
+    """A role process: RESULT lines on stdout, the window on stdin, stderr kept for errors."""
+
+    def __init__(self, role: str, args, env: dict, *extra: str) -> None:
+        self.role = role
+        command = [sys.executable, str(pathlib.Path(__file__).resolve()), "--role", role, "--width", str(args.width),
+                   "--height", str(args.height), "--format", args.format, *extra]
+        self.stderr = tempfile.TemporaryFile()
+        self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
+                                        text=True, env=env, start_new_session=True)
+        self.results: list[dict] = []
+        self._buffer = ""
+
+    def read(self, timeout: float) -> dict | None:
+        """The next RESULT line's object within ``timeout`` seconds (None: none came)."""
+        deadline = time.monotonic() + timeout
+        stdout = self.process.stdout
+        assert stdout is not None
+        with selectors.DefaultSelector() as selector:
+            selector.register(stdout, selectors.EVENT_READ)
+            while time.monotonic() < deadline:
+                if not selector.select(max(0.0, deadline - time.monotonic())):
+                    break
+                line = stdout.readline()
+                if not line:
+                    return None
+                if line.startswith("RESULT "):
+                    message = json.loads(line[7:])
+                    self.results.append(message)
+                    return message
+        return None
+
+    def go(self, start: int, end: int) -> None:
+        try:
+            assert self.process.stdin is not None
+            self.process.stdin.write(f"go {start} {end}\n")
+            self.process.stdin.flush()
+        except (BrokenPipeError, OSError):
+            pass
+
+    def error(self) -> str:
+        self.stderr.seek(0)
+        lines = [line.strip() for line in self.stderr.read().decode(errors="replace").splitlines() if line.strip()]
+        status = self.process.poll()
+        return f"{self.role} {'exited with status ' + str(status) if status is not None else 'did not answer'}" + \
+            (f": {lines[-1]}" if lines else "")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            try:
+                os.killpg(self.process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.process.wait(10)
+        for stream in (self.process.stdin, self.process.stdout):
+            if stream is not None:
+                try:
+                    stream.close()
+                except OSError:
+                    pass
+        self.stderr.close()
+
+
+def _expect(child: Child, role: str, timeout: float) -> dict:
+    message = child.read(timeout)
+    if message is None or message.get("role") != role:
+        raise RuntimeError(child.error())
+    return message
+
+
+def run_config(args, variant: str, n: int, rate: float, env: dict) -> dict:
+    """One configuration of the eglcuda or zmq variant: its processes, the window, the results."""
+    children: list[Child] = []
+    with tempfile.TemporaryDirectory(prefix="eglcuda-bench-remote-") as folder:
+        os.chmod(folder, 0o700)
+        path = os.path.join(folder, "bench.topic")
+        key_file = os.path.join(folder, "key")
+        with open(os.open(key_file, os.O_WRONLY | os.O_CREAT, 0o600), "w") as handle:
+            handle.write(secrets.token_hex(32))
+        rate_args = ("--rate", str(rate))
+        try:
+            subs: list[Child] = []
+            local = relay = None
+            if variant == "zmq":
+                pub = Child("zmq-pub", args, env, *rate_args)
+                children.append(pub)
+                port = _expect(pub, "ready", JOIN_S)["port"]
+                subs = [Child("zmq-sub", args, env, "--port", str(port)) for _ in range(n)]
+                children += subs
+            else:
+                pub = Child("pub", args, env, "--path", path, *rate_args)
+                children.append(pub)
+                _expect(pub, "ready", JOIN_S)
+                local = Child("local", args, env, "--path", path)
+                children.append(local)
+                _expect(local, "joined", JOIN_S)
+                if n:
+                    relay = Child("relay", args, env, "--path", path, "--key-file", key_file)
+                    children.append(relay)
+                    port = _expect(relay, "listening", JOIN_S)["port"]
+                    subs = [Child("remote", args, env, "--port", str(port), "--key-file", key_file) for _ in range(n)]
+                    children += subs
+            for sub in subs:
+                _expect(sub, "joined", JOIN_S)
+            time.sleep(0.5)  # warm up: every connection carried frames before the window
+            start = now_ns() + int(0.2e9)
+            end = start + int(args.duration * 1e9)
+            for child in children:
+                child.go(start, end)
+            finish = args.duration + TAIL_S + 30
+            published = _expect(pub, "publisher", finish)
+            row: dict = {"publisher_rate": published["rate"]}
+            if local is not None:
+                row["local"] = _expect(local, "local", 15)
+            row["subscribers"] = [_expect(sub, "remote", 15) for sub in subs]
+            if relay is not None:
+                row["relay"] = _expect(relay, "relay", 15).get("remotes")
+            return row
+        except (RuntimeError, json.JSONDecodeError) as exc:
+            return {"error": " ".join(str(exc).split())[:300]}
+        finally:
+            for child in children:
+                child.stop()
+
+
+def raw_engine(args, size: int, window: int, mode: str, env: dict) -> dict:
+    import _ucx_raw
+
+    try:
+        result = _ucx_raw.measure(size, window, mode, args.duration, env)
+    except Exception as exc:  # noqa: BLE001 - reported in the row
+        return {"error": " ".join(str(exc).split())[:300]}
+    result.pop("size", None)  # (bytes: the row's "size" is the frame's name)
+    return result
+
+
+def relay_window() -> int:
+    """How many frames the relay sends ahead of a 'latest' remote subscriber's credit."""
+    try:
+        from eglcuda.remote import relay as relay_module
+
+        return int(getattr(relay_module, "LATEST_WINDOW", 3))
+    except ImportError:
+        return 3
+
+
+# ==== results =====================================================================================
+
+def summarize(row: dict) -> dict:
+    """Per-configuration figures over the subscribers: mean / min rate, median p50, worst p99."""
+    subs = [s for s in row.get("subscribers", []) if s.get("frames")]
+    if subs:
+        row["rate_mean"] = statistics.fmean(s["rate"] for s in subs)
+        row["rate_min"] = min(s["rate"] for s in row["subscribers"])
+        row["p50_us"] = statistics.median(s["p50_us"] for s in subs)
+        row["p99_us"] = max(s["p99_us"] for s in subs)
+    return row
+
+
+def _f(value: float, digits: int = 0) -> str:
+    return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:,.{digits}f}"
+
+
+def markdown(rows: list[dict], args, window: int) -> str:
+    lines = [f"Remote subscribers over TCP loopback ({getattr(args, 'ucx_note', '')}); "
+             f"{args.duration} s per configuration; latency = publish to usable (in the subscriber's device "
+             f"memory, its stream synchronized); ucx-raw: host buffers, progress mode as named, window "
+             f"{window} (the relay's) and 1 (ping-pong).", "",
+             "| size | variant | pace | N | publisher frames/s | per subscriber frames/s (mean / min) | "
+             "MB/s per subscriber | p50 ms (median) | p99 ms (worst) | local subscriber frames/s |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for row in rows:
+        head = f"| {row['size']} | {row['variant']} | {row.get('pace', '')} | {row.get('n', '')} |"
+        if "error" in row:
+            lines.append(f"{head} error: {row['error']} | | | | | |")
+            continue
+        if row["variant"].startswith("ucx-raw"):
+            lines.append(f"{head} | {_f(row['rate'])} | {_f(row['bytes_per_s'] / 1e6)} | "
+                         f"{_f(row['p50_us'] / 1e3, 2)} | {_f(row['p99_us'] / 1e3, 2)} | |")
+            continue
+        local = row.get("local", {}).get("rate", math.nan)
+        lines.append(f"{head} {_f(row['publisher_rate'])} | "
+                     + (f"{_f(row['rate_mean'])} / {_f(row['rate_min'])} | {_f(row['rate_mean'] * row['bytes'] / 1e6)} | "
+                        f"{_f(row['p50_us'] / 1e3, 2)} | {_f(row['p99_us'] / 1e3, 2)} |" if "rate_mean" in row
+                        else " | | | |")
+                     + f" {_f(local)} |")
+    return "\n".join(lines)
+
+
+def goals(rows: list[dict], window: int) -> list[str]:
+    """The issue's goals, each a line: PASS / FAIL / n/a and the figures."""
+    out = []
+
+    def find(**want):
+        return next((r for r in rows if all(r.get(k) == v for k, v in want.items()) and "error" not in r), None)
+
+    for size in dict.fromkeys(r["size"] for r in rows):
+        one = find(size=size, variant="eglcuda", n=1, pace="max")
+        raws = [r for r in rows if r["size"] == size and r["variant"].startswith("ucx-raw") and
+                r["variant"].endswith(f" w{window}") and "rate" in r]
+        raw = max(raws, key=lambda r: r["rate"]) if raws else None  # the engine's best at that window
+        if one and raw and "rate_mean" in one:
+            ratio = one["rate_mean"] / raw["rate"]
+            floor = " and >= 600 frames/s" if size == "1080p-nv12" else ""
+            ok = ratio >= 0.8 and (size != "1080p-nv12" or one["rate_mean"] >= 600)
+            out.append(f"{'PASS' if ok else 'FAIL'} {size}: 1 remote subscriber {one['rate_mean']:.0f} frames/s = "
+                       f"{ratio:.2f}x the raw engine ({raw['variant']}: {raw['rate']:.0f}/s) (goal >= 0.8x{floor})")
+        eight = find(size=size, variant="eglcuda", n=8, pace="60/s")
+        if eight and "rate_min" in eight:
+            ok = eight["rate_min"] >= 57 and eight["p99_us"] < 10_000
+            out.append(f"{'PASS' if ok else 'FAIL'} {size}: 8 remote subscribers at 60/s: slowest "
+                       f"{eight['rate_min']:.1f} frames/s, worst p99 {eight['p99_us'] / 1e3:.2f} ms (goal 60/s, p99 < 10 ms)")
+        for pace in ("max", "60/s"):
+            alone = find(size=size, variant="local only", pace=pace)
+            if not alone or "local" not in alone:
+                continue
+            for row in rows:
+                if row.get("size") == size and row.get("variant") == "eglcuda" and row.get("pace") == pace \
+                        and "local" in row and "error" not in row:
+                    change = row["local"]["rate"] / alone["local"]["rate"] - 1
+                    out.append(f"INFO {size} {pace}: local subscriber with {row['n']} remote: {row['local']['rate']:.0f} "
+                               f"frames/s vs {alone['local']['rate']:.0f} without ({100 * change:+.1f} %)")
+    return out
+
+
+def plot(rows: list[dict], out: pathlib.Path, window: int) -> list[str]:
+    from _script import plot_bars
+
+    written = []
+    for size in dict.fromkeys(r["size"] for r in rows):
+        for pace in dict.fromkeys(r.get("pace") for r in rows if r.get("pace")):
+            ns = sorted({r["n"] for r in rows if r["size"] == size and r.get("pace") == pace and r.get("n")})
+            if not ns:
+                continue
+            series: dict[str, list[float]] = {}
+            latency: dict[str, list[float]] = {}
+            for variant in ("eglcuda", "zmq"):
+                picked = [next((r for r in rows if r["size"] == size and r.get("pace") == pace and r["variant"] == variant
+                                and r.get("n") == n and "rate_mean" in r), None) for n in ns]
+                if any(picked):
+                    series[variant] = [p["rate_mean"] if p else math.nan for p in picked]
+                    latency[f"{variant} p99"] = [p["p99_us"] / 1e3 if p else math.nan for p in picked]
+            if pace == "max":
+                for raw in (r for r in rows if r["size"] == size and r["variant"].startswith("ucx-raw") and "rate" in r):
+                    series[raw["variant"].replace(" w1", " ping-pong")] = [raw["rate"]] * len(ns)
+            groups = [f"N={n}" for n in ns]
+            tag = f"remote_{size}_{'max' if pace == 'max' else 'paced'}".replace("-", "_")
+            plot_bars(str(out / f"{tag}_rate.png"), f"Remote subscribers, {size}, publisher {pace}: per-subscriber rate",
+                      "frames/s per subscriber", groups, series)
+            plot_bars(str(out / f"{tag}_p99.png"), f"Remote subscribers, {size}, publisher {pace}: worst p99 latency",
+                      "ms, publish to usable", groups, latency, log=True)
+            written += [f"{tag}_rate.png", f"{tag}_p99.png"]
+    return written
+
+
+# ==== main ========================================================================================
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="1080p only, N = 1 and 8, one second each")
+    parser.add_argument("--out", default="bench-remote", help="folder for results and plots")
+    parser.add_argument("--duration", type=float, default=None, help="timed seconds per configuration (default 2)")
+    parser.add_argument("--sizes", default=None, help=f"from {','.join(SIZES)}")
+    parser.add_argument("--subscribers", default=None, help="remote subscriber counts, e.g. 1,4,8")
+    parser.add_argument("--rates", default="max,60", help="publisher pace: max and/or frames per second")
+    parser.add_argument("--variants", default="eglcuda,zmq,ucx-raw")
+    parser.add_argument("--engine-modes", default="blocking,asyncio-blocking",
+                        help="bench/_ucx_raw.py progress modes for ucx-raw (comma-separated)")
+    parser.add_argument("--width", type=int, help="one custom NV12 size instead of --sizes (with --height)")
+    parser.add_argument("--height", type=int)
+    parser.add_argument("--ucx-env", default="", metavar="K=V,...",
+                        help="UCX_* settings for every process (e.g. UCX_TCP_TX_SEG_SIZE=256K,UCX_TCP_RX_SEG_SIZE=1M)")
+    parser.add_argument("--no-plots", action="store_true", help="write no plots (no matplotlib needed)")
+    parser.add_argument("--replot", metavar="DIR", help="only draw the plots of DIR/results.json (into DIR)")
+    # the roles of the processes this script spawns
+    parser.add_argument("--role", choices=["pub", "local", "relay", "remote", "zmq-pub", "zmq-sub"],
+                        help=argparse.SUPPRESS)
+    parser.add_argument("--format", default="NV12", help=argparse.SUPPRESS)
+    parser.add_argument("--path", help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--key-file", help=argparse.SUPPRESS)
+    parser.add_argument("--rate", type=float, default=0.0, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.role:
+        return {"pub": role_publisher, "local": role_local, "relay": role_relay, "remote": role_remote,
+                "zmq-pub": role_zmq_publisher, "zmq-sub": role_zmq_subscriber}[args.role](args)
+
+    if args.replot:
+        require(PROGRAM, modules=[MATPLOTLIB])
+        folder = pathlib.Path(args.replot).resolve()
+        try:
+            saved = json.loads((folder / "results.json").read_text())
+        except (OSError, ValueError) as exc:
+            fail(PROGRAM, f"cannot read {folder / 'results.json'}: {exc}", 1)
+        written = plot(saved["rows"], folder, saved["window"])
+        print(f"wrote {', '.join(str(folder / name) for name in written) or 'no plots (no rows to plot)'}")
+        return 0
+    variants = args.variants.split(",")
+    import _ucx_raw
+
+    if set(args.engine_modes.split(",")) - set(_ucx_raw.MODES):
+        parser.error(f"--engine-modes from {','.join(_ucx_raw.MODES)}")
+    unknown = set(variants) - {"eglcuda", "zmq", "ucx-raw"}
+    if unknown:
+        parser.error(f"unknown variants {sorted(unknown)}: eglcuda, zmq, ucx-raw")
+    if (args.width is None) != (args.height is None) or (args.width is not None and (args.width < 16 or args.height < 16
+                                                                                       or args.width % 2 or args.height % 2)):
+        parser.error("--width and --height go together, even numbers of at least 16")
+    # Checks first: a GPU (CUDA), ucxx, pyzmq, matplotlib (unless --no-plots).
+    require(PROGRAM, "cuda", modules=[*([] if args.no_plots else [MATPLOTLIB]), *([ZMQ] if "zmq" in variants else [])])
+    from eglcuda.remote import ucxx_missing
+
+    missing = ucxx_missing()
+    if missing:
+        fail(PROGRAM, missing, 2)
+    args.duration = args.duration or (1.0 if args.quick else 2.0)
+    if not args.duration > 0:
+        parser.error("--duration is more than 0 seconds")
+    if args.width is not None:
+        sizes = {f"{args.width}x{args.height}-nv12": (args.width, args.height, "NV12")}
+    else:
+        names = (args.sizes or ("1080p-nv12" if args.quick else ",".join(SIZES))).split(",")
+        if set(names) - set(SIZES):
+            parser.error(f"--sizes from {','.join(SIZES)}")
+        sizes = {name: SIZES[name] for name in names}
+    ns = [int(n) for n in (args.subscribers or ("1,8" if args.quick else "1,4,8")).split(",")]
+    paces = [0.0 if pace == "max" else float(pace) for pace in args.rates.split(",")]
+    window = relay_window()
+    env = {**os.environ, **{k: v for k, v in UCX_ENV.items() if k not in os.environ}, "PYTHONUNBUFFERED": "1"}
+    for setting in filter(None, args.ucx_env.split(",")):
+        key, _, value = setting.partition("=")
+        if not key.startswith(("UCX_", "UCXPY_")) or not value:
+            parser.error(f"--ucx-env takes UCX_NAME=VALUE pairs, got {setting!r}")
+        env[key] = value
+    args.ucx_note = " ".join(f"{k}={v}" for k, v in sorted(env.items())
+                             if k.startswith(("UCX_", "UCXPY_")) and k != "UCX_WARN_UNUSED_ENV_VARS")
+    out = pathlib.Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    rows: list[dict] = []
+
+    def save(verdicts: list[str]) -> None:
+        (out / "results.json").write_text(json.dumps({
+            "duration": args.duration, "window": window, "engine_modes": args.engine_modes,
+            "ucx_env": {k: v for k, v in env.items() if k.startswith(("UCX_", "UCXPY_"))}, "rows": rows,
+            "goals": verdicts}, indent=1))
+        (out / "results.md").write_text(markdown(rows, args, window) + "\n\n" + "\n".join(f"- {v}" for v in verdicts) + "\n")
+
+    def record(row: dict) -> None:
+        rows.append(summarize(row))
+        print(markdown([row], args, window).splitlines()[-1], flush=True)
+        save(goals(rows, window))  # after each row: a run cut short keeps what it measured
+
+    for size, (width, height, fmt) in sizes.items():
+        args.width, args.height, args.format = width, height, fmt
+        nbytes = frame_bytes(width, height, fmt)
+        base = {"size": size, "bytes": nbytes}
+        if "ucx-raw" in variants:
+            for mode in args.engine_modes.split(","):
+                for w in dict.fromkeys((window, 1)):
+                    record({**base, "variant": f"ucx-raw {mode} w{w}", "pace": "max",
+                            **raw_engine(args, nbytes, w, mode, env)})
+        for pace in paces:
+            label = "max" if pace == 0 else f"{pace:g}/s"
+            if "eglcuda" in variants:
+                record({**base, "variant": "local only", "pace": label, "n": 0, **run_config(args, "eglcuda", 0, pace, env)})
+            for n in ns:
+                for variant in ("eglcuda", "zmq"):
+                    if variant in variants:
+                        record({**base, "variant": variant, "pace": label, "n": n, **run_config(args, variant, n, pace, env)})
+    verdicts = goals(rows, window)
+    table = markdown(rows, args, window)
+    save(verdicts)
+    written = [] if args.no_plots else plot(rows, out, window)
+    print("\n" + table + "\n")
+    for verdict in verdicts:
+        print(verdict)
+    print(f"\nwrote {out}/results.json, results.md, {', '.join(written) or 'no plots'}")
+    return 1 if any("error" in r for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(run(main, PROGRAM))

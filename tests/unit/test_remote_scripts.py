@@ -1,0 +1,101 @@
+"""samples/remote_subscriber.py and bench/remote.py on a machine without a GPU: against the fake
+libcuda of tests/fakes (every process loads it by its usual name), UCX over TCP loopback. The
+sample checks every byte of every frame a remote subscriber got through the relay; the bench runs
+each of its eglcuda and raw-UCX processes once at a tiny size (the pyzmq baseline is left
+to the GPU run: pyzmq is the bench extra's). Without ucxx both say so in one line (exit 2)."""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+from ..fakes import build as fake_build
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+SAMPLE = ROOT / "samples" / "remote_subscriber.py"
+BENCH = ROOT / "bench" / "remote.py"
+UCX_LOOPBACK = {"UCX_TLS": "tcp", "UCX_NET_DEVICES": "lo", "UCX_WARN_UNUSED_ENV_VARS": "n"}
+# Runs a script with ucxx made unimportable (as on a machine without the remote extra).
+WITHOUT_UCXX = ("import runpy, sys; sys.modules['ucxx'] = None; script = sys.argv[1]; sys.argv = sys.argv[1:]; "
+                "runpy.run_path(script, run_name='__main__')")
+
+
+def _has_remote() -> bool:
+    try:
+        import eglcuda.remote  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _has_ucxx() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("ucxx") is not None
+
+
+@pytest.fixture(scope="module")
+def env():
+    if not _has_remote():
+        pytest.skip("needs eglcuda.remote (the relay of issue 44) in this tree")
+    if fake_build.compiler() is None:
+        pytest.skip("no C compiler for the fake libcuda")
+    with tempfile.TemporaryDirectory(prefix="eglcuda-remote-scripts-") as folder:
+        fake_build.build_libcuda(folder)
+        yield {**os.environ, **UCX_LOOPBACK, "LD_LIBRARY_PATH": folder,
+               "__EGL_VENDOR_LIBRARY_FILENAMES": "/nonexistent.json"}  # no EGL: frames through CUDA IPC
+
+
+@pytest.mark.parametrize("command", [[str(SAMPLE)], [str(BENCH), "--no-plots", "--variants", "eglcuda,ucx-raw"]],
+                         ids=["sample", "bench"])
+def test_without_ucxx_one_line_and_status_2(env, command, tmp_path):
+    result = subprocess.run([sys.executable, "-c", WITHOUT_UCXX, *command], capture_output=True, text=True,
+                            env=env, cwd=tmp_path, timeout=120)
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "ucxx" in lines[0] and "remote-cu12" in lines[0] and "remote-cu13" in lines[0], lines[0]
+
+
+def test_sample_every_byte_through_the_relay(env, tmp_path):
+    if not _has_ucxx():
+        pytest.skip("ucxx is not installed: pip install 'eglcuda[remote-cu12]' (or remote-cu13)")
+    result = subprocess.run([sys.executable, str(SAMPLE), "--frames", "40", "--width", "96", "--height", "64"],
+                            capture_output=True, text=True, env=env, cwd=tmp_path, timeout=180)
+    lines = result.stdout.splitlines()
+    assert result.returncode == 0 and lines and lines[-1] == "PASS", result.stdout + result.stderr
+    checker = next(line for line in lines if line.strip().startswith("checker"))
+    assert "PASS: 40 frames, 0 skipped, 0 wrong, 0 out of order" in checker, checker
+
+
+def test_bench_runs_every_role_at_a_tiny_size(env, tmp_path):
+    if not _has_ucxx():
+        pytest.skip("ucxx is not installed: pip install 'eglcuda[remote-cu12]' (or remote-cu13)")
+    out = tmp_path / "out"
+    result = subprocess.run([sys.executable, str(BENCH), "--width", "64", "--height", "48", "--subscribers", "2",
+                             "--rates", "max", "--variants", "eglcuda,ucx-raw", "--duration", "0.5", "--no-plots",
+                             "--out", str(out)], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = json.loads((out / "results.json").read_text())["rows"]
+    by_variant = {row["variant"]: row for row in rows}
+    remote = by_variant["eglcuda"]
+    assert remote["n"] == 2 and len(remote["subscribers"]) == 2
+    assert all(sub["frames"] > 0 and sub["p50_us"] > 0 for sub in remote["subscribers"]), remote
+    assert by_variant["local only"]["local"]["frames"] > 0
+    window = json.loads((out / "results.json").read_text())["window"]
+    assert all(by_variant[f"ucx-raw {mode} w{w}"]["rate"] > 0 for w in (1, window) for mode in ("blocking", "asyncio-blocking"))
+    assert "| 64x48-nv12 | eglcuda | max | 2 |" in (out / "results.md").read_text()
+
+
+def test_the_remote_extras_and_the_baseline():
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert [r.split(">")[0] for r in extras["remote-cu12"]] == ["ucxx-cu12"]
+    assert [r.split(">")[0] for r in extras["remote-cu13"]] == ["ucxx-cu13"]
+    assert any(r.startswith("pyzmq") for r in extras["bench"])  # bench/remote.py's baseline
