@@ -192,9 +192,10 @@ class Subscriber:
         if conn.unsent:
             self._flush()
         transport = conn.transport
+        latest = self.qos is Qos.LATEST
         while True:
             header = conn.next_frame(deadline)
-            if self.qos is Qos.LATEST:
+            if latest:
                 header = conn.newest(header, self._skip)
                 if header.seq < conn.notice:
                     # A newer frame was published while this subscriber could take no more: this
@@ -255,7 +256,7 @@ class Subscriber:
             raise self._not_connected()
         flags, extra = conn.transport.skip(header)
         with self._state:
-            conn.send_or_queue(protocol.encode_release(header.seq, flags, extra))
+            conn.send_release(header.seq, flags, extra)
 
     def _release(self, message: Message, cuda_stream: Any) -> None:
         stream = None if cuda_stream is None else stream_handle(cuda_stream)  # (bad input: nothing changed)
@@ -277,7 +278,7 @@ class Subscriber:
                     except EglCudaError:
                         pass  # the transport could not let go (its publisher may be gone): the next receive says so
                     else:
-                        conn.send_or_queue(protocol.encode_release(message.seq, flags, extra))
+                        conn.send_release(message.seq, flags, extra)
         finally:
             if self._deferral.thread:  # (a close put off)
                 self._finish_deferred_close()
