@@ -24,6 +24,7 @@ from .transports.base import UNMAP_WAIT_S
 
 log = logging.getLogger("eglcuda.topics")
 _MAX_BUSY_WAIT = 0.01  # seconds: longer asking without sleeping is a CPU burner, not a shorter wake-up
+_SECONDS = (float, int)  # the types of a timeout that needs no conversion (a bool is neither)
 class Subscriber:
     """A subscriber of topic ``name``, in this or any other process of the host.
 
@@ -188,7 +189,11 @@ class Subscriber:
                 conn.pending.append(header)
             raise UsageError(f"this subscriber holds {len(self._held)} message(s), as many as it may: release one "
                              "before receiving another")
-        deadline = time.monotonic() + (self.timeout if timeout is None else sockets.wait_seconds(timeout))
+        if timeout is None:
+            timeout = self.timeout
+        elif not (timeout.__class__ in _SECONDS and timeout >= 0):  # (checked as wait_seconds would, quicker)
+            timeout = sockets.wait_seconds(timeout)
+        deadline = time.monotonic() + timeout
         if conn.unsent:
             self._flush()
         transport = conn.transport
