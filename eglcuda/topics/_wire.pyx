@@ -26,7 +26,7 @@ from libc.errno cimport EAGAIN, ECONNRESET, EINTR, errno
 from libc.math cimport isfinite
 from libc.stdint cimport uint8_t, uint32_t, uint64_t, uintptr_t
 from libc.stdlib cimport free, malloc
-from libc.string cimport memset
+from libc.string cimport memcpy, memset
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 
 import os
@@ -102,8 +102,10 @@ cdef enum:
     RELEASE_HEAD_SIZE = 11  # kind u8, seq u64, flags u8, extra length u8
     READY_EVENTS = 256  # epoll events taken per wait (more ready connections: the next wait)
     MAX_CARRIED = 2  # descriptors a message may bring: one more than any message carries, to notice extras
+    RELEASE_EXTRA_ROOM = 128  # send_release's room for a RELEASE's extra bytes (protocol.MAX_RELEASE_EXTRA)
 
-if protocol.FRAME_HEAD.size != FRAME_HEAD_SIZE or protocol.RELEASE_HEAD.size != RELEASE_HEAD_SIZE:
+if (protocol.FRAME_HEAD.size != FRAME_HEAD_SIZE or protocol.RELEASE_HEAD.size != RELEASE_HEAD_SIZE
+        or protocol.MAX_RELEASE_EXTRA > RELEASE_EXTRA_ROOM):
     raise ImportError("eglcuda.topics._wire was built for another wire layout than protocol.py's: rebuild eglcuda")
 
 cdef const eglcuda_hot_api *hot = hot_table(table_address())
@@ -535,3 +537,33 @@ def ipc_order_after(uintptr_t context, uintptr_t stream, uintptr_t event, str do
         status = hot.ipc_order_after(<CUcontext>context, <CUstream>stream, <CUevent>event, &call)
     if status:
         raise failed(status, call, doing)
+
+
+def send_release(int fd, uint64_t seq, unsigned int flags, bytes extra):
+    """A subscriber's RELEASE of frame ``seq`` (``protocol.encode_release``'s bytes), sent on
+    ``fd`` without blocking: 0 when sent, 1 when the socket is full (queue it), -1 when the
+    connection failed (the next read says how). A signal that interrupts the send has its
+    handler run (its exception raised), then the send is tried again."""
+    cdef uint8_t data[RELEASE_HEAD_SIZE + RELEASE_EXTRA_ROOM]
+    cdef Py_ssize_t length = len(extra)
+    cdef ssize_t sent
+    cdef int k
+    if length > <Py_ssize_t>MAX_RELEASE_EXTRA or flags & ~RELEASE_FLAGS or fd < 0:
+        raise ValueError("bad release")
+    data[0] = KIND_RELEASE
+    for k in range(8):
+        data[1 + k] = <uint8_t>(seq >> (8 * k))
+    data[9] = <uint8_t>flags
+    data[10] = <uint8_t>length
+    if length:
+        memcpy(data + RELEASE_HEAD_SIZE, <const char *>extra, length)
+    while True:
+        with nogil:
+            sent = send(fd, data, RELEASE_HEAD_SIZE + length, MSG_DONTWAIT | MSG_NOSIGNAL)
+        if sent >= 0:
+            return 0
+        if errno == EAGAIN:
+            return 1
+        if errno != EINTR:
+            return -1
+        PyErr_CheckSignals()

@@ -5,16 +5,17 @@ blocking (queued while the publisher's socket is full)."""
 from __future__ import annotations
 
 import collections
-from typing import Callable, NoReturn, overload
+from typing import Any, Callable, NoReturn, cast, overload
 
 from ..errors import ClosedError, Dropped, EglCudaError, PeerError, StreamDisconnected, Timeout
-from . import protocol, sockets
+from . import _wire, protocol, sockets
 from .joining import Joined
 from .protocol import Reason
 
 # Messages a subscriber reads past, looking for its drop, when one before it cannot be used: more
 # than a publisher sends before a drop (a SLOT and a FRAME per frame of the queue, NOTICEs).
 _READ_AHEAD = 4 * protocol.MAX_POOL + 4 * protocol.MAX_QUEUE
+_Frame = protocol.Frame
 
 
 class Lost(Exception):
@@ -33,6 +34,7 @@ class Connection:
                  closed_error: Callable[[], ClosedError]) -> None:
         self.name = name
         self.sock = joined.sock
+        self.fd = self.sock.fileno()  # (releases are sent on it by _wire.send_release)
         self.inbox = joined.inbox
         self.transport = joined.transport
         self.limit = joined.limit  # messages the subscriber may hold at once
@@ -50,7 +52,13 @@ class Connection:
     def next_frame(self, deadline: float) -> protocol.Frame:
         if self.pending:
             return self.pending.popleft()
-        return self.read(deadline)
+        received = self.inbox.next(deadline)
+        if received.__class__ is _Frame:  # (the usual case, without read()'s loop)
+            last = self.last_seen
+            if last is None or received.seq > last:
+                self.last_seen = received.seq
+                return received
+        return cast(protocol.Frame, self._handle(received, deadline))
 
     @overload
     def read(self, deadline: float) -> protocol.Frame: ...
@@ -60,8 +68,11 @@ class Connection:
         """The next FRAME, handling the other messages on the way. With ``deadline`` None, only
         what is already waiting: None when no FRAME is (``rest``: what the last read found
         waiting, without asking the socket again when that read emptied it)."""
+        return self._handle(self.inbox.rest() if rest else self.inbox.next(deadline), deadline)
+
+    def _handle(self, received: Any, deadline: float | None) -> protocol.Frame | None:
+        """read()'s work from its first message on, ``received``."""
         inbox = self.inbox
-        received = inbox.rest() if rest else inbox.next(deadline)
         while True:
             kind = received.__class__
             if kind is protocol.Frame:
@@ -150,16 +161,12 @@ class Connection:
         return None
 
     # ---- writing (under the subscriber's state lock) ------------------------------------------------
-    def send_or_queue(self, data: bytes) -> None:
-        if not self.unsent:
-            try:
-                self.sock.send(data)
-                return
-            except BlockingIOError:
-                pass
-            except OSError:
-                return
-        self.unsent.append(data)
+    def send_release(self, seq: int, flags: int, extra: bytes) -> None:
+        """Send the RELEASE of frame ``seq`` (encoded and sent in one compiled call), or queue it
+        behind the releases waiting for room. A failed connection drops it: the next read says so."""
+        if not self.unsent and _wire.send_release(self.fd, seq, flags, extra) != 1:
+            return
+        self.unsent.append(protocol.encode_release(seq, flags, extra))
         self.send_queued()
 
     def send_queued(self) -> None:

@@ -10,6 +10,8 @@ from . import protocol
 if TYPE_CHECKING:
     from .subscriber import Subscriber
 
+_now_ns = time.monotonic_ns  # (one lookup per frame less)
+
 
 def let_go(message: "Message") -> None:
     """Mark a message released without its transport (the publisher is gone, or this subscriber
@@ -50,7 +52,7 @@ class Message:
         self.payload = header.payload
         self.skipped = skipped
         self.number = number  # the frame's number on the subscriber's EGLStream (None for CUDA IPC)
-        self.received_ns = time.monotonic_ns()
+        self.received_ns = _now_ns()
         self._released = False
 
     @property

@@ -24,6 +24,7 @@ from .transports.base import UNMAP_WAIT_S
 
 log = logging.getLogger("eglcuda.topics")
 _MAX_BUSY_WAIT = 0.01  # seconds: longer asking without sleeping is a CPU burner, not a shorter wake-up
+_SECONDS = (float, int)  # the types of a timeout that needs no conversion (a bool is neither)
 # The class a Subscriber(remote=...) is made as (eglcuda.remote registers it: it is a layer above).
 _remote_class: "type[Subscriber] | None" = None
 
@@ -212,13 +213,18 @@ class Subscriber:
                 conn.pending.append(header)
             raise UsageError(f"this subscriber holds {len(self._held)} message(s), as many as it may: release one "
                              "before receiving another")
-        deadline = time.monotonic() + (self.timeout if timeout is None else sockets.wait_seconds(timeout))
+        if timeout is None:
+            timeout = self.timeout
+        elif not (timeout.__class__ in _SECONDS and timeout >= 0):  # (checked as wait_seconds would, quicker)
+            timeout = sockets.wait_seconds(timeout)
+        deadline = time.monotonic() + timeout
         if conn.unsent:
             self._flush()
         transport = conn.transport
+        latest = self.qos is Qos.LATEST
         while True:
             header = conn.next_frame(deadline)
-            if self.qos is Qos.LATEST:
+            if latest:
                 header = conn.newest(header, self._skip)
                 if header.seq < conn.notice:
                     # A newer frame was published while this subscriber could take no more: this
@@ -279,7 +285,7 @@ class Subscriber:
             raise self._not_connected()
         flags, extra = conn.transport.skip(header)
         with self._state:
-            conn.send_or_queue(protocol.encode_release(header.seq, flags, extra))
+            conn.send_release(header.seq, flags, extra)
 
     def _release(self, message: Message, cuda_stream: Any) -> None:
         stream = None if cuda_stream is None else stream_handle(cuda_stream)  # (bad input: nothing changed)
@@ -301,7 +307,7 @@ class Subscriber:
                     except EglCudaError:
                         pass  # the transport could not let go (its publisher may be gone): the next receive says so
                     else:
-                        conn.send_or_queue(protocol.encode_release(message.seq, flags, extra))
+                        conn.send_release(message.seq, flags, extra)
         finally:
             if self._deferral.thread:  # (a close put off)
                 self._finish_deferred_close()

@@ -315,7 +315,9 @@ class CudaIpcSubscriber(SubscriberTransport):
             return 0, b""
         # Every stream that may read the frame joins the one the done event goes on: the query
         # below then sees their work too.
-        stream = join_readers(obj, self.stream or 0, cuda_stream)
+        stream = self.stream or 0
+        if obj._handed_to is not None or cuda_stream is not None:  # (else join_readers has nothing to join)
+            stream = join_readers(obj, stream, cuda_stream)
         done = self._done.get(frame.slot)
         # When every read of the slot queued on the stream has finished, the publisher may write
         # it without waiting: no "done" event is recorded (or waited on and queried there).

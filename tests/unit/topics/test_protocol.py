@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import resource
 import select
 import signal
@@ -16,6 +17,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from eglcuda.errors import ClosedError
 from eglcuda.topics import _wire, protocol, sockets
 from eglcuda.topics.protocol import ProtocolError
 
@@ -263,6 +265,33 @@ def test_the_compiled_reader_says_nothing_end_and_closed():
         assert inbox.next(time.monotonic() + 1) == b""  # closed: reads nothing more, waits for nothing
     with pytest.raises(ValueError):
         _wire.Inbox(-1)
+
+
+@settings(max_examples=60, deadline=None)
+@given(seq=st.integers(0, 2**64 - 1), flags=st.sampled_from([0, protocol.RELEASE_TAKEN, protocol.RELEASE_RECORDED
+                                                             | protocol.RELEASE_TAKEN]),
+       extra=st.binary(max_size=protocol.MAX_RELEASE_EXTRA))
+def test_the_compiled_release_sends_the_encoders_bytes(seq, flags, extra):
+    """_wire.send_release puts on the wire exactly what protocol.encode_release makes; a full
+    socket says 1 (the caller queues it), a closed connection -1; bad releases are refused."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    with ours, theirs:
+        assert _wire.send_release(ours.fileno(), seq, flags, extra) == 0
+        assert theirs.recv(4096) == protocol.encode_release(seq, flags, extra)
+        sent = 0
+        while (state := _wire.send_release(ours.fileno(), seq, flags, extra)) == 0:
+            sent += 1
+        assert state == 1 and sent > 0
+        for _ in range(sent):  # what fitted arrived whole, in order
+            assert theirs.recv(4096) == protocol.encode_release(seq, flags, extra)
+        theirs.close()
+        assert _wire.send_release(ours.fileno(), seq, flags, extra) == -1
+    with pytest.raises(ValueError):
+        _wire.send_release(-1, seq, flags, extra)
+    with pytest.raises(ValueError):
+        _wire.send_release(0, seq, 0x80, extra)
+    with pytest.raises(ValueError):
+        _wire.send_release(0, seq, flags, b"x" * (protocol.MAX_RELEASE_EXTRA + 1))
 
 
 @pytest.mark.parametrize("waits", [False, True])
@@ -530,3 +559,33 @@ def test_a_busy_cuda_ipc_publisher_records_without_asking_then_asks_again(monkey
     for _ in range(skipped + 4):
         publisher.on_publish(slot, 33)
     assert asked == [False] * skipped + [True] * 4
+
+
+def test_releases_wait_in_order_while_the_publishers_socket_is_full():
+    """A subscriber's releases never block: those the full socket does not take wait, and go
+    out, in order and whole, once there is room (each later release first sends the waiting)."""
+    from eglcuda.topics.connection import Connection
+    from eglcuda.topics.joining import Joined
+
+    rng = random.Random(43)
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    ours.setblocking(False)
+    with ours, theirs:
+        conn = Connection("t", Joined(ours, _wire.Inbox(ours.fileno()), None, None, 4),  # type: ignore[arg-type]
+                          lambda: False, lambda: ClosedError("closed"))
+        sent = []
+        while not conn.unsent:  # until the socket is full and one waits
+            release = (len(sent), rng.choice([0, protocol.RELEASE_TAKEN]), rng.randbytes(rng.randrange(65)))
+            conn.send_release(*release)
+            sent.append(release)
+        for _ in range(5):  # more while some wait: queued behind them, not sent past them
+            release = (len(sent), protocol.RELEASE_TAKEN, rng.randbytes(rng.randrange(65)))
+            conn.send_release(*release)
+            sent.append(release)
+        assert len(conn.unsent) == 6
+        got = []
+        while len(got) < len(sent):
+            got.append(protocol.decode(theirs.recv(4096)))
+            conn.send_queued()
+        assert not conn.unsent
+        assert got == [protocol.Release(*release) for release in sent]
