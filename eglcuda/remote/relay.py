@@ -92,6 +92,9 @@ class _Remote:
         self.skipped = 0
         self.dropped: str | None = None
         self.gone: tuple[int, str] | None = None  # (code, reason) to send, then close
+        # After the publisher closed the topic: the frames still pending go out first, until then
+        # (time.monotonic()), as a local subscriber gets every frame published before the close.
+        self.flush_until = 0.0
         self.since = time.time()
         self.heard = time.monotonic()
         self.starved_since: float | None = None  # an 'every' remote waiting for credit since
@@ -329,7 +332,10 @@ class Relay:
 
     def _all_gone(self, code: int, reason: str) -> None:
         self._live = False
+        flush_until = time.monotonic() + self.every_timeout if code == Reason.CLOSING else 0.0
         for remote in self._remotes:
+            if remote.gone is None:
+                remote.flush_until = flush_until
             self._end(remote, code, reason, dropped=False)
 
     def _end(self, remote: _Remote, code: int, reason: str, dropped: bool) -> None:
@@ -443,7 +449,7 @@ class Relay:
             while True:
                 while inflight and inflight[0].done():
                     inflight.popleft().result()  # (a failed send ends this remote subscriber)
-                if remote.gone is not None:
+                if remote.gone is not None and not self._flushing(remote):
                     if inflight:
                         await asyncio.wait(list(inflight), timeout=1.0)
                     code, reason = remote.gone
@@ -470,6 +476,14 @@ class Relay:
             self._abort(ep)  # (ends the sends still in flight; their buffers come back below)
             for sending in inflight:
                 sending.cancel()
+
+    @staticmethod
+    def _flushing(remote: _Remote) -> bool:
+        """Whether ``remote``, whose end is decided, still gets its pending frames first (the
+        publisher closed the topic: what it published before reaches everyone still keeping up)."""
+        if not remote.connected or time.monotonic() >= remote.flush_until:
+            return False
+        return bool(remote.pending)
 
     async def _send_one(self, remote: _Remote, index: int) -> None:
         try:

@@ -19,7 +19,8 @@ from ..fakes import build as fake_build
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "samples" / "remote_subscriber.py"
 BENCH = ROOT / "bench" / "remote.py"
-UCX_LOOPBACK = {"UCX_TLS": "tcp", "UCX_NET_DEVICES": "lo", "UCX_WARN_UNUSED_ENV_VARS": "n"}
+# UCX_MODULES=^cuda: UCX's CUDA transports would load the stand-in libcuda, which lacks what they call
+UCX_LOOPBACK = {"UCX_TLS": "tcp", "UCX_NET_DEVICES": "lo", "UCX_WARN_UNUSED_ENV_VARS": "n", "UCX_MODULES": "^cuda"}
 # Runs a script with ucxx made unimportable (as on a machine without the remote extra).
 WITHOUT_UCXX = ("import runpy, sys; sys.modules['ucxx'] = None; script = sys.argv[1]; sys.argv = sys.argv[1:]; "
                 "runpy.run_path(script, run_name='__main__')")

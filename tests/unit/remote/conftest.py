@@ -16,7 +16,8 @@ from ...json_peer import JsonPeer
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 TOPICS_PEER = ROOT / "tests" / "gpu" / "topics_peer.py"
 REMOTE_PEER = ROOT / "tests" / "remote_peer.py"
-UCX_ENV = {"UCX_TLS": "tcp", "UCX_NET_DEVICES": "lo", "UCX_WARN_UNUSED_ENV_VARS": "n"}
+# UCX_MODULES=^cuda: UCX's CUDA transports would load the stand-in libcuda, which lacks what they call
+UCX_ENV = {"UCX_TLS": "tcp", "UCX_NET_DEVICES": "lo", "UCX_WARN_UNUSED_ENV_VARS": "n", "UCX_MODULES": "^cuda"}
 
 
 def ucxx_present() -> bool:
