@@ -156,6 +156,7 @@ class Relay:
         self._listener: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._status_path: str | None = None
+        self._pid = os.getpid()  # a forked child's close() leaves the parent's relay alone
         self._sub = Subscriber(self.name, qos=qos, queue=queue, device=device, timeout=self.timeout, path=path,
                                trusted_uids=trusted_uids)
         self.qos = self._sub.qos
@@ -192,6 +193,8 @@ class Relay:
         size = wire.frame_bytes(info.format, info.width, info.height)
         self._welcome = wire.Welcome(info.width, info.height, info.format, 1, info.pool, info.publisher_pid,
                                      info.instance, info.next_seq, info.fps, size)
+        if self._staging is not None and self._staging.size == wire.DATA_AT + size:
+            return  # (a restarted publisher of the same frame size: the ring serves as it is)
         old, self._staging = self._staging, None
         if old is not None:
             old.close()
@@ -275,10 +278,13 @@ class Relay:
                 continue
             except ClosedError:
                 return False
-            # New frames may have another geometry: staging again once every send of the old ended.
-            deadline = time.monotonic() + self.timeout
-            while self._free.qsize() < STAGING and time.monotonic() < deadline and not self._closing:
+            # New frames may have another size: staging again once every send of the old ended
+            # (never sooner: UCX may still read a buffer). Every remote was told GONE and its
+            # sender aborts its endpoint, so they all come back; a close ends the wait too.
+            while self._free.qsize() < STAGING and not self._closing:
                 time.sleep(0.01)
+            if self._closing:
+                return False
             try:
                 self._set_up_staging()
             except EglCudaError as exc:  # pragma: no cover - out of pinned memory
@@ -615,6 +621,9 @@ class Relay:
         if self._closed:
             return
         _ucx.untrack(self)
+        if os.getpid() != self._pid:  # (a forked child: the loop, the buffers and the status file are the parent's)
+            self._closed = True
+            return
         self._closing = True
         loop = self._loop
         if loop is not None:

@@ -38,7 +38,7 @@ from ..topics.transports.base import UNMAP_WAIT_S, Geometry
 from ..topics.transports.views import SlotView, _ViewSpec, join_readers
 from . import _ucx, keys, wire
 from .buffers import Pinned
-from .relay import ABORT_NS, BEAT_S, DISCONNECTED, NO_PUBLISHER, parse_address
+from .relay import ABORT_NS, BEAT_S, DISCONNECTED, LATEST_WINDOW, NO_PUBLISHER, parse_address
 
 log = logging.getLogger("eglcuda.remote")
 _RETRY_S = 0.1  # between attempts to join a relay that has no publisher yet
@@ -213,7 +213,12 @@ class RemoteSubscriber(Subscriber):
                 raise Refused(f"the relay refused: {reason}", code)
             if kind is not wire.Kind.WELCOME:
                 raise wire.WireError(f"expected WELCOME, got {kind.name}")
-            return wire.decode_welcome(body)
+            welcome = wire.decode_welcome(body)
+            # (The window is pinned host memory here: never more than this side's QoS asks for.)
+            most = LATEST_WINDOW if self.qos is Qos.LATEST else min(self.queue, wire.MAX_WINDOW)
+            if welcome.window > most:
+                raise wire.WireError(f"a window of {welcome.window} frames for a subscriber that takes {most}")
+            return welcome
         except wire.WireError as exc:
             raise Refused(f"the peer at {self.remote[0]}:{self.remote[1]} is not a relay this subscriber can use: "
                           f"{exc}", int(Reason.PROTOCOL)) from None
@@ -497,12 +502,23 @@ class RemoteSubscriber(Subscriber):
 
     def _lose(self, error: BaseException) -> Any:
         self._lost = error
-        with self._state:
-            for message in list(self._held):
-                let_go(message)
-            self._held.clear()
+        self._let_go_held()
         self._drop_link()
         raise error
+
+    def _let_go_held(self) -> None:
+        """Make held messages unusable; their readers' streams join the subscriber's first: the
+        pool outlives the link, and a slot's next copy waits only for the subscriber's stream."""
+        own = self._backend.cuda_stream
+        with self._state:
+            for message in list(self._held):
+                if own is not None and not message._released:
+                    try:
+                        join_readers(message._frame, own, None)
+                    except EglCudaError:  # (a failing driver: the pool goes with the next join)
+                        pass
+                let_go(message)
+            self._held.clear()
 
     def _drop_link(self) -> None:
         link, self._link = self._link, None
@@ -536,10 +552,7 @@ class RemoteSubscriber(Subscriber):
             if self._closed or self._closing:
                 raise self._closed_error()
             if self._link is None or self._lost is not None or self._link.lost is not None:
-                with self._state:
-                    for message in list(self._held):
-                        let_go(message)
-                    self._held.clear()
+                self._let_go_held()
                 self._settle()
                 self._drop_link()
                 self._connect(time.monotonic() + wait)
@@ -577,10 +590,7 @@ class RemoteSubscriber(Subscriber):
             if self._closed:
                 return
             self._closed = True
-            with self._state:
-                for message in list(self._held):
-                    let_go(message)
-                self._held.clear()
+            self._let_go_held()
             link = self._link
             if link is not None and link.lost is None and self._loop is not None:
                 try:
