@@ -100,8 +100,10 @@ _NO_UCXX = ("import sys; sys.modules['ucxx'] = None\n"
             "    print('Unsupported:', exc)\n")
 
 
-def test_without_ucxx_one_line_says_what_to_install():
-    out = subprocess.run([sys.executable, "-c", _NO_UCXX], capture_output=True, text=True, cwd=str(ROOT), timeout=60)
+def test_without_ucxx_one_line_says_what_to_install(tmp_path):
+    # (cwd outside the checkout: `python -m` and `-c` put the cwd first on sys.path, and CI runs
+    # this against the installed package while the checkout's eglcuda has no built extensions)
+    out = subprocess.run([sys.executable, "-c", _NO_UCXX], capture_output=True, text=True, cwd=str(tmp_path), timeout=60)
     lines = out.stdout.splitlines()
     assert "pip install 'eglcuda[remote-cu12]'" in lines[0] and "remote-cu13" in lines[0], out
     assert lines[1].startswith("Unsupported: ucxx is not available") and "remote-cu12" in lines[1], out
@@ -110,6 +112,6 @@ def test_without_ucxx_one_line_says_what_to_install():
     env = {**os.environ, "PYTHONPATH": f"{shim}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
            "EGLCUDA_REMOTE_KEY": "00" * 16}
     out = subprocess.run([sys.executable, "-m", "eglcuda", "relay", "t"], capture_output=True, text=True,
-                         cwd=str(ROOT), env=env, timeout=60)
+                         cwd=str(tmp_path), env=env, timeout=60)
     assert out.returncode == 2, out
     assert len(out.stderr.strip().splitlines()) == 1 and "remote-cu12" in out.stderr, out.stderr
