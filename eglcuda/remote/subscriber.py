@@ -311,14 +311,19 @@ class RemoteSubscriber(Subscriber):
                 link.cond.notify_all()
         except asyncio.CancelledError:
             raise
-        except wire.WireError as exc:
-            self._end(link, StreamDisconnected(f"the relay of topic {self.name!r} broke the protocol: {exc}"))
-            _abort(link.ep)
-        except Exception as exc:  # noqa: BLE001 - the endpoint failed
-            self._end(link, StreamDisconnected(f"the relay of topic {self.name!r} at {self.remote[0]}:{self.remote[1]} "
-                                               f"is gone ({type(exc).__name__}: {exc})"))
+        except Exception as exc:  # noqa: BLE001 - a protocol breach or a failed endpoint
+            self._link_failed(link, exc)
         finally:
             link.receiving -= 1
+
+    def _link_failed(self, link: _Link, exc: Exception) -> None:
+        """End ``link`` on a receive's failure: the relay broke the protocol, or the endpoint failed."""
+        if isinstance(exc, wire.WireError):
+            self._end(link, StreamDisconnected(f"the relay of topic {self.name!r} broke the protocol: {exc}"))
+            _abort(link.ep)
+        else:
+            self._end(link, StreamDisconnected(f"the relay of topic {self.name!r} at {self.remote[0]}:{self.remote[1]} "
+                                               f"is gone ({type(exc).__name__}: {exc})"))
 
     async def _notes(self, link: _Link) -> None:
         note = np.zeros(wire.NOTE, np.uint8)
@@ -336,12 +341,8 @@ class RemoteSubscriber(Subscriber):
                 return
         except asyncio.CancelledError:
             raise
-        except wire.WireError as exc:
-            self._end(link, StreamDisconnected(f"the relay of topic {self.name!r} broke the protocol: {exc}"))
-            _abort(link.ep)
-        except Exception as exc:  # noqa: BLE001 - the endpoint failed
-            self._end(link, StreamDisconnected(f"the relay of topic {self.name!r} at {self.remote[0]}:{self.remote[1]} "
-                                               f"is gone ({type(exc).__name__}: {exc})"))
+        except Exception as exc:  # noqa: BLE001 - a protocol breach or a failed endpoint
+            self._link_failed(link, exc)
 
     async def _beat(self, link: _Link) -> None:
         beat = np.frombuffer(wire.encode_control(wire.Control.BEAT), np.uint8)
