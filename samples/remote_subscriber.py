@@ -23,7 +23,6 @@ CUDA 12 driver).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import secrets
 import signal
@@ -32,6 +31,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _frames import collect_reports, frame_bytes, publish_known_frames, report, report_done  # noqa: E402
 from _script import fail, lazy, require, run  # noqa: E402
 
 PROGRAM = "samples/remote_subscriber.py"
@@ -40,18 +40,6 @@ eglcuda = lazy("eglcuda")
 
 SEED = 20261128
 UCX_LOOPBACK = {"UCX_TLS": "tcp", "UCX_NET_DEVICES": "lo", "UCX_WARN_UNUSED_ENV_VARS": "n"}
-
-
-def frame_bytes(height: int, width: int, seq: int, cache: dict = {}) -> "np.ndarray":  # noqa: B006 - a cache
-    """The ARGB bytes of frame ``seq``: a fixed random image plus a value that changes per frame."""
-    base = cache.get((height, width))
-    if base is None:
-        base = cache[(height, width)] = np.random.default_rng(SEED).integers(0, 256, (height, width, 4), np.uint8)
-    return base + np.uint8((seq * 37 + 11) % 256)
-
-
-def report(**message) -> None:
-    print(json.dumps(message), flush=True)
 
 
 def subscriber(args) -> int:
@@ -74,13 +62,11 @@ def subscriber(args) -> int:
             done["last"] = seq
             got = message.frame.planes[0].to_numpy()  # in this process's own device memory
             done["latency_us"].append((time.monotonic_ns() - message.timestamp_ns) / 1e3)
-            done["bad"] += int(np.count_nonzero(got != frame_bytes(height, width, seq)) != 0)
+            done["bad"] += int(np.count_nonzero(got != frame_bytes(height, width, seq, SEED)) != 0)
             message.release()
             if args.role == "latest":
                 time.sleep(0.005)  # slower than the publisher: skips frames, never slows the others
-    latencies = sorted(done.pop("latency_us")) or [0.0]
-    done["latency_p50_us"] = latencies[len(latencies) // 2]
-    report(event="done", **done)
+    report_done(done)
     return 0
 
 
@@ -140,21 +126,9 @@ def main() -> int:
                 if not child.stdout or not child.stdout.readline():
                     print(f"remote_subscriber: the {role} subscriber did not start")
                     return 1
-            started = time.monotonic()
-            for seq in range(args.frames):
-                frame = pub.next_frame(timeout=30)
-                frame.planes[0].copy_from(frame_bytes(args.height, args.width, seq))
-                pub.publish(frame, payload=b"%d" % seq)
-            rate = args.frames / (time.monotonic() - started)
+            rate = publish_known_frames(pub, args.frames, args.height, args.width, SEED)
             pub.close(timeout=10)
-        results = []
-        for role, child in children.items():
-            out, _ = child.communicate(timeout=60)
-            done = [json.loads(line) for line in out.splitlines() if line.strip().startswith("{")]
-            if done and done[-1].get("event") == "done":
-                results.append(done[-1])
-            else:  # its error, if any, went to our stderr (one line)
-                results.append({"role": role, "error": f"exited with status {child.returncode} before reporting"})
+        results = collect_reports(children)
         relay.send_signal(signal.SIGTERM)
         relay_status = relay.wait(30)
     finally:  # a child still running here (an early return, an error) must not outlive the sample

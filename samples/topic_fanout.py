@@ -20,7 +20,6 @@ serving this GPU; exits 2 with one line when nvidia-cuda-mps-control is missing)
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -30,6 +29,7 @@ import time
 os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _frames import collect_reports, frame_bytes, publish_known_frames, report, report_done  # noqa: E402
 from _script import lazy, mps_session, run  # noqa: E402
 
 PROGRAM = "samples/topic_fanout.py"
@@ -38,18 +38,6 @@ np = lazy("numpy")
 eglcuda = lazy("eglcuda")
 
 SEED = 20261123
-
-
-def frame_bytes(height: int, width: int, seq: int, cache: dict = {}) -> "np.ndarray":  # noqa: B006 - a cache
-    """The ARGB bytes of frame ``seq``: a fixed random image plus a value that changes per frame."""
-    base = cache.get((height, width))
-    if base is None:
-        base = cache[(height, width)] = np.random.default_rng(SEED).integers(0, 256, (height, width, 4), np.uint8)
-    return base + np.uint8((seq * 37 + 11) % 256)
-
-
-def report(**message) -> None:
-    print(json.dumps(message), flush=True)
 
 
 def subscriber(args) -> int:
@@ -71,7 +59,7 @@ def subscriber(args) -> int:
             done["frames"] += 1
             done["skipped"] += int(message.skipped)
             done["latency_us"].append((message.received_ns - message.timestamp_ns) / 1e3)
-            want = frame_bytes(height, width, message.seq)
+            want = frame_bytes(height, width, message.seq, SEED)
             if args.role == "gl":
                 got = message.frame.read(width, height)  # R, G, B, A of memory order B, G, R, A
                 bad = np.count_nonzero(got != want[..., [2, 1, 0, 3]])
@@ -82,9 +70,7 @@ def subscriber(args) -> int:
                 time.sleep(0.03)
     finally:
         sub.close()
-    latencies = sorted(done.pop("latency_us")) or [0.0]
-    done["latency_p50_us"] = latencies[len(latencies) // 2]
-    report(event="done", **done)
+    report_done(done)
     return 0
 
 
@@ -127,22 +113,10 @@ def publish(args: argparse.Namespace) -> int:
                     if not line:
                         print(f"topic_fanout: the {role} subscriber did not start")
                         return 1
-                started = time.monotonic()
-                for seq in range(args.frames):
-                    frame = pub.next_frame(timeout=30)
-                    frame.planes[0].copy_from(frame_bytes(args.height, args.width, seq))
-                    pub.publish(frame, payload=b"%d" % seq)
-                rate = args.frames / (time.monotonic() - started)
+                rate = publish_known_frames(pub, args.frames, args.height, args.width, SEED)
                 transports = {info.pid: info.transport for info in pub.subscribers}
                 pub.close(timeout=10)
-            results = []
-            for role, child in children.items():
-                out, _ = child.communicate(timeout=60)
-                done = [json.loads(line) for line in out.splitlines() if line.strip()]
-                if done and done[-1].get("event") == "done":
-                    results.append(done[-1])
-                else:  # its error, if any, went to our stderr (one line)
-                    results.append({"role": role, "error": f"exited with status {child.returncode} before reporting"})
+            results = collect_reports(children)
         finally:  # a subscriber still running here (an early return, an error) must not outlive the sample
             for child in children.values():
                 if child.poll() is None:
