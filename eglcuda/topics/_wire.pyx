@@ -112,6 +112,7 @@ cdef const eglcuda_hot_api *hot = hot_table(table_address())
 
 cdef uint8_t KIND_FRAME = <uint8_t>int(protocol.Kind.FRAME)
 cdef uint8_t KIND_RELEASE = <uint8_t>int(protocol.Kind.RELEASE)
+cdef uint8_t KIND_WAKE = <uint8_t>int(protocol.Kind.WAKE)
 cdef uint64_t MAX_PAYLOAD = protocol.MAX_PAYLOAD
 cdef uint64_t MAX_POOL = protocol.MAX_POOL
 cdef uint64_t MAX_RELEASE_EXTRA = protocol.MAX_RELEASE_EXTRA
@@ -325,7 +326,14 @@ cdef class Inbox:
         return bytes(kinds)
 
     cdef object read(self, object deadline, bint rest):
-        # next()'s and rest()'s body, which drain() calls without a Python method lookup
+        # next()'s and rest()'s body, which drain() calls without a Python method lookup. A WAKE
+        # (the peer's shared-memory ring has news, _ring.pyx) has done its work by waking a wait.
+        while True:
+            message = self.read_one(deadline, rest)
+            if message.__class__ is not bytes or len(<bytes>message) != 1 or (<bytes>message)[0] != KIND_WAKE:
+                return message
+
+    cdef object read_one(self, object deadline, bint rest):
         cdef int got, error, ready
         cdef unsigned int i
         cdef double left, busy_until, until

@@ -41,7 +41,7 @@ from typing import Any, Callable, NamedTuple, Union
 
 from ..errors import PeerError
 
-VERSION = 1
+VERSION = 2  # 2: frames and releases through a shared-memory ring (READY carries its memfd)
 MAGIC = b"ECTP"  # eglcuda topic protocol
 
 MAX_MESSAGE = 65536  # bytes in one datagram (STATUS is the largest)
@@ -83,6 +83,7 @@ class Kind(enum.IntEnum):
     BYE = 11
     STATUS = 12
     DROP = 13
+    WAKE = 14  # one byte: the peer's ring has news and it said it sleeps (_ring.pyx); read past, never decoded
 
 
 class Qos(enum.IntEnum):
@@ -374,7 +375,7 @@ def decode(data: bytes | bytearray | memoryview, fds: int = 0) -> Message:
     message = bytes(data)
     _check(0 < len(message) <= MAX_MESSAGE, f"a message of {len(message)} bytes")
     kind = message[0]
-    _check(fds == 0 or (kind in (Kind.ATTACH, Kind.SLOT) and fds <= 1),
+    _check(fds == 0 or (kind in (Kind.ATTACH, Kind.SLOT, Kind.READY) and fds <= 1),
            f"{fds} descriptor(s) with a message of kind {kind}")
     decoder = _DECODERS.get(kind)
     if decoder is None:
