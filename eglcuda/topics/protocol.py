@@ -69,6 +69,15 @@ class ProtocolError(PeerError):
     """A peer sent something that is not a valid message here (or closed mid-exchange)."""
 
 
+class VersionError(ProtocolError):
+    """The peer speaks another version of the protocol (an older or newer eglcuda)."""
+
+
+def _version(version: int) -> None:
+    if version != VERSION:
+        raise VersionError(f"protocol version {version}, this side speaks {VERSION}")
+
+
 class Kind(enum.IntEnum):
     HELLO = 1
     STATUS_REQUEST = 2
@@ -404,7 +413,7 @@ def _decode_hello(data: bytes) -> Hello:
     (_, magic, version, pid, qos, queue, consumer, device, uuid, integrated,
      count) = _HELLO.unpack_from(data)
     _check(magic == MAGIC, "not an eglcuda topic greeting")
-    _check(version == VERSION, f"protocol version {version}, this side speaks {VERSION}")
+    _version(version)
     _check(qos in (Qos.LATEST, Qos.EVERY), f"qos {qos}")
     _check(1 <= queue <= MAX_QUEUE, f"queue {queue}")
     _check(consumer in (ConsumerKind.CUDA, ConsumerKind.GL), f"consumer kind {consumer}")
@@ -426,7 +435,7 @@ def _decode_hello(data: bytes) -> Hello:
 def _decode_status_request(data: bytes) -> StatusRequest:
     _, magic, version = _STATUS_REQUEST.unpack_from(data)
     _check(magic == MAGIC, "not an eglcuda topic greeting")
-    _check(version == VERSION, f"protocol version {version}, this side speaks {VERSION}")
+    _version(version)
     _end(data, _STATUS_REQUEST.size, "STATUS_REQUEST")
     return StatusRequest(version)
 
@@ -434,7 +443,7 @@ def _decode_status_request(data: bytes) -> StatusRequest:
 def _decode_welcome(data: bytes) -> Welcome:
     (_, version, pid, instance, width, height, fmt, layout, pitch, fps, pool, next_seq,
      planes) = _WELCOME.unpack_from(data)
-    _check(version == VERSION, f"protocol version {version}, this side speaks {VERSION}")
+    _version(version)
     _check(1 <= width <= MAX_DIMENSION and 1 <= height <= MAX_DIMENSION, f"size {width}x{height}")
     _check(layout in (0, 1), f"layout {layout}")
     _check(fps == fps and 0.0 <= fps <= 1e6, f"fps {fps}")
