@@ -44,6 +44,7 @@ from libc.errno cimport EINTR, errno
 from libc.math cimport isfinite
 from libc.stdint cimport uint16_t, uint32_t, uint64_t, uint8_t
 from libc.string cimport memcpy
+from posix.mman cimport MAP_FAILED, MAP_SHARED, PROT_READ, PROT_WRITE, mmap, munmap
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 
 import collections
@@ -68,24 +69,14 @@ cdef extern from *:
     void flag_set(uint32_t *at, uint32_t value) noexcept nogil
     uint32_t flag_take(uint32_t *at) noexcept nogil
 
-cdef extern from "<sys/mman.h>" nogil:
-    void *mmap(void *addr, size_t length, int prot, int flags, int fd, long offset)
-    int munmap(void *addr, size_t length)
-    int PROT_READ
-    int PROT_WRITE
-    int MAP_SHARED
-    void *MAP_FAILED
-
 cdef extern from "<sys/socket.h>" nogil:
     ssize_t send(int fd, const void *buf, size_t n, int flags)
-    int MSG_DONTWAIT
-    int MSG_NOSIGNAL
+    int MSG_DONTWAIT, MSG_NOSIGNAL
 
 cdef extern from "<poll.h>" nogil:
     struct pollfd:
         int fd
-        short events
-        short revents
+        short events, revents
     int poll(pollfd *fds, unsigned long nfds, int timeout)
     short POLLIN
 
