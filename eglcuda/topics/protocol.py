@@ -17,12 +17,17 @@ The exchange::
                                                           transport data)   or REFUSE (why)
     ATTACH (transport data; the EGLStream  --->
             descriptor as SCM_RIGHTS)
-                                           <---  READY, or REFUSE
+                                           <---  READY (cuda-ipc, cuda-vmm: with the memfd of
+                                                        this subscriber's frame ring), or REFUSE
                                            <---  SLOT (a pool slot's handles, before its first
                                                        use on this connection; cuda-ipc)
                                            <---  FRAME (seq, slot, timestamp, stream frame
-                                                        number, payload)
-    RELEASE (seq, flags, transport data)   --->
+                                                        number, payload; with a ring: a ring entry
+                                                        unless the payload does not fit one)
+    RELEASE (seq, flags, transport data;   --->
+             with a ring: a ring entry unless it carries a done event)
+    WAKE (one byte: the ring has news for  <-->
+          a side that said it sleeps)
                                            <---  NOTICE (a newer frame was published that this
                                                          'latest' subscriber could not take)
                                            <---  DROP (why) / BYE (why)
@@ -379,7 +384,7 @@ def encode_release(seq: int, flags: int = 0, extra: bytes = b"") -> bytes:
 def decode(data: bytes | bytearray | memoryview, fds: int = 0) -> Message:
     """The message in one datagram ``data`` that came with ``fds`` descriptors. Raises
     :class:`ProtocolError` for anything that is not exactly a valid message (descriptors are
-    allowed on ATTACH only, at most one)."""
+    allowed on ATTACH, SLOT and READY only, at most one)."""
     _check(isinstance(data, (bytes, bytearray, memoryview)), "not bytes")
     message = bytes(data)
     _check(0 < len(message) <= MAX_MESSAGE, f"a message of {len(message)} bytes")
