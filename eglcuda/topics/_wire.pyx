@@ -328,10 +328,11 @@ cdef class Inbox:
     cdef object read(self, object deadline, bint rest):
         # next()'s and rest()'s body, which drain() calls without a Python method lookup. A WAKE
         # (the peer's shared-memory ring has news, _ring.pyx) has done its work by waking a wait.
-        while True:
-            message = self.read_one(deadline, rest)
-            if message.__class__ is not bytes or len(<bytes>message) != 1 or (<bytes>message)[0] != KIND_WAKE:
-                return message
+        message = self.read_one(deadline, rest)
+        while message.__class__ is bytes and len(<bytes>message) == 1 and (<bytes>message)[0] == KIND_WAKE:
+            # (without a deadline: what that read found, no read of an emptied socket again)
+            message = self.read_one(None, True) if deadline is None else self.read_one(deadline, rest)
+        return message
 
     cdef object read_one(self, object deadline, bint rest):
         cdef int got, error, ready
