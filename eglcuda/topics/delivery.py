@@ -87,7 +87,8 @@ class Delivery:
         batch = _wire.drain(epoll.fileno(), timeout, self._inboxes, _READ_LIMIT)
         if timeout > 0:
             _delivery.sleeping(subs, False)
-        self.collect()
+        for sub, reason in _delivery.collect(subs, self.pool.free):  # (a malformed ring: dropped)
+            self.drop(sub, Reason.PROTOCOL, reason)
         self.read_at = time.monotonic()
         # (settle also marks a subscriber whose goodbye or end is in this batch, read off its
         # socket already, as leaving: a release before it that fails to take frames back is its
@@ -95,11 +96,6 @@ class Delivery:
         for sub, message in _delivery.settle(batch, self.pool.free):
             if sub.alive:  # (the plain releases were handled by the core)
                 self._handle(sub, message)
-
-    def collect(self) -> None:
-        """Take the releases in the subscribers' rings; drop those whose ring is malformed."""
-        for sub, reason in _delivery.collect(self.subs, self.pool.free):
-            self.drop(sub, Reason.PROTOCOL, reason)
 
     def poll_if_due(self) -> None:
         """Read the subscribers' messages when the last read is _READ_INTERVAL old. A fast
@@ -273,7 +269,8 @@ class Delivery:
     def wait_for_room(self) -> None:
         """Wait until every 'every' subscriber has room for one more frame; drop those that do not
         release one within every_timeout."""
-        self.collect()
+        for sub, reason in _delivery.collect(self.subs, self.pool.free):  # releases in rings (compiled)
+            self.drop(sub, Reason.PROTOCOL, reason)
         full = _delivery.full_every(self.subs)
         if not full:
             return
