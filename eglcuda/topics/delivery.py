@@ -72,22 +72,23 @@ class Delivery:
             log.info("topic %s: subscriber %d joined (pid %d, %s, %s)", self.name, sub.id, sub.peer.pid,
                      sub.qos.name.lower(), sub.transport)
 
-    def poll(self, timeout: float) -> None:
-        """Wait up to ``timeout`` seconds for subscribers' messages and handle them."""
+    def poll(self, timeout: float, awaited: list[Member] | None = None) -> None:
+        """Wait up to ``timeout`` seconds for subscribers' messages and handle them; a release in a
+        ring wakes the wait when it comes from ``awaited`` (None: any subscriber)."""
         if self.joined:
             self.adopt()
         epoll = self.epoll
         if epoll is None:  # pragma: no cover - set for as long as the publisher is open
             raise self._closed_error()
-        subs = self.subs
-        # Releases written into rings: taken without a system call. Before a wait, each ring says
-        # the publisher sleeps (a subscriber then wakes it with a WAKE on its socket).
-        if timeout > 0 and _delivery.sleeping(subs, True):
+        sleepers = self.subs if awaited is None else awaited
+        # Releases written into rings: taken without a system call. Before a wait, the rings of
+        # those awaited say the publisher sleeps (a release there then wakes it with a WAKE).
+        if timeout > 0 and _delivery.sleeping(sleepers, True):
             timeout = 0.0  # (one came meanwhile)
         batch = _wire.drain(epoll.fileno(), timeout, self._inboxes, _READ_LIMIT)
         if timeout > 0:
-            _delivery.sleeping(subs, False)
-        for sub, reason in _delivery.collect(subs, self.pool.free):  # (a malformed ring: dropped)
+            _delivery.sleeping(sleepers, False)
+        for sub, reason in _delivery.collect(self.subs, self.pool.free):  # (a malformed ring: dropped)
             self.drop(sub, Reason.PROTOCOL, reason)
         self.read_at = time.monotonic()
         # (settle also marks a subscriber whose goodbye or end is in this batch, read off its
@@ -284,7 +285,7 @@ class Delivery:
                     self.drop(sub, Reason.QUEUE_FULL, f"its queue of {sub.queue} frame(s) stayed full for "
                               f"{self.every_timeout} s (every_timeout): it did not release a frame in time")
                 return
-            self.poll(min(left, CLOSE_CHECK_S))
+            self.poll(min(left, CLOSE_CHECK_S), full)  # (a release of the others wakes no one)
             full = [s for s in full if s.alive and len(s.outstanding) >= s.credit]
 
     def _wait_for_slot(self, limit: float) -> Slot:
@@ -472,10 +473,8 @@ class Delivery:
             return
         sub.alive = False
         ring = sub.ring
-        if notify:
-            _tell(sub.sock, protocol.encode(protocol.Drop(int(code), reason)))
-            if ring is not None:
-                ring.mark(sub.fd)  # (in a full ring it is not read: the connection's end says it is over)
+        if notify and _tell(sub.sock, protocol.encode(protocol.Drop(int(code), reason))) and ring is not None:
+            ring.mark(sub.fd)  # (in a full ring it is not read: the connection's end says it is over)
         if ring is not None:
             ring.close()  # (the subscriber keeps its own mapping)
         if self.epoll is not None:  # (always: a subscriber is adopted into it)
@@ -548,21 +547,23 @@ def new_member(ident: int, sock: socket.socket, peer: Any, hello: protocol.Hello
     return Member(ident, sock, peer, hello, link, transport, RECV_LIMIT, READ_BATCH, ring), [fd] if fd >= 0 else []
 
 
-def _tell(sock: socket.socket, data: bytes) -> None:
+def _tell(sock: socket.socket, data: bytes) -> bool:
     """Send a last message (a DROP) on a connection about to be closed, also when the messages
     queued before it filled the socket (a subscriber that stopped reading): its send buffer then
     grows by what the message needs, so that after reading those the peer learns why, rather
-    than only that the connection ended. Best effort: the kernel caps the buffer (wmem_max)."""
+    than only that the connection ended. Best effort: the kernel caps the buffer (wmem_max).
+    Returns whether it was sent."""
     try:
         sockets.send(sock, data)
-        return
+        return True
     except BlockingIOError:
         pass
     except OSError:
-        return
+        return False
     try:
         size = sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)  # (twice what was set: the kernel's books)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, size // 2 + len(data) + _MESSAGE_OVERHEAD)
         sockets.send(sock, data)
+        return True
     except OSError:
-        pass
+        return False

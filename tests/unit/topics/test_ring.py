@@ -296,3 +296,27 @@ def test_a_forked_child_does_not_touch_the_parents_ring(path):
         assert pub.subscribers[0].outstanding == 2  # the child's release did not reach the publisher
         message.release()
         assert sub.receive(5).payload == b"b"
+
+
+def test_a_wake_left_from_an_earlier_read_does_not_hide_a_message():
+    """A WAKE that came in one batch with a message stays in the reader's batch; handing it out
+    later must not stand for "the socket is empty" (a SOCKET entry's message then seemed missing:
+    the lost-wake-up stress above found it)."""
+    from eglcuda.topics import _wire
+
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        inbox = _wire.Inbox(ours.fileno())
+        notice = protocol.encode(protocol.Notice(5))
+        theirs.send(notice)
+        theirs.send(bytes([protocol.Kind.WAKE]))
+        assert inbox.next(None) == notice  # (the WAKE stays in the batch)
+        later = protocol.encode(protocol.Notice(6))
+        theirs.send(later)
+        assert inbox.next(None) == later
+        theirs.send(bytes([protocol.Kind.WAKE]))
+        assert inbox.next(None) is None and inbox.rest() is None  # a WAKE alone: nothing to hand out
+        inbox.close()
+    finally:
+        ours.close()
+        theirs.close()
