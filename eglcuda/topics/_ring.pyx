@@ -443,6 +443,8 @@ cdef class RingInbox:
                 asked = True
                 with nogil:
                     busy_until = monotonic() + self.busy_wait
+                    if busy_until > until:
+                        busy_until = until  # (a deadline sooner than the asking)
                     while not self.ring.waiting() and monotonic() < busy_until:
                         pass
                 if PyThread_get_thread_ident() == main_thread_ident:
