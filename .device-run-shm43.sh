@@ -7,14 +7,14 @@
 # eglstream; ordering joins); topic_fanout exits 0; publisher CPU us/frame at N = 8 (goal <= 25, was
 # 35-46); cuda-ipc frames/s against the ipc-ring at N = 1 ("vs ring", goal >= 1.0, was 0.90 without
 # MPS, 0.65 under MPS). Total bounded by the timeouts: about 8.5 minutes (setup ~1, tests <= 250 s,
-# sample <= 60 s, benches <= 50 s each).
+# sample <= 40 s, benches <= 50 s each).
 set -u
 T0=$(date +%s)
 source .device/setup.sh > $OUT/setup.log 2>&1; tail -1 $OUT/setup.log
 echo "setup $(( $(date +%s) - T0 )) s"
 EGLCUDA_REQUIRE_GPU=1 timeout 250 python3 -m pytest tests/gpu/test_topics.py tests/gpu/test_ordering.py -q -ra -p no:cacheprovider --durations=8 > $OUT/topics.log 2>&1
 echo "topics+ordering rc=$? ($(( $(date +%s) - T0 )) s)"; grep -E "^(FAILED|ERROR)" $OUT/topics.log | cut -c1-200 | head; grep -E "^SKIPPED" $OUT/topics.log | cut -c1-160 | head -5; tail -1 $OUT/topics.log
-timeout 60 python3 samples/topic_fanout.py > $OUT/fanout.log 2>&1
+timeout 40 python3 samples/topic_fanout.py > $OUT/fanout.log 2>&1
 echo "topic_fanout rc=$? ($(( $(date +%s) - T0 )) s)"; tail -4 $OUT/fanout.log
 B="--sizes 1080p-nv12 --subscribers 1,8 --duration 1 --transports cuda-ipc,ipc-ring --rounds 3 --qos every"
 timeout 50 python3 bench/topics.py $B --out /tmp/b-off > $OUT/bench-off.log 2>&1; echo "bench (MPS off) rc=$? ($(( $(date +%s) - T0 )) s)"
