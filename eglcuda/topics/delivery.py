@@ -530,6 +530,8 @@ class Delivery:
         (a read here would take the parent's messages)."""
         for sub in self.subs:
             sub.sock.close()
+            if sub.ring is not None:
+                sub.ring.close()  # (this process's mapping only: the parent's stays)
         self.subs = []
         self.close_epoll()
 

@@ -276,10 +276,13 @@ def _link(fd: str) -> str:
         return ""
 
 
-def test_a_forked_child_does_not_touch_the_parents_ring(path):
-    """A child of a process with a ring subscriber closes its copy without writing a release or a
-    goodbye into the shared ring: the parent's subscription goes on, and the publisher sees no
-    release it did not get from the parent."""
+def test_a_forked_child_leaves_the_parents_rings_alone(path):
+    """A child of a process with a publisher and a ring subscriber releases a frame and closes
+    both: it writes no release or goodbye into the shared rings (the publisher sees no release it
+    did not get from the parent), its own mappings go, the parent's stay, and the subscriber goes
+    on getting every frame through its ring."""
+    gc.collect()
+    maps = ring_mappings()
     with ring_publisher(path) as pub, subscriber(path, qos="every", queue=4) as sub:
         put(pub, b"a")
         message = sub.receive(5)
@@ -288,14 +291,21 @@ def test_a_forked_child_does_not_touch_the_parents_ring(path):
             try:
                 message.release()
                 sub.close()
+                pub.close()
             finally:
-                os._exit(0)
-        os.waitpid(pid, 0)
+                os._exit(0 if ring_mappings() == maps else 1)  # both closes let go of the child's mappings
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
         put(pub, b"b")
         assert pub.dropped == [] and len(pub.subscribers) == 1
         assert pub.subscribers[0].outstanding == 2  # the child's release did not reach the publisher
         message.release()
         assert sub.receive(5).payload == b"b"
+        for k in range(20):
+            put(pub, b"after %d" % k)
+            with sub.receive(5) as got:
+                assert got.payload == b"after %d" % k and got.frame.data == pattern(got.payload)
+        assert pub.dropped == [] and len(pub.subscribers) == 1
 
 
 def test_a_wake_left_from_an_earlier_read_does_not_hide_a_message():
