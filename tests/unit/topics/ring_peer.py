@@ -1,5 +1,6 @@
 """A subscriber process for tests/unit/topics/test_ring.py: it sleeps at once in every wait
-(``busy_wait=0``), takes ``--count`` frames of an ``every`` topic, checks each frame's bytes against
+(``busy_wait=0``), takes ``--count`` frames of an ``every`` topic (a random moment of work before
+each), checks each frame's bytes against
 its payload (tests/topics_null.py's pattern), and prints one JSON line: the sequence numbers in
 the order they came, the SHA-256 of the payloads in that order, and how many frames were wrong.
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import pathlib
+import random
 import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
@@ -23,9 +25,11 @@ def main() -> int:
     sub = eglcuda.Subscriber("t", qos="every", queue=queue, path=path, timeout=10, busy_wait=0,
                              _backend=NullSubscriberBackend())
     print(json.dumps({"event": "ready", "ring": sub._conn.ring is not None}), flush=True)
-    seqs, wrong, digest = [], 0, hashlib.sha256()
+    seqs, wrong, digest, jitter = [], 0, hashlib.sha256(), random.Random(count)
     try:
         for _ in range(count):
+            for _ in range(jitter.randrange(40)):  # (a few microseconds of work, random: the moments
+                pass  # this side goes to sleep sweep across the publisher's writes)
             with sub.receive(10) as message:
                 seqs.append(message.seq)
                 digest.update(len(message.payload).to_bytes(4, "little") + message.payload)

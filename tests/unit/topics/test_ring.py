@@ -48,14 +48,16 @@ def random_payload(rng: random.Random) -> bytes:
     return rng.randbytes(size)
 
 
-def test_a_subscriber_that_sleeps_at_once_misses_no_wake_up(path):
-    """Lost wake-up race: a subscriber process that sleeps in every wait (busy_wait=0), a queue of
-    two so that the publisher waits for its releases most frames (its own sleep and wake-up), and
-    random payloads (some past a ring entry: by socket, in order). Every frame arrives, in order,
-    with its payload and bytes, and nobody is dropped (a lost wake-up ends in a timeout or a drop)."""
-    count, rng = 4000, random.Random(43)
+@pytest.mark.parametrize("queue", [1, 3])
+def test_a_subscriber_that_sleeps_at_once_misses_no_wake_up(path, queue):
+    """Lost wake-up race: a subscriber process that sleeps in every wait (busy_wait=0), a short
+    queue so that the publisher waits for its releases (its own sleep and wake-up; with a queue
+    of one, every frame), and random payloads (some past a ring entry: by socket, in order). Every
+    frame arrives, in order, with its payload and bytes, and nobody is dropped (a lost wake-up
+    ends in a timeout or a drop)."""
+    count, rng = 15000, random.Random(43 + queue)
     with ring_publisher(path, every_timeout=5.0) as pub:
-        peer = JsonPeer([PEER, path, str(count), "2"], env=ENV)
+        peer = JsonPeer([PEER, path, str(count), str(queue)], env=ENV)
         try:
             assert peer.wait_for(lambda m: m["event"] == "ready")["ring"] is True
             deadline = time.monotonic() + 10
