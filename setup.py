@@ -28,6 +28,7 @@ COMPILED = [
               extra_compile_args=["-O2"]),
     Extension("eglcuda.topics._wire", ["eglcuda/topics/_wire.pyx"], include_dirs=["csrc"], depends=HEADERS,
               extra_compile_args=["-O2"]),
+    Extension("eglcuda.topics._ring", ["eglcuda/topics/_ring.pyx"], extra_compile_args=["-O2"]),
     Extension("eglcuda.topics._delivery", ["eglcuda/topics/_delivery.pyx"], extra_compile_args=["-O2"]),
 ]
 

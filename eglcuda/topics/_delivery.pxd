@@ -1,6 +1,7 @@
 # The publisher's books, typed: a pool slot and a subscriber after its handshake, shared by the
 # compiled delivery steps (_delivery.pyx) and any Cython module that cimports them. Python code
 # (publisher.py, pool.py, handshake.py) sees the same objects through their attributes.
+from eglcuda.topics._ring cimport Ring
 
 cdef enum:
     # A pool slot's state.
@@ -42,6 +43,7 @@ cdef class Member:
     cdef public double since
     cdef public bint alive
     cdef public bint leaving  # its goodbye or end of connection was read, not handled yet
+    cdef public Ring ring  # its frame ring (_ring.pyx); None: every message by socket (EGLStream)
     cdef object __weakref__
 
 

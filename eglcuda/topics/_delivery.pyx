@@ -20,6 +20,9 @@ per frame, eight subscribers' worth a fifth of a frame's time.
 """
 import time
 
+from libc.stdint cimport uint64_t
+from eglcuda.topics._ring cimport Ring
+
 from .info import SubscriberInfo
 from . import _wire, protocol
 
@@ -59,7 +62,7 @@ cdef class Member:
     """A subscriber after its handshake, as the publishing thread tracks it."""
 
     def __init__(self, long long ident, object sock, object peer, object hello, object link, str transport,
-                 int recv_limit, int read_batch):
+                 int recv_limit, int read_batch, Ring ring=None):
         self.id = ident
         self.sock = sock
         self.fd = sock.fileno()
@@ -81,6 +84,7 @@ cdef class Member:
         self.since = time.time()
         self.alive = True
         self.leaving = False
+        self.ring = ring
 
     def info(self):
         return SubscriberInfo(id=self.id, pid=self.peer.pid, uid=self.peer.uid, qos=self.qos.name.lower(),
@@ -145,11 +149,13 @@ def forget(Member sub, list pool, object free):
 
 # ---- the per-frame steps ---------------------------------------------------------------------------
 
-def hand_out(list subs, Slot slot, object seq, bytes data, object stream, set recorded):
+def hand_out(list subs, Slot slot, object seq, bytes data, object stream, set recorded, unsigned long long
+             timestamp_ns=0, bytes payload=b""):
     """Send the FRAME message ``data`` of ``slot`` (sequence ``seq``) to each live subscriber whose
     link is message-only and which may take it now: a ``latest`` subscriber below its credit, a
     slot it was described. Before a transport's first send, ``transport.on_publish(slot, stream)``
-    runs once (unless the transport is in ``recorded``, to which it is added).
+    runs once (unless the transport is in ``recorded``, to which it is added). A subscriber with a
+    ring gets the frame (``timestamp_ns``, ``payload``) as a ring entry instead, when it fits one.
 
     Returns the live subscribers this did not serve, in order (another kind of link, at its
     credit, a new slot, a full or failed socket, a failed record: the publisher's Python path
@@ -158,7 +164,10 @@ def hand_out(list subs, Slot slot, object seq, bytes data, object stream, set re
     cdef set failed = None
     cdef const char *raw = data
     cdef Py_ssize_t size = len(data)
+    cdef const char *extra = payload
+    cdef Py_ssize_t extra_size = len(payload)
     cdef ssize_t sent
+    cdef Ring ring
     cdef Member sub
     cdef int index = slot.index
     for sub in subs:
@@ -182,10 +191,17 @@ def hand_out(list subs, Slot slot, object seq, bytes data, object stream, set re
                 others.append(sub)
                 continue
             recorded.add(transport)
-        sent = send(sub.fd, raw, size, MSG_DONTWAIT | MSG_NOSIGNAL)
-        if sent != size:  # (a full socket or a broken connection: the Python path decides)
-            others.append(sub)
-            continue
+        ring = sub.ring
+        if ring is not None:
+            if ring.push_frame(seq, index, timestamp_ns, extra, extra_size) != 0:
+                others.append(sub)  # (too long for an entry, or a full or bad ring: the Python path)
+                continue
+            ring.wake(sub.fd)
+        else:
+            sent = send(sub.fd, raw, size, MSG_DONTWAIT | MSG_NOSIGNAL)
+            if sent != size:  # (a full socket or a broken connection: the Python path decides)
+                others.append(sub)
+                continue
         record_delivery(sub, slot, seq)
     return others
 
@@ -224,6 +240,46 @@ def settle(list batch, object free):
         rest.append(entry)
         held_back.add(sub)
     return rest
+
+
+def collect(list subs, object free):
+    """Take the releases the live subscribers of ``subs`` wrote into their rings (no system call):
+    each one's frame is let go of as a plain release. Returns ``[(member, reason), ...]`` for those
+    whose ring holds what a subscriber cannot have written (a bad count, a frame it does not
+    hold): the publisher's path drops them. Nothing is freed for a frame not handed to it."""
+    cdef list bad = None
+    cdef Member sub
+    cdef Ring ring
+    cdef uint64_t seq
+    cdef int got
+    for sub in subs:
+        ring = sub.ring
+        if ring is None or not sub.alive:
+            continue
+        while True:
+            got = ring.take_release(&seq)
+            if got == 0:
+                break
+            found = sub.outstanding.pop(seq, None) if got == 1 else None
+            if found is None:
+                if bad is None:
+                    bad = []
+                bad.append((sub, f"its ring released frame {seq}, which it does not hold" if got == 1 else
+                            "its ring's release count or entry is not one it can have written"))
+                break
+            let_go(sub, <Slot>found, False, 0.0, free)
+    return bad or []
+
+
+def sleeping(list subs, bint on):
+    """Set (``on``) or clear the publisher's "sleeps" flag in the live subscribers' rings; with
+    ``on``, whether a release is already waiting in one (then it should not sleep)."""
+    cdef Member sub
+    cdef bint waiting = False
+    for sub in subs:
+        if sub.ring is not None and sub.alive and sub.ring.sleeping(on):
+            waiting = True
+    return waiting
 
 
 def full_every(list subs):

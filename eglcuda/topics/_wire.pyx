@@ -112,6 +112,7 @@ cdef const eglcuda_hot_api *hot = hot_table(table_address())
 
 cdef uint8_t KIND_FRAME = <uint8_t>int(protocol.Kind.FRAME)
 cdef uint8_t KIND_RELEASE = <uint8_t>int(protocol.Kind.RELEASE)
+cdef uint8_t KIND_WAKE = <uint8_t>int(protocol.Kind.WAKE)
 cdef uint64_t MAX_PAYLOAD = protocol.MAX_PAYLOAD
 cdef uint64_t MAX_POOL = protocol.MAX_POOL
 cdef uint64_t MAX_RELEASE_EXTRA = protocol.MAX_RELEASE_EXTRA
@@ -233,6 +234,7 @@ cdef class Inbox:
     cdef unsigned int at  # the next of them to hand out
     cdef bint short  # the last batch was not full: the socket had nothing more then
     cdef bint waited  # the last wait found nothing: the next one polls before it reads
+    cdef bint fresh  # the message handed out last came from a read made for it (not an earlier batch)
     cdef int wake_fd  # readable: stop waiting (another thread is closing the owner); -1: none
     cdef double busy_wait  # seconds a wait asks without sleeping before it sleeps in poll()
 
@@ -325,7 +327,16 @@ cdef class Inbox:
         return bytes(kinds)
 
     cdef object read(self, object deadline, bint rest):
-        # next()'s and rest()'s body, which drain() calls without a Python method lookup
+        # next()'s and rest()'s body, which drain() calls without a Python method lookup. A WAKE
+        # (the peer's shared-memory ring has news, _ring.pyx) has done its work by waking a wait.
+        message = self.read_one(deadline, rest)
+        while message.__class__ is bytes and len(<bytes>message) == 1 and (<bytes>message)[0] == KIND_WAKE:
+            # (without a deadline, after a read made just now: what it found, no read of the socket
+            # it emptied; a WAKE left from an earlier batch says nothing about the socket now)
+            message = self.read_one(None, rest or self.fresh) if deadline is None else self.read_one(deadline, rest)
+        return message
+
+    cdef object read_one(self, object deadline, bint rest):
         cdef int got, error, ready
         cdef unsigned int i
         cdef double left, busy_until, until
@@ -333,6 +344,7 @@ cdef class Inbox:
         cdef bint check_signals
         cdef pollfd watch[2]
         cdef bint reset_seen = False
+        self.fresh = False
         if self.at < self.count:
             i = self.at
             self.at += 1
@@ -399,6 +411,7 @@ cdef class Inbox:
             self.make_room()
             got = recvmmsg(self.fd, self.headers, self.batch, MSG_DONTWAIT | MSG_CMSG_CLOEXEC, NULL)
             if got > 0:
+                self.fresh = True
                 self.count = got
                 self.at = 1
                 self.short = <unsigned int>got < self.batch

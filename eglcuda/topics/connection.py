@@ -36,6 +36,7 @@ class Connection:
         self.sock = joined.sock
         self.fd = self.sock.fileno()  # (releases are sent on it by _wire.send_release)
         self.inbox = joined.inbox
+        self.ring = joined.ring  # plain releases go into it (no system call), the others by socket
         self.transport = joined.transport
         self.limit = joined.limit  # messages the subscriber may hold at once
         self.pending: collections.deque[protocol.Frame] = collections.deque()  # announced, not taken yet
@@ -164,8 +165,13 @@ class Connection:
     def send_release(self, seq: int, flags: int, extra: bytes) -> None:
         """Send the RELEASE of frame ``seq`` (encoded and sent in one compiled call), or queue it
         behind the releases waiting for room. A failed connection drops it: the next read says so."""
-        if not self.unsent and _wire.send_release(self.fd, seq, flags, extra) != 1:
-            return
+        if not self.unsent:
+            ring = self.ring
+            if ring is not None and not extra and not flags & protocol.RELEASE_RECORDED and ring.release(self.fd, seq,
+                                                                                                    flags):
+                return
+            if _wire.send_release(self.fd, seq, flags, extra) != 1:
+                return
         self.unsent.append(protocol.encode_release(seq, flags, extra))
         self.send_queued()
 

@@ -17,7 +17,7 @@ import time
 from typing import Any, Callable, Sequence
 
 from ..errors import ClosedError, EglCudaError, PeerError, Timeout
-from . import _delivery, _wire, protocol, sockets
+from . import _delivery, _ring, _wire, protocol, sockets
 from ._delivery import Member, Slot
 from .info import DropRecord
 from .pool import Pool
@@ -72,14 +72,24 @@ class Delivery:
             log.info("topic %s: subscriber %d joined (pid %d, %s, %s)", self.name, sub.id, sub.peer.pid,
                      sub.qos.name.lower(), sub.transport)
 
-    def poll(self, timeout: float) -> None:
-        """Wait up to ``timeout`` seconds for subscribers' messages and handle them."""
+    def poll(self, timeout: float, awaited: list[Member] | None = None) -> None:
+        """Wait up to ``timeout`` seconds for subscribers' messages and handle them; a release in a
+        ring wakes the wait when it comes from ``awaited`` (None: any subscriber)."""
         if self.joined:
             self.adopt()
         epoll = self.epoll
         if epoll is None:  # pragma: no cover - set for as long as the publisher is open
             raise self._closed_error()
+        sleepers = self.subs if awaited is None else awaited
+        # Releases written into rings: taken without a system call. Before a wait, the rings of
+        # those awaited say the publisher sleeps (a release there then wakes it with a WAKE).
+        if timeout > 0 and _delivery.sleeping(sleepers, True):
+            timeout = 0.0  # (one came meanwhile)
         batch = _wire.drain(epoll.fileno(), timeout, self._inboxes, _READ_LIMIT)
+        if timeout > 0:
+            _delivery.sleeping(sleepers, False)
+        for sub, reason in _delivery.collect(self.subs, self.pool.free):  # (a malformed ring: dropped)
+            self.drop(sub, Reason.PROTOCOL, reason)
         self.read_at = time.monotonic()
         # (settle also marks a subscriber whose goodbye or end is in this batch, read off its
         # socket already, as leaving: a release before it that fails to take frames back is its
@@ -260,6 +270,8 @@ class Delivery:
     def wait_for_room(self) -> None:
         """Wait until every 'every' subscriber has room for one more frame; drop those that do not
         release one within every_timeout."""
+        for sub, reason in _delivery.collect(self.subs, self.pool.free):  # releases in rings (compiled)
+            self.drop(sub, Reason.PROTOCOL, reason)
         full = _delivery.full_every(self.subs)
         if not full:
             return
@@ -273,7 +285,7 @@ class Delivery:
                     self.drop(sub, Reason.QUEUE_FULL, f"its queue of {sub.queue} frame(s) stayed full for "
                               f"{self.every_timeout} s (every_timeout): it did not release a frame in time")
                 return
-            self.poll(min(left, CLOSE_CHECK_S))
+            self.poll(min(left, CLOSE_CHECK_S), full)  # (a release of the others wakes no one)
             full = [s for s in full if s.alive and len(s.outstanding) >= s.credit]
 
     def _wait_for_slot(self, limit: float) -> Slot:
@@ -345,7 +357,7 @@ class Delivery:
         index = slot.index
         # The common case compiled: a message-only subscriber that may take the frame now. The
         # rest (and any failure) comes back here.
-        others = _delivery.hand_out(self.subs, slot, seq, shared, stream, recorded)
+        others = _delivery.hand_out(self.subs, slot, seq, shared, stream, recorded, timestamp_ns, payload)
         if not others:
             return
         fresh = False  # whether every subscriber's messages were read for this frame
@@ -355,7 +367,7 @@ class Delivery:
             # read per such subscriber; then the compiled step again for them.
             self.poll(0.0)
             fresh = True
-            others = _delivery.hand_out(others, slot, seq, shared, stream, recorded)
+            others = _delivery.hand_out(others, slot, seq, shared, stream, recorded, timestamp_ns, payload)
         if fresh or time.monotonic() - self.read_at < _READ_INTERVAL:
             # No read is due for those still at their credit (_worth_a_read said so, or they were
             # read just now): each skips this frame, compiled; a NOTICE tells it once.
@@ -389,7 +401,9 @@ class Delivery:
                         continue
                     sub.seen_slots.add(index)
                 if link.message_only:
-                    if not self._send(sub, shared):  # (retries, waits or drops as the QoS says)
+                    ring = sub.ring  # (a payload too long for its ring goes by socket, in order)
+                    announced = ring is not None and ring.frame(sub.fd, seq, index, timestamp_ns, payload) == 0
+                    if not announced and not self._send(sub, shared):  # (retries, waits or drops as the QoS says)
                         sub.skipped += 1
                         continue
                 else:
@@ -419,7 +433,7 @@ class Delivery:
         dropped."""
         try:
             sockets.send(sub.sock, data, fds)
-            return True
+            return self._mark(sub)
         except BlockingIOError:
             if sub.latest:
                 return False
@@ -433,7 +447,7 @@ class Delivery:
             if sockets.wait_writable(sub.sock, min(deadline, time.monotonic() + CLOSE_CHECK_S)):
                 try:
                     sockets.send(sub.sock, data, fds)
-                    return True
+                    return self._mark(sub)
                 except OSError:
                     break
             if time.monotonic() >= deadline:
@@ -443,6 +457,14 @@ class Delivery:
         self.drop(sub, Reason.QUEUE_FULL, f"its socket stayed full for {self.every_timeout} s (every_timeout)")
         return False
 
+    def _mark(self, sub: Member) -> bool:
+        """A message went out on the socket: its place in the subscriber's ring (if it has one)."""
+        if sub.ring is None or sub.ring.mark(sub.fd):
+            return True
+        self.drop(sub, Reason.PROTOCOL, "its frame ring stayed full (it does not read its ring, or wrote a bad "
+                  "read count)", notify=False)
+        return False
+
     # ---- leaving ------------------------------------------------------------------------------------------
     def drop(self, sub: Member, code: Reason, reason: str, notify: bool = True, left: bool = False) -> None:
         """Forget a subscriber: tell it why (``notify``), close its connection and link, free what
@@ -450,8 +472,11 @@ class Delivery:
         if not sub.alive:
             return
         sub.alive = False
-        if notify:
-            _tell(sub.sock, protocol.encode(protocol.Drop(int(code), reason)))
+        ring = sub.ring
+        if notify and _tell(sub.sock, protocol.encode(protocol.Drop(int(code), reason))) and ring is not None:
+            ring.mark(sub.fd)  # (in a full ring it is not read: the connection's end says it is over)
+        if ring is not None:
+            ring.close()  # (the subscriber keeps its own mapping)
         if self.epoll is not None:  # (always: a subscriber is adopted into it)
             try:
                 self.epoll.unregister(sub.fd)
@@ -489,6 +514,7 @@ class Delivery:
         for sub in list(self.subs):
             try:
                 sockets.send(sub.sock, protocol.encode(protocol.Bye(int(Reason.CLOSING), "the publisher closed the topic")))
+                self._mark(sub)
                 if sub.peer.pid != own_pid:  # one in this process may be this very thread
                     waiting.append(sub)
             except OSError:
@@ -504,6 +530,8 @@ class Delivery:
         (a read here would take the parent's messages)."""
         for sub in self.subs:
             sub.sock.close()
+            if sub.ring is not None:
+                sub.ring.close()  # (this process's mapping only: the parent's stays)
         self.subs = []
         self.close_epoll()
 
@@ -513,21 +541,31 @@ class Delivery:
             self.epoll = None
 
 
-def _tell(sock: socket.socket, data: bytes) -> None:
+def new_member(ident: int, sock: socket.socket, peer: Any, hello: protocol.Hello, link: Any,
+               transport: str) -> tuple[Member, list[int]]:
+    """A subscriber after its handshake, and the descriptors its READY carries (the caller closes
+    them): a link whose FRAME message is the whole hand-over gets a ring (_ring.pyx), its memfd."""
+    ring, fd = _ring.create() if link.message_only else (None, -1)
+    return Member(ident, sock, peer, hello, link, transport, RECV_LIMIT, READ_BATCH, ring), [fd] if fd >= 0 else []
+
+
+def _tell(sock: socket.socket, data: bytes) -> bool:
     """Send a last message (a DROP) on a connection about to be closed, also when the messages
     queued before it filled the socket (a subscriber that stopped reading): its send buffer then
     grows by what the message needs, so that after reading those the peer learns why, rather
-    than only that the connection ended. Best effort: the kernel caps the buffer (wmem_max)."""
+    than only that the connection ended. Best effort: the kernel caps the buffer (wmem_max).
+    Returns whether it was sent."""
     try:
         sockets.send(sock, data)
-        return
+        return True
     except BlockingIOError:
         pass
     except OSError:
-        return
+        return False
     try:
         size = sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)  # (twice what was set: the kernel's books)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, size // 2 + len(data) + _MESSAGE_OVERHEAD)
         sockets.send(sock, data)
+        return True
     except OSError:
-        pass
+        return False

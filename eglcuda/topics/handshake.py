@@ -254,7 +254,8 @@ def _advance(publisher: Admission, poller: select.epoll, pending: dict[int, Hand
         try:
             message = protocol.decode(data, len(fds))
         except protocol.ProtocolError as exc:
-            _end(poller, pending, handshake, Reason.PROTOCOL, f"not a valid topic message: {exc}")
+            code = Reason.VERSION if isinstance(exc, protocol.VersionError) else Reason.PROTOCOL
+            _end(poller, pending, handshake, code, f"not a valid topic message: {exc}")
             return
         if handshake.hello is None:
             _on_hello(publisher, poller, pending, handshake, message)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Callable, TypeVar
 
 from ..errors import ClosedError, PeerError, Refused, Timeout, UsageError
-from . import _wire, protocol, sockets
+from . import _ring, _wire, protocol, sockets
 from .info import TopicInfo
 from .protocol import Qos, Reason
 from .transports import Geometry, SubscriberBackend, SubscriberTransport
@@ -41,10 +41,11 @@ class Joined:
     """A connection after its handshake."""
 
     sock: socket.socket
-    inbox: _wire.Inbox
+    inbox: "_wire.Inbox | _ring.RingInbox"
     transport: SubscriberTransport
     info: TopicInfo
     limit: int  # messages the subscriber may hold at once
+    ring: "_ring.Ring | None" = None  # frames announced and releases written through it (None: all by socket)
 
 
 def join(request: Request, backend: SubscriberBackend, deadline: float, closing: Callable[[], bool],
@@ -105,7 +106,11 @@ def _handshake(request: Request, backend: SubscriberBackend, deadline: float) ->
             _send_now(request, sock, protocol.encode(protocol.Attach(extra)), deadline, fds)
         finally:
             sockets.close_fds(fds)
-        ready = _expect(request, sock, deadline, protocol.Ready, waited)
+        ready, fds = _expect_carrying(request, sock, deadline, protocol.Ready, waited)
+        try:  # (READY's descriptor: the publisher's ring for this subscriber, mapped, then closed)
+            ring = _ring.attach(fds[0]) if fds else None
+        finally:
+            sockets.close_fds(fds)
         transport.ready(ready)
     except BaseException:
         if transport is not None:
@@ -116,8 +121,10 @@ def _handshake(request: Request, backend: SubscriberBackend, deadline: float) ->
                      format=geometry.format, layout=geometry.layout, pitch=geometry.pitch, fps=welcome.fps or None,
                      pool=welcome.pool, publisher_pid=welcome.publisher_pid, instance=welcome.instance,
                      transport=welcome.transport, next_seq=welcome.next_seq)
-    return Joined(sock, _wire.Inbox(sock.fileno(), wake_fd=request.wake_fd, busy_wait=request.busy_wait), transport,
-                  info, 1 if transport.exclusive else protocol.hold_limit(request.qos, request.queue))
+    inbox = (_wire.Inbox(sock.fileno(), wake_fd=request.wake_fd, busy_wait=request.busy_wait) if ring is None else
+             _ring.RingInbox(sock.fileno(), ring, request.wake_fd, request.busy_wait))
+    return Joined(sock, inbox, transport, info, 1 if transport.exclusive else protocol.hold_limit(request.qos,
+                                                                                                 request.queue), ring)
 
 
 def _send_now(request: Request, sock: socket.socket, data: bytes, deadline: float,
@@ -147,13 +154,26 @@ def refusal(name: str, message: protocol.Refuse | protocol.Drop | protocol.Bye) 
 
 
 def _expect(request: Request, sock: socket.socket, deadline: float, kind: type[_M], waited: str) -> _M:
-    data, fds = sockets.receive(sock, deadline, waited, request.wake_fd)
+    message, fds = _expect_carrying(request, sock, deadline, kind, waited)
     sockets.close_fds(fds)
-    if not data:
-        raise _HandshakeLost(f"the publisher at {request.path} closed the connection during the handshake")
-    message = protocol.decode(data, len(fds))
-    if isinstance(message, (protocol.Refuse, protocol.Drop, protocol.Bye)):
-        raise refusal(request.name, message)
-    if not isinstance(message, kind):
-        raise protocol.ProtocolError(f"expected {kind.__name__}, got {type(message).__name__}")
+    if fds:
+        raise protocol.ProtocolError(f"{kind.__name__} came with a descriptor")
     return message
+
+
+def _expect_carrying(request: Request, sock: socket.socket, deadline: float, kind: type[_M],
+                     waited: str) -> tuple[_M, list[int]]:
+    """The next handshake message, of ``kind``, and the descriptors it brought (the caller's)."""
+    data, fds = sockets.receive(sock, deadline, waited, request.wake_fd)
+    try:
+        if not data:
+            raise _HandshakeLost(f"the publisher at {request.path} closed the connection during the handshake")
+        message = protocol.decode(data, len(fds))
+        if isinstance(message, (protocol.Refuse, protocol.Drop, protocol.Bye)):
+            raise refusal(request.name, message)
+        if not isinstance(message, kind):
+            raise protocol.ProtocolError(f"expected {kind.__name__}, got {type(message).__name__}")
+    except BaseException:
+        sockets.close_fds(fds)
+        raise
+    return message, fds

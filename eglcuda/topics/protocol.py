@@ -17,12 +17,17 @@ The exchange::
                                                           transport data)   or REFUSE (why)
     ATTACH (transport data; the EGLStream  --->
             descriptor as SCM_RIGHTS)
-                                           <---  READY, or REFUSE
+                                           <---  READY (cuda-ipc, cuda-vmm: with the memfd of
+                                                        this subscriber's frame ring), or REFUSE
                                            <---  SLOT (a pool slot's handles, before its first
                                                        use on this connection; cuda-ipc)
                                            <---  FRAME (seq, slot, timestamp, stream frame
-                                                        number, payload)
-    RELEASE (seq, flags, transport data)   --->
+                                                        number, payload; with a ring: a ring entry
+                                                        unless the payload does not fit one)
+    RELEASE (seq, flags, transport data;   --->
+             with a ring: a ring entry unless it carries a done event)
+    WAKE (one byte: the ring has news for  <-->
+          a side that said it sleeps)
                                            <---  NOTICE (a newer frame was published that this
                                                          'latest' subscriber could not take)
                                            <---  DROP (why) / BYE (why)
@@ -41,7 +46,7 @@ from typing import Any, Callable, NamedTuple, Union
 
 from ..errors import PeerError
 
-VERSION = 1
+VERSION = 2  # 2: frames and releases through a shared-memory ring (READY carries its memfd)
 MAGIC = b"ECTP"  # eglcuda topic protocol
 
 MAX_MESSAGE = 65536  # bytes in one datagram (STATUS is the largest)
@@ -69,6 +74,15 @@ class ProtocolError(PeerError):
     """A peer sent something that is not a valid message here (or closed mid-exchange)."""
 
 
+class VersionError(ProtocolError):
+    """The peer speaks another version of the protocol (an older or newer eglcuda)."""
+
+
+def _version(version: int) -> None:
+    if version != VERSION:
+        raise VersionError(f"protocol version {version}, this side speaks {VERSION}")
+
+
 class Kind(enum.IntEnum):
     HELLO = 1
     STATUS_REQUEST = 2
@@ -83,6 +97,7 @@ class Kind(enum.IntEnum):
     BYE = 11
     STATUS = 12
     DROP = 13
+    WAKE = 14  # one byte: the peer's ring has news and it said it sleeps (_ring.pyx); read past, never decoded
 
 
 class Qos(enum.IntEnum):
@@ -369,12 +384,12 @@ def encode_release(seq: int, flags: int = 0, extra: bytes = b"") -> bytes:
 def decode(data: bytes | bytearray | memoryview, fds: int = 0) -> Message:
     """The message in one datagram ``data`` that came with ``fds`` descriptors. Raises
     :class:`ProtocolError` for anything that is not exactly a valid message (descriptors are
-    allowed on ATTACH only, at most one)."""
+    allowed on ATTACH, SLOT and READY only, at most one)."""
     _check(isinstance(data, (bytes, bytearray, memoryview)), "not bytes")
     message = bytes(data)
     _check(0 < len(message) <= MAX_MESSAGE, f"a message of {len(message)} bytes")
     kind = message[0]
-    _check(fds == 0 or (kind in (Kind.ATTACH, Kind.SLOT) and fds <= 1),
+    _check(fds == 0 or (kind in (Kind.ATTACH, Kind.SLOT, Kind.READY) and fds <= 1),
            f"{fds} descriptor(s) with a message of kind {kind}")
     decoder = _DECODERS.get(kind)
     if decoder is None:
@@ -403,7 +418,7 @@ def _decode_hello(data: bytes) -> Hello:
     (_, magic, version, pid, qos, queue, consumer, device, uuid, integrated,
      count) = _HELLO.unpack_from(data)
     _check(magic == MAGIC, "not an eglcuda topic greeting")
-    _check(version == VERSION, f"protocol version {version}, this side speaks {VERSION}")
+    _version(version)
     _check(qos in (Qos.LATEST, Qos.EVERY), f"qos {qos}")
     _check(1 <= queue <= MAX_QUEUE, f"queue {queue}")
     _check(consumer in (ConsumerKind.CUDA, ConsumerKind.GL), f"consumer kind {consumer}")
@@ -425,7 +440,7 @@ def _decode_hello(data: bytes) -> Hello:
 def _decode_status_request(data: bytes) -> StatusRequest:
     _, magic, version = _STATUS_REQUEST.unpack_from(data)
     _check(magic == MAGIC, "not an eglcuda topic greeting")
-    _check(version == VERSION, f"protocol version {version}, this side speaks {VERSION}")
+    _version(version)
     _end(data, _STATUS_REQUEST.size, "STATUS_REQUEST")
     return StatusRequest(version)
 
@@ -433,7 +448,7 @@ def _decode_status_request(data: bytes) -> StatusRequest:
 def _decode_welcome(data: bytes) -> Welcome:
     (_, version, pid, instance, width, height, fmt, layout, pitch, fps, pool, next_seq,
      planes) = _WELCOME.unpack_from(data)
-    _check(version == VERSION, f"protocol version {version}, this side speaks {VERSION}")
+    _version(version)
     _check(1 <= width <= MAX_DIMENSION and 1 <= height <= MAX_DIMENSION, f"size {width}x{height}")
     _check(layout in (0, 1), f"layout {layout}")
     _check(fps == fps and 0.0 <= fps <= 1e6, f"fps {fps}")

@@ -32,9 +32,8 @@ from ..errors import ClosedError, EglCudaError, UsageError
 from ..frames.formats import ColorFormat, Layout, color_format, check_size, layout_of
 from .._unix import Policy, positive_seconds
 from . import handshake, naming, protocol, registry, sockets
-from ._delivery import Member
 from .copying import copy_into
-from .delivery import READ_BATCH, RECV_LIMIT, Delivery
+from .delivery import Delivery, new_member
 from .files import TopicFiles
 from .info import DropRecord, SubscriberInfo, TopicInfo
 from .pool import Pool
@@ -350,22 +349,24 @@ class Publisher:
         with self._id_lock:
             ident = self._next_id
             self._next_id += 1
-        sub = Member(ident, sock, peer, hello, link, transport.name, RECV_LIMIT, READ_BATCH)
+        sub, fds = new_member(ident, sock, peer, hello, link, transport.name)  # (fds: READY's, closed below)
         if delivery is None:  # pragma: no cover - the service stops before the delivery goes
             link.close()
             sock.close()
-            return
+            return sockets.close_fds(fds)
         # READY goes out while the subscriber is handed over, under the lock the publishing thread
         # adopts with: once the subscriber reads READY the next publish includes it, and no frame can
         # reach it before READY.
         with delivery.join_lock:
             delivery.joined.append(sub)  # first: the publishing thread looks at the list without the lock
             try:
-                sockets.send(sock, protocol.encode(protocol.Ready(link.ready_extra())))
+                sockets.send(sock, protocol.encode(protocol.Ready(link.ready_extra())), fds)
             except OSError:
                 delivery.joined.remove(sub)
                 link.close()
                 sock.close()
+            finally:
+                sockets.close_fds(fds)
 
     # ---- state -----------------------------------------------------------------------------------
     @property

@@ -134,14 +134,14 @@ def test_a_flipped_byte_is_refused_or_canonical(message, data):
 
 
 @SETTINGS
-@given(messages.filter(lambda m: not isinstance(m, (protocol.Attach, protocol.Slot))), st.integers(1, 2))
-def test_descriptors_only_with_attach_and_slot(message, fds):
+@given(messages.filter(lambda m: not isinstance(m, (protocol.Attach, protocol.Slot, protocol.Ready))), st.integers(1, 2))
+def test_descriptors_only_with_attach_slot_and_ready(message, fds):
     with pytest.raises(ProtocolError, match="descriptor"):
         protocol.decode(protocol.encode(message), fds)
 
 
-@pytest.mark.parametrize("message", [protocol.Attach(b""), protocol.Slot(3, b"12345678")])
-def test_attach_and_slot_take_at_most_one_descriptor(message):
+@pytest.mark.parametrize("message", [protocol.Attach(b""), protocol.Slot(3, b"12345678"), protocol.Ready(b"")])
+def test_attach_slot_and_ready_take_at_most_one_descriptor(message):
     data = protocol.encode(message)
     assert protocol.decode(data, 1) == message
     with pytest.raises(ProtocolError):
@@ -150,7 +150,8 @@ def test_attach_and_slot_take_at_most_one_descriptor(message):
 
 @pytest.mark.parametrize("field, value", [
     ("qos", 2), ("queue", 0), ("queue", protocol.MAX_QUEUE + 1), ("consumer", 5), ("integrated", 2),
-    ("device", -2), ("nwishes", 0), ("nwishes", protocol.MAX_WISHES + 1), ("version", 2), ("magic", b"HTTP"),
+    ("device", -2), ("nwishes", 0), ("nwishes", protocol.MAX_WISHES + 1), ("version", protocol.VERSION + 1),
+    ("version", protocol.VERSION - 1), ("magic", b"HTTP"),
 ])
 def test_hello_fields_out_of_range_are_refused(field, value):
     layout = ["kind", "magic", "version", "pid", "qos", "queue", "consumer", "device", "uuid", "integrated", "nwishes"]
