@@ -4,7 +4,7 @@
 - :class:`RemoteSubscriber` (subscriber.py): what ``eglcuda.Subscriber(name, remote="HOST:PORT")``
   makes; frames land in a pool on its own GPU.
 - wire.py: the messages, each of a size known before it arrives; keys.py: the pre-shared key and
-  the mutual HMAC challenge-response; buffers.py: page-locked staging; _ucx.py: the one UCX loop.
+  the mutual HMAC challenge-response; buffers.py: page-locked staging; _ucx.py: the one UCX engine.
 
 Importing this package does not import ucxx: a relay or remote subscriber made without it raises
 :class:`eglcuda.Unsupported` naming what to install (:func:`ucxx_missing`).

@@ -3,7 +3,7 @@
 Threads: the *local* thread receives the topic's frames (an ordinary
 :class:`eglcuda.Subscriber`), copies each one device -> page-locked host staging on its own stream
 and releases it at once (the publisher gets its pool slot back after one D2H copy); the shared
-UCX loop (_ucx.py) runs every connection: the handshake, one sender and one credit reader per
+UCX engine (_ucx.py) runs every connection: the handshake, one sender and one credit reader per
 remote subscriber, and a watchdog. A staging buffer is reused once every send of it ended. The
 publisher's frame path never waits on the network: with no free staging buffer a 'latest' relay
 skips the frame (an 'every' relay waits, as a local 'every' subscriber would).
@@ -35,7 +35,6 @@ from .buffers import Pinned
 
 log = logging.getLogger("eglcuda.remote")
 
-ABORT_NS = 100_000_000  # how long closing an endpoint may wait for UCX (UCXX's default: 10 s, on the loop)
 STAGING = 12  # staging buffers of a relay (frames between its D2H copy and the end of their sends)
 SEND_AHEAD = 3  # frames a relay has in flight to one remote subscriber (overlaps UCX's round trips)
 LATEST_WINDOW = 3  # frames a relay sends ahead of a 'latest' remote subscriber's credits
@@ -79,8 +78,9 @@ def parse_address(text: str, what: str) -> tuple[str, int]:
 class _Remote:
     """A connected remote subscriber (state of the UCX loop only)."""
 
-    def __init__(self, ep: Any, peer: str, qos: Qos, queue: int, window: int) -> None:
+    def __init__(self, ep: Any, peer: str, qos: Qos, queue: int, window: int, welcome: wire.Welcome) -> None:
         self.ep = ep
+        self.welcome = welcome
         self.peer = peer
         self.qos = qos
         self.queue = queue
@@ -304,8 +304,7 @@ class Relay:
 
     # ---- the UCX loop ---------------------------------------------------------------------------------
     async def _listen(self, host: str, port: int) -> Any:
-        ucxx = _ucx.require()
-        return ucxx.create_listener(self._serve, port)
+        return _ucx.engine().listen(port, self._serve)
 
     def _set_live(self, live: bool) -> None:
         self._live = live
@@ -353,10 +352,10 @@ class Relay:
             remote.wake.set()
 
     async def _serve(self, ep: Any) -> None:
-        """A new connection (UCXX's listener callback): handshake, then serve it."""
+        """A new connection (the listener's): handshake, then serve it."""
         peer = "?"
         try:
-            remote = await asyncio.wait_for(self._handshake(ep), self.timeout)
+            remote = await self._handshake(ep, time.monotonic() + self.timeout)
         except (asyncio.TimeoutError, TimeoutError):
             log.info("relay %s: a peer did not finish its handshake in %.3g s", self.name, self.timeout)
             self._abort(ep)
@@ -368,15 +367,20 @@ class Relay:
         if remote is None:
             return
         peer = remote.peer
-        log.info("relay %s: remote subscriber %s joined (%s)", self.name, peer, remote.qos.name.lower())
-        self._remotes.append(remote)
-        self._live_remotes = len(self._remotes)
-        reader = asyncio.ensure_future(self._read_credits(remote))
-        remote.tasks.append(reader)
-        try:
+        reader: asyncio.Future[Any] | None = None
+        try:  # (the remote counts among the relay's from its handshake's last check on: this ends it)
+            try:
+                await asyncio.wait_for(ep.stream_send(wire.encode_welcome(remote.welcome)), self.timeout)
+            except Exception as exc:  # noqa: BLE001 - it left, or said nothing in time
+                log.info("relay %s: remote subscriber %s did not take its welcome: %s", self.name, peer, exc)
+                return
+            log.info("relay %s: remote subscriber %s joined (%s)", self.name, peer, remote.qos.name.lower())
+            reader = asyncio.ensure_future(self._read_credits(remote))
+            remote.tasks.append(reader)
             await self._send_frames(remote)
         finally:
-            reader.cancel()
+            if reader is not None:
+                reader.cancel()
             remote.connected = False
             self._abort(ep)
             while remote.pending:
@@ -390,15 +394,17 @@ class Relay:
 
     async def _refuse(self, ep: Any, code: int, reason: str) -> None:
         try:
-            await asyncio.wait_for(ep.send(np.frombuffer(wire.encode_refuse(code, reason), np.uint8)), 1.0)
+            await asyncio.wait_for(ep.stream_send(wire.encode_refuse(code, reason)), 1.0)
             await asyncio.sleep(0.05)  # (let it leave before the endpoint goes)
         except Exception:  # noqa: BLE001 - the peer may be gone already
             pass
         self._abort(ep)
 
-    async def _handshake(self, ep: Any) -> _Remote | None:
+    async def _handshake(self, ep: Any, deadline: float) -> _Remote | None:
+        """Check the peer (it proves the key, asks for this topic); on success the remote
+        subscriber is one of the relay's at once (a slot taken, its welcome still to send)."""
         buf = np.zeros(wire.HANDSHAKE, np.uint8)
-        await ep.recv(buf)
+        await _before(ep.stream_recv(buf), deadline)
         try:
             kind, body = wire.handshake_kind(buf.tobytes())
             if kind is not wire.Kind.HELLO:
@@ -409,10 +415,10 @@ class Relay:
             return None
         name = hello.name.encode()
         mine = keys.nonce()
-        await ep.send(np.frombuffer(wire.encode_challenge(mine, keys.proof(self._key, b"relay", hello.nonce, mine, name)),
-                                    np.uint8))
+        await _before(ep.stream_send(wire.encode_challenge(mine, keys.proof(self._key, b"relay", hello.nonce, mine, name))),
+                      deadline)
         buf[:] = 0
-        await ep.recv(buf)
+        await _before(ep.stream_recv(buf), deadline)
         try:
             kind, body = wire.handshake_kind(buf.tobytes())
             if kind is not wire.Kind.PROOF:
@@ -437,14 +443,23 @@ class Relay:
         if not self._live or welcome is None:
             await self._refuse(ep, NO_PUBLISHER, f"topic {self.name!r} has no publisher at the relay now")
             return None
+        # From here on nothing waits: the deadline and the slot are decided together, so a
+        # handshake that ends as its time runs out either took a slot (and _serve frees it) or not.
+        if time.monotonic() >= deadline:
+            raise TimeoutError
         window = LATEST_WINDOW if hello.qos is Qos.LATEST else min(hello.queue, wire.MAX_WINDOW)
         info = self._sub.info
         next_seq = info.next_seq if info is not None else 0
+        mine_tags = _ucx.engine().new_prefix()
+        ep.use_tags(mine_tags, hello.tags)
         reply = wire.Welcome(welcome.width, welcome.height, welcome.format, window, welcome.pool,
-                             welcome.publisher_pid, welcome.instance, next_seq, welcome.fps, welcome.frame_bytes)
-        await ep.send(np.frombuffer(wire.encode_welcome(reply), np.uint8))
+                             welcome.publisher_pid, welcome.instance, next_seq, welcome.fps, welcome.frame_bytes,
+                             mine_tags)
         peer = f"{hello.client or '?'} pid {hello.pid}"
-        return _Remote(ep, peer, hello.qos, hello.queue, window)
+        remote = _Remote(ep, peer, hello.qos, hello.queue, window, reply)
+        self._remotes.append(remote)
+        self._live_remotes = len(self._remotes)
+        return remote
 
     async def _send_frames(self, remote: _Remote) -> None:
         """Send queued frames while there is credit, up to SEND_AHEAD at once; beats when idle;
@@ -495,13 +510,13 @@ class Relay:
         try:
             staging = self._staging
             assert staging is not None
-            await remote.ep.send(staging.arrays[index], tag=wire.FRAME_TAG)
+            await remote.ep.send(staging.arrays[index], wire.FRAME_TAG)
             remote.sent += 1
         finally:
             self._unref(index)
 
     async def _send_note(self, ep: Any, kind: wire.Head, code: int = 0, reason: str = "") -> None:
-        await ep.send(np.frombuffer(wire.encode_note(kind, code, reason), np.uint8), tag=wire.NOTE_TAG)
+        await ep.send(wire.encode_note(kind, code, reason), wire.NOTE_TAG)
         if kind is wire.Head.GONE:
             await asyncio.sleep(0.05)  # (let it leave before the endpoint goes)
 
@@ -509,7 +524,7 @@ class Relay:
         buf = np.zeros(wire.CONTROL, np.uint8)
         try:
             while True:
-                await remote.ep.recv(buf)
+                await remote.ep.recv(buf, wire.CONTROL_TAG)
                 remote.heard = time.monotonic()
                 kind, count = wire.decode_control(buf.tobytes())
                 if kind is wire.Control.CREDIT:
@@ -559,11 +574,7 @@ class Relay:
                     remote.starved_since = None
 
     def _abort(self, ep: Any) -> None:
-        try:
-            if not ep.closed:
-                ep.abort(period=ABORT_NS)  # (bounded: a dead peer must not hold the loop)
-        except Exception:  # noqa: BLE001 - already gone
-            pass
+        ep.abort()  # (bounded: a dead peer must not hold the engine)
 
     # ---- the user's side ----------------------------------------------------------------------------
     @property
@@ -675,6 +686,11 @@ class Relay:
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"on {self.address[0]}:{self.address[1]}"
         return f"<Relay {self.name!r} {state}>"
+
+
+async def _before(step: Any, deadline: float) -> Any:
+    """``step`` awaited until ``deadline`` (``time.monotonic()``; TimeoutError then)."""
+    return await asyncio.wait_for(step, max(0.0, deadline - time.monotonic()))
 
 
 def _quiet(task: "asyncio.Future[Any]") -> None:

@@ -38,7 +38,7 @@ from ..topics.transports.base import UNMAP_WAIT_S, Geometry
 from ..topics.transports.views import SlotView, _ViewSpec, join_readers
 from . import _ucx, keys, wire
 from .buffers import Pinned
-from .relay import ABORT_NS, BEAT_S, DISCONNECTED, LATEST_WINDOW, NO_PUBLISHER, parse_address
+from .relay import BEAT_S, DISCONNECTED, LATEST_WINDOW, NO_PUBLISHER, parse_address
 
 log = logging.getLogger("eglcuda.remote")
 _RETRY_S = 0.1  # between attempts to join a relay that has no publisher yet
@@ -57,6 +57,7 @@ class _Link:
         self.lost: BaseException | None = None
         self.heard = time.monotonic()
         self.tasks: list[asyncio.Future[Any]] = []
+        self.receives: set[asyncio.Future[Any]] = set()
         self.receiving = 0  # frame receives posted and not finished (UCX may write their buffers)
         self.kick: asyncio.Event | None = None  # (made on the loop) a buffer came free: post a receive
         self.posted = 0  # frame receives posted so far (their order is the relay's)
@@ -167,16 +168,13 @@ class RemoteSubscriber(Subscriber):
         try:
             self._attach(ep, welcome)
         except BaseException:
-            _abort(ep)
+            loop.call_soon_threadsafe(ep.abort)  # (UCX calls on the engine's thread only)
             raise
 
     async def _handshake(self) -> tuple[Any, wire.Welcome]:
-        ucxx = _ucx.require()
         host, port = self.remote
         try:
-            ep = await ucxx.create_endpoint(host, port)
-        except asyncio.CancelledError:
-            raise
+            ep = _ucx.engine().connect(host, port)
         except Exception as exc:  # noqa: BLE001 - any failure to connect
             raise StreamDisconnected(f"connecting to the relay at {host}:{port} failed: {exc}") from None
         try:
@@ -188,11 +186,13 @@ class RemoteSubscriber(Subscriber):
     async def _greet(self, ep: Any) -> wire.Welcome:
         mine = keys.nonce()
         name = self.name.encode()
-        hello = wire.Hello(self.qos, self.queue, mine, self.name, os.getpid(), socket.gethostname())
+        tags = _ucx.engine().new_prefix()
+        ep.recv_prefix = tags  # (given back when the endpoint ends)
+        hello = wire.Hello(self.qos, self.queue, mine, self.name, os.getpid(), socket.gethostname(), tags)
         buf = np.zeros(wire.HANDSHAKE, np.uint8)
         try:
-            await ep.send(np.frombuffer(wire.encode_hello(hello), np.uint8))
-            await ep.recv(buf)
+            await ep.stream_send(wire.encode_hello(hello))
+            await ep.stream_recv(buf)
             kind, body = wire.handshake_kind(buf.tobytes())
             if kind is wire.Kind.REFUSE:
                 code, reason = wire.decode_refuse(body)
@@ -203,10 +203,9 @@ class RemoteSubscriber(Subscriber):
             if not keys.same(proof, keys.proof(self._key, b"relay", mine, theirs, name)):
                 raise Refused("the relay did not prove it holds the key: wrong key, or not an eglcuda relay",
                               int(Reason.ACCESS))
-            await ep.send(np.frombuffer(wire.encode_proof(keys.proof(self._key, b"subscriber", theirs, mine, name)),
-                                        np.uint8))
+            await ep.stream_send(wire.encode_proof(keys.proof(self._key, b"subscriber", theirs, mine, name)))
             buf[:] = 0
-            await ep.recv(buf)
+            await ep.stream_recv(buf)
             kind, body = wire.handshake_kind(buf.tobytes())
             if kind is wire.Kind.REFUSE:
                 code, reason = wire.decode_refuse(body)
@@ -218,6 +217,7 @@ class RemoteSubscriber(Subscriber):
             most = LATEST_WINDOW if self.qos is Qos.LATEST else min(self.queue, wire.MAX_WINDOW)
             if welcome.window > most:
                 raise wire.WireError(f"a window of {welcome.window} frames for a subscriber that takes {most}")
+            ep.use_tags(tags, welcome.tags)
             return welcome
         except wire.WireError as exc:
             raise Refused(f"the peer at {self.remote[0]}:{self.remote[1]} is not a relay this subscriber can use: "
@@ -279,23 +279,19 @@ class RemoteSubscriber(Subscriber):
                     link.receiving += 1
                     task = asyncio.ensure_future(self._receive_frame(link, index, link.posted))
                     link.posted += 1
-                    link.tasks.append(task)
-                    task.add_done_callback(link.tasks.remove)
+                    link.receives.add(task)  # (the loop keeps only weak references to tasks)
+                    task.add_done_callback(link.receives.discard)
                     task.add_done_callback(_quiet)
                 kick.clear()
                 await kick.wait()
         finally:
-            await self._wait_receives(link)
-
-    async def _wait_receives(self, link: _Link) -> None:
-        while link.receiving:
-            await asyncio.sleep(0.005)
-        link.ended.set()
+            if not link.receiving:
+                link.ended.set()
 
     async def _receive_frame(self, link: _Link, index: int, order: int) -> None:
         buffer = link.host.arrays[index]
         try:
-            await link.ep.recv(buffer, tag=wire.FRAME_TAG)
+            await link.ep.recv(buffer, wire.FRAME_TAG)
             link.heard = time.monotonic()
             kind, seq, timestamp_ns, length, _, _ = wire.decode_header(buffer[:wire.HEADER].tobytes())
             if kind is not wire.Head.FRAME:
@@ -315,6 +311,8 @@ class RemoteSubscriber(Subscriber):
             self._link_failed(link, exc)
         finally:
             link.receiving -= 1
+            if not link.receiving and link.lost is not None:
+                link.ended.set()
 
     def _link_failed(self, link: _Link, exc: Exception) -> None:
         """End ``link`` on a receive's failure: the relay broke the protocol, or the endpoint failed."""
@@ -329,7 +327,7 @@ class RemoteSubscriber(Subscriber):
         note = np.zeros(wire.NOTE, np.uint8)
         try:
             while True:
-                await link.ep.recv(note, tag=wire.NOTE_TAG)
+                await link.ep.recv(note, wire.NOTE_TAG)
                 link.heard = time.monotonic()
                 kind, _, _, length, code, _ = wire.decode_header(note[:wire.HEADER].tobytes())
                 if kind is wire.Head.BEAT:
@@ -355,7 +353,7 @@ class RemoteSubscriber(Subscriber):
                 _abort(link.ep)
                 return
             try:
-                await asyncio.wait_for(link.ep.send(beat), BEAT_S)
+                await asyncio.wait_for(link.ep.send(beat, wire.CONTROL_TAG), BEAT_S)
             except (asyncio.TimeoutError, TimeoutError):
                 pass
             except Exception:  # noqa: BLE001 - the reader hears of it too
@@ -373,7 +371,7 @@ class RemoteSubscriber(Subscriber):
         if link.lost is not None:
             return
         try:
-            await link.ep.send(np.frombuffer(wire.encode_control(kind, count), np.uint8))
+            await link.ep.send(wire.encode_control(kind, count), wire.CONTROL_TAG)
         except Exception:  # noqa: BLE001 - the reader hears of it
             pass
 
@@ -536,10 +534,10 @@ class RemoteSubscriber(Subscriber):
 
     async def _stop_link(self, link: _Link) -> None:
         self._end(link, StreamDisconnected("the link was closed"))
-        _abort(link.ep)  # (cancels the receives still posted)
-        if not link.tasks:
+        _abort(link.ep)  # (cancels the receives still posted: they end in the engine's next pass)
+        if not link.receiving:
             link.ended.set()
-        for task in list(link.tasks):
+        for task in list(link.tasks):  # (not the receives: they end by themselves, and only then is a buffer free)
             task.cancel()
 
     # ---- the publisher coming back ------------------------------------------------------------------
@@ -652,11 +650,7 @@ class RemoteSubscriber(Subscriber):
 
 
 def _abort(ep: Any) -> None:
-    try:
-        if not ep.closed:
-            ep.abort(period=ABORT_NS)  # (bounded: a dead peer must not hold the loop)
-    except Exception:  # noqa: BLE001 - already gone
-        pass
+    ep.abort()  # (bounded: a dead peer must not hold the engine)
 
 
 register_remote(RemoteSubscriber)

@@ -42,6 +42,36 @@ def test_every_and_latest_remote_subscribers_check_every_byte(cluster):
     assert seqs == sorted(set(seqs)) and sum(m["skipped"] for m in latest.got()) > 0  # latest: a slow one skips
 
 
+def test_two_relays_into_one_process_and_one_relay_to_many_never_cross_messages(cluster, env, path):
+    """UCX matches tags on a whole worker: two remote subscribers of one process (one engine), on
+    two relays whose publishers differ in content, each get only their own relay's frames; and one
+    relay's four remote subscribers in four processes each get every frame, in order."""
+    cluster.publisher(seed=5, rate=300)
+    other_path = path + ".b"
+    from .conftest import TOPICS_PEER, Peer
+    other = Peer(env, TOPICS_PEER, "publish", "--name", "t", "--path", other_path, "--width", "64", "--height", "48",
+                 "--format", "NV12", "--frames", "0", "--rate", "300", "--seed", "9")
+    cluster.peers.append(other)
+    assert other.wait_for(lambda m: m["event"] == "ready")
+    _, first = cluster.relay("--qos", "every", "--queue", "8")
+    second_relay = Peer(env, REMOTE_PEER, "relay", "--name", "t", "--path", other_path, "--qos", "every", "--queue", "8")
+    cluster.peers.append(second_relay)
+    second = f"127.0.0.1:{second_relay.wait_for(lambda m: m['event'] == 'ready')['port']}"
+    pair = Peer(env, REMOTE_PEER, "pair", "--name", "t", "--remote", first, "--remote2", second, "--seed", "5",
+                "--seed2", "9", "--count", "80")
+    cluster.peers.append(pair)
+    many = [cluster.subscriber(first, "--qos", "every", "--queue", "4", "--count", "80") for _ in range(4)]
+    done = pair.wait_for(lambda m: m["event"] == "done", timeout=60)
+    assert done["bad"] == [], done["bad"][:3]
+    for seqs in done["seqs"]:
+        assert seqs == list(range(seqs[0], seqs[0] + 80)), seqs
+    for peer in many:
+        peer.wait_for(lambda m: m["event"] == "done", timeout=60)
+        _frames_ok(peer)
+        seqs = [m["seq"] for m in peer.got()]
+        assert seqs == list(range(seqs[0], seqs[0] + 80))
+
+
 def test_wrong_key_and_garbage_peers_are_refused_with_the_reason_and_change_nothing(cluster, env):
     cluster.publisher()
     relay, address = cluster.relay("--timeout", "1.5")
