@@ -58,6 +58,8 @@ def subscribe(args) -> int:
         return 0
     say(event="ready", pid=os.getpid(), transport=sub.info.transport, instance=sub.info.instance,
         subscriber=isinstance(sub, eglcuda.Subscriber), info=[sub.info.width, sub.info.height, sub.info.format.name])
+    if args.wait_go:  # (joined, and receives nothing until told: a test looks at the relay meanwhile)
+        sys.stdin.readline()
     held = []
     got = 0
     started = time.monotonic()
@@ -267,6 +269,7 @@ def main() -> int:
     parser.add_argument("--late-copy-ms", type=float, default=0.0)
     parser.add_argument("--no-check", action="store_true")
     parser.add_argument("--wait-bye", action="store_true")
+    parser.add_argument("--wait-go", action="store_true")
     args = parser.parse_args()
     return {"relay": relay, "subscribe": subscribe, "garbage": garbage, "cycles": cycles, "pair": pair}[args.role](args)
 

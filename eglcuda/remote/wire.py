@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import PeerError
+from ..errors import PeerError, UsageError
 from ..frames.formats import ColorFormat, check_size, color_format, plane_geometry
 from ..topics import protocol
 
@@ -60,6 +60,11 @@ CONTROL = 32  # bytes of a remote subscriber's control message
 MAX_NAME = 255
 MAX_WINDOW = 16  # frames a relay may send ahead of a remote subscriber's credits
 MAX_FRAME = 1 << 30  # bytes of one frame's data on the wire
+SEND_AHEAD = 3  # frames a relay has in flight to one remote subscriber (overlaps UCX's round trips)
+LATEST_WINDOW = 3  # frames a relay sends ahead of a 'latest' remote subscriber's credits
+BEAT_S = 0.5  # a side that has said nothing for this long sends a beat
+NO_PUBLISHER = 200  # REFUSE code: the relay has no publisher at the moment (the subscriber retries)
+DISCONNECTED = 201  # GONE code: the relay lost its publisher without a goodbye (StreamDisconnected)
 
 _HS_HEAD = struct.Struct("<8sBB6x")  # magic, version, kind
 _HELLO = struct.Struct("<BBHI32s")  # qos, queue, name length, pid, nonce (then the name)
@@ -99,6 +104,21 @@ class Control(enum.IntEnum):
 
 class WireError(PeerError):
     """A remote peer's message is not what this protocol allows."""
+
+
+def parse_address(text: str, what: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[v6]:PORT`` too) as (host, port)."""
+    if not isinstance(text, str) or ":" not in text:
+        raise UsageError(f"{what} is 'HOST:PORT', got {text!r}")
+    host, _, port_text = text.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    try:
+        port = int(port_text)
+    except ValueError:
+        port = -1
+    if not host or not 0 <= port <= 65535:
+        raise UsageError(f"{what} is 'HOST:PORT' with a port of 0..65535, got {text!r}")
+    return host, port
 
 
 def _check(ok: bool, what: str) -> None:

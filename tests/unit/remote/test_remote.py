@@ -21,9 +21,10 @@ def _frames_ok(peer) -> None:
 
 def test_every_and_latest_remote_subscribers_check_every_byte(cluster):
     cluster.publisher(rate=300)
-    relay, address = cluster.relay("--qos", "every", "--queue", "8")
-    every = cluster.subscriber(address, "--qos", "every", "--queue", "4", "--count", "60", "--hold", "2")
-    latest = cluster.subscriber(address, "--qos", "latest", "--count", "12", "--sleep-ms", "30")
+    # (every_timeout 5 s: the 'every' remote receives nothing until the listing was taken)
+    relay, address = cluster.relay("--qos", "every", "--queue", "8", "--every-timeout", "5")
+    every = cluster.subscriber(address, "--qos", "every", "--queue", "4", "--count", "60", "--hold", "2", "--wait-go")
+    latest = cluster.subscriber(address, "--qos", "latest", "--count", "12", "--sleep-ms", "30", "--wait-go")
     for peer in (every, latest):
         ready = peer.wait_for(lambda m: m["event"] in ("ready", "error"))
         assert ready["event"] == "ready", ready
@@ -32,6 +33,8 @@ def test_every_and_latest_remote_subscribers_check_every_byte(cluster):
     relay.send("remotes")
     listed = relay.wait_for(lambda m: m["event"] == "remotes")["remotes"]
     assert sorted(r["qos"] for r in listed if r["connected"]) == ["every", "latest"]
+    for peer in (every, latest):
+        peer.send("go")
     for peer in (every, latest):
         peer.wait_for(lambda m: m["event"] == "done")
         _frames_ok(peer)
