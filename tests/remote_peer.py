@@ -80,10 +80,14 @@ def subscribe(args) -> int:
                 for message in held:
                     message.release()
                 held.clear()
+                if args.close_during_rejoin_ms:  # another thread closes the subscriber while it waits
+                    threading.Timer(args.close_during_rejoin_ms / 1e3, sub.close).start()
+                began = time.monotonic()
                 try:
-                    info = sub.wait_for_publisher(args.timeout)
+                    info = sub.wait_for_publisher(args.rejoin_timeout or args.timeout)
                 except eglcuda.EglCudaError as exc2:
-                    say(event="rejoin-failed", kind=type(exc2).__name__, reason=str(exc2))
+                    say(event="rejoin-failed", kind=type(exc2).__name__, reason=str(exc2),
+                        waited=time.monotonic() - began)
                     break
                 say(event="rejoined", instance=info.instance, transport=info.transport)
                 continue
@@ -223,7 +227,10 @@ def garbage(args) -> int:
                 else:
                     await asyncio.sleep(float(mode.split(":", 1)[1]))
                     proof = keys.proof(key, b"subscriber", theirs, mine, args.name.encode())
-                await ep.stream_send(wire.encode_proof(proof))
+                try:
+                    await ep.stream_send(wire.encode_proof(proof))
+                except Exception as exc:  # noqa: BLE001 - the relay gave up on it first
+                    return {"answer": "closed", "error": type(exc).__name__}
                 answer[:] = 0
                 said = await answer_of(ep, answer)
                 if said is not None:
@@ -266,6 +273,8 @@ def main() -> int:
     parser.add_argument("--hold", type=int, default=0)
     parser.add_argument("--sleep-ms", type=float, default=0.0)
     parser.add_argument("--rejoin", action="store_true")
+    parser.add_argument("--rejoin-timeout", type=float, default=0.0)
+    parser.add_argument("--close-during-rejoin-ms", type=float, default=0.0)
     parser.add_argument("--late-copy-ms", type=float, default=0.0)
     parser.add_argument("--no-check", action="store_true")
     parser.add_argument("--wait-bye", action="store_true")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import logging
 import os
 import threading
@@ -83,6 +84,8 @@ class RemoteSubscriber(Joining, Subscriber):
         self.path = f"ucx://{remote}"
         self._closed = False
         self._closing = False
+        self._wake = threading.Event()  # set by close(): ends a wait to join again
+        self._joining: concurrent.futures.Future[Any] | None = None  # a handshake in progress
         self._forked = False
         self._pid = os.getpid()
         self._busy = threading.RLock()
@@ -126,21 +129,33 @@ class RemoteSubscriber(Joining, Subscriber):
                               f"{self.remote[0]}:{self.remote[1]} within {self.timeout:.3g} s ({last})")
             loop = self._loop
             assert loop is not None
+            joining = asyncio.run_coroutine_threadsafe(self._handshake(), loop)
+            self._joining = joining
+            if self._closing:  # (close() came between its check and this join: it may not have seen it)
+                joining.cancel()
             try:
-                ep, welcome = _ucx.run(loop, self._handshake(), left)
-            except Timeout:
+                ep, welcome = joining.result(left)
+            except concurrent.futures.TimeoutError:
+                joining.cancel()
                 last = "no answer"
                 continue
+            except concurrent.futures.CancelledError:  # close() from another thread
+                raise self._closed_error() from None
             except Refused as exc:
                 if exc.code != NO_PUBLISHER:
                     raise
                 last = exc.reason
-                time.sleep(min(_RETRY_S, max(0.0, deadline - time.monotonic())))
+                self._wake.wait(min(_RETRY_S, max(0.0, deadline - time.monotonic())))
                 continue
             except StreamDisconnected as exc:  # the connection failed: retry until the deadline
                 last = str(exc)
-                time.sleep(min(_RETRY_S, max(0.0, deadline - time.monotonic())))
+                self._wake.wait(min(_RETRY_S, max(0.0, deadline - time.monotonic())))
                 continue
+            finally:
+                self._joining = None
+            if self._closing:  # (joined as close() came)
+                loop.call_soon_threadsafe(ep.abort)
+                raise self._closed_error()
             break
         try:
             self._attach(ep, welcome)
@@ -364,6 +379,10 @@ class RemoteSubscriber(Joining, Subscriber):
             _ucx.untrack(self)
             return
         self._closing = True
+        self._wake.set()  # (a wait_for_publisher() between two attempts to join ends now)
+        joining = self._joining
+        if joining is not None:  # (and one in the middle of a handshake)
+            joining.cancel()
         link = self._link
         if link is not None:
             with link.cond:

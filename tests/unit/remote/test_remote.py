@@ -104,6 +104,32 @@ def test_wrong_key_and_garbage_peers_are_refused_with_the_reason_and_change_noth
     _frames_ok(good)
 
 
+def test_handshakes_ending_as_their_time_runs_out_leave_no_slot_taken(cluster):
+    """A relay serving one remote subscriber at most, whose handshake limit is 1 s: peers with
+    the right key send their proof ever closer to that limit and past it (welcomed, they leave
+    at once). Whichever way each one ended, the relay's one slot is free afterwards."""
+    cluster.publisher()
+    relay, address = cluster.relay("--timeout", "1.0", "--max-remotes", "1")
+    delays = [0.85 + 0.05 * step for step in range(7)]
+    answers = cluster.garbage(address, ",".join(f"late:{delay:.2f}" for delay in delays), "--timeout", "3")
+    assert len(answers) == len(delays)
+    assert all(a["answer"] in ("WELCOME", "closed", "none") for a in answers.values()), answers
+    deadline = time.monotonic() + 5
+    while True:  # (the welcomed ones left: the relay hears it from their endpoints)
+        relay.messages.clear()
+        relay.send("remotes")
+        remotes = relay.wait_for(lambda m: m["event"] == "remotes")["remotes"]
+        if not [r for r in remotes if r["connected"]]:
+            break
+        assert time.monotonic() < deadline, remotes
+        time.sleep(0.1)
+    good = cluster.subscriber(address, "--count", "5")
+    ready = good.wait_for(lambda m: m["event"] in ("ready", "error"))
+    assert ready["event"] == "ready", ready  # (a slot still counted busy: Refused, "serves 1 ... already")
+    good.wait_for(lambda m: m["event"] == "done")
+    _frames_ok(good)
+
+
 def test_a_killed_remote_subscriber_leaves_the_others_alone(cluster):
     cluster.publisher(rate=200)
     relay, address = cluster.relay("--timeout", "2")
@@ -153,6 +179,30 @@ def test_publisher_closes_dies_and_restarts_behind_the_relay(cluster):
             gone = sub.wait_for(lambda m: m["event"] == "disconnected" and m["kind"] == "StreamDisconnected",
                                 timeout=15)
     _frames_ok(sub)
+
+
+def test_close_from_another_thread_ends_wait_for_publisher_at_once(cluster):
+    """wait_for_publisher(20) while the relay refuses (its publisher died), and while the relay
+    is stopped (SIGSTOP: a handshake hangs): close() from another thread ends it with
+    ClosedError within a fraction of its timeout, each time."""
+    publisher = cluster.publisher()
+    relay, address = cluster.relay()
+    refused = cluster.subscriber(address, "--count", "0", "--rejoin", "--rejoin-timeout", "20",
+                                 "--close-during-rejoin-ms", "300")
+    hung = cluster.subscriber(address, "--count", "0", "--rejoin", "--rejoin-timeout", "20",
+                              "--close-during-rejoin-ms", "2000")
+    for peer in (refused, hung):
+        peer.wait_for(lambda m: m["event"] == "got")
+    publisher.kill()
+    hung.wait_for(lambda m: m["event"] == "disconnected", timeout=15)
+    failed = refused.wait_for(lambda m: m["event"] == "rejoin-failed", timeout=15)
+    assert failed["kind"] == "ClosedError" and failed["waited"] < 0.3 + 1.5, failed
+    os.kill(relay.process.pid, signal.SIGSTOP)  # (the hung one's next attempt to join hangs in its handshake)
+    try:
+        failed = hung.wait_for(lambda m: m["event"] == "rejoin-failed", timeout=25)
+        assert failed["kind"] == "ClosedError" and failed["waited"] < 2.0 + 1.5, failed
+    finally:
+        os.kill(relay.process.pid, signal.SIGCONT)
 
 
 def test_stalled_relay_times_out_then_disconnects_and_a_killed_one_at_once(cluster):
