@@ -84,7 +84,9 @@ class Relay(Serving):
         self._lock = threading.Lock()
         self._remotes: list[_Remote] = []
         self._history: collections.deque[RemoteInfo] = collections.deque(maxlen=64)  # those that left
-        self._live_remotes = 0  # (read by the local thread without the loop: a hint only)
+        # Set while some remote subscriber can take a frame now (an 'every' one, or a 'latest' one
+        # with credit to spare): set and cleared on the engine's thread, waited on by the local one.
+        self._wanted = threading.Event()
         self._staging: Pinned | None = None
         self._refs: dict[int, int] = {}
         self._free: _queue.Queue[int] = _queue.Queue()
@@ -141,11 +143,16 @@ class Relay(Serving):
             self._free.put(index)
 
     def _local(self) -> None:
-        """The local thread: frames in, copied to staging, released, handed to the UCX loop."""
+        """The local thread: frames in, copied to staging, released, handed to the UCX engine.
+        A 'latest' relay receives only when a remote subscriber can take the frame (the newest
+        then): it never copies a frame only to skip it, and sleeps instead of taking every frame
+        of a publisher that runs flat out (CPU and GIL the local subscribers and the engine need).
+        Otherwise it looks every 0.25 s whether the publisher is still there."""
         sub = self._sub
         while not self._closing:
+            look = self.qos is Qos.LATEST and not self._wanted.wait(0.25)
             try:
-                message = sub.receive(timeout=0.25)
+                message = sub.receive(timeout=0.001 if look else 0.25)
             except Timeout:
                 continue
             except ClosedError:
@@ -159,17 +166,18 @@ class Relay(Serving):
                 log.error("relay %s: receiving failed: %s", self.name, exc)
                 self._publisher_lost(StreamDisconnected(f"the relay failed to receive: {exc}"))
                 return
+            seq = message.seq
             try:
-                index = self._stage(message)
+                index = None if look else self._stage(message)
             finally:
                 message.release()
             if index is not None:
-                self._call(self._dispatch, index)
+                self._call(self._dispatch, index, seq)
 
     def _stage(self, message: Any) -> int | None:
         """Copy the frame into a free staging buffer (None: skipped)."""
-        if self._live_remotes == 0:
-            return None  # nobody to send it to: no copy
+        if not self._wanted.is_set():
+            return None  # nobody to send it to now: no copy
         try:
             if self.qos is Qos.LATEST:
                 index = self._free.get_nowait()

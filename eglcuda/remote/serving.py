@@ -3,7 +3,7 @@ sender (frames while there is credit, a few in flight; beats; the GONE note), it
 and the watchdog that drops the silent and the slow. :class:`Serving` is a part of
 :class:`eglcuda.Relay` (relay.py), which owns the state it uses: ``name``, ``timeout``,
 ``every_timeout``, ``max_remotes``, ``_key``, ``_sub``, ``_welcome``, ``_live``, ``_closing``,
-``_remotes``, ``_history``, ``_live_remotes``, ``_staging``, ``_refs``, ``_free``, ``_listener``.
+``_remotes``, ``_history``, ``_wanted``, ``_staging``, ``_refs``, ``_free``, ``_listener``.
 Everything here runs on the engine's thread.
 """
 from __future__ import annotations
@@ -27,9 +27,9 @@ log = logging.getLogger("eglcuda.remote")
 @dataclass(frozen=True)
 class RemoteInfo:
     """One remote subscriber as its relay sees it: ``peer`` its address, ``sent`` frames sent
-    to it, ``skipped`` frames it missed while it had no credit ('latest'), ``dropped`` why the
-    relay dropped it (None: it is connected, or it left by itself), ``since`` when it joined
-    (``time.time()``)."""
+    to it, ``skipped`` frames of the topic it did not get between those ('latest'), ``dropped``
+    why the relay dropped it (None: it is connected, or it left by itself), ``since`` when it
+    joined (``time.time()``)."""
 
     peer: str
     qos: str
@@ -56,6 +56,7 @@ class _Remote:
         self.wake = asyncio.Event()
         self.sent = 0
         self.skipped = 0
+        self.last_seq: int | None = None  # of the last frame queued for it
         self.dropped: str | None = None
         self.gone: tuple[int, str] | None = None  # (code, reason) to send, then close
         # After the publisher closed the topic: the frames still pending go out first, until then
@@ -89,23 +90,34 @@ class Serving:
         else:
             self._refs[index] = left
 
-    def _dispatch(self, index: int) -> None:
+    def _dispatch(self, index: int, seq: int) -> None:
         """A staged frame: queue it for each remote subscriber that has room for it."""
-        item = index
         refs = 0
         for remote in self._remotes:
             if not remote.connected or remote.gone is not None:
                 continue
             if remote.qos is Qos.LATEST and remote.credits - len(remote.pending) <= 0:
-                remote.skipped += 1
                 continue
-            remote.pending.append(item)
+            if remote.last_seq is not None:  # (what it missed: frames it had no room for, or never staged)
+                remote.skipped += max(0, seq - remote.last_seq - 1)
+            remote.last_seq = seq
+            remote.pending.append(index)
             refs += 1
             remote.wake.set()
         if refs:
             self._refs[index] = refs
         else:
             self._free.put(index)
+        self._want()
+
+    def _want(self) -> None:
+        """Tell the local thread whether some remote subscriber can take a frame now."""
+        for remote in self._remotes:
+            if remote.connected and remote.gone is None and (
+                    remote.qos is Qos.EVERY or remote.credits > len(remote.pending)):
+                self._wanted.set()
+                return
+        self._wanted.clear()
 
     def _all_gone(self, code: int, reason: str) -> None:
         self._live = False
@@ -122,6 +134,7 @@ class Serving:
             if dropped:
                 remote.dropped = reason
             remote.wake.set()
+            self._want()
 
     async def _serve(self, ep: Any) -> None:
         """A new connection (the listener's): handshake, then serve it."""
@@ -159,7 +172,7 @@ class Serving:
                 self._unref(remote.pending.popleft())
             if remote in self._remotes:
                 self._remotes.remove(remote)
-            self._live_remotes = len(self._remotes)
+            self._want()
             self._history.append(remote.info())
             log.info("relay %s: remote subscriber %s left%s", self.name, peer,
                      f" (dropped: {remote.dropped})" if remote.dropped else "")
@@ -230,7 +243,7 @@ class Serving:
         peer = f"{hello.client or '?'} pid {hello.pid}"
         remote = _Remote(ep, peer, hello.qos, hello.queue, window, reply)
         self._remotes.append(remote)
-        self._live_remotes = len(self._remotes)
+        self._want()
         return remote
 
     async def _send_frames(self, remote: _Remote) -> None:
@@ -305,6 +318,7 @@ class Serving:
                         raise wire.WireError(f"credit beyond the window of {remote.window}")
                     remote.starved_since = None
                     remote.wake.set()
+                    self._want()
                 elif kind is wire.Control.BYE:
                     self._end(remote, Reason.CLOSING, "the subscriber closed", dropped=False)
                     return
