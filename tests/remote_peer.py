@@ -147,6 +147,34 @@ def cycles(args) -> int:
     return 0
 
 
+def forked(args) -> int:
+    """A remote subscriber receives, the process forks: the child's close() of it leaves the
+    parent's alone, and a new one in the child is a UsageError; the parent goes on receiving."""
+    sub = eglcuda.Subscriber(args.name, qos="every", timeout=args.timeout, remote=args.remote)
+    with sub.receive(args.timeout) as message:
+        first = check(message, args.seed)[0]
+    pid = os.fork()
+    if pid == 0:  # the child: no Python exit handlers (the parent's engine is not ours)
+        code = 5
+        try:
+            sub.close()
+            try:
+                eglcuda.Subscriber(args.name, timeout=1.0, remote=args.remote)
+                code = 3
+            except eglcuda.UsageError as exc:
+                code = 0 if "fork" in str(exc) else 4
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    oks = [first]
+    for _ in range(args.count):
+        with sub.receive(args.timeout) as message:
+            oks.append(check(message, args.seed)[0])
+    sub.close()
+    say(event="done", child=os.waitstatus_to_exitcode(status), ok=all(oks), got=len(oks))
+    return 0
+
+
 def pair(args) -> int:
     """Two remote subscribers in this one process, on two relays (``--remote`` and ``--remote2``,
     publishers seeded ``--seed`` and ``--seed2``), received in turn: every byte of ``--count``
@@ -252,7 +280,7 @@ def garbage(args) -> int:
 def main() -> int:
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # (a hung peer's stacks, for debugging)
     parser = argparse.ArgumentParser()
-    parser.add_argument("role", choices=["relay", "subscribe", "garbage", "cycles", "pair"])
+    parser.add_argument("role", choices=["relay", "subscribe", "garbage", "cycles", "pair", "forked"])
     parser.add_argument("--mode", default="magic")
     parser.add_argument("--name", required=True)
     parser.add_argument("--path", default=None)
@@ -280,7 +308,7 @@ def main() -> int:
     parser.add_argument("--wait-bye", action="store_true")
     parser.add_argument("--wait-go", action="store_true")
     args = parser.parse_args()
-    return {"relay": relay, "subscribe": subscribe, "garbage": garbage, "cycles": cycles, "pair": pair}[args.role](args)
+    return {"relay": relay, "subscribe": subscribe, "garbage": garbage, "cycles": cycles, "pair": pair, "forked": forked}[args.role](args)
 
 
 if __name__ == "__main__":

@@ -225,8 +225,14 @@ class Engine:
             self._stop_on_thread()
 
     def _stop_on_thread(self) -> None:
-        for task in asyncio.all_tasks(self.loop):
+        tasks = asyncio.all_tasks(self.loop)
+        for task in tasks:
             task.cancel()
+        if tasks:  # (let them end: a task destroyed while pending is a warning at exit)
+            try:
+                self.loop.run_until_complete(asyncio.wait(tasks, timeout=1.0))
+            except Exception:  # noqa: BLE001 - exit goes on
+                pass
         try:
             self.loop.remove_reader(self.worker.epoll_file_descriptor)
             self.worker.progress()
@@ -237,8 +243,8 @@ class Engine:
         # (the worker and the context go with the process: UCXX's teardown order is its own)
 
     def _fallback(self) -> None:
+        self.loop.call_later(FALLBACK_S, self._fallback)  # (first: a failing pass must not end the fallback)
         self._pass()
-        self.loop.call_later(FALLBACK_S, self._fallback)
 
     def schedule(self) -> None:
         """A progress pass soon (after a UCX call on the engine's thread)."""
@@ -313,15 +319,22 @@ class Engine:
             self.thread.join(5)
 
 
+def check_fork() -> None:
+    """:class:`UsageError` in a forked child of a process whose engine started (UCX, like CUDA,
+    does not survive fork)."""
+    current = _engine
+    if current is not None and current._pid != os.getpid():
+        raise UsageError("this process was forked from one that used remote topics: UCX cannot be used across "
+                         "fork(); make relays and remote subscribers in a fresh process (spawn)")
+
+
 def engine() -> Engine:
     """The process's engine (started by the first call); :class:`UsageError` in a forked child
     of a process that started one."""
     global _engine
     require()
     with _lock:
-        if _engine is not None and _engine._pid != os.getpid():
-            raise UsageError("this process was forked from one that used remote topics: UCX cannot be used "
-                             "across fork(); make relays and remote subscribers in a fresh process (spawn)")
+        check_fork()
         if _engine is None:
             _engine = Engine()
         return _engine

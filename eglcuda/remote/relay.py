@@ -73,6 +73,7 @@ class Relay(Serving):
         self.name = naming.check_name(name)
         host, port = parse_address(listen, "listen")
         _ucx.require()  # (what to install is the first thing to say)
+        _ucx.check_fork()
         self._key = keys.load_key(key)
         self.timeout = positive_seconds(timeout, "timeout")
         self.every_timeout = positive_seconds(every_timeout, "every_timeout")

@@ -80,6 +80,7 @@ class RemoteSubscriber(Joining, Subscriber):
         self.timeout = positive_seconds(timeout, "timeout")
         self._busy_wait = sockets.wait_seconds(busy_wait, "busy_wait")
         _ucx.require()  # (what to install is the first thing to say)
+        _ucx.check_fork()
         self._key = keys.load_key(key)
         self.path = f"ucx://{remote}"
         self._closed = False

@@ -271,6 +271,17 @@ def test_slow_every_remote_subscriber_is_dropped_with_the_reason(cluster):
     _frames_ok(slow)
 
 
+def test_a_forked_child_cannot_use_the_engine_and_leaves_the_parent_alone(cluster, env):
+    cluster.publisher()
+    _, address = cluster.relay()
+    from .conftest import Peer
+    peer = Peer(env, REMOTE_PEER, "forked", "--name", "t", "--remote", address, "--seed", "5", "--count", "20")
+    cluster.peers.append(peer)
+    done = peer.wait_for(lambda m: m["event"] == "done", timeout=30)
+    assert done["child"] == 0, done  # (3: the child made one; 4: another error; 5: close() raised)
+    assert done["ok"] and done["got"] == 21, done
+
+
 def test_no_relay_listening_times_out(env):
     started = time.monotonic()
     out = subprocess.run([sys.executable, str(REMOTE_PEER), "subscribe", "--name", "t", "--remote", "127.0.0.1:9",
