@@ -25,7 +25,7 @@ from .wire import BEAT_S, DISCONNECTED, LATEST_WINDOW
 
 
 class _Link:
-    """One connection to the relay (state shared by the UCX loop and the user's thread)."""
+    """One connection to the relay (state shared by the UCX engine and the user's thread)."""
 
     def __init__(self, ep: Any, welcome: wire.Welcome, host: Pinned) -> None:
         self.ep = ep
@@ -48,6 +48,15 @@ class _Link:
 
 class Joining:
     """The engine's side of a remote subscriber (see the module's docstring)."""
+
+    # The subscriber's state this part uses (RemoteSubscriber.__init__ sets it).
+    name: str
+    qos: Qos
+    queue: int
+    timeout: float
+    remote: tuple[str, int]
+    _key: bytes
+    _loop: asyncio.AbstractEventLoop | None
 
     async def _handshake(self) -> tuple[Any, wire.Welcome]:
         host, port = self.remote
@@ -110,7 +119,7 @@ class Joining:
         link.tasks = [asyncio.ensure_future(self._frames(link)), asyncio.ensure_future(self._notes(link)),
                       asyncio.ensure_future(self._beat(link))]
 
-    # ---- the UCX loop ---------------------------------------------------------------------------------
+    # ---- on the UCX engine --------------------------------------------------------------------------------
     async def _frames(self, link: _Link) -> None:
         """Keep a frame receive posted into every free buffer of the window (the relay sends only
         as many frames as there are: its credits)."""

@@ -11,15 +11,21 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import queue as _queue
+import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..topics.protocol import Qos, Reason
 from . import _ucx, keys, wire
 from .wire import BEAT_S, LATEST_WINDOW, NO_PUBLISHER, SEND_AHEAD
+
+if TYPE_CHECKING:
+    from ..topics.subscriber import Subscriber
+    from .buffers import Pinned
 
 log = logging.getLogger("eglcuda.remote")
 
@@ -42,7 +48,7 @@ class RemoteInfo:
 
 
 class _Remote:
-    """A connected remote subscriber (state of the UCX loop only)."""
+    """A connected remote subscriber (state of the UCX engine only)."""
 
     def __init__(self, ep: Any, peer: str, qos: Qos, queue: int, window: int, welcome: wire.Welcome) -> None:
         self.ep = ep
@@ -75,6 +81,27 @@ class _Remote:
 
 class Serving:
     """The relay's connections (see the module's docstring)."""
+
+    # The relay's state this part uses (Relay.__init__ sets it).
+    name: str
+    timeout: float
+    every_timeout: float
+    max_remotes: int
+    _key: bytes
+    _sub: "Subscriber"
+    _welcome: wire.Welcome | None
+    _live: bool
+    _closing: bool
+    _remotes: list[_Remote]
+    _history: collections.deque[RemoteInfo]
+    _wanted: threading.Event
+    _staging: "Pinned | None"
+    _refs: dict[int, int]
+    _free: _queue.Queue[int]
+    _listener: Any
+
+    def _write_status(self) -> None:
+        raise NotImplementedError  # (the relay's)
 
     async def _listen(self, host: str, port: int) -> Any:
         return _ucx.engine().listen(port, self._serve)

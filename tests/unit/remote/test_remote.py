@@ -293,7 +293,7 @@ def test_no_relay_listening_times_out(env):
 
 def test_join_leave_cycles_leak_nothing(cluster):
     """Joins, refusals and timeouts, again and again: the threads and descriptors after the
-    first cycle (the UCX loop and context, made once per process) stay as they are."""
+    first cycle (the UCX engine and context, made once per process) stay as they are."""
     cluster.publisher()
     relay, address = cluster.relay()
     cycles = cluster.cycles(address, "--count", "4")
