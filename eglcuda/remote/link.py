@@ -40,6 +40,9 @@ class _Link:
         self.receives: set[asyncio.Future[Any]] = set()
         self.receiving = 0  # frame receives posted and not finished (UCX may write their buffers)
         self.kick: asyncio.Event | None = None  # (made on the loop) a buffer came free: post a receive
+        self.drained = asyncio.Event()  # (used on the loop only) every frame the relay said it sent arrived
+        self.arrived = 0  # frames received on this link
+        self.expected = 0  # frames the relay's goodbye said it sent
         self.posted = 0  # frame receives posted so far (their order is the relay's)
         self.next_out = 0  # the next of them to hand out
         self.done: dict[int, tuple[int, int, bytes, int]] = {}  # finished out of order, by posting order
@@ -161,6 +164,9 @@ class Joining:
                     link.ready.append(link.done.pop(link.next_out))
                     link.next_out += 1
                 link.cond.notify_all()
+            link.arrived += 1
+            if link.arrived >= link.expected:
+                link.drained.set()
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - a protocol breach or a failed endpoint
@@ -185,12 +191,19 @@ class Joining:
             while True:
                 await link.ep.recv(note, wire.NOTE_TAG)
                 link.heard = time.monotonic()
-                kind, _, _, length, code, _ = wire.decode_header(note[:wire.HEADER].tobytes())
+                kind, sent, _, length, code, _ = wire.decode_header(note[:wire.HEADER].tobytes())
                 if kind is wire.Head.BEAT:
                     continue
                 if kind is not wire.Head.GONE:
                     raise wire.WireError(f"{kind.name} as a note")
                 reason = note[wire.HEADER:wire.HEADER + length].tobytes().decode(errors="replace")
+                if link.arrived < sent:  # (the note overtook frames the relay sent before it: they come first)
+                    link.expected = sent
+                    link.drained.clear()
+                    try:
+                        await asyncio.wait_for(link.drained.wait(), self.timeout)
+                    except (asyncio.TimeoutError, TimeoutError):
+                        pass
                 self._end(link, StreamDisconnected(reason) if code == DISCONNECTED else Dropped(reason, code))
                 return
         except asyncio.CancelledError:

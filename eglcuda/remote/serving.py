@@ -66,7 +66,8 @@ class _Remote:
         self.dropped: str | None = None
         self.gone: tuple[int, str] | None = None  # (code, reason) to send, then close
         # After the publisher closed the topic: the frames still pending go out first, until then
-        # (time.monotonic()), as a local subscriber gets every frame published before the close.
+        # (time.monotonic(); each credit it returns moves that every_timeout on: it keeps pace), as a
+        # local subscriber gets every frame published before the close.
         self.flush_until = 0.0
         self.since = time.time()
         self.heard = time.monotonic()
@@ -283,11 +284,11 @@ class Serving:
                 while inflight and inflight[0].done():
                     inflight.popleft().result()  # (a failed send ends this remote subscriber)
                 if remote.gone is not None and not self._flushing(remote):
-                    if inflight:
-                        await asyncio.wait(list(inflight), timeout=1.0)
+                    if inflight:  # (the goodbye after the frames: a small message would overtake them)
+                        await asyncio.wait(list(inflight), timeout=max(1.0, self.every_timeout))
                     code, reason = remote.gone
                     try:
-                        await asyncio.wait_for(self._send_note(ep, wire.Head.GONE, code, reason), 1.0)
+                        await asyncio.wait_for(self._send_note(ep, wire.Head.GONE, code, reason, remote.sent), 2.0)
                     except Exception:  # noqa: BLE001 - it may be gone or stalled
                         pass
                     return
@@ -327,10 +328,13 @@ class Serving:
         finally:
             self._unref(index)
 
-    async def _send_note(self, ep: Any, kind: wire.Head, code: int = 0, reason: str = "") -> None:
-        await ep.send(wire.encode_note(kind, code, reason), wire.NOTE_TAG)
-        if kind is wire.Head.GONE:
-            await asyncio.sleep(0.05)  # (let it leave before the endpoint goes)
+    async def _send_note(self, ep: Any, kind: wire.Head, code: int = 0, reason: str = "", sent: int = 0) -> None:
+        await ep.send(wire.encode_note(kind, code, reason, sent), wire.NOTE_TAG)
+        if kind is wire.Head.GONE:  # (the endpoint stays until the subscriber took its last frames and left)
+            try:
+                await asyncio.wait_for(ep.lost.wait(), 1.5)
+            except (asyncio.TimeoutError, TimeoutError):
+                pass
 
     async def _read_credits(self, remote: _Remote) -> None:
         buf = np.zeros(wire.CONTROL, np.uint8)
@@ -344,6 +348,8 @@ class Serving:
                     if remote.credits > remote.window:
                         raise wire.WireError(f"credit beyond the window of {remote.window}")
                     remote.starved_since = None
+                    if remote.flush_until:  # (flushing after the publisher closed: it keeps pace, go on)
+                        remote.flush_until = time.monotonic() + self.every_timeout
                     remote.wake.set()
                     self._want()
                 elif kind is wire.Control.BYE:

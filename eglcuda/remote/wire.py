@@ -268,10 +268,12 @@ def pack_frame(out: Any, seq: int, timestamp_ns: int, payload: bytes) -> None:
     out[HEADER:HEADER + len(payload)] = np.frombuffer(payload, np.uint8)
 
 
-def encode_note(kind: Head, code: int = 0, reason: str = "") -> bytearray:
+def encode_note(kind: Head, code: int = 0, reason: str = "", sent: int = 0) -> bytearray:
+    """A BEAT or GONE note; a GONE's ``sent`` (in the header's seq field) is how many frames the
+    relay sent on this connection: the subscriber ends once it received them all."""
     text = reason.encode()[:NOTE_REASON]
     out = bytearray(NOTE)
-    _HEADER.pack_into(out, 0, _HEAD_MAGIC, int(kind), 0, 0, len(text), code, 0)
+    _HEADER.pack_into(out, 0, _HEAD_MAGIC, int(kind), sent, 0, len(text), code, 0)
     out[HEADER:HEADER + len(text)] = text
     return out
 
