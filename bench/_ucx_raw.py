@@ -14,7 +14,8 @@ then its acknowledgement). Progress modes:
 - ``asyncio-blocking``, ``asyncio-polling``, ``asyncio-thread``: UCXX's asyncio API
   (``ucxx.create_listener`` / ``create_endpoint``, ``await ep.send`` / ``ep.recv``) with
   ``ucxx.init(progress_mode=...)``: the worker's descriptor in the event loop (what eglcuda's
-  relay and remote subscribers use), a polling task, or UCXX's progress thread (its default).
+  relay and remote subscribers used before their own engine, eglcuda/remote/_ucx.py, which is
+  ``blocking``'s loop under an asyncio scheduler), a polling task, or UCXX's progress thread (its default).
 
     python bench/_ucx_raw.py receive --size BYTES --window W --mode M      (prints "PORT n")
     python bench/_ucx_raw.py send --port P --size BYTES --window W --mode M --duration S

@@ -452,9 +452,9 @@ def raw_engine(args, size: int, window: int, mode: str, env: dict) -> dict:
 def relay_window() -> int:
     """How many frames the relay sends ahead of a 'latest' remote subscriber's credit."""
     try:
-        from eglcuda.remote import relay as relay_module
+        from eglcuda.remote import wire
 
-        return int(getattr(relay_module, "LATEST_WINDOW", 3))
+        return int(wire.LATEST_WINDOW)
     except ImportError:
         return 3
 

@@ -58,6 +58,8 @@ def subscribe(args) -> int:
         return 0
     say(event="ready", pid=os.getpid(), transport=sub.info.transport, instance=sub.info.instance,
         subscriber=isinstance(sub, eglcuda.Subscriber), info=[sub.info.width, sub.info.height, sub.info.format.name])
+    if args.wait_go:  # (joined, and receives nothing until told: a test looks at the relay meanwhile)
+        sys.stdin.readline()
     held = []
     got = 0
     started = time.monotonic()
@@ -78,10 +80,14 @@ def subscribe(args) -> int:
                 for message in held:
                     message.release()
                 held.clear()
+                if args.close_during_rejoin_ms:  # another thread closes the subscriber while it waits
+                    threading.Timer(args.close_during_rejoin_ms / 1e3, sub.close).start()
+                began = time.monotonic()
                 try:
-                    info = sub.wait_for_publisher(args.timeout)
+                    info = sub.wait_for_publisher(args.rejoin_timeout or args.timeout)
                 except eglcuda.EglCudaError as exc2:
-                    say(event="rejoin-failed", kind=type(exc2).__name__, reason=str(exc2))
+                    say(event="rejoin-failed", kind=type(exc2).__name__, reason=str(exc2),
+                        waited=time.monotonic() - began)
                     break
                 say(event="rejoined", instance=info.instance, transport=info.transport)
                 continue
@@ -141,63 +147,132 @@ def cycles(args) -> int:
     return 0
 
 
+def forked(args) -> int:
+    """A remote subscriber receives, the process forks: the child's close() of it leaves the
+    parent's alone, and a new one in the child is a UsageError; the parent goes on receiving."""
+    sub = eglcuda.Subscriber(args.name, qos="every", timeout=args.timeout, remote=args.remote)
+    with sub.receive(args.timeout) as message:
+        first = check(message, args.seed)[0]
+    pid = os.fork()
+    if pid == 0:  # the child: no Python exit handlers (the parent's engine is not ours)
+        code = 5
+        try:
+            sub.close()
+            try:
+                eglcuda.Subscriber(args.name, timeout=1.0, remote=args.remote)
+                code = 3
+            except eglcuda.UsageError as exc:
+                code = 0 if "fork" in str(exc) else 4
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    oks = [first]
+    for _ in range(args.count):
+        with sub.receive(args.timeout) as message:
+            oks.append(check(message, args.seed)[0])
+    sub.close()
+    say(event="done", child=os.waitstatus_to_exitcode(status), ok=all(oks), got=len(oks))
+    return 0
+
+
+def pair(args) -> int:
+    """Two remote subscribers in this one process, on two relays (``--remote`` and ``--remote2``,
+    publishers seeded ``--seed`` and ``--seed2``), received in turn: every byte of ``--count``
+    frames of each is checked against its own publisher's seed."""
+    subs = [eglcuda.Subscriber(args.name, qos="every", queue=args.queue, timeout=args.timeout, remote=remote)
+            for remote in (args.remote, args.remote2)]
+    try:
+        say(event="ready")
+        seqs: list[list[int]] = [[], []]
+        bad = []
+        while min(len(s) for s in seqs) < args.count:
+            for index, (sub, seed) in enumerate(zip(subs, (args.seed, args.seed2))):
+                if len(seqs[index]) >= args.count:
+                    continue
+                with sub.receive(args.timeout) as message:
+                    ok, why = check(message, seed)
+                    seqs[index].append(message.seq)
+                    if not ok:
+                        bad.append([index, message.seq, why])
+        say(event="done", seqs=seqs, bad=bad)
+    finally:
+        for sub in subs:
+            sub.close()
+    return 0
+
+
 def garbage(args) -> int:
     """A UCX peer that is no eglcuda subscriber: ``--mode`` magic (a HELLO with a wrong magic),
     silent (connects, says nothing), big (a message longer than a HELLO), wrongkey (a HELLO,
-    then a PROOF made with another key). Says what the relay answered."""
+    then a PROOF made with another key), late:S (a HELLO with the right key, its PROOF after S
+    seconds; welcomed, it leaves at once). Says what the relay answered."""
     import asyncio
 
     import numpy as np
-    import ucxx
 
-    from eglcuda.remote import keys, wire
+    from eglcuda.remote import _ucx, keys, wire
 
-    async def run(mode: str) -> dict:
-        host, port = args.remote.rsplit(":", 1)
-        ep = await ucxx.create_endpoint(host, int(port))
-        answer = np.zeros(wire.HANDSHAKE, np.uint8)
-        if mode == "silent":
-            try:
-                await asyncio.wait_for(ep.recv(answer), args.timeout)
-                return {"answer": "message"}
-            except asyncio.TimeoutError:
-                return {"answer": "none"}
-            except Exception as exc:  # noqa: BLE001
-                return {"answer": "closed", "error": type(exc).__name__}
-        if mode == "magic":
-            data = bytearray(wire.HANDSHAKE)
-            data[:8] = b"NOTMAGIC"
-        elif mode == "big":
-            data = bytearray(np.random.default_rng(3).integers(0, 256, wire.HANDSHAKE * 4, dtype=np.uint8).tobytes())
-        else:
-            data = wire.encode_hello(wire.Hello(eglcuda.topics.protocol.Qos.EVERY, 4, keys.nonce(), args.name))
-        await ep.send(np.frombuffer(bytes(data), np.uint8))
+    key = keys.load_key(None)
+
+    async def answer_of(ep, buffer) -> dict | None:
         try:
-            await asyncio.wait_for(ep.recv(answer), args.timeout)
+            await asyncio.wait_for(ep.stream_recv(buffer), args.timeout)
+        except asyncio.TimeoutError:
+            return {"answer": "none"}
         except Exception as exc:  # noqa: BLE001
             return {"answer": "closed", "error": type(exc).__name__}
-        kind, body = wire.handshake_kind(answer.tobytes())
+        kind, body = wire.handshake_kind(buffer.tobytes())
         if kind is wire.Kind.REFUSE:
             code, reason = wire.decode_refuse(body)
             return {"answer": "refused", "code": code, "reason": reason}
-        if mode == "wrongkey":
-            await ep.send(np.frombuffer(wire.encode_proof(bytes(32)), np.uint8))
-            answer[:] = 0
-            try:
-                await asyncio.wait_for(ep.recv(answer), args.timeout)
-            except Exception as exc:  # noqa: BLE001
-                return {"answer": "closed", "error": type(exc).__name__}
+        return None
+
+    async def run(mode: str) -> dict:
+        host, port = args.remote.rsplit(":", 1)
+        ep = _ucx.engine().connect(host, int(port))
+        try:
+            answer = np.zeros(wire.HANDSHAKE, np.uint8)
+            if mode == "silent":
+                return await answer_of(ep, answer) or {"answer": "message"}
+            mine = keys.nonce()
+            hello = wire.encode_hello(wire.Hello(eglcuda.topics.protocol.Qos.EVERY, 4, mine, args.name, tags=7))
+            if mode == "magic":
+                data = bytearray(hello)
+                data[:8] = b"NOTMAGIC"
+            elif mode == "big":
+                data = bytearray(np.random.default_rng(3).integers(0, 256, wire.HANDSHAKE * 4, dtype=np.uint8).tobytes())
+            else:
+                data = hello
+            await ep.stream_send(data)
+            said = await answer_of(ep, answer)
+            if said is not None:
+                return said
             kind, body = wire.handshake_kind(answer.tobytes())
-            if kind is wire.Kind.REFUSE:
-                code, reason = wire.decode_refuse(body)
-                return {"answer": "refused", "code": code, "reason": reason}
-        return {"answer": kind.name}
+            if mode == "wrongkey" or mode.startswith("late:"):
+                theirs, _ = wire.decode_challenge(body)
+                if mode == "wrongkey":
+                    proof = bytes(32)
+                else:
+                    await asyncio.sleep(float(mode.split(":", 1)[1]))
+                    proof = keys.proof(key, b"subscriber", theirs, mine, args.name.encode())
+                try:
+                    await ep.stream_send(wire.encode_proof(proof))
+                except Exception as exc:  # noqa: BLE001 - the relay gave up on it first
+                    return {"answer": "closed", "error": type(exc).__name__}
+                answer[:] = 0
+                said = await answer_of(ep, answer)
+                if said is not None:
+                    return said
+                kind, body = wire.handshake_kind(answer.tobytes())
+            return {"answer": kind.name}
+        finally:
+            ep.abort()
 
     async def all_modes() -> list:
-        ucxx.init(progress_mode="blocking")
         return [dict(mode=mode, **await run(mode)) for mode in args.mode.split(",")]
 
-    for answer in asyncio.run(all_modes()):
+    loop = _ucx.acquire()
+    for answer in _ucx.run(loop, all_modes(), None):
         say(event="answer", **answer)
     return 0
 
@@ -205,12 +280,14 @@ def garbage(args) -> int:
 def main() -> int:
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # (a hung peer's stacks, for debugging)
     parser = argparse.ArgumentParser()
-    parser.add_argument("role", choices=["relay", "subscribe", "garbage", "cycles"])
+    parser.add_argument("role", choices=["relay", "subscribe", "garbage", "cycles", "pair", "forked"])
     parser.add_argument("--mode", default="magic")
     parser.add_argument("--name", required=True)
     parser.add_argument("--path", default=None)
     parser.add_argument("--listen", default="127.0.0.1:0")
     parser.add_argument("--remote", default=None)
+    parser.add_argument("--remote2", default=None)
+    parser.add_argument("--seed2", type=int, default=2)
     parser.add_argument("--qos", default="every")
     parser.add_argument("--queue", type=int, default=4)
     parser.add_argument("--device", type=int, default=0)
@@ -224,11 +301,14 @@ def main() -> int:
     parser.add_argument("--hold", type=int, default=0)
     parser.add_argument("--sleep-ms", type=float, default=0.0)
     parser.add_argument("--rejoin", action="store_true")
+    parser.add_argument("--rejoin-timeout", type=float, default=0.0)
+    parser.add_argument("--close-during-rejoin-ms", type=float, default=0.0)
     parser.add_argument("--late-copy-ms", type=float, default=0.0)
     parser.add_argument("--no-check", action="store_true")
     parser.add_argument("--wait-bye", action="store_true")
+    parser.add_argument("--wait-go", action="store_true")
     args = parser.parse_args()
-    return {"relay": relay, "subscribe": subscribe, "garbage": garbage, "cycles": cycles}[args.role](args)
+    return {"relay": relay, "subscribe": subscribe, "garbage": garbage, "cycles": cycles, "pair": pair, "forked": forked}[args.role](args)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,11 @@
 """Remote subscribers: a topic that crosses hosts, on UCX through UCXX (docs/remote.md).
 
-- :class:`Relay` (relay.py): a local subscriber of a topic that serves remote subscribers.
-- :class:`RemoteSubscriber` (subscriber.py): what ``eglcuda.Subscriber(name, remote="HOST:PORT")``
-  makes; frames land in a pool on its own GPU.
+- :class:`Relay` (relay.py; its connections: serving.py): a local subscriber of a topic that
+  serves remote subscribers.
+- :class:`RemoteSubscriber` (subscriber.py; joining and its link: link.py): what
+  ``eglcuda.Subscriber(name, remote="HOST:PORT")`` makes; frames land in a pool on its own GPU.
 - wire.py: the messages, each of a size known before it arrives; keys.py: the pre-shared key and
-  the mutual HMAC challenge-response; buffers.py: page-locked staging; _ucx.py: the one UCX loop.
+  the mutual HMAC challenge-response; buffers.py: page-locked staging; _ucx.py: the one UCX engine.
 
 Importing this package does not import ucxx: a relay or remote subscriber made without it raises
 :class:`eglcuda.Unsupported` naming what to install (:func:`ucxx_missing`).

@@ -1,13 +1,28 @@
-"""UCX through UCXX: the one asyncio loop (a daemon thread, ``eglcuda-ucx``) that every relay and
-remote subscriber of this process runs its connections on, and the one-line install hint when
-ucxx is missing.
+"""UCX through UCXX's core API: the one engine of this process (a daemon thread, ``eglcuda-ucx``)
+that every relay and remote subscriber runs its connections on, and the one-line install hint
+when ucxx is missing.
 
-The loop and UCXX's context start with the first relay or remote subscriber and stay until the
-interpreter exits (then open relays and remote subscribers are closed first, and the loop
-stops). Not per user: UCXX's reset() lets go of the context but not of its worker's descriptors
-(measured with ucxx 0.52: six per reset), so a process that joins and leaves often would leak;
-one context for the process's life costs one thread and a fixed few descriptors, and nothing
-grows however often subscribers come and go."""
+The engine thread owns a UCX context and worker (``ucxx._lib.libucxx``) and an asyncio loop that
+schedules the connections' coroutines; every UCX call happens on it. It never spins: the worker
+runs in UCX's blocking mode, its epoll descriptor is a reader of the loop, and after each
+progress pass (progress until idle, complete the finished requests' futures) the worker is armed,
+so the thread sleeps in the loop's epoll until UCX has an event, another thread hands it work
+(``call_soon_threadsafe``'s wake-up pipe), or a timer is due (a fallback pass each
+``FALLBACK_S``, so that a missed arm costs a delay, never a hang). UCXX's asyncio API awaits a
+request with ``while not done: await asyncio.sleep(0)``: a relay or remote subscriber waiting
+for a frame burnt a core (docs/remote.md, "The engine").
+
+Tags: UCX matches a tag receive on the whole worker, not per endpoint. Each side of a connection
+picks the tag prefix of what it *receives* (:meth:`Engine.new_prefix`: random, unique in this
+process) and says it in the handshake, which goes over the endpoint's own stream; a message's
+tag is its receiver's prefix and its kind (wire.py). Two connections of one process never match
+each other's messages, and a peer cannot guess another connection's tags.
+
+The engine starts with the first relay or remote subscriber and stays until the interpreter
+exits (then open relays and remote subscribers are closed first): one context and worker for
+the process's life costs one thread and a fixed few descriptors, however often subscribers come
+and go. A forked child cannot use its parent's engine (UCX is not fork-safe): it gets a
+:class:`UsageError`."""
 from __future__ import annotations
 
 import asyncio
@@ -15,19 +30,23 @@ import atexit
 import concurrent.futures
 import importlib
 import os
+import secrets
 import threading
 import weakref
-from typing import Any, Coroutine, TypeVar
+from typing import Any, Awaitable, Callable, Coroutine, TypeVar
 
-from ..errors import Timeout, Unsupported
+import numpy as np
+
+from ..errors import Timeout, Unsupported, UsageError
 
 T = TypeVar("T")
 INSTALL = "pip install 'eglcuda[remote-cu12]' (CUDA 12) or 'eglcuda[remote-cu13]' (CUDA 13)"
+FALLBACK_S = 0.1  # a progress pass at least this often (UCX may miss an event once armed late)
+ABORT_NS = 100_000_000  # how long closing an endpoint may wait for UCX (on the engine's thread)
+PREFIX_BITS = 56  # a tag is (prefix << 8) | kind
 
 _lock = threading.Lock()
-_users = 0
-_loop: asyncio.AbstractEventLoop | None = None
-_thread: threading.Thread | None = None
+_engine: "Engine | None" = None
 _ucxx: Any = None
 _open: "weakref.WeakSet[Any]" = weakref.WeakSet()  # relays and remote subscribers to close at exit
 
@@ -51,7 +70,7 @@ def require() -> Any:
     """The ucxx module, or :class:`Unsupported` with the line to install it."""
     global _ucxx
     if _ucxx is None:
-        for name, value in TUNING.items():  # (read when UCXX makes its context, after this)
+        for name, value in TUNING.items():  # (read when the engine makes its context, after this)
             os.environ.setdefault(name, value)
         missing = ucxx_missing()
         if missing is not None:
@@ -60,42 +79,278 @@ def require() -> Any:
     return _ucxx
 
 
-def acquire() -> asyncio.AbstractEventLoop:
-    """Start (or share) the UCX loop; pair with :func:`release`."""
-    global _users, _loop, _thread
-    ucxx = require()
-    with _lock:
-        if _loop is None:
-            loop = asyncio.new_event_loop()
-            thread = threading.Thread(target=loop.run_forever, name="eglcuda-ucx", daemon=True)
-            thread.start()
-            # (blocking progress: UCX's descriptor in the asyncio loop, no polling thread burning a core)
-            mode = os.environ.get("UCXPY_PROGRESS_MODE", "blocking")
+class LinkError(Exception):
+    """A UCX request on a connection failed (the peer left, the link broke, a message did not fit)."""
+
+
+class Endpoint:
+    """One UCX connection, used on the engine's thread only: the handshake over its stream,
+    then tagged messages (``kind`` 1..255) under the prefixes both sides agreed on."""
+
+    def __init__(self, engine: "Engine", ep: Any) -> None:
+        self._engine = engine
+        self._ep = ep
+        self._closed = False
+        self.recv_prefix: int | None = None  # mine: what I receive
+        self.send_prefix: int | None = None  # the peer's
+        self.lost = asyncio.Event()  # the peer closed, the link failed, or abort()
+        ep.set_close_callback(self._on_close)
+
+    def _on_close(self, *_: Any) -> None:
+        self.lost.set()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed or self.lost.is_set()
+
+    def use_tags(self, recv_prefix: int, send_prefix: int) -> None:
+        self.recv_prefix, self.send_prefix = recv_prefix, send_prefix
+
+    async def stream_send(self, data: Any) -> None:
+        await self._do(lambda arr: self._ep.stream_send(arr), data)
+
+    async def stream_recv(self, buffer: np.ndarray) -> None:
+        await self._do(lambda arr: self._ep.stream_recv(arr), buffer)
+
+    async def send(self, data: Any, kind: int) -> None:
+        prefix = self.send_prefix
+        assert prefix is not None, "tags before the handshake"
+        tag = self._engine.api.UCXXTag((prefix << 8) | kind)
+        await self._do(lambda arr: self._ep.tag_send(arr, tag), data)
+
+    async def recv(self, buffer: np.ndarray, kind: int) -> None:
+        prefix = self.recv_prefix
+        assert prefix is not None, "tags before the handshake"
+        tag = self._engine.api.UCXXTag((prefix << 8) | kind)
+        await self._do(lambda arr: self._ep.tag_recv(arr, tag), buffer)
+
+    async def _do(self, submit: Callable[[Any], Any], data: Any) -> None:
+        if self._closed:
+            raise LinkError("the endpoint is closed")
+        if self.lost.is_set():
+            raise LinkError("the connection is closed")
+        array = np.frombuffer(data, np.uint8) if not isinstance(data, np.ndarray) else data
+        try:
+            request = submit(self._engine.arr(array))
+        except Exception as exc:  # noqa: BLE001 - UCXX raises its own exceptions for a failed endpoint
+            raise LinkError(f"{type(exc).__name__}: {exc}") from None
+        await self._engine.wait(request)
+
+    def abort(self) -> None:
+        """Close at once (bounded by ABORT_NS): the requests still posted end with an error. The
+        peer hears of it as a closed connection."""
+        if self._closed:
+            return
+        self._closed = True
+        self.lost.set()
+        prefix = self.recv_prefix
+        try:
+            self._ep.close_blocking(period=ABORT_NS, max_attempts=1)
+            self._ep.remove_close_callback()
+        except Exception:  # noqa: BLE001 - already gone
+            pass
+        self._engine.schedule()  # (the cancelled requests complete in the next pass)
+        if prefix is not None:
+            self._engine.forget_prefix(prefix)
+
+
+class Listener:
+    """A listening port: each accepted connection runs ``handler(endpoint)`` as a task."""
+
+    def __init__(self, engine: "Engine", port: int, handler: Callable[[Endpoint], Awaitable[None]]) -> None:
+        self._engine = engine
+        self._handler = handler
+        self.tasks: set[asyncio.Task[Any]] = set()
+        me = weakref.ref(self)
+
+        def accept(conn_request: Any, *_: Any) -> None:  # (during a progress pass, on the engine's thread)
+            listener = me()
+            if listener is None or listener._listener is None:
+                return
             try:
-                asyncio.run_coroutine_threadsafe(_init(ucxx, mode), loop).result(30)
-            except BaseException:
-                loop.call_soon_threadsafe(loop.stop)
-                thread.join()
-                loop.close()
-                raise
-            _loop, _thread = loop, thread
-        _users += 1
-        return _loop
+                ep = listener._listener.create_endpoint_from_conn_request(conn_request, True)
+            except Exception:  # noqa: BLE001 - the peer left already
+                return
+            task = asyncio.ensure_future(listener._handler(Endpoint(engine, ep)))
+            listener.tasks.add(task)
+            task.add_done_callback(listener.tasks.discard)
+
+        self._listener: Any = engine.api.UCXListener.create(worker=engine.worker, port=port, cb_func=accept)
+        self.port = int(self._listener.port)
+
+    def close(self) -> None:
+        """Stop listening (the connections accepted stay)."""
+        self._listener = None  # (UCXX's listener ends with its last reference, here on the engine's thread)
 
 
-async def _init(ucxx: Any, mode: str) -> None:
-    ucxx.init(progress_mode=mode)
+class Engine:
+    """The process's UCX worker and the loop that drives it (see the module's docstring)."""
+
+    def __init__(self) -> None:
+        require()
+        self.loop = asyncio.new_event_loop()
+        self.api: Any = None
+        self.arr: Any = None
+        self.worker: Any = None
+        self.context: Any = None
+        self._pending: dict[int, tuple[Any, asyncio.Future[None]]] = {}
+        self._scheduled = False
+        self._prefixes: set[int] = set()
+        self._pid = os.getpid()
+        self.thread = threading.Thread(target=self._main, name="eglcuda-ucx", daemon=True)
+        self._started: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self.thread.start()
+        self._started.result(30)
+
+    # ---- the engine's thread ------------------------------------------------------------------
+    def _main(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        try:
+            api = importlib.import_module("ucxx._lib.libucxx")
+            self.arr = importlib.import_module("ucxx._lib.arr").Array
+            self.api = api
+            self.context = api.UCXContext(feature_flags=(api.Feature.TAG, api.Feature.STREAM, api.Feature.WAKEUP))
+            self.worker = api.UCXWorker(self.context)
+            self.worker.init_blocking_progress_mode()
+            self.loop.add_reader(self.worker.epoll_file_descriptor, self._pass)
+        except BaseException as exc:  # noqa: BLE001 - said to the thread that started the engine
+            self._started.set_exception(exc)
+            self.loop.close()
+            return
+        self._started.set_result(None)
+        self.loop.call_soon(self._fallback)
+        try:
+            self.loop.run_forever()
+        finally:
+            self._stop_on_thread()
+
+    def _stop_on_thread(self) -> None:
+        tasks = asyncio.all_tasks(self.loop)
+        for task in tasks:
+            task.cancel()
+        if tasks:  # (let them end: a task destroyed while pending is a warning at exit)
+            try:
+                self.loop.run_until_complete(asyncio.wait(tasks, timeout=1.0))
+            except Exception:  # noqa: BLE001 - exit goes on
+                pass
+        try:
+            self.loop.remove_reader(self.worker.epoll_file_descriptor)
+            self.worker.progress()
+        except Exception:  # noqa: BLE001 - exit goes on
+            pass
+        self._pending.clear()
+        self.loop.close()
+        # (the worker and the context go with the process: UCXX's teardown order is its own)
+
+    def _fallback(self) -> None:
+        self.loop.call_later(FALLBACK_S, self._fallback)  # (first: a failing pass must not end the fallback)
+        self._pass()
+
+    def schedule(self) -> None:
+        """A progress pass soon (after a UCX call on the engine's thread)."""
+        if not self._scheduled:
+            self._scheduled = True
+            self.loop.call_soon(self._pass)
+
+    def _pass(self) -> None:
+        """Progress until idle, complete the requests that finished, arm (or go again)."""
+        self._scheduled = False
+        worker = self.worker
+        worker.progress()
+        if self._pending:
+            for key, (request, future) in list(self._pending.items()):
+                if not request.completed:
+                    continue
+                del self._pending[key]
+                if future.done():  # (its waiter was cancelled)
+                    continue
+                try:
+                    request.check_error()
+                except Exception as exc:  # noqa: BLE001 - UCXX's errors, said as one kind
+                    future.set_exception(LinkError(f"{type(exc).__name__}: {exc}"))
+                else:
+                    future.set_result(None)
+        if not worker.arm():  # (UCX has events still: another pass before the loop sleeps)
+            self.schedule()
+
+    async def wait(self, request: Any) -> None:
+        """Until ``request`` completed (:class:`LinkError` if it failed), without spinning."""
+        if request.completed:
+            try:
+                request.check_error()
+            except Exception as exc:  # noqa: BLE001
+                raise LinkError(f"{type(exc).__name__}: {exc}") from None
+            return
+        future = self.loop.create_future()
+        self._pending[id(request)] = (request, future)
+        self.schedule()
+        await future
+
+    def new_prefix(self) -> int:
+        """A tag prefix for what one connection receives: random, and unique in this process."""
+        while True:
+            prefix = secrets.randbits(PREFIX_BITS)
+            if prefix and prefix not in self._prefixes:
+                self._prefixes.add(prefix)
+                return prefix
+
+    def forget_prefix(self, prefix: int) -> None:
+        self._prefixes.discard(prefix)
+
+    def connect(self, host: str, port: int) -> Endpoint:
+        """An endpoint to ``host:port`` (it connects in the background: its first request says
+        whether it could)."""
+        ep = self.api.UCXEndpoint.create(self.worker, host, port, True)
+        self.schedule()
+        return Endpoint(self, ep)
+
+    def listen(self, port: int, handler: Callable[[Endpoint], Awaitable[None]]) -> Listener:
+        listener = Listener(self, port, handler)
+        self.schedule()
+        return listener
+
+    # ---- other threads ------------------------------------------------------------------------
+    def stop(self) -> None:
+        if self.thread.is_alive():
+            try:
+                self.loop.call_soon_threadsafe(self.loop.stop)
+            except RuntimeError:  # (closed already)
+                pass
+            self.thread.join(5)
+
+
+def check_fork() -> None:
+    """:class:`UsageError` in a forked child of a process whose engine started (UCX, like CUDA,
+    does not survive fork)."""
+    current = _engine
+    if current is not None and current._pid != os.getpid():
+        raise UsageError("this process was forked from one that used remote topics: UCX cannot be used across "
+                         "fork(); make relays and remote subscribers in a fresh process (spawn)")
+
+
+def engine() -> Engine:
+    """The process's engine (started by the first call); :class:`UsageError` in a forked child
+    of a process that started one."""
+    global _engine
+    require()
+    with _lock:
+        check_fork()
+        if _engine is None:
+            _engine = Engine()
+        return _engine
+
+
+def acquire() -> asyncio.AbstractEventLoop:
+    """The engine's loop (starting the engine); pair with :func:`release`."""
+    return engine().loop
 
 
 def release() -> None:
-    """One user less (the loop stays: see the module's docstring)."""
-    global _users
-    with _lock:
-        _users -= 1
+    """One user less (the engine stays: see the module's docstring)."""
 
 
 def track(obj: Any) -> None:
-    """Close ``obj`` (a relay or remote subscriber) at exit, before the loop stops."""
+    """Close ``obj`` (a relay or remote subscriber) at exit, before the engine stops."""
     _open.add(obj)
 
 
@@ -104,27 +359,23 @@ def untrack(obj: Any) -> None:
 
 
 def _at_exit() -> None:
-    global _loop, _thread
+    global _engine
     for obj in list(_open):
         try:
             obj.close()
         except Exception:  # noqa: BLE001 - exit goes on
             pass
     with _lock:
-        loop, thread = _loop, _thread
-        _loop = _thread = None
-    if loop is None:
-        return
-    loop.call_soon_threadsafe(loop.stop)
-    if thread is not None:
-        thread.join(5)
+        current, _engine = _engine, None
+    if current is not None and current._pid == os.getpid():
+        current.stop()
 
 
-atexit.register(_at_exit)  # (at import: runs after hooks registered later, and before none that need the loop)
+atexit.register(_at_exit)  # (at import: runs after hooks registered later, and before none that need the engine)
 
 
 def run(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T], timeout: float | None) -> T:
-    """Run ``coro`` on the UCX loop from another thread, waiting up to ``timeout`` seconds
+    """Run ``coro`` on the engine's loop from another thread, waiting up to ``timeout`` seconds
     (:class:`Timeout` then, and the coroutine is cancelled)."""
     future = asyncio.run_coroutine_threadsafe(coro, loop)
     try:
@@ -135,4 +386,5 @@ def run(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T], timeout: 
 
 
 def on_loop() -> bool:
-    return _thread is not None and threading.current_thread() is _thread
+    current = _engine
+    return current is not None and threading.current_thread() is current.thread

@@ -3,8 +3,8 @@
 Threads: the *local* thread receives the topic's frames (an ordinary
 :class:`eglcuda.Subscriber`), copies each one device -> page-locked host staging on its own stream
 and releases it at once (the publisher gets its pool slot back after one D2H copy); the shared
-UCX loop (_ucx.py) runs every connection: the handshake, one sender and one credit reader per
-remote subscriber, and a watchdog. A staging buffer is reused once every send of it ended. The
+UCX engine (_ucx.py) runs every connection (serving.py: the handshake, one sender and one credit
+reader per remote subscriber, and a watchdog). A staging buffer is reused once every send of it ended. The
 publisher's frame path never waits on the network: with no free staging buffer a 'latest' relay
 skips the frame (an 'every' relay waits, as a local 'every' subscriber would).
 """
@@ -18,95 +18,30 @@ import queue as _queue
 import signal
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any, Iterable
 
-import numpy as np
 
 from .._bind import cuda
 from .._unix import positive_seconds
 from ..cuda_device import get_device
 from ..errors import ClosedError, Dropped, EglCudaError, Refused, StreamDisconnected, Timeout, UsageError
 from ..topics import naming, registry
-from ..topics.protocol import Qos, Reason
+from ..topics.protocol import Qos
 from ..topics.subscriber import Subscriber
 from . import _ucx, keys, wire
 from .buffers import Pinned
+from .serving import RemoteInfo, Serving, _Remote
+from .wire import DISCONNECTED, parse_address
+
+__all__ = ["Relay", "RemoteInfo", "parse_address"]
 
 log = logging.getLogger("eglcuda.remote")
 
-ABORT_NS = 100_000_000  # how long closing an endpoint may wait for UCX (UCXX's default: 10 s, on the loop)
 STAGING = 12  # staging buffers of a relay (frames between its D2H copy and the end of their sends)
-SEND_AHEAD = 3  # frames a relay has in flight to one remote subscriber (overlaps UCX's round trips)
-LATEST_WINDOW = 3  # frames a relay sends ahead of a 'latest' remote subscriber's credits
-BEAT_S = 0.5  # a side that has said nothing for this long sends a beat
-NO_PUBLISHER = 200  # REFUSE code: the relay has no publisher at the moment (the subscriber retries)
-DISCONNECTED = 201  # GONE code: the relay lost its publisher without a goodbye (StreamDisconnected)
 
 
-@dataclass(frozen=True)
-class RemoteInfo:
-    """One remote subscriber as its relay sees it: ``peer`` its address, ``sent`` frames sent
-    to it, ``skipped`` frames it missed while it had no credit ('latest'), ``dropped`` why the
-    relay dropped it (None: it is connected, or it left by itself), ``since`` when it joined
-    (``time.time()``)."""
-
-    peer: str
-    qos: str
-    queue: int
-    sent: int
-    skipped: int
-    dropped: str | None
-    since: float
-    connected: bool
-
-
-def parse_address(text: str, what: str) -> tuple[str, int]:
-    """``HOST:PORT`` (``[v6]:PORT`` too) as (host, port)."""
-    if not isinstance(text, str) or ":" not in text:
-        raise UsageError(f"{what} is 'HOST:PORT', got {text!r}")
-    host, _, port_text = text.rpartition(":")
-    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
-    try:
-        port = int(port_text)
-    except ValueError:
-        port = -1
-    if not host or not 0 <= port <= 65535:
-        raise UsageError(f"{what} is 'HOST:PORT' with a port of 0..65535, got {text!r}")
-    return host, port
-
-
-class _Remote:
-    """A connected remote subscriber (state of the UCX loop only)."""
-
-    def __init__(self, ep: Any, peer: str, qos: Qos, queue: int, window: int) -> None:
-        self.ep = ep
-        self.peer = peer
-        self.qos = qos
-        self.queue = queue
-        self.window = window
-        self.credits = window
-        self.pending: collections.deque[int] = collections.deque()  # staging buffers to send
-        self.wake = asyncio.Event()
-        self.sent = 0
-        self.skipped = 0
-        self.dropped: str | None = None
-        self.gone: tuple[int, str] | None = None  # (code, reason) to send, then close
-        # After the publisher closed the topic: the frames still pending go out first, until then
-        # (time.monotonic()), as a local subscriber gets every frame published before the close.
-        self.flush_until = 0.0
-        self.since = time.time()
-        self.heard = time.monotonic()
-        self.starved_since: float | None = None  # an 'every' remote waiting for credit since
-        self.connected = True
-        self.tasks: list[asyncio.Task[Any]] = []
-
-    def info(self) -> RemoteInfo:
-        return RemoteInfo(self.peer, self.qos.name.lower(), self.queue, self.sent, self.skipped, self.dropped,
-                          self.since, self.connected)
-
-
-class Relay:
+class Relay(Serving):
     """Serve topic ``name`` to remote subscribers (``eglcuda.Subscriber(name, remote=...)``)
     over UCX, from a local subscription of it.
 
@@ -138,6 +73,7 @@ class Relay:
         self.name = naming.check_name(name)
         host, port = parse_address(listen, "listen")
         _ucx.require()  # (what to install is the first thing to say)
+        _ucx.check_fork()
         self._key = keys.load_key(key)
         self.timeout = positive_seconds(timeout, "timeout")
         self.every_timeout = positive_seconds(every_timeout, "every_timeout")
@@ -149,7 +85,9 @@ class Relay:
         self._lock = threading.Lock()
         self._remotes: list[_Remote] = []
         self._history: collections.deque[RemoteInfo] = collections.deque(maxlen=64)  # those that left
-        self._live_remotes = 0  # (read by the local thread without the loop: a hint only)
+        # Set while some remote subscriber can take a frame now (an 'every' one, or a 'latest' one
+        # with credit to spare): set and cleared on the engine's thread, waited on by the local one.
+        self._wanted = threading.Event()
         self._staging: Pinned | None = None
         self._refs: dict[int, int] = {}
         self._free: _queue.Queue[int] = _queue.Queue()
@@ -206,11 +144,16 @@ class Relay:
             self._free.put(index)
 
     def _local(self) -> None:
-        """The local thread: frames in, copied to staging, released, handed to the UCX loop."""
+        """The local thread: frames in, copied to staging, released, handed to the UCX engine.
+        A 'latest' relay receives only when a remote subscriber can take the frame (the newest
+        then): it never copies a frame only to skip it, and sleeps instead of taking every frame
+        of a publisher that runs flat out (CPU and GIL the local subscribers and the engine need).
+        Otherwise it looks every 0.25 s whether the publisher is still there."""
         sub = self._sub
         while not self._closing:
+            look = self.qos is Qos.LATEST and not self._wanted.wait(0.25)
             try:
-                message = sub.receive(timeout=0.25)
+                message = sub.receive(timeout=0.001 if look else 0.25)
             except Timeout:
                 continue
             except ClosedError:
@@ -224,17 +167,18 @@ class Relay:
                 log.error("relay %s: receiving failed: %s", self.name, exc)
                 self._publisher_lost(StreamDisconnected(f"the relay failed to receive: {exc}"))
                 return
+            seq = message.seq
             try:
-                index = self._stage(message)
+                index = None if look else self._stage(message)
             finally:
                 message.release()
             if index is not None:
-                self._call(self._dispatch, index)
+                self._call(self._dispatch, index, seq)
 
     def _stage(self, message: Any) -> int | None:
         """Copy the frame into a free staging buffer (None: skipped)."""
-        if self._live_remotes == 0:
-            return None  # nobody to send it to: no copy
+        if not self._wanted.is_set():
+            return None  # nobody to send it to now: no copy
         try:
             if self.qos is Qos.LATEST:
                 index = self._free.get_nowait()
@@ -301,269 +245,6 @@ class Relay:
                 loop.call_soon_threadsafe(function, *args)
             except RuntimeError:  # pragma: no cover - the loop stopped meanwhile (closing)
                 pass
-
-    # ---- the UCX loop ---------------------------------------------------------------------------------
-    async def _listen(self, host: str, port: int) -> Any:
-        ucxx = _ucx.require()
-        return ucxx.create_listener(self._serve, port)
-
-    def _set_live(self, live: bool) -> None:
-        self._live = live
-
-    def _unref(self, index: int) -> None:
-        left = self._refs.get(index, 0) - 1
-        if left <= 0:
-            self._refs.pop(index, None)
-            self._free.put(index)
-        else:
-            self._refs[index] = left
-
-    def _dispatch(self, index: int) -> None:
-        """A staged frame: queue it for each remote subscriber that has room for it."""
-        item = index
-        refs = 0
-        for remote in self._remotes:
-            if not remote.connected or remote.gone is not None:
-                continue
-            if remote.qos is Qos.LATEST and remote.credits - len(remote.pending) <= 0:
-                remote.skipped += 1
-                continue
-            remote.pending.append(item)
-            refs += 1
-            remote.wake.set()
-        if refs:
-            self._refs[index] = refs
-        else:
-            self._free.put(index)
-
-    def _all_gone(self, code: int, reason: str) -> None:
-        self._live = False
-        flush_until = time.monotonic() + self.every_timeout if code == Reason.CLOSING else 0.0
-        for remote in self._remotes:
-            if remote.gone is None:
-                remote.flush_until = flush_until
-            self._end(remote, code, reason, dropped=False)
-
-    def _end(self, remote: _Remote, code: int, reason: str, dropped: bool) -> None:
-        """Tell ``remote`` why it ends (its sender sends GONE between frames, then closes)."""
-        if remote.gone is None:
-            remote.gone = (code, reason)
-            if dropped:
-                remote.dropped = reason
-            remote.wake.set()
-
-    async def _serve(self, ep: Any) -> None:
-        """A new connection (UCXX's listener callback): handshake, then serve it."""
-        peer = "?"
-        try:
-            remote = await asyncio.wait_for(self._handshake(ep), self.timeout)
-        except (asyncio.TimeoutError, TimeoutError):
-            log.info("relay %s: a peer did not finish its handshake in %.3g s", self.name, self.timeout)
-            self._abort(ep)
-            return
-        except Exception as exc:  # noqa: BLE001 - a broken peer is refused, nothing else changes
-            log.info("relay %s: a peer was refused: %s", self.name, exc)
-            self._abort(ep)
-            return
-        if remote is None:
-            return
-        peer = remote.peer
-        log.info("relay %s: remote subscriber %s joined (%s)", self.name, peer, remote.qos.name.lower())
-        self._remotes.append(remote)
-        self._live_remotes = len(self._remotes)
-        reader = asyncio.ensure_future(self._read_credits(remote))
-        remote.tasks.append(reader)
-        try:
-            await self._send_frames(remote)
-        finally:
-            reader.cancel()
-            remote.connected = False
-            self._abort(ep)
-            while remote.pending:
-                self._unref(remote.pending.popleft())
-            if remote in self._remotes:
-                self._remotes.remove(remote)
-            self._live_remotes = len(self._remotes)
-            self._history.append(remote.info())
-            log.info("relay %s: remote subscriber %s left%s", self.name, peer,
-                     f" (dropped: {remote.dropped})" if remote.dropped else "")
-
-    async def _refuse(self, ep: Any, code: int, reason: str) -> None:
-        try:
-            await asyncio.wait_for(ep.send(np.frombuffer(wire.encode_refuse(code, reason), np.uint8)), 1.0)
-            await asyncio.sleep(0.05)  # (let it leave before the endpoint goes)
-        except Exception:  # noqa: BLE001 - the peer may be gone already
-            pass
-        self._abort(ep)
-
-    async def _handshake(self, ep: Any) -> _Remote | None:
-        buf = np.zeros(wire.HANDSHAKE, np.uint8)
-        await ep.recv(buf)
-        try:
-            kind, body = wire.handshake_kind(buf.tobytes())
-            if kind is not wire.Kind.HELLO:
-                raise wire.WireError(f"expected HELLO, got {kind.name}")
-            hello = wire.decode_hello(body)
-        except wire.WireError as exc:
-            await self._refuse(ep, Reason.PROTOCOL, str(exc))
-            return None
-        name = hello.name.encode()
-        mine = keys.nonce()
-        await ep.send(np.frombuffer(wire.encode_challenge(mine, keys.proof(self._key, b"relay", hello.nonce, mine, name)),
-                                    np.uint8))
-        buf[:] = 0
-        await ep.recv(buf)
-        try:
-            kind, body = wire.handshake_kind(buf.tobytes())
-            if kind is not wire.Kind.PROOF:
-                raise wire.WireError(f"expected PROOF, got {kind.name}")
-            theirs = wire.decode_proof(body)
-        except wire.WireError as exc:
-            await self._refuse(ep, Reason.PROTOCOL, str(exc))
-            return None
-        if not keys.same(theirs, keys.proof(self._key, b"subscriber", mine, hello.nonce, name)):
-            await self._refuse(ep, Reason.ACCESS, "authentication failed: the subscriber's key is not the relay's")
-            return None
-        if hello.name != self.name:
-            await self._refuse(ep, Reason.VERSION, f"this relay serves topic {self.name!r}, not {hello.name!r}")
-            return None
-        if self._closing:
-            await self._refuse(ep, Reason.CLOSING, "the relay is closing")
-            return None
-        if len(self._remotes) >= self.max_remotes:
-            await self._refuse(ep, Reason.BUSY, f"the relay serves {self.max_remotes} remote subscribers already")
-            return None
-        welcome = self._welcome
-        if not self._live or welcome is None:
-            await self._refuse(ep, NO_PUBLISHER, f"topic {self.name!r} has no publisher at the relay now")
-            return None
-        window = LATEST_WINDOW if hello.qos is Qos.LATEST else min(hello.queue, wire.MAX_WINDOW)
-        info = self._sub.info
-        next_seq = info.next_seq if info is not None else 0
-        reply = wire.Welcome(welcome.width, welcome.height, welcome.format, window, welcome.pool,
-                             welcome.publisher_pid, welcome.instance, next_seq, welcome.fps, welcome.frame_bytes)
-        await ep.send(np.frombuffer(wire.encode_welcome(reply), np.uint8))
-        peer = f"{hello.client or '?'} pid {hello.pid}"
-        return _Remote(ep, peer, hello.qos, hello.queue, window)
-
-    async def _send_frames(self, remote: _Remote) -> None:
-        """Send queued frames while there is credit, up to SEND_AHEAD at once; beats when idle;
-        the GONE note when the remote subscriber's end was decided, then return."""
-        ep = remote.ep
-        inflight: collections.deque[asyncio.Future[Any]] = collections.deque()
-        try:
-            while True:
-                while inflight and inflight[0].done():
-                    inflight.popleft().result()  # (a failed send ends this remote subscriber)
-                if remote.gone is not None and not self._flushing(remote):
-                    if inflight:
-                        await asyncio.wait(list(inflight), timeout=1.0)
-                    code, reason = remote.gone
-                    try:
-                        await asyncio.wait_for(self._send_note(ep, wire.Head.GONE, code, reason), 1.0)
-                    except Exception:  # noqa: BLE001 - it may be gone or stalled
-                        pass
-                    return
-                if remote.pending and remote.credits > 0 and len(inflight) < SEND_AHEAD:
-                    index = remote.pending.popleft()
-                    remote.credits -= 1
-                    task = asyncio.ensure_future(self._send_one(remote, index))
-                    task.add_done_callback(lambda _: remote.wake.set())
-                    task.add_done_callback(_quiet)
-                    inflight.append(task)
-                    continue
-                remote.wake.clear()
-                try:
-                    await asyncio.wait_for(remote.wake.wait(), BEAT_S)
-                except (asyncio.TimeoutError, TimeoutError):
-                    if not inflight:
-                        await self._send_note(ep, wire.Head.BEAT)
-        finally:
-            self._abort(ep)  # (ends the sends still in flight; their buffers come back below)
-            for sending in inflight:
-                sending.cancel()
-
-    @staticmethod
-    def _flushing(remote: _Remote) -> bool:
-        """Whether ``remote``, whose end is decided, still gets its pending frames first (the
-        publisher closed the topic: what it published before reaches everyone still keeping up)."""
-        if not remote.connected or time.monotonic() >= remote.flush_until:
-            return False
-        return bool(remote.pending)
-
-    async def _send_one(self, remote: _Remote, index: int) -> None:
-        try:
-            staging = self._staging
-            assert staging is not None
-            await remote.ep.send(staging.arrays[index], tag=wire.FRAME_TAG)
-            remote.sent += 1
-        finally:
-            self._unref(index)
-
-    async def _send_note(self, ep: Any, kind: wire.Head, code: int = 0, reason: str = "") -> None:
-        await ep.send(np.frombuffer(wire.encode_note(kind, code, reason), np.uint8), tag=wire.NOTE_TAG)
-        if kind is wire.Head.GONE:
-            await asyncio.sleep(0.05)  # (let it leave before the endpoint goes)
-
-    async def _read_credits(self, remote: _Remote) -> None:
-        buf = np.zeros(wire.CONTROL, np.uint8)
-        try:
-            while True:
-                await remote.ep.recv(buf)
-                remote.heard = time.monotonic()
-                kind, count = wire.decode_control(buf.tobytes())
-                if kind is wire.Control.CREDIT:
-                    remote.credits += count
-                    if remote.credits > remote.window:
-                        raise wire.WireError(f"credit beyond the window of {remote.window}")
-                    remote.starved_since = None
-                    remote.wake.set()
-                elif kind is wire.Control.BYE:
-                    self._end(remote, Reason.CLOSING, "the subscriber closed", dropped=False)
-                    return
-        except asyncio.CancelledError:
-            raise
-        except wire.WireError as exc:
-            self._end(remote, Reason.PROTOCOL, str(exc), dropped=True)
-        except Exception as exc:  # noqa: BLE001 - the endpoint failed: the remote is gone
-            remote.gone = remote.gone or (Reason.TRANSPORT, f"the connection failed: {exc}")
-            remote.connected = False
-            self._abort(remote.ep)  # (ends a send in progress)
-            remote.wake.set()
-
-    async def _watch(self) -> None:
-        """Drop silent (stalled) remote subscribers and 'every' ones that keep no pace."""
-        rounds = 0
-        while True:
-            await asyncio.sleep(0.1)
-            rounds += 1
-            if rounds % 10 == 0:
-                self._write_status()  # (each second: what `python -m eglcuda topics` shows)
-            now = time.monotonic()
-            for remote in list(self._remotes):
-                if remote.gone is not None:
-                    if remote.dropped is not None and now - remote.heard > self.timeout + 2.0:
-                        self._abort(remote.ep)  # a stalled peer does not even take the GONE
-                    continue
-                if now - remote.heard > self.timeout:
-                    self._end(remote, Reason.TIMEOUT, f"the remote subscriber said nothing for {self.timeout:.3g} s",
-                              dropped=True)
-                    asyncio.get_running_loop().call_later(1.0, self._abort, remote.ep)
-                elif remote.qos is Qos.EVERY and remote.pending and remote.credits <= 0:
-                    if remote.starved_since is None:
-                        remote.starved_since = now
-                    elif now - remote.starved_since > self.every_timeout:
-                        self._end(remote, Reason.QUEUE_FULL, f"the remote subscriber did not release a frame within "
-                                  f"every_timeout ({self.every_timeout:.3g} s)", dropped=True)
-                else:
-                    remote.starved_since = None
-
-    def _abort(self, ep: Any) -> None:
-        try:
-            if not ep.closed:
-                ep.abort(period=ABORT_NS)  # (bounded: a dead peer must not hold the loop)
-        except Exception:  # noqa: BLE001 - already gone
-            pass
 
     # ---- the user's side ----------------------------------------------------------------------------
     @property
@@ -650,22 +331,6 @@ class Relay:
                 except OSError:
                     pass
 
-    async def _shut_down(self) -> None:
-        watchdog = getattr(self, "_watchdog", None)
-        for remote in list(self._remotes):
-            self._end(remote, Reason.CLOSING, f"the relay of topic {self.name!r} closed", dropped=False)
-        deadline = time.monotonic() + 2.0
-        while self._remotes and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
-        for remote in list(self._remotes):
-            self._abort(remote.ep)
-        await asyncio.sleep(0.05)
-        if self._listener is not None:
-            self._listener.close()
-            self._listener = None
-        if watchdog is not None:
-            watchdog.cancel()
-
     def __enter__(self) -> "Relay":
         return self
 
@@ -675,9 +340,3 @@ class Relay:
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"on {self.address[0]}:{self.address[1]}"
         return f"<Relay {self.name!r} {state}>"
-
-
-def _quiet(task: "asyncio.Future[Any]") -> None:
-    """Retrieve a finished task's exception (its owner already acted on the failure)."""
-    if not task.cancelled():
-        task.exception()

@@ -1,7 +1,7 @@
 """The remote end of a topic: :class:`RemoteSubscriber`, an :class:`eglcuda.Subscriber` that
 joins through a relay (relay.py) over UCX, whose frames land in a pool on its own GPU.
 
-Threads: the shared UCX loop (_ucx.py) receives each frame into a page-locked host buffer of the
+Threads: the shared UCX engine (_ucx.py; its side is link.py) receives each frame into a page-locked host buffer of the
 window (the relay sends only as many frames as this side gave credit for) and sends credits and
 beats; :meth:`receive` (the user's thread) copies the frame host -> device into a free pool slot
 on a copy stream that first waits for the subscriber's stream (where releases joined every reader
@@ -12,18 +12,17 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import logging
 import os
-import socket
 import threading
 import time
 from typing import Any, Iterable
 
-import numpy as np
 
 from .._bind import cuda
 from .._unix import positive_seconds
-from ..errors import Dropped, EglCudaError, Refused, StreamDisconnected, Timeout, UsageError
+from ..errors import EglCudaError, Refused, StreamDisconnected, Timeout, UsageError
 from ..frames.formats import Layout
 from ..cuda_device import CudaDevice
 from ..frames.frame import Frame
@@ -31,41 +30,21 @@ from ..frames.interop import stream_handle
 from ..topics import naming, protocol, sockets
 from ..topics.info import TopicInfo
 from ..topics.message import Message, let_go
-from ..topics.protocol import Qos, Reason
+from ..topics.protocol import Qos
 from ..topics.subscriber import Subscriber, register_remote
 from ..topics.transports import CudaSubscriberBackend
 from ..topics.transports.base import UNMAP_WAIT_S, Geometry
 from ..topics.transports.views import SlotView, _ViewSpec, join_readers
 from . import _ucx, keys, wire
 from .buffers import Pinned
-from .relay import ABORT_NS, BEAT_S, DISCONNECTED, LATEST_WINDOW, NO_PUBLISHER, parse_address
+from .link import Joining, _Link
+from .wire import NO_PUBLISHER, parse_address
 
 log = logging.getLogger("eglcuda.remote")
 _RETRY_S = 0.1  # between attempts to join a relay that has no publisher yet
 
 
-class _Link:
-    """One connection to the relay (state shared by the UCX loop and the user's thread)."""
-
-    def __init__(self, ep: Any, welcome: wire.Welcome, host: Pinned) -> None:
-        self.ep = ep
-        self.welcome = welcome
-        self.host = host
-        self.cond = threading.Condition()
-        self.ready: collections.deque[tuple[int, int, bytes, int]] = collections.deque()  # seq, time, payload, buffer
-        self.free: collections.deque[int] = collections.deque(range(len(host)))
-        self.lost: BaseException | None = None
-        self.heard = time.monotonic()
-        self.tasks: list[asyncio.Future[Any]] = []
-        self.receiving = 0  # frame receives posted and not finished (UCX may write their buffers)
-        self.kick: asyncio.Event | None = None  # (made on the loop) a buffer came free: post a receive
-        self.posted = 0  # frame receives posted so far (their order is the relay's)
-        self.next_out = 0  # the next of them to hand out
-        self.done: dict[int, tuple[int, int, bytes, int]] = {}  # finished out of order, by posting order
-        self.ended = threading.Event()  # every receive ended: nothing writes the host buffers any more
-
-
-class RemoteSubscriber(Subscriber):
+class RemoteSubscriber(Joining, Subscriber):
     """A subscriber of topic ``name`` through the relay at ``remote`` (``"HOST:PORT"``), on
     another host or this one: what :class:`eglcuda.Subscriber` returns when given ``remote=``.
 
@@ -101,10 +80,13 @@ class RemoteSubscriber(Subscriber):
         self.timeout = positive_seconds(timeout, "timeout")
         self._busy_wait = sockets.wait_seconds(busy_wait, "busy_wait")
         _ucx.require()  # (what to install is the first thing to say)
+        _ucx.check_fork()
         self._key = keys.load_key(key)
         self.path = f"ucx://{remote}"
         self._closed = False
         self._closing = False
+        self._wake = threading.Event()  # set by close(): ends a wait to join again
+        self._joining: concurrent.futures.Future[Any] | None = None  # a handshake in progress
         self._forked = False
         self._pid = os.getpid()
         self._busy = threading.RLock()
@@ -148,85 +130,39 @@ class RemoteSubscriber(Subscriber):
                               f"{self.remote[0]}:{self.remote[1]} within {self.timeout:.3g} s ({last})")
             loop = self._loop
             assert loop is not None
+            joining = asyncio.run_coroutine_threadsafe(self._handshake(), loop)
+            self._joining = joining
+            if self._closing:  # (close() came between its check and this join: it may not have seen it)
+                joining.cancel()
             try:
-                ep, welcome = _ucx.run(loop, self._handshake(), left)
-            except Timeout:
+                ep, welcome = joining.result(left)
+            except concurrent.futures.TimeoutError:
+                joining.cancel()
                 last = "no answer"
                 continue
+            except concurrent.futures.CancelledError:  # close() from another thread
+                raise self._closed_error() from None
             except Refused as exc:
                 if exc.code != NO_PUBLISHER:
                     raise
                 last = exc.reason
-                time.sleep(min(_RETRY_S, max(0.0, deadline - time.monotonic())))
+                self._wake.wait(min(_RETRY_S, max(0.0, deadline - time.monotonic())))
                 continue
             except StreamDisconnected as exc:  # the connection failed: retry until the deadline
                 last = str(exc)
-                time.sleep(min(_RETRY_S, max(0.0, deadline - time.monotonic())))
+                self._wake.wait(min(_RETRY_S, max(0.0, deadline - time.monotonic())))
                 continue
+            finally:
+                self._joining = None
+            if self._closing:  # (joined as close() came)
+                loop.call_soon_threadsafe(ep.abort)
+                raise self._closed_error()
             break
         try:
             self._attach(ep, welcome)
         except BaseException:
-            _abort(ep)
+            loop.call_soon_threadsafe(ep.abort)  # (UCX calls on the engine's thread only)
             raise
-
-    async def _handshake(self) -> tuple[Any, wire.Welcome]:
-        ucxx = _ucx.require()
-        host, port = self.remote
-        try:
-            ep = await ucxx.create_endpoint(host, port)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - any failure to connect
-            raise StreamDisconnected(f"connecting to the relay at {host}:{port} failed: {exc}") from None
-        try:
-            return ep, await self._greet(ep)
-        except BaseException:
-            _abort(ep)
-            raise
-
-    async def _greet(self, ep: Any) -> wire.Welcome:
-        mine = keys.nonce()
-        name = self.name.encode()
-        hello = wire.Hello(self.qos, self.queue, mine, self.name, os.getpid(), socket.gethostname())
-        buf = np.zeros(wire.HANDSHAKE, np.uint8)
-        try:
-            await ep.send(np.frombuffer(wire.encode_hello(hello), np.uint8))
-            await ep.recv(buf)
-            kind, body = wire.handshake_kind(buf.tobytes())
-            if kind is wire.Kind.REFUSE:
-                code, reason = wire.decode_refuse(body)
-                raise Refused(f"the relay refused: {reason}", code)
-            if kind is not wire.Kind.CHALLENGE:
-                raise wire.WireError(f"expected CHALLENGE, got {kind.name}")
-            theirs, proof = wire.decode_challenge(body)
-            if not keys.same(proof, keys.proof(self._key, b"relay", mine, theirs, name)):
-                raise Refused("the relay did not prove it holds the key: wrong key, or not an eglcuda relay",
-                              int(Reason.ACCESS))
-            await ep.send(np.frombuffer(wire.encode_proof(keys.proof(self._key, b"subscriber", theirs, mine, name)),
-                                        np.uint8))
-            buf[:] = 0
-            await ep.recv(buf)
-            kind, body = wire.handshake_kind(buf.tobytes())
-            if kind is wire.Kind.REFUSE:
-                code, reason = wire.decode_refuse(body)
-                raise Refused(f"the relay refused: {reason}", code)
-            if kind is not wire.Kind.WELCOME:
-                raise wire.WireError(f"expected WELCOME, got {kind.name}")
-            welcome = wire.decode_welcome(body)
-            # (The window is pinned host memory here: never more than this side's QoS asks for.)
-            most = LATEST_WINDOW if self.qos is Qos.LATEST else min(self.queue, wire.MAX_WINDOW)
-            if welcome.window > most:
-                raise wire.WireError(f"a window of {welcome.window} frames for a subscriber that takes {most}")
-            return welcome
-        except wire.WireError as exc:
-            raise Refused(f"the peer at {self.remote[0]}:{self.remote[1]} is not a relay this subscriber can use: "
-                          f"{exc}", int(Reason.PROTOCOL)) from None
-        except (Refused, asyncio.CancelledError):
-            raise
-        except Exception as exc:  # noqa: BLE001 - the endpoint failed mid-handshake
-            raise StreamDisconnected(f"the relay at {self.remote[0]}:{self.remote[1]} closed the connection during "
-                                     f"the handshake ({exc})") from None
 
     def _attach(self, ep: Any, welcome: wire.Welcome) -> None:
         """Make the pool and the window's host buffers for ``welcome``'s frames; start reading."""
@@ -257,137 +193,6 @@ class RemoteSubscriber(Subscriber):
         loop = self._loop
         assert loop is not None
         asyncio.run_coroutine_threadsafe(self._start(link), loop).result(5)
-
-    async def _start(self, link: _Link) -> None:
-        link.kick = asyncio.Event()
-        link.tasks = [asyncio.ensure_future(self._frames(link)), asyncio.ensure_future(self._notes(link)),
-                      asyncio.ensure_future(self._beat(link))]
-
-    # ---- the UCX loop ---------------------------------------------------------------------------------
-    async def _frames(self, link: _Link) -> None:
-        """Keep a frame receive posted into every free buffer of the window (the relay sends only
-        as many frames as there are: its credits)."""
-        kick = link.kick
-        assert kick is not None
-        try:
-            while link.lost is None:
-                while True:
-                    with link.cond:
-                        index = link.free.popleft() if link.free else None
-                    if index is None:
-                        break
-                    link.receiving += 1
-                    task = asyncio.ensure_future(self._receive_frame(link, index, link.posted))
-                    link.posted += 1
-                    link.tasks.append(task)
-                    task.add_done_callback(link.tasks.remove)
-                    task.add_done_callback(_quiet)
-                kick.clear()
-                await kick.wait()
-        finally:
-            await self._wait_receives(link)
-
-    async def _wait_receives(self, link: _Link) -> None:
-        while link.receiving:
-            await asyncio.sleep(0.005)
-        link.ended.set()
-
-    async def _receive_frame(self, link: _Link, index: int, order: int) -> None:
-        buffer = link.host.arrays[index]
-        try:
-            await link.ep.recv(buffer, tag=wire.FRAME_TAG)
-            link.heard = time.monotonic()
-            kind, seq, timestamp_ns, length, _, _ = wire.decode_header(buffer[:wire.HEADER].tobytes())
-            if kind is not wire.Head.FRAME:
-                raise wire.WireError(f"{kind.name} where a frame was expected")
-            payload = buffer[wire.HEADER:wire.HEADER + length].tobytes()
-            with link.cond:
-                # UCX matches posted receives with the relay's sends in order: handing frames out
-                # in posting order keeps the relay's order when receives finish out of order.
-                link.done[order] = (seq, timestamp_ns, payload, index)
-                while link.next_out in link.done:
-                    link.ready.append(link.done.pop(link.next_out))
-                    link.next_out += 1
-                link.cond.notify_all()
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - a protocol breach or a failed endpoint
-            self._link_failed(link, exc)
-        finally:
-            link.receiving -= 1
-
-    def _link_failed(self, link: _Link, exc: Exception) -> None:
-        """End ``link`` on a receive's failure: the relay broke the protocol, or the endpoint failed."""
-        if isinstance(exc, wire.WireError):
-            self._end(link, StreamDisconnected(f"the relay of topic {self.name!r} broke the protocol: {exc}"))
-            _abort(link.ep)
-        else:
-            self._end(link, StreamDisconnected(f"the relay of topic {self.name!r} at {self.remote[0]}:{self.remote[1]} "
-                                               f"is gone ({type(exc).__name__}: {exc})"))
-
-    async def _notes(self, link: _Link) -> None:
-        note = np.zeros(wire.NOTE, np.uint8)
-        try:
-            while True:
-                await link.ep.recv(note, tag=wire.NOTE_TAG)
-                link.heard = time.monotonic()
-                kind, _, _, length, code, _ = wire.decode_header(note[:wire.HEADER].tobytes())
-                if kind is wire.Head.BEAT:
-                    continue
-                if kind is not wire.Head.GONE:
-                    raise wire.WireError(f"{kind.name} as a note")
-                reason = note[wire.HEADER:wire.HEADER + length].tobytes().decode(errors="replace")
-                self._end(link, StreamDisconnected(reason) if code == DISCONNECTED else Dropped(reason, code))
-                return
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - a protocol breach or a failed endpoint
-            self._link_failed(link, exc)
-
-    async def _beat(self, link: _Link) -> None:
-        beat = np.frombuffer(wire.encode_control(wire.Control.BEAT), np.uint8)
-        while link.lost is None:
-            await asyncio.sleep(BEAT_S)
-            if time.monotonic() - link.heard > self.timeout:
-                self._end(link, StreamDisconnected(
-                    f"the relay of topic {self.name!r} said nothing for {self.timeout:.3g} s (a stalled relay or a cut "
-                    f"link)"))
-                _abort(link.ep)
-                return
-            try:
-                await asyncio.wait_for(link.ep.send(beat), BEAT_S)
-            except (asyncio.TimeoutError, TimeoutError):
-                pass
-            except Exception:  # noqa: BLE001 - the reader hears of it too
-                pass
-
-    def _end(self, link: _Link, error: BaseException) -> None:
-        with link.cond:
-            if link.lost is None:
-                link.lost = error
-            link.cond.notify_all()
-        if link.kick is not None:
-            link.kick.set()  # (the frame poster ends)
-
-    async def _send_control(self, link: _Link, kind: wire.Control, count: int) -> None:
-        if link.lost is not None:
-            return
-        try:
-            await link.ep.send(np.frombuffer(wire.encode_control(kind, count), np.uint8))
-        except Exception:  # noqa: BLE001 - the reader hears of it
-            pass
-
-    def _credit(self, link: _Link, count: int) -> None:
-        """``count`` buffers of the window came free (the user's thread): post receives, tell the relay."""
-        loop = self._loop
-        if loop is not None:
-            asyncio.run_coroutine_threadsafe(self._give_credit(link, count), loop)
-
-    async def _give_credit(self, link: _Link, count: int) -> None:
-        if link.kick is not None:
-            link.kick.set()
-        await asyncio.sleep(0)  # (the receives are posted before the relay hears of the credit)
-        await self._send_control(link, wire.Control.CREDIT, count)
 
     # ---- receiving --------------------------------------------------------------------------------
     def receive(self, timeout: float | None = None) -> Message:
@@ -534,14 +339,6 @@ class RemoteSubscriber(Subscriber):
         link.ended.wait(5)
         link.host.close()
 
-    async def _stop_link(self, link: _Link) -> None:
-        self._end(link, StreamDisconnected("the link was closed"))
-        _abort(link.ep)  # (cancels the receives still posted)
-        if not link.tasks:
-            link.ended.set()
-        for task in list(link.tasks):
-            task.cancel()
-
     # ---- the publisher coming back ------------------------------------------------------------------
     def wait_for_publisher(self, timeout: float | None = None) -> TopicInfo:
         """As :meth:`eglcuda.Subscriber.wait_for_publisher`: join through the relay again (it
@@ -583,6 +380,10 @@ class RemoteSubscriber(Subscriber):
             _ucx.untrack(self)
             return
         self._closing = True
+        self._wake.set()  # (a wait_for_publisher() between two attempts to join ends now)
+        joining = self._joining
+        if joining is not None:  # (and one in the middle of a handshake)
+            joining.cancel()
         link = self._link
         if link is not None:
             with link.cond:
@@ -651,18 +452,4 @@ class RemoteSubscriber(Subscriber):
         return f"<RemoteSubscriber {self.name!r} {self.qos.name.lower()}: {state}>"
 
 
-def _abort(ep: Any) -> None:
-    try:
-        if not ep.closed:
-            ep.abort(period=ABORT_NS)  # (bounded: a dead peer must not hold the loop)
-    except Exception:  # noqa: BLE001 - already gone
-        pass
-
-
 register_remote(RemoteSubscriber)
-
-
-def _quiet(task: "asyncio.Future[Any]") -> None:
-    """Retrieve a finished task's exception (its owner already acted on the failure)."""
-    if not task.cancelled():
-        task.exception()

@@ -1,20 +1,27 @@
-"""The remote topic wire format, over UCX tag messages between a relay and a remote subscriber.
+"""The remote topic wire format, over UCX between a relay and a remote subscriber: the handshake
+on the endpoint's stream, then tag messages.
 
 Every message has a size known before it arrives, and each receive is posted into a buffer of
 exactly that size (a longer message is a UCX truncation error, which ends the connection): a
 peer never makes us allocate what it says.
 
     remote subscriber                             relay
-    HELLO (nonce_s, topic, qos, queue)   --->                           HANDSHAKE bytes each
+    HELLO (nonce_s, topic, qos, queue,   --->                           HANDSHAKE bytes each,
+           tags_s)                                                         on the stream
                                          <---  CHALLENGE (nonce_r, proof_r)   or REFUSE
     PROOF (proof_s)                      --->
-                                         <---  WELCOME (geometry, window, publisher) or REFUSE
+                                         <---  WELCOME (geometry, window, publisher, tags_r)
+                                                     or REFUSE
     then                                 <---  FRAME (tag FRAME_TAG): header (seq, time, payload
                                                      length), payload area, frame data: always
                                                      DATA_AT + the frame's bytes
                                          <---  NOTE (tag NOTE_TAG): BEAT (idle) / GONE (code,
                                                      reason): always NOTE bytes
-    CONTROL: CREDIT (n frames done) / BEAT / BYE  --->
+    CONTROL (tag CONTROL_TAG): CREDIT (n frames done) / BEAT / BYE  --->
+
+A tag is ``(prefix << 8) | kind``, the prefix being the one its receiver chose (tags_s for what
+the subscriber receives, tags_r for the relay): UCX matches tags on a whole worker, and every
+connection of a process has its own prefix (eglcuda/remote/_ucx.py).
 
 One message per frame (the header rides in front of the data) and the frames on a tag of their
 own: a remote subscriber posts a receive for each free buffer of its window at once, and the
@@ -33,17 +40,19 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import PeerError
+from ..errors import PeerError, UsageError
 from ..frames.formats import ColorFormat, check_size, color_format, plane_geometry
 from ..topics import protocol
 
-VERSION = 1
+VERSION = 2  # 2: the handshake on the stream, tag prefixes per connection
 MAGIC = b"EGLCUDAR"
 HANDSHAKE = 512  # bytes of every handshake message
 HEADER = 64  # bytes of a FRAME's or NOTE's header
 DATA_AT = HEADER + protocol.MAX_PAYLOAD  # where a FRAME's frame data starts
 FRAME_TAG = 1
 NOTE_TAG = 2
+CONTROL_TAG = 3
+MAX_PREFIX = (1 << 56) - 1  # a tag prefix: 1..MAX_PREFIX
 NOTE_REASON = 400  # bytes of a NOTE's reason area
 NOTE = HEADER + NOTE_REASON
 MAX_REASON = NOTE_REASON
@@ -51,14 +60,21 @@ CONTROL = 32  # bytes of a remote subscriber's control message
 MAX_NAME = 255
 MAX_WINDOW = 16  # frames a relay may send ahead of a remote subscriber's credits
 MAX_FRAME = 1 << 30  # bytes of one frame's data on the wire
+SEND_AHEAD = 3  # frames a relay has in flight to one remote subscriber (overlaps UCX's round trips)
+LATEST_WINDOW = 3  # frames a relay sends ahead of a 'latest' remote subscriber's credits
+BEAT_S = 0.5  # a side that has said nothing for this long sends a beat
+NO_PUBLISHER = 200  # REFUSE code: the relay has no publisher at the moment (the subscriber retries)
+DISCONNECTED = 201  # GONE code: the relay lost its publisher without a goodbye (StreamDisconnected)
 
 _HS_HEAD = struct.Struct("<8sBB6x")  # magic, version, kind
 _HELLO = struct.Struct("<BBHI32s")  # qos, queue, name length, pid, nonce (then the name)
 _CLIENT_AT = 320  # a HELLO's client label: a length byte, then up to MAX_CLIENT bytes
 MAX_CLIENT = 64
+_TAGS_AT = 400  # a HELLO's tag prefix (8 bytes)
+_PREFIX = struct.Struct("<Q")
 _CHALLENGE = struct.Struct("<32s32s")
 _PROOF = struct.Struct("<32s")
-_WELCOME = struct.Struct("<IIIHHiQQdQ")  # width height format window pool pid instance next_seq fps frame_bytes
+_WELCOME = struct.Struct("<IIIHHiQQdQQ")  # width height format window pool pid instance next_seq fps frame_bytes tags
 _REFUSE = struct.Struct("<BxH")  # code, reason length (then the reason)
 _HEADER = struct.Struct("<4sBxxxQQIIQ")  # magic, kind, seq, timestamp, payload/reason length, code, skipped
 _CONTROL = struct.Struct("<4sBxxxI")  # magic, kind, count
@@ -88,6 +104,21 @@ class Control(enum.IntEnum):
 
 class WireError(PeerError):
     """A remote peer's message is not what this protocol allows."""
+
+
+def parse_address(text: str, what: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[v6]:PORT`` too) as (host, port)."""
+    if not isinstance(text, str) or ":" not in text:
+        raise UsageError(f"{what} is 'HOST:PORT', got {text!r}")
+    host, _, port_text = text.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    try:
+        port = int(port_text)
+    except ValueError:
+        port = -1
+    if not host or not 0 <= port <= 65535:
+        raise UsageError(f"{what} is 'HOST:PORT' with a port of 0..65535, got {text!r}")
+    return host, port
 
 
 def _check(ok: bool, what: str) -> None:
@@ -120,6 +151,7 @@ class Hello:
     name: str
     pid: int = 0
     client: str = ""  # the subscriber's host name (for listings only: it is the peer's word)
+    tags: int = 1  # the tag prefix of what the subscriber receives
 
 
 def encode_hello(hello: Hello) -> bytearray:
@@ -129,6 +161,7 @@ def encode_hello(hello: Hello) -> bytearray:
     at = _HS_HEAD.size + _CLIENT_AT
     out[at] = len(client)
     out[at + 1:at + 1 + len(client)] = client
+    _PREFIX.pack_into(out, _HS_HEAD.size + _TAGS_AT, hello.tags)
     return out
 
 
@@ -146,7 +179,9 @@ def decode_hello(body: memoryview) -> Hello:
     _check(size <= MAX_CLIENT, "client label length")
     client = bytes(body[_CLIENT_AT + 1:_CLIENT_AT + 1 + size]).decode(errors="replace")
     client = "".join(c if c.isprintable() else "?" for c in client)
-    return Hello(protocol.Qos(qos), queue, nonce, name, pid, client)
+    tags = _PREFIX.unpack_from(body, _TAGS_AT)[0]
+    _check(1 <= tags <= MAX_PREFIX, "tag prefix")
+    return Hello(protocol.Qos(qos), queue, nonce, name, pid, client, tags)
 
 
 def encode_challenge(nonce: bytes, proof: bytes) -> bytearray:
@@ -178,6 +213,7 @@ class Welcome:
     next_seq: int
     fps: float | None
     frame_bytes: int
+    tags: int = 1  # the tag prefix of what the relay receives
 
 
 def packed_planes(fmt: ColorFormat, width: int, height: int) -> list[tuple[int, int]]:
@@ -193,11 +229,12 @@ def frame_bytes(fmt: ColorFormat, width: int, height: int) -> int:
 def encode_welcome(w: Welcome) -> bytearray:
     fps = math.nan if w.fps is None else float(w.fps)
     return _handshake(Kind.WELCOME, _WELCOME.pack(w.width, w.height, int(w.format), w.window, w.pool,
-                                                  w.publisher_pid, w.instance, w.next_seq, fps, w.frame_bytes))
+                                                  w.publisher_pid, w.instance, w.next_seq, fps, w.frame_bytes,
+                                                  w.tags))
 
 
 def decode_welcome(body: memoryview) -> Welcome:
-    width, height, fmt, window, pool, pid, instance, next_seq, fps, size = _WELCOME.unpack_from(body, 0)
+    width, height, fmt, window, pool, pid, instance, next_seq, fps, size, tags = _WELCOME.unpack_from(body, 0)
     try:
         fmt = color_format(fmt)
         check_size(width, height, fmt)
@@ -207,7 +244,9 @@ def decode_welcome(body: memoryview) -> Welcome:
     _check(0 <= pool <= protocol.MAX_POOL, f"pool {pool}")
     expected = frame_bytes(fmt, width, height)
     _check(size == expected and 0 < size <= MAX_FRAME, f"frame size {size} for {width}x{height} {fmt.name}")
-    return Welcome(width, height, fmt, window, pool, pid, instance, next_seq, None if math.isnan(fps) else fps, size)
+    _check(1 <= tags <= MAX_PREFIX, "tag prefix")
+    return Welcome(width, height, fmt, window, pool, pid, instance, next_seq, None if math.isnan(fps) else fps, size,
+                   tags)
 
 
 def encode_refuse(code: int, reason: str) -> bytearray:
@@ -229,10 +268,12 @@ def pack_frame(out: Any, seq: int, timestamp_ns: int, payload: bytes) -> None:
     out[HEADER:HEADER + len(payload)] = np.frombuffer(payload, np.uint8)
 
 
-def encode_note(kind: Head, code: int = 0, reason: str = "") -> bytearray:
+def encode_note(kind: Head, code: int = 0, reason: str = "", sent: int = 0) -> bytearray:
+    """A BEAT or GONE note; a GONE's ``sent`` (in the header's seq field) is how many frames the
+    relay sent on this connection: the subscriber ends once it received them all."""
     text = reason.encode()[:NOTE_REASON]
     out = bytearray(NOTE)
-    _HEADER.pack_into(out, 0, _HEAD_MAGIC, int(kind), 0, 0, len(text), code, 0)
+    _HEADER.pack_into(out, 0, _HEAD_MAGIC, int(kind), sent, 0, len(text), code, 0)
     out[HEADER:HEADER + len(text)] = text
     return out
 

@@ -21,9 +21,10 @@ def _frames_ok(peer) -> None:
 
 def test_every_and_latest_remote_subscribers_check_every_byte(cluster):
     cluster.publisher(rate=300)
-    relay, address = cluster.relay("--qos", "every", "--queue", "8")
-    every = cluster.subscriber(address, "--qos", "every", "--queue", "4", "--count", "60", "--hold", "2")
-    latest = cluster.subscriber(address, "--qos", "latest", "--count", "12", "--sleep-ms", "30")
+    # (every_timeout 5 s: the 'every' remote receives nothing until the listing was taken)
+    relay, address = cluster.relay("--qos", "every", "--queue", "8", "--every-timeout", "5")
+    every = cluster.subscriber(address, "--qos", "every", "--queue", "4", "--count", "60", "--hold", "2", "--wait-go")
+    latest = cluster.subscriber(address, "--qos", "latest", "--count", "12", "--sleep-ms", "30", "--wait-go")
     for peer in (every, latest):
         ready = peer.wait_for(lambda m: m["event"] in ("ready", "error"))
         assert ready["event"] == "ready", ready
@@ -33,6 +34,8 @@ def test_every_and_latest_remote_subscribers_check_every_byte(cluster):
     listed = relay.wait_for(lambda m: m["event"] == "remotes")["remotes"]
     assert sorted(r["qos"] for r in listed if r["connected"]) == ["every", "latest"]
     for peer in (every, latest):
+        peer.send("go")
+    for peer in (every, latest):
         peer.wait_for(lambda m: m["event"] == "done")
         _frames_ok(peer)
     seqs = [m["seq"] for m in every.got()]
@@ -40,6 +43,36 @@ def test_every_and_latest_remote_subscribers_check_every_byte(cluster):
     assert all(m["skipped"] == 0 for m in every.got()[1:])
     seqs = [m["seq"] for m in latest.got()]
     assert seqs == sorted(set(seqs)) and sum(m["skipped"] for m in latest.got()) > 0  # latest: a slow one skips
+
+
+def test_two_relays_into_one_process_and_one_relay_to_many_never_cross_messages(cluster, env, path):
+    """UCX matches tags on a whole worker: two remote subscribers of one process (one engine), on
+    two relays whose publishers differ in content, each get only their own relay's frames; and one
+    relay's four remote subscribers in four processes each get every frame, in order."""
+    cluster.publisher(seed=5, rate=300)
+    other_path = path + ".b"
+    from .conftest import TOPICS_PEER, Peer
+    other = Peer(env, TOPICS_PEER, "publish", "--name", "t", "--path", other_path, "--width", "64", "--height", "48",
+                 "--format", "NV12", "--frames", "0", "--rate", "300", "--seed", "9")
+    cluster.peers.append(other)
+    assert other.wait_for(lambda m: m["event"] == "ready")
+    _, first = cluster.relay("--qos", "every", "--queue", "8")
+    second_relay = Peer(env, REMOTE_PEER, "relay", "--name", "t", "--path", other_path, "--qos", "every", "--queue", "8")
+    cluster.peers.append(second_relay)
+    second = f"127.0.0.1:{second_relay.wait_for(lambda m: m['event'] == 'ready')['port']}"
+    pair = Peer(env, REMOTE_PEER, "pair", "--name", "t", "--remote", first, "--remote2", second, "--seed", "5",
+                "--seed2", "9", "--count", "80")
+    cluster.peers.append(pair)
+    many = [cluster.subscriber(first, "--qos", "every", "--queue", "4", "--count", "80") for _ in range(4)]
+    done = pair.wait_for(lambda m: m["event"] == "done", timeout=60)
+    assert done["bad"] == [], done["bad"][:3]
+    for seqs in done["seqs"]:
+        assert seqs == list(range(seqs[0], seqs[0] + 80)), seqs
+    for peer in many:
+        peer.wait_for(lambda m: m["event"] == "done", timeout=60)
+        _frames_ok(peer)
+        seqs = [m["seq"] for m in peer.got()]
+        assert seqs == list(range(seqs[0], seqs[0] + 80))
 
 
 def test_wrong_key_and_garbage_peers_are_refused_with_the_reason_and_change_nothing(cluster, env):
@@ -67,6 +100,32 @@ def test_wrong_key_and_garbage_peers_are_refused_with_the_reason_and_change_noth
     relay.send("remotes")
     assert relay.wait_for(lambda m: m["event"] == "remotes")["remotes"] == []
     good = cluster.subscriber(address, "--count", "5")
+    good.wait_for(lambda m: m["event"] == "done")
+    _frames_ok(good)
+
+
+def test_handshakes_ending_as_their_time_runs_out_leave_no_slot_taken(cluster):
+    """A relay serving one remote subscriber at most, whose handshake limit is 1 s: peers with
+    the right key send their proof ever closer to that limit and past it (welcomed, they leave
+    at once). Whichever way each one ended, the relay's one slot is free afterwards."""
+    cluster.publisher()
+    relay, address = cluster.relay("--timeout", "1.0", "--max-remotes", "1")
+    delays = [0.85 + 0.05 * step for step in range(7)]
+    answers = cluster.garbage(address, ",".join(f"late:{delay:.2f}" for delay in delays), "--timeout", "3")
+    assert len(answers) == len(delays)
+    assert all(a["answer"] in ("WELCOME", "closed", "none") for a in answers.values()), answers
+    deadline = time.monotonic() + 5
+    while True:  # (the welcomed ones left: the relay hears it from their endpoints)
+        relay.messages.clear()
+        relay.send("remotes")
+        remotes = relay.wait_for(lambda m: m["event"] == "remotes")["remotes"]
+        if not [r for r in remotes if r["connected"]]:
+            break
+        assert time.monotonic() < deadline, remotes
+        time.sleep(0.1)
+    good = cluster.subscriber(address, "--count", "5")
+    ready = good.wait_for(lambda m: m["event"] in ("ready", "error"))
+    assert ready["event"] == "ready", ready  # (a slot still counted busy: Refused, "serves 1 ... already")
     good.wait_for(lambda m: m["event"] == "done")
     _frames_ok(good)
 
@@ -120,6 +179,30 @@ def test_publisher_closes_dies_and_restarts_behind_the_relay(cluster):
             gone = sub.wait_for(lambda m: m["event"] == "disconnected" and m["kind"] == "StreamDisconnected",
                                 timeout=15)
     _frames_ok(sub)
+
+
+def test_close_from_another_thread_ends_wait_for_publisher_at_once(cluster):
+    """wait_for_publisher(20) while the relay refuses (its publisher died), and while the relay
+    is stopped (SIGSTOP: a handshake hangs): close() from another thread ends it with
+    ClosedError within a fraction of its timeout, each time."""
+    publisher = cluster.publisher()
+    relay, address = cluster.relay()
+    refused = cluster.subscriber(address, "--count", "0", "--rejoin", "--rejoin-timeout", "20",
+                                 "--close-during-rejoin-ms", "300")
+    hung = cluster.subscriber(address, "--count", "0", "--rejoin", "--rejoin-timeout", "20",
+                              "--close-during-rejoin-ms", "2000")
+    for peer in (refused, hung):
+        peer.wait_for(lambda m: m["event"] == "got")
+    publisher.kill()
+    hung.wait_for(lambda m: m["event"] == "disconnected", timeout=15)
+    failed = refused.wait_for(lambda m: m["event"] == "rejoin-failed", timeout=15)
+    assert failed["kind"] == "ClosedError" and failed["waited"] < 0.3 + 1.5, failed
+    os.kill(relay.process.pid, signal.SIGSTOP)  # (the hung one's next attempt to join hangs in its handshake)
+    try:
+        failed = hung.wait_for(lambda m: m["event"] == "rejoin-failed", timeout=25)
+        assert failed["kind"] == "ClosedError" and failed["waited"] < 2.0 + 1.5, failed
+    finally:
+        os.kill(relay.process.pid, signal.SIGCONT)
 
 
 def test_stalled_relay_times_out_then_disconnects_and_a_killed_one_at_once(cluster):
@@ -188,6 +271,17 @@ def test_slow_every_remote_subscriber_is_dropped_with_the_reason(cluster):
     _frames_ok(slow)
 
 
+def test_a_forked_child_cannot_use_the_engine_and_leaves_the_parent_alone(cluster, env):
+    cluster.publisher()
+    _, address = cluster.relay()
+    from .conftest import Peer
+    peer = Peer(env, REMOTE_PEER, "forked", "--name", "t", "--remote", address, "--seed", "5", "--count", "20")
+    cluster.peers.append(peer)
+    done = peer.wait_for(lambda m: m["event"] == "done", timeout=30)
+    assert done["child"] == 0, done  # (3: the child made one; 4: another error; 5: close() raised)
+    assert done["ok"] and done["got"] == 21, done
+
+
 def test_no_relay_listening_times_out(env):
     started = time.monotonic()
     out = subprocess.run([sys.executable, str(REMOTE_PEER), "subscribe", "--name", "t", "--remote", "127.0.0.1:9",
@@ -199,7 +293,7 @@ def test_no_relay_listening_times_out(env):
 
 def test_join_leave_cycles_leak_nothing(cluster):
     """Joins, refusals and timeouts, again and again: the threads and descriptors after the
-    first cycle (the UCX loop and context, made once per process) stay as they are."""
+    first cycle (the UCX engine and context, made once per process) stay as they are."""
     cluster.publisher()
     relay, address = cluster.relay()
     cycles = cluster.cycles(address, "--count", "4")

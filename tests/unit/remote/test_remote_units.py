@@ -52,13 +52,13 @@ def test_proofs_bind_role_nonces_and_topic():
 
 
 def test_wire_round_trips_and_refuses_what_it_does_not_allow():
-    hello = wire.Hello(Qos.EVERY, 7, keys.nonce(), "cam.front", 1234, "host-a")
+    hello = wire.Hello(Qos.EVERY, 7, keys.nonce(), "cam.front", 1234, "host-a", wire.MAX_PREFIX)
     data = wire.encode_hello(hello)
     assert len(data) == wire.HANDSHAKE
     kind, body = wire.handshake_kind(data)
     assert kind is wire.Kind.HELLO and wire.decode_hello(body) == hello
     welcome = wire.Welcome(1920, 1080, eglcuda.ColorFormat.NV12, 4, 8, 99, 5, 17, None,
-                           wire.frame_bytes(eglcuda.ColorFormat.NV12, 1920, 1080))
+                           wire.frame_bytes(eglcuda.ColorFormat.NV12, 1920, 1080), 12345)
     assert welcome.frame_bytes == 1920 * 1080 * 3 // 2
     assert wire.decode_welcome(wire.handshake_kind(wire.encode_welcome(welcome))[1]) == welcome
     bad = wire.encode_welcome(welcome)
@@ -69,6 +69,10 @@ def test_wire_round_trips_and_refuses_what_it_does_not_allow():
         wire.handshake_kind(b"X" * wire.HANDSHAKE)
     with pytest.raises(wire.WireError):
         wire.handshake_kind(b"\0" * (wire.HANDSHAKE - 1))
+    no_tags = bytearray(data)
+    no_tags[16 + 400:16 + 408] = bytes(8)  # a HELLO without its tag prefix
+    with pytest.raises(wire.WireError, match="tag prefix"):
+        wire.decode_hello(wire.handshake_kind(no_tags)[1])
     too_long = bytearray(data)
     too_long[16 + 2:16 + 4] = (300).to_bytes(2, "little")
     with pytest.raises(wire.WireError, match="name length"):

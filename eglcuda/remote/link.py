@@ -1,0 +1,275 @@
+"""A remote subscriber's side on the UCX engine (_ucx.py): joining a relay (the handshake), then
+one link: a frame receive posted into every free buffer of the window, the relay's notes, beats
+and credits. :class:`Joining` is a part of :class:`eglcuda.RemoteSubscriber` (subscriber.py),
+which owns the state it uses: ``name``, ``qos``, ``queue``, ``timeout``, ``remote``, ``_key``,
+``_loop``. The coroutines run on the engine's thread; :meth:`Joining._credit` is called from the
+user's thread.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import os
+import socket
+import threading
+import time
+from typing import Any
+
+import numpy as np
+
+from ..errors import Dropped, Refused, StreamDisconnected
+from ..topics.protocol import Qos, Reason
+from . import _ucx, keys, wire
+from .buffers import Pinned
+from .wire import BEAT_S, DISCONNECTED, LATEST_WINDOW
+
+
+class _Link:
+    """One connection to the relay (state shared by the UCX engine and the user's thread)."""
+
+    def __init__(self, ep: Any, welcome: wire.Welcome, host: Pinned) -> None:
+        self.ep = ep
+        self.welcome = welcome
+        self.host = host
+        self.cond = threading.Condition()
+        self.ready: collections.deque[tuple[int, int, bytes, int]] = collections.deque()  # seq, time, payload, buffer
+        self.free: collections.deque[int] = collections.deque(range(len(host)))
+        self.lost: BaseException | None = None
+        self.heard = time.monotonic()
+        self.tasks: list[asyncio.Future[Any]] = []
+        self.receives: set[asyncio.Future[Any]] = set()
+        self.receiving = 0  # frame receives posted and not finished (UCX may write their buffers)
+        self.kick: asyncio.Event | None = None  # (made on the loop) a buffer came free: post a receive
+        self.drained = asyncio.Event()  # (used on the loop only) every frame the relay said it sent arrived
+        self.arrived = 0  # frames received on this link
+        self.expected = 0  # frames the relay's goodbye said it sent
+        self.posted = 0  # frame receives posted so far (their order is the relay's)
+        self.next_out = 0  # the next of them to hand out
+        self.done: dict[int, tuple[int, int, bytes, int]] = {}  # finished out of order, by posting order
+        self.ended = threading.Event()  # every receive ended: nothing writes the host buffers any more
+
+
+class Joining:
+    """The engine's side of a remote subscriber (see the module's docstring)."""
+
+    # The subscriber's state this part uses (RemoteSubscriber.__init__ sets it).
+    name: str
+    qos: Qos
+    queue: int
+    timeout: float
+    remote: tuple[str, int]
+    _key: bytes
+    _loop: asyncio.AbstractEventLoop | None
+
+    async def _handshake(self) -> tuple[Any, wire.Welcome]:
+        host, port = self.remote
+        try:
+            ep = _ucx.engine().connect(host, port)
+        except Exception as exc:  # noqa: BLE001 - any failure to connect
+            raise StreamDisconnected(f"connecting to the relay at {host}:{port} failed: {exc}") from None
+        try:
+            return ep, await self._greet(ep)
+        except BaseException:
+            _abort(ep)
+            raise
+
+    async def _greet(self, ep: Any) -> wire.Welcome:
+        mine = keys.nonce()
+        name = self.name.encode()
+        tags = _ucx.engine().new_prefix()
+        ep.recv_prefix = tags  # (given back when the endpoint ends)
+        hello = wire.Hello(self.qos, self.queue, mine, self.name, os.getpid(), socket.gethostname(), tags)
+        buf = np.zeros(wire.HANDSHAKE, np.uint8)
+        try:
+            await ep.stream_send(wire.encode_hello(hello))
+            await ep.stream_recv(buf)
+            kind, body = wire.handshake_kind(buf.tobytes())
+            if kind is wire.Kind.REFUSE:
+                code, reason = wire.decode_refuse(body)
+                raise Refused(f"the relay refused: {reason}", code)
+            if kind is not wire.Kind.CHALLENGE:
+                raise wire.WireError(f"expected CHALLENGE, got {kind.name}")
+            theirs, proof = wire.decode_challenge(body)
+            if not keys.same(proof, keys.proof(self._key, b"relay", mine, theirs, name)):
+                raise Refused("the relay did not prove it holds the key: wrong key, or not an eglcuda relay",
+                              int(Reason.ACCESS))
+            await ep.stream_send(wire.encode_proof(keys.proof(self._key, b"subscriber", theirs, mine, name)))
+            buf[:] = 0
+            await ep.stream_recv(buf)
+            kind, body = wire.handshake_kind(buf.tobytes())
+            if kind is wire.Kind.REFUSE:
+                code, reason = wire.decode_refuse(body)
+                raise Refused(f"the relay refused: {reason}", code)
+            if kind is not wire.Kind.WELCOME:
+                raise wire.WireError(f"expected WELCOME, got {kind.name}")
+            welcome = wire.decode_welcome(body)
+            # (The window is pinned host memory here: never more than this side's QoS asks for.)
+            most = LATEST_WINDOW if self.qos is Qos.LATEST else min(self.queue, wire.MAX_WINDOW)
+            if welcome.window > most:
+                raise wire.WireError(f"a window of {welcome.window} frames for a subscriber that takes {most}")
+            ep.use_tags(tags, welcome.tags)
+            return welcome
+        except wire.WireError as exc:
+            raise Refused(f"the peer at {self.remote[0]}:{self.remote[1]} is not a relay this subscriber can use: "
+                          f"{exc}", int(Reason.PROTOCOL)) from None
+        except (Refused, asyncio.CancelledError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - the endpoint failed mid-handshake
+            raise StreamDisconnected(f"the relay at {self.remote[0]}:{self.remote[1]} closed the connection during "
+                                     f"the handshake ({exc})") from None
+    async def _start(self, link: _Link) -> None:
+        link.kick = asyncio.Event()
+        link.tasks = [asyncio.ensure_future(self._frames(link)), asyncio.ensure_future(self._notes(link)),
+                      asyncio.ensure_future(self._beat(link))]
+
+    # ---- on the UCX engine --------------------------------------------------------------------------------
+    async def _frames(self, link: _Link) -> None:
+        """Keep a frame receive posted into every free buffer of the window (the relay sends only
+        as many frames as there are: its credits)."""
+        kick = link.kick
+        assert kick is not None
+        try:
+            while link.lost is None:
+                while True:
+                    with link.cond:
+                        index = link.free.popleft() if link.free else None
+                    if index is None:
+                        break
+                    link.receiving += 1
+                    task = asyncio.ensure_future(self._receive_frame(link, index, link.posted))
+                    link.posted += 1
+                    link.receives.add(task)  # (the loop keeps only weak references to tasks)
+                    task.add_done_callback(link.receives.discard)
+                    task.add_done_callback(_quiet)
+                kick.clear()
+                await kick.wait()
+        finally:
+            if not link.receiving:
+                link.ended.set()
+
+    async def _receive_frame(self, link: _Link, index: int, order: int) -> None:
+        buffer = link.host.arrays[index]
+        try:
+            await link.ep.recv(buffer, wire.FRAME_TAG)
+            link.heard = time.monotonic()
+            kind, seq, timestamp_ns, length, _, _ = wire.decode_header(buffer[:wire.HEADER].tobytes())
+            if kind is not wire.Head.FRAME:
+                raise wire.WireError(f"{kind.name} where a frame was expected")
+            payload = buffer[wire.HEADER:wire.HEADER + length].tobytes()
+            with link.cond:
+                # UCX matches posted receives with the relay's sends in order: handing frames out
+                # in posting order keeps the relay's order when receives finish out of order.
+                link.done[order] = (seq, timestamp_ns, payload, index)
+                while link.next_out in link.done:
+                    link.ready.append(link.done.pop(link.next_out))
+                    link.next_out += 1
+                link.cond.notify_all()
+            link.arrived += 1
+            if link.arrived >= link.expected:
+                link.drained.set()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a protocol breach or a failed endpoint
+            self._link_failed(link, exc)
+        finally:
+            link.receiving -= 1
+            if not link.receiving and link.lost is not None:
+                link.ended.set()
+
+    def _link_failed(self, link: _Link, exc: Exception) -> None:
+        """End ``link`` on a receive's failure: the relay broke the protocol, or the endpoint failed."""
+        if isinstance(exc, wire.WireError):
+            self._end(link, StreamDisconnected(f"the relay of topic {self.name!r} broke the protocol: {exc}"))
+            _abort(link.ep)
+        else:
+            self._end(link, StreamDisconnected(f"the relay of topic {self.name!r} at {self.remote[0]}:{self.remote[1]} "
+                                               f"is gone ({type(exc).__name__}: {exc})"))
+
+    async def _notes(self, link: _Link) -> None:
+        note = np.zeros(wire.NOTE, np.uint8)
+        try:
+            while True:
+                await link.ep.recv(note, wire.NOTE_TAG)
+                link.heard = time.monotonic()
+                kind, sent, _, length, code, _ = wire.decode_header(note[:wire.HEADER].tobytes())
+                if kind is wire.Head.BEAT:
+                    continue
+                if kind is not wire.Head.GONE:
+                    raise wire.WireError(f"{kind.name} as a note")
+                reason = note[wire.HEADER:wire.HEADER + length].tobytes().decode(errors="replace")
+                if link.arrived < sent:  # (the note overtook frames the relay sent before it: they come first)
+                    link.expected = sent
+                    link.drained.clear()
+                    try:
+                        await asyncio.wait_for(link.drained.wait(), self.timeout)
+                    except (asyncio.TimeoutError, TimeoutError):
+                        pass
+                self._end(link, StreamDisconnected(reason) if code == DISCONNECTED else Dropped(reason, code))
+                return
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a protocol breach or a failed endpoint
+            self._link_failed(link, exc)
+
+    async def _beat(self, link: _Link) -> None:
+        beat = np.frombuffer(wire.encode_control(wire.Control.BEAT), np.uint8)
+        while link.lost is None:
+            await asyncio.sleep(BEAT_S)
+            if time.monotonic() - link.heard > self.timeout:
+                self._end(link, StreamDisconnected(
+                    f"the relay of topic {self.name!r} said nothing for {self.timeout:.3g} s (a stalled relay or a cut "
+                    f"link)"))
+                _abort(link.ep)
+                return
+            try:
+                await asyncio.wait_for(link.ep.send(beat, wire.CONTROL_TAG), BEAT_S)
+            except (asyncio.TimeoutError, TimeoutError):
+                pass
+            except Exception:  # noqa: BLE001 - the reader hears of it too
+                pass
+
+    def _end(self, link: _Link, error: BaseException) -> None:
+        with link.cond:
+            if link.lost is None:
+                link.lost = error
+            link.cond.notify_all()
+        if link.kick is not None:
+            link.kick.set()  # (the frame poster ends)
+
+    async def _send_control(self, link: _Link, kind: wire.Control, count: int) -> None:
+        if link.lost is not None:
+            return
+        try:
+            await link.ep.send(wire.encode_control(kind, count), wire.CONTROL_TAG)
+        except Exception:  # noqa: BLE001 - the reader hears of it
+            pass
+
+    def _credit(self, link: _Link, count: int) -> None:
+        """``count`` buffers of the window came free (the user's thread): post receives, tell the relay."""
+        loop = self._loop
+        if loop is not None:
+            asyncio.run_coroutine_threadsafe(self._give_credit(link, count), loop)
+
+    async def _give_credit(self, link: _Link, count: int) -> None:
+        if link.kick is not None:
+            link.kick.set()
+        await asyncio.sleep(0)  # (the receives are posted before the relay hears of the credit)
+        await self._send_control(link, wire.Control.CREDIT, count)
+
+    async def _stop_link(self, link: _Link) -> None:
+        self._end(link, StreamDisconnected("the link was closed"))
+        _abort(link.ep)  # (cancels the receives still posted: they end in the engine's next pass)
+        if not link.receiving:
+            link.ended.set()
+        for task in list(link.tasks):  # (not the receives: they end by themselves, and only then is a buffer free)
+            task.cancel()
+
+
+def _abort(ep: Any) -> None:
+    ep.abort()  # (bounded: a dead peer must not hold the engine)
+
+
+def _quiet(task: "asyncio.Future[Any]") -> None:
+    """Retrieve a finished task's exception (its owner already acted on the failure)."""
+    if not task.cancelled():
+        task.exception()

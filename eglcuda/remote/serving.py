@@ -1,0 +1,423 @@
+"""The relay's side on the UCX engine (_ucx.py): the handshake with each remote subscriber, its
+sender (frames while there is credit, a few in flight; beats; the GONE note), its credit reader,
+and the watchdog that drops the silent and the slow. :class:`Serving` is a part of
+:class:`eglcuda.Relay` (relay.py), which owns the state it uses: ``name``, ``timeout``,
+``every_timeout``, ``max_remotes``, ``_key``, ``_sub``, ``_welcome``, ``_live``, ``_closing``,
+``_remotes``, ``_history``, ``_wanted``, ``_staging``, ``_refs``, ``_free``, ``_listener``.
+Everything here runs on the engine's thread.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import queue as _queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..topics.protocol import Qos, Reason
+from . import _ucx, keys, wire
+from .wire import BEAT_S, LATEST_WINDOW, NO_PUBLISHER, SEND_AHEAD
+
+if TYPE_CHECKING:
+    from ..topics.subscriber import Subscriber
+    from .buffers import Pinned
+
+log = logging.getLogger("eglcuda.remote")
+
+
+@dataclass(frozen=True)
+class RemoteInfo:
+    """One remote subscriber as its relay sees it: ``peer`` its address, ``sent`` frames sent
+    to it, ``skipped`` frames of the topic it did not get between those ('latest'), ``dropped``
+    why the relay dropped it (None: it is connected, or it left by itself), ``since`` when it
+    joined (``time.time()``)."""
+
+    peer: str
+    qos: str
+    queue: int
+    sent: int
+    skipped: int
+    dropped: str | None
+    since: float
+    connected: bool
+
+
+class _Remote:
+    """A connected remote subscriber (state of the UCX engine only)."""
+
+    def __init__(self, ep: Any, peer: str, qos: Qos, queue: int, window: int, welcome: wire.Welcome) -> None:
+        self.ep = ep
+        self.welcome = welcome
+        self.peer = peer
+        self.qos = qos
+        self.queue = queue
+        self.window = window
+        self.credits = window
+        self.pending: collections.deque[int] = collections.deque()  # staging buffers to send
+        self.wake = asyncio.Event()
+        self.sent = 0
+        self.skipped = 0
+        self.last_seq: int | None = None  # of the last frame queued for it
+        self.dropped: str | None = None
+        self.gone: tuple[int, str] | None = None  # (code, reason) to send, then close
+        # After the publisher closed the topic: the frames still pending go out first, until then
+        # (time.monotonic(); each credit it returns moves that every_timeout on: it keeps pace), as a
+        # local subscriber gets every frame published before the close.
+        self.flush_until = 0.0
+        self.since = time.time()
+        self.heard = time.monotonic()
+        self.starved_since: float | None = None  # an 'every' remote waiting for credit since
+        self.connected = True
+        self.tasks: list[asyncio.Task[Any]] = []
+
+    def info(self) -> RemoteInfo:
+        return RemoteInfo(self.peer, self.qos.name.lower(), self.queue, self.sent, self.skipped, self.dropped,
+                          self.since, self.connected)
+
+
+class Serving:
+    """The relay's connections (see the module's docstring)."""
+
+    # The relay's state this part uses (Relay.__init__ sets it).
+    name: str
+    timeout: float
+    every_timeout: float
+    max_remotes: int
+    _key: bytes
+    _sub: "Subscriber"
+    _welcome: wire.Welcome | None
+    _live: bool
+    _closing: bool
+    _remotes: list[_Remote]
+    _history: collections.deque[RemoteInfo]
+    _wanted: threading.Event
+    _staging: "Pinned | None"
+    _refs: dict[int, int]
+    _free: _queue.Queue[int]
+    _listener: Any
+
+    def _write_status(self) -> None:
+        raise NotImplementedError  # (the relay's)
+
+    async def _listen(self, host: str, port: int) -> Any:
+        return _ucx.engine().listen(port, self._serve)
+
+    def _set_live(self, live: bool) -> None:
+        self._live = live
+
+    def _unref(self, index: int) -> None:
+        left = self._refs.get(index, 0) - 1
+        if left <= 0:
+            self._refs.pop(index, None)
+            self._free.put(index)
+        else:
+            self._refs[index] = left
+
+    def _dispatch(self, index: int, seq: int) -> None:
+        """A staged frame: queue it for each remote subscriber that has room for it."""
+        refs = 0
+        for remote in self._remotes:
+            if not remote.connected or remote.gone is not None:
+                continue
+            if remote.qos is Qos.LATEST and remote.credits - len(remote.pending) <= 0:
+                continue
+            if remote.last_seq is not None:  # (what it missed: frames it had no room for, or never staged)
+                remote.skipped += max(0, seq - remote.last_seq - 1)
+            remote.last_seq = seq
+            remote.pending.append(index)
+            refs += 1
+            remote.wake.set()
+        if refs:
+            self._refs[index] = refs
+        else:
+            self._free.put(index)
+        self._want()
+
+    def _want(self) -> None:
+        """Tell the local thread whether some remote subscriber can take a frame now."""
+        for remote in self._remotes:
+            if remote.connected and remote.gone is None and (
+                    remote.qos is Qos.EVERY or remote.credits > len(remote.pending)):
+                self._wanted.set()
+                return
+        self._wanted.clear()
+
+    def _all_gone(self, code: int, reason: str) -> None:
+        self._live = False
+        flush_until = time.monotonic() + self.every_timeout if code == Reason.CLOSING else 0.0
+        for remote in self._remotes:
+            if remote.gone is None:
+                remote.flush_until = flush_until
+            self._end(remote, code, reason, dropped=False)
+
+    def _end(self, remote: _Remote, code: int, reason: str, dropped: bool) -> None:
+        """Tell ``remote`` why it ends (its sender sends GONE between frames, then closes)."""
+        if remote.gone is None:
+            remote.gone = (code, reason)
+            if dropped:
+                remote.dropped = reason
+            remote.wake.set()
+            self._want()
+
+    async def _serve(self, ep: Any) -> None:
+        """A new connection (the listener's): handshake, then serve it."""
+        peer = "?"
+        try:
+            remote = await self._handshake(ep, time.monotonic() + self.timeout)
+        except (asyncio.TimeoutError, TimeoutError):
+            log.info("relay %s: a peer did not finish its handshake in %.3g s", self.name, self.timeout)
+            self._abort(ep)
+            return
+        except Exception as exc:  # noqa: BLE001 - a broken peer is refused, nothing else changes
+            log.info("relay %s: a peer was refused: %s", self.name, exc)
+            self._abort(ep)
+            return
+        if remote is None:
+            return
+        peer = remote.peer
+        reader: asyncio.Future[Any] | None = None
+        try:  # (the remote counts among the relay's from its handshake's last check on: this ends it)
+            try:
+                await asyncio.wait_for(ep.stream_send(wire.encode_welcome(remote.welcome)), self.timeout)
+            except Exception as exc:  # noqa: BLE001 - it left, or said nothing in time
+                log.info("relay %s: remote subscriber %s did not take its welcome: %s", self.name, peer, exc)
+                return
+            log.info("relay %s: remote subscriber %s joined (%s)", self.name, peer, remote.qos.name.lower())
+            reader = asyncio.ensure_future(self._read_credits(remote))
+            remote.tasks.append(reader)
+            await self._send_frames(remote)
+        finally:
+            if reader is not None:
+                reader.cancel()
+            remote.connected = False
+            self._abort(ep)
+            while remote.pending:
+                self._unref(remote.pending.popleft())
+            if remote in self._remotes:
+                self._remotes.remove(remote)
+            self._want()
+            self._history.append(remote.info())
+            log.info("relay %s: remote subscriber %s left%s", self.name, peer,
+                     f" (dropped: {remote.dropped})" if remote.dropped else "")
+
+    async def _refuse(self, ep: Any, code: int, reason: str) -> None:
+        try:
+            await asyncio.wait_for(ep.stream_send(wire.encode_refuse(code, reason)), 1.0)
+            await asyncio.sleep(0.05)  # (let it leave before the endpoint goes)
+        except Exception:  # noqa: BLE001 - the peer may be gone already
+            pass
+        self._abort(ep)
+
+    async def _handshake(self, ep: Any, deadline: float) -> _Remote | None:
+        """Check the peer (it proves the key, asks for this topic); on success the remote
+        subscriber is one of the relay's at once (a slot taken, its welcome still to send)."""
+        buf = np.zeros(wire.HANDSHAKE, np.uint8)
+        await _before(ep.stream_recv(buf), deadline)
+        try:
+            kind, body = wire.handshake_kind(buf.tobytes())
+            if kind is not wire.Kind.HELLO:
+                raise wire.WireError(f"expected HELLO, got {kind.name}")
+            hello = wire.decode_hello(body)
+        except wire.WireError as exc:
+            await self._refuse(ep, Reason.PROTOCOL, str(exc))
+            return None
+        name = hello.name.encode()
+        mine = keys.nonce()
+        await _before(ep.stream_send(wire.encode_challenge(mine, keys.proof(self._key, b"relay", hello.nonce, mine, name))),
+                      deadline)
+        buf[:] = 0
+        await _before(ep.stream_recv(buf), deadline)
+        try:
+            kind, body = wire.handshake_kind(buf.tobytes())
+            if kind is not wire.Kind.PROOF:
+                raise wire.WireError(f"expected PROOF, got {kind.name}")
+            theirs = wire.decode_proof(body)
+        except wire.WireError as exc:
+            await self._refuse(ep, Reason.PROTOCOL, str(exc))
+            return None
+        if not keys.same(theirs, keys.proof(self._key, b"subscriber", mine, hello.nonce, name)):
+            await self._refuse(ep, Reason.ACCESS, "authentication failed: the subscriber's key is not the relay's")
+            return None
+        if hello.name != self.name:
+            await self._refuse(ep, Reason.VERSION, f"this relay serves topic {self.name!r}, not {hello.name!r}")
+            return None
+        if self._closing:
+            await self._refuse(ep, Reason.CLOSING, "the relay is closing")
+            return None
+        if len(self._remotes) >= self.max_remotes:
+            await self._refuse(ep, Reason.BUSY, f"the relay serves {self.max_remotes} remote subscribers already")
+            return None
+        welcome = self._welcome
+        if not self._live or welcome is None:
+            await self._refuse(ep, NO_PUBLISHER, f"topic {self.name!r} has no publisher at the relay now")
+            return None
+        # From here on nothing waits: the deadline and the slot are decided together, so a
+        # handshake that ends as its time runs out either took a slot (and _serve frees it) or not.
+        if time.monotonic() >= deadline:
+            raise TimeoutError
+        window = LATEST_WINDOW if hello.qos is Qos.LATEST else min(hello.queue, wire.MAX_WINDOW)
+        info = self._sub.info
+        next_seq = info.next_seq if info is not None else 0
+        mine_tags = _ucx.engine().new_prefix()
+        ep.use_tags(mine_tags, hello.tags)
+        reply = wire.Welcome(welcome.width, welcome.height, welcome.format, window, welcome.pool,
+                             welcome.publisher_pid, welcome.instance, next_seq, welcome.fps, welcome.frame_bytes,
+                             mine_tags)
+        peer = f"{hello.client or '?'} pid {hello.pid}"
+        remote = _Remote(ep, peer, hello.qos, hello.queue, window, reply)
+        self._remotes.append(remote)
+        self._want()
+        return remote
+
+    async def _send_frames(self, remote: _Remote) -> None:
+        """Send queued frames while there is credit, up to SEND_AHEAD at once; beats when idle;
+        the GONE note when the remote subscriber's end was decided, then return."""
+        ep = remote.ep
+        inflight: collections.deque[asyncio.Future[Any]] = collections.deque()
+        try:
+            while True:
+                while inflight and inflight[0].done():
+                    inflight.popleft().result()  # (a failed send ends this remote subscriber)
+                if remote.gone is not None and not self._flushing(remote):
+                    if inflight:  # (the goodbye after the frames: a small message would overtake them)
+                        await asyncio.wait(list(inflight), timeout=max(1.0, self.every_timeout))
+                    code, reason = remote.gone
+                    try:
+                        await asyncio.wait_for(self._send_note(ep, wire.Head.GONE, code, reason, remote.sent), 2.0)
+                    except Exception:  # noqa: BLE001 - it may be gone or stalled
+                        pass
+                    return
+                if remote.pending and remote.credits > 0 and len(inflight) < SEND_AHEAD:
+                    index = remote.pending.popleft()
+                    remote.credits -= 1
+                    task = asyncio.ensure_future(self._send_one(remote, index))
+                    task.add_done_callback(lambda _: remote.wake.set())
+                    task.add_done_callback(_quiet)
+                    inflight.append(task)
+                    continue
+                remote.wake.clear()
+                try:
+                    await asyncio.wait_for(remote.wake.wait(), BEAT_S)
+                except (asyncio.TimeoutError, TimeoutError):
+                    if not inflight:
+                        await self._send_note(ep, wire.Head.BEAT)
+        finally:
+            self._abort(ep)  # (ends the sends still in flight; their buffers come back below)
+            for sending in inflight:
+                sending.cancel()
+
+    @staticmethod
+    def _flushing(remote: _Remote) -> bool:
+        """Whether ``remote``, whose end is decided, still gets its pending frames first (the
+        publisher closed the topic: what it published before reaches everyone still keeping up)."""
+        if not remote.connected or time.monotonic() >= remote.flush_until:
+            return False
+        return bool(remote.pending)
+
+    async def _send_one(self, remote: _Remote, index: int) -> None:
+        try:
+            staging = self._staging
+            assert staging is not None
+            await remote.ep.send(staging.arrays[index], wire.FRAME_TAG)
+            remote.sent += 1
+        finally:
+            self._unref(index)
+
+    async def _send_note(self, ep: Any, kind: wire.Head, code: int = 0, reason: str = "", sent: int = 0) -> None:
+        await ep.send(wire.encode_note(kind, code, reason, sent), wire.NOTE_TAG)
+        if kind is wire.Head.GONE:  # (the endpoint stays until the subscriber took its last frames and left)
+            try:
+                await asyncio.wait_for(ep.lost.wait(), 1.5)
+            except (asyncio.TimeoutError, TimeoutError):
+                pass
+
+    async def _read_credits(self, remote: _Remote) -> None:
+        buf = np.zeros(wire.CONTROL, np.uint8)
+        try:
+            while True:
+                await remote.ep.recv(buf, wire.CONTROL_TAG)
+                remote.heard = time.monotonic()
+                kind, count = wire.decode_control(buf.tobytes())
+                if kind is wire.Control.CREDIT:
+                    remote.credits += count
+                    if remote.credits > remote.window:
+                        raise wire.WireError(f"credit beyond the window of {remote.window}")
+                    remote.starved_since = None
+                    if remote.flush_until:  # (flushing after the publisher closed: it keeps pace, go on)
+                        remote.flush_until = time.monotonic() + self.every_timeout
+                    remote.wake.set()
+                    self._want()
+                elif kind is wire.Control.BYE:
+                    self._end(remote, Reason.CLOSING, "the subscriber closed", dropped=False)
+                    return
+        except asyncio.CancelledError:
+            raise
+        except wire.WireError as exc:
+            self._end(remote, Reason.PROTOCOL, str(exc), dropped=True)
+        except Exception as exc:  # noqa: BLE001 - the endpoint failed: the remote is gone
+            remote.gone = remote.gone or (Reason.TRANSPORT, f"the connection failed: {exc}")
+            remote.connected = False
+            self._abort(remote.ep)  # (ends a send in progress)
+            remote.wake.set()
+
+    async def _watch(self) -> None:
+        """Drop silent (stalled) remote subscribers and 'every' ones that keep no pace."""
+        rounds = 0
+        while True:
+            await asyncio.sleep(0.1)
+            rounds += 1
+            if rounds % 10 == 0:
+                self._write_status()  # (each second: what `python -m eglcuda topics` shows)
+            now = time.monotonic()
+            for remote in list(self._remotes):
+                if remote.gone is not None:
+                    if remote.dropped is not None and now - remote.heard > self.timeout + 2.0:
+                        self._abort(remote.ep)  # a stalled peer does not even take the GONE
+                    continue
+                if now - remote.heard > self.timeout:
+                    self._end(remote, Reason.TIMEOUT, f"the remote subscriber said nothing for {self.timeout:.3g} s",
+                              dropped=True)
+                    asyncio.get_running_loop().call_later(1.0, self._abort, remote.ep)
+                elif remote.qos is Qos.EVERY and remote.pending and remote.credits <= 0:
+                    if remote.starved_since is None:
+                        remote.starved_since = now
+                    elif now - remote.starved_since > self.every_timeout:
+                        self._end(remote, Reason.QUEUE_FULL, f"the remote subscriber did not release a frame within "
+                                  f"every_timeout ({self.every_timeout:.3g} s)", dropped=True)
+                else:
+                    remote.starved_since = None
+
+    def _abort(self, ep: Any) -> None:
+        ep.abort()  # (bounded: a dead peer must not hold the engine)
+
+    async def _shut_down(self) -> None:
+        watchdog = getattr(self, "_watchdog", None)
+        for remote in list(self._remotes):
+            self._end(remote, Reason.CLOSING, f"the relay of topic {self.name!r} closed", dropped=False)
+        deadline = time.monotonic() + 2.0
+        while self._remotes and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        for remote in list(self._remotes):
+            self._abort(remote.ep)
+        await asyncio.sleep(0.05)
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
+        if watchdog is not None:
+            watchdog.cancel()
+
+
+async def _before(step: Any, deadline: float) -> Any:
+    """``step`` awaited until ``deadline`` (``time.monotonic()``; TimeoutError then)."""
+    return await asyncio.wait_for(step, max(0.0, deadline - time.monotonic()))
+
+
+def _quiet(task: "asyncio.Future[Any]") -> None:
+    """Retrieve a finished task's exception (its owner already acted on the failure)."""
+    if not task.cancelled():
+        task.exception()
