@@ -313,6 +313,7 @@ cdef class Ring:
         cdef uint64_t written, length
         cdef uint8_t *entry
         cdef uint8_t kind
+        cdef uint16_t slot
         if self.base == NULL:
             return None
         if self.taken == self.peer_mine:
@@ -327,10 +328,12 @@ cdef class Ring:
         if kind == KIND_SOCKET_ENTRY:
             found = MARKER
         else:
+            # (each field read once: the publisher's side of the mapping may change under us)
             length = (<uint16_t *>(entry + 4))[0]
-            if kind != KIND_FRAME_ENTRY or length > INLINE or (<uint16_t *>(entry + 2))[0] >= protocol.MAX_POOL:
+            slot = (<uint16_t *>(entry + 2))[0]
+            if kind != KIND_FRAME_ENTRY or length > INLINE or slot >= protocol.MAX_POOL:
                 return MALFORMED
-            found = tuple_new(Frame, ((<uint64_t *>(entry + 8))[0], (<uint16_t *>(entry + 2))[0],
+            found = tuple_new(Frame, ((<uint64_t *>(entry + 8))[0], slot,
                                       (<uint64_t *>(entry + 16))[0], 0,
                                       PyBytes_FromStringAndSize(<const char *>entry + ENTRY_HEAD, length)))
         self.taken += 1
