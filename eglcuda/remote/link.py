@@ -83,26 +83,14 @@ class Joining:
         try:
             await ep.stream_send(wire.encode_hello(hello))
             await ep.stream_recv(buf)
-            kind, body = wire.handshake_kind(buf.tobytes())
-            if kind is wire.Kind.REFUSE:
-                code, reason = wire.decode_refuse(body)
-                raise Refused(f"the relay refused: {reason}", code)
-            if kind is not wire.Kind.CHALLENGE:
-                raise wire.WireError(f"expected CHALLENGE, got {kind.name}")
-            theirs, proof = wire.decode_challenge(body)
+            theirs, proof = wire.decode_challenge(wire.expect(buf.tobytes(), wire.Kind.CHALLENGE, refusal=True))
             if not keys.same(proof, keys.proof(self._key, b"relay", mine, theirs, name)):
                 raise Refused("the relay did not prove it holds the key: wrong key, or not an eglcuda relay",
                               int(Reason.ACCESS))
             await ep.stream_send(wire.encode_proof(keys.proof(self._key, b"subscriber", theirs, mine, name)))
             buf[:] = 0
             await ep.stream_recv(buf)
-            kind, body = wire.handshake_kind(buf.tobytes())
-            if kind is wire.Kind.REFUSE:
-                code, reason = wire.decode_refuse(body)
-                raise Refused(f"the relay refused: {reason}", code)
-            if kind is not wire.Kind.WELCOME:
-                raise wire.WireError(f"expected WELCOME, got {kind.name}")
-            welcome = wire.decode_welcome(body)
+            welcome = wire.decode_welcome(wire.expect(buf.tobytes(), wire.Kind.WELCOME, refusal=True))
             # (The window is pinned host memory here: never more than this side's QoS asks for.)
             most = LATEST_WINDOW if self.qos is Qos.LATEST else min(self.queue, wire.MAX_WINDOW)
             if welcome.window > most:

@@ -219,10 +219,7 @@ class Serving:
         buf = np.zeros(wire.HANDSHAKE, np.uint8)
         await _before(ep.stream_recv(buf), deadline)
         try:
-            kind, body = wire.handshake_kind(buf.tobytes())
-            if kind is not wire.Kind.HELLO:
-                raise wire.WireError(f"expected HELLO, got {kind.name}")
-            hello = wire.decode_hello(body)
+            hello = wire.decode_hello(wire.expect(buf.tobytes(), wire.Kind.HELLO))
         except wire.WireError as exc:
             await self._refuse(ep, Reason.PROTOCOL, str(exc))
             return None
@@ -233,10 +230,7 @@ class Serving:
         buf[:] = 0
         await _before(ep.stream_recv(buf), deadline)
         try:
-            kind, body = wire.handshake_kind(buf.tobytes())
-            if kind is not wire.Kind.PROOF:
-                raise wire.WireError(f"expected PROOF, got {kind.name}")
-            theirs = wire.decode_proof(body)
+            theirs = wire.decode_proof(wire.expect(buf.tobytes(), wire.Kind.PROOF))
         except wire.WireError as exc:
             await self._refuse(ep, Reason.PROTOCOL, str(exc))
             return None

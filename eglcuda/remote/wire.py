@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import PeerError, UsageError
+from ..errors import PeerError, Refused, UsageError
 from ..frames.formats import ColorFormat, check_size, color_format, plane_geometry
 from ..topics import protocol
 
@@ -252,6 +252,19 @@ def decode_welcome(body: memoryview) -> Welcome:
 def encode_refuse(code: int, reason: str) -> bytearray:
     text = reason.encode()[:MAX_REASON]
     return _handshake(Kind.REFUSE, _REFUSE.pack(code, len(text)) + text)
+
+
+def expect(data: bytes | bytearray | memoryview, want: Kind, *, refusal: bool = False) -> memoryview:
+    """The body of handshake message ``data``, which must be of kind ``want`` (:class:`WireError`
+    if not). ``refusal``: the peer may answer REFUSE instead (a relay does): :class:`Refused` with
+    its reason and code."""
+    kind, body = handshake_kind(data)
+    if refusal and kind is Kind.REFUSE:
+        code, reason = decode_refuse(body)
+        raise Refused(f"the relay refused: {reason}", code)
+    if kind is not want:
+        raise WireError(f"expected {want.name}, got {kind.name}")
+    return body
 
 
 def decode_refuse(body: memoryview) -> tuple[int, str]:
