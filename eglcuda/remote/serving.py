@@ -15,7 +15,7 @@ import queue as _queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 import numpy as np
 
@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from .buffers import Pinned
 
 log = logging.getLogger("eglcuda.remote")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -213,26 +214,29 @@ class Serving:
             pass
         self._abort(ep)
 
-    async def _handshake(self, ep: Any, deadline: float) -> _Remote | None:
-        """Check the peer (it proves the key, asks for this topic); on success the remote
-        subscriber is one of the relay's at once (a slot taken, its welcome still to send)."""
+    async def _read_step(self, ep: Any, deadline: float, want: wire.Kind, decode: Callable[[memoryview], T]) -> T | None:
+        """The peer's next handshake message, of kind ``want``, decoded (None: it was not one, and
+        the peer was refused with the reason)."""
         buf = np.zeros(wire.HANDSHAKE, np.uint8)
         await _before(ep.stream_recv(buf), deadline)
         try:
-            hello = wire.decode_hello(wire.expect(buf.tobytes(), wire.Kind.HELLO))
+            return decode(wire.expect(buf.tobytes(), want))
         except wire.WireError as exc:
             await self._refuse(ep, Reason.PROTOCOL, str(exc))
+            return None
+
+    async def _handshake(self, ep: Any, deadline: float) -> _Remote | None:
+        """Check the peer (it proves the key, asks for this topic); on success the remote
+        subscriber is one of the relay's at once (a slot taken, its welcome still to send)."""
+        hello = await self._read_step(ep, deadline, wire.Kind.HELLO, wire.decode_hello)
+        if hello is None:
             return None
         name = hello.name.encode()
         mine = keys.nonce()
         await _before(ep.stream_send(wire.encode_challenge(mine, keys.proof(self._key, b"relay", hello.nonce, mine, name))),
                       deadline)
-        buf[:] = 0
-        await _before(ep.stream_recv(buf), deadline)
-        try:
-            theirs = wire.decode_proof(wire.expect(buf.tobytes(), wire.Kind.PROOF))
-        except wire.WireError as exc:
-            await self._refuse(ep, Reason.PROTOCOL, str(exc))
+        theirs = await self._read_step(ep, deadline, wire.Kind.PROOF, wire.decode_proof)
+        if theirs is None:
             return None
         if not keys.same(theirs, keys.proof(self._key, b"subscriber", mine, hello.nonce, name)):
             await self._refuse(ep, Reason.ACCESS, "authentication failed: the subscriber's key is not the relay's")

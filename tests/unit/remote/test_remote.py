@@ -19,6 +19,19 @@ def _frames_ok(peer) -> None:
     assert got and all(m["ok"] for m in got), [m for m in got if not m["ok"]][:2]
 
 
+def _until_none_connected(relay, seconds: float, every: float) -> None:
+    """Ask the relay for its remote subscribers until none is connected (fails after ``seconds``)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        relay.messages.clear()
+        relay.send("remotes")
+        remotes = relay.wait_for(lambda m: m["event"] == "remotes")["remotes"]
+        if not [r for r in remotes if r["connected"]]:
+            return
+        assert time.monotonic() < deadline, remotes
+        time.sleep(every)
+
+
 def test_every_and_latest_remote_subscribers_check_every_byte(cluster):
     cluster.publisher(rate=300)
     # (every_timeout 5 s: the 'every' remote receives nothing until the listing was taken)
@@ -114,15 +127,7 @@ def test_handshakes_ending_as_their_time_runs_out_leave_no_slot_taken(cluster):
     answers = cluster.garbage(address, ",".join(f"late:{delay:.2f}" for delay in delays), "--timeout", "3")
     assert len(answers) == len(delays)
     assert all(a["answer"] in ("WELCOME", "closed", "none") for a in answers.values()), answers
-    deadline = time.monotonic() + 5
-    while True:  # (the welcomed ones left: the relay hears it from their endpoints)
-        relay.messages.clear()
-        relay.send("remotes")
-        remotes = relay.wait_for(lambda m: m["event"] == "remotes")["remotes"]
-        if not [r for r in remotes if r["connected"]]:
-            break
-        assert time.monotonic() < deadline, remotes
-        time.sleep(0.1)
+    _until_none_connected(relay, 5, 0.1)  # (the welcomed ones left: the relay hears it from their endpoints)
     good = cluster.subscriber(address, "--count", "5")
     ready = good.wait_for(lambda m: m["event"] in ("ready", "error"))
     assert ready["event"] == "ready", ready  # (a slot still counted busy: Refused, "serves 1 ... already")
@@ -142,15 +147,8 @@ def test_a_killed_remote_subscriber_leaves_the_others_alone(cluster):
     _frames_ok(other)
     seqs = [m["seq"] for m in other.got()]
     assert seqs == list(range(seqs[0], seqs[0] + 150))
-    deadline = time.monotonic() + 8
-    while True:  # the relay forgets the killed one (its endpoint fails, or it is silent past the timeout)
-        relay.messages.clear()
-        relay.send("remotes")
-        remotes = relay.wait_for(lambda m: m["event"] == "remotes")["remotes"]
-        if not [r for r in remotes if r["connected"]]:
-            break
-        assert time.monotonic() < deadline, remotes
-        time.sleep(0.2)
+    # the relay forgets the killed one (its endpoint fails, or it is silent past the timeout)
+    _until_none_connected(relay, 8, 0.2)
 
 
 def test_publisher_closes_dies_and_restarts_behind_the_relay(cluster):
