@@ -3,6 +3,9 @@
 # the remote and fan-out samples, bench/remote.py 1080p (1 and 8 remotes, max and 60/s) with the raw engine,
 # then a diagnosis: the same single-remote row with a window of 6 (LATEST_WINDOW and SEND_AHEAD patched here only).
 set -u
+command -v nvidia-smi > /dev/null || { echo "$0: needs an NVIDIA GPU machine (nvidia-smi not found); see bench/runs/README.md"; exit 2; }
+[ -f .device/setup.sh ] || { echo "$0: needs .device/ staged in the repository root (bench/runs/README.md)"; exit 2; }
+ls .wheels/*.whl > /dev/null 2>&1 || { echo "$0: needs the UCXX wheels in .wheels/ (bench/runs/README.md says how to get them)"; exit 2; }
 T0=$(date +%s)
 source .device/setup.sh > $OUT/setup.log 2>&1; tail -1 $OUT/setup.log
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/ucxx .wheels/*.whl > $OUT/ucxx-install.log 2>&1 || tail -3 $OUT/ucxx-install.log

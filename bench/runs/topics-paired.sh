@@ -10,6 +10,8 @@
 # without MPS about 3 (46 configurations), under MPS about 2 (27)); the timeouts bound it at about 9.5. results.json is written after each
 # configuration, so a bench cut short still leaves its rows and comparison.
 set -u
+command -v nvidia-smi > /dev/null || { echo "$0: needs an NVIDIA GPU machine (nvidia-smi not found); see bench/runs/README.md"; exit 2; }
+[ -f .device/setup.sh ] || { echo "$0: needs .device/ staged in the repository root (bench/runs/README.md)"; exit 2; }
 source .device/setup.sh > $OUT/setup.log 2>&1
 tail -1 $OUT/setup.log
 python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/oldsite ./.old > $OUT/oldbuild.log 2>&1 \

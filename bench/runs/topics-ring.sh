@@ -9,6 +9,8 @@
 # MPS, 0.65 under MPS). Total bounded by the timeouts: about 8.5 minutes (setup ~1, tests <= 250 s,
 # sample <= 40 s, benches <= 50 s each).
 set -u
+command -v nvidia-smi > /dev/null || { echo "$0: needs an NVIDIA GPU machine (nvidia-smi not found); see bench/runs/README.md"; exit 2; }
+[ -f .device/setup.sh ] || { echo "$0: needs .device/ staged in the repository root (bench/runs/README.md)"; exit 2; }
 T0=$(date +%s)
 source .device/setup.sh > $OUT/setup.log 2>&1; tail -1 $OUT/setup.log
 echo "setup $(( $(date +%s) - T0 )) s"
