@@ -52,7 +52,6 @@ import pathlib
 import secrets
 import selectors
 import signal
-import statistics
 import struct
 import subprocess
 import sys
@@ -63,6 +62,7 @@ import time
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from _script import BENCH_HINT, MATPLOTLIB, fail, require, run  # noqa: E402
+from _remote_report import goals, markdown, plot, summarize  # noqa: E402
 
 PROGRAM = "bench/remote.py"
 SIZES = {"1080p-nv12": (1920, 1080, "NV12"), "4k-argb": (3840, 2160, "ARGB")}
@@ -457,115 +457,6 @@ def relay_window() -> int:
         return int(wire.LATEST_WINDOW)
     except ImportError:
         return 3
-
-
-# ==== results =====================================================================================
-
-def summarize(row: dict) -> dict:
-    """Per-configuration figures over the subscribers: mean / min rate, median p50, worst p99."""
-    subs = [s for s in row.get("subscribers", []) if s.get("frames")]
-    if subs:
-        row["rate_mean"] = statistics.fmean(s["rate"] for s in subs)
-        row["rate_min"] = min(s["rate"] for s in row["subscribers"])
-        row["p50_us"] = statistics.median(s["p50_us"] for s in subs)
-        row["p99_us"] = max(s["p99_us"] for s in subs)
-    return row
-
-
-def _f(value: float, digits: int = 0) -> str:
-    return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:,.{digits}f}"
-
-
-def markdown(rows: list[dict], args, window: int) -> str:
-    lines = [f"Remote subscribers over TCP loopback ({getattr(args, 'ucx_note', '')}); "
-             f"{args.duration} s per configuration; latency = publish to usable (in the subscriber's device "
-             f"memory, its stream synchronized); ucx-raw: host buffers, progress mode as named, window "
-             f"{window} (the relay's) and 1 (ping-pong).", "",
-             "| size | variant | pace | N | publisher frames/s | per subscriber frames/s (mean / min) | "
-             "MB/s per subscriber | p50 ms (median) | p99 ms (worst) | local subscriber frames/s |",
-             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for row in rows:
-        head = f"| {row['size']} | {row['variant']} | {row.get('pace', '')} | {row.get('n', '')} |"
-        if "error" in row:
-            lines.append(f"{head} error: {row['error']} | | | | | |")
-            continue
-        if row["variant"].startswith("ucx-raw"):
-            lines.append(f"{head} | {_f(row['rate'])} | {_f(row['bytes_per_s'] / 1e6)} | "
-                         f"{_f(row['p50_us'] / 1e3, 2)} | {_f(row['p99_us'] / 1e3, 2)} | |")
-            continue
-        local = row.get("local", {}).get("rate", math.nan)
-        lines.append(f"{head} {_f(row['publisher_rate'])} | "
-                     + (f"{_f(row['rate_mean'])} / {_f(row['rate_min'])} | {_f(row['rate_mean'] * row['bytes'] / 1e6)} | "
-                        f"{_f(row['p50_us'] / 1e3, 2)} | {_f(row['p99_us'] / 1e3, 2)} |" if "rate_mean" in row
-                        else " | | | |")
-                     + f" {_f(local)} |")
-    return "\n".join(lines)
-
-
-def goals(rows: list[dict], window: int) -> list[str]:
-    """The issue's goals, each a line: PASS / FAIL / n/a and the figures."""
-    out = []
-
-    def find(**want):
-        return next((r for r in rows if all(r.get(k) == v for k, v in want.items()) and "error" not in r), None)
-
-    for size in dict.fromkeys(r["size"] for r in rows):
-        one = find(size=size, variant="eglcuda", n=1, pace="max")
-        raws = [r for r in rows if r["size"] == size and r["variant"].startswith("ucx-raw") and
-                r["variant"].endswith(f" w{window}") and "rate" in r]
-        raw = max(raws, key=lambda r: r["rate"]) if raws else None  # the engine's best at that window
-        if one and raw and "rate_mean" in one:
-            ratio = one["rate_mean"] / raw["rate"]
-            floor = " and >= 600 frames/s" if size == "1080p-nv12" else ""
-            ok = ratio >= 0.8 and (size != "1080p-nv12" or one["rate_mean"] >= 600)
-            out.append(f"{'PASS' if ok else 'FAIL'} {size}: 1 remote subscriber {one['rate_mean']:.0f} frames/s = "
-                       f"{ratio:.2f}x the raw engine ({raw['variant']}: {raw['rate']:.0f}/s) (goal >= 0.8x{floor})")
-        eight = find(size=size, variant="eglcuda", n=8, pace="60/s")
-        if eight and "rate_min" in eight:
-            ok = eight["rate_min"] >= 57 and eight["p99_us"] < 10_000
-            out.append(f"{'PASS' if ok else 'FAIL'} {size}: 8 remote subscribers at 60/s: slowest "
-                       f"{eight['rate_min']:.1f} frames/s, worst p99 {eight['p99_us'] / 1e3:.2f} ms (goal 60/s, p99 < 10 ms)")
-        for pace in ("max", "60/s"):
-            alone = find(size=size, variant="local only", pace=pace)
-            if not alone or "local" not in alone:
-                continue
-            for row in rows:
-                if row.get("size") == size and row.get("variant") == "eglcuda" and row.get("pace") == pace \
-                        and "local" in row and "error" not in row:
-                    change = row["local"]["rate"] / alone["local"]["rate"] - 1
-                    out.append(f"INFO {size} {pace}: local subscriber with {row['n']} remote: {row['local']['rate']:.0f} "
-                               f"frames/s vs {alone['local']['rate']:.0f} without ({100 * change:+.1f} %)")
-    return out
-
-
-def plot(rows: list[dict], out: pathlib.Path, window: int) -> list[str]:
-    from _script import plot_bars
-
-    written = []
-    for size in dict.fromkeys(r["size"] for r in rows):
-        for pace in dict.fromkeys(r.get("pace") for r in rows if r.get("pace")):
-            ns = sorted({r["n"] for r in rows if r["size"] == size and r.get("pace") == pace and r.get("n")})
-            if not ns:
-                continue
-            series: dict[str, list[float]] = {}
-            latency: dict[str, list[float]] = {}
-            for variant in ("eglcuda", "zmq"):
-                picked = [next((r for r in rows if r["size"] == size and r.get("pace") == pace and r["variant"] == variant
-                                and r.get("n") == n and "rate_mean" in r), None) for n in ns]
-                if any(picked):
-                    series[variant] = [p["rate_mean"] if p else math.nan for p in picked]
-                    latency[f"{variant} p99"] = [p["p99_us"] / 1e3 if p else math.nan for p in picked]
-            if pace == "max":
-                for raw in (r for r in rows if r["size"] == size and r["variant"].startswith("ucx-raw") and "rate" in r):
-                    series[raw["variant"].replace(" w1", " ping-pong")] = [raw["rate"]] * len(ns)
-            groups = [f"N={n}" for n in ns]
-            tag = f"remote_{size}_{'max' if pace == 'max' else 'paced'}".replace("-", "_")
-            plot_bars(str(out / f"{tag}_rate.png"), f"Remote subscribers, {size}, publisher {pace}: per-subscriber rate",
-                      "frames/s per subscriber", groups, series)
-            plot_bars(str(out / f"{tag}_p99.png"), f"Remote subscribers, {size}, publisher {pace}: worst p99 latency",
-                      "ms, publish to usable", groups, latency, log=True)
-            written += [f"{tag}_rate.png", f"{tag}_p99.png"]
-    return written
 
 
 # ==== main ========================================================================================
