@@ -11,6 +11,8 @@
   nvidia-cuda-mps-control for ``--mps``); ``EGLCUDA_TRACEBACK=1`` shows the traceback instead.
 - ``lazy(name)``: a module imported at first use, so that ``--help`` works and ``require`` speaks
   before a missing package would.
+- ``mps_daemon()``: a private MPS daemon for a run (``--mps``), its clients the processes
+  started from then on.
 - ``plot_bars(...)``: the grouped bar charts of docs/benchmarks.md, with matplotlib.
 
 The ``bench`` extra pins CuPy for CUDA 13 (the GPU machine: driver 580). On a CUDA 12 driver,
@@ -18,13 +20,14 @@ install ``cupy-cuda12x`` instead; ``nvidia-smi`` shows the version.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import shutil
 import subprocess
 import sys
 from types import ModuleType
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 BENCH_HINT = "pip install 'eglcuda[bench]'"
 # (module to import, what it is for, how to get it)
@@ -39,6 +42,17 @@ def fail(program: str, message: str, status: int) -> None:
     print(f"{program}: {message}", file=sys.stderr)
     raise SystemExit(status)
 
+
+
+@contextlib.contextmanager
+def mps_daemon() -> Iterator[str]:
+    """A private MPS daemon for this run (eglcuda.mps.MPSDaemon: it also stops the daemon if this
+    process dies), its environment set for the processes started from now on; yields its description."""
+    from eglcuda import mps
+
+    with mps.MPSDaemon() as daemon:
+        daemon.apply(children_only=True)  # the processes started from now on are its clients
+        yield f"eglcuda.mps.MPSDaemon ({daemon.describe()})"
 
 def require(program: str, *capabilities: str, modules: Sequence[tuple[str, str, str]] = (),
             gcc: bool = False, in_child: bool = False) -> None:

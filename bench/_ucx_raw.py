@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -121,25 +122,29 @@ def _core_send(args) -> None:
 
     core = _Core(args.mode)
     ep = core.api.UCXEndpoint.create(core.worker, args.host, args.port, True)
-    data = np.random.default_rng(1).integers(0, 255, args.size, dtype=np.uint8)
-    data[:8] = 0
-    stop = data.copy()
+    rng = np.random.default_rng(1)
+    ring = [rng.integers(0, 255, args.size, dtype=np.uint8) for _ in range(args.buffers)]
+    for data in ring:
+        data[:8] = 0
+    stop = ring[0].copy()
     stop.view(np.uint64)[0] = 2**64 - 1
-    frame, last = Array(data), Array(stop)
+    frames, last = [Array(data) for data in ring], Array(stop)
     acks = [Array(np.zeros(1, np.uint64)) for _ in range(args.window)]
     frame_tag, ack_tag = core.tag(1), core.tag(2)
     inflight: list = []  # (sent at, send request, ack request)
     times: list[int] = []
     count, started, deadline = 0, 0, 0.0
     total = 0
+    cpu_at_start = (0.0, 0.0)
     while True:
         now = time.monotonic()
         if total == WARMUP:
             started, deadline = time.monotonic_ns(), now + args.duration
+            cpu_at_start = _cpu_us()
         done = total >= WARMUP and now >= deadline
         if len(inflight) < args.window and not done:
             slot = total % args.window
-            inflight.append((time.monotonic_ns(), ep.tag_send(frame, tag=frame_tag),
+            inflight.append((time.monotonic_ns(), ep.tag_send(frames[total % args.buffers], tag=frame_tag),
                              ep.tag_recv(acks[slot], tag=ack_tag), total >= WARMUP))
             total += 1
             continue
@@ -152,10 +157,18 @@ def _core_send(args) -> None:
             times.append(time.monotonic_ns() - sent_at)
             count += 1
     span = (time.monotonic_ns() - started) / 1e9
+    cpu = [b - a for a, b in zip(cpu_at_start, _cpu_us())]  # (the timed frames: the sender's CPU for each)
     stopper = (ep.tag_send(last, tag=frame_tag), ep.tag_recv(acks[0], tag=ack_tag))
     for request in stopper:
         core.wait(request)
-    _emit("RESULT " + json.dumps(_summary(count, span, args.size, times)))
+    _emit("RESULT " + json.dumps({**_summary(count, span, args.size, times),
+                                  "sender_user_us": cpu[0] / max(1, count), "sender_sys_us": cpu[1] / max(1, count)}))
+
+
+def _cpu_us() -> tuple[float, float]:
+    """This process's (user, system) CPU time so far, microseconds."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime * 1e6, usage.ru_stime * 1e6
 
 
 def _summary(count: int, span: float, size: int, times: list[int]) -> dict:
@@ -251,9 +264,10 @@ def _async_send(args) -> None:
 # ==== both ends, from a parent process ===========================================================
 
 def measure(size: int, window: int, mode: str, duration: float, env: dict[str, str] | None = None,
-            timeout: float = 120.0) -> dict:
+            timeout: float = 120.0, buffers: int = 1) -> dict:
     """Runs a receiver and a sender (fresh processes, with ``env`` over this process's
-    environment) and returns the sender's result, plus ``size``, ``window`` and ``mode``."""
+    environment) and returns the sender's result, plus ``size``, ``window``, ``mode`` and
+    ``buffers`` (the sender's ring: 1 sends one buffer again and again)."""
     environment = {**os.environ, **(env or {})}
     here = os.path.abspath(__file__)
     common = ["--size", str(size), "--window", str(window), "--mode", mode]
@@ -268,13 +282,14 @@ def measure(size: int, window: int, mode: str, duration: float, env: dict[str, s
         if not line.startswith("PORT "):
             raise RuntimeError(f"the raw UCX receiver did not start: {receiver.stderr.read()[-500:] if receiver.stderr else ''}")
         port = int(line.split()[1])
-        sent = subprocess.run([sys.executable, here, "send", "--port", str(port), "--duration", str(duration), *common],
+        sent = subprocess.run([sys.executable, here, "send", "--port", str(port), "--duration", str(duration),
+                               "--buffers", str(buffers), *common],
                               capture_output=True, text=True, env=environment, timeout=timeout)
         results = [line[7:] for line in sent.stdout.splitlines() if line.startswith("RESULT ")]
         if sent.returncode != 0 or not results:
             raise RuntimeError(f"the raw UCX sender failed (status {sent.returncode}): {sent.stderr.strip()[-500:]}")
         receiver.wait(timeout=30)
-        return {"size": size, "window": window, "mode": mode, **json.loads(results[0])}
+        return {"size": size, "window": window, "mode": mode, "buffers": buffers, **json.loads(results[0])}
     finally:
         if receiver.poll() is None:
             receiver.kill()
@@ -290,9 +305,11 @@ def main() -> int:
     parser.add_argument("--window", type=int, default=1)
     parser.add_argument("--mode", choices=MODES, default="blocking")
     parser.add_argument("--duration", type=float, default=2.0)
+    parser.add_argument("--buffers", type=int, default=1,
+                        help="the sender's ring of distinct buffers, sent in turn (core API modes)")
     args = parser.parse_args()
-    if args.window < 1 or args.size < 8:
-        parser.error("--window must be >= 1 and --size >= 8")
+    if args.window < 1 or args.size < 8 or args.buffers < 1:
+        parser.error("--window and --buffers must be >= 1 and --size >= 8")
     if args.mode.startswith("asyncio"):
         (_async_receive if args.role == "receive" else _async_send)(args)
     else:

@@ -33,6 +33,8 @@ with p99 < 10 ms; the local subscriber's rate unchanged by remote subscribers (w
                            [--width W --height H]   (one custom NV12 size, e.g. for a CPU dry run)
                            [--no-plots]             (a machine without matplotlib: plots later)
                            [--ucx-env K=V,...]      (UCX settings for every process, raw engine included)
+                           [--raw-rings 12]         (also the raw engine sending from a ring of 12 buffers)
+                           [--mps]                  (every process a client of a private MPS daemon)
     python bench/remote.py --replot DIR            (the plots of DIR/results.json, into DIR)
 
 Writes results.json, results.md and plots (PNG, docs/img style) to --out; prints the table last.
@@ -45,6 +47,7 @@ measure the Python and UCX side only.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -61,7 +64,7 @@ import time
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from _script import BENCH_HINT, MATPLOTLIB, fail, require, run  # noqa: E402
+from _script import BENCH_HINT, MATPLOTLIB, fail, mps_daemon, require, run  # noqa: E402
 from _remote_report import goals, markdown, plot, summarize  # noqa: E402
 
 PROGRAM = "bench/remote.py"
@@ -438,11 +441,11 @@ def run_config(args, variant: str, n: int, rate: float, env: dict) -> dict:
                 child.stop()
 
 
-def raw_engine(args, size: int, window: int, mode: str, env: dict) -> dict:
+def raw_engine(args, size: int, window: int, mode: str, env: dict, buffers: int = 1) -> dict:
     import _ucx_raw
 
     try:
-        result = _ucx_raw.measure(size, window, mode, args.duration, env)
+        result = _ucx_raw.measure(size, window, mode, args.duration, env, buffers=buffers)
     except Exception as exc:  # noqa: BLE001 - reported in the row
         return {"error": " ".join(str(exc).split())[:300]}
     result.pop("size", None)  # (bytes: the row's "size" is the frame's name)
@@ -472,10 +475,15 @@ def main() -> int:
     parser.add_argument("--variants", default="eglcuda,zmq,ucx-raw")
     parser.add_argument("--engine-modes", default="blocking,asyncio-blocking",
                         help="bench/_ucx_raw.py progress modes for ucx-raw (comma-separated)")
+    parser.add_argument("--raw-rings", default="", metavar="N,...",
+                        help="also the raw engine sending from a ring of N distinct buffers in turn (e.g. 12, "
+                             "the relay's staging ring): one buffer sent again and again stays in the CPU's cache")
     parser.add_argument("--width", type=int, help="one custom NV12 size instead of --sizes (with --height)")
     parser.add_argument("--height", type=int)
     parser.add_argument("--ucx-env", default="", metavar="K=V,...",
                         help="UCX_* settings for every process (e.g. UCX_TCP_TX_SEG_SIZE=256K,UCX_TCP_RX_SEG_SIZE=1M)")
+    parser.add_argument("--mps", action="store_true",
+                        help="run every process under a private MPS daemon (one GPU shared by the host's processes)")
     parser.add_argument("--no-plots", action="store_true", help="write no plots (no matplotlib needed)")
     parser.add_argument("--replot", metavar="DIR", help="only draw the plots of DIR/results.json (into DIR)")
     # the roles of the processes this script spawns
@@ -509,11 +517,19 @@ def main() -> int:
     unknown = set(variants) - {"eglcuda", "zmq", "ucx-raw"}
     if unknown:
         parser.error(f"unknown variants {sorted(unknown)}: eglcuda, zmq, ucx-raw")
+    try:
+        args.raw_rings = [int(n) for n in filter(None, args.raw_rings.split(","))]
+    except ValueError:
+        parser.error("--raw-rings takes buffer counts, e.g. 12")
+    if any(n < 2 for n in args.raw_rings):
+        parser.error("--raw-rings counts are at least 2")
     if (args.width is None) != (args.height is None) or (args.width is not None and (args.width < 16 or args.height < 16
                                                                                        or args.width % 2 or args.height % 2)):
         parser.error("--width and --height go together, even numbers of at least 16")
     # Checks first: a GPU (CUDA), ucxx, pyzmq, matplotlib (unless --no-plots).
-    require(PROGRAM, "cuda", modules=[*([] if args.no_plots else [MATPLOTLIB]), *([ZMQ] if "zmq" in variants else [])])
+    # (--mps: the probe runs in a child, so that this process never initializes CUDA before the daemon)
+    require(PROGRAM, "cuda", in_child=args.mps,
+            modules=[*([] if args.no_plots else [MATPLOTLIB]), *([ZMQ] if "zmq" in variants else [])])
     from eglcuda.remote import ucxx_missing
 
     missing = ucxx_missing()
@@ -531,7 +547,16 @@ def main() -> int:
         sizes = {name: SIZES[name] for name in names}
     ns = [int(n) for n in (args.subscribers or ("1,8" if args.quick else "1,4,8")).split(",")]
     paces = [0.0 if pace == "max" else float(pace) for pace in args.rates.split(",")]
+    with (mps_daemon() if args.mps else contextlib.nullcontext("off")) as mps_mode:
+        print(f"MPS: {mps_mode}", flush=True)
+        args.mps_note = mps_mode
+        return measure_all(args, parser, variants, sizes, ns, paces)
+
+
+def measure_all(args, parser, variants: list[str], sizes: dict, ns: list[int], paces: list[float]) -> int:
+    """Every configuration asked for, in order; results.json and results.md after each row."""
     window = relay_window()
+    # (built here: under --mps, os.environ names the daemon the processes started from now on use)
     env = {**os.environ, **{k: v for k, v in UCX_ENV.items() if k not in os.environ}, "PYTHONUNBUFFERED": "1"}
     for setting in filter(None, args.ucx_env.split(",")):
         key, _, value = setting.partition("=")
@@ -546,7 +571,7 @@ def main() -> int:
 
     def save(verdicts: list[str]) -> None:
         (out / "results.json").write_text(json.dumps({
-            "duration": args.duration, "window": window, "engine_modes": args.engine_modes,
+            "duration": args.duration, "window": window, "engine_modes": args.engine_modes, "mps": args.mps,
             "ucx_env": {k: v for k, v in env.items() if k.startswith(("UCX_", "UCXPY_"))}, "rows": rows,
             "goals": verdicts}, indent=1))
         (out / "results.md").write_text(markdown(rows, args, window) + "\n\n" + "\n".join(f"- {v}" for v in verdicts) + "\n")
@@ -565,6 +590,9 @@ def main() -> int:
                 for w in dict.fromkeys((window, 1)):
                     record({**base, "variant": f"ucx-raw {mode} w{w}", "pace": "max",
                             **raw_engine(args, nbytes, w, mode, env)})
+                for ring in args.raw_rings:  # (a sender that sends from a ring of buffers, as the relay does)
+                    record({**base, "variant": f"ucx-raw {mode} ring{ring} w{window}", "pace": "max",
+                            **raw_engine(args, nbytes, window, mode, env, buffers=ring)})
         for pace in paces:
             label = "max" if pace == 0 else f"{pace:g}/s"
             if "eglcuda" in variants:

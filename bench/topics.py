@@ -81,7 +81,7 @@ import time
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from _script import MATPLOTLIB, require, run  # noqa: E402
+from _script import MATPLOTLIB, mps_daemon, require, run  # noqa: E402
 
 PROGRAM = "bench/topics.py"
 ROOT = HERE.parent
@@ -633,17 +633,6 @@ def _median_known(values) -> float:
 
 def _us(value: float) -> str:
     return "-" if value is None or math.isnan(value) else f"{value:.1f}"
-
-
-@contextlib.contextmanager
-def mps_daemon():
-    """A private MPS daemon for this run (eglcuda.mps.MPSDaemon: it also stops the daemon if this
-    process dies), its environment set for the processes started from now on."""
-    from eglcuda import mps
-
-    with mps.MPSDaemon() as daemon:
-        daemon.apply(children_only=True)  # the processes started from now on are its clients
-        yield f"eglcuda.mps.MPSDaemon ({daemon.describe()})"
 
 
 def needs(transports: list[str]) -> list[str]:

@@ -29,6 +29,7 @@ import asyncio
 import atexit
 import concurrent.futures
 import importlib
+import logging
 import os
 import secrets
 import threading
@@ -40,8 +41,10 @@ import numpy as np
 from ..errors import Timeout, Unsupported, UsageError
 
 T = TypeVar("T")
+log = logging.getLogger("eglcuda.remote")
 INSTALL = "pip install 'eglcuda[remote-cu12]' (CUDA 12) or 'eglcuda[remote-cu13]' (CUDA 13)"
 FALLBACK_S = 0.1  # a progress pass at least this often (UCX may miss an event once armed late)
+PASS_ROUNDS = 4  # progress rounds of one pass before the loop runs its other work
 ABORT_NS = 100_000_000  # how long closing an endpoint may wait for UCX (on the engine's thread)
 PREFIX_BITS = 56  # a tag is (prefix << 8) | kind
 
@@ -93,6 +96,7 @@ class Endpoint:
         self._closed = False
         self.recv_prefix: int | None = None  # mine: what I receive
         self.send_prefix: int | None = None  # the peer's
+        self._tags: dict[tuple[int, bool], Any] = {}
         self.lost = asyncio.Event()  # the peer closed, the link failed, or abort()
         ep.set_close_callback(self._on_close)
 
@@ -105,6 +109,36 @@ class Endpoint:
 
     def use_tags(self, recv_prefix: int, send_prefix: int) -> None:
         self.recv_prefix, self.send_prefix = recv_prefix, send_prefix
+        self._tags.clear()
+
+    def _tag(self, kind: int, sending: bool) -> Any:
+        """The UCX tag of a message ``kind`` (made once per endpoint and kind)."""
+        tag = self._tags.get((kind, sending))
+        if tag is None:
+            prefix = self.send_prefix if sending else self.recv_prefix
+            assert prefix is not None, "tags before the handshake"
+            tag = self._tags[(kind, sending)] = self._engine.api.UCXXTag((prefix << 8) | kind)
+        return tag
+
+    def send_now(self, array: Any, kind: int, done: Callable[[LinkError | None], None]) -> None:
+        """Post a send of ``array`` (a UCXX ``Array``, :meth:`Engine.wire`) and return: ``done``
+        runs on the engine's thread when it ended (:meth:`Engine.post`). :class:`LinkError` at
+        once when the endpoint is closed or UCX refused the request. The frame path: no task or
+        future per message."""
+        self._post(lambda: self._ep.tag_send(array, self._tag(kind, True)), done)
+
+    def recv_now(self, array: Any, kind: int, done: Callable[[LinkError | None], None]) -> None:
+        """Post a receive into ``array`` (a UCXX ``Array``); as :meth:`send_now`."""
+        self._post(lambda: self._ep.tag_recv(array, self._tag(kind, False)), done)
+
+    def _post(self, submit: Callable[[], Any], done: Callable[[LinkError | None], None]) -> None:
+        if self._closed or self.lost.is_set():
+            raise LinkError("the connection is closed")
+        try:
+            request = submit()
+        except Exception as exc:  # noqa: BLE001 - UCXX raises its own exceptions for a failed endpoint
+            raise LinkError(f"{type(exc).__name__}: {exc}") from None
+        self._engine.post(request, done)
 
     async def stream_send(self, data: Any) -> None:
         await self._do(lambda arr: self._ep.stream_send(arr), data)
@@ -113,15 +147,11 @@ class Endpoint:
         await self._do(lambda arr: self._ep.stream_recv(arr), buffer)
 
     async def send(self, data: Any, kind: int) -> None:
-        prefix = self.send_prefix
-        assert prefix is not None, "tags before the handshake"
-        tag = self._engine.api.UCXXTag((prefix << 8) | kind)
+        tag = self._tag(kind, True)
         await self._do(lambda arr: self._ep.tag_send(arr, tag), data)
 
     async def recv(self, buffer: np.ndarray, kind: int) -> None:
-        prefix = self.recv_prefix
-        assert prefix is not None, "tags before the handshake"
-        tag = self._engine.api.UCXXTag((prefix << 8) | kind)
+        tag = self._tag(kind, False)
         await self._do(lambda arr: self._ep.tag_recv(arr, tag), buffer)
 
     async def _do(self, submit: Callable[[Any], Any], data: Any) -> None:
@@ -193,8 +223,10 @@ class Engine:
         self.arr: Any = None
         self.worker: Any = None
         self.context: Any = None
-        self._pending: dict[int, tuple[Any, asyncio.Future[None]]] = {}
+        self._pending: dict[int, tuple[Any, Callable[[LinkError | None], None]]] = {}
         self._scheduled = False
+        self._in_pass = False  # (a request posted meanwhile is progressed by the pass itself)
+        self._posted = False
         self._prefixes: set[int] = set()
         self._pid = os.getpid()
         self.thread = threading.Thread(target=self._main, name="eglcuda-ucx", daemon=True)
@@ -253,25 +285,37 @@ class Engine:
             self.loop.call_soon(self._pass)
 
     def _pass(self) -> None:
-        """Progress until idle, complete the requests that finished, arm (or go again)."""
+        """Progress until idle, complete the requests that finished, arm (or go again): up to
+        PASS_ROUNDS rounds here before the loop's other work, so that the events of one frame
+        (its TCP segments, the next send a completion posts) cost no loop iteration each."""
         self._scheduled = False
+        self._in_pass = True
         worker = self.worker
-        worker.progress()
-        if self._pending:
-            for key, (request, future) in list(self._pending.items()):
-                if not request.completed:
-                    continue
-                del self._pending[key]
-                if future.done():  # (its waiter was cancelled)
-                    continue
-                try:
-                    request.check_error()
-                except Exception as exc:  # noqa: BLE001 - UCXX's errors, said as one kind
-                    future.set_exception(LinkError(f"{type(exc).__name__}: {exc}"))
-                else:
-                    future.set_result(None)
-        if not worker.arm():  # (UCX has events still: another pass before the loop sleeps)
-            self.schedule()
+        pending = self._pending
+        try:
+            for _ in range(PASS_ROUNDS):
+                self._posted = False
+                worker.progress()
+                if pending:
+                    finished = [key for key, (request, _) in pending.items() if request.completed]
+                    for key in finished:
+                        request, done = pending.pop(key)
+                        try:
+                            request.check_error()
+                        except Exception as exc:  # noqa: BLE001 - UCXX's errors, said as one kind
+                            error: LinkError | None = LinkError(f"{type(exc).__name__}: {exc}")
+                        else:
+                            error = None
+                        try:
+                            done(error)
+                        except Exception:  # noqa: BLE001 - one connection's bug must not stop the engine
+                            log.exception("eglcuda remote: a completion callback failed")
+                # (a request posted in this round is progressed in the next before the worker is armed)
+                if not self._posted and worker.arm():
+                    return
+        finally:
+            self._in_pass = False
+        self.schedule()  # (UCX has events still: another pass after the loop's other work)
 
     async def wait(self, request: Any) -> None:
         """Until ``request`` completed (:class:`LinkError` if it failed), without spinning."""
@@ -282,9 +326,30 @@ class Engine:
                 raise LinkError(f"{type(exc).__name__}: {exc}") from None
             return
         future = self.loop.create_future()
-        self._pending[id(request)] = (request, future)
-        self.schedule()
+
+        def done(error: LinkError | None) -> None:
+            if future.done():  # (its waiter was cancelled)
+                return
+            if error is None:
+                future.set_result(None)
+            else:
+                future.set_exception(error)
+
+        self.post(request, done)
         await future
+
+    def post(self, request: Any, done: Callable[[LinkError | None], None]) -> None:
+        """Call ``done(None)``, or ``done(LinkError)`` if it failed, on this thread in the
+        progress pass that finds ``request`` completed (never from inside this call)."""
+        self._pending[id(request)] = (request, done)
+        self._posted = True
+        if not self._in_pass:
+            self.schedule()
+
+    def wire(self, array: np.ndarray) -> Any:
+        """``array`` as UCXX's ``Array``, for :meth:`Endpoint.send_now` / :meth:`Endpoint.recv_now`
+        (made once per buffer: it keeps ``array`` alive)."""
+        return self.arr(array)
 
     def new_prefix(self) -> int:
         """A tag prefix for what one connection receives: random, and unique in this process."""
@@ -371,7 +436,8 @@ def _at_exit() -> None:
         current.stop()
 
 
-atexit.register(_at_exit)  # (at import: runs after hooks registered later, and before none that need the engine)
+atexit.register(_at_exit)
+  # (at import: runs after hooks registered later, and before none that need the engine)
 
 
 def run(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T], timeout: float | None) -> T:

@@ -4,6 +4,7 @@ place."""
 from __future__ import annotations
 
 import ctypes
+from typing import Any
 
 import numpy as np
 
@@ -19,6 +20,7 @@ class Pinned:
         self.size = size
         self._hosts: list[int] = []
         self.arrays: list[np.ndarray] = []
+        self.wire: list[Any] | None = None  # the arrays as UCXX Arrays (made by the engine's user, once)
         device.make_current()
         try:
             for _ in range(count):
@@ -36,6 +38,7 @@ class Pinned:
         """Free every buffer (nothing may use them any more: UCX's requests on them ended)."""
         hosts, self._hosts = self._hosts, []
         self.arrays = []
+        self.wire = None
         if hosts:
             self.device.make_current()
             for host in hosts:

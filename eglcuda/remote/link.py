@@ -37,9 +37,7 @@ class _Link:
         self.lost: BaseException | None = None
         self.heard = time.monotonic()
         self.tasks: list[asyncio.Future[Any]] = []
-        self.receives: set[asyncio.Future[Any]] = set()
         self.receiving = 0  # frame receives posted and not finished (UCX may write their buffers)
-        self.kick: asyncio.Event | None = None  # (made on the loop) a buffer came free: post a receive
         self.drained = asyncio.Event()  # (used on the loop only) every frame the relay said it sent arrived
         self.arrived = 0  # frames received on this link
         self.expected = 0  # frames the relay's goodbye said it sent
@@ -106,44 +104,44 @@ class Joining:
             raise StreamDisconnected(f"the relay at {self.remote[0]}:{self.remote[1]} closed the connection during "
                                      f"the handshake ({exc})") from None
     async def _start(self, link: _Link) -> None:
-        link.kick = asyncio.Event()
-        link.tasks = [asyncio.ensure_future(self._frames(link)), asyncio.ensure_future(self._notes(link)),
-                      asyncio.ensure_future(self._beat(link))]
+        self._post_receives(link)
+        link.tasks = [asyncio.ensure_future(self._notes(link)), asyncio.ensure_future(self._beat(link))]
 
     # ---- on the UCX engine --------------------------------------------------------------------------------
-    async def _frames(self, link: _Link) -> None:
-        """Keep a frame receive posted into every free buffer of the window (the relay sends only
-        as many frames as there are: its credits)."""
-        kick = link.kick
-        assert kick is not None
-        try:
-            while link.lost is None:
-                while True:
-                    with link.cond:
-                        index = link.free.popleft() if link.free else None
-                    if index is None:
-                        break
-                    link.receiving += 1
-                    task = asyncio.ensure_future(self._receive_frame(link, index, link.posted))
-                    link.posted += 1
-                    link.receives.add(task)  # (the loop keeps only weak references to tasks)
-                    task.add_done_callback(link.receives.discard)
-                    task.add_done_callback(_quiet)
-                kick.clear()
-                await kick.wait()
-        finally:
-            if not link.receiving:
-                link.ended.set()
+    def _post_receives(self, link: _Link) -> None:
+        """Post a frame receive into every free buffer of the window (the relay sends only as many
+        frames as there are: its credits). Each ends in :meth:`_on_frame`: no task per frame."""
+        host = link.host
+        if host.wire is None:
+            host.wire = [_ucx.engine().wire(array) for array in host.arrays]
+        while link.lost is None:
+            with link.cond:
+                index = link.free.popleft() if link.free else None
+            if index is None:
+                return
+            order = link.posted
+            try:
+                link.ep.recv_now(host.wire[index], wire.FRAME_TAG,
+                                 lambda error, i=index, o=order: self._on_frame(link, i, o, error))
+            except _ucx.LinkError as exc:
+                with link.cond:
+                    link.free.appendleft(index)
+                self._link_failed(link, exc)
+                return
+            link.receiving += 1
+            link.posted += 1
 
-    async def _receive_frame(self, link: _Link, index: int, order: int) -> None:
-        buffer = link.host.arrays[index]
+    def _on_frame(self, link: _Link, index: int, order: int, error: BaseException | None) -> None:
+        link.receiving -= 1
         try:
-            await link.ep.recv(buffer, wire.FRAME_TAG)
+            if error is not None:
+                raise error
+            buffer = link.host.arrays[index]
             link.heard = time.monotonic()
             kind, seq, timestamp_ns, length, _, _ = wire.decode_header(buffer[:wire.HEADER].tobytes())
             if kind is not wire.Head.FRAME:
                 raise wire.WireError(f"{kind.name} where a frame was expected")
-            payload = buffer[wire.HEADER:wire.HEADER + length].tobytes()
+            payload = buffer[wire.HEADER:wire.HEADER + length].tobytes() if length else b""
             with link.cond:
                 # UCX matches posted receives with the relay's sends in order: handing frames out
                 # in posting order keeps the relay's order when receives finish out of order.
@@ -155,12 +153,9 @@ class Joining:
             link.arrived += 1
             if link.arrived >= link.expected:
                 link.drained.set()
-        except asyncio.CancelledError:
-            raise
         except Exception as exc:  # noqa: BLE001 - a protocol breach or a failed endpoint
             self._link_failed(link, exc)
         finally:
-            link.receiving -= 1
             if not link.receiving and link.lost is not None:
                 link.ended.set()
 
@@ -221,8 +216,8 @@ class Joining:
             if link.lost is None:
                 link.lost = error
             link.cond.notify_all()
-        if link.kick is not None:
-            link.kick.set()  # (the frame poster ends)
+        if not link.receiving:
+            link.ended.set()  # (else the last receive to end says it)
 
     async def _send_control(self, link: _Link, kind: wire.Control, count: int) -> None:
         if link.lost is not None:
@@ -236,13 +231,20 @@ class Joining:
         """``count`` buffers of the window came free (the user's thread): post receives, tell the relay."""
         loop = self._loop
         if loop is not None:
-            asyncio.run_coroutine_threadsafe(self._give_credit(link, count), loop)
+            try:
+                loop.call_soon_threadsafe(self._give_credit, link, count)
+            except RuntimeError:  # (the engine stopped: the process is exiting)
+                pass
 
-    async def _give_credit(self, link: _Link, count: int) -> None:
-        if link.kick is not None:
-            link.kick.set()
-        await asyncio.sleep(0)  # (the receives are posted before the relay hears of the credit)
-        await self._send_control(link, wire.Control.CREDIT, count)
+    def _give_credit(self, link: _Link, count: int) -> None:
+        self._post_receives(link)  # (the receives are posted before the relay hears of the credit)
+        if link.lost is not None:
+            return
+        message = _ucx.engine().wire(np.frombuffer(wire.encode_control(wire.Control.CREDIT, count), np.uint8))
+        try:  # (the callback keeps the message alive until UCX sent it; a failure: the reader hears of it)
+            link.ep.send_now(message, wire.CONTROL_TAG, lambda error, keep=message: None)
+        except _ucx.LinkError:
+            pass
 
     async def _stop_link(self, link: _Link) -> None:
         self._end(link, StreamDisconnected("the link was closed"))
@@ -256,8 +258,3 @@ class Joining:
 def _abort(ep: Any) -> None:
     ep.abort()  # (bounded: a dead peer must not hold the engine)
 
-
-def _quiet(task: "asyncio.Future[Any]") -> None:
-    """Retrieve a finished task's exception (its owner already acted on the failure)."""
-    if not task.cancelled():
-        task.exception()

@@ -86,8 +86,14 @@ class Relay(Serving):
         self._remotes: list[_Remote] = []
         self._history: collections.deque[RemoteInfo] = collections.deque(maxlen=64)  # those that left
         # Set while some remote subscriber can take a frame now (an 'every' one, or a 'latest' one
-        # with credit to spare): set and cleared on the engine's thread, waited on by the local one.
+        # with credit to spare beyond the frames already staged for it), waited on by the local
+        # thread. Under _room_lock: _room (the most frames one remote can take now: the engine's
+        # count) and _staged (frames the local thread copied or is copying, not yet dispatched):
+        # a frame is copied only when room is left for it, never only to be skipped.
         self._wanted = threading.Event()
+        self._room_lock = threading.Lock()
+        self._room = 0
+        self._staged = 0
         self._staging: Pinned | None = None
         self._refs: dict[int, int] = {}
         self._free: _queue.Queue[int] = _queue.Queue()
@@ -175,9 +181,28 @@ class Relay(Serving):
             if index is not None:
                 self._call(self._dispatch, index, seq)
 
+    def _reserve(self) -> bool:
+        """Count one more frame staged, if some remote subscriber has room left for it."""
+        with self._room_lock:
+            if self._room - self._staged <= 0:
+                self._wanted.clear()
+                return False
+            self._staged += 1
+            if self._room - self._staged <= 0:
+                self._wanted.clear()
+            return True
+
+    def _unreserve(self) -> None:
+        """A reserved frame was not staged after all."""
+        with self._room_lock:
+            self._staged -= 1
+            if self._room - self._staged > 0:
+                self._wanted.set()
+
     def _stage(self, message: Any) -> int | None:
-        """Copy the frame into a free staging buffer (None: skipped)."""
-        if not self._wanted.is_set():
+        """Copy the frame into a free staging buffer (None: skipped). A staged frame is reserved
+        (:meth:`_reserve`) until the engine dispatches it."""
+        if not self._reserve():
             return None  # nobody to send it to now: no copy
         try:
             if self.qos is Qos.LATEST:
@@ -187,6 +212,7 @@ class Relay(Serving):
                 # every_timeout decides; the watchdog drops the remote subscribers that keep it.)
                 index = self._free.get(timeout=self.timeout)
         except _queue.Empty:
+            self._unreserve()
             return None  # every staging buffer is still being sent: this frame is skipped
         staging = self._staging
         assert staging is not None
@@ -205,6 +231,7 @@ class Relay(Serving):
             cuda.stream_synchronize(self._stream, "copying a frame to a relay's staging buffer")
         except BaseException:
             self._free.put(index)
+            self._unreserve()
             raise
         return index
 

@@ -3,7 +3,7 @@ sender (frames while there is credit, a few in flight; beats; the GONE note), it
 and the watchdog that drops the silent and the slow. :class:`Serving` is a part of
 :class:`eglcuda.Relay` (relay.py), which owns the state it uses: ``name``, ``timeout``,
 ``every_timeout``, ``max_remotes``, ``_key``, ``_sub``, ``_welcome``, ``_live``, ``_closing``,
-``_remotes``, ``_history``, ``_wanted``, ``_staging``, ``_refs``, ``_free``, ``_listener``.
+``_remotes``, ``_history``, ``_wanted``, ``_room_lock``, ``_room``, ``_staged``, ``_staging``, ``_refs``, ``_free``, ``_listener``.
 Everything here runs on the engine's thread.
 """
 from __future__ import annotations
@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from .buffers import Pinned
 
 log = logging.getLogger("eglcuda.remote")
+EVERY_ROOM = 1 << 30  # an 'every' remote subscriber takes every frame (its relay waits for staging instead)
 T = TypeVar("T")
 
 
@@ -60,7 +61,9 @@ class _Remote:
         self.window = window
         self.credits = window
         self.pending: collections.deque[int] = collections.deque()  # staging buffers to send
-        self.wake = asyncio.Event()
+        self.inflight = 0  # frames posted to UCX and not yet sent
+        self.failure: BaseException | None = None  # a send failed: the connection ends
+        self.wake = asyncio.Event()  # its sender coroutine looks again (an end decided, a failure, the last send)
         self.sent = 0
         self.skipped = 0
         self.last_seq: int | None = None  # of the last frame queued for it
@@ -97,6 +100,9 @@ class Serving:
     _remotes: list[_Remote]
     _history: collections.deque[RemoteInfo]
     _wanted: threading.Event
+    _room_lock: threading.Lock
+    _room: int
+    _staged: int
     _staging: "Pinned | None"
     _refs: dict[int, int]
     _free: _queue.Queue[int]
@@ -121,6 +127,8 @@ class Serving:
 
     def _dispatch(self, index: int, seq: int) -> None:
         """A staged frame: queue it for each remote subscriber that has room for it."""
+        with self._room_lock:
+            self._staged -= 1
         refs = 0
         for remote in self._remotes:
             if not remote.connected or remote.gone is not None:
@@ -132,21 +140,27 @@ class Serving:
             remote.last_seq = seq
             remote.pending.append(index)
             refs += 1
-            remote.wake.set()
         if refs:
             self._refs[index] = refs
+            for remote in self._remotes:
+                if remote.pending and remote.pending[-1] == index:
+                    self._pump(remote)
         else:
             self._free.put(index)
         self._want()
 
     def _want(self) -> None:
-        """Tell the local thread whether some remote subscriber can take a frame now."""
+        """Tell the local thread how many frames some remote subscriber can take now."""
+        room = 0
         for remote in self._remotes:
-            if remote.connected and remote.gone is None and (
-                    remote.qos is Qos.EVERY or remote.credits > len(remote.pending)):
+            if remote.connected and remote.gone is None:
+                room = max(room, EVERY_ROOM if remote.qos is Qos.EVERY else remote.credits - len(remote.pending))
+        with self._room_lock:
+            self._room = room
+            if room - self._staged > 0:
                 self._wanted.set()
-                return
-        self._wanted.clear()
+            else:
+                self._wanted.clear()
 
     def _all_gone(self, code: int, reason: str) -> None:
         self._live = False
@@ -272,42 +286,81 @@ class Serving:
         self._want()
         return remote
 
+    def _pump(self, remote: _Remote) -> None:
+        """Post ``remote``'s queued frames while it has credit, up to SEND_AHEAD in flight (called
+        when a frame was queued, a credit came, a send ended). Each send ends in :meth:`_sent`."""
+        if remote.failure is not None or not remote.connected:
+            return
+        if remote.gone is not None and not self._flushing(remote):
+            remote.wake.set()  # (its sender says GONE)
+            return
+        staging = self._staging
+        while remote.pending and remote.credits > 0 and remote.inflight < SEND_AHEAD:
+            assert staging is not None
+            index = remote.pending.popleft()
+            if staging.wire is None:
+                staging.wire = [_ucx.engine().wire(array) for array in staging.arrays]
+            remote.credits -= 1
+            remote.inflight += 1
+            try:
+                remote.ep.send_now(staging.wire[index], wire.FRAME_TAG, lambda error, i=index: self._sent(remote, i, error))
+            except _ucx.LinkError as exc:
+                remote.inflight -= 1
+                self._unref(index)
+                self._send_failed(remote, exc)
+                return
+
+    def _sent(self, remote: _Remote, index: int, error: BaseException | None) -> None:
+        remote.inflight -= 1
+        self._unref(index)
+        if error is not None:
+            self._send_failed(remote, error)
+            return
+        remote.sent += 1
+        self._pump(remote)
+        if remote.gone is not None and not remote.inflight:
+            remote.wake.set()  # (the goodbye waits for the frames before it)
+
+    @staticmethod
+    def _send_failed(remote: _Remote, error: BaseException) -> None:
+        if remote.failure is None:
+            remote.failure = error
+        remote.wake.set()
+
     async def _send_frames(self, remote: _Remote) -> None:
-        """Send queued frames while there is credit, up to SEND_AHEAD at once; beats when idle;
-        the GONE note when the remote subscriber's end was decided, then return."""
+        """The sender of one remote subscriber: frames go out through :meth:`_pump`; this sends
+        the beats when idle, and the GONE note when the remote subscriber's end was decided (after
+        the frames in flight), then returns; a failed send ends it at once."""
         ep = remote.ep
-        inflight: collections.deque[asyncio.Future[Any]] = collections.deque()
         try:
             while True:
-                while inflight and inflight[0].done():
-                    inflight.popleft().result()  # (a failed send ends this remote subscriber)
+                if remote.failure is not None:
+                    log.info("relay %s: sending to %s failed: %s", self.name, remote.peer, remote.failure)
+                    return
                 if remote.gone is not None and not self._flushing(remote):
-                    if inflight:  # (the goodbye after the frames: a small message would overtake them)
-                        await asyncio.wait(list(inflight), timeout=max(1.0, self.every_timeout))
+                    # (the goodbye after the frames: a small message would overtake them)
+                    deadline = time.monotonic() + max(1.0, self.every_timeout)
+                    while remote.inflight and remote.failure is None and time.monotonic() < deadline:
+                        remote.wake.clear()
+                        try:
+                            await asyncio.wait_for(remote.wake.wait(), max(0.0, deadline - time.monotonic()))
+                        except (asyncio.TimeoutError, TimeoutError):
+                            break
                     code, reason = remote.gone
                     try:
                         await asyncio.wait_for(self._send_note(ep, wire.Head.GONE, code, reason, remote.sent), 2.0)
                     except Exception:  # noqa: BLE001 - it may be gone or stalled
                         pass
                     return
-                if remote.pending and remote.credits > 0 and len(inflight) < SEND_AHEAD:
-                    index = remote.pending.popleft()
-                    remote.credits -= 1
-                    task = asyncio.ensure_future(self._send_one(remote, index))
-                    task.add_done_callback(lambda _: remote.wake.set())
-                    task.add_done_callback(_quiet)
-                    inflight.append(task)
-                    continue
+                self._pump(remote)
                 remote.wake.clear()
                 try:
                     await asyncio.wait_for(remote.wake.wait(), BEAT_S)
                 except (asyncio.TimeoutError, TimeoutError):
-                    if not inflight:
+                    if not remote.inflight:
                         await self._send_note(ep, wire.Head.BEAT)
         finally:
-            self._abort(ep)  # (ends the sends still in flight; their buffers come back below)
-            for sending in inflight:
-                sending.cancel()
+            self._abort(ep)  # (ends the sends still in flight: their buffers come back in _sent)
 
     @staticmethod
     def _flushing(remote: _Remote) -> bool:
@@ -316,15 +369,6 @@ class Serving:
         if not remote.connected or time.monotonic() >= remote.flush_until:
             return False
         return bool(remote.pending)
-
-    async def _send_one(self, remote: _Remote, index: int) -> None:
-        try:
-            staging = self._staging
-            assert staging is not None
-            await remote.ep.send(staging.arrays[index], wire.FRAME_TAG)
-            remote.sent += 1
-        finally:
-            self._unref(index)
 
     async def _send_note(self, ep: Any, kind: wire.Head, code: int = 0, reason: str = "", sent: int = 0) -> None:
         await ep.send(wire.encode_note(kind, code, reason, sent), wire.NOTE_TAG)
@@ -348,7 +392,7 @@ class Serving:
                     remote.starved_since = None
                     if remote.flush_until:  # (flushing after the publisher closed: it keeps pace, go on)
                         remote.flush_until = time.monotonic() + self.every_timeout
-                    remote.wake.set()
+                    self._pump(remote)
                     self._want()
                 elif kind is wire.Control.BYE:
                     self._end(remote, Reason.CLOSING, "the subscriber closed", dropped=False)
@@ -414,8 +458,3 @@ async def _before(step: Any, deadline: float) -> Any:
     """``step`` awaited until ``deadline`` (``time.monotonic()``; TimeoutError then)."""
     return await asyncio.wait_for(step, max(0.0, deadline - time.monotonic()))
 
-
-def _quiet(task: "asyncio.Future[Any]") -> None:
-    """Retrieve a finished task's exception (its owner already acted on the failure)."""
-    if not task.cancelled():
-        task.exception()

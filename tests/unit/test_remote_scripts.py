@@ -80,7 +80,8 @@ def test_bench_runs_every_role_at_a_tiny_size(env, tmp_path):
     out = tmp_path / "out"
     result = subprocess.run([sys.executable, str(BENCH), "--width", "64", "--height", "48", "--subscribers", "2",
                              "--rates", "max", "--variants", "eglcuda,ucx-raw", "--duration", "0.5", "--no-plots",
-                             "--out", str(out)], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+                             "--raw-rings", "4", "--out", str(out)], capture_output=True, text=True, env=env, cwd=tmp_path,
+                            timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     rows = json.loads((out / "results.json").read_text())["rows"]
     by_variant = {row["variant"]: row for row in rows}
@@ -90,6 +91,8 @@ def test_bench_runs_every_role_at_a_tiny_size(env, tmp_path):
     assert by_variant["local only"]["local"]["frames"] > 0
     window = json.loads((out / "results.json").read_text())["window"]
     assert all(by_variant[f"ucx-raw {mode} w{w}"]["rate"] > 0 for w in (1, window) for mode in ("blocking", "asyncio-blocking"))
+    ring = by_variant[f"ucx-raw blocking ring4 w{window}"]  # (the sender cycling through 4 buffers)
+    assert ring["buffers"] == 4 and ring["rate"] > 0 and ring["sender_sys_us"] >= 0, ring
     assert "| 64x48-nv12 | eglcuda | max | 2 |" in (out / "results.md").read_text()
 
 

@@ -1,0 +1,59 @@
+#!/bin/bash
+# Session 7, issue 44's 0.8x goal on one H200: a base commit ("old": $1, default abfc493, main before the callback
+# frame path) against this checkout ("new": at the run, the working tree on abfc493 with a staged frame
+# reserved until dispatched, so the relay's local thread never copies a frame only to skip it; the frame path on
+# UCX completion callbacks instead of a task and future per message), alternating, two rounds, one remote
+# subscriber flat out (1080p NV12), both with bench/runs/_diag44.py's instrumentation (threads' CPU, engine
+# passes); the raw engine w3 from one buffer and from a ring of 12 in the same run; then a py-spy profile of "new".
+set -u
+command -v nvidia-smi > /dev/null || { echo "$0: needs an NVIDIA GPU machine (nvidia-smi not found); see bench/runs/README.md"; exit 2; }
+[ -f .device/setup.sh ] || { echo "$0: needs .device/ staged in the repository root (bench/runs/README.md)"; exit 2; }
+ls .wheels/*.whl > /dev/null 2>&1 || { echo "$0: needs the UCXX wheels in .wheels/ (bench/runs/README.md says how to get them)"; exit 2; }
+T0=$(date +%s); ROOT=$PWD
+source .device/setup.sh > $OUT/setup.log 2>&1; tail -1 $OUT/setup.log
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/ucxx .wheels/*.whl > $OUT/ucxx-install.log 2>&1 || tail -3 $OUT/ucxx-install.log
+export PYTHONPATH=/tmp/ucxx${PYTHONPATH:+:$PYTHONPATH}
+git worktree add -f --detach /tmp/old "${1:-abfc493}" > /dev/null 2>&1 || echo "no worktree"
+(cd $ROOT && find eglcuda -name "*.so" -exec cp {} /tmp/old/{} \;)
+python3 bench/runs/_diag44.py /tmp/old; python3 bench/runs/_diag44.py $ROOT
+echo "setup $(( $(date +%s) - T0 )) s; HEAD $(git rev-parse --short HEAD); $(nproc) cores; $(lscpu | grep 'Model name' | cut -c1-80)"
+U="UCX_TCP_TX_SEG_SIZE=256K,UCX_TCP_RX_SEG_SIZE=1M"
+summary() {  # $1 label, $2 out dir
+python3 - "$1" "$2" <<'PY'
+import json, glob, sys
+label, out = sys.argv[1], sys.argv[2]
+rows = json.load(open(f"{out}/results.json"))["rows"]
+for r in rows:
+    if r["variant"].startswith("ucx-raw"):
+        print(f"  {label:4s} {r['variant']:28s} {r.get('rate', float('nan')):7.0f}/s")
+r = [r for r in rows if r["variant"] == "eglcuda"][-1]
+sent = r["relay"][0]["sent"]; seen = r["subscribers"][0]["seen"]
+line = f"  {label:4s} 1 remote {r['rate_mean']:6.0f}/s p50 {r['p50_us']/1e3:.2f} ms sent {sent} seen {seen} |"
+for f in sorted(glob.glob("/tmp/ucxstats.*.json")):
+    d = json.load(open(f)); role = d["argv"][1]
+    if role not in ("relay", "remote"): continue
+    cpu = d["cpu_ms_total_user_sys"]; n = sent if role == "relay" else seen
+    e = cpu.get("eglcuda-ucx", [0, 0, 0]); o = cpu.get("eglcuda-relay-bench-remote", cpu.get("MainThread"))
+    line += f" {role} engine {e[0]*1000/n:.0f} us/frame (user {e[1]*1000/n:.0f} sys {e[2]*1000/n:.0f}), passes {d['passes']/n:.1f}, other thread {o[0]*1000/n:.0f} us |"
+print(line)
+PY
+}
+for round in 1 2; do
+  for v in old new; do
+    tree=$ROOT; [ $v = old ] && tree=/tmp/old
+    variants=eglcuda; extra=""; [ $round = 1 ] && [ $v = old ] && { variants=eglcuda,ucx-raw; extra="--raw-rings 12"; }
+    rm -f /tmp/ucxstats.*
+    (cd $tree && PYTHONPATH=$tree:$PYTHONPATH timeout 120 python3 $ROOT/bench/remote.py --out $OUT/$v$round --sizes 1080p-nv12 \
+      --duration 2 --subscribers 1 --rates max --variants $variants --engine-modes blocking $extra --ucx-env $U --no-plots \
+      > $OUT/bench-$v$round.log 2>&1)
+    echo "round $round $v rc=$? ($(( $(date +%s) - T0 )) s)"; grep -hE '^(PASS|FAIL|INFO 1080p-nv12:)' $OUT/bench-$v$round.log | cut -c1-160
+    summary $v $OUT/$v$round; mkdir -p $OUT/stats-$v$round; cp /tmp/ucxstats.*.json $OUT/stats-$v$round/ 2>/dev/null
+  done
+done
+tar czf $OUT/stats.tgz -C $OUT $(cd $OUT && ls -d stats-*) && rm -rf $OUT/stats-*
+if [ -x /tmp/ucxx/bin/py-spy ]; then
+  timeout 90 /tmp/ucxx/bin/py-spy record --subprocesses --idle --format raw -r 200 -o $OUT/new.prof -- \
+    python3 bench/remote.py --out /tmp/prof --sizes 1080p-nv12 --duration 2 --subscribers 1 --rates max --variants eglcuda \
+    --ucx-env $U --no-plots > $OUT/pyspy.log 2>&1; echo "py-spy rc=$? ($(( $(date +%s) - T0 )) s)"; tail -2 $OUT/pyspy.log
+fi
+echo "total $(( $(date +%s) - T0 )) s"
