@@ -1,0 +1,55 @@
+#!/bin/bash
+# Session 7, second A/B on one H200: eglcuda/remote of a base commit ("old": bda9a8e, the callback frame path,
+# brought along as old44/eglcuda/remote: `git archive bda9a8e eglcuda/remote | tar -x -C old44`, since the GPU
+# machine's copy of the repository has the landed history only) against this checkout ("new": the relay's credit
+# reader on callbacks, the remote subscriber's credit messages made once), alternating, three rounds, one remote
+# subscriber flat out (1080p NV12), both with bench/runs/_diag44.py's instrumentation; the raw engine w3 from one
+# buffer and from a ring of 12 in the first round.
+set -u
+command -v nvidia-smi > /dev/null || { echo "$0: needs an NVIDIA GPU machine (nvidia-smi not found); see bench/runs/README.md"; exit 2; }
+[ -f .device/setup.sh ] || { echo "$0: needs .device/ staged in the repository root (bench/runs/README.md)"; exit 2; }
+ls .wheels/*.whl > /dev/null 2>&1 || { echo "$0: needs the UCXX wheels in .wheels/ (bench/runs/README.md says how to get them)"; exit 2; }
+T0=$(date +%s); ROOT=$PWD
+source .device/setup.sh > $OUT/setup.log 2>&1; tail -1 $OUT/setup.log
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/ucxx .wheels/*.whl > $OUT/ucxx-install.log 2>&1 || tail -3 $OUT/ucxx-install.log
+export PYTHONPATH=/tmp/ucxx${PYTHONPATH:+:$PYTHONPATH}
+[ -d old44/eglcuda/remote ] || { echo "$0: needs old44/eglcuda/remote (see the top of this script)"; exit 2; }
+rm -rf /tmp/old && mkdir -p /tmp/old && cp -r $ROOT/eglcuda $ROOT/pyproject.toml /tmp/old/ && rm -rf /tmp/old/eglcuda/remote \
+  && cp -r old44/eglcuda/remote /tmp/old/eglcuda/remote
+python3 bench/runs/_diag44.py /tmp/old; python3 bench/runs/_diag44.py $ROOT
+echo "setup $(( $(date +%s) - T0 )) s; HEAD $(git rev-parse --short HEAD); $(nproc) cores; $(lscpu | grep 'Model name' | cut -c1-80)"
+U="UCX_TCP_TX_SEG_SIZE=256K,UCX_TCP_RX_SEG_SIZE=1M"
+summary() {  # $1 label, $2 out dir
+python3 - "$1" "$2" <<'PY'
+import json, glob, sys
+label, out = sys.argv[1], sys.argv[2]
+rows = json.load(open(f"{out}/results.json"))["rows"]
+for r in rows:
+    if r["variant"].startswith("ucx-raw"):
+        print(f"  {label:4s} {r['variant']:28s} {r.get('rate', float('nan')):7.0f}/s")
+r = [r for r in rows if r["variant"] == "eglcuda"][-1]
+sent = r["relay"][0]["sent"]; seen = r["subscribers"][0]["seen"]
+line = f"  {label:4s} 1 remote {r['rate_mean']:6.0f}/s p50 {r['p50_us']/1e3:.2f} ms sent {sent} seen {seen} |"
+for f in sorted(glob.glob("/tmp/ucxstats.*.json")):
+    d = json.load(open(f)); role = d["argv"][1]
+    if role not in ("relay", "remote"): continue
+    cpu = d["cpu_ms_total_user_sys"]; n = sent if role == "relay" else seen
+    e = cpu.get("eglcuda-ucx", [0, 0, 0]); o = cpu.get("eglcuda-relay-bench-remote", cpu.get("MainThread"))
+    line += f" {role} engine {e[0]*1000/n:.0f} us/frame (user {e[1]*1000/n:.0f} sys {e[2]*1000/n:.0f}), passes {d['passes']/n:.1f}, other thread {o[0]*1000/n:.0f} us |"
+print(line)
+PY
+}
+for round in 1 2 3; do
+  for v in old new; do
+    tree=$ROOT; [ $v = old ] && tree=/tmp/old
+    variants=eglcuda; extra=""; [ $round = 1 ] && [ $v = old ] && { variants=eglcuda,ucx-raw; extra="--raw-rings 12"; }
+    rm -f /tmp/ucxstats.*
+    (cd $tree && PYTHONPATH=$tree:$PYTHONPATH timeout 120 python3 $ROOT/bench/remote.py --out $OUT/$v$round --sizes 1080p-nv12 \
+      --duration 2 --subscribers 1 --rates max --variants $variants --engine-modes blocking $extra --ucx-env $U --no-plots \
+      > $OUT/bench-$v$round.log 2>&1)
+    echo "round $round $v rc=$? ($(( $(date +%s) - T0 )) s)"; grep -hE '^(PASS|FAIL|INFO 1080p-nv12:)' $OUT/bench-$v$round.log | cut -c1-160
+    summary $v $OUT/$v$round; mkdir -p $OUT/stats-$v$round; cp /tmp/ucxstats.*.json $OUT/stats-$v$round/ 2>/dev/null
+  done
+done
+tar czf $OUT/stats.tgz -C $OUT $(cd $OUT && ls -d stats-*) && rm -rf $OUT/stats-*
+echo "total $(( $(date +%s) - T0 )) s"
