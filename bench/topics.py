@@ -59,6 +59,10 @@ Writes results.json, results.md and plots (matplotlib PNG; without matplotlib on
 plots were left out) to --out. Exits 2 with one line when this machine lacks what the chosen
 transports need (an NVIDIA GPU; EGL streams between processes for eglstream, CUDA IPC for cuda-ipc
 and ipc-ring) or nvidia-cuda-mps-control for --mps.
+
+Here: the eglcuda roles and the orchestrator; the baselines' roles are in _topics_baselines.py
+(run as this script's children, ``--role ring-pub`` ...), what the roles share in
+_topics_common.py, the plots and tables in _topics_report.py.
 """
 from __future__ import annotations
 
@@ -71,9 +75,7 @@ import math
 import os
 import pathlib
 import signal
-import socket
 import statistics
-import struct
 import subprocess
 import sys
 import tempfile
@@ -81,50 +83,14 @@ import time
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from _script import MATPLOTLIB, mps_daemon, require, run  # noqa: E402
+from _script import mps_daemon, require, run  # noqa: E402
+from _topics_baselines import ring_publisher, ring_subscriber, torch_run  # noqa: E402
+from _topics_common import (POOL, PROGRAM, ROOT, SIZES, TRANSPORTS, WARMUP, emit, now_ns, pin,  # noqa: E402
+                            plane_rows, summarize)
+from _topics_report import (median_known, compare, compare_markdown, format_row, markdown, plot,  # noqa: E402
+                            summary_line)
 
-PROGRAM = "bench/topics.py"
-ROOT = HERE.parent
-SIZES = {"1080p-nv12": (1920, 1080, "NV12"), "4k-argb": (3840, 2160, "ARGB")}
-TRANSPORTS = ["cuda-ipc", "cuda-vmm", "eglstream", "ipc-ring", "torch-mp"]
 EGLCUDA_TRANSPORTS = ("cuda-ipc", "cuda-vmm", "eglstream")
-POOL = 8
-WARMUP = 50
-
-
-def plane_rows(width: int, height: int, fmt: str) -> list[tuple[int, int, int]]:
-    """(offset, row bytes, rows) of each plane of a frame packed in one buffer: the copies
-    --write queues per frame."""
-    planes = [(width * 4, height)] if fmt == "ARGB" else [(width, height), (width, height // 2)]
-    offsets = [sum(b * r for b, r in planes[:i]) for i in range(len(planes))]
-    return [(offset, row_bytes, rows) for offset, (row_bytes, rows) in zip(offsets, planes)]
-
-
-def now_ns() -> int:
-    return time.monotonic_ns()
-
-
-def pin(args, publisher: bool) -> None:
-    """--pin: the publisher on the first CPU this process may use, everyone else on the others."""
-    if args.pin:
-        cpus = sorted(os.sched_getaffinity(0))
-        if len(cpus) >= 2:
-            os.sched_setaffinity(0, cpus[:1] if publisher else cpus[1:])
-
-
-def emit(**result) -> None:
-    print("RESULT " + json.dumps(result), flush=True)
-
-
-def summarize(latencies_ns: list[int], received: int, first_ns: int, last_ns: int, cpu_s: float = math.nan) -> dict:
-    """A subscriber's result; ``cpu_s``: its process's CPU time from its first timed frame to the
-    end marker (all threads), reported per frame: what the transport costs the subscriber's CPU,
-    whatever the other processes do."""
-    values = sorted(latencies_ns)
-    pick = (lambda q: values[min(len(values) - 1, int(q * (len(values) - 1)))] / 1e3) if values else (lambda q: math.nan)
-    span = (last_ns - first_ns) / 1e9
-    return {"frames": received, "rate": received / span if span > 0 else math.nan, "p50_us": pick(0.5),
-            "p99_us": pick(0.99), "cpu_us": 1e6 * cpu_s / received if received else math.nan}
 
 
 # ==== eglcuda ==================================================================================
@@ -231,219 +197,6 @@ def eglcuda_subscriber(args) -> int:
     return 0
 
 
-# ==== a plain CUDA IPC ring (cudaipcsink-like) =======================================================
-
-_RING_FRAME = struct.Struct("<BQQ")  # slot, seq, timestamp (0 slot 255: end)
-
-
-def ring_publisher(args) -> int:
-    import select
-
-    from eglcuda import get_device
-    from eglcuda._bind import cuda, cuda_ipc
-
-    width, height, fmt = SIZES[args.size]
-    size = width * height * (4 if fmt == "ARGB" else 3) // (1 if fmt == "ARGB" else 2)
-    device = get_device(0)
-    device.make_current()
-    buffers = [cuda.mem_alloc(size, "a ring buffer") for _ in range(POOL)]
-    planes = plane_rows(width, height, fmt)
-    source = cuda.mem_alloc(size, "the frames' source") if args.write else 0
-    events = [cuda_ipc.event_create_interprocess() for _ in range(POOL)]
-    handles = b"".join(cuda_ipc.mem_handle(b) + cuda_ipc.event_handle(e) for b, e in zip(buffers, events))
-    pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET) for _ in range(args.n)]
-    children = []
-    for index, (mine, theirs) in enumerate(pairs):
-        children.append(subprocess.Popen([sys.executable, __file__, "--role", "ring-sub", "--fd", str(theirs.fileno()),
-                                          "--size", args.size] + (["--sync"] if args.sync else []) + (["--pin"] if args.pin else [])
-                                         + (["--profile", args.profile] if args.profile else []),
-                                         pass_fds=[theirs.fileno()], stdout=subprocess.PIPE, text=True, cwd=ROOT))
-        theirs.close()
-        mine.send(handles)
-    pin(args, True)  # (after its subscribers started: they take the other CPUs)
-    socks = [mine for mine, _ in pairs]
-    for sock in socks:
-        assert sock.recv(16) == b"opened"
-        sock.setblocking(False)
-    poller = select.epoll()
-    for sock in socks:
-        poller.register(sock.fileno(), select.EPOLLIN)
-    by_fd = {sock.fileno(): sock for sock in socks}
-    pending = [0] * POOL  # subscribers still holding each slot
-    free = list(range(POOL))
-
-    def collect(timeout: float) -> None:
-        for fd, _ in poller.poll(timeout):
-            while True:
-                try:
-                    data = by_fd[fd].recv(16)
-                except BlockingIOError:
-                    break
-                slot = data[0]
-                pending[slot] -= 1
-                if pending[slot] == 0:
-                    free.append(slot)
-
-    stream = 0
-    seq, count, started, end = 0, 0, 0, 0
-    total = WARMUP
-    phase = "warm"
-    while True:
-        collect(0)
-        while not free:
-            collect(1.0)
-        slot = free.pop(0)
-        if phase == "warm" and seq >= total:
-            phase, started, cpu = "timed", now_ns(), time.process_time()
-            end = started + int(args.duration * 1e9)
-        if phase == "timed" and now_ns() >= end:
-            break
-        if source:  # --write: the same copies the topic's publisher queues
-            for offset, row_bytes, height_rows in planes:
-                cuda.copy_2d(stream, ("device", source + offset, row_bytes),
-                             ("device", buffers[slot] + offset, row_bytes), row_bytes, height_rows, wait=False)
-        stamp = now_ns()
-        cuda_ipc.record(events[slot], stream)
-        message = _RING_FRAME.pack(slot, seq, stamp if phase == "timed" else 0)
-        pending[slot] = len(socks)
-        for sock in socks:
-            sock.send(message)
-        seq += 1
-        count += phase == "timed"
-    elapsed = (now_ns() - started) / 1e9
-    cpu = time.process_time() - cpu
-    for sock in socks:
-        sock.setblocking(True)
-        sock.send(_RING_FRAME.pack(255, 0, 0))
-    results = []
-    for child in children:
-        out, _ = child.communicate(timeout=120)
-        results += [json.loads(line[7:]) for line in out.splitlines() if line.startswith("RESULT ")]
-    for buffer, event in zip(buffers, events):
-        cuda_ipc.event_destroy(event)
-        cuda.mem_free(buffer)
-    if source:
-        cuda.mem_free(source)
-    emit(role="publisher", rate=count / elapsed, frames=count, transports=["ipc-ring"], cpu_us=1e6 * cpu / count)
-    for result in results:
-        emit(**result)
-    return 0
-
-
-def ring_subscriber(args) -> int:
-    pin(args, False)
-    from eglcuda import get_device
-    from eglcuda._bind import cuda, cuda_egl, cuda_ipc
-
-    sock = socket.socket(fileno=args.fd)
-    device = get_device(0)
-    device.make_current()
-    stream = cuda_egl.stream_create()
-    handles = sock.recv(1 << 16)
-    buffers, events = [], []
-    for at in range(0, len(handles), 128):
-        buffers.append(cuda_ipc.open_mem_handle(handles[at:at + 64]))  # opened once, used for every frame
-        events.append(cuda_ipc.open_event_handle(handles[at + 64:at + 128]))
-    sock.send(b"opened")
-    latencies, received, first, last, cpu = [], 0, 0, 0, math.nan
-    while True:
-        slot, seq, stamp = _RING_FRAME.unpack(sock.recv(64))
-        if slot == 255:
-            if received:
-                cpu = time.process_time() - cpu
-            break
-        cuda_ipc.wait(stream, events[slot])
-        if args.sync:
-            cuda.stream_synchronize(stream)
-        got = now_ns()
-        if stamp:
-            if not received:
-                cpu = time.process_time()
-            received += 1
-            latencies.append(got - stamp)
-            first = first or got
-            last = got
-        sock.send(bytes([slot]))
-    for buffer in buffers:
-        cuda_ipc.close_mem_handle(buffer)
-    emit(role="subscriber", **summarize(latencies, received, first, last, cpu))
-    return 0
-
-
-# ==== torch.multiprocessing ===========================================================================
-
-def _torch_subscriber(inbox, outbox, results, sync: bool) -> None:
-    import torch
-
-    latencies, received, first, last = [], 0, 0, 0
-    while True:
-        item = inbox.get()
-        if item is None:
-            break
-        tensor, slot, stamp = item
-        if sync:
-            torch.cuda.current_stream().synchronize()
-        got = now_ns()
-        if stamp:
-            received += 1
-            latencies.append(got - stamp)
-            first = first or got
-            last = got
-        del tensor
-        outbox.put(slot)
-    results.put(summarize(latencies, received, first, last))
-
-
-def torch_run(args) -> int:
-    try:
-        import torch
-        import torch.multiprocessing as tmp
-    except ImportError as exc:
-        emit(role="skipped", reason=f"torch is not installed ({exc})")
-        return 0
-    width, height, fmt = SIZES[args.size]
-    size = width * height * (4 if fmt == "ARGB" else 3) // (1 if fmt == "ARGB" else 2)
-    context = tmp.get_context("spawn")
-    pool = [torch.empty(size, dtype=torch.uint8, device="cuda") for _ in range(POOL)]
-    inboxes = [context.Queue() for _ in range(args.n)]
-    outbox, results = context.Queue(), context.Queue()
-    children = [context.Process(target=_torch_subscriber, args=(inbox, outbox, results, args.sync))
-                for inbox in inboxes]
-    for child in children:
-        child.start()
-    pending = [0] * POOL
-    free = list(range(POOL))
-    seq, count, started, end, phase = 0, 0, 0, 0, "warm"
-    while True:
-        while not free or not outbox.empty():
-            slot = outbox.get()
-            pending[slot] -= 1
-            if pending[slot] == 0:
-                free.append(slot)
-        slot = free.pop(0)
-        if phase == "warm" and seq >= WARMUP:
-            phase, started = "timed", now_ns()
-            end = started + int(args.duration * 1e9)
-        if phase == "timed" and now_ns() >= end:
-            break
-        torch.cuda.current_stream().synchronize()  # what a producer must do before sharing
-        stamp = now_ns() if phase == "timed" else 0
-        pending[slot] = args.n
-        for inbox in inboxes:
-            inbox.put((pool[slot], slot, stamp))
-        seq += 1
-        count += phase == "timed"
-    elapsed = (now_ns() - started) / 1e9
-    for inbox in inboxes:
-        inbox.put(None)
-    emit(role="publisher", rate=count / elapsed, frames=count, transports=["torch-mp"])
-    for _ in children:
-        emit(role="subscriber", **results.get(timeout=120))
-    for child in children:
-        child.join(60)
-    return 0
-
-
 def profiled(role, args) -> int:
     """``role(args)`` under cProfile, its statistics written to ``args.profile``/<role>-<pid>.prof."""
     import cProfile
@@ -540,7 +293,7 @@ def run_config(args, transport: str, size: str, qos: str, n: int, stalled: bool 
             "subscriber_rates": [s["rate"] for s in subs], "p50_us": statistics.median(s["p50_us"] for s in subs),
             "p50_worst_us": max(s["p50_us"] for s in subs), "p99_us": max(s["p99_us"] for s in subs),
             "publisher_cpu_us": pub[0].get("cpu_us", math.nan),
-            "subscriber_cpu_us": _median_known(s.get("cpu_us") for s in subs),
+            "subscriber_cpu_us": median_known(s.get("cpu_us") for s in subs),
             **({"module": pub[0]["module"]} if "module" in pub[0] else {})}
 
 
@@ -625,16 +378,6 @@ def run_stall_pairs(args, transport: str, size: str, n: int) -> dict:
             "changes": changes, "median_change": statistics.median(changes)}
 
 
-def _median_known(values) -> float:
-    """The median of the values that were measured (NaN when none was: torch-mp, a subscriber that got no frame)."""
-    known = [v for v in values if isinstance(v, (int, float)) and not math.isnan(v)]
-    return statistics.median(known) if known else math.nan
-
-
-def _us(value: float) -> str:
-    return "-" if value is None or math.isnan(value) else f"{value:.1f}"
-
-
 def needs(transports: list[str]) -> list[str]:
     """The capabilities (eglcuda.available's names) the chosen transports need."""
     wanted = ["cuda"]
@@ -643,46 +386,6 @@ def needs(transports: list[str]) -> list[str]:
     if any(t in ("cuda-ipc", "ipc-ring") for t in transports):
         wanted.append("cuda-ipc")
     return wanted
-
-
-def plot(rows: list[dict], out: pathlib.Path) -> list[str]:
-    """The PNG plots written to ``out``; none, with one line saying why, without matplotlib."""
-    written = []
-    groups = sorted({(r["size"], r["qos"]) for r in rows if "publisher_rate" in r})
-    _, purpose, hint = MATPLOTLIB
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print(f"{PROGRAM}: plots left out: needs {purpose}: {hint}", flush=True)
-        return written
-    for size, qos in groups:
-        selected = [r for r in rows if r["size"] == size and r["qos"] == qos and "publisher_rate" in r
-                    and not r.get("stalled")]
-        transports = sorted({r["transport"] for r in selected}, key=TRANSPORTS.index)
-        ns = sorted({r["n"] for r in selected})
-        for metric, label, unit in (("publisher_rate", "publisher rate", "frames/s"), ("p50_us", "latency p50", "us")):
-            name = f"topics_{size}_{qos}_{metric}"
-            series = {t: [next((r[metric] for r in selected if r["transport"] == t and r["n"] == n), math.nan)
-                          for n in ns] for t in transports}
-            figure, axes = plt.subplots(figsize=(7, 4))
-            for transport, values in series.items():
-                axes.plot(ns, values, marker="o", label=transport)
-            axes.set_xlabel("subscribers")
-            axes.set_ylabel(f"{label} ({unit})")
-            axes.set_xscale("log", base=2)
-            axes.set_xticks(ns, [str(n) for n in ns])
-            axes.set_yscale("log")
-            axes.set_title(f"{size}, qos {qos}: {label}")
-            axes.grid(True, alpha=0.3)
-            axes.legend()
-            figure.tight_layout()
-            figure.savefig(out / f"{name}.png", dpi=120)
-            plt.close(figure)
-            written.append(f"{name}.png")
-    return written
 
 
 def main() -> int:
@@ -815,151 +518,6 @@ def trees(args, transport: str, round_: int) -> list[str]:
     if not args.baseline or transport not in EGLCUDA_TRANSPORTS:
         return ["current"]
     return ["baseline", "current"] if round_ % 2 == 0 else ["current", "baseline"]
-
-
-COMPARED = (("publisher_rate", "frames/s", True), ("publisher_cpu_us", "pub CPU us/frame", False),
-            ("p50_us", "p50 us", False), ("p99_us", "p99 us", False))
-
-
-def compare(rows: list[dict]) -> list[dict]:
-    """Per cell (size, qos, transport, N; stalled rows left out): the median over rounds of each
-    COMPARED metric for this tree and the baseline, their ratio (current / baseline), and in the
-    'every' cells the ratio of frames/s to the ipc-ring's median of the same size and N."""
-    good = [r for r in rows if "publisher_rate" in r and not r.get("stalled") and not r.get("paired")]
-    keys = sorted({(r["size"], r["qos"], r["transport"], r["n"]) for r in good},
-                  key=lambda k: (k[0], k[1], TRANSPORTS.index(k[2]) if k[2] in TRANSPORTS else 99, k[3]))
-    cells = []
-    for size, qos, transport, n in keys:
-        mine = [r for r in good if (r["size"], r["qos"], r["transport"], r["n"]) == (size, qos, transport, n)]
-        cell: dict = {"size": size, "qos": qos, "transport": transport, "n": n}
-        for tree in ("current", "baseline"):
-            runs = [r for r in mine if r.get("tree", "current") == tree]
-            if runs:
-                cell[tree] = {metric: _median_known(r.get(metric, math.nan) for r in runs) for metric, _, _ in COMPARED}
-                cell[tree]["rounds"] = len(runs)
-        if "current" in cell and "baseline" in cell:
-            cell["ratio"] = {metric: _ratio(cell["current"][metric], cell["baseline"][metric]) for metric, _, _ in COMPARED}
-        ring = [r["publisher_rate"] for r in good if r["transport"] == "ipc-ring" and r["size"] == size and r["n"] == n]
-        if ring and transport != "ipc-ring" and qos == "every" and "current" in cell:
-            cell["vs_ring"] = _ratio(cell["current"]["publisher_rate"], statistics.median(ring))
-        cells.append(cell)
-    return cells
-
-
-def _ratio(a: float, b: float) -> float:
-    return a / b if b and not math.isnan(a) and not math.isnan(b) else math.nan
-
-
-def compare_markdown(cells: list[dict], args) -> str:
-    """The comparison table (see compare)."""
-    rounds = max((c.get("current", {}).get("rounds", 0) for c in cells), default=0)
-    lines = [f"Comparison, median of {rounds} round(s); MPS {'on' if args.mps else 'off'}"
-             + (f"; baseline eglcuda from {args.baseline} (ratio: this tree / baseline; frames/s higher is better, "
-                "the others lower)" if args.baseline else "") + "; vs ring: frames/s / ipc-ring's (every).", ""]
-    head = ["size", "qos", "transport", "N"]
-    for _, label, _ in COMPARED:
-        head += [label] + ([f"{label} baseline", "ratio"] if args.baseline else [])
-    head.append("vs ring")
-    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * 4 + "---:|" * (len(head) - 4)]
-    for cell in cells:
-        values = [cell["size"], cell["qos"], cell["transport"], str(cell["n"])]
-        for metric, _, _ in COMPARED:
-            values.append(_fmt(cell.get("current", {}).get(metric)))
-            if args.baseline:
-                values += [_fmt(cell.get("baseline", {}).get(metric)), _fmt(cell.get("ratio", {}).get(metric), 3)]
-        values.append(_fmt(cell.get("vs_ring"), 3))
-        lines.append("| " + " | ".join(values) + " |")
-    return "\n".join(lines)
-
-
-def _fmt(value, digits: int = 1) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    return f"{value:.{digits}f}" if digits != 1 or value < 1000 else f"{value:.0f}"
-
-
-def summary_line(rows: list[dict]) -> str:
-    """The headline numbers: 8 (or the most) 'latest' subscribers at 1080p per transport, the best
-    lossless alternative, and the stalled-subscriber change."""
-    parts = []
-    good = [r for r in rows if "publisher_rate" in r]
-    if not good:
-        return "no results"
-    size = "1080p-nv12" if any(r["size"] == "1080p-nv12" for r in good) else good[0]["size"]
-    n = max(r["n"] for r in good if r["size"] == size)
-    for row in good:
-        if row["size"] == size and row["n"] == n and not row.get("stalled") and row["qos"] == "latest":
-            parts.append(f"{row['transport']} latest N={n} {row['publisher_rate']:.0f}/s p50 {row['p50_worst_us']:.0f} us")
-    for row in good:
-        if row["size"] == size and row["n"] == n and row["qos"] == "every" and not row.get("stalled"):
-            parts.append(f"{row['transport']} every N={n} {row['publisher_rate']:.0f}/s")
-    for stall in (r for r in good if r.get("stalled") and r["size"] == size):
-        base = next((r for r in good if not r.get("stalled") and r["size"] == size and r["qos"] == "latest"
-                     and r["transport"] == stall["transport"] and r["n"] == stall["n"]), None)
-        if base:
-            parts.append(f"{stall['transport']} 1 stalled of {stall['n']}: "
-                         f"{100.0 * (stall['publisher_rate'] / base['publisher_rate'] - 1.0):+.1f} %")
-    for paired in (r for r in rows if r.get("paired") and "changes" in r and r["size"] == size):
-        parts.append(f"{paired['transport']} 1 of {paired['n']} stopped and resumed: "
-                     f"{100 * paired['median_change']:+.1f} % (median of {paired['stall_pairs']})")
-    return "; ".join(parts)
-
-
-def format_row(row: dict) -> str:
-    label = f"{row['size']:>10} {row['qos']:<6} {row['transport']:<9} N={row['n']}{' (1 stalled)' if row.get('stalled') else ''}"
-    if "tree" in row:
-        label += f" [{row['tree']}, round {row['round'] + 1}]"
-    if "skipped" in row:
-        return f"{label}: skipped ({row['skipped']})"
-    if "error" in row:
-        return f"{label}: ERROR {row['error']}"
-    if row.get("paired"):
-        changes = ", ".join(f"{100 * c:+.1f}" for c in row["changes"])
-        return (f"{label} (1 stopped and resumed, {row['stall_pairs']} x {row['stall_phase']} s): publisher rate "
-                f"change median {100 * row['median_change']:+.1f} % ({changes} %), running "
-                f"{statistics.median(row['running_rates']):.0f}/s")
-    rates = row["subscriber_rates"]
-    return (f"{label}: publisher {row['publisher_rate']:8.0f}/s, subscribers {min(rates):8.0f}..{max(rates):8.0f}/s, "
-            f"p50 {row['p50_us']:7.1f} us (worst {row['p50_worst_us']:7.1f}), p99 {row['p99_us']:8.1f} us, "
-            f"CPU us/frame pub {_us(row.get('publisher_cpu_us', math.nan))} sub {_us(row.get('subscriber_cpu_us', math.nan))} "
-            f"[{','.join(row['transports'])}]")
-
-
-def markdown(rows: list[dict], args) -> str:
-    lines = [f"Frame topics, one publisher and N subscriber processes; MPS {'on' if args.mps else 'off'}; "
-             f"{args.duration} s timed per configuration{'; latency includes the stream sync' if args.sync else ''}"
-             f"{'; the publisher writes every frame on the GPU (--write)' if args.write else ''}"
-             f"; eglcuda subscribers busy-wait {args.busy_wait:g} us.",
-             "", "| size | qos | transport | N | publisher frames/s | slowest subscriber frames/s | p50 us (median of "
-             "subscribers) | worst p50 us | worst p99 us | publisher CPU us/frame | subscriber CPU us/frame (median) |",
-             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for row in rows:
-        if row.get("paired") and "changes" in row:
-            continue  # (after the table)
-        name = row["transport"] + (" (1 of N stalled)" if row.get("stalled") else "")
-        if "publisher_rate" not in row:
-            lines.append(f"| {row['size']} | {row['qos']} | {name} | {row['n']} | "
-                         f"{row.get('skipped') or row.get('error')} | | | | | | |")
-            continue
-        lines.append(f"| {row['size']} | {row['qos']} | {name} | {row['n']} | {row['publisher_rate']:.0f} | "
-                     f"{min(row['subscriber_rates']):.0f} | {row['p50_us']:.1f} | {row['p50_worst_us']:.1f} | "
-                     f"{row['p99_us']:.1f} | {_us(row.get('publisher_cpu_us', math.nan))} | "
-                     f"{_us(row.get('subscriber_cpu_us', math.nan))} |")
-    stalls = [r for r in rows if r.get("stalled") and "publisher_rate" in r]
-    for stall in stalls:
-        base = next((r for r in rows if not r.get("stalled") and r["size"] == stall["size"] and r["qos"] == "latest"
-                     and r["transport"] == stall["transport"] and r["n"] == stall["n"] and "publisher_rate" in r), None)
-        if base:
-            change = 100.0 * (stall["publisher_rate"] / base["publisher_rate"] - 1.0)
-            lines.append(f"\n{stall['size']} {stall['transport']}: one stalled 'latest' subscriber of {stall['n']} "
-                         f"changes the publisher's rate by {change:+.1f} % (target: more than -5 %).")
-    for row in rows:
-        if row.get("paired") and "changes" in row:
-            lines.append(f"\n{row['size']} {row['transport']}, in one run: one of {row['n']} 'latest' subscribers "
-                         f"stopped and resumed {row['stall_pairs']} times ({row['stall_phase']} s each) changes the "
-                         f"publisher's rate by {100 * row['median_change']:+.1f} % (median; each stop: "
-                         f"{', '.join(f'{100 * c:+.1f}' for c in row['changes'])} %; target: more than -5 %).")
-    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -18,26 +18,7 @@ git worktree add -f --detach /tmp/old "${1:-abfc493}" > /dev/null 2>&1 || echo "
 python3 bench/runs/_diag44.py /tmp/old; python3 bench/runs/_diag44.py $ROOT
 echo "setup $(( $(date +%s) - T0 )) s; HEAD $(git rev-parse --short HEAD); $(nproc) cores; $(lscpu | grep 'Model name' | cut -c1-80)"
 U="UCX_TCP_TX_SEG_SIZE=256K,UCX_TCP_RX_SEG_SIZE=1M"
-summary() {  # $1 label, $2 out dir
-python3 - "$1" "$2" <<'PY'
-import json, glob, sys
-label, out = sys.argv[1], sys.argv[2]
-rows = json.load(open(f"{out}/results.json"))["rows"]
-for r in rows:
-    if r["variant"].startswith("ucx-raw"):
-        print(f"  {label:4s} {r['variant']:28s} {r.get('rate', float('nan')):7.0f}/s")
-r = [r for r in rows if r["variant"] == "eglcuda"][-1]
-sent = r["relay"][0]["sent"]; seen = r["subscribers"][0]["seen"]
-line = f"  {label:4s} 1 remote {r['rate_mean']:6.0f}/s p50 {r['p50_us']/1e3:.2f} ms sent {sent} seen {seen} |"
-for f in sorted(glob.glob("/tmp/ucxstats.*.json")):
-    d = json.load(open(f)); role = d["argv"][1]
-    if role not in ("relay", "remote"): continue
-    cpu = d["cpu_ms_total_user_sys"]; n = sent if role == "relay" else seen
-    e = cpu.get("eglcuda-ucx", [0, 0, 0]); o = cpu.get("eglcuda-relay-bench-remote", cpu.get("MainThread"))
-    line += f" {role} engine {e[0]*1000/n:.0f} us/frame (user {e[1]*1000/n:.0f} sys {e[2]*1000/n:.0f}), passes {d['passes']/n:.1f}, other thread {o[0]*1000/n:.0f} us |"
-print(line)
-PY
-}
+summary() { python3 bench/runs/_ab_summary.py "$1" "$2"; }  # $1 label, $2 out dir
 for round in 1 2; do
   for v in old new; do
     tree=$ROOT; [ $v = old ] && tree=/tmp/old
