@@ -436,8 +436,7 @@ def _at_exit() -> None:
         current.stop()
 
 
-atexit.register(_at_exit)
-  # (at import: runs after hooks registered later, and before none that need the engine)
+atexit.register(_at_exit)  # (at import: runs after hooks registered later, and before none that need the engine)
 
 
 def run(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T], timeout: float | None) -> T:

@@ -351,12 +351,25 @@ class Relay(Serving):
                 _ucx.release()
             staging, self._staging = self._staging, None
             if staging is not None:
-                staging.close()
+                if self._sends_ended(len(staging), 2.0):
+                    staging.close()
+                else:  # (leaked, not freed under a send UCX may still read from)
+                    log.warning("relay %s: a send did not end in 2 s: its staging buffers stay allocated", self.name)
             if self._status_path is not None:
                 try:
                     os.unlink(self._status_path)
                 except OSError:
                     pass
+
+    def _sends_ended(self, count: int, timeout: float) -> bool:
+        """Whether all ``count`` staging buffers came back (every send from them ended: the
+        endpoints were aborted, so their requests complete) within ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while self._free.qsize() < count:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.01)
+        return True
 
     def __enter__(self) -> "Relay":
         return self

@@ -61,6 +61,9 @@ class _Remote:
         self.window = window
         self.credits = window
         self.pending: collections.deque[int] = collections.deque()  # staging buffers to send
+        self.started = False  # it took its welcome: frames may go out (they wait in pending until then)
+        self.closing = False  # its sender is saying GONE: no frame goes out after that
+        self.last_sent = 0.0  # time.monotonic() of its last frame sent (beats only when idle)
         self.inflight = 0  # frames posted to UCX and not yet sent
         self.failure: BaseException | None = None  # a send failed: the connection ends
         self.wake = asyncio.Event()  # its sender coroutine looks again (an end decided, a failure, the last send)
@@ -127,8 +130,6 @@ class Serving:
 
     def _dispatch(self, index: int, seq: int) -> None:
         """A staged frame: queue it for each remote subscriber that has room for it."""
-        with self._room_lock:
-            self._staged -= 1
         refs = 0
         for remote in self._remotes:
             if not remote.connected or remote.gone is not None:
@@ -140,22 +141,27 @@ class Serving:
             remote.last_seq = seq
             remote.pending.append(index)
             refs += 1
-        if refs:
-            self._refs[index] = refs
-            for remote in self._remotes:
-                if remote.pending and remote.pending[-1] == index:
-                    self._pump(remote)
-        else:
-            self._free.put(index)
-        self._want()
+        try:
+            if refs:
+                self._refs[index] = refs
+                for remote in self._remotes:
+                    if remote.pending and remote.pending[-1] == index:
+                        self._pump(remote)
+            else:
+                self._free.put(index)
+        finally:
+            self._want(dispatched=1)
 
-    def _want(self) -> None:
-        """Tell the local thread how many frames some remote subscriber can take now."""
+    def _want(self, dispatched: int = 0) -> None:
+        """Tell the local thread how many frames some remote subscriber can take now (with
+        ``dispatched``, that many of the frames it reserved were dispatched: counted in the same
+        step, so that the room it sees is never one too many)."""
         room = 0
         for remote in self._remotes:
             if remote.connected and remote.gone is None:
                 room = max(room, EVERY_ROOM if remote.qos is Qos.EVERY else remote.credits - len(remote.pending))
         with self._room_lock:
+            self._staged -= dispatched
             self._room = room
             if room - self._staged > 0:
                 self._wanted.set()
@@ -205,6 +211,7 @@ class Serving:
             log.info("relay %s: remote subscriber %s joined (%s)", self.name, peer, remote.qos.name.lower())
             reader = asyncio.ensure_future(self._read_credits(remote))
             remote.tasks.append(reader)
+            remote.started = True  # (frames queued since the handshake go out now, after the welcome)
             await self._send_frames(remote)
         finally:
             if reader is not None:
@@ -289,9 +296,9 @@ class Serving:
     def _pump(self, remote: _Remote) -> None:
         """Post ``remote``'s queued frames while it has credit, up to SEND_AHEAD in flight (called
         when a frame was queued, a credit came, a send ended). Each send ends in :meth:`_sent`."""
-        if remote.failure is not None or not remote.connected:
+        if remote.failure is not None or not remote.connected or not remote.started:
             return
-        if remote.gone is not None and not self._flushing(remote):
+        if remote.closing or (remote.gone is not None and not self._flushing(remote)):
             remote.wake.set()  # (its sender says GONE)
             return
         staging = self._staging
@@ -317,6 +324,7 @@ class Serving:
             self._send_failed(remote, error)
             return
         remote.sent += 1
+        remote.last_sent = time.monotonic()
         self._pump(remote)
         if remote.gone is not None and not remote.inflight:
             remote.wake.set()  # (the goodbye waits for the frames before it)
@@ -338,6 +346,7 @@ class Serving:
                     log.info("relay %s: sending to %s failed: %s", self.name, remote.peer, remote.failure)
                     return
                 if remote.gone is not None and not self._flushing(remote):
+                    remote.closing = True  # (a late credit must not send frames after the GONE says how many)
                     # (the goodbye after the frames: a small message would overtake them)
                     deadline = time.monotonic() + max(1.0, self.every_timeout)
                     while remote.inflight and remote.failure is None and time.monotonic() < deadline:
@@ -357,8 +366,8 @@ class Serving:
                 try:
                     await asyncio.wait_for(remote.wake.wait(), BEAT_S)
                 except (asyncio.TimeoutError, TimeoutError):
-                    if not remote.inflight:
-                        await self._send_note(ep, wire.Head.BEAT)
+                    if not remote.inflight and time.monotonic() - remote.last_sent >= BEAT_S:
+                        await self._send_note(ep, wire.Head.BEAT)  # (idle: frames say it is alive otherwise)
         finally:
             self._abort(ep)  # (ends the sends still in flight: their buffers come back in _sent)
 
