@@ -37,6 +37,9 @@ with p99 < 10 ms; the local subscriber's rate unchanged by remote subscribers (w
                            [--mps]                  (every process a client of a private MPS daemon)
     python bench/remote.py --replot DIR            (the plots of DIR/results.json, into DIR)
 
+Here: the eglcuda roles and the orchestrator; the zmq baseline's roles are in _remote_zmq.py, what the
+roles share in _remote_common.py, the raw engine in _ucx_raw.py, the results in _remote_report.py.
+
 Writes results.json, results.md and plots (PNG, docs/img style) to --out; prints the table last.
 Exits 2 with one line where there is no CUDA GPU, no ucxx (``pip install 'eglcuda[remote-cu13]'``
 or ``remote-cu12``), no pyzmq or no matplotlib (``pip install 'eglcuda[bench]'``; not checked with
@@ -55,91 +58,24 @@ import pathlib
 import secrets
 import selectors
 import signal
-import struct
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from _script import BENCH_HINT, MATPLOTLIB, fail, mps_daemon, require, run  # noqa: E402
+from _remote_common import TAIL_S, Tally, Window, emit, frame_bytes, now_ns  # noqa: E402
 from _remote_report import goals, markdown, plot, summarize  # noqa: E402
+from _remote_zmq import role_zmq_publisher, role_zmq_subscriber  # noqa: E402
+from _script import BENCH_HINT, MATPLOTLIB, fail, mps_daemon, require, run  # noqa: E402
 
 PROGRAM = "bench/remote.py"
 SIZES = {"1080p-nv12": (1920, 1080, "NV12"), "4k-argb": (3840, 2160, "ARGB")}
 UCX_ENV = {"UCX_TLS": "tcp", "UCX_NET_DEVICES": "lo", "UCX_WARN_UNUSED_ENV_VARS": "n"}
 ZMQ = ("zmq", "pyzmq for the baseline", BENCH_HINT)
 JOIN_S = 60.0  # how long every process of a configuration may take to join
-TAIL_S = 0.3  # the publisher goes on this long after the window, so that late frames still count
 NAME = "bench-remote"
-
-
-def frame_geometry(width: int, height: int, fmt: str) -> tuple[int, int]:
-    """(row bytes, rows) of a frame packed in one buffer: what the zmq baseline copies."""
-    return (width * 4, height) if fmt == "ARGB" else (width, height * 3 // 2)
-
-
-def frame_bytes(width: int, height: int, fmt: str) -> int:
-    row, rows = frame_geometry(width, height, fmt)
-    return row * rows
-
-
-def now_ns() -> int:
-    return time.monotonic_ns()
-
-
-def emit(**message) -> None:
-    print("RESULT " + json.dumps(message), flush=True)
-
-
-class Window:
-    """The timed window, from the orchestrator's "go START END" line on stdin (read by a thread:
-    the frame loop never blocks on it). Stdin closing before that line means the orchestrator is
-    gone: the window is then over at once, and the role ends instead of running on."""
-
-    def __init__(self) -> None:
-        self.start = self.end = 0
-        self.given = threading.Event()
-        self.abandoned = False
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        for line in sys.stdin:
-            parts = line.split()
-            if parts and parts[0] == "go":
-                self.start, self.end = int(parts[1]), int(parts[2])
-                self.given.set()
-                return
-        self.abandoned = True
-
-    def over(self, margin_s: float = 0.0) -> bool:
-        return self.abandoned or (self.given.is_set() and now_ns() > self.end + int(margin_s * 1e9))
-
-    def inside(self, stamp: int) -> bool:
-        return self.given.is_set() and self.start <= stamp < self.end
-
-
-class Tally:
-    """A subscriber's frames and latencies inside the window."""
-
-    def __init__(self) -> None:
-        self.latencies: list[int] = []
-        self.seen = 0
-
-    def add(self, window: Window, published_ns: int, usable_ns: int) -> None:
-        self.seen += 1
-        if window.inside(published_ns):
-            self.latencies.append(usable_ns - published_ns)
-
-    def result(self, window: Window) -> dict:
-        values = sorted(self.latencies)
-        span = (window.end - window.start) / 1e9 if window.given.is_set() else math.nan
-        pick = (lambda q: values[min(len(values) - 1, int(q * (len(values) - 1)))] / 1e3) if values else \
-            (lambda q: math.nan)
-        return {"frames": len(values), "seen": self.seen, "rate": len(values) / span if span > 0 else math.nan,
-                "p50_us": pick(0.5), "p99_us": pick(0.99), "max_us": values[-1] / 1e3 if values else math.nan}
 
 
 # ==== the eglcuda roles ===========================================================================
@@ -222,95 +158,6 @@ def role_remote(args) -> int:
         emit(role="joined", transport=sub.info.transport)
         _subscriber_loop(sub, window, tally)
     emit(role="remote", **tally.result(window))
-    return 0
-
-
-# ==== the zmq baseline ============================================================================
-
-class _Device:
-    """One device buffer of a frame, a stream, and the 2D copies to and from host memory."""
-
-    def __init__(self, width: int, height: int, fmt: str) -> None:
-        from eglcuda._bind import cuda
-        from eglcuda.cuda_device import get_device
-
-        self.cuda = cuda
-        get_device(0).make_current()
-        self.row, self.rows = frame_geometry(width, height, fmt)
-        self.pointer = cuda.mem_alloc(self.row * self.rows, "the zmq baseline's frame")
-        self.stream = cuda.stream_create(non_blocking=True)
-
-    def to_host(self, host) -> None:
-        self.cuda.copy_2d(self.stream, ("device", self.pointer, self.row), ("host", host, self.row), self.row,
-                          self.rows, True)
-
-    def from_host(self, host) -> None:
-        self.cuda.copy_2d(self.stream, ("host", host, self.row), ("device", self.pointer, self.row), self.row,
-                          self.rows, True)
-
-
-def role_zmq_publisher(args) -> int:
-    import numpy as np
-    import zmq
-
-    device = _Device(args.width, args.height, args.format)
-    context = zmq.Context()
-    sock = context.socket(zmq.PUB)
-    sock.setsockopt(zmq.SNDHWM, 2)
-    sock.setsockopt(zmq.LINGER, 0)
-    port = sock.bind_to_random_port("tcp://127.0.0.1")
-    emit(role="ready", port=port)
-    window = Window()
-    published, seq = 0, 0
-    period = 1e9 / args.rate if args.rate > 0 else 0.0
-    next_ns = float(now_ns())
-    size = device.row * device.rows
-    while not window.over(TAIL_S):
-        if period:
-            wait = (next_ns - now_ns()) / 1e9
-            if wait > 0:
-                time.sleep(wait)
-            next_ns += period
-        stamp = now_ns()
-        host = np.empty(size, np.uint8)  # a fresh host array per frame, as cupy.asnumpy gives
-        device.to_host(host)
-        sock.send_multipart([struct.pack("<qq", seq, stamp), host], copy=False)
-        seq += 1
-        published += window.inside(stamp)
-        if not window.given.is_set() and not period:
-            time.sleep(0.001)
-    span = (window.end - window.start) / 1e9
-    emit(role="publisher", rate=published / span if span > 0 else math.nan, frames=published)
-    sock.close()
-    context.term()
-    return 0
-
-
-def role_zmq_subscriber(args) -> int:
-    import zmq
-
-    device = _Device(args.width, args.height, args.format)
-    context = zmq.Context()
-    sock = context.socket(zmq.SUB)
-    sock.setsockopt(zmq.RCVHWM, 2)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.SUBSCRIBE, b"")
-    sock.connect(f"tcp://127.0.0.1:{args.port}")
-    window, tally = Window(), Tally()
-    joined = False
-    while not window.over(2.0):
-        if not sock.poll(1000):
-            continue
-        header, body = sock.recv_multipart(copy=False)
-        _, stamp = struct.unpack("<qq", header.bytes)
-        device.from_host(body.buffer)
-        tally.add(window, stamp, now_ns())
-        if not joined:  # a frame arrived: the subscription is in place
-            emit(role="joined", transport="zmq")
-            joined = True
-    emit(role="remote", **tally.result(window))
-    sock.close()
-    context.term()
     return 0
 
 
