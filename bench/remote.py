@@ -34,6 +34,7 @@ with p99 < 10 ms; the local subscriber's rate unchanged by remote subscribers (w
                            [--no-plots]             (a machine without matplotlib: plots later)
                            [--ucx-env K=V,...]      (UCX settings for every process, raw engine included)
                            [--raw-rings 12]         (also the raw engine sending from a ring of 12 buffers)
+                           [--rounds R]             (everything R times in turn; the 0.8x goal on the median)
                            [--mps]                  (every process a client of a private MPS daemon)
     python bench/remote.py --replot DIR            (the plots of DIR/results.json, into DIR)
 
@@ -316,6 +317,9 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="1080p only, N = 1 and 8, one second each")
     parser.add_argument("--out", default="bench-remote", help="folder for results and plots")
     parser.add_argument("--duration", type=float, default=None, help="timed seconds per configuration (default 2)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="measure everything this many times in turn, the raw engine first in each round: "
+                             "the 0.8x goal is then judged on the median of the rounds' ratios")
     parser.add_argument("--sizes", default=None, help=f"from {','.join(SIZES)}")
     parser.add_argument("--subscribers", default=None, help="remote subscriber counts, e.g. 1,4,8")
     parser.add_argument("--rates", default="max,60", help="publisher pace: max and/or frames per second")
@@ -385,6 +389,8 @@ def main() -> int:
     args.duration = args.duration or (1.0 if args.quick else 2.0)
     if not args.duration > 0:
         parser.error("--duration is more than 0 seconds")
+    if not 1 <= args.rounds <= 20:
+        parser.error("--rounds is 1 to 20")
     if args.width is not None:
         sizes = {f"{args.width}x{args.height}-nv12": (args.width, args.height, "NV12")}
     else:
@@ -431,23 +437,26 @@ def measure_all(args, parser, variants: list[str], sizes: dict, ns: list[int], p
     for size, (width, height, fmt) in sizes.items():
         args.width, args.height, args.format = width, height, fmt
         nbytes = frame_bytes(width, height, fmt)
-        base = {"size": size, "bytes": nbytes}
-        if "ucx-raw" in variants:
-            for mode in args.engine_modes.split(","):
-                for w in dict.fromkeys((window, 1)):
-                    record({**base, "variant": f"ucx-raw {mode} w{w}", "pace": "max",
-                            **raw_engine(args, nbytes, w, mode, env)})
-                for ring in args.raw_rings:  # (a sender that sends from a ring of buffers, as the relay does)
-                    record({**base, "variant": f"ucx-raw {mode} ring{ring} w{window}", "pace": "max",
-                            **raw_engine(args, nbytes, window, mode, env, buffers=ring)})
-        for pace in paces:
-            label = "max" if pace == 0 else f"{pace:g}/s"
-            if "eglcuda" in variants:
-                record({**base, "variant": "local only", "pace": label, "n": 0, **run_config(args, "eglcuda", 0, pace, env)})
-            for n in ns:
-                for variant in ("eglcuda", "zmq"):
-                    if variant in variants:
-                        record({**base, "variant": variant, "pace": label, "n": n, **run_config(args, variant, n, pace, env)})
+        for round_ in range(1, args.rounds + 1):  # (each round: the raw engine, then every configuration)
+            base = {"size": size, "bytes": nbytes, **({"round": round_} if args.rounds > 1 else {})}
+            if "ucx-raw" in variants:
+                for mode in args.engine_modes.split(","):
+                    for w in dict.fromkeys((window, 1)):
+                        record({**base, "variant": f"ucx-raw {mode} w{w}", "pace": "max",
+                                **raw_engine(args, nbytes, w, mode, env)})
+                    for ring in args.raw_rings:  # (a sender that sends from a ring of buffers, as the relay does)
+                        record({**base, "variant": f"ucx-raw {mode} ring{ring} w{window}", "pace": "max",
+                                **raw_engine(args, nbytes, window, mode, env, buffers=ring)})
+            for pace in paces:
+                label = "max" if pace == 0 else f"{pace:g}/s"
+                if "eglcuda" in variants:
+                    record({**base, "variant": "local only", "pace": label, "n": 0,
+                            **run_config(args, "eglcuda", 0, pace, env)})
+                for n in ns:
+                    for variant in ("eglcuda", "zmq"):
+                        if variant in variants:
+                            record({**base, "variant": variant, "pace": label, "n": n,
+                                    **run_config(args, variant, n, pace, env)})
     verdicts = goals(rows, window)
     table = markdown(rows, args, window)
     save(verdicts)
