@@ -21,6 +21,22 @@ def frame_bytes(width: int, height: int, fmt: str) -> int:
     return row * rows
 
 
+class Pacer:
+    """The publishers' pace: ``wait()`` sleeps until the next frame is due (``rate`` frames per
+    second; 0: flat out, no wait)."""
+
+    def __init__(self, rate: float) -> None:
+        self.period = 1e9 / rate if rate > 0 else 0.0
+        self._next_ns = float(now_ns())
+
+    def wait(self) -> None:
+        if self.period:
+            wait = (self._next_ns - now_ns()) / 1e9
+            if wait > 0:
+                time.sleep(wait)
+            self._next_ns += self.period
+
+
 def now_ns() -> int:
     return time.monotonic_ns()
 

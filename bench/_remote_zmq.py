@@ -8,7 +8,7 @@ import math
 import struct
 import time
 
-from _remote_common import TAIL_S, Tally, Window, emit, frame_geometry, now_ns
+from _remote_common import TAIL_S, Pacer, Tally, Window, emit, frame_geometry, now_ns
 
 
 class _Device:
@@ -46,22 +46,17 @@ def role_zmq_publisher(args) -> int:
     emit(role="ready", port=port)
     window = Window()
     published, seq = 0, 0
-    period = 1e9 / args.rate if args.rate > 0 else 0.0
-    next_ns = float(now_ns())
+    pacer = Pacer(args.rate)
     size = device.row * device.rows
     while not window.over(TAIL_S):
-        if period:
-            wait = (next_ns - now_ns()) / 1e9
-            if wait > 0:
-                time.sleep(wait)
-            next_ns += period
+        pacer.wait()
         stamp = now_ns()
         host = np.empty(size, np.uint8)  # a fresh host array per frame, as cupy.asnumpy gives
         device.to_host(host)
         sock.send_multipart([struct.pack("<qq", seq, stamp), host], copy=False)
         seq += 1
         published += window.inside(stamp)
-        if not window.given.is_set() and not period:
+        if not window.given.is_set() and not pacer.period:
             time.sleep(0.001)
     span = (window.end - window.start) / 1e9
     emit(role="publisher", rate=published / span if span > 0 else math.nan, frames=published)

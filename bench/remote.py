@@ -66,7 +66,7 @@ import time
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from _remote_common import TAIL_S, Tally, Window, emit, frame_bytes, now_ns  # noqa: E402
+from _remote_common import TAIL_S, Pacer, Tally, Window, emit, frame_bytes, now_ns  # noqa: E402
 from _remote_report import goals, markdown, plot, summarize  # noqa: E402
 from _remote_zmq import role_zmq_publisher, role_zmq_subscriber  # noqa: E402
 from _script import BENCH_HINT, MATPLOTLIB, fail, mps_daemon, require, run  # noqa: E402
@@ -87,21 +87,16 @@ def role_publisher(args) -> int:
     width, height, fmt = args.width, args.height, args.format
     window = Window()
     published = 0
-    period = 1e9 / args.rate if args.rate > 0 else 0.0
     with eglcuda.Publisher(NAME, width, height, fmt, path=args.path, pool=8, max_pool=32, every_timeout=5.0) as pub:
         emit(role="ready")
-        next_ns = float(now_ns())
+        pacer = Pacer(args.rate)
         while not window.over(TAIL_S):
-            if period:
-                wait = (next_ns - now_ns()) / 1e9
-                if wait > 0:
-                    time.sleep(wait)
-                next_ns += period
+            pacer.wait()
             frame = pub.next_frame(timeout=30)
             stamp = now_ns()
             pub.publish(frame, payload=b"")
             published += window.inside(stamp)
-            if not window.given.is_set() and not period:
+            if not window.given.is_set() and not pacer.period:
                 time.sleep(0.001)  # while the others join: keep frames coming without eating a core
         span = (window.end - window.start) / 1e9
         emit(role="publisher", rate=published / span if span > 0 else math.nan, frames=published)

@@ -121,7 +121,7 @@ class Endpoint:
         return tag
 
     def send_now(self, array: Any, kind: int, done: Callable[[LinkError | None], None]) -> None:
-        """Post a send of ``array`` (a UCXX ``Array``, :meth:`Engine.wire`) and return: ``done``
+        """Post a send of ``array`` (a UCXX ``Array``: ``Engine.arr``) and return: ``done``
         runs on the engine's thread when it ended (:meth:`Engine.post`). :class:`LinkError` at
         once when the endpoint is closed or UCX refused the request. The frame path: no task or
         future per message."""
@@ -345,11 +345,6 @@ class Engine:
         self._posted = True
         if not self._in_pass:
             self.schedule()
-
-    def wire(self, array: np.ndarray) -> Any:
-        """``array`` as UCXX's ``Array``, for :meth:`Endpoint.send_now` / :meth:`Endpoint.recv_now`
-        (made once per buffer: it keeps ``array`` alive)."""
-        return self.arr(array)
 
     def new_prefix(self) -> int:
         """A tag prefix for what one connection receives: random, and unique in this process."""

@@ -10,6 +10,7 @@ import numpy as np
 
 from .._bind import cuda
 from ..cuda_device import CudaDevice
+from . import _ucx
 
 
 class Pinned:
@@ -20,7 +21,7 @@ class Pinned:
         self.size = size
         self._hosts: list[int] = []
         self.arrays: list[np.ndarray] = []
-        self.wire: list[Any] | None = None  # the arrays as UCXX Arrays (made by the engine's user, once)
+        self._ucx: list[Any] | None = None  # the arrays as UCXX Arrays (for_ucx)
         device.make_current()
         try:
             for _ in range(count):
@@ -31,6 +32,13 @@ class Pinned:
             self.close()
             raise
 
+    def for_ucx(self) -> list[Any]:
+        """The buffers as UCXX ``Array`` objects, for :meth:`Endpoint.send_now` / ``recv_now`` (made
+        once, on the UCX engine's thread: they keep the arrays alive)."""
+        if self._ucx is None:
+            self._ucx = [_ucx.engine().arr(array) for array in self.arrays]
+        return self._ucx
+
     def __len__(self) -> int:
         return len(self.arrays)
 
@@ -38,7 +46,7 @@ class Pinned:
         """Free every buffer (nothing may use them any more: UCX's requests on them ended)."""
         hosts, self._hosts = self._hosts, []
         self.arrays = []
-        self.wire = None
+        self._ucx = None
         if hosts:
             self.device.make_current()
             for host in hosts:

@@ -111,9 +111,7 @@ class Joining:
     def _post_receives(self, link: _Link) -> None:
         """Post a frame receive into every free buffer of the window (the relay sends only as many
         frames as there are: its credits). Each ends in :meth:`_on_frame`: no task per frame."""
-        host = link.host
-        if host.wire is None:
-            host.wire = [_ucx.engine().wire(array) for array in host.arrays]
+        buffers = link.host.for_ucx()
         while link.lost is None:
             with link.cond:
                 index = link.free.popleft() if link.free else None
@@ -121,7 +119,7 @@ class Joining:
                 return
             order = link.posted
             try:
-                link.ep.recv_now(host.wire[index], wire.FRAME_TAG,
+                link.ep.recv_now(buffers[index], wire.FRAME_TAG,
                                  lambda error, i=index, o=order: self._on_frame(link, i, o, error))
             except _ucx.LinkError as exc:
                 with link.cond:
@@ -240,7 +238,7 @@ class Joining:
         self._post_receives(link)  # (the receives are posted before the relay hears of the credit)
         if link.lost is not None:
             return
-        message = _ucx.engine().wire(np.frombuffer(wire.encode_control(wire.Control.CREDIT, count), np.uint8))
+        message = _ucx.engine().arr(np.frombuffer(wire.encode_control(wire.Control.CREDIT, count), np.uint8))
         try:  # (the callback keeps the message alive until UCX sent it; a failure: the reader hears of it)
             link.ep.send_now(message, wire.CONTROL_TAG, lambda error, keep=message: None)
         except _ucx.LinkError:

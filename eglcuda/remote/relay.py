@@ -252,8 +252,8 @@ class Relay(Serving):
             # New frames may have another size: staging again once every send of the old ended
             # (never sooner: UCX may still read a buffer). Every remote was told GONE and its
             # sender aborts its endpoint, so they all come back; a close ends the wait too.
-            while self._free.qsize() < STAGING and not self._closing:
-                time.sleep(0.01)
+            while not self._closing and not self._sends_ended(STAGING, 0.25):
+                pass
             if self._closing:
                 return False
             try:

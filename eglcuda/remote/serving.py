@@ -130,7 +130,7 @@ class Serving:
 
     def _dispatch(self, index: int, seq: int) -> None:
         """A staged frame: queue it for each remote subscriber that has room for it."""
-        refs = 0
+        takers = []
         for remote in self._remotes:
             if not remote.connected or remote.gone is not None:
                 continue
@@ -140,13 +140,12 @@ class Serving:
                 remote.skipped += max(0, seq - remote.last_seq - 1)
             remote.last_seq = seq
             remote.pending.append(index)
-            refs += 1
+            takers.append(remote)
         try:
-            if refs:
-                self._refs[index] = refs
-                for remote in self._remotes:
-                    if remote.pending and remote.pending[-1] == index:
-                        self._pump(remote)
+            if takers:
+                self._refs[index] = len(takers)
+                for remote in takers:
+                    self._pump(remote)
             else:
                 self._free.put(index)
         finally:
@@ -301,16 +300,17 @@ class Serving:
         if remote.closing or (remote.gone is not None and not self._flushing(remote)):
             remote.wake.set()  # (its sender says GONE)
             return
+        if not remote.pending:
+            return
         staging = self._staging
+        assert staging is not None
+        buffers = staging.for_ucx()
         while remote.pending and remote.credits > 0 and remote.inflight < SEND_AHEAD:
-            assert staging is not None
             index = remote.pending.popleft()
-            if staging.wire is None:
-                staging.wire = [_ucx.engine().wire(array) for array in staging.arrays]
             remote.credits -= 1
             remote.inflight += 1
             try:
-                remote.ep.send_now(staging.wire[index], wire.FRAME_TAG, lambda error, i=index: self._sent(remote, i, error))
+                remote.ep.send_now(buffers[index], wire.FRAME_TAG, lambda error, i=index: self._sent(remote, i, error))
             except _ucx.LinkError as exc:
                 remote.inflight -= 1
                 self._unref(index)
