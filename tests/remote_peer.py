@@ -31,7 +31,8 @@ def relay(args) -> int:
     with eglcuda.Relay(args.name, args.listen, qos=args.qos, queue=args.queue, device=args.device,
                        timeout=args.timeout, path=args.path, every_timeout=args.every_timeout,
                        max_remotes=args.max_remotes) as server:
-        say(event="ready", pid=os.getpid(), port=server.address[1], host=server.address[0])
+        say(event="ready", pid=os.getpid(), port=server.address[1], host=server.address[0],
+            progress="thread" if eglcuda.remote._ucx.engine().threaded else "loop")
 
         def commands() -> None:
             for line in sys.stdin:
@@ -232,6 +233,13 @@ def garbage(args) -> int:
         ep = _ucx.engine().connect(host, int(port))
         try:
             answer = np.zeros(wire.HANDSHAKE, np.uint8)
+            said = await answer_of(ep, answer)  # (the relay speaks first)
+            if said is not None:
+                return said
+            kind, _ = wire.handshake_kind(answer.tobytes())
+            if kind is not wire.Kind.RELAY:
+                return {"answer": kind.name}
+            answer[:] = 0
             if mode == "silent":
                 return await answer_of(ep, answer) or {"answer": "message"}
             mine = keys.nonce()

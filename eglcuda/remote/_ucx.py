@@ -3,14 +3,30 @@ that every relay and remote subscriber runs its connections on, and the one-line
 when ucxx is missing.
 
 The engine thread owns a UCX context and worker (``ucxx._lib.libucxx``) and an asyncio loop that
-schedules the connections' coroutines; every UCX call happens on it. It never spins: the worker
-runs in UCX's blocking mode, its epoll descriptor is a reader of the loop, and after each
-progress pass (progress until idle, complete the finished requests' futures) the worker is armed,
-so the thread sleeps in the loop's epoll until UCX has an event, another thread hands it work
-(``call_soon_threadsafe``'s wake-up pipe), or a timer is due (a fallback pass each
-``FALLBACK_S``, so that a missed arm costs a delay, never a hang). UCXX's asyncio API awaits a
-request with ``while not done: await asyncio.sleep(0)``: a relay or remote subscriber waiting
-for a frame burnt a core (docs/remote.md, "The engine").
+schedules the connections' coroutines and runs every completion callback. Who moves the bytes is
+the progress mode (``EGLCUDA_UCX_PROGRESS``, read when the engine starts):
+
+- ``thread`` (the default): UCXX's C++ progress thread progresses the worker (the kernel's TCP
+  copies of every frame happen there, without the GIL); requests are handed to it (UCXX's
+  delayed submission), and a notifier thread (``eglcuda-ucx-notify``) tells the loop when some
+  finished, so the engine thread spends its time on Python only, beside the copies instead of
+  before them. Nothing Python runs on the progress thread but UCXX's connection-request
+  callback, which hands the request to the loop: the progress thread holds UCXX's locks while it
+  calls back, so a closed endpoint is noticed by asking (:meth:`Endpoint.check_alive`, each
+  fallback pass) and by its requests failing. A send posted on a connection that failed while it
+  was being made never ends in this mode (UCX retries it forever on the progress thread): a
+  subscriber therefore sends nothing before the relay spoke first (wire.encode_relay).
+- ``loop``: the engine thread progresses the worker itself: it runs in UCX's blocking mode, its
+  epoll descriptor is a reader of the loop, and after each progress pass (progress until idle,
+  complete the finished requests) the worker is armed, so the thread sleeps in the loop's epoll
+  until UCX has an event, another thread hands it work, or a timer is due.
+
+Neither spins: a fallback pass each ``FALLBACK_S`` makes a missed event a delay, never a hang;
+the progress thread looks at least every ``PROGRESS_EPOLL_MS`` (an idle engine: about 3 % of a
+core on the CPU machine, against 0.3 % in loop mode). Thread mode measured 1.14-1.30x loop mode's
+rate for one remote subscriber on the H200 (docs/remote.md, "Two progress modes").
+(UCXX's asyncio API awaits a request with ``while not done: await asyncio.sleep(0)``: a relay or
+remote subscriber waiting for a frame burnt a core; docs/remote.md, "The engine".)
 
 Tags: UCX matches a tag receive on the whole worker, not per endpoint. Each side of a connection
 picks the tag prefix of what it *receives* (:meth:`Engine.new_prefix`: random, unique in this
@@ -20,8 +36,8 @@ each other's messages, and a peer cannot guess another connection's tags.
 
 The engine starts with the first relay or remote subscriber and stays until the interpreter
 exits (then open relays and remote subscribers are closed first): one context and worker for
-the process's life costs one thread and a fixed few descriptors, however often subscribers come
-and go. A forked child cannot use its parent's engine (UCX is not fork-safe): it gets a
+the process's life costs its threads (one in loop mode, three in thread mode) and a fixed few
+descriptors, however often subscribers come and go. A forked child cannot use its parent's engine (UCX is not fork-safe): it gets a
 :class:`UsageError`."""
 from __future__ import annotations
 
@@ -44,6 +60,9 @@ T = TypeVar("T")
 log = logging.getLogger("eglcuda.remote")
 INSTALL = "pip install 'eglcuda[remote-cu12]' (CUDA 12) or 'eglcuda[remote-cu13]' (CUDA 13)"
 FALLBACK_S = 0.1  # a progress pass at least this often (UCX may miss an event once armed late)
+PROGRESS_MODES = ("thread", "loop")  # EGLCUDA_UCX_PROGRESS (the module's docstring)
+PROGRESS_EPOLL_MS = 1  # the progress thread's longest sleep between looks (UCXX's own thread mode uses 1 ms too)
+NOTIFY_WAIT_NS = 100_000_000  # the notifier's longest wait before it looks whether the engine stops
 PASS_ROUNDS = 4  # progress rounds of one pass before the loop runs its other work
 ABORT_NS = 100_000_000  # how long closing an endpoint may wait for UCX (on the engine's thread)
 PREFIX_BITS = 56  # a tag is (prefix << 8) | kind
@@ -67,6 +86,15 @@ def ucxx_missing() -> str | None:
 # UCX settings eglcuda uses unless the environment names them: TCP segments big enough for a frame
 # (UCX's 8 KiB send segments cost about 1.7x in rate for 3 MB frames over loopback: research/README.md).
 TUNING = {"UCX_TCP_TX_SEG_SIZE": "256K", "UCX_TCP_RX_SEG_SIZE": "1M"}
+
+
+def progress_mode() -> str:
+    """The UCX progress mode of this process's engine (``EGLCUDA_UCX_PROGRESS``: ``thread``, the
+    default, or ``loop``); :class:`UsageError` for another value."""
+    mode = os.environ.get("EGLCUDA_UCX_PROGRESS", "") or PROGRESS_MODES[0]
+    if mode not in PROGRESS_MODES:
+        raise UsageError(f"EGLCUDA_UCX_PROGRESS is one of {', '.join(PROGRESS_MODES)}, got {mode!r}")
+    return mode
 
 
 def require() -> Any:
@@ -98,10 +126,23 @@ class Endpoint:
         self.send_prefix: int | None = None  # the peer's
         self._tags: dict[tuple[int, bool], Any] = {}
         self.lost = asyncio.Event()  # the peer closed, the link failed, or abort()
-        ep.set_close_callback(self._on_close)
+        if engine.threaded:  # (no Python called from UCX's progress thread: it holds UCXX's locks meanwhile)
+            engine.watch(self)
+        else:
+            ep.set_close_callback(self._on_close)
 
     def _on_close(self, *_: Any) -> None:
         self.lost.set()
+
+    def check_alive(self) -> None:
+        """Thread mode: notice a closed or failed connection (the engine's fallback pass asks)."""
+        if not self._closed and not self.lost.is_set():
+            try:
+                alive = self._ep.alive
+            except Exception:  # noqa: BLE001 - gone
+                alive = False
+            if not alive:
+                self.lost.set()
 
     @property
     def closed(self) -> bool:
@@ -132,6 +173,8 @@ class Endpoint:
         self._post(lambda: self._ep.tag_recv(array, self._tag(kind, False)), done)
 
     def _post(self, submit: Callable[[], Any], done: Callable[[LinkError | None], None]) -> None:
+        if self._engine.threaded:
+            self.check_alive()  # (thread mode learns of a failed connection by asking: ask before posting on it)
         if self._closed or self.lost.is_set():
             raise LinkError("the connection is closed")
         try:
@@ -157,6 +200,8 @@ class Endpoint:
     async def _do(self, submit: Callable[[Any], Any], data: Any) -> None:
         if self._closed:
             raise LinkError("the endpoint is closed")
+        if self._engine.threaded:
+            self.check_alive()
         if self.lost.is_set():
             raise LinkError("the connection is closed")
         array = np.frombuffer(data, np.uint8) if not isinstance(data, np.ndarray) else data
@@ -176,7 +221,8 @@ class Endpoint:
         prefix = self.recv_prefix
         try:
             self._ep.close_blocking(period=ABORT_NS, max_attempts=1)
-            self._ep.remove_close_callback()
+            if not self._engine.threaded:
+                self._ep.remove_close_callback()
         except Exception:  # noqa: BLE001 - already gone
             pass
         self._engine.schedule()  # (the cancelled requests complete in the next pass)
@@ -193,7 +239,10 @@ class Listener:
         self.tasks: set[asyncio.Task[Any]] = set()
         me = weakref.ref(self)
 
-        def accept(conn_request: Any, *_: Any) -> None:  # (during a progress pass, on the engine's thread)
+        def accept(conn_request: Any, *_: Any) -> None:  # (where UCX progresses: the loop or its progress thread)
+            engine.on_loop_soon(accept_on_loop, conn_request)
+
+        def accept_on_loop(conn_request: Any) -> None:
             listener = me()
             if listener is None or listener._listener is None:
                 return
@@ -229,6 +278,10 @@ class Engine:
         self._posted = False
         self._prefixes: set[int] = set()
         self._pid = os.getpid()
+        self.threaded = progress_mode() == "thread"
+        self._watched: "weakref.WeakSet[Endpoint]" = weakref.WeakSet()  # thread mode: asked whether alive
+        self._notifier: threading.Thread | None = None
+        self._stopping = False
         self.thread = threading.Thread(target=self._main, name="eglcuda-ucx", daemon=True)
         self._started: concurrent.futures.Future[None] = concurrent.futures.Future()
         self.thread.start()
@@ -242,9 +295,15 @@ class Engine:
             self.arr = importlib.import_module("ucxx._lib.arr").Array
             self.api = api
             self.context = api.UCXContext(feature_flags=(api.Feature.TAG, api.Feature.STREAM, api.Feature.WAKEUP))
-            self.worker = api.UCXWorker(self.context)
-            self.worker.init_blocking_progress_mode()
-            self.loop.add_reader(self.worker.epoll_file_descriptor, self._pass)
+            if self.threaded:
+                self.worker = api.UCXWorker(self.context, enable_delayed_submission=True, enable_python_future=True)
+                self.worker.start_progress_thread(polling_mode=False, epoll_timeout=PROGRESS_EPOLL_MS)
+                self._notifier = threading.Thread(target=self._notify, name="eglcuda-ucx-notify", daemon=True)
+                self._notifier.start()
+            else:
+                self.worker = api.UCXWorker(self.context)
+                self.worker.init_blocking_progress_mode()
+                self.loop.add_reader(self.worker.epoll_file_descriptor, self._pass)
         except BaseException as exc:  # noqa: BLE001 - said to the thread that started the engine
             self._started.set_exception(exc)
             self.loop.close()
@@ -265,9 +324,16 @@ class Engine:
                 self.loop.run_until_complete(asyncio.wait(tasks, timeout=1.0))
             except Exception:  # noqa: BLE001 - exit goes on
                 pass
+        self._stopping = True
         try:
-            self.loop.remove_reader(self.worker.epoll_file_descriptor)
-            self.worker.progress()
+            if self.threaded:
+                self.worker.stop_progress_thread()  # (before exit: it may call into Python)
+                self.worker.stop_request_notifier_thread()
+                if self._notifier is not None:
+                    self._notifier.join(1.0)
+            else:
+                self.loop.remove_reader(self.worker.epoll_file_descriptor)
+                self.worker.progress()
         except Exception:  # noqa: BLE001 - exit goes on
             pass
         self._pending.clear()
@@ -276,7 +342,13 @@ class Engine:
 
     def _fallback(self) -> None:
         self.loop.call_later(FALLBACK_S, self._fallback)  # (first: a failing pass must not end the fallback)
+        for endpoint in list(self._watched):
+            endpoint.check_alive()
         self._pass()
+
+    def watch(self, endpoint: Endpoint) -> None:
+        """Thread mode: ask ``endpoint`` each fallback pass whether its connection is alive."""
+        self._watched.add(endpoint)
 
     def schedule(self) -> None:
         """A progress pass soon (after a UCX call on the engine's thread)."""
@@ -285,37 +357,72 @@ class Engine:
             self.loop.call_soon(self._pass)
 
     def _pass(self) -> None:
-        """Progress until idle, complete the requests that finished, arm (or go again): up to
-        PASS_ROUNDS rounds here before the loop's other work, so that the events of one frame
-        (its TCP segments, the next send a completion posts) cost no loop iteration each."""
+        """Loop mode: progress until idle, complete the requests that finished, arm (or go
+        again): up to PASS_ROUNDS rounds here before the loop's other work, so that the events
+        of one frame (its TCP segments, the next send a completion posts) cost no loop iteration
+        each. Thread mode: complete the requests that finished (UCX's thread progresses)."""
         self._scheduled = False
+        if self.threaded:
+            self._complete()
+            return
         self._in_pass = True
         worker = self.worker
-        pending = self._pending
         try:
             for _ in range(PASS_ROUNDS):
                 self._posted = False
                 worker.progress()
-                if pending:
-                    finished = [key for key, (request, _) in pending.items() if request.completed]
-                    for key in finished:
-                        request, done = pending.pop(key)
-                        try:
-                            request.check_error()
-                        except Exception as exc:  # noqa: BLE001 - UCXX's errors, said as one kind
-                            error: LinkError | None = LinkError(f"{type(exc).__name__}: {exc}")
-                        else:
-                            error = None
-                        try:
-                            done(error)
-                        except Exception:  # noqa: BLE001 - one connection's bug must not stop the engine
-                            log.exception("eglcuda remote: a completion callback failed")
+                self._complete()
                 # (a request posted in this round is progressed in the next before the worker is armed)
                 if not self._posted and worker.arm():
                     return
         finally:
             self._in_pass = False
         self.schedule()  # (UCX has events still: another pass after the loop's other work)
+
+    def _complete(self) -> None:
+        """Call the callbacks of the posted requests that finished."""
+        pending = self._pending
+        if not pending:
+            return
+        finished = [key for key, (request, _) in pending.items() if request.completed]
+        for key in finished:
+            request, done = pending.pop(key)
+            try:
+                request.check_error()
+            except Exception as exc:  # noqa: BLE001 - UCXX's errors, said as one kind
+                error: LinkError | None = LinkError(f"{type(exc).__name__}: {exc}")
+            else:
+                error = None
+            if self.threaded:
+                _consume_future(request)
+            try:
+                done(error)
+            except Exception:  # noqa: BLE001 - one connection's bug must not stop the engine
+                log.exception("eglcuda remote: a completion callback failed")
+
+    def _notify(self) -> None:
+        """Thread mode's notifier thread: wait (GIL released) until UCXX finished requests, then
+        have the loop complete them (one pass queued at a time)."""
+        asyncio.set_event_loop(self.loop)  # (UCXX makes its futures for the loop of this thread)
+        worker = self.worker
+        ready = self.api.PythonRequestNotifierWaitState.Ready
+        shutdown = self.api.PythonRequestNotifierWaitState.Shutdown
+        while not self._stopping:
+            try:
+                worker.populate_python_futures_pool()
+                state = worker.wait_request_notifier(period_ns=NOTIFY_WAIT_NS)
+                if state == shutdown:
+                    return
+                if state != ready:
+                    continue
+                worker.run_request_notifier()  # (resolves UCXX's futures: nobody awaits them, no callbacks)
+                if not self._scheduled:
+                    self._scheduled = True
+                    self.loop.call_soon_threadsafe(self._pass)
+            except RuntimeError:  # (the loop closed: the engine stopped)
+                return
+            except Exception:  # noqa: BLE001 - must not end the notifier; the fallback pass still completes
+                log.exception("eglcuda remote: the UCX notifier failed")
 
     async def wait(self, request: Any) -> None:
         """Until ``request`` completed (:class:`LinkError` if it failed), without spinning."""
@@ -340,11 +447,25 @@ class Engine:
 
     def post(self, request: Any, done: Callable[[LinkError | None], None]) -> None:
         """Call ``done(None)``, or ``done(LinkError)`` if it failed, on this thread in the
-        progress pass that finds ``request`` completed (never from inside this call)."""
+        pass that finds ``request`` completed (never from inside this call)."""
         self._pending[id(request)] = (request, done)
         self._posted = True
-        if not self._in_pass:
+        if self.threaded:
+            if request.completed:  # (else the notifier says when)
+                self.schedule()
+        elif not self._in_pass:
             self.schedule()
+
+    def on_loop_soon(self, function: Callable[..., Any], *args: Any) -> None:
+        """``function(*args)`` on the engine's thread: now when called there, else soon (UCX's
+        progress thread calls back in thread mode); nothing once the loop closed (exit)."""
+        if threading.current_thread() is self.thread:
+            function(*args)
+            return
+        try:
+            self.loop.call_soon_threadsafe(function, *args)
+        except RuntimeError:  # (the loop closed)
+            pass
 
     def new_prefix(self) -> int:
         """A tag prefix for what one connection receives: random, and unique in this process."""
@@ -377,6 +498,17 @@ class Engine:
             except RuntimeError:  # (closed already)
                 pass
             self.thread.join(5)
+
+
+def _consume_future(request: Any) -> None:
+    """Mark UCXX's future of a finished request as seen (thread mode makes one per request; an
+    error left unseen would be logged when it is collected)."""
+    try:
+        future = request.future
+        if future is not None and future.done() and not future.cancelled():
+            future.exception()
+    except Exception:  # noqa: BLE001 - only bookkeeping
+        pass
 
 
 def check_fork() -> None:

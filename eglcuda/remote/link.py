@@ -79,6 +79,9 @@ class Joining:
         hello = wire.Hello(self.qos, self.queue, mine, self.name, os.getpid(), socket.gethostname(), tags)
         buf = np.zeros(wire.HANDSHAKE, np.uint8)
         try:
+            await ep.stream_recv(buf)  # (the relay speaks first: wire.encode_relay)
+            wire.expect(buf.tobytes(), wire.Kind.RELAY, refusal=True)
+            buf[:] = 0
             await ep.stream_send(wire.encode_hello(hello))
             await ep.stream_recv(buf)
             theirs, proof = wire.decode_challenge(wire.expect(buf.tobytes(), wire.Kind.CHALLENGE, refusal=True))

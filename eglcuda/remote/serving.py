@@ -248,6 +248,7 @@ class Serving:
     async def _handshake(self, ep: Any, deadline: float) -> _Remote | None:
         """Check the peer (it proves the key, asks for this topic); on success the remote
         subscriber is one of the relay's at once (a slot taken, its welcome still to send)."""
+        await _before(ep.stream_send(wire.encode_relay()), deadline)
         hello = await self._read_step(ep, deadline, wire.Kind.HELLO, wire.decode_hello)
         if hello is None:
             return None

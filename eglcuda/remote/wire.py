@@ -44,7 +44,7 @@ from ..errors import PeerError, Refused, UsageError
 from ..frames.formats import ColorFormat, check_size, color_format, plane_geometry
 from ..topics import protocol
 
-VERSION = 2  # 2: the handshake on the stream, tag prefixes per connection
+VERSION = 3  # 2: the handshake on the stream, tag prefixes per connection; 3: the relay speaks first (RELAY)
 MAGIC = b"EGLCUDAR"
 HANDSHAKE = 512  # bytes of every handshake message
 HEADER = 64  # bytes of a FRAME's or NOTE's header
@@ -88,6 +88,7 @@ class Kind(enum.IntEnum):
     PROOF = 3
     WELCOME = 4
     REFUSE = 5
+    RELAY = 6  # the relay's first message: a subscriber sends nothing before it (see encode_relay)
 
 
 class Head(enum.IntEnum):
@@ -182,6 +183,13 @@ def decode_hello(body: memoryview) -> Hello:
     tags = _PREFIX.unpack_from(body, _TAGS_AT)[0]
     _check(1 <= tags <= MAX_PREFIX, "tag prefix")
     return Hello(protocol.Qos(qos), queue, nonce, name, pid, client, tags)
+
+
+def encode_relay() -> bytearray:
+    """The relay's first message on a new connection. A subscriber sends only once it came: a
+    connection that never got through (no relay at that address) never has a send posted on it,
+    which UCXX's progress thread could not finish (docs/remote.md, "The engine")."""
+    return _handshake(Kind.RELAY, b"")
 
 
 def encode_challenge(nonce: bytes, proof: bytes) -> bytearray:

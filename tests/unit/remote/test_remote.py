@@ -11,6 +11,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from .conftest import REMOTE_PEER, ROOT
 
 
@@ -86,6 +88,21 @@ def test_two_relays_into_one_process_and_one_relay_to_many_never_cross_messages(
         _frames_ok(peer)
         seqs = [m["seq"] for m in peer.got()]
         assert seqs == list(range(seqs[0], seqs[0] + 80))
+
+
+@pytest.mark.parametrize("relay_mode, subscriber_mode", [("loop", "thread"), ("thread", "loop")])
+def test_the_two_progress_modes_serve_each_other_every_byte(cluster, env, relay_mode, subscriber_mode):
+    """EGLCUDA_UCX_PROGRESS: a relay whose engine progresses UCX on its own thread serves a
+    remote subscriber whose engine uses UCXX's progress thread, and the other way round."""
+    cluster.publisher(rate=300)
+    relay, address = cluster.relay("--qos", "every", "--queue", "8", env={**env, "EGLCUDA_UCX_PROGRESS": relay_mode})
+    assert relay.wait_for(lambda m: m["event"] == "ready")["progress"] == relay_mode
+    sub = cluster.subscriber(address, "--qos", "every", "--queue", "4", "--count", "40",
+                             env={**env, "EGLCUDA_UCX_PROGRESS": subscriber_mode})
+    sub.wait_for(lambda m: m["event"] == "done", timeout=60)
+    _frames_ok(sub)
+    seqs = [m["seq"] for m in sub.got()]
+    assert seqs == list(range(seqs[0], seqs[0] + 40))
 
 
 def test_wrong_key_and_garbage_peers_are_refused_with_the_reason_and_change_nothing(cluster, env):

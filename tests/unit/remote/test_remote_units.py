@@ -119,3 +119,14 @@ def test_without_ucxx_one_line_says_what_to_install(tmp_path):
                          cwd=str(tmp_path), env=env, timeout=60)
     assert out.returncode == 2, out
     assert len(out.stderr.strip().splitlines()) == 1 and "remote-cu12" in out.stderr, out.stderr
+
+
+def test_the_progress_mode_is_read_from_the_environment(monkeypatch):
+    from eglcuda.remote import _ucx
+    monkeypatch.delenv("EGLCUDA_UCX_PROGRESS", raising=False)
+    assert _ucx.progress_mode() == "thread"
+    monkeypatch.setenv("EGLCUDA_UCX_PROGRESS", "loop")
+    assert _ucx.progress_mode() == "loop"
+    monkeypatch.setenv("EGLCUDA_UCX_PROGRESS", "polling")
+    with pytest.raises(UsageError, match="EGLCUDA_UCX_PROGRESS is one of thread, loop, got 'polling'"):
+        _ucx.progress_mode()

@@ -1,0 +1,34 @@
+#!/bin/bash
+# Session 8's last H200 run, the UCX engine in thread mode (the default from this session): the GPU remote tier
+# and the CPU remote tests in thread mode, the GPU remote tests again in loop mode, the remote sample, then
+# bench/remote.py 1080p NV12 (1 remote flat out, two rounds each against its own raw engine; 8 remotes at 60/s)
+# and 4K ARGB (1 remote). Everything under $OUT goes back as one archive.
+set -u
+command -v nvidia-smi > /dev/null || { echo "$0: needs an NVIDIA GPU machine (nvidia-smi not found); see bench/runs/README.md"; exit 2; }
+[ -f .device/setup.sh ] || { echo "$0: needs .device/ staged in the repository root (bench/runs/README.md)"; exit 2; }
+ls .wheels/*.whl > /dev/null 2>&1 || { echo "$0: needs the UCXX wheels in .wheels/ (bench/runs/README.md says how to get them)"; exit 2; }
+T0=$(date +%s); L=/tmp/logs; mkdir -p $L
+source .device/setup.sh > $L/setup.log 2>&1; tail -1 $L/setup.log
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/ucxx .wheels/*.whl > $L/ucxx-install.log 2>&1 || tail -3 $L/ucxx-install.log
+export PYTHONPATH=/tmp/ucxx${PYTHONPATH:+:$PYTHONPATH}
+echo "setup $(( $(date +%s) - T0 )) s; HEAD $(git rev-parse --short HEAD) + working tree"
+EGLCUDA_REQUIRE_GPU=1 timeout 170 python3 -m pytest tests/gpu/test_remote.py tests/unit/remote -q -ra -p no:cacheprovider > $L/tests-thread.log 2>&1
+echo "remote tests (thread) rc=$? ($(( $(date +%s) - T0 )) s)"; grep -E "^(FAILED|ERROR)|^SKIPPED" $L/tests-thread.log | cut -c1-200 | head; tail -1 $L/tests-thread.log
+EGLCUDA_UCX_PROGRESS=loop EGLCUDA_REQUIRE_GPU=1 timeout 80 python3 -m pytest tests/gpu/test_remote.py -q -ra -p no:cacheprovider > $L/tests-loop.log 2>&1
+echo "GPU remote tests (loop) rc=$? ($(( $(date +%s) - T0 )) s)"; grep -E "^(FAILED|ERROR)" $L/tests-loop.log | cut -c1-200 | head -5; tail -1 $L/tests-loop.log
+timeout 40 python3 samples/remote_subscriber.py --frames 300 > $L/sample-remote.log 2>&1; echo "remote sample rc=$?"; tail -2 $L/sample-remote.log
+U="UCX_TCP_TX_SEG_SIZE=256K,UCX_TCP_RX_SEG_SIZE=1M"
+timeout 100 python3 bench/remote.py --out $L/r1080 --sizes 1080p-nv12 --duration 2 --rounds 2 --subscribers 1 --rates max \
+  --variants eglcuda,ucx-raw --engine-modes blocking --ucx-env $U --no-plots > $L/bench-1080p.log 2>&1
+echo "bench 1080p rc=$? ($(( $(date +%s) - T0 )) s)"; grep -hE '^(PASS|FAIL|INFO)' $L/bench-1080p.log | cut -c1-200
+grep -h '^|' $L/r1080/results.md | grep -v "^| size\|^|--" | cut -c1-170
+timeout 60 python3 bench/remote.py --out $L/r8 --sizes 1080p-nv12 --duration 1 --subscribers 8 --rates 60 \
+  --variants eglcuda --ucx-env $U --no-plots > $L/bench-8.log 2>&1
+echo "bench 8 at 60/s rc=$? ($(( $(date +%s) - T0 )) s)"; grep -hE '^(PASS|FAIL|INFO)' $L/bench-8.log | cut -c1-200
+grep -h '^|' $L/r8/results.md | grep -v "^| size\|^|--" | cut -c1-170
+timeout 60 python3 bench/remote.py --out $L/r4k --sizes 4k-argb --duration 1 --subscribers 1 --rates max \
+  --variants eglcuda,ucx-raw --engine-modes blocking --ucx-env $U --no-plots > $L/bench-4k.log 2>&1
+echo "bench 4K rc=$? ($(( $(date +%s) - T0 )) s)"; grep -hE '^(PASS|FAIL)' $L/bench-4k.log | cut -c1-200
+grep -h '^|' $L/r4k/results.md | grep -v "^| size\|^|--" | cut -c1-170
+tar czf $OUT/logs.tgz -C /tmp logs
+echo "total $(( $(date +%s) - T0 )) s"

@@ -1,0 +1,56 @@
+#!/bin/bash
+# Session 8 on one H200 (second run; the first tried windows of 4 and 6, 4 in flight, a 60 us poll and 16 MB
+# socket buffers: none helped): which knob moves one remote subscriber (1080p NV12, flat out) towards the raw engine,
+# alternating, three rounds, each configuration 3 s with the threads of the relay and the remote subscriber
+# sampled over 2 s of it (bench/runs/_threads45.py); the knobs (bench/runs/_knobs45.py) on a copy of this
+# checkout: sends in flight (3: 1, 2), progress rounds a pass (4: 1, 8), the GIL's switch interval (5 ms: 0.5 ms).
+set -u
+command -v nvidia-smi > /dev/null || { echo "$0: needs an NVIDIA GPU machine (nvidia-smi not found); see bench/runs/README.md"; exit 2; }
+[ -f .device/setup.sh ] || { echo "$0: needs .device/ staged in the repository root (bench/runs/README.md)"; exit 2; }
+ls .wheels/*.whl > /dev/null 2>&1 || { echo "$0: needs the UCXX wheels in .wheels/ (bench/runs/README.md says how to get them)"; exit 2; }
+T0=$(date +%s); ROOT=$PWD; L=/tmp/logs; mkdir -p $L
+source .device/setup.sh > $L/setup.log 2>&1; tail -1 $L/setup.log
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/ucxx .wheels/*.whl > $L/ucxx-install.log 2>&1 || tail -3 $L/ucxx-install.log
+export PYTHONPATH=/tmp/ucxx${PYTHONPATH:+:$PYTHONPATH}
+rm -rf /tmp/kt && mkdir -p /tmp/kt && cp -r $ROOT/eglcuda $ROOT/pyproject.toml /tmp/kt/ && python3 bench/runs/_knobs45.py /tmp/kt
+echo "setup $(( $(date +%s) - T0 )) s; HEAD $(git rev-parse --short HEAD) + working tree; $(nproc) cores"
+U="UCX_TCP_TX_SEG_SIZE=256K,UCX_TCP_RX_SEG_SIZE=1M"
+B="UCX_TCP_SNDBUF=16M,UCX_TCP_RCVBUF=16M"
+one() {  # label, variants, ucx-env, knob settings...
+  local label=$1 variants=$2 ucx=$3; shift 3
+  python3 bench/runs/_threads45.py 2.5 2 $L/th-$label.json > /dev/null 2>&1 &
+  local sampler=$!
+  (cd /tmp/kt && env "$@" PYTHONPATH=/tmp/kt:$PYTHONPATH timeout 60 python3 $ROOT/bench/remote.py --out $L/$label --sizes 1080p-nv12 \
+    --duration 3 --subscribers 1 --rates max --variants $variants --engine-modes blocking --ucx-env $ucx --no-plots \
+    > $L/bench-$label.log 2>&1)
+  local rc=$?; sleep 0.2; kill $sampler 2> /dev/null; wait $sampler 2> /dev/null
+  [ $rc = 0 ] || echo "$label rc=$rc: $(tail -1 $L/bench-$label.log | cut -c1-150)"
+  python3 bench/runs/_knobs_summary.py $label $L/$label $L/th-$label.json 2>&1 | cut -c1-230
+}
+for round in 1 2 3; do
+  echo "== round $round ($(( $(date +%s) - T0 )) s)"
+  one raw$round ucx-raw $U X=0
+  one base$round eglcuda $U X=0
+  one a1-$round eglcuda $U EGLX_AHEAD=1
+  one a2-$round eglcuda $U EGLX_AHEAD=2
+  one r1-$round eglcuda $U EGLX_ROUNDS=1
+  one r8-$round eglcuda $U EGLX_ROUNDS=8
+  one sw500-$round eglcuda $U EGLX_SWITCH_US=500
+done
+# Where the engine threads' time goes (when py-spy's wheel is in .wheels/: it does not fit beside UCXX in the 64 MiB the
+# device tool carries): py-spy on the relay and the remote subscriber,
+# 400 samples a second for 2 s with native frames, the code as it is, flat out.
+SPY=/tmp/ucxx/bin/py-spy
+if [ -x $SPY ]; then
+  (cd /tmp/kt && PYTHONPATH=/tmp/kt:$PYTHONPATH timeout 60 python3 $ROOT/bench/remote.py --out $L/spy --sizes 1080p-nv12 \
+    --duration 5 --subscribers 1 --rates max --variants eglcuda --ucx-env $U --no-plots > $L/bench-spy.log 2>&1) &
+  for i in $(seq 100); do R=$(pgrep -f "[-]-role relay " | head -1); S=$(pgrep -f "[-]-role remote " | head -1)
+    [ -n "$R" ] && [ -n "$S" ] && break; sleep 0.1; done
+  sleep 2.5
+  $SPY record -p $R -r 400 -d 2 --native --threads -f raw -o $L/spy-relay.txt > $L/spy-relay.log 2>&1 &
+  $SPY record -p $S -r 400 -d 2 --native --threads -f raw -o $L/spy-remote.txt > $L/spy-remote.log 2>&1
+  wait; echo "py-spy: $(tail -1 $L/spy-relay.log | cut -c1-100) / $(wc -l < $L/spy-remote.txt) stacks"
+  python3 bench/runs/_knobs_summary.py spy $L/spy
+fi
+tar czf $OUT/logs.tgz -C /tmp logs
+echo "total $(( $(date +%s) - T0 )) s"

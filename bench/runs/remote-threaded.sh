@@ -1,0 +1,40 @@
+#!/bin/bash
+# Session 8 on one H200: the UCX engine's two progress modes (EGLCUDA_UCX_PROGRESS: loop, the engine thread
+# progresses UCX itself; thread, UCXX's C++ progress thread does and a notifier tells the loop), one remote
+# subscriber flat out (1080p NV12), alternating, three rounds beside the raw engine, with the relay's and the
+# remote subscriber's threads sampled (bench/runs/_threads45.py); before that the GPU remote tier and the remote
+# sample (loop mode), and the GPU remote tests again in thread mode.
+set -u
+command -v nvidia-smi > /dev/null || { echo "$0: needs an NVIDIA GPU machine (nvidia-smi not found); see bench/runs/README.md"; exit 2; }
+[ -f .device/setup.sh ] || { echo "$0: needs .device/ staged in the repository root (bench/runs/README.md)"; exit 2; }
+ls .wheels/*.whl > /dev/null 2>&1 || { echo "$0: needs the UCXX wheels in .wheels/ (bench/runs/README.md says how to get them)"; exit 2; }
+T0=$(date +%s); ROOT=$PWD; L=/tmp/logs; mkdir -p $L
+source .device/setup.sh > $L/setup.log 2>&1; tail -1 $L/setup.log
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/ucxx .wheels/*.whl > $L/ucxx-install.log 2>&1 || tail -3 $L/ucxx-install.log
+export PYTHONPATH=/tmp/ucxx${PYTHONPATH:+:$PYTHONPATH}
+echo "setup $(( $(date +%s) - T0 )) s; HEAD $(git rev-parse --short HEAD) + working tree; $(nproc) cores"
+EGLCUDA_REQUIRE_GPU=1 timeout 200 python3 -m pytest tests/gpu/test_remote.py tests/unit/remote -q -ra -p no:cacheprovider > $L/tests.log 2>&1
+echo "remote tests (loop) rc=$? ($(( $(date +%s) - T0 )) s)"; grep -E "^(FAILED|ERROR)|^SKIPPED" $L/tests.log | cut -c1-200 | head; tail -1 $L/tests.log
+timeout 40 python3 samples/remote_subscriber.py --frames 300 > $L/sample-remote.log 2>&1; echo "remote sample rc=$?"; tail -2 $L/sample-remote.log
+U="UCX_TCP_TX_SEG_SIZE=256K,UCX_TCP_RX_SEG_SIZE=1M"
+one() {  # label, variants, progress mode
+  local label=$1 variants=$2 mode=$3
+  python3 bench/runs/_threads45.py 2.5 2 $L/th-$label.json > /dev/null 2>&1 &
+  local sampler=$!
+  EGLCUDA_UCX_PROGRESS=$mode timeout 60 python3 bench/remote.py --out $L/$label --sizes 1080p-nv12 --duration 3 --subscribers 1 \
+    --rates max --variants $variants --engine-modes blocking --ucx-env $U --no-plots > $L/bench-$label.log 2>&1
+  local rc=$?; sleep 0.2; kill $sampler 2> /dev/null; wait $sampler 2> /dev/null
+  [ $rc = 0 ] || echo "$label rc=$rc: $(tail -1 $L/bench-$label.log | cut -c1-150)"
+  python3 bench/runs/_knobs_summary.py $label $L/$label $L/th-$label.json 2>&1 | cut -c1-230
+}
+for round in 1 2 3; do
+  echo "== round $round ($(( $(date +%s) - T0 )) s)"
+  one raw$round ucx-raw loop
+  one loop$round eglcuda loop
+  one thread$round eglcuda thread
+done
+EGLCUDA_UCX_PROGRESS=thread EGLCUDA_REQUIRE_GPU=1 timeout 120 python3 -m pytest tests/gpu/test_remote.py -q -ra -p no:cacheprovider \
+  > $L/tests-thread.log 2>&1
+echo "GPU remote tests (thread) rc=$? ($(( $(date +%s) - T0 )) s)"; grep -E "^(FAILED|ERROR)" $L/tests-thread.log | cut -c1-200 | head -5; tail -1 $L/tests-thread.log
+tar czf $OUT/logs.tgz -C /tmp logs
+echo "total $(( $(date +%s) - T0 )) s"
