@@ -49,6 +49,7 @@ import logging
 import os
 import secrets
 import threading
+import time
 import weakref
 from typing import Any, Awaitable, Callable, Coroutine, TypeVar
 
@@ -63,6 +64,7 @@ FALLBACK_S = 0.1  # a progress pass at least this often (UCX may miss an event o
 PROGRESS_MODES = ("thread", "loop")  # EGLCUDA_UCX_PROGRESS (the module's docstring)
 PROGRESS_EPOLL_MS = 1  # the progress thread's longest sleep between looks (UCXX's own thread mode uses 1 ms too)
 NOTIFY_WAIT_NS = 100_000_000  # the notifier's longest wait before it looks whether the engine stops
+FUTURES_REFILL = 32  # thread mode: refill UCXX's pool of futures (about 100) every this many posts
 PASS_ROUNDS = 4  # progress rounds of one pass before the loop runs its other work
 ABORT_NS = 100_000_000  # how long closing an endpoint may wait for UCX (on the engine's thread)
 PREFIX_BITS = 56  # a tag is (prefix << 8) | kind
@@ -212,8 +214,9 @@ class Endpoint:
         await self._engine.wait(request)
 
     def abort(self) -> None:
-        """Close at once (bounded by ABORT_NS): the requests still posted end with an error. The
-        peer hears of it as a closed connection."""
+        """Close at once: the requests still posted end with an error. The peer hears of it as a
+        closed connection. Loop mode waits for UCX at most ABORT_NS; in thread mode UCXX's
+        cancelling of the posted requests may wait longer (normally milliseconds)."""
         if self._closed:
             return
         self._closed = True
@@ -236,6 +239,7 @@ class Listener:
     def __init__(self, engine: "Engine", port: int, handler: Callable[[Endpoint], Awaitable[None]]) -> None:
         self._engine = engine
         self._handler = handler
+        self._closing = False
         self.tasks: set[asyncio.Task[Any]] = set()
         me = weakref.ref(self)
 
@@ -245,6 +249,12 @@ class Listener:
         def accept_on_loop(conn_request: Any) -> None:
             listener = me()
             if listener is None or listener._listener is None:
+                return
+            if listener._closing:  # (came before the close, handed over after it: turned away, not left waiting)
+                try:
+                    Endpoint(engine, listener._listener.create_endpoint_from_conn_request(conn_request, True)).abort()
+                except Exception:  # noqa: BLE001 - the peer left already
+                    pass
                 return
             try:
                 ep = listener._listener.create_endpoint_from_conn_request(conn_request, True)
@@ -258,7 +268,12 @@ class Listener:
         self.port = int(self._listener.port)
 
     def close(self) -> None:
-        """Stop listening (the connections accepted stay)."""
+        """Stop listening (the connections accepted stay); on the engine's thread. Connection
+        requests already handed to the loop are turned away first."""
+        self._closing = True
+        self._engine.loop.call_soon(self._release)
+
+    def _release(self) -> None:
         self._listener = None  # (UCXX's listener ends with its last reference, here on the engine's thread)
 
 
@@ -280,6 +295,7 @@ class Engine:
         self._pid = os.getpid()
         self.threaded = progress_mode() == "thread"
         self._watched: "weakref.WeakSet[Endpoint]" = weakref.WeakSet()  # thread mode: asked whether alive
+        self._posts = 0
         self._notifier: threading.Thread | None = None
         self._stopping = False
         self.thread = threading.Thread(target=self._main, name="eglcuda-ucx", daemon=True)
@@ -336,6 +352,9 @@ class Engine:
                 self.worker.progress()
         except Exception:  # noqa: BLE001 - exit goes on
             pass
+        if self.threaded:
+            for request, _ in self._pending.values():
+                _consume_future(request)
         self._pending.clear()
         self.loop.close()
         # (the worker and the context go with the process: UCXX's teardown order is its own)
@@ -363,6 +382,7 @@ class Engine:
         each. Thread mode: complete the requests that finished (UCX's thread progresses)."""
         self._scheduled = False
         if self.threaded:
+            self.worker.populate_python_futures_pool()  # (the notifier refills it too, but only once it woke)
             self._complete()
             return
         self._in_pass = True
@@ -419,14 +439,17 @@ class Engine:
                 if not self._scheduled:
                     self._scheduled = True
                     self.loop.call_soon_threadsafe(self._pass)
-            except RuntimeError:  # (the loop closed: the engine stopped)
-                return
             except Exception:  # noqa: BLE001 - must not end the notifier; the fallback pass still completes
+                if self._stopping or self.loop.is_closed():
+                    return
                 log.exception("eglcuda remote: the UCX notifier failed")
+                time.sleep(0.01)
 
     async def wait(self, request: Any) -> None:
         """Until ``request`` completed (:class:`LinkError` if it failed), without spinning."""
         if request.completed:
+            if self.threaded:
+                _consume_future(request)
             try:
                 request.check_error()
             except Exception as exc:  # noqa: BLE001
@@ -451,6 +474,9 @@ class Engine:
         self._pending[id(request)] = (request, done)
         self._posted = True
         if self.threaded:
+            self._posts += 1
+            if self._posts % FUTURES_REFILL == 0:  # (many posts in one step, e.g. a frame to many remotes)
+                self.worker.populate_python_futures_pool()
             if request.completed:  # (else the notifier says when)
                 self.schedule()
         elif not self._in_pass:
@@ -501,12 +527,17 @@ class Engine:
 
 
 def _consume_future(request: Any) -> None:
-    """Mark UCXX's future of a finished request as seen (thread mode makes one per request; an
-    error left unseen would be logged when it is collected)."""
+    """Thread mode makes a UCXX future per request, which nobody awaits: mark it seen, or cancel it
+    when the notifier has not set it yet (UCXX then leaves it), so that an error is never logged
+    as "never retrieved" when it is collected."""
     try:
         future = request.future
-        if future is not None and future.done() and not future.cancelled():
+        if future is None or future.cancelled():
+            return
+        if future.done():
             future.exception()
+        else:
+            future.cancel()
     except Exception:  # noqa: BLE001 - only bookkeeping
         pass
 

@@ -127,7 +127,8 @@ class RemoteSubscriber(Joining, Subscriber):
             left = deadline - time.monotonic()
             if left <= 0:
                 raise Timeout(f"no relay of topic {self.name!r} with a publisher answered at "
-                              f"{self.remote[0]}:{self.remote[1]} within {self.timeout:.3g} s ({last})")
+                              f"{self.remote[0]}:{self.remote[1]} within {self.timeout:.3g} s ({last}; a relay of "
+                              f"another protocol version does not answer either)")
             loop = self._loop
             assert loop is not None
             joining = asyncio.run_coroutine_threadsafe(self._handshake(), loop)
@@ -336,8 +337,10 @@ class RemoteSubscriber(Joining, Subscriber):
                 asyncio.run_coroutine_threadsafe(self._stop_link(link), loop).result(5)
             except Exception:  # noqa: BLE001 - teardown goes on
                 pass
-        link.ended.wait(5)
-        link.host.close()
+        if link.ended.wait(5):
+            link.host.close()
+        else:  # (a receive may still be posted into it: left allocated rather than freed under UCX)
+            log.warning("remote topic %s: a receive did not end in 5 s: its window buffers stay allocated", self.name)
 
     # ---- the publisher coming back ------------------------------------------------------------------
     def wait_for_publisher(self, timeout: float | None = None) -> TopicInfo:
