@@ -6,13 +6,8 @@
 # subscriber flat out (1080p NV12), both with bench/runs/_diag44.py's instrumentation (threads' CPU, engine
 # passes); the raw engine w3 from one buffer and from a ring of 12 in the same run; then a py-spy profile of "new".
 set -u
-command -v nvidia-smi > /dev/null || { echo "$0: needs an NVIDIA GPU machine (nvidia-smi not found); see bench/runs/README.md"; exit 2; }
-[ -f .device/setup.sh ] || { echo "$0: needs .device/ staged in the repository root (bench/runs/README.md)"; exit 2; }
-ls .wheels/*.whl > /dev/null 2>&1 || { echo "$0: needs the UCXX wheels in .wheels/ (bench/runs/README.md says how to get them)"; exit 2; }
-T0=$(date +%s); ROOT=$PWD
-source .device/setup.sh > $OUT/setup.log 2>&1; tail -1 $OUT/setup.log
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/ucxx .wheels/*.whl > $OUT/ucxx-install.log 2>&1 || tail -3 $OUT/ucxx-install.log
-export PYTHONPATH=/tmp/ucxx${PYTHONPATH:+:$PYTHONPATH}
+ROOT=$PWD
+source bench/runs/_remote_setup.sh $OUT
 git worktree add -f --detach /tmp/old "${1:-abfc493}" > /dev/null 2>&1 || echo "no worktree"
 (cd $ROOT && find eglcuda -name "*.so" -exec cp {} /tmp/old/{} \;)
 python3 bench/runs/_diag44.py /tmp/old; python3 bench/runs/_diag44.py $ROOT

@@ -6,13 +6,8 @@
 # subscriber flat out (1080p NV12), both with bench/runs/_diag44.py's instrumentation; the raw engine w3 from one
 # buffer and from a ring of 12 in the first round.
 set -u
-command -v nvidia-smi > /dev/null || { echo "$0: needs an NVIDIA GPU machine (nvidia-smi not found); see bench/runs/README.md"; exit 2; }
-[ -f .device/setup.sh ] || { echo "$0: needs .device/ staged in the repository root (bench/runs/README.md)"; exit 2; }
-ls .wheels/*.whl > /dev/null 2>&1 || { echo "$0: needs the UCXX wheels in .wheels/ (bench/runs/README.md says how to get them)"; exit 2; }
-T0=$(date +%s); ROOT=$PWD
-source .device/setup.sh > $OUT/setup.log 2>&1; tail -1 $OUT/setup.log
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/ucxx .wheels/*.whl > $OUT/ucxx-install.log 2>&1 || tail -3 $OUT/ucxx-install.log
-export PYTHONPATH=/tmp/ucxx${PYTHONPATH:+:$PYTHONPATH}
+ROOT=$PWD
+source bench/runs/_remote_setup.sh $OUT
 [ -d old44/eglcuda/remote ] || { echo "$0: needs old44/eglcuda/remote (see the top of this script)"; exit 2; }
 rm -rf /tmp/old && mkdir -p /tmp/old && cp -r $ROOT/eglcuda $ROOT/pyproject.toml /tmp/old/ && rm -rf /tmp/old/eglcuda/remote \
   && cp -r old44/eglcuda/remote /tmp/old/eglcuda/remote

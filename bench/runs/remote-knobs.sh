@@ -5,13 +5,8 @@
 # sampled over 2 s of it (bench/runs/_threads45.py); the knobs (bench/runs/_knobs45.py) on a copy of this
 # checkout: sends in flight (3: 1, 2), progress rounds a pass (4: 1, 8), the GIL's switch interval (5 ms: 0.5 ms).
 set -u
-command -v nvidia-smi > /dev/null || { echo "$0: needs an NVIDIA GPU machine (nvidia-smi not found); see bench/runs/README.md"; exit 2; }
-[ -f .device/setup.sh ] || { echo "$0: needs .device/ staged in the repository root (bench/runs/README.md)"; exit 2; }
-ls .wheels/*.whl > /dev/null 2>&1 || { echo "$0: needs the UCXX wheels in .wheels/ (bench/runs/README.md says how to get them)"; exit 2; }
-T0=$(date +%s); ROOT=$PWD; L=/tmp/logs; mkdir -p $L
-source .device/setup.sh > $L/setup.log 2>&1; tail -1 $L/setup.log
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/ucxx .wheels/*.whl > $L/ucxx-install.log 2>&1 || tail -3 $L/ucxx-install.log
-export PYTHONPATH=/tmp/ucxx${PYTHONPATH:+:$PYTHONPATH}
+ROOT=$PWD; L=/tmp/logs; mkdir -p $L
+source bench/runs/_remote_setup.sh $L
 rm -rf /tmp/kt && mkdir -p /tmp/kt && cp -r $ROOT/eglcuda $ROOT/pyproject.toml /tmp/kt/ && python3 bench/runs/_knobs45.py /tmp/kt
 echo "setup $(( $(date +%s) - T0 )) s; HEAD $(git rev-parse --short HEAD) + working tree; $(nproc) cores"
 U="UCX_TCP_TX_SEG_SIZE=256K,UCX_TCP_RX_SEG_SIZE=1M"

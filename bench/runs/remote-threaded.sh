@@ -5,13 +5,8 @@
 # remote subscriber's threads sampled (bench/runs/_threads45.py); before that the GPU remote tier and the remote
 # sample (loop mode), and the GPU remote tests again in thread mode.
 set -u
-command -v nvidia-smi > /dev/null || { echo "$0: needs an NVIDIA GPU machine (nvidia-smi not found); see bench/runs/README.md"; exit 2; }
-[ -f .device/setup.sh ] || { echo "$0: needs .device/ staged in the repository root (bench/runs/README.md)"; exit 2; }
-ls .wheels/*.whl > /dev/null 2>&1 || { echo "$0: needs the UCXX wheels in .wheels/ (bench/runs/README.md says how to get them)"; exit 2; }
-T0=$(date +%s); ROOT=$PWD; L=/tmp/logs; mkdir -p $L
-source .device/setup.sh > $L/setup.log 2>&1; tail -1 $L/setup.log
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/ucxx .wheels/*.whl > $L/ucxx-install.log 2>&1 || tail -3 $L/ucxx-install.log
-export PYTHONPATH=/tmp/ucxx${PYTHONPATH:+:$PYTHONPATH}
+ROOT=$PWD; L=/tmp/logs; mkdir -p $L
+source bench/runs/_remote_setup.sh $L
 echo "setup $(( $(date +%s) - T0 )) s; HEAD $(git rev-parse --short HEAD) + working tree; $(nproc) cores"
 EGLCUDA_REQUIRE_GPU=1 timeout 200 python3 -m pytest tests/gpu/test_remote.py tests/unit/remote -q -ra -p no:cacheprovider > $L/tests.log 2>&1
 echo "remote tests (loop) rc=$? ($(( $(date +%s) - T0 )) s)"; grep -E "^(FAILED|ERROR)|^SKIPPED" $L/tests.log | cut -c1-200 | head; tail -1 $L/tests.log

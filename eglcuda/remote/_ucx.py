@@ -21,12 +21,9 @@ the progress mode (``EGLCUDA_UCX_PROGRESS``, read when the engine starts):
   complete the finished requests) the worker is armed, so the thread sleeps in the loop's epoll
   until UCX has an event, another thread hands it work, or a timer is due.
 
-Neither spins: a fallback pass each ``FALLBACK_S`` makes a missed event a delay, never a hang;
-the progress thread looks at least every ``PROGRESS_EPOLL_MS`` (an idle engine: about 3 % of a
-core on the CPU machine, against 0.3 % in loop mode). Thread mode measured 1.14-1.30x loop mode's
-rate for one remote subscriber on the H200 (docs/remote.md, "Two progress modes").
-(UCXX's asyncio API awaits a request with ``while not done: await asyncio.sleep(0)``: a relay or
-remote subscriber waiting for a frame burnt a core; docs/remote.md, "The engine".)
+Neither spins (UCXX's asyncio API does): a fallback pass each ``FALLBACK_S`` makes a missed
+event a delay, never a hang; the progress thread looks at least every ``PROGRESS_EPOLL_MS``.
+Measured, and why thread mode: docs/remote.md, "The engine" and "Two progress modes".
 
 Tags: UCX matches a tag receive on the whole worker, not per endpoint. Each side of a connection
 picks the tag prefix of what it *receives* (:meth:`Engine.new_prefix`: random, unique in this
@@ -34,11 +31,11 @@ process) and says it in the handshake, which goes over the endpoint's own stream
 tag is its receiver's prefix and its kind (wire.py). Two connections of one process never match
 each other's messages, and a peer cannot guess another connection's tags.
 
-The engine starts with the first relay or remote subscriber and stays until the interpreter
-exits (then open relays and remote subscribers are closed first): one context and worker for
-the process's life costs its threads (one in loop mode, three in thread mode) and a fixed few
-descriptors, however often subscribers come and go. A forked child cannot use its parent's engine (UCX is not fork-safe): it gets a
-:class:`UsageError`."""
+The engine starts with the first relay or remote subscriber and stays until the interpreter exits
+(then open relays and remote subscribers are closed first): one context and worker for the
+process's life costs its threads (one in loop mode, three in thread mode) and a fixed few
+descriptors, however often subscribers come and go. A forked child cannot use its parent's engine
+(UCX is not fork-safe): it gets a :class:`UsageError`."""
 from __future__ import annotations
 
 import asyncio
@@ -129,7 +126,7 @@ class Endpoint:
         self._tags: dict[tuple[int, bool], Any] = {}
         self.lost = asyncio.Event()  # the peer closed, the link failed, or abort()
         if engine.threaded:  # (no Python called from UCX's progress thread: it holds UCXX's locks meanwhile)
-            engine.watch(self)
+            engine._watched.add(self)  # (asked each fallback pass: check_alive)
         else:
             ep.set_close_callback(self._on_close)
 
@@ -175,8 +172,6 @@ class Endpoint:
         self._post(lambda: self._ep.tag_recv(array, self._tag(kind, False)), done)
 
     def _post(self, submit: Callable[[], Any], done: Callable[[LinkError | None], None]) -> None:
-        if self._engine.threaded:
-            self.check_alive()  # (thread mode learns of a failed connection by asking: ask before posting on it)
         if self._closed or self.lost.is_set():
             raise LinkError("the connection is closed")
         try:
@@ -202,8 +197,6 @@ class Endpoint:
     async def _do(self, submit: Callable[[Any], Any], data: Any) -> None:
         if self._closed:
             raise LinkError("the endpoint is closed")
-        if self._engine.threaded:
-            self.check_alive()
         if self.lost.is_set():
             raise LinkError("the connection is closed")
         array = np.frombuffer(data, np.uint8) if not isinstance(data, np.ndarray) else data
@@ -356,18 +349,13 @@ class Engine:
             for request, _ in self._pending.values():
                 _consume_future(request)
         self._pending.clear()
-        self.loop.close()
-        # (the worker and the context go with the process: UCXX's teardown order is its own)
+        self.loop.close()  # (the worker and the context go with the process: UCXX's teardown order is its own)
 
     def _fallback(self) -> None:
         self.loop.call_later(FALLBACK_S, self._fallback)  # (first: a failing pass must not end the fallback)
         for endpoint in list(self._watched):
             endpoint.check_alive()
         self._pass()
-
-    def watch(self, endpoint: Endpoint) -> None:
-        """Thread mode: ask ``endpoint`` each fallback pass whether its connection is alive."""
-        self._watched.add(endpoint)
 
     def schedule(self) -> None:
         """A progress pass soon (after a UCX call on the engine's thread)."""
@@ -527,9 +515,8 @@ class Engine:
 
 
 def _consume_future(request: Any) -> None:
-    """Thread mode makes a UCXX future per request, which nobody awaits: mark it seen, or cancel it
-    when the notifier has not set it yet (UCXX then leaves it), so that an error is never logged
-    as "never retrieved" when it is collected."""
+    """Mark thread mode's unawaited UCXX future of a request seen, or cancel it if not set yet (UCXX
+    then leaves it): an error must never be logged as "never retrieved" when it is collected."""
     try:
         future = request.future
         if future is None or future.cancelled():
