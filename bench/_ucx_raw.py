@@ -21,6 +21,13 @@ then its acknowledgement). Progress modes:
     python bench/_ucx_raw.py send --port P --size BYTES --window W --mode M --duration S
                                                                            (prints "RESULT {json}")
 
+``--gpu`` (core API modes) takes the frame's way through the GPU as the relay and a remote subscriber do,
+in the same processes, with no eglcuda relay in the way: the sender copies each frame device -> a
+page-locked buffer of its ring (``--buffers``, more than the window: a buffer is written again only
+after its send ended) before sending it, the receiver receives into page-locked buffers and copies each
+frame into device memory before acknowledging it (eglcuda's CUDA bindings: what a user writing this
+with UCXX would do).
+
 ``measure(size, window, mode, duration, env)`` runs both and returns the sender's result:
 frames/s, bytes/s and the per-frame send-to-acknowledgement time (p50 / p99, microseconds).
 """
@@ -78,6 +85,35 @@ class _Core:
         return self.api.UCXXTag(value)
 
 
+class _Gpu:
+    """--gpu: page-locked host buffers and one device frame on GPU 0; ``down`` copies the frame
+    into a host buffer, ``up`` a host buffer into the frame, each waited for."""
+
+    def __init__(self, size: int, count: int) -> None:
+        import numpy as np
+        from eglcuda._bind import cuda
+        from eglcuda.cuda_device import get_device
+        from eglcuda.remote.buffers import Pinned
+
+        self.cuda, self.size = cuda, size
+        device = get_device(0)
+        self.pinned = Pinned(device, count, size, "the raw engine's page-locked buffers")
+        device.make_current()
+        self.frame = cuda.mem_alloc(size, "the raw engine's device frame")
+        self.stream = cuda.stream_create(non_blocking=True)
+        data = np.random.default_rng(1).integers(0, 255, size, dtype=np.uint8)
+        data[:8] = 0  # (the first 8 bytes say "stop" in the last message only)
+        cuda.copy_2d(self.stream, ("host", data, size), ("device", self.frame, size), size, 1, True)
+
+    def down(self, index: int) -> None:
+        self.cuda.copy_2d(self.stream, ("device", self.frame, self.size), ("host", self.pinned.arrays[index], self.size),
+                          self.size, 1, True)
+
+    def up(self, index: int) -> None:
+        self.cuda.copy_2d(self.stream, ("host", self.pinned.arrays[index], self.size), ("device", self.frame, self.size),
+                          self.size, 1, True)
+
+
 def _core_receive(args) -> None:
     import numpy as np
     from ucxx._lib.arr import Array
@@ -95,7 +131,8 @@ def _core_receive(args) -> None:
         if args.mode == "thread":
             time.sleep(0.001)
     ep = holder["ep"]
-    raw = [np.empty(args.size, np.uint8) for _ in range(args.window)]
+    gpu = _Gpu(args.size, args.window) if args.gpu else None
+    raw = gpu.pinned.arrays if gpu else [np.empty(args.size, np.uint8) for _ in range(args.window)]
     buffers = [Array(buffer) for buffer in raw]
     acks = [Array(np.zeros(1, np.uint64)) for _ in range(args.window)]
     frame_tag, ack_tag = core.tag(1), core.tag(2)
@@ -104,6 +141,8 @@ def _core_receive(args) -> None:
     index = 0
     while True:
         core.wait(pending[index])
+        if gpu is not None:
+            gpu.up(index)  # (the frame is usable on the GPU before its buffer is given back)
         if sends[index] is not None:
             core.wait(sends[index])
         sends[index] = ep.tag_send(acks[index], tag=ack_tag)
@@ -123,10 +162,11 @@ def _core_send(args) -> None:
     core = _Core(args.mode)
     ep = core.api.UCXEndpoint.create(core.worker, args.host, args.port, True)
     rng = np.random.default_rng(1)
-    ring = [rng.integers(0, 255, args.size, dtype=np.uint8) for _ in range(args.buffers)]
+    gpu = _Gpu(args.size, args.buffers) if args.gpu else None
+    ring = gpu.pinned.arrays if gpu else [rng.integers(0, 255, args.size, dtype=np.uint8) for _ in range(args.buffers)]
     for data in ring:
         data[:8] = 0
-    stop = ring[0].copy()
+    stop = np.array(ring[0])
     stop.view(np.uint64)[0] = 2**64 - 1
     frames, last = [Array(data) for data in ring], Array(stop)
     acks = [Array(np.zeros(1, np.uint64)) for _ in range(args.window)]
@@ -144,6 +184,8 @@ def _core_send(args) -> None:
         done = total >= WARMUP and now >= deadline
         if len(inflight) < args.window and not done:
             slot = total % args.window
+            if gpu is not None:
+                gpu.down(total % args.buffers)  # (its last send ended: at most window < buffers are in flight)
             inflight.append((time.monotonic_ns(), ep.tag_send(frames[total % args.buffers], tag=frame_tag),
                              ep.tag_recv(acks[slot], tag=ack_tag), total >= WARMUP))
             total += 1
@@ -264,13 +306,13 @@ def _async_send(args) -> None:
 # ==== both ends, from a parent process ===========================================================
 
 def measure(size: int, window: int, mode: str, duration: float, env: dict[str, str] | None = None,
-            timeout: float = 120.0, buffers: int = 1) -> dict:
+            timeout: float = 120.0, buffers: int = 1, gpu: bool = False) -> dict:
     """Runs a receiver and a sender (fresh processes, with ``env`` over this process's
-    environment) and returns the sender's result, plus ``size``, ``window``, ``mode`` and
-    ``buffers`` (the sender's ring: 1 sends one buffer again and again)."""
+    environment) and returns the sender's result, plus ``size``, ``window``, ``mode``,
+    ``buffers`` (the sender's ring: 1 sends one buffer again and again) and ``gpu`` (--gpu)."""
     environment = {**os.environ, **(env or {})}
     here = os.path.abspath(__file__)
-    common = ["--size", str(size), "--window", str(window), "--mode", mode]
+    common = ["--size", str(size), "--window", str(window), "--mode", mode, *(["--gpu"] if gpu else [])]
     receiver = subprocess.Popen([sys.executable, here, "receive", *common], stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, env=environment)
     try:
@@ -289,7 +331,7 @@ def measure(size: int, window: int, mode: str, duration: float, env: dict[str, s
         if sent.returncode != 0 or not results:
             raise RuntimeError(f"the raw UCX sender failed (status {sent.returncode}): {sent.stderr.strip()[-500:]}")
         receiver.wait(timeout=30)
-        return {"size": size, "window": window, "mode": mode, "buffers": buffers, **json.loads(results[0])}
+        return {"size": size, "window": window, "mode": mode, "buffers": buffers, "gpu": gpu, **json.loads(results[0])}
     finally:
         if receiver.poll() is None:
             receiver.kill()
@@ -307,9 +349,13 @@ def main() -> int:
     parser.add_argument("--duration", type=float, default=2.0)
     parser.add_argument("--buffers", type=int, default=1,
                         help="the sender's ring of distinct buffers, sent in turn (core API modes)")
+    parser.add_argument("--gpu", action="store_true",
+                        help="each frame from GPU memory and into it, through page-locked buffers (core API modes)")
     args = parser.parse_args()
     if args.window < 1 or args.size < 8 or args.buffers < 1:
         parser.error("--window and --buffers must be >= 1 and --size >= 8")
+    if args.gpu and (args.mode.startswith("asyncio") or (args.role == "send" and args.buffers <= args.window)):
+        parser.error("--gpu takes a core API mode and more --buffers than --window")
     if args.mode.startswith("asyncio"):
         (_async_receive if args.role == "receive" else _async_send)(args)
     else:

@@ -34,6 +34,7 @@ with p99 < 10 ms; the local subscriber's rate unchanged by remote subscribers (w
                            [--no-plots]             (a machine without matplotlib: plots later)
                            [--ucx-env K=V,...]      (UCX settings for every process, raw engine included)
                            [--raw-rings 12]         (also the raw engine sending from a ring of 12 buffers)
+                           [--raw-gpu]              (also the raw engine with each frame from and into GPU memory)
                            [--rounds R]             (everything R times in turn; the 0.8x goal on the median)
                            [--mps]                  (every process a client of a private MPS daemon)
     python bench/remote.py --replot DIR            (the plots of DIR/results.json, into DIR)
@@ -284,15 +285,22 @@ def run_config(args, variant: str, n: int, rate: float, env: dict) -> dict:
                 child.stop()
 
 
-def raw_engine(args, size: int, window: int, mode: str, env: dict, buffers: int = 1) -> dict:
+def raw_engine(args, size: int, window: int, mode: str, env: dict, buffers: int = 1, gpu: bool = False) -> dict:
     import _ucx_raw
 
     try:
-        result = _ucx_raw.measure(size, window, mode, args.duration, env, buffers=buffers)
+        result = _ucx_raw.measure(size, window, mode, args.duration, env, buffers=buffers, gpu=gpu)
     except Exception as exc:  # noqa: BLE001 - reported in the row
         return {"error": " ".join(str(exc).split())[:300]}
     result.pop("size", None)  # (bytes: the row's "size" is the frame's name)
     return result
+
+
+def relay_staging() -> int:
+    """The relay's staging buffers (the raw engine's ring with --raw-gpu)."""
+    from eglcuda.remote import relay
+
+    return int(relay.STAGING)
 
 
 def relay_window() -> int:
@@ -324,6 +332,10 @@ def main() -> int:
     parser.add_argument("--raw-rings", default="", metavar="N,...",
                         help="also the raw engine sending from a ring of N distinct buffers in turn (e.g. 12, "
                              "the relay's staging ring): one buffer sent again and again stays in the CPU's cache")
+    parser.add_argument("--raw-gpu", action="store_true",
+                        help="also the raw engine taking each frame's way through the GPU as the relay and a remote "
+                             "subscriber do (a D2H copy into a ring of page-locked buffers before each send, an H2D "
+                             "copy after each receive; bench/_ucx_raw.py --gpu)")
     parser.add_argument("--width", type=int, help="one custom NV12 size instead of --sizes (with --height)")
     parser.add_argument("--height", type=int)
     parser.add_argument("--ucx-env", default="", metavar="K=V,...",
@@ -442,6 +454,9 @@ def measure_all(args, parser, variants: list[str], sizes: dict, ns: list[int], p
                     for ring in args.raw_rings:  # (a sender that sends from a ring of buffers, as the relay does)
                         record({**base, "variant": f"ucx-raw {mode} ring{ring} w{window}", "pace": "max",
                                 **raw_engine(args, nbytes, window, mode, env, buffers=ring)})
+                    if args.raw_gpu and not mode.startswith("asyncio"):  # (the relay's staging ring, its window)
+                        record({**base, "variant": f"ucx-raw {mode} gpu w{window}", "pace": "max",
+                                **raw_engine(args, nbytes, window, mode, env, buffers=relay_staging(), gpu=True)})
             for pace in paces:
                 label = "max" if pace == 0 else f"{pace:g}/s"
                 if "eglcuda" in variants:

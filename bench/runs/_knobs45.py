@@ -6,6 +6,7 @@ into the package): each is read from the environment when the module loads, the 
     EGLX_ROUNDS=N     progress rounds of one engine pass (_ucx.PASS_ROUNDS, 4)
     EGLX_SPIN_US=N    before arming the worker while requests are posted, poll UCX for up to N us (0: arm at once)
     EGLX_SWITCH_US=N  sys.setswitchinterval of the relay's and the remote subscriber's processes (CPython: 5000)
+    EGLX_LIFO=1       a relay reuses the staging buffer freed last (a smaller working set) instead of the oldest
 
     python bench/runs/_knobs45.py CHECKOUT"""
 import sys
@@ -43,5 +44,8 @@ patch(f"{root}/eglcuda/remote/_ucx.py", [
                             continue
                     if worker.arm():
                         return"""),
+])
+patch(f"{root}/eglcuda/remote/relay.py", [
+    ("        self._free = _queue.Queue()\n", "        self._free = (_queue.LifoQueue if os.environ.get('EGLX_LIFO') else _queue.Queue)()\n"),
 ])
 print(f"knobs applied to {root}")

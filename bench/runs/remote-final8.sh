@@ -7,8 +7,7 @@ set -u
 L=/tmp/logs; mkdir -p $L
 source bench/runs/_remote_setup.sh $L
 echo "setup $(( $(date +%s) - T0 )) s; HEAD $(git rev-parse --short HEAD) + working tree"
-EGLCUDA_REQUIRE_GPU=1 timeout 170 python3 -m pytest tests/gpu/test_remote.py tests/unit/remote -q -ra -p no:cacheprovider > $L/tests-thread.log 2>&1
-echo "remote tests (thread) rc=$? ($(( $(date +%s) - T0 )) s)"; grep -E "^(FAILED|ERROR)|^SKIPPED" $L/tests-thread.log | cut -c1-200 | head; tail -1 $L/tests-thread.log
+remote_tier $L/tests-thread.log 170
 EGLCUDA_UCX_PROGRESS=loop EGLCUDA_REQUIRE_GPU=1 timeout 80 python3 -m pytest tests/gpu/test_remote.py -q -ra -p no:cacheprovider > $L/tests-loop.log 2>&1
 echo "GPU remote tests (loop) rc=$? ($(( $(date +%s) - T0 )) s)"; grep -E "^(FAILED|ERROR)" $L/tests-loop.log | cut -c1-200 | head -5; tail -1 $L/tests-loop.log
 timeout 40 python3 samples/remote_subscriber.py --frames 300 > $L/sample-remote.log 2>&1; echo "remote sample rc=$?"; tail -2 $L/sample-remote.log

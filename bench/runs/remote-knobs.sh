@@ -11,17 +11,7 @@ rm -rf /tmp/kt && mkdir -p /tmp/kt && cp -r $ROOT/eglcuda $ROOT/pyproject.toml /
 echo "setup $(( $(date +%s) - T0 )) s; HEAD $(git rev-parse --short HEAD) + working tree; $(nproc) cores"
 U="UCX_TCP_TX_SEG_SIZE=256K,UCX_TCP_RX_SEG_SIZE=1M"
 B="UCX_TCP_SNDBUF=16M,UCX_TCP_RCVBUF=16M"
-one() {  # label, variants, ucx-env, knob settings...
-  local label=$1 variants=$2 ucx=$3; shift 3
-  python3 bench/runs/_threads45.py 2.5 2 $L/th-$label.json > /dev/null 2>&1 &
-  local sampler=$!
-  (cd /tmp/kt && env "$@" PYTHONPATH=/tmp/kt:$PYTHONPATH timeout 60 python3 $ROOT/bench/remote.py --out $L/$label --sizes 1080p-nv12 \
-    --duration 3 --subscribers 1 --rates max --variants $variants --engine-modes blocking --ucx-env $ucx --no-plots \
-    > $L/bench-$label.log 2>&1)
-  local rc=$?; sleep 0.2; kill $sampler 2> /dev/null; wait $sampler 2> /dev/null
-  [ $rc = 0 ] || echo "$label rc=$rc: $(tail -1 $L/bench-$label.log | cut -c1-150)"
-  python3 bench/runs/_knobs_summary.py $label $L/$label $L/th-$label.json 2>&1 | cut -c1-230
-}
+one() { knob_one "$@"; }  # label, variants, ucx-env, knob settings... (_remote_setup.sh)
 for round in 1 2 3; do
   echo "== round $round ($(( $(date +%s) - T0 )) s)"
   one raw$round ucx-raw $U X=0

@@ -80,7 +80,7 @@ def test_bench_runs_every_role_at_a_tiny_size(env, tmp_path):
     out = tmp_path / "out"
     result = subprocess.run([sys.executable, str(BENCH), "--width", "64", "--height", "48", "--subscribers", "2",
                              "--rates", "max", "--variants", "eglcuda,ucx-raw", "--duration", "0.5", "--no-plots",
-                             "--raw-rings", "4", "--out", str(out)], capture_output=True, text=True, env=env, cwd=tmp_path,
+                             "--raw-rings", "4", "--raw-gpu", "--out", str(out)], capture_output=True, text=True, env=env, cwd=tmp_path,
                             timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     rows = json.loads((out / "results.json").read_text())["rows"]
@@ -93,6 +93,9 @@ def test_bench_runs_every_role_at_a_tiny_size(env, tmp_path):
     assert all(by_variant[f"ucx-raw {mode} w{w}"]["rate"] > 0 for w in (1, window) for mode in ("blocking", "asyncio-blocking"))
     ring = by_variant[f"ucx-raw blocking ring4 w{window}"]  # (the sender cycling through 4 buffers)
     assert ring["buffers"] == 4 and ring["rate"] > 0 and ring["sender_sys_us"] >= 0, ring
+    through_gpu = by_variant[f"ucx-raw blocking gpu w{window}"]  # (D2H before each send, H2D after each receive)
+    assert through_gpu["gpu"] and through_gpu["buffers"] == 12 and through_gpu["rate"] > 0, through_gpu
+    assert "ucx-raw asyncio-blocking gpu w" not in str(by_variant)  # (the core API's modes only)
     assert "| 64x48-nv12 | eglcuda | max | 2 |" in (out / "results.md").read_text()
 
 

@@ -1,0 +1,27 @@
+#!/bin/bash
+# Session 9 on one H200, thread mode (the default): does a deeper window move one remote subscriber (1080p NV12,
+# flat out) towards the raw engine now that no thread of the path is saturated? Alternating, three rounds, each
+# configuration 3 s with the relay's and the remote subscriber's threads sampled (bench/runs/_threads45.py); the
+# knobs (bench/runs/_knobs45.py) on a copy of this checkout: the latest window and the sends in flight (3/3: 6/3,
+# 6/6), staging buffers reused last-freed-first (EGLX_LIFO), both; the raw engine at windows 3 and 6 in each
+# round (bench/remote.py gives the raw engine the relay's window).
+set -u
+ROOT=$PWD; L=/tmp/logs; mkdir -p $L
+source bench/runs/_remote_setup.sh $L
+rm -rf /tmp/kt && mkdir -p /tmp/kt && cp -r $ROOT/eglcuda $ROOT/pyproject.toml /tmp/kt/ && python3 bench/runs/_knobs45.py /tmp/kt
+echo "setup $(( $(date +%s) - T0 )) s; HEAD $(git rev-parse --short HEAD) + working tree; $(nproc) cores; $(lscpu | grep -m1 'Model name' | cut -c1-80)"
+U="UCX_TCP_TX_SEG_SIZE=256K,UCX_TCP_RX_SEG_SIZE=1M"
+KNOB_UNTIL_S=530
+one() { local label=$1 variants=$2; shift 2; knob_one $label $variants $U "$@"; }  # label, variants, knobs...
+for round in 1 2 3; do
+  echo "== round $round ($(( $(date +%s) - T0 )) s)"
+  one raw3-$round ucx-raw X=0
+  one raw6-$round ucx-raw EGLX_WINDOW=6
+  one base$round eglcuda X=0
+  one w6a3-$round eglcuda EGLX_WINDOW=6
+  one w6a6-$round eglcuda EGLX_WINDOW=6 EGLX_AHEAD=6
+  one lifo$round eglcuda EGLX_LIFO=1
+  one w6a6lifo$round eglcuda EGLX_WINDOW=6 EGLX_AHEAD=6 EGLX_LIFO=1
+done
+tar czf $OUT/logs.tgz -C /tmp logs
+echo "total $(( $(date +%s) - T0 )) s"
