@@ -11,17 +11,9 @@ into the package): each is read from the environment when the module loads, the 
     python bench/runs/_knobs45.py CHECKOUT"""
 import sys
 
+from _patch import patch
+
 root = sys.argv[1] if len(sys.argv) > 1 else "."
-
-
-def patch(path: str, pairs: list[tuple[str, str]]) -> None:
-    text = open(path).read()
-    for before, after in pairs:
-        if before not in text:
-            raise SystemExit(f"{path}: not found: {before[:60]!r}")
-        text = text.replace(before, after, 1)
-    open(path, "w").write(text)
-
 
 patch(f"{root}/eglcuda/remote/wire.py", [
     ("SEND_AHEAD = 3 ", "SEND_AHEAD = int(__import__('os').environ.get('EGLX_AHEAD', 3)) "),
