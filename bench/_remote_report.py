@@ -27,7 +27,8 @@ def markdown(rows: list[dict], args, window: int) -> str:
              f"MPS {getattr(args, 'mps_note', 'off')}; "
              f"{args.duration} s per configuration; latency = publish to usable (in the subscriber's device "
              f"memory, its stream synchronized); ucx-raw: host buffers, progress mode as named, window "
-             f"{window} (the relay's) and 1 (ping-pong).", "",
+             f"{window} (the relay's) and 1 (ping-pong); ring: sent from a ring of buffers in turn; gpu: each frame "
+             f"copied from GPU 0 to a ring of page-locked buffers before its send, and to GPU 0 after its receive.", "",
              "| size | variant | pace | N | publisher frames/s | per subscriber frames/s (mean / min) | "
              "MB/s per subscriber | p50 ms (median) | p99 ms (worst) | local subscriber frames/s |",
              "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
@@ -68,8 +69,9 @@ def goals(rows: list[dict], window: int) -> list[str]:
                       key=lambda r: r["rate"], default=None)
             if one and raw and "rate_mean" in one:
                 ratios.append((one["rate_mean"] / raw["rate"], one["rate_mean"], raw))
-                for other in (r for r in raws if r is not raw and (" ring" in r["variant"] or " gpu" in r["variant"])):
-                    what = ("taking each frame through the GPU as the relay does" if " gpu" in other["variant"]
+                for other in (r for r in raws if " ring" in r["variant"] or " gpu" in r["variant"]):
+                    what = ("taking each frame through the GPU as the relay and a remote subscriber do"
+                            if " gpu" in other["variant"]
                             else "sending from a ring of buffers")
                     out.append(f"INFO {size}{_round(round_)}: 1 remote subscriber = {one['rate_mean'] / other['rate']:.2f}x "
                                f"the raw engine {what} ({other['variant']}: {other['rate']:.0f}/s)")

@@ -1,4 +1,4 @@
-"""Experiment knobs bench/runs/remote-knobs.sh applies to a copy of the package for one run (never committed
+"""Experiment knobs bench/runs/remote-knobs.sh and remote-window.sh apply to a copy of the package for one run (never committed
 into the package): each is read from the environment when the module loads, the default is the code as it is.
 
     EGLX_WINDOW=N     frames a relay sends ahead of a 'latest' remote's credits (wire.LATEST_WINDOW, 3)

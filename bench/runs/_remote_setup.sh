@@ -17,9 +17,9 @@ export PYTHONPATH=/tmp/ucxx${PYTHONPATH:+:$PYTHONPATH}
 # The GPU remote tier (thread mode unless EGLCUDA_UCX_PROGRESS says otherwise), its log in $1, at most $2 s:
 #   remote_tier $L/tests-thread.log 170
 remote_tier() {
-  EGLCUDA_REQUIRE_GPU=1 timeout $2 python3 -m pytest tests/gpu/test_remote.py tests/unit/remote -q -ra -p no:cacheprovider > $1 2>&1
+  EGLCUDA_REQUIRE_GPU=1 timeout "$2" python3 -m pytest tests/gpu/test_remote.py tests/unit/remote -q -ra -p no:cacheprovider > "$1" 2>&1
   echo "remote tests (${EGLCUDA_UCX_PROGRESS:-thread}) rc=$? ($(( $(date +%s) - T0 )) s)"
-  grep -E "^(FAILED|ERROR)|^SKIPPED" $1 | cut -c1-200 | head; tail -1 $1
+  grep -E "^(FAILED|ERROR)|^SKIPPED" "$1" | cut -c1-200 | head; tail -1 "$1"
 }
 
 # One knob configuration of a knob run (bench/runs/_knobs45.py applied to a copy in /tmp/kt; $ROOT the checkout,

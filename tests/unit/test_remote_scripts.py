@@ -94,6 +94,7 @@ def test_bench_runs_every_role_at_a_tiny_size(env, tmp_path):
     ring = by_variant[f"ucx-raw blocking ring4 w{window}"]  # (the sender cycling through 4 buffers)
     assert ring["buffers"] == 4 and ring["rate"] > 0 and ring["sender_sys_us"] >= 0, ring
     through_gpu = by_variant[f"ucx-raw blocking gpu w{window}"]  # (D2H before each send, H2D after each receive)
+    assert "error" not in through_gpu, through_gpu
     assert through_gpu["gpu"] and through_gpu["buffers"] == 12 and through_gpu["rate"] > 0, through_gpu
     assert "ucx-raw asyncio-blocking gpu w" not in str(by_variant)  # (the core API's modes only)
     assert "| 64x48-nv12 | eglcuda | max | 2 |" in (out / "results.md").read_text()
