@@ -1,5 +1,6 @@
 """What bench/remote.py's roles share (its own and the zmq baseline's in _remote_zmq.py): a frame's
-geometry, the clock, the RESULT line, the timed window from the orchestrator and a subscriber's tally."""
+geometry, the clock, the RESULT line, the timed window from the orchestrator, a subscriber's tally, and
+a frame in device memory (also the raw engine's, bench/_ucx_raw.py)."""
 from __future__ import annotations
 
 import json
@@ -14,6 +15,29 @@ TAIL_S = 0.3  # the publisher goes on this long after the window, so that late f
 def frame_geometry(width: int, height: int, fmt: str) -> tuple[int, int]:
     """(row bytes, rows) of a frame packed in one buffer: what the zmq baseline copies."""
     return (width * 4, height) if fmt == "ARGB" else (width, height * 3 // 2)
+
+
+class DeviceFrame:
+    """One device buffer of ``rows`` rows of ``row`` bytes on GPU 0, a stream, and the waited-for copies
+    to and from host memory (eglcuda's CUDA bindings): the zmq baseline's frame, and the raw engine's
+    with ``--gpu`` (bench/_ucx_raw.py)."""
+
+    def __init__(self, row: int, rows: int, doing: str) -> None:
+        from eglcuda._bind import cuda
+        from eglcuda.cuda_device import get_device
+
+        self.cuda, self.row, self.rows = cuda, row, rows
+        get_device(0).make_current()
+        self.pointer = cuda.mem_alloc(row * rows, doing)
+        self.stream = cuda.stream_create(non_blocking=True)
+
+    def to_host(self, host) -> None:
+        self.cuda.copy_2d(self.stream, ("device", self.pointer, self.row), ("host", host, self.row), self.row,
+                          self.rows, True)
+
+    def from_host(self, host) -> None:
+        self.cuda.copy_2d(self.stream, ("host", host, self.row), ("device", self.pointer, self.row), self.row,
+                          self.rows, True)
 
 
 def frame_bytes(width: int, height: int, fmt: str) -> int:

@@ -8,36 +8,18 @@ import math
 import struct
 import time
 
-from _remote_common import TAIL_S, Pacer, Tally, Window, emit, frame_geometry, now_ns
+from _remote_common import TAIL_S, DeviceFrame, Pacer, Tally, Window, emit, frame_geometry, now_ns
 
 
-class _Device:
-    """One device buffer of a frame, a stream, and the 2D copies to and from host memory."""
-
-    def __init__(self, width: int, height: int, fmt: str) -> None:
-        from eglcuda._bind import cuda
-        from eglcuda.cuda_device import get_device
-
-        self.cuda = cuda
-        get_device(0).make_current()
-        self.row, self.rows = frame_geometry(width, height, fmt)
-        self.pointer = cuda.mem_alloc(self.row * self.rows, "the zmq baseline's frame")
-        self.stream = cuda.stream_create(non_blocking=True)
-
-    def to_host(self, host) -> None:
-        self.cuda.copy_2d(self.stream, ("device", self.pointer, self.row), ("host", host, self.row), self.row,
-                          self.rows, True)
-
-    def from_host(self, host) -> None:
-        self.cuda.copy_2d(self.stream, ("host", host, self.row), ("device", self.pointer, self.row), self.row,
-                          self.rows, True)
+def _device(width: int, height: int, fmt: str) -> DeviceFrame:
+    return DeviceFrame(*frame_geometry(width, height, fmt), "the zmq baseline's frame")
 
 
 def role_zmq_publisher(args) -> int:
     import numpy as np
     import zmq
 
-    device = _Device(args.width, args.height, args.format)
+    device = _device(args.width, args.height, args.format)
     context = zmq.Context()
     sock = context.socket(zmq.PUB)
     sock.setsockopt(zmq.SNDHWM, 2)
@@ -68,7 +50,7 @@ def role_zmq_publisher(args) -> int:
 def role_zmq_subscriber(args) -> int:
     import zmq
 
-    device = _Device(args.width, args.height, args.format)
+    device = _device(args.width, args.height, args.format)
     context = zmq.Context()
     sock = context.socket(zmq.SUB)
     sock.setsockopt(zmq.RCVHWM, 2)

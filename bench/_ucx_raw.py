@@ -41,6 +41,8 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # (its siblings, under PYTHONSAFEPATH too)
+
 MODES = ("blocking", "polling", "thread", "asyncio-blocking", "asyncio-polling", "asyncio-thread")
 WARMUP = 20
 ACK = 8
@@ -91,27 +93,21 @@ class _Gpu:
 
     def __init__(self, size: int, count: int) -> None:
         import numpy as np
-        from eglcuda._bind import cuda
+        from _remote_common import DeviceFrame
         from eglcuda.cuda_device import get_device
         from eglcuda.remote.buffers import Pinned
 
-        self.cuda, self.size = cuda, size
-        device = get_device(0)
-        self.pinned = Pinned(device, count, size, "the raw engine's page-locked buffers")
-        device.make_current()
-        self.frame = cuda.mem_alloc(size, "the raw engine's device frame")
-        self.stream = cuda.stream_create(non_blocking=True)
+        self.pinned = Pinned(get_device(0), count, size, "the raw engine's page-locked buffers")
+        self.frame = DeviceFrame(size, 1, "the raw engine's device frame")
         data = np.random.default_rng(1).integers(0, 255, size, dtype=np.uint8)
         data[:8] = 0  # (the first 8 bytes say "stop" in the last message only)
-        cuda.copy_2d(self.stream, ("host", data, size), ("device", self.frame, size), size, 1, True)
+        self.frame.from_host(data)
 
     def down(self, index: int) -> None:
-        self.cuda.copy_2d(self.stream, ("device", self.frame, self.size), ("host", self.pinned.arrays[index], self.size),
-                          self.size, 1, True)
+        self.frame.to_host(self.pinned.arrays[index])
 
     def up(self, index: int) -> None:
-        self.cuda.copy_2d(self.stream, ("host", self.pinned.arrays[index], self.size), ("device", self.frame, self.size),
-                          self.size, 1, True)
+        self.frame.from_host(self.pinned.arrays[index])
 
 
 def _core_receive(args) -> None:

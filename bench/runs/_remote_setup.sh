@@ -2,8 +2,8 @@
 #   source bench/runs/_remote_setup.sh LOG_DIR
 # Checks what a run needs (a GPU machine, .device/ and the UCXX wheels staged: bench/runs/README.md; else
 # one line and status 2), builds and installs the checkout (.device/setup.sh), installs the wheels into
-# /tmp/ucxx and puts them on PYTHONPATH. Sets T0 (the start, for the scripts' timings); defines remote_tier and
-# knob_one (below).
+# /tmp/ucxx and puts them on PYTHONPATH. Sets T0 (the start, for the scripts' timings); defines remote_tier,
+# bench_row, patched_copy and knob_one (below).
 command -v nvidia-smi > /dev/null || { echo "$0: needs an NVIDIA GPU machine (nvidia-smi not found); see bench/runs/README.md"; exit 2; }
 [ -f .device/setup.sh ] || { echo "$0: needs .device/ staged in the repository root (bench/runs/README.md)"; exit 2; }
 ls .wheels/*.whl > /dev/null 2>&1 || { echo "$0: needs the UCXX wheels in .wheels/ (bench/runs/README.md says how to get them)"; exit 2; }
@@ -20,6 +20,21 @@ remote_tier() {
   EGLCUDA_REQUIRE_GPU=1 timeout "$2" python3 -m pytest tests/gpu/test_remote.py tests/unit/remote -q -ra -p no:cacheprovider > "$1" 2>&1
   echo "remote tests (${EGLCUDA_UCX_PROGRESS:-thread}) rc=$? ($(( $(date +%s) - T0 )) s)"
   grep -E "^(FAILED|ERROR)|^SKIPPED" "$1" | cut -c1-200 | head; tail -1 "$1"
+}
+
+# bench/remote.py into $L/LABEL with the UCX settings in $U, at most LIMIT s; then its goal lines and its table:
+#   bench_row LABEL LIMIT bench/remote.py arguments...
+bench_row() {
+  local label=$1 limit=$2; shift 2
+  timeout "$limit" python3 bench/remote.py --out $L/$label --ucx-env $U --no-plots "$@" > $L/bench-$label.log 2>&1
+  echo "bench $label rc=$? ($(( $(date +%s) - T0 )) s)"; grep -hE '^(PASS|FAIL|INFO)' $L/bench-$label.log | cut -c1-240
+  grep -h '^|' $L/$label/results.md | grep -v "^| size\|^|--" | cut -c1-170
+}
+
+# A copy of the checkout's package in DIR with an experiment script of bench/runs applied (_knobs45.py, _trace46.py):
+#   patched_copy /tmp/kt bench/runs/_knobs45.py
+patched_copy() {
+  rm -rf "$1" && mkdir -p "$1" && cp -r $ROOT/eglcuda $ROOT/pyproject.toml "$1"/ && python3 "$2" "$1"
 }
 
 # One knob configuration of a knob run (bench/runs/_knobs45.py applied to a copy in /tmp/kt; $ROOT the checkout,

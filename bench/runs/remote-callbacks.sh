@@ -13,13 +13,8 @@ echo "remote tests rc=$? ($(( $(date +%s) - T0 )) s)"; grep -E "^(FAILED|ERROR)|
 timeout 40 python3 samples/remote_subscriber.py --frames 300 > $L/sample-remote.log 2>&1; echo "remote sample rc=$?"; tail -2 $L/sample-remote.log
 timeout 40 python3 samples/topic_fanout.py > $L/sample-fanout.log 2>&1; echo "fanout sample rc=$?"; tail -2 $L/sample-fanout.log
 U="UCX_TCP_TX_SEG_SIZE=256K,UCX_TCP_RX_SEG_SIZE=1M"
-timeout 200 python3 bench/remote.py --out $L/r1080 --sizes 1080p-nv12 --duration 1 --subscribers 1,8 --rates max,2000,60 \
-  --variants eglcuda,ucx-raw,zmq --engine-modes blocking --raw-rings 12 --ucx-env $U --no-plots > $L/bench-1080p.log 2>&1
-echo "bench 1080p rc=$? ($(( $(date +%s) - T0 )) s)"; grep -hE '^(PASS|FAIL|INFO)' $L/bench-1080p.log | cut -c1-200
-grep -h '^|' $L/r1080/results.md | grep -v "^| size\|^|--" | cut -c1-170
-timeout 90 python3 bench/remote.py --out $L/r4k --sizes 4k-argb --duration 1 --subscribers 1 --rates max \
-  --variants eglcuda,ucx-raw --engine-modes blocking --ucx-env $U --no-plots > $L/bench-4k.log 2>&1
-echo "bench 4K rc=$? ($(( $(date +%s) - T0 )) s)"; grep -hE '^(PASS|FAIL)' $L/bench-4k.log | cut -c1-200
-grep -h '^|' $L/r4k/results.md | grep -v "^| size\|^|--" | cut -c1-170
+bench_row r1080 200 --sizes 1080p-nv12 --duration 1 --subscribers 1,8 --rates max,2000,60 --variants eglcuda,ucx-raw,zmq \
+  --engine-modes blocking --raw-rings 12
+bench_row r4k 90 --sizes 4k-argb --duration 1 --subscribers 1 --rates max --variants eglcuda,ucx-raw --engine-modes blocking
 tar czf $OUT/logs.tgz -C /tmp logs
 echo "total $(( $(date +%s) - T0 )) s"

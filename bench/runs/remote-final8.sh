@@ -12,17 +12,9 @@ EGLCUDA_UCX_PROGRESS=loop EGLCUDA_REQUIRE_GPU=1 timeout 80 python3 -m pytest tes
 echo "GPU remote tests (loop) rc=$? ($(( $(date +%s) - T0 )) s)"; grep -E "^(FAILED|ERROR)" $L/tests-loop.log | cut -c1-200 | head -5; tail -1 $L/tests-loop.log
 timeout 40 python3 samples/remote_subscriber.py --frames 300 > $L/sample-remote.log 2>&1; echo "remote sample rc=$?"; tail -2 $L/sample-remote.log
 U="UCX_TCP_TX_SEG_SIZE=256K,UCX_TCP_RX_SEG_SIZE=1M"
-timeout 100 python3 bench/remote.py --out $L/r1080 --sizes 1080p-nv12 --duration 2 --rounds 2 --subscribers 1 --rates max \
-  --variants eglcuda,ucx-raw --engine-modes blocking --ucx-env $U --no-plots > $L/bench-1080p.log 2>&1
-echo "bench 1080p rc=$? ($(( $(date +%s) - T0 )) s)"; grep -hE '^(PASS|FAIL|INFO)' $L/bench-1080p.log | cut -c1-200
-grep -h '^|' $L/r1080/results.md | grep -v "^| size\|^|--" | cut -c1-170
-timeout 60 python3 bench/remote.py --out $L/r8 --sizes 1080p-nv12 --duration 1 --subscribers 8 --rates 60 \
-  --variants eglcuda --ucx-env $U --no-plots > $L/bench-8.log 2>&1
-echo "bench 8 at 60/s rc=$? ($(( $(date +%s) - T0 )) s)"; grep -hE '^(PASS|FAIL|INFO)' $L/bench-8.log | cut -c1-200
-grep -h '^|' $L/r8/results.md | grep -v "^| size\|^|--" | cut -c1-170
-timeout 60 python3 bench/remote.py --out $L/r4k --sizes 4k-argb --duration 1 --subscribers 1 --rates max \
-  --variants eglcuda,ucx-raw --engine-modes blocking --ucx-env $U --no-plots > $L/bench-4k.log 2>&1
-echo "bench 4K rc=$? ($(( $(date +%s) - T0 )) s)"; grep -hE '^(PASS|FAIL)' $L/bench-4k.log | cut -c1-200
-grep -h '^|' $L/r4k/results.md | grep -v "^| size\|^|--" | cut -c1-170
+bench_row r1080 100 --sizes 1080p-nv12 --duration 2 --rounds 2 --subscribers 1 --rates max --variants eglcuda,ucx-raw \
+  --engine-modes blocking
+bench_row r8 60 --sizes 1080p-nv12 --duration 1 --subscribers 8 --rates 60 --variants eglcuda
+bench_row r4k 60 --sizes 4k-argb --duration 1 --subscribers 1 --rates max --variants eglcuda,ucx-raw --engine-modes blocking
 tar czf $OUT/logs.tgz -C /tmp logs
 echo "total $(( $(date +%s) - T0 )) s"

@@ -11,16 +11,10 @@ echo "setup $(( $(date +%s) - T0 )) s; HEAD $(git rev-parse --short HEAD) + work
 remote_tier $L/tests-thread.log 170
 timeout 40 python3 samples/remote_subscriber.py --frames 300 > $L/sample-remote.log 2>&1; echo "remote sample rc=$?"; tail -2 $L/sample-remote.log
 U="UCX_TCP_TX_SEG_SIZE=256K,UCX_TCP_RX_SEG_SIZE=1M"
-bench() {  # label, timeout, bench/remote.py arguments...
-  local label=$1 limit=$2; shift 2
-  timeout $limit python3 bench/remote.py --out $L/$label --ucx-env $U --no-plots "$@" > $L/bench-$label.log 2>&1
-  echo "bench $label rc=$? ($(( $(date +%s) - T0 )) s)"; grep -hE '^(PASS|FAIL|INFO)' $L/bench-$label.log | cut -c1-240
-  grep -h '^|' $L/$label/results.md | grep -v "^| size\|^|--" | cut -c1-170
-}
-bench r1080 200 --sizes 1080p-nv12 --duration 2 --rounds 3 --subscribers 1 --rates max --variants eglcuda,ucx-raw \
+bench_row r1080 200 --sizes 1080p-nv12 --duration 2 --rounds 3 --subscribers 1 --rates max --variants eglcuda,ucx-raw \
   --engine-modes blocking --raw-gpu
-bench r320 60 --width 320 --height 240 --duration 2 --subscribers 1 --rates max --variants eglcuda,ucx-raw --engine-modes blocking
-bench r8 60 --sizes 1080p-nv12 --duration 1 --subscribers 8 --rates 60 --variants eglcuda
-bench r4k 60 --sizes 4k-argb --duration 1 --subscribers 1 --rates max --variants eglcuda,ucx-raw --engine-modes blocking --raw-gpu
+bench_row r320 60 --width 320 --height 240 --duration 2 --subscribers 1 --rates max --variants eglcuda,ucx-raw --engine-modes blocking
+bench_row r8 60 --sizes 1080p-nv12 --duration 1 --subscribers 8 --rates 60 --variants eglcuda
+bench_row r4k 60 --sizes 4k-argb --duration 1 --subscribers 1 --rates max --variants eglcuda,ucx-raw --engine-modes blocking --raw-gpu
 tar czf $OUT/logs.tgz -C /tmp logs
 echo "total $(( $(date +%s) - T0 )) s"

@@ -7,7 +7,7 @@
 set -u
 ROOT=$PWD; L=/tmp/logs; mkdir -p $L
 source bench/runs/_remote_setup.sh $L
-rm -rf /tmp/kt && mkdir -p /tmp/kt && cp -r $ROOT/eglcuda $ROOT/pyproject.toml /tmp/kt/ && python3 bench/runs/_knobs45.py /tmp/kt
+patched_copy /tmp/kt bench/runs/_knobs45.py
 echo "setup $(( $(date +%s) - T0 )) s; HEAD $(git rev-parse --short HEAD) + working tree; $(nproc) cores"
 U="UCX_TCP_TX_SEG_SIZE=256K,UCX_TCP_RX_SEG_SIZE=1M"
 B="UCX_TCP_SNDBUF=16M,UCX_TCP_RCVBUF=16M"

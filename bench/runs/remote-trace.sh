@@ -5,7 +5,7 @@
 set -u
 ROOT=$PWD; L=/tmp/logs; mkdir -p $L
 source bench/runs/_remote_setup.sh $L
-rm -rf /tmp/tr && mkdir -p /tmp/tr && cp -r $ROOT/eglcuda $ROOT/pyproject.toml /tmp/tr/ && python3 bench/runs/_trace46.py /tmp/tr > /dev/null
+patched_copy /tmp/tr bench/runs/_trace46.py > /dev/null
 echo "setup $(( $(date +%s) - T0 )) s; HEAD $(git rev-parse --short HEAD) + working tree"
 U="UCX_TCP_TX_SEG_SIZE=256K,UCX_TCP_RX_SEG_SIZE=1M"
 for size in "--width 320 --height 240" "--sizes 1080p-nv12"; do
