@@ -17,8 +17,8 @@
 Why CuPy: the samples compile their kernels with CuPy (NVRTC in three lines, and arrays that take
 eglcuda's planes zero-copy through ``__cuda_array_interface__``). cuda.core would do without a
 package per CUDA version, but its kernel-launch API still changes between releases. CuPy wheels
-are built for one CUDA major version: ``eglcuda[samples-cuda13]`` for a CUDA 13 driver (our GPU
-machine: driver 580), ``eglcuda[samples-cuda12]`` for CUDA 12; ``nvidia-smi`` shows the version.
+are built for one CUDA major version: ``eglcuda[samples-cuda13]`` for a CUDA 13 driver (driver
+580, say), ``eglcuda[samples-cuda12]`` for CUDA 12; ``nvidia-smi`` shows the version.
 """
 from __future__ import annotations
 
