@@ -299,7 +299,7 @@ def test_the_topic_bench_measures_a_stopped_and_resumed_subscriber(env):
     assert "stopped and resumed 2 times" in done.stdout
 
 
-# Issue 42: an 'every' subscriber that stops reading is dropped (queue full); the publisher then
+# An 'every' subscriber that stops reading is dropped (queue full); the publisher then
 # exits before the subscriber reads again. What waits on its socket: the SLOT and FRAME messages
 # sent before the drop, then the DROP. The SLOT's memory handle names the publisher's process, gone
 # now, so mapping it fails; that must not hide the drop and its reason.
