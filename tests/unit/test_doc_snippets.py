@@ -13,7 +13,7 @@ BLOCKS = all_blocks()
 
 def test_the_docs_have_python_blocks():
     if not (ROOT / "docs").exists():
-        pytest.skip("docs/ is not in this tree (an installed package without its sources)")
+        pytest.skip("no docs/ in this tree (an installed package without its sources)")
     assert len(BLOCKS) >= 10
     assert any(not block.fragment for block in BLOCKS)
 

@@ -52,7 +52,7 @@ def matches(text: str) -> list[tuple[int, str, str]]:
 def test_no_tracked_file_speaks_of_how_the_project_was_developed():
     files = tracked_files()
     if not files:
-        pytest.skip("not a git checkout (an installed package without its sources)")
+        pytest.skip("no git checkout here (an installed package without its sources)")
     here = pathlib.Path(__file__).resolve().relative_to(ROOT).as_posix()
     report = []
     for name in files:
