@@ -113,3 +113,37 @@ def test_the_command_reference_names_every_command_sample_and_benchmark():
     assert scripts
     for script in scripts:
         assert f"python {script.relative_to(root)}" in text, f"docs/cli.md does not mention {script.name}"
+
+
+@pytest.mark.parametrize("case", ["missing-folder", "a-folder", "unwritable-folder", "cwd-unwritable"])
+def test_check_refuses_a_results_path_it_cannot_write_before_any_check_runs(case, tmp_path):
+    # One line, exit 2, and no check has run (nothing on stdout). /proc takes no new file, not even
+    # from root, for whom a folder's mode is no obstacle.
+    cwd = tmp_path
+    if case == "missing-folder":
+        args, said = ["--json", str(tmp_path / "no-such-folder" / "x.json")], "no such folder"
+    elif case == "a-folder":
+        args, said = ["--json", str(tmp_path)], "is a folder"
+    elif case == "unwritable-folder":
+        args, said = ["--json", "/proc/eglcuda-check.json"], "cannot be written"
+    else:
+        args, said, cwd = [], "cannot be written", pathlib.Path("/proc")
+    result = run("check", *args, cwd=cwd)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("python -m eglcuda check: --json ") and said in lines[0], lines
+    assert not (tmp_path / "eglcuda-check.json").exists()
+
+
+def test_check_in_a_folder_this_user_may_not_write(tmp_path):
+    import os
+
+    if os.geteuid() == 0:
+        pytest.skip("needs a user other than root (root may write any folder)")
+    folder = tmp_path / "locked"
+    folder.mkdir(mode=0o500)
+    result = run("check", cwd=folder)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stdout == "" and "Permission denied" in result.stderr and len(result.stderr.splitlines()) == 1
+
