@@ -147,3 +147,26 @@ def test_check_in_a_folder_this_user_may_not_write(tmp_path):
     assert result.returncode == 2, result.stdout + result.stderr
     assert result.stdout == "" and "Permission denied" in result.stderr and len(result.stderr.splitlines()) == 1
 
+
+
+def test_mps_stop_of_an_unknown_instance_speaks_as_the_other_commands(tmp_path):
+    result = run("mps", "stop", "--dir", str(tmp_path / "no-such-instance"))
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("python -m eglcuda mps stop: ") and "UsageError" not in result.stderr
+    assert len(result.stderr.splitlines()) == 1
+
+
+def test_relay_without_a_key_names_the_command_line_option(tmp_path):
+    # Checked before the relay is made (and before ucxx is needed): a missing key is the user's to
+    # give, as --key-file or in the environment; a Python argument (key=) means nothing here.
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k not in ("EGLCUDA_REMOTE_KEY", "EGLCUDA_REMOTE_KEY_FILE")}
+    result = subprocess.run([sys.executable, "-m", "eglcuda", "relay", "camera"], capture_output=True, text=True,
+                            timeout=120, cwd=tmp_path, env=env)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("python -m eglcuda relay: "), lines
+    if "ucxx" in lines[0]:
+        pytest.skip("needs ucxx (pip install -e '.[remote-cu12]'): without it the relay stops at that first")
+    assert "--key-file" in lines[0] and "key=" not in lines[0], lines[0]
