@@ -76,17 +76,27 @@ def _imported_modules(*folders: str) -> set[str]:
     return names
 
 
-def test_the_test_extra_holds_what_the_tests_import_and_nothing_more():
+def test_the_test_extras_hold_what_the_tests_import_and_nothing_more():
     tomllib = pytest.importorskip("tomllib")
 
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     module_of = {"pyopengl": "OpenGL", "imageio-ffmpeg": "imageio_ffmpeg"}
-    declared = {re.split(r"[<>=!~\[ ;]", requirement)[0].lower() for requirement in extras["test"]}
     imported = _imported_modules("tests")
-    for distribution in declared:
-        assert module_of.get(distribution, distribution) in imported, f"[test] lists {distribution}, no test imports it"
-    # PyAV and imageio-ffmpeg: without them the clip and fake-decoder tests could only skip.
-    assert {"pytest", "pyopengl", "hypothesis", "av", "imageio-ffmpeg"} <= declared
+    declared = {}
+    for extra in ("test", "test-video"):
+        declared[extra] = {re.split(r"[<>=!~\[ ;]", requirement)[0].lower() for requirement in extras[extra]}
+        for distribution in declared[extra]:
+            assert module_of.get(distribution, distribution) in imported, f"[{extra}] lists {distribution}, no test imports it"
+    assert {"pytest", "pyopengl", "hypothesis"} <= declared["test"]
+    # The video tests' decoders (about 70 MB) stay out of [test]: without them those tests skip.
+    assert declared["test-video"] == {"av", "imageio-ffmpeg"} and not declared["test"] & declared["test-video"]
+
+
+def test_the_dev_extra_brings_the_build_tool():
+    tomllib = pytest.importorskip("tomllib")
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert any(re.split(r"[<>=!~\[ ;]", requirement)[0] == "build" for requirement in extras["dev"])
 
 
 def test_the_bench_extra_has_torch_for_the_comparisons():
