@@ -27,7 +27,7 @@ def test_help_is_plain_text_and_lists_each_command_once():
     result = run("--help")
     assert result.returncode == 0, result.stderr
     assert "``" not in result.stdout and ":func:" not in result.stdout, result.stdout
-    for command in ("info", "check", "mps", "topics"):
+    for command in ("info", "check", "mps", "topics", "relay"):
         listed = [line for line in result.stdout.splitlines() if line.split()[:1] == [command]]
         assert len(listed) == 1, (command, result.stdout)
 
@@ -106,8 +106,8 @@ def test_the_command_reference_names_every_command_sample_and_benchmark():
     if not page.exists():
         pytest.skip("docs/cli.md is not in this tree")
     text = page.read_text()
-    for command in ("info", "check", "topics", "mps"):
-        assert f"python -m eglcuda {command}" in text, command
+    for command in ("info", "check", "topics", "relay", "mps"):
+        assert f"| `python -m eglcuda {command}" in text, f"the command table of docs/cli.md lacks {command}"
     scripts = [p for folder in ("samples", "bench") for p in sorted((root / folder).glob("*.py"))
                if not p.name.startswith("_")]
     assert scripts
