@@ -17,7 +17,7 @@ the CPU's only path to it). The seed's Jetson TX1 figures are printed next to ou
 
     python bench/memory_kinds.py [--quick] [--markdown FILE] [--plot FILE.svg]
 
-Needs an NVIDIA GPU and ``pip install 'eglcuda[bench]'``: CuPy compiles the kernel and launches it,
+Needs an NVIDIA GPU and ``pip install -e '.[bench]'``: CuPy compiles the kernel and launches it,
 SciPy checks the results, matplotlib draws the plot.
 """
 from __future__ import annotations

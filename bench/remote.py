@@ -43,8 +43,8 @@ Here: the eglcuda roles and the orchestrator; the zmq baseline's roles are in _r
 roles share in _remote_common.py, the raw engine in _ucx_raw.py, the results in _remote_report.py.
 
 Writes results.json, results.md and plots (PNG, docs/img style) to --out; prints the table last.
-Exits 2 with one line where there is no CUDA GPU, no ucxx (``pip install 'eglcuda[remote-cu13]'``
-or ``remote-cu12``), no pyzmq or no matplotlib (``pip install 'eglcuda[bench]'``; not checked with
+Exits 2 with one line where there is no CUDA GPU, no ucxx (``pip install -e '.[remote-cu13]'``
+or ``remote-cu12``), no pyzmq or no matplotlib (``pip install -e '.[bench]'``; not checked with
 --no-plots). On a machine
 without a GPU, the fake libcuda of tests/fakes runs it end to end (small sizes): the numbers then
 measure the Python and UCX side only.

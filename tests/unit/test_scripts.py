@@ -105,3 +105,24 @@ def test_the_bench_extra_has_torch_for_the_comparisons():
     bench = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["bench"]
     assert "torch" in _imported_modules("bench")
     assert any(requirement.startswith("torch") for requirement in bench)
+
+
+# eglcuda is on no package index: an install line must name the checkout (pip install -e '.[NAME]')
+# or a built file, never the project's name. Where users read them: messages, skip reasons, help.
+NOT_ON_AN_INDEX = re.compile(r"pip install (?:-U )?['\"]?eglcuda\b")
+
+
+def test_install_lines_work_when_pasted():
+    places = [ROOT / "README.md", ROOT / "docs" / "cli.md",
+              *(p for folder in ("samples", "bench", "scripts", "tests", "eglcuda") for p in (ROOT / folder).rglob("*.py"))]
+    this = pathlib.Path(__file__).resolve()
+    # (eglcuda/remote words its own message and tests it there)
+    skipped = {ROOT / "eglcuda" / "remote", ROOT / "tests" / "unit" / "remote" / "test_remote_units.py"}
+    bad = []
+    for path in places:
+        if path.resolve() == this or any(path == s or s in path.parents for s in skipped):
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if NOT_ON_AN_INDEX.search(line):
+                bad.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
+    assert not bad, "\n".join(bad)
