@@ -126,3 +126,25 @@ def test_install_lines_work_when_pasted():
             if NOT_ON_AN_INDEX.search(line):
                 bad.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
     assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("script, calls", [("bench/tables/topics.sh", 2), ("bench/tables/remote.sh", 4)])
+def test_the_table_scripts_pass_their_benchmarks_valid_options(script, calls, tmp_path):
+    # Without a GPU each benchmark call parses its options, then answers in one line that it needs
+    # one (exit 2); a shim in place of python notes that answer and lets the script go on, so that
+    # every call's options are parsed (an unknown option would be argparse's usage, not one line).
+    if eglcuda.available("cuda-stream"):
+        pytest.skip("this machine has what the benchmarks need: the tables run for real (bash " + script + ")")
+    log = tmp_path / "calls.log"
+    shim = tmp_path / "python"
+    shim.write_text(f'#!/bin/sh\nerr=$("{sys.executable}" "$@" 2>&1 >/dev/null); rc=$?\n'
+                    f'printf "%s\\t%s\\n" "$rc" "$err" >> "{log}"\n[ "$rc" = 2 ] && exit 0\nexit "$rc"\n')
+    shim.chmod(0o755)
+    result = subprocess.run(["bash", str(ROOT / script), str(tmp_path / "out")], capture_output=True, text=True,
+                            timeout=600, env={**__import__("os").environ, "PYTHON": str(shim)})
+    assert result.returncode == 0, result.stdout + result.stderr
+    answers = log.read_text().splitlines()
+    assert len(answers) == calls, answers
+    for answer in answers:
+        status, said = answer.split("\t", 1)
+        assert status == "2" and said.startswith("bench/") and ": needs " in said, answer
