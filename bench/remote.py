@@ -24,7 +24,7 @@ processes) falls in that window. Latency runs from the publish time to the momen
 for zmq) with its stream synchronized. The publisher runs free (--rates max) or paced (--rates 60:
 frames per second). Rates are per subscriber; bytes/s are the frame's bytes times that rate.
 
-Goals (issue 44), checked at the end: one remote subscriber at >= 0.8x the raw engine's rate with
+Goals, checked at the end: one remote subscriber at >= 0.8x the raw engine's rate with
 the relay's window and >= 600 frames/s at 1080p NV12; 8 remote subscribers at 60 frames/s each
 with p99 < 10 ms; the local subscriber's rate unchanged by remote subscribers (within scatter).
 

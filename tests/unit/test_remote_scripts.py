@@ -43,7 +43,7 @@ def _has_ucxx() -> bool:
 @pytest.fixture(scope="module")
 def env():
     if not _has_remote():
-        pytest.skip("needs eglcuda.remote (the relay of issue 44) in this tree")
+        pytest.skip("needs eglcuda.remote (the relay) in this tree")
     if fake_build.compiler() is None:
         pytest.skip("no C compiler for the fake libcuda")
     with tempfile.TemporaryDirectory(prefix="eglcuda-remote-scripts-") as folder:
