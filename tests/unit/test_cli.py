@@ -32,7 +32,7 @@ def test_help_is_plain_text_and_lists_each_command_once():
         assert len(listed) == 1, (command, result.stdout)
 
 
-@pytest.mark.parametrize("command", [("info",), ("check",), ("topics",), ("mps",), ("mps", "start"),
+@pytest.mark.parametrize("command", [("info",), ("check",), ("topics",), ("relay",), ("mps",), ("mps", "start"),
                                      ("mps", "stop"), ("mps", "status")])
 def test_every_command_help_describes_the_command(command):
     result = run(*command, "--help")
