@@ -24,7 +24,7 @@ processes) falls in that window. Latency runs from the publish time to the momen
 for zmq) with its stream synchronized. The publisher runs free (--rates max) or paced (--rates 60:
 frames per second). Rates are per subscriber; bytes/s are the frame's bytes times that rate.
 
-Goals (issue 44), checked at the end: one remote subscriber at >= 0.8x the raw engine's rate with
+Goals, checked at the end: one remote subscriber at >= 0.8x the raw engine's rate with
 the relay's window and >= 600 frames/s at 1080p NV12; 8 remote subscribers at 60 frames/s each
 with p99 < 10 ms; the local subscriber's rate unchanged by remote subscribers (within scatter).
 
@@ -43,8 +43,8 @@ Here: the eglcuda roles and the orchestrator; the zmq baseline's roles are in _r
 roles share in _remote_common.py, the raw engine in _ucx_raw.py, the results in _remote_report.py.
 
 Writes results.json, results.md and plots (PNG, docs/img style) to --out; prints the table last.
-Exits 2 with one line where there is no CUDA GPU, no ucxx (``pip install 'eglcuda[remote-cu13]'``
-or ``remote-cu12``), no pyzmq or no matplotlib (``pip install 'eglcuda[bench]'``; not checked with
+Exits 2 with one line where there is no CUDA GPU, no ucxx (``pip install -e '.[remote-cu13]'``
+or ``remote-cu12``), no pyzmq or no matplotlib (``pip install -e '.[bench]'``; not checked with
 --no-plots). On a machine
 without a GPU, the fake libcuda of tests/fakes runs it end to end (small sizes): the numbers then
 measure the Python and UCX side only.

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 from . import conformance, mps
 from ._version import __version__
-from .errors import EglCudaError, UsageError
+from .errors import EglCudaError, Unsupported, UsageError
 from .info import collect, format_report
 from .topics.registry import format_listing, list_topics
 
@@ -61,6 +61,14 @@ def _info(args: argparse.Namespace) -> int:
     else:
         print(format_report(report))
     return 0
+
+
+def _fail(command: str, error: EglCudaError | str) -> int:
+    """Say why ``python -m eglcuda COMMAND`` stops, in one voice: the command, then the reason
+    (never an exception's class name). Exit status 2 for bad input or a missing requirement, 1
+    for what failed while running."""
+    print(f"python -m eglcuda {command}: {error}", file=sys.stderr)
+    return 2 if isinstance(error, (str, UsageError, Unsupported)) else 1
 
 
 def _print_json(data: Any) -> None:
@@ -175,23 +183,18 @@ def _relay(args: argparse.Namespace) -> int:
 
     missing = ucxx_missing()
     if missing is not None:
-        print(f"python -m eglcuda relay: {missing}", file=sys.stderr)
-        return 2
+        return _fail("relay", missing)
+    if not (args.key_file or os.environ.get(keys.KEY_FILE_VARIABLE) or os.environ.get(keys.KEY_VARIABLE)):
+        return _fail("relay", f"a relay needs a pre-shared key: pass --key-file FILE (a file only its owner can "
+                              f"read), or set {keys.KEY_FILE_VARIABLE} (such a file) or {keys.KEY_VARIABLE} (hex); "
+                              f"at least {keys.MIN_KEY} bytes (docs/security.md)")
     try:
         key = keys.read_key_file(args.key_file) if args.key_file else keys.load_key(None)
-    except UsageError as exc:
-        print(f"python -m eglcuda relay: {exc}", file=sys.stderr)
-        return 2
-    try:
         server = Relay(args.name, args.listen, key=key, qos=args.qos, queue=args.queue, device=args.device,
                        timeout=args.timeout, path=args.path, every_timeout=args.every_timeout,
                        max_remotes=args.max_remotes)
-    except UsageError as exc:
-        print(f"python -m eglcuda relay: {exc}", file=sys.stderr)
-        return 2
     except EglCudaError as exc:
-        print(f"python -m eglcuda relay: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
+        return _fail("relay", exc)
     host, port = server.address
     print(f"relay {args.name} listening on {host}:{port}", flush=True)
     server.serve_forever()
@@ -202,8 +205,7 @@ def _mps_command(args: argparse.Namespace) -> int:
     try:
         return _mps(args)
     except EglCudaError as exc:
-        print(f"eglcuda mps {args.action}: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
+        return _fail(f"mps {args.action}", exc)
 
 
 def _mps(args: argparse.Namespace) -> int:
@@ -275,14 +277,12 @@ def _topics(args: argparse.Namespace) -> int:
 
     if args.dir is not None and not os.path.isdir(args.dir):
         # An absent default folder only means no topic was ever published; a named one is a mistake.
-        print(f"python -m eglcuda topics: --dir {args.dir}: no such folder (without --dir, this user's topic "
-              "directory is used)", file=sys.stderr)
-        return 2
+        return _fail("topics", f"--dir {args.dir}: no such folder (without --dir, this user's topic directory is "
+                               "used)")
     try:
         listing = list_topics(directory=args.dir, clean=not args.no_clean, timeout=args.timeout)
     except UsageError as exc:
-        print(f"python -m eglcuda topics: {exc}", file=sys.stderr)
-        return 2
+        return _fail("topics", exc)
     if args.json:
         _print_json(listing.as_dict())
     else:

@@ -171,20 +171,26 @@ def test_a_killed_remote_subscriber_leaves_the_others_alone(cluster):
 def test_publisher_closes_dies_and_restarts_behind_the_relay(cluster):
     """The publisher closes (Dropped, code CLOSING, forwarded by the relay), a new one dies
     (StreamDisconnected), a third comes: wait_for_publisher joins each time (a new instance), and
-    every byte after each rejoin is checked (the same seed: the same content)."""
-    publisher = cluster.publisher("--frames", "300", rate=100)
+    every byte after each rejoin is checked (the same seed: the same content).
+
+    Each step waits for the event it needs, never for time: the first publisher publishes until
+    it is told to close (a fixed number of frames could all be gone before the relay and the
+    subscriber have started, on a loaded machine), and a rejoin may take as long as a fresh
+    publisher process takes to start."""
+    publisher = cluster.publisher("--until-told", rate=100)
     relay, address = cluster.relay()
-    sub = cluster.subscriber(address, "--count", "0", "--rejoin", "--timeout", "10", "--qos", "every")
+    sub = cluster.subscriber(address, "--count", "0", "--rejoin", "--timeout", "10", "--rejoin-timeout", "60",
+                             "--qos", "every")
     instances = [sub.wait_for(lambda m: m["event"] == "ready")["instance"]]
     sub.wait_for(lambda m: m["event"] == "got")
-    publisher.wait_for(lambda m: m["event"] == "published", timeout=20)
-    publisher.send("bye")  # (it closes after its frames, when told)
+    publisher.send("bye")  # it stops publishing and closes the topic
+    publisher.wait_for(lambda m: m["event"] == "published")
     gone = sub.wait_for(lambda m: m["event"] == "disconnected", timeout=15)
     assert gone["kind"] == "Dropped" and gone["code"] == 3, gone  # Reason.CLOSING: an iteration would end
     for step in range(2):
         publisher = cluster.publisher()
         rejoined = sub.wait_for(lambda m: m["event"] in ("rejoined", "rejoin-failed") and m.get("instance") not in
-                                instances, timeout=20)
+                                instances, timeout=60)
         assert rejoined["event"] == "rejoined", rejoined
         instances.append(rejoined["instance"])
         count = len(sub.got())
