@@ -27,7 +27,7 @@ orders CUDA before later GL work (the GL-interop path).
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING, Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -42,9 +42,6 @@ from ..display import Display
 from ..errors import ClosedError, NotCoherent, Unsupported, UsageError
 from ..frames.formats import ColorFormat, Layout
 from ..frames.interop import stream_handle
-
-if TYPE_CHECKING:
-    from .paths import PathChoice
 
 
 class ImagePath(str, enum.Enum):
@@ -88,18 +85,6 @@ TEXTURE_FORMATS: dict[int, TextureFormat] = {
         TextureFormat("RGBA32F", 0x8814, 4, "float32", _GL_RGBA, _GL_FLOAT, None),
     )
 }
-
-
-# How register_cuda(path="auto") picks a path, and whether a forced one is coherent: decided by
-# eglcuda.images.paths, whose self-test runs through the classes of this module, so it sits above
-# this one and installs its decision here when imported (importing eglcuda imports it).
-_path_choice: Callable[[Display, CudaDevice], PathChoice] | None = None
-
-
-def decide_paths_with(decide: Callable[[Display, CudaDevice], PathChoice]) -> None:
-    """Install the path decision :class:`CudaImage` follows (:func:`eglcuda.image_path`)."""
-    global _path_choice
-    _path_choice = decide
 
 
 # GL extensions by context address. Forgotten when eglcuda destroys the context: EGL may give a
@@ -236,7 +221,21 @@ class Image(Resource):
         GL-interop), ``"native"`` or ``"gl-interop"`` (or an :class:`ImagePath`) to force one.
         Forcing ``"native"`` where the self-test failed raises :class:`NotCoherent` instead of
         returning a view that does not alias the texture."""
-        return CudaImage(self, device, path)
+        # The decision is the self-test of eglcuda.images.paths, which runs through this module's
+        # classes and so sits above it: imported here, in the one factory that asks it.
+        from .paths import image_path
+
+        _check_registrable(self, path)
+        cuda_device = self.display.cuda_device(device)
+        choice = image_path(self.display, cuda_device)
+        if path == "auto":
+            if choice.path is None:
+                raise Unsupported("a coherent CUDA path for EGLImages", where=self.display.description,
+                                  hint=choice.reason)
+            path = choice.path
+        elif not choice.coherent(path):
+            raise NotCoherent(f"the {path} EGLImage path is not coherent here: {choice.reason}")
+        return CudaImage(self, cuda_device, ImagePath(path), choice.reason)
 
     def __repr__(self) -> str:
         fmt = self.format.name if self.format else f"0x{self.internal_format:04X}"
@@ -262,6 +261,18 @@ def _unregister(ordinal: int, resource: int, display_address: int, context_addre
             egl.make_current(display_address, 0, 0, 0)
 
 
+def _check_registrable(image: Image, path: str) -> None:
+    """Raise before any CUDA call where ``image`` cannot be registered on ``path``."""
+    if image.closed:
+        raise ClosedError("the image is closed")
+    if path not in ("auto", *ImagePath):
+        raise UsageError(f"path is 'auto', 'native' or 'gl-interop', got {path!r}")
+    if image.format is None:
+        names = ", ".join(f.name for f in TEXTURE_FORMATS.values())
+        raise UsageError(f"the texture's internal format 0x{image.internal_format:04X} has no CUDA view in "
+                         f"eglcuda (supported: {names})")
+
+
 class CudaImage(Resource):
     """An :class:`Image` registered with CUDA. Made by :meth:`Image.register_cuda`.
 
@@ -269,31 +280,15 @@ class CudaImage(Resource):
     view; one mapping at a time. Closing the registration (or its image) ends the mapping first.
     """
 
-    def __init__(self, image: Image, device: int | CudaDevice | None, path: str, _verified: bool = False) -> None:
-        if image.closed:
-            raise ClosedError("the image is closed")
-        if path not in ("auto", *ImagePath):
-            raise UsageError(f"path is 'auto', 'native' or 'gl-interop', got {path!r}")
-        if image.format is None:
-            names = ", ".join(f.name for f in TEXTURE_FORMATS.values())
-            raise UsageError(f"the texture's internal format 0x{image.internal_format:04X} has no CUDA view in "
-                             f"eglcuda (supported: {names})")
+    def __init__(self, image: Image, device: int | CudaDevice | None, path: ImagePath, reason: str) -> None:
+        """Register ``image`` on ``path``, which the caller chose (:meth:`Image.register_cuda`
+        from the self-test's verdict, the self-test itself to test it); ``reason`` says why."""
+        _check_registrable(image, path)
+        if path == "auto":
+            raise UsageError("a CudaImage is registered on a chosen path; Image.register_cuda(path='auto') chooses")
         self.image = image
         self.device = image.display.cuda_device(device)
-        if _verified:  # the self-test itself: the path is what is being tested
-            self.path_reason = "self-test"
-        else:
-            if _path_choice is None:  # eglcuda/__init__ imports images.paths, which installs it
-                raise RuntimeError("eglcuda.images.paths was not imported: import eglcuda first")
-            choice = _path_choice(image.display, self.device)
-            if path == "auto":
-                if choice.path is None:
-                    raise Unsupported("a coherent CUDA path for EGLImages", where=image.display.description,
-                                      hint=choice.reason)
-                path = choice.path
-            elif not choice.coherent(path):
-                raise NotCoherent(f"the {path} EGLImage path is not coherent here: {choice.reason}")
-            self.path_reason = choice.reason
+        self.path_reason = reason
         self.path = ImagePath(path)
         self.device.make_current()
         if self.path is ImagePath.NATIVE:

@@ -3,8 +3,8 @@ each path, and whether GL textures bound to one EGLImage share storage (see
 :mod:`eglcuda.images.image` for the paths and why they need testing).
 
 The self-tests run through the image classes themselves (what they vouch for is what
-``Image.register_cuda`` hands out), so this module sits above :mod:`eglcuda.images.image` and
-installs its decision there when imported.
+``Image.register_cuda`` hands out), so this module sits above :mod:`eglcuda.images.image`;
+``Image.register_cuda``, the one place that asks for the decision, imports it when called.
 """
 from __future__ import annotations
 
@@ -19,7 +19,6 @@ from ..context import GLContext
 from ..cuda_device import CudaDevice
 from ..display import Display, check_display
 from ..errors import EglCudaError, Unsupported, UsageError
-from . import image as _image
 from .image import TEXTURE_FORMATS, CudaImage, Image, ImagePath, TextureFormat
 
 
@@ -86,7 +85,7 @@ def _self_test(display: Display, device: CudaDevice, path: ImagePath) -> tuple[b
             texels = rng.integers(0, 256, (height, width, 4), dtype=np.uint8)
             texture = make_texture(fmt, texels)
             try:
-                with Image(context, texture) as image, CudaImage(image, device, path, _verified=True) as view:
+                with Image(context, texture) as image, CudaImage(image, device, path, "self-test") as view:
                     with view.map() as mapped:
                         if not np.array_equal(mapped.to_numpy(), texels):
                             return False, "CUDA read different bytes than GL's texels"
@@ -164,5 +163,3 @@ def read_texture(fmt: TextureFormat, texture: int, width: int, height: int) -> n
         GL.glGetTexImage(GL.GL_TEXTURE_2D, 0, fmt.gl_format, fmt.gl_type, out)
     return out
 
-
-_image.decide_paths_with(image_path)
