@@ -342,7 +342,7 @@ def misuse_of_the_stream_and_of_acquired_frames(display: eglcuda.Display) -> Non
                     lambda: plane.to_numpy(), lambda: plane.__dlpack__(), lambda: acquired.to_numpy()):
             with pytest.raises(eglcuda.ClosedError):
                 use()
-        with consumer.acquire() as again, pytest.raises(eglcuda.UsageError, match="read-only"):
+        with consumer.acquire(timeout_us=50_000) as again, pytest.raises(eglcuda.UsageError, match="read-only"):
             again.planes[0].copy_from(np.zeros((16, 16, 4), np.uint8))
 
 
