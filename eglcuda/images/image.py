@@ -221,21 +221,7 @@ class Image(Resource):
         GL-interop), ``"native"`` or ``"gl-interop"`` (or an :class:`ImagePath`) to force one.
         Forcing ``"native"`` where the self-test failed raises :class:`NotCoherent` instead of
         returning a view that does not alias the texture."""
-        # The decision is the self-test of eglcuda.images.paths, which runs through this module's
-        # classes and so sits above it: imported here, in the one factory that asks it.
-        from .paths import image_path
-
-        _check_registrable(self, path)
-        cuda_device = self.display.cuda_device(device)
-        choice = image_path(self.display, cuda_device)
-        if path == "auto":
-            if choice.path is None:
-                raise Unsupported("a coherent CUDA path for EGLImages", where=self.display.description,
-                                  hint=choice.reason)
-            path = choice.path
-        elif not choice.coherent(path):
-            raise NotCoherent(f"the {path} EGLImage path is not coherent here: {choice.reason}")
-        return CudaImage(self, cuda_device, ImagePath(path), choice.reason)
+        return CudaImage(self, device, path)
 
     def __repr__(self) -> str:
         fmt = self.format.name if self.format else f"0x{self.internal_format:04X}"
@@ -261,16 +247,23 @@ def _unregister(ordinal: int, resource: int, display_address: int, context_addre
             egl.make_current(display_address, 0, 0, 0)
 
 
-def _check_registrable(image: Image, path: str) -> None:
-    """Raise before any CUDA call where ``image`` cannot be registered on ``path``."""
-    if image.closed:
-        raise ClosedError("the image is closed")
-    if path not in ("auto", *ImagePath):
-        raise UsageError(f"path is 'auto', 'native' or 'gl-interop', got {path!r}")
-    if image.format is None:
-        names = ", ".join(f.name for f in TEXTURE_FORMATS.values())
-        raise UsageError(f"the texture's internal format 0x{image.internal_format:04X} has no CUDA view in "
-                         f"eglcuda (supported: {names})")
+def _chosen_path(image: Image, device: CudaDevice, path: str) -> tuple[ImagePath, str]:
+    """The path a registration of ``image`` takes (``path``: "auto" or one to force) and why, from
+    the self-test's verdict for its display and ``device``. Raises where none or the forced one is
+    not coherent."""
+    # The verdict is the self-test of eglcuda.images.paths, which runs through this module's
+    # classes and so sits above it: imported here, the one place that asks for it.
+    from .paths import image_path
+
+    choice = image_path(image.display, device)
+    if path == "auto":
+        if choice.path is None:
+            raise Unsupported("a coherent CUDA path for EGLImages", where=image.display.description,
+                              hint=choice.reason)
+        return choice.path, choice.reason
+    if not choice.coherent(path):
+        raise NotCoherent(f"the {path} EGLImage path is not coherent here: {choice.reason}")
+    return ImagePath(path), choice.reason
 
 
 class CudaImage(Resource):
@@ -280,16 +273,21 @@ class CudaImage(Resource):
     view; one mapping at a time. Closing the registration (or its image) ends the mapping first.
     """
 
-    def __init__(self, image: Image, device: int | CudaDevice | None, path: ImagePath, reason: str) -> None:
-        """Register ``image`` on ``path``, which the caller chose (:meth:`Image.register_cuda`
-        from the self-test's verdict, the self-test itself to test it); ``reason`` says why."""
-        _check_registrable(image, path)
-        if path == "auto":
-            raise UsageError("a CudaImage is registered on a chosen path; Image.register_cuda(path='auto') chooses")
+    def __init__(self, image: Image, device: int | CudaDevice | None, path: str, _verified: bool = False) -> None:
+        if image.closed:
+            raise ClosedError("the image is closed")
+        if path not in ("auto", *ImagePath):
+            raise UsageError(f"path is 'auto', 'native' or 'gl-interop', got {path!r}")
+        if image.format is None:
+            names = ", ".join(f.name for f in TEXTURE_FORMATS.values())
+            raise UsageError(f"the texture's internal format 0x{image.internal_format:04X} has no CUDA view in "
+                             f"eglcuda (supported: {names})")
         self.image = image
         self.device = image.display.cuda_device(device)
-        self.path_reason = reason
-        self.path = ImagePath(path)
+        if _verified:  # the self-test itself: the path is what is being tested
+            self.path, self.path_reason = ImagePath(path), "self-test"
+        else:
+            self.path, self.path_reason = _chosen_path(image, self.device, path)
         self.device.make_current()
         if self.path is ImagePath.NATIVE:
             resource = cuda_graphics.register_egl_image(image.handle)

@@ -4,7 +4,7 @@ each path, and whether GL textures bound to one EGLImage share storage (see
 
 The self-tests run through the image classes themselves (what they vouch for is what
 ``Image.register_cuda`` hands out), so this module sits above :mod:`eglcuda.images.image`;
-``Image.register_cuda``, the one place that asks for the decision, imports it when called.
+the registration asks for the decision by importing it when called (``_chosen_path``).
 """
 from __future__ import annotations
 
@@ -85,7 +85,7 @@ def _self_test(display: Display, device: CudaDevice, path: ImagePath) -> tuple[b
             texels = rng.integers(0, 256, (height, width, 4), dtype=np.uint8)
             texture = make_texture(fmt, texels)
             try:
-                with Image(context, texture) as image, CudaImage(image, device, path, "self-test") as view:
+                with Image(context, texture) as image, CudaImage(image, device, path, _verified=True) as view:
                     with view.map() as mapped:
                         if not np.array_equal(mapped.to_numpy(), texels):
                             return False, "CUDA read different bytes than GL's texels"
