@@ -376,9 +376,7 @@ cdef class CudaProducer(Resource):
         try:
             known = self._ready(frame, cuda_stream)
             core = <FrameCore>frame
-            stream_box = &self.default_stream if cuda_stream is None else &self.present_stream
-            if core._handed_to is not None:
-                self._join_writers(core, stream_box[0])
+            stream_box = self._present_stream_box(core, cuda_stream)
             self.presents_started += 1
             with nogil:
                 status = legacy_first(self.shared and is_legacy(stream_box[0]), self.ctx, &self.failed_call)
@@ -438,9 +436,7 @@ cdef class CudaProducer(Resource):
         try:
             known = self._ready(frame, cuda_stream)
             core = <FrameCore>frame
-            stream_box = &self.default_stream if cuda_stream is None else &self.present_stream
-            if core._handed_to is not None:
-                self._join_writers(core, stream_box[0])
+            stream_box = self._present_stream_box(core, cuda_stream)
             if self.reuse and not self.flying:
                 # After this present the stream keeps the newest frame: with reuse on and nothing
                 # else in flight nothing can come back.
@@ -503,6 +499,14 @@ cdef class CudaProducer(Resource):
         if cuda_stream is not None:
             self.present_stream = <CUstream><uintptr_t>stream_handle(cuda_stream)
         return known
+
+    cdef CUstream *_present_stream_box(self, FrameCore core, cuda_stream) except NULL:
+        """Where a present of ``core`` is ordered (after :meth:`_ready` read ``cuda_stream``): the
+        box of the legacy default stream or of the stream given, which the frame's writers joined."""
+        cdef CUstream *stream_box = &self.default_stream if cuda_stream is None else &self.present_stream
+        if core._handed_to is not None:
+            self._join_writers(core, stream_box[0])
+        return stream_box
 
     cdef int _join_writers(self, FrameCore core, CUstream target) except -1:
         """Order the present stream after every stream the frame was handed to since its last

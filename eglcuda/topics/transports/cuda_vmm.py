@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 from ..._bind import cuda, cuda_vmm
 from ...cuda_device import CudaDevice
 from ...errors import EglCudaError, PeerError, UsageError
-from ...frames.formats import ColorFormat, Layout, default_pitch, driver_extents, plane_geometry
-from ...frames.frame import PLANE_ALIGNMENT, Frame
+from ...frames.formats import PLANE_ALIGNMENT, ColorFormat, Layout, default_pitch, linear_layout
+from ...frames.frame import Frame
 from .. import protocol
 from .base import NO_UUID, UNMAP_WAIT_S, Geometry, PublisherLink, PublisherTransport, SubscriberTransport
 from .registry import TransportSpec, register
@@ -70,11 +70,7 @@ def allocate_frame(device: CudaDevice, width: int, height: int, format: ColorFor
     if layout is not Layout.PITCH:
         raise UsageError("cuda-vmm shares pitch-linear frames only (layout='pitch')")
     pitch = default_pitch(format, width, PLANE_ALIGNMENT)
-    offsets, total = [], 0
-    for g in plane_geometry(format, width, height, pitch):
-        offsets.append(total)
-        total += -(-g.pitch * g.height // PLANE_ALIGNMENT) * PLANE_ALIGNMENT
-    total = max(total, *(o + e for o, e in zip(offsets, driver_extents(format, width, height, pitch))))
+    offsets, total = linear_layout(format, width, height, pitch)
     device.make_current()
     step = cuda_vmm.granularity(device.ordinal)
     size = -(-total // step) * step
