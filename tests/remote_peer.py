@@ -30,7 +30,7 @@ def open_fds() -> int:
 def relay(args) -> int:
     with eglcuda.Relay(args.name, args.listen, qos=args.qos, queue=args.queue, device=args.device,
                        timeout=args.timeout, path=args.path, every_timeout=args.every_timeout,
-                       max_remotes=args.max_remotes) as server:
+                       max_remotes=args.max_remotes, frames=args.frames) as server:
         say(event="ready", pid=os.getpid(), port=server.address[1], host=server.address[0],
             progress="thread" if eglcuda.remote._ucx.engine().threaded else "loop")
 
@@ -52,7 +52,7 @@ def subscribe(args) -> int:
     threads, fds = threading.active_count(), open_fds()
     try:
         sub = eglcuda.Subscriber(args.name, qos=args.qos, queue=args.queue, device=args.device, timeout=args.timeout,
-                                 remote=args.remote)
+                                 remote=args.remote, frames=args.frames)
     except eglcuda.EglCudaError as exc:
         say(event="error", kind=type(exc).__name__, reason=str(exc), code=getattr(exc, "code", None),
             threads=threading.active_count() - threads, fds=open_fds() - fds)
@@ -204,14 +204,15 @@ def pair(args) -> int:
 
 def garbage(args) -> int:
     """A UCX peer that is no eglcuda subscriber: ``--mode`` magic (a HELLO with a wrong magic),
-    silent (connects, says nothing), big (a message longer than a HELLO), wrongkey (a HELLO,
-    then a PROOF made with another key), late:S (a HELLO with the right key, its PROOF after S
-    seconds; welcomed, it leaves at once). Says what the relay answered."""
+    old (a HELLO of protocol version 3), silent (connects, says nothing), big (a message longer
+    than a HELLO), wrongkey (a HELLO under another key), late:S (a HELLO with the right key, its
+    CONFIRM after S seconds; welcomed, it leaves at once). Says what the relay answered."""
     import asyncio
 
     import numpy as np
 
     from eglcuda.remote import _ucx, keys, wire
+    from eglcuda.remote.session import Handshake
 
     key = keys.load_key(None)
 
@@ -236,17 +237,22 @@ def garbage(args) -> int:
             said = await answer_of(ep, answer)  # (the relay speaks first)
             if said is not None:
                 return said
-            kind, _ = wire.handshake_kind(answer.tobytes())
+            first = answer.tobytes()
+            kind, _ = wire.handshake_kind(first)
             if kind is not wire.Kind.RELAY:
                 return {"answer": kind.name}
             answer[:] = 0
             if mode == "silent":
                 return await answer_of(ep, answer) or {"answer": "message"}
-            mine = keys.nonce()
-            hello = wire.encode_hello(wire.Hello(eglcuda.topics.protocol.Qos.EVERY, 4, mine, args.name, tags=7))
+            psk = keys.noise_psk(bytes(reversed(key)) if mode == "wrongkey" else key)
+            handshake = Handshake.initiator(psk, wire.prologue(first))
+            hello = wire.encode_hello(handshake, wire.Hello(eglcuda.topics.protocol.Qos.EVERY, 4, args.name))
             if mode == "magic":
                 data = bytearray(hello)
                 data[:8] = b"NOTMAGIC"
+            elif mode == "old":
+                data = bytearray(hello)
+                data[8] = 3
             elif mode == "big":
                 data = bytearray(np.random.default_rng(3).integers(0, 256, wire.HANDSHAKE * 4, dtype=np.uint8).tobytes())
             else:
@@ -256,15 +262,12 @@ def garbage(args) -> int:
             if said is not None:
                 return said
             kind, body = wire.handshake_kind(answer.tobytes())
-            if mode == "wrongkey" or mode.startswith("late:"):
-                theirs, _ = wire.decode_challenge(body)
-                if mode == "wrongkey":
-                    proof = bytes(32)
-                else:
-                    await asyncio.sleep(float(mode.split(":", 1)[1]))
-                    proof = keys.proof(key, b"subscriber", theirs, mine, args.name.encode())
+            if mode.startswith("late:"):
+                wire.decode_accept(handshake, body)
+                session = handshake.split()
+                await asyncio.sleep(float(mode.split(":", 1)[1]))
                 try:
-                    await ep.stream_send(wire.encode_proof(proof))
+                    await ep.stream_send(wire.encode_confirm(session))
                 except Exception as exc:  # noqa: BLE001 - the relay gave up on it first
                     return {"answer": "closed", "error": type(exc).__name__}
                 answer[:] = 0
@@ -285,11 +288,67 @@ def garbage(args) -> int:
     return 0
 
 
+def mitm(args) -> int:
+    """A relay-in-the-middle without the key: it listens where a subscriber connects, forwards the
+    subscriber's handshake to the real relay (``--remote``) and the relay's answers back, then
+    (``--mode``) welcome: sends its own WELCOME (a big frame geometry) instead of the relay's;
+    replay: sends the victim the relay's ACCEPT of an earlier connection. Says what it did."""
+    import asyncio
+
+    import numpy as np
+
+    from eglcuda.remote import _ucx, wire
+
+    engine = _ucx.engine()
+    host, port = args.remote.rsplit(":", 1)
+    recorded: list[bytes] = []
+
+    async def relay_message(ep) -> bytes:
+        buf = np.zeros(wire.HANDSHAKE, np.uint8)
+        await asyncio.wait_for(ep.stream_recv(buf), args.timeout)
+        return buf.tobytes()
+
+    async def serve(victim) -> None:
+        real = engine.connect(host, int(port))
+        try:
+            await victim.stream_send(await relay_message(real))  # RELAY
+            await real.stream_send(await relay_message(victim))  # the victim's HELLO
+            accept = await relay_message(real)
+            recorded.append(accept)
+            if args.mode == "replay" and len(recorded) > 1:
+                accept = recorded[0]
+            await victim.stream_send(accept)
+            confirm = await relay_message(victim)  # (sealed: the relay takes it, the attacker cannot read it)
+            await real.stream_send(confirm)
+            welcome = await relay_message(real)
+            forged = bytearray(welcome)
+            forged[20:40] = np.random.default_rng(9).integers(0, 256, 20, dtype=np.uint8).tobytes()
+            say(event="forwarded", kind=wire.handshake_kind(welcome)[0].name)
+            await victim.stream_send(forged)
+            await asyncio.sleep(args.timeout)
+        except Exception as exc:  # noqa: BLE001 - the victim or the relay hung up
+            say(event="ended", error=f"{type(exc).__name__}: {exc}")
+        finally:
+            real.abort()
+            victim.abort()
+
+    loop = _ucx.acquire()
+
+    async def listen():
+        return engine.listen(0, serve)
+
+    listener = _ucx.run(loop, listen(), 10)
+    say(event="ready", port=listener.port)
+    sys.stdin.readline()
+    return 0
+
+
 def main() -> int:
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # (a hung peer's stacks, for debugging)
     parser = argparse.ArgumentParser()
-    parser.add_argument("role", choices=["relay", "subscribe", "garbage", "cycles", "pair", "forked"])
+    parser.add_argument("role", choices=["relay", "subscribe", "garbage", "cycles", "pair", "forked", "mitm"])
     parser.add_argument("--mode", default="magic")
+    parser.add_argument("--frames", default="plain")
     parser.add_argument("--name", required=True)
     parser.add_argument("--path", default=None)
     parser.add_argument("--listen", default="127.0.0.1:0")
@@ -316,7 +375,8 @@ def main() -> int:
     parser.add_argument("--wait-bye", action="store_true")
     parser.add_argument("--wait-go", action="store_true")
     args = parser.parse_args()
-    return {"relay": relay, "subscribe": subscribe, "garbage": garbage, "cycles": cycles, "pair": pair, "forked": forked}[args.role](args)
+    return {"relay": relay, "subscribe": subscribe, "garbage": garbage, "cycles": cycles, "pair": pair, "forked": forked,
+            "mitm": mitm}[args.role](args)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import pathlib
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -108,16 +109,18 @@ def test_the_two_progress_modes_serve_each_other_every_byte(cluster, env, relay_
 def test_wrong_key_and_garbage_peers_are_refused_with_the_reason_and_change_nothing(cluster, env):
     cluster.publisher()
     relay, address = cluster.relay("--timeout", "1.5")
-    wrong = cluster.subscriber(address, "--count", "3", env={**env, "EGLCUDA_REMOTE_KEY": "ab" * 32})
+    wrong = cluster.subscriber(address, "--count", "3", env={**env, "EGLCUDA_REMOTE_KEY": secrets.token_hex(32)})
     error = wrong.wait_for(lambda m: m["event"] in ("ready", "error"))
     assert error["event"] == "error" and error["kind"] == "Refused", error
     assert "key" in error["reason"]
     started = time.monotonic()
-    answers = cluster.garbage(address, "magic,wrongkey,big,silent", "--timeout", "3")
+    answers = cluster.garbage(address, "magic,wrongkey,old,big,silent", "--timeout", "3")
     answer = answers["magic"]
     assert answer["answer"] == "refused" and "not an eglcuda remote topic peer" in answer["reason"], answer
     answer = answers["wrongkey"]
     assert answer["answer"] == "refused" and "authentication failed" in answer["reason"], answer
+    answer = answers["old"]  # (a peer of another protocol version is told which, in the clear)
+    assert answer["answer"] == "refused" and "version 3, this side speaks 4" in answer["reason"], answer
     # Longer than any handshake message: the relay's receive of exactly HANDSHAKE bytes fails.
     assert answers["big"]["answer"] in ("closed", "refused"), answers["big"]
     # Silent: no answer (the relay aborts it after its timeout, 1.5 s; UCX does not tell the peer).
