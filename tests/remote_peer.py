@@ -57,8 +57,10 @@ def subscribe(args) -> int:
         say(event="error", kind=type(exc).__name__, reason=str(exc), code=getattr(exc, "code", None),
             threads=threading.active_count() - threads, fds=open_fds() - fds)
         return 0
+    link = getattr(sub, "_link", None)  # (its tag prefixes: what an observer of its traffic would learn)
     say(event="ready", pid=os.getpid(), transport=sub.info.transport, instance=sub.info.instance,
-        subscriber=isinstance(sub, eglcuda.Subscriber), info=[sub.info.width, sub.info.height, sub.info.format.name])
+        subscriber=isinstance(sub, eglcuda.Subscriber), info=[sub.info.width, sub.info.height, sub.info.format.name],
+        tags=[link.ep.recv_prefix, link.ep.send_prefix] if link is not None else None)
     if args.wait_go:  # (joined, and receives nothing until told: a test looks at the relay meanwhile)
         sys.stdin.readline()
     held = []
@@ -132,7 +134,7 @@ def cycles(args) -> int:
                     if not ok:
                         say(event="bad", why=why)
         try:
-            eglcuda.Subscriber(args.name, remote=args.remote, timeout=args.timeout, key=b"another key, 16+ bytes")
+            eglcuda.Subscriber(args.name, remote=args.remote, timeout=args.timeout, key=os.urandom(32))
         except eglcuda.Refused:
             pass
         try:
@@ -199,6 +201,44 @@ def pair(args) -> int:
     finally:
         for sub in subs:
             sub.close()
+    return 0
+
+
+async def send_raw(ep, prefix: int, kind: int, data) -> None:
+    """Send ``data`` on the raw tag ``prefix << 8 | kind`` of endpoint ``ep`` (eglcuda.remote._ucx's):
+    what a peer that learnt the tag from the wire could send."""
+    import numpy as np
+
+    from eglcuda.remote import _ucx
+
+    engine = _ucx.engine()
+    array = data if isinstance(data, np.ndarray) else np.frombuffer(bytes(data), np.uint8)
+    await engine.wait(ep._ep.tag_send(engine.arr(array), engine.api.UCXXTag((prefix << 8) | kind)))
+
+
+def forge(args) -> int:
+    """A subscriber with the key that joins the relay, then sends, on another subscriber's tag
+    (read from stdin: what an observer of the wire learns), a BYE and a credit sealed under its own
+    session, and random bytes. Says when it did."""
+    import numpy as np
+
+    from eglcuda.remote import _ucx, wire
+
+    sub = eglcuda.Subscriber(args.name, qos="every", queue=4, device=args.device, timeout=args.timeout,
+                             remote=args.remote)
+    say(event="ready")
+    prefix = int(sys.stdin.readline())
+    ep = sub._link.ep
+
+    async def run() -> None:
+        for data in (wire.encode_control(ep.session, wire.Control.BYE),
+                     wire.encode_control(ep.session, wire.Control.CREDIT, wire.MAX_WINDOW), np.random.bytes(wire.CONTROL)):
+            await send_raw(ep, prefix, wire.CONTROL_TAG, data)
+
+    _ucx.run(_ucx.acquire(), run(), 10)
+    say(event="forged")
+    sys.stdin.readline()
+    sub.close()
     return 0
 
 
@@ -321,10 +361,26 @@ def mitm(args) -> int:
             confirm = await relay_message(victim)  # (sealed: the relay takes it, the attacker cannot read it)
             await real.stream_send(confirm)
             welcome = await relay_message(real)
-            forged = bytearray(welcome)
-            forged[20:40] = np.random.default_rng(9).integers(0, 256, 20, dtype=np.uint8).tobytes()
             say(event="forwarded", kind=wire.handshake_kind(welcome)[0].name)
-            await victim.stream_send(forged)
+            if args.mode != "frame":  # (its own geometry in the relay's sealed WELCOME)
+                forged = bytearray(welcome)
+                forged[20:40] = np.random.default_rng(9).integers(0, 256, 20, dtype=np.uint8).tobytes()
+                await victim.stream_send(forged)
+                await asyncio.sleep(args.timeout)
+                return
+            await victim.stream_send(welcome)  # (the relay's, untouched: the victim is welcomed)
+            prefix = int(await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline))
+            # A GONE note and a frame of its own making, on the victim's tags (seen on the wire).
+            note = bytearray(wire.NOTE)
+            note[:5] = b"ECRH" + bytes([int(wire.Head.GONE)])
+            note[24:28] = (9).to_bytes(4, "little")  # (its reason's length)
+            note[wire.HEADER:wire.HEADER + 9] = b"mitm-note"
+            await send_raw(victim, prefix, wire.NOTE_TAG, note)
+            await asyncio.sleep(0.5)
+            frame = np.zeros(wire.message_bytes(64 * 48 * 3 // 2), np.uint8)
+            wire.pack_frame(frame, 10**6, 0, b"forged")
+            await send_raw(victim, prefix, wire.FRAME_TAG, frame)
+            say(event="forged")
             await asyncio.sleep(args.timeout)
         except Exception as exc:  # noqa: BLE001 - the victim or the relay hung up
             say(event="ended", error=f"{type(exc).__name__}: {exc}")
@@ -339,14 +395,15 @@ def mitm(args) -> int:
 
     listener = _ucx.run(loop, listen(), 10)
     say(event="ready", port=listener.port)
-    sys.stdin.readline()
+    time.sleep(60)  # (stdin is the connection's: it reads the victim's tag prefix there)
     return 0
 
 
 def main() -> int:
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # (a hung peer's stacks, for debugging)
     parser = argparse.ArgumentParser()
-    parser.add_argument("role", choices=["relay", "subscribe", "garbage", "cycles", "pair", "forked", "mitm"])
+    parser.add_argument("role", choices=["relay", "subscribe", "garbage", "cycles", "pair", "forked", "mitm",
+                                           "forge"])
     parser.add_argument("--mode", default="magic")
     parser.add_argument("--frames", default="plain")
     parser.add_argument("--name", required=True)
@@ -376,7 +433,7 @@ def main() -> int:
     parser.add_argument("--wait-go", action="store_true")
     args = parser.parse_args()
     return {"relay": relay, "subscribe": subscribe, "garbage": garbage, "cycles": cycles, "pair": pair, "forked": forked,
-            "mitm": mitm}[args.role](args)
+            "mitm": mitm, "forge": forge}[args.role](args)
 
 
 if __name__ == "__main__":

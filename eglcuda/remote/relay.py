@@ -51,8 +51,9 @@ class Relay(Serving):
         which). UCXX's listener (0.52) takes a port only and UCX then listens on every address
         of the host: HOST is what :attr:`address` reports, not a bind address; keep the port
         behind a firewall (docs/security.md).
-    :param key: the pre-shared key (bytes, at least 16); None: from ``EGLCUDA_REMOTE_KEY_FILE``
-        or ``EGLCUDA_REMOTE_KEY`` (docs/security.md).
+    :param key: the pre-shared key (random bytes, at least 16: ``python -m eglcuda keygen PATH``
+        makes one; text and patterns are refused); None: from ``EGLCUDA_REMOTE_KEY_FILE`` or
+        ``EGLCUDA_REMOTE_KEY`` (docs/security.md).
     :param qos: the relay's own local subscription: ``"latest"`` (never slows the publisher;
         remote subscribers then see skipped frames when the relay falls behind) or ``"every"``.
     :param queue: the local subscription's queue (``every``).

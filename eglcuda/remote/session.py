@@ -21,13 +21,13 @@ import hashlib
 import hmac
 import itertools
 import struct
-from typing import Any
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any
 
-from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM, ChaCha20Poly1305
+from ..errors import PeerError, Unsupported, UsageError
 
-from ..errors import PeerError, UsageError
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 PROTOCOL_NAME = b"Noise_NNpsk0_25519_ChaChaPoly_SHA256"
 HASHLEN = 32
@@ -36,6 +36,31 @@ TAG = 16  # bytes an AEAD adds to what it seals
 PSK = 32  # bytes of a Noise pre-shared key
 MAX_NONCE = (1 << 64) - 1  # reserved by Noise: a CipherState never uses it
 PREFIX_BITS = 56  # a UCX tag prefix (wire.py: a tag is prefix << 8 | kind)
+
+
+INSTALL = "pip install 'eglcuda[remote-cu12]' (or remote-cu13), or pip install cryptography"
+_primitives: SimpleNamespace | None = None
+
+
+def _crypto() -> Any:
+    """pyca/cryptography's primitives, imported on first use (``import eglcuda`` does not need
+    them); :class:`Unsupported` with the line to install it."""
+    global _primitives
+    if _primitives is None:
+        try:
+            from cryptography.exceptions import InvalidTag
+            from cryptography.hazmat.primitives.asymmetric import x25519
+            from cryptography.hazmat.primitives.ciphers.aead import AESGCM, ChaCha20Poly1305
+        except ImportError:
+            raise Unsupported("cryptography", hint=INSTALL) from None
+        _primitives = SimpleNamespace(InvalidTag=InvalidTag, private=x25519.X25519PrivateKey,
+                                      public=x25519.X25519PublicKey, AESGCM=AESGCM, ChaCha20Poly1305=ChaCha20Poly1305)
+    return _primitives
+
+
+def require() -> None:
+    """:class:`Unsupported` (with the line to install it) when pyca/cryptography is missing."""
+    _crypto()
 
 
 class AuthenticationFailed(PeerError):
@@ -65,7 +90,7 @@ class _CipherState:
     """Noise's CipherState: a key (or none yet) and a counter that every message moves on."""
 
     def __init__(self, key: bytes | None = None) -> None:
-        self._aead = ChaCha20Poly1305(key) if key is not None else None
+        self._aead = _crypto().ChaCha20Poly1305(key) if key is not None else None
         self.n = 0
 
     @property
@@ -77,7 +102,7 @@ class _CipherState:
             return plaintext
         if self.n >= MAX_NONCE:
             raise PeerError("a session ran out of nonces: start a new one")
-        out = self._aead.encrypt(_nonce(self.n), plaintext, ad)
+        out: bytes = self._aead.encrypt(_nonce(self.n), plaintext, ad)
         self.n += 1
         return out
 
@@ -87,8 +112,8 @@ class _CipherState:
         if self.n >= MAX_NONCE:
             raise PeerError("a session ran out of nonces: start a new one")
         try:
-            out = self._aead.decrypt(_nonce(self.n), ciphertext, ad)
-        except InvalidTag:
+            out: bytes = self._aead.decrypt(_nonce(self.n), ciphertext, ad)
+        except _crypto().InvalidTag:
             raise AuthenticationFailed(f"{what} did not open: the peer holds another key, or the message was forged, "
                                        f"altered, replayed or reordered") from None
         self.n += 1  # (only a message that opened moves the counter on)
@@ -102,7 +127,7 @@ class Handshake:
     (the relay); then the initiator writes, the responder reads, the responder writes, the
     initiator reads, and both :meth:`split`."""
 
-    def __init__(self, key: bytes, prologue: bytes, initiator: bool, ephemeral: X25519PrivateKey | None = None) -> None:
+    def __init__(self, key: bytes, prologue: bytes, initiator: bool, ephemeral: "X25519PrivateKey | None" = None) -> None:
         if len(key) != PSK:
             raise ValueError(f"a Noise pre-shared key is {PSK} bytes, got {len(key)}")
         self._initiator = initiator
@@ -118,11 +143,11 @@ class Handshake:
         self._step = 0  # 0: the initiator's message; 1: the responder's; 2: done
 
     @classmethod
-    def initiator(cls, key: bytes, prologue: bytes, ephemeral: X25519PrivateKey | None = None) -> "Handshake":
+    def initiator(cls, key: bytes, prologue: bytes, ephemeral: "X25519PrivateKey | None" = None) -> "Handshake":
         return cls(key, prologue, True, ephemeral)
 
     @classmethod
-    def responder(cls, key: bytes, prologue: bytes, ephemeral: X25519PrivateKey | None = None) -> "Handshake":
+    def responder(cls, key: bytes, prologue: bytes, ephemeral: "X25519PrivateKey | None" = None) -> "Handshake":
         return cls(key, prologue, False, ephemeral)
 
     # ---- SymmetricState ---------------------------------------------------------------------
@@ -151,7 +176,7 @@ class Handshake:
     # ---- the tokens -----------------------------------------------------------------------
     def _write_e(self) -> bytes:
         if self._e is None:
-            self._e = X25519PrivateKey.generate()
+            self._e = _crypto().private.generate()
         public = self._e.public_key().public_bytes_raw()
         self._mix_hash(public)
         self._mix_key(public)  # (a psk pattern: the ephemeral is mixed into the key too)
@@ -168,7 +193,7 @@ class Handshake:
     def _ee(self) -> None:
         assert self._e is not None and self._re is not None
         try:
-            shared = self._e.exchange(X25519PublicKey.from_public_bytes(self._re))
+            shared = self._e.exchange(_crypto().public.from_public_bytes(self._re))
         except ValueError:  # (a low-order point: the shared secret would be all zeros)
             raise AuthenticationFailed("the peer's ephemeral key is not a usable X25519 key") from None
         self._mix_key(shared)
@@ -300,7 +325,7 @@ class FrameSeal:
             raise ValueError("a frame key is 32 bytes")
         self.key = bytes(key)
         self.mode = FrameMode(mode)
-        self._aead = AESGCM(self.key)
+        self._aead = _crypto().AESGCM(self.key)
         self._header_end = header_end
         self._counter_at = counter_at
         self._data_at = data_at
@@ -335,7 +360,7 @@ class FrameSeal:
             else:
                 covered = view[:end] if self.mode is FrameMode.INTEGRITY else view[:self._data_at]
                 self._aead.decrypt_into(nonce, view[end:], covered, bytearray(0))
-        except InvalidTag:
+        except _crypto().InvalidTag:
             raise AuthenticationFailed("a frame did not open under the relay's frame key: forged or altered on its "
                                        "way") from None
         return int(counter)

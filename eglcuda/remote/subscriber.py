@@ -38,6 +38,7 @@ from ..topics.transports.views import SlotView, _ViewSpec, join_readers
 from . import _ucx, keys, wire
 from .buffers import Pinned
 from .link import Joining, _Link
+from . import session
 from .session import frame_mode
 from .wire import NO_PUBLISHER, parse_address
 
@@ -84,6 +85,7 @@ class RemoteSubscriber(Joining, Subscriber):
         self.timeout = positive_seconds(timeout, "timeout")
         self._busy_wait = sockets.wait_seconds(busy_wait, "busy_wait")
         _ucx.require()  # (what to install is the first thing to say)
+        session.require()
         _ucx.check_fork()
         self._key = keys.load_key(key)
         self.path = f"ucx://{remote}"
