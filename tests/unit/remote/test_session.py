@@ -82,6 +82,9 @@ def test_the_relay_answers_nothing_keyed_to_a_peer_without_the_key():
         relay.read_message(Handshake.initiator(keys.noise_psk(os.urandom(32)), b"p").write_message(b"x"))
     with pytest.raises(AuthenticationFailed):
         relay.read_message(os.urandom(80))
+    # What such a peer gets from a relay: its first message and a refusal, the same bytes for everyone.
+    assert wire.encode_relay() == wire.encode_relay()
+    assert wire.encode_refuse(1, "x") == wire.encode_refuse(1, "x")
 
 
 def test_a_recorded_first_message_played_again_gets_a_session_it_cannot_use():
@@ -195,3 +198,11 @@ def test_a_key_file_in_a_folder_others_may_write_is_refused(tmp_path):
         keys.read_key_file(str(folder / "k"))
     folder.chmod(0o700)
     assert len(keys.read_key_file(str(folder / "k"))) == 32
+
+
+def test_the_frame_seal_bench_prints_each_mode(tmp_path):
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "frame_seal.py"), "--sizes", "1080p-nv12", "--repeat",
+                           "2"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    for mode in ("plain", "integrity", "encrypted"):
+        assert f"| 1080p-nv12 | frames={mode}: seal + open |" in done.stdout
