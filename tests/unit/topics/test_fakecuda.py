@@ -218,6 +218,64 @@ def test_a_publisher_of_cuda_arrays_does_not_offer_cuda_ipc(env, path):
         publisher.stop()
 
 
+_PUBLISH_AND_CLOSE = """
+import json, sys, time, eglcuda
+sys.path.insert(0, "tests/gpu")
+from topics_peer import content, payload_of
+path, offer, frames, subscribers = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+pub = eglcuda.Publisher("t", 64, 48, "NV12", path=path, every_timeout=10.0,
+                        transports=None if offer == "default" else [offer])
+print(json.dumps({"event": "ready"}), flush=True)
+while len(pub.subscribers) < subscribers:
+    pub.discard(pub.next_frame(5))
+    time.sleep(0.01)
+
+def put(seq):
+    frame = pub.next_frame(timeout=30)
+    for plane, data in zip(frame.planes, content([p.shape for p in frame.planes], 8, seq)):
+        plane.copy_from(data)
+    pub.publish(frame, payload=payload_of(seq, 8))
+
+for seq in range(frames - 2):
+    put(seq)
+    time.sleep(0.001)
+time.sleep(1.0)  # every subscriber catches up: none is at its credit for the last frame
+behind = [s.outstanding for s in pub.subscribers if s.outstanding]
+put(frames - 2)
+time.sleep(0.05)  # each subscriber takes it and sleeps on it (--sleep-ms) while the last one comes
+put(frames - 1)
+pub.close(5.0)  # the goodbye right behind the last frame: both wait for the subscriber when it wakes
+print(json.dumps({"event": "closed", "behind": behind}), flush=True)
+"""
+
+
+@pytest.mark.parametrize("transport", ["cuda-ipc", "cuda-vmm"])
+def test_latest_subscribers_get_the_last_frame_before_the_close(env, path, transport):
+    """400 frames to three 'latest' subscriber processes, the publisher closing right after the
+    last one: each subscriber's last frame is the last published, every byte right. The last
+    frame and the goodbye come while the subscribers sleep on frame 398: the receive that takes
+    frame 399 reads past it to the goodbye (which used to lose the frame: a last frame of 398
+    through cuda-vmm on the GPU)."""
+    offer = "default" if transport == "cuda-ipc" else transport
+    publisher = JsonPeer(["-c", _PUBLISH_AND_CLOSE, path, offer, "400", "3"], env=env, cwd=str(ROOT))
+    subscribers = []
+    try:
+        publisher.wait_for(lambda m: m["event"] == "ready", timeout=60)
+        subscribers = [Peer(env, "subscribe", path, "--transport", transport, "--qos", "latest", "--seed", "8",
+                            "--sleep-ms", "200") for _ in range(3)]
+        closed = publisher.wait_for(lambda m: m["event"] == "closed", timeout=120)
+        assert closed["behind"] == []
+        for peer in subscribers:
+            ended = peer.wait_for(lambda m: m["event"] in ("disconnected", "done"), timeout=60)
+            assert ended.get("kind") == "Dropped", ended
+            seqs = [m["seq"] for m in peer.got()]
+            assert seqs and seqs == sorted(set(seqs)) and seqs[-1] == 399, seqs[-5:]
+            assert all(m["ok"] for m in peer.got()), [m for m in peer.got() if not m["ok"]][:2]
+    finally:
+        for peer in [publisher, *subscribers]:
+            peer.stop()
+
+
 def test_cuda_ipc_join_leave_cycles_and_two_subscribers_in_one_process(env, path):
     publisher = Peer(env, "publish", path, *PUBLISH, "--frames", "0", "--rate", "1000", "--seed", "7")
     try:
