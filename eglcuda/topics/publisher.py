@@ -78,7 +78,8 @@ class Publisher:
         of them that can serve this pool). A pool is one kind of memory, and a publisher offers only
         transports that can serve it: ``cuda-vmm`` makes the pool memory shared by file descriptor
         (docs/security.md), which neither ``cuda-ipc`` nor ``eglstream`` can serve, so it is offered
-        alone; ``cuda-ipc`` needs ``layout="pitch"``; ``eglstream`` needs ``max_pool >= 2``.
+        alone; ``cuda-ipc`` needs ``layout="pitch"`` and a discrete GPU; ``eglstream`` needs
+        ``max_pool >= 2``.
         Transports named that break this raise :class:`eglcuda.UsageError` saying which to name
         instead; a subscriber asking for a transport not offered is refused with the reason.
 

@@ -26,9 +26,9 @@ class CudaPublisherBackend(PublisherBackend):
     :meth:`eglcuda.Frame.allocate` unless one of them needs its own kind of memory (``cuda-vmm``)."""
 
     def __init__(self, device: "int | CudaDevice", offer: registry.Offer) -> None:
-        self.offer = offer
         self.device = get_device(device)
         self.identity = DeviceIdentity.of(self.device)
+        self.offer = offer.on_integrated_gpu() if self.identity.integrated else offer
         self.geometry_spec: Geometry | None = None
         self._uuids: dict[bytes, int] | None = None
         self._transports = [spec.publisher(self) for spec in offer.specs]

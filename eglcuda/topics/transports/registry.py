@@ -40,7 +40,8 @@ class TransportSpec:
     - ``rank``: ``auto`` asks for transports in rising rank (ties: registration order);
     - ``unfit(backend)``: why a subscriber with this backend cannot use the transport at all
       (None: it can; asked before the handshake: a forced transport then fails with the reason);
-    - ``on_integrated``: whether ``auto`` offers it on an integrated GPU (Tegra);
+    - ``on_integrated``: whether it works on an integrated GPU (Tegra): ``auto`` asks for it
+      there, and a publisher there offers it;
     - ``offered``: whether a publisher offers it unless told which transports to offer;
     - ``memory``: the pool memory it serves (``DEVICE_MEMORY``, ``VMM_MEMORY``); a transport of
       another memory than ``DEVICE_MEMORY`` makes the pool itself (``PublisherTransport.allocate``);
@@ -114,11 +115,18 @@ def too_few_frames(keeps_frames: int, max_pool: int) -> str | None:
 class Offer:
     """What a publisher offers (:func:`offer`): ``specs``, in ``auto``'s order, all serving a pool
     of ``memory``; ``refusals``: for each registered transport it does not offer, why (what a
-    subscriber asking for it is told)."""
+    subscriber asking for it is told); ``asked``: the arguments it was decided from."""
 
     specs: tuple[TransportSpec, ...]
     memory: str
     refusals: Mapping[str, str]
+    asked: tuple[tuple[str, ...] | None, Layout, int, bool]
+
+    def on_integrated_gpu(self) -> "Offer":
+        """The same request for a publisher on an integrated GPU (Tegra): known once its device
+        is (the rest of the rule is checked before any device is touched)."""
+        names, layout, max_pool, integrated = self.asked
+        return self if integrated else offer(names, layout, max_pool, integrated=True)
 
     @property
     def names(self) -> list[str]:
@@ -130,8 +138,11 @@ class Offer:
         return f"not offered by this publisher (it offers {', '.join(self.names)})" + (f": {why}" if why else "")
 
 
-def _unfit(spec: TransportSpec, layout: Layout, max_pool: int) -> str | None:
-    """Why ``spec`` cannot serve a pool of ``layout`` and ``max_pool`` frames, whatever its memory."""
+def _unfit(spec: TransportSpec, layout: Layout, max_pool: int, integrated: bool) -> str | None:
+    """Why ``spec`` cannot serve a pool of ``layout`` and ``max_pool`` frames (on an
+    ``integrated`` GPU), whatever its memory."""
+    if integrated and not spec.on_integrated:
+        return f"the publisher's GPU is integrated (Tegra), where {spec.name} is not available"
     if layout not in spec.layouts:
         return spec.layout_note or f"{spec.name} does not serve layout={layout.value!r}"
     return too_few_frames(spec.keeps_frames, max_pool)
@@ -148,12 +159,13 @@ def _names(specs: Sequence[TransportSpec]) -> list[str]:
     return [spec.name for spec in specs]
 
 
-def offer(names: Sequence[str] | None, layout: Layout, max_pool: int) -> Offer:
-    """What a publisher of a pool in ``layout`` with up to ``max_pool`` frames offers, when told
-    to offer the transports ``names`` (None: those registered as ``offered``).
+def offer(names: Sequence[str] | None, layout: Layout, max_pool: int, integrated: bool = False) -> Offer:
+    """What a publisher of a pool in ``layout`` with up to ``max_pool`` frames (on an
+    ``integrated`` GPU) offers, when told to offer the transports ``names`` (None: those
+    registered as ``offered``).
 
     The rule: a pool is one kind of memory, and every transport offered must serve it, in its
-    layout, with that many frames. Named transports that break it raise :class:`UsageError`
+    layout, with that many frames, on that GPU. Named transports that break it raise :class:`UsageError`
     saying why and which to name instead; of the default ones, those that do not fit are left
     out (a subscriber asking for one is told why)."""
     known = registered()
@@ -166,7 +178,7 @@ def offer(names: Sequence[str] | None, layout: Layout, max_pool: int) -> Offer:
     chosen = [spec for spec in known if (spec.offered if names is None else spec.name in names)]
     refusals = {spec.name: "" for spec in known if spec not in chosen}
     # Layout and pool size: they do not depend on the other transports.
-    unfit = {spec.name: why for spec in chosen if (why := _unfit(spec, layout, max_pool)) is not None}
+    unfit = {spec.name: why for spec in chosen if (why := _unfit(spec, layout, max_pool, integrated)) is not None}
     fit = [spec for spec in chosen if spec.name not in unfit]
     # Memory: the pool is made for the first transport that needs memory of its own, or is the
     # backend's usual memory; a transport that serves another cannot be offered with it.
@@ -191,8 +203,8 @@ def offer(names: Sequence[str] | None, layout: Layout, max_pool: int) -> Offer:
     for spec in known:
         if spec.name in refusals and not refusals[spec.name]:
             refusals[spec.name] = (_memory_conflict(spec, memory, makers) if spec.memory != memory
-                                   else _unfit(spec, layout, max_pool) or "")
-    return Offer(tuple(chosen), memory, refusals)
+                                   else _unfit(spec, layout, max_pool, integrated) or "")
+    return Offer(tuple(chosen), memory, refusals, (None if names is None else tuple(names), layout, max_pool, integrated))
 
 
 def _clash_error(chosen: Sequence[TransportSpec], makers: Sequence[TransportSpec], clash: Sequence[TransportSpec],
