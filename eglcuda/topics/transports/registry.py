@@ -165,9 +165,9 @@ def offer(names: Sequence[str] | None, layout: Layout, max_pool: int, integrated
     registered as ``offered``).
 
     The rule: a pool is one kind of memory, and every transport offered must serve it, in its
-    layout, with that many frames, on that GPU. Named transports that break it raise :class:`UsageError`
-    saying why and which to name instead; of the default ones, those that do not fit are left
-    out (a subscriber asking for one is told why)."""
+    layout, with that many frames, on that GPU. Named transports that break it raise
+    :class:`UsageError` saying why and which to name instead; of the default ones, those that do
+    not fit are left out (a subscriber asking for one is told why)."""
     known = registered()
     if names is not None:
         if isinstance(names, str) or not all(isinstance(name, str) for name in names):
@@ -178,7 +178,8 @@ def offer(names: Sequence[str] | None, layout: Layout, max_pool: int, integrated
     chosen = [spec for spec in known if (spec.offered if names is None else spec.name in names)]
     refusals = {spec.name: "" for spec in known if spec not in chosen}
     # Layout and pool size: they do not depend on the other transports.
-    unfit = {spec.name: why for spec in chosen if (why := _unfit(spec, layout, max_pool, integrated)) is not None}
+    unfit = {spec.name: why for spec in chosen
+             if (why := _unfit(spec, layout, max_pool, integrated)) is not None}
     fit = [spec for spec in chosen if spec.name not in unfit]
     # Memory: the pool is made for the first transport that needs memory of its own, or is the
     # backend's usual memory; a transport that serves another cannot be offered with it.
@@ -204,7 +205,8 @@ def offer(names: Sequence[str] | None, layout: Layout, max_pool: int, integrated
         if spec.name in refusals and not refusals[spec.name]:
             refusals[spec.name] = (_memory_conflict(spec, memory, makers) if spec.memory != memory
                                    else _unfit(spec, layout, max_pool, integrated) or "")
-    return Offer(tuple(chosen), memory, refusals, (None if names is None else tuple(names), layout, max_pool, integrated))
+    asked = (None if names is None else tuple(names), layout, max_pool, integrated)
+    return Offer(tuple(chosen), memory, refusals, asked)
 
 
 def _clash_error(chosen: Sequence[TransportSpec], makers: Sequence[TransportSpec], clash: Sequence[TransportSpec],
@@ -217,8 +219,8 @@ def _clash_error(chosen: Sequence[TransportSpec], makers: Sequence[TransportSpec
     groups = [[spec.name for spec in fit if spec.memory == kind] for kind in needs]
     why = "; ".join(spec.memory_note for spec in [*makers, *clash] if spec.memory_note)
     choices = [f"transports={group!r}" for group in groups if group]
-    offer = f". Offer {' or '.join(choices)}" if choices else ""
+    advice = f". Offer {' or '.join(choices)}" if choices else ""
     if len(choices) > 1:
-        offer += " (one publisher each, if subscribers need both)"
+        advice += " (one publisher each, if subscribers need both)"
     return (f"transports {_names(chosen)!r} cannot be offered together: a publisher's pool is one kind of memory, "
-            f"and they need {' and '.join(_MEMORY_NAMES[kind] for kind in needs)} ({why}){offer}")
+            f"and they need {' and '.join(_MEMORY_NAMES[kind] for kind in needs)} ({why}){advice}")

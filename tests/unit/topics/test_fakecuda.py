@@ -102,7 +102,8 @@ def test_cuda_ipc_fanout_every_byte(env, path, busy_every):
 
 
 def test_cuda_vmm_fanout_every_byte_with_one_descriptor_per_slot(env, path):
-    """A publisher offering cuda-vmm: its pool is VMM memory (offered alone), each slot's descriptor reaches a subscriber once, with its SLOT message, and two subscribers (every,
+    """A publisher offering cuda-vmm: its pool is VMM memory (offered alone), each slot's
+    descriptor reaches a subscriber once, with its SLOT message, and two subscribers (every,
     latest) check every byte of every frame they get; auto picks cuda-vmm there."""
     publisher = Peer(env, "publish", path, *PUBLISH, "--frames", "0", "--rate", "400", "--seed", "6",
                      "--offer", "cuda-vmm", "--pool", "4")
