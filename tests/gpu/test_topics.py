@@ -1,12 +1,14 @@
 """Frame topics on the GPU: a publisher and subscribers in fresh interpreters (tests/gpu/topics_peer.py),
-every byte of every frame checked, through both transports in turn.
+every byte of every frame checked, through each transport in turn.
 
 Covered: fan-out to several subscriber processes with every byte checked (NV12 1080p and other
 formats), late join / leave / rejoin, SIGKILL of a subscriber (also with GPU work queued behind its
 release) while others keep receiving, SIGKILL of the publisher and its restart with the subscriber
 waiting, a subscriber on a second GPU, a GL subscriber, hostile peers, 1,000 join/leave cycles with
-descriptors and device memory flat in both processes, the transport ``auto`` picks, and the
-``topics`` listing.
+descriptors and device memory flat in both processes, the transport ``auto`` picks, the
+``topics`` listing, what a publisher offers (combinations refused when it is made; a subscriber
+asking for a transport not offered refused with the reason), and the last frame before a close
+reaching 'latest' subscribers.
 """
 from __future__ import annotations
 
