@@ -26,7 +26,7 @@ from _script import fail, require, run  # noqa: E402
 
 PROGRAM = "bench/frame_seal.py"
 SIZES = {"1080p-nv12": 1920 * 1080 * 3 // 2, "4k-argb": 3840 * 2160 * 4}
-CRYPTOGRAPHY = ("cryptography", "pyca/cryptography", "pip install 'eglcuda[remote-cu12]' (or remote-cu13)")
+CRYPTOGRAPHY = ("cryptography", "pyca/cryptography", "pip install -e '.[remote-cu12]' in a checkout (or remote-cu13)")
 
 
 def timed(step: Callable[[], object], repeat: int) -> float:

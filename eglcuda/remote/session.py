@@ -38,7 +38,7 @@ MAX_NONCE = (1 << 64) - 1  # reserved by Noise: a CipherState never uses it
 PREFIX_BITS = 56  # a UCX tag prefix (wire.py: a tag is prefix << 8 | kind)
 
 
-INSTALL = "pip install 'eglcuda[remote-cu12]' (or remote-cu13), or pip install cryptography"
+INSTALL = "pip install -e '.[remote-cu12]' in a checkout (or remote-cu13), or pip install cryptography"
 _primitives: SimpleNamespace | None = None
 
 

@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-pytest.importorskip("cryptography", reason="pyca/cryptography is not installed: pip install 'eglcuda[remote-cu12]'")
+pytest.importorskip("cryptography", reason="pyca/cryptography is not installed: pip install -e '.[remote-cu12]' in a checkout")
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey  # noqa: E402
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305  # noqa: E402
 
