@@ -246,7 +246,7 @@ def encode_confirm(session: Session) -> bytearray:
 
 
 def decode_confirm(session: Session, body: memoryview) -> bool:
-    """True, or :class:`AuthenticationFailed` (not this session's subscriber)."""
+    """True, or :class:`AuthenticationFailed` (the peer is not the subscriber of the session made)."""
     _check(session.open(HANDSHAKE_CHANNEL, _noise_of(body)) == _CONFIRM, "CONFIRM")
     return True
 
