@@ -32,7 +32,7 @@ from .streams.cuda import AcquiredFrame, CudaConsumer, CudaProducer
 from .streams.gl import GLFrame, GLSurfaceProducer, GLTextureConsumer
 from .streams.share import acknowledge, offer_fd, receive_fd, receive_stream, serve_stream
 from .streams.stream import ResourceLocation, Stream, StreamState
-from .topics import Message, Publisher, Subscriber, SubscriberInfo, TopicInfo, list_topics
+from .topics import Message, Publisher, Subscriber, SubscriberInfo, TopicInfo, WaitSet, list_topics
 from .remote import Relay, RemoteInfo, RemoteSubscriber  # (registers Subscriber(remote=...); ucxx not imported)
 from .syncs.paths import ServerWaitPath, SyncPath, SyncPaths, gl_server_wait_path, sync_paths
 from .syncs.sync import CudaWait, Sync, SyncKind, cuda_wait_sync, sync_after_cuda
@@ -100,6 +100,7 @@ __all__ = [
     "Subscriber",
     "SubscriberInfo",
     "TopicInfo",
+    "WaitSet",
     "list_topics",
     "CudaDevice",
     "Device",

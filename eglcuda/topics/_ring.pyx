@@ -398,6 +398,20 @@ cdef class RingInbox:
     def queued_kinds(self):
         return b""
 
+    def arm(self):
+        """For a watcher of the socket (``Subscriber.fileno()``): True when something is there to
+        read now (an entry, a socket message read early, the connection's end). Else the socket's
+        WAKE bytes are read, the "sleeps" flag is set, so that the publisher's next entry sends a
+        WAKE (the socket becomes readable), and False. The eventcount's order: the flag is set
+        before the count is read again, so an entry written meanwhile is seen here or wakes."""
+        if self.fd < 0 or self.ended or self.early or self.ring.waiting():
+            return True
+        self.take_socket()  # (WAKEs that did their work, and what else came, kept in order)
+        if self.ended or self.early:
+            return True
+        flag_set(self.ring.flag(AT_SUB_SLEEPS), 1)
+        return self.ring.waiting()
+
     def next(self, deadline=None):
         return self.read(deadline, False)
 
@@ -420,6 +434,7 @@ cdef class RingInbox:
         cdef int ready, timeout_ms
         cdef pollfd watch[2]
         cdef bint asked = False
+        cdef bint socket_read = False
         while True:
             if self.fd < 0:
                 return NO_BYTES
@@ -455,6 +470,10 @@ cdef class RingInbox:
                 continue
             left = until - monotonic()
             if not left > 0:
+                if not socket_read:  # (a deadline already past, receive(timeout=0): the socket is
+                    socket_read = True  # asked once, for its end or a message that came without an entry)
+                    self.take_socket()
+                    continue
                 return None
             flag_set(self.ring.flag(AT_SUB_SLEEPS), 1)
             if self.ring.waiting():
