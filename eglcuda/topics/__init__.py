@@ -14,8 +14,9 @@ Modules (docs/architecture.md draws them): :mod:`.publisher` (a facade over :mod
 transport behind one interface, registered by name), :mod:`.protocol` and ``_wire`` (the wire
 format), :mod:`.naming` (names, directories, locks), :mod:`.sockets` (the topic's socket steps),
 :mod:`.registry` (listing), :mod:`.waitset` (waiting on many sources, through each subscriber's
-:mod:`.readiness` descriptor). See docs/topics.md and docs/sources.md.
+:mod:`.readiness` descriptor), :mod:`.batcher` (batches from many sources). See docs/topics.md and docs/sources.md.
 """
+from .batcher import Batch, BatchFrame, Batcher, BatchPlane
 from .info import DropRecord, SubscriberInfo, TopicInfo
 from .protocol import Qos, Reason
 from .publisher import Publisher
@@ -25,5 +26,6 @@ from .subscriber import Subscriber
 from .transports import SlotView
 from .waitset import Attachment, Event, WaitSet
 
-__all__ = ["Attachment", "DropRecord", "Event", "Listing", "Message", "Publisher", "Qos", "Reason", "SlotView", "Subscriber", "SubscriberInfo",
-           "TopicInfo", "TopicStatus", "WaitSet", "list_topics"]
+__all__ = ["Attachment", "Batch", "BatchFrame", "BatchPlane", "Batcher", "DropRecord", "Event", "Listing", "Message",
+           "Publisher", "Qos", "Reason", "SlotView", "Subscriber", "SubscriberInfo", "TopicInfo", "TopicStatus", "WaitSet",
+           "list_topics"]

@@ -237,12 +237,11 @@ class Batcher:
         if not self.subscribers:
             raise UsageError("a batcher needs at least one subscriber")
         self.batch_size = batch_size
-        self._check_sources(self.subscribers)
+        self.device: CudaDevice = self._check_sources(self.subscribers)
         first = self.subscribers[0]
         info = first.info
         assert info is not None  # (_check_sources: every source is connected)
         self.width, self.height, self.format = info.width, info.height, info.format
-        self.device: CudaDevice = first._backend.device
         self._layout, size = _batch_layout(info.format, info.width, info.height, batch_size)
         self._plane_shapes = tuple((g.height, g.width, g.channels) for _, g in self._layout)
         self._own_stream = False
@@ -274,10 +273,11 @@ class Batcher:
         self._ready = set(range(len(self.subscribers)))  # sources that may have a frame (asked first)
         self._last_seq: list[int | None] = [None] * len(self.subscribers)
         self.ended: dict[int, BaseException] = {}  # source index -> why it left the rotation
+        self._errors: dict[int, BaseException] = {}  # sources the wait set reported ended
 
     @staticmethod
-    def _check_sources(subscribers: Sequence[Subscriber]) -> None:
-        """Refuse what cannot be batched, before any driver call."""
+    def _check_sources(subscribers: Sequence[Subscriber]) -> CudaDevice:
+        """Refuse what cannot be batched, before any driver call; the sources' CUDA device."""
         seen: dict[int, int] = {}
         reference = None
         for index, sub in enumerate(subscribers):
@@ -299,9 +299,11 @@ class Batcher:
             described = (info.width, info.height, info.format, device.ordinal)
             if reference is None:
                 reference = (sub.name, described)
+                first_device: CudaDevice = device
                 continue
             if described != reference[1]:
                 raise MismatchedSource(_mismatch(index, sub.name, described, *reference))
+        return first_device
 
     # ---- forming batches ---------------------------------------------------------------------
     def next(self, timeout: float | None = None) -> Batch:
@@ -363,6 +365,8 @@ class Batcher:
                 message = sub.receive(0)
             except Timeout:
                 self._ready.discard(index)
+                if index in self._errors:
+                    self._end(index, self._errors[index])
                 continue
             except (StreamDisconnected, ClosedError) as exc:
                 self._end(index, exc)
@@ -415,9 +419,10 @@ class Batcher:
             if index is None or index in self.ended:
                 continue
             if event.kind == "error":
-                self._end(index, event.error or StreamDisconnected(f"source {index} ended"))
-            else:
-                self._ready.add(index)
+                # Frames queued before the end are still received first: the source ends when
+                # its receive says so (or, should it have nothing more, with this error).
+                self._errors[index] = event.error or StreamDisconnected(f"source {index} ended")
+            self._ready.add(index)
         return bool(events)
 
     def _end(self, index: int, error: BaseException) -> None:
