@@ -262,8 +262,8 @@ class Batcher:
             self._free = list(range(pool))  # buffers whose batch was released (or never handed out)
             self._out: dict[int, Batch] = {}
             self._waitset = WaitSet()
-            self._attachments = {id(a): i for i, a in
-                                 enumerate(self._waitset.attach(s) for s in self.subscribers)}
+            self._attached = [self._waitset.attach(s) for s in self.subscribers]
+            self._attachments = {id(a): i for i, a in enumerate(self._attached)}
         except BaseException:
             self._closed = False
             self.close()
@@ -431,10 +431,12 @@ class Batcher:
             return
         self.ended[index] = error
         self._ready.discard(index)
+        attachment = self._attached[index]
+        del self._attachments[id(attachment)]
         if self._waitset is not None:
-            for attachment_id, source in list(self._attachments.items()):
-                if source == index:
-                    del self._attachments[attachment_id]
+            # (An ended subscriber's descriptor stays readable: left attached, every wait would
+            # return at once.)
+            self._waitset.detach(attachment)
 
     def _all_ended(self) -> StreamDisconnected:
         reasons = "; ".join(f"source {i} ({self.subscribers[i].name!r}): {e}" for i, e in sorted(self.ended.items()))

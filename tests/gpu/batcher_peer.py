@@ -105,6 +105,7 @@ def batch(args) -> int:
         fake.fake_cuda_hold(ctypes.c_void_p(batcher.cuda_stream), 1)
     say(event="batcher", stream=batcher.cuda_stream, own_stream=batcher._own_stream)
     made = 0
+    wall, cpu = time.monotonic(), time.process_time()
     try:
         while made < args.count:
             started = time.monotonic_ns()
@@ -144,10 +145,12 @@ def batch(args) -> int:
     finally:
         if fake is not None:
             fake.fake_cuda_hold(ctypes.c_void_p(batcher.cuda_stream), 0)
+        ended = dict(batcher.ended)
         batcher.close()
         for sub in subs:
             sub.close()
-    say(event="done", batches=made)
+    say(event="done", batches=made, wall_s=time.monotonic() - wall, cpu_s=time.process_time() - cpu,
+        ended={str(k): type(v).__name__ for k, v in ended.items()})
     return 0
 
 

@@ -116,3 +116,30 @@ def test_bad_input_is_refused_with_the_reason(sources):
     }
     for label, (kind, words) in expected.items():
         assert results[label][0] == kind and words in results[label][1], (label, results[label])
+
+
+def test_a_source_that_closes_leaves_the_rotation_and_the_others_go_on(sources):
+    """Source 0's publisher closes its topic after 5 s, source 1's after 8 s: the batcher goes
+    on with source 1 alone, sleeping between its frames (no busy loop on the ended source's
+    descriptor), loses none of its frames, and once both closed says every source ended."""
+    sources.add(71, rate=100, frames=500)
+    sources.add(72, rate=50, frames=400)
+    peer = sources.batcher("batch", "--batch-size", "2", "--count", "100000", "--formation-ms", "30")
+    try:
+        peer.wait_for(lambda m: m["event"] == "batcher")
+        for publisher in sources.peers:
+            publisher.send("bye")  # topics_peer.py's publisher closes its topic after its frames
+        done = peer.wait_for(lambda m: m["event"] == "done")
+        ended = peer.wait_for(lambda m: m["event"] == "ended")
+    finally:
+        peer.stop()
+    batches = [m for m in peer.messages if m.get("event") == "batch"]
+    assert all(not b["wrong"] for b in batches)
+    assert any(0 in b["sources"] for b in batches), (batches[:3], done, peer.stderr())
+    last_of_0 = max(i for i, b in enumerate(batches) if 0 in b["sources"])
+    later = batches[last_of_0 + 1:]
+    assert len(later) >= 50 and all(set(b["sources"]) == {1} for b in later), later
+    seqs = [seq for b in batches for source, seq in zip(b["sources"], b["seqs"]) if source == 1]
+    assert seqs == list(range(seqs[0], 400)), seqs
+    assert done["ended"] == {"0": "Dropped", "1": "Dropped"} and "every source" in ended["error"], (done, ended)
+    assert done["cpu_s"] < 0.5 * done["wall_s"], done
