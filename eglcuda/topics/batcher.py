@@ -497,7 +497,8 @@ class Batcher:
         if self._closed:
             return
         self._closed = True
-        for batch in list(getattr(self, "_out", {}).values()):
+        out = getattr(self, "_out", {})
+        for batch in out.values():
             batch._released = True
         self._out = {}
         waitset, self._waitset = self._waitset, None
@@ -508,8 +509,11 @@ class Batcher:
                 self.device.make_current()
                 cuda.stream_synchronize(self.cuda_stream, "finishing a batcher's copies")
         finally:
-            for memory in self._memory:
-                memory.close()
+            for slot, memory in enumerate(self._memory):
+                if slot not in out:
+                    memory.close()
+                # (A buffer whose batch is out may still be viewed, by a tensor made from it: its
+                # memory goes when the batch and every view of it are gone.)
             self._memory = []
             if self._own_stream:
                 self._own_stream = False
