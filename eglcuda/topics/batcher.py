@@ -375,6 +375,9 @@ class Batcher:
                 self._copy(index, message, base, frames)
             finally:
                 message.release()
+            # Asked again only once the wait set says it has a frame (a receive that finds
+            # none costs an exception).
+            self._ready.discard(index)
             took = True
             self._cursor = (index + 1) % count
             if len(frames) == self.batch_size:
