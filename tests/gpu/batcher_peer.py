@@ -105,6 +105,7 @@ def batch(args) -> int:
         fake.fake_cuda_hold(ctypes.c_void_p(batcher.cuda_stream), 1)
     say(event="batcher", stream=batcher.cuda_stream, own_stream=batcher._own_stream)
     made = 0
+    pending = None  # (report, copies, frames) of the slow reader's batch not checked yet
     wall, cpu = time.monotonic(), time.process_time()
     try:
         while made < args.count:
@@ -125,11 +126,18 @@ def batch(args) -> int:
                 # Sources released before this returned: their streams wait for the batcher's
                 # (held: its copies "still run"), so the publishers wait for the copies.
                 report["sources_wait_for_copies"] = [not _idle(fake, s.cuda_stream) for s in subs]
+            if args.torch:
+                report["torch"] = _torch_views(b)
             if reader is not None:
+                # The previous batch's reading is checked only now, after this batch's copies
+                # were queued into the same buffer (pool 1): they must have waited for it.
+                if pending is not None:
+                    _finish_reading(reader, pending, source_seeds)
+                    made += 1
                 copies, busy = reader.read_and_release(b, args.via)
-                reader.stream.synchronize()
                 report["busy_at_release"] = busy
-                report["wrong"] = _check_copies(copies, b, source_seeds)
+                pending = (report, copies, list(b.frames))
+                continue
             else:
                 report["wrong"] = [] if args.no_check else check_batch(b, source_seeds)
                 if args.hand_to_held:
@@ -142,6 +150,8 @@ def batch(args) -> int:
                 fake.fake_cuda_hold(ctypes.c_void_p(batcher.cuda_stream), 1)
             if args.sleep_ms:
                 time.sleep(args.sleep_ms / 1e3)
+        if pending is not None:  # (one batch more than counted: no batch came after it)
+            reader.stream.synchronize()
     finally:
         if fake is not None:
             fake.fake_cuda_hold(ctypes.c_void_p(batcher.cuda_stream), 0)
@@ -152,6 +162,22 @@ def batch(args) -> int:
     say(event="done", batches=made, wall_s=time.monotonic() - wall, cpu_s=time.process_time() - cpu,
         ended={str(k): type(v).__name__ for k, v in ended.items()})
     return 0
+
+
+def _torch_views(b) -> dict:
+    """PyTorch and CuPy take each batch plane without a copy: same address, shape [B, H, W(, C)],
+    and the bytes the batch holds."""
+    import cupy
+    import torch
+
+    out = {"same_memory": True, "same_bytes": True}
+    for plane in b.planes:
+        tensor = torch.from_dlpack(plane)
+        array = cupy.asarray(plane)
+        out["same_memory"] &= tensor.data_ptr() == plane.pointer == array.data.ptr
+        out["same_memory"] &= tuple(tensor.shape) == tuple(array.shape) == plane.shape
+        out["same_bytes"] &= bool(np.array_equal(tensor.cpu().numpy(), plane.to_numpy()))
+    return out
 
 
 def _idle(fake, stream) -> bool:
@@ -174,10 +200,18 @@ def _hand_to_held(fake, b, report) -> None:
         eglcuda._bind.cuda.stream_destroy(stream)
 
 
-def _check_copies(copies, b, source_seeds) -> list[str]:
+def _finish_reading(reader, pending, source_seeds) -> None:
+    """Wait for the slow reader's copies of a batch, check them, report the batch."""
+    report, copies, frames = pending
+    reader.stream.synchronize()
+    report["wrong"] = _check_copies(copies, frames, source_seeds)
+    say(**report)
+
+
+def _check_copies(copies, frames, source_seeds) -> list[str]:
     wrong = []
     host = [c.get() for c in copies]
-    for item in b.frames:
+    for item in frames:
         want = content([h.shape[1:] for h in host], source_seeds[item.source], item.seq)
         for index, (plane, expected) in enumerate(zip(host, want)):
             bad = int(np.count_nonzero(plane[item.index] != expected))
@@ -247,6 +281,7 @@ def main() -> int:
     parser.add_argument("--slow-reader-ms", type=float, default=0.0,
                         help="read each batch on a side stream behind a kernel this long, release, check (CuPy)")
     parser.add_argument("--via", default="dlpack", choices=["dlpack", "cai"], help="how the slow reader takes views")
+    parser.add_argument("--torch", action="store_true", help="take each batch's planes with PyTorch and CuPy")
     parser.add_argument("--fake-hold", action="store_true", help="stand-in libcuda: keep the batcher's stream busy")
     parser.add_argument("--hand-to-held", action="store_true", help="stand-in libcuda: hand each batch to a busy stream")
     args = parser.parse_args()

@@ -106,3 +106,16 @@ def test_bad_input_is_refused_with_the_reason(display, folder):  # noqa: F811
         sources.stop()
     assert results["mixed"][0] == "MismatchedSource" and "64x48 ARGB" in results["mixed"][1], results
     assert results["pool_exhausted"][0] == "UsageError" and results["closed_subscriber"][0] == "ClosedError", results
+
+
+def test_torch_and_cupy_take_the_batch_without_a_copy(display, folder):  # noqa: F811
+    pytest.importorskip("torch")
+    pytest.importorskip("cupy")
+    sources = make_sources(folder, "cuda-ipc")
+    try:
+        for seed in (12, 13, 14):
+            sources.add(seed, rate=100, width=640, height=480)
+        batches = run(sources.batcher("batch", "--batch-size", "3", "--count", "10", "--torch"), 10)
+    finally:
+        sources.stop()
+    assert all(b["torch"] == {"same_memory": True, "same_bytes": True} for b in batches), batches
