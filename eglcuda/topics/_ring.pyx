@@ -340,6 +340,17 @@ cdef class Ring:
         ring_store(self.count(AT_FRAMES_READ), self.taken)
         return found
 
+    cdef int next_kind(self) noexcept:
+        """The kind of the next entry without taking it (0: none, or a count ``pop`` will refuse)."""
+        cdef uint64_t written
+        if self.base == NULL:
+            return 0
+        if self.taken == self.peer_mine:
+            written = ring_load(self.count(AT_FRAMES))
+            if written <= self.taken or written - self.taken > ENTRIES:
+                return 0
+        return (self.base + HEADER + (self.taken & (ENTRIES - 1)) * ENTRY)[0]
+
     cdef bint waiting(self) noexcept nogil:
         return self.base != NULL and ring_load(self.count(AT_FRAMES)) != self.taken
 
@@ -397,6 +408,11 @@ cdef class RingInbox:
 
     def queued_kinds(self):
         return b""
+
+    def frame_next(self):
+        """Whether the next thing to read is a frame's entry (a receive hands it out without
+        asking the socket); nothing is taken."""
+        return self.fd >= 0 and not self.early and not self.ended and self.ring.next_kind() == KIND_FRAME_ENTRY
 
     def arm(self):
         """For a watcher of the socket (``Subscriber.fileno()``): True when something is there to

@@ -314,6 +314,11 @@ cdef class Inbox:
         is waiting after a read."""
         return self.read(None, True)
 
+    def frame_next(self):
+        """Whether the next message, read earlier and waiting here, is a FRAME (nothing is taken)."""
+        return (self.fd >= 0 and self.at < self.count and self.headers[self.at].msg_len > 0
+                and self.buffer[self.at * self.capacity] == KIND_FRAME)
+
     def arm(self):
         """For a watcher of the socket (``Subscriber.fileno()``): True when messages read
         earlier are waiting here (the socket may have nothing more), else False: the socket's own

@@ -493,16 +493,18 @@ class Subscriber:
         if self._forked:
             return self._forked_error()
         with self._busy:
+            if self._closed or self._closing:
+                return self._closed_error()
+            if self._lost is not None:
+                return self._lost
+            conn = self._conn
+            if conn is None:  # pragma: no cover - _lost is set whenever the connection goes
+                return self._not_connected()
+            if conn.pending or conn.inbox.frame_next():
+                # (the usual case: a frame's entry in the ring. Nothing is read, so what made the
+                # descriptor readable (the WAKE on the socket, or the due eventfd) stays.)
+                return True
             try:
-                if self._closed or self._closing:
-                    return self._closed_error()
-                if self._lost is not None:
-                    return self._lost
-                conn = self._conn
-                if conn is None:  # pragma: no cover - _lost is set whenever the connection goes
-                    return self._not_connected()
-                if conn.pending:
-                    return True
                 try:
                     header = conn.read(None)
                 except Lost as lost:

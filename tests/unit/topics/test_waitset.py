@@ -476,33 +476,48 @@ def test_idle_waits_cost_no_cpu(folder):
             peer.stop()
 
 
-@pytest.mark.parametrize("mode, queue, ring", [("waitset", 1, True), ("waitset", 3, False), ("selectors", 1, True),
-                                               ("async", 2, True)])
-def test_no_wake_up_is_lost(folder, mode, queue, ring):
+def spin(rng: random.Random) -> None:
+    until = time.perf_counter() + rng.random() * 60e-6
+    while time.perf_counter() < until:
+        pass
+
+
+@pytest.mark.parametrize("mode, ring, topics", [("waitset", True, 1), ("waitset", True, 3), ("waitset", False, 3),
+                                                ("selectors", True, 1), ("async", True, 2)])
+def test_no_wake_up_is_lost(folder, mode, ring, topics):
     """Lost wake-up race, as tests/unit/topics/test_ring.py's for a blocking receive: a subscriber
-    process waits on three topics at once (a WaitSet, selectors or asyncio), sleeping in every
-    wait, and receives with timeout=0 after a random moment of work, so the moment it declares
-    itself asleep sweeps across the publishers' writes; short queues make the publishers wait for
-    its releases too. Random payloads, some past a ring entry. Every frame of every topic
-    arrives, in order, with its bytes (a lost wake-up ends in the peer's 10 s timeout)."""
-    count, rng = 2500, random.Random(hash((mode, queue)) & 0xFFFF)
-    topics = paths(folder, 3)
-    pubs = [publisher(p, ring, every_timeout=10.0) for p in topics]
-    peer = JsonPeer([PEER, mode, str(count), str(queue), *topics], env=ENV)
+    process waits on its topics at once (a WaitSet, selectors or asyncio), sleeping in every wait,
+    and receives with timeout=0 after a random moment of work. The publishers here send bursts of
+    one to three frames, a random moment apart, so that a frame lands anywhere in the moment the
+    subscriber declares itself asleep, then wait until every frame was received and released: a
+    frame whose wake-up was lost is never received (no later frame comes to wake it), and the
+    burst times out. Random payloads, some past a ring entry. Every frame of every topic arrives,
+    in order, with its bytes."""
+    count, rng = 4500 // topics, random.Random(hash((mode, ring, topics)) & 0xFFFF)
+    where = paths(folder, topics)
+    pubs = [publisher(p, ring, every_timeout=10.0) for p in where]
+    peer = JsonPeer([PEER, mode, str(count), "3", *where], env=ENV)
     try:
-        assert peer.wait_for(lambda m: m["event"] == "ready")["ring"] == [ring] * 3
+        assert peer.wait_for(lambda m: m["event"] == "ready")["ring"] == [ring] * topics
         deadline = time.monotonic() + 10
         while not all(pub.subscribers for pub in pubs) and time.monotonic() < deadline:
             for pub in pubs:
                 pub.discard(pub.next_frame(1))
-        digests, firsts = [hashlib.sha256() for _ in pubs], [None] * 3
-        for _ in range(count):
-            for i in rng.sample(range(3), 3):
-                payload = rng.randbytes(rng.choice([0, 9, 100, _ring.INLINE_PAYLOAD + 1]))
-                seq = put(pubs[i], payload, timeout=10)
-                firsts[i] = seq if firsts[i] is None else firsts[i]
-                digests[i].update(len(payload).to_bytes(4, "little") + payload)
-        result = peer.wait_for(lambda m: m["event"] in ("done", "failed"), timeout=120)
+        digests, firsts, sent = [hashlib.sha256() for _ in pubs], [None] * topics, [0] * topics
+        while min(sent) < count:
+            for i in rng.sample(range(topics), topics):
+                for _ in range(min(rng.randint(1, 3), count - sent[i])):
+                    spin(rng)
+                    payload = rng.randbytes(rng.choice([0, 9, 100, 300, _ring.INLINE_PAYLOAD + 1]))
+                    seq = put(pubs[i], payload, timeout=10)
+                    firsts[i] = seq if firsts[i] is None else firsts[i]
+                    digests[i].update(len(payload).to_bytes(4, "little") + payload)
+                    sent[i] += 1
+            deadline = time.monotonic() + 5
+            while any(s.outstanding for pub in pubs for s in pub.subscribers):
+                assert time.monotonic() < deadline, f"a frame was never received (a lost wake-up), {peer.messages[-2:]}"
+                time.sleep(0.0001)
+        result = peer.wait_for(lambda m: m["event"] in ("done", "failed"), timeout=60)
         assert result["event"] == "done", result
         assert result["seqs"] == [list(range(f, f + count)) for f in firsts]
         assert result["sha256"] == [d.hexdigest() for d in digests] and result["wrong"] == 0

@@ -39,7 +39,7 @@ class Tally:
 def drain(sub: eglcuda.Subscriber, tally: Tally, count: int, jitter: random.Random) -> None:
     """Receive what is there (timeout=0) until Timeout: the descriptor is quiet only then."""
     while len(tally.seqs) < count:
-        for _ in range(jitter.randrange(40)):  # (the moment this side arms sweeps across the writes)
+        for _ in range(jitter.randrange(2000)):  # (0-50 us: the moment this side arms sweeps across the writes)
             pass
         try:
             message = sub.receive(0)
