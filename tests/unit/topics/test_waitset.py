@@ -526,3 +526,36 @@ def test_no_wake_up_is_lost(folder, mode, ring, topics):
         peer.stop()
         for pub in pubs:
             pub.close()
+
+
+# ---- the benchmark, on the stand-in libcuda ---------------------------------------------------------
+
+def test_the_sources_bench_measures_each_variant():
+    """bench/sources.py on the stand-in libcuda (tests/fakes): publisher processes through
+    cuda-ipc, one row per variant, each with frames received at about the publishers' rate.
+    Checks that the measurement runs and reports what it says, not any figure."""
+    import json
+    import pathlib
+    import subprocess
+    import sys
+    import tempfile
+
+    from ...fakes import build as fake_build
+
+    if fake_build.compiler() is None:
+        pytest.skip("no C compiler for the fake libcuda")
+    root = pathlib.Path(__file__).resolve().parents[3]
+    with tempfile.TemporaryDirectory(prefix="eglcuda-bench-sources-") as folder:
+        fake_build.build_libcuda(folder)
+        env = {**ENV, "LD_LIBRARY_PATH": folder, "__EGL_VENDOR_LIBRARY_FILENAMES": "/nonexistent.json"}
+        out = os.path.join(folder, "rows.json")
+        done = subprocess.run([sys.executable, str(root / "bench" / "sources.py"), "--sources", "2", "--rates", "30",
+                               "--seconds", "1", "--warmup", "0.5", "--size", "64x48:NV12", "--json", out],
+                              env=env, cwd=str(root), capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        rows = json.loads(pathlib.Path(out).read_text())
+    assert [r["variant"] for r in rows] == ["waitset", "threads", "selectors", "asyncio"]
+    for row in rows:
+        assert row["sources"] == 2 and 40 <= row["fps"] <= 75, row
+        assert row["cpu_us"] > 0 and row["p50_us"] <= row["p99_us"]
+    assert "| 2 x 30 fps | waitset |" in done.stdout
