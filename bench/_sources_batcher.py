@@ -182,7 +182,7 @@ def table(found: list[dict[str, Any]], width: int, height: int) -> str:
     return "\n".join(lines)
 
 
-PROGRAM = "bench/_sources_batcher.py"
+PROGRAM = "bench/sources.py --batcher"
 TORCH = ("torch", "PyTorch for the batches' tensors and the hand-written loop's torch.stack",
          "pip install 'eglcuda[bench]'")
 

@@ -21,6 +21,12 @@ for one topic, at most 5 % of one core for 32 topics through one wait set, p99 a
     python bench/sources.py [--sources 1,8,32] [--rates 30,0] [--variants waitset,threads,selectors,asyncio]
                             [--seconds 10] [--warmup 2] [--size 1920x1080:NV12] [--transport cuda-ipc]
                             [--json FILE] [--quick]
+    python bench/sources.py --batcher [--sources 1,8,32] [--rates 30,0] [--seconds 10] [--quick]
+
+--batcher answers another question, with the same sources: what ``eglcuda.Batcher`` costs
+against a loop written by hand (``receive()`` from each topic, ``torch.stack`` of the DLPack
+views), both on the same publishers in one process, alternating (bench/_sources_batcher.py):
+batches/s, frames/s and the consuming process's CPU time per frame. Needs PyTorch.
 
 Needs an NVIDIA GPU with CUDA IPC (a discrete GPU) and eglcuda. Every variant is one function
 ``variant(subscribers, seconds, take)`` in ``VARIANTS``; a new way of waiting is one more.
@@ -240,6 +246,19 @@ def verdicts(row: dict[str, Any]) -> str:
     return ", ".join(said)
 
 
+def batcher_rows(args: argparse.Namespace) -> int:
+    """--batcher: bench/_sources_batcher.py's rows (a function per variant there), run in a
+    process of their own as the waiting rows' subscribers are; its exit status and one line when
+    something is missing (PyTorch, CUDA IPC)."""
+    width, height, fmt = parse_size(args.size)
+    if fmt != "NV12":
+        raise SystemExit(f"{PROGRAM}: --batcher measures NV12 topics, got --size {args.size}")
+    done = subprocess.run([sys.executable, os.path.join(os.path.dirname(HERE), "_sources_batcher.py"), "rows",
+                           "--sources", args.sources, "--fps", args.rates, "--size", f"{width}x{height}",
+                           "--duration", str(args.seconds), "--rounds", "2"], cwd=ROOT)
+    return done.returncode
+
+
 def parse_size(text: str) -> tuple[int, int, str]:
     size, _, fmt = text.partition(":")
     width, _, height = size.partition("x")
@@ -257,6 +276,8 @@ def main() -> int:
     parser.add_argument("--transport", default="cuda-ipc", help="cuda-ipc or cuda-vmm (or eglstream)")
     parser.add_argument("--json", default=None, help="also write the rows to this file")
     parser.add_argument("--quick", action="store_true", help="3 timed seconds a row, 1 of warm-up")
+    parser.add_argument("--batcher", action="store_true",
+                        help="the batcher's rows instead: eglcuda.Batcher against receive + torch.stack (NV12)")
     # the roles of the processes this script spawns
     parser.add_argument("--role", choices=["pub", "sub"], help=argparse.SUPPRESS)
     parser.add_argument("--path", help=argparse.SUPPRESS)
@@ -275,6 +296,8 @@ def main() -> int:
         parser.error(f"unknown variants {unknown}: from {','.join(VARIANTS)}")
     if args.quick:
         args.seconds, args.warmup = 3.0, 1.0
+    if args.batcher:
+        return batcher_rows(args)
     needs = ["cuda"] + (["cuda-ipc"] if args.transport == "cuda-ipc" else [])
     needs += ["cross-process"] if args.transport == "eglstream" else []
     require(PROGRAM, *needs, in_child=True)
