@@ -15,6 +15,14 @@ def summarize(row: dict) -> dict:
         row["rate_min"] = min(s["rate"] for s in row["subscribers"])
         row["p50_us"] = statistics.median(s["p50_us"] for s in subs)
         row["p99_us"] = max(s["p99_us"] for s in subs)
+        # CPU per frame (all threads, user + system, inside the window): the relay's per frame sent
+        # to any subscriber, a remote subscriber's per frame it received (the mean over them).
+        frames = sum(s["frames"] for s in subs)
+        if row.get("relay_cpu_s") is not None and frames:
+            row["relay_cpu_ms"] = row["relay_cpu_s"] * 1e3 / frames
+        mine = [s["cpu_s"] * 1e3 / s["frames"] for s in subs if s.get("cpu_s") is not None]
+        if mine:
+            row["remote_cpu_ms"] = statistics.fmean(mine)
     return row
 
 
@@ -30,24 +38,27 @@ def markdown(rows: list[dict], args, window: int) -> str:
              f"{window} (the relay's) and 1 (ping-pong); ring: sent from a ring of buffers in turn; gpu: each frame "
              f"copied from GPU 0 to a ring of page-locked buffers before its send, and to GPU 0 after its receive.", "",
              "| size | variant | pace | N | publisher frames/s | per subscriber frames/s (mean / min) | "
-             "MB/s per subscriber | p50 ms (median) | p99 ms (worst) | local subscriber frames/s |",
-             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "MB/s per subscriber | p50 ms (median) | p99 ms (worst) | local subscriber frames/s | "
+             "CPU ms per frame: relay / remote |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for row in rows:
         variant = row["variant"] + (f" (round {row['round']})" if row.get("round") else "")
         head = f"| {row['size']} | {variant} | {row.get('pace', '')} | {row.get('n', '')} |"
         if "error" in row:
-            lines.append(f"{head} error: {row['error']} | | | | | |")
+            lines.append(f"{head} error: {row['error']} | | | | | | |")
             continue
         if row["variant"].startswith("ucx-raw"):
             lines.append(f"{head} | {_f(row['rate'])} | {_f(row['bytes_per_s'] / 1e6)} | "
-                         f"{_f(row['p50_us'] / 1e3, 2)} | {_f(row['p99_us'] / 1e3, 2)} | |")
+                         f"{_f(row['p50_us'] / 1e3, 2)} | {_f(row['p99_us'] / 1e3, 2)} | | |")
             continue
         local = row.get("local", {}).get("rate", math.nan)
         lines.append(f"{head} {_f(row['publisher_rate'])} | "
                      + (f"{_f(row['rate_mean'])} / {_f(row['rate_min'])} | {_f(row['rate_mean'] * row['bytes'] / 1e6)} | "
                         f"{_f(row['p50_us'] / 1e3, 2)} | {_f(row['p99_us'] / 1e3, 2)} |" if "rate_mean" in row
                         else " | | | |")
-                     + f" {_f(local)} |")
+                     + f" {_f(local)} |"
+                     + (f" {_f(row.get('relay_cpu_ms', math.nan), 2)} / {_f(row.get('remote_cpu_ms', math.nan), 2)} |"
+                        if "relay_cpu_ms" in row or "remote_cpu_ms" in row else " |"))
     return "\n".join(lines)
 
 

@@ -1,7 +1,7 @@
 """What every benchmark does before it starts, and when it fails: one line, never a traceback.
 
 - ``require(program, *capabilities, modules=..., gcc=False, in_child=False)``: the platform through
-  :func:`eglcuda.available`, then the Python packages (``pip install 'eglcuda[bench]'`` brings them
+  :func:`eglcuda.available`, then the Python packages (``pip install -e '.[bench]'`` brings them
   all), then gcc for the C references. When something is missing it prints one line naming it and
   how to get it, and exits with status 2.
   With ``in_child=True`` the platform is probed in a child interpreter, so that this process never
@@ -29,7 +29,7 @@ import sys
 from types import ModuleType
 from typing import Callable, Iterator, Sequence
 
-BENCH_HINT = "pip install 'eglcuda[bench]'"
+BENCH_HINT = "pip install -e '.[bench]' (in the eglcuda checkout)"
 # (module to import, what it is for, how to get it)
 CUPY = ("cupy", "CuPy for its kernels", f"{BENCH_HINT} (CUDA 13; cupy-cuda12x for a CUDA 12 driver)")
 SCIPY = ("scipy.ndimage", "SciPy to check the results", BENCH_HINT)
@@ -61,7 +61,7 @@ def require(program: str, *capabilities: str, modules: Sequence[tuple[str, str, 
     try:
         import eglcuda
     except ImportError as exc:
-        fail(program, f"needs eglcuda ({exc}): pip install eglcuda, or pip install -e . in a checkout", 2)
+        fail(program, f"needs eglcuda ({exc}): pip install -e . in the eglcuda checkout", 2)
     if in_child and capabilities:
         why = _explain_in_child(program, os.path.dirname(os.path.dirname(os.path.abspath(eglcuda.__file__))),
                                 capabilities)

@@ -25,7 +25,7 @@ copy done), CLOCK_MONOTONIC in both processes.
     python bench/cross_gpu.py [--quick] [--out DIR]
 
 Needs two NVIDIA GPUs with EGL streams, gcc and bench/c/cross_gpu.c for the C reference, and
-cuda-python (``pip install 'eglcuda[bench]'``); torch is optional.
+cuda-python (``pip install -e '.[bench]'``); torch is optional.
 """
 from __future__ import annotations
 

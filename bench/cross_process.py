@@ -28,7 +28,7 @@ Transports:
 each end reports whether its CUDA context is an MPS client, and the table says so.
 
 Needs an NVIDIA GPU with EGL streams between processes, and cuda-python for IPC and the fills
-(``pip install 'eglcuda[bench]'``); CuPy is not used. A process that fails says why in one line,
+(``pip install -e '.[bench]'``); CuPy is not used. A process that fails says why in one line,
 which this script prints. Without CUDA IPC (Tegra) that transport is left out.
 """
 from __future__ import annotations

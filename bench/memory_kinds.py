@@ -1,4 +1,4 @@
-"""Which memory should frames live in? The seed thread's experiment, redone with eglcuda frames.
+"""Which memory should frames live in? A convolution over frames of each memory kind, against a Jetson TX1.
 
 A float32 2D convolution (one thread per output pixel, the K x K window read straight from the
 input, clamped at the borders like SciPy's mode 'nearest') over a 640x480 image, for kernels
@@ -7,17 +7,18 @@ input, clamped at the borders like SciPy's mode 'nearest') over a 640x480 image,
 - device:  Frame.allocate(..., memory="device")
 - pinned:  memory="pinned" (mapped page-locked host memory, "zero-copy")
 - managed: memory="managed" (unified memory), timed twice: steady (the GPU was the last to touch
-  it) and right after the CPU rewrote the input through its host view (the thread's "touched by
-  the CPU" case, which makes the driver move or flush pages back).
+  it) and right after the CPU rewrote the input through its host view (the "touched by the CPU"
+  case, which makes the driver move or flush pages back).
 
 Every output is checked against scipy.ndimage.convolve(mode="nearest"). Kernel time by CUDA
 events, median of the repeats after one warm-up run; GFLOP/s counts 2 K^2 per pixel. Also the
 CPU's time to read and to write the whole image for each kind (device memory: a copy each way,
-the CPU's only path to it). The seed's Jetson TX1 figures are printed next to ours.
+the CPU's only path to it). Figures measured on a Jetson TX1 with NPP's nppiFilterBorder_32f_C1R
+are printed next to this machine's.
 
     python bench/memory_kinds.py [--quick] [--markdown FILE] [--plot FILE.svg]
 
-Needs an NVIDIA GPU and ``pip install 'eglcuda[bench]'``: CuPy compiles the kernel and launches it,
+Needs an NVIDIA GPU and ``pip install -e '.[bench]'``: CuPy compiles the kernel and launches it,
 SciPy checks the results, matplotlib draws the plot.
 """
 from __future__ import annotations
@@ -41,7 +42,7 @@ eglcuda = lazy("eglcuda")
 WIDTH, HEIGHT = 640, 480
 SIZES = [3, 5, 9, 15, 25, 35, 45]
 KINDS = ["device", "pinned", "managed"]
-# The seed thread (Jetson TX1, NPP nppiFilterBorder_32f_C1R): device memory per kernel size, ms.
+# A Jetson TX1 with NPP's nppiFilterBorder_32f_C1R: device memory per kernel size, ms.
 TX1_DEVICE_MS = {3: 0.63, 5: 0.42, 9: 1.29, 15: 2.77, 25: 6.53, 35: 13.08, 45: 21.85}
 TX1_ZERO_COPY_45_MS = 3968.8
 TX1_MANAGED_45_MS = 22.2  # after the first call, GPU-only use
@@ -180,7 +181,7 @@ def main() -> int:
     lines = [f"Float32 convolution of a {WIDTH}x{HEIGHT} image on {device_name}, input and output frames in each "
              f"memory kind; median of {repeats} launches after a warm-up, CUDA events; every output checked "
              "against scipy.ndimage.convolve(mode='nearest'). Ratios are to device memory in the same run; "
-             "TX1 is the seed thread's device-memory figure.", "",
+             "TX1 is a Jetson TX1's device-memory figure (NPP).", "",
              "| kernel | " + " | ".join(f"{c} ms (GFLOP/s)" for c in columns) + " | "
              + " | ".join(f"{c} / device" for c in columns[1:]) + " | TX1 device ms |",
              "|---|" + "---:|" * (len(columns) * 2)]
@@ -190,7 +191,7 @@ def main() -> int:
         lines.append(f"| {k}x{k} | " + " | ".join(f"{results[(c, k)]:.3f} ({flops / (results[(c, k)] * 1e6):.0f})"
                                                   for c in columns) + " | "
                      + " | ".join(f"{results[(c, k)] / device_ms:.1f}x" for c in columns[1:]) + f" | {TX1_DEVICE_MS[k]} |")
-    lines += ["", f"The seed (TX1) at 45x45: device {TX1_DEVICE_MS[45]} ms, zero-copy {TX1_ZERO_COPY_45_MS} ms "
+    lines += ["", f"The Jetson TX1 at 45x45: device {TX1_DEVICE_MS[45]} ms, zero-copy {TX1_ZERO_COPY_45_MS} ms "
               f"({TX1_ZERO_COPY_45_MS / TX1_DEVICE_MS[45]:.0f}x), managed {TX1_MANAGED_45_MS} ms, managed touched by "
               f"the CPU {TX1_MANAGED_TOUCHED_45_MS[0]}-{TX1_MANAGED_TOUCHED_45_MS[1]} ms.", "",
               f"CPU access to the whole {WIDTH}x{HEIGHT} float32 image (1.2 MB), median of {repeats}, after the GPU "

@@ -24,7 +24,7 @@ processes) falls in that window. Latency runs from the publish time to the momen
 for zmq) with its stream synchronized. The publisher runs free (--rates max) or paced (--rates 60:
 frames per second). Rates are per subscriber; bytes/s are the frame's bytes times that rate.
 
-Goals (issue 44), checked at the end: one remote subscriber at >= 0.8x the raw engine's rate with
+Goals, checked at the end: one remote subscriber at >= 0.8x the raw engine's rate with
 the relay's window and >= 600 frames/s at 1080p NV12; 8 remote subscribers at 60 frames/s each
 with p99 < 10 ms; the local subscriber's rate unchanged by remote subscribers (within scatter).
 
@@ -37,14 +37,15 @@ with p99 < 10 ms; the local subscriber's rate unchanged by remote subscribers (w
                            [--raw-gpu]              (also the raw engine with each frame from and into GPU memory)
                            [--rounds R]             (everything R times in turn; the 0.8x goal on the median)
                            [--mps]                  (every process a client of a private MPS daemon)
+                           [--frame-modes integrity,encrypted]  (also with the relay's frames so protected)
     python bench/remote.py --replot DIR            (the plots of DIR/results.json, into DIR)
 
 Here: the eglcuda roles and the orchestrator; the zmq baseline's roles are in _remote_zmq.py, what the
 roles share in _remote_common.py, the raw engine in _ucx_raw.py, the results in _remote_report.py.
 
 Writes results.json, results.md and plots (PNG, docs/img style) to --out; prints the table last.
-Exits 2 with one line where there is no CUDA GPU, no ucxx (``pip install 'eglcuda[remote-cu13]'``
-or ``remote-cu12``), no pyzmq or no matplotlib (``pip install 'eglcuda[bench]'``; not checked with
+Exits 2 with one line where there is no CUDA GPU, no ucxx (``pip install -e '.[remote-cu13]'``
+or ``remote-cu12``), no pyzmq or no matplotlib (``pip install -e '.[bench]'``; not checked with
 --no-plots). On a machine
 without a GPU, the fake libcuda of tests/fakes runs it end to end (small sizes): the numbers then
 measure the Python and UCX side only.
@@ -57,13 +58,16 @@ import json
 import math
 import os
 import pathlib
+import resource
 import secrets
 import selectors
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from typing import Callable
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -132,17 +136,42 @@ def role_local(args) -> int:
     return 0
 
 
+def cpu_in(window: Window) -> Callable[[], float]:
+    """CPU seconds this process (all its threads) spends inside the timed window: a thread reads
+    getrusage at the window's start and end; call the result after the window."""
+    spent: list[float] = []
+
+    def cpu() -> float:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return usage.ru_utime + usage.ru_stime
+
+    def sample() -> None:
+        window.given.wait()
+        while now_ns() < window.start and not window.abandoned:
+            time.sleep(0.002)
+        start = cpu()
+        while now_ns() < window.end and not window.abandoned:
+            time.sleep(0.002)
+        spent.append(cpu() - start)
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    return lambda: (thread.join(5), spent[0] if spent else math.nan)[1]
+
+
 def role_relay(args) -> int:
     import eglcuda
 
     window = Window()
+    cpu = cpu_in(window)
     key = bytes.fromhex(pathlib.Path(args.key_file).read_text().strip())
-    with eglcuda.Relay(NAME, listen="127.0.0.1:0", key=key, path=args.path, timeout=JOIN_S) as relay:
+    with eglcuda.Relay(NAME, listen="127.0.0.1:0", key=key, path=args.path, timeout=JOIN_S,
+                       frames=args.frames) as relay:
         emit(role="listening", port=relay.address[1])
         while not window.over(1.0):
             time.sleep(0.05)
         remotes = [{"sent": r.sent, "skipped": r.skipped, "dropped": r.dropped} for r in relay.remotes]
-    emit(role="relay", remotes=remotes)
+    emit(role="relay", remotes=remotes, cpu_s=cpu())
     return 0
 
 
@@ -150,11 +179,12 @@ def role_remote(args) -> int:
     import eglcuda
 
     window, tally = Window(), Tally()
+    cpu = cpu_in(window)
     key = bytes.fromhex(pathlib.Path(args.key_file).read_text().strip())
     with eglcuda.Subscriber(NAME, remote=f"127.0.0.1:{args.port}", key=key, qos="latest", timeout=JOIN_S) as sub:
         emit(role="joined", transport=sub.info.transport)
         _subscriber_loop(sub, window, tally)
-    emit(role="remote", **tally.result(window))
+    emit(role="remote", **tally.result(window), cpu_s=cpu())
     return 0
 
 
@@ -230,8 +260,9 @@ def _expect(child: Child, role: str, timeout: float) -> dict:
     return message
 
 
-def run_config(args, variant: str, n: int, rate: float, env: dict) -> dict:
-    """One configuration of the eglcuda or zmq variant: its processes, the window, the results."""
+def run_config(args, variant: str, n: int, rate: float, env: dict, frames: str = "plain") -> dict:
+    """One configuration of the eglcuda or zmq variant (``frames``: the relay's frame mode): its
+    processes, the window, the results."""
     children: list[Child] = []
     with tempfile.TemporaryDirectory(prefix="eglcuda-bench-remote-") as folder:
         os.chmod(folder, 0o700)
@@ -257,7 +288,7 @@ def run_config(args, variant: str, n: int, rate: float, env: dict) -> dict:
                 children.append(local)
                 _expect(local, "joined", JOIN_S)
                 if n:
-                    relay = Child("relay", args, env, "--path", path, "--key-file", key_file)
+                    relay = Child("relay", args, env, "--path", path, "--key-file", key_file, "--frames", frames)
                     children.append(relay)
                     port = _expect(relay, "listening", JOIN_S)["port"]
                     subs = [Child("remote", args, env, "--port", str(port), "--key-file", key_file) for _ in range(n)]
@@ -276,7 +307,8 @@ def run_config(args, variant: str, n: int, rate: float, env: dict) -> dict:
                 row["local"] = _expect(local, "local", 15)
             row["subscribers"] = [_expect(sub, "remote", 15) for sub in subs]
             if relay is not None:
-                row["relay"] = _expect(relay, "relay", 15).get("remotes")
+                said = _expect(relay, "relay", 15)
+                row["relay"], row["relay_cpu_s"] = said.get("remotes"), said.get("cpu_s")
             return row
         except (RuntimeError, json.JSONDecodeError) as exc:
             return {"error": " ".join(str(exc).split())[:300]}
@@ -342,6 +374,9 @@ def main() -> int:
                         help="UCX_* settings for every process (e.g. UCX_TCP_TX_SEG_SIZE=256K,UCX_TCP_RX_SEG_SIZE=1M)")
     parser.add_argument("--mps", action="store_true",
                         help="run every process under a private MPS daemon (one GPU shared by the host's processes)")
+    parser.add_argument("--frame-modes", default="", metavar="MODE,...",
+                        help="also each eglcuda configuration with the relay's frames integrity and/or encrypted "
+                             "(docs/security.md)")
     parser.add_argument("--no-plots", action="store_true", help="write no plots (no matplotlib needed)")
     parser.add_argument("--replot", metavar="DIR", help="only draw the plots of DIR/results.json (into DIR)")
     # the roles of the processes this script spawns
@@ -351,6 +386,7 @@ def main() -> int:
     parser.add_argument("--path", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--key-file", help=argparse.SUPPRESS)
+    parser.add_argument("--frames", default="plain", help=argparse.SUPPRESS)
     parser.add_argument("--rate", type=float, default=0.0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.role:
@@ -381,6 +417,9 @@ def main() -> int:
         parser.error("--raw-rings takes buffer counts, e.g. 12")
     if any(n < 2 for n in args.raw_rings):
         parser.error("--raw-rings counts are at least 2")
+    args.frame_modes = [m for m in args.frame_modes.split(",") if m]
+    if set(args.frame_modes) - {"integrity", "encrypted"}:
+        parser.error("--frame-modes from integrity,encrypted")
     if (args.width is None) != (args.height is None) or (args.width is not None and (args.width < 16 or args.height < 16
                                                                                        or args.width % 2 or args.height % 2)):
         parser.error("--width and --height go together, even numbers of at least 16")
@@ -467,6 +506,9 @@ def measure_all(args, parser, variants: list[str], sizes: dict, ns: list[int], p
                         if variant in variants:
                             record({**base, "variant": variant, "pace": label, "n": n,
                                     **run_config(args, variant, n, pace, env)})
+                    for mode in args.frame_modes if "eglcuda" in variants else ():  # (beside plain, same round)
+                        record({**base, "variant": f"eglcuda {mode}", "pace": label, "n": n,
+                                **run_config(args, "eglcuda", n, pace, env, frames=mode)})
     verdicts = goals(rows, window)
     table = markdown(rows, args, window)
     save(verdicts)

@@ -25,7 +25,7 @@ interpreter too (otherwise in this long-lived one).
 (3) What a Python user would write today: PyOpenGL's EGL bindings for the display and stream
     (they need a current context for extension calls) and cuda-python's driver bindings.
 
-Needs an NVIDIA GPU with EGL streams and gcc; ``pip install 'eglcuda[bench]'`` brings PyOpenGL and
+Needs an NVIDIA GPU with EGL streams and gcc; ``pip install -e '.[bench]'`` brings PyOpenGL and
 cuda-python for (3) (without them that column reads n/a) and matplotlib for --plot.
 """
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""What a long-lived object that owns connections needs around the process's life, in one place:
+"""The life of an object that talks to peers (a topic's ``Publisher`` and ``Subscriber``), beside
+the handles it uses:
 
 - :class:`Tracked`: the open objects of one class; in a child made by ``fork()`` each gets its
   ``forked`` hook (its connections and memory are the parent's), and at interpreter exit each is
@@ -7,9 +8,19 @@
   (a signal handler or a finalizer ran it there) is put off until that thread leaves the call;
   other threads leave it alone (they could wait for locks that thread holds).
 
-The topic classes use both (``Publisher``, ``Subscriber``). A Tracked registers its exit hook when
-it is made: made at the import of a module above the resources, it runs before the resources'
-own exit hook (``atexit`` runs the newest first), so the objects close while their resources live.
+Why this is not :class:`eglcuda._resource.Resource`: a Resource is one native handle, released by
+a function that must not refer to the object (it runs at collection too), and in a forked child it
+counts as closed and is never touched. A publisher or subscriber owns no handle of its own (a
+publisher's pool frames are Resources; files and descriptors go through ``weakref.finalize``) but
+connections, threads and locks, and it needs what those rules exclude: at exit it is closed
+through its own ``close()``, which talks to its peers and uses its Resources, so before them; in a
+forked child it stays an object that ``close()`` may still be called on (to let go of the child's
+copies of its descriptors), with fresh locks set by Python code. So the two do not overlap: a
+Resource releases a handle, a Tracked object ends a conversation.
+
+A Tracked registers its exit hook when it is made: made at the import of a module above the
+resources, it runs before the resources' own exit hook (``atexit`` runs the newest first), so the
+objects close while their resources live.
 """
 from __future__ import annotations
 

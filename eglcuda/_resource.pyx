@@ -18,6 +18,10 @@ images, syncs) derives from it and gets the same lifetime rules:
   the frames it presented are freed, and those are freed before their device's context goes.
 - In a child process made by ``fork()`` every inherited resource counts as closed and its release
   never runs: the handles belong to the parent's driver state.
+
+Objects that own connections to peers rather than a handle (a topic's publisher and subscriber)
+are not Resources: they close through their own ``close()`` at exit, before the Resources they
+use, and stay closable in a forked child. :mod:`eglcuda._lifecycle` holds that, and says why.
 """
 import atexit
 import os

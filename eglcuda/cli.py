@@ -5,6 +5,7 @@
   mps start|stop|status    a private CUDA MPS daemon for a pipeline's processes
   topics [--json]          the live frame topics of this machine (stale sockets of dead publishers removed)
   relay NAME --listen H:P  serve topic NAME to remote subscribers over UCX (docs/remote.md)
+  keygen PATH              make a relay's pre-shared key: 32 random bytes in a new file, mode 0600
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from typing import Any, Callable
 
 from . import conformance, mps
 from ._version import __version__
-from .errors import EglCudaError, UsageError
+from .errors import EglCudaError, Unsupported, UsageError
 from .info import collect, format_report
 from .topics.registry import format_listing, list_topics
 
@@ -46,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     _add_mps(commands)
     _add_topics(commands)
     _add_relay(commands)
+    _add_keygen(commands)
     args = parser.parse_args(argv)
     if args.command is None:  # bare `python -m eglcuda`: say what there is
         parser.print_help()
@@ -61,6 +63,14 @@ def _info(args: argparse.Namespace) -> int:
     else:
         print(format_report(report))
     return 0
+
+
+def _fail(command: str, error: EglCudaError | str) -> int:
+    """Say why ``python -m eglcuda COMMAND`` stops, in one voice: the command, then the reason
+    (never an exception's class name). Exit status 2 for bad input or a missing requirement, 1
+    for what failed while running."""
+    print(f"python -m eglcuda {command}: {error}", file=sys.stderr)
+    return 2 if isinstance(error, (str, UsageError, Unsupported)) else 1
 
 
 def _print_json(data: Any) -> None:
@@ -152,7 +162,8 @@ def _add_relay(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") 
                     "(eglcuda.Subscriber(NAME, remote='HOST:PORT')) over UCX, until SIGINT or SIGTERM. Prints "
                     "'relay NAME listening on HOST:PORT' once serving. The pre-shared key comes from --key-file "
                     "or the environment (EGLCUDA_REMOTE_KEY_FILE, EGLCUDA_REMOTE_KEY), never the command line "
-                    "(docs/security.md). UCX does not encrypt: a trusted network or a VPN.")
+                    "(docs/security.md). Every message is authenticated; --frames integrity or encrypted protects "
+                    "the frames' bytes too, at a cost (docs/security.md).")
     relay.add_argument("name", help="the topic")
     relay.add_argument("--listen", default="127.0.0.1:0", help="HOST:PORT to listen on (port 0: any free one)")
     relay.add_argument("--key-file", default=None, help="a file holding the key (only its owner may read it)")
@@ -166,7 +177,34 @@ def _add_relay(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") 
                        help="seconds an 'every' remote subscriber may keep the relay waiting before it is dropped")
     relay.add_argument("--max-remotes", type=int, default=16, help="remote subscribers served at once")
     relay.add_argument("--path", default=None, help="an explicit topic socket path")
+    relay.add_argument("--frames", choices=["plain", "integrity", "encrypted"], default="plain",
+                       help="the frames' bytes: plain (headers authenticated), integrity (a MAC over each frame), "
+                            "encrypted (AES-256-GCM)")
     relay.set_defaults(run=_relay)
+
+
+def _add_keygen(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    keygen = commands.add_parser(
+        "keygen", help="make a pre-shared key for a relay and its remote subscribers",
+        description="Write 32 random bytes to PATH, a new file that only you may read (mode 0600). Refuses a PATH "
+                    "that exists (it never overwrites a key) and a folder that others may write to. Copy the file "
+                    "to each subscriber host over a channel you trust (scp), and name it with --key-file or "
+                    "EGLCUDA_REMOTE_KEY_FILE (docs/security.md).")
+    keygen.add_argument("path", help="the new key file")
+    keygen.set_defaults(run=_keygen)
+
+
+def _keygen(args: argparse.Namespace) -> int:
+    """``keygen``: exit 2 with one line when the file cannot be made."""
+    from .remote import keys
+
+    try:
+        keys.write_new_key(args.path)
+    except UsageError as exc:
+        print(f"python -m eglcuda keygen: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote a {keys.NEW_KEY}-byte key to {args.path} (mode 600)")
+    return 0
 
 
 def _relay(args: argparse.Namespace) -> int:
@@ -175,23 +213,18 @@ def _relay(args: argparse.Namespace) -> int:
 
     missing = ucxx_missing()
     if missing is not None:
-        print(f"python -m eglcuda relay: {missing}", file=sys.stderr)
-        return 2
+        return _fail("relay", missing)
+    if not (args.key_file or os.environ.get(keys.KEY_FILE_VARIABLE) or os.environ.get(keys.KEY_VARIABLE)):
+        return _fail("relay", f"a relay needs a pre-shared key: pass --key-file FILE (a file only its owner can "
+                              f"read), or set {keys.KEY_FILE_VARIABLE} (such a file) or {keys.KEY_VARIABLE} (hex); "
+                              f"at least {keys.MIN_KEY} bytes (docs/security.md)")
     try:
         key = keys.read_key_file(args.key_file) if args.key_file else keys.load_key(None)
-    except UsageError as exc:
-        print(f"python -m eglcuda relay: {exc}", file=sys.stderr)
-        return 2
-    try:
         server = Relay(args.name, args.listen, key=key, qos=args.qos, queue=args.queue, device=args.device,
                        timeout=args.timeout, path=args.path, every_timeout=args.every_timeout,
-                       max_remotes=args.max_remotes)
-    except UsageError as exc:
-        print(f"python -m eglcuda relay: {exc}", file=sys.stderr)
-        return 2
+                       max_remotes=args.max_remotes, frames=args.frames)
     except EglCudaError as exc:
-        print(f"python -m eglcuda relay: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
+        return _fail("relay", exc)
     host, port = server.address
     print(f"relay {args.name} listening on {host}:{port}", flush=True)
     server.serve_forever()
@@ -202,8 +235,7 @@ def _mps_command(args: argparse.Namespace) -> int:
     try:
         return _mps(args)
     except EglCudaError as exc:
-        print(f"eglcuda mps {args.action}: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
+        return _fail(f"mps {args.action}", exc)
 
 
 def _mps(args: argparse.Namespace) -> int:
@@ -275,14 +307,12 @@ def _topics(args: argparse.Namespace) -> int:
 
     if args.dir is not None and not os.path.isdir(args.dir):
         # An absent default folder only means no topic was ever published; a named one is a mistake.
-        print(f"python -m eglcuda topics: --dir {args.dir}: no such folder (without --dir, this user's topic "
-              "directory is used)", file=sys.stderr)
-        return 2
+        return _fail("topics", f"--dir {args.dir}: no such folder (without --dir, this user's topic directory is "
+                               "used)")
     try:
         listing = list_topics(directory=args.dir, clean=not args.no_clean, timeout=args.timeout)
     except UsageError as exc:
-        print(f"python -m eglcuda topics: {exc}", file=sys.stderr)
-        return 2
+        return _fail("topics", exc)
     if args.json:
         _print_json(listing.as_dict())
     else:

@@ -677,15 +677,43 @@ def run_command(args: argparse.Namespace) -> int:
     if unknown:
         print(f"python -m eglcuda check: unknown name(s): {', '.join(unknown)}", file=sys.stderr)
         return 2
+    unwritable = None if args.json == "-" else _unwritable(pathlib.Path(args.json))
+    if unwritable is not None:
+        print(f"python -m eglcuda check: --json {args.json}: {unwritable}", file=sys.stderr)
+        return 2
     print(f"eglcuda {__version__} conformance checks, package at {pathlib.Path(__file__).resolve().parent}")
     print(f"  {'check':<18} {'result':<6} what was verified, what failed, or why it does not apply")
     outcomes = run_checks(names, require, progress=lambda o: print(format_row(o), flush=True))
     if args.json != "-":
         path = pathlib.Path(args.json)
-        path.write_text(json.dumps(report(outcomes), indent=2) + "\n")
+        try:
+            path.write_text(json.dumps(report(outcomes), indent=2) + "\n")
+        except OSError as exc:  # (it changed while the checks ran)
+            print(summary_line(outcomes))
+            print(f"python -m eglcuda check: --json {args.json}: {exc.strerror}", file=sys.stderr)
+            return 2
         print(f"results written to {path}")
     print(summary_line(outcomes))
     return 1 if counts(outcomes)[FAIL] else 0
+
+
+def _unwritable(path: pathlib.Path) -> str | None:
+    """Why the results could not be written to ``path`` (None: they can), known before the
+    checks run: a missing folder, a folder as the path, a folder or file that cannot be written
+    (tried by opening the file for appending; a file the probe created is removed again)."""
+    if path.is_dir():
+        return f"is a folder: name a file in it (e.g. --json {path / 'eglcuda-check.json'}), or '-' for none"
+    if not path.parent.is_dir():
+        return f"no such folder {path.parent}"
+    existed = path.exists()
+    try:
+        with open(path, "a"):
+            pass
+    except OSError as exc:
+        return f"cannot be written ({exc.strerror}): pass --json PATH elsewhere, or '-' for none"
+    if not existed:
+        path.unlink(missing_ok=True)
+    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -18,7 +18,7 @@ from ._resource import Resource
 from .cuda_device import CudaDevice, get_device
 from .errors import ClosedError, EGLError, Unsupported, UsageError
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the annotations of the factories below; both layers sit above this one
     from .context import GLContext
     from .streams.stream import Stream
 
@@ -224,13 +224,13 @@ class Display(Resource):
 
     def create_context(self, **options) -> "GLContext":
         """A headless OpenGL context on this display; see :class:`eglcuda.GLContext`."""
-        from .context import GLContext
+        from .context import GLContext  # a factory for a layer above (contexts import this module)
 
         return GLContext(self, **options)
 
     def create_stream(self, **options) -> "Stream":
         """An EGLStream on this display; see :class:`eglcuda.Stream` for the options."""
-        from .streams.stream import Stream
+        from .streams.stream import Stream  # a factory for a layer above (streams import this module)
 
         return Stream(self, **options)
 

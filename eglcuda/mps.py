@@ -50,7 +50,7 @@ from .errors import EglCudaError, MPSError, MPSInUse, Timeout, Unsupported, Usag
 CONTROL = "nvidia-cuda-mps-control"
 SERVER = "nvidia-cuda-mps-server"
 # Where driver packages put the binaries when they are not on PATH (/usr/local/nvidia/bin: the
-# NVIDIA container images and the project's GPU machine).
+# NVIDIA container images).
 SEARCH_DIRECTORIES: tuple[str, ...] = ("/usr/local/nvidia/bin", "/usr/bin", "/usr/local/cuda/bin")
 INSTALL_HINT = (
     "it ships with the NVIDIA driver, not with the CUDA toolkit: Debian 'apt-get install nvidia-cuda-mps' "

@@ -17,8 +17,8 @@
 Why CuPy: the samples compile their kernels with CuPy (NVRTC in three lines, and arrays that take
 eglcuda's planes zero-copy through ``__cuda_array_interface__``). cuda.core would do without a
 package per CUDA version, but its kernel-launch API still changes between releases. CuPy wheels
-are built for one CUDA major version: ``eglcuda[samples-cuda13]`` for a CUDA 13 driver (our GPU
-machine: driver 580), ``eglcuda[samples-cuda12]`` for CUDA 12; ``nvidia-smi`` shows the version.
+are built for one CUDA major version: the extra ``samples-cuda13`` for a CUDA 13 driver (580 and
+later), ``samples-cuda12`` for CUDA 12; ``nvidia-smi`` shows the version.
 """
 from __future__ import annotations
 
@@ -29,8 +29,8 @@ import sys
 from types import ModuleType
 from typing import Any, Callable, Iterator, Sequence
 
-CUPY_HINT = ("pip install 'eglcuda[samples-cuda13]' for a CUDA 13 driver, or 'eglcuda[samples-cuda12]' for "
-             "CUDA 12 (nvidia-smi shows the version)")
+CUPY_HINT = ("pip install -e '.[samples-cuda13]' in the eglcuda checkout for a CUDA 13 driver, or "
+             "'.[samples-cuda12]' for CUDA 12 (nvidia-smi shows the version)")
 # (module to import, what it is for, how to get it)
 CUPY = ("cupy", "CuPy for its kernels", CUPY_HINT)
 PYOPENGL = ("OpenGL.GL", "PyOpenGL for its GL calls", "pip install PyOpenGL")
@@ -47,7 +47,7 @@ def require(program: str, *capabilities: str, modules: Sequence[tuple[str, str, 
     try:
         import eglcuda
     except ImportError as exc:
-        fail(program, f"needs eglcuda ({exc}): pip install eglcuda, or pip install -e . in a checkout", 2)
+        fail(program, f"needs eglcuda ({exc}): pip install -e . in the eglcuda checkout", 2)
     why = eglcuda.availability.explain(*capabilities)
     if why:
         fail(program, why, 2)

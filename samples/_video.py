@@ -34,7 +34,7 @@ from typing import Any, Iterator, NamedTuple
 
 import numpy as np
 
-NVC_HINT = ("pip install 'eglcuda[video]' (PyNvVideoCodec, which also needs the NVIDIA driver's libnvcuvid.so.1 "
+NVC_HINT = ("pip install -e '.[video]' (PyNvVideoCodec, which also needs the NVIDIA driver's libnvcuvid.so.1 "
             "and libnvidia-encode.so.1)")
 
 

@@ -7,7 +7,7 @@ printed for each. (In one process the same works: make the stream on the consume
 
     python samples/cross_gpu.py [--width 1920 --height 1080 --frames 600 --format NV12]
 
-Needs two NVIDIA GPUs with EGL streams, and CuPy for the kernels (``eglcuda[samples-cuda13]`` or
+Needs two NVIDIA GPUs with EGL streams, and CuPy for the kernels (``pip install -e '.[samples-cuda13]'`` or
 ``samples-cuda12``, see samples/_script.py).
 """
 from __future__ import annotations

@@ -12,7 +12,7 @@ PASS/FAIL, frames/s and present-to-acquire latency (both processes stamp CLOCK_M
 With --mps both processes run under CUDA MPS (a private daemon for the run, or the one already
 running); each reports whether its CUDA context is an MPS client.
 
-Needs an NVIDIA GPU with EGL streams between processes, and CuPy (``eglcuda[samples-cuda13]`` or
+Needs an NVIDIA GPU with EGL streams between processes, and CuPy (``pip install -e '.[samples-cuda13]'`` or
 ``samples-cuda12``); the kernels come from samples/cuda_to_cuda.py. A process that fails says why
 in one line, which this script prints.
 """

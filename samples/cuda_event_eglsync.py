@@ -15,7 +15,7 @@ map/unmap also order work); the syncs' own ordering is checked without that help
 tests/gpu/test_sync.py.
 
 Needs an NVIDIA GPU with EGLImage and EGLSync interop, PyOpenGL, and CuPy for the kernel:
-``pip install 'eglcuda[samples-cuda13]'`` (or ``samples-cuda12``).
+``pip install -e '.[samples-cuda13]'`` (or ``samples-cuda12``).
 """
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ and present-to-acquire latency.
 
     python samples/cuda_to_cuda.py [--width 1920 --height 1080 --frames 300 --fifo 4]
 
-Needs an NVIDIA GPU with EGL streams, and CuPy: ``pip install 'eglcuda[samples-cuda13]'`` (or
+Needs an NVIDIA GPU with EGL streams, and CuPy: ``pip install -e '.[samples-cuda13]'`` (or
 ``samples-cuda12``, see samples/_script.py). Kernels are CuPy RawKernels: CuPy compiles them with
 NVRTC in three lines and takes our planes zero-copy through ``__cuda_array_interface__``, which
 the sample thereby exercises. CuPy is needed by the samples only, not by eglcuda.

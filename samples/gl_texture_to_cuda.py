@@ -10,7 +10,7 @@ took (native EGLImage registration, or GL-interop where the native path is not c
     python samples/gl_texture_to_cuda.py [--width 1280 --height 720 --iterations 20]
 
 Needs an NVIDIA GPU with EGLImage interop, PyOpenGL, and CuPy for the kernels (CuPy RawKernels as
-in samples/cuda_to_cuda.py): ``pip install 'eglcuda[samples-cuda13]'`` (or ``samples-cuda12``).
+in samples/cuda_to_cuda.py): ``pip install -e '.[samples-cuda13]'`` (or ``samples-cuda12``).
 """
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ One thread drives the three stages in turn (GL needs its context on one thread; 
 order the GPU work between stages).
 
 Needs an NVIDIA GPU with EGL streams to GL, PyOpenGL, and CuPy for the kernels:
-``pip install 'eglcuda[samples-cuda13]'`` (or ``samples-cuda12``).
+``pip install -e '.[samples-cuda13]'`` (or ``samples-cuda12``).
 """
 from __future__ import annotations
 

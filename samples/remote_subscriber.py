@@ -15,7 +15,7 @@ with ``--listen HOST:PORT`` on the publisher's host and give the subscribers ``r
 
 Prints each subscriber's frames, skips, failures and latency, then PASS or FAIL; exits 0 when
 every check passed, 1 otherwise, 2 (one line) where there is no NVIDIA GPU whose frames can go
-to another process, or no ucxx (``pip install 'eglcuda[remote-cu13]'``, or ``remote-cu12`` for a
+to another process, or no ucxx (``pip install -e '.[remote-cu13]'``, or ``remote-cu12`` for a
 CUDA 12 driver).
 
     python samples/remote_subscriber.py [--frames 300] [--width 1280 --height 720]

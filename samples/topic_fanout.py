@@ -10,7 +10,7 @@
 Each subscriber is a fresh interpreter (spawned, never forked: CUDA does not survive fork).
 Prints each subscriber's frames, skips, transport and failures, and the publisher's rate; exits 0
 when every check passed, 1 otherwise, 2 (one line) where there is no GPU with EGL streams between
-processes and to GL, or no PyOpenGL (``pip install 'eglcuda[gl]'``).
+processes and to GL, or no PyOpenGL (``pip install -e '.[gl]'``).
 
     python samples/topic_fanout.py [--frames 300] [--width 1280 --height 720] [--transport auto] [--mps]
 

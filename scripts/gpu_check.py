@@ -12,7 +12,7 @@ session (docs/mps.md, "After a GPU fault"), which the GL samples would report as
 
 On a machine without an NVIDIA GPU it says so in one line and stops (exit status 2): there,
 ``python -m eglcuda check`` and ``python -m pytest tests`` cover what applies. The samples need
-CuPy and the benchmarks ``eglcuda[bench]``: ``pip install -e '.[test,samples-cuda13,bench]'``.
+CuPy and the benchmarks the bench extra: ``pip install -e '.[test,test-video,samples-cuda13,bench]'``.
 
 Every new sample goes in SAMPLES, every quick benchmark in BENCHMARKS.
 """

@@ -1,14 +1,14 @@
-"""Rewrite a wheel without the files a GPU run does not need, so that it fits the carry limit.
+"""Rewrite a wheel without the files that importing and running it do not need (a smaller wheel
+for a size-limited container image, cache or transfer).
 
-A device run carries at most 64 MiB (working tree, .device kit and wheels together). The
-PyNvVideoCodec 2.2.4 wheel is 26.9 MB, but most of it is not needed to import and decode:
+The PyNvVideoCodec 2.2.4 wheel is 26.9 MB, but most of it is not needed to import and decode:
 the FFmpeg source tarball it ships for the LGPL (data/external/ffmpeg/src, 12 MB), the
 samples and benchmarks it installs as top-level folders (a 5 MB notebook among them), and
 two extra copies of each bundled FFmpeg library (zip has no symlinks: libavformat.so,
 .so.63 and .so.63.1.101 are three identical 5.4 MB files; the extension needs only the
 SONAME, libavformat.so.63). The slim wheel is 4.65 MB.
 
-    python scripts/slim_wheel.py .whl/pynvvideocodec-2.2.4-cp312-cp312-manylinux_2_28_x86_64.whl \\
+    python scripts/slim_wheel.py pynvvideocodec-2.2.4-cp312-cp312-manylinux_2_28_x86_64.whl \\
         --out-dir /tmp/slim --drop '*.data/*' --drop 'samples/*' --drop 'benchmarks/*'
 
 Identical shared libraries stored under several names are reduced to their SONAME (the name
@@ -17,8 +17,8 @@ keeps the input's file name (pip takes name and version from it), and RECORD is 
 with the remaining files' hashes. With readelf on PATH, every bundled library that an ELF
 file of the wheel needs (DT_NEEDED) is checked to be still there.
 
-This is for our own test machines only: the slim wheel is not for redistribution (it drops
-the FFmpeg source that the original ships for its licence).
+The slim wheel is for your own machines, not for redistribution: it drops the FFmpeg source
+that the original ships for its licence.
 """
 from __future__ import annotations
 

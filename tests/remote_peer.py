@@ -30,7 +30,7 @@ def open_fds() -> int:
 def relay(args) -> int:
     with eglcuda.Relay(args.name, args.listen, qos=args.qos, queue=args.queue, device=args.device,
                        timeout=args.timeout, path=args.path, every_timeout=args.every_timeout,
-                       max_remotes=args.max_remotes) as server:
+                       max_remotes=args.max_remotes, frames=args.frames) as server:
         say(event="ready", pid=os.getpid(), port=server.address[1], host=server.address[0],
             progress="thread" if eglcuda.remote._ucx.engine().threaded else "loop")
 
@@ -52,13 +52,15 @@ def subscribe(args) -> int:
     threads, fds = threading.active_count(), open_fds()
     try:
         sub = eglcuda.Subscriber(args.name, qos=args.qos, queue=args.queue, device=args.device, timeout=args.timeout,
-                                 remote=args.remote)
+                                 remote=args.remote, frames=args.frames)
     except eglcuda.EglCudaError as exc:
         say(event="error", kind=type(exc).__name__, reason=str(exc), code=getattr(exc, "code", None),
             threads=threading.active_count() - threads, fds=open_fds() - fds)
         return 0
+    link = getattr(sub, "_link", None)  # (its tag prefixes: what an observer of its traffic would learn)
     say(event="ready", pid=os.getpid(), transport=sub.info.transport, instance=sub.info.instance,
-        subscriber=isinstance(sub, eglcuda.Subscriber), info=[sub.info.width, sub.info.height, sub.info.format.name])
+        subscriber=isinstance(sub, eglcuda.Subscriber), info=[sub.info.width, sub.info.height, sub.info.format.name],
+        tags=[link.ep.recv_prefix, link.ep.send_prefix] if link is not None else None)
     if args.wait_go:  # (joined, and receives nothing until told: a test looks at the relay meanwhile)
         sys.stdin.readline()
     held = []
@@ -132,7 +134,7 @@ def cycles(args) -> int:
                     if not ok:
                         say(event="bad", why=why)
         try:
-            eglcuda.Subscriber(args.name, remote=args.remote, timeout=args.timeout, key=b"another key, 16+ bytes")
+            eglcuda.Subscriber(args.name, remote=args.remote, timeout=args.timeout, key=os.urandom(32))
         except eglcuda.Refused:
             pass
         try:
@@ -202,16 +204,55 @@ def pair(args) -> int:
     return 0
 
 
+async def send_raw(ep, prefix: int, kind: int, data) -> None:
+    """Send ``data`` on the raw tag ``prefix << 8 | kind`` of endpoint ``ep`` (eglcuda.remote._ucx's):
+    what a peer that learnt the tag from the wire could send."""
+    import numpy as np
+
+    from eglcuda.remote import _ucx
+
+    engine = _ucx.engine()
+    array = data if isinstance(data, np.ndarray) else np.frombuffer(bytes(data), np.uint8)
+    await engine.wait(ep._ep.tag_send(engine.arr(array), engine.api.UCXXTag((prefix << 8) | kind)))
+
+
+def forge(args) -> int:
+    """A subscriber with the key that joins the relay, then sends, on another subscriber's tag
+    (read from stdin: what an observer of the wire learns), a BYE and a credit sealed under its own
+    session, and random bytes. Says when it did."""
+    import numpy as np
+
+    from eglcuda.remote import _ucx, wire
+
+    sub = eglcuda.Subscriber(args.name, qos="every", queue=4, device=args.device, timeout=args.timeout,
+                             remote=args.remote)
+    say(event="ready")
+    prefix = int(sys.stdin.readline())
+    ep = sub._link.ep
+
+    async def run() -> None:
+        for data in (wire.encode_control(ep.session, wire.Control.BYE),
+                     wire.encode_control(ep.session, wire.Control.CREDIT, wire.MAX_WINDOW), np.random.bytes(wire.CONTROL)):
+            await send_raw(ep, prefix, wire.CONTROL_TAG, data)
+
+    _ucx.run(_ucx.acquire(), run(), 10)
+    say(event="forged")
+    sys.stdin.readline()
+    sub.close()
+    return 0
+
+
 def garbage(args) -> int:
     """A UCX peer that is no eglcuda subscriber: ``--mode`` magic (a HELLO with a wrong magic),
-    silent (connects, says nothing), big (a message longer than a HELLO), wrongkey (a HELLO,
-    then a PROOF made with another key), late:S (a HELLO with the right key, its PROOF after S
-    seconds; welcomed, it leaves at once). Says what the relay answered."""
+    old (a HELLO of protocol version 3), silent (connects, says nothing), big (a message longer
+    than a HELLO), wrongkey (a HELLO under another key), late:S (a HELLO with the right key, its
+    CONFIRM after S seconds; welcomed, it leaves at once). Says what the relay answered."""
     import asyncio
 
     import numpy as np
 
     from eglcuda.remote import _ucx, keys, wire
+    from eglcuda.remote.session import Handshake
 
     key = keys.load_key(None)
 
@@ -236,17 +277,22 @@ def garbage(args) -> int:
             said = await answer_of(ep, answer)  # (the relay speaks first)
             if said is not None:
                 return said
-            kind, _ = wire.handshake_kind(answer.tobytes())
+            first = answer.tobytes()
+            kind, _ = wire.handshake_kind(first)
             if kind is not wire.Kind.RELAY:
                 return {"answer": kind.name}
             answer[:] = 0
             if mode == "silent":
                 return await answer_of(ep, answer) or {"answer": "message"}
-            mine = keys.nonce()
-            hello = wire.encode_hello(wire.Hello(eglcuda.topics.protocol.Qos.EVERY, 4, mine, args.name, tags=7))
+            psk = keys.noise_psk(bytes(reversed(key)) if mode == "wrongkey" else key)
+            handshake = Handshake.initiator(psk, wire.prologue(first))
+            hello = wire.encode_hello(handshake, wire.Hello(eglcuda.topics.protocol.Qos.EVERY, 4, args.name))
             if mode == "magic":
                 data = bytearray(hello)
                 data[:8] = b"NOTMAGIC"
+            elif mode == "old":
+                data = bytearray(hello)
+                data[8] = 3
             elif mode == "big":
                 data = bytearray(np.random.default_rng(3).integers(0, 256, wire.HANDSHAKE * 4, dtype=np.uint8).tobytes())
             else:
@@ -256,15 +302,12 @@ def garbage(args) -> int:
             if said is not None:
                 return said
             kind, body = wire.handshake_kind(answer.tobytes())
-            if mode == "wrongkey" or mode.startswith("late:"):
-                theirs, _ = wire.decode_challenge(body)
-                if mode == "wrongkey":
-                    proof = bytes(32)
-                else:
-                    await asyncio.sleep(float(mode.split(":", 1)[1]))
-                    proof = keys.proof(key, b"subscriber", theirs, mine, args.name.encode())
+            if mode.startswith("late:"):
+                wire.decode_accept(handshake, body)
+                session = handshake.split()
+                await asyncio.sleep(float(mode.split(":", 1)[1]))
                 try:
-                    await ep.stream_send(wire.encode_proof(proof))
+                    await ep.stream_send(wire.encode_confirm(session))
                 except Exception as exc:  # noqa: BLE001 - the relay gave up on it first
                     return {"answer": "closed", "error": type(exc).__name__}
                 answer[:] = 0
@@ -285,11 +328,84 @@ def garbage(args) -> int:
     return 0
 
 
+def mitm(args) -> int:
+    """A relay-in-the-middle without the key: it listens where a subscriber connects, forwards the
+    subscriber's handshake to the real relay (``--remote``) and the relay's answers back, then
+    (``--mode``) welcome: sends its own WELCOME (a big frame geometry) instead of the relay's;
+    replay: sends the victim the relay's ACCEPT of an earlier connection. Says what it did."""
+    import asyncio
+
+    import numpy as np
+
+    from eglcuda.remote import _ucx, wire
+
+    engine = _ucx.engine()
+    host, port = args.remote.rsplit(":", 1)
+    recorded: list[bytes] = []
+
+    async def relay_message(ep) -> bytes:
+        buf = np.zeros(wire.HANDSHAKE, np.uint8)
+        await asyncio.wait_for(ep.stream_recv(buf), args.timeout)
+        return buf.tobytes()
+
+    async def serve(victim) -> None:
+        real = engine.connect(host, int(port))
+        try:
+            await victim.stream_send(await relay_message(real))  # RELAY
+            await real.stream_send(await relay_message(victim))  # the victim's HELLO
+            accept = await relay_message(real)
+            recorded.append(accept)
+            if args.mode == "replay" and len(recorded) > 1:
+                accept = recorded[0]
+            await victim.stream_send(accept)
+            confirm = await relay_message(victim)  # (sealed: the relay takes it, the attacker cannot read it)
+            await real.stream_send(confirm)
+            welcome = await relay_message(real)
+            say(event="forwarded", kind=wire.handshake_kind(welcome)[0].name)
+            if args.mode != "frame":  # (its own geometry in the relay's sealed WELCOME)
+                forged = bytearray(welcome)
+                forged[20:40] = np.random.default_rng(9).integers(0, 256, 20, dtype=np.uint8).tobytes()
+                await victim.stream_send(forged)
+                await asyncio.sleep(args.timeout)
+                return
+            await victim.stream_send(welcome)  # (the relay's, untouched: the victim is welcomed)
+            prefix = int(await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline))
+            # A GONE note and a frame of its own making, on the victim's tags (seen on the wire).
+            note = bytearray(wire.NOTE)
+            note[:5] = b"ECRH" + bytes([int(wire.Head.GONE)])
+            note[24:28] = (9).to_bytes(4, "little")  # (its reason's length)
+            note[wire.HEADER:wire.HEADER + 9] = b"mitm-note"
+            await send_raw(victim, prefix, wire.NOTE_TAG, note)
+            await asyncio.sleep(0.5)
+            frame = np.zeros(wire.message_bytes(64 * 48 * 3 // 2), np.uint8)
+            wire.pack_frame(frame, 10**6, 0, b"forged")
+            await send_raw(victim, prefix, wire.FRAME_TAG, frame)
+            say(event="forged")
+            await asyncio.sleep(args.timeout)
+        except Exception as exc:  # noqa: BLE001 - the victim or the relay hung up
+            say(event="ended", error=f"{type(exc).__name__}: {exc}")
+        finally:
+            real.abort()
+            victim.abort()
+
+    loop = _ucx.acquire()
+
+    async def listen():
+        return engine.listen(0, serve)
+
+    listener = _ucx.run(loop, listen(), 10)
+    say(event="ready", port=listener.port)
+    time.sleep(60)  # (stdin is the connection's: it reads the victim's tag prefix there)
+    return 0
+
+
 def main() -> int:
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # (a hung peer's stacks, for debugging)
     parser = argparse.ArgumentParser()
-    parser.add_argument("role", choices=["relay", "subscribe", "garbage", "cycles", "pair", "forked"])
+    parser.add_argument("role", choices=["relay", "subscribe", "garbage", "cycles", "pair", "forked", "mitm",
+                                           "forge"])
     parser.add_argument("--mode", default="magic")
+    parser.add_argument("--frames", default="plain")
     parser.add_argument("--name", required=True)
     parser.add_argument("--path", default=None)
     parser.add_argument("--listen", default="127.0.0.1:0")
@@ -316,7 +432,8 @@ def main() -> int:
     parser.add_argument("--wait-bye", action="store_true")
     parser.add_argument("--wait-go", action="store_true")
     args = parser.parse_args()
-    return {"relay": relay, "subscribe": subscribe, "garbage": garbage, "cycles": cycles, "pair": pair, "forked": forked}[args.role](args)
+    return {"relay": relay, "subscribe": subscribe, "garbage": garbage, "cycles": cycles, "pair": pair, "forked": forked,
+            "mitm": mitm, "forge": forge}[args.role](args)
 
 
 if __name__ == "__main__":

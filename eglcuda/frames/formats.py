@@ -185,6 +185,22 @@ def driver_extents(fmt: ColorFormat, width: int, height: int, pitch: int) -> tup
     return tuple(pitch * g.height for g in _plane_geometry(fmt, width, height, pitch))
 
 
+PLANE_ALIGNMENT = 256  # bytes between planes of one allocation, and the default pitch alignment
+
+
+def linear_layout(fmt: ColorFormat, width: int, height: int, pitch: int) -> tuple[tuple[int, ...], int]:
+    """Where the planes of a pitch-linear frame sit in one allocation that eglcuda makes: each
+    plane's offset in bytes from the start (every plane starts :data:`PLANE_ALIGNMENT` bytes
+    aligned) and the allocation's size in bytes, which also holds what the driver reads past a
+    half-pitch plane (:func:`driver_extents`). Arguments already checked."""
+    offsets, total = [], 0
+    for g in _plane_geometry(fmt, width, height, pitch):
+        offsets.append(total)
+        total += -(-g.pitch * g.height // PLANE_ALIGNMENT) * PLANE_ALIGNMENT
+    total = max(total, *(o + e for o, e in zip(offsets, driver_extents(fmt, width, height, pitch))))
+    return tuple(offsets), total
+
+
 def check_pitch(fmt: ColorFormat, width: int, pitch: int) -> None:
     """Raise :class:`UsageError` unless ``pitch`` holds every plane's row under the convention."""
     need = min_pitch(fmt, width)

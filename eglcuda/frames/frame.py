@@ -18,6 +18,7 @@ from ..errors import ClosedError, Unsupported, UsageError
 from .formats import (
     SAME_GEOMETRY,
     MAX_PITCH,
+    PLANE_ALIGNMENT,
     ColorFormat,
     Layout,
     PlaneGeometry,
@@ -28,11 +29,11 @@ from .formats import (
     _plane_geometry,
     driver_extents,
     layout_of,
+    linear_layout,
 )
 from ._core import FrameCore, make_capsule
 from .interop import DL_CUDA, cai_reader_streams, dlpack_stream, foreign_device_pointer, stream_handle
 
-PLANE_ALIGNMENT = 256  # bytes between planes of one allocation, and the default pitch alignment
 
 
 class MemoryKind(str, enum.Enum):
@@ -547,12 +548,7 @@ class Frame(FrameCore, FrameBase):
             return cls(width=width, height=height, format=fmt, layout=layout, pitch=0, device=device,
                        addresses=tuple(handles), plane_addresses=tuple(handles), owned=True)
         pitch = default_pitch(fmt, width, pitch_alignment)
-        offsets, total = [], 0
-        for g in _plane_geometry(fmt, width, height, pitch):
-            offsets.append(total)
-            total += -(-g.pitch * g.height // PLANE_ALIGNMENT) * PLANE_ALIGNMENT
-        # Room for what the driver reads past a half-pitch plane (see driver_extents).
-        total = max(total, *(o + e for o, e in zip(offsets, driver_extents(fmt, width, height, pitch))))
+        offsets, total = linear_layout(fmt, width, height, pitch)
         base, host, owned_address = _allocate_linear(device, memory, total, f"a {width}x{height} {fmt.name} frame")
         return cls(width=width, height=height, format=fmt, layout=layout, pitch=pitch, device=device,
                    addresses=(owned_address,), plane_addresses=tuple(base + o for o in offsets), owned=True,

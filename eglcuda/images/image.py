@@ -27,7 +27,7 @@ orders CUDA before later GL work (the GL-interop path).
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING, Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -42,9 +42,6 @@ from ..display import Display
 from ..errors import ClosedError, NotCoherent, Unsupported, UsageError
 from ..frames.formats import ColorFormat, Layout
 from ..frames.interop import stream_handle
-
-if TYPE_CHECKING:
-    from .paths import PathChoice
 
 
 class ImagePath(str, enum.Enum):
@@ -88,18 +85,6 @@ TEXTURE_FORMATS: dict[int, TextureFormat] = {
         TextureFormat("RGBA32F", 0x8814, 4, "float32", _GL_RGBA, _GL_FLOAT, None),
     )
 }
-
-
-# How register_cuda(path="auto") picks a path, and whether a forced one is coherent: decided by
-# eglcuda.images.paths, whose self-test runs through the classes of this module, so it sits above
-# this one and installs its decision here when imported (importing eglcuda imports it).
-_path_choice: Callable[[Display, CudaDevice], PathChoice] | None = None
-
-
-def decide_paths_with(decide: Callable[[Display, CudaDevice], PathChoice]) -> None:
-    """Install the path decision :class:`CudaImage` follows (:func:`eglcuda.image_path`)."""
-    global _path_choice
-    _path_choice = decide
 
 
 # GL extensions by context address. Forgotten when eglcuda destroys the context: EGL may give a
@@ -262,6 +247,25 @@ def _unregister(ordinal: int, resource: int, display_address: int, context_addre
             egl.make_current(display_address, 0, 0, 0)
 
 
+def _chosen_path(image: Image, device: CudaDevice, path: str) -> tuple[ImagePath, str]:
+    """The path a registration of ``image`` takes (``path``: "auto" or one to force) and why, from
+    the self-test's verdict for its display and ``device``. Raises where none or the forced one is
+    not coherent."""
+    # The verdict is the self-test of eglcuda.images.paths, which runs through this module's
+    # classes and so sits above it: imported here, the one place that asks for it.
+    from .paths import image_path
+
+    choice = image_path(image.display, device)
+    if path == "auto":
+        if choice.path is None:
+            raise Unsupported("a coherent CUDA path for EGLImages", where=image.display.description,
+                              hint=choice.reason)
+        return choice.path, choice.reason
+    if not choice.coherent(path):
+        raise NotCoherent(f"the {path} EGLImage path is not coherent here: {choice.reason}")
+    return ImagePath(path), choice.reason
+
+
 class CudaImage(Resource):
     """An :class:`Image` registered with CUDA. Made by :meth:`Image.register_cuda`.
 
@@ -281,20 +285,9 @@ class CudaImage(Resource):
         self.image = image
         self.device = image.display.cuda_device(device)
         if _verified:  # the self-test itself: the path is what is being tested
-            self.path_reason = "self-test"
+            self.path, self.path_reason = ImagePath(path), "self-test"
         else:
-            if _path_choice is None:  # eglcuda/__init__ imports images.paths, which installs it
-                raise RuntimeError("eglcuda.images.paths was not imported: import eglcuda first")
-            choice = _path_choice(image.display, self.device)
-            if path == "auto":
-                if choice.path is None:
-                    raise Unsupported("a coherent CUDA path for EGLImages", where=image.display.description,
-                                      hint=choice.reason)
-                path = choice.path
-            elif not choice.coherent(path):
-                raise NotCoherent(f"the {path} EGLImage path is not coherent here: {choice.reason}")
-            self.path_reason = choice.reason
-        self.path = ImagePath(path)
+            self.path, self.path_reason = _chosen_path(image, self.device, path)
         self.device.make_current()
         if self.path is ImagePath.NATIVE:
             resource = cuda_graphics.register_egl_image(image.handle)

@@ -3,8 +3,8 @@ each path, and whether GL textures bound to one EGLImage share storage (see
 :mod:`eglcuda.images.image` for the paths and why they need testing).
 
 The self-tests run through the image classes themselves (what they vouch for is what
-``Image.register_cuda`` hands out), so this module sits above :mod:`eglcuda.images.image` and
-installs its decision there when imported.
+``Image.register_cuda`` hands out), so this module sits above :mod:`eglcuda.images.image`;
+the registration asks for the decision by importing it when called (``_chosen_path``).
 """
 from __future__ import annotations
 
@@ -19,7 +19,6 @@ from ..context import GLContext
 from ..cuda_device import CudaDevice
 from ..display import Display, check_display
 from ..errors import EglCudaError, Unsupported, UsageError
-from . import image as _image
 from .image import TEXTURE_FORMATS, CudaImage, Image, ImagePath, TextureFormat
 
 
@@ -164,5 +163,3 @@ def read_texture(fmt: TextureFormat, texture: int, width: int, height: int) -> n
         GL.glGetTexImage(GL.GL_TEXTURE_2D, 0, fmt.gl_format, fmt.gl_type, out)
     return out
 
-
-_image.decide_paths_with(image_path)

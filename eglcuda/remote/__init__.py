@@ -4,11 +4,12 @@
   serves remote subscribers.
 - :class:`RemoteSubscriber` (subscriber.py; joining and its link: link.py): what
   ``eglcuda.Subscriber(name, remote="HOST:PORT")`` makes; frames land in a pool on its own GPU.
-- wire.py: the messages, each of a size known before it arrives; keys.py: the pre-shared key and
-  the mutual HMAC challenge-response; buffers.py: page-locked staging; _ucx.py: the one UCX engine.
+- wire.py: the messages, each of a size known before it arrives; session.py: the Noise NNpsk0
+  handshake and the sealed channels after it; keys.py: the pre-shared key; buffers.py:
+  page-locked staging; _ucx.py: the one UCX engine.
 
-Importing this package does not import ucxx: a relay or remote subscriber made without it raises
-:class:`eglcuda.Unsupported` naming what to install (:func:`ucxx_missing`).
+Importing this package imports neither ucxx nor pyca/cryptography: a relay or remote subscriber
+made without them raises :class:`eglcuda.Unsupported` naming what to install (:func:`ucxx_missing`).
 """
 from ._ucx import INSTALL, ucxx_missing
 from .relay import Relay, RemoteInfo

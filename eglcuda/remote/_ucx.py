@@ -124,6 +124,7 @@ class Endpoint:
         self.recv_prefix: int | None = None  # mine: what I receive
         self.send_prefix: int | None = None  # the peer's
         self._tags: dict[tuple[int, bool], Any] = {}
+        self.session: Any = None  # the connection's session.Session, once its handshake made one
         self.lost = asyncio.Event()  # the peer closed, the link failed, or abort()
         if engine.threaded:  # (no Python called from UCX's progress thread: it holds UCXX's locks meanwhile)
             engine._watched.add(self)  # (asked each fallback pass: check_alive)
@@ -488,6 +489,14 @@ class Engine:
             if prefix and prefix not in self._prefixes:
                 self._prefixes.add(prefix)
                 return prefix
+
+    def claim_prefix(self, prefix: int) -> bool:
+        """Take ``prefix`` (one a session derived) for one connection's receives; False when
+        another connection of this process has it."""
+        if not prefix or prefix in self._prefixes:
+            return False
+        self._prefixes.add(prefix)
+        return True
 
     def forget_prefix(self, prefix: int) -> None:
         self._prefixes.discard(prefix)

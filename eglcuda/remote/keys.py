@@ -1,49 +1,57 @@
-"""The pre-shared key of a relay and its remote subscribers, and the mutual challenge-response
-proof of holding it (stdlib ``hmac`` / ``secrets``; docs/security.md, "Remote subscribers")."""
+"""The pre-shared key of a relay and its remote subscribers: where it comes from, what is refused
+as a key, making one (``python -m eglcuda keygen``), and the Noise pre-shared key derived from it
+(session.py proves it; docs/security.md, "Remote subscribers")."""
 from __future__ import annotations
 
 import hashlib
-import hmac
 import os
 import secrets
 import stat
+import zlib
 
 from ..errors import UsageError
 
 MIN_KEY = 16  # bytes
 MAX_KEY = 4096  # bytes (a key file longer than this is not a key)
-NONCE = 32  # bytes of each side's challenge
-MAC = 32  # bytes of an HMAC-SHA256
+NEW_KEY = 32  # bytes of a key that keygen makes
 KEY_FILE_VARIABLE = "EGLCUDA_REMOTE_KEY_FILE"
 KEY_VARIABLE = "EGLCUDA_REMOTE_KEY"
+KEYGEN = "python -m eglcuda keygen PATH"
+_from_environment: bytes | None = None  # EGLCUDA_REMOTE_KEY once read (it leaves os.environ then)
 
 
 def load_key(key: bytes | None) -> bytes:
-    """The key to use: ``key`` itself, else the file named by ``EGLCUDA_REMOTE_KEY_FILE`` (which
-    only its owner may read), else ``EGLCUDA_REMOTE_KEY`` (hex). Raises :class:`UsageError`
-    naming both variables when there is none, or when the one found is not a usable key."""
+    """The key to use: ``key`` itself, else the file named by ``EGLCUDA_REMOTE_KEY_FILE``, else
+    ``EGLCUDA_REMOTE_KEY`` (hex; removed from ``os.environ`` once read, so that child processes
+    do not inherit it, and kept for this process's later relays and subscribers). Raises
+    :class:`UsageError` naming both variables when there is none, or why the one found is not a
+    usable key (:func:`check_key`)."""
+    global _from_environment
     if key is not None:
         if isinstance(key, str) or not isinstance(key, (bytes, bytearray, memoryview)):
-            raise UsageError(f"key is bytes (at least {MIN_KEY}), got {type(key).__name__}; a text key goes in a "
-                             f"file ({KEY_FILE_VARIABLE}) or hex in {KEY_VARIABLE}")
-        return _checked(bytes(key), "key=")
+            raise UsageError(f"key is bytes (at least {MIN_KEY} random bytes), got {type(key).__name__}; a key file "
+                             f"goes in {KEY_FILE_VARIABLE}, a hex key in {KEY_VARIABLE}; make one with {KEYGEN}")
+        return check_key(bytes(key), "key=")
     path = os.environ.get(KEY_FILE_VARIABLE)
     if path:
         return read_key_file(path)
-    text = os.environ.get(KEY_VARIABLE)
+    text = os.environ.pop(KEY_VARIABLE, None)
     if text:
         try:
             raw = bytes.fromhex(text.strip())
         except ValueError:
             raise UsageError(f"{KEY_VARIABLE} is the key in hex, and it is not hex") from None
-        return _checked(raw, KEY_VARIABLE)
+        _from_environment = check_key(raw, KEY_VARIABLE)
+    if _from_environment is not None:
+        return _from_environment
     raise UsageError(f"a remote topic needs a pre-shared key: pass key=, or set {KEY_FILE_VARIABLE} (a file only "
-                     f"its owner can read) or {KEY_VARIABLE} (hex), at least {MIN_KEY} bytes")
+                     f"its owner can read) or {KEY_VARIABLE} (hex); make one with {KEYGEN}")
 
 
 def read_key_file(path: str) -> bytes:
-    """The key in file ``path`` (its bytes, a trailing newline dropped); refused when group or
-    others may read it, or it is not a regular file."""
+    """The key in file ``path`` (its bytes, one trailing newline dropped). Refused: a file that is
+    not regular, that is not this process's user's (effective uid), that group or others may
+    read or write, or whose folder others may write to (they could replace it)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
     except OSError as exc:
@@ -52,32 +60,93 @@ def read_key_file(path: str) -> bytes:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise UsageError(f"key file {path} is not a regular file")
+        if info.st_uid != os.geteuid():
+            raise UsageError(f"key file {path} belongs to uid {info.st_uid}, not to this process's user "
+                             f"({os.geteuid()})")
         if info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
             raise UsageError(f"key file {path} may be read by others (mode {stat.S_IMODE(info.st_mode):o}): "
                              f"chmod 600 it")
+        _check_folder(path)
         data = os.read(fd, MAX_KEY + 2)
     finally:
         os.close(fd)
     if data.endswith(b"\n"):
         data = data[:-1]
-    return _checked(data, f"key file {path}")
+    return check_key(data, f"key file {path}")
 
 
-def _checked(key: bytes, where: str) -> bytes:
+def _check_folder(path: str) -> None:
+    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        info = os.stat(folder)
+    except OSError as exc:
+        raise UsageError(f"key file {path}: its folder: {exc.strerror}") from None
+    if info.st_uid not in (os.geteuid(), 0):
+        raise UsageError(f"key file {path}: its folder {folder} belongs to uid {info.st_uid}, who could replace it")
+    writable = info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    if writable and not info.st_mode & stat.S_ISVTX:
+        raise UsageError(f"key file {path}: others may write to its folder {folder} (mode "
+                         f"{stat.S_IMODE(info.st_mode):o}) and could replace it: keep the key in a folder only you "
+                         f"can write to")
+
+
+def check_key(key: bytes, where: str) -> bytes:
+    """``key`` if it can be a key: 16..4096 bytes that look random. Refused with the reason: a
+    key that looks like text (a password, or hex: the session can be attacked with a dictionary
+    offline by whoever poses as the relay, so a key must be random bytes), the same byte
+    repeated, a short repeated or counting pattern, or too few different byte values."""
     if not MIN_KEY <= len(key) <= MAX_KEY:
-        raise UsageError(f"{where}: a key is {MIN_KEY}..{MAX_KEY} bytes, got {len(key)}")
+        raise UsageError(f"{where}: a key is {MIN_KEY}..{MAX_KEY} random bytes, got {len(key)} ({KEYGEN} makes one)")
+    why = _weakness(key)
+    if why is not None:
+        raise UsageError(f"{where}: not a usable key: {why}; a key is random bytes: make one with {KEYGEN}")
     return key
 
 
-def nonce() -> bytes:
-    return secrets.token_bytes(NONCE)
+def _weakness(key: bytes) -> str | None:
+    if len(set(key)) == 1:
+        return "it is one byte value repeated"
+    if all(32 <= b < 127 or b in (9, 10, 13) for b in key):
+        return "it looks like text (a password or hex), which a dictionary can guess"
+    steps = {(key[i + 1] - key[i]) % 256 for i in range(len(key) - 1)}
+    if len(steps) == 1:
+        return "it is a counting sequence"
+    for period in range(2, len(key) // 2 + 1):
+        if key == (key[:period] * (len(key) // period + 1))[:len(key)]:
+            return f"it repeats a {period}-byte pattern"
+    if len(set(key)) < min(len(key), 256) // 2:
+        return f"it has only {len(set(key))} different byte values in {len(key)} bytes"
+    if len(key) >= 256 and len(zlib.compress(key, 9)) < 0.9 * len(key):
+        return "it compresses: it is not random"
+    return None
 
 
-def proof(key: bytes, role: bytes, first: bytes, second: bytes, name: bytes) -> bytes:
-    """HMAC-SHA256 over the role, both nonces (the prover's peer's first) and the topic name:
-    a proof made for one side, connection or topic is worth nothing for another."""
-    return hmac.new(key, b"eglcuda-remote-v1\0" + role + b"\0" + first + second + name, hashlib.sha256).digest()
+def noise_psk(key: bytes) -> bytes:
+    """The 32-byte Noise pre-shared key of ``key``: a hash of its length and its bytes, so that
+    two different keys (also one a prefix of the other, or one padded with zero bytes) never
+    prove each other."""
+    return hashlib.sha256(b"eglcuda-remote psk\0" + len(key).to_bytes(4, "big") + key).digest()
 
 
-def same(a: bytes, b: bytes) -> bool:
-    return hmac.compare_digest(a, b)
+def write_new_key(path: str) -> None:
+    """Make a key: :data:`NEW_KEY` random bytes in a new file ``path``, mode 0600. Refuses a path
+    that exists (it never overwrites a key) and a folder others may write to."""
+    _check_folder(path)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except FileExistsError:
+        raise UsageError(f"{path} exists: keygen never overwrites a key (remove it first if you mean to)") from None
+    except OSError as exc:
+        raise UsageError(f"{path}: {exc.strerror}") from None
+    try:
+        os.fchmod(fd, 0o600)
+        key = secrets.token_bytes(NEW_KEY)
+        while _weakness(key) is not None:  # (vanishingly rare: a random key that looks like text)
+            key = secrets.token_bytes(NEW_KEY)
+        os.write(fd, key)
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        os.unlink(path)
+        raise
+    os.close(fd)

@@ -1,7 +1,7 @@
 """A remote subscriber's side on the UCX engine (_ucx.py): joining a relay (the handshake), then
 one link: a frame receive posted into every free buffer of the window, the relay's notes, beats
 and credits. :class:`Joining` is a part of :class:`eglcuda.RemoteSubscriber` (subscriber.py),
-which owns the state it uses: ``name``, ``qos``, ``queue``, ``timeout``, ``remote``, ``_key``,
+which owns the state it uses: ``name``, ``qos``, ``queue``, ``timeout``, ``remote``, ``frames``, ``_key``,
 ``_loop``. The coroutines run on the engine's thread; :meth:`Joining._credit` is called from the
 user's thread.
 """
@@ -22,6 +22,7 @@ from ..topics.protocol import Qos, Reason
 from ..topics.readiness import Readiness
 from . import _ucx, keys, wire
 from .buffers import Pinned
+from .session import AuthenticationFailed, FrameMode, Handshake
 from .wire import BEAT_S, DISCONNECTED, LATEST_WINDOW
 
 
@@ -45,6 +46,8 @@ class _Link:
         self.posted = 0  # frame receives posted so far (their order is the relay's)
         self.next_out = 0  # the next of them to hand out
         self.done: dict[int, tuple[int, int, bytes, int]] = {}  # finished out of order, by posting order
+        self.counters: dict[int, int] = {}  # their frame seals' counters, by posting order
+        self.last_counter = 0  # of the last frame handed out (each must be higher: no replay)
         self.ended = threading.Event()  # every receive ended: nothing writes the host buffers any more
 
 
@@ -57,6 +60,7 @@ class Joining:
     queue: int
     timeout: float
     remote: tuple[str, int]
+    frames: FrameMode  # the least frame protection this subscriber accepts
     _key: bytes
     _loop: asyncio.AbstractEventLoop | None
     _ready: Readiness | None  # fileno()'s descriptor (None until asked for)
@@ -74,40 +78,55 @@ class Joining:
             raise
 
     async def _greet(self, ep: Any) -> wire.Welcome:
-        mine = keys.nonce()
-        name = self.name.encode()
-        tags = _ucx.engine().new_prefix()
-        ep.recv_prefix = tags  # (given back when the endpoint ends)
-        hello = wire.Hello(self.qos, self.queue, mine, self.name, os.getpid(), socket.gethostname(), tags)
+        """The Noise handshake as its initiator (session.py), then the relay's sealed WELCOME; the
+        session goes on ``ep.session``, with the frames' seal on it."""
         buf = np.zeros(wire.HANDSHAKE, np.uint8)
+        tags: int | None = None
         try:
             await ep.stream_recv(buf)  # (the relay speaks first: wire.encode_relay)
-            wire.expect(buf.tobytes(), wire.Kind.RELAY, refusal=True)
+            first = buf.tobytes()
+            wire.expect(first, wire.Kind.RELAY, refusal=True)
+            handshake = Handshake.initiator(keys.noise_psk(self._key), wire.prologue(first))
+            hello = wire.Hello(self.qos, self.queue, self.name, os.getpid(), socket.gethostname())
+            await ep.stream_send(wire.encode_hello(handshake, hello))
             buf[:] = 0
-            await ep.stream_send(wire.encode_hello(hello))
             await ep.stream_recv(buf)
-            theirs, proof = wire.decode_challenge(wire.expect(buf.tobytes(), wire.Kind.CHALLENGE, refusal=True))
-            if not keys.same(proof, keys.proof(self._key, b"relay", mine, theirs, name)):
+            try:
+                wire.decode_accept(handshake, wire.expect(buf.tobytes(), wire.Kind.ACCEPT, refusal=True))
+            except AuthenticationFailed:
                 raise Refused("the relay did not prove it holds the key: wrong key, or not an eglcuda relay",
-                              int(Reason.ACCESS))
-            await ep.stream_send(wire.encode_proof(keys.proof(self._key, b"subscriber", theirs, mine, name)))
+                              int(Reason.ACCESS)) from None
+            session = handshake.split()
+            await ep.stream_send(wire.encode_confirm(session))
             buf[:] = 0
             await ep.stream_recv(buf)
-            welcome = wire.decode_welcome(wire.expect(buf.tobytes(), wire.Kind.WELCOME, refusal=True))
+            welcome = wire.decode_welcome(session, wire.expect(buf.tobytes(), wire.Kind.WELCOME, refusal=True,
+                                                               session=session))
             # (The window is pinned host memory here: never more than this side's QoS asks for.)
             most = LATEST_WINDOW if self.qos is Qos.LATEST else min(self.queue, wire.MAX_WINDOW)
             if welcome.window > most:
                 raise wire.WireError(f"a window of {welcome.window} frames for a subscriber that takes {most}")
-            ep.use_tags(tags, welcome.tags)
+            if welcome.frame_mode < self.frames:
+                raise Refused(f"the relay sends {welcome.frame_mode.name.lower()} frames; this subscriber requires "
+                              f"{self.frames.name.lower()} (Relay(frames=...))", int(Reason.ACCESS))
+            session.frames = wire.frame_seal(welcome.frame_key, welcome.frame_mode)
+            tags = session.tag_prefix(receiving=True)
+            if not _ucx.engine().claim_prefix(tags):  # (another connection of this process has it: 2**-56)
+                tags = None
+                raise StreamDisconnected("a tag collision with another connection: join again")
+            ep.recv_prefix = tags  # (given back when the endpoint ends)
+            ep.session = session
+            ep.use_tags(tags, session.tag_prefix(receiving=False))
             return welcome
-        except wire.WireError as exc:
+        except (wire.WireError, AuthenticationFailed) as exc:
             raise Refused(f"the peer at {self.remote[0]}:{self.remote[1]} is not a relay this subscriber can use: "
                           f"{exc}", int(Reason.PROTOCOL)) from None
-        except (Refused, asyncio.CancelledError):
+        except (Refused, StreamDisconnected, asyncio.CancelledError):
             raise
         except Exception as exc:  # noqa: BLE001 - the endpoint failed mid-handshake
             raise StreamDisconnected(f"the relay at {self.remote[0]}:{self.remote[1]} closed the connection during "
                                      f"the handshake ({exc})") from None
+
     async def _start(self, link: _Link) -> None:
         self._post_receives(link)
         link.tasks = [asyncio.ensure_future(self._notes(link)), asyncio.ensure_future(self._beat(link))]
@@ -140,6 +159,9 @@ class Joining:
             if error is not None:
                 raise error
             buffer = link.host.arrays[index]
+            # (the frame's seal: its header always, its bytes too in the integrity and encrypted
+            # modes, decrypted here in place; AuthenticationFailed if forged or altered)
+            link.counters[order] = link.ep.session.frames.open(buffer)
             link.heard = time.monotonic()
             kind, seq, timestamp_ns, length, _, _ = wire.decode_header(buffer[:wire.HEADER].tobytes())
             if kind is not wire.Head.FRAME:
@@ -150,6 +172,11 @@ class Joining:
                 # in posting order keeps the relay's order when receives finish out of order.
                 link.done[order] = (seq, timestamp_ns, payload, index)
                 while link.next_out in link.done:
+                    counter = link.counters.pop(link.next_out)
+                    if counter <= link.last_counter:  # (the relay's counter grows: a frame played again)
+                        raise AuthenticationFailed(f"a frame came again or out of order (counter {counter} after "
+                                                   f"{link.last_counter})")
+                    link.last_counter = counter
                     link.ready.append(link.done.pop(link.next_out))
                     link.next_out += 1
                 link.cond.notify_all()
@@ -166,7 +193,7 @@ class Joining:
 
     def _link_failed(self, link: _Link, exc: Exception) -> None:
         """End ``link`` on a receive's failure: the relay broke the protocol, or the endpoint failed."""
-        if isinstance(exc, wire.WireError):
+        if isinstance(exc, (wire.WireError, AuthenticationFailed)):
             self._end(link, StreamDisconnected(f"the relay of topic {self.name!r} broke the protocol: {exc}"))
             _abort(link.ep)
         else:
@@ -178,13 +205,15 @@ class Joining:
         try:
             while True:
                 await link.ep.recv(note, wire.NOTE_TAG)
+                try:
+                    kind, sent, code, reason = wire.decode_note(link.ep.session, note.tobytes())  # (sealed)
+                except AuthenticationFailed:  # (forged or replayed: it changes nothing, not even 'heard')
+                    continue
                 link.heard = time.monotonic()
-                kind, sent, _, length, code, _ = wire.decode_header(note[:wire.HEADER].tobytes())
                 if kind is wire.Head.BEAT:
                     continue
                 if kind is not wire.Head.GONE:
                     raise wire.WireError(f"{kind.name} as a note")
-                reason = note[wire.HEADER:wire.HEADER + length].tobytes().decode(errors="replace")
                 if link.arrived < sent:  # (the note overtook frames the relay sent before it: they come first)
                     link.expected = sent
                     link.drained.clear()
@@ -200,7 +229,6 @@ class Joining:
             self._link_failed(link, exc)
 
     async def _beat(self, link: _Link) -> None:
-        beat = np.frombuffer(wire.encode_control(wire.Control.BEAT), np.uint8)
         while link.lost is None:
             await asyncio.sleep(BEAT_S)
             if time.monotonic() - link.heard > self.timeout:
@@ -210,7 +238,7 @@ class Joining:
                 _abort(link.ep)
                 return
             try:
-                await asyncio.wait_for(link.ep.send(beat, wire.CONTROL_TAG), BEAT_S)
+                await asyncio.wait_for(self._send_control(link, wire.Control.BEAT, 0), BEAT_S)
             except (asyncio.TimeoutError, TimeoutError):
                 pass
             except Exception:  # noqa: BLE001 - the reader hears of it too
@@ -229,8 +257,8 @@ class Joining:
     async def _send_control(self, link: _Link, kind: wire.Control, count: int) -> None:
         if link.lost is not None:
             return
-        try:
-            await link.ep.send(wire.encode_control(kind, count), wire.CONTROL_TAG)
+        try:  # (sealed just before it is posted, in the same step: its nonce is the next of its channel)
+            await link.ep.send(wire.encode_control(link.ep.session, kind, count), wire.CONTROL_TAG)
         except Exception:  # noqa: BLE001 - the reader hears of it
             pass
 
@@ -247,7 +275,8 @@ class Joining:
         self._post_receives(link)  # (the receives are posted before the relay hears of the credit)
         if link.lost is not None:
             return
-        message = _ucx.engine().arr(np.frombuffer(wire.encode_control(wire.Control.CREDIT, count), np.uint8))
+        sealed = wire.encode_control(link.ep.session, wire.Control.CREDIT, count)  # (sealed, just before it is posted)
+        message = _ucx.engine().arr(np.frombuffer(sealed, np.uint8))
         try:  # (the callback keeps the message alive until UCX sent it; a failure: the reader hears of it)
             link.ep.send_now(message, wire.CONTROL_TAG, lambda error, keep=message: None)
         except _ucx.LinkError:

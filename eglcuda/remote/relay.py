@@ -15,6 +15,7 @@ import collections
 import logging
 import os
 import queue as _queue
+import secrets
 import signal
 import threading
 import time
@@ -32,6 +33,7 @@ from ..topics.subscriber import Subscriber
 from . import _ucx, keys, wire
 from .buffers import Pinned
 from .serving import RemoteInfo, Serving, _Remote
+from .session import frame_mode
 from .wire import DISCONNECTED, parse_address
 
 __all__ = ["Relay", "RemoteInfo", "parse_address"]
@@ -49,8 +51,9 @@ class Relay(Serving):
         which). UCXX's listener (0.52) takes a port only and UCX then listens on every address
         of the host: HOST is what :attr:`address` reports, not a bind address; keep the port
         behind a firewall (docs/security.md).
-    :param key: the pre-shared key (bytes, at least 16); None: from ``EGLCUDA_REMOTE_KEY_FILE``
-        or ``EGLCUDA_REMOTE_KEY`` (docs/security.md).
+    :param key: the pre-shared key (random bytes, at least 16: ``python -m eglcuda keygen PATH``
+        makes one; text and patterns are refused); None: from ``EGLCUDA_REMOTE_KEY_FILE`` or
+        ``EGLCUDA_REMOTE_KEY`` (docs/security.md).
     :param qos: the relay's own local subscription: ``"latest"`` (never slows the publisher;
         remote subscribers then see skipped frames when the relay falls behind) or ``"every"``.
     :param queue: the local subscription's queue (``every``).
@@ -62,6 +65,10 @@ class Relay(Serving):
     :param max_remotes: remote subscribers served at once (more are refused).
     :param every_timeout: seconds an ``every`` remote subscriber may go without releasing a frame
         while the relay has frames for it; then it is dropped (it gets :class:`eglcuda.Dropped`).
+    :param frames: how the frames' bytes are protected on the wire: ``"plain"`` (the default: each
+        frame's header is authenticated, its bytes are not), ``"integrity"`` (a MAC over the whole
+        frame) or ``"encrypted"`` (AES-256-GCM); every other message is always authenticated
+        (docs/security.md, with each mode's cost).
 
     Raises :class:`eglcuda.Timeout` when no publisher answered in ``timeout`` seconds, and
     :class:`eglcuda.Unsupported` (with what to install) without ucxx."""
@@ -69,8 +76,9 @@ class Relay(Serving):
     def __init__(self, name: str, listen: str = "127.0.0.1:0", *, key: bytes | None = None, qos: str = "latest",
                  queue: int = 4, device: Any = 0, timeout: float = 5.0, path: Any = None,
                  trusted_uids: Iterable[int] | str | None = None, max_remotes: int = 16,
-                 every_timeout: float = 1.0) -> None:
+                 every_timeout: float = 1.0, frames: str = "plain") -> None:
         self.name = naming.check_name(name)
+        self._frames = wire.frame_seal(secrets.token_bytes(32), frame_mode(frames))
         host, port = parse_address(listen, "listen")
         _ucx.require()  # (what to install is the first thing to say)
         _ucx.check_fork()
@@ -137,12 +145,12 @@ class Relay(Serving):
         size = wire.frame_bytes(info.format, info.width, info.height)
         self._welcome = wire.Welcome(info.width, info.height, info.format, 1, info.pool, info.publisher_pid,
                                      info.instance, info.next_seq, info.fps, size)
-        if self._staging is not None and self._staging.size == wire.DATA_AT + size:
+        if self._staging is not None and self._staging.size == wire.message_bytes(size):
             return  # (a restarted publisher of the same frame size: the ring serves as it is)
         old, self._staging = self._staging, None
         if old is not None:
             old.close()
-        self._staging = Pinned(self._device, STAGING, wire.DATA_AT + size,
+        self._staging = Pinned(self._device, STAGING, wire.message_bytes(size),
                                f"staging {info.width}x{info.height} frames of a relay")
         self._free = _queue.Queue()
         self._refs = {}
@@ -229,6 +237,7 @@ class Relay(Serving):
                              g.height, False)
                 at += size
             cuda.stream_synchronize(self._stream, "copying a frame to a relay's staging buffer")
+            self._frames.seal(out)  # (the frame's seal: header always; its bytes too, or encrypted: frames=)
         except BaseException:
             self._free.put(index)
             self._unreserve()

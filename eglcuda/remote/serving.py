@@ -2,7 +2,7 @@
 sender (frames while there is credit, a few in flight; beats; the GONE note), its credit reader,
 and the watchdog that drops the silent and the slow. :class:`Serving` is a part of
 :class:`eglcuda.Relay` (relay.py), which owns the state it uses: ``name``, ``timeout``,
-``every_timeout``, ``max_remotes``, ``_key``, ``_sub``, ``_welcome``, ``_live``, ``_closing``,
+``every_timeout``, ``max_remotes``, ``_key``, ``_frames``, ``_sub``, ``_welcome``, ``_live``, ``_closing``,
 ``_remotes``, ``_history``, ``_wanted``, ``_room_lock``, ``_room``, ``_staged``, ``_staging``, ``_refs``, ``_free``, ``_listener``.
 Everything here runs on the engine's thread.
 """
@@ -21,6 +21,7 @@ import numpy as np
 
 from ..topics.protocol import Qos, Reason
 from . import _ucx, keys, wire
+from .session import AuthenticationFailed, FrameSeal, Handshake, Session
 from .wire import BEAT_S, LATEST_WINDOW, NO_PUBLISHER, SEND_AHEAD
 
 if TYPE_CHECKING:
@@ -96,6 +97,7 @@ class Serving:
     every_timeout: float
     max_remotes: int
     _key: bytes
+    _frames: FrameSeal
     _sub: "Subscriber"
     _welcome: wire.Welcome | None
     _live: bool
@@ -203,7 +205,7 @@ class Serving:
         reader: asyncio.Future[Any] | None = None
         try:  # (the remote counts among the relay's from its handshake's last check on: this ends it)
             try:
-                await asyncio.wait_for(ep.stream_send(wire.encode_welcome(remote.welcome)), self.timeout)
+                await asyncio.wait_for(ep.stream_send(wire.encode_welcome(ep.session, remote.welcome)), self.timeout)
             except Exception as exc:  # noqa: BLE001 - it left, or said nothing in time
                 log.info("relay %s: remote subscriber %s did not take its welcome: %s", self.name, peer, exc)
                 return
@@ -226,67 +228,80 @@ class Serving:
             log.info("relay %s: remote subscriber %s left%s", self.name, peer,
                      f" (dropped: {remote.dropped})" if remote.dropped else "")
 
-    async def _refuse(self, ep: Any, code: int, reason: str) -> None:
+    async def _refuse(self, ep: Any, code: int, reason: str, session: Session | None = None) -> None:
+        """Refuse the peer with ``reason``: in the clear before the session, sealed after it."""
         try:
-            await asyncio.wait_for(ep.stream_send(wire.encode_refuse(code, reason)), 1.0)
+            message = wire.encode_refuse(code, reason) if session is None else wire.encode_refused(session, code, reason)
+            await asyncio.wait_for(ep.stream_send(message), 1.0)
             await asyncio.sleep(0.05)  # (let it leave before the endpoint goes)
         except Exception:  # noqa: BLE001 - the peer may be gone already
             pass
         self._abort(ep)
 
     async def _read_step(self, ep: Any, deadline: float, want: wire.Kind, decode: Callable[[memoryview], T]) -> T | None:
-        """The peer's next handshake message, of kind ``want``, decoded (None: it was not one, and
-        the peer was refused with the reason)."""
+        """The peer's next handshake message, of kind ``want``, decoded (None: it was not one, or
+        it did not open, and the peer was refused with the reason, in the clear)."""
         buf = np.zeros(wire.HANDSHAKE, np.uint8)
         await _before(ep.stream_recv(buf), deadline)
         try:
             return decode(wire.expect(buf.tobytes(), want))
+        except AuthenticationFailed:
+            await self._refuse(ep, Reason.ACCESS, "authentication failed: the subscriber does not hold the relay's key")
+            return None
         except wire.WireError as exc:
             await self._refuse(ep, Reason.PROTOCOL, str(exc))
             return None
 
     async def _handshake(self, ep: Any, deadline: float) -> _Remote | None:
-        """Check the peer (it proves the key, asks for this topic); on success the remote
-        subscriber is one of the relay's at once (a slot taken, its welcome still to send)."""
-        await _before(ep.stream_send(wire.encode_relay()), deadline)
-        hello = await self._read_step(ep, deadline, wire.Kind.HELLO, wire.decode_hello)
+        """Check the peer (the Noise handshake: its HELLO opens under the key, it confirms the
+        session; then it asks for this topic); on success the remote subscriber is one of the
+        relay's at once (a slot taken, its sealed welcome still to send). Nothing keyed goes to
+        a peer whose HELLO did not open."""
+        first = wire.encode_relay()
+        await _before(ep.stream_send(first), deadline)
+        handshake = Handshake.responder(keys.noise_psk(self._key), wire.prologue(first))
+        hello = await self._read_step(ep, deadline, wire.Kind.HELLO, lambda body: wire.decode_hello(handshake, body))
         if hello is None:
             return None
-        name = hello.name.encode()
-        mine = keys.nonce()
-        await _before(ep.stream_send(wire.encode_challenge(mine, keys.proof(self._key, b"relay", hello.nonce, mine, name))),
-                      deadline)
-        theirs = await self._read_step(ep, deadline, wire.Kind.PROOF, wire.decode_proof)
-        if theirs is None:
-            return None
-        if not keys.same(theirs, keys.proof(self._key, b"subscriber", mine, hello.nonce, name)):
-            await self._refuse(ep, Reason.ACCESS, "authentication failed: the subscriber's key is not the relay's")
+        await _before(ep.stream_send(wire.encode_accept(handshake)), deadline)
+        session = handshake.split()
+        confirmed = await self._read_step(ep, deadline, wire.Kind.CONFIRM,
+                                          lambda body: wire.decode_confirm(session, body))
+        if confirmed is None:
             return None
         if hello.name != self.name:
-            await self._refuse(ep, Reason.VERSION, f"this relay serves topic {self.name!r}, not {hello.name!r}")
+            await self._refuse(ep, Reason.VERSION, f"this relay serves topic {self.name!r}, not {hello.name!r}", session)
             return None
         if self._closing:
-            await self._refuse(ep, Reason.CLOSING, "the relay is closing")
+            await self._refuse(ep, Reason.CLOSING, "the relay is closing", session)
             return None
         if len(self._remotes) >= self.max_remotes:
-            await self._refuse(ep, Reason.BUSY, f"the relay serves {self.max_remotes} remote subscribers already")
+            await self._refuse(ep, Reason.BUSY, f"the relay serves {self.max_remotes} remote subscribers already",
+                               session)
             return None
         welcome = self._welcome
         if not self._live or welcome is None:
-            await self._refuse(ep, NO_PUBLISHER, f"topic {self.name!r} has no publisher at the relay now")
+            await self._refuse(ep, NO_PUBLISHER, f"topic {self.name!r} has no publisher at the relay now", session)
+            return None
+        engine = _ucx.engine()
+        mine_tags = session.tag_prefix(receiving=True)
+        if not engine.claim_prefix(mine_tags):  # (another connection of this process has it: 2**-56)
+            await self._refuse(ep, Reason.BUSY, "a tag collision: connect again", session)
             return None
         # From here on nothing waits: the deadline and the slot are decided together, so a
         # handshake that ends as its time runs out either took a slot (and _serve frees it) or not.
         if time.monotonic() >= deadline:
+            engine.forget_prefix(mine_tags)
             raise TimeoutError
+        ep.session = session
+        ep.use_tags(mine_tags, session.tag_prefix(receiving=False))
         window = LATEST_WINDOW if hello.qos is Qos.LATEST else min(hello.queue, wire.MAX_WINDOW)
         info = self._sub.info
         next_seq = info.next_seq if info is not None else 0
-        mine_tags = _ucx.engine().new_prefix()
-        ep.use_tags(mine_tags, hello.tags)
+        frames = self._frames
         reply = wire.Welcome(welcome.width, welcome.height, welcome.format, window, welcome.pool,
                              welcome.publisher_pid, welcome.instance, next_seq, welcome.fps, welcome.frame_bytes,
-                             mine_tags)
+                             frames.mode, frames.key)
         peer = f"{hello.client or '?'} pid {hello.pid}"
         remote = _Remote(ep, peer, hello.qos, hello.queue, window, reply)
         self._remotes.append(remote)
@@ -381,7 +396,7 @@ class Serving:
         return bool(remote.pending)
 
     async def _send_note(self, ep: Any, kind: wire.Head, code: int = 0, reason: str = "", sent: int = 0) -> None:
-        await ep.send(wire.encode_note(kind, code, reason, sent), wire.NOTE_TAG)
+        await ep.send(wire.encode_note(ep.session, kind, code, reason, sent), wire.NOTE_TAG)  # (sealed)
         if kind is wire.Head.GONE:  # (the endpoint stays until the subscriber took its last frames and left)
             try:
                 await asyncio.wait_for(ep.lost.wait(), 1.5)
@@ -393,8 +408,12 @@ class Serving:
         try:
             while True:
                 await remote.ep.recv(buf, wire.CONTROL_TAG)
+                try:
+                    kind, count = wire.decode_control(remote.ep.session, buf.tobytes())  # (sealed)
+                except AuthenticationFailed:  # (forged or replayed: it changes nothing, not even 'heard')
+                    log.info("relay %s: a control message for %s did not open: ignored", self.name, remote.peer)
+                    continue
                 remote.heard = time.monotonic()
-                kind, count = wire.decode_control(buf.tobytes())
                 if kind is wire.Control.CREDIT:
                     remote.credits += count
                     if remote.credits > remote.window:

@@ -40,6 +40,8 @@ from ..topics.transports.views import SlotView, _ViewSpec, join_readers
 from . import _ucx, keys, wire
 from .buffers import Pinned
 from .link import Joining, _Link
+from . import session
+from .session import frame_mode
 from .wire import NO_PUBLISHER, parse_address
 
 log = logging.getLogger("eglcuda.remote")
@@ -53,6 +55,8 @@ class RemoteSubscriber(Joining, Subscriber):
     Everything is as for a local subscriber (:meth:`receive`, iteration, ``qos``, ``queue``,
     :meth:`wait_for_publisher`, :meth:`close`), and frames are :class:`eglcuda.topics.SlotView`
     views of this subscriber's own pool on ``device`` (``info.transport`` is ``"remote"``).
+    ``frames``: the least frame protection accepted (``"plain"``, ``"integrity"`` or
+    ``"encrypted"``: a relay that sends less is refused; the relay decides, docs/security.md).
     ``key``: the relay's pre-shared key (None: from ``EGLCUDA_REMOTE_KEY_FILE`` or
     ``EGLCUDA_REMOTE_KEY``). Raises :class:`eglcuda.Refused` when the relay refused it (a wrong
     key, another topic), :class:`eglcuda.Timeout` when no relay with a publisher answered in
@@ -63,8 +67,9 @@ class RemoteSubscriber(Joining, Subscriber):
                  path: Any = None, transport: str = "auto", gl_context: Any = None, *,
                  cuda_stream: Any = None, trusted_uids: Iterable[int] | str | None = None,
                  busy_wait: float = 20e-6, remote: str | None = None, key: bytes | None = None,
-                 _backend: Any = None) -> None:
+                 frames: str = "plain", _backend: Any = None) -> None:
         self.name = naming.check_name(name)
+        self.frames = frame_mode(frames)
         try:
             if isinstance(qos, bool):
                 raise ValueError(qos)
@@ -82,6 +87,7 @@ class RemoteSubscriber(Joining, Subscriber):
         self.timeout = positive_seconds(timeout, "timeout")
         self._busy_wait = sockets.wait_seconds(busy_wait, "busy_wait")
         _ucx.require()  # (what to install is the first thing to say)
+        session.require()
         _ucx.check_fork()
         self._key = keys.load_key(key)
         self.path = f"ucx://{remote}"
@@ -185,7 +191,7 @@ class RemoteSubscriber(Joining, Subscriber):
             self._spec = _ViewSpec(Geometry(first.width, first.height, first.format, Layout.PITCH, first.pitch,
                                             offsets))
         self._free_slots = collections.deque(range(len(self._pool)))
-        host = Pinned(self._device, welcome.window, wire.DATA_AT + welcome.frame_bytes,
+        host = Pinned(self._device, welcome.window, wire.message_bytes(welcome.frame_bytes),
                       "a remote subscriber's receive window")
         link = _Link(ep, welcome, host)
         self._link = link

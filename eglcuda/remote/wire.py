@@ -1,34 +1,42 @@
 """The remote topic wire format, over UCX between a relay and a remote subscriber: the handshake
-on the endpoint's stream, then tag messages.
+on the endpoint's stream, then tag messages, every one of them authenticated (session.py).
 
 Every message has a size known before it arrives, and each receive is posted into a buffer of
 exactly that size (a longer message is a UCX truncation error, which ends the connection): a
 peer never makes us allocate what it says.
 
     remote subscriber                             relay
-    HELLO (nonce_s, topic, qos, queue,   --->                           HANDSHAKE bytes each,
-           tags_s)                                                         on the stream
-                                         <---  CHALLENGE (nonce_r, proof_r)   or REFUSE
-    PROOF (proof_s)                      --->
-                                         <---  WELCOME (geometry, window, publisher, tags_r)
-                                                     or REFUSE
+                                         <---  RELAY (versions)                  HANDSHAKE bytes each,
+    HELLO (Noise -> psk, e; sealed: topic,                                         on the stream
+           qos, queue, pid, host)        --->
+                                         <---  ACCEPT (Noise <- e, ee)  or REFUSE (plain: the key
+                                                                        did not open the HELLO)
+    CONFIRM (sealed)                     --->
+                                         <---  WELCOME (sealed: geometry, window, publisher, frame
+                                                     mode and key)   or REFUSED (sealed, the reason)
     then                                 <---  FRAME (tag FRAME_TAG): header (seq, time, payload
-                                                     length), payload area, frame data: always
-                                                     DATA_AT + the frame's bytes
-                                         <---  NOTE (tag NOTE_TAG): BEAT (idle) / GONE (code,
-                                                     reason): always NOTE bytes
-    CONTROL (tag CONTROL_TAG): CREDIT (n frames done) / BEAT / BYE  --->
+                                                     length, counter), payload area, frame data,
+                                                     tag: always message_bytes(frame bytes)
+                                         <---  NOTE (tag NOTE_TAG, sealed): BEAT (idle) / GONE
+                                                     (code, reason): always NOTE bytes
+    CONTROL (tag CONTROL_TAG, sealed): CREDIT (n frames done) / BEAT / BYE  --->
 
-A tag is ``(prefix << 8) | kind``, the prefix being the one its receiver chose (tags_s for what
-the subscriber receives, tags_r for the relay): UCX matches tags on a whole worker, and every
-connection of a process has its own prefix (eglcuda/remote/_ucx.py).
+The handshake is Noise NNpsk0 (session.py): the relay answers only a HELLO that opened under the
+key, so a peer without it gets nothing keyed to test guesses against; the CONFIRM proves that
+the subscriber holds the session (a recorded HELLO played again cannot take a slot). The
+prologue binds the RELAY message (both versions) and the roles; the HELLO binds the topic.
+
+A tag is ``(prefix << 8) | kind``, the prefix being derived from the session for each direction
+(never sent): UCX matches tags on a whole worker, and every connection of a process has its own.
+NOTE and CONTROL messages are sealed under their own channel of the session, with a counter
+nonce: UCX matches one endpoint's messages of one tag in the order they were posted, so a
+message replayed, reordered or taken from another connection does not open. FRAMEs are sealed
+under the relay's frame key (sent in each WELCOME) with a relay-wide counter that must grow on
+each link: the header always, the frame data too in the integrity and encrypted modes.
 
 One message per frame (the header rides in front of the data) and the frames on a tag of their
 own: a remote subscriber posts a receive for each free buffer of its window at once, and the
 relay keeps a few sends in flight, so UCX's rendezvous round trips overlap.
-
-proof_r = HMAC(key, "relay" | nonce_s | nonce_r | topic); proof_s = HMAC(key, "subscriber" |
-nonce_r | nonce_s | topic): each side proves it holds the key before the other says more.
 """
 from __future__ import annotations
 
@@ -43,8 +51,9 @@ import numpy as np
 from ..errors import PeerError, Refused, UsageError
 from ..frames.formats import ColorFormat, check_size, color_format, plane_geometry
 from ..topics import protocol
+from .session import TAG, FrameMode, FrameSeal, Handshake, Session
 
-VERSION = 3  # 2: the handshake on the stream, tag prefixes per connection; 3: the relay speaks first (RELAY)
+VERSION = 4  # 3: the relay speaks first (RELAY); 4: the Noise NNpsk0 session, every message sealed
 MAGIC = b"EGLCUDAR"
 HANDSHAKE = 512  # bytes of every handshake message
 HEADER = 64  # bytes of a FRAME's or NOTE's header
@@ -54,9 +63,9 @@ NOTE_TAG = 2
 CONTROL_TAG = 3
 MAX_PREFIX = (1 << 56) - 1  # a tag prefix: 1..MAX_PREFIX
 NOTE_REASON = 400  # bytes of a NOTE's reason area
-NOTE = HEADER + NOTE_REASON
+NOTE = HEADER + NOTE_REASON + TAG  # bytes of a NOTE on the wire (sealed)
 MAX_REASON = NOTE_REASON
-CONTROL = 32  # bytes of a remote subscriber's control message
+CONTROL = 32 + TAG  # bytes of a remote subscriber's control message on the wire (sealed)
 MAX_NAME = 255
 MAX_WINDOW = 16  # frames a relay may send ahead of a remote subscriber's credits
 MAX_FRAME = 1 << 30  # bytes of one frame's data on the wire
@@ -65,30 +74,36 @@ LATEST_WINDOW = 3  # frames a relay sends ahead of a 'latest' remote subscriber'
 BEAT_S = 0.5  # a side that has said nothing for this long sends a beat
 NO_PUBLISHER = 200  # REFUSE code: the relay has no publisher at the moment (the subscriber retries)
 DISCONNECTED = 201  # GONE code: the relay lost its publisher without a goodbye (StreamDisconnected)
+# The session's channels (session.Session: each its own key and nonces, per direction).
+HANDSHAKE_CHANNEL = "handshake"
+NOTE_CHANNEL = "note"
+CONTROL_CHANNEL = "control"
 
 _HS_HEAD = struct.Struct("<8sBB6x")  # magic, version, kind
-_HELLO = struct.Struct("<BBHI32s")  # qos, queue, name length, pid, nonce (then the name)
-_CLIENT_AT = 320  # a HELLO's client label: a length byte, then up to MAX_CLIENT bytes
+_NOISE = struct.Struct("<H")  # a Noise message's length (then the message)
+_HELLO = struct.Struct("<BBHI")  # qos, queue, name length, pid (then the name, then the client label)
 MAX_CLIENT = 64
-_TAGS_AT = 400  # a HELLO's tag prefix (8 bytes)
-_PREFIX = struct.Struct("<Q")
-_CHALLENGE = struct.Struct("<32s32s")
-_PROOF = struct.Struct("<32s")
-_WELCOME = struct.Struct("<IIIHHiQQdQQ")  # width height format window pool pid instance next_seq fps frame_bytes tags
+_WELCOME = struct.Struct("<IIIHHiQQdQB32s")  # width height format window pool pid instance next_seq fps frame_bytes
+# frame_mode frame_key
 _REFUSE = struct.Struct("<BxH")  # code, reason length (then the reason)
-_HEADER = struct.Struct("<4sBxxxQQIIQ")  # magic, kind, seq, timestamp, payload/reason length, code, skipped
+_HEADER = struct.Struct("<4sBxxxQQIIQQ")  # magic, kind, seq, timestamp, payload/reason length, code, skipped, counter
+_COUNTER_AT = 40  # the header's counter (FrameSeal's nonce)
 _CONTROL = struct.Struct("<4sBxxxI")  # magic, kind, count
+_CONTROL_PLAIN = CONTROL - TAG
+_NOTE_PLAIN = NOTE - TAG
 _HEAD_MAGIC = b"ECRH"
 _CONTROL_MAGIC = b"ECRC"
+PROLOGUE = b"eglcuda remote topic: initiator remote subscriber, responder relay\0"
 
 
 class Kind(enum.IntEnum):
     HELLO = 1
-    CHALLENGE = 2
-    PROOF = 3
+    ACCEPT = 2
+    CONFIRM = 3
     WELCOME = 4
-    REFUSE = 5
+    REFUSE = 5  # in the clear: before the session (a HELLO that did not open, a wrong version)
     RELAY = 6  # the relay's first message: a subscriber sends nothing before it (see encode_relay)
+    REFUSED = 7  # sealed: the relay refuses an authenticated subscriber (topic, busy, no publisher)
 
 
 class Head(enum.IntEnum):
@@ -139,50 +154,70 @@ def handshake_kind(data: bytes | bytearray | memoryview) -> tuple[Kind, memoryvi
     _check(len(data) == HANDSHAKE, "handshake size")
     magic, version, kind = _HS_HEAD.unpack_from(data, 0)
     _check(magic == MAGIC, "not an eglcuda remote topic peer")
-    _check(version == VERSION, f"protocol version {version}, this side speaks {VERSION}")
+    if version != VERSION:
+        raise WireError(f"the peer speaks remote topic protocol version {version}, this side speaks {VERSION} "
+                        f"(eglcuda {'older' if version < VERSION else 'newer'} than this one's): use the same eglcuda "
+                        f"version on both hosts")
     _check(kind in Kind._value2member_map_, f"handshake kind {kind}")
     return Kind(kind), memoryview(data)[_HS_HEAD.size:]
+
+
+def prologue(relay_message: bytes | bytearray) -> bytes:
+    """What both sides mix into the handshake without sending it: the roles, and the relay's
+    first message as it arrived (the protocol version it speaks)."""
+    return PROLOGUE + bytes(relay_message)
+
+
+def _noise_body(kind: Kind, message: bytes) -> bytearray:
+    _check(_NOISE.size + len(message) <= HANDSHAKE - _HS_HEAD.size, "a handshake message too long")
+    return _handshake(kind, _NOISE.pack(len(message)) + message)
+
+
+def _noise_of(body: memoryview) -> bytes:
+    (length,) = _NOISE.unpack_from(body, 0)
+    _check(length <= len(body) - _NOISE.size, "handshake message length")
+    return bytes(body[_NOISE.size:_NOISE.size + length])
 
 
 @dataclass(frozen=True)
 class Hello:
     qos: protocol.Qos
     queue: int
-    nonce: bytes
     name: str
     pid: int = 0
     client: str = ""  # the subscriber's host name (for listings only: it is the peer's word)
-    tags: int = 1  # the tag prefix of what the subscriber receives
 
 
-def encode_hello(hello: Hello) -> bytearray:
+def encode_hello(handshake: Handshake, hello: Hello) -> bytearray:
+    """The subscriber's first message: Noise's ``-> psk, e`` carrying ``hello``."""
     name = hello.name.encode()
     client = hello.client.encode()[:MAX_CLIENT]
-    out = _handshake(Kind.HELLO, _HELLO.pack(int(hello.qos), hello.queue, len(name), hello.pid, hello.nonce) + name)
-    at = _HS_HEAD.size + _CLIENT_AT
-    out[at] = len(client)
-    out[at + 1:at + 1 + len(client)] = client
-    _PREFIX.pack_into(out, _HS_HEAD.size + _TAGS_AT, hello.tags)
-    return out
+    plain = _HELLO.pack(int(hello.qos), hello.queue, len(name), hello.pid) + name + bytes([len(client)]) + client
+    return _noise_body(Kind.HELLO, handshake.write_message(plain))
 
 
-def decode_hello(body: memoryview) -> Hello:
-    qos, queue, length, pid, nonce = _HELLO.unpack_from(body, 0)
+def decode_hello(handshake: Handshake, body: memoryview) -> Hello:
+    """The HELLO in ``body`` (:class:`AuthenticationFailed` when it does not open: another key)."""
+    plain = handshake.read_message(_noise_of(body))
+    _check(len(plain) >= _HELLO.size, "HELLO size")
+    qos, queue, length, pid = _HELLO.unpack_from(plain, 0)
     _check(qos in (int(protocol.Qos.LATEST), int(protocol.Qos.EVERY)), f"qos {qos}")
     _check(1 <= queue <= protocol.MAX_QUEUE, f"queue {queue}")
-    _check(1 <= length <= MAX_NAME and _HELLO.size + length <= _CLIENT_AT, f"topic name length {length}")
-    raw = bytes(body[_HELLO.size:_HELLO.size + length])
+    _check(1 <= length <= MAX_NAME and _HELLO.size + length < len(plain), f"topic name length {length}")
+    raw = plain[_HELLO.size:_HELLO.size + length]
     try:
         name = raw.decode()
     except UnicodeDecodeError:
         raise WireError("malformed message from the remote peer: the topic name is not UTF-8") from None
-    size = body[_CLIENT_AT]
-    _check(size <= MAX_CLIENT, "client label length")
-    client = bytes(body[_CLIENT_AT + 1:_CLIENT_AT + 1 + size]).decode(errors="replace")
-    client = "".join(c if c.isprintable() else "?" for c in client)
-    tags = _PREFIX.unpack_from(body, _TAGS_AT)[0]
-    _check(1 <= tags <= MAX_PREFIX, "tag prefix")
-    return Hello(protocol.Qos(qos), queue, nonce, name, pid, client, tags)
+    at = _HELLO.size + length
+    size = plain[at]
+    _check(size <= MAX_CLIENT and at + 1 + size == len(plain), "client label length")
+    client = plain[at + 1:at + 1 + size].decode(errors="replace")
+    return Hello(protocol.Qos(qos), queue, name, pid, _printable(client))
+
+
+def _printable(text: str) -> str:
+    return "".join(c if c.isprintable() else "?" for c in text)
 
 
 def encode_relay() -> bytearray:
@@ -192,21 +227,28 @@ def encode_relay() -> bytearray:
     return _handshake(Kind.RELAY, b"")
 
 
-def encode_challenge(nonce: bytes, proof: bytes) -> bytearray:
-    return _handshake(Kind.CHALLENGE, _CHALLENGE.pack(nonce, proof))
+def encode_accept(handshake: Handshake) -> bytearray:
+    """The relay's answer to a HELLO that opened: Noise's ``<- e, ee``."""
+    return _noise_body(Kind.ACCEPT, handshake.write_message(b""))
 
 
-def decode_challenge(body: memoryview) -> tuple[bytes, bytes]:
-    nonce, proof = _CHALLENGE.unpack_from(body, 0)
-    return bytes(nonce), bytes(proof)
+def decode_accept(handshake: Handshake, body: memoryview) -> None:
+    """:class:`AuthenticationFailed` unless the relay holds the key (and saw this HELLO)."""
+    _check(handshake.read_message(_noise_of(body)) == b"", "ACCEPT payload")
 
 
-def encode_proof(proof: bytes) -> bytearray:
-    return _handshake(Kind.PROOF, _PROOF.pack(proof))
+_CONFIRM = b"eglcuda remote subscriber ready"
 
 
-def decode_proof(body: memoryview) -> bytes:
-    return bytes(_PROOF.unpack_from(body, 0)[0])
+def encode_confirm(session: Session) -> bytearray:
+    """The subscriber's first sealed message: it holds the session (not a HELLO played again)."""
+    return _noise_body(Kind.CONFIRM, session.seal(HANDSHAKE_CHANNEL, _CONFIRM))
+
+
+def decode_confirm(session: Session, body: memoryview) -> bool:
+    """True, or :class:`AuthenticationFailed` (not this session's subscriber)."""
+    _check(session.open(HANDSHAKE_CHANNEL, _noise_of(body)) == _CONFIRM, "CONFIRM")
+    return True
 
 
 @dataclass(frozen=True)
@@ -221,7 +263,8 @@ class Welcome:
     next_seq: int
     fps: float | None
     frame_bytes: int
-    tags: int = 1  # the tag prefix of what the relay receives
+    frame_mode: FrameMode = FrameMode.PLAIN
+    frame_key: bytes = bytes(32)
 
 
 def packed_planes(fmt: ColorFormat, width: int, height: int) -> list[tuple[int, int]]:
@@ -234,15 +277,27 @@ def frame_bytes(fmt: ColorFormat, width: int, height: int) -> int:
     return sum(row * rows for row, rows in packed_planes(fmt, width, height))
 
 
-def encode_welcome(w: Welcome) -> bytearray:
+def message_bytes(frame_size: int) -> int:
+    """Bytes of a FRAME message carrying ``frame_size`` bytes of frame data."""
+    return DATA_AT + frame_size + TAG
+
+
+def frame_seal(key: bytes, mode: FrameMode) -> FrameSeal:
+    """What seals (the relay) or opens (a subscriber) FRAME messages under ``key``."""
+    return FrameSeal(key, mode, HEADER, _COUNTER_AT, DATA_AT)
+
+
+def encode_welcome(session: Session, w: Welcome) -> bytearray:
     fps = math.nan if w.fps is None else float(w.fps)
-    return _handshake(Kind.WELCOME, _WELCOME.pack(w.width, w.height, int(w.format), w.window, w.pool,
-                                                  w.publisher_pid, w.instance, w.next_seq, fps, w.frame_bytes,
-                                                  w.tags))
+    plain = _WELCOME.pack(w.width, w.height, int(w.format), w.window, w.pool, w.publisher_pid, w.instance, w.next_seq,
+                          fps, w.frame_bytes, int(w.frame_mode), w.frame_key)
+    return _noise_body(Kind.WELCOME, session.seal(HANDSHAKE_CHANNEL, plain))
 
 
-def decode_welcome(body: memoryview) -> Welcome:
-    width, height, fmt, window, pool, pid, instance, next_seq, fps, size, tags = _WELCOME.unpack_from(body, 0)
+def decode_welcome(session: Session, body: memoryview) -> Welcome:
+    plain = session.open(HANDSHAKE_CHANNEL, _noise_of(body))
+    _check(len(plain) == _WELCOME.size, "WELCOME size")
+    width, height, fmt, window, pool, pid, instance, next_seq, fps, size, mode, key = _WELCOME.unpack(plain)
     try:
         fmt = color_format(fmt)
         check_size(width, height, fmt)
@@ -252,23 +307,39 @@ def decode_welcome(body: memoryview) -> Welcome:
     _check(0 <= pool <= protocol.MAX_POOL, f"pool {pool}")
     expected = frame_bytes(fmt, width, height)
     _check(size == expected and 0 < size <= MAX_FRAME, f"frame size {size} for {width}x{height} {fmt.name}")
-    _check(1 <= tags <= MAX_PREFIX, "tag prefix")
+    _check(mode in FrameMode._value2member_map_, f"frame mode {mode}")
     return Welcome(width, height, fmt, window, pool, pid, instance, next_seq, None if math.isnan(fps) else fps, size,
-                   tags)
+                   FrameMode(mode), bytes(key))
+
+
+def _refusal(code: int, reason: str) -> bytes:
+    text = reason.encode()[:MAX_REASON]
+    return _REFUSE.pack(code, len(text)) + text
 
 
 def encode_refuse(code: int, reason: str) -> bytearray:
-    text = reason.encode()[:MAX_REASON]
-    return _handshake(Kind.REFUSE, _REFUSE.pack(code, len(text)) + text)
+    """A refusal in the clear (before the session: its reason is no secret, and the subscriber
+    cannot tell it from anyone's)."""
+    return _handshake(Kind.REFUSE, _refusal(code, reason))
 
 
-def expect(data: bytes | bytearray | memoryview, want: Kind, *, refusal: bool = False) -> memoryview:
+def encode_refused(session: Session, code: int, reason: str) -> bytearray:
+    """A refusal of an authenticated subscriber, sealed."""
+    return _noise_body(Kind.REFUSED, session.seal(HANDSHAKE_CHANNEL, _refusal(code, reason)))
+
+
+def expect(data: bytes | bytearray | memoryview, want: Kind, *, refusal: bool = False,
+           session: Session | None = None) -> memoryview:
     """The body of handshake message ``data``, which must be of kind ``want`` (:class:`WireError`
     if not). ``refusal``: the peer may answer REFUSE instead (a relay does): :class:`Refused` with
-    its reason and code."""
+    its reason and code; with ``session``, only a sealed REFUSED counts (a REFUSE in the clear is
+    a :class:`WireError` then: anyone could have sent it)."""
     kind, body = handshake_kind(data)
-    if refusal and kind is Kind.REFUSE:
+    if refusal and session is None and kind is Kind.REFUSE:
         code, reason = decode_refuse(body)
+        raise Refused(f"the relay refused: {reason}", code)
+    if refusal and session is not None and kind is Kind.REFUSED:
+        code, reason = decode_refuse(memoryview(session.open(HANDSHAKE_CHANNEL, _noise_of(body))))
         raise Refused(f"the relay refused: {reason}", code)
     if kind is not want:
         raise WireError(f"expected {want.name}, got {kind.name}")
@@ -277,31 +348,43 @@ def expect(data: bytes | bytearray | memoryview, want: Kind, *, refusal: bool = 
 
 def decode_refuse(body: memoryview) -> tuple[int, str]:
     code, length = _REFUSE.unpack_from(body, 0)
-    _check(length <= MAX_REASON, "reason length")
-    return code, bytes(body[_REFUSE.size:_REFUSE.size + length]).decode(errors="replace")
+    _check(length <= MAX_REASON and _REFUSE.size + length <= len(body), "reason length")
+    return code, _printable(bytes(body[_REFUSE.size:_REFUSE.size + length]).decode(errors="replace"))
 
 
 # ---- the data phase ---------------------------------------------------------------------------
 
 def pack_frame(out: Any, seq: int, timestamp_ns: int, payload: bytes) -> None:
-    """Write a FRAME's header and payload in front of its data in ``out`` (a staging buffer)."""
-    _HEADER.pack_into(out, 0, _HEAD_MAGIC, int(Head.FRAME), seq, timestamp_ns, len(payload), 0, 0)
+    """Write a FRAME's header and payload in front of its data in ``out`` (a staging buffer; the
+    relay's :class:`FrameSeal` seals it once the data is there)."""
+    _HEADER.pack_into(out, 0, _HEAD_MAGIC, int(Head.FRAME), seq, timestamp_ns, len(payload), 0, 0, 0)
     out[HEADER:HEADER + len(payload)] = np.frombuffer(payload, np.uint8)
 
 
-def encode_note(kind: Head, code: int = 0, reason: str = "", sent: int = 0) -> bytearray:
-    """A BEAT or GONE note; a GONE's ``sent`` (in the header's seq field) is how many frames the
-    relay sent on this connection: the subscriber ends once it received them all."""
+def encode_note(session: Session, kind: Head, code: int = 0, reason: str = "", sent: int = 0) -> bytes:
+    """A BEAT or GONE note, sealed; a GONE's ``sent`` (in the header's seq field) is how many
+    frames the relay sent on this connection: the subscriber ends once it received them all.
+    Encode each note just before it is sent (its nonce is the next of its channel)."""
     text = reason.encode()[:NOTE_REASON]
-    out = bytearray(NOTE)
-    _HEADER.pack_into(out, 0, _HEAD_MAGIC, int(kind), sent, 0, len(text), code, 0)
+    out = bytearray(_NOTE_PLAIN)
+    _HEADER.pack_into(out, 0, _HEAD_MAGIC, int(kind), sent, 0, len(text), code, 0, 0)
     out[HEADER:HEADER + len(text)] = text
-    return out
+    return session.seal(NOTE_CHANNEL, out)
+
+
+def decode_note(session: Session, data: bytes | bytearray | memoryview) -> tuple[Head, int, int, str]:
+    """(kind, sent, code, reason) of the relay's next note (:class:`AuthenticationFailed` if it
+    is not that note)."""
+    plain = session.open(NOTE_CHANNEL, bytes(data))
+    kind, sent, _, length, code, _ = decode_header(plain)
+    _check(kind is not Head.FRAME, "a FRAME as a note")
+    return kind, sent, code, _printable(plain[HEADER:HEADER + length].decode(errors="replace"))
 
 
 def decode_header(data: bytes | bytearray | memoryview) -> tuple[Head, int, int, int, int, int]:
-    """(kind, seq, timestamp_ns, length, code, skipped); the length is checked against its kind's bound."""
-    magic, kind, seq, ts, length, code, skipped = _HEADER.unpack_from(data, 0)
+    """(kind, seq, timestamp_ns, length, code, skipped); the length is checked against its kind's
+    bound. A FRAME's header is to be read only after :meth:`FrameSeal.open` (link.py)."""
+    magic, kind, seq, ts, length, code, skipped, _ = _HEADER.unpack_from(data, 0)
     _check(magic == _HEAD_MAGIC, "header magic")
     _check(kind in Head._value2member_map_, f"header kind {kind}")
     kind = Head(kind)
@@ -309,16 +392,20 @@ def decode_header(data: bytes | bytearray | memoryview) -> tuple[Head, int, int,
     return kind, seq, ts, length, code, skipped
 
 
-def encode_control(kind: Control, count: int = 0) -> bytearray:
-    out = bytearray(CONTROL)
+def encode_control(session: Session, kind: Control, count: int = 0) -> bytes:
+    """A CREDIT, BEAT or BYE, sealed: encode each just before it is posted (its nonce is the next
+    of its channel, and UCX keeps their order only as posted)."""
+    out = bytearray(_CONTROL_PLAIN)
     _CONTROL.pack_into(out, 0, _CONTROL_MAGIC, int(kind), count)
-    return out
+    return session.seal(CONTROL_CHANNEL, out)
 
 
-def decode_control(data: bytes | bytearray | memoryview) -> tuple[Control, int]:
-    magic, kind, count = _CONTROL.unpack_from(data, 0)
+def decode_control(session: Session, data: bytes | bytearray | memoryview) -> tuple[Control, int]:
+    plain = session.open(CONTROL_CHANNEL, bytes(data))
+    magic, kind, count = _CONTROL.unpack_from(plain, 0)
     _check(magic == _CONTROL_MAGIC, "control magic")
     _check(kind in Control._value2member_map_, f"control kind {kind}")
     _check(count <= MAX_WINDOW, f"credit {count}")
     return Control(kind), count
+
 

@@ -19,7 +19,7 @@ from .._bind import cuda_egl, egl_stream
 from ..errors import ClosedError, EGLError, StreamDisconnected, Timeout, UsageError
 from ..frames.formats import ColorFormat, Layout
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # annotations only (the endpoints import this module; the factories below import them)
     from ..context import GLContext
     from .cuda import CudaConsumer, CudaProducer
     from .gl import GLSurfaceProducer, GLTextureConsumer
@@ -298,7 +298,7 @@ class Stream(Resource):
         """Connect GL as the consumer (``EGL_KHR_stream_consumer_gltexture``): frames arrive in an
         external texture of ``context``, which must be current on this thread. ``texture`` is an
         unused texture name to take, or None for one eglcuda makes. Must come before the producer."""
-        from .gl import GLTextureConsumer
+        from .gl import GLTextureConsumer  # a factory for the layer's endpoints (they import this module)
 
         return GLTextureConsumer(self, context, texture)
 
@@ -306,7 +306,7 @@ class Stream(Resource):
         """Connect GL as the producer (``EGL_KHR_stream_producer_eglsurface``): a ``width`` x
         ``height`` surface with its own GL context; render while it is current, ``swap()``
         presents."""
-        from .gl import GLSurfaceProducer
+        from .gl import GLSurfaceProducer  # a factory for the layer's endpoints (they import this module)
 
         return GLSurfaceProducer(self, width, height, api)
 

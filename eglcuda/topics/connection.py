@@ -19,11 +19,13 @@ _Frame = protocol.Frame
 
 
 class Lost(Exception):
-    """The connection is over, for ``error``: the subscriber lets go of everything and raises it."""
+    """The connection is over, for ``error``: the subscriber lets go of everything and raises it.
+    ``goodbye``: the publisher closed the topic (a BYE), after every frame it announced before."""
 
-    def __init__(self, error: BaseException) -> None:
+    def __init__(self, error: BaseException, goodbye: bool = False) -> None:
         super().__init__(error)
         self.error = error
+        self.goodbye = goodbye
 
 
 class Connection:
@@ -43,6 +45,9 @@ class Connection:
         self.unsent: collections.deque[bytes] = collections.deque()  # releases the full socket did not take
         self.notice = -1  # the newest frame the publisher skipped this subscriber for
         self.last_seen: int | None = None  # the last frame announced
+        # The publisher's goodbye, read past the newest frame announced before it ('latest'): it
+        # ends the subscription at the next read, once that frame was taken.
+        self.ended: Lost | None = None
         self._closing = closing
         self._closed_error = closed_error
 
@@ -53,6 +58,8 @@ class Connection:
     def next_frame(self, deadline: float) -> protocol.Frame:
         if self.pending:
             return self.pending.popleft()
+        if self.ended is not None:
+            raise self.ended
         received = self.inbox.next(deadline)
         if received.__class__ is _Frame:  # (the usual case, without read()'s loop)
             last = self.last_seen
@@ -69,6 +76,8 @@ class Connection:
         """The next FRAME, handling the other messages on the way. With ``deadline`` None, only
         what is already waiting: None when no FRAME is (``rest``: what the last read found
         waiting, without asking the socket again when that read emptied it)."""
+        if self.ended is not None:
+            raise self.ended
         return self._handle(self.inbox.rest() if rest else self.inbox.next(deadline), deadline)
 
     def _handle(self, received: Any, deadline: float | None) -> protocol.Frame | None:
@@ -114,19 +123,29 @@ class Connection:
             if isinstance(message, protocol.Notice):
                 self.notice = max(self.notice, message.seq)
             elif isinstance(message, (protocol.Drop, protocol.Bye)):
-                self._lose(self.dropped(message))
+                raise Lost(self.dropped(message), goodbye=isinstance(message, protocol.Bye))
             elif not isinstance(message, protocol.Slot):  # (a SLOT was opened above)
                 self._lose(PeerError(f"the publisher of topic {self.name!r} sent {type(message).__name__} mid-stream"))
             received = inbox.rest() if deadline is None else inbox.next(deadline)
 
     def newest(self, header: protocol.Frame, skip: Callable[[protocol.Frame], None]) -> protocol.Frame:
-        """The newest frame already announced (older ones go to ``skip``, unread)."""
+        """The newest frame already announced (older ones go to ``skip``, unread). A goodbye
+        read past it ends the subscription at the next read: the frames announced before the
+        publisher closed the topic are still its to read (it waits for its subscribers to leave
+        before it frees them). A drop does not wait: the publisher let go of this subscriber's
+        frames."""
         while True:
             newer: protocol.Frame | None
             if self.pending:
                 newer = self.pending.popleft()
             else:
-                newer = self.read(None, rest=True)  # (what came with it; a newer one is for the next receive)
+                try:
+                    newer = self.read(None, rest=True)  # (what came with it; a newer one is for the next receive)
+                except Lost as lost:
+                    if not lost.goodbye:
+                        raise
+                    self.ended = lost
+                    return header
                 if newer is None:
                     return header
             skip(header)
@@ -145,6 +164,8 @@ class Connection:
         before the drop cannot be used any more (its slot cannot be mapped: the publisher, having
         dropped this subscriber, may have exited since): the drop says why, not that failure. The
         messages read past are lost with the connection."""
+        if self.ended is not None:
+            return cast(Dropped, self.ended.error)
         for _ in range(_READ_AHEAD):  # (a live publisher may go on sending: read what is there, no more)
             received = self.inbox.next(None)
             if received is None or received.__class__ is not bytes:

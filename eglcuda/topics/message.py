@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import ClosedError
 from . import protocol
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the annotation only: the subscriber makes messages and imports this module
     from .subscriber import Subscriber
 
 _now_ns = time.monotonic_ns  # (one lookup per frame less)

@@ -12,6 +12,7 @@ from ..frames.formats import ColorFormat, Layout
 from . import _delivery
 from ._delivery import FREE, PUBLISHED, WRITING, Member, Slot
 from .transports import PublisherBackend, PublisherTransport
+from .transports.registry import too_few_frames
 
 log = logging.getLogger("eglcuda.topics")
 
@@ -63,13 +64,9 @@ class Pool:
     def refusal(self, transport: PublisherTransport) -> str | None:
         """Why this pool cannot serve a subscriber through ``transport`` (None: it can): an end
         that keeps as many pool frames as max_pool allows would never give one back, and the
-        publisher would wait every_timeout for good."""
-        keeps = transport.keeps_frames
-        if self.max_pool > keeps:
-            return None
-        return (f"its end keeps {keeps} pool frame(s) until the next frame replaces it (an EGLStream keeps the newest "
-                f"frame presented to it), and this publisher has max_pool={self.max_pool}: it would never get a pool "
-                f"frame back. Give the Publisher max_pool >= {keeps + 1}, or subscribe through another transport")
+        publisher would wait every_timeout for good. (The registry's rule leaves such a
+        transport out of what a publisher offers; this covers a backend's own transports.)"""
+        return too_few_frames(transport.keeps_frames, self.max_pool)
 
     def held(self, sub: Member) -> bool:
         """Whether ``sub`` holds any published slot."""

@@ -127,18 +127,21 @@ class ConsumerKind(enum.IntEnum):
 
 
 class Reason(enum.IntEnum):
-    """Codes of DROP, REFUSE and BYE; the text that travels with them says the rest."""
+    """Why a publisher turned a subscriber away, dropped it or closed (the ``code`` of
+    :class:`eglcuda.Refused` and :class:`eglcuda.Dropped`, compared as ``exc.code ==
+    Reason.UNSUPPORTED``), or why a subscriber left; the text that travels with the code
+    (``exc.reason``) says the rest."""
 
-    UNSPECIFIED = 0
-    QUEUE_FULL = 1  # an 'every' subscriber did not release a frame within the publisher's every_timeout
-    PROTOCOL = 2  # a malformed or unexpected message
-    CLOSING = 3  # the publisher (or subscriber) is closing
-    TRANSPORT = 4  # the transport failed (a driver error, a stream disconnected)
-    ACCESS = 5  # the peer's uid is not allowed
-    UNSUPPORTED = 6  # no transport both sides can use, or a request this publisher cannot serve
-    VERSION = 7  # protocol version or topic name mismatch
-    BUSY = 8  # too many connections waiting for their handshake
-    TIMEOUT = 9  # a handshake step did not come in time
+    UNSPECIFIED = 0  #: no reason given
+    QUEUE_FULL = 1  #: an 'every' subscriber did not release a frame within the publisher's every_timeout
+    PROTOCOL = 2  #: a malformed or unexpected message
+    CLOSING = 3  #: the publisher (or subscriber) is closing
+    TRANSPORT = 4  #: the transport failed (a driver error, a stream disconnected)
+    ACCESS = 5  #: the peer's uid is not allowed
+    UNSUPPORTED = 6  #: no transport both sides can use, or a request this publisher cannot serve
+    VERSION = 7  #: protocol version or topic name mismatch
+    BUSY = 8  #: too many connections waiting for their handshake
+    TIMEOUT = 9  #: a handshake step did not come in time
 
 
 # Release flags.

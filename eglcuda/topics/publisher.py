@@ -38,6 +38,7 @@ from .files import TopicFiles
 from .info import DropRecord, SubscriberInfo, TopicInfo
 from .pool import Pool
 from .transports import CudaPublisherBackend, PublisherBackend, PublisherLink, PublisherTransport
+from .transports import offer as offer_transports
 
 log = logging.getLogger("eglcuda.topics")
 
@@ -73,9 +74,14 @@ class Publisher:
     :param handshake_timeout: seconds a connecting subscriber has for its handshake. A
         connection with nothing to read is turned away sooner when others need its place (at
         most 8 handshakes per process, 32 in all: see "Admission under a flood" in docs/topics.md).
-    :param transports: the transports offered (names; None: ``cuda-ipc`` and ``eglstream``).
-        Naming ``cuda-vmm`` makes the pool memory shared by file descriptor (docs/security.md),
-        which ``cuda-ipc`` cannot export.
+    :param transports: the transports offered (names; None: ``cuda-ipc`` and ``eglstream``, those
+        of them that can serve this pool). A pool is one kind of memory, and a publisher offers only
+        transports that can serve it: ``cuda-vmm`` makes the pool memory shared by file descriptor
+        (docs/security.md), which neither ``cuda-ipc`` nor ``eglstream`` can serve, so it is offered
+        alone; ``cuda-ipc`` needs ``layout="pitch"`` and a discrete GPU; ``eglstream`` needs
+        ``max_pool >= 2``.
+        Transports named that break this raise :class:`eglcuda.UsageError` saying which to name
+        instead; a subscriber asking for a transport not offered is refused with the reason.
 
     One thread at a time calls :meth:`next_frame` / :meth:`publish` (they take a lock).
     """
@@ -109,6 +115,8 @@ class Publisher:
         self._policy = None if access == "all" else Policy(None, (os.getegid(),) if access == "group" else (), False)
         self.fps = None if fps is None else float(fps)
         self.max_pool = max_pool
+        # What a real publisher offers (the transports registry's rule), before anything is made.
+        offer = offer_transports(transports, layout, max_pool) if _backend is None else None
         self.path = naming.socket_path(self.name, path, create=path is None)
         if not os.path.isdir(os.path.dirname(self.path) or "."):
             raise UsageError(f"the directory of {self.path} does not exist (a publisher makes its socket there)")
@@ -144,7 +152,8 @@ class Publisher:
         try:
             self._files.claim(self.name)
             if _backend is None:
-                _backend = CudaPublisherBackend(device, transports)
+                assert offer is not None  # (made above whenever no backend was given)
+                _backend = CudaPublisherBackend(device, offer)
             self._backend = _backend
             self._transports = {t.name: t for t in _backend.transports()}
             self._pool = Pool(_backend, (width, height, fmt, layout), max_pool, list(self._transports.values()))
@@ -302,13 +311,13 @@ class Publisher:
 
     def choose_transport(self, hello: protocol.Hello, peer_pid: int) -> tuple[PublisherTransport | None, list[str]]:
         reasons: list[str] = []
-        pool = self._pool
-        if pool is None:  # pragma: no cover - the service starts once the pool is made
+        pool, backend = self._pool, self._backend
+        if pool is None or backend is None:  # pragma: no cover - the service starts once the pool is made
             return None, ["the publisher is closing"]
         for wish in hello.wishes:
             transport = self._transports.get(wish)
             if transport is None:
-                reasons.append(f"{wish}: not offered by this publisher")
+                reasons.append(f"{wish}: {backend.not_offered(wish)}")
                 continue
             try:
                 why = transport.refusal(hello, peer_pid) or pool.refusal(transport)

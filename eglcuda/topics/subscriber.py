@@ -53,11 +53,18 @@ class Subscriber:
     :param timeout: seconds to wait for the publisher to appear and finish the handshake, and
         the default of :meth:`receive`.
     :param path: an explicit socket path instead of the topic directory.
-    :param transport: ``"auto"`` (CUDA IPC on discrete GPUs when the publisher can do it, else an
-        EGLStream), ``"cuda-ipc"`` or ``"eglstream"``.
+    :param transport: ``"auto"`` (the first the publisher offers and can serve this subscriber
+        through, in the order ``"cuda-ipc"``, ``"cuda-vmm"``, ``"eglstream"``; on Tegra
+        ``"cuda-vmm"``, then ``"eglstream"``; a GL subscriber only ``"eglstream"``), or one of those
+        three. A transport the publisher does not offer or cannot serve this subscriber through is
+        refused (:class:`eglcuda.Refused`) with the publisher's reason.
     :param gl_context: receive frames in a GL texture (:class:`eglcuda.GLFrame`) through an
         EGLStream; the context must be current on this thread.
-    :param cuda_stream: the CUDA stream frames are ordered on (None: one made for this subscriber).
+    :param cuda_stream: the CUDA stream frames are ordered on: None (a stream made for this
+        subscriber, and destroyed with it), an int ``CUstream`` handle (0: the legacy default
+        stream), or a stream object: CuPy (``.ptr``), PyTorch (``.cuda_stream``), cuda.core
+        (``__cuda_stream__``), cuda-python's ``CUstream``. Only its handle is kept: the stream
+        must outlive the subscriber.
     :param trusted_uids: the users whose publishers are accepted (None: this process's own uid;
         ``"any"``: everyone). Checked with ``SO_PEERCRED``.
     :param remote: ``"HOST:PORT"`` of a relay (:class:`eglcuda.Relay`) of the topic, on this or

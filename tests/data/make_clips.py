@@ -152,7 +152,7 @@ def find_ffmpeg() -> str:
         pass
     exe = shutil.which("ffmpeg")
     if not exe:
-        sys.exit("no ffmpeg: set FFMPEG, or pip install imageio-ffmpeg")
+        sys.exit("no ffmpeg: set FFMPEG, or pip install imageio-ffmpeg (in a checkout: pip install -e '.[test-video]')")
     return exe
 
 

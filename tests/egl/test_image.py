@@ -10,6 +10,7 @@ from eglcuda.images.image import TEXTURE_FORMATS
 from eglcuda.images.paths import make_texture, read_texture, write_texture
 
 from ..conftest import gl_module, require_extension
+from ..imagekit import float_image, random_texels
 from .test_leaks import grows
 
 RGBA8 = TEXTURE_FORMATS[0x8058]
@@ -24,12 +25,6 @@ def image_context(display):
     gl_module()
     with display.create_context() as context:
         yield context
-
-
-def random_texels(rng, fmt, width, height):
-    if fmt.dtype == "uint8":
-        return rng.integers(0, 256, (height, width, fmt.channels), dtype=np.uint8)
-    return rng.standard_normal((height, width, fmt.channels)).astype(fmt.dtype)
 
 
 @pytest.mark.parametrize("fmt", [RGBA8, RG8, R8], ids=lambda f: f.name)
@@ -227,17 +222,8 @@ def test_image_create_close_is_flat(image_context):
 
 
 def test_float_texture_works_or_the_driver_refusal_is_named(image_context):
-    # NVIDIA driver 580 refuses EGLImages of R32F textures (EGL_BAD_PARAMETER); Mesa accepts them.
-    context = image_context
-    rng = np.random.default_rng()
-    texels = random_texels(rng, R32F, 13, 6)
-    texture = make_texture(R32F, texels)
-    try:
-        image = eglcuda.Image(context, texture)
-    except eglcuda.EGLError as exc:
-        assert exc.call == "eglCreateImageKHR" and exc.name == "EGL_BAD_PARAMETER"
-        return
-    with image:
-        assert image.format == R32F
-        alias = image.bind_texture()
-        np.testing.assert_array_equal(read_texture(R32F, alias, 13, 6), texels)
+    image, texels = float_image(image_context, 13, 6)
+    if image is not None:
+        with image:
+            alias = image.bind_texture()
+            np.testing.assert_array_equal(read_texture(R32F, alias, 13, 6), texels)

@@ -1,4 +1,5 @@
-"""Helpers for the GPU stream tests: a connected stream, random frames, checks."""
+"""Helpers for the stream tests of the GPU and fake-driver tiers: a connected stream, random and
+tagged frames, checks."""
 from __future__ import annotations
 
 import contextlib
@@ -55,3 +56,36 @@ def produce_payloads(producer, pool, payloads, errors: list, fused: bool = False
                 producer.present(frame)
     except Exception as exc:  # pragma: no cover - the test reports it
         errors.append(exc)
+
+
+def rng() -> np.random.Generator:
+    """Random data that differs per run (the seed is printed when a test fails)."""
+    seed = int(np.random.SeedSequence().entropy % (2**32))
+    print(f"random seed {seed}")
+    return np.random.default_rng(seed)
+
+
+def pattern(frame_or_shape, tag: int) -> list[np.ndarray]:
+    """Deterministic bytes derived from ``tag`` for every plane: a consumer can check a frame
+    against the tag it carries in its first 4 bytes without any shared state."""
+    shapes = [p.shape for p in frame_or_shape.planes] if hasattr(frame_or_shape, "planes") else frame_or_shape
+    out = []
+    for index, shape in enumerate(shapes):
+        values = np.random.default_rng(tag * 7 + index).integers(0, 256, shape, dtype=np.uint8)
+        if index == 0:
+            values.reshape(-1)[:4] = np.frombuffer(int(tag).to_bytes(4, "little"), np.uint8)
+        out.append(values)
+    return out
+
+
+def tag_of(planes: list[np.ndarray]) -> int:
+    return int.from_bytes(planes[0].reshape(-1)[:4].tobytes(), "little")
+
+
+def check_tagged(acquired) -> int:
+    """The tag a frame carries, after checking every byte against it."""
+    got = acquired.to_numpy()
+    tag = tag_of(got)
+    for index, (g, e) in enumerate(zip(got, pattern([p.shape for p in got], tag))):
+        assert np.array_equal(g, e), f"frame tagged {tag}: plane {index} corrupted"
+    return tag

@@ -249,7 +249,7 @@ def cuda_driver():
         try:
             from cuda import cuda as driver  # type: ignore[no-redef]
         except ImportError:
-            _missing("needs cuda-python (pip install 'eglcuda[cuda]')", "EGLCUDA_REQUIRE_GPU")
+            _missing("needs cuda-python (pip install -e '.[cuda]')", "EGLCUDA_REQUIRE_GPU")
     return driver
 
 

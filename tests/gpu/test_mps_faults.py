@@ -1,4 +1,4 @@
-"""Reliability of a cross-process pipeline under CUDA MPS, and without it for comparison (issue 25).
+"""Reliability of a cross-process pipeline under CUDA MPS, and without it for comparison.
 
 What is measured, each time once without MPS and once as clients of a private MPS daemon
 (:class:`eglcuda.mps.MPSDaemon`), with a producer and a consumer process streaming frames through a

@@ -68,7 +68,7 @@ class Peer(JsonPeer):
 
 def publisher(name: str, path: str, transport: str) -> eglcuda.Publisher:
     pool = SMALLEST_POOL[transport]
-    offer = {"transports": ["cuda-vmm", "eglstream"]} if transport == "cuda-vmm" else {}
+    offer = {"transports": ["cuda-vmm"]} if transport == "cuda-vmm" else {}  # (VMM memory: offered alone)
     return eglcuda.Publisher(name, WIDTH, HEIGHT, "NV12", pool=pool, max_pool=pool, every_timeout=30.0, path=path,
                              **offer)
 

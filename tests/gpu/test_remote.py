@@ -3,7 +3,7 @@
 loopback with cuda_copy, and with cuda_ipc on one host; a remote subscriber on the second GPU.
 Every byte of every frame is checked; the ordering test queues a long kernel and copies on the
 remote subscriber's stream and releases before they ran (the next H2D copy into that pool slot
-must wait for them). Needs ucxx (pip install 'eglcuda[remote-cu13]' or the wheels of
+must wait for them). Needs ucxx (pip install -e '.[remote-cu13]' or the wheels of
 /work/wt44/.device-run-44.sh)."""
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ class Peer(JsonPeer):
 @pytest.fixture
 def env(cuda_ordinal):
     if importlib.util.find_spec("ucxx") is None:
-        pytest.skip("ucxx is not installed: pip install 'eglcuda[remote-cu13]' (or remote-cu12)")
+        pytest.skip("ucxx is not installed: pip install -e '.[remote-cu13]' (or remote-cu12)")
     return {**os.environ, "UCX_NET_DEVICES": "lo", "UCX_WARN_UNUSED_ENV_VARS": "n",
             "EGLCUDA_REMOTE_KEY": secrets.token_hex(32), "EGLCUDA_REMOTE_KEY_FILE": ""}
 

@@ -1,11 +1,9 @@
 """The per-frame calls (Cython methods, eglcuda/streams/cuda.pyx): their arguments are taken like a Python
-method's, bad ones raise before the driver, the endpoints' state survives concurrent use from
-several threads, and acquired frames and endpoints are collected like any Python object."""
+method's, bad ones raise before the driver, and acquired frames and endpoints are collected like any
+Python object. (Concurrent use from several threads: tests/stream_scenarios.py, on both drivers.)"""
 from __future__ import annotations
 
 import gc
-import threading
-import time
 import weakref
 
 import numpy as np
@@ -77,59 +75,6 @@ def test_malformed_calls_raise_type_error(display):
         assert producer.frames_presented == 0
 
 
-def test_many_threads_on_one_producer_keep_its_books(display):
-    """Four threads present and take back frames of their own on one producer at once, while the
-    consumer drains: every frame comes back to the thread that owns it, none twice, and the
-    counters add up."""
-    require_extension(display, "EGL_KHR_stream_fifo")
-    threads_count, per_thread = 4, 60
-    with connected(display, 32, 16, fifo_length=8) as (stream, producer, consumer):
-        rings = [[producer.allocate_frame() for _ in range(2)] for _ in range(threads_count)]
-        errors: list[BaseException] = []
-        done = threading.Event()
-
-        foreign: list = []  # frames that came back to a thread that does not own them
-        pool_lock = threading.Lock()
-
-        def produce(ring):
-            try:
-                free, presented = list(ring), 0
-                while presented < per_thread:
-                    if free:
-                        producer.present(free.pop())
-                        presented += 1
-                    back = producer.return_frame(timeout_us=20_000)
-                    with pool_lock:
-                        if back is not None:
-                            foreign.append(back)
-                        mine = [f for f in foreign if any(f is r for r in ring)]
-                        foreign[:] = [f for f in foreign if not any(f is r for r in ring)]
-                    assert not any(f is m for f in free for m in mine), "a frame came back twice"
-                    free.extend(mine)
-            except BaseException as exc:  # pragma: no cover - the test reports it
-                errors.append(exc)
-
-        workers = [threading.Thread(target=produce, args=(ring,)) for ring in rings]
-        for worker in workers:
-            worker.start()
-
-        def drain():
-            for _ in consumer.frames(timeout_us=200_000):
-                if done.is_set() and consumer.frames_acquired >= threads_count * per_thread:
-                    break
-
-        drainer = threading.Thread(target=drain)
-        drainer.start()
-        for worker in workers:
-            worker.join(60)
-        done.set()
-        producer.close()  # ends the consumer's iteration
-        drainer.join(30)
-        assert not drainer.is_alive() and not any(w.is_alive() for w in workers)
-        assert not errors, errors
-        assert producer.frames_presented == threads_count * per_thread
-
-
 def test_acquired_frames_and_endpoints_are_collected(display):
     with connected(display, 16, 16) as (stream, producer, consumer):
         frame = producer.allocate_frame()
@@ -151,51 +96,6 @@ def test_acquired_frames_and_endpoints_are_collected(display):
     del stream, consumer, producer, held
     gc.collect()
     assert [p() for p in probes] == [None] * 4
-
-
-def test_a_call_waits_for_another_threads_call_on_the_same_endpoint_without_the_gil(display):
-    """One thread's acquire waits in the driver (an empty stream, 300 ms timeout) while a second
-    thread closes the consumer: the close waits until the acquire has come back, and while both
-    wait, the main thread keeps running Python (neither wait holds the GIL)."""
-    with connected(display, 16, 16) as (stream, producer, consumer):
-        events: list[tuple[str, float]] = []
-        errors: list[BaseException] = []
-
-        def acquire():
-            try:
-                consumer.acquire(timeout_us=300_000)
-            except eglcuda.Timeout:
-                events.append(("acquire timed out", time.perf_counter()))
-            except BaseException as exc:  # pragma: no cover - the test reports it
-                errors.append(exc)
-
-        def close():
-            events.append(("close called", time.perf_counter()))
-            consumer.close()
-            events.append(("close returned", time.perf_counter()))
-
-        waiting = threading.Thread(target=acquire)
-        started = time.perf_counter()
-        waiting.start()
-        time.sleep(0.05)  # the acquire is inside the driver by now
-        closing = threading.Thread(target=close)
-        closing.start()
-        spins = 0
-        while closing.is_alive() and time.perf_counter() - started < 10:
-            spins += 1
-        waiting.join(10)
-        closing.join(10)
-        assert not errors, errors
-        when = {name: seconds - started for name, seconds in events}
-        assert set(when) == {"close called", "acquire timed out", "close returned"}
-        # The close came in while the acquire waited in the driver, and got through only after
-        # the acquire's 300 ms were up.
-        assert when["close called"] < 0.2
-        assert when["close returned"] >= 0.25
-        assert spins > 1000  # the main thread ran while the other two waited
-        assert consumer.closed
-        with pytest.raises(eglcuda.ClosedError):
-            consumer.acquire(timeout_us=0)
 
 
 def test_more_frames_than_the_producer_remembers_come_back_as_themselves(display):

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 import eglcuda
-from eglcuda import ColorFormat, Layout
 
 from ..conftest import require_extension
 from .streamkit import assert_frame_equals, connected, fill_random, produce_payloads
@@ -20,43 +19,6 @@ from .streamkit import assert_frame_equals, connected, fill_random, produce_payl
 def display(cuda_display):
     require_extension(cuda_display, "EGL_KHR_stream")
     return cuda_display
-
-
-@pytest.mark.parametrize("fifo_length", [0, 3], ids=["mailbox", "fifo3"])
-@pytest.mark.parametrize("fmt,layout", [(ColorFormat.ARGB, Layout.PITCH), (ColorFormat.NV12, Layout.PITCH),
-                                        (ColorFormat.ARGB, Layout.ARRAY), (ColorFormat.YUV420_PLANAR, Layout.ARRAY)],
-                         ids=["ARGB-pitch", "NV12-pitch", "ARGB-array", "YUV420-array"])
-def test_serial_ring_every_byte_and_the_same_objects(display, fmt, layout, fifo_length):
-    if fifo_length:
-        require_extension(display, "EGL_KHR_stream_fifo")
-    rng = np.random.default_rng()
-    rounds = 40
-    with connected(display, 66, 34, format=fmt, layout=layout, fifo_length=fifo_length) as (stream, producer, consumer):
-        ring = [producer.allocate_frame() for _ in range(3)]
-        free = list(ring)
-        returned = 0
-        acquired = None
-        for round_ in range(rounds):
-            frame = free.pop(0)
-            expected = fill_random(frame, rng)
-            back = producer.present_and_return(frame, timeout_us=0 if round_ < 2 else 1_000_000)
-            if back is not None:
-                assert any(back is f for f in ring), "present_and_return gave back a frame not from the ring"
-                free.append(back)
-                returned += 1
-            previous = acquired
-            acquired = consumer.acquire_next(timeout_us=1_000_000)
-            if previous is not None:
-                assert previous.released
-                with pytest.raises(eglcuda.ClosedError):
-                    previous.to_numpy()
-            assert acquired.is_new and acquired.number is not None
-            assert_frame_equals(acquired, expected)
-            assert producer.in_flight + len(free) == 3
-        acquired.release()
-        assert consumer.frames_acquired == rounds and producer.frames_presented == rounds
-        # Every frame presented and released, bar the one the stream may keep, comes back.
-        assert returned >= rounds - 3
 
 
 def test_frames_iterator_threads_fifo_in_order(display):

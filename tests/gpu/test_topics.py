@@ -1,12 +1,14 @@
 """Frame topics on the GPU: a publisher and subscribers in fresh interpreters (tests/gpu/topics_peer.py),
-every byte of every frame checked, through both transports in turn.
+every byte of every frame checked, through each transport in turn.
 
 Covered: fan-out to several subscriber processes with every byte checked (NV12 1080p and other
 formats), late join / leave / rejoin, SIGKILL of a subscriber (also with GPU work queued behind its
 release) while others keep receiving, SIGKILL of the publisher and its restart with the subscriber
 waiting, a subscriber on a second GPU, a GL subscriber, hostile peers, 1,000 join/leave cycles with
-descriptors and device memory flat in both processes, the transport ``auto`` picks, and the
-``topics`` listing.
+descriptors and device memory flat in both processes, the transport ``auto`` picks, the
+``topics`` listing, what a publisher offers (combinations refused when it is made; a subscriber
+asking for a transport not offered refused with the reason), and the last frame before a close
+reaching 'latest' subscribers.
 """
 from __future__ import annotations
 
@@ -52,13 +54,14 @@ def transport(request, display):
 
 
 def offered(transport: str) -> dict:
-    """The Publisher keywords that make it offer ``transport`` (cuda-vmm is offered when named)."""
-    return {"transports": ["cuda-vmm", "eglstream"]} if transport == "cuda-vmm" else {}
+    """The Publisher keywords that make it offer ``transport`` (cuda-vmm is offered when named,
+    and alone: its pool is VMM memory, which the others cannot serve)."""
+    return {"transports": ["cuda-vmm"]} if transport == "cuda-vmm" else {}
 
 
 def offer_args(transport: str) -> list:
     """The same for a publishing topics_peer.py."""
-    return ["--offer", "cuda-vmm,eglstream"] if transport == "cuda-vmm" else []
+    return ["--offer", "cuda-vmm"] if transport == "cuda-vmm" else []
 
 
 @pytest.fixture
@@ -207,6 +210,133 @@ def test_formats_reach_both_transports(display, topic, fmt, size, pool):
         finally:
             for peer in peers:
                 peer.stop()
+
+
+def test_latest_subscribers_get_the_last_frame_before_the_close(display, transport, topic):
+    """400 frames to three 'latest' subscriber processes, then the publisher closes at once: each
+    one's last frame is the last published, every byte right. The last frame and the goodbye
+    come while the subscribers sleep on frame 398 (after a pause: none is behind, which 'latest'
+    would let skip it): the receive that takes frame 399 reads past it to the goodbye, which
+    used to lose the frame (a last frame of 398 through cuda-vmm)."""
+    name, path = topic
+    seed, frames = 21, 400
+    with eglcuda.Publisher(name, 640, 480, "NV12", every_timeout=10.0, path=path, **offered(transport)) as pub:
+        peers = [Peer("subscribe", name, path, "--transport", transport, "--qos", "latest", "--seed", str(seed),
+                      "--sleep-ms", "200") for _ in range(3)]
+        try:
+            for peer in peers:
+                assert peer.wait_for(lambda m: m["event"] == "ready")["transport"] == transport
+            for seq in range(frames - 2):
+                put(pub, seq, seed)
+                time.sleep(0.001)
+            time.sleep(1.0)
+            assert [s.outstanding for s in pub.subscribers] == [0, 0, 0]  # caught up, all of them
+            put(pub, frames - 2, seed)
+            time.sleep(0.05)  # each subscriber takes it and sleeps on it while the last one comes
+            put(pub, frames - 1, seed)
+            pub.close(5.0)
+            for peer in peers:
+                ended = peer.wait_for(lambda m: m["event"] in ("disconnected", "done"), timeout=30)
+                assert ended.get("kind") == "Dropped", ended
+        finally:
+            pub.close()
+            for peer in peers:
+                peer.stop()
+    for peer in peers:
+        seqs = [m["seq"] for m in peer.got()]
+        assert seqs and seqs == sorted(set(seqs)) and seqs[-2:] == [frames - 2, frames - 1], seqs[-5:]
+        assert_all_ok(peer)
+
+
+# ---- what a publisher offers ----------------------------------------------------------------------------
+
+_ASK = """
+import json, sys, time, eglcuda
+out = {}
+for transport in sys.argv[3:]:
+    started = time.monotonic()
+    try:
+        with eglcuda.Subscriber(sys.argv[1], path=sys.argv[2], transport=transport, timeout=10) as sub:
+            out[transport] = ["joined", sub.info.transport, 0, time.monotonic() - started]
+    except eglcuda.EglCudaError as exc:
+        out[transport] = [type(exc).__name__, str(exc), getattr(exc, "code", None), time.monotonic() - started]
+print(json.dumps(out))
+"""
+
+
+def ask(name: str, path: str, *wishes: str) -> dict:
+    """Subscribe to topic ``name`` at ``path`` through each of ``wishes`` in turn, from another
+    process: {transport: [outcome, transport or message, code, seconds]}."""
+    out = subprocess.run([sys.executable, "-c", _ASK, name, path, *wishes], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout)
+
+
+def listed_transports(path: str) -> list:
+    """The transports ``python -m eglcuda topics --json`` lists for the topic at ``path``."""
+    out = subprocess.run([sys.executable, "-m", "eglcuda", "topics", "--json", "--dir", os.path.dirname(path)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    (entry,) = json.loads(out.stdout)["topics"]
+    return entry["transports"]
+
+
+@pytest.mark.parametrize("offer", [["cuda-ipc", "cuda-vmm"], ["cuda-vmm", "eglstream"],
+                                   ["cuda-ipc", "cuda-vmm", "eglstream"]], ids="+".join)
+def test_transports_that_cannot_share_a_pool_are_refused_when_the_publisher_is_made(display, topic, offer):
+    name, path = topic
+    with pytest.raises(eglcuda.UsageError, match=r"cannot be offered together.*one kind of memory.*"
+                                                 r"transports=\['cuda-vmm'\]"):
+        eglcuda.Publisher(name, 640, 480, "NV12", path=path, transports=offer)
+    assert not os.path.exists(path)
+
+
+@pytest.mark.parametrize("case", ["cuda-vmm", "array", "one-frame"])
+def test_a_publisher_lists_only_what_it_serves_and_tells_a_subscriber_why_not(display, topic, case):
+    """What ``topics`` lists is what the publisher serves, and a subscriber (in another process,
+    and in the publisher's own) asking for another transport is refused at once with the
+    publisher's reason, never a driver error or a silence: a VMM pool (cuda-vmm alone), a pool
+    of CUDA arrays (eglstream alone), a pool of one frame (cuda-ipc alone: an EGLStream would keep
+    it). A subscriber of the transport offered gets every byte."""
+    if case != "array" and eglcuda.get_device(0).info.integrated:
+        pytest.skip("CUDA IPC is not available on an integrated GPU (Tegra)")
+    name, path = topic
+    seed = 6
+    options, fmt, served, refused = {
+        "cuda-vmm": ({"transports": ["cuda-vmm"]}, "NV12", "cuda-vmm",
+                     {"cuda-ipc": "the legacy CUDA IPC calls export cuMemAlloc memory only",
+                      "eglstream": "an EGLStream producer cannot present VMM memory"}),
+        "array": ({"layout": "array"}, "ARGB", "eglstream",
+                  {"cuda-ipc": "CUDA-array frames cannot be shared through CUDA IPC"}),
+        "one-frame": ({"pool": 1, "max_pool": 1}, "NV12", "cuda-ipc", {"eglstream": r"max_pool >= 2"}),
+    }[case]
+    with eglcuda.Publisher(name, 320, 240, fmt, path=path, every_timeout=10.0, **options) as pub:
+        assert listed_transports(path) == [served]
+        answers = ask(name, path, *refused, "auto")
+        for transport, why in refused.items():
+            kind, message, code, seconds = answers[transport]
+            assert (kind, code) == ("Refused", int(protocol.Reason.UNSUPPORTED)), answers[transport]
+            assert f"{transport}: not offered by this publisher (it offers {served})" in message, message
+            assert why in message and "CUDA_ERROR" not in message and seconds < 5, message
+        if "eglstream" in refused:  # in the publisher's own process too
+            started = time.monotonic()
+            with pytest.raises(eglcuda.Refused, match=refused["eglstream"]) as raised:
+                eglcuda.Subscriber(name, path=path, transport="eglstream", timeout=10)
+            assert raised.value.code == protocol.Reason.UNSUPPORTED and time.monotonic() - started < 5
+        assert answers["auto"][:2] == ["joined", served]
+        if case == "array":
+            return  # (topics_peer.py checks pitch-linear frames; tests/gpu/test_glstream.py reads arrays)
+        peer = Peer("subscribe", name, path, "--seed", str(seed), "--count", "5")
+        try:
+            assert peer.wait_for(lambda m: m["event"] == "ready")["transport"] == served
+            for seq in range(5):
+                put(pub, seq, seed)
+            peer.wait_for(lambda m: m["event"] == "done")
+            assert [m["seq"] for m in peer.got()] == list(range(5))
+            assert_all_ok(peer)
+        finally:
+            peer.stop()
 
 
 # ---- joining and leaving ---------------------------------------------------------------------------

@@ -5,7 +5,7 @@ every frame it received against the decoder's digests (infer, stats) or its inde
 colours (GL), and with qos every none may be lost. NVDEC against the CPU decoder is reported
 (a warning when not bit-exact), not failed.
 
-Skipped with the reason when PyNvVideoCodec is not importable (pip install 'eglcuda[video]'; on
+Skipped with the reason when PyNvVideoCodec is not importable (pip install -e '.[video]'; on
 the GPU machine research/probes/video_run.sh installs the carried wheel)."""
 from __future__ import annotations
 

@@ -14,6 +14,7 @@ import argparse
 import json
 import os
 import sys
+import threading
 import time
 
 os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
@@ -163,9 +164,12 @@ def publish(args) -> int:
                             pool=args.pool, device=args.device, every_timeout=args.every_timeout, path=args.path,
                             transports=args.offer.split(",") if args.offer else None)
     say(event="ready", pid=os.getpid(), instance=pub.instance)
+    told = threading.Event()  # --until-told: a line on stdin ends the publishing
+    if args.until_told:
+        threading.Thread(target=lambda: (sys.stdin.readline(), told.set()), daemon=True).start()
     seq = 0
     try:
-        while args.frames == 0 or seq < args.frames:
+        while (args.frames == 0 or seq < args.frames) and not told.is_set():
             frame = pub.next_frame(timeout=30)
             for plane, data in zip(frame.planes, content([p.shape for p in frame.planes], args.seed, seq)):
                 plane.copy_from(data)
@@ -175,7 +179,8 @@ def publish(args) -> int:
             if args.rate:
                 time.sleep(1.0 / args.rate)
         say(event="published", count=seq, subscribers=[s.transport for s in pub.subscribers])
-        sys.stdin.readline()
+        if not args.until_told:
+            sys.stdin.readline()
     finally:
         pub.close()
     return 0
@@ -256,6 +261,8 @@ def main() -> int:
     parser.add_argument("--pool", type=int, default=8)
     parser.add_argument("--every-timeout", type=float, default=5.0)
     parser.add_argument("--frames", type=int, default=0)
+    parser.add_argument("--until-told", action="store_true",
+                        help="publisher: publish until a line comes on stdin (or --frames), then close")
     parser.add_argument("--offer", default="", help="publisher: the transports offered (comma-separated)")
     parser.add_argument("--rate", type=float, default=0.0)
     args = parser.parse_args()

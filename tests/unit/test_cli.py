@@ -27,12 +27,12 @@ def test_help_is_plain_text_and_lists_each_command_once():
     result = run("--help")
     assert result.returncode == 0, result.stderr
     assert "``" not in result.stdout and ":func:" not in result.stdout, result.stdout
-    for command in ("info", "check", "mps", "topics"):
+    for command in ("info", "check", "mps", "topics", "relay"):
         listed = [line for line in result.stdout.splitlines() if line.split()[:1] == [command]]
         assert len(listed) == 1, (command, result.stdout)
 
 
-@pytest.mark.parametrize("command", [("info",), ("check",), ("topics",), ("mps",), ("mps", "start"),
+@pytest.mark.parametrize("command", [("info",), ("check",), ("topics",), ("relay",), ("mps",), ("mps", "start"),
                                      ("mps", "stop"), ("mps", "status")])
 def test_every_command_help_describes_the_command(command):
     result = run(*command, "--help")
@@ -106,10 +106,67 @@ def test_the_command_reference_names_every_command_sample_and_benchmark():
     if not page.exists():
         pytest.skip("docs/cli.md is not in this tree")
     text = page.read_text()
-    for command in ("info", "check", "topics", "mps"):
-        assert f"python -m eglcuda {command}" in text, command
+    for command in ("info", "check", "topics", "relay", "mps"):
+        assert f"| `python -m eglcuda {command}" in text, f"the command table of docs/cli.md lacks {command}"
     scripts = [p for folder in ("samples", "bench") for p in sorted((root / folder).glob("*.py"))
                if not p.name.startswith("_")]
     assert scripts
     for script in scripts:
         assert f"python {script.relative_to(root)}" in text, f"docs/cli.md does not mention {script.name}"
+
+
+@pytest.mark.parametrize("case", ["missing-folder", "a-folder", "unwritable-folder", "cwd-unwritable"])
+def test_check_refuses_a_results_path_it_cannot_write_before_any_check_runs(case, tmp_path):
+    # One line, exit 2, and no check has run (nothing on stdout). /proc takes no new file, not even
+    # from root, for whom a folder's mode is no obstacle.
+    cwd = tmp_path
+    if case == "missing-folder":
+        args, said = ["--json", str(tmp_path / "no-such-folder" / "x.json")], "no such folder"
+    elif case == "a-folder":
+        args, said = ["--json", str(tmp_path)], "is a folder"
+    elif case == "unwritable-folder":
+        args, said = ["--json", "/proc/eglcuda-check.json"], "cannot be written"
+    else:
+        args, said, cwd = [], "cannot be written", pathlib.Path("/proc")
+    result = run("check", *args, cwd=cwd)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("python -m eglcuda check: --json ") and said in lines[0], lines
+    assert not (tmp_path / "eglcuda-check.json").exists()
+
+
+def test_check_in_a_folder_this_user_may_not_write(tmp_path):
+    import os
+
+    if os.geteuid() == 0:
+        pytest.skip("needs a user other than root (root may write any folder)")
+    folder = tmp_path / "locked"
+    folder.mkdir(mode=0o500)
+    result = run("check", cwd=folder)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stdout == "" and "Permission denied" in result.stderr and len(result.stderr.splitlines()) == 1
+
+
+
+def test_mps_stop_of_an_unknown_instance_speaks_as_the_other_commands(tmp_path):
+    result = run("mps", "stop", "--dir", str(tmp_path / "no-such-instance"))
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("python -m eglcuda mps stop: ") and "UsageError" not in result.stderr
+    assert len(result.stderr.splitlines()) == 1
+
+
+def test_relay_without_a_key_names_the_command_line_option(tmp_path):
+    # Checked before the relay is made (and before ucxx is needed): a missing key is the user's to
+    # give, as --key-file or in the environment; a Python argument (key=) means nothing here.
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k not in ("EGLCUDA_REMOTE_KEY", "EGLCUDA_REMOTE_KEY_FILE")}
+    result = subprocess.run([sys.executable, "-m", "eglcuda", "relay", "camera"], capture_output=True, text=True,
+                            timeout=120, cwd=tmp_path, env=env)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("python -m eglcuda relay: "), lines
+    if "ucxx" in lines[0]:
+        pytest.skip("needs ucxx (pip install -e '.[remote-cu12]'): without it the relay stops at that first")
+    assert "--key-file" in lines[0] and "key=" not in lines[0], lines[0]

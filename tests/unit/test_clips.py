@@ -1,7 +1,8 @@
 """The frame-index band of the test clips (tests/data/make_clips.py) and the committed clips.
 
 The band tests need numpy only. Decoding the committed clips needs PyAV or an ffmpeg
-(imageio-ffmpeg's, $FFMPEG or one on PATH) and is skipped where neither is installed.
+(imageio-ffmpeg's, $FFMPEG or one on PATH; both in the test-video extra) and is skipped where
+neither is installed.
 """
 from __future__ import annotations
 
@@ -76,7 +77,7 @@ def test_manifest_names_committed_clips():
 
 
 def test_clips_decode_to_their_indices_pyav():
-    av = pytest.importorskip("av", reason="PyAV decodes the clips: pip install av (in the test extra: pip install -e '.[test]')")
+    av = pytest.importorskip("av", reason="needs PyAV to decode the clips: pip install -e '.[test-video]'")
     for name, entry in _manifest().items():
         with av.open(str(mc.HERE / name)) as container:
             n = 0

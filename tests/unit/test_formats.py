@@ -82,3 +82,23 @@ def test_driver_extents(fmt):
             assert g.pitch * g.height == extent
         else:
             assert (fmt, g.pitch, extent) == (ColorFormat.YUV420_PLANAR, pitch // 2, 2 * g.pitch * g.height)
+
+
+@pytest.mark.parametrize("fmt", list(ColorFormat), ids=lambda f: f.name)
+@pytest.mark.parametrize("width, height", [(640, 480), (34, 18), (2, 2)])
+def test_linear_layout(fmt, width, height):
+    # The layout every eglcuda allocation uses (Frame.allocate and the cuda-vmm pool): planes in
+    # order, each starting PLANE_ALIGNMENT-aligned past the end of the one before, and room for what
+    # the driver reads from each plane's start.
+    from eglcuda.frames.formats import PLANE_ALIGNMENT, linear_layout
+
+    pitch = default_pitch(fmt, width)
+    offsets, size = linear_layout(fmt, width, height, pitch)
+    geometry = plane_geometry(fmt, width, height, pitch)
+    assert len(offsets) == len(geometry) and offsets[0] == 0
+    for i, g in enumerate(geometry):
+        assert offsets[i] % PLANE_ALIGNMENT == 0
+        if i + 1 < len(geometry):
+            assert offsets[i] + g.pitch * g.height <= offsets[i + 1] < offsets[i] + g.pitch * g.height + PLANE_ALIGNMENT
+    for offset, extent in zip(offsets, driver_extents(fmt, width, height, pitch)):
+        assert offset + extent <= size

@@ -418,6 +418,7 @@ def test_command_line_start_status_stop(fake):
     assert "running" in cli("status").stdout
     again = cli("start")
     assert again.returncode == 1 and "already serves this machine" in again.stderr
+    assert again.stderr.startswith("python -m eglcuda mps start: ") and "MPSInUse" not in again.stderr
     assert cli("start", "--print-env", "--reuse").stdout.splitlines()[0] == f"{mps.PIPE_VARIABLE}={pipe}"
     stopped = subprocess.run([sys.executable, "-m", "eglcuda", "mps", "stop"], capture_output=True, text=True,
                              timeout=60, env={**os.environ, mps.PIPE_VARIABLE: pipe})
@@ -431,8 +432,10 @@ def test_command_line_refuses_without_binary(fake, monkeypatch, tmp_path):
     result = subprocess.run([sys.executable, "-c", "import sys; from eglcuda import mps, cli; "
                              "mps.SEARCH_DIRECTORIES = (); sys.exit(cli.main(['mps', 'start']))"],
                             capture_output=True, text=True, timeout=60)
-    assert result.returncode == 1
-    assert "Unsupported: nvidia-cuda-mps-control is not available" in result.stderr
+    # A missing requirement: exit 2 and one line in the voice of the other commands (no class name).
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("python -m eglcuda mps start: nvidia-cuda-mps-control is not available")
+    assert len(result.stderr.splitlines()) == 1 and "Unsupported" not in result.stderr
 
 
 # ---- detection -----------------------------------------------------------------------------------

@@ -76,17 +76,27 @@ def _imported_modules(*folders: str) -> set[str]:
     return names
 
 
-def test_the_test_extra_holds_what_the_tests_import_and_nothing_more():
+def test_the_test_extras_hold_what_the_tests_import_and_nothing_more():
     tomllib = pytest.importorskip("tomllib")
 
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     module_of = {"pyopengl": "OpenGL", "imageio-ffmpeg": "imageio_ffmpeg"}
-    declared = {re.split(r"[<>=!~\[ ;]", requirement)[0].lower() for requirement in extras["test"]}
     imported = _imported_modules("tests")
-    for distribution in declared:
-        assert module_of.get(distribution, distribution) in imported, f"[test] lists {distribution}, no test imports it"
-    # PyAV and imageio-ffmpeg: without them the clip and fake-decoder tests could only skip.
-    assert {"pytest", "pyopengl", "hypothesis", "av", "imageio-ffmpeg"} <= declared
+    declared = {}
+    for extra in ("test", "test-video"):
+        declared[extra] = {re.split(r"[<>=!~\[ ;]", requirement)[0].lower() for requirement in extras[extra]}
+        for distribution in declared[extra]:
+            assert module_of.get(distribution, distribution) in imported, f"[{extra}] lists {distribution}, no test imports it"
+    assert {"pytest", "pyopengl", "hypothesis"} <= declared["test"]
+    # The video tests' decoders (about 70 MB) stay out of [test]: without them those tests skip.
+    assert declared["test-video"] == {"av", "imageio-ffmpeg"} and not declared["test"] & declared["test-video"]
+
+
+def test_the_dev_extra_brings_the_build_tool():
+    tomllib = pytest.importorskip("tomllib")
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert any(re.split(r"[<>=!~\[ ;]", requirement)[0] == "build" for requirement in extras["dev"])
 
 
 def test_the_bench_extra_has_torch_for_the_comparisons():
@@ -95,3 +105,46 @@ def test_the_bench_extra_has_torch_for_the_comparisons():
     bench = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["bench"]
     assert "torch" in _imported_modules("bench")
     assert any(requirement.startswith("torch") for requirement in bench)
+
+
+# eglcuda is on no package index: an install line must name the checkout (pip install -e '.[NAME]')
+# or a built file, never the project's name. Where users read them: messages, skip reasons, help.
+NOT_ON_AN_INDEX = re.compile(r"pip install (?:-U )?['\"]?eglcuda\b")
+
+
+def test_install_lines_work_when_pasted():
+    places = [ROOT / "README.md", ROOT / "docs" / "cli.md",
+              *(p for folder in ("samples", "bench", "scripts", "tests", "eglcuda") for p in (ROOT / folder).rglob("*.py"))]
+    this = pathlib.Path(__file__).resolve()
+    # (eglcuda/remote words its own message and tests it there)
+    skipped = {ROOT / "eglcuda" / "remote", ROOT / "tests" / "unit" / "remote" / "test_remote_units.py"}
+    bad = []
+    for path in places:
+        if path.resolve() == this or any(path == s or s in path.parents for s in skipped):
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if NOT_ON_AN_INDEX.search(line):
+                bad.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("script, calls", [("bench/tables/topics.sh", 2), ("bench/tables/remote.sh", 4)])
+def test_the_table_scripts_pass_their_benchmarks_valid_options(script, calls, tmp_path):
+    # Without a GPU each benchmark call parses its options, then answers in one line that it needs
+    # one (exit 2); a shim in place of python notes that answer and lets the script go on, so that
+    # every call's options are parsed (an unknown option would be argparse's usage, not one line).
+    if eglcuda.available("cuda-stream"):
+        pytest.skip("this machine has what the benchmarks need: the tables run for real (bash " + script + ")")
+    log = tmp_path / "calls.log"
+    shim = tmp_path / "python"
+    shim.write_text(f'#!/bin/sh\nerr=$("{sys.executable}" "$@" 2>&1 >/dev/null); rc=$?\n'
+                    f'printf "%s\\t%s\\n" "$rc" "$err" >> "{log}"\n[ "$rc" = 2 ] && exit 0\nexit "$rc"\n')
+    shim.chmod(0o755)
+    result = subprocess.run(["bash", str(ROOT / script), str(tmp_path / "out")], capture_output=True, text=True,
+                            timeout=600, env={**__import__("os").environ, "PYTHON": str(shim)})
+    assert result.returncode == 0, result.stdout + result.stderr
+    answers = log.read_text().splitlines()
+    assert len(answers) == calls, answers
+    for answer in answers:
+        status, said = answer.split("\t", 1)
+        assert status == "2" and said.startswith("bench/") and ": needs " in said, answer

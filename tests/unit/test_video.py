@@ -138,8 +138,8 @@ def test_band_of_a_grey_frame_reads_through_the_rgb_conversion():
 
 @pytest.fixture(scope="module")
 def fake_env():
-    pytest.importorskip("av", reason="the fake PyNvVideoCodec decodes with PyAV: pip install av "
-                        "(in the test extra: pip install -e '.[test]')")
+    pytest.importorskip("av", reason="needs PyAV, with which the fake PyNvVideoCodec decodes: "
+                        "pip install -e '.[test-video]'")
     if fake_build.compiler() is None:
         pytest.skip("no C compiler for the fake libcuda")
     with tempfile.TemporaryDirectory(prefix="eglcuda-fakecuda-video-") as folder:

@@ -3,7 +3,8 @@
 - :mod:`.base`: the interface (:class:`PublisherTransport`, :class:`PublisherLink`,
   :class:`SubscriberTransport`, the backends) and what both ends share (:class:`Geometry`,
   :class:`DeviceIdentity`);
-- :mod:`.registry`: the transports by name (:class:`TransportSpec`); ``auto`` picks by rank;
+- :mod:`.registry`: the transports by name (:class:`TransportSpec`); ``auto`` picks by rank; the
+  rule of what a publisher may offer together (:func:`offer`);
 - :mod:`.views`: :class:`SlotView`, a mapped pool slot as a frame;
 - one module per transport: :mod:`.cuda_ipc`, :mod:`.cuda_vmm`, :mod:`.eglstream`;
 - :mod:`.backends`: the real GPU backends, which make one transport of each registered kind.
@@ -13,11 +14,11 @@ at its end; docs/architecture.md walks through it) and one name in the import be
 """
 from .base import (NO_UUID, DeviceIdentity, Geometry, PublisherBackend, PublisherLink, PublisherTransport,
                    SubscriberBackend, SubscriberTransport)
-from .registry import TransportSpec, get, names, register, registered
+from .registry import Offer, TransportSpec, get, names, offer, register, registered
 from .views import SlotView
 from . import cuda_ipc, cuda_vmm, eglstream  # noqa: F401  (the built-in transports: each registers itself)
 from .backends import CudaPublisherBackend, CudaSubscriberBackend
 
 __all__ = ["NO_UUID", "DeviceIdentity", "Geometry", "PublisherBackend", "PublisherLink", "PublisherTransport",
-           "SubscriberBackend", "SubscriberTransport", "TransportSpec", "get", "names", "register", "registered",
+           "SubscriberBackend", "SubscriberTransport", "Offer", "TransportSpec", "get", "names", "offer", "register", "registered",
            "SlotView", "CudaPublisherBackend", "CudaSubscriberBackend"]

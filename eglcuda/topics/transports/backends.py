@@ -21,24 +21,17 @@ from . import registry
 
 
 class CudaPublisherBackend(PublisherBackend):
-    """A publisher on a CUDA device: the registered transports it offers (``transports``: their
-    names; None: those offered by default), and pool frames from :meth:`eglcuda.Frame.allocate`
-    unless one of them needs its own kind of memory (``cuda-vmm``)."""
+    """A publisher on a CUDA device: the registered transports ``offer`` names (the registry's
+    rule, :func:`~eglcuda.topics.transports.registry.offer`, chose them), and pool frames from
+    :meth:`eglcuda.Frame.allocate` unless one of them needs its own kind of memory (``cuda-vmm``)."""
 
-    def __init__(self, device: "int | CudaDevice", transports: Sequence[str] | None = None) -> None:
-        known = registry.registered()
-        if transports is not None:
-            if isinstance(transports, str) or not all(isinstance(name, str) for name in transports):
-                raise UsageError(f"transports is a sequence of transport names, got {transports!r}")
-            unknown = sorted(set(transports) - {spec.name for spec in known})
-            if unknown or not transports:
-                raise UsageError(f"transports are some of {[spec.name for spec in known]}, got {list(transports)!r}")
+    def __init__(self, device: "int | CudaDevice", offer: registry.Offer) -> None:
         self.device = get_device(device)
         self.identity = DeviceIdentity.of(self.device)
+        self.offer = offer.on_integrated_gpu() if self.identity.integrated else offer
         self.geometry_spec: Geometry | None = None
         self._uuids: dict[bytes, int] | None = None
-        self._transports = [spec.publisher(self) for spec in known
-                            if (spec.offered if transports is None else spec.name in transports)]
+        self._transports = [spec.publisher(self) for spec in offer.specs]
 
     def allocate(self, width: int, height: int, format: ColorFormat, layout: Layout) -> Any:
         for transport in self._transports:
@@ -68,6 +61,9 @@ class CudaPublisherBackend(PublisherBackend):
 
     def transports(self) -> Sequence[PublisherTransport]:
         return self._transports
+
+    def not_offered(self, name: str) -> str:
+        return self.offer.refusal(name)
 
     def ordinal_of(self, uuid: bytes) -> int | None:
         """This process's CUDA ordinal of the GPU with ``uuid`` (None: not visible here)."""

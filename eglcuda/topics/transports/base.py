@@ -170,6 +170,10 @@ class PublisherBackend(abc.ABC):
     def transports(self) -> Sequence[PublisherTransport]:
         """The transports this publisher offers."""
 
+    def not_offered(self, name: str) -> str:
+        """What a subscriber asking for transport ``name``, which this publisher does not offer, is told."""
+        return "not offered by this publisher"
+
     def stream_handle(self, cuda_stream: Any) -> int | None:
         """A raw stream from what the user passed (None stays None: the legacy default stream)."""
         if cuda_stream is None:

@@ -371,5 +371,8 @@ class CudaIpcSubscriber(SubscriberTransport):
             cuda_ipc.event_destroy(event)
 
 
-register(TransportSpec(CUDA_IPC, CudaIpcPublisher, CudaIpcSubscriber, rank=10, unfit=unfit_for_cuda_views,
-                       on_integrated=False))
+register(TransportSpec(
+    CUDA_IPC, CudaIpcPublisher, CudaIpcSubscriber, rank=10, unfit=unfit_for_cuda_views, on_integrated=False,
+    memory_note="the legacy CUDA IPC calls export cuMemAlloc memory only (cuIpcGetMemHandle refuses VMM memory)",
+    layouts=frozenset({Layout.PITCH}),
+    layout_note="CUDA-array frames cannot be shared through CUDA IPC (layout='array')"))

@@ -30,11 +30,11 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 from ..._bind import cuda, cuda_vmm
 from ...cuda_device import CudaDevice
 from ...errors import EglCudaError, PeerError, UsageError
-from ...frames.formats import ColorFormat, Layout, default_pitch, driver_extents, plane_geometry
-from ...frames.frame import PLANE_ALIGNMENT, Frame
+from ...frames.formats import PLANE_ALIGNMENT, ColorFormat, Layout, default_pitch, linear_layout
+from ...frames.frame import Frame
 from .. import protocol
 from .base import NO_UUID, UNMAP_WAIT_S, Geometry, PublisherLink, PublisherTransport, SubscriberTransport
-from .registry import TransportSpec, register
+from .registry import VMM_MEMORY, TransportSpec, register
 from .views import SlotView, _ViewSpec, join_readers, unfit_for_cuda_views
 
 if TYPE_CHECKING:
@@ -70,11 +70,7 @@ def allocate_frame(device: CudaDevice, width: int, height: int, format: ColorFor
     if layout is not Layout.PITCH:
         raise UsageError("cuda-vmm shares pitch-linear frames only (layout='pitch')")
     pitch = default_pitch(format, width, PLANE_ALIGNMENT)
-    offsets, total = [], 0
-    for g in plane_geometry(format, width, height, pitch):
-        offsets.append(total)
-        total += -(-g.pitch * g.height // PLANE_ALIGNMENT) * PLANE_ALIGNMENT
-    total = max(total, *(o + e for o, e in zip(offsets, driver_extents(format, width, height, pitch))))
+    offsets, total = linear_layout(format, width, height, pitch)
     device.make_current()
     step = cuda_vmm.granularity(device.ordinal)
     size = -(-total // step) * step
@@ -121,12 +117,8 @@ class CudaVmmPublisher(PublisherTransport):
             self._unavailable = cuda_vmm.supported(self.device.handle)
         return self._unavailable
 
-    def add_slot(self, slot: Any) -> None:
-        if getattr(slot.frame, "_vmm", None) is None:
-            self._unavailable = "the pool was not allocated for cuda-vmm (Publisher(transports=...) names it)"
-
     def refusal(self, hello: protocol.Hello, peer_pid: int) -> str | None:
-        why = self._check_platform() or self._unavailable
+        why = self._check_platform()
         if why is not None:
             return why
         if hello.consumer is not protocol.ConsumerKind.CUDA:
@@ -263,7 +255,10 @@ def _wait_idle(device: CudaDevice, stream: int, timeout: float) -> bool:
     return True
 
 
-# Offered when a publisher names it (Publisher(transports=...)): its pool is then VMM memory, which
-# cuda-ipc cannot export.
-register(TransportSpec(CUDA_VMM, CudaVmmPublisher, CudaVmmSubscriber, rank=20, unfit=unfit_for_cuda_views,
-                       offered=False))
+# Offered when a publisher names it (Publisher(transports=...)): it makes the pool VMM memory, which
+# the other built-in transports cannot serve (the registry's rule refuses them beside it).
+register(TransportSpec(
+    CUDA_VMM, CudaVmmPublisher, CudaVmmSubscriber, rank=20, unfit=unfit_for_cuda_views, offered=False,
+    memory=VMM_MEMORY, memory_note="cuda-vmm shares VMM memory only (each pool frame its own cuMemCreate "
+    "allocation, passed by file descriptor)",
+    layouts=frozenset({Layout.PITCH}), layout_note="cuda-vmm shares pitch-linear frames only (layout='pitch')"))

@@ -43,7 +43,6 @@ class EglStreamPublisher(PublisherTransport):
         self.device = backend.device
         self._display: Display | None = None
         self._unavailable: str | None = None
-        self._pool_refusal: str | None = None
         self._lock = threading.Lock()
 
     def _open_display(self) -> Display | None:
@@ -59,16 +58,7 @@ class EglStreamPublisher(PublisherTransport):
                     self._display = display
             return self._display
 
-    def add_slot(self, slot: Any) -> None:
-        if getattr(slot.frame, "_vmm", None) is not None:
-            # Measured on driver 580 (H200): cuEGLStreamProducerPresentFrame refuses a frame in a
-            # cuMemCreate allocation with CUDA_ERROR_INVALID_HANDLE.
-            self._pool_refusal = ("the pool is VMM memory (the publisher offers cuda-vmm), which an EGLStream "
-                                  "producer cannot present")
-
     def refusal(self, hello: protocol.Hello, peer_pid: int) -> str | None:
-        if self._pool_refusal is not None:
-            return self._pool_refusal
         self._open_display()
         return self._unavailable
 
@@ -270,4 +260,8 @@ class EglStreamSubscriber(SubscriberTransport):
             stream.close()
 
 
-register(TransportSpec(EGLSTREAM, EglStreamPublisher, EglStreamSubscriber, rank=30))
+# Measured on driver 580 (H200): cuEGLStreamProducerPresentFrame refuses a frame in a cuMemCreate
+# allocation with CUDA_ERROR_INVALID_HANDLE: an EGLStream serves cuMemAlloc pools only.
+register(TransportSpec(
+    EGLSTREAM, EglStreamPublisher, EglStreamSubscriber, rank=30,
+    memory_note="an EGLStream producer cannot present VMM memory (cuEGLStreamProducerPresentFrame refuses it)"))

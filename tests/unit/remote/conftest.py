@@ -36,7 +36,7 @@ def fake_cuda():
 @pytest.fixture
 def env(fake_cuda):
     if not ucxx_present():
-        pytest.skip("ucxx is not installed: pip install 'eglcuda[remote-cu12]' (or remote-cu13)")
+        pytest.skip("ucxx is not installed: pip install -e '.[remote-cu12]' (or remote-cu13)")
     return {**os.environ, **UCX_ENV, "LD_LIBRARY_PATH": fake_cuda, "__EGL_VENDOR_LIBRARY_FILENAMES": "/nonexistent.json",
             "EGLCUDA_REMOTE_KEY": secrets.token_hex(32), "EGLCUDA_REMOTE_KEY_FILE": ""}
 

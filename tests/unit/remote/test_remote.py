@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import pathlib
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -108,16 +109,18 @@ def test_the_two_progress_modes_serve_each_other_every_byte(cluster, env, relay_
 def test_wrong_key_and_garbage_peers_are_refused_with_the_reason_and_change_nothing(cluster, env):
     cluster.publisher()
     relay, address = cluster.relay("--timeout", "1.5")
-    wrong = cluster.subscriber(address, "--count", "3", env={**env, "EGLCUDA_REMOTE_KEY": "ab" * 32})
+    wrong = cluster.subscriber(address, "--count", "3", env={**env, "EGLCUDA_REMOTE_KEY": secrets.token_hex(32)})
     error = wrong.wait_for(lambda m: m["event"] in ("ready", "error"))
     assert error["event"] == "error" and error["kind"] == "Refused", error
     assert "key" in error["reason"]
     started = time.monotonic()
-    answers = cluster.garbage(address, "magic,wrongkey,big,silent", "--timeout", "3")
+    answers = cluster.garbage(address, "magic,wrongkey,old,big,silent", "--timeout", "3")
     answer = answers["magic"]
     assert answer["answer"] == "refused" and "not an eglcuda remote topic peer" in answer["reason"], answer
     answer = answers["wrongkey"]
     assert answer["answer"] == "refused" and "authentication failed" in answer["reason"], answer
+    answer = answers["old"]  # (a peer of another protocol version is told which, in the clear)
+    assert answer["answer"] == "refused" and "version 3, this side speaks 4" in answer["reason"], answer
     # Longer than any handshake message: the relay's receive of exactly HANDSHAKE bytes fails.
     assert answers["big"]["answer"] in ("closed", "refused"), answers["big"]
     # Silent: no answer (the relay aborts it after its timeout, 1.5 s; UCX does not tell the peer).
@@ -171,20 +174,26 @@ def test_a_killed_remote_subscriber_leaves_the_others_alone(cluster):
 def test_publisher_closes_dies_and_restarts_behind_the_relay(cluster):
     """The publisher closes (Dropped, code CLOSING, forwarded by the relay), a new one dies
     (StreamDisconnected), a third comes: wait_for_publisher joins each time (a new instance), and
-    every byte after each rejoin is checked (the same seed: the same content)."""
-    publisher = cluster.publisher("--frames", "300", rate=100)
+    every byte after each rejoin is checked (the same seed: the same content).
+
+    Each step waits for the event it needs, never for time: the first publisher publishes until
+    it is told to close (a fixed number of frames could all be gone before the relay and the
+    subscriber have started, on a loaded machine), and a rejoin may take as long as a fresh
+    publisher process takes to start."""
+    publisher = cluster.publisher("--until-told", rate=100)
     relay, address = cluster.relay()
-    sub = cluster.subscriber(address, "--count", "0", "--rejoin", "--timeout", "10", "--qos", "every")
+    sub = cluster.subscriber(address, "--count", "0", "--rejoin", "--timeout", "10", "--rejoin-timeout", "60",
+                             "--qos", "every")
     instances = [sub.wait_for(lambda m: m["event"] == "ready")["instance"]]
     sub.wait_for(lambda m: m["event"] == "got")
-    publisher.wait_for(lambda m: m["event"] == "published", timeout=20)
-    publisher.send("bye")  # (it closes after its frames, when told)
+    publisher.send("bye")  # it stops publishing and closes the topic
+    publisher.wait_for(lambda m: m["event"] == "published")
     gone = sub.wait_for(lambda m: m["event"] == "disconnected", timeout=15)
     assert gone["kind"] == "Dropped" and gone["code"] == 3, gone  # Reason.CLOSING: an iteration would end
     for step in range(2):
         publisher = cluster.publisher()
         rejoined = sub.wait_for(lambda m: m["event"] in ("rejoined", "rejoin-failed") and m.get("instance") not in
-                                instances, timeout=20)
+                                instances, timeout=60)
         assert rejoined["event"] == "rejoined", rejoined
         instances.append(rejoined["instance"])
         count = len(sub.got())
@@ -323,9 +332,9 @@ def test_join_leave_cycles_leak_nothing(cluster):
 
 def test_cli_relay_with_a_key_file_and_the_topics_listing(cluster, env, path, tmp_path):
     cluster.publisher()
-    key_file = tmp_path / "key"
-    key_file.write_text(env["EGLCUDA_REMOTE_KEY"])  # hex text as the key's bytes: the subscriber uses the same file
-    key_file.chmod(0o600)
+    key_file = tmp_path / "key"  # (made by keygen: the subscriber uses the same file)
+    subprocess.run([sys.executable, "-m", "eglcuda", "keygen", str(key_file)], env=env, cwd=os.path.dirname(path),
+                   check=True, capture_output=True, timeout=60)
     cli_env = {**env, "EGLCUDA_REMOTE_KEY": ""}
     from .conftest import Peer
     relay = Peer(cli_env, pathlib.Path("-m"), "eglcuda", "relay", "t", "--path", path, "--key-file", str(key_file),
@@ -350,3 +359,72 @@ def test_cli_relay_with_a_key_file_and_the_topics_listing(cluster, env, path, tm
     gone = sub.wait_for(lambda m: m["event"] == "disconnected", timeout=15)
     assert gone["kind"] == "Dropped" and "closed" in gone["reason"], gone
     assert not [name for name in os.listdir(os.path.dirname(path)) if name.endswith(".relay")]
+
+
+def _mitm(cluster, env, address: str, mode: str):
+    from .conftest import Peer
+    peer = Peer(env, REMOTE_PEER, "mitm", "--name", "t", "--remote", address, "--mode", mode, "--timeout", "4")
+    cluster.peers.append(peer)
+    return peer, f"127.0.0.1:{peer.wait_for(lambda m: m['event'] == 'ready')['port']}"
+
+
+def test_a_relay_in_the_middle_without_the_key_can_neither_welcome_nor_feed_a_subscriber(cluster, env):
+    """A peer without the key that receives the subscriber's connection forwards its handshake to
+    the real relay (which holds the key) and the relay's answers back: the subscriber and the
+    relay agree on a session the peer cannot read. Its own WELCOME is refused; with the relay's
+    WELCOME passed on, its own GONE note is ignored and its own frame ends the link with the reason."""
+    cluster.publisher()
+    relay, address = cluster.relay()
+    mitm, fake = _mitm(cluster, env, address, "welcome")
+    victim = cluster.subscriber(fake, "--count", "3", "--timeout", "4")
+    error = victim.wait_for(lambda m: m["event"] in ("ready", "error"))
+    assert mitm.wait_for(lambda m: m["event"] == "forwarded")["kind"] == "WELCOME"
+    assert error["event"] == "error" and error["kind"] == "Refused" and "did not open" in error["reason"], error
+    mitm, fake = _mitm(cluster, env, address, "frame")
+    victim = cluster.subscriber(fake, "--count", "3", "--timeout", "4", "--receive-timeout", "20")
+    ready = victim.wait_for(lambda m: m["event"] in ("ready", "error"))
+    assert ready["event"] == "ready", ready
+    mitm.send(str(ready["tags"][0]))
+    mitm.wait_for(lambda m: m["event"] == "forged")
+    gone = victim.wait_for(lambda m: m["event"] in ("disconnected", "got"), timeout=10)
+    assert gone["event"] == "disconnected" and "frame did not open" in gone["reason"], gone
+    assert "mitm-note" not in gone["reason"]  # (the note of its own making changed nothing)
+
+
+def test_forged_credits_and_bye_on_another_subscribers_tag_change_nothing(cluster, env):
+    """A subscriber with the key sends, on another subscriber's tag (as seen on the wire), a BYE
+    and a credit sealed under its own session, and random bytes: the relay opens none of them and
+    the other subscriber goes on receiving every frame."""
+    from .conftest import Peer
+    cluster.publisher()
+    relay, address = cluster.relay()
+    victim = cluster.subscriber(address, "--count", "0")
+    ready = victim.wait_for(lambda m: m["event"] == "ready")
+    tags = ready["tags"]
+    forger = Peer(env, REMOTE_PEER, "forge", "--name", "t", "--remote", address)
+    cluster.peers.append(forger)
+    forger.wait_for(lambda m: m["event"] == "ready")
+    forger.send(str(tags[1]))
+    forger.wait_for(lambda m: m["event"] == "forged")
+    count = len(victim.got())
+    victim.wait_for(lambda m: len(victim.got()) >= count + 60)
+    assert not [m for m in victim.messages if m["event"] == "disconnected"]
+    relay.send("remotes")
+    remotes = relay.wait_for(lambda m: m["event"] == "remotes")["remotes"]
+    mine = [r for r in remotes if r["peer"].endswith(f"pid {ready['pid']}")]  # (the forger never receives: dropped)
+    assert len(mine) == 1 and mine[0]["connected"] and mine[0]["dropped"] is None, remotes
+    _frames_ok(victim)
+
+
+def test_integrity_and_encrypted_frames_arrive_byte_for_byte_and_a_stricter_subscriber_is_refused(cluster):
+    cluster.publisher()
+    _, encrypted = cluster.relay("--frames", "encrypted")
+    _, plain = cluster.relay()
+    subs = [cluster.subscriber(encrypted, "--count", "30", "--frames", "encrypted"),
+            cluster.subscriber(encrypted, "--count", "30", "--qos", "latest")]
+    strict = cluster.subscriber(plain, "--count", "3", "--frames", "integrity")
+    error = strict.wait_for(lambda m: m["event"] in ("ready", "error"))
+    assert error["event"] == "error" and error["kind"] == "Refused" and "requires integrity" in error["reason"], error
+    for sub in subs:
+        sub.wait_for(lambda m: m["event"] == "done")
+        _frames_ok(sub)

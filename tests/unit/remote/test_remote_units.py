@@ -10,6 +10,7 @@ import pytest
 import eglcuda
 from eglcuda.errors import UsageError
 from eglcuda.remote import keys, wire
+from eglcuda.remote.session import AuthenticationFailed, FrameMode, Handshake
 from eglcuda.topics.protocol import Qos
 
 from .conftest import ROOT
@@ -18,6 +19,7 @@ from .conftest import ROOT
 def test_keys_from_argument_file_and_environment(tmp_path, monkeypatch):
     monkeypatch.delenv(keys.KEY_FILE_VARIABLE, raising=False)
     monkeypatch.delenv(keys.KEY_VARIABLE, raising=False)
+    monkeypatch.setattr(keys, "_from_environment", None)
     with pytest.raises(UsageError, match="EGLCUDA_REMOTE_KEY_FILE.*EGLCUDA_REMOTE_KEY"):
         keys.load_key(None)
     secret = os.urandom(32)
@@ -27,6 +29,9 @@ def test_keys_from_argument_file_and_environment(tmp_path, monkeypatch):
     with pytest.raises(UsageError):
         keys.load_key("a text key")  # type: ignore[arg-type]
     monkeypatch.setenv(keys.KEY_VARIABLE, secret.hex())
+    assert keys.load_key(None) == secret
+    # Read once, the variable leaves the environment (children do not inherit it); this process keeps it.
+    assert keys.KEY_VARIABLE not in os.environ
     assert keys.load_key(None) == secret
     monkeypatch.setenv(keys.KEY_VARIABLE, "not hex at all, not hex at all")
     with pytest.raises(UsageError, match="hex"):
@@ -41,44 +46,40 @@ def test_keys_from_argument_file_and_environment(tmp_path, monkeypatch):
     assert keys.load_key(None) == secret
 
 
-def test_proofs_bind_role_nonces_and_topic():
-    key, other = os.urandom(32), os.urandom(32)
-    a, b = keys.nonce(), keys.nonce()
-    proof = keys.proof(key, b"relay", a, b, b"t")
-    assert keys.same(proof, keys.proof(key, b"relay", a, b, b"t"))
-    for changed in (keys.proof(other, b"relay", a, b, b"t"), keys.proof(key, b"subscriber", a, b, b"t"),
-                    keys.proof(key, b"relay", b, a, b"t"), keys.proof(key, b"relay", a, b, b"u")):
-        assert not keys.same(proof, changed)
-
-
 def test_wire_round_trips_and_refuses_what_it_does_not_allow():
-    hello = wire.Hello(Qos.EVERY, 7, keys.nonce(), "cam.front", 1234, "host-a", wire.MAX_PREFIX)
-    data = wire.encode_hello(hello)
+    key = keys.noise_psk(os.urandom(32))
+    first = wire.encode_relay()
+    sub, relay = Handshake.initiator(key, wire.prologue(first)), Handshake.responder(key, wire.prologue(first))
+    hello = wire.Hello(Qos.EVERY, 7, "cam.front", 1234, "host-a\x1b[2J")
+    data = wire.encode_hello(sub, hello)
     assert len(data) == wire.HANDSHAKE
     kind, body = wire.handshake_kind(data)
-    assert kind is wire.Kind.HELLO and wire.decode_hello(body) == hello
+    assert kind is wire.Kind.HELLO
+    assert wire.decode_hello(relay, body) == wire.Hello(Qos.EVERY, 7, "cam.front", 1234, "host-a?[2J")
+    assert b"cam.front" not in data and b"host-a" not in data  # (sealed: the topic does not travel in the clear)
+    wire.decode_accept(sub, wire.handshake_kind(wire.encode_accept(relay))[1])
+    relay_session, sub_session = relay.split(), sub.split()
+    assert wire.decode_confirm(relay_session, wire.handshake_kind(wire.encode_confirm(sub_session))[1])
     welcome = wire.Welcome(1920, 1080, eglcuda.ColorFormat.NV12, 4, 8, 99, 5, 17, None,
-                           wire.frame_bytes(eglcuda.ColorFormat.NV12, 1920, 1080), 12345)
+                           wire.frame_bytes(eglcuda.ColorFormat.NV12, 1920, 1080), FrameMode.ENCRYPTED, os.urandom(32))
     assert welcome.frame_bytes == 1920 * 1080 * 3 // 2
-    assert wire.decode_welcome(wire.handshake_kind(wire.encode_welcome(welcome))[1]) == welcome
-    bad = wire.encode_welcome(welcome)
-    bad[16 + 44:16 + 52] = (12345).to_bytes(8, "little")  # a frame size that does not fit the geometry
-    with pytest.raises(wire.WireError, match="frame size"):
-        wire.decode_welcome(wire.handshake_kind(bad)[1])
+    sealed = wire.encode_welcome(relay_session, welcome)
+    assert wire.decode_welcome(sub_session, wire.handshake_kind(sealed)[1]) == welcome
+    with pytest.raises(AuthenticationFailed):  # the same WELCOME again: its nonce is used
+        wire.decode_welcome(sub_session, wire.handshake_kind(sealed)[1])
     with pytest.raises(wire.WireError, match="not an eglcuda"):
         wire.handshake_kind(b"X" * wire.HANDSHAKE)
     with pytest.raises(wire.WireError):
         wire.handshake_kind(b"\0" * (wire.HANDSHAKE - 1))
-    no_tags = bytearray(data)
-    no_tags[16 + 400:16 + 408] = bytes(8)  # a HELLO without its tag prefix
-    with pytest.raises(wire.WireError, match="tag prefix"):
-        wire.decode_hello(wire.handshake_kind(no_tags)[1])
-    too_long = bytearray(data)
-    too_long[16 + 2:16 + 4] = (300).to_bytes(2, "little")
-    with pytest.raises(wire.WireError, match="name length"):
-        wire.decode_hello(wire.handshake_kind(too_long)[1])
-    note = wire.encode_note(wire.Head.GONE, 3, "closing")
-    assert wire.decode_header(note)[0] is wire.Head.GONE and wire.decode_header(note)[3] == len("closing")
+    old = bytearray(first)
+    old[8] = 3
+    with pytest.raises(wire.WireError, match="version 3, this side speaks 4"):
+        wire.handshake_kind(old)
+    note = wire.encode_note(relay_session, wire.Head.GONE, 3, "closing\x07", 9)
+    assert len(note) == wire.NOTE
+    assert wire.decode_note(sub_session, note) == (wire.Head.GONE, 9, 3, "closing?")
+    with pytest.raises(AuthenticationFailed):  # replayed
+        wire.decode_note(sub_session, note)
     frame = bytearray(wire.HEADER)
     frame[:4] = b"ECRH"
     frame[4] = int(wire.Head.FRAME)
@@ -86,7 +87,10 @@ def test_wire_round_trips_and_refuses_what_it_does_not_allow():
     with pytest.raises(wire.WireError, match="length"):
         wire.decode_header(frame)
     with pytest.raises(wire.WireError, match="credit"):
-        wire.decode_control(wire.encode_control(wire.Control.CREDIT, wire.MAX_WINDOW + 1))
+        wire.decode_control(relay_session, wire.encode_control(sub_session, wire.Control.CREDIT, wire.MAX_WINDOW + 1))
+    credit = wire.encode_control(sub_session, wire.Control.CREDIT, 2)
+    assert len(credit) == wire.CONTROL
+    assert wire.decode_control(relay_session, credit) == (wire.Control.CREDIT, 2)
 
 
 def test_local_subscriber_refuses_a_key_without_remote():

@@ -1,4 +1,4 @@
-"""Topics on the CPU, admission: silent connections and floods of them (issue 42) do not lock
+"""Topics on the CPU, admission: silent connections and floods of them do not lock
 subscribers out (BUSY for the oldest), and running out of descriptors at accept."""
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ from .helpers import answer, hello, pattern, publisher, put, raw, subscriber
 def test_silent_connections_of_one_process_make_room_for_its_new_ones(path):
     """One process keeps at most MAX_PENDING_PER_PEER connections in their handshake: its oldest
     silent ones are turned away (BUSY) for its new ones, and a subscriber of that same process
-    joins while they are all held open. (Issue 42: the new connection was the one turned away,
-    so 32 silent connections locked every subscriber out for handshake_timeout.)"""
+    joins while they are all held open. (Were the new connection the one turned away, 32 silent
+    connections would lock every subscriber out for handshake_timeout.)"""
     from eglcuda.topics.handshake import MAX_PENDING_PER_PEER
 
     with publisher(path, handshake_timeout=5) as pub:
@@ -101,7 +101,7 @@ def join_times(path, joins):
 
 
 def test_a_flood_of_silent_connections_does_not_lock_subscribers_out(path):
-    """Issue 42: 32 silent connections of one process held every new subscriber out (BUSY) for
+    """32 silent connections of one process must not hold every new subscriber out (BUSY) for
     handshake_timeout. With 1,000 silent connections held open by one process (the goal), at
     least 99 % of real subscribers join, each within 1 s."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)

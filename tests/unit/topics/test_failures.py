@@ -142,7 +142,7 @@ def test_a_transport_that_fails_closed_disconnects_instead_of_looking_closed(pat
 
 
 def test_a_drop_reaches_a_subscriber_whose_socket_queued_messages_filled(path, monkeypatch):
-    """Issue 42, messages queued before a drop must not hide it: an 'every' subscriber that stopped
+    """Messages queued before a drop must not hide it: an 'every' subscriber that stopped
     reading until its socket was full is dropped ("its socket stayed full"); the DROP did not fit
     behind the frames on its socket, so after reading them the subscriber saw only the end of
     the connection (StreamDisconnected) instead of Dropped with the reason."""
@@ -167,7 +167,7 @@ def test_a_drop_reaches_a_subscriber_whose_socket_queued_messages_filled(path, m
 
 
 def test_a_frame_that_cannot_be_taken_after_a_drop_does_not_hide_the_drop(path):
-    """Issue 42: a subscriber dropped for being slow whose queued frame (or slot) cannot be used
+    """A subscriber dropped for being slow whose queued frame (or slot) cannot be used
     any more when it reads again (the publisher exited meanwhile) raises Dropped with the drop's
     reason, not the transport's failure."""
     with publisher(path, every_timeout=0.1) as pub:

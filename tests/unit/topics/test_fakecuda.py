@@ -6,6 +6,7 @@ and check every byte. This checks the Python side of the GPU path (not the drive
 timing or asynchrony, which tests/gpu/test_topics.py checks on a GPU)."""
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import shutil
@@ -14,6 +15,9 @@ import sys
 import tempfile
 
 import pytest
+
+from eglcuda.topics.protocol import Reason
+
 from ...fakes import build as fake_build
 from ...json_peer import JsonPeer
 
@@ -98,11 +102,11 @@ def test_cuda_ipc_fanout_every_byte(env, path, busy_every):
 
 
 def test_cuda_vmm_fanout_every_byte_with_one_descriptor_per_slot(env, path):
-    """A publisher offering cuda-vmm: its pool is VMM memory (cuda-ipc cannot export it), each
-    slot's descriptor reaches a subscriber once, with its SLOT message, and two subscribers (every,
+    """A publisher offering cuda-vmm: its pool is VMM memory (offered alone), each slot's
+    descriptor reaches a subscriber once, with its SLOT message, and two subscribers (every,
     latest) check every byte of every frame they get; auto picks cuda-vmm there."""
     publisher = Peer(env, "publish", path, *PUBLISH, "--frames", "0", "--rate", "400", "--seed", "6",
-                     "--offer", "cuda-ipc,cuda-vmm,eglstream", "--pool", "4")
+                     "--offer", "cuda-vmm", "--pool", "4")
     subscribers = []
     try:
         publisher.wait_for(lambda m: m["event"] == "ready")
@@ -120,6 +124,154 @@ def test_cuda_vmm_fanout_every_byte_with_one_descriptor_per_slot(env, path):
         for peer in subscribers:  # no descriptor left open once it closed: mapped, then closed
             done = peer.wait_for(lambda m: m["event"] == "done")
             assert done["got"] in (40, 10)
+    finally:
+        for peer in [publisher, *subscribers]:
+            peer.stop()
+
+
+_ASK = """
+import json, sys, time, eglcuda
+out = {}
+for transport in sys.argv[2:]:
+    started = time.monotonic()
+    try:
+        with eglcuda.Subscriber("t", path=sys.argv[1], transport=transport, timeout=10) as sub:
+            out[transport] = ["joined", sub.info.transport, 0, time.monotonic() - started]
+    except eglcuda.EglCudaError as exc:
+        out[transport] = [type(exc).__name__, str(exc), getattr(exc, "code", None), time.monotonic() - started]
+print(json.dumps(out))
+"""
+
+
+def ask(env, path, *wishes) -> dict:
+    """Subscribe to the topic at ``path`` through each of ``wishes`` in turn, from another process:
+    {transport: [outcome, transport or message, code, seconds]}."""
+    out = subprocess.run([sys.executable, "-c", _ASK, path, *wishes], env=env, cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout)
+
+
+def offered(env, path) -> list:
+    """The transports ``python -m eglcuda topics --json`` lists for the topic at ``path``."""
+    out = subprocess.run([sys.executable, "-m", "eglcuda", "topics", "--json", "--dir", os.path.dirname(path)],
+                         env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    (topic,) = json.loads(out.stdout)["topics"]
+    return topic["transports"]
+
+
+def test_a_cuda_vmm_publisher_offers_it_alone_and_tells_others_why(env, path):
+    """A publisher offering cuda-vmm lists it alone; subscribers asking for cuda-ipc or eglstream
+    are refused at once with the publisher's reason (its pool is VMM memory, which neither can
+    serve), never a driver error nor a silence; auto gets cuda-vmm, every byte right."""
+    publisher = Peer(env, "publish", path, *PUBLISH, "--frames", "0", "--rate", "200", "--seed", "3",
+                     "--offer", "cuda-vmm")
+    try:
+        publisher.wait_for(lambda m: m["event"] == "ready")
+        assert offered(env, path) == ["cuda-vmm"]
+        answers = ask(env, path, "cuda-ipc", "eglstream", "auto")
+        for transport, why in (("cuda-ipc", "the legacy CUDA IPC calls export cuMemAlloc memory only"),
+                               ("eglstream", "an EGLStream producer cannot present VMM memory")):
+            kind, message, code, seconds = answers[transport]
+            assert (kind, code) == ("Refused", int(Reason.UNSUPPORTED)), answers[transport]
+            assert f"{transport}: not offered by this publisher (it offers cuda-vmm): the pool is VMM memory" in message
+            assert why in message and "CUDA_ERROR" not in message and seconds < 5, message
+        assert answers["auto"][:2] == ["joined", "cuda-vmm"]
+        sub = Peer(env, "subscribe", path, "--seed", "3", "--count", "10")
+        try:
+            assert sub.wait_for(lambda m: m["event"] == "ready")["transport"] == "cuda-vmm"
+            sub.wait_for(lambda m: m["event"] == "done")
+            assert len(sub.got()) == 10 and all(m["ok"] for m in sub.got()), sub.got()[:2]
+        finally:
+            sub.stop()
+    finally:
+        publisher.stop()
+
+
+@pytest.mark.parametrize("offer", ["cuda-ipc,cuda-vmm", "cuda-vmm,eglstream", "cuda-ipc,cuda-vmm,eglstream"])
+def test_a_publisher_told_to_offer_transports_that_cannot_share_a_pool_refuses_to_start(env, path, offer):
+    """Such a publisher used to start, list every transport and refuse some subscribers with a
+    driver error (cuIpcGetMemHandle on VMM memory): it now refuses to be made, saying why and
+    which transports to offer instead, and leaves no socket behind."""
+    publisher = Peer(env, "publish", path, *PUBLISH, "--offer", offer)
+    try:
+        assert publisher.finish(60) != 0
+        error = publisher.stderr().strip().splitlines()[-1]
+    finally:
+        publisher.stop()
+    assert error.startswith("eglcuda.errors.UsageError: transports ") and "cannot be offered together" in error
+    assert "one kind of memory" in error and "transports=['cuda-vmm']" in error
+    assert not os.path.exists(path)
+
+
+def test_a_publisher_of_cuda_arrays_does_not_offer_cuda_ipc(env, path):
+    """layout='array': the default transports leave cuda-ipc out (it cannot share CUDA arrays):
+    listed is eglstream alone, and a cuda-ipc subscriber is told why."""
+    publisher = Peer(env, "publish", path, "--width", "64", "--height", "48", "--format", "ARGB", "--layout", "array",
+                     "--frames", "1")
+    try:
+        publisher.wait_for(lambda m: m["event"] == "ready", timeout=60)
+        assert offered(env, path) == ["eglstream"]
+        kind, message, code, _ = ask(env, path, "cuda-ipc")["cuda-ipc"]
+        assert kind == "Refused" and "CUDA-array frames cannot be shared through CUDA IPC" in message, message
+    finally:
+        publisher.stop()
+
+
+_PUBLISH_AND_CLOSE = """
+import json, sys, time, eglcuda
+sys.path.insert(0, "tests/gpu")
+from topics_peer import content, payload_of
+path, offer, frames, subscribers = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+pub = eglcuda.Publisher("t", 64, 48, "NV12", path=path, every_timeout=10.0,
+                        transports=None if offer == "default" else [offer])
+print(json.dumps({"event": "ready"}), flush=True)
+while len(pub.subscribers) < subscribers:
+    pub.discard(pub.next_frame(5))
+    time.sleep(0.01)
+
+def put(seq):
+    frame = pub.next_frame(timeout=30)
+    for plane, data in zip(frame.planes, content([p.shape for p in frame.planes], 8, seq)):
+        plane.copy_from(data)
+    pub.publish(frame, payload=payload_of(seq, 8))
+
+for seq in range(frames - 2):
+    put(seq)
+    time.sleep(0.001)
+time.sleep(1.0)  # every subscriber catches up: none is at its credit for the last frame
+behind = [s.outstanding for s in pub.subscribers if s.outstanding]
+put(frames - 2)
+time.sleep(0.05)  # each subscriber takes it and sleeps on it (--sleep-ms) while the last one comes
+put(frames - 1)
+pub.close(5.0)  # the goodbye right behind the last frame: both wait for the subscriber when it wakes
+print(json.dumps({"event": "closed", "behind": behind}), flush=True)
+"""
+
+
+@pytest.mark.parametrize("transport", ["cuda-ipc", "cuda-vmm"])
+def test_latest_subscribers_get_the_last_frame_before_the_close(env, path, transport):
+    """400 frames to three 'latest' subscriber processes, the publisher closing right after the
+    last one: each subscriber's last frame is the last published, every byte right. The last
+    frame and the goodbye come while the subscribers sleep on frame 398: the receive that takes
+    frame 399 reads past it to the goodbye (which used to lose the frame: a last frame of 398
+    through cuda-vmm on the GPU)."""
+    offer = "default" if transport == "cuda-ipc" else transport
+    publisher = JsonPeer(["-c", _PUBLISH_AND_CLOSE, path, offer, "400", "3"], env=env, cwd=str(ROOT))
+    subscribers = []
+    try:
+        publisher.wait_for(lambda m: m["event"] == "ready", timeout=60)
+        subscribers = [Peer(env, "subscribe", path, "--transport", transport, "--qos", "latest", "--seed", "8",
+                            "--sleep-ms", "200") for _ in range(3)]
+        closed = publisher.wait_for(lambda m: m["event"] == "closed", timeout=120)
+        assert closed["behind"] == []
+        for peer in subscribers:
+            ended = peer.wait_for(lambda m: m["event"] in ("disconnected", "done"), timeout=60)
+            assert ended.get("kind") == "Dropped", ended
+            seqs = [m["seq"] for m in peer.got()]
+            assert seqs and seqs == sorted(set(seqs)) and seqs[-1] == 399, seqs[-5:]
+            assert all(m["ok"] for m in peer.got()), [m for m in peer.got() if not m["ok"]][:2]
     finally:
         for peer in [publisher, *subscribers]:
             peer.stop()
@@ -299,7 +451,7 @@ def test_the_topic_bench_measures_a_stopped_and_resumed_subscriber(env):
     assert "stopped and resumed 2 times" in done.stdout
 
 
-# Issue 42: an 'every' subscriber that stops reading is dropped (queue full); the publisher then
+# An 'every' subscriber that stops reading is dropped (queue full); the publisher then
 # exits before the subscriber reads again. What waits on its socket: the SLOT and FRAME messages
 # sent before the drop, then the DROP. The SLOT's memory handle names the publisher's process, gone
 # now, so mapping it fails; that must not hide the drop and its reason.

@@ -1,5 +1,5 @@
 """Topics on the CPU, the handshake: junk and hostile peers turned away, refusals that reach the
-subscriber with their reason (issue 42), a pool too small for an EGLStream subscriber, and the
+subscriber with their reason, a pool too small for an EGLStream subscriber, and the
 peer's uid checked against the topic's access."""
 from __future__ import annotations
 
@@ -185,8 +185,8 @@ def eglstream_like_backend(max_pool=protocol.MAX_POOL):
 
 
 def test_an_eglstream_subscriber_is_refused_by_a_publisher_of_one_pool_frame(path):
-    """Issue 42: with pool=1, max_pool=1, an eglstream subscriber got one frame and the publisher
-    then waited every_timeout for good ("no pool frame came free ... held by subscriber"): the
+    """With pool=1, max_pool=1, an eglstream subscriber would get one frame and the publisher
+    then wait every_timeout for good ("no pool frame came free ... held by subscriber"): the
     stream keeps its newest frame. The handshake refuses that transport, saying what to set; a
     subscriber that can take another transport gets it; max_pool=2 serves eglstream."""
     from eglcuda.topics.transports.eglstream import EglStreamPublisher

@@ -10,7 +10,7 @@ import time
 import pytest
 
 import eglcuda
-from eglcuda.topics import naming
+from eglcuda.topics import naming, protocol
 from eglcuda.topics.protocol import Reason
 
 from .helpers import NullPublisherBackend, NullSubscriberBackend, pattern, publisher, put, subscriber
@@ -271,3 +271,27 @@ def test_a_latest_subscriber_of_a_message_only_transport_keeps_up_to_four_frames
             stop.set()
             worker.join(5)
         sub.close()
+
+
+@pytest.mark.parametrize("message_only", [False, True], ids=["socket", "ring"])
+def test_a_latest_subscriber_gets_the_last_frame_announced_before_the_close(path, message_only):
+    """Frames are announced to a 'latest' subscriber that has not read yet (as many as its
+    credit: none skipped), then the publisher closes: its goodbye waits behind them. The next
+    receive takes the newest (the last frame published, intact), reading past it to the goodbye
+    without losing it; the receive after that says the topic closed."""
+    backend = NullPublisherBackend(message_only=message_only)
+    pub = publisher(path, _backend=backend)
+    sub = subscriber(path, qos="latest")
+    frames = protocol.credit(protocol.Qos.LATEST, 1, message_only)
+    for i in range(frames):
+        put(pub, b"%d" % i)
+    (info,) = pub.subscribers
+    assert (info.delivered, info.skipped) == (frames, 0)
+    pub.close(timeout=0.1)
+    with sub.receive(1) as message:
+        assert message.seq == frames - 1
+        assert message.frame.data == pattern(b"%d" % (frames - 1))
+    with pytest.raises(eglcuda.Dropped, match="closed") as raised:
+        sub.receive(0.1)
+    assert raised.value.code == protocol.Reason.CLOSING
+    sub.close()

@@ -1,7 +1,7 @@
 """Per-thread CPU and context switches of the relay and the remote subscriber of a running bench/remote.py,
-over a window in its steady state (bench/runs/remote-knobs.sh runs it beside each bench run).
+over a window in its steady state (research/remote_runs/remote-knobs.sh runs it beside each bench run).
 
-    python bench/runs/_threads45.py DELAY_S WINDOW_S OUT.json"""
+    python research/remote_runs/_threads45.py DELAY_S WINDOW_S OUT.json"""
 import json
 import os
 import subprocess

@@ -1,14 +1,14 @@
 #!/bin/bash
 # Session 9 on one H200, thread mode (the default): does a deeper window move one remote subscriber (1080p NV12,
 # flat out) towards the raw engine now that no thread of the path is saturated? Alternating, three rounds, each
-# configuration 3 s with the relay's and the remote subscriber's threads sampled (bench/runs/_threads45.py); the
-# knobs (bench/runs/_knobs45.py) on a copy of this checkout: the latest window and the sends in flight (3/3: 6/3,
+# configuration 3 s with the relay's and the remote subscriber's threads sampled (research/remote_runs/_threads45.py); the
+# knobs (research/remote_runs/_knobs45.py) on a copy of this checkout: the latest window and the sends in flight (3/3: 6/3,
 # 6/6), staging buffers reused last-freed-first (EGLX_LIFO), both; the raw engine at windows 3 and 6 in each
 # round (bench/remote.py gives the raw engine the relay's window).
 set -u
 ROOT=$PWD; L=/tmp/logs; mkdir -p $L
-source bench/runs/_remote_setup.sh $L
-patched_copy /tmp/kt bench/runs/_knobs45.py
+source research/remote_runs/_remote_setup.sh $L
+patched_copy /tmp/kt research/remote_runs/_knobs45.py
 echo "setup $(( $(date +%s) - T0 )) s; HEAD $(git rev-parse --short HEAD) + working tree; $(nproc) cores; $(lscpu | grep -m1 'Model name' | cut -c1-80)"
 U="UCX_TCP_TX_SEG_SIZE=256K,UCX_TCP_RX_SEG_SIZE=1M"
 KNOB_UNTIL_S=530

@@ -1,4 +1,4 @@
-"""Experiment knobs bench/runs/remote-knobs.sh and remote-window.sh apply to a copy of the package for one run (never committed
+"""Experiment knobs research/remote_runs/remote-knobs.sh and remote-window.sh apply to a copy of the package for one run (never committed
 into the package): each is read from the environment when the module loads, the default is the code as it is.
 
     EGLX_WINDOW=N     frames a relay sends ahead of a 'latest' remote's credits (wire.LATEST_WINDOW, 3)
@@ -8,7 +8,7 @@ into the package): each is read from the environment when the module loads, the 
     EGLX_SWITCH_US=N  sys.setswitchinterval of the relay's and the remote subscriber's processes (CPython: 5000)
     EGLX_LIFO=1       a relay reuses the staging buffer freed last (a smaller working set) instead of the oldest
 
-    python bench/runs/_knobs45.py CHECKOUT"""
+    python research/remote_runs/_knobs45.py CHECKOUT"""
 import sys
 
 from _patch import patch

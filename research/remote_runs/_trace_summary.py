@@ -1,7 +1,7 @@
-"""Where a frame's and a credit's time goes, from the trace files of bench/runs/_trace46.py (one run of one relay
+"""Where a frame's and a credit's time goes, from the trace files of research/remote_runs/_trace46.py (one run of one relay
 and one remote subscriber): the median and p90 of each step, microseconds, over the frames of the run's middle.
 
-    python3 bench/runs/_trace_summary.py TRACE_DIR"""
+    python3 research/remote_runs/_trace_summary.py TRACE_DIR"""
 import glob
 import json
 import statistics

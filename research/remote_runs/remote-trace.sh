@@ -1,11 +1,11 @@
 #!/bin/bash
-# Session 9 on one H200: where one remote subscriber's time goes a frame (bench/runs/_trace46.py's marks on a copy
+# Session 9 on one H200: where one remote subscriber's time goes a frame (research/remote_runs/_trace46.py's marks on a copy
 # of this checkout; summary: _trace_summary.py), flat out at 320x240 NV12 (the per-frame cost alone) and at 1080p
 # NV12, thread mode, two rounds each; the raw engine beside each size once.
 set -u
 ROOT=$PWD; L=/tmp/logs; mkdir -p $L
-source bench/runs/_remote_setup.sh $L
-patched_copy /tmp/tr bench/runs/_trace46.py > /dev/null
+source research/remote_runs/_remote_setup.sh $L
+patched_copy /tmp/tr research/remote_runs/_trace46.py > /dev/null
 echo "setup $(( $(date +%s) - T0 )) s; HEAD $(git rev-parse --short HEAD) + working tree"
 U="UCX_TCP_TX_SEG_SIZE=256K,UCX_TCP_RX_SEG_SIZE=1M"
 for size in "--width 320 --height 240" "--sizes 1080p-nv12"; do
@@ -16,7 +16,7 @@ for size in "--width 320 --height 240" "--sizes 1080p-nv12"; do
       --out $L/b-$tag-$round $size --duration 2 --subscribers 1 --rates max --variants $variants --engine-modes blocking \
       --ucx-env $U --no-plots > $L/bench-$tag-$round.log 2>&1) || echo "$tag $round failed: $(tail -1 $L/bench-$tag-$round.log | cut -c1-150)"
     grep -h '^|' $L/b-$tag-$round/results.md | grep -v "^| size\|^|--" | cut -c1-150
-    python3 bench/runs/_trace_summary.py $L/tr-$tag-$round
+    python3 research/remote_runs/_trace_summary.py $L/tr-$tag-$round
     variants=eglcuda
   done
 done

@@ -2,12 +2,12 @@
 # Session 8 on one H200 (second run; the first tried windows of 4 and 6, 4 in flight, a 60 us poll and 16 MB
 # socket buffers: none helped): which knob moves one remote subscriber (1080p NV12, flat out) towards the raw engine,
 # alternating, three rounds, each configuration 3 s with the threads of the relay and the remote subscriber
-# sampled over 2 s of it (bench/runs/_threads45.py); the knobs (bench/runs/_knobs45.py) on a copy of this
+# sampled over 2 s of it (research/remote_runs/_threads45.py); the knobs (research/remote_runs/_knobs45.py) on a copy of this
 # checkout: sends in flight (3: 1, 2), progress rounds a pass (4: 1, 8), the GIL's switch interval (5 ms: 0.5 ms).
 set -u
 ROOT=$PWD; L=/tmp/logs; mkdir -p $L
-source bench/runs/_remote_setup.sh $L
-patched_copy /tmp/kt bench/runs/_knobs45.py
+source research/remote_runs/_remote_setup.sh $L
+patched_copy /tmp/kt research/remote_runs/_knobs45.py
 echo "setup $(( $(date +%s) - T0 )) s; HEAD $(git rev-parse --short HEAD) + working tree; $(nproc) cores"
 U="UCX_TCP_TX_SEG_SIZE=256K,UCX_TCP_RX_SEG_SIZE=1M"
 B="UCX_TCP_SNDBUF=16M,UCX_TCP_RCVBUF=16M"
@@ -35,7 +35,7 @@ if [ -x $SPY ]; then
   $SPY record -p $R -r 400 -d 2 --native --threads -f raw -o $L/spy-relay.txt > $L/spy-relay.log 2>&1 &
   $SPY record -p $S -r 400 -d 2 --native --threads -f raw -o $L/spy-remote.txt > $L/spy-remote.log 2>&1
   wait; echo "py-spy: $(tail -1 $L/spy-relay.log | cut -c1-100) / $(wc -l < $L/spy-remote.txt) stacks"
-  python3 bench/runs/_knobs_summary.py spy $L/spy
+  python3 research/remote_runs/_knobs_summary.py spy $L/spy
 fi
 tar czf $OUT/logs.tgz -C /tmp logs
 echo "total $(( $(date +%s) - T0 )) s"

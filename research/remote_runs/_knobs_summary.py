@@ -1,8 +1,8 @@
-"""One line per bench/remote.py run of bench/runs/remote-knobs.sh: the rate (raw engine or one remote), p50, and
+"""One line per bench/remote.py run of research/remote_runs/remote-knobs.sh: the rate (raw engine or one remote), p50, and
 the busiest threads of the relay and the remote subscriber (CPU %, user/sys, voluntary context switches a
-second) from bench/runs/_threads45.py.
+second) from research/remote_runs/_threads45.py.
 
-    python3 bench/runs/_knobs_summary.py LABEL OUT_DIR [THREADS.json]"""
+    python3 research/remote_runs/_knobs_summary.py LABEL OUT_DIR [THREADS.json]"""
 import json
 import sys
 

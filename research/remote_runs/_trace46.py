@@ -1,4 +1,4 @@
-"""Per-frame timestamps for bench/runs/remote-trace.sh, patched into a copy of the package (never committed into it):
+"""Per-frame timestamps for research/remote_runs/remote-trace.sh, patched into a copy of the package (never committed into it):
 where a frame's and a credit's time goes between the relay's and the remote subscriber's threads. Each marked step
 appends (step, seq or count, CLOCK_MONOTONIC ns) in its process; at exit the process writes them to
 $EGLX_TRACE_DIR/trace-PID.json (CLOCK_MONOTONIC is one clock for the host's processes), once EGLX_TRACE_S (3)
@@ -10,14 +10,14 @@ seconds after its first mark (bench/remote.py kills its processes soon after the
             S.copied (seq, its H2D copy waited for)  S.credit (count, the credit posted on the loop)
     both:   notify (the notifier woke for finished requests)
 
-    python bench/runs/_trace46.py CHECKOUT"""
+    python research/remote_runs/_trace46.py CHECKOUT"""
 import sys
 
 from _patch import patch
 
 root = sys.argv[1] if len(sys.argv) > 1 else "."
 
-TRACE = '''"""Per-frame timestamps (bench/runs/_trace46.py): not part of eglcuda."""
+TRACE = '''"""Per-frame timestamps (research/remote_runs/_trace46.py): not part of eglcuda."""
 import atexit, json, os, time
 marks = []
 seq_of = {}

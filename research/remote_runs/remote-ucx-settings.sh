@@ -2,9 +2,9 @@
 # Session 6: which UCX setting moves one remote subscriber toward the raw engine (1080p NV12, TCP loopback,
 # publisher flat out, 1 s each); the raw engine (core API, w3/w1) in the same settings each time.
 set -u
-command -v nvidia-smi > /dev/null || { echo "$0: needs an NVIDIA GPU machine (nvidia-smi not found); see bench/runs/README.md"; exit 2; }
-[ -f .device/setup.sh ] || { echo "$0: needs .device/ staged in the repository root (bench/runs/README.md)"; exit 2; }
-ls .wheels/*.whl > /dev/null 2>&1 || { echo "$0: needs the UCXX wheels in .wheels/ (bench/runs/README.md says how to get them)"; exit 2; }
+command -v nvidia-smi > /dev/null || { echo "$0: needs an NVIDIA GPU machine (nvidia-smi not found); see research/README.md"; exit 2; }
+[ -f .device/setup.sh ] || { echo "$0: needs .device/ staged in the repository root (research/README.md)"; exit 2; }
+ls .wheels/*.whl > /dev/null 2>&1 || { echo "$0: needs the UCXX wheels in .wheels/ (research/README.md says how to get them)"; exit 2; }
 T0=$(date +%s)
 source .device/setup.sh > $OUT/setup.log 2>&1; tail -1 $OUT/setup.log
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/ucxx .wheels/*.whl > $OUT/ucxx-install.log 2>&1 || tail -3 $OUT/ucxx-install.log

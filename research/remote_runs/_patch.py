@@ -1,4 +1,4 @@
-"""Text patches of a copy of the package, for the experiment scripts of bench/runs (_knobs45.py, _trace46.py)."""
+"""Text patches of a copy of the package, for the experiment scripts of research/remote_runs (_knobs45.py, _trace46.py)."""
 
 
 def patch(path: str, pairs: list[tuple[str, str]]) -> None:

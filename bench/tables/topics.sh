@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The frame-topics tables of docs/topics.md, on a machine with an NVIDIA GPU:
+#   bash bench/tables/topics.sh [OUT]            (OUT: where the results go, default bench-tables/topics)
+# bench/topics.py twice, without and under a private MPS daemon: 1080p NV12, 1 and 8 subscriber
+# processes, qos every, eglcuda's cuda-ipc transport against a hand-written CUDA IPC ring (the C-style
+# baseline), three rounds, the tables giving the medians. A few minutes.
+# Needs eglcuda installed from this checkout with the bench extra (pip install -e '.[bench]') and,
+# for the MPS half, the NVIDIA driver's nvidia-cuda-mps-control. Each benchmark checks what it needs
+# first and stops with one line and exit status 2 when something is missing.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${1:-bench-tables/topics}
+PYTHON=${PYTHON:-python3}
+COMMON=(--sizes 1080p-nv12 --subscribers 1,8 --duration 1 --transports cuda-ipc,ipc-ring --rounds 3 --qos every)
+
+echo "== without MPS"
+"$PYTHON" bench/topics.py "${COMMON[@]}" --out "$OUT/no-mps"
+echo "== under a private MPS daemon"
+"$PYTHON" bench/topics.py "${COMMON[@]}" --mps --out "$OUT/mps"
+echo "results: $OUT/no-mps, $OUT/mps (results.json, results.md)"
