@@ -29,6 +29,9 @@ import tempfile
 import time
 from typing import Any, Callable
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _script import BENCH_HINT, require, run  # noqa: E402
+
 VARIANTS = ("batcher", "loop")
 
 
@@ -183,8 +186,7 @@ def table(found: list[dict[str, Any]], width: int, height: int) -> str:
 
 
 PROGRAM = "bench/sources.py --batcher"
-TORCH = ("torch", "PyTorch for the batches' tensors and the hand-written loop's torch.stack",
-         "pip install 'eglcuda[bench]'")
+TORCH = ("torch", "PyTorch for the batches' tensors and the hand-written loop's torch.stack", BENCH_HINT)
 
 
 def main() -> int:
@@ -203,9 +205,6 @@ def main() -> int:
     if args.role == "publish":
         args.fps = float(args.fps)
         return publish(args)
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from _script import require
-
     require(PROGRAM, "cuda-ipc", modules=[TORCH])
     width, height = (int(v) for v in args.size.lower().split("x"))
     found = rows([int(v) for v in args.sources.split(",")], [float(v) for v in args.fps.split(",")], width, height,
@@ -215,7 +214,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from _script import run
-
     sys.exit(run(main, PROGRAM))

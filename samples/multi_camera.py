@@ -9,8 +9,8 @@
 
 Prints the batches, their sizes and the formation time, then PASS when every frame of every
 camera arrived once, in order, with every byte right; FAIL (status 1) otherwise; status 2 and one
-line where there is no discrete NVIDIA GPU (CUDA IPC) or no CuPy (``pip install
-'eglcuda[samples-cuda13]'``).
+line where there is no discrete NVIDIA GPU (CUDA IPC) or no CuPy (``pip install -e
+'.[samples-cuda13]'`` in the checkout, or ``samples-cuda12``).
 
     python samples/multi_camera.py [--cameras 8] [--fps 30] [--seconds 5] [--width 1280 --height 720]
 """

@@ -18,8 +18,6 @@ import eglcuda
 from ..conftest import require_extension
 from .batcher_kit import Sources, folder, run  # noqa: F401  (fixture)
 
-TRANSPORTS = ["cuda-ipc", "cuda-vmm", "eglstream"]
-
 
 @pytest.fixture
 def display(cuda_display):
@@ -34,7 +32,7 @@ def make_sources(folder: str, transport: str) -> Sources:  # noqa: F811
 
 
 def offer(transport: str) -> dict:
-    return {"offer": "cuda-vmm,eglstream"} if transport == "cuda-vmm" else {}
+    return {"offer": "cuda-vmm"} if transport == "cuda-vmm" else {}  # (offered alone: its pool is VMM memory)
 
 
 @pytest.mark.parametrize("transport,fmt,size", [
