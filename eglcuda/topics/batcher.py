@@ -21,8 +21,8 @@ from .._bind import cuda, cuda_egl
 from .._resource import Resource
 from ..cuda_device import CudaDevice, get_device
 from ..errors import ClosedError, Dropped, MismatchedSource, StreamDisconnected, Timeout, UsageError
-from ..frames.formats import ColorFormat, Layout, PlaneGeometry, _plane_geometry
-from ..frames.frame import PLANE_ALIGNMENT, FrameBase, Plane
+from ..frames.formats import PLANE_ALIGNMENT, ColorFormat, Layout, PlaneGeometry, _plane_geometry
+from ..frames.frame import FrameBase, Plane
 from ..frames.interop import stream_handle
 from .protocol import Reason
 from .sockets import wait_seconds
