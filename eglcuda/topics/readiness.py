@@ -26,7 +26,7 @@ class Readiness:
     written and cleared by its owner (remote subscribers, whose frames come on an engine thread)."""
 
     def __init__(self, combine: bool) -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # (RLock: a signal handler's close() may set it inside a set or clear)
         self.due = False  # the eventfd holds a count (is readable)
         self._socket = -1  # the socket watched (-1: none)
         self._due_fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)

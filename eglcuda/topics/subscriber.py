@@ -499,6 +499,13 @@ class Subscriber:
         A frame read here waits for that receive."""
         if self._forked:
             return self._forked_error()
+        conn = self._conn
+        if conn is not None and not self._closing and self._lost is None and (conn.pending or conn.inbox.frame_next()):
+            # The usual case, a look without the lock (the compiled look holds the GIL: a close on
+            # another thread cannot unmap the ring meanwhile): a frame's entry next in the ring, or
+            # a frame read earlier. Nothing is read, so what made the descriptor readable (the
+            # WAKE on the socket, or the due eventfd) stays so until a receive takes the frame.
+            return True
         with self._busy:
             if self._closed or self._closing:
                 return self._closed_error()
@@ -507,10 +514,6 @@ class Subscriber:
             conn = self._conn
             if conn is None:  # pragma: no cover - _lost is set whenever the connection goes
                 return self._not_connected()
-            if conn.pending or conn.inbox.frame_next():
-                # (the usual case: a frame's entry in the ring. Nothing is read, so what made the
-                # descriptor readable (the WAKE on the socket, or the due eventfd) stays.)
-                return True
             try:
                 try:
                     header = conn.read(None)
