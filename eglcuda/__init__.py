@@ -14,6 +14,7 @@ from .errors import (
     EglCudaError,
     GLError,
     MPSError,
+    MismatchedSource,
     MPSInUse,
     NotCoherent,
     PeerError,
@@ -32,7 +33,7 @@ from .streams.cuda import AcquiredFrame, CudaConsumer, CudaProducer
 from .streams.gl import GLFrame, GLSurfaceProducer, GLTextureConsumer
 from .streams.share import acknowledge, offer_fd, receive_fd, receive_stream, serve_stream
 from .streams.stream import ResourceLocation, Stream, StreamState
-from .topics import Message, Publisher, Subscriber, SubscriberInfo, TopicInfo, list_topics
+from .topics import Batch, BatchFrame, BatchPlane, Batcher, Message, Publisher, Subscriber, SubscriberInfo, TopicInfo, WaitSet, list_topics
 from .remote import Relay, RemoteInfo, RemoteSubscriber  # (registers Subscriber(remote=...); ucxx not imported)
 from .syncs.paths import ServerWaitPath, SyncPath, SyncPaths, gl_server_wait_path, sync_paths
 from .syncs.sync import CudaWait, Sync, SyncKind, cuda_wait_sync, sync_after_cuda
@@ -42,6 +43,11 @@ from ._version import __version__
 from .availability import available, require
 
 __all__ = [
+    "Batch",
+    "BatchFrame",
+    "BatchPlane",
+    "Batcher",
+    "MismatchedSource",
     "Relay",
     "RemoteInfo",
     "RemoteSubscriber",
@@ -100,6 +106,7 @@ __all__ = [
     "Subscriber",
     "SubscriberInfo",
     "TopicInfo",
+    "WaitSet",
     "list_topics",
     "CudaDevice",
     "Device",

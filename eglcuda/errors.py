@@ -223,3 +223,8 @@ class Refused(PeerError):
         self.reason = reason
         self.code = code
         super().__init__(reason)
+
+
+class MismatchedSource(UsageError):
+    """A source that cannot join the others: an :class:`eglcuda.Batcher` batches frames of one
+    size, format and CUDA device, and the message names both sides."""

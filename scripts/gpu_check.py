@@ -48,6 +48,7 @@ SAMPLES: list[tuple[str, list[str]]] = [
     ("pipeline CUDA->CUDA->GL 333x97 under MPS", ["samples/pipeline.py", "--width", "333", "--height", "97",
                                                   "--frames", "50", "--mps"]),
     ("topic_fanout 720p ARGB", ["samples/topic_fanout.py", "--frames", "300"]),
+    ("multi_camera 8 x 720p NV12 at 30 frames/s", ["samples/multi_camera.py"]),
 ]
 BENCHMARKS: list[tuple[str, list[str]]] = [
     ("call overhead", ["bench/call_overhead.py", "--quick"]),

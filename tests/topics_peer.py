@@ -1,6 +1,6 @@
 """The other process of the CPU topic tests (null transport), started as a fresh interpreter.
 
-    python tests/topics_peer.py publish --path P [--frames N] [--rate HZ]
+    python tests/topics_peer.py publish --path P [--frames N] [--rate HZ] [--ring]
     python tests/topics_peer.py subscribe --path P [--qos every] [--hold K]
 
 A publisher fills each frame with ``pattern(payload)`` (payload = the frame's key); a subscriber
@@ -27,7 +27,7 @@ def say(**message) -> None:
 
 def publish(args) -> int:
     pub = eglcuda.Publisher(args.name, 64, 32, "Y", path=args.path, every_timeout=args.every_timeout,
-                            _backend=NullPublisherBackend())
+                            _backend=NullPublisherBackend(message_only=args.ring))
     say(event="ready", pid=os.getpid(), instance=pub.instance)
     count = 0
     period = 1.0 / args.rate if args.rate else 0.0
@@ -77,6 +77,7 @@ def main() -> int:
     parser.add_argument("--qos", default="every")
     parser.add_argument("--queue", type=int, default=4)
     parser.add_argument("--hold", type=int, default=0)
+    parser.add_argument("--ring", action="store_true", help="frames through the frame ring (as cuda-ipc)")
     args = parser.parse_args()
     return publish(args) if args.role == "publish" else subscribe(args)
 

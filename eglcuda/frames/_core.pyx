@@ -124,8 +124,8 @@ cdef enum:
 cdef struct Export:
     DLManagedTensor legacy
     DLManagedTensorVersioned versioned
-    int64_t shape[3]
-    int64_t strides[3]
+    int64_t shape[4]
+    int64_t strides[4]
     PyObject *owner
 
 
@@ -164,8 +164,8 @@ def make_capsule(object owner, uintptr_t data, int device_id, tuple shape, tuple
     cdef int ndim = len(shape)
     cdef int i
     cdef DLTensor *tensor
-    if not 1 <= ndim <= 3 or len(strides) != ndim:
-        raise ValueError(f"a plane tensor has 1 to 3 dimensions with a stride each, got {shape} {strides}")
+    if not 1 <= ndim <= 4 or len(strides) != ndim:
+        raise ValueError(f"a plane tensor has 1 to 4 dimensions with a stride each, got {shape} {strides}")
     cdef Export *export = <Export *>calloc(1, sizeof(Export))
     if export == NULL:
         raise MemoryError("allocating a DLPack tensor")

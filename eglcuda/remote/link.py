@@ -19,6 +19,7 @@ import numpy as np
 
 from ..errors import Dropped, Refused, StreamDisconnected
 from ..topics.protocol import Qos, Reason
+from ..topics.readiness import Readiness
 from . import _ucx, keys, wire
 from .buffers import Pinned
 from .session import AuthenticationFailed, FrameMode, Handshake
@@ -62,6 +63,7 @@ class Joining:
     frames: FrameMode  # the least frame protection this subscriber accepts
     _key: bytes
     _loop: asyncio.AbstractEventLoop | None
+    _ready: Readiness | None  # fileno()'s descriptor (None until asked for)
 
     async def _handshake(self) -> tuple[Any, wire.Welcome]:
         host, port = self.remote
@@ -178,6 +180,8 @@ class Joining:
                     link.ready.append(link.done.pop(link.next_out))
                     link.next_out += 1
                 link.cond.notify_all()
+                if self._ready is not None and link.ready:
+                    self._ready.set()  # (fileno()'s watchers; a write only when it was quiet)
             link.arrived += 1
             if link.arrived >= link.expected:
                 link.drained.set()
@@ -245,6 +249,8 @@ class Joining:
             if link.lost is None:
                 link.lost = error
             link.cond.notify_all()
+            if self._ready is not None:
+                self._ready.set()
         if not link.receiving:
             link.ended.set()  # (else the last receive to end says it)
 

@@ -17,6 +17,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from typing import Any, Iterable
 
 
@@ -31,6 +32,7 @@ from ..topics import naming, protocol, sockets
 from ..topics.info import TopicInfo
 from ..topics.message import Message, let_go
 from ..topics.protocol import Qos
+from ..topics.readiness import Readiness
 from ..topics.subscriber import Subscriber, register_remote
 from ..topics.transports import CudaSubscriberBackend
 from ..topics.transports.base import UNMAP_WAIT_S, Geometry
@@ -112,6 +114,8 @@ class RemoteSubscriber(Joining, Subscriber):
             raise UsageError("a remote subscriber needs a CUDA device")
         self._device: CudaDevice = self._backend.device
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._ready: Readiness | None = None  # fileno()'s eventfd, made by its first call
+        self._async_waiting = False
         try:
             self._loop = _ucx.acquire()
             self._device.make_current()
@@ -210,38 +214,45 @@ class RemoteSubscriber(Joining, Subscriber):
         if self._forked or os.getpid() != self._pid:
             raise self._forked_error()
         with self._busy:
-            if self._closing or self._closed:
+            try:
+                return self._receive_locked(timeout)
+            finally:
+                if self._ready is not None:
+                    self._refresh_ready()
+
+    def _receive_locked(self, timeout: float | None) -> Message:
+        if self._closing or self._closed:
+            raise self._closed_error()
+        link = self._link
+        if link is None or self._lost is not None:
+            raise self._lost or StreamDisconnected(f"not connected to topic {self.name!r}")
+        if len(self._held) >= len(self._pool):
+            raise UsageError(f"this subscriber holds {len(self._held)} message(s), as many as it may: release "
+                             "one before receiving another")
+        wait = self.timeout if timeout is None else sockets.wait_seconds(timeout)
+        deadline = time.monotonic() + wait
+        with link.cond:
+            while not link.ready and link.lost is None and not self._closing:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise Timeout(f"no frame of topic {self.name!r} within {wait:.3g} s")
+                link.cond.wait(left)
+            if self._closing:
                 raise self._closed_error()
-            link = self._link
-            if link is None or self._lost is not None:
-                raise self._lost or StreamDisconnected(f"not connected to topic {self.name!r}")
-            if len(self._held) >= len(self._pool):
-                raise UsageError(f"this subscriber holds {len(self._held)} message(s), as many as it may: release "
-                                 "one before receiving another")
-            wait = self.timeout if timeout is None else sockets.wait_seconds(timeout)
-            deadline = time.monotonic() + wait
-            with link.cond:
-                while not link.ready and link.lost is None and not self._closing:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        raise Timeout(f"no frame of topic {self.name!r} within {wait:.3g} s")
-                    link.cond.wait(left)
-                if self._closing:
-                    raise self._closed_error()
-                error = link.lost if not link.ready else None
-            if error is not None:  # (outside the condition: dropping the link takes it on the loop)
-                self._lose(error)
-            with link.cond:
-                if self.qos is Qos.LATEST:
-                    stale = len(link.ready) - 1
-                    for _ in range(stale):
-                        link.free.append(link.ready.popleft()[3])
-                else:
-                    stale = 0
-                seq, timestamp_ns, payload, index = link.ready.popleft()
-            if stale:
-                self._credit(link, stale)
-            return self._deliver(link, seq, timestamp_ns, payload, index)
+            error = link.lost if not link.ready else None
+        if error is not None:  # (outside the condition: dropping the link takes it on the loop)
+            self._lose(error)
+        with link.cond:
+            if self.qos is Qos.LATEST:
+                stale = len(link.ready) - 1
+                for _ in range(stale):
+                    link.free.append(link.ready.popleft()[3])
+            else:
+                stale = 0
+            seq, timestamp_ns, payload, index = link.ready.popleft()
+        if stale:
+            self._credit(link, stale)
+        return self._deliver(link, seq, timestamp_ns, payload, index)
 
     def _deliver(self, link: _Link, seq: int, timestamp_ns: int, payload: bytes, index: int) -> Message:
         with self._state:
@@ -358,15 +369,72 @@ class RemoteSubscriber(Joining, Subscriber):
         with self._busy:
             if self._closed or self._closing:
                 raise self._closed_error()
-            if self._link is None or self._lost is not None or self._link.lost is not None:
-                self._let_go_held()
-                self._settle()
-                self._drop_link()
-                self._connect(time.monotonic() + wait)
+            try:
+                if self._link is None or self._lost is not None or self._link.lost is not None:
+                    self._let_go_held()
+                    self._settle()
+                    self._drop_link()
+                    self._connect(time.monotonic() + wait)
+            finally:
+                if self._ready is not None:
+                    self._refresh_ready()
         info = self.info
         if info is None:  # pragma: no cover - every join sets it
             raise StreamDisconnected(f"not connected to topic {self.name!r}")
         return info
+
+    # ---- waiting on many ------------------------------------------------------------------------
+    def fileno(self) -> int:
+        """As :meth:`eglcuda.Subscriber.fileno`: an ``eventfd`` that the UCX engine's thread
+        makes readable when a frame arrived or the link ended, and a receive that takes the last
+        frame makes quiet."""
+        if self._forked or os.getpid() != self._pid:
+            raise self._forked_error()
+        ready = self._ready
+        if ready is not None:
+            return ready.fileno()
+        with self._busy:
+            if self._closed:
+                raise self._closed_error()
+            if self._ready is None:
+                ready = Readiness(combine=False)
+                weakref.finalize(self, ready.close)
+                self._ready = ready
+                self._refresh_ready()
+            return self._ready.fileno()
+
+    def _refresh_ready(self) -> None:
+        ready = self._ready
+        if ready is None:
+            return
+        link = self._link
+        if link is None or self._lost is not None or self._closed or self._closing:
+            ready.set()
+            return
+        with link.cond:  # (the engine's thread appends frames and sets it under the same lock)
+            if link.ready or link.lost is not None:
+                ready.set()
+            else:
+                ready.clear()
+
+    def _wait_ready(self) -> "bool | BaseException":
+        if self._forked or os.getpid() != self._pid:
+            return self._forked_error()
+        with self._busy:
+            try:
+                if self._closed or self._closing:
+                    return self._closed_error()
+                if self._lost is not None:
+                    return self._lost
+                link = self._link
+                if link is None:
+                    return StreamDisconnected(f"not connected to topic {self.name!r}")
+                with link.cond:
+                    if link.ready:
+                        return True
+                    return link.lost if link.lost is not None else False
+            finally:
+                self._refresh_ready()
 
     @property
     def connected(self) -> bool:
@@ -386,10 +454,14 @@ class RemoteSubscriber(Joining, Subscriber):
             return
         if self._forked or os.getpid() != self._pid:
             self._closed = True
+            if self._ready is not None:
+                self._ready.close()  # (this process's copies of the parent's descriptors)
             _ucx.untrack(self)
             return
         self._closing = True
         self._wake.set()  # (a wait_for_publisher() between two attempts to join ends now)
+        if self._ready is not None:
+            self._ready.set()  # (a watcher hears of the close)
         joining = self._joining
         if joining is not None:  # (and one in the middle of a handshake)
             joining.cancel()

@@ -13,8 +13,10 @@ Modules (docs/architecture.md draws them): :mod:`.publisher` (a facade over :mod
 :mod:`.subscriber` (with :mod:`.joining` and :mod:`.message`), :mod:`.transports` (one module per
 transport behind one interface, registered by name), :mod:`.protocol` and ``_wire`` (the wire
 format), :mod:`.naming` (names, directories, locks), :mod:`.sockets` (the topic's socket steps),
-:mod:`.registry` (listing). See docs/topics.md.
+:mod:`.registry` (listing), :mod:`.waitset` (waiting on many sources, through each subscriber's
+:mod:`.readiness` descriptor), :mod:`.batcher` (batches from many sources). See docs/topics.md and docs/sources.md.
 """
+from .batcher import Batch, BatchFrame, Batcher, BatchPlane
 from .info import DropRecord, SubscriberInfo, TopicInfo
 from .protocol import Qos, Reason
 from .publisher import Publisher
@@ -22,6 +24,8 @@ from .registry import Listing, TopicStatus, list_topics
 from .message import Message
 from .subscriber import Subscriber
 from .transports import SlotView
+from .waitset import Attachment, Event, WaitSet
 
-__all__ = ["DropRecord", "Listing", "Message", "Publisher", "Qos", "Reason", "SlotView", "Subscriber", "SubscriberInfo",
-           "TopicInfo", "TopicStatus", "list_topics"]
+__all__ = ["Attachment", "Batch", "BatchFrame", "BatchPlane", "Batcher", "DropRecord", "Event", "Listing", "Message",
+           "Publisher", "Qos", "Reason", "SlotView", "Subscriber", "SubscriberInfo", "TopicInfo", "TopicStatus", "WaitSet",
+           "list_topics"]

@@ -15,6 +15,7 @@ cdef class Ring:
     cdef uint32_t *flag(self, int at) noexcept nogil
     cdef int room(self) noexcept
     cdef object pop(self)
+    cdef int next_kind(self) noexcept
     cdef bint waiting(self) noexcept nogil
     cdef int push_frame(self, uint64_t seq, int slot, uint64_t timestamp, const char *payload,
                         Py_ssize_t size) noexcept

@@ -340,6 +340,17 @@ cdef class Ring:
         ring_store(self.count(AT_FRAMES_READ), self.taken)
         return found
 
+    cdef int next_kind(self) noexcept:
+        """The kind of the next entry without taking it (0: none, or a count ``pop`` will refuse)."""
+        cdef uint64_t written
+        if self.base == NULL:
+            return 0
+        if self.taken == self.peer_mine:
+            written = ring_load(self.count(AT_FRAMES))
+            if written <= self.taken or written - self.taken > ENTRIES:
+                return 0
+        return (self.base + HEADER + (self.taken & (ENTRIES - 1)) * ENTRY)[0]
+
     cdef bint waiting(self) noexcept nogil:
         return self.base != NULL and ring_load(self.count(AT_FRAMES)) != self.taken
 
@@ -398,6 +409,25 @@ cdef class RingInbox:
     def queued_kinds(self):
         return b""
 
+    def frame_next(self):
+        """Whether the next thing to read is a frame's entry (a receive hands it out without
+        asking the socket); nothing is taken."""
+        return self.fd >= 0 and not self.early and not self.ended and self.ring.next_kind() == KIND_FRAME_ENTRY
+
+    def arm(self):
+        """For a watcher of the socket (``Subscriber.fileno()``): True when something is there to
+        read now (an entry, a socket message read early, the connection's end). Else the socket's
+        WAKE bytes are read, the "sleeps" flag is set, so that the publisher's next entry sends a
+        WAKE (the socket becomes readable), and False. The eventcount's order: the flag is set
+        before the count is read again, so an entry written meanwhile is seen here or wakes."""
+        if self.fd < 0 or self.ended or self.early or self.ring.waiting():
+            return True
+        self.take_socket()  # (WAKEs that did their work, and what else came, kept in order)
+        if self.ended or self.early:
+            return True
+        flag_set(self.ring.flag(AT_SUB_SLEEPS), 1)
+        return self.ring.waiting()
+
     def next(self, deadline=None):
         return self.read(deadline, False)
 
@@ -420,6 +450,7 @@ cdef class RingInbox:
         cdef int ready, timeout_ms
         cdef pollfd watch[2]
         cdef bint asked = False
+        cdef bint socket_read = False
         while True:
             if self.fd < 0:
                 return NO_BYTES
@@ -455,6 +486,10 @@ cdef class RingInbox:
                 continue
             left = until - monotonic()
             if not left > 0:
+                if not socket_read:  # (a deadline already past, receive(timeout=0): the socket is
+                    socket_read = True  # asked once, for its end or a message that came without an entry)
+                    self.take_socket()
+                    continue
                 return None
             flag_set(self.ring.flag(AT_SUB_SLEEPS), 1)
             if self.ring.waiting():

@@ -14,6 +14,10 @@ class Inbox:
         """The next message of what the last read found waiting, or None once it is handed out."""
     def queued_kinds(self) -> bytes:
         """The kind byte of each message read but not handed out yet (0: the connection's end)."""
+    def frame_next(self) -> bool:
+        """Whether the next message, read earlier and waiting here, is a FRAME (nothing is taken)."""
+    def arm(self) -> bool:
+        """True when messages read earlier wait here; False: the socket's readiness says when."""
 
 def drain(epoll_fd: int, timeout: float, inboxes: dict[int, tuple[Inbox, Any]], limit: int) -> list[tuple[Any, Any]]: ...
 def ipc_record(context: int, event: int, stream: int, query: bool = ...) -> bool: ...

@@ -314,6 +314,17 @@ cdef class Inbox:
         is waiting after a read."""
         return self.read(None, True)
 
+    def frame_next(self):
+        """Whether the next message, read earlier and waiting here, is a FRAME (nothing is taken)."""
+        return (self.fd >= 0 and self.at < self.count and self.headers[self.at].msg_len > 0
+                and self.buffer[self.at * self.capacity] == KIND_FRAME)
+
+    def arm(self):
+        """For a watcher of the socket (``Subscriber.fileno()``): True when messages read
+        earlier are waiting here (the socket may have nothing more), else False: the socket's own
+        readiness then says when the next one comes."""
+        return self.fd < 0 or self.at < self.count
+
     def queued_kinds(self):
         """The kind byte of each message read from the socket but not handed out yet (0 for the
         connection's end), as bytes: whether a goodbye is already on its way."""
@@ -344,6 +355,7 @@ cdef class Inbox:
         cdef bint check_signals
         cdef pollfd watch[2]
         cdef bint reset_seen = False
+        cdef bint tried = False  # the socket was read in this call
         self.fresh = False
         if self.at < self.count:
             i = self.at
@@ -364,8 +376,9 @@ cdef class Inbox:
         while True:
             if self.fd < 0:
                 return NO_BYTES
-            if deadline is not None and self.waited:
+            if deadline is not None and self.waited and (tried or <double>deadline > monotonic()):
                 # Nothing was waiting last time either: wait first, then read (two calls, not three).
+                # (A deadline already past reads once first: receive(timeout=0) sees what is there.)
                 until = <double>deadline
                 left = until - monotonic()
                 if not left > 0:  # (a NaN deadline too)
@@ -409,6 +422,7 @@ cdef class Inbox:
                 if watch[1].revents:
                     return NO_BYTES  # woken: the owner is closing (it checks why)
             self.make_room()
+            tried = True
             got = recvmmsg(self.fd, self.headers, self.batch, MSG_DONTWAIT | MSG_CMSG_CLOEXEC, NULL)
             if got > 0:
                 self.fresh = True

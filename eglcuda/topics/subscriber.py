@@ -2,13 +2,14 @@
 (message.py), joins through joining.py, and reads each frame through its transport."""
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import os
 import threading
 import time
 import weakref
-from typing import Any, Iterable, Iterator, NoReturn
+from typing import Any, AsyncIterator, Iterable, Iterator, NoReturn
 
 from .._lifecycle import Deferral, Tracked
 from ..errors import ClosedError, Dropped, EglCudaError, PeerError, StreamDisconnected, Timeout, UsageError
@@ -18,6 +19,7 @@ from . import joining, naming, protocol, sockets, transports
 from .connection import Connection, Lost
 from .info import TopicInfo
 from .message import Message, let_go
+from .readiness import Readiness
 from .protocol import Qos, Reason
 from .transports import CudaSubscriberBackend, SubscriberBackend
 from .transports.base import UNMAP_WAIT_S
@@ -141,6 +143,8 @@ class Subscriber:
         self._held: set[Message] = set()
         self._last_seq: int | None = None  # the last frame received
         self.info: TopicInfo | None = None
+        self._ready: Readiness | None = None  # fileno()'s descriptor, made by its first call
+        self._async_waiting = False  # a receive_async() is waiting (one at a time)
         if _backend is None:
 
             _backend = CudaSubscriberBackend(device, gl_context, cuda_stream)
@@ -166,6 +170,8 @@ class Subscriber:
         joined = joining.join(self._request, self._backend, deadline, self._stop, closed_error)
         # (No reference back to the subscriber: one dropped without close() is collected at once.)
         self._conn = Connection(self.name, joined, self._stop, closed_error)
+        if self._ready is not None:
+            self._ready.watch(self._conn.fd)
         self.info = joined.info
         self._lost = None
         self._last_seq = None
@@ -190,7 +196,11 @@ class Subscriber:
             with self._busy:
                 if self._closing:
                     raise self._closed_error()
-                message = self._receive(timeout)
+                try:
+                    message = self._receive(timeout)
+                finally:
+                    if self._ready is not None:  # (watched: readable again only when something is there)
+                        self._refresh_ready()
         except BaseException as exc:
             if self._deferral.thread:  # (a close put off)
                 self._close_put_off_during_call(exc)
@@ -341,6 +351,8 @@ class Subscriber:
             let_go(message)
         conn, self._conn = self._conn, None
         if conn is not None:
+            if self._ready is not None:
+                self._ready.unwatch()  # (before the socket closes: its number may be reused)
             conn.close()
 
     # ---- the publisher coming back ------------------------------------------------------------------
@@ -357,9 +369,13 @@ class Subscriber:
             with self._busy:
                 if self._closed or self._closing:
                     raise self._closed_error()
-                if self._conn is None or self._lost is not None:
-                    self._disconnect()
-                    self._connect(time.monotonic() + wait)
+                try:
+                    if self._conn is None or self._lost is not None:
+                        self._disconnect()
+                        self._connect(time.monotonic() + wait)
+                finally:
+                    if self._ready is not None:
+                        self._refresh_ready()
         except BaseException as exc:
             if self._deferral:
                 self._close_put_off_during_call(exc)
@@ -426,6 +442,152 @@ class Subscriber:
             if previous is not None:
                 previous.release()
 
+    # ---- waiting on many: fileno(), WaitSet, asyncio ---------------------------------------------
+    def fileno(self) -> int:
+        """A descriptor that is readable whenever :meth:`receive` with ``timeout=0`` would hand
+        out a message or raise (the subscriber closed, dropped or disconnected), for
+        ``selectors``, ``select``, asyncio's ``loop.add_reader`` and :class:`eglcuda.WaitSet`. It
+        is the same descriptor for the subscriber's life (also after
+        :meth:`wait_for_publisher` joined a restarted publisher) and stays open after
+        :meth:`close` (readable: the watcher sees the close) until the subscriber is collected.
+
+        Level-triggered: after it said readable, receive with ``timeout=0`` until
+        :class:`eglcuda.Timeout`, or at least once; a message left unreceived keeps it readable.
+        Now and then it is readable with nothing to receive (a ``latest`` frame that turned
+        stale, a message the publisher sent that is not a frame): ``receive(timeout=0)`` then
+        raises :class:`eglcuda.Timeout`, and the descriptor is quiet again. The first call
+        makes it; from then on each receive leaves the subscriber declared asleep when nothing
+        is left, so that the publisher's next frame wakes the descriptor (one system call a
+        frame on each side, as a blocking :meth:`receive` that sleeps pays). Receive on one
+        thread at a time."""
+        if self._forked:
+            raise self._forked_error()
+        ready = self._ready
+        if ready is not None:
+            return ready.fileno()
+        with self._busy:
+            if self._closed:
+                raise self._closed_error()
+            if self._ready is None:
+                ready = Readiness(combine=True)
+                weakref.finalize(self, ready.close)
+                conn = self._conn
+                if conn is not None:
+                    ready.watch(conn.fd)
+                self._ready = ready
+                self._refresh_ready()
+            return self._ready.fileno()
+
+    def _refresh_ready(self) -> None:
+        """Make fileno()'s descriptor say whether something is there now (under ``_busy``):
+        readable when it is, else quiet with the ring armed so that the next frame wakes it."""
+        ready = self._ready
+        if ready is None:
+            return
+        conn = self._conn
+        if conn is None or self._lost is not None or self._closed or self._closing:
+            ready.set()
+        elif conn.pending or conn.inbox.arm():
+            ready.set()
+        else:
+            ready.clear()
+
+    def _wait_ready(self) -> "bool | BaseException":
+        """For :class:`eglcuda.WaitSet`, once fileno() said readable: True when
+        ``receive(timeout=0)`` hands out a message now, the exception it raises when it would
+        raise, False when nothing is there (then the descriptor is quiet until something comes).
+        A frame read here waits for that receive."""
+        if self._forked:
+            return self._forked_error()
+        conn = self._conn
+        if conn is not None and not self._closing and self._lost is None and (conn.pending or conn.inbox.frame_next()):
+            # The usual case, a look without the lock (the compiled look holds the GIL: a close on
+            # another thread cannot unmap the ring meanwhile): a frame's entry next in the ring, or
+            # a frame read earlier. Nothing is read, so what made the descriptor readable (the
+            # WAKE on the socket, or the due eventfd) stays so until a receive takes the frame.
+            return True
+        with self._busy:
+            if self._closed or self._closing:
+                return self._closed_error()
+            if self._lost is not None:
+                return self._lost
+            conn = self._conn
+            if conn is None:  # pragma: no cover - _lost is set whenever the connection goes
+                return self._not_connected()
+            try:
+                try:
+                    header = conn.read(None)
+                except Lost as lost:
+                    self._lost = lost.error
+                    self._disconnect()
+                    return lost.error
+                except ClosedError as exc:
+                    return exc
+                if header is None:
+                    return False
+                conn.pending.append(header)
+                return True
+            finally:
+                self._refresh_ready()
+
+    async def receive_async(self, timeout: float | None = None) -> Message:
+        """As :meth:`receive`, awaited in an asyncio event loop, which runs meanwhile (the wait
+        is ``loop.add_reader`` on :meth:`fileno`: no thread, no polling). ``timeout`` as
+        :meth:`receive` (None: the subscriber's ``timeout``). One ``receive_async`` of a
+        subscriber at a time."""
+        wait = self.timeout if timeout is None else sockets.wait_seconds(timeout)
+        loop = asyncio.get_running_loop()
+        if self._async_waiting:
+            raise UsageError(f"another receive_async() of topic {self.name!r} is waiting: await one at a time")
+        fd = self.fileno()
+        deadline = loop.time() + wait
+        self._async_waiting = True
+        try:
+            while True:
+                try:
+                    return self.receive(0)
+                except Timeout:
+                    left = deadline - loop.time()
+                    if left <= 0:
+                        raise
+                woken: asyncio.Future[None] = loop.create_future()
+                loop.add_reader(fd, _settle, woken)
+                timer = loop.call_later(left, _settle, woken)
+                try:
+                    await woken
+                finally:
+                    timer.cancel()
+                    loop.remove_reader(fd)
+        finally:
+            self._async_waiting = False
+
+    async def __aiter__(self) -> AsyncIterator[Message]:
+        """``async for message in subscriber``: messages until the publisher closes the topic,
+        through :meth:`receive_async`; each step releases the previous message if it is still
+        held (as iteration does). Drops, crashes and timeouts raise as in :meth:`receive`."""
+        if self._closed or self._closing:
+            raise self._closed_error()
+        previous = None
+        try:
+            while True:
+                if previous is not None:
+                    previous.release()
+                    previous = None
+                try:
+                    previous = await self.receive_async()
+                except Dropped as exc:
+                    if exc.code == Reason.CLOSING:
+                        return
+                    raise
+                except ClosedError:
+                    if self._closing or self._closed:
+                        return
+                    raise  # pragma: no cover - only a closed subscriber raises it
+                yield previous
+        finally:
+            if previous is not None:
+                previous.release()
+
     def close(self) -> None:
         """Say goodbye to the publisher and let go of everything (held messages become
         unusable). The goodbye waits, up to 2 s, for the GPU work queued on this subscriber's
@@ -447,6 +609,8 @@ class Subscriber:
             return
         self._closing = True
         self._stop_event.set()
+        if self._ready is not None:
+            self._ready.set()  # (a watcher hears of the close: receive() raises ClosedError now)
         with self._wake_lock:
             if self._wake_fd >= 0:
                 os.eventfd_write(self._wake_fd, 1)
@@ -543,6 +707,8 @@ class Subscriber:
             conn.inbox.close()
             conn.sock.close()
         self._close_wake_fd()
+        if self._ready is not None:
+            self._ready.close()  # (this process's copies of the parent's descriptors)
 
     def __enter__(self) -> "Subscriber":
         return self
@@ -558,6 +724,11 @@ class Subscriber:
         else:
             state = f"disconnected ({self._lost})"
         return f"<Subscriber {self.name!r} {self.qos.name.lower()}: {state}>"
+
+
+def _settle(future: "asyncio.Future[None]") -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def _closed_error(name: str) -> ClosedError:

@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+import eglcuda
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
@@ -47,3 +49,15 @@ def test_cuda_event_eglsync_sample(cuda_display):
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.splitlines()[-1].startswith("PASS: 5 rounds")
     assert "CUDA -> EGLSync: " in result.stdout and "EGLSync -> CUDA: " in result.stdout
+
+
+def test_multi_camera_sample(cuda_display):
+    pytest.importorskip("cupy")
+    if not eglcuda.available("cuda-ipc"):
+        pytest.skip("the sample needs CUDA IPC (a discrete GPU)")
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "samples" / "multi_camera.py"), "--cameras", "8", "--fps", "30", "--seconds", "3",
+         "--width", "640", "--height", "360"], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[-1] == "PASS" and lines[-2] == "  0 images with a wrong byte or payload", result.stdout

@@ -1,0 +1,324 @@
+"""Many sources into one process: what waiting on N topics costs the subscriber's process.
+
+N publisher processes (1920x1080 NV12 by default, through cuda-ipc) each publish a topic, at 30
+frames/s (each from a random phase, as cameras that are not synchronized) or flat out; one
+subscriber process takes every frame of every topic (``every``, queue 4) in one of these ways:
+
+- ``waitset``: one thread, one :class:`eglcuda.WaitSet` with every subscriber attached; each
+  "message" event is one ``receive(timeout=0)``;
+- ``threads``: a thread per topic, each in a blocking ``receive()`` (what a program did before
+  there was a wait set);
+- ``selectors``: one thread, ``selectors.DefaultSelector`` over the subscribers' ``fileno()``;
+- ``asyncio``: one event loop, a task per topic awaiting ``receive_async()``.
+
+Each message is released as soon as it is received: what is measured is eglcuda's part, waiting
+included. Per row: frames received in the timed window, the subscriber process's CPU time per
+frame and as a share of one core (``time.process_time``, every thread of the process), and the
+latency from the publisher's stamp (taken as ``publish`` starts) to the subscriber holding the
+frame (p50, p99). The 30 frames/s rows are checked against the goals: at most 30 us of CPU a frame
+for one topic, at most 5 % of one core for 32 topics through one wait set, p99 at most 200 us.
+
+    python bench/sources.py [--sources 1,8,32] [--rates 30,0] [--variants waitset,threads,selectors,asyncio]
+                            [--seconds 10] [--warmup 2] [--size 1920x1080:NV12] [--transport cuda-ipc]
+                            [--json FILE] [--quick]
+    python bench/sources.py --batcher [--sources 1,8,32] [--rates 30,0] [--seconds 10] [--quick]
+
+--batcher answers another question, with the same sources: what ``eglcuda.Batcher`` costs
+against a loop written by hand (``receive()`` from each topic, ``torch.stack`` of the DLPack
+views), both on the same publishers in one process, alternating (bench/_sources_batcher.py):
+batches/s, frames/s and the consuming process's CPU time per frame. Needs PyTorch.
+
+Needs an NVIDIA GPU with CUDA IPC (a discrete GPU) and eglcuda. Every variant is one function
+``variant(subscribers, seconds, take)`` in ``VARIANTS``; a new way of waiting is one more.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import random
+import selectors
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Any, Callable
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _script import require, run  # noqa: E402
+
+PROGRAM = "bench/sources.py"
+HERE = os.path.abspath(__file__)
+ROOT = os.path.dirname(os.path.dirname(HERE))
+GOAL_CPU_ONE_US = 30.0  # CPU per frame, one topic at 30 frames/s
+GOAL_CORE_32 = 5.0  # percent of one core, 32 topics at 30 frames/s through one wait set
+GOAL_P99_US = 200.0
+Take = Callable[[Any], None]
+
+
+# ---- the ways of waiting (the subscriber process) ---------------------------------------------
+
+def wait_set(subs: list[Any], seconds: float, take: Take) -> None:
+    import eglcuda
+
+    until = time.monotonic() + seconds
+    with eglcuda.WaitSet() as waits:
+        for sub in subs:
+            waits.attach(sub)
+        while True:
+            left = until - time.monotonic()
+            if left <= 0:
+                return
+            for event in waits.wait(left):
+                if event.kind == "message":
+                    take(event.source.receive(0))
+                elif event.kind == "error":
+                    raise event.error
+
+
+def threads(subs: list[Any], seconds: float, take: Take) -> None:
+    import eglcuda
+
+    until = time.monotonic() + seconds
+    failed: list[BaseException] = []
+
+    def loop(sub: Any) -> None:
+        try:
+            while True:
+                left = until - time.monotonic()
+                if left <= 0:
+                    return
+                try:
+                    take(sub.receive(left))
+                except eglcuda.Timeout:
+                    pass
+        except BaseException as exc:  # noqa: BLE001 - said by the main thread
+            failed.append(exc)
+
+    workers = [threading.Thread(target=loop, args=(sub,)) for sub in subs]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    if failed:
+        raise failed[0]
+
+
+def selector(subs: list[Any], seconds: float, take: Take) -> None:
+    import eglcuda
+
+    until = time.monotonic() + seconds
+    with selectors.DefaultSelector() as chosen:
+        for sub in subs:
+            chosen.register(sub, selectors.EVENT_READ)
+        while True:
+            left = until - time.monotonic()
+            if left <= 0:
+                return
+            for key, _ in chosen.select(left):
+                try:
+                    take(key.fileobj.receive(0))  # type: ignore[union-attr]
+                except eglcuda.Timeout:
+                    pass
+
+
+def event_loop(subs: list[Any], seconds: float, take: Take) -> None:
+    import eglcuda
+
+    async def one(sub: Any, until: float) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            left = until - loop.time()
+            if left <= 0:
+                return
+            try:
+                take(await sub.receive_async(left))
+            except eglcuda.Timeout:
+                pass
+
+    async def every() -> None:
+        until = asyncio.get_running_loop().time() + seconds
+        await asyncio.gather(*(one(sub, until) for sub in subs))
+
+    asyncio.run(every())
+
+
+VARIANTS: dict[str, Callable[[list[Any], float, Take], None]] = {
+    "waitset": wait_set, "threads": threads, "selectors": selector, "asyncio": event_loop}
+
+
+# ---- the processes ----------------------------------------------------------------------------
+
+def publisher_role(args: argparse.Namespace) -> int:
+    import eglcuda
+
+    width, height, fmt = parse_size(args.size)
+    with eglcuda.Publisher(args.name, width, height, fmt, path=args.path, fps=args.rate or 0,
+                           transports=[args.transport], every_timeout=30.0) as pub:
+        print("READY", flush=True)
+        period = 1.0 / args.rate if args.rate else 0.0
+        next_at = time.monotonic() + random.random() * period  # (a phase of its own)
+        while True:
+            if period:
+                pause = next_at - time.monotonic()
+                if pause > 0:
+                    time.sleep(pause)
+                next_at += period
+            frame = pub.next_frame(30.0)
+            pub.publish(frame)
+
+
+def subscriber_role(args: argparse.Namespace) -> int:
+    import eglcuda
+
+    subs = [eglcuda.Subscriber(f"s{i}", qos="every", queue=4, path=path, timeout=60, transport=args.transport)
+            for i, path in enumerate(args.paths.split(","))]
+    variant = VARIANTS[args.variant]
+    latencies: list[int] = []
+    counting = [False]
+
+    def take(message: Any) -> None:
+        woke = time.monotonic_ns()
+        if counting[0]:
+            latencies.append(woke - message.timestamp_ns)
+        message.release()
+
+    variant(subs, args.warmup, take)
+    counting[0] = True
+    cpu, wall = time.process_time(), time.monotonic()
+    variant(subs, args.seconds, take)
+    cpu, wall = time.process_time() - cpu, time.monotonic() - wall
+    counting[0] = False
+    for sub in subs:
+        sub.close()
+    values = sorted(latencies)
+    frames = len(values)
+
+    def pick(q: float) -> float:
+        return values[min(frames - 1, int(q * (frames - 1)))] / 1e3 if frames else math.nan
+
+    print("RESULT " + json.dumps({"frames": frames, "fps": frames / wall, "cpu_us": 1e6 * cpu / frames if frames else
+                                  math.nan, "core_pct": 100 * cpu / wall, "p50_us": pick(0.5), "p99_us": pick(0.99)}),
+          flush=True)
+    return 0
+
+
+def measure(variant: str, sources: int, rate: float, args: argparse.Namespace) -> dict[str, Any]:
+    """One row: ``sources`` publisher processes and one subscriber process waiting as ``variant``."""
+    common = ["--size", args.size, "--transport", args.transport]
+    with tempfile.TemporaryDirectory(prefix="eglcuda-bench-sources-") as folder:
+        paths = [os.path.join(folder, f"s{i}.topic") for i in range(sources)]
+        publishers = [subprocess.Popen([sys.executable, HERE, "--role", "pub", "--path", path, "--name", f"s{i}",
+                                        "--rate", str(rate), *common], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+                      for i, path in enumerate(paths)]
+        try:
+            for process in publishers:
+                if process.stdout is None or process.stdout.readline().strip() != "READY":
+                    raise RuntimeError(f"a publisher did not start (exit {process.wait()})")
+            subscriber = subprocess.run([sys.executable, HERE, "--role", "sub", "--paths", ",".join(paths),
+                                         "--variant", variant, "--seconds", str(args.seconds), "--warmup",
+                                         str(args.warmup), *common], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                        text=True, cwd=ROOT, timeout=args.seconds + args.warmup + 120)
+        finally:
+            for process in publishers:
+                process.send_signal(signal.SIGKILL)
+                process.wait()
+    lines = [line for line in subscriber.stdout.splitlines() if line.startswith("RESULT ")]
+    if subscriber.returncode != 0 or not lines:
+        raise RuntimeError(f"the {variant} subscriber failed: {subscriber.stderr.strip().splitlines()[-1:]}")
+    return {"variant": variant, "sources": sources, "rate": rate, **json.loads(lines[-1][7:])}
+
+
+def verdicts(row: dict[str, Any]) -> str:
+    """The goals a 30 frames/s row is held to (others: none)."""
+    if row["rate"] != 30:
+        return ""
+    said = []
+    if row["sources"] == 1:
+        said.append(f"cpu {'PASS' if row['cpu_us'] <= GOAL_CPU_ONE_US else 'FAIL'}")
+    if row["sources"] == 32 and row["variant"] == "waitset":
+        said.append(f"core {'PASS' if row['core_pct'] <= GOAL_CORE_32 else 'FAIL'}")
+    said.append(f"p99 {'PASS' if row['p99_us'] <= GOAL_P99_US else 'FAIL'}")
+    return ", ".join(said)
+
+
+def batcher_rows(args: argparse.Namespace) -> int:
+    """--batcher: bench/_sources_batcher.py's rows (a function per variant there), run in a
+    process of their own as the waiting rows' subscribers are; its exit status and one line when
+    something is missing (PyTorch, CUDA IPC)."""
+    width, height, fmt = parse_size(args.size)
+    if fmt != "NV12":
+        raise SystemExit(f"{PROGRAM}: --batcher measures NV12 topics, got --size {args.size}")
+    done = subprocess.run([sys.executable, os.path.join(os.path.dirname(HERE), "_sources_batcher.py"), "rows",
+                           "--sources", args.sources, "--fps", args.rates, "--size", f"{width}x{height}",
+                           "--duration", str(args.seconds), "--rounds", "2"], cwd=ROOT)
+    return done.returncode
+
+
+def parse_size(text: str) -> tuple[int, int, str]:
+    size, _, fmt = text.partition(":")
+    width, _, height = size.partition("x")
+    return int(width), int(height), fmt or "NV12"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sources", default="1,8,32", help="numbers of topics, e.g. 1,8,32")
+    parser.add_argument("--rates", default="30,0", help="frames/s of each publisher (0: flat out)")
+    parser.add_argument("--variants", default=",".join(VARIANTS), help=f"from {','.join(VARIANTS)}")
+    parser.add_argument("--seconds", type=float, default=10.0, help="timed seconds per row")
+    parser.add_argument("--warmup", type=float, default=2.0, help="seconds received before the timed window")
+    parser.add_argument("--size", default="1920x1080:NV12", help="WIDTHxHEIGHT:FORMAT of every topic")
+    parser.add_argument("--transport", default="cuda-ipc", help="cuda-ipc or cuda-vmm (or eglstream)")
+    parser.add_argument("--json", default=None, help="also write the rows to this file")
+    parser.add_argument("--quick", action="store_true", help="3 timed seconds a row, 1 of warm-up")
+    parser.add_argument("--batcher", action="store_true",
+                        help="the batcher's rows instead: eglcuda.Batcher against receive + torch.stack (NV12)")
+    # the roles of the processes this script spawns
+    parser.add_argument("--role", choices=["pub", "sub"], help=argparse.SUPPRESS)
+    parser.add_argument("--path", help=argparse.SUPPRESS)
+    parser.add_argument("--paths", help=argparse.SUPPRESS)
+    parser.add_argument("--name", help=argparse.SUPPRESS)
+    parser.add_argument("--rate", type=float, default=0.0, help=argparse.SUPPRESS)
+    parser.add_argument("--variant", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.role == "pub":
+        return publisher_role(args)
+    if args.role == "sub":
+        return subscriber_role(args)
+    variants = args.variants.split(",")
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        parser.error(f"unknown variants {unknown}: from {','.join(VARIANTS)}")
+    if args.quick:
+        args.seconds, args.warmup = 3.0, 1.0
+    if args.batcher:
+        return batcher_rows(args)
+    needs = ["cuda"] + (["cuda-ipc"] if args.transport == "cuda-ipc" else [])
+    needs += ["cross-process"] if args.transport == "eglstream" else []
+    require(PROGRAM, *needs, in_child=True)
+    rows = []
+    print(f"{args.size} through {args.transport}; {args.seconds:g} s a row after {args.warmup:g} s of warm-up")
+    print("| sources x rate | variant | frames/s | CPU us/frame | % of a core | p50 us | p99 us | goals |")
+    print("|---|---|---|---|---|---|---|---|")
+    for rate in [float(r) for r in args.rates.split(",")]:
+        for sources in [int(n) for n in args.sources.split(",")]:
+            for variant in variants:
+                row = measure(variant, sources, rate, args)
+                rows.append(row)
+                shown = f"{rate:g} fps" if rate else "flat out"
+                print(f"| {sources} x {shown} | {variant} | {row['fps']:.0f} | {row['cpu_us']:.1f} | "
+                      f"{row['core_pct']:.2f} | {row['p50_us']:.0f} | {row['p99_us']:.0f} | {verdicts(row)} |",
+                      flush=True)
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump(rows, out, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run(main, PROGRAM))

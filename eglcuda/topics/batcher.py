@@ -1,0 +1,555 @@
+"""Batches from many topics: :class:`Batcher` copies frames of N subscribers into one device
+buffer per plane, ``[B, H, W]`` (``[B, H, W, C]`` for packed formats), and hands out
+:class:`Batch` objects with each frame's metadata (:class:`BatchFrame`).
+
+How a batch forms: the first frame of a batch starts its formation clock; frames are taken in
+round-robin passes over the sources, one frame per source per pass, until ``batch_size`` frames
+or ``formation_timeout`` seconds after that first frame. Each source frame is copied on the
+batcher's stream and released at once; its publisher writes it again only after the copy ran on
+the GPU (docs/ordering.md). A batch buffer is written again only after every stream the batch
+was handed to has finished reading it, asked and waited for on the GPU at the batch's release.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Iterable, Iterator, Sequence
+
+import numpy as np
+
+from .._bind import cuda, cuda_egl
+from .._resource import Resource
+from ..cuda_device import CudaDevice, get_device
+from ..errors import ClosedError, Dropped, MismatchedSource, StreamDisconnected, Timeout, UsageError
+from ..frames.formats import PLANE_ALIGNMENT, ColorFormat, Layout, PlaneGeometry, _plane_geometry
+from ..frames.frame import FrameBase, Plane
+from ..frames.interop import stream_handle
+from .protocol import Reason
+from .sockets import wait_seconds
+from .subscriber import Subscriber
+from .waitset import WaitSet
+
+MAX_BATCH = 1024  # frames in one batch
+MAX_POOL = 16  # batch buffers
+
+
+class BatchFrame:
+    """One frame of a :class:`Batch`: where it came from and what its publisher said.
+
+    - ``index``: its place in the batch (row ``index`` of every plane);
+    - ``source``: the index of its subscriber in :attr:`Batcher.subscribers`; ``topic``: that
+      subscriber's topic name;
+    - ``seq``, ``timestamp_ns``, ``payload``, ``skipped``, ``received_ns``: the
+      :class:`eglcuda.Message`'s (``skipped``: frames of this source published since its previous
+      frame in a batch that this batcher did not get)."""
+
+    __slots__ = ("index", "source", "topic", "seq", "timestamp_ns", "payload", "skipped", "received_ns")
+
+    def __init__(self, index: int, source: int, topic: str, seq: int, timestamp_ns: int, payload: bytes,
+                 skipped: int, received_ns: int) -> None:
+        self.index = index
+        self.source = source
+        self.topic = topic
+        self.seq = seq
+        self.timestamp_ns = timestamp_ns
+        self.payload = payload
+        self.skipped = skipped
+        self.received_ns = received_ns
+
+    def __repr__(self) -> str:
+        return f"<BatchFrame {self.index}: source {self.source} ({self.topic!r}) seq {self.seq}>"
+
+
+class BatchPlane(Plane):
+    """One plane of a :class:`Batch`: ``count`` images of the plane's geometry, back to back
+    (rows ``pitch`` bytes apart, images ``height * pitch`` apart). A zero-copy view like a frame's
+    :class:`eglcuda.Plane`: ``torch.from_dlpack(plane)`` and ``cupy.asarray(plane)`` see shape
+    ``(count, height, width)`` or ``(count, height, width, channels)``, uint8, contiguous."""
+
+    __slots__ = ("count",)
+
+    def __init__(self, batch: "Batch", index: int, geometry: PlaneGeometry, address: int, count: int) -> None:
+        super().__init__(batch, index, geometry, address)
+        self.count = count
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        g = self.geometry
+        return (self.count, g.height, g.width, g.channels) if g.channels > 1 else (self.count, g.height, g.width)
+
+    @property
+    def strides(self) -> tuple[int, ...]:
+        g = self.geometry
+        image = g.height * g.pitch
+        return (image, g.pitch, g.channels, 1) if g.channels > 1 else (image, g.pitch, 1)
+
+    def _rows(self) -> Plane:
+        """The whole batch plane as one tall plane (``count * height`` rows), for the copies."""
+        g = self.geometry
+        return Plane(self._frame, self.index, dataclasses.replace(g, height=g.height * self.count), self._address)
+
+    def to_numpy(self) -> np.ndarray:
+        """A host copy of the batch plane, shaped like :attr:`shape` (tests and debugging)."""
+        return self._rows().to_numpy().reshape(self.shape)
+
+    def copy_from(self, data: np.ndarray) -> None:
+        """Upload host data of :attr:`shape` (uint8) into the batch plane."""
+        data = np.ascontiguousarray(data)
+        if data.dtype != np.uint8 or data.shape != self.shape:
+            raise UsageError(f"expected uint8 data of shape {self.shape}, got {data.dtype} {data.shape}")
+        g = self.geometry
+        self._rows().copy_from(data.reshape(self.count * g.height, g.row_bytes))
+
+    def copy_to_device(self, pointer: int, pitch: int, cuda_stream: Any = None) -> None:
+        """Queue a copy of the whole batch plane (``count * height`` rows) into linear device
+        memory, ``pitch`` bytes per row; ordered as :meth:`eglcuda.Plane.copy_to_device`."""
+        self._rows().copy_to_device(pointer, pitch, cuda_stream)
+
+    def copy_from_device(self, pointer: int, pitch: int, cuda_stream: Any = None) -> None:
+        """Queue a copy of ``count * height`` rows of linear device memory into the batch plane."""
+        self._rows().copy_from_device(pointer, pitch, cuda_stream)
+
+    def __repr__(self) -> str:
+        return f"<BatchPlane {self.index} {self.count}x{self.width}x{self.height}x{self.channels}>"
+
+
+class _BatchMemory(Resource):
+    """One batch buffer: every plane of ``batch_size`` images in one device allocation."""
+
+    def __init__(self, device: CudaDevice, size: int) -> None:
+        device.make_current()
+        self.pointer = cuda.mem_alloc(size, f"allocating a batch buffer of {size} bytes")
+        self._own(_free_memory, device.ordinal, self.pointer)
+
+
+def _free_memory(ordinal: int, pointer: int) -> None:
+    """Finalizer of a batch buffer. Never raises."""
+    try:
+        get_device(ordinal).make_current()
+        cuda.mem_free(pointer)
+    except Exception:  # pragma: no cover - finalizers must not raise
+        pass
+
+
+class Batch(FrameBase):
+    """A batch of frames from a :class:`Batcher`: ``planes`` (one :class:`BatchPlane` per plane
+    of the topics' format, ``size`` images each) and ``frames`` (one :class:`BatchFrame` per
+    image, in batch order). Read it on any stream, as a frame (docs/ordering.md): a DLPack
+    consumer's stream is remembered, ``__cuda_array_interface__`` counts the likely readers,
+    and other streams are named at :meth:`release`. The batch's memory is written again only
+    after those streams finished reading it. A context manager that releases it."""
+
+    __slots__ = ("_batcher", "_memory", "_slot", "frames", "size", "_planes", "_handed_to", "_released",
+                 "width", "height", "format", "layout", "pitch", "device", "__weakref__")
+
+    def __init__(self, batcher: "Batcher", memory: _BatchMemory, slot: int, frames: list[BatchFrame]) -> None:
+        self._batcher = batcher
+        self._memory = memory  # (the planes' views keep it alive through the batch)
+        self._slot = slot
+        self.frames = frames
+        self.size = len(frames)
+        self._handed_to: list[int] | None = None
+        self._released = False
+        self.width = batcher.width
+        self.height = batcher.height
+        self.format = batcher.format
+        self.layout = Layout.PITCH
+        self.pitch = batcher._layout[0][1].pitch
+        self.device = batcher.device
+        self._planes = tuple(BatchPlane(self, i, g, memory.pointer + offset, self.size)
+                             for i, (offset, g) in enumerate(batcher._layout))
+
+    @property
+    def cuda_stream(self) -> int | None:
+        """The stream the batch's copies were queued on (the batcher's)."""
+        return self._batcher.cuda_stream
+
+    @property
+    def released(self) -> bool:
+        return self._released
+
+    @property
+    def sources(self) -> list[int]:
+        """The source of each image (``frames[i].source``)."""
+        return [f.source for f in self.frames]
+
+    def _check_usable(self) -> None:
+        if self._released:
+            raise ClosedError("the batch was released; its buffer is being filled again")
+
+    def release(self, cuda_stream: Any = None) -> None:
+        """Give the batch buffer back to the batcher. Its next copies into it wait, on the GPU,
+        for every stream the batch was handed to and for ``cuda_stream`` (one more stream where
+        work on it was queued that eglcuda could not learn of: a raw pointer, a
+        ``__cuda_array_interface__`` view read on another stream). Safe to call twice."""
+        if self._released:
+            return
+        if cuda_stream is not None:
+            self._note_users((stream_handle(cuda_stream),))
+        self._batcher._give_back(self)
+
+    def __enter__(self) -> "Batch":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def __repr__(self) -> str:
+        state = " released" if self._released else ""
+        return f"<Batch of {self.size} {self.width}x{self.height} {self.format.name}{state}>"
+
+
+class Batcher:
+    """Batches of up to ``batch_size`` frames from ``subscribers`` (an nvstreammux for topics).
+
+    :param subscribers: the sources, :class:`eglcuda.Subscriber` objects (local or remote) of
+        topics with one size, format and layout, on one CUDA device; a source of another size or
+        format is refused with :class:`eglcuda.MismatchedSource`. The batcher receives from them;
+        they stay the caller's (close them after the batcher).
+    :param batch_size: the most frames in a batch (1..1024); also the images in each buffer.
+    :param formation_timeout: seconds from the first frame of a batch until the batch is handed
+        out with what it has (0: what is ready at once, after the first frame).
+    :param timeout: how long :meth:`next` waits for the first frame of a batch by default.
+    :param pool: batch buffers (1..16): how many batches may be out at once. Two let the next
+        batch's copies run while the GPU still reads the previous one.
+    :param cuda_stream: the stream the copies are queued on and batches are ordered on (None:
+        the subscribers' stream when they all share one, which spares one event per frame,
+        else a stream made for the batcher).
+
+    Collection is fair: sources are visited round-robin, one frame per source per pass, and
+    each batch starts after the source the previous one ended with, so a source that always has
+    frames waiting never keeps another's out of a batch. A source whose publisher is gone (or
+    that was closed) leaves the rotation (:attr:`ended` says why); the others go on.
+    """
+
+    def __init__(self, subscribers: Iterable[Subscriber], batch_size: int, *, formation_timeout: float = 0.04,
+                 timeout: float = 5.0, pool: int = 2, cuda_stream: Any = None) -> None:
+        self._closed = True  # (until construction is done: close() has nothing to do)
+        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or not 1 <= batch_size <= MAX_BATCH:
+            raise UsageError(f"batch_size is an int in 1..{MAX_BATCH}, got {batch_size!r}")
+        if not isinstance(pool, int) or isinstance(pool, bool) or not 1 <= pool <= MAX_POOL:
+            raise UsageError(f"pool is an int in 1..{MAX_POOL}, got {pool!r}")
+        self.formation_timeout = wait_seconds(formation_timeout, "formation_timeout")
+        self.timeout = wait_seconds(timeout, "timeout")
+        if isinstance(subscribers, (str, bytes)) or not isinstance(subscribers, Iterable):
+            raise UsageError(f"subscribers is a list of eglcuda.Subscriber, got {type(subscribers).__name__}")
+        self.subscribers: tuple[Subscriber, ...] = tuple(subscribers)
+        if not self.subscribers:
+            raise UsageError("a batcher needs at least one subscriber")
+        self.batch_size = batch_size
+        self.device: CudaDevice = self._check_sources(self.subscribers)
+        first = self.subscribers[0]
+        info = first.info
+        assert info is not None  # (_check_sources: every source is connected)
+        self.width, self.height, self.format = info.width, info.height, info.format
+        self._layout, size = _batch_layout(info.format, info.width, info.height, batch_size)
+        self._plane_shapes = tuple((g.height, g.width, g.channels) for _, g in self._layout)
+        self._own_stream = False
+        self._memory: list[_BatchMemory] = []
+        self._waitset: WaitSet | None = None
+        self.device.make_current()
+        try:
+            if cuda_stream is None:
+                shared = {s.cuda_stream for s in self.subscribers}
+                if len(shared) == 1 and None not in shared:
+                    self.cuda_stream: int = shared.pop()  # type: ignore[assignment]  # (None ruled out)
+                else:
+                    self.cuda_stream = cuda_egl.stream_create()
+                    self._own_stream = True
+            else:
+                self.cuda_stream = stream_handle(cuda_stream)
+            self._memory = [_BatchMemory(self.device, size) for _ in range(pool)]
+            self._free = list(range(pool))  # buffers whose batch was released (or never handed out)
+            self._out: dict[int, Batch] = {}
+            self._waitset = WaitSet()
+            self._attached = [self._waitset.attach(s) for s in self.subscribers]
+            self._attachments = {id(a): i for i, a in enumerate(self._attached)}
+        except BaseException:
+            self._closed = False
+            self.close()
+            raise
+        self._closed = False
+        self._cursor = 0  # the source the next batch starts its first pass with
+        self._ready = set(range(len(self.subscribers)))  # sources that may have a frame (asked first)
+        self._last_seq: list[int | None] = [None] * len(self.subscribers)
+        self.ended: dict[int, BaseException] = {}  # source index -> why it left the rotation
+        self._errors: dict[int, BaseException] = {}  # sources the wait set reported ended
+
+    @staticmethod
+    def _check_sources(subscribers: Sequence[Subscriber]) -> CudaDevice:
+        """Refuse what cannot be batched, before any driver call; the sources' CUDA device."""
+        seen: dict[int, int] = {}
+        reference = None
+        for index, sub in enumerate(subscribers):
+            if not isinstance(sub, Subscriber):
+                raise UsageError(f"subscriber {index} is a {type(sub).__name__}, not an eglcuda.Subscriber")
+            if id(sub) in seen:
+                raise UsageError(f"subscriber {index} is subscriber {seen[id(sub)]} again: give each source once")
+            seen[id(sub)] = index
+            if sub.closed:
+                raise ClosedError(f"subscriber {index} (topic {sub.name!r}) is closed")
+            info = sub.info
+            if not sub.connected or info is None:
+                raise UsageError(f"subscriber {index} (topic {sub.name!r}) is not connected to its publisher: "
+                                 "wait_for_publisher() first")
+            device = getattr(sub._backend, "device", None)
+            if device is None or getattr(sub._backend, "gl_context", None) is not None:
+                raise UsageError(f"subscriber {index} (topic {sub.name!r}) receives into GL textures; a batcher "
+                                 "takes CUDA subscribers")
+            described = (info.width, info.height, info.format, device.ordinal)
+            if reference is None:
+                reference = (sub.name, described)
+                first_device: CudaDevice = device
+                continue
+            if described != reference[1]:
+                raise MismatchedSource(_mismatch(index, sub.name, described, *reference))
+        return first_device
+
+    # ---- forming batches ---------------------------------------------------------------------
+    def next(self, timeout: float | None = None) -> Batch:
+        """The next batch: waits up to ``timeout`` seconds (None: the batcher's ``timeout``) for
+        its first frame, then up to ``formation_timeout`` for more, and returns a batch of 1 to
+        ``batch_size`` frames. Raises :class:`eglcuda.Timeout` when no frame came,
+        :class:`eglcuda.StreamDisconnected` once every source ended (the last one's reason),
+        :class:`eglcuda.UsageError` when ``pool`` batches are out unreleased."""
+        if self._closed:
+            raise ClosedError("the batcher is closed")
+        wait = self.timeout if timeout is None else wait_seconds(timeout)
+        if not self._free:
+            raise UsageError(f"{len(self._out)} batches are out, as many as the pool holds: release one first")
+        if len(self.ended) == len(self.subscribers):
+            raise self._all_ended()
+        slot = self._free[0]
+        memory = self._memory[slot]
+        frames: list[BatchFrame] = []
+        deadline = time.monotonic() + wait  # for the first frame; then the formation clock's
+        self.device.make_current()
+        while True:
+            empty = not frames
+            took = self._pass(memory.pointer, frames)
+            if empty and frames:
+                # The formation clock starts at the batch's first frame (received_ns: the same clock).
+                deadline = frames[0].received_ns / 1e9 + self.formation_timeout
+            if len(frames) == self.batch_size:
+                break
+            if took:
+                # Another pass at once; first ask (without sleeping) which other sources have
+                # frames now, or a source that always has one would be the only one asked.
+                self._wait_for_frames(None)
+                continue
+            if len(self.ended) == len(self.subscribers):
+                if frames:
+                    break
+                raise self._all_ended()
+            if not self._wait_for_frames(deadline):
+                if frames:
+                    break
+                raise Timeout(f"no frame from any of {len(self.subscribers)} sources in {wait} s")
+        self._free.pop(0)
+        batch = Batch(self, memory, slot, frames)
+        self._out[slot] = batch
+        return batch
+
+    def _pass(self, base: int, frames: list[BatchFrame]) -> bool:
+        """One round-robin pass: one frame from each source that has one ready, starting at the
+        cursor, until the batch is full. Returns whether it took any."""
+        count = len(self.subscribers)
+        took = False
+        start = self._cursor
+        for step in range(count):
+            index = (start + step) % count
+            if index not in self._ready:
+                continue
+            sub = self.subscribers[index]
+            try:
+                message = sub.receive(0)
+            except Timeout:
+                self._ready.discard(index)
+                if index in self._errors:
+                    self._end(index, self._errors[index])
+                continue
+            except (StreamDisconnected, ClosedError) as exc:
+                self._end(index, exc)
+                continue
+            try:
+                self._copy(index, message, base, frames)
+            finally:
+                message.release()
+            # Asked again only once the wait set says it has a frame (a receive that finds
+            # none costs an exception).
+            self._ready.discard(index)
+            took = True
+            self._cursor = (index + 1) % count
+            if len(frames) == self.batch_size:
+                break
+        return took
+
+    def _copy(self, index: int, message: Any, base: int, frames: list[BatchFrame]) -> None:
+        """Queue the copies of ``message``'s planes into image ``len(frames)`` of the buffer at
+        ``base``, on the batcher's stream, ordered after the frame's stream (the message's
+        release then waits for the copies: docs/ordering.md)."""
+        frame = message.frame
+        planes = frame.planes
+        shapes = tuple((p.height, p.width, p.channels) for p in planes)
+        if shapes != self._plane_shapes:
+            error = MismatchedSource(f"source {index} (topic {self.subscribers[index].name!r}) sent a frame of "
+                                     f"planes {shapes}, the batch's are {self._plane_shapes}")
+            self._end(index, error)
+            return
+        stream = self.cuda_stream
+        frame._hand_to(stream)  # our stream waits for the frame; its release waits for our copies
+        position = len(frames)
+        for plane, (offset, g) in zip(planes, self._layout):
+            target = base + offset + position * g.height * g.pitch
+            cuda.copy_2d(stream, plane._location(), ("device", target, g.pitch), g.row_bytes, g.height, False)
+        last = self._last_seq[index]
+        skipped = message.skipped if last is None else message.seq - last - 1
+        self._last_seq[index] = message.seq
+        frames.append(BatchFrame(position, index, self.subscribers[index].name, message.seq, message.timestamp_ns,
+                                 message.payload, skipped, message.received_ns))
+
+    def _wait_for_frames(self, deadline: float | None) -> bool:
+        """Sleep until a source has something (its subscriber is readable, or it ended) or
+        ``deadline`` (None: only ask, without sleeping); returns whether one woke it."""
+        waitset = self._waitset
+        assert waitset is not None
+        remaining = 0.0 if deadline is None else deadline - time.monotonic()
+        if remaining <= 0 and deadline is not None:
+            return False
+        events = waitset.wait(remaining)
+        for event in events:
+            index = self._attachments.get(id(event.attachment))
+            if index is None or index in self.ended:
+                continue
+            if event.kind == "error":
+                # Frames queued before the end are still received first: the source ends when
+                # its receive says so (or, should it have nothing more, with this error).
+                self._errors[index] = event.error or StreamDisconnected(f"source {index} ended")
+            self._ready.add(index)
+        return bool(events)
+
+    def _end(self, index: int, error: BaseException) -> None:
+        """Source ``index`` leaves the rotation, for ``error``."""
+        if index in self.ended:
+            return
+        self.ended[index] = error
+        self._ready.discard(index)
+        attachment = self._attached[index]
+        del self._attachments[id(attachment)]
+        if self._waitset is not None:
+            # (An ended subscriber's descriptor stays readable: left attached, every wait would
+            # return at once.)
+            self._waitset.detach(attachment)
+
+    def _all_ended(self) -> StreamDisconnected:
+        reasons = "; ".join(f"source {i} ({self.subscribers[i].name!r}): {e}" for i, e in sorted(self.ended.items()))
+        last = self.ended[max(self.ended)]
+        error = StreamDisconnected(f"every source of the batcher ended: {reasons}")
+        error.__cause__ = last
+        return error
+
+    def _give_back(self, batch: Batch) -> None:
+        """A batch's release: the next copies into its buffer (all on the batcher's stream) wait
+        on the GPU for every stream that read it and may still run."""
+        if batch._released:
+            return
+        batch._released = True
+        if self._out.get(batch._slot) is not batch:
+            return  # (the batcher was closed meanwhile)
+        del self._out[batch._slot]
+        readers = batch._handed_to
+        if readers and not self._closed:
+            self.device.make_current()
+            cuda.join_streams(self.cuda_stream, readers, "ordering a batch buffer after its readers")
+        self._free.append(batch._slot)
+
+    # ---- iteration and state -----------------------------------------------------------------
+    def __iter__(self) -> Iterator[Batch]:
+        """Batches until every source ended; each step releases the previous batch if it is
+        still out. Ends quietly when every source's publisher closed its topic; other ends
+        raise as in :meth:`next`."""
+        previous: Batch | None = None
+        try:
+            while True:
+                if previous is not None:
+                    previous.release()
+                try:
+                    previous = self.next()
+                except StreamDisconnected:
+                    if all(isinstance(e, Dropped) and e.code == Reason.CLOSING for e in self.ended.values()):
+                        return
+                    raise
+                yield previous
+        finally:
+            if previous is not None:
+                previous.release()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def outstanding(self) -> int:
+        """Batches handed out and not released."""
+        return len(self._out)
+
+    def close(self) -> None:
+        """Stop batching: batches still out become unusable (their memory is freed once no view
+        of it is left), the buffers and the batcher's own stream go; the subscribers stay open.
+        Safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        out = getattr(self, "_out", {})
+        for batch in out.values():
+            batch._released = True
+        self._out = {}
+        waitset, self._waitset = self._waitset, None
+        if waitset is not None:
+            waitset.close()
+        try:
+            if self._memory:
+                self.device.make_current()
+                cuda.stream_synchronize(self.cuda_stream, "finishing a batcher's copies")
+        finally:
+            for slot, memory in enumerate(self._memory):
+                if slot not in out:
+                    memory.close()
+                # (A buffer whose batch is out may still be viewed, by a tensor made from it: its
+                # memory goes when the batch and every view of it are gone.)
+            self._memory = []
+            if self._own_stream:
+                self._own_stream = False
+                cuda_egl.stream_destroy(self.cuda_stream)
+
+    def __enter__(self) -> "Batcher":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"{len(self.subscribers) - len(self.ended)} sources, {len(self._out)} out"
+        return f"<Batcher of {self.batch_size} {self.width}x{self.height} {self.format.name}: {state}>"
+
+
+def _batch_layout(fmt: ColorFormat, width: int, height: int,
+                  batch_size: int) -> tuple[tuple[tuple[int, PlaneGeometry], ...], int]:
+    """Where each plane's ``batch_size`` images go in one buffer: ((offset, geometry), ...) with
+    rows packed (pitch = the row's bytes), and the buffer's size."""
+    layout = []
+    offset = 0
+    for g in _plane_geometry(fmt, width, height, 0):
+        packed = dataclasses.replace(g, pitch=g.row_bytes)
+        layout.append((offset, packed))
+        offset += -(-packed.row_bytes * packed.height * batch_size // PLANE_ALIGNMENT) * PLANE_ALIGNMENT
+    return tuple(layout), offset
+
+
+def _mismatch(index: int, name: str, described: tuple[Any, ...], first_name: str, first: tuple[Any, ...]) -> str:
+    def words(d: tuple[Any, ...]) -> str:
+        return f"{d[0]}x{d[1]} {d[2].name} on CUDA device {d[3]}"
+
+    return (f"subscriber {index} (topic {name!r}) receives {words(described)}, subscriber 0 (topic "
+            f"{first_name!r}) {words(first)}: one batch holds frames of one size and format (scale the "
+            "source, or batch it separately)")

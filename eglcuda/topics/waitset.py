@@ -1,0 +1,254 @@
+"""Waiting on many sources in one thread: :class:`WaitSet`, one ``epoll`` set over the
+subscribers' readiness descriptors (``Subscriber.fileno()``, readiness.py) and any other
+descriptor, with deadlines and intervals kept in the set itself (the wait's timeout is the
+nearest of them: no timer thread, no polling while nothing is due)."""
+from __future__ import annotations
+
+import math
+import select
+import time
+from typing import Any, Literal
+
+from ..errors import ClosedError, UsageError
+from .subscriber import Subscriber
+
+EventKind = Literal["message", "missed", "interval", "error", "readable"]
+_MAX_EVENTS = 1024  # descriptors taken per epoll_wait (more ready ones: the next wait)
+
+
+class Attachment:
+    """One thing attached to a :class:`WaitSet`: a subscriber, another object with a descriptor,
+    or an interval. ``source`` is what was attached (None for an interval), ``deadline`` and
+    ``period`` the seconds given to :meth:`WaitSet.attach` and :meth:`WaitSet.attach_interval`."""
+
+    __slots__ = ("source", "deadline", "period", "_fd", "_subscriber", "_due", "__weakref__")
+
+    def __init__(self, source: Any, fd: int, deadline: float | None, period: float | None, now: float) -> None:
+        self.source = source
+        self.deadline = deadline
+        self.period = period
+        self._fd = fd  # -1: an interval
+        self._subscriber = isinstance(source, Subscriber)
+        # When the next "missed" or "interval" is due (monotonic seconds; inf: never).
+        step = deadline if deadline is not None else period
+        self._due = now + step if step is not None else math.inf
+
+    def __repr__(self) -> str:
+        if self._fd < 0:
+            return f"<Attachment interval {self.period:g} s>"
+        what = f" deadline {self.deadline:g} s" if self.deadline is not None else ""
+        return f"<Attachment {self.source!r}{what}>"
+
+
+class Event:
+    """What :meth:`WaitSet.wait` found: ``kind`` is
+
+    - ``"message"``: ``source.receive(timeout=0)`` hands out a message now;
+    - ``"error"``: it raises ``error`` (the subscriber was closed, dropped or disconnected:
+      :class:`eglcuda.ClosedError`, :class:`eglcuda.Dropped`, :class:`eglcuda.StreamDisconnected`);
+    - ``"missed"``: no message came within the attachment's ``deadline`` seconds (of the
+      previous message, of the attach, or of the previous "missed");
+    - ``"interval"``: an interval's period passed;
+    - ``"readable"``: an attached object that is not a subscriber has its descriptor readable.
+    """
+
+    __slots__ = ("attachment", "kind", "error")
+
+    def __init__(self, attachment: Attachment, kind: EventKind, error: BaseException | None = None) -> None:
+        self.attachment = attachment
+        self.kind = kind
+        self.error = error
+
+    @property
+    def source(self) -> Any:
+        """The subscriber or object attached (None for an interval)."""
+        return self.attachment.source
+
+    def __repr__(self) -> str:
+        error = f" {self.error!r}" if self.error is not None else ""
+        return f"<Event {self.kind} {self.attachment!r}{error}>"
+
+
+class WaitSet:
+    """Wait on any number of subscribers (local and remote alike), other descriptors, deadlines
+    and intervals in one call, in one thread::
+
+        with eglcuda.WaitSet() as waits:
+            for sub in subscribers:
+                waits.attach(sub, deadline=0.1)
+            while True:
+                for event in waits.wait(1.0):
+                    if event.kind == "message":
+                        with event.source.receive(timeout=0) as message: ...
+
+    The set is level-triggered: a subscriber whose message was not received is reported again
+    by the next :meth:`wait`, and one that failed is reported with its error until it is
+    detached (or joined again with ``wait_for_publisher``). While nothing is ready and no
+    deadline or interval is due, :meth:`wait` sleeps in the kernel and costs no CPU. Use one set
+    from one thread (attach and detach too); a subscriber may be in several sets, and it is
+    received from by the thread that waits."""
+
+    def __init__(self) -> None:
+        self._epoll: select.epoll | None = select.epoll()
+        self._by_fd: dict[int, Attachment] = {}
+        self._attachments: list[Attachment] = []
+        self._timed: list[Attachment] = []  # those with a deadline or a period
+
+    # ---- attaching -------------------------------------------------------------------------------
+    def attach(self, source: Any, *, deadline: float | None = None) -> Attachment:
+        """Attach a subscriber (``Subscriber``, ``Subscriber(remote=...)``) or any object with a
+        ``fileno()`` (or a descriptor number). ``deadline``: seconds within which the next
+        message is expected; each time none came in it, a ``"missed"`` event. Attaching the
+        same descriptor twice raises :class:`eglcuda.UsageError`."""
+        epoll = self._open()
+        if deadline is not None:
+            deadline = _seconds(deadline, "deadline")
+        if isinstance(source, int) and not isinstance(source, bool):
+            fd = source
+        elif hasattr(source, "fileno"):
+            fd = source.fileno()
+        else:
+            raise UsageError(f"attach() takes a Subscriber or an object with fileno(), got {type(source).__name__}")
+        if not isinstance(fd, int) or fd < 0:
+            raise UsageError(f"{source!r} has no open descriptor (fileno() gave {fd!r})")
+        if fd in self._by_fd:
+            raise UsageError(f"{source!r} is attached already (descriptor {fd})")
+        attachment = Attachment(source, fd, deadline, None, time.monotonic())
+        try:
+            epoll.register(fd, select.EPOLLIN)
+        except OSError as exc:
+            raise UsageError(f"{source!r} cannot be waited on: {exc.strerror}") from None
+        self._by_fd[fd] = attachment
+        self._attachments.append(attachment)
+        if deadline is not None:
+            self._timed.append(attachment)
+        return attachment
+
+    def attach_interval(self, period: float) -> Attachment:
+        """An ``"interval"`` event every ``period`` seconds, from now (a wait that comes late
+        gets one event, and the next one a period after the time it was due; periods missed
+        entirely are skipped, not bunched)."""
+        self._open()
+        attachment = Attachment(None, -1, None, _seconds(period, "period"), time.monotonic())
+        self._attachments.append(attachment)
+        self._timed.append(attachment)
+        return attachment
+
+    def detach(self, attachment: Attachment) -> None:
+        """Stop waiting on ``attachment`` (an attachment of another set, or one detached
+        already: :class:`eglcuda.UsageError`)."""
+        if attachment not in self._attachments:
+            raise UsageError(f"{attachment!r} is not attached to this wait set")
+        self._attachments.remove(attachment)
+        if attachment in self._timed:
+            self._timed.remove(attachment)
+        if attachment._fd >= 0:
+            del self._by_fd[attachment._fd]
+            if self._epoll is not None:
+                try:
+                    self._epoll.unregister(attachment._fd)
+                except (OSError, ValueError):  # (the descriptor was closed: the set forgot it)
+                    pass
+
+    def __len__(self) -> int:
+        return len(self._attachments)
+
+    @property
+    def attachments(self) -> list[Attachment]:
+        return list(self._attachments)
+
+    # ---- waiting ---------------------------------------------------------------------------------
+    def wait(self, timeout: float | None = None) -> list[Event]:
+        """Wait up to ``timeout`` seconds (None: until something happens) for any attachment to
+        be ready; return every event found ([] when the time passed first). Events of
+        descriptors come before those of deadlines and intervals that fell due in the same
+        wait; a subscriber with a message in time reports no "missed"."""
+        epoll = self._open()
+        now = time.monotonic()
+        until = math.inf if timeout is None else now + _seconds(timeout, "timeout", zero=True)
+        while True:
+            due = min((a._due for a in self._timed), default=math.inf)
+            end = min(until, due)
+            wait_s = -1.0 if end == math.inf else max(0.0, end - now)
+            ready = epoll.poll(wait_s, _MAX_EVENTS)  # (epoll rounds up to whole ms: no early wake-ups)
+            events: list[Event] = []
+            now = time.monotonic()
+            for fd, _ in ready:
+                attachment = self._by_fd.get(fd)
+                if attachment is not None:
+                    self._found(attachment, now, events)
+            if due <= now:
+                for attachment in self._timed:
+                    if attachment._due <= now:
+                        self._lapsed(attachment, now, events)
+            if events or now >= until:
+                return events
+
+    def _found(self, attachment: Attachment, now: float, events: list[Event]) -> None:
+        if not attachment._subscriber:
+            events.append(Event(attachment, "readable"))
+            if attachment.deadline is not None:
+                attachment._due = now + attachment.deadline
+            return
+        state = attachment.source._wait_ready()
+        if state is False:
+            return  # (nothing after all; the descriptor is quiet again)
+        if state is True:
+            events.append(Event(attachment, "message"))
+            if attachment.deadline is not None:
+                attachment._due = now + attachment.deadline
+        else:
+            events.append(Event(attachment, "error", state))
+            attachment._due = math.inf  # (no "missed" for a source that failed: its error says it)
+
+    def _lapsed(self, attachment: Attachment, now: float, events: list[Event]) -> None:
+        if attachment._fd < 0:
+            period = attachment.period
+            assert period is not None
+            events.append(Event(attachment, "interval"))
+            attachment._due += period
+            if attachment._due <= now:  # (late by whole periods: skip them)
+                attachment._due += period * math.ceil((now - attachment._due) / period + 1e-12)
+                if attachment._due <= now:
+                    attachment._due = now + period
+            return
+        deadline = attachment.deadline
+        assert deadline is not None
+        events.append(Event(attachment, "missed"))
+        attachment._due = now + deadline
+
+    # ---- the end ----------------------------------------------------------------------------------
+    def _open(self) -> select.epoll:
+        if self._epoll is None:
+            raise ClosedError("the wait set is closed")
+        return self._epoll
+
+    def close(self) -> None:
+        """Detach everything and close the set's descriptor (idempotent). The sources stay open."""
+        epoll, self._epoll = self._epoll, None
+        if epoll is not None:
+            epoll.close()
+        self._by_fd.clear()
+        self._attachments.clear()
+        self._timed.clear()
+
+    @property
+    def closed(self) -> bool:
+        return self._epoll is None
+
+    def __enter__(self) -> "WaitSet":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<WaitSet {len(self._attachments)} attached{', closed' if self._epoll is None else ''}>"
+
+
+def _seconds(value: Any, what: str, zero: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or \
+            not (value >= 0 if zero else value > 0):
+        bound = "0 or more" if zero else "more than 0"
+        raise UsageError(f"{what} is {bound} seconds, got {value!r}")
+    return float(value)

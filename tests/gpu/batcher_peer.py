@@ -1,0 +1,292 @@
+"""The batching process of the batcher tests (tests/gpu/test_batcher.py on a GPU,
+tests/unit/topics/test_batcher_fakecuda.py on the stand-in libcuda), a fresh interpreter:
+
+    python tests/gpu/batcher_peer.py batch --source NAME:PATH:SEED ... --batch-size B --count N
+    python tests/gpu/batcher_peer.py misuse --source NAME:PATH:SEED ...
+
+The publishers are tests/gpu/topics_peer.py processes, whose frames are a function of (seed,
+seq): every byte of every image of every batch is checked against that. Each batch is reported
+as a JSON line on stdout ("batch": sources, seqs, skipped, timings, what differed).
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import sys
+import time
+
+import numpy as np
+
+import eglcuda
+from topics_peer import content, payload_of, say
+
+
+def subscribers(args) -> list:
+    out = []
+    for spec in args.source:
+        name, path, _ = spec.split(":")
+        out.append(eglcuda.Subscriber(name, qos=args.qos, queue=args.queue, timeout=args.timeout, path=path,
+                                      transport=args.transport))
+    return out
+
+
+def seeds(args) -> list[int]:
+    return [int(spec.split(":")[2]) for spec in args.source]
+
+
+def check_batch(batch, source_seeds: list[int]) -> list[str]:
+    """Every byte of every image, and each payload: what differed (empty: nothing)."""
+    wrong = []
+    planes = [plane.to_numpy() for plane in batch.planes]
+    for item in batch.frames:
+        seed = source_seeds[item.source]
+        if item.payload != payload_of(item.seq, seed):
+            wrong.append(f"image {item.index}: payload {item.payload!r}")
+        want = content([p.shape[1:] for p in planes], seed, item.seq)
+        for index, (plane, expected) in enumerate(zip(planes, want)):
+            bad = int(np.count_nonzero(plane[item.index] != expected))
+            if bad:
+                wrong.append(f"image {item.index} (source {item.source} seq {item.seq}) plane {index}: "
+                             f"{bad} of {expected.size} bytes differ")
+    return wrong
+
+
+class SlowReader:
+    """Reads each batch on a side stream behind a spin kernel, copies it out there, releases the
+    batch before the GPU ran either, and checks the copy later: the batcher must not write the
+    buffer again before the reading ended (CuPy; a raw-pointer reader that names its stream)."""
+
+    def __init__(self, milliseconds: float) -> None:
+        import cupy
+
+        self.cupy = cupy
+        self.nanoseconds = int(milliseconds * 1e6)
+        self.stream = cupy.cuda.Stream(non_blocking=True)
+        self.spin = cupy.RawKernel(r'''
+        extern "C" __global__ void spin(const unsigned char *data, unsigned long long nanoseconds, unsigned int *sink) {
+            unsigned long long start, now;
+            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+            unsigned int acc = 0;
+            do {
+                acc += data[threadIdx.x];
+                asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+            } while (now - start < nanoseconds);
+            if (acc == 0xFFFFFFFFu) { sink[0] = acc; }
+        }''', "spin")
+        self.sink = cupy.zeros(1, cupy.uint32)
+
+    def read_and_release(self, batch, via: str) -> tuple[list, bool]:
+        """Copies of the batch's planes, queued behind the spin on the side stream; the batch is
+        released before they ran. Returns (copies, whether the stream was still busy at release)."""
+        cupy = self.cupy
+        with self.stream:
+            if via == "dlpack":
+                views = [cupy.from_dlpack(plane) for plane in batch.planes]  # the stream is remembered
+            else:
+                views = [cupy.asarray(plane) for plane in batch.planes]
+            self.spin((1,), (32,), (views[0], cupy.uint64(self.nanoseconds), self.sink))
+            copies = [view.copy() for view in views]
+        busy = not self.stream.done
+        batch.release(cuda_stream=None if via == "dlpack" else self.stream.ptr)
+        return copies, busy
+
+
+def batch(args) -> int:
+    subs = subscribers(args)
+    source_seeds = seeds(args)
+    say(event="ready", transports=[s.transport for s in subs])
+    if args.prefill_ms:
+        time.sleep(args.prefill_ms / 1e3)  # the sources' queues fill meanwhile
+    reader = SlowReader(args.slow_reader_ms) if args.slow_reader_ms else None
+    fake = ctypes.CDLL("libcuda.so.1") if args.fake_hold or args.hand_to_held else None
+    batcher = eglcuda.Batcher(subs, args.batch_size, formation_timeout=args.formation_ms / 1e3, pool=args.pool,
+                              timeout=args.timeout)
+    if args.fake_hold:
+        fake.fake_cuda_hold(ctypes.c_void_p(batcher.cuda_stream), 1)
+    say(event="batcher", stream=batcher.cuda_stream, own_stream=batcher._own_stream)
+    made = 0
+    pending = None  # (report, copies, frames) of the slow reader's batch not checked yet
+    wall, cpu = time.monotonic(), time.process_time()
+    try:
+        while made < args.count:
+            started = time.monotonic_ns()
+            try:
+                b = batcher.next()
+            except eglcuda.StreamDisconnected as exc:
+                say(event="ended", error=str(exc), ended={str(k): str(v) for k, v in batcher.ended.items()})
+                break
+            returned = time.monotonic_ns()
+            report = dict(event="batch", size=b.size, sources=[f.source for f in b.frames],
+                          seqs=[f.seq for f in b.frames], skipped=[f.skipped for f in b.frames],
+                          timestamps=[f.timestamp_ns for f in b.frames],
+                          shapes=[list(p.shape) for p in b.planes],
+                          call_ms=(returned - started) / 1e6,
+                          formed_ms=(returned - b.frames[0].received_ns) / 1e6)
+            if args.fake_hold:
+                # Sources released before this returned: their streams wait for the batcher's
+                # (held: its copies "still run"), so the publishers wait for the copies.
+                report["sources_wait_for_copies"] = [not _idle(fake, s.cuda_stream) for s in subs]
+            if args.torch:
+                report["torch"] = _torch_views(b)
+            if reader is not None:
+                # The previous batch's reading is checked only now, after this batch's copies
+                # were queued into the same buffer (pool 1): they must have waited for it.
+                if pending is not None:
+                    _finish_reading(reader, pending, source_seeds)
+                    made += 1
+                copies, busy = reader.read_and_release(b, args.via)
+                report["busy_at_release"] = busy
+                pending = (report, copies, list(b.frames))
+                continue
+            else:
+                report["wrong"] = [] if args.no_check else check_batch(b, source_seeds)
+                if args.hand_to_held:
+                    _hand_to_held(fake, b, report)
+                b.release()
+            say(**report)
+            made += 1
+            if args.fake_hold:  # the copies "ran": the publishers may write those slots again
+                fake.fake_cuda_hold(ctypes.c_void_p(batcher.cuda_stream), 0)
+                fake.fake_cuda_hold(ctypes.c_void_p(batcher.cuda_stream), 1)
+            if args.sleep_ms:
+                time.sleep(args.sleep_ms / 1e3)
+        if pending is not None:  # (one batch more than counted: no batch came after it)
+            reader.stream.synchronize()
+    finally:
+        if fake is not None:
+            fake.fake_cuda_hold(ctypes.c_void_p(batcher.cuda_stream), 0)
+        ended = dict(batcher.ended)
+        batcher.close()
+        for sub in subs:
+            sub.close()
+    say(event="done", batches=made, wall_s=time.monotonic() - wall, cpu_s=time.process_time() - cpu,
+        ended={str(k): type(v).__name__ for k, v in ended.items()})
+    return 0
+
+
+def _torch_views(b) -> dict:
+    """PyTorch and CuPy take each batch plane without a copy: same address, shape [B, H, W(, C)],
+    and the bytes the batch holds."""
+    import cupy
+    import torch
+
+    out = {"same_memory": True, "same_bytes": True}
+    for plane in b.planes:
+        tensor = torch.from_dlpack(plane)
+        array = cupy.asarray(plane)
+        out["same_memory"] &= tensor.data_ptr() == plane.pointer == array.data.ptr
+        out["same_memory"] &= tuple(tensor.shape) == tuple(array.shape) == plane.shape
+        out["same_bytes"] &= bool(np.array_equal(tensor.cpu().numpy(), plane.to_numpy()))
+    return out
+
+
+def _idle(fake, stream) -> bool:
+    return fake.cuStreamQuery(ctypes.c_void_p(stream)) == 0
+
+
+def _hand_to_held(fake, b, report) -> None:
+    """Hand the batch to a stream held busy (DLPack's stream=); its release must leave the
+    batcher's stream waiting for it (fake libcuda)."""
+    stream = eglcuda._bind.cuda.stream_create(non_blocking=True)
+    try:
+        fake.fake_cuda_hold(ctypes.c_void_p(stream), 1)
+        b.planes[0].__dlpack__(stream=stream)
+        fake.fake_cuda_hold(ctypes.c_void_p(b.cuda_stream), 0)
+        before = not _idle(fake, b.cuda_stream)
+        b.release()
+        report["batcher_waits_for_reader"] = (not before) and not _idle(fake, b.cuda_stream)
+        fake.fake_cuda_hold(ctypes.c_void_p(stream), 0)
+    finally:
+        eglcuda._bind.cuda.stream_destroy(stream)
+
+
+def _finish_reading(reader, pending, source_seeds) -> None:
+    """Wait for the slow reader's copies of a batch, check them, report the batch."""
+    report, copies, frames = pending
+    reader.stream.synchronize()
+    report["wrong"] = _check_copies(copies, frames, source_seeds)
+    say(**report)
+
+
+def _check_copies(copies, frames, source_seeds) -> list[str]:
+    wrong = []
+    host = [c.get() for c in copies]
+    for item in frames:
+        want = content([h.shape[1:] for h in host], source_seeds[item.source], item.seq)
+        for index, (plane, expected) in enumerate(zip(host, want)):
+            bad = int(np.count_nonzero(plane[item.index] != expected))
+            if bad:
+                wrong.append(f"image {item.index} (source {item.source} seq {item.seq}) plane {index}: {bad} bytes "
+                             "differ (written again before it was read?)")
+    return wrong
+
+
+def misuse(args) -> int:
+    """Bad input: what each call raised (type and message), before any batch."""
+    subs = subscribers(args)
+    results = {}
+
+    def attempt(label, call):
+        try:
+            made = call()
+        except Exception as exc:  # the test asserts on the type and the words
+            results[label] = [type(exc).__name__, str(exc)]
+        else:
+            made.close()
+            results[label] = ["ok", ""]
+
+    attempt("batch_size_0", lambda: eglcuda.Batcher(subs[:1], 0))
+    attempt("batch_size_bool", lambda: eglcuda.Batcher(subs[:1], True))
+    attempt("no_subscribers", lambda: eglcuda.Batcher([], 4))
+    attempt("not_a_subscriber", lambda: eglcuda.Batcher(["topic"], 4))
+    attempt("twice", lambda: eglcuda.Batcher([subs[0], subs[0]], 4))
+    attempt("pool_0", lambda: eglcuda.Batcher(subs[:1], 4, pool=0))
+    attempt("formation_negative", lambda: eglcuda.Batcher(subs[:1], 4, formation_timeout=-1))
+    attempt("mixed", lambda: eglcuda.Batcher(subs, 4))
+    with eglcuda.Batcher(subs[:1], 2, pool=1) as b:
+        first = b.next()
+        try:
+            b.next()
+        except Exception as exc:
+            results["pool_exhausted"] = [type(exc).__name__, str(exc)]
+        first.release()
+        try:
+            first.planes
+        except Exception as exc:
+            results["released_batch"] = [type(exc).__name__, str(exc)]
+    closed = subs[0]
+    closed.close()
+    attempt("closed_subscriber", lambda: eglcuda.Batcher([closed], 4))
+    for sub in subs:
+        sub.close()
+    say(event="misuse", results=results)
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("role", choices=["batch", "misuse"])
+    parser.add_argument("--source", action="append", required=True, help="NAME:PATH:SEED of a topic")
+    parser.add_argument("--qos", default="every")
+    parser.add_argument("--queue", type=int, default=4)
+    parser.add_argument("--transport", default="auto")
+    parser.add_argument("--timeout", type=float, default=20.0)
+    parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--formation-ms", type=float, default=40.0)
+    parser.add_argument("--pool", type=int, default=2)
+    parser.add_argument("--count", type=int, default=10, help="batches to form")
+    parser.add_argument("--prefill-ms", type=float, default=0.0, help="sleep this long before the first batch")
+    parser.add_argument("--sleep-ms", type=float, default=0.0, help="time spent on each batch")
+    parser.add_argument("--no-check", action="store_true")
+    parser.add_argument("--slow-reader-ms", type=float, default=0.0,
+                        help="read each batch on a side stream behind a kernel this long, release, check (CuPy)")
+    parser.add_argument("--via", default="dlpack", choices=["dlpack", "cai"], help="how the slow reader takes views")
+    parser.add_argument("--torch", action="store_true", help="take each batch's planes with PyTorch and CuPy")
+    parser.add_argument("--fake-hold", action="store_true", help="stand-in libcuda: keep the batcher's stream busy")
+    parser.add_argument("--hand-to-held", action="store_true", help="stand-in libcuda: hand each batch to a busy stream")
+    args = parser.parse_args()
+    return {"batch": batch, "misuse": misuse}[args.role](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

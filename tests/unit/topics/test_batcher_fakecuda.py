@@ -1,0 +1,145 @@
+"""eglcuda.Batcher on the stand-in libcuda (tests/fakes/driver/fake_cuda.c): real publisher
+processes (tests/gpu/topics_peer.py), a batching process (tests/gpu/batcher_peer.py) that checks
+every byte of every image of every batch, and the order of events: round-robin collection, the
+formation clock starting at a batch's first frame, metadata, refusals, and the GPU-side order of
+releases (a source frame waits for its copy; a batch buffer waits for its readers). The fake has
+no asynchrony: tests/gpu/test_batcher.py shows the same order with real kernels."""
+from __future__ import annotations
+
+import pytest
+
+from ...gpu.batcher_kit import Sources, folder, run  # noqa: F401  (fixture)
+from .test_fakecuda import env  # noqa: F401  (fixture)
+
+
+@pytest.fixture
+def sources(env, folder):  # noqa: F811
+    made = Sources(env, folder)
+    yield made
+    made.stop()
+
+
+def test_every_byte_and_metadata_of_batches_from_three_sources(sources):
+    """Three NV12 topics; each image of each batch is its source's frame of that seq, byte for
+    byte; seqs per source rise without gaps (every), skipped is 0, timestamps rise, and the
+    planes are [B, H, W] and [B, H/2, W/2, 2]."""
+    for seed in (11, 12, 13):
+        sources.add(seed, rate=200)
+    batches = run(sources.batcher("batch", "--batch-size", "3", "--count", "20", "--formation-ms", "200"), 20)
+    per_source: dict[int, list[int]] = {}
+    for b in batches:
+        assert b["shapes"] == [[b["size"], 48, 64], [b["size"], 24, 32, 2]], b
+        for source, seq, skipped in zip(b["sources"], b["seqs"], b["skipped"]):
+            per_source.setdefault(source, []).append(seq)
+            if len(per_source[source]) > 1:
+                assert skipped == 0, b
+    assert sorted(per_source) == [0, 1, 2]
+    for seqs in per_source.values():
+        assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), per_source
+    stamps = [t for b in batches for t in b["timestamps"]]
+    assert len(stamps) == sum(b["size"] for b in batches) >= 40
+
+
+def test_a_source_that_always_has_frames_never_keeps_another_out(sources):
+    """Two sources flat out with full queues (every, queue 8, the batcher starting late): each
+    batch of 4 takes them in turn (a, b, a, b) while both have frames queued (the 8 queued each
+    fill 4 batches); a batcher draining one source first would fill batches with one source."""
+    sources.add(21, rate=0)
+    sources.add(22, rate=0)
+    batches = run(sources.batcher("batch", "--batch-size", "4", "--count", "4", "--queue", "8",
+                                  "--prefill-ms", "500", "--formation-ms", "500"), 4)
+    for b in batches:
+        assert b["size"] == 4 and b["sources"] in ([0, 1, 0, 1], [1, 0, 1, 0]), b
+
+
+def test_a_slow_source_beside_a_flood_loses_no_frame(sources):
+    sources.add(31, rate=0)
+    sources.add(32, rate=40)
+    """A flood (always 8 frames queued) beside 40 frames/s, 10 ms spent on each batch: the slow
+    source's frames all get in, in order, none held back behind the flood's."""
+    batches = run(sources.batcher("batch", "--batch-size", "4", "--count", "50", "--queue", "8",
+                                  "--formation-ms", "100", "--sleep-ms", "10"), 50)
+    slow = [seq for b in batches for source, seq in zip(b["sources"], b["seqs"]) if source == 1]
+    assert slow == list(range(slow[0], slow[0] + len(slow))), slow
+    # 50 batches take over 0.5 s: about 20 frames of the slow source were published meanwhile.
+    assert len(slow) >= 12, slow
+    assert all(b["sources"].count(0) >= 2 for b in batches), batches
+
+
+def test_the_formation_clock_starts_at_the_first_frame(sources):
+    """One source at 5 frames/s, batches of 4, formation timeout 50 ms: each batch holds one
+    frame and is handed out about 50 ms after that frame came; the calls themselves wait far
+    longer (for the first frame), which a clock started at the call would cut short."""
+    sources.add(41, rate=5)
+    batches = run(sources.batcher("batch", "--batch-size", "4", "--count", "6", "--formation-ms", "50"), 6)
+    for b in batches:
+        assert b["size"] == 1, b
+        assert 45 <= b["formed_ms"] <= 150, b
+    assert max(b["call_ms"] for b in batches[1:]) > 100, batches
+
+
+def test_a_released_source_frame_waits_for_its_copy_and_a_batch_buffer_for_its_reader(sources):
+    """With the batcher's stream held busy, each source frame of a batch has been released with
+    its subscriber's stream waiting for the batcher's (the publisher then waits for the copy);
+    the sources not in the batch stay idle. A batch handed to a busy stream (DLPack) leaves the
+    batcher's stream waiting for that stream at its release."""
+    sources.add(51, rate=100)
+    sources.add(52, rate=100)
+    batches = run(sources.batcher("batch", "--batch-size", "1", "--count", "6", "--fake-hold", "--no-check"), 6)
+    for b in batches:
+        in_batch = set(b["sources"])
+        assert b["sources_wait_for_copies"] == [i in in_batch for i in range(2)], b
+    batches = run(sources.batcher("batch", "--batch-size", "2", "--count", "4", "--hand-to-held"), 4)
+    assert all(b["batcher_waits_for_reader"] for b in batches), batches
+
+
+def test_bad_input_is_refused_with_the_reason(sources):
+    sources.add(61, rate=100)
+    sources.add(62, rate=100, width=32)
+    peer = sources.batcher("misuse")
+    try:
+        results = peer.wait_for(lambda m: m["event"] == "misuse")["results"]
+    finally:
+        peer.stop()
+    expected = {
+        "batch_size_0": ("UsageError", "batch_size is an int"),
+        "batch_size_bool": ("UsageError", "batch_size is an int"),
+        "no_subscribers": ("UsageError", "at least one subscriber"),
+        "not_a_subscriber": ("UsageError", "not an eglcuda.Subscriber"),
+        "twice": ("UsageError", "give each source once"),
+        "pool_0": ("UsageError", "pool is an int"),
+        "formation_negative": ("UsageError", "formation_timeout"),
+        "mixed": ("MismatchedSource", "32x48 NV12"),
+        "pool_exhausted": ("UsageError", "release one first"),
+        "released_batch": ("ClosedError", "released"),
+        "closed_subscriber": ("ClosedError", "is closed"),
+    }
+    for label, (kind, words) in expected.items():
+        assert results[label][0] == kind and words in results[label][1], (label, results[label])
+
+
+def test_a_source_that_closes_leaves_the_rotation_and_the_others_go_on(sources):
+    """Source 0's publisher closes its topic after 5 s, source 1's after 8 s: the batcher goes
+    on with source 1 alone, sleeping between its frames (no busy loop on the ended source's
+    descriptor), loses none of its frames, and once both closed says every source ended."""
+    sources.add(71, rate=100, frames=500)
+    sources.add(72, rate=50, frames=400)
+    peer = sources.batcher("batch", "--batch-size", "2", "--count", "100000", "--formation-ms", "30")
+    try:
+        peer.wait_for(lambda m: m["event"] == "batcher")
+        for publisher in sources.peers:
+            publisher.send("bye")  # topics_peer.py's publisher closes its topic after its frames
+        done = peer.wait_for(lambda m: m["event"] == "done")
+        ended = peer.wait_for(lambda m: m["event"] == "ended")
+    finally:
+        peer.stop()
+    batches = [m for m in peer.messages if m.get("event") == "batch"]
+    assert all(not b["wrong"] for b in batches)
+    assert any(0 in b["sources"] for b in batches), (batches[:3], done, peer.stderr())
+    last_of_0 = max(i for i, b in enumerate(batches) if 0 in b["sources"])
+    later = batches[last_of_0 + 1:]
+    assert len(later) >= 50 and all(set(b["sources"]) == {1} for b in later), later
+    seqs = [seq for b in batches for source, seq in zip(b["sources"], b["seqs"]) if source == 1]
+    assert seqs == list(range(seqs[0], 400)), seqs
+    assert done["ended"] == {"0": "Dropped", "1": "Dropped"} and "every source" in ended["error"], (done, ended)
+    assert done["cpu_s"] < 0.5 * done["wall_s"], done

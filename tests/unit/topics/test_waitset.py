@@ -1,0 +1,561 @@
+"""Waiting on many topics in one thread: ``Subscriber.fileno()``, :class:`eglcuda.WaitSet` and
+``receive_async`` / ``async for``, on the null transport: frames through the frame ring as
+cuda-ipc and cuda-vmm hand them over ("ring"), or announced by socket as to an EGLStream
+subscriber ("socket"). Remote subscribers: tests/gpu/test_waitset.py."""
+from __future__ import annotations
+
+import asyncio
+import gc
+import hashlib
+import os
+import random
+import resource
+import select
+import selectors
+import signal
+import socket
+import threading
+import time
+
+import pytest
+
+import eglcuda
+from eglcuda.topics import _ring, protocol
+from eglcuda.topics.protocol import Reason
+
+from .helpers import ENV, NullPublisherBackend, Peer, open_fds, pattern, subscriber
+from ...json_peer import JsonPeer
+
+PEER = os.path.join(os.path.dirname(__file__), "waitset_peer.py")
+
+
+@pytest.fixture(params=[True, False], ids=["ring", "socket"])
+def ring(request):
+    return request.param
+
+
+def publisher(path, ring, name="t", **options):
+    options.setdefault("_backend", NullPublisherBackend(message_only=ring))
+    return eglcuda.Publisher(name, 64, 32, "Y", path=path, **options)
+
+
+def put(pub, payload: bytes, timeout=5.0) -> int:
+    frame = pub.next_frame(timeout)
+    frame.data[:] = pattern(payload)
+    return pub.publish(frame, payload=payload)
+
+
+def readable(fd: int) -> bool:
+    return bool(select.select([fd], [], [], 0)[0])
+
+
+def paths(folder, count):
+    return [os.path.join(folder, f"t{i}.topic") for i in range(count)]
+
+
+def cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+# ---- fileno() and receive(timeout=0) ---------------------------------------------------------------
+
+def test_fileno_is_readable_exactly_while_a_message_waits(path, ring):
+    """Random publishes, receives with timeout=0 and releases: after each step the descriptor is
+    readable if and only if a frame waits, and receive(timeout=0) hands it out at once (in order,
+    with its bytes); a Timeout leaves the descriptor quiet."""
+    rng = random.Random(5 + ring)
+    with publisher(path, ring) as pub, subscriber(path, qos="every", queue=8) as sub:
+        fd = sub.fileno()
+        assert fd == sub.fileno() and not readable(fd)
+        sent, held, got = [], [], []
+        for step in range(600):
+            action = rng.random()
+            if action < 0.4 and len(sent) - len(got) + len(held) < 8:
+                payload = rng.randbytes(rng.choice([0, 5, _ring.INLINE_PAYLOAD + 3]))
+                sent.append((put(pub, payload), payload))
+            elif action < 0.8 and len(held) < 8:
+                started = time.monotonic()
+                try:
+                    message = sub.receive(0)
+                except eglcuda.Timeout:
+                    assert len(got) == len(sent), f"step {step}: a frame waited, receive(timeout=0) found none"
+                else:
+                    assert (message.seq, message.payload) == sent[len(got)]
+                    assert message.frame.data == pattern(message.payload)
+                    got.append(message.seq)
+                    held.append(message)
+                assert time.monotonic() - started < 0.5
+            elif held:
+                held.pop(rng.randrange(len(held))).release()
+            assert readable(fd) == (len(got) < len(sent)), f"step {step}: {len(sent) - len(got)} waiting"
+        assert len(got) > 100
+        for message in held:
+            message.release()
+
+
+def test_receive_timeout_0_sees_a_frame_after_earlier_timeouts_and_the_end(path, ring):
+    """receive(timeout=0) asks the connection every time: after timeouts, a frame that came is
+    handed out and the publisher's close raises Dropped, each at once."""
+    with publisher(path, ring) as pub, subscriber(path, qos="every") as sub:
+        for _ in range(3):
+            with pytest.raises(eglcuda.Timeout):
+                sub.receive(0)
+        seq = put(pub, b"x")
+        with sub.receive(0) as message:
+            assert message.seq == seq and message.frame.data == pattern(b"x")
+        pub.close()
+        started = time.monotonic()
+        with pytest.raises(eglcuda.Dropped) as caught:
+            sub.receive(0)
+        assert caught.value.code == Reason.CLOSING and time.monotonic() - started < 0.5
+
+
+def test_fileno_costs_nothing_until_asked_and_goes_with_the_subscriber(path):
+    def settle(pub):  # (the publisher reads the goodbyes as it works)
+        for _ in range(5):
+            put(pub, b"")
+            time.sleep(0.02)
+
+    with publisher(path, True) as pub:
+        subscriber(path).close()
+        settle(pub)
+        before = open_fds()
+        sub = subscriber(path)
+        opened = open_fds() - before
+        fd = sub.fileno()
+        assert open_fds() - before == opened + 2  # (its epoll set and its eventfd)
+        sub.close()
+        assert readable(fd)  # a watcher sees the close
+        with pytest.raises(eglcuda.ClosedError):
+            sub.receive(0)
+        del sub
+        gc.collect()
+        settle(pub)
+        assert open_fds() == before
+
+
+def test_a_forked_child_cannot_wait_on_the_parents_subscriber(path):
+    with publisher(path, True), subscriber(path) as sub:
+        sub.fileno()
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                try:
+                    sub.fileno()
+                except eglcuda.UsageError:
+                    code = 0
+                sub.close()
+            finally:
+                os._exit(code)
+        assert os.waitpid(pid, 0)[1] == 0
+        assert not readable(sub.fileno())
+
+
+# ---- WaitSet ----------------------------------------------------------------------------------
+
+def test_a_wait_set_wakes_on_any_and_reports_each_ready_subscriber(folder, ring):
+    rng = random.Random(11)
+    topics = paths(folder, 5)
+    pubs = [publisher(p, ring) for p in topics]
+    subs = [subscriber(p, qos="every", queue=4) for p in topics]
+    try:
+        with eglcuda.WaitSet() as waits:
+            attached = [waits.attach(sub) for sub in subs]
+            assert len(waits) == 5 and waits.wait(0) == []
+            for _ in range(60):
+                chosen = rng.sample(range(5), rng.randint(1, 3))
+                sent = {}
+                for i in chosen:
+                    payload = rng.randbytes(8)
+                    sent[i] = (put(pubs[i], payload), payload)
+                events = waits.wait(5)
+                assert sorted(subs.index(e.source) for e in events) == sorted(chosen)
+                for event in events:
+                    assert event.kind == "message" and event.error is None
+                    assert event.attachment is attached[subs.index(event.source)]
+                    with event.source.receive(0) as message:
+                        assert (message.seq, message.payload) == sent[subs.index(event.source)]
+                        assert message.frame.data == pattern(message.payload)
+                assert waits.wait(0) == []
+            waits.detach(attached[0])
+            put(pubs[0], b"gone")
+            assert waits.wait(0.05) == [] and len(waits) == 4
+    finally:
+        for sub in subs:
+            sub.close()
+        for pub in pubs:
+            pub.close()
+
+
+def test_a_message_not_received_is_reported_again(path, ring):
+    with publisher(path, ring) as pub, subscriber(path, qos="every") as sub, eglcuda.WaitSet() as waits:
+        waits.attach(sub)
+        put(pub, b"a")
+        assert [e.kind for e in waits.wait(5)] == ["message"]
+        assert [e.kind for e in waits.wait(0)] == ["message"]  # (level-triggered)
+        with sub.receive(0) as message:
+            assert message.payload == b"a"
+        assert waits.wait(0) == []
+
+
+def test_deadlines_say_missed_only_while_no_message_comes(folder):
+    first, second = paths(folder, 2)
+    with publisher(first, True) as pub, publisher(second, True, name="u"), \
+            subscriber(first) as sub, subscriber(second, name="u") as other, eglcuda.WaitSet() as waits:
+        watched = waits.attach(sub, deadline=0.2)
+        waits.attach(other)  # (no deadline: never "missed")
+        put(pub, b"1")
+        assert [e.kind for e in waits.wait(5)] == ["message"]
+        sub.receive(0).release()
+        last = time.monotonic()
+        for _ in range(2):
+            events = waits.wait(5)
+            now = time.monotonic()
+            assert [(e.kind, e.attachment) for e in events] == [("missed", watched)]
+            assert 0.18 <= now - last < 1.0
+            last = now
+        put(pub, b"2")
+        assert [e.kind for e in waits.wait(5)] == ["message"]  # (a message, not a missed deadline)
+        sub.receive(0).release()
+        assert waits.wait(0.1) == []  # (the deadline counts from the message)
+
+
+def test_intervals_tick_without_bunching(path):
+    with publisher(path, True) as pub, subscriber(path) as sub, eglcuda.WaitSet() as waits:
+        tick = waits.attach_interval(0.05)
+        waits.attach(sub)
+        started, ticks, messages = time.monotonic(), [], 0
+        while time.monotonic() - started < 0.5:
+            if messages < 3:
+                put(pub, b"m")
+            for event in waits.wait(1):
+                if event.kind == "interval":
+                    assert event.attachment is tick and event.source is None
+                    ticks.append(time.monotonic())
+                else:
+                    assert event.kind == "message"
+                    sub.receive(0).release()
+                    messages += 1
+        assert 7 <= len(ticks) <= 11 and messages == 3
+        assert all(b - a >= 0.04 for a, b in zip(ticks, ticks[1:]))
+        time.sleep(0.3)  # (six periods late: one event, the next a period on)
+        assert [e.kind for e in waits.wait(0)] == ["interval"]
+        assert waits.wait(0) == []
+
+
+def test_other_descriptors_attach_and_bad_input_is_refused(path):
+    left, right = socket.socketpair()
+    with left, right, publisher(path, True), subscriber(path) as sub, eglcuda.WaitSet() as waits:
+        plain = waits.attach(left)
+        assert waits.wait(0) == []
+        right.send(b"x")
+        (event,) = waits.wait(1)
+        assert (event.kind, event.source, event.attachment) == ("readable", left, plain)
+        with pytest.raises(eglcuda.UsageError):
+            waits.attach(left)
+        with pytest.raises(eglcuda.UsageError):
+            waits.attach(object())
+        for bad in (0, -1, float("nan"), "1", True):
+            with pytest.raises(eglcuda.UsageError):
+                waits.attach(sub, deadline=bad)
+            with pytest.raises(eglcuda.UsageError):
+                waits.attach_interval(bad)
+        with pytest.raises(eglcuda.UsageError):
+            waits.wait(-1)
+        waits.detach(plain)
+        with pytest.raises(eglcuda.UsageError):
+            waits.detach(plain)
+        assert len(waits) == 0
+    with pytest.raises(eglcuda.ClosedError):
+        waits.wait(0)
+
+
+# ---- errors -----------------------------------------------------------------------------------
+
+def test_a_subscriber_closed_by_another_thread_wakes_the_set_with_its_error(path, ring):
+    with publisher(path, ring), subscriber(path) as sub, eglcuda.WaitSet() as waits:
+        waits.attach(sub, deadline=5)
+        timer = threading.Timer(0.1, sub.close)
+        timer.start()
+        started = time.monotonic()
+        (event,) = waits.wait(5)
+        assert event.kind == "error" and isinstance(event.error, eglcuda.ClosedError)
+        assert time.monotonic() - started < 2
+        timer.join()
+        assert [e.kind for e in waits.wait(0)] == ["error"]  # (until detached)
+
+
+def test_a_dropped_subscriber_reports_its_frames_then_the_drop(path, ring):
+    with publisher(path, ring, pool=8, every_timeout=0.2) as pub, subscriber(path, qos="every", queue=2) as sub, \
+            eglcuda.WaitSet() as waits:
+        waits.attach(sub)
+        for i in range(4):
+            put(pub, b"%d" % i)  # (the third waits every_timeout, then drops it)
+        assert [d.code for d in pub.dropped] == ["QUEUE_FULL"]
+        got = []
+        for _ in range(10):
+            (event,) = waits.wait(5)
+            if event.kind == "error":
+                break
+            with sub.receive(0) as message:
+                got.append(message.payload)
+        assert got == [b"0", b"1"]
+        assert isinstance(event.error, eglcuda.Dropped) and event.error.code == Reason.QUEUE_FULL
+        with pytest.raises(eglcuda.Dropped):
+            sub.receive(0)
+
+
+def test_a_killed_publisher_shows_as_an_error_and_a_restarted_one_on_the_same_descriptor(path):
+    first = Peer("publish", "--path", path, "--frames", "1", "--ring")
+    try:
+        first.wait_for(lambda m: m["event"] == "ready")
+        with subscriber(path, qos="every") as sub, eglcuda.WaitSet() as waits:
+            fd = sub.fileno()
+            waits.attach(sub)
+            os.kill(first.process.pid, signal.SIGKILL)
+            first.process.wait(10)
+            (event,) = waits.wait(5)
+            assert event.kind == "error" and isinstance(event.error, eglcuda.StreamDisconnected)
+            assert "gone" in str(event.error)
+            second = Peer("publish", "--path", path, "--rate", "100", "--ring")
+            try:
+                second.wait_for(lambda m: m["event"] == "ready")
+                sub.wait_for_publisher(10)
+                assert sub.fileno() == fd
+                got = []
+                while len(got) < 3:
+                    for event in waits.wait(5) or pytest.fail("no frame of the restarted publisher"):
+                        assert event.kind == "message", event
+                        with sub.receive(0) as message:
+                            assert message.frame.data == pattern(message.payload)
+                            got.append(message.payload)
+                instance = sub.info.instance
+                assert all(payload.startswith(f"{instance}:".encode()) for payload in got)
+            finally:
+                second.stop()
+    finally:
+        first.stop()
+
+
+# ---- selectors and asyncio ------------------------------------------------------------------------
+
+def test_selectors_and_asyncio_readers_over_fileno(folder, ring):
+    topics = paths(folder, 3)
+    pubs = [publisher(p, ring) for p in topics]
+    subs = [subscriber(p, qos="every", queue=4) for p in topics]
+    try:
+        with selectors.DefaultSelector() as selector:
+            for sub in subs:
+                selector.register(sub, selectors.EVENT_READ)
+            put(pubs[1], b"s")
+            (key, _), = selector.select(5)
+            assert key.fileobj is subs[1]
+            subs[1].receive(0).release()
+            assert selector.select(0) == []
+
+        async def take(sub, count):
+            out = []
+            for _ in range(count):
+                async with _released(await sub.receive_async(5)) as message:
+                    assert message.frame.data == pattern(message.payload)
+                    out.append(message.payload)
+            return out
+
+        async def main():
+            loop = asyncio.get_running_loop()
+            for i, pub in enumerate(pubs):
+                for k in range(3):
+                    loop.call_later(0.01 * (k + 1) + 0.003 * i, put, pub, b"%d:%d" % (i, k))
+            return await asyncio.gather(*(take(sub, 3) for sub in subs))
+
+        assert asyncio.run(main()) == [[b"%d:%d" % (i, k) for k in range(3)] for i in range(3)]
+    finally:
+        for sub in subs:
+            sub.close()
+        for pub in pubs:
+            pub.close()
+
+
+class _released:
+    def __init__(self, message):
+        self.message = message
+
+    async def __aenter__(self):
+        return self.message
+
+    async def __aexit__(self, *exc):
+        self.message.release()
+
+
+def test_receive_async_times_out_and_refuses_a_second_waiter(path):
+    with publisher(path, True), subscriber(path) as sub:
+        async def main():
+            started = time.monotonic()
+            with pytest.raises(eglcuda.Timeout):
+                await sub.receive_async(0.1)
+            assert 0.09 <= time.monotonic() - started < 1
+            waiting = asyncio.ensure_future(sub.receive_async(1))
+            await asyncio.sleep(0.01)
+            with pytest.raises(eglcuda.UsageError, match="one at a time"):
+                await sub.receive_async(1)
+            waiting.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await waiting
+            with pytest.raises(eglcuda.Timeout):  # (the cancelled one let go of the descriptor)
+                await sub.receive_async(0.01)
+
+        asyncio.run(main())
+
+
+def test_async_for_ends_when_the_publisher_closes(path, ring):
+    pub = publisher(path, ring)
+    with subscriber(path, qos="every", queue=8) as sub:
+        async def main():
+            loop = asyncio.get_running_loop()
+            for k in range(5):
+                loop.call_later(0.01 * (k + 1), put, pub, b"%d" % k)
+            loop.call_later(0.1, pub.close)
+            got = []
+            async for message in sub:
+                assert message.frame.data == pattern(message.payload)
+                got.append(message.payload)
+            return got
+
+        assert asyncio.run(main()) == [b"%d" % k for k in range(5)]
+        assert sub.held == 0
+
+
+# ---- waiting costs nothing; no wake-up is lost --------------------------------------------------------
+
+def test_idle_waits_cost_no_cpu(folder):
+    """Idle publishers in other processes; in this one, for 10 s: a WaitSet of four idle
+    subscribers, a blocking receive and an asyncio loop awaiting three more. The process uses
+    almost no CPU (no timer, no polling)."""
+    topics = paths(folder, 8)
+    peers = [Peer("publish", "--path", p, "--frames", "1", *(["--ring"] if i % 2 else [])) for i, p in enumerate(topics)]
+    subs = []
+    try:
+        for peer in peers:
+            peer.wait_for(lambda m: m["event"] == "done")
+        subs = [subscriber(p, qos="every") for p in topics]
+        for sub in subs:
+            sub.fileno()
+        waits = eglcuda.WaitSet()
+        for sub in subs[:4]:
+            waits.attach(sub, deadline=60)
+        waits.attach_interval(60)
+
+        def blocking():
+            with pytest.raises(eglcuda.Timeout):
+                subs[4].receive(10)
+
+        async def idle(sub):
+            with pytest.raises(eglcuda.Timeout):
+                await sub.receive_async(10)
+
+        async def loop_body():
+            await asyncio.gather(*(idle(sub) for sub in subs[5:]))
+
+        threads = [threading.Thread(target=blocking), threading.Thread(target=lambda: asyncio.run(loop_body()))]
+        before, started = cpu_seconds(), time.monotonic()
+        for thread in threads:
+            thread.start()
+        assert waits.wait(10) == []
+        for thread in threads:
+            thread.join(15)
+        used, elapsed = cpu_seconds() - before, time.monotonic() - started
+        assert elapsed >= 9.9
+        assert used < 0.1, f"{used:.3f} s of CPU in {elapsed:.1f} s of waiting"
+        waits.close()
+    finally:
+        for sub in subs:
+            sub.close()
+        for peer in peers:
+            peer.stop()
+
+
+def spin(rng: random.Random) -> None:
+    until = time.perf_counter() + rng.random() * 60e-6
+    while time.perf_counter() < until:
+        pass
+
+
+@pytest.mark.parametrize("mode, ring, topics", [("waitset", True, 1), ("waitset", True, 3), ("waitset", False, 3),
+                                                ("selectors", True, 1), ("async", True, 2)])
+def test_no_wake_up_is_lost(folder, mode, ring, topics):
+    """Lost wake-up race, as tests/unit/topics/test_ring.py's for a blocking receive: a subscriber
+    process waits on its topics at once (a WaitSet, selectors or asyncio), sleeping in every wait,
+    and receives with timeout=0 after a random moment of work. The publishers here send bursts of
+    one to three frames, a random moment apart, so that a frame lands anywhere in the moment the
+    subscriber declares itself asleep, then wait until every frame was received and released: a
+    frame whose wake-up was lost is never received (no later frame comes to wake it), and the
+    burst times out. Random payloads, some past a ring entry. Every frame of every topic arrives,
+    in order, with its bytes."""
+    count, rng = 4500 // topics, random.Random(hash((mode, ring, topics)) & 0xFFFF)
+    where = paths(folder, topics)
+    pubs = [publisher(p, ring, every_timeout=10.0) for p in where]
+    peer = JsonPeer([PEER, mode, str(count), "3", *where], env=ENV)
+    try:
+        assert peer.wait_for(lambda m: m["event"] == "ready")["ring"] == [ring] * topics
+        deadline = time.monotonic() + 10
+        while not all(pub.subscribers for pub in pubs) and time.monotonic() < deadline:
+            for pub in pubs:
+                pub.discard(pub.next_frame(1))
+        digests, firsts, sent = [hashlib.sha256() for _ in pubs], [None] * topics, [0] * topics
+        while min(sent) < count:
+            for i in rng.sample(range(topics), topics):
+                for _ in range(min(rng.randint(1, 3), count - sent[i])):
+                    spin(rng)
+                    payload = rng.randbytes(rng.choice([0, 9, 100, 300, _ring.INLINE_PAYLOAD + 1]))
+                    seq = put(pubs[i], payload, timeout=10)
+                    firsts[i] = seq if firsts[i] is None else firsts[i]
+                    digests[i].update(len(payload).to_bytes(4, "little") + payload)
+                    sent[i] += 1
+            deadline = time.monotonic() + 5
+            while any(s.outstanding for pub in pubs for s in pub.subscribers):
+                assert time.monotonic() < deadline, f"a frame was never received (a lost wake-up), {peer.messages[-2:]}"
+                time.sleep(0.0001)
+        result = peer.wait_for(lambda m: m["event"] in ("done", "failed"), timeout=60)
+        assert result["event"] == "done", result
+        assert result["seqs"] == [list(range(f, f + count)) for f in firsts]
+        assert result["sha256"] == [d.hexdigest() for d in digests] and result["wrong"] == 0
+        assert all(pub.dropped == [] for pub in pubs)
+    finally:
+        peer.stop()
+        for pub in pubs:
+            pub.close()
+
+
+# ---- the benchmark, on the stand-in libcuda ---------------------------------------------------------
+
+def test_the_sources_bench_measures_each_variant():
+    """bench/sources.py on the stand-in libcuda (tests/fakes): publisher processes through
+    cuda-ipc, one row per variant, each with frames received at about the publishers' rate.
+    Checks that the measurement runs and reports what it says, not any figure."""
+    import json
+    import pathlib
+    import subprocess
+    import sys
+    import tempfile
+
+    from ...fakes import build as fake_build
+
+    if fake_build.compiler() is None:
+        pytest.skip("no C compiler for the fake libcuda")
+    root = pathlib.Path(__file__).resolve().parents[3]
+    with tempfile.TemporaryDirectory(prefix="eglcuda-bench-sources-") as folder:
+        fake_build.build_libcuda(folder)
+        env = {**ENV, "LD_LIBRARY_PATH": folder, "__EGL_VENDOR_LIBRARY_FILENAMES": "/nonexistent.json"}
+        out = os.path.join(folder, "rows.json")
+        done = subprocess.run([sys.executable, str(root / "bench" / "sources.py"), "--sources", "2", "--rates", "30",
+                               "--seconds", "1", "--warmup", "0.5", "--size", "64x48:NV12", "--json", out],
+                              env=env, cwd=str(root), capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        rows = json.loads(pathlib.Path(out).read_text())
+    assert [r["variant"] for r in rows] == ["waitset", "threads", "selectors", "asyncio"]
+    for row in rows:
+        assert row["sources"] == 2 and 40 <= row["fps"] <= 75, row
+        assert row["cpu_us"] > 0 and row["p50_us"] <= row["p99_us"]
+    assert "| 2 x 30 fps | waitset |" in done.stdout
