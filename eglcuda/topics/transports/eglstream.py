@@ -225,14 +225,18 @@ class EglStreamSubscriber(SubscriberTransport):
         consumer = self.consumer
         if consumer is None:
             raise ClosedError("the subscriber's EGLStream consumer is not connected (attach() not done, or closed)")
+        tried = False
         while True:
             left_us = int((deadline - time.monotonic()) * 1e6)
-            if left_us <= 0:
+            if left_us <= 0 and tried:
                 raise Timeout(f"frame {frame.seq} was announced but did not arrive on the EGLStream in time")
+            tried = True
             try:
                 # In steps of at most 200 ms: a GL consumer sets the stream's timeout attribute
-                # whenever the value changes, so a steady value saves an EGL call per frame.
-                got = consumer.acquire(timeout_us=min(left_us, ACQUIRE_STEP_US))
+                # whenever the value changes, so a steady value saves an EGL call per frame. A
+                # deadline already passed (receive(timeout=0), a wait set's ready subscriber) still
+                # asks once: the frame announced is on the stream by now, or nearly.
+                got = consumer.acquire(timeout_us=max(0, min(left_us, ACQUIRE_STEP_US)))
             except Timeout:
                 if stop is not None and stop():
                     raise ClosedError(f"stopped waiting for frame {frame.seq}: closed by another thread") from None
