@@ -10,6 +10,7 @@ subscriber checks every byte. The key comes from the environment (EGLCUDA_REMOTE
 from __future__ import annotations
 
 import argparse
+import asyncio
 import faulthandler
 import os
 import signal
@@ -48,6 +49,31 @@ def relay(args) -> int:
     return 0
 
 
+def _waiting_receive(sub, how: str):
+    """``receive(timeout)`` done as a program that waits on many would: a wait on the subscriber
+    (a WaitSet, or asyncio's receive_async), then ``receive(timeout=0)``; an error event raises."""
+    if how == "asyncio":
+        return lambda timeout: asyncio.run(sub.receive_async(timeout))
+    waits = eglcuda.WaitSet()
+    waits.attach(sub)
+
+    def receive(timeout):
+        end = time.monotonic() + timeout
+        while True:
+            left = end - time.monotonic()
+            if left <= 0:
+                raise eglcuda.Timeout("no frame came through the wait set in time")
+            for event in waits.wait(left):
+                if event.kind == "error":
+                    raise event.error
+                try:
+                    return sub.receive(0)
+                except eglcuda.Timeout:
+                    pass  # (a descriptor readable with nothing to receive: rare, and allowed)
+
+    return receive
+
+
 def subscribe(args) -> int:
     threads, fds = threading.active_count(), open_fds()
     try:
@@ -66,10 +92,11 @@ def subscribe(args) -> int:
     held = []
     got = 0
     started = time.monotonic()
+    receive = _waiting_receive(sub, args.wait) if args.wait else sub.receive
     try:
         while args.count == 0 or got < args.count:
             try:
-                message = sub.receive(args.receive_timeout or args.timeout)
+                message = receive(args.receive_timeout or args.timeout)
             except eglcuda.Timeout as exc:
                 say(event="timeout", reason=str(exc))
                 if args.stop_on_timeout:
@@ -425,6 +452,8 @@ def main() -> int:
     parser.add_argument("--hold", type=int, default=0)
     parser.add_argument("--sleep-ms", type=float, default=0.0)
     parser.add_argument("--rejoin", action="store_true")
+    parser.add_argument("--wait", choices=["", "waitset", "asyncio"], default="",
+                        help="subscribe: wait on the subscriber (a WaitSet, or receive_async), then receive(timeout=0)")
     parser.add_argument("--rejoin-timeout", type=float, default=0.0)
     parser.add_argument("--close-during-rejoin-ms", type=float, default=0.0)
     parser.add_argument("--late-copy-ms", type=float, default=0.0)

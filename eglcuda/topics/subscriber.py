@@ -500,11 +500,13 @@ class Subscriber:
         if self._forked:
             return self._forked_error()
         conn = self._conn
-        if conn is not None and not self._closing and self._lost is None and (conn.pending or conn.inbox.frame_next()):
-            # The usual case, a look without the lock (the compiled look holds the GIL: a close on
-            # another thread cannot unmap the ring meanwhile): a frame's entry next in the ring, or
-            # a frame read earlier. Nothing is read, so what made the descriptor readable (the
-            # WAKE on the socket, or the due eventfd) stays so until a receive takes the frame.
+        if (conn is not None and not self._closing and self._lost is None and self.qos is Qos.EVERY
+                and (conn.pending or conn.inbox.frame_next())):
+            # The usual case of an ``every`` subscriber, a look without the lock (the compiled look
+            # holds the GIL: a close on another thread cannot unmap the ring meanwhile): a frame's
+            # entry next in the ring, or a frame read earlier. Nothing is read, so what made the
+            # descriptor readable (the WAKE on the socket, or the due eventfd) stays so until a
+            # receive takes the frame. (A ``latest`` frame may be stale: the read below says.)
             return True
         with self._busy:
             if self._closed or self._closing:
@@ -515,18 +517,24 @@ class Subscriber:
             if conn is None:  # pragma: no cover - _lost is set whenever the connection goes
                 return self._not_connected()
             try:
-                try:
-                    header = conn.read(None)
-                except Lost as lost:
-                    self._lost = lost.error
-                    self._disconnect()
-                    return lost.error
-                except ClosedError as exc:
-                    return exc
+                if conn.pending and self.qos is Qos.EVERY:
+                    return True
+                header = conn.pending.popleft() if conn.pending else conn.read(None)
                 if header is None:
                     return False
+                if self.qos is Qos.LATEST:  # (as receive does: a frame already stale is passed over)
+                    header = conn.newest(header, self._skip)
+                    if header.seq < conn.notice:
+                        self._skip(header)
+                        return False
                 conn.pending.append(header)
                 return True
+            except ClosedError as exc:
+                return exc
+            except Lost as lost:
+                self._lost = lost.error
+                self._disconnect()
+                return lost.error
             finally:
                 self._refresh_ready()
 

@@ -428,3 +428,26 @@ def test_integrity_and_encrypted_frames_arrive_byte_for_byte_and_a_stricter_subs
     for sub in subs:
         sub.wait_for(lambda m: m["event"] == "done")
         _frames_ok(sub)
+
+
+@pytest.mark.parametrize("wait", ["waitset", "asyncio"])
+def test_a_remote_subscriber_waits_through_a_wait_set_and_asyncio(cluster, wait):
+    """A remote subscriber's fileno(), in a WaitSet or under asyncio's receive_async: every frame,
+    in order, every byte; a relay whose publisher is killed shows as an error event (the
+    subscriber hears StreamDisconnected through the wait), then a restarted publisher is joined
+    again on the same descriptor."""
+    publisher = cluster.publisher(rate=200)
+    relay, address = cluster.relay("--qos", "every", "--queue", "8")
+    sub = cluster.subscriber(address, "--qos", "every", "--count", "0", "--wait", wait, "--rejoin", "--timeout", "10")
+    sub.wait_for(lambda m: m["event"] == "ready")
+    sub.wait_for(lambda m: len(sub.got()) >= 60)
+    publisher.kill()
+    gone = sub.wait_for(lambda m: m["event"] == "disconnected", timeout=20)
+    assert gone["kind"] in ("StreamDisconnected", "Dropped"), gone
+    count = len(sub.got())
+    cluster.publisher(rate=200)
+    sub.wait_for(lambda m: m["event"] == "rejoined", timeout=30)
+    sub.wait_for(lambda m: len(sub.got()) >= count + 30, timeout=30)
+    _frames_ok(sub)
+    first = [m["seq"] for m in sub.got()[:count]]
+    assert first == list(range(first[0], first[0] + count))
