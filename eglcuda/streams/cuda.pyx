@@ -292,6 +292,7 @@ cdef class CudaProducer(Resource):
     cdef unsigned long long returned_key
     cdef int failed_call
     cdef bint reuse, connected
+    cdef int fifo_length  # the stream's (0: mailbox)
     # The stream is shared with another process (or opened on another GPU's display): a present
     # naming the legacy default stream waits for that stream's work on the host first, because the
     # driver does not order it (see eglcuda_legacy_sync in csrc/helpers.c).
@@ -346,6 +347,7 @@ cdef class CudaProducer(Resource):
         self._own(_driver.disconnect, <uintptr_t>self.ctx, "producer", self._connection, 0, parent=stream)
         self.conn = <CUeglStreamConnection *><uintptr_t>_driver.connection_address(self._connection)
         self.reuse = bool(stream.reuse_last_frame)
+        self.fifo_length = stream.fifo_length
         self.shared = stream._shared()
         self.connected = True
         self.link.connected = True
@@ -417,13 +419,21 @@ cdef class CudaProducer(Resource):
             gate_leave(&self.gate)
 
     def present_and_return(self, frame, cuda_stream=None, timeout_us=0):
-        """:meth:`present` ``frame``, then :meth:`return_frame` (waiting up to ``timeout_us``), in
-        a single call into the driver layer: the step of a producer that cycles a ring of frames,
-        cheaper than the two calls. Returns the frame taken back, or None."""
+        """:meth:`present` ``frame``, then take a frame back (waiting up to ``timeout_us``), in a
+        single call into the driver layer: the step of a producer that cycles a ring of frames,
+        cheaper than the two calls. Returns the frame taken back, or None.
+
+        With ``timeout_us=0`` a frame is asked for only when one is due: once every frame this
+        producer presented is in flight again, or more are in flight than the stream's FIFO holds
+        (always in mailbox mode). Asking earlier takes frames back while the consumer is still busy
+        with the ones before: on driver 580 that made a two-thread loop about 1.5x slower a frame.
+        A frame not asked for comes back at a later step or from :meth:`return_frame`. With a
+        ``timeout_us`` above 0 the call always waits for one, as :meth:`return_frame` does."""
         cdef unsigned long long wait_us = read_timeout(timeout_us)
         cdef FrameCore core
         cdef CUstream *stream_box
         cdef CUresult status
+        cdef bint take_back
         gate_enter(&self.gate, "producer")
         try:
             known = self._ready(frame, cuda_stream)
@@ -433,23 +443,37 @@ cdef class CudaProducer(Resource):
                 self._join_writers(core, stream_box[0])
             if self.reuse and not self.flying:
                 # After this present the stream keeps the newest frame: with reuse on and nothing
-                # else in flight nothing can come back, so one try is enough.
-                wait_us = 0
+                # else in flight nothing can come back.
+                take_back = False
+            else:
+                take_back = wait_us != 0 or self._return_due(known)
             self.presents_started += 1
             with nogil:
                 status = legacy_first(self.shared and is_legacy(stream_box[0]), self.ctx, &self.failed_call)
                 if status == CUDA_SUCCESS:
-                    status = hot.producer_present_return(self.ctx, self.conn, &core.egl, stream_box, &self.returned,
-                                                     &self.return_stream, wait_us, &self.returned_key,
-                                                     &self.failed_call)
+                    if take_back:
+                        status = hot.producer_present_return(self.ctx, self.conn, &core.egl, stream_box,
+                                                             &self.returned, &self.return_stream, wait_us,
+                                                             &self.returned_key, &self.failed_call)
+                    else:
+                        status = hot.producer_present(self.ctx, self.conn, &core.egl, stream_box, &self.failed_call)
             if status and self.failed_call != EGLCUDA_CALL_RETURN:  # the synchronize, the context or the present
                 raise self._present_failure(status)
             self._presented(core, known)
+            if not take_back:
+                return None
             if status:
                 return self._return_failed(status, wait_us)
             return self._take_returned()
         finally:
             gate_leave(&self.gate)
+
+    cdef inline bint _return_due(self, bint known):
+        """Whether a present that asks for no wait should also ask for a frame back (see
+        :meth:`present_and_return`): counted as if the present being made had succeeded."""
+        cdef Py_ssize_t in_flight = self.flying + 1
+        cdef Py_ssize_t frames = len(self.associated) + (0 if known else 1)
+        return in_flight >= frames or in_flight > self.fifo_length
 
     # ---- the steps around the driver calls (inside the gate) -------------------------------------
     cdef bint _ready(self, frame, cuda_stream) except -1:

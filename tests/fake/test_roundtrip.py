@@ -580,6 +580,7 @@ def test_producer_before_consumer_and_misuse_of_acquired_frames():
 # ---- the legacy default stream on a stream shared with another process ----------------------------
 
 SYNCHRONIZE = "cuStreamSynchronize"
+RETURN = "cuEGLStreamProducerReturnFrame"
 
 
 @pytest.mark.parametrize("shared", [False, True], ids=["this-process", "shared"])
@@ -701,3 +702,42 @@ def test_a_failed_legacy_synchronize_in_the_fused_calls():
         with pytest.raises(eglcuda.CUDAError) as info:
             producer.present(ring[2])
         assert info.value.call == SYNCHRONIZE and not isinstance(info.value, eglcuda.StreamDisconnected)
+
+
+@pytest.mark.parametrize("fifo_length", [0, 2, 4], ids=["mailbox", "fifo2", "fifo4"])
+@fake_driver_test
+def test_present_and_return_asks_for_a_frame_only_when_one_is_due(fifo_length):
+    """With no wait asked, ``present_and_return`` asks the driver for a frame back only once every
+    frame this producer presented is in flight again, or more are in flight than the FIFO holds
+    (always in mailbox mode); with a wait it always asks. A pool of 6 cycled by a consumer that
+    keeps up: every byte arrives in order, and the producer never runs dry."""
+    random = rng()
+    with stream_of(16, 8, fifo_length=fifo_length) as (_, stream, producer, consumer):
+        pool = [producer.allocate_frame() for _ in range(6)]
+        free = list(pool)
+        asked = []
+        for step in range(40):
+            assert free, f"step {step}: the pool ran dry"
+            frame = free.pop(0)
+            expected = fill_random(frame, random)
+            in_flight_after = producer.in_flight + 1
+            known_after = min(6, step + 1)
+            before = fake.calls(RETURN)
+            back = producer.present_and_return(frame, timeout_us=0)
+            asks = fake.calls(RETURN) - before
+            due = in_flight_after >= known_after or in_flight_after > fifo_length
+            if step == 0:  # reuse on and nothing else in flight: nothing can come back
+                due = False
+            assert asks == (1 if due else 0), (step, in_flight_after, known_after)
+            asked.append(asks)
+            if back is not None:
+                free.append(back)
+            with consumer.acquire(timeout_us=1_000_000) as acquired:
+                assert_frame_equals(acquired, expected)
+        assert 0 < sum(asked) < 40 if fifo_length else sum(asked) == 39
+        # A wait asked for always asks, also with frames known to be free.
+        frame = free.pop(0)
+        before = fake.calls(RETURN)
+        producer.present_and_return(frame, timeout_us=1_000)
+        assert fake.calls(RETURN) - before >= 1
+        consumer.acquire(timeout_us=1_000_000).release()
