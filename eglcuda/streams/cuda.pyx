@@ -11,9 +11,10 @@ changed signature or constant fails at build time. The per-frame calls release t
 driver and allocate nothing in the common case; checks, messages and rare paths are ordinary
 methods below.
 """
+from cpython.list cimport PyList_GET_ITEM, PyList_SET_ITEM
 from cpython.long cimport PyLong_AsLongLongAndOverflow
 from cpython.pythread cimport PyThread_get_thread_ident
-from cpython.ref cimport PyObject, _Py_REFCNT
+from cpython.ref cimport Py_INCREF, Py_XDECREF, PyObject, _Py_REFCNT
 from libc.stdint cimport uint64_t, uintptr_t
 from libc.string cimport memset
 from posix.time cimport CLOCK_REALTIME, clock_gettime, timespec
@@ -57,6 +58,8 @@ MAX_FRAMES_IN_FLIGHT = EGLCUDA_MAX_FRAMES_IN_FLIGHT
 DEFAULT_ACQUIRE_TIMEOUT_US = EGLCUDA_DEFAULT_ACQUIRE_TIMEOUT_US
 cdef enum:
     MAX_TIMEOUT_US = 0x7FFFFFFF  # what the driver's unsigned int microseconds take, kept positive
+    FLIGHT_MASK = EGLCUDA_MAX_FRAMES_IN_FLIGHT - 1  # the in-flight ring's slots (a power of two)
+assert EGLCUDA_MAX_FRAMES_IN_FLIGHT & FLIGHT_MASK == 0, "the in-flight ring needs a power of two slots"
 
 cdef class CudaConsumer
 
@@ -190,8 +193,13 @@ cdef bint gate_wait(Gate *gate, str endpoint, const timespec *deadline) except -
     return True
 
 
-cdef int gate_enter(Gate *gate, str endpoint) except -1:
-    """Enter (GIL held); when another thread is inside, wait for it without the GIL."""
+cdef inline int gate_enter(Gate *gate, str endpoint) except -1:
+    """Enter (GIL held); when another thread is inside, wait for it without the GIL. The common
+    case is inlined into every per-frame call: two flags read, two fields written."""
+    if not gate.busy and not gate.waiters:
+        gate.busy = 1
+        gate.owner = PyThread_get_thread_ident()
+        return 0
     gate_wait(gate, endpoint, NULL)
     return 0
 
@@ -211,17 +219,22 @@ cdef bint gate_enter_within(Gate *gate, str endpoint, double timeout_s) except -
     return gate_wait(gate, endpoint, &deadline)
 
 
-cdef void gate_leave(Gate *gate) noexcept:
-    """Leave (GIL held). With waiters, hand the gate over instead of opening it, and wake them: a
+cdef void gate_hand_over(Gate *gate) noexcept:
+    """Leave with waiters (GIL held): hand the gate over instead of opening it, and wake them. A
     waiter checks the flags with the mutex held before it sleeps and the wake-up is sent with the
     mutex held, so none is missed."""
+    atomic_store(&gate.leaves, gate.leaves + 1)
+    atomic_store(&gate.handoff, 1)
+    pthread_mutex_lock(&gate.mutex)
+    pthread_cond_broadcast(&gate.cond)
+    pthread_mutex_unlock(&gate.mutex)
+
+
+cdef inline void gate_leave(Gate *gate) noexcept:
+    """Leave (GIL held); with waiters, hand the gate over (gate_hand_over)."""
     gate.owner = 0
     if gate.waiters:
-        atomic_store(&gate.leaves, gate.leaves + 1)
-        atomic_store(&gate.handoff, 1)
-        pthread_mutex_lock(&gate.mutex)
-        pthread_cond_broadcast(&gate.cond)
-        pthread_mutex_unlock(&gate.mutex)
+        gate_hand_over(gate)
     else:
         atomic_store(&gate.busy, 0)
 
@@ -238,6 +251,15 @@ cdef unsigned long long read_timeout(object value) except? 0xFFFFFFFFFFFFFFFF:
             return <unsigned long long>us
     check_microseconds("timeout_us", value)
     return <unsigned long long>int(value)
+
+
+cdef inline void put_slot(list slots, Py_ssize_t at, object value) noexcept:
+    """``slots[at] = value`` for an index known to be in range, without the checks of a list store.
+    The value it replaces must not be the last reference to anything (its drop runs no code)."""
+    cdef PyObject *old = PyList_GET_ITEM(slots, at)
+    Py_INCREF(value)
+    PyList_SET_ITEM(slots, at, value)
+    Py_XDECREF(old)
 
 
 cdef inline uintptr_t pointer(object handle) except? 0:
@@ -302,11 +324,13 @@ cdef class CudaProducer(Resource):
     # failed present leaves them unequal for good.
     cdef long long presents_started
     cdef readonly long long frames_presented
-    # The frames presented and not returned, in present order, in the first ``flying`` slots of a
-    # list of fixed length (None past them), and their plane-0 addresses (what a returned CUeglFrame
-    # is matched by). Fixed, so taking one out is a few slot moves, not a list resize.
+    # The frames presented and not returned, in present order, in a ring of fixed length: the
+    # oldest in slot ``flight_head``, the i-th after it in slot (flight_head + i) & FLIGHT_MASK, None
+    # in the free slots; and their plane-0 addresses (what a returned CUeglFrame is matched by) at
+    # the same slots. Taking back the oldest, the usual case, moves nothing; another moves the
+    # later ones down a slot. Every frame in it is also in ``associated``.
     cdef list flight
-    cdef int flying
+    cdef int flying, flight_head
     cdef unsigned long long flight_key[EGLCUDA_MAX_FRAMES_IN_FLIGHT]
     # Every frame presented since connect, by key: the driver keeps them associated until disconnect.
     cdef dict associated
@@ -372,6 +396,7 @@ cdef class CudaProducer(Resource):
         cdef FrameCore core
         cdef CUstream *stream_box
         cdef CUresult status
+        cdef bint known
         gate_enter(&self.gate, "producer")
         try:
             known = self._ready(frame, cuda_stream)
@@ -433,7 +458,7 @@ cdef class CudaProducer(Resource):
         cdef FrameCore core
         cdef CUstream *stream_box
         cdef CUresult status
-        cdef bint take_back
+        cdef bint take_back, known
         gate_enter(&self.gate, "producer")
         try:
             known = self._ready(frame, cuda_stream)
@@ -496,7 +521,7 @@ cdef class CudaProducer(Resource):
                     known = True
                     break
         for i in range(self.flying):
-            if self.flight_key[i] == core.key:
+            if self.flight_key[(self.flight_head + i) & FLIGHT_MASK] == core.key:
                 self._check_frame(frame)  # raises: already in flight
         if not known or self.flying >= EGLCUDA_MAX_FRAMES_IN_FLIGHT:
             self._check_frame(frame)
@@ -516,8 +541,9 @@ cdef class CudaProducer(Resource):
     cdef int _presented(self, FrameCore core, bint known) except -1:
         """After a successful present: the frame is in flight; its first present on this producer
         fixes the connection's format and layout if they were open, and associates it."""
-        self.flight_key[self.flying] = core.key
-        self.flight[self.flying] = core
+        cdef int slot = (self.flight_head + self.flying) & FLIGHT_MASK
+        self.flight_key[slot] = core.key
+        put_slot(self.flight, slot, core)  # replaces None
         self.flying += 1
         self.frames_presented += 1
         core.last_link = self.link
@@ -531,21 +557,28 @@ cdef class CudaProducer(Resource):
         return 0
 
     cdef object _take_returned(self):
-        """The frame the driver just returned, taken out of the in-flight table."""
+        """The frame the driver just returned, taken out of the in-flight ring."""
         cdef int flying = self.flying
-        cdef int at
+        cdef int head = self.flight_head
+        cdef int at, slot = head, later
         cdef list flight = self.flight
         for at in range(flying):
-            if self.flight_key[at] == self.returned_key:
+            slot = (head + at) & FLIGHT_MASK
+            if self.flight_key[slot] == self.returned_key:
                 break
         else:
             raise UsageError(f"the driver returned a frame eglcuda did not present (plane 0 at "
                              f"0x{self.returned_key:x})")
-        frame = flight[at]
-        for at in range(at, flying - 1):
-            flight[at] = flight[at + 1]
-            self.flight_key[at] = self.flight_key[at + 1]
-        flight[flying - 1] = None
+        frame = <object>PyList_GET_ITEM(flight, slot)  # a new reference: the slots' drops free nothing
+        if at == 0:
+            self.flight_head = (head + 1) & FLIGHT_MASK
+        else:
+            for at in range(at, flying - 1):
+                later = (slot + 1) & FLIGHT_MASK
+                put_slot(flight, slot, <object>PyList_GET_ITEM(flight, later))
+                self.flight_key[slot] = self.flight_key[later]
+                slot = later
+        put_slot(flight, slot, None)
         self.flying = flying - 1
         return frame
 
@@ -618,7 +651,12 @@ cdef class CudaProducer(Resource):
     @property
     def _in_flight(self) -> dict:
         """A new dict of the frames in flight, by key."""
-        return {self.flight_key[i]: self.flight[i] for i in range(self.flying)}
+        cdef int slot
+        frames = {}
+        for i in range(self.flying):
+            slot = (self.flight_head + i) & FLIGHT_MASK
+            frames[self.flight_key[slot]] = self.flight[slot]
+        return frames
 
     def allocate_frame(self, format=None, layout=None) -> Frame:
         """A new frame of this connection's size (and format and layout, if fixed)."""
@@ -645,7 +683,7 @@ cdef class CudaProducer(Resource):
         self.link.connected = False
         frames = self.flight
         self.flight = [None] * EGLCUDA_MAX_FRAMES_IN_FLIGHT
-        self.flying = 0
+        self.flying = self.flight_head = 0
         associated = self.associated
         self.associated = {}
         for frame in associated.values():
