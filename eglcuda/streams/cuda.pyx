@@ -241,6 +241,10 @@ cdef inline void gate_leave(Gate *gate) noexcept:
 
 # ---- small helpers ------------------------------------------------------------------------------
 
+# What an endpoint's timeout cache holds before its first timeout: no caller can pass this object.
+cdef object NO_TIMEOUT_SEEN = object()
+
+
 cdef unsigned long long read_timeout(object value) except? 0xFFFFFFFFFFFFFFFF:
     """A timeout in microseconds: an int in 0..2**31-1 (int subclasses taken as ints)."""
     cdef int overflow = 0
@@ -335,10 +339,14 @@ cdef class CudaProducer(Resource):
     # Every frame presented since connect, by key: the driver keeps them associated until disconnect.
     cdef dict associated
     cdef ProducerLink link
+    # The last timeout an int object gave and what it read as (see _timeout).
+    cdef object timeout_seen
+    cdef unsigned long long timeout_seen_us
     cdef Gate gate
 
     def __cinit__(self, *args, **kwargs):
         gate_init(&self.gate)
+        self.timeout_seen = NO_TIMEOUT_SEEN
         self.flight = [None] * EGLCUDA_MAX_FRAMES_IN_FLIGHT
         self.associated = {}
         self.link = ProducerLink()
@@ -383,6 +391,16 @@ cdef class CudaProducer(Resource):
             (<CudaConsumer>consumer)._link_producer(self, stream.fifo_length > 0)
 
     # ---- the per-frame calls --------------------------------------------------------------------
+    cdef inline unsigned long long _timeout(self, object value) except? 0xFFFFFFFFFFFFFFFF:
+        """read_timeout(value), read once per int object: a loop passes the same one every call."""
+        if value is self.timeout_seen:
+            return self.timeout_seen_us
+        cdef unsigned long long us = read_timeout(value)
+        if type(value) is int:  # an int is immutable; a subclass could answer differently each time
+            self.timeout_seen = value
+            self.timeout_seen_us = us
+        return us
+
     def present(self, frame, cuda_stream=None) -> None:
         """Hand ``frame`` to the consumer. ``cuda_stream`` is where the work writing the frame was
         queued (None: the legacy default stream). The driver returns only once that work is done
@@ -422,7 +440,7 @@ cdef class CudaProducer(Resource):
         None is also the documented answer while the stream keeps the newest frame for its consumer
         (reuse on, the default): that frame comes back only after another is presented, so with one
         frame in flight this returns None at once instead of waiting. The wait releases the GIL."""
-        cdef unsigned long long wait_us = read_timeout(timeout_us)
+        cdef unsigned long long wait_us = self._timeout(timeout_us)
         cdef CUresult status
         gate_enter(&self.gate, "producer")
         try:
@@ -454,7 +472,7 @@ cdef class CudaProducer(Resource):
         with the ones before: on driver 580 that made a two-thread loop about 1.5x slower a frame.
         A frame not asked for comes back at a later step or from :meth:`return_frame`. With a
         ``timeout_us`` above 0 the call always waits for one, as :meth:`return_frame` does."""
-        cdef unsigned long long wait_us = read_timeout(timeout_us)
+        cdef unsigned long long wait_us = self._timeout(timeout_us)
         cdef FrameCore core
         cdef CUstream *stream_box
         cdef CUresult status
@@ -894,10 +912,14 @@ cdef class CudaConsumer(Resource):
     # a stream's frames keep one size and format, so each frame's planes reuse it.
     cdef tuple geometry
     cdef unsigned int geometry_format, geometry_width, geometry_height, geometry_pitch, geometry_planes
+    # The last timeout an int object gave and what it read as (see _timeout).
+    cdef object timeout_seen
+    cdef unsigned long long timeout_seen_us
     cdef Gate gate
 
     def __cinit__(self, *args, **kwargs):
         gate_init(&self.gate)
+        self.timeout_seen = NO_TIMEOUT_SEEN
 
     def __dealloc__(self):
         gate_destroy(&self.gate)
@@ -952,6 +974,16 @@ cdef class CudaConsumer(Resource):
         return 0
 
     # ---- the per-frame calls --------------------------------------------------------------------
+    cdef inline unsigned long long _timeout(self, object value) except? 0xFFFFFFFFFFFFFFFF:
+        """read_timeout(value), read once per int object: a loop passes the same one every call."""
+        if value is self.timeout_seen:
+            return self.timeout_seen_us
+        cdef unsigned long long us = read_timeout(value)
+        if type(value) is int:  # an int is immutable; a subclass could answer differently each time
+            self.timeout_seen = value
+            self.timeout_seen_us = us
+        return us
+
     def acquire(self, timeout_us=EGLCUDA_DEFAULT_ACQUIRE_TIMEOUT_US) -> AcquiredFrame:
         """Acquire the next frame, waiting up to ``timeout_us`` microseconds for a new one.
 
@@ -959,20 +991,20 @@ cdef class CudaConsumer(Resource):
         back again: the result's ``is_new`` is False. With no frame at all, raises
         :class:`Timeout`; once the producer is gone, :class:`StreamDisconnected`. The wait
         releases the GIL."""
-        return self._acquire(read_timeout(timeout_us), False)
+        return self._acquire(self._timeout(timeout_us), False)
 
     def acquire_next(self, timeout_us=EGLCUDA_DEFAULT_ACQUIRE_TIMEOUT_US) -> AcquiredFrame:
         """Release the frame this consumer holds (if any), then :meth:`acquire` the next one, in a
         single call into the driver layer: the step of a consumer loop, cheaper than
         ``release()`` + ``acquire()``. The released frame is unusable afterwards, as after
         :meth:`AcquiredFrame.release`."""
-        return self._acquire(read_timeout(timeout_us), True)
+        return self._acquire(self._timeout(timeout_us), True)
 
     def frames(self, timeout_us=EGLCUDA_DEFAULT_ACQUIRE_TIMEOUT_US):
         """Iterate over acquired frames until the producer disconnects. Each step releases the
         previous frame and acquires the next (:meth:`acquire_next`); leaving the loop releases
         the last one. A frame kept past its step is released by the next step all the same."""
-        cdef unsigned long long wait_us = read_timeout(timeout_us)
+        cdef unsigned long long wait_us = self._timeout(timeout_us)
         try:
             while True:
                 try:

@@ -99,8 +99,10 @@ def main() -> int:
         out = pathlib.Path(tmp)
         libs = subprocess.run([sys.executable, str(ROOT / "tests/fakes/build.py"), str(out)], check=True,
                               capture_output=True, text=True).stdout.split()
+        # One BLAS thread: NumPy's idle BLAS threads spin for a while, in counts that follow the
+        # run's wall time, not its frames.
         env = dict(os.environ, EGLCUDA_LIBEGL=libs[0], EGLCUDA_LIBCUDA=libs[1],
-                   EGLCUDA_LIBVULKAN="/nonexistent/libvulkan.so.1",
+                   EGLCUDA_LIBVULKAN="/nonexistent/libvulkan.so.1", OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1",
                    PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
         for loop in args.loop or ["four", "steps", "bare"]:
             total1, calls1 = callgrind(loop, first, (width, height), env, out)
