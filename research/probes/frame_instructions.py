@@ -109,6 +109,7 @@ def main() -> int:
             total2, calls2 = callgrind(loop, second, (width, height), env, out)
             frames = looped(second) - looped(first)
             per_call = {name: (calls2[name] - calls1.get(name, 0)) / frames for name in calls2}
+            per_call = {name: count for name, count in per_call.items() if count >= 1}  # not per frame
             results[loop] = {"per_frame": (total2 - total1) / frames, "per_call": per_call}
             print(f"{loop:6s} {results[loop]['per_frame']:8.0f} instructions per frame; per call: "
                   + ", ".join(f"{name} {count:.0f}" for name, count in per_call.items()), flush=True)
