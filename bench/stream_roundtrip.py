@@ -394,6 +394,32 @@ def markdown_tables(rows) -> str:
     return "\n".join(lines)
 
 
+# Every cell of the goal table within this much of C: eglcuda's loops against the same driver
+# calls made from C (serial and pipelined; four calls, steps and bare steps).
+GOAL = 1.05
+GOAL_CELLS = [("serial", "eglcuda / C"), ("serial", "steps / C"), ("serial", "bare / C"),
+              ("pipelined", "eglcuda / C"), ("pipelined", "steps / C"), ("pipelined", "bare / C")]
+
+
+def goal_table(rows) -> tuple[str, list[str]]:
+    """Per size, each loop's ratio to C (a serial cell is the median of its CPUs' rows), and the
+    cells over GOAL."""
+    sizes = list(dict.fromkeys(size for size, _, _ in rows))
+    header = [f"{mode} {label}" for mode, label in GOAL_CELLS] + ["pipelined stack / C"]
+    lines = ["| size | " + " | ".join(header) + " |", "|---|" + "---:|" * len(header)]
+    over = []
+    for size in sizes:
+        cells = []
+        for mode, label in GOAL_CELLS + [("pipelined", "stack / C")]:
+            values = [med[RATIO + label] for s, m, med in rows if s == size and m.startswith(mode)]
+            value = statistics.median(values) if values else float("nan")
+            cells.append("n/a" if value != value else f"{value:.3f}")
+            if label != "stack / C" and value == value and value > GOAL:
+                over.append(f"{size} {mode} {label} {value:.3f}")
+        lines.append(f"| {size} | " + " | ".join(cells) + " |")
+    return "\n".join(lines), over
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer iterations (the GPU check's setting)")
@@ -473,8 +499,10 @@ def main() -> int:
     os.sched_setaffinity(0, all_cpus)
     display.close()
 
-    tables = markdown_tables(rows)
+    goal, over = goal_table(rows)
+    tables = markdown_tables(rows) + "\n\n" + goal
     print(tables)
+    print(f"GOAL every cell <= {GOAL:.2f}x C: " + ("met" if not over else "not met: " + "; ".join(over)))
     if stack_error:
         print(f"PyOpenGL+cuda-python stack failed: {stack_error}")
     serial = [med for _, mode, med in rows if mode.startswith("serial")]

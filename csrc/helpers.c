@@ -1,14 +1,20 @@
 /* Small C helpers for paths Python would otherwise walk call by call. */
 
 /* Make ctx current on the calling thread unless it already is: one driver call in the common
- * case, instead of a Python round trip through cuCtxGetCurrent and cuCtxSetCurrent. */
-CUresult eglcuda_ensure_current(CUcontext ctx)
+ * case, instead of a Python round trip through cuCtxGetCurrent and cuCtxSetCurrent. Inlined into
+ * each per-frame helper below; eglcuda_ensure_current is the same for Python. */
+static inline CUresult ensure_current(CUcontext ctx)
 {
     CUcontext current = NULL;
     CUresult status = cuCtxGetCurrent(&current);
     if (status != CUDA_SUCCESS || current == ctx)
         return status;
     return cuCtxSetCurrent(ctx);
+}
+
+CUresult eglcuda_ensure_current(CUcontext ctx)
+{
+    return ensure_current(ctx);
 }
 
 /* ---- the per-frame path ----------------------------------------------------------------
@@ -78,7 +84,7 @@ CUresult eglcuda_consumer_acquire(CUcontext ctx, CUeglStreamConnection *conn, CU
                                   EGLDisplay dpy, EGLStreamKHR egl_stream, EGLuint64KHR *consumer_frame,
                                   int *failed_call)
 {
-    CUresult status = eglcuda_ensure_current(ctx);
+    CUresult status = ensure_current(ctx);
     if (status != CUDA_SUCCESS) { *failed_call = EGLCUDA_CALL_CONTEXT; return status; }
     return acquire_step(conn, resource, stream, timeout_us, frame, dpy, egl_stream, consumer_frame, failed_call);
 }
@@ -93,7 +99,7 @@ CUresult eglcuda_consumer_counter(EGLDisplay dpy, EGLStreamKHR egl_stream, EGLui
 CUresult eglcuda_consumer_release(CUcontext ctx, CUeglStreamConnection *conn, CUgraphicsResource resource,
                                   CUstream *stream, int *failed_call)
 {
-    CUresult status = eglcuda_ensure_current(ctx);
+    CUresult status = ensure_current(ctx);
     if (status != CUDA_SUCCESS) { *failed_call = EGLCUDA_CALL_CONTEXT; return status; }
     *failed_call = EGLCUDA_CALL_RELEASE;
     return cuEGLStreamConsumerReleaseFrame(conn, resource, stream);
@@ -102,7 +108,7 @@ CUresult eglcuda_consumer_release(CUcontext ctx, CUeglStreamConnection *conn, CU
 CUresult eglcuda_producer_present(CUcontext ctx, CUeglStreamConnection *conn, const CUeglFrame *frame,
                                   CUstream *stream, int *failed_call)
 {
-    CUresult status = eglcuda_ensure_current(ctx);
+    CUresult status = ensure_current(ctx);
     if (status != CUDA_SUCCESS) { *failed_call = EGLCUDA_CALL_CONTEXT; return status; }
     *failed_call = EGLCUDA_CALL_PRESENT;
     return cuEGLStreamProducerPresentFrame(conn, *frame, stream);
@@ -111,7 +117,7 @@ CUresult eglcuda_producer_present(CUcontext ctx, CUeglStreamConnection *conn, co
 CUresult eglcuda_producer_return(CUcontext ctx, CUeglStreamConnection *conn, CUeglFrame *frame, CUstream *stream,
                                  unsigned long long timeout_us, unsigned long long *plane0, int *failed_call)
 {
-    CUresult status = eglcuda_ensure_current(ctx);
+    CUresult status = ensure_current(ctx);
     if (status != CUDA_SUCCESS) { *failed_call = EGLCUDA_CALL_CONTEXT; return status; }
     *failed_call = EGLCUDA_CALL_RETURN;
     return return_step(conn, frame, stream, timeout_us, plane0);
@@ -124,7 +130,7 @@ CUresult eglcuda_producer_return(CUcontext ctx, CUeglStreamConnection *conn, CUe
  * is waited for too, as a precaution. */
 static CUresult eglcuda_legacy_sync(CUcontext ctx, int *failed_call)
 {
-    CUresult status = eglcuda_ensure_current(ctx);
+    CUresult status = ensure_current(ctx);
     if (status != CUDA_SUCCESS) { *failed_call = EGLCUDA_CALL_CONTEXT; return status; }
     *failed_call = EGLCUDA_CALL_SYNCHRONIZE;
     return cuStreamSynchronize(NULL);
@@ -141,7 +147,7 @@ CUresult eglcuda_consumer_next(CUcontext ctx, CUeglStreamConnection *conn, CUgra
                                CUeglFrame *frame, EGLDisplay dpy, EGLStreamKHR egl_stream,
                                EGLuint64KHR *consumer_frame, int *failed_call)
 {
-    CUresult status = eglcuda_ensure_current(ctx);
+    CUresult status = ensure_current(ctx);
     if (status != CUDA_SUCCESS) { *failed_call = EGLCUDA_CALL_CONTEXT; return status; }
     if (held != NULL) {
         status = cuEGLStreamConsumerReleaseFrame(conn, held, stream);
@@ -156,7 +162,7 @@ CUresult eglcuda_producer_present_return(CUcontext ctx, CUeglStreamConnection *c
                                          CUstream *present_stream, CUeglFrame *back, CUstream *return_stream,
                                          unsigned long long timeout_us, unsigned long long *plane0, int *failed_call)
 {
-    CUresult status = eglcuda_ensure_current(ctx);
+    CUresult status = ensure_current(ctx);
     if (status != CUDA_SUCCESS) { *failed_call = EGLCUDA_CALL_CONTEXT; return status; }
     status = cuEGLStreamProducerPresentFrame(conn, *presented, present_stream);
     if (status != CUDA_SUCCESS) { *failed_call = EGLCUDA_CALL_PRESENT; return status; }
@@ -246,7 +252,7 @@ static CUresult eglcuda_ipc_record(CUcontext ctx, CUevent event, CUstream stream
                                    int *failed_call)
 {
     *recorded = 0;
-    CUresult status = eglcuda_ensure_current(ctx);
+    CUresult status = ensure_current(ctx);
     if (status != CUDA_SUCCESS) { *failed_call = EGLCUDA_CALL_CONTEXT; return status; }
     if (query) {
         *failed_call = EGLCUDA_CALL_STREAM_QUERY;
@@ -266,7 +272,7 @@ static CUresult eglcuda_ipc_record(CUcontext ctx, CUevent event, CUstream stream
 static CUresult eglcuda_ipc_release(CUcontext ctx, CUstream stream, CUevent done, int *recorded, int *failed_call)
 {
     *recorded = 0;
-    CUresult status = eglcuda_ensure_current(ctx);
+    CUresult status = ensure_current(ctx);
     if (status != CUDA_SUCCESS) { *failed_call = EGLCUDA_CALL_CONTEXT; return status; }
     *failed_call = EGLCUDA_CALL_STREAM_QUERY;
     status = cuStreamQuery(stream);
@@ -285,7 +291,7 @@ static CUresult eglcuda_ipc_release(CUcontext ctx, CUstream stream, CUevent done
  * with the waits, 62-69k without), so the wait is queued only while the event is pending. */
 static CUresult eglcuda_ipc_order_after(CUcontext ctx, CUstream stream, CUevent event, int *failed_call)
 {
-    CUresult status = eglcuda_ensure_current(ctx);
+    CUresult status = ensure_current(ctx);
     if (status != CUDA_SUCCESS) { *failed_call = EGLCUDA_CALL_CONTEXT; return status; }
     *failed_call = EGLCUDA_CALL_EVENT_QUERY;
     status = cuEventQuery(event);
@@ -297,7 +303,7 @@ static CUresult eglcuda_ipc_order_after(CUcontext ctx, CUstream stream, CUevent 
 
 static CUresult eglcuda_ipc_event_done(CUcontext ctx, CUevent event, int *failed_call)
 {
-    CUresult status = eglcuda_ensure_current(ctx);
+    CUresult status = ensure_current(ctx);
     if (status != CUDA_SUCCESS) { *failed_call = EGLCUDA_CALL_CONTEXT; return status; }
     *failed_call = EGLCUDA_CALL_EVENT_QUERY;
     return cuEventQuery(event);

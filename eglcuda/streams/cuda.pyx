@@ -11,9 +11,10 @@ changed signature or constant fails at build time. The per-frame calls release t
 driver and allocate nothing in the common case; checks, messages and rare paths are ordinary
 methods below.
 """
+from cpython.list cimport PyList_GET_ITEM, PyList_SET_ITEM
 from cpython.long cimport PyLong_AsLongLongAndOverflow
-from cpython.pythread cimport PyThread_get_thread_ident
-from cpython.ref cimport PyObject, _Py_REFCNT
+from cpython.pystate cimport PyThreadState_Get
+from cpython.ref cimport Py_INCREF, Py_XDECREF, PyObject, _Py_REFCNT
 from libc.stdint cimport uint64_t, uintptr_t
 from libc.string cimport memset
 from posix.time cimport CLOCK_REALTIME, clock_gettime, timespec
@@ -57,6 +58,8 @@ MAX_FRAMES_IN_FLIGHT = EGLCUDA_MAX_FRAMES_IN_FLIGHT
 DEFAULT_ACQUIRE_TIMEOUT_US = EGLCUDA_DEFAULT_ACQUIRE_TIMEOUT_US
 cdef enum:
     MAX_TIMEOUT_US = 0x7FFFFFFF  # what the driver's unsigned int microseconds take, kept positive
+    FLIGHT_MASK = EGLCUDA_MAX_FRAMES_IN_FLIGHT - 1  # the in-flight ring's slots (a power of two)
+assert EGLCUDA_MAX_FRAMES_IN_FLIGHT & FLIGHT_MASK == 0, "the in-flight ring needs a power of two slots"
 
 cdef class CudaConsumer
 
@@ -121,7 +124,7 @@ cdef struct Gate:
     int handoff      # busy only because it is being handed over: the first earlier waiter takes it
     int leaves       # how many times a thread left with others waiting (handoffs made)
     int waiters      # threads waiting to enter; only touched with the GIL held
-    long owner       # the thread inside
+    uintptr_t owner  # the thread inside (its thread state: one per thread, cheaper to read than its id)
     pthread_mutex_t mutex
     pthread_cond_t cond
 
@@ -156,7 +159,7 @@ cdef inline bint gate_free_for_me(Gate *gate, int arrived) noexcept nogil:
 cdef bint gate_wait(Gate *gate, str endpoint, const timespec *deadline) except -1:
     """Enter (GIL held), waiting for the thread inside without the GIL; ``deadline`` (absolute,
     CLOCK_REALTIME) or NULL for no limit. False when the deadline passed first."""
-    cdef long me = PyThread_get_thread_ident()
+    cdef uintptr_t me = <uintptr_t>PyThreadState_Get()
     cdef int timed_out = 0
     cdef int arrived
     if not gate.busy and not gate.waiters:
@@ -190,8 +193,13 @@ cdef bint gate_wait(Gate *gate, str endpoint, const timespec *deadline) except -
     return True
 
 
-cdef int gate_enter(Gate *gate, str endpoint) except -1:
-    """Enter (GIL held); when another thread is inside, wait for it without the GIL."""
+cdef inline int gate_enter(Gate *gate, str endpoint) except -1:
+    """Enter (GIL held); when another thread is inside, wait for it without the GIL. The common
+    case is inlined into every per-frame call: two flags read, two fields written."""
+    if not gate.busy and not gate.waiters:
+        gate.busy = 1
+        gate.owner = <uintptr_t>PyThreadState_Get()
+        return 0
     gate_wait(gate, endpoint, NULL)
     return 0
 
@@ -211,22 +219,31 @@ cdef bint gate_enter_within(Gate *gate, str endpoint, double timeout_s) except -
     return gate_wait(gate, endpoint, &deadline)
 
 
-cdef void gate_leave(Gate *gate) noexcept:
-    """Leave (GIL held). With waiters, hand the gate over instead of opening it, and wake them: a
+cdef void gate_hand_over(Gate *gate) noexcept:
+    """Leave with waiters (GIL held): hand the gate over instead of opening it, and wake them. A
     waiter checks the flags with the mutex held before it sleeps and the wake-up is sent with the
     mutex held, so none is missed."""
+    atomic_store(&gate.leaves, gate.leaves + 1)
+    atomic_store(&gate.handoff, 1)
+    pthread_mutex_lock(&gate.mutex)
+    pthread_cond_broadcast(&gate.cond)
+    pthread_mutex_unlock(&gate.mutex)
+
+
+cdef inline void gate_leave(Gate *gate) noexcept:
+    """Leave (GIL held); with waiters, hand the gate over (gate_hand_over)."""
     gate.owner = 0
     if gate.waiters:
-        atomic_store(&gate.leaves, gate.leaves + 1)
-        atomic_store(&gate.handoff, 1)
-        pthread_mutex_lock(&gate.mutex)
-        pthread_cond_broadcast(&gate.cond)
-        pthread_mutex_unlock(&gate.mutex)
+        gate_hand_over(gate)
     else:
         atomic_store(&gate.busy, 0)
 
 
 # ---- small helpers ------------------------------------------------------------------------------
+
+# What an endpoint's timeout cache holds before its first timeout: no caller can pass this object.
+cdef object NO_TIMEOUT_SEEN = object()
+
 
 cdef unsigned long long read_timeout(object value) except? 0xFFFFFFFFFFFFFFFF:
     """A timeout in microseconds: an int in 0..2**31-1 (int subclasses taken as ints)."""
@@ -238,6 +255,15 @@ cdef unsigned long long read_timeout(object value) except? 0xFFFFFFFFFFFFFFFF:
             return <unsigned long long>us
     check_microseconds("timeout_us", value)
     return <unsigned long long>int(value)
+
+
+cdef inline void put_slot(list slots, Py_ssize_t at, object value) noexcept:
+    """``slots[at] = value`` for an index known to be in range, without the checks of a list store.
+    The value it replaces must not be the last reference to anything (its drop runs no code)."""
+    cdef PyObject *old = PyList_GET_ITEM(slots, at)
+    Py_INCREF(value)
+    PyList_SET_ITEM(slots, at, value)
+    Py_XDECREF(old)
 
 
 cdef inline uintptr_t pointer(object handle) except? 0:
@@ -302,19 +328,25 @@ cdef class CudaProducer(Resource):
     # failed present leaves them unequal for good.
     cdef long long presents_started
     cdef readonly long long frames_presented
-    # The frames presented and not returned, in present order, in the first ``flying`` slots of a
-    # list of fixed length (None past them), and their plane-0 addresses (what a returned CUeglFrame
-    # is matched by). Fixed, so taking one out is a few slot moves, not a list resize.
+    # The frames presented and not returned, in present order, in a ring of fixed length: the
+    # oldest in slot ``flight_head``, the i-th after it in slot (flight_head + i) & FLIGHT_MASK, None
+    # in the free slots; and their plane-0 addresses (what a returned CUeglFrame is matched by) at
+    # the same slots. Taking back the oldest, the usual case, moves nothing; another moves the
+    # later ones down a slot. Every frame in it is also in ``associated``.
     cdef list flight
-    cdef int flying
+    cdef int flying, flight_head
     cdef unsigned long long flight_key[EGLCUDA_MAX_FRAMES_IN_FLIGHT]
     # Every frame presented since connect, by key: the driver keeps them associated until disconnect.
     cdef dict associated
     cdef ProducerLink link
+    # The last timeout an int object gave and what it read as (see _timeout).
+    cdef object timeout_seen
+    cdef unsigned long long timeout_seen_us
     cdef Gate gate
 
     def __cinit__(self, *args, **kwargs):
         gate_init(&self.gate)
+        self.timeout_seen = NO_TIMEOUT_SEEN
         self.flight = [None] * EGLCUDA_MAX_FRAMES_IN_FLIGHT
         self.associated = {}
         self.link = ProducerLink()
@@ -359,6 +391,16 @@ cdef class CudaProducer(Resource):
             (<CudaConsumer>consumer)._link_producer(self, stream.fifo_length > 0)
 
     # ---- the per-frame calls --------------------------------------------------------------------
+    cdef inline unsigned long long _timeout(self, object value) except? 0xFFFFFFFFFFFFFFFF:
+        """read_timeout(value), read once per int object: a loop passes the same one every call."""
+        if value is self.timeout_seen:
+            return self.timeout_seen_us
+        cdef unsigned long long us = read_timeout(value)
+        if type(value) is int:  # an int is immutable; a subclass could answer differently each time
+            self.timeout_seen = value
+            self.timeout_seen_us = us
+        return us
+
     def present(self, frame, cuda_stream=None) -> None:
         """Hand ``frame`` to the consumer. ``cuda_stream`` is where the work writing the frame was
         queued (None: the legacy default stream). The driver returns only once that work is done
@@ -372,6 +414,7 @@ cdef class CudaProducer(Resource):
         cdef FrameCore core
         cdef CUstream *stream_box
         cdef CUresult status
+        cdef bint known
         gate_enter(&self.gate, "producer")
         try:
             known = self._ready(frame, cuda_stream)
@@ -395,7 +438,7 @@ cdef class CudaProducer(Resource):
         None is also the documented answer while the stream keeps the newest frame for its consumer
         (reuse on, the default): that frame comes back only after another is presented, so with one
         frame in flight this returns None at once instead of waiting. The wait releases the GIL."""
-        cdef unsigned long long wait_us = read_timeout(timeout_us)
+        cdef unsigned long long wait_us = self._timeout(timeout_us)
         cdef CUresult status
         gate_enter(&self.gate, "producer")
         try:
@@ -427,11 +470,11 @@ cdef class CudaProducer(Resource):
         with the ones before: on driver 580 that made a two-thread loop about 1.5x slower a frame.
         A frame not asked for comes back at a later step or from :meth:`return_frame`. With a
         ``timeout_us`` above 0 the call always waits for one, as :meth:`return_frame` does."""
-        cdef unsigned long long wait_us = read_timeout(timeout_us)
+        cdef unsigned long long wait_us = self._timeout(timeout_us)
         cdef FrameCore core
         cdef CUstream *stream_box
         cdef CUresult status
-        cdef bint take_back
+        cdef bint take_back, known
         gate_enter(&self.gate, "producer")
         try:
             known = self._ready(frame, cuda_stream)
@@ -492,7 +535,7 @@ cdef class CudaProducer(Resource):
                     known = True
                     break
         for i in range(self.flying):
-            if self.flight_key[i] == core.key:
+            if self.flight_key[(self.flight_head + i) & FLIGHT_MASK] == core.key:
                 self._check_frame(frame)  # raises: already in flight
         if not known or self.flying >= EGLCUDA_MAX_FRAMES_IN_FLIGHT:
             self._check_frame(frame)
@@ -520,8 +563,9 @@ cdef class CudaProducer(Resource):
     cdef int _presented(self, FrameCore core, bint known) except -1:
         """After a successful present: the frame is in flight; its first present on this producer
         fixes the connection's format and layout if they were open, and associates it."""
-        self.flight_key[self.flying] = core.key
-        self.flight[self.flying] = core
+        cdef int slot = (self.flight_head + self.flying) & FLIGHT_MASK
+        self.flight_key[slot] = core.key
+        put_slot(self.flight, slot, core)  # replaces None
         self.flying += 1
         self.frames_presented += 1
         core.last_link = self.link
@@ -535,21 +579,28 @@ cdef class CudaProducer(Resource):
         return 0
 
     cdef object _take_returned(self):
-        """The frame the driver just returned, taken out of the in-flight table."""
+        """The frame the driver just returned, taken out of the in-flight ring."""
         cdef int flying = self.flying
-        cdef int at
+        cdef int head = self.flight_head
+        cdef int at, slot = head, later
         cdef list flight = self.flight
         for at in range(flying):
-            if self.flight_key[at] == self.returned_key:
+            slot = (head + at) & FLIGHT_MASK
+            if self.flight_key[slot] == self.returned_key:
                 break
         else:
             raise UsageError(f"the driver returned a frame eglcuda did not present (plane 0 at "
                              f"0x{self.returned_key:x})")
-        frame = flight[at]
-        for at in range(at, flying - 1):
-            flight[at] = flight[at + 1]
-            self.flight_key[at] = self.flight_key[at + 1]
-        flight[flying - 1] = None
+        frame = <object>PyList_GET_ITEM(flight, slot)  # a new reference: the slots' drops free nothing
+        if at == 0:
+            self.flight_head = (head + 1) & FLIGHT_MASK
+        else:
+            for at in range(at, flying - 1):
+                later = (slot + 1) & FLIGHT_MASK
+                put_slot(flight, slot, <object>PyList_GET_ITEM(flight, later))
+                self.flight_key[slot] = self.flight_key[later]
+                slot = later
+        put_slot(flight, slot, None)
         self.flying = flying - 1
         return frame
 
@@ -622,7 +673,12 @@ cdef class CudaProducer(Resource):
     @property
     def _in_flight(self) -> dict:
         """A new dict of the frames in flight, by key."""
-        return {self.flight_key[i]: self.flight[i] for i in range(self.flying)}
+        cdef int slot
+        frames = {}
+        for i in range(self.flying):
+            slot = (self.flight_head + i) & FLIGHT_MASK
+            frames[self.flight_key[slot]] = self.flight[slot]
+        return frames
 
     def allocate_frame(self, format=None, layout=None) -> Frame:
         """A new frame of this connection's size (and format and layout, if fixed)."""
@@ -649,7 +705,7 @@ cdef class CudaProducer(Resource):
         self.link.connected = False
         frames = self.flight
         self.flight = [None] * EGLCUDA_MAX_FRAMES_IN_FLIGHT
-        self.flying = 0
+        self.flying = self.flight_head = 0
         associated = self.associated
         self.associated = {}
         for frame in associated.values():
@@ -860,10 +916,14 @@ cdef class CudaConsumer(Resource):
     # a stream's frames keep one size and format, so each frame's planes reuse it.
     cdef tuple geometry
     cdef unsigned int geometry_format, geometry_width, geometry_height, geometry_pitch, geometry_planes
+    # The last timeout an int object gave and what it read as (see _timeout).
+    cdef object timeout_seen
+    cdef unsigned long long timeout_seen_us
     cdef Gate gate
 
     def __cinit__(self, *args, **kwargs):
         gate_init(&self.gate)
+        self.timeout_seen = NO_TIMEOUT_SEEN
 
     def __dealloc__(self):
         gate_destroy(&self.gate)
@@ -918,6 +978,16 @@ cdef class CudaConsumer(Resource):
         return 0
 
     # ---- the per-frame calls --------------------------------------------------------------------
+    cdef inline unsigned long long _timeout(self, object value) except? 0xFFFFFFFFFFFFFFFF:
+        """read_timeout(value), read once per int object: a loop passes the same one every call."""
+        if value is self.timeout_seen:
+            return self.timeout_seen_us
+        cdef unsigned long long us = read_timeout(value)
+        if type(value) is int:  # an int is immutable; a subclass could answer differently each time
+            self.timeout_seen = value
+            self.timeout_seen_us = us
+        return us
+
     def acquire(self, timeout_us=EGLCUDA_DEFAULT_ACQUIRE_TIMEOUT_US) -> AcquiredFrame:
         """Acquire the next frame, waiting up to ``timeout_us`` microseconds for a new one.
 
@@ -925,20 +995,20 @@ cdef class CudaConsumer(Resource):
         back again: the result's ``is_new`` is False. With no frame at all, raises
         :class:`Timeout`; once the producer is gone, :class:`StreamDisconnected`. The wait
         releases the GIL."""
-        return self._acquire(read_timeout(timeout_us), False)
+        return self._acquire(self._timeout(timeout_us), False)
 
     def acquire_next(self, timeout_us=EGLCUDA_DEFAULT_ACQUIRE_TIMEOUT_US) -> AcquiredFrame:
         """Release the frame this consumer holds (if any), then :meth:`acquire` the next one, in a
         single call into the driver layer: the step of a consumer loop, cheaper than
         ``release()`` + ``acquire()``. The released frame is unusable afterwards, as after
         :meth:`AcquiredFrame.release`."""
-        return self._acquire(read_timeout(timeout_us), True)
+        return self._acquire(self._timeout(timeout_us), True)
 
     def frames(self, timeout_us=EGLCUDA_DEFAULT_ACQUIRE_TIMEOUT_US):
         """Iterate over acquired frames until the producer disconnects. Each step releases the
         previous frame and acquires the next (:meth:`acquire_next`); leaving the loop releases
         the last one. A frame kept past its step is released by the next step all the same."""
-        cdef unsigned long long wait_us = read_timeout(timeout_us)
+        cdef unsigned long long wait_us = self._timeout(timeout_us)
         try:
             while True:
                 try:
