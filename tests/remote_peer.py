@@ -287,6 +287,9 @@ def garbage(args) -> int:
 
 def main() -> int:
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # (a hung peer's stacks, for debugging)
+    if os.environ.get("EGLCUDA_PEER_LOG"):  # (the library's log on stderr, for debugging)
+        import logging
+        logging.basicConfig(level=logging.DEBUG, stream=sys.stderr, format="%(relativeCreated)d %(message)s")
     parser = argparse.ArgumentParser()
     parser.add_argument("role", choices=["relay", "subscribe", "garbage", "cycles", "pair", "forked"])
     parser.add_argument("--mode", default="magic")

@@ -45,6 +45,30 @@ class _Link:
         self.next_out = 0  # the next of them to hand out
         self.done: dict[int, tuple[int, int, bytes, int]] = {}  # finished out of order, by posting order
         self.ended = threading.Event()  # every receive ended: nothing writes the host buffers any more
+        # How old a frame is, on this host's clock, without knowing the publisher's: the least
+        # (arrival - publisher's timestamp) seen is the way's own delay; a frame later than that
+        # by more than two frame periods (FRESH_NS at least) waited somewhere (this process was
+        # stopped, say): a 'latest' subscriber does not take it (subscriber.py).
+        self.lag_ns: int | None = None
+        self.period_ns = 0  # the publisher's frame period, as the timestamps of the frames received say
+        self.last_ts = 0
+
+
+FRESH_NS = 50_000_000  # a frame this much later than the way's delay is old whatever the frame period
+
+
+def stale_frames(link: _Link) -> int:
+    """In a 'latest' subscriber's window: move the frames ready to be taken back to the free
+    buffers when even the newest of them is old (see _Link.lag_ns); how many (under link.cond)."""
+    if not link.ready or link.lag_ns is None:
+        return 0
+    timestamp = link.ready[-1][1]
+    if not timestamp or time.monotonic_ns() - timestamp - link.lag_ns <= max(FRESH_NS, 2 * link.period_ns):
+        return 0
+    count = len(link.ready)
+    while link.ready:
+        link.free.append(link.ready.popleft()[3])
+    return count
 
 
 class Joining:
@@ -143,6 +167,14 @@ class Joining:
             if kind is not wire.Head.FRAME:
                 raise wire.WireError(f"{kind.name} where a frame was expected")
             payload = buffer[wire.HEADER:wire.HEADER + length].tobytes() if length else b""
+            if timestamp_ns:
+                lag = time.monotonic_ns() - timestamp_ns
+                if link.lag_ns is None or lag < link.lag_ns:
+                    link.lag_ns = lag
+                if link.last_ts and timestamp_ns > link.last_ts:
+                    step = timestamp_ns - link.last_ts
+                    link.period_ns = step if not link.period_ns else (7 * link.period_ns + step) // 8
+                link.last_ts = timestamp_ns
             with link.cond:
                 # UCX matches posted receives with the relay's sends in order: handing frames out
                 # in posting order keeps the relay's order when receives finish out of order.
