@@ -202,6 +202,22 @@ def pair(args) -> int:
     return 0
 
 
+def deaf(args) -> int:
+    """A remote subscriber with the key that beats and reads the relay's notes but never posts a
+    frame receive (nor gives credit): the relay's sends to it never end once UCX needs the
+    receiver for them (rendezvous). Stays until told on stdin; says what ended its link."""
+    from eglcuda.remote import link
+
+    link.Joining._post_receives = lambda self, link_: None  # (the one thing it does not do)
+    sub = eglcuda.Subscriber(args.name, qos=args.qos, queue=args.queue, timeout=args.timeout, remote=args.remote)
+    say(event="ready", pid=os.getpid())
+    sys.stdin.readline()
+    lost = sub._link.lost if sub._link is not None else None
+    say(event="done", kind=type(lost).__name__ if lost else None, reason=str(lost) if lost else None)
+    sub.close()
+    return 0
+
+
 def garbage(args) -> int:
     """A UCX peer that is no eglcuda subscriber: ``--mode`` magic (a HELLO with a wrong magic),
     silent (connects, says nothing), big (a message longer than a HELLO), wrongkey (a HELLO,
@@ -291,7 +307,7 @@ def main() -> int:
         import logging
         logging.basicConfig(level=logging.DEBUG, stream=sys.stderr, format="%(relativeCreated)d %(message)s")
     parser = argparse.ArgumentParser()
-    parser.add_argument("role", choices=["relay", "subscribe", "garbage", "cycles", "pair", "forked"])
+    parser.add_argument("role", choices=["relay", "subscribe", "garbage", "cycles", "pair", "forked", "deaf"])
     parser.add_argument("--mode", default="magic")
     parser.add_argument("--name", required=True)
     parser.add_argument("--path", default=None)
@@ -319,7 +335,8 @@ def main() -> int:
     parser.add_argument("--wait-bye", action="store_true")
     parser.add_argument("--wait-go", action="store_true")
     args = parser.parse_args()
-    return {"relay": relay, "subscribe": subscribe, "garbage": garbage, "cycles": cycles, "pair": pair, "forked": forked}[args.role](args)
+    return {"relay": relay, "subscribe": subscribe, "garbage": garbage, "cycles": cycles, "pair": pair, "forked": forked,
+            "deaf": deaf}[args.role](args)
 
 
 if __name__ == "__main__":

@@ -52,7 +52,7 @@ from typing import Any, Awaitable, Callable, Coroutine, TypeVar
 
 import numpy as np
 
-from ..errors import Timeout, Unsupported, UsageError
+from ..errors import EglCudaError, Timeout, Unsupported, UsageError
 
 T = TypeVar("T")
 log = logging.getLogger("eglcuda.remote")
@@ -84,7 +84,11 @@ def ucxx_missing() -> str | None:
 
 # UCX settings eglcuda uses unless the environment names them: TCP segments big enough for a frame
 # (UCX's 8 KiB send segments cost about 1.7x in rate for 3 MB frames over loopback: research/README.md).
-TUNING = {"UCX_TCP_TX_SEG_SIZE": "256K", "UCX_TCP_RX_SEG_SIZE": "1M"}
+TUNING = {"UCX_TCP_TX_SEG_SIZE": "256K", "UCX_TCP_RX_SEG_SIZE": "1M",
+          # A relay restarted on its port binds at once: SO_REUSEADDR on UCX's listening socket
+          # (without it the port stays taken while the old connections sit in TIME-WAIT, about a
+          # minute). Two listeners on one port are still refused (Linux's SO_REUSEADDR).
+          "UCX_CM_REUSEADDR": "y"}
 
 
 def progress_mode() -> str:
@@ -257,7 +261,13 @@ class Listener:
             listener.tasks.add(task)
             task.add_done_callback(listener.tasks.discard)
 
-        self._listener: Any = engine.api.UCXListener.create(worker=engine.worker, port=port, cb_func=accept)
+        try:
+            self._listener: Any = engine.api.UCXListener.create(worker=engine.worker, port=port, cb_func=accept)
+        except Exception as exc:  # noqa: BLE001 - UCXX's own exception types, said as ours
+            if "busy" in str(exc).lower() or "in use" in str(exc).lower():
+                raise UsageError(f"port {port} is in use (another relay or program listens on it): choose another "
+                                 "port") from None
+            raise EglCudaError(f"listening on port {port} failed: {type(exc).__name__}: {exc}") from None
         self.port = int(self._listener.port)
 
     def close(self) -> None:

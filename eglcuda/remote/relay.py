@@ -116,6 +116,10 @@ class Relay(Serving):
             self._loop = _ucx.acquire()
             try:
                 self._listener = _ucx.run(self._loop, self._listen(host, port), self.timeout)
+            except UsageError as exc:  # (the port is in use: said with the whole address)
+                self._loop = None
+                _ucx.release()
+                raise UsageError(f"relay {self.name!r} cannot listen on {host}:{port}: {exc}") from None
             except BaseException:
                 self._loop = None
                 _ucx.release()

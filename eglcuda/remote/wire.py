@@ -122,6 +122,13 @@ def parse_address(text: str, what: str) -> tuple[str, int]:
     return host, port
 
 
+def peer_text(raw: bytes | bytearray | memoryview) -> str:
+    """Text a peer sent (a reason, a label) as it may reach an exception or a log: UTF-8 with
+    anything undecodable or unprintable (control characters, a newline, an escape) as '?'."""
+    text = bytes(raw).decode(errors="replace")
+    return "".join(c if c.isprintable() and c != "\ufffd" else "?" for c in text)
+
+
 def _check(ok: bool, what: str) -> None:
     if not ok:
         raise WireError(f"malformed message from the remote peer: {what}")
@@ -178,8 +185,7 @@ def decode_hello(body: memoryview) -> Hello:
         raise WireError("malformed message from the remote peer: the topic name is not UTF-8") from None
     size = body[_CLIENT_AT]
     _check(size <= MAX_CLIENT, "client label length")
-    client = bytes(body[_CLIENT_AT + 1:_CLIENT_AT + 1 + size]).decode(errors="replace")
-    client = "".join(c if c.isprintable() else "?" for c in client)
+    client = peer_text(body[_CLIENT_AT + 1:_CLIENT_AT + 1 + size])
     tags = _PREFIX.unpack_from(body, _TAGS_AT)[0]
     _check(1 <= tags <= MAX_PREFIX, "tag prefix")
     return Hello(protocol.Qos(qos), queue, nonce, name, pid, client, tags)
@@ -278,7 +284,7 @@ def expect(data: bytes | bytearray | memoryview, want: Kind, *, refusal: bool = 
 def decode_refuse(body: memoryview) -> tuple[int, str]:
     code, length = _REFUSE.unpack_from(body, 0)
     _check(length <= MAX_REASON, "reason length")
-    return code, bytes(body[_REFUSE.size:_REFUSE.size + length]).decode(errors="replace")
+    return code, peer_text(body[_REFUSE.size:_REFUSE.size + length])
 
 
 # ---- the data phase ---------------------------------------------------------------------------

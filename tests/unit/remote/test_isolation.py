@@ -85,3 +85,50 @@ def test_a_stopped_remote_costs_the_others_nothing(cluster, env, path, victim_qo
         assert first["latency_us"] < 2 / RATE * 1e6 + 100_000, first
         assert [r for r in _listing(relay) if r["connected"] and r["qos"] == "latest" and not r["dropped"]]
     _frames_ok(victim)
+
+
+@pytest.mark.parametrize("deaf_qos, count", [("every", 1), ("latest", 4)])
+def test_a_remote_that_never_receives_is_dropped_and_holds_nothing_the_others_need(cluster, env, deaf_qos, count):
+    """Remote subscribers with the key that beat but never post a receive (UCX's rendezvous
+    sends to them never end): an 'every' one with a window of 8 (it used to hold 3 sends in flight
+    and 9 of the 12 staging buffers), or four 'latest' ones (3 sends each). Each is dropped with
+    the reason, and an honest remote subscriber beside them goes on receiving."""
+    cluster.publisher(rate=RATE)
+    relay, address = cluster.relay("--qos", "latest", "--every-timeout", "1", "--timeout", "10")
+    honest = cluster.subscriber(address, "--qos", "every", "--queue", "4", "--count", "0")
+    honest.wait_for(lambda m: m["event"] == "got", timeout=30)
+    # (rendezvous for every frame, as for real frame sizes: a send ends only once the receiver took it)
+    deaf_env = {**env, "UCX_RNDV_THRESH": "1K"}
+    deaf = []
+    for _ in range(count):
+        peer = Peer(deaf_env, REMOTE_PEER, "deaf", "--name", "t", "--remote", address, "--qos", deaf_qos, "--queue",
+                    "8")
+        cluster.peers.append(peer)
+        deaf.append(peer)
+    for peer in deaf:
+        peer.wait_for(lambda m: m["event"] == "ready", timeout=30)
+    joined = time.monotonic()
+    mark = len(honest.got())
+    while True:
+        dropped = [r for r in _listing(relay) if r["dropped"]]
+        if len(dropped) >= count:
+            break
+        assert time.monotonic() - joined < 10, _listing(relay)
+        time.sleep(0.2)
+    for remote in dropped:
+        assert "was not received" in remote["dropped"] or "every_timeout" in remote["dropped"], dropped
+    # The honest one kept going meanwhile (an 'every' deaf one never held more than its quota)
+    # and goes on after the drops.
+    waited = time.monotonic() - joined
+    if deaf_qos == "every":
+        assert len(honest.got()) - mark >= 0.8 * RATE * waited, (len(honest.got()) - mark, waited)
+    after = len(honest.got())
+    time.sleep(2.0)
+    assert len(honest.got()) - after >= 0.8 * RATE * 2.0, len(honest.got()) - after
+    _frames_ok(honest)
+    seqs = [m["seq"] for m in honest.got()]
+    assert seqs == sorted(set(seqs))
+    for peer in deaf:
+        peer.send("bye")
+        done = peer.wait_for(lambda m: m["event"] == "done", timeout=15)
+        assert done["kind"] == "Dropped" and done["reason"] in [r["dropped"] for r in dropped], done

@@ -130,3 +130,17 @@ def test_the_progress_mode_is_read_from_the_environment(monkeypatch):
     monkeypatch.setenv("EGLCUDA_UCX_PROGRESS", "polling")
     with pytest.raises(UsageError, match="EGLCUDA_UCX_PROGRESS is one of thread, loop, got 'polling'"):
         _ucx.progress_mode()
+
+
+def test_peer_sent_text_reaches_exceptions_without_control_characters():
+    """A relay's refusal (and a subscriber's label) is the peer's word: no newline, escape or
+    other control character of it reaches an exception's text or a log line."""
+    hostile = "refused\n\x1b[2J\x1b]0;owned\x07\r\x00 tail \u202e"
+    body = wire.expect(wire.encode_refuse(5, hostile), wire.Kind.REFUSE)
+    code, reason = wire.decode_refuse(body)
+    assert code == 5 and reason.startswith("refused?") and reason.endswith(" tail ?")
+    assert all(c.isprintable() for c in reason), repr(reason)
+    with pytest.raises(eglcuda.Refused) as caught:
+        wire.expect(wire.encode_refuse(5, hostile), wire.Kind.HELLO, refusal=True)
+    assert all(c.isprintable() for c in str(caught.value)), repr(str(caught.value))
+    assert wire.peer_text(b"\xff\xfeok\x7f") == "??ok?"
