@@ -41,9 +41,13 @@ from __future__ import annotations
 import asyncio
 import atexit
 import concurrent.futures
+import ctypes
+import ctypes.util
 import importlib
+import ipaddress
 import logging
 import os
+import queue
 import secrets
 import threading
 import time
@@ -63,8 +67,13 @@ PROGRESS_EPOLL_MS = 1  # the progress thread's longest sleep between looks (UCXX
 NOTIFY_WAIT_NS = 100_000_000  # the notifier's longest wait before it looks whether the engine stops
 FUTURES_REFILL = 32  # thread mode: refill UCXX's pool of futures (about 100) every this many posts
 PASS_ROUNDS = 4  # progress rounds of one pass before the loop runs its other work
-ABORT_NS = 100_000_000  # how long closing an endpoint may wait for UCX (on the engine's thread)
 PREFIX_BITS = 56  # a tag is (prefix << 8) | kind
+CLOSE_NS = 100_000_000  # how long the closer thread waits for UCX to close one endpoint
+KINDS = (1, 2, 3)  # the kinds of tagged message (wire.FRAME_TAG, NOTE_TAG, CONTROL_TAG)
+SWEEP_MAX = 4096  # unexpected tagged messages dropped in one pass at most
+UNCLAIMED_S = 1.0  # a message of one of our connections not received within this is dropped too
+PENDING_MAX = 64  # connections in their handshake at once, in all (more are closed at once)
+PENDING_PER_ADDRESS = 8  # ... and from one address
 
 _lock = threading.Lock()
 _engine: "Engine | None" = None
@@ -121,10 +130,12 @@ class Endpoint:
     """One UCX connection, used on the engine's thread only: the handshake over its stream,
     then tagged messages (``kind`` 1..255) under the prefixes both sides agreed on."""
 
-    def __init__(self, engine: "Engine", ep: Any) -> None:
+    def __init__(self, engine: "Engine", ep: Any, peer: str = "?") -> None:
         self._engine = engine
         self._ep = ep
         self._closed = False
+        self.peer = peer  # the peer's address as the connection request gave it ("?": unknown)
+        self.handshaking = False  # an accepted connection whose handshake is not over (Listener's count)
         self.recv_prefix: int | None = None  # mine: what I receive
         self.send_prefix: int | None = None  # the peer's
         self._tags: dict[tuple[int, bool], Any] = {}
@@ -211,21 +222,21 @@ class Endpoint:
         await self._engine.wait(request)
 
     def abort(self) -> None:
-        """Close at once: the requests still posted end with an error. The peer hears of it as a
-        closed connection. Loop mode waits for UCX at most ABORT_NS; in thread mode UCXX's
-        cancelling of the posted requests may wait longer (normally milliseconds)."""
+        """Close at once, without waiting on UCX here (the engine's thread carries every frame):
+        the closer thread closes the UCX endpoint (up to CLOSE_NS), and the requests still posted
+        end with an error in the pass after. The peer hears of it as a closed connection."""
         if self._closed:
             return
         self._closed = True
         self.lost.set()
+        self.handshaking = False
         prefix = self.recv_prefix
         try:
-            self._ep.close_blocking(period=ABORT_NS, max_attempts=1)
             if not self._engine.threaded:
                 self._ep.remove_close_callback()
         except Exception:  # noqa: BLE001 - already gone
             pass
-        self._engine.schedule()  # (the cancelled requests complete in the next pass)
+        self._engine.close_later(self._ep)
         if prefix is not None:
             self._engine.forget_prefix(prefix)
 
@@ -238,6 +249,8 @@ class Listener:
         self._handler = handler
         self._closing = False
         self.tasks: set[asyncio.Task[Any]] = set()
+        self._handshaking: "weakref.WeakSet[Endpoint]" = weakref.WeakSet()  # accepted, handshake not over
+        self.turned_away = 0  # connections closed at once: too many handshakes in all or from their address
         me = weakref.ref(self)
 
         def accept(conn_request: Any, *_: Any) -> None:  # (where UCX progresses: the loop or its progress thread)
@@ -253,16 +266,31 @@ class Listener:
                 except Exception:  # noqa: BLE001 - the peer left already
                     pass
                 return
+            peer = client_address(conn_request)
+            pending = [e for e in listener._handshaking if e.handshaking and not e.closed]
+            crowded = len(pending) >= PENDING_MAX or (
+                peer != "?" and sum(1 for e in pending if _host_of(e.peer) == _host_of(peer)) >= PENDING_PER_ADDRESS)
             try:
                 ep = listener._listener.create_endpoint_from_conn_request(conn_request, True)
             except Exception:  # noqa: BLE001 - the peer left already
                 return
-            task = asyncio.ensure_future(listener._handler(Endpoint(engine, ep)))
+            endpoint = Endpoint(engine, ep, peer)
+            if crowded:  # (before the key nothing may grow: no task, no buffer, closed at once)
+                listener.turned_away += 1
+                if listener.turned_away in (1, 10, 100) or listener.turned_away % 1000 == 0:
+                    log.warning("eglcuda remote: %d connection(s) turned away: too many handshakes at once (the last "
+                                "from %s)", listener.turned_away, peer)
+                endpoint.abort()
+                return
+            endpoint.handshaking = True
+            listener._handshaking.add(endpoint)
+            task = asyncio.ensure_future(listener._handler(endpoint))
             listener.tasks.add(task)
             task.add_done_callback(listener.tasks.discard)
 
+        self._listener: Any = None
         try:
-            self._listener: Any = engine.api.UCXListener.create(worker=engine.worker, port=port, cb_func=accept)
+            self._listener = engine.api.UCXListener.create(worker=engine.worker, port=port, cb_func=accept)
         except Exception as exc:  # noqa: BLE001 - UCXX's own exception types, said as ours
             if "busy" in str(exc).lower() or "in use" in str(exc).lower():
                 raise UsageError(f"port {port} is in use (another relay or program listens on it): choose another "
@@ -299,7 +327,14 @@ class Engine:
         self.threaded = progress_mode() == "thread"
         self._watched: "weakref.WeakSet[Endpoint]" = weakref.WeakSet()  # thread mode: asked whether alive
         self._posts = 0
+        self._unclaimed: tuple[int, float] | None = None  # (tag, since): the first unmatched message, ours
+        self._scratch: Any = None  # where dropped messages are received (_sweep)
+        self.swept = 0  # tagged messages dropped unread
         self._notifier: threading.Thread | None = None
+        # UCXX's endpoint close waits for UCX (up to CLOSE_NS): on a thread of its own, not the
+        # engine's (UCXX's non-blocking close crashed under many connections closed at once).
+        self._to_close: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
+        self._closer: threading.Thread | None = None
         self._stopping = False
         self.thread = threading.Thread(target=self._main, name="eglcuda-ucx", daemon=True)
         self._started: concurrent.futures.Future[None] = concurrent.futures.Future()
@@ -312,6 +347,7 @@ class Engine:
         try:
             api = importlib.import_module("ucxx._lib.libucxx")
             self.arr = importlib.import_module("ucxx._lib.arr").Array
+            self._scratch = self.arr(np.zeros(256, np.uint8))
             self.api = api
             self.context = api.UCXContext(feature_flags=(api.Feature.TAG, api.Feature.STREAM, api.Feature.WAKEUP))
             if self.threaded:
@@ -344,6 +380,9 @@ class Engine:
             except Exception:  # noqa: BLE001 - exit goes on
                 pass
         self._stopping = True
+        if self._closer is not None:
+            self._to_close.put(None)
+            self._closer.join(1.0)
         try:
             if self.threaded:
                 self.worker.stop_progress_thread()  # (before exit: it may call into Python)
@@ -365,7 +404,65 @@ class Engine:
         self.loop.call_later(FALLBACK_S, self._fallback)  # (first: a failing pass must not end the fallback)
         for endpoint in list(self._watched):
             endpoint.check_alive()
+        self._sweep()
         self._pass()
+
+    def _sweep(self) -> None:
+        """Drop the tagged messages nobody will receive: UCX keeps an unmatched message in its
+        unexpected queue for the worker's life, so a peer without the key (or any peer, on tags
+        that are no connection's) could grow this process's memory for good. A message on one of
+        our connections' tags stays (its receive is being posted) unless it is still the first
+        unmatched one UNCLAIMED_S later. Each is received into a small scratch buffer (a longer
+        one ends truncated, which frees it too)."""
+        api, worker = self.api, self.worker
+        everything = api.UCXXTagMask(0)
+        for _ in range(SWEEP_MAX):
+            try:
+                probe = worker.tag_probe(api.UCXXTag(0), everything, False)
+            except Exception:  # noqa: BLE001 - a UCX refusal: try again next pass
+                return
+            if not probe.matched:
+                self._unclaimed = None
+                return
+            tag = int(probe.sender_tag.value)
+            if (tag >> 8) in self._prefixes and (tag & 0xFF) in KINDS:
+                now = time.monotonic()
+                first = self._unclaimed
+                if first is None or first[0] != tag:
+                    self._unclaimed = (tag, now)
+                    return
+                if now - first[1] < UNCLAIMED_S:
+                    return
+                self._unclaimed = None
+            try:
+                taken = worker.tag_probe(api.UCXXTag(tag), api.UCXXTagMaskFull, True)
+                if not taken.matched:
+                    continue
+                request = worker.tag_recv_with_handle(self._scratch, taken)
+            except Exception:  # noqa: BLE001
+                return
+            self.swept += 1
+            self.post(request, _ignore)
+
+    def close_later(self, ep: Any) -> None:
+        """Close UCXX endpoint ``ep`` on the closer thread (started on first use); a pass follows."""
+        if self._closer is None:
+            self._closer = threading.Thread(target=self._close_endpoints, name="eglcuda-ucx-close", daemon=True)
+            self._closer.start()
+        self._to_close.put(ep)
+
+    def _close_endpoints(self) -> None:
+        while True:
+            ep = self._to_close.get()
+            if ep is None:
+                return
+            try:
+                ep.close_blocking(period=CLOSE_NS, max_attempts=1)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+            del ep  # (UCXX's endpoint ends here, off the engine's thread)
+            if self._to_close.empty():
+                self.on_loop_soon(self.schedule)  # (the cancelled requests complete in the next pass)
 
     def schedule(self) -> None:
         """A progress pass soon (after a UCX call on the engine's thread)."""
@@ -522,6 +619,66 @@ class Engine:
             except RuntimeError:  # (closed already)
                 pass
             self.thread.join(5)
+
+
+def _ignore(error: LinkError | None) -> None:
+    """The completion of a dropped message's receive (truncated or not: nothing to do)."""
+
+
+def _host_of(address: str) -> str:
+    return address.rsplit(":", 1)[0]
+
+
+class _SockaddrStorage(ctypes.Structure):
+    _fields_ = [("family", ctypes.c_ushort), ("data", ctypes.c_ubyte * 126)]
+
+
+class _ConnRequestAttr(ctypes.Structure):  # ucp_conn_request_attr_t (ucp.h)
+    _fields_ = [("field_mask", ctypes.c_uint64), ("client_address", _SockaddrStorage), ("client_id", ctypes.c_uint64)]
+
+
+_conn_request_query: Any = None
+
+
+def _find_ucp() -> Any:
+    """``ucp_conn_request_query`` of the libucp this process loaded (through UCXX)."""
+    global _conn_request_query
+    if _conn_request_query is None:
+        path = None
+        try:
+            with open("/proc/self/maps") as maps:
+                for line in maps:
+                    if "libucp.so" in line:
+                        path = line.split()[-1]
+                        break
+        except OSError:
+            pass
+        function = getattr(ctypes.CDLL(path or ctypes.util.find_library("ucp") or "libucp.so.0"),
+                           "ucp_conn_request_query")
+        function.restype = ctypes.c_int
+        function.argtypes = [ctypes.c_void_p, ctypes.POINTER(_ConnRequestAttr)]
+        _conn_request_query = function
+    return _conn_request_query
+
+
+def client_address(conn_request: Any) -> str:
+    """``HOST:PORT`` of the peer of a connection request, as the connection says it (not as the
+    peer says it); ``"?"`` when UCX cannot tell."""
+    try:
+        query = _find_ucp()
+        attr = _ConnRequestAttr()
+        attr.field_mask = 1  # UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR
+        if query(int(conn_request), ctypes.byref(attr)) != 0:
+            return "?"
+        raw = bytes(attr.client_address.data)
+        port = int.from_bytes(raw[0:2], "big")
+        if attr.client_address.family == 2:  # AF_INET: port, 4 address bytes
+            return f"{ipaddress.IPv4Address(raw[2:6])}:{port}"
+        if attr.client_address.family == 10:  # AF_INET6: port, flowinfo, 16 address bytes
+            return f"[{ipaddress.IPv6Address(raw[6:22])}]:{port}"
+    except Exception:  # noqa: BLE001 - the address is for listings and limits only
+        pass
+    return "?"
 
 
 def _consume_future(request: Any) -> None:

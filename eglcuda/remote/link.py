@@ -212,7 +212,7 @@ class Joining:
                     continue
                 if kind is not wire.Head.GONE:
                     raise wire.WireError(f"{kind.name} as a note")
-                reason = wire.peer_text(note[wire.HEADER:wire.HEADER + length])
+                reason = wire.peer_text(note[wire.HEADER:wire.HEADER + length].tobytes())
                 if link.arrived < sent:  # (the note overtook frames the relay sent before it: they come first)
                     link.expected = sent
                     link.drained.clear()

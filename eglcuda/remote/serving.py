@@ -2,7 +2,7 @@
 sender (frames while there is credit, a few in flight; beats; the GONE note), its credit reader,
 and the watchdog that drops the silent and the slow. :class:`Serving` is a part of
 :class:`eglcuda.Relay` (relay.py), which owns the state it uses: ``name``, ``timeout``,
-``every_timeout``, ``max_remotes``, ``_key``, ``_sub``, ``_welcome``, ``_live``, ``_closing``,
+``every_timeout``, ``max_remotes``, ``qos``, ``_key``, ``_sub``, ``_welcome``, ``_live``, ``_closing``,
 ``_remotes``, ``_history``, ``_wanted``, ``_room_lock``, ``_room``, ``_staged``, ``_staging``, ``_refs``, ``_free``, ``_listener``.
 Everything here runs on the engine's thread.
 """
@@ -105,6 +105,7 @@ class Serving:
 
     # The relay's state this part uses (Relay.__init__ sets it).
     name: str
+    qos: Qos
     timeout: float
     every_timeout: float
     max_remotes: int
@@ -210,19 +211,24 @@ class Serving:
 
     async def _serve(self, ep: Any) -> None:
         """A new connection (the listener's): handshake, then serve it."""
-        peer = "?"
+        peer = ep.peer
         try:
             remote = await self._handshake(ep, time.monotonic() + self.timeout)
         except (asyncio.TimeoutError, TimeoutError):
-            log.info("relay %s: a peer did not finish its handshake in %.3g s", self.name, self.timeout)
+            log.info("relay %s: a peer at %s did not finish its handshake in %.3g s", self.name, peer, self.timeout)
             self._abort(ep)
             return
         except Exception as exc:  # noqa: BLE001 - a broken peer is refused, nothing else changes
-            log.info("relay %s: a peer was refused: %s", self.name, exc)
+            log.info("relay %s: a peer at %s was refused: %s", self.name, peer, exc)
             self._abort(ep)
             return
+        finally:
+            ep.handshaking = False  # (out of the listener's count of pending handshakes)
         if remote is None:
             return
+        if peer != "?":  # (the address the connection came from; the HELLO's host and pid are the peer's word)
+            log.info("relay %s: %s says it is %s", self.name, peer, remote.peer)
+            remote.peer = peer
         peer = remote.peer
         reader: asyncio.Future[Any] | None = None
         try:  # (the remote counts among the relay's from its handshake's last check on: this ends it)
