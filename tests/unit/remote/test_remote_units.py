@@ -144,3 +144,20 @@ def test_peer_sent_text_reaches_exceptions_without_control_characters():
         wire.expect(wire.encode_refuse(5, hostile), wire.Kind.HELLO, refusal=True)
     assert all(c.isprintable() for c in str(caught.value)), repr(str(caught.value))
     assert wire.peer_text(b"\xff\xfeok\x7f") == "??ok?"
+
+
+def test_the_relay_status_file_never_follows_a_link_planted_beside_it(tmp_path):
+    """Links planted where the relay writes its status (the file, and a temporary name beside it
+    as older versions used) are replaced or left alone, never written through."""
+    from eglcuda.topics import registry
+
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    path = registry.relay_status_path(str(tmp_path / "t.topic"), 1234)
+    os.symlink(victim, path)
+    os.symlink(victim, path + ".tmp")
+    registry.write_relay_status(path, {"version": 1, "pid": 1234, "remotes": []})
+    assert victim.read_text() == "precious"
+    assert not os.path.islink(path) and '"pid": 1234' in open(path).read()
+    assert oct(os.stat(path).st_mode & 0o777) == "0o600"
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp") and not p.is_symlink()] == []
