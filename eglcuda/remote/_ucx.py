@@ -244,9 +244,12 @@ class Endpoint:
 class Listener:
     """A listening port: each accepted connection runs ``handler(endpoint)`` as a task."""
 
-    def __init__(self, engine: "Engine", port: int, handler: Callable[[Endpoint], Awaitable[None]]) -> None:
+    def __init__(self, engine: "Engine", port: int, handler: Callable[[Endpoint], Awaitable[None]],
+                 host: str | None = None) -> None:
         self._engine = engine
         self._handler = handler
+        self.host = host  # the one address connections are accepted to (None: every address)
+        self.elsewhere = 0  # connections closed at once: made to another address of the host
         self._closing = False
         self.tasks: set[asyncio.Task[Any]] = set()
         self._handshaking: "weakref.WeakSet[Endpoint]" = weakref.WeakSet()  # accepted, handshake not over
@@ -275,6 +278,14 @@ class Listener:
             except Exception:  # noqa: BLE001 - the peer left already
                 return
             endpoint = Endpoint(engine, ep, peer)
+            if listener.host is not None:
+                to = local_address(ep)
+                if _host_of(to).strip("[]") != listener.host:  # (UCX listens on every address: not what was asked)
+                    listener.elsewhere += 1
+                    log.info("eglcuda remote: a connection from %s to %s closed: this relay listens on %s only", peer,
+                             to, listener.host)
+                    endpoint.abort()
+                    return
             if crowded:  # (before the key nothing may grow: no task, no buffer, closed at once)
                 listener.turned_away += 1
                 if listener.turned_away in (1, 10, 100) or listener.turned_away % 1000 == 0:
@@ -606,8 +617,10 @@ class Engine:
         self.schedule()
         return Endpoint(self, ep)
 
-    def listen(self, port: int, handler: Callable[[Endpoint], Awaitable[None]]) -> Listener:
-        listener = Listener(self, port, handler)
+    def listen(self, port: int, handler: Callable[[Endpoint], Awaitable[None]], host: str | None = None) -> Listener:
+        """Accept connections on ``port``: UCX listens on every address of the host; those made
+        to another address than ``host`` (an IP; None: any) are closed at once."""
+        listener = Listener(self, port, handler, host)
         self.schedule()
         return listener
 
@@ -637,13 +650,18 @@ class _ConnRequestAttr(ctypes.Structure):  # ucp_conn_request_attr_t (ucp.h)
     _fields_ = [("field_mask", ctypes.c_uint64), ("client_address", _SockaddrStorage), ("client_id", ctypes.c_uint64)]
 
 
-_conn_request_query: Any = None
+class _EpAttr(ctypes.Structure):  # ucp_ep_attr_t (ucp.h), its first fields (UCP_ENTITY_NAME_MAX is 32)
+    _fields_ = [("field_mask", ctypes.c_uint64), ("name", ctypes.c_char * 32), ("local", _SockaddrStorage),
+                ("remote", _SockaddrStorage), ("rest", ctypes.c_ubyte * 256)]
 
 
-def _find_ucp() -> Any:
-    """``ucp_conn_request_query`` of the libucp this process loaded (through UCXX)."""
-    global _conn_request_query
-    if _conn_request_query is None:
+_ucp: Any = None
+
+
+def _libucp() -> Any:
+    """The libucp this process loaded (through UCXX), with the two queries eglcuda makes."""
+    global _ucp
+    if _ucp is None:
         path = None
         try:
             with open("/proc/self/maps") as maps:
@@ -653,32 +671,71 @@ def _find_ucp() -> Any:
                         break
         except OSError:
             pass
-        function = getattr(ctypes.CDLL(path or ctypes.util.find_library("ucp") or "libucp.so.0"),
-                           "ucp_conn_request_query")
-        function.restype = ctypes.c_int
-        function.argtypes = [ctypes.c_void_p, ctypes.POINTER(_ConnRequestAttr)]
-        _conn_request_query = function
-    return _conn_request_query
+        library = ctypes.CDLL(path or ctypes.util.find_library("ucp") or "libucp.so.0")
+        library.ucp_conn_request_query.restype = ctypes.c_int
+        library.ucp_conn_request_query.argtypes = [ctypes.c_void_p, ctypes.POINTER(_ConnRequestAttr)]
+        library.ucp_ep_query.restype = ctypes.c_int
+        library.ucp_ep_query.argtypes = [ctypes.c_void_p, ctypes.POINTER(_EpAttr)]
+        _ucp = library
+    return _ucp
+
+
+def _address_of(storage: _SockaddrStorage) -> str:
+    raw = bytes(storage.data)
+    port = int.from_bytes(raw[0:2], "big")
+    if storage.family == 2:  # AF_INET: port, 4 address bytes
+        return f"{ipaddress.IPv4Address(raw[2:6])}:{port}"
+    if storage.family == 10:  # AF_INET6: port, flowinfo, 16 address bytes
+        return f"[{ipaddress.IPv6Address(raw[6:22])}]:{port}"
+    return "?"
 
 
 def client_address(conn_request: Any) -> str:
     """``HOST:PORT`` of the peer of a connection request, as the connection says it (not as the
     peer says it); ``"?"`` when UCX cannot tell."""
     try:
-        query = _find_ucp()
         attr = _ConnRequestAttr()
         attr.field_mask = 1  # UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR
-        if query(int(conn_request), ctypes.byref(attr)) != 0:
-            return "?"
-        raw = bytes(attr.client_address.data)
-        port = int.from_bytes(raw[0:2], "big")
-        if attr.client_address.family == 2:  # AF_INET: port, 4 address bytes
-            return f"{ipaddress.IPv4Address(raw[2:6])}:{port}"
-        if attr.client_address.family == 10:  # AF_INET6: port, flowinfo, 16 address bytes
-            return f"[{ipaddress.IPv6Address(raw[6:22])}]:{port}"
+        if _libucp().ucp_conn_request_query(int(conn_request), ctypes.byref(attr)) == 0:
+            return _address_of(attr.client_address)
     except Exception:  # noqa: BLE001 - the address is for listings and limits only
         pass
     return "?"
+
+
+def local_address(ep: Any) -> str:
+    """``HOST:PORT`` of this side of UCXX endpoint ``ep`` (the address a peer connected to);
+    ``"?"`` when UCX cannot tell."""
+    try:
+        attr = _EpAttr()
+        attr.field_mask = 2  # UCP_EP_ATTR_FIELD_LOCAL_SOCKADDR
+        if _libucp().ucp_ep_query(int(ep.handle), ctypes.byref(attr)) == 0:
+            return _address_of(attr.local)
+    except Exception:  # noqa: BLE001 - then the connection is judged by nothing else
+        pass
+    return "?"
+
+
+def host_ip(host: str) -> str | None:
+    """The address a relay told to listen on ``host`` accepts connections to (None: every
+    address: 0.0.0.0, ::, *); :class:`UsageError` when ``host`` is no address of this host."""
+    import socket
+
+    if host in ("", "*", "0.0.0.0", "::"):
+        return None
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_DGRAM)
+    except OSError as exc:
+        raise UsageError(f"listen: {host!r} is no address ({exc})") from None
+    for family, kind, proto, _, address in infos:
+        try:
+            with socket.socket(family, kind, proto) as probe:
+                probe.bind((address[0], 0))  # (only an address of this host can be bound)
+        except OSError:
+            continue
+        return str(ipaddress.ip_address(address[0]))
+    raise UsageError(f"listen: {host!r} is not an address of this host: a relay can listen on its own addresses "
+                     "only (or 0.0.0.0 for all)")
 
 
 def _consume_future(request: Any) -> None:

@@ -3,7 +3,7 @@ sender (frames while there is credit, a few in flight; beats; the GONE note), it
 and the watchdog that drops the silent and the slow. :class:`Serving` is a part of
 :class:`eglcuda.Relay` (relay.py), which owns the state it uses: ``name``, ``timeout``,
 ``every_timeout``, ``max_remotes``, ``qos``, ``_key``, ``_sub``, ``_welcome``, ``_live``, ``_closing``,
-``_remotes``, ``_history``, ``_wanted``, ``_room_lock``, ``_room``, ``_staged``, ``_staging``, ``_refs``, ``_free``, ``_listener``.
+``_remotes``, ``_history``, ``_wanted``, ``_room_lock``, ``_room``, ``_staged``, ``_staging``, ``_refs``, ``_free``, ``_listener``, ``_listen_ip``.
 Everything here runs on the engine's thread.
 """
 from __future__ import annotations
@@ -124,12 +124,13 @@ class Serving:
     _refs: dict[int, int]
     _free: _queue.Queue[int]
     _listener: Any
+    _listen_ip: str | None
 
     def _write_status(self) -> None:
         raise NotImplementedError  # (the relay's)
 
     async def _listen(self, host: str, port: int) -> Any:
-        return _ucx.engine().listen(port, self._serve)
+        return _ucx.engine().listen(port, self._serve, self._listen_ip)
 
     def _set_live(self, live: bool) -> None:
         self._live = live
