@@ -70,7 +70,7 @@ PASS_ROUNDS = 4  # progress rounds of one pass before the loop runs its other wo
 PREFIX_BITS = 56  # a tag is (prefix << 8) | kind
 CLOSE_NS = 100_000_000  # how long the closer thread waits for UCX to close one endpoint
 KINDS = (1, 2, 3)  # the kinds of tagged message (wire.FRAME_TAG, NOTE_TAG, CONTROL_TAG)
-SWEEP_MAX = 4096  # unexpected tagged messages dropped in one pass at most
+SWEEP_MAX = 4096  # unexpected tagged messages dropped in one go (then the loop's other work, then more)
 UNCLAIMED_S = 1.0  # a message of one of our connections not received within this is dropped too
 PENDING_MAX = 64  # connections in their handshake at once, in all (more are closed at once)
 PENDING_PER_ADDRESS = 8  # ... and from one address
@@ -427,7 +427,10 @@ class Engine:
         one ends truncated, which frees it too)."""
         api, worker = self.api, self.worker
         everything = api.UCXXTagMask(0)
-        for _ in range(SWEEP_MAX):
+        for round_ in range(SWEEP_MAX + 1):
+            if round_ == SWEEP_MAX:  # (more waiting: go on after the loop's other work, not at the next fallback)
+                self.loop.call_soon(self._sweep)
+                return
             try:
                 probe = worker.tag_probe(api.UCXXTag(0), everything, False)
             except Exception:  # noqa: BLE001 - a UCX refusal: try again next pass
