@@ -54,6 +54,7 @@ class _Link:
         self.last_ts = 0
 
 
+FIRST_WORD_S = 1.0  # how long a new connection waits for the relay's first message before another is made
 FRESH_NS = 50_000_000  # a frame this much later than the way's delay is old whatever the frame period
 
 
@@ -103,7 +104,10 @@ class Joining:
         hello = wire.Hello(self.qos, self.queue, mine, self.name, os.getpid(), socket.gethostname(), tags)
         buf = np.zeros(wire.HANDSHAKE, np.uint8)
         try:
-            await ep.stream_recv(buf)  # (the relay speaks first: wire.encode_relay)
+            # (The relay speaks first: wire.encode_relay. A connection to a port nobody listened
+            # on when it was made may never say it failed (UCXX's progress thread): a bounded wait,
+            # then a fresh connection, so a relay that comes back is joined within a second.)
+            await asyncio.wait_for(ep.stream_recv(buf), min(FIRST_WORD_S, self.timeout))
             wire.expect(buf.tobytes(), wire.Kind.RELAY, refusal=True)
             buf[:] = 0
             await ep.stream_send(wire.encode_hello(hello))

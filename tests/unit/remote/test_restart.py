@@ -83,3 +83,24 @@ def test_an_address_not_of_this_host_is_refused_in_one_line(cluster, env, path):
                           "--timeout", "3"], env=env, cwd=str(ROOT), capture_output=True, text=True, timeout=60)
     assert out.returncode == 2, (out.returncode, out.stderr[-2000:])
     assert "not an address of this host" in out.stderr and "Traceback" not in out.stderr, out.stderr[-2000:]
+
+
+def test_wait_for_publisher_rejoins_a_relay_restarted_meanwhile(cluster):
+    """A remote subscriber waits (wait_for_publisher, 30 s) while its relay is dead; a relay
+    started on the same address 3 s later is joined within a second or two of being up."""
+    cluster.publisher(rate=100)
+    relay, address = cluster.relay("--qos", "latest")
+    sub = cluster.subscriber(address, "--count", "0", "--qos", "latest", "--rejoin", "--rejoin-timeout", "30",
+                             "--timeout", "2")
+    sub.wait_for(lambda m: m["event"] == "got")
+    relay.kill()
+    sub.wait_for(lambda m: m["event"] == "disconnected", timeout=15)
+    time.sleep(3.0)
+    cluster.relay("--listen", address, "--qos", "latest")
+    up = time.monotonic()
+    rejoined = sub.wait_for(lambda m: m["event"] in ("rejoined", "rejoin-failed"), timeout=40)
+    assert rejoined["event"] == "rejoined", rejoined
+    assert time.monotonic() - up < 2.5
+    count = len(sub.got())
+    sub.wait_for(lambda m: len(sub.got()) >= count + 5, timeout=10)
+    assert all(m["ok"] for m in sub.got())
