@@ -719,6 +719,25 @@ def local_address(ep: Any) -> str:
     return "?"
 
 
+def check_port(port: int) -> None:
+    """:class:`UsageError` when TCP ``port`` is taken on this host (a listener, as UCX's own would
+    be: bound to every address, with SO_REUSEADDR), said before UCX tries (and logs its own
+    error line); port 0 is always free."""
+    import errno
+    import socket
+
+    if not port:
+        return
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("0.0.0.0", port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise UsageError(f"port {port} is in use (another relay or program listens on it): choose another "
+                                 "port") from None
+
+
 def host_ip(host: str) -> str | None:
     """The address a relay told to listen on ``host`` accepts connections to (None: every
     address: 0.0.0.0, ::, *); :class:`UsageError` when ``host`` is no address of this host."""

@@ -77,6 +77,10 @@ class Relay(Serving):
         _ucx.require()  # (what to install is the first thing to say)
         _ucx.check_fork()
         self._listen_ip = _ucx.host_ip(host)  # (UsageError for an address that is not this host's)
+        try:
+            _ucx.check_port(port)  # (before waiting for the publisher)
+        except UsageError as exc:
+            raise UsageError(f"relay {self.name!r} cannot listen on {host}:{port}: {exc}") from None
         self._key = keys.load_key(key)
         self.timeout = positive_seconds(timeout, "timeout")
         self.every_timeout = positive_seconds(every_timeout, "every_timeout")

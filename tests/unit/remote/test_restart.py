@@ -41,6 +41,7 @@ def test_a_port_in_use_is_named_in_one_line(cluster, env, path):
     ours = [line for line in out.stderr.splitlines() if line.startswith("python -m eglcuda relay:")]
     assert len(ours) == 1 and address in ours[0] and "in use" in ours[0], out.stderr[-2000:]
     assert "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert len([line for line in out.stderr.splitlines() if line.strip()]) == 1, out.stderr[-2000:]  # (no UCX log line)
 
 def _host_address() -> str | None:
     """This host's address on its default route (None: it has none)."""
