@@ -269,6 +269,78 @@ def forge(args) -> int:
     return 0
 
 
+def deaf(args) -> int:
+    """A remote subscriber with the key that beats and reads the relay's notes but never posts a
+    frame receive (nor gives credit): the relay's sends to it never end once UCX needs the
+    receiver for them (rendezvous). Stays until told on stdin; says what ended its link."""
+    from eglcuda.remote import _ucx, link
+
+    link.Joining._post_receives = lambda self, link_: None  # (the one thing it does not do)
+    _ucx.Engine._sweep = lambda self: None  # (nor drops what waits unreceived: a plain UCXX peer)
+    sub = eglcuda.Subscriber(args.name, qos=args.qos, queue=args.queue, timeout=args.timeout, remote=args.remote)
+    say(event="ready", pid=os.getpid())
+    sys.stdin.readline()
+    lost = sub._link.lost if sub._link is not None else None
+    say(event="done", kind=type(lost).__name__ if lost else None, reason=str(lost) if lost else None)
+    sub.close()
+    return 0
+
+
+def flood(args) -> int:
+    """A peer without the key: for ``--seconds``, a new connection every ``--every`` seconds
+    (the older ones left open until the relay closes them), each sending tagged messages on
+    random tags (4 KiB, ``--rate`` MB/s in all) and never a handshake. Says how much it sent."""
+    import asyncio
+    import random
+
+    import numpy as np
+
+    from eglcuda.remote import _ucx
+
+    engine = _ucx.engine()
+    host, port = args.remote.rsplit(":", 1)
+    data = engine.arr(np.frombuffer(os.urandom(4096), np.uint8))
+    sent = [0, 0, 0]  # messages posted, failed, connections
+
+    def done(error) -> None:
+        if error is not None:
+            sent[1] += 1
+
+    async def run() -> None:
+        endpoints: list = []
+        started = time.monotonic()
+        next_connection = started
+        per_tick = max(1, int(args.rate * 1e6 / 4096 / 100))
+        while time.monotonic() - started < args.seconds:
+            now = time.monotonic()
+            if now >= next_connection:
+                next_connection = now + args.every
+                ep = engine.connect(host, int(port))
+                ep.use_tags(engine.new_prefix(), random.getrandbits(56) or 1)
+                endpoints.append(ep)
+                sent[2] += 1
+                endpoints = [e for e in endpoints if not e.closed][-16:]
+            for _ in range(per_tick):
+                ep = random.choice(endpoints)
+                if ep.closed:
+                    continue
+                ep.send_prefix = random.getrandbits(56) or 1  # (a tag no connection of the relay has)
+                ep._tags.clear()
+                try:
+                    ep.send_now(data, random.randint(1, 255), done)
+                    sent[0] += 1
+                except _ucx.LinkError:
+                    sent[1] += 1
+            await asyncio.sleep(0.01)
+        for ep in endpoints:
+            ep.abort()
+        await asyncio.sleep(0.2)
+
+    _ucx.run(engine.loop, run(), None)
+    say(event="done", messages=sent[0], failed=sent[1], connections=sent[2])
+    return 0
+
+
 def garbage(args) -> int:
     """A UCX peer that is no eglcuda subscriber: ``--mode`` magic (a HELLO with a wrong magic),
     old (a HELLO of protocol version 3), silent (connects, says nothing), big (a message longer
@@ -428,11 +500,17 @@ def mitm(args) -> int:
 
 def main() -> int:
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # (a hung peer's stacks, for debugging)
+    if os.environ.get("EGLCUDA_PEER_LOG"):  # (the library's log on stderr, for debugging)
+        import logging
+        logging.basicConfig(level=logging.DEBUG, stream=sys.stderr, format="%(relativeCreated)d %(message)s")
     parser = argparse.ArgumentParser()
     parser.add_argument("role", choices=["relay", "subscribe", "garbage", "cycles", "pair", "forked", "mitm",
-                                           "forge"])
+                                           "forge", "deaf", "flood"])
     parser.add_argument("--mode", default="magic")
     parser.add_argument("--frames", default="plain")
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--rate", type=float, default=20.0, help="flood: MB/s")
+    parser.add_argument("--every", type=float, default=0.2, help="flood: seconds between connections")
     parser.add_argument("--name", required=True)
     parser.add_argument("--path", default=None)
     parser.add_argument("--listen", default="127.0.0.1:0")
@@ -462,7 +540,7 @@ def main() -> int:
     parser.add_argument("--wait-go", action="store_true")
     args = parser.parse_args()
     return {"relay": relay, "subscribe": subscribe, "garbage": garbage, "cycles": cycles, "pair": pair, "forked": forked,
-            "mitm": mitm, "forge": forge}[args.role](args)
+            "mitm": mitm, "forge": forge, "deaf": deaf, "flood": flood}[args.role](args)
 
 
 if __name__ == "__main__":

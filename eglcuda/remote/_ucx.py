@@ -25,11 +25,13 @@ Neither spins (UCXX's asyncio API does): a fallback pass each ``FALLBACK_S`` mak
 event a delay, never a hang; the progress thread looks at least every ``PROGRESS_EPOLL_MS``.
 Measured, and why thread mode: docs/remote.md, "The engine" and "Two progress modes".
 
-Tags: UCX matches a tag receive on the whole worker, not per endpoint. Each side of a connection
-picks the tag prefix of what it *receives* (:meth:`Engine.new_prefix`: random, unique in this
-process) and says it in the handshake, which goes over the endpoint's own stream; a message's
-tag is its receiver's prefix and its kind (wire.py). Two connections of one process never match
-each other's messages, and a peer cannot guess another connection's tags.
+Tags: UCX matches a tag receive on the whole worker, not per endpoint. A message's tag is its
+receiver's prefix and its kind (wire.py); both sides derive a connection's two prefixes from its
+session (session.py), so they never travel, and each side registers the prefix of what it
+*receives* (:meth:`Engine.claim_prefix`: unique in this process) before its peer may send on it.
+Two connections of one process never match each other's messages, a peer cannot guess another
+connection's tags, and the sweep of unreceived messages (:meth:`Engine._sweep`) spares only the
+registered prefixes.
 
 The engine starts with the first relay or remote subscriber and stays until the interpreter exits
 (then open relays and remote subscribers are closed first): one context and worker for the
@@ -41,9 +43,13 @@ from __future__ import annotations
 import asyncio
 import atexit
 import concurrent.futures
+import ctypes
+import ctypes.util
 import importlib
+import ipaddress
 import logging
 import os
+import queue
 import secrets
 import threading
 import time
@@ -52,19 +58,24 @@ from typing import Any, Awaitable, Callable, Coroutine, TypeVar
 
 import numpy as np
 
-from ..errors import Timeout, Unsupported, UsageError
+from ..errors import EglCudaError, Timeout, Unsupported, UsageError
 
 T = TypeVar("T")
 log = logging.getLogger("eglcuda.remote")
-INSTALL = "pip install 'eglcuda[remote-cu12]' (CUDA 12) or 'eglcuda[remote-cu13]' (CUDA 13)"
+INSTALL = "pip install -e '.[remote-cu12]' in a checkout (CUDA 12; remote-cu13 for CUDA 13)"
 FALLBACK_S = 0.1  # a progress pass at least this often (UCX may miss an event once armed late)
 PROGRESS_MODES = ("thread", "loop")  # EGLCUDA_UCX_PROGRESS (the module's docstring)
 PROGRESS_EPOLL_MS = 1  # the progress thread's longest sleep between looks (UCXX's own thread mode uses 1 ms too)
 NOTIFY_WAIT_NS = 100_000_000  # the notifier's longest wait before it looks whether the engine stops
 FUTURES_REFILL = 32  # thread mode: refill UCXX's pool of futures (about 100) every this many posts
 PASS_ROUNDS = 4  # progress rounds of one pass before the loop runs its other work
-ABORT_NS = 100_000_000  # how long closing an endpoint may wait for UCX (on the engine's thread)
 PREFIX_BITS = 56  # a tag is (prefix << 8) | kind
+CLOSE_NS = 100_000_000  # how long the closer thread waits for UCX to close one endpoint
+KINDS = (1, 2, 3)  # the kinds of tagged message (wire.FRAME_TAG, NOTE_TAG, CONTROL_TAG)
+SWEEP_MAX = 4096  # unexpected tagged messages dropped in one go (then the loop's other work, then more)
+UNCLAIMED_S = 1.0  # a message of one of our connections not received within this is dropped too
+PENDING_MAX = 64  # connections in their handshake at once, in all (more are closed at once)
+PENDING_PER_ADDRESS = 8  # ... and from one address
 
 _lock = threading.Lock()
 _engine: "Engine | None" = None
@@ -84,7 +95,11 @@ def ucxx_missing() -> str | None:
 
 # UCX settings eglcuda uses unless the environment names them: TCP segments big enough for a frame
 # (UCX's 8 KiB send segments cost about 1.7x in rate for 3 MB frames over loopback: research/README.md).
-TUNING = {"UCX_TCP_TX_SEG_SIZE": "256K", "UCX_TCP_RX_SEG_SIZE": "1M"}
+TUNING = {"UCX_TCP_TX_SEG_SIZE": "256K", "UCX_TCP_RX_SEG_SIZE": "1M",
+          # A relay restarted on its port binds at once: SO_REUSEADDR on UCX's listening socket
+          # (without it the port stays taken while the old connections sit in TIME-WAIT, about a
+          # minute). Two listeners on one port are still refused (Linux's SO_REUSEADDR).
+          "UCX_CM_REUSEADDR": "y"}
 
 
 def progress_mode() -> str:
@@ -117,10 +132,12 @@ class Endpoint:
     """One UCX connection, used on the engine's thread only: the handshake over its stream,
     then tagged messages (``kind`` 1..255) under the prefixes both sides agreed on."""
 
-    def __init__(self, engine: "Engine", ep: Any) -> None:
+    def __init__(self, engine: "Engine", ep: Any, peer: str = "?") -> None:
         self._engine = engine
         self._ep = ep
         self._closed = False
+        self.peer = peer  # the peer's address as the connection request gave it ("?": unknown)
+        self.handshaking = False  # an accepted connection whose handshake is not over (Listener's count)
         self.recv_prefix: int | None = None  # mine: what I receive
         self.send_prefix: int | None = None  # the peer's
         self._tags: dict[tuple[int, bool], Any] = {}
@@ -208,21 +225,21 @@ class Endpoint:
         await self._engine.wait(request)
 
     def abort(self) -> None:
-        """Close at once: the requests still posted end with an error. The peer hears of it as a
-        closed connection. Loop mode waits for UCX at most ABORT_NS; in thread mode UCXX's
-        cancelling of the posted requests may wait longer (normally milliseconds)."""
+        """Close at once, without waiting on UCX here (the engine's thread carries every frame):
+        the closer thread closes the UCX endpoint (up to CLOSE_NS), and the requests still posted
+        end with an error in the pass after. The peer hears of it as a closed connection."""
         if self._closed:
             return
         self._closed = True
         self.lost.set()
+        self.handshaking = False
         prefix = self.recv_prefix
         try:
-            self._ep.close_blocking(period=ABORT_NS, max_attempts=1)
             if not self._engine.threaded:
                 self._ep.remove_close_callback()
         except Exception:  # noqa: BLE001 - already gone
             pass
-        self._engine.schedule()  # (the cancelled requests complete in the next pass)
+        self._engine.close_later(self._ep)
         if prefix is not None:
             self._engine.forget_prefix(prefix)
 
@@ -230,11 +247,16 @@ class Endpoint:
 class Listener:
     """A listening port: each accepted connection runs ``handler(endpoint)`` as a task."""
 
-    def __init__(self, engine: "Engine", port: int, handler: Callable[[Endpoint], Awaitable[None]]) -> None:
+    def __init__(self, engine: "Engine", port: int, handler: Callable[[Endpoint], Awaitable[None]],
+                 host: str | None = None) -> None:
         self._engine = engine
         self._handler = handler
+        self.host = host  # the one address connections are accepted to (None: every address)
+        self.elsewhere = 0  # connections closed at once: made to another address of the host
         self._closing = False
         self.tasks: set[asyncio.Task[Any]] = set()
+        self._handshaking: "weakref.WeakSet[Endpoint]" = weakref.WeakSet()  # accepted, handshake not over
+        self.turned_away = 0  # connections closed at once: too many handshakes in all or from their address
         me = weakref.ref(self)
 
         def accept(conn_request: Any, *_: Any) -> None:  # (where UCX progresses: the loop or its progress thread)
@@ -250,15 +272,44 @@ class Listener:
                 except Exception:  # noqa: BLE001 - the peer left already
                     pass
                 return
+            peer = client_address(conn_request)
+            pending = [e for e in listener._handshaking if e.handshaking and not e.closed]
+            crowded = len(pending) >= PENDING_MAX or (
+                peer != "?" and sum(1 for e in pending if _host_of(e.peer) == _host_of(peer)) >= PENDING_PER_ADDRESS)
             try:
                 ep = listener._listener.create_endpoint_from_conn_request(conn_request, True)
             except Exception:  # noqa: BLE001 - the peer left already
                 return
-            task = asyncio.ensure_future(listener._handler(Endpoint(engine, ep)))
+            endpoint = Endpoint(engine, ep, peer)
+            if listener.host is not None:
+                to = local_address(ep)
+                if _host_of(to).strip("[]") != listener.host:  # (UCX listens on every address: not what was asked)
+                    listener.elsewhere += 1
+                    log.info("eglcuda remote: a connection from %s to %s closed: this relay listens on %s only", peer,
+                             to, listener.host)
+                    endpoint.abort()
+                    return
+            if crowded:  # (before the key nothing may grow: no task, no buffer, closed at once)
+                listener.turned_away += 1
+                if listener.turned_away in (1, 10, 100) or listener.turned_away % 1000 == 0:
+                    log.warning("eglcuda remote: %d connection(s) turned away: too many handshakes at once (the last "
+                                "from %s)", listener.turned_away, peer)
+                endpoint.abort()
+                return
+            endpoint.handshaking = True
+            listener._handshaking.add(endpoint)
+            task = asyncio.ensure_future(listener._handler(endpoint))
             listener.tasks.add(task)
             task.add_done_callback(listener.tasks.discard)
 
-        self._listener: Any = engine.api.UCXListener.create(worker=engine.worker, port=port, cb_func=accept)
+        self._listener: Any = None
+        try:
+            self._listener = engine.api.UCXListener.create(worker=engine.worker, port=port, cb_func=accept)
+        except Exception as exc:  # noqa: BLE001 - UCXX's own exception types, said as ours
+            if "busy" in str(exc).lower() or "in use" in str(exc).lower():
+                raise UsageError(f"port {port} is in use (another relay or program listens on it): choose another "
+                                 "port") from None
+            raise EglCudaError(f"listening on port {port} failed: {type(exc).__name__}: {exc}") from None
         self.port = int(self._listener.port)
 
     def close(self) -> None:
@@ -290,7 +341,14 @@ class Engine:
         self.threaded = progress_mode() == "thread"
         self._watched: "weakref.WeakSet[Endpoint]" = weakref.WeakSet()  # thread mode: asked whether alive
         self._posts = 0
+        self._unclaimed: tuple[int, float] | None = None  # (tag, since): the first unmatched message, ours
+        self._scratch: Any = None  # where dropped messages are received (_sweep)
+        self.swept = 0  # tagged messages dropped unread
         self._notifier: threading.Thread | None = None
+        # UCXX's endpoint close waits for UCX (up to CLOSE_NS): on a thread of its own, not the
+        # engine's (UCXX's non-blocking close crashed under many connections closed at once).
+        self._to_close: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
+        self._closer: threading.Thread | None = None
         self._stopping = False
         self.thread = threading.Thread(target=self._main, name="eglcuda-ucx", daemon=True)
         self._started: concurrent.futures.Future[None] = concurrent.futures.Future()
@@ -303,6 +361,7 @@ class Engine:
         try:
             api = importlib.import_module("ucxx._lib.libucxx")
             self.arr = importlib.import_module("ucxx._lib.arr").Array
+            self._scratch = self.arr(np.zeros(256, np.uint8))
             self.api = api
             self.context = api.UCXContext(feature_flags=(api.Feature.TAG, api.Feature.STREAM, api.Feature.WAKEUP))
             if self.threaded:
@@ -335,6 +394,9 @@ class Engine:
             except Exception:  # noqa: BLE001 - exit goes on
                 pass
         self._stopping = True
+        if self._closer is not None:
+            self._to_close.put(None)
+            self._closer.join(1.0)
         try:
             if self.threaded:
                 self.worker.stop_progress_thread()  # (before exit: it may call into Python)
@@ -356,7 +418,68 @@ class Engine:
         self.loop.call_later(FALLBACK_S, self._fallback)  # (first: a failing pass must not end the fallback)
         for endpoint in list(self._watched):
             endpoint.check_alive()
+        self._sweep()
         self._pass()
+
+    def _sweep(self) -> None:
+        """Drop the tagged messages nobody will receive: UCX keeps an unmatched message in its
+        unexpected queue for the worker's life, so a peer without the key (or any peer, on tags
+        that are no connection's) could grow this process's memory for good. A message on one of
+        our connections' tags stays (its receive is being posted) unless it is still the first
+        unmatched one UNCLAIMED_S later. Each is received into a small scratch buffer (a longer
+        one ends truncated, which frees it too)."""
+        api, worker = self.api, self.worker
+        everything = api.UCXXTagMask(0)
+        for round_ in range(SWEEP_MAX + 1):
+            if round_ == SWEEP_MAX:  # (more waiting: go on after the loop's other work, not at the next fallback)
+                self.loop.call_soon(self._sweep)
+                return
+            try:
+                probe = worker.tag_probe(api.UCXXTag(0), everything, False)
+            except Exception:  # noqa: BLE001 - a UCX refusal: try again next pass
+                return
+            if not probe.matched:
+                self._unclaimed = None
+                return
+            tag = int(probe.sender_tag.value)
+            if (tag >> 8) in self._prefixes and (tag & 0xFF) in KINDS:
+                now = time.monotonic()
+                first = self._unclaimed
+                if first is None or first[0] != tag:
+                    self._unclaimed = (tag, now)
+                    return
+                if now - first[1] < UNCLAIMED_S:
+                    return
+                self._unclaimed = None
+            try:
+                taken = worker.tag_probe(api.UCXXTag(tag), api.UCXXTagMaskFull, True)
+                if not taken.matched:
+                    continue
+                request = worker.tag_recv_with_handle(self._scratch, taken)
+            except Exception:  # noqa: BLE001
+                return
+            self.swept += 1
+            self.post(request, _ignore)
+
+    def close_later(self, ep: Any) -> None:
+        """Close UCXX endpoint ``ep`` on the closer thread (started on first use); a pass follows."""
+        if self._closer is None:
+            self._closer = threading.Thread(target=self._close_endpoints, name="eglcuda-ucx-close", daemon=True)
+            self._closer.start()
+        self._to_close.put(ep)
+
+    def _close_endpoints(self) -> None:
+        while True:
+            ep = self._to_close.get()
+            if ep is None:
+                return
+            try:
+                ep.close_blocking(period=CLOSE_NS, max_attempts=1)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+            del ep  # (UCXX's endpoint ends here, off the engine's thread)
+            if self._to_close.empty():
+                self.on_loop_soon(self.schedule)  # (the cancelled requests complete in the next pass)
 
     def schedule(self) -> None:
         """A progress pass soon (after a UCX call on the engine's thread)."""
@@ -508,8 +631,10 @@ class Engine:
         self.schedule()
         return Endpoint(self, ep)
 
-    def listen(self, port: int, handler: Callable[[Endpoint], Awaitable[None]]) -> Listener:
-        listener = Listener(self, port, handler)
+    def listen(self, port: int, handler: Callable[[Endpoint], Awaitable[None]], host: str | None = None) -> Listener:
+        """Accept connections on ``port``: UCX listens on every address of the host; those made
+        to another address than ``host`` (an IP; None: any) are closed at once."""
+        listener = Listener(self, port, handler, host)
         self.schedule()
         return listener
 
@@ -521,6 +646,129 @@ class Engine:
             except RuntimeError:  # (closed already)
                 pass
             self.thread.join(5)
+
+
+def _ignore(error: LinkError | None) -> None:
+    """The completion of a dropped message's receive (truncated or not: nothing to do)."""
+
+
+def _host_of(address: str) -> str:
+    return address.rsplit(":", 1)[0]
+
+
+class _SockaddrStorage(ctypes.Structure):
+    _fields_ = [("family", ctypes.c_ushort), ("data", ctypes.c_ubyte * 126)]
+
+
+class _ConnRequestAttr(ctypes.Structure):  # ucp_conn_request_attr_t (ucp.h)
+    _fields_ = [("field_mask", ctypes.c_uint64), ("client_address", _SockaddrStorage), ("client_id", ctypes.c_uint64)]
+
+
+class _EpAttr(ctypes.Structure):  # ucp_ep_attr_t (ucp.h), its first fields (UCP_ENTITY_NAME_MAX is 32)
+    _fields_ = [("field_mask", ctypes.c_uint64), ("name", ctypes.c_char * 32), ("local", _SockaddrStorage),
+                ("remote", _SockaddrStorage), ("rest", ctypes.c_ubyte * 256)]
+
+
+_ucp: Any = None
+
+
+def _libucp() -> Any:
+    """The libucp this process loaded (through UCXX), with the two queries eglcuda makes."""
+    global _ucp
+    if _ucp is None:
+        path = None
+        try:
+            with open("/proc/self/maps") as maps:
+                for line in maps:
+                    if "libucp.so" in line:
+                        path = line.split()[-1]
+                        break
+        except OSError:
+            pass
+        library = ctypes.CDLL(path or ctypes.util.find_library("ucp") or "libucp.so.0")
+        library.ucp_conn_request_query.restype = ctypes.c_int
+        library.ucp_conn_request_query.argtypes = [ctypes.c_void_p, ctypes.POINTER(_ConnRequestAttr)]
+        library.ucp_ep_query.restype = ctypes.c_int
+        library.ucp_ep_query.argtypes = [ctypes.c_void_p, ctypes.POINTER(_EpAttr)]
+        _ucp = library
+    return _ucp
+
+
+def _address_of(storage: _SockaddrStorage) -> str:
+    raw = bytes(storage.data)
+    port = int.from_bytes(raw[0:2], "big")
+    if storage.family == 2:  # AF_INET: port, 4 address bytes
+        return f"{ipaddress.IPv4Address(raw[2:6])}:{port}"
+    if storage.family == 10:  # AF_INET6: port, flowinfo, 16 address bytes
+        return f"[{ipaddress.IPv6Address(raw[6:22])}]:{port}"
+    return "?"
+
+
+def client_address(conn_request: Any) -> str:
+    """``HOST:PORT`` of the peer of a connection request, as the connection says it (not as the
+    peer says it); ``"?"`` when UCX cannot tell."""
+    try:
+        attr = _ConnRequestAttr()
+        attr.field_mask = 1  # UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR
+        if _libucp().ucp_conn_request_query(int(conn_request), ctypes.byref(attr)) == 0:
+            return _address_of(attr.client_address)
+    except Exception:  # noqa: BLE001 - the address is for listings and limits only
+        pass
+    return "?"
+
+
+def local_address(ep: Any) -> str:
+    """``HOST:PORT`` of this side of UCXX endpoint ``ep`` (the address a peer connected to);
+    ``"?"`` when UCX cannot tell."""
+    try:
+        attr = _EpAttr()
+        attr.field_mask = 2  # UCP_EP_ATTR_FIELD_LOCAL_SOCKADDR
+        if _libucp().ucp_ep_query(int(ep.handle), ctypes.byref(attr)) == 0:
+            return _address_of(attr.local)
+    except Exception:  # noqa: BLE001 - then the connection is judged by nothing else
+        pass
+    return "?"
+
+
+def check_port(port: int) -> None:
+    """:class:`UsageError` when TCP ``port`` is taken on this host (a listener, as UCX's own would
+    be: bound to every address, with SO_REUSEADDR), said before UCX tries (and logs its own
+    error line); port 0 is always free."""
+    import errno
+    import socket
+
+    if not port:
+        return
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("0.0.0.0", port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise UsageError(f"port {port} is in use (another relay or program listens on it): choose another "
+                                 "port") from None
+
+
+def host_ip(host: str) -> str | None:
+    """The address a relay told to listen on ``host`` accepts connections to (None: every
+    address: 0.0.0.0, ::, *); :class:`UsageError` when ``host`` is no address of this host."""
+    import socket
+
+    if host in ("", "*", "0.0.0.0", "::"):
+        return None
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_DGRAM)
+    except OSError as exc:
+        raise UsageError(f"listen: {host!r} is no address ({exc})") from None
+    for family, kind, proto, _, address in infos:
+        try:
+            with socket.socket(family, kind, proto) as probe:
+                probe.bind((address[0], 0))  # (only an address of this host can be bound)
+        except OSError:
+            continue
+        return str(ipaddress.ip_address(address[0]))
+    raise UsageError(f"listen: {host!r} is not an address of this host: a relay can listen on its own addresses "
+                     "only (or 0.0.0.0 for all)")
 
 
 def _consume_future(request: Any) -> None:

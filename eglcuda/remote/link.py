@@ -49,6 +49,31 @@ class _Link:
         self.counters: dict[int, int] = {}  # their frame seals' counters, by posting order
         self.last_counter = 0  # of the last frame handed out (each must be higher: no replay)
         self.ended = threading.Event()  # every receive ended: nothing writes the host buffers any more
+        # How old a frame is, on this host's clock, without knowing the publisher's: the least
+        # (arrival - publisher's timestamp) seen is the way's own delay; a frame later than that
+        # by more than two frame periods (FRESH_NS at least) waited somewhere (this process was
+        # stopped, say): a 'latest' subscriber does not take it (subscriber.py).
+        self.lag_ns: int | None = None
+        self.period_ns = 0  # the publisher's frame period, as the timestamps of the frames received say
+        self.last_ts = 0
+
+
+FIRST_WORD_S = 1.0  # how long a new connection waits for the relay's first message before another is made
+FRESH_NS = 50_000_000  # a frame this much later than the way's delay is old whatever the frame period
+
+
+def stale_frames(link: _Link) -> int:
+    """In a 'latest' subscriber's window: move the frames ready to be taken back to the free
+    buffers when even the newest of them is old (see _Link.lag_ns); how many (under link.cond)."""
+    if not link.ready or link.lag_ns is None:
+        return 0
+    timestamp = link.ready[-1][1]
+    if not timestamp or time.monotonic_ns() - timestamp - link.lag_ns <= max(FRESH_NS, 2 * link.period_ns):
+        return 0
+    count = len(link.ready)
+    while link.ready:
+        link.free.append(link.ready.popleft()[3])
+    return count
 
 
 class Joining:
@@ -81,9 +106,11 @@ class Joining:
         """The Noise handshake as its initiator (session.py), then the relay's sealed WELCOME; the
         session goes on ``ep.session``, with the frames' seal on it."""
         buf = np.zeros(wire.HANDSHAKE, np.uint8)
-        tags: int | None = None
         try:
-            await ep.stream_recv(buf)  # (the relay speaks first: wire.encode_relay)
+            # (The relay speaks first: wire.encode_relay. A connection to a port nobody listened
+            # on when it was made may never say it failed (UCXX's progress thread): a bounded wait,
+            # then a fresh connection, so a relay that comes back is joined within a second.)
+            await asyncio.wait_for(ep.stream_recv(buf), min(FIRST_WORD_S, self.timeout))
             first = buf.tobytes()
             wire.expect(first, wire.Kind.RELAY, refusal=True)
             handshake = Handshake.initiator(keys.noise_psk(self._key), wire.prologue(first))
@@ -97,6 +124,13 @@ class Joining:
                 raise Refused("the relay did not prove it holds the key: wrong key, or not an eglcuda relay",
                               int(Reason.ACCESS)) from None
             session = handshake.split()
+            # (The receiving prefix is claimed before the CONFIRM: the relay's first frames may
+            # come before the WELCOME is read, and the engine's sweep drops messages on prefixes
+            # that are nobody's.)
+            tags = session.tag_prefix(receiving=True)
+            if not _ucx.engine().claim_prefix(tags):  # (another connection of this process has it: 2**-56)
+                raise StreamDisconnected("a tag collision with another connection: join again")
+            ep.recv_prefix = tags  # (given back when the endpoint ends)
             await ep.stream_send(wire.encode_confirm(session))
             buf[:] = 0
             await ep.stream_recv(buf)
@@ -110,11 +144,6 @@ class Joining:
                 raise Refused(f"the relay sends {welcome.frame_mode.name.lower()} frames; this subscriber requires "
                               f"{self.frames.name.lower()} (Relay(frames=...))", int(Reason.ACCESS))
             session.frames = wire.frame_seal(welcome.frame_key, welcome.frame_mode)
-            tags = session.tag_prefix(receiving=True)
-            if not _ucx.engine().claim_prefix(tags):  # (another connection of this process has it: 2**-56)
-                tags = None
-                raise StreamDisconnected("a tag collision with another connection: join again")
-            ep.recv_prefix = tags  # (given back when the endpoint ends)
             ep.session = session
             ep.use_tags(tags, session.tag_prefix(receiving=False))
             return welcome
@@ -167,6 +196,14 @@ class Joining:
             if kind is not wire.Head.FRAME:
                 raise wire.WireError(f"{kind.name} where a frame was expected")
             payload = buffer[wire.HEADER:wire.HEADER + length].tobytes() if length else b""
+            if timestamp_ns:
+                lag = time.monotonic_ns() - timestamp_ns
+                if link.lag_ns is None or lag < link.lag_ns:
+                    link.lag_ns = lag
+                if link.last_ts and timestamp_ns > link.last_ts:
+                    step = timestamp_ns - link.last_ts
+                    link.period_ns = step if not link.period_ns else (7 * link.period_ns + step) // 8
+                link.last_ts = timestamp_ns
             with link.cond:
                 # UCX matches posted receives with the relay's sends in order: handing frames out
                 # in posting order keeps the relay's order when receives finish out of order.

@@ -47,10 +47,12 @@ class Relay(Serving):
     """Serve topic ``name`` to remote subscribers (``eglcuda.Subscriber(name, remote=...)``)
     over UCX, from a local subscription of it.
 
-    :param listen: ``"HOST:PORT"``: the port to listen on (0: any free port; :attr:`address` says
-        which). UCXX's listener (0.52) takes a port only and UCX then listens on every address
-        of the host: HOST is what :attr:`address` reports, not a bind address; keep the port
-        behind a firewall (docs/security.md).
+    :param listen: ``"HOST:PORT"``: the address and port to serve on (port 0: any free port;
+        :attr:`address` says which). HOST is an address of this host (0.0.0.0 or ``::``: all of
+        them; another one is a :class:`UsageError`). UCXX's listener takes a port only, so UCX
+        accepts connections to that port on every address of the host: the relay closes those
+        made to another address than HOST at once, before a word (docs/remote.md, "The
+        address"). A port in use is a :class:`UsageError` naming it.
     :param key: the pre-shared key (random bytes, at least 16: ``python -m eglcuda keygen PATH``
         makes one; text and patterns are refused); None: from ``EGLCUDA_REMOTE_KEY_FILE`` or
         ``EGLCUDA_REMOTE_KEY`` (docs/security.md).
@@ -82,6 +84,11 @@ class Relay(Serving):
         host, port = parse_address(listen, "listen")
         _ucx.require()  # (what to install is the first thing to say)
         _ucx.check_fork()
+        self._listen_ip = _ucx.host_ip(host)  # (UsageError for an address that is not this host's)
+        try:
+            _ucx.check_port(port)  # (before waiting for the publisher)
+        except UsageError as exc:
+            raise UsageError(f"relay {self.name!r} cannot listen on {host}:{port}: {exc}") from None
         self._key = keys.load_key(key)
         self.timeout = positive_seconds(timeout, "timeout")
         self.every_timeout = positive_seconds(every_timeout, "every_timeout")
@@ -124,6 +131,10 @@ class Relay(Serving):
             self._loop = _ucx.acquire()
             try:
                 self._listener = _ucx.run(self._loop, self._listen(host, port), self.timeout)
+            except UsageError as exc:  # (the port is in use: said with the whole address)
+                self._loop = None
+                _ucx.release()
+                raise UsageError(f"relay {self.name!r} cannot listen on {host}:{port}: {exc}") from None
             except BaseException:
                 self._loop = None
                 _ucx.release()

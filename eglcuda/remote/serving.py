@@ -2,8 +2,9 @@
 sender (frames while there is credit, a few in flight; beats; the GONE note), its credit reader,
 and the watchdog that drops the silent and the slow. :class:`Serving` is a part of
 :class:`eglcuda.Relay` (relay.py), which owns the state it uses: ``name``, ``timeout``,
-``every_timeout``, ``max_remotes``, ``_key``, ``_frames``, ``_sub``, ``_welcome``, ``_live``, ``_closing``,
-``_remotes``, ``_history``, ``_wanted``, ``_room_lock``, ``_room``, ``_staged``, ``_staging``, ``_refs``, ``_free``, ``_listener``.
+``every_timeout``, ``max_remotes``, ``qos``, ``_key``, ``_frames``, ``_sub``, ``_welcome``, ``_live``, ``_closing``,
+``_remotes``, ``_history``, ``_wanted``, ``_room_lock``, ``_room``, ``_staged``, ``_staging``, ``_refs``, ``_free``, ``_listener``,
+``_listen_ip``.
 Everything here runs on the engine's thread.
 """
 from __future__ import annotations
@@ -29,7 +30,14 @@ if TYPE_CHECKING:
     from .buffers import Pinned
 
 log = logging.getLogger("eglcuda.remote")
-EVERY_ROOM = 1 << 30  # an 'every' remote subscriber takes every frame (its relay waits for staging instead)
+EVERY_ROOM = 1 << 30  # an 'every' remote subscriber of an 'every' relay takes every frame (the relay waits instead)
+# Staging buffers one remote subscriber may hold (frames queued for it and sends in flight): a
+# stopped or deaf remote holds at most this many of the ring, whatever its window.
+QUOTA = SEND_AHEAD + 1
+# A send still in flight this long while its remote subscriber speaks (beats, credits) means it
+# does not receive: it is dropped, and its staging buffers come back. (A silent one is the
+# relay's ``timeout``'s business: a stopped process that wakes within it goes on.)
+SEND_DEADLINE_S = 2.0
 T = TypeVar("T")
 
 
@@ -66,6 +74,7 @@ class _Remote:
         self.closing = False  # its sender is saying GONE: no frame goes out after that
         self.last_sent = 0.0  # time.monotonic() of its last frame sent (beats only when idle)
         self.inflight = 0  # frames posted to UCX and not yet sent
+        self.posted: collections.deque[float] = collections.deque()  # time.monotonic() of each send in flight
         self.failure: BaseException | None = None  # a send failed: the connection ends
         self.wake = asyncio.Event()  # its sender coroutine looks again (an end decided, a failure, the last send)
         self.sent = 0
@@ -79,9 +88,14 @@ class _Remote:
         self.flush_until = 0.0
         self.since = time.time()
         self.heard = time.monotonic()
-        self.starved_since: float | None = None  # an 'every' remote waiting for credit since
+        self.starved_since: float | None = None  # an 'every' remote that could not take a frame since
         self.connected = True
         self.tasks: list[asyncio.Task[Any]] = []
+
+    @property
+    def held(self) -> int:
+        """Staging buffers this remote holds: frames queued for it and sends in flight."""
+        return len(self.pending) + self.inflight
 
     def info(self) -> RemoteInfo:
         return RemoteInfo(self.peer, self.qos.name.lower(), self.queue, self.sent, self.skipped, self.dropped,
@@ -93,6 +107,7 @@ class Serving:
 
     # The relay's state this part uses (Relay.__init__ sets it).
     name: str
+    qos: Qos
     timeout: float
     every_timeout: float
     max_remotes: int
@@ -112,12 +127,13 @@ class Serving:
     _refs: dict[int, int]
     _free: _queue.Queue[int]
     _listener: Any
+    _listen_ip: str | None
 
     def _write_status(self) -> None:
         raise NotImplementedError  # (the relay's)
 
     async def _listen(self, host: str, port: int) -> Any:
-        return _ucx.engine().listen(port, self._serve)
+        return _ucx.engine().listen(port, self._serve, self._listen_ip)
 
     def _set_live(self, live: bool) -> None:
         self._live = live
@@ -136,8 +152,14 @@ class Serving:
         for remote in self._remotes:
             if not remote.connected or remote.gone is not None:
                 continue
-            if remote.qos is Qos.LATEST and remote.credits - len(remote.pending) <= 0:
-                continue
+            if remote.qos is Qos.LATEST:
+                if remote.credits - len(remote.pending) <= 0:
+                    continue
+            elif remote.held >= QUOTA:  # an 'every' remote that keeps no pace (the watchdog's clock runs)
+                if remote.starved_since is None:
+                    remote.starved_since = time.monotonic()
+                if self.qos is Qos.LATEST:
+                    continue  # (a 'latest' relay skips it: its share of the ring stays its quota)
             if remote.last_seq is not None:  # (what it missed: frames it had no room for, or never staged)
                 remote.skipped += max(0, seq - remote.last_seq - 1)
             remote.last_seq = seq
@@ -160,7 +182,10 @@ class Serving:
         room = 0
         for remote in self._remotes:
             if remote.connected and remote.gone is None:
-                room = max(room, EVERY_ROOM if remote.qos is Qos.EVERY else remote.credits - len(remote.pending))
+                if remote.qos is Qos.LATEST:
+                    room = max(room, remote.credits - len(remote.pending))
+                else:
+                    room = max(room, EVERY_ROOM if self.qos is Qos.EVERY else QUOTA - remote.held)
         with self._room_lock:
             self._staged -= dispatched
             self._room = room
@@ -183,24 +208,31 @@ class Serving:
             remote.gone = (code, reason)
             if dropped:
                 remote.dropped = reason
+                while remote.pending:  # (a dropped remote gets no more frames: its share of the ring comes back)
+                    self._unref(remote.pending.popleft())
             remote.wake.set()
             self._want()
 
     async def _serve(self, ep: Any) -> None:
         """A new connection (the listener's): handshake, then serve it."""
-        peer = "?"
+        peer = ep.peer
         try:
             remote = await self._handshake(ep, time.monotonic() + self.timeout)
         except (asyncio.TimeoutError, TimeoutError):
-            log.info("relay %s: a peer did not finish its handshake in %.3g s", self.name, self.timeout)
+            log.info("relay %s: a peer at %s did not finish its handshake in %.3g s", self.name, peer, self.timeout)
             self._abort(ep)
             return
         except Exception as exc:  # noqa: BLE001 - a broken peer is refused, nothing else changes
-            log.info("relay %s: a peer was refused: %s", self.name, exc)
+            log.info("relay %s: a peer at %s was refused: %s", self.name, peer, exc)
             self._abort(ep)
             return
+        finally:
+            ep.handshaking = False  # (out of the listener's count of pending handshakes)
         if remote is None:
             return
+        if peer != "?":  # (the address the connection came from; the HELLO's host and pid are the peer's word)
+            log.info("relay %s: %s says it is %s", self.name, peer, remote.peer)
+            remote.peer = peer
         peer = remote.peer
         reader: asyncio.Future[Any] | None = None
         try:  # (the remote counts among the relay's from its handshake's last check on: this ends it)
@@ -325,21 +357,26 @@ class Serving:
             index = remote.pending.popleft()
             remote.credits -= 1
             remote.inflight += 1
+            remote.posted.append(time.monotonic())
             try:
                 remote.ep.send_now(buffers[index], wire.FRAME_TAG, lambda error, i=index: self._sent(remote, i, error))
             except _ucx.LinkError as exc:
                 remote.inflight -= 1
+                remote.posted.pop()
                 self._unref(index)
                 self._send_failed(remote, exc)
                 return
 
     def _sent(self, remote: _Remote, index: int, error: BaseException | None) -> None:
         remote.inflight -= 1
+        if remote.posted:
+            remote.posted.popleft()  # (sends on one endpoint end in order: the oldest is the one that ended)
         self._unref(index)
         if error is not None:
             self._send_failed(remote, error)
             return
         remote.sent += 1
+        remote.starved_since = None  # (it keeps pace)
         remote.last_sent = time.monotonic()
         self._pump(remote)
         if remote.gone is not None and not remote.inflight:
@@ -364,7 +401,8 @@ class Serving:
                 if remote.gone is not None and not self._flushing(remote):
                     remote.closing = True  # (a late credit must not send frames after the GONE says how many)
                     # (the goodbye after the frames: a small message would overtake them)
-                    deadline = time.monotonic() + max(1.0, self.every_timeout)
+                    wait = 0.0 if remote.dropped is not None else max(1.0, self.every_timeout)
+                    deadline = time.monotonic() + wait  # (a dropped one's sends may never end: the reason goes now)
                     while remote.inflight and remote.failure is None and time.monotonic() < deadline:
                         remote.wake.clear()
                         try:
@@ -374,8 +412,21 @@ class Serving:
                     code, reason = remote.gone
                     try:
                         await asyncio.wait_for(self._send_note(ep, wire.Head.GONE, code, reason, remote.sent), 2.0)
-                    except Exception:  # noqa: BLE001 - it may be gone or stalled
-                        pass
+                    except Exception as exc:  # noqa: BLE001 - it may be gone or stalled
+                        log.debug("relay %s: the goodbye to %s failed: %r", self.name, remote.peer, exc)
+                    else:
+                        # The endpoint stays until the subscriber took its last frames and the
+                        # reason and left: a stopped one reads them when it wakes (closing the
+                        # connection under it would lose them), up to the relay's timeout; its
+                        # sends in flight keep their staging buffers meanwhile (QUOTA at most).
+                        # One that speaks but does not receive is cut off soon: its buffers
+                        # come back.
+                        silent = time.monotonic() - remote.heard > BEAT_S * 2
+                        linger = self.timeout if remote.dropped is not None and (silent or not remote.inflight) else 1.5
+                        try:
+                            await asyncio.wait_for(ep.lost.wait(), linger)
+                        except (asyncio.TimeoutError, TimeoutError):
+                            pass
                     return
                 self._pump(remote)
                 remote.wake.clear()
@@ -397,11 +448,6 @@ class Serving:
 
     async def _send_note(self, ep: Any, kind: wire.Head, code: int = 0, reason: str = "", sent: int = 0) -> None:
         await ep.send(wire.encode_note(ep.session, kind, code, reason, sent), wire.NOTE_TAG)  # (sealed)
-        if kind is wire.Head.GONE:  # (the endpoint stays until the subscriber took its last frames and left)
-            try:
-                await asyncio.wait_for(ep.lost.wait(), 1.5)
-            except (asyncio.TimeoutError, TimeoutError):
-                pass
 
     async def _read_credits(self, remote: _Remote) -> None:
         buf = np.zeros(wire.CONTROL, np.uint8)
@@ -454,7 +500,10 @@ class Serving:
                     self._end(remote, Reason.TIMEOUT, f"the remote subscriber said nothing for {self.timeout:.3g} s",
                               dropped=True)
                     asyncio.get_running_loop().call_later(1.0, self._abort, remote.ep)
-                elif remote.qos is Qos.EVERY and remote.pending and remote.credits <= 0:
+                elif remote.posted and remote.heard - remote.posted[0] > min(SEND_DEADLINE_S, self.timeout):
+                    self._end(remote, Reason.QUEUE_FULL, f"a frame sent to the remote subscriber was not received within "
+                              f"{min(SEND_DEADLINE_S, self.timeout):.3g} s while it spoke", dropped=True)
+                elif remote.qos is Qos.EVERY and self._starving(remote):
                     if remote.starved_since is None:
                         remote.starved_since = now
                     elif now - remote.starved_since > self.every_timeout:
@@ -462,6 +511,13 @@ class Serving:
                                   f"every_timeout ({self.every_timeout:.3g} s)", dropped=True)
                 else:
                     remote.starved_since = None
+
+    @staticmethod
+    def _starving(remote: _Remote) -> bool:
+        """Whether an 'every' remote cannot take the frames the relay has for it now."""
+        if remote.held >= QUOTA:
+            return True
+        return bool(remote.pending) and (remote.credits <= 0 or remote.inflight >= SEND_AHEAD)
 
     def _abort(self, ep: Any) -> None:
         ep.abort()  # (bounded: a dead peer must not hold the engine)

@@ -39,7 +39,7 @@ from ..topics.transports.base import UNMAP_WAIT_S, Geometry
 from ..topics.transports.views import SlotView, _ViewSpec, join_readers
 from . import _ucx, keys, wire
 from .buffers import Pinned
-from .link import Joining, _Link
+from .link import Joining, _Link, stale_frames
 from . import session
 from .session import frame_mode
 from .wire import NO_PUBLISHER, parse_address
@@ -232,13 +232,18 @@ class RemoteSubscriber(Joining, Subscriber):
         wait = self.timeout if timeout is None else sockets.wait_seconds(timeout)
         deadline = time.monotonic() + wait
         with link.cond:
-            while not link.ready and link.lost is None and not self._closing:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise Timeout(f"no frame of topic {self.name!r} within {wait:.3g} s")
-                link.cond.wait(left)
-            if self._closing:
-                raise self._closed_error()
+            while True:
+                while not link.ready and link.lost is None and not self._closing:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise Timeout(f"no frame of topic {self.name!r} within {wait:.3g} s")
+                    link.cond.wait(left)
+                if self._closing:
+                    raise self._closed_error()
+                old = stale_frames(link) if self.qos is Qos.LATEST else 0
+                if not old:
+                    break
+                self._credit(link, old)  # (the relay sends the next frame published instead)
             error = link.lost if not link.ready else None
         if error is not None:  # (outside the condition: dropping the link takes it on the loop)
             self._lose(error)

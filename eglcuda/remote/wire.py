@@ -137,6 +137,13 @@ def parse_address(text: str, what: str) -> tuple[str, int]:
     return host, port
 
 
+def peer_text(raw: bytes | bytearray | memoryview) -> str:
+    """Text a peer sent (a reason, a label) as it may reach an exception or a log: UTF-8 with
+    anything undecodable or unprintable (control characters, a newline, an escape) as '?'."""
+    text = bytes(raw).decode(errors="replace")
+    return "".join(c if c.isprintable() and c != "\ufffd" else "?" for c in text)
+
+
 def _check(ok: bool, what: str) -> None:
     if not ok:
         raise WireError(f"malformed message from the remote peer: {what}")
@@ -212,12 +219,7 @@ def decode_hello(handshake: Handshake, body: memoryview) -> Hello:
     at = _HELLO.size + length
     size = plain[at]
     _check(size <= MAX_CLIENT and at + 1 + size == len(plain), "client label length")
-    client = plain[at + 1:at + 1 + size].decode(errors="replace")
-    return Hello(protocol.Qos(qos), queue, name, pid, _printable(client))
-
-
-def _printable(text: str) -> str:
-    return "".join(c if c.isprintable() else "?" for c in text)
+    return Hello(protocol.Qos(qos), queue, name, pid, peer_text(plain[at + 1:at + 1 + size]))
 
 
 def encode_relay() -> bytearray:
@@ -349,7 +351,7 @@ def expect(data: bytes | bytearray | memoryview, want: Kind, *, refusal: bool = 
 def decode_refuse(body: memoryview) -> tuple[int, str]:
     code, length = _REFUSE.unpack_from(body, 0)
     _check(length <= MAX_REASON and _REFUSE.size + length <= len(body), "reason length")
-    return code, _printable(bytes(body[_REFUSE.size:_REFUSE.size + length]).decode(errors="replace"))
+    return code, peer_text(body[_REFUSE.size:_REFUSE.size + length])
 
 
 # ---- the data phase ---------------------------------------------------------------------------
@@ -378,7 +380,7 @@ def decode_note(session: Session, data: bytes | bytearray | memoryview) -> tuple
     plain = session.open(NOTE_CHANNEL, bytes(data))
     kind, sent, _, length, code, _ = decode_header(plain)
     _check(kind is not Head.FRAME, "a FRAME as a note")
-    return kind, sent, code, _printable(plain[HEADER:HEADER + length].decode(errors="replace"))
+    return kind, sent, code, peer_text(plain[HEADER:HEADER + length])
 
 
 def decode_header(data: bytes | bytearray | memoryview) -> tuple[Head, int, int, int, int, int]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -216,12 +217,22 @@ def relay_status_path(socket_path: str, pid: int) -> str:
 
 
 def write_relay_status(path: str, body: dict[str, Any]) -> None:
-    """Replace a relay's status file atomically (mode 0600)."""
-    temporary = path + ".tmp"
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-    with os.fdopen(fd, "w") as out:
-        json.dump(body, out)
-    os.replace(temporary, path)
+    """Replace a relay's status file atomically (mode 0600). The content goes to a file of a
+    fresh name made here (``O_EXCL``: never one that was there, a link or a file another process
+    put in its place; ``O_NOFOLLOW``), renamed over ``path`` (a link there is replaced, never
+    followed)."""
+    temporary = f"{path}.{secrets.token_hex(8)}.tmp"
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        with os.fdopen(fd, "w") as out:
+            json.dump(body, out)
+        os.replace(temporary, path)
+    except BaseException:
+        try:
+            os.unlink(temporary)
+        except OSError:
+            pass
+        raise
 
 
 def _relay_status(path: str, clean: bool) -> dict[str, Any] | None:

@@ -113,7 +113,7 @@ def test_without_ucxx_one_line_says_what_to_install(tmp_path):
     # this against the installed package while the checkout's eglcuda has no built extensions)
     out = subprocess.run([sys.executable, "-c", _NO_UCXX], capture_output=True, text=True, cwd=str(tmp_path), timeout=60)
     lines = out.stdout.splitlines()
-    assert "pip install 'eglcuda[remote-cu12]'" in lines[0] and "remote-cu13" in lines[0], out
+    assert "pip install -e '.[remote-cu12]'" in lines[0] and "remote-cu13" in lines[0], out
     assert lines[1].startswith("Unsupported: ucxx is not available") and "remote-cu12" in lines[1], out
     # The CLI exits 2 with that line (sitecustomize-free: a ucxx that fails to import).
     shim = ROOT / "tests" / "unit" / "remote" / "no_ucxx"
@@ -134,3 +134,34 @@ def test_the_progress_mode_is_read_from_the_environment(monkeypatch):
     monkeypatch.setenv("EGLCUDA_UCX_PROGRESS", "polling")
     with pytest.raises(UsageError, match="EGLCUDA_UCX_PROGRESS is one of thread, loop, got 'polling'"):
         _ucx.progress_mode()
+
+
+def test_peer_sent_text_reaches_exceptions_without_control_characters():
+    """A relay's refusal (and a subscriber's label) is the peer's word: no newline, escape or
+    other control character of it reaches an exception's text or a log line."""
+    hostile = "refused\n\x1b[2J\x1b]0;owned\x07\r\x00 tail \u202e"
+    body = wire.expect(wire.encode_refuse(5, hostile), wire.Kind.REFUSE)
+    code, reason = wire.decode_refuse(body)
+    assert code == 5 and reason.startswith("refused?") and reason.endswith(" tail ?")
+    assert all(c.isprintable() for c in reason), repr(reason)
+    with pytest.raises(eglcuda.Refused) as caught:
+        wire.expect(wire.encode_refuse(5, hostile), wire.Kind.HELLO, refusal=True)
+    assert all(c.isprintable() for c in str(caught.value)), repr(str(caught.value))
+    assert wire.peer_text(b"\xff\xfeok\x7f") == "??ok?"
+
+
+def test_the_relay_status_file_never_follows_a_link_planted_beside_it(tmp_path):
+    """Links planted where the relay writes its status (the file, and a temporary name beside it
+    as older versions used) are replaced or left alone, never written through."""
+    from eglcuda.topics import registry
+
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    path = registry.relay_status_path(str(tmp_path / "t.topic"), 1234)
+    os.symlink(victim, path)
+    os.symlink(victim, path + ".tmp")
+    registry.write_relay_status(path, {"version": 1, "pid": 1234, "remotes": []})
+    assert victim.read_text() == "precious"
+    assert not os.path.islink(path) and '"pid": 1234' in open(path).read()
+    assert oct(os.stat(path).st_mode & 0o777) == "0o600"
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp") and not p.is_symlink()] == []

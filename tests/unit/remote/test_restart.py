@@ -1,0 +1,107 @@
+"""A relay's address: a relay restarted on its port binds at once, a port in use is said in one
+line naming it, and a relay serves only on the address it was told (TCP loopback, stand-in
+libcuda)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from .conftest import ROOT
+
+
+def test_a_relay_killed_under_a_receiving_remote_restarts_on_its_port_at_once(cluster):
+    """SIGKILL of a relay that was sending leaves its connections in TIME-WAIT on its port: a new
+    relay on the same port binds at once all the same, and serves."""
+    cluster.publisher(rate=200)
+    relay, address = cluster.relay()
+    sub = cluster.subscriber(address, "--count", "0", "--qos", "latest")
+    sub.wait_for(lambda m: m["event"] == "got")
+    time.sleep(0.3)
+    relay.kill()
+    sub.wait_for(lambda m: m["event"] == "disconnected", timeout=15)
+    started = time.monotonic()
+    again, again_address = cluster.relay("--listen", address)
+    assert again_address == address
+    assert time.monotonic() - started < 10
+    fresh = cluster.subscriber(address, "--count", "5")
+    fresh.wait_for(lambda m: m["event"] == "done", timeout=30)
+    got = fresh.got()
+    assert len(got) == 5 and all(m["ok"] for m in got), got
+
+
+def test_a_port_in_use_is_named_in_one_line(cluster, env, path):
+    cluster.publisher()
+    _, address = cluster.relay()
+    out = subprocess.run([sys.executable, "-m", "eglcuda", "relay", "t", "--path", path, "--listen", address,
+                          "--timeout", "3"], env=env, cwd=str(ROOT), capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2, (out.returncode, out.stderr[-2000:])
+    ours = [line for line in out.stderr.splitlines() if line.startswith("python -m eglcuda relay:")]
+    assert len(ours) == 1 and address in ours[0] and "in use" in ours[0], out.stderr[-2000:]
+    assert "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert len([line for line in out.stderr.splitlines() if line.strip()]) == 1, out.stderr[-2000:]  # (no UCX log line)
+
+def _host_address() -> str | None:
+    """This host's address on its default route (None: it has none)."""
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect(("198.51.100.7", 9))  # (no packet is sent: the route picks the address)
+            address = probe.getsockname()[0]
+    except OSError:
+        return None
+    return None if address.startswith("127.") else address
+
+
+def test_a_relay_serves_only_on_the_address_it_was_told(cluster, env):
+    """UCX listens on every address of the host: a relay told this host's network address
+    closes a connection made to 127.0.0.1 (same port) before a word, serves one made to that
+    address, and lists the address each remote connected from, not what it says of itself."""
+    address = _host_address()
+    if address is None:
+        pytest.skip("this host has no address besides loopback")
+    env = {key: value for key, value in env.items() if key != "UCX_NET_DEVICES"}  # (UCX over that address too)
+    cluster.publisher()
+    relay, _ = cluster.relay("--listen", f"{address}:0", env=env)
+    port = relay.wait_for(lambda m: m["event"] == "ready")["port"]
+    wrong = cluster.subscriber(f"127.0.0.1:{port}", "--count", "3", "--timeout", "2", env=env)
+    answer = wrong.wait_for(lambda m: m["event"] in ("ready", "error"), timeout=30)
+    assert answer["event"] == "error" and answer["kind"] == "Timeout", answer
+    right = cluster.subscriber(f"{address}:{port}", "--count", "0", env=env)
+    right.wait_for(lambda m: m["event"] == "got", timeout=30)
+    relay.send("remotes")
+    remotes = relay.wait_for(lambda m: m["event"] == "remotes")["remotes"]
+    assert [r["peer"].rsplit(":", 1)[0] for r in remotes if r["connected"]] == [address], remotes
+    assert all(m["ok"] for m in right.got())
+
+
+def test_an_address_not_of_this_host_is_refused_in_one_line(cluster, env, path):
+    cluster.publisher()
+    out = subprocess.run([sys.executable, "-m", "eglcuda", "relay", "t", "--path", path, "--listen", "198.51.100.7:5555",
+                          "--timeout", "3"], env=env, cwd=str(ROOT), capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2, (out.returncode, out.stderr[-2000:])
+    assert "not an address of this host" in out.stderr and "Traceback" not in out.stderr, out.stderr[-2000:]
+
+
+def test_wait_for_publisher_rejoins_a_relay_restarted_meanwhile(cluster):
+    """A remote subscriber waits (wait_for_publisher, 30 s) while its relay is dead; a relay
+    started on the same address 3 s later is joined within a second or two of being up."""
+    cluster.publisher(rate=100)
+    relay, address = cluster.relay("--qos", "latest")
+    sub = cluster.subscriber(address, "--count", "0", "--qos", "latest", "--rejoin", "--rejoin-timeout", "30",
+                             "--timeout", "2")
+    sub.wait_for(lambda m: m["event"] == "got")
+    relay.kill()
+    sub.wait_for(lambda m: m["event"] == "disconnected", timeout=15)
+    time.sleep(3.0)
+    cluster.relay("--listen", address, "--qos", "latest")
+    up = time.monotonic()
+    rejoined = sub.wait_for(lambda m: m["event"] in ("rejoined", "rejoin-failed"), timeout=40)
+    assert rejoined["event"] == "rejoined", rejoined
+    assert time.monotonic() - up < 2.5
+    count = len(sub.got())
+    sub.wait_for(lambda m: len(sub.got()) >= count + 5, timeout=10)
+    assert all(m["ok"] for m in sub.got())
