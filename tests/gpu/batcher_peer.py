@@ -12,13 +12,18 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import os
 import sys
 import time
 
 import numpy as np
 
 import eglcuda
-from topics_peer import content, payload_of, say
+
+# Started with PYTHONSAFEPATH (tests/conftest.py), this script's folder is not on sys.path:
+# topics_peer.py beside it holds the frame content both sides agree on.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from topics_peer import content, payload_of, say  # noqa: E402
 
 
 def subscribers(args) -> list:
