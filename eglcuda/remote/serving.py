@@ -102,6 +102,34 @@ class _Remote:
                           self.since, self.connected)
 
 
+class _FailedProofs:
+    """Failed key proofs, logged with the peer's address: one line a minute per address at most,
+    with the count since the last line (a peer guessing keys must not flood the log either)."""
+
+    EVERY_S = 60.0
+    ADDRESSES = 1024  # the addresses remembered (the oldest forgotten first)
+
+    def __init__(self) -> None:
+        self._seen: collections.OrderedDict[str, tuple[float, int]] = collections.OrderedDict()
+
+    def note(self, address: str) -> int:
+        """Count a failure from ``address``; the count to log now, or 0 (logged within a minute)."""
+        now = time.monotonic()
+        logged, count = self._seen.pop(address, (-self.EVERY_S, 0))
+        count += 1
+        if now - logged >= self.EVERY_S:
+            self._seen[address] = (now, 0)
+        else:
+            self._seen[address] = (logged, count)
+            count = 0
+        while len(self._seen) > self.ADDRESSES:
+            self._seen.popitem(last=False)
+        return count
+
+
+_failed_proofs = _FailedProofs()
+
+
 class Serving:
     """The relay's connections (see the module's docstring)."""
 
@@ -278,6 +306,10 @@ class Serving:
         try:
             return decode(wire.expect(buf.tobytes(), want))
         except AuthenticationFailed:
+            count = _failed_proofs.note(ep.peer)
+            if count:
+                log.warning("relay of topic %r: %d failed key proof(s) from %s (a peer without the relay's key)",
+                            self.name, count, ep.peer)
             await self._refuse(ep, Reason.ACCESS, "authentication failed: the subscriber does not hold the relay's key")
             return None
         except wire.WireError as exc:

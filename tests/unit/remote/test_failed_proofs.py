@@ -1,0 +1,28 @@
+"""Failed key proofs are logged with the peer's address, at most one line a minute per address,
+with the count since the last line."""
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("numpy")
+from eglcuda.remote import serving  # noqa: E402
+
+
+def test_failed_proofs_are_counted_per_address_and_logged_once_a_minute(monkeypatch):
+    now = [1000.0]
+    monkeypatch.setattr(serving.time, "monotonic", lambda: now[0])
+    proofs = serving._FailedProofs()
+    assert proofs.note("10.0.0.9:4000") == 1  # the first from an address: logged at once
+    assert [proofs.note("10.0.0.9:4000") for _ in range(5)] == [0] * 5  # within the minute: counted
+    assert proofs.note("10.0.0.7:4001") == 1  # another address has its own minute
+    now[0] += 61
+    assert proofs.note("10.0.0.9:4000") == 6  # the five counted and this one
+    assert proofs.note("10.0.0.9:4000") == 0
+
+
+def test_the_addresses_remembered_are_bounded(monkeypatch):
+    monkeypatch.setattr(serving._FailedProofs, "ADDRESSES", 4)
+    proofs = serving._FailedProofs()
+    for port in range(10):
+        proofs.note(f"10.0.0.1:{port}")
+    assert len(proofs._seen) == 4
