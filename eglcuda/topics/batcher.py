@@ -213,7 +213,7 @@ class Batcher:
     :param pool: batch buffers (1..16): how many batches may be out at once. Two let the next
         batch's copies run while the GPU still reads the previous one.
     :param cuda_stream: the stream the copies are queued on and batches are ordered on (None:
-        the subscribers' stream when they all share one, which spares one event per frame,
+        the subscribers' stream when they all share one, which spares a stream query per frame,
         else a stream made for the batcher).
 
     Collection is fair: sources are visited round-robin, one frame per source per pass, and
