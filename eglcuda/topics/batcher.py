@@ -244,6 +244,10 @@ class Batcher:
         self.width, self.height, self.format = info.width, info.height, info.format
         self._layout, size = _batch_layout(info.format, info.width, info.height, batch_size)
         self._plane_shapes = tuple((g.height, g.width, g.channels) for _, g in self._layout)
+        # Per plane: the copy's parameters, made once (each frame fills in its addresses), and
+        # the bytes from one image to the next in the buffer.
+        self._plans = tuple((cuda.copy_plan(g.row_bytes, g.height, g.pitch), offset, g.height * g.pitch)
+                            for offset, g in self._layout)
         self._own_stream = False
         self._memory: list[_BatchMemory] = []
         self._waitset: WaitSet | None = None
@@ -402,9 +406,13 @@ class Batcher:
             cuda.join_streams(stream, (source_stream,), "ordering a batch's copy after its source frame")
         frame._note_users((stream,))
         position = len(frames)
-        for plane, (offset, g) in zip(planes, self._layout):
-            target = base + offset + position * g.height * g.pitch
-            cuda.copy_2d(stream, plane._location(), ("device", target, g.pitch), g.row_bytes, g.height, False)
+        for plane, (plan, offset, image), (_, g) in zip(planes, self._plans, self._layout):
+            target = base + offset + position * image
+            kind, address, pitch = plane._location()
+            if kind == "device":
+                cuda.copy_planned(stream, plan, address, pitch, target)
+            else:  # (a CUDA array)
+                cuda.copy_2d(stream, (kind, address, pitch), ("device", target, g.pitch), g.row_bytes, g.height, False)
         last = self._last_seq[index]
         skipped = message.skipped if last is None else message.seq - last - 1
         self._last_seq[index] = message.seq
