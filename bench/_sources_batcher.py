@@ -97,8 +97,9 @@ def batcher_variant(subs: list[Any], duration: float, warmup: float, fps: float)
 
     import eglcuda
 
-    # Formation timeout: half a frame interval at a camera rate; flat out, the batches fill first.
-    formation = 0.5 / fps if fps else 0.05
+    # Formation timeout: one frame interval at a camera rate (the sources' frames of one round
+    # arrive spread over it, so a shorter one cuts batches short); flat out, the batches fill first.
+    formation = 1.0 / fps if fps else 0.05
     with eglcuda.Batcher(subs, len(subs), formation_timeout=formation, timeout=10.0) as batcher:
         previous: list[Any] = []
 

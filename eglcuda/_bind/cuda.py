@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 from . import loader as _loader
 from ..errors import CUDAError, cuda_error_name
@@ -199,6 +200,28 @@ def copy_2d(stream: int, src: tuple, dst: tuple, width_bytes: int, height: int, 
     check(lib.cuMemcpy2DAsync(copy, cu_stream), "cuMemcpy2DAsync", "copying a plane")
     if wait:
         check(lib.cuStreamSynchronize(cu_stream), "cuStreamSynchronize", "waiting for a plane copy")
+
+
+def copy_plan(width_bytes: int, height: int, dst_pitch: int) -> Any:
+    """The parameters of a device-to-device 2D copy of ``height`` rows of ``width_bytes``, for
+    :func:`copy_planned` to fill in the addresses: a hot path's copies of one shape, again and
+    again, without building the parameters each time."""
+    plan = ffi.new("CUDA_MEMCPY2D *")
+    plan.srcMemoryType = lib.CU_MEMORYTYPE_DEVICE
+    plan.dstMemoryType = lib.CU_MEMORYTYPE_DEVICE
+    plan.dstPitch = dst_pitch
+    plan.WidthInBytes = width_bytes
+    plan.Height = height
+    return plan
+
+
+def copy_planned(stream: int, plan: Any, src: int, src_pitch: int, dst: int) -> None:
+    """Queue :func:`copy_plan`'s copy from device address ``src`` (rows ``src_pitch`` apart)
+    to ``dst`` on ``stream``, in the current context (the driver reads ``plan`` at the call)."""
+    plan.srcDevice = src
+    plan.srcPitch = src_pitch
+    plan.dstDevice = dst
+    check(lib.cuMemcpy2DAsync(plan, ffi.cast("CUstream", stream)), "cuMemcpy2DAsync", "copying a plane")
 
 
 def order_streams(first: int, then: int) -> None:

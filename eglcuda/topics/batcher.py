@@ -213,7 +213,7 @@ class Batcher:
     :param pool: batch buffers (1..16): how many batches may be out at once. Two let the next
         batch's copies run while the GPU still reads the previous one.
     :param cuda_stream: the stream the copies are queued on and batches are ordered on (None:
-        the subscribers' stream when they all share one, which spares one event per frame,
+        the subscribers' stream when they all share one, which spares a stream query per frame,
         else a stream made for the batcher).
 
     Collection is fair: sources are visited round-robin, one frame per source per pass, and
@@ -244,6 +244,10 @@ class Batcher:
         self.width, self.height, self.format = info.width, info.height, info.format
         self._layout, size = _batch_layout(info.format, info.width, info.height, batch_size)
         self._plane_shapes = tuple((g.height, g.width, g.channels) for _, g in self._layout)
+        # Per plane: the copy's parameters, made once (each frame fills in its addresses), and
+        # the bytes from one image to the next in the buffer.
+        self._plans = tuple((cuda.copy_plan(g.row_bytes, g.height, g.pitch), offset, g.height * g.pitch)
+                            for offset, g in self._layout)
         self._own_stream = False
         self._memory: list[_BatchMemory] = []
         self._waitset: WaitSet | None = None
@@ -326,21 +330,19 @@ class Batcher:
         self.device.make_current()
         while True:
             empty = not frames
-            took = self._pass(memory.pointer, frames)
+            self._pass(memory.pointer, frames)
             if empty and frames:
                 # The formation clock starts at the batch's first frame (received_ns: the same clock).
                 deadline = frames[0].received_ns / 1e9 + self.formation_timeout
             if len(frames) == self.batch_size:
                 break
-            if took:
-                # Another pass at once; first ask (without sleeping) which other sources have
-                # frames now, or a source that always has one would be the only one asked.
-                self._wait_for_frames(None)
-                continue
             if len(self.ended) == len(self.subscribers):
                 if frames:
                     break
                 raise self._all_ended()
+            # Every source asked in the pass is now waited for (none is left ready): one wait
+            # collects each source that has frames, returning at once when any has (past the
+            # deadline it only asks), so a source that always has one is never the only one asked.
             if not self._wait_for_frames(deadline):
                 if frames:
                     break
@@ -350,21 +352,21 @@ class Batcher:
         self._out[slot] = batch
         return batch
 
-    def _pass(self, base: int, frames: list[BatchFrame]) -> bool:
+    def _pass(self, base: int, frames: list[BatchFrame]) -> None:
         """One round-robin pass: one frame from each source that has one ready, starting at the
-        cursor, until the batch is full. Returns whether it took any."""
+        cursor, until the batch is full."""
+        ready = self._ready
+        if not ready:
+            return
         count = len(self.subscribers)
-        took = False
         start = self._cursor
-        for step in range(count):
-            index = (start + step) % count
-            if index not in self._ready:
-                continue
+        order = sorted(ready, key=lambda i: (i - start) % count) if len(ready) > 1 else list(ready)
+        for index in order:
             sub = self.subscribers[index]
             try:
                 message = sub.receive(0)
             except Timeout:
-                self._ready.discard(index)
+                ready.discard(index)
                 if index in self._errors:
                     self._end(index, self._errors[index])
                 continue
@@ -377,12 +379,10 @@ class Batcher:
                 message.release()
             # Asked again only once the wait set says it has a frame (a receive that finds
             # none costs an exception).
-            self._ready.discard(index)
-            took = True
+            ready.discard(index)
             self._cursor = (index + 1) % count
             if len(frames) == self.batch_size:
                 break
-        return took
 
     def _copy(self, index: int, message: Any, base: int, frames: list[BatchFrame]) -> None:
         """Queue the copies of ``message``'s planes into image ``len(frames)`` of the buffer at
@@ -390,33 +390,41 @@ class Batcher:
         release then waits for the copies: docs/ordering.md)."""
         frame = message.frame
         planes = frame.planes
-        shapes = tuple((p.height, p.width, p.channels) for p in planes)
-        if shapes != self._plane_shapes:
-            error = MismatchedSource(f"source {index} (topic {self.subscribers[index].name!r}) sent a frame of "
-                                     f"planes {shapes}, the batch's are {self._plane_shapes}")
-            self._end(index, error)
-            return
+        if frame.width != self.width or frame.height != self.height or frame.format is not self.format:
+            # (Plane shapes follow from size and format: the full check only for a frame that differs.)
+            shapes = tuple((p.height, p.width, p.channels) for p in planes)
+            if shapes != self._plane_shapes:
+                error = MismatchedSource(f"source {index} (topic {self.subscribers[index].name!r}) sent a frame "
+                                         f"of planes {shapes}, the batch's are {self._plane_shapes}")
+                self._end(index, error)
+                return
         stream = self.cuda_stream
-        frame._hand_to(stream)  # our stream waits for the frame; its release waits for our copies
+        # Our stream waits for the frame's only while that stream has work queued (an idle one
+        # costs one query, no event); the frame's release waits for our copies.
+        source_stream = frame.cuda_stream
+        if source_stream is not None:
+            cuda.join_streams(stream, (source_stream,), "ordering a batch's copy after its source frame")
+        frame._note_users((stream,))
         position = len(frames)
-        for plane, (offset, g) in zip(planes, self._layout):
-            target = base + offset + position * g.height * g.pitch
-            cuda.copy_2d(stream, plane._location(), ("device", target, g.pitch), g.row_bytes, g.height, False)
+        for plane, (plan, offset, image), (_, g) in zip(planes, self._plans, self._layout):
+            target = base + offset + position * image
+            kind, address, pitch = plane._location()
+            if kind == "device":
+                cuda.copy_planned(stream, plan, address, pitch, target)
+            else:  # (a CUDA array)
+                cuda.copy_2d(stream, (kind, address, pitch), ("device", target, g.pitch), g.row_bytes, g.height, False)
         last = self._last_seq[index]
         skipped = message.skipped if last is None else message.seq - last - 1
         self._last_seq[index] = message.seq
         frames.append(BatchFrame(position, index, self.subscribers[index].name, message.seq, message.timestamp_ns,
                                  message.payload, skipped, message.received_ns))
 
-    def _wait_for_frames(self, deadline: float | None) -> bool:
+    def _wait_for_frames(self, deadline: float) -> bool:
         """Sleep until a source has something (its subscriber is readable, or it ended) or
-        ``deadline`` (None: only ask, without sleeping); returns whether one woke it."""
+        ``deadline`` (past it: only ask, without sleeping); returns whether one woke it."""
         waitset = self._waitset
         assert waitset is not None
-        remaining = 0.0 if deadline is None else deadline - time.monotonic()
-        if remaining <= 0 and deadline is not None:
-            return False
-        events = waitset.wait(remaining)
+        events = waitset.wait(max(0.0, deadline - time.monotonic()))
         for event in events:
             index = self._attachments.get(id(event.attachment))
             if index is None or index in self.ended:

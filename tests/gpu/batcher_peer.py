@@ -103,7 +103,7 @@ def batch(args) -> int:
     if args.prefill_ms:
         time.sleep(args.prefill_ms / 1e3)  # the sources' queues fill meanwhile
     reader = SlowReader(args.slow_reader_ms) if args.slow_reader_ms else None
-    fake = ctypes.CDLL("libcuda.so.1") if args.fake_hold or args.hand_to_held else None
+    fake = ctypes.CDLL("libcuda.so.1") if args.fake_hold or args.hand_to_held or args.hold_sources else None
     batcher = eglcuda.Batcher(subs, args.batch_size, formation_timeout=args.formation_ms / 1e3, pool=args.pool,
                               timeout=args.timeout)
     if args.fake_hold:
@@ -115,18 +115,27 @@ def batch(args) -> int:
     try:
         while made < args.count:
             started = time.monotonic_ns()
+            if args.hold_sources == "busy":  # the frames' streams "still run" work before them
+                for sub in subs:
+                    fake.fake_cuda_hold(ctypes.c_void_p(sub.cuda_stream), 1)
             try:
                 b = batcher.next()
             except eglcuda.StreamDisconnected as exc:
                 say(event="ended", error=str(exc), ended={str(k): str(v) for k, v in batcher.ended.items()})
                 break
             returned = time.monotonic_ns()
+            waits_for_sources = None
+            if args.hold_sources:
+                waits_for_sources = not _idle(fake, batcher.cuda_stream)
+                for sub in subs:
+                    fake.fake_cuda_hold(ctypes.c_void_p(sub.cuda_stream), 0)
             report = dict(event="batch", size=b.size, sources=[f.source for f in b.frames],
                           seqs=[f.seq for f in b.frames], skipped=[f.skipped for f in b.frames],
                           timestamps=[f.timestamp_ns for f in b.frames],
                           shapes=[list(p.shape) for p in b.planes],
                           call_ms=(returned - started) / 1e6,
-                          formed_ms=(returned - b.frames[0].received_ns) / 1e6)
+                          formed_ms=(returned - b.frames[0].received_ns) / 1e6,
+                          batcher_waits_for_sources=waits_for_sources)
             if args.fake_hold:
                 # Sources released before this returned: their streams wait for the batcher's
                 # (held: its copies "still run"), so the publishers wait for the copies.
@@ -289,6 +298,8 @@ def main() -> int:
     parser.add_argument("--torch", action="store_true", help="take each batch's planes with PyTorch and CuPy")
     parser.add_argument("--fake-hold", action="store_true", help="stand-in libcuda: keep the batcher's stream busy")
     parser.add_argument("--hand-to-held", action="store_true", help="stand-in libcuda: hand each batch to a busy stream")
+    parser.add_argument("--hold-sources", choices=["busy", "idle"], default=None,
+                        help="stand-in libcuda: the subscribers' streams busy (or idle) while a batch forms")
     args = parser.parse_args()
     return {"batch": batch, "misuse": misuse}[args.role](args)
 

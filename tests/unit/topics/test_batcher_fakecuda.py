@@ -93,6 +93,18 @@ def test_a_released_source_frame_waits_for_its_copy_and_a_batch_buffer_for_its_r
     assert all(b["batcher_waits_for_reader"] for b in batches), batches
 
 
+@pytest.mark.parametrize("held", ["busy", "idle"])
+def test_a_copy_waits_for_a_busy_source_stream_and_an_idle_one_costs_no_wait(sources, held):
+    """The sources' streams held busy while each batch forms: the batcher's stream waits for
+    them (its copies come after the work queued before each frame); idle: it is left idle,
+    no event queued behind them."""
+    sources.add(81, rate=100)
+    sources.add(82, rate=100)
+    batches = run(sources.batcher("batch", "--batch-size", "2", "--count", "6", "--hold-sources", held), 6)
+    assert all(b["batcher_waits_for_sources"] is (held == "busy") for b in batches), batches
+    assert all(not b["wrong"] for b in batches), batches
+
+
 def test_bad_input_is_refused_with_the_reason(sources):
     sources.add(61, rate=100)
     sources.add(62, rate=100, width=32)
