@@ -33,7 +33,7 @@ from ..topics.info import TopicInfo
 from ..topics.message import Message, let_go
 from ..topics.protocol import Qos
 from ..topics.readiness import Readiness
-from ..topics.subscriber import Subscriber, register_remote
+from ..topics.subscriber import Subscriber
 from ..topics.transports import CudaSubscriberBackend
 from ..topics.transports.base import UNMAP_WAIT_S, Geometry
 from ..topics.transports.views import SlotView, _ViewSpec, join_readers
@@ -538,4 +538,3 @@ class RemoteSubscriber(Joining, Subscriber):
         return f"<RemoteSubscriber {self.name!r} {self.qos.name.lower()}: {state}>"
 
 
-register_remote(RemoteSubscriber)

@@ -27,15 +27,6 @@ from .transports.base import UNMAP_WAIT_S
 log = logging.getLogger("eglcuda.topics")
 _MAX_BUSY_WAIT = 0.01  # seconds: longer asking without sleeping is a CPU burner, not a shorter wake-up
 _SECONDS = (float, int)  # the types of a timeout that needs no conversion (a bool is neither)
-# The class a Subscriber(remote=...) is made as (eglcuda.remote registers it: it is a layer above).
-_remote_class: "type[Subscriber] | None" = None
-
-
-def register_remote(cls: "type[Subscriber]") -> None:
-    """Make ``Subscriber(..., remote="HOST:PORT")`` construct ``cls`` (eglcuda.remote's)."""
-    global _remote_class
-    _remote_class = cls
-
 
 class Subscriber:
     """A subscriber of topic ``name``, in this or any other process of the host.
@@ -84,9 +75,10 @@ class Subscriber:
 
     def __new__(cls, *args: Any, remote: str | None = None, **kwargs: Any) -> "Subscriber":
         if remote is not None and cls is Subscriber:
-            if _remote_class is None:  # pragma: no cover - importing eglcuda registers it
-                raise UsageError("remote= needs eglcuda.remote (import eglcuda)")
-            return object.__new__(_remote_class)
+            # Subscriber(remote=...) is made as a RemoteSubscriber, a layer above this one (remote
+            # topics use the topics wing, not the reverse): imported here, where it is asked for.
+            from ..remote.subscriber import RemoteSubscriber
+            return object.__new__(RemoteSubscriber)
         return object.__new__(cls)
 
     def __init__(self, name: str, qos: str = "latest", queue: int = 4, device: Any = 0, timeout: float = 5.0,
