@@ -17,7 +17,6 @@ import logging
 import os
 import threading
 import time
-import weakref
 from typing import Any, Iterable
 
 
@@ -393,20 +392,13 @@ class RemoteSubscriber(Joining, Subscriber):
         """As :meth:`eglcuda.Subscriber.fileno`: an ``eventfd`` that the UCX engine's thread
         makes readable when a frame arrived or the link ended, and a receive that takes the last
         frame makes quiet."""
-        if self._forked or os.getpid() != self._pid:
+        if os.getpid() != self._pid:
             raise self._forked_error()
-        ready = self._ready
-        if ready is not None:
-            return ready.fileno()
-        with self._busy:
-            if self._closed:
-                raise self._closed_error()
-            if self._ready is None:
-                ready = Readiness(combine=False)
-                weakref.finalize(self, ready.close)
-                self._ready = ready
-                self._refresh_ready()
-            return self._ready.fileno()
+        return super().fileno()
+
+    def _new_readiness(self) -> Readiness:
+        # Frames come on the engine's thread, not a socket of ours: the eventfd alone.
+        return Readiness(combine=False)
 
     def _refresh_ready(self) -> None:
         ready = self._ready

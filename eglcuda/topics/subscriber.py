@@ -461,14 +461,20 @@ class Subscriber:
             if self._closed:
                 raise self._closed_error()
             if self._ready is None:
-                ready = Readiness(combine=True)
+                ready = self._new_readiness()
                 weakref.finalize(self, ready.close)
-                conn = self._conn
-                if conn is not None:
-                    ready.watch(conn.fd)
                 self._ready = ready
                 self._refresh_ready()
             return self._ready.fileno()
+
+    def _new_readiness(self) -> Readiness:
+        """fileno()'s descriptor, made at its first call: the due ``eventfd`` and the
+        connection's socket in one ``epoll`` set."""
+        ready = Readiness(combine=True)
+        conn = self._conn
+        if conn is not None:
+            ready.watch(conn.fd)
+        return ready
 
     def _refresh_ready(self) -> None:
         """Make fileno()'s descriptor say whether something is there now (under ``_busy``):
