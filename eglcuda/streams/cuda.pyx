@@ -338,6 +338,8 @@ cdef class CudaProducer(Resource):
     cdef unsigned long long flight_key[EGLCUDA_MAX_FRAMES_IN_FLIGHT]
     # Every frame presented since connect, by key: the driver keeps them associated until disconnect.
     cdef dict associated
+    # Frames made by allocate_frame: the ring a loop cycles, before all of it was presented.
+    cdef Py_ssize_t allocated
     cdef ProducerLink link
     # The last timeout an int object gave and what it read as (see _timeout).
     cdef object timeout_seen
@@ -465,8 +467,8 @@ cdef class CudaProducer(Resource):
         cheaper than the two calls. Returns the frame taken back, or None.
 
         With ``timeout_us=0`` a frame is asked for only when one is due: once every frame this
-        producer presented is in flight again, or more are in flight than the stream's FIFO holds
-        (always in mailbox mode). Asking earlier takes frames back while the consumer is still busy
+        producer presented or made with :meth:`allocate_frame` is in flight again, or more are in
+        flight than the stream's FIFO holds (always in mailbox mode). Asking earlier takes frames back while the consumer is still busy
         with the ones before: on driver 580 that made a two-thread loop about 1.5x slower a frame.
         A frame not asked for comes back at a later step or from :meth:`return_frame`. With a
         ``timeout_us`` above 0 the call always waits for one, as :meth:`return_frame` does."""
@@ -512,6 +514,12 @@ cdef class CudaProducer(Resource):
         :meth:`present_and_return`): counted as if the present being made had succeeded."""
         cdef Py_ssize_t in_flight = self.flying + 1
         cdef Py_ssize_t frames = len(self.associated) + (0 if known else 1)
+        # A ring made by allocate_frame counts whole from its first present: counting only the
+        # frames presented so far would ask at the second present and keep a ring of six cycling
+        # two (a frame comes back at once from a consumer that keeps up), which serialises a
+        # two-thread loop.
+        if self.allocated > frames:
+            frames = self.allocated
         return in_flight >= frames or in_flight > self.fifo_length
 
     # ---- the steps around the driver calls (inside the gate) -------------------------------------
@@ -684,7 +692,9 @@ cdef class CudaProducer(Resource):
         """A new frame of this connection's size (and format and layout, if fixed)."""
         fmt = format if format is not None else (self._format if self._format is not None else ColorFormat.ARGB)
         lay = layout if layout is not None else (self._layout if self._layout is not None else Layout.PITCH)
-        return Frame.allocate(self.width, self.height, fmt, lay, self.device)
+        frame = Frame.allocate(self.width, self.height, fmt, lay, self.device)
+        self.allocated += 1
+        return frame
 
     def close(self, timeout: float | None = None) -> None:
         """Disconnect; every frame presented is then free to close (unless another producer it was

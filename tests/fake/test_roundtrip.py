@@ -520,9 +520,9 @@ def test_a_failed_legacy_synchronize_in_the_fused_calls():
 @fake_driver_test
 def test_present_and_return_asks_for_a_frame_only_when_one_is_due(fifo_length):
     """With no wait asked, ``present_and_return`` asks the driver for a frame back only once every
-    frame this producer presented is in flight again, or more are in flight than the FIFO holds
-    (always in mailbox mode); with a wait it always asks. A pool of 6 cycled by a consumer that
-    keeps up: every byte arrives in order, and the producer never runs dry."""
+    frame this producer presented or allocated is in flight again, or more are in flight than the
+    FIFO holds (always in mailbox mode); with a wait it always asks. A pool of 6 cycled by a
+    consumer that keeps up: every byte arrives in order, and the producer never runs dry."""
     random = rng()
     with stream_of(16, 8, fifo_length=fifo_length) as (_, stream, producer, consumer):
         pool = [producer.allocate_frame() for _ in range(6)]
@@ -533,7 +533,7 @@ def test_present_and_return_asks_for_a_frame_only_when_one_is_due(fifo_length):
             frame = free.pop(0)
             expected = fill_random(frame, random)
             in_flight_after = producer.in_flight + 1
-            known_after = min(6, step + 1)
+            known_after = 6  # (the pool was made by allocate_frame: it counts from the start)
             before = fake.calls(RETURN)
             back = producer.present_and_return(frame, timeout_us=0)
             asks = fake.calls(RETURN) - before
@@ -553,3 +553,35 @@ def test_present_and_return_asks_for_a_frame_only_when_one_is_due(fifo_length):
         producer.present_and_return(frame, timeout_us=1_000)
         assert fake.calls(RETURN) - before >= 1
         consumer.acquire(timeout_us=1_000_000).release()
+
+
+@fake_driver_test
+def test_a_ring_taken_last_in_first_out_keeps_the_fifo_full():
+    """A ring of 6 frames from ``allocate_frame`` on a FIFO of 4, the freshest returned frame
+    presented next (``free.pop()``), against a consumer that takes and releases each frame at
+    once: the producer keeps the FIFO's worth of frames in flight and cycles the whole ring,
+    instead of asking for a frame at every present and cycling only two of them."""
+    random = rng()
+    with stream_of(16, 8, fifo_length=4) as (_, stream, producer, consumer):
+        pool = [producer.allocate_frame() for _ in range(6)]
+        free = list(pool)
+        used: set[int] = set()
+        most_in_flight = 0
+        expected = []
+        for step in range(30):
+            if not free:
+                back = producer.return_frame(1_000_000)
+                assert back is not None
+                free.append(back)
+            frame = free.pop()
+            used.add(id(frame))
+            expected.append(fill_random(frame, random))
+            back = producer.present_and_return(frame, timeout_us=0)
+            most_in_flight = max(most_in_flight, producer.in_flight)
+            if back is not None:
+                free.append(back)
+            with consumer.acquire(timeout_us=1_000_000) as acquired:
+                assert_frame_equals(acquired, expected.pop(0))
+        assert most_in_flight >= 4, most_in_flight
+        assert len(used) >= 5, f"only {len(used)} frames of the ring of 6 were presented"
+
