@@ -6,7 +6,10 @@ lacks: the unshare/nsenter/ip programs, user, network and mount namespaces, veth
 (bench/_netlink.py probes each)."""
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -36,3 +39,32 @@ def test_1080p_over_the_link_holds_60_frames_a_second(env, path, spec):
     with netlink.sides(spec, env, path) as group:
         measured = netlink.at_60(group, spec)
     print(f"\n{spec.describe()}: {measured}")
+
+
+BENCH = netlink.ROOT / "bench" / "remote_link.py"
+
+
+def test_the_bench_row_over_veth_checks_every_byte(env, tmp_path):
+    why = netlink._netlink.missing(netlink.CLEAN)
+    if why:
+        pytest.skip(why)
+    out = tmp_path / "out"
+    result = subprocess.run([sys.executable, str(BENCH), "--link", "veth", "--width", "320", "--height", "240",
+                             "--rate", "100", "--duration", "1", "--out", str(out)], capture_output=True, text=True,
+                            env=env, cwd=tmp_path, timeout=180)
+    assert result.returncode == 0, result.stdout + result.stderr
+    saved = json.loads((out / "results.json").read_text())
+    remote = saved["remote"]
+    assert remote["frames"] > 50 and remote["bad"] == 0 and remote["p50_us"] > 0, saved
+    assert saved["link"] == netlink.CLEAN.describe() and saved["tx_bytes"] >= remote["frames"] * 320 * 240 * 3 // 2
+    assert "| veth, MTU 1500 | 320x240 NV12, every |" in (out / "results.md").read_text()
+
+
+def test_the_bench_says_in_one_line_what_the_link_lacks(env, tmp_path):
+    why = netlink._netlink.missing(netlink.LOSSY)
+    if why is None:
+        pytest.skip("this machine has everything a lossy link needs (the bench measures it there)")
+    result = subprocess.run([sys.executable, str(BENCH), "--link", "netem:delay=2ms,loss=0.5%"], capture_output=True,
+                            text=True, env=env, cwd=tmp_path, timeout=120)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stdout == "" and result.stderr.splitlines() == [f"bench/remote_link.py: {why}"], result.stderr
