@@ -111,13 +111,13 @@ def _probe(name: str) -> str | None:
     elif name == "namespaces":
         said = _run(["unshare", "-rnm", "true"])
         if said:
-            why = (f"unprivileged user, network and mount namespaces are not allowed here (unshare -rnm: {said}; "
+            why = (f"no unprivileged user, network and mount namespaces here (unshare -rnm: {said}; "
                    f"sysctl kernel.unprivileged_userns_clone=1 or user.max_user_namespaces > 0, "
                    f"and a container that permits unshare)")
     elif name == "sysfs":
         said = _run(["unshare", "-rnm", "mount", "-t", "sysfs", "sysfs", "/sys"])
         if said:
-            why = (f"cannot mount a sysfs in a network namespace (mount -t sysfs: {said}); UCX finds the "
+            why = (f"no sysfs of its own for a network namespace (mount -t sysfs: {said}); UCX finds the "
                    f"namespace's network devices there")
     elif name == "veth":
         said = _run(["unshare", "-rn", "ip", "link", "add", "v0", "type", "veth", "peer", "name", "v1"])
