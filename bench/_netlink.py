@@ -14,25 +14,32 @@ namespace b, owned by the same user namespace. Each side has a mount namespace o
 sysfs of its network namespace on /sys (UCX finds network devices there: the host's /sys lists
 the host's devices). Each holder is a ``sh`` reading its stdin, so it ends, and its namespaces
 with it, when this process closes the pipe or dies. The veth pair is made in a and one end moved
-into b (``ip link set ... netns PID``); a process joins either side with ``nsenter --target PID
---user --net --mount --preserve-credentials``. Each capability is probed on its own
-(:func:`missing`): the programs, namespaces, sysfs, veth, then ``tc`` and netem, so a machine
-runs what it has and says what it lacks.
+into b; addresses, links up and netem are set in each; all through rtnetlink by this module run
+inside the namespace (``python _netlink.py OP ARGS``), so neither ``ip`` nor ``tc`` is needed. A
+process joins either side with ``nsenter --target PID --user --net --mount
+--preserve-credentials``. Each capability is probed on its own (:func:`missing`): the
+``unshare``, ``nsenter`` and ``mount`` programs, the namespaces, a sysfs in them, veth, then
+netem, so a machine runs what it has and says what it lacks.
 """
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import select
 import shutil
+import socket
+import struct
 import subprocess
+import sys
 import time
-from typing import Sequence
+from typing import Callable, Sequence
 
 ADDRESSES = {"a": "10.211.0.1", "b": "10.211.0.2"}
 DEVICES = {"a": "eglcuda-a", "b": "eglcuda-b"}
 NETEM_LIMIT = 100_000  # packets queued in netem: its default (1,000) would drop on its own at these rates
 SETUP_S = 10.0
+SELF = [sys.executable, os.path.abspath(__file__)]  # (its operations, run in a namespace: see _main)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,9 +86,6 @@ class LinkSpec:
             parts.append(f"netem {self.delay_ms:g} ms delay and {self.loss_pct:g} % loss each way")
         return ", ".join(parts)
 
-    def netem_args(self) -> list[str]:
-        return ["delay", f"{self.delay_ms:g}ms", "loss", f"{self.loss_pct:g}%", "limit", str(NETEM_LIMIT)]
-
 
 def _run(argv: Sequence[str], timeout: float = SETUP_S) -> str | None:
     """None when ``argv`` succeeds, else the last line it said (or its status)."""
@@ -104,12 +108,12 @@ def _probe(name: str) -> str | None:
         return _probed[name]
     why: str | None = None
     if name == "programs":
-        absent = [p for p in ("unshare", "nsenter", "ip") if shutil.which(p) is None]
+        absent = [p for p in ("unshare", "nsenter", "mount", "sh") if shutil.which(p) is None]
         if absent:
-            why = (f"no {', '.join(absent)} command (util-linux has unshare and nsenter, iproute2 has ip: "
-                   f"apt-get install util-linux iproute2)")
+            why = (f"no {', '.join(absent)} command (util-linux has unshare and nsenter: apt-get install "
+                   f"util-linux mount)")
     elif name == "namespaces":
-        said = _run(["unshare", "-rnm", "true"])
+        said = _run(["unshare", "-rnm", sys.executable, "-c", ""])
         if said:
             why = (f"no unprivileged user, network and mount namespaces here (unshare -rnm: {said}; "
                    f"sysctl kernel.unprivileged_userns_clone=1 or user.max_user_namespaces > 0, "
@@ -120,16 +124,13 @@ def _probe(name: str) -> str | None:
             why = (f"no sysfs of its own for a network namespace (mount -t sysfs: {said}); UCX finds the "
                    f"namespace's network devices there")
     elif name == "veth":
-        said = _run(["unshare", "-rn", "ip", "link", "add", "v0", "type", "veth", "peer", "name", "v1"])
+        said = _run(["unshare", "-rn", *SELF, "veth", "v0", "v1", "1500"])
         if said:
-            why = f"no veth pairs in a network namespace (ip link add ... type veth: {said}; the veth kernel module)"
-    elif name == "tc":
-        if shutil.which("tc") is None:
-            why = "no tc command for netem (iproute2 has it: apt-get install iproute2)"
+            why = f"no veth pairs in a network namespace (making one: {said}; the veth kernel module)"
     elif name == "netem":
-        said = _run(["unshare", "-rn", "tc", "qdisc", "add", "dev", "lo", "root", "netem", "delay", "1ms"])
+        said = _run(["unshare", "-rn", *SELF, "netem", "lo", "1", "0", "1000"])
         if said:
-            why = f"no netem qdisc (tc qdisc add ... netem: {said}; the sch_netem kernel module: modprobe sch_netem)"
+            why = f"no netem qdisc (adding one: {said}; the sch_netem kernel module: modprobe sch_netem)"
     _probed[name] = why
     return why
 
@@ -137,13 +138,172 @@ def _probe(name: str) -> str | None:
 def missing(spec: LinkSpec) -> str | None:
     """None when this machine can make ``spec``'s link, else one line naming the first thing missing:
     the programs, user, network and mount namespaces, a sysfs in them, veth, and (for a netem link)
-    tc and netem."""
-    needs = ["programs", "namespaces", "sysfs", "veth"] + (["tc", "netem"] if spec.netem else [])
+    netem."""
+    needs = ["programs", "namespaces", "sysfs", "veth"] + (["netem"] if spec.netem else [])
     for name in needs:
         why = _probe(name)
         if why:
             return why
     return None
+
+
+# ==== rtnetlink: what ip and tc would do, so that neither is needed ==================================
+# Run inside a namespace as ``python _netlink.py OP ARGS`` (see :func:`_main`). The messages are those
+# iproute2 sends for the same commands (rtnetlink(7), linux/if_link.h, linux/pkt_sched.h).
+
+RTM_NEWLINK, RTM_NEWADDR, RTM_NEWQDISC, RTM_GETQDISC = 16, 20, 36, 38
+NLM_F_REQUEST, NLM_F_ACK, NLM_F_EXCL, NLM_F_CREATE, NLM_F_DUMP = 0x1, 0x4, 0x200, 0x400, 0x300
+NLMSG_ERROR, NLMSG_DONE = 2, 3
+IFLA_IFNAME, IFLA_MTU, IFLA_LINKINFO, IFLA_NET_NS_PID = 3, 4, 18, 19
+IFLA_INFO_KIND, IFLA_INFO_DATA, VETH_INFO_PEER = 1, 2, 1
+IFA_ADDRESS, IFA_LOCAL = 1, 2
+TCA_KIND, TCA_OPTIONS, TCA_STATS, TCA_STATS2, TCA_STATS_QUEUE = 1, 2, 3, 7, 3
+TC_H_ROOT = 0xFFFFFFFF
+TCA_NETEM_LATENCY64 = 10
+IFF_UP = 0x1
+
+
+def _attr(kind: int, payload: bytes) -> bytes:
+    data = struct.pack("=HH", 4 + len(payload), kind) + payload
+    return data + b"\0" * (-len(data) % 4)
+
+
+def _attrs(data: bytes) -> dict[int, bytes]:
+    found: dict[int, bytes] = {}
+    while len(data) >= 4:
+        length, kind = struct.unpack_from("=HH", data)
+        if length < 4:
+            break
+        found[kind & 0x3FFF] = data[4:length]
+        data = data[(length + 3) & ~3:]
+    return found
+
+
+def _ifinfo(index: int = 0, flags: int = 0, change: int = 0) -> bytes:
+    return struct.pack("=BxHiII", socket.AF_UNSPEC, 0, index, flags, change)
+
+
+class _Rtnl:
+    """One NETLINK_ROUTE socket of this process's network namespace."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
+        self.sock.bind((0, 0))
+        self.seq = 0
+
+    def request(self, kind: int, flags: int, body: bytes) -> list[tuple[int, bytes]]:
+        """Send one message; the replies (type, payload) up to its ACK or the end of its dump.
+        OSError with the kernel's errno when it says no."""
+        self.seq += 1
+        self.sock.send(struct.pack("=LHHLL", 16 + len(body), kind, NLM_F_REQUEST | flags, self.seq, 0) + body)
+        replies: list[tuple[int, bytes]] = []
+        while True:
+            data = self.sock.recv(1 << 16)
+            while len(data) >= 16:
+                length, got, _, seq, _ = struct.unpack_from("=LHHLL", data)
+                payload, data = data[16:length], data[(length + 3) & ~3:]
+                if seq != self.seq:
+                    continue
+                if got == NLMSG_ERROR:
+                    (error,) = struct.unpack_from("=i", payload)
+                    if error:
+                        raise OSError(-error, os.strerror(-error))
+                    return replies
+                if got == NLMSG_DONE:
+                    return replies
+                replies.append((got, payload))
+
+    def link(self, index: int = 0, flags: int = 0, change: int = 0, attrs: bytes = b"", create: bool = False) -> None:
+        self.request(RTM_NEWLINK, NLM_F_ACK | (NLM_F_CREATE | NLM_F_EXCL if create else 0),
+                     _ifinfo(index, flags, change) + attrs)
+
+
+def _veth(name: str, peer: str, mtu: str) -> None:
+    """ip link add NAME mtu MTU type veth peer name PEER mtu MTU"""
+    mtu_attr = _attr(IFLA_MTU, struct.pack("=I", int(mtu)))
+    peer_info = _ifinfo() + mtu_attr + _attr(IFLA_IFNAME, peer.encode() + b"\0")
+    info = _attr(IFLA_INFO_KIND, b"veth") + _attr(IFLA_INFO_DATA, _attr(VETH_INFO_PEER, peer_info))
+    _Rtnl().link(attrs=mtu_attr + _attr(IFLA_IFNAME, name.encode() + b"\0") + _attr(IFLA_LINKINFO, info),
+                 create=True)
+
+
+def _move(name: str, pid: str) -> None:
+    """ip link set NAME netns PID"""
+    _Rtnl().link(socket.if_nametoindex(name), attrs=_attr(IFLA_NET_NS_PID, struct.pack("=I", int(pid))))
+
+
+def _up(name: str, address: str) -> None:
+    """ip link set lo up; ip addr add ADDRESS/24 dev NAME; ip link set NAME up"""
+    rtnl = _Rtnl()
+    rtnl.link(socket.if_nametoindex("lo"), IFF_UP, IFF_UP)
+    index = socket.if_nametoindex(name)
+    packed = socket.inet_aton(address)
+    rtnl.request(RTM_NEWADDR, NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL,
+                 struct.pack("=BBBBI", socket.AF_INET, 24, 0, 0, index) + _attr(IFA_LOCAL, packed)
+                 + _attr(IFA_ADDRESS, packed))
+    rtnl.link(index, IFF_UP, IFF_UP)
+
+
+def _ticks_per_us() -> float:
+    """Packet scheduler ticks a microsecond, from /proc/net/psched (ticks-to-us and us-to-ticks
+    factors, clock resolution); a resolution of 1 GHz means the factors' ratio is 1."""
+    with open("/proc/net/psched") as psched:
+        t2us, us2t, clock_res = (int(word, 16) for word in psched.read().split()[:3])
+    return (1.0 if clock_res == 1_000_000_000 else t2us / us2t) * clock_res / 1e6
+
+
+def _netem(name: str, delay_ms: str, loss_pct: str, limit: str) -> None:
+    """tc qdisc add dev NAME root netem delay Dms loss P% limit N"""
+    latency = round(float(delay_ms) * 1000 * _ticks_per_us())
+    loss = round(float(loss_pct) / 100 * 0xFFFFFFFF)
+    qopt = struct.pack("=6I", latency, int(limit), loss, 0, 0, 0)  # latency, limit, loss, gap, duplicate, jitter
+    exact = _attr(TCA_NETEM_LATENCY64, struct.pack("=q", round(float(delay_ms) * 1e6)))  # ns: no tick rounding
+    body = struct.pack("=BxxxiIII", socket.AF_UNSPEC, socket.if_nametoindex(name), 0, TC_H_ROOT, 0)
+    _Rtnl().request(RTM_NEWQDISC, NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL,
+                    body + _attr(TCA_KIND, b"netem\0") + _attr(TCA_OPTIONS, qopt + exact))
+
+
+def _netem_drops(name: str) -> None:
+    """Prints the packets the netem qdisc of NAME dropped (tc -s qdisc show dev NAME)."""
+    index = socket.if_nametoindex(name)
+    dropped = 0
+    for _, payload in _Rtnl().request(RTM_GETQDISC, NLM_F_DUMP, struct.pack("=BxxxiIII", 0, 0, 0, 0, 0)):
+        if struct.unpack_from("=i", payload, 4)[0] != index:
+            continue
+        attrs = _attrs(payload[20:])
+        if attrs.get(TCA_KIND, b"").rstrip(b"\0") != b"netem":
+            continue
+        queue = _attrs(attrs.get(TCA_STATS2, b"")).get(TCA_STATS_QUEUE)
+        if queue is not None and len(queue) >= 12:
+            dropped += struct.unpack_from("=I", queue, 8)[0]  # gnet_stats_queue: qlen, backlog, drops
+        elif len(attrs.get(TCA_STATS, b"")) >= 16:
+            dropped += struct.unpack_from("=I", attrs[TCA_STATS], 12)[0]  # tc_stats: bytes, packets, drops
+    print(dropped)
+
+
+def _show(path: str) -> None:
+    """Prints a file as this namespace sees it (/proc/net/dev, /sys/class/net/...): no cat needed."""
+    with open(path) as shown:
+        sys.stdout.write(shown.read())
+
+
+OPERATIONS: dict[str, Callable[..., None]] = {"show": _show, "veth": _veth, "move": _move, "up": _up, "netem": _netem,
+                                              "netem-drops": _netem_drops}
+
+
+def _main(argv: list[str]) -> int:
+    """``python _netlink.py OP ARGS``: one operation in this process's network namespace; an error
+    is one line on stderr and status 1."""
+    try:
+        OPERATIONS[argv[0]](*argv[1:])
+    except (KeyError, IndexError, TypeError):
+        print(f"usage: _netlink.py {{{','.join(OPERATIONS)}}} ARGS", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"{argv[0]}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    return 0
+
 
 
 class LinkError(RuntimeError):
@@ -201,19 +361,16 @@ class Link:
         return done.stdout
 
     def _configure(self) -> None:
-        a, b = DEVICES["a"], DEVICES["b"]
-        mtu = str(self.spec.mtu)
-        self.run("a", "ip", "link", "add", a, "mtu", mtu, "type", "veth", "peer", "name", b, "mtu", mtu)
-        self.run("a", "ip", "link", "set", b, "netns", str(self.pid("b")))
+        self.run("a", *SELF, "veth", DEVICES["a"], DEVICES["b"], str(self.spec.mtu))
+        self.run("a", *SELF, "move", DEVICES["b"], str(self.pid("b")))
         for side in ("a", "b"):
-            device = DEVICES[side]
-            self.run(side, "ip", "link", "set", "lo", "up")
-            self.run(side, "ip", "addr", "add", f"{ADDRESSES[side]}/24", "dev", device)
-            self.run(side, "ip", "link", "set", device, "up")
+            self.run(side, *SELF, "up", DEVICES[side], ADDRESSES[side])
             if self.spec.netem:
-                self.run(side, "tc", "qdisc", "add", "dev", device, "root", "netem", *self.spec.netem_args())
+                self.run(side, *SELF, "netem", DEVICES[side], f"{self.spec.delay_ms:g}", f"{self.spec.loss_pct:g}",
+                         str(NETEM_LIMIT))
         deadline = time.monotonic() + SETUP_S
-        while not all("state UP" in self.run(s, "ip", "link", "show", DEVICES[s]) for s in ("a", "b")):
+        while not all(self.run(s, *SELF, "show", f"/sys/class/net/{DEVICES[s]}/operstate").strip() == "up"
+                      for s in "ab"):
             if time.monotonic() > deadline:
                 raise LinkError("the veth pair did not come up")
             time.sleep(0.02)
@@ -221,17 +378,13 @@ class Link:
     def counters(self, side: str) -> dict[str, int]:
         """What ``side`` saw: bytes its end of the veth sent (/proc/net/dev), TCP segments sent and
         retransmitted (/proc/net/snmp, of its namespace), packets netem dropped there (0 without netem)."""
-        devices = self.run(side, "cat", "/proc/net/dev")
+        devices = self.run(side, *SELF, "show", "/proc/net/dev")
         row = re.search(rf"^\s*{DEVICES[side]}:(.*)$", devices, re.MULTILINE)
         tx_bytes = int(row.group(1).split()[8]) if row else 0
-        snmp = self.run(side, "cat", "/proc/net/snmp").splitlines()
+        snmp = self.run(side, *SELF, "show", "/proc/net/snmp").splitlines()
         tcp = [line.split()[1:] for line in snmp if line.startswith("Tcp:")]
         fields = dict(zip(tcp[0], tcp[1])) if len(tcp) >= 2 else {}
-        dropped = 0
-        if self.spec.netem:
-            shown = self.run(side, "tc", "-s", "qdisc", "show", "dev", DEVICES[side])
-            found = re.search(r"dropped (\d+)", shown)
-            dropped = int(found.group(1)) if found else 0
+        dropped = int(self.run(side, *SELF, "netem-drops", DEVICES[side])) if self.spec.netem else 0
         return {"tx_bytes": tx_bytes, "tcp_out_segments": int(fields.get("OutSegs", 0)),
                 "tcp_retransmitted": int(fields.get("RetransSegs", 0)), "netem_dropped": dropped}
 
@@ -249,3 +402,7 @@ class Link:
             except subprocess.TimeoutExpired:
                 holder.kill()
                 holder.wait(5)
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

@@ -18,9 +18,10 @@ retransmissions and the packets netem dropped in the same window. The relay and 
 or ``veth[:mtu=N]`` (the clean link). Prints one table row; with --out, writes results.json and
 results.md there. Exits 2 with one line where there is no CUDA GPU, no ucxx
 (``pip install -e '.[remote-cu13]'`` or ``remote-cu12``) or the machine cannot make the link: no
-unshare, nsenter or ip program, no unprivileged user/network/mount namespaces, no veth, no tc or
-no netem (the sch_netem kernel module). On a machine without a GPU, the fake libcuda of tests/fakes
-runs it (LD_LIBRARY_PATH, UCX_MODULES=^cuda): the numbers then measure the CPU side only.
+unshare, nsenter or mount program, no unprivileged user/network/mount namespaces, no sysfs in them,
+no veth, or no netem (the sch_netem kernel module); ip and tc are not needed. On a machine without
+a GPU, the fake libcuda of tests/fakes runs it (LD_LIBRARY_PATH, UCX_MODULES=^cuda): the numbers
+then measure the CPU side only.
 """
 from __future__ import annotations
 
@@ -57,7 +58,8 @@ class Content:
     frame, so a frame mixing two frames' bytes never matches."""
 
     def __init__(self, shapes: list[tuple[int, ...]]) -> None:
-        self.bases = [np.random.default_rng([SEED, i]).integers(0, 256, s, dtype=np.uint8) for i, s in enumerate(shapes)]
+        self.bases = [np.random.default_rng([SEED, i]).integers(0, 256, s, dtype=np.uint8)
+                      for i, s in enumerate(shapes)]
         self.scratch = [np.empty_like(b) for b in self.bases]
 
     def planes(self, seq: int) -> list:
@@ -174,8 +176,8 @@ class Child:
         self.stderr.seek(0)
         said = [line.strip() for line in self.stderr.read().decode(errors="replace").splitlines() if line.strip()]
         status = self.process.poll()
-        raise RuntimeError(f"{self.role} {'exited with status ' + str(status) if status is not None else 'did not answer'}"
-                           + (f": {said[-1]}" if said else ""))
+        ended = f"exited with status {status}" if status is not None else "did not answer"
+        raise RuntimeError(f"{self.role} {ended}" + (f": {said[-1]}" if said else ""))
 
     def go(self, start: int, end: int) -> None:
         try:

@@ -2,8 +2,9 @@
 namespace, the remote subscriber in another, a veth pair between them, UCX over TCP (with
 cuda_copy) on the veth; 1080p NV12 at 60 frames/s over the clean link and, with netem, over 2 ms
 delay and 0.5 % loss each way, every byte checked in order (tests/netlink.py). Each case skips
-naming what the machine lacks (the unshare/nsenter/ip programs, namespaces, veth, tc, netem:
-bench/_netlink.py probes each), even with EGLCUDA_REQUIRE_GPU=1: none of them is a GPU's."""
+naming what the machine lacks (the unshare/nsenter/mount programs, namespaces, a sysfs in them,
+veth, netem: bench/_netlink.py probes each; neither ip nor tc is needed), even with
+EGLCUDA_REQUIRE_GPU=1: none of them is a GPU's."""
 from __future__ import annotations
 
 import importlib.util

@@ -2,8 +2,8 @@
 network namespace, the remote subscribers in another, a veth pair between them (real addresses,
 UCX over TCP on the veth); 1080p NV12 at 60 frames/s over the clean link and, with netem, over
 2 ms delay and 0.5 % loss each way (tests/netlink.py). Each case skips naming what the machine
-lacks: the unshare/nsenter/ip programs, user, network and mount namespaces, veth, tc or netem
-(bench/_netlink.py probes each)."""
+lacks: the unshare/nsenter/mount programs, user, network and mount namespaces, a sysfs in them,
+veth or netem (bench/_netlink.py probes each; it needs neither ip nor tc)."""
 from __future__ import annotations
 
 import json
