@@ -23,7 +23,9 @@ netem, so a machine runs what it has and says what it lacks.
 """
 from __future__ import annotations
 
+import ctypes
 import dataclasses
+import fcntl
 import os
 import re
 import select
@@ -39,41 +41,58 @@ ADDRESSES = {"a": "10.211.0.1", "b": "10.211.0.2"}
 DEVICES = {"a": "eglcuda-a", "b": "eglcuda-b"}
 NETEM_LIMIT = 100_000  # packets queued in netem: its default (1,000) would drop on its own at these rates
 SETUP_S = 10.0
+CC_SYSCTL = "/proc/sys/net/ipv4/tcp_congestion_control"
 SELF = [sys.executable, os.path.abspath(__file__)]  # (its operations, run in a namespace: see _main)
 
 
 @dataclasses.dataclass(frozen=True)
 class LinkSpec:
     """The link: a veth pair, with netem's ``delay`` (ms) and ``loss`` (%) on both ends when either
-    is set (so a round trip sees twice the delay), and the veth's MTU."""
+    is set (so a round trip sees twice the delay); the veth's MTU; its segmentation offload
+    (``offload``: None means off where there is loss, so that netem drops MTU-sized packets as a
+    wire would, not whole 64 KB super-packets; on otherwise); and the TCP congestion control of both
+    namespaces (``cc``: "" keeps the kernel's default)."""
 
     delay_ms: float = 0.0
     loss_pct: float = 0.0
     mtu: int = 1500
+    offload: bool | None = None
+    cc: str = ""
 
     @property
     def netem(self) -> bool:
         return self.delay_ms > 0 or self.loss_pct > 0
 
+    @property
+    def segments(self) -> bool:
+        """Whether the veth keeps TCP segmentation offload (TSO, GSO)."""
+        return self.offload if self.offload is not None else not self.loss_pct
+
     @classmethod
     def parse(cls, text: str) -> "LinkSpec":
-        """``veth[:mtu=N]`` or ``netem:delay=2ms,loss=0.5%[,mtu=N]``; ValueError names what is wrong."""
+        """``veth[:mtu=N]`` or ``netem:delay=2ms,loss=0.5%[,mtu=N]``, either with ``offload=on|off``
+        and ``cc=NAME``; ValueError names what is wrong."""
         kind, _, rest = text.partition(":")
         if kind not in ("veth", "netem"):
             raise ValueError(f"a link is veth or netem:delay=2ms,loss=0.5%, not {text!r}")
-        values: dict[str, float] = {}
+        patterns = {"delay": r"(\d+(?:\.\d+)?)ms", "loss": r"(\d+(?:\.\d+)?)%", "mtu": r"(\d+)",
+                    "offload": r"(on|off)", "cc": r"([a-z][a-z0-9_]*)"}
+        values: dict[str, str] = {}
         for item in filter(None, rest.split(",")):
             key, _, value = item.partition("=")
-            pattern = {"delay": r"(\d+(?:\.\d+)?)ms", "loss": r"(\d+(?:\.\d+)?)%", "mtu": r"(\d+)"}.get(key)
-            if pattern is None or key in values:
-                raise ValueError(f"unknown or repeated link setting {key!r} in {text!r}: delay=, loss=, mtu=")
-            found = re.fullmatch(pattern, value)
+            if key not in patterns or key in values:
+                raise ValueError(f"unknown or repeated link setting {key!r} in {text!r}: "
+                                 f"delay=, loss=, mtu=, offload=, cc=")
+            found = re.fullmatch(patterns[key], value)
             if found is None:
-                raise ValueError(f"link setting {item!r} in {text!r}: delay=2ms, loss=0.5%, mtu=1500")
-            values[key] = float(found.group(1))
-        if kind == "veth" and set(values) - {"mtu"}:
+                raise ValueError(f"link setting {item!r} in {text!r}: delay=2ms, loss=0.5%, mtu=1500, offload=off, "
+                                 f"cc=bbr")
+            values[key] = found.group(1)
+        if kind == "veth" and {"delay", "loss"} & set(values):
             raise ValueError(f"delay and loss need netem: netem:{rest}")
-        spec = cls(values.get("delay", 0.0), values.get("loss", 0.0), int(values.get("mtu", 1500)))
+        offload = {"on": True, "off": False}.get(values.get("offload", ""))
+        spec = cls(float(values.get("delay", 0)), float(values.get("loss", 0)), int(values.get("mtu", 1500)),
+                   offload, values.get("cc", ""))
         if kind == "netem" and not spec.netem:
             raise ValueError(f"netem without delay or loss in {text!r}: netem:delay=2ms,loss=0.5%")
         if not (0 <= spec.loss_pct < 100 and 68 <= spec.mtu <= 65535):
@@ -84,6 +103,9 @@ class LinkSpec:
         parts = [f"veth, MTU {self.mtu}"]
         if self.netem:
             parts.append(f"netem {self.delay_ms:g} ms delay and {self.loss_pct:g} % loss each way")
+        parts.append("segmentation offload " + ("on" if self.segments else "off"))
+        if self.cc:
+            parts.append(f"TCP {self.cc}")
         return ", ".join(parts)
 
 
@@ -137,13 +159,17 @@ def _probe(name: str) -> str | None:
 
 def missing(spec: LinkSpec) -> str | None:
     """None when this machine can make ``spec``'s link, else one line naming the first thing missing:
-    the programs, user, network and mount namespaces, a sysfs in them, veth, and (for a netem link)
-    netem."""
+    the programs, user, network and mount namespaces, a sysfs in them, veth, (for a netem link)
+    netem, and the congestion control ``spec`` names."""
     needs = ["programs", "namespaces", "sysfs", "veth"] + (["netem"] if spec.netem else [])
     for name in needs:
         why = _probe(name)
         if why:
             return why
+    allowed = _allowed_cc().split()
+    if spec.cc and spec.cc not in allowed:
+        return (f"no TCP congestion control {spec.cc} for a network namespace: it may choose only from "
+                f"net.ipv4.tcp_allowed_congestion_control ({' '.join(allowed)}; sysctl -w as root to add one)")
     return None
 
 
@@ -281,14 +307,32 @@ def _netem_drops(name: str) -> None:
     print(dropped)
 
 
+SIOCETHTOOL, ETHTOOL_STSO, ETHTOOL_SGSO = 0x8946, 0x1F, 0x24
+
+
+def _offload(name: str, state: str) -> None:
+    """ethtool -K NAME tso STATE gso STATE"""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        for command in (ETHTOOL_STSO, ETHTOOL_SGSO):
+            value = ctypes.create_string_buffer(struct.pack("=II", command, int(state == "on")))
+            fcntl.ioctl(sock, SIOCETHTOOL, struct.pack("16sP", name.encode(), ctypes.addressof(value)) + bytes(16))
+
+
+def _set(path: str, value: str) -> None:
+    """Writes a sysctl (/proc/sys/...) of this namespace."""
+    with open(path, "w") as sysctl:
+        sysctl.write(value)
+
+
 def _show(path: str) -> None:
     """Prints a file as this namespace sees it (/proc/net/dev, /sys/class/net/...): no cat needed."""
     with open(path) as shown:
         sys.stdout.write(shown.read())
 
 
-OPERATIONS: dict[str, Callable[..., None]] = {"show": _show, "veth": _veth, "move": _move, "up": _up, "netem": _netem,
-                                              "netem-drops": _netem_drops}
+OPERATIONS: dict[str, Callable[..., None]] = {
+    "show": _show, "set": _set, "offload": _offload, "veth": _veth, "move": _move, "up": _up, "netem": _netem,
+    "netem-drops": _netem_drops}
 
 
 def _main(argv: list[str]) -> int:
@@ -304,6 +348,14 @@ def _main(argv: list[str]) -> int:
         return 1
     return 0
 
+
+
+def _allowed_cc() -> str:
+    try:
+        with open("/proc/sys/net/ipv4/tcp_allowed_congestion_control") as allowed:
+            return allowed.read().strip()
+    except OSError:
+        return "unknown"
 
 
 class LinkError(RuntimeError):
@@ -365,6 +417,15 @@ class Link:
         self.run("a", *SELF, "move", DEVICES["b"], str(self.pid("b")))
         for side in ("a", "b"):
             self.run(side, *SELF, "up", DEVICES[side], ADDRESSES[side])
+            if not self.spec.segments:
+                self.run(side, *SELF, "offload", DEVICES[side], "off")
+            if self.spec.cc:
+                try:
+                    self.run(side, *SELF, "set", CC_SYSCTL, self.spec.cc)
+                except LinkError as exc:
+                    raise LinkError(f"TCP congestion control {self.spec.cc} refused in a network namespace (a "
+                                    f"namespace may choose only from net.ipv4.tcp_allowed_congestion_control, "
+                                    f"here {_allowed_cc()}): {exc}") from None
             if self.spec.netem:
                 self.run(side, *SELF, "netem", DEVICES[side], f"{self.spec.delay_ms:g}", f"{self.spec.loss_pct:g}",
                          str(NETEM_LIMIT))
@@ -374,6 +435,10 @@ class Link:
             if time.monotonic() > deadline:
                 raise LinkError("the veth pair did not come up")
             time.sleep(0.02)
+
+    def congestion_control(self, side: str) -> str:
+        """The TCP congestion control of ``side``'s namespace (its sender's, for what it sends)."""
+        return self.run(side, *SELF, "show", CC_SYSCTL).strip()
 
     def counters(self, side: str) -> dict[str, int]:
         """What ``side`` saw: bytes its end of the veth sent (/proc/net/dev), TCP segments sent and

@@ -15,8 +15,11 @@ retransmissions and the packets netem dropped in the same window. The relay and 
                                 [--ucx-env K=V,...] [--out DIR]
 
 ``--link``: ``netem:delay=Dms,loss=P%[,mtu=N]`` (the default: 2 ms and 0.5 % each way, MTU 1500)
-or ``veth[:mtu=N]`` (the clean link). Prints one table row; with --out, writes results.json and
-results.md there. Exits 2 with one line where there is no CUDA GPU, no ucxx
+or ``veth[:mtu=N]`` (the clean link); either with ``offload=on|off`` (the veth's TCP segmentation
+offload; off by default where there is loss, so that netem drops MTU-sized packets as a wire would,
+not whole 64 KB super-packets) and ``cc=NAME`` (the TCP congestion control of both namespaces;
+by default the host's, named in the table: it decides how TCP takes random loss). Prints one table
+row; with --out, writes results.json and results.md there. Exits 2 with one line where there is no CUDA GPU, no ucxx
 (``pip install -e '.[remote-cu13]'`` or ``remote-cu12``) or the machine cannot make the link: no
 unshare, nsenter or mount program, no unprivileged user/network/mount namespaces, no sysfs in them,
 no veth, or no netem (the sch_netem kernel module); ip and tc are not needed. On a machine without
@@ -227,11 +230,13 @@ def measure(args, spec: _netlink.LinkSpec, env: dict) -> dict:
             after = {side: link.counters(side) for side in ("a", "b")}
             got = remote.expect("remote", 30)
             relay.expect("relay", 30)
+            cc = link.congestion_control("a")  # (side a sends the frames)
         finally:
             for child in reversed(children):
                 child.stop()
     counted = {key: sum(after[s][key] - before[s][key] for s in ("a", "b")) for key in before["a"]}
-    return {"link": spec.describe(), "frame": f"{args.width}x{args.height} NV12", "qos": args.qos,
+    return {"link": spec.describe() + ("" if spec.cc else f", TCP {cc}"), "tcp_cc": cc,
+            "frame": f"{args.width}x{args.height} NV12", "qos": args.qos,
             "rate": args.rate, "duration": args.duration, "published_rate": published["rate"], "remote": got,
             **counted}
 
@@ -252,7 +257,8 @@ def row(result: dict) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--link", default="netem:delay=2ms,loss=0.5%",
-                        help="netem:delay=Dms,loss=P%%[,mtu=N] or veth[:mtu=N] (default netem:delay=2ms,loss=0.5%%)")
+                        help="netem:delay=Dms,loss=P%%[,mtu=N] or veth[:mtu=N], either with offload=on|off and "
+                             "cc=NAME (default netem:delay=2ms,loss=0.5%%)")
     parser.add_argument("--width", type=int, default=1920)
     parser.add_argument("--height", type=int, default=1080)
     parser.add_argument("--rate", type=float, default=60.0, help="frames a second the publisher publishes")

@@ -23,7 +23,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 import _netlink  # noqa: E402
 
 CLEAN = _netlink.LinkSpec()
-LOSSY = _netlink.LinkSpec(delay_ms=2.0, loss_pct=0.5)  # each way: a 4 ms round trip
+# each way: a 4 ms round trip; the loss hits 1500-byte packets (segmentation offload off, as on a wire)
+LOSSY = _netlink.LinkSpec(delay_ms=2.0, loss_pct=0.5)
 
 
 @contextlib.contextmanager
@@ -147,7 +148,8 @@ def at_60(group: Sides, spec: _netlink.LinkSpec, frames: int = 300, judge_rate: 
     latencies = sorted(m["latency_us"] / 1e3 for m in timed)
     after = {side: group.link.counters(side) for side in ("a", "b")}
     delta = {key: sum(after[s][key] - before[s][key] for s in ("a", "b")) for key in before["a"]}
-    measured = {"published": published, "arrived": arrived, "p50_ms": latencies[len(latencies) // 2],
+    measured = {"tcp_cc": group.link.congestion_control("a"), "published": published, "arrived": arrived,
+                "p50_ms": latencies[len(latencies) // 2],
                 "p99_ms": latencies[int(0.99 * (len(latencies) - 1))], **delta}
     assert delta["tx_bytes"] >= frames * 1920 * 1080 * 3 // 2, measured
     assert latencies[0] >= spec.delay_ms, measured  # (each frame crossed the delayed link)

@@ -56,8 +56,10 @@ def test_the_bench_row_over_veth_checks_every_byte(env, tmp_path):
     saved = json.loads((out / "results.json").read_text())
     remote = saved["remote"]
     assert remote["frames"] > 50 and remote["bad"] == 0 and remote["p50_us"] > 0, saved
-    assert saved["link"] == netlink.CLEAN.describe() and saved["tx_bytes"] >= remote["frames"] * 320 * 240 * 3 // 2
-    assert "| veth, MTU 1500 | 320x240 NV12, every |" in (out / "results.md").read_text()
+    assert saved["tcp_cc"] and saved["link"] == f"{netlink.CLEAN.describe()}, TCP {saved['tcp_cc']}", saved
+    assert saved["tx_bytes"] >= remote["frames"] * 320 * 240 * 3 // 2, saved
+    assert f"| veth, MTU 1500, segmentation offload on, TCP {saved['tcp_cc']} | 320x240 NV12, every |" in \
+        (out / "results.md").read_text()
 
 
 def test_the_bench_says_in_one_line_what_the_link_lacks(env, tmp_path):
