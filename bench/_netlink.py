@@ -157,6 +157,15 @@ def _probe(name: str) -> str | None:
     return why
 
 
+def _allowed_cc() -> str:
+    """The congestion controls a network namespace may choose (the host's sysctl)."""
+    try:
+        with open("/proc/sys/net/ipv4/tcp_allowed_congestion_control") as allowed:
+            return allowed.read().strip()
+    except OSError:
+        return "unknown"
+
+
 def missing(spec: LinkSpec) -> str | None:
     """None when this machine can make ``spec``'s link, else one line naming the first thing missing:
     the programs, user, network and mount namespaces, a sysfs in them, veth, (for a netem link)
@@ -347,15 +356,6 @@ def _main(argv: list[str]) -> int:
         print(f"{argv[0]}: {exc.strerror or exc}", file=sys.stderr)
         return 1
     return 0
-
-
-
-def _allowed_cc() -> str:
-    try:
-        with open("/proc/sys/net/ipv4/tcp_allowed_congestion_control") as allowed:
-            return allowed.read().strip()
-    except OSError:
-        return "unknown"
 
 
 class LinkError(RuntimeError):
