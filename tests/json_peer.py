@@ -15,12 +15,14 @@ from collections.abc import Callable, Mapping, Sequence
 
 
 class JsonPeer:
-    """``JsonPeer([script, *args])``: spawns ``python script args`` (never forked)."""
+    """``JsonPeer([script, *args])``: spawns ``python script args`` (never forked); ``prefix`` is a
+    command that runs it (``nsenter ...``: in another network namespace) and execs, keeping its pid."""
 
     wait_timeout = 30.0  # seconds; subclasses for slower peers raise it
 
-    def __init__(self, argv: Sequence[str], env: Mapping[str, str] | None = None, cwd: str | None = None) -> None:
-        self.process = subprocess.Popen([sys.executable, *argv], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    def __init__(self, argv: Sequence[str], env: Mapping[str, str] | None = None, cwd: str | None = None,
+                 prefix: Sequence[str] = ()) -> None:
+        self.process = subprocess.Popen([*prefix, sys.executable, *argv], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                         stderr=subprocess.PIPE, text=True, env=env, cwd=cwd)
         self.messages: list[dict] = []
         self._stderr_tail: str | None = None  # kept when stop() closes the pipe

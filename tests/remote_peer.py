@@ -128,7 +128,8 @@ def subscribe(args) -> int:
             else:
                 ok, why = check(message, args.seed) if not args.no_check else (True, "")
             say(event="got", seq=message.seq, ok=ok, why=why, skipped=message.skipped,
-                latency_us=(message.received_ns - message.timestamp_ns) / 1e3)
+                latency_us=(message.received_ns - message.timestamp_ns) / 1e3, published_ns=message.timestamp_ns,
+                received_ns=message.received_ns)
             got += 1
             if message.released:
                 continue

@@ -168,6 +168,7 @@ def publish(args) -> int:
     if args.until_told:
         threading.Thread(target=lambda: (sys.stdin.readline(), told.set()), daemon=True).start()
     seq = 0
+    due = time.monotonic()
     try:
         while (args.frames == 0 or seq < args.frames) and not told.is_set():
             frame = pub.next_frame(timeout=30)
@@ -176,7 +177,10 @@ def publish(args) -> int:
             published = pub.publish(frame, payload=payload_of(seq, args.seed))
             assert published == seq
             seq += 1
-            if args.rate:
+            if args.rate and args.steady:  # (the rate itself, whatever making a frame took)
+                due += 1.0 / args.rate
+                time.sleep(max(0.0, due - time.monotonic()))
+            elif args.rate:
                 time.sleep(1.0 / args.rate)
         say(event="published", count=seq, subscribers=[s.transport for s in pub.subscribers])
         if not args.until_told:
@@ -265,6 +269,8 @@ def main() -> int:
                         help="publisher: publish until a line comes on stdin (or --frames), then close")
     parser.add_argument("--offer", default="", help="publisher: the transports offered (comma-separated)")
     parser.add_argument("--rate", type=float, default=0.0)
+    parser.add_argument("--steady", action="store_true", help="publish: --rate frames a second exactly "
+                        "(a frame due every 1/rate s), not a pause of 1/rate s after each frame")
     args = parser.parse_args()
     return {"subscribe": subscribe, "publish": publish, "gl": gl, "cycles": cycles}[args.role](args)
 

@@ -16,7 +16,7 @@ GPU_SCRIPTS = [
     *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "samples").glob("[a-z]*.py")),
     "bench/cross_gpu.py", "bench/cross_process.py", "bench/fanout.py", "bench/memory_kinds.py", "bench/mps.py",
     "bench/sources.py", "bench/stream_profile.py", "bench/stream_roundtrip.py", "bench/topics.py", "bench/video.py",
-    "bench/remote.py",
+    "bench/remote.py", "bench/remote_link.py",
     "scripts/gpu_check.py",
 ]
 
