@@ -106,7 +106,7 @@ class Relay:
         self._senders: list[Sender] = []  # (engine's thread)
         self._history: collections.deque[RemoteInfo] = collections.deque(maxlen=64)  # those that left
         self._staging: Staging | None = None
-        self._server = Server(self.name, psk, self.timeout, self)
+        self._server = Server(self.name, psk, self.timeout, self._refusal, self._admit)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._status_path: str | None = None
         self._pid = os.getpid()  # a forked child's close() leaves the parent's relay alone
@@ -228,8 +228,8 @@ class Relay:
                 pass
 
     # ---- the engine's thread ----------------------------------------------------------------------
-    def refusal(self, hello: wire.Hello) -> tuple[int, str] | None:
-        """Why a peer that proved the key is not served now (the server's :class:`Host`)."""
+    def _refusal(self, hello: wire.Hello) -> tuple[int, str] | None:
+        """Why a peer that proved the key is not served now (the server asks)."""
         if self._closing:
             return Reason.CLOSING, "the relay is closing"
         if len(self._senders) >= self.max_remotes:
@@ -238,9 +238,9 @@ class Relay:
             return NO_PUBLISHER, f"topic {self.name!r} has no publisher at the relay now"
         return None
 
-    def admit(self, ep: Any, peer: str, hello: wire.Hello) -> Sender:
-        """Take a peer on, right after :meth:`refusal` said nothing against it (the server's
-        :class:`Host`): its sender, one of the relay's from now on."""
+    def _admit(self, ep: Any, peer: str, hello: wire.Hello) -> Sender:
+        """Take a peer on, right after :meth:`_refusal` said nothing against it (the server
+        asks): its sender, one of the relay's from now on."""
         welcome = self._welcome
         staging = self._staging
         assert welcome is not None and staging is not None

@@ -1,16 +1,16 @@
 """A relay's door: :class:`Server` owns its UCX listener (whose caps bound the handshakes in
 progress, in all and per address), runs the Noise handshake with each peer that connects, logs
-failed key proofs (one line a minute per address), refuses with the reason, and hands each
-peer that proved the key to its relay (:class:`Host`), which admits it as a
-:class:`~eglcuda.remote.sender.Sender` or refuses it. Everything here runs on the UCX engine's
-thread."""
+failed key proofs (one line a minute per address), refuses with the reason, and asks its relay
+about each peer that proved the key: why not to serve it (:data:`Refusal`), else to admit it
+(:data:`Admit`: its :class:`~eglcuda.remote.sender.Sender`). Everything here runs on the UCX
+engine's thread."""
 from __future__ import annotations
 
 import asyncio
 import collections
 import logging
 import time
-from typing import Any, Callable, Protocol, TypeVar
+from typing import Any, Callable, TypeVar
 
 import numpy as np
 
@@ -23,15 +23,11 @@ log = logging.getLogger("eglcuda.remote")
 T = TypeVar("T")
 
 
-class Host(Protocol):
-    """What a :class:`Server` asks of its relay, on the engine's thread, with no wait between
-    the two calls for one peer."""
-
-    def refusal(self, hello: wire.Hello) -> tuple[int, str] | None:
-        """Why the peer that said ``hello`` (and proved the key) is not served now (None: it is)."""
-
-    def admit(self, ep: Any, peer: str, hello: wire.Hello) -> Sender:
-        """Take the peer on (a slot of the relay's from now on): its sender, not yet started."""
+# What a Server asks of its relay, on the engine's thread, with no wait between the two calls
+# for one peer: why the peer that said this HELLO (and proved the key) is not served now (None:
+# it is); then, to take it on (a slot of the relay's from now on), its sender, not yet started.
+Refusal = Callable[[wire.Hello], "tuple[int, str] | None"]
+Admit = Callable[[Any, str, wire.Hello], Sender]
 
 
 class _FailedProofs:
@@ -64,13 +60,14 @@ _failed_proofs = _FailedProofs()  # (one log for the process: a guesser may try 
 
 class Server:
     """The listener of the relay of topic ``topic`` (see the module's docstring): peers prove
-    ``key``, each handshake within ``timeout`` seconds."""
+    ``key``, each handshake within ``timeout`` seconds; ``refusal`` and ``admit`` are the relay's."""
 
-    def __init__(self, topic: str, key: bytes, timeout: float, host: Host) -> None:
+    def __init__(self, topic: str, key: bytes, timeout: float, refusal: Refusal, admit: Admit) -> None:
         self._topic = topic
         self._key = key
         self._timeout = timeout
-        self._host = host
+        self._refusal = refusal
+        self._admit = admit
         self._listener: Any = None
 
     async def listen(self, port: int, ip: str | None) -> int:
@@ -151,7 +148,7 @@ class Server:
             await self._refuse(ep, Reason.VERSION, f"this relay serves topic {self._topic!r}, not {hello.name!r}",
                                session)
             return None
-        refusal = self._host.refusal(hello)
+        refusal = self._refusal(hello)
         if refusal is not None:
             await self._refuse(ep, refusal[0], refusal[1], session)
             return None
@@ -171,7 +168,7 @@ class Server:
         if ep.peer != "?":  # (the address the connection came from; the HELLO's host and pid are the peer's word)
             log.info("relay %s: %s says it is %s", self._topic, ep.peer, peer)
             peer = ep.peer
-        return self._host.admit(ep, peer, hello)
+        return self._admit(ep, peer, hello)
 
 
 async def _before(step: Any, deadline: float) -> Any:
