@@ -161,10 +161,10 @@ class Subscriber:
 
     def _connect(self, deadline: float) -> None:
         """Subscribe (joining.py): a publisher that takes this subscriber, by ``deadline``."""
-        closed_error = functools.partial(_closed_error, self.name)
-        joined = joining.join(self._request, self._backend, deadline, self._stop, closed_error)
+        closed = functools.partial(closed_error, self.name)
+        joined = joining.join(self._request, self._backend, deadline, self._stop, closed)
         # (No reference back to the subscriber: one dropped without close() is collected at once.)
-        self._conn = Connection(self.name, joined, self._stop, closed_error)
+        self._conn = Connection(self.name, joined, self._stop, closed)
         if self._ready is not None:
             self._ready.watch(self._conn.fd)
         self._info = joined.info
@@ -729,7 +729,7 @@ class Subscriber:
                     self._backend.close()
 
     def _closed_error(self) -> ClosedError:
-        return _closed_error(self.name)
+        return closed_error(self.name)
 
     def _forked_error(self) -> UsageError:
         return forked_error(self.name, self._pid)
@@ -781,14 +781,13 @@ def _settle(future: "asyncio.Future[None]") -> None:
         future.set_result(None)
 
 
-def _closed_error(name: str) -> ClosedError:
+def closed_error(name: str) -> ClosedError:
+    """What a closed subscriber of topic ``name`` raises (a remote feed's too)."""
     return ClosedError(f"the subscriber of topic {name!r} is closed")
 
 
-closed_error = _closed_error  # (the remote feed's too)
-
-
 def forked_error(name: str, pid: int) -> UsageError:
+    """What a subscriber of topic ``name`` made in process ``pid`` raises in a forked child."""
     return UsageError(f"this subscriber of topic {name!r} belongs to process {pid}, not to this forked child: make "
                       "a new Subscriber here (close() here only lets go of its copy)")
 
