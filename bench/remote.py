@@ -330,9 +330,9 @@ def raw_engine(args, size: int, window: int, mode: str, env: dict, buffers: int 
 
 def relay_staging() -> int:
     """The relay's staging buffers (the raw engine's ring with --raw-gpu)."""
-    from eglcuda.remote import relay
+    from eglcuda.remote import staging
 
-    return int(relay.STAGING)
+    return int(staging.STAGING)
 
 
 def relay_window() -> int:

@@ -34,7 +34,7 @@ from .streams.gl import GLFrame, GLSurfaceProducer, GLTextureConsumer
 from .streams.share import acknowledge, offer_fd, receive_fd, receive_stream, serve_stream
 from .streams.stream import ResourceLocation, Stream, StreamState
 from .topics import Batch, BatchFrame, BatchPlane, Batcher, Message, Publisher, Subscriber, SubscriberInfo, TopicInfo, WaitSet, list_topics
-from .remote import Relay, RemoteInfo, RemoteSubscriber  # (registers Subscriber(remote=...); ucxx not imported)
+from .remote import Relay, RemoteInfo, RemoteSubscriber  # (ucxx not imported)
 from .syncs.paths import ServerWaitPath, SyncPath, SyncPaths, gl_server_wait_path, sync_paths
 from .syncs.sync import CudaWait, Sync, SyncKind, cuda_wait_sync, sync_after_cuda
 

@@ -83,7 +83,8 @@ def subscribe(args) -> int:
         say(event="error", kind=type(exc).__name__, reason=str(exc), code=getattr(exc, "code", None),
             threads=threading.active_count() - threads, fds=open_fds() - fds)
         return 0
-    link = getattr(sub, "_link", None)  # (its tag prefixes: what an observer of its traffic would learn)
+    feed = sub._remote  # (its receiver's tag prefixes: what an observer of its traffic would learn)
+    link = feed._link if feed is not None else None
     say(event="ready", pid=os.getpid(), transport=sub.info.transport, instance=sub.info.instance,
         subscriber=isinstance(sub, eglcuda.Subscriber), info=[sub.info.width, sub.info.height, sub.info.format.name],
         tags=[link.ep.recv_prefix, link.ep.send_prefix] if link is not None else None)
@@ -256,7 +257,7 @@ def forge(args) -> int:
                              remote=args.remote)
     say(event="ready")
     prefix = int(sys.stdin.readline())
-    ep = sub._link.ep
+    ep = sub._remote._link.ep  # (the remote feed's receiver)
 
     async def run() -> None:
         for data in (wire.encode_control(ep.session, wire.Control.BYE),
@@ -274,14 +275,15 @@ def deaf(args) -> int:
     """A remote subscriber with the key that beats and reads the relay's notes but never posts a
     frame receive (nor gives credit): the relay's sends to it never end once UCX needs the
     receiver for them (rendezvous). Stays until told on stdin; says what ended its link."""
-    from eglcuda.remote import _ucx, link
+    from eglcuda.remote import _ucx, receiver
 
-    link.Joining._post_receives = lambda self, link_: None  # (the one thing it does not do)
+    receiver.Receiver._post_receives = lambda self: None  # (the one thing it does not do)
     _ucx.Engine._sweep = lambda self: None  # (nor drops what waits unreceived: a plain UCXX peer)
     sub = eglcuda.Subscriber(args.name, qos=args.qos, queue=args.queue, timeout=args.timeout, remote=args.remote)
     say(event="ready", pid=os.getpid())
     sys.stdin.readline()
-    lost = sub._link.lost if sub._link is not None else None
+    link = sub._remote._link
+    lost = link.lost if link is not None else None
     say(event="done", kind=type(lost).__name__ if lost else None, reason=str(lost) if lost else None)
     sub.close()
     return 0

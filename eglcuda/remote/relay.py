@@ -1,12 +1,19 @@
 """The relay: a local subscriber of a topic that serves remote subscribers over UCX.
 
+Its parts, each with its own state: a :class:`Staging` ring (staging.py: page-locked buffers,
+the D2H copies, the references of the sends), a :class:`Server` (server.py: the listener and the
+handshake) and one :class:`Sender` per remote subscriber (sender.py: its window, credits, queue,
+sends, beats and end). The :class:`Relay` owns them, the local subscription and what is true of
+the topic for every remote (its welcome, whether a publisher is there); it admits remote
+subscribers and decides which of them get each staged frame.
+
 Threads: the *local* thread receives the topic's frames (an ordinary
 :class:`eglcuda.Subscriber`), copies each one device -> page-locked host staging on its own stream
 and releases it at once (the publisher gets its pool slot back after one D2H copy); the shared
-UCX engine (_ucx.py) runs every connection (serving.py: the handshake, one sender and one credit
-reader per remote subscriber, and a watchdog). A staging buffer is reused once every send of it ended. The
-publisher's frame path never waits on the network: with no free staging buffer a 'latest' relay
-skips the frame (an 'every' relay waits, as a local 'every' subscriber would).
+UCX engine (_ucx.py) runs every connection (the server, the senders, and the relay's watchdog).
+A staging buffer is reused once every send of it ended. The publisher's frame path never waits
+on the network: with no free staging buffer a 'latest' relay skips the frame (an 'every' relay
+waits, as a local 'every' subscriber would).
 """
 from __future__ import annotations
 
@@ -14,7 +21,6 @@ import asyncio
 import collections
 import logging
 import os
-import queue as _queue
 import secrets
 import signal
 import threading
@@ -23,27 +29,25 @@ from dataclasses import asdict
 from typing import Any, Iterable
 
 
-from .._bind import cuda
 from .._unix import positive_seconds
 from ..cuda_device import get_device
 from ..errors import ClosedError, Dropped, EglCudaError, Refused, StreamDisconnected, Timeout, UsageError
 from ..topics import naming, registry
-from ..topics.protocol import Qos
+from ..topics.protocol import Qos, Reason
 from ..topics.subscriber import Subscriber
 from . import _ucx, keys, wire
-from .buffers import Pinned
-from .serving import RemoteInfo, Serving, _Remote
+from .sender import Limits, RemoteInfo, Sender
+from .server import Server
 from .session import frame_mode
-from .wire import DISCONNECTED, parse_address
+from .staging import Staging
+from .wire import DISCONNECTED, LATEST_WINDOW, NO_PUBLISHER, parse_address
 
 __all__ = ["Relay", "RemoteInfo", "parse_address"]
 
 log = logging.getLogger("eglcuda.remote")
 
-STAGING = 12  # staging buffers of a relay (frames between its D2H copy and the end of their sends)
 
-
-class Relay(Serving):
+class Relay:
     """Serve topic ``name`` to remote subscribers (``eglcuda.Subscriber(name, remote=...)``)
     over UCX, from a local subscription of it.
 
@@ -80,39 +84,29 @@ class Relay(Serving):
                  trusted_uids: Iterable[int] | str | None = None, max_remotes: int = 16,
                  every_timeout: float = 1.0, frames: str = "plain") -> None:
         self.name = naming.check_name(name)
-        self._frames = wire.frame_seal(secrets.token_bytes(32), frame_mode(frames))
+        seal = wire.frame_seal(secrets.token_bytes(32), frame_mode(frames))
         host, port = parse_address(listen, "listen")
         _ucx.require()  # (what to install is the first thing to say)
         _ucx.check_fork()
-        self._listen_ip = _ucx.host_ip(host)  # (UsageError for an address that is not this host's)
+        listen_ip = _ucx.host_ip(host)  # (UsageError for an address that is not this host's)
         try:
             _ucx.check_port(port)  # (before waiting for the publisher)
         except UsageError as exc:
             raise UsageError(f"relay {self.name!r} cannot listen on {host}:{port}: {exc}") from None
-        self._key = keys.load_key(key)
+        psk = keys.load_key(key)
         self.timeout = positive_seconds(timeout, "timeout")
         self.every_timeout = positive_seconds(every_timeout, "every_timeout")
         if not isinstance(max_remotes, int) or isinstance(max_remotes, bool) or not 1 <= max_remotes <= 1024:
             raise UsageError(f"max_remotes is an int in 1..1024, got {max_remotes!r}")
         self.max_remotes = max_remotes
+        self._limits = Limits(self.name, self.timeout, self.every_timeout)
+        self._frames = seal
         self._closing = False
         self._closed = False
-        self._lock = threading.Lock()
-        self._remotes: list[_Remote] = []
+        self._senders: list[Sender] = []  # (engine's thread)
         self._history: collections.deque[RemoteInfo] = collections.deque(maxlen=64)  # those that left
-        # Set while some remote subscriber can take a frame now (an 'every' one, or a 'latest' one
-        # with credit to spare beyond the frames already staged for it), waited on by the local
-        # thread. Under _room_lock: _room (the most frames one remote can take now: the engine's
-        # count) and _staged (frames the local thread copied or is copying, not yet dispatched):
-        # a frame is copied only when room is left for it, never only to be skipped.
-        self._wanted = threading.Event()
-        self._room_lock = threading.Lock()
-        self._room = 0
-        self._staged = 0
-        self._staging: Pinned | None = None
-        self._refs: dict[int, int] = {}
-        self._free: _queue.Queue[int] = _queue.Queue()
-        self._listener: Any = None
+        self._staging: Staging | None = None
+        self._server = Server(self.name, psk, self.timeout, self._refusal, self._admit)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._status_path: str | None = None
         self._pid = os.getpid()  # a forked child's close() leaves the parent's relay alone
@@ -120,17 +114,17 @@ class Relay(Serving):
                                trusted_uids=trusted_uids)
         self.qos = self._sub.qos
         self._welcome: wire.Welcome | None = None
-        self._live = True  # a publisher is there
+        self._live = True  # a publisher is there (engine's thread)
         self._thread: threading.Thread | None = None
         try:
             if self._sub.info is None or self._sub.cuda_stream is None:  # pragma: no cover - a CUDA subscriber has both
                 raise UsageError("the relay's subscriber has no CUDA stream")
-            self._device = get_device(device)
-            self._stream: int = self._sub.cuda_stream
+            self._staging = Staging(get_device(device), self._sub.cuda_stream, seal,
+                                    0.0 if self.qos is Qos.LATEST else self.timeout)
             self._set_up_staging()
             self._loop = _ucx.acquire()
             try:
-                self._listener = _ucx.run(self._loop, self._listen(host, port), self.timeout)
+                bound = _ucx.run(self._loop, self._server.listen(port, listen_ip), self.timeout)
             except UsageError as exc:  # (the port is in use: said with the whole address)
                 self._loop = None
                 _ucx.release()
@@ -139,7 +133,7 @@ class Relay(Serving):
                 self._loop = None
                 _ucx.release()
                 raise
-            self.address: tuple[str, int] = (host, int(self._listener.port))
+            self.address: tuple[str, int] = (host, bound)
             self._watchdog = asyncio.run_coroutine_threadsafe(self._watch(), self._loop)
             self._thread = threading.Thread(target=self._local, name=f"eglcuda-relay-{self.name}", daemon=True)
             self._thread.start()
@@ -149,24 +143,15 @@ class Relay(Serving):
             raise
         _ucx.track(self)
 
-    # ---- the local side ---------------------------------------------------------------------------
+    # ---- the local thread -------------------------------------------------------------------------
     def _set_up_staging(self) -> None:
         info = self._sub.info
-        assert info is not None
+        staging = self._staging
+        assert info is not None and staging is not None
         size = wire.frame_bytes(info.format, info.width, info.height)
         self._welcome = wire.Welcome(info.width, info.height, info.format, 1, info.pool, info.publisher_pid,
                                      info.instance, info.next_seq, info.fps, size)
-        if self._staging is not None and self._staging.size == wire.message_bytes(size):
-            return  # (a restarted publisher of the same frame size: the ring serves as it is)
-        old, self._staging = self._staging, None
-        if old is not None:
-            old.close()
-        self._staging = Pinned(self._device, STAGING, wire.message_bytes(size),
-                               f"staging {info.width}x{info.height} frames of a relay")
-        self._free = _queue.Queue()
-        self._refs = {}
-        for index in range(STAGING):
-            self._free.put(index)
+        staging.allocate(size, f"staging {info.width}x{info.height} frames of a relay")
 
     def _local(self) -> None:
         """The local thread: frames in, copied to staging, released, handed to the UCX engine.
@@ -175,8 +160,10 @@ class Relay(Serving):
         of a publisher that runs flat out (CPU and GIL the local subscribers and the engine need).
         Otherwise it looks every 0.25 s whether the publisher is still there."""
         sub = self._sub
+        staging = self._staging
+        assert staging is not None
         while not self._closing:
-            look = self.qos is Qos.LATEST and not self._wanted.wait(0.25)
+            look = self.qos is Qos.LATEST and not staging.wanted.wait(0.25)
             try:
                 message = sub.receive(timeout=0.001 if look else 0.25)
             except Timeout:
@@ -194,66 +181,11 @@ class Relay(Serving):
                 return
             seq = message.seq
             try:
-                index = None if look else self._stage(message)
+                index = None if look else staging.stage(message)
             finally:
                 message.release()
             if index is not None:
                 self._call(self._dispatch, index, seq)
-
-    def _reserve(self) -> bool:
-        """Count one more frame staged, if some remote subscriber has room left for it."""
-        with self._room_lock:
-            if self._room - self._staged <= 0:
-                self._wanted.clear()
-                return False
-            self._staged += 1
-            if self._room - self._staged <= 0:
-                self._wanted.clear()
-            return True
-
-    def _unreserve(self) -> None:
-        """A reserved frame was not staged after all."""
-        with self._room_lock:
-            self._staged -= 1
-            if self._room - self._staged > 0:
-                self._wanted.set()
-
-    def _stage(self, message: Any) -> int | None:
-        """Copy the frame into a free staging buffer (None: skipped). A staged frame is reserved
-        (:meth:`_reserve`) until the engine dispatches it."""
-        if not self._reserve():
-            return None  # nobody to send it to now: no copy
-        try:
-            if self.qos is Qos.LATEST:
-                index = self._free.get_nowait()
-            else:
-                # (An 'every' relay waits, as a local 'every' subscriber would: the publisher's
-                # every_timeout decides; the watchdog drops the remote subscribers that keep it.)
-                index = self._free.get(timeout=self.timeout)
-        except _queue.Empty:
-            self._unreserve()
-            return None  # every staging buffer is still being sent: this frame is skipped
-        staging = self._staging
-        assert staging is not None
-        out = staging.arrays[index]
-        at = wire.DATA_AT
-        try:
-            wire.pack_frame(out, message.seq, message.timestamp_ns, message.payload)
-            frame = message.frame
-            self._device.make_current()
-            for plane in frame.planes:
-                g = plane.geometry
-                size = g.row_bytes * g.height
-                cuda.copy_2d(self._stream, plane._location(), ("host", out[at:at + size], g.row_bytes), g.row_bytes,
-                             g.height, False)
-                at += size
-            cuda.stream_synchronize(self._stream, "copying a frame to a relay's staging buffer")
-            self._frames.seal(out)  # (the frame's seal: header always; its bytes too, or encrypted: frames=)
-        except BaseException:
-            self._free.put(index)
-            self._unreserve()
-            raise
-        return index
 
     def _publisher_lost(self, exc: StreamDisconnected) -> None:
         code = exc.code if isinstance(exc, Dropped) else DISCONNECTED
@@ -262,6 +194,8 @@ class Relay(Serving):
 
     def _reconnect(self) -> bool:
         """Wait for a publisher again (the relay outlives publisher restarts)."""
+        staging = self._staging
+        assert staging is not None
         while not self._closing:
             try:
                 self._sub.wait_for_publisher(0.5)
@@ -272,7 +206,7 @@ class Relay(Serving):
             # New frames may have another size: staging again once every send of the old ended
             # (never sooner: UCX may still read a buffer). Every remote was told GONE and its
             # sender aborts its endpoint, so they all come back; a close ends the wait too.
-            while not self._closing and not self._sends_ended(STAGING, 0.25):
+            while not self._closing and not staging.sends_ended(0.25):
                 pass
             if self._closing:
                 return False
@@ -293,6 +227,100 @@ class Relay(Serving):
             except RuntimeError:  # pragma: no cover - the loop stopped meanwhile (closing)
                 pass
 
+    # ---- the engine's thread ----------------------------------------------------------------------
+    def _refusal(self, hello: wire.Hello) -> tuple[int, str] | None:
+        """Why a peer that proved the key is not served now (the server asks)."""
+        if self._closing:
+            return Reason.CLOSING, "the relay is closing"
+        if len(self._senders) >= self.max_remotes:
+            return Reason.BUSY, f"the relay serves {self.max_remotes} remote subscribers already"
+        if not self._live or self._welcome is None:
+            return NO_PUBLISHER, f"topic {self.name!r} has no publisher at the relay now"
+        return None
+
+    def _admit(self, ep: Any, peer: str, hello: wire.Hello) -> Sender:
+        """Take a peer on, right after :meth:`_refusal` said nothing against it (the server
+        asks): its sender, one of the relay's from now on."""
+        welcome = self._welcome
+        staging = self._staging
+        assert welcome is not None and staging is not None
+        window = LATEST_WINDOW if hello.qos is Qos.LATEST else min(hello.queue, wire.MAX_WINDOW)
+        info = self._sub.info
+        next_seq = info.next_seq if info is not None else 0
+        seal = self._frames
+        reply = wire.Welcome(welcome.width, welcome.height, welcome.format, window, welcome.pool,
+                             welcome.publisher_pid, welcome.instance, next_seq, welcome.fps, welcome.frame_bytes,
+                             seal.mode, seal.key)
+        sender = Sender(ep, peer, hello.qos, hello.queue, window, reply, staging, self._limits, self._want,
+                        self._left)
+        self._senders.append(sender)
+        self._want()
+        return sender
+
+    def _left(self, sender: Sender) -> None:
+        if sender in self._senders:
+            self._senders.remove(sender)
+        self._want()
+        self._history.append(sender.info())
+
+    def _set_live(self, live: bool) -> None:
+        self._live = live
+
+    def _dispatch(self, index: int, seq: int) -> None:
+        """A staged frame: queue it for each remote subscriber that has room for it."""
+        staging = self._staging
+        assert staging is not None
+        every = self.qos is Qos.EVERY
+        takers = [sender for sender in self._senders if sender.offer(index, seq, every)]
+        try:
+            staging.refer(index, len(takers))
+            for sender in takers:
+                sender.pump()
+        finally:
+            self._want(dispatched=1)
+
+    def _want(self, dispatched: int = 0) -> None:
+        """Tell the local thread how many frames some remote subscriber can take now (with
+        ``dispatched``, that many of the frames it staged were dispatched)."""
+        every = self.qos is Qos.EVERY
+        room = max((sender.room(every) for sender in self._senders), default=0)
+        staging = self._staging
+        if staging is not None:
+            staging.set_room(max(0, room), dispatched)
+
+    def _all_gone(self, code: int, reason: str) -> None:
+        self._live = False
+        flush_until = time.monotonic() + self.every_timeout if code == Reason.CLOSING else 0.0
+        for sender in list(self._senders):
+            sender.end(code, reason, dropped=False, flush_until=flush_until)
+
+    async def _watch(self) -> None:
+        """Each sender's watchdog look every 0.1 s (the silent, the deaf and the slow are
+        dropped); the status file each second."""
+        rounds = 0
+        while True:
+            await asyncio.sleep(0.1)
+            rounds += 1
+            if rounds % 10 == 0:
+                self._write_status()  # (what `python -m eglcuda topics` shows)
+            now = time.monotonic()
+            for sender in list(self._senders):
+                sender.check(now)
+
+    async def _shut_down(self) -> None:
+        watchdog = getattr(self, "_watchdog", None)
+        for sender in list(self._senders):
+            sender.end(Reason.CLOSING, f"the relay of topic {self.name!r} closed", dropped=False)
+        deadline = time.monotonic() + 2.0
+        while self._senders and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        for sender in list(self._senders):
+            sender.abort()
+        await asyncio.sleep(0.05)
+        self._server.close()
+        if watchdog is not None:
+            watchdog.cancel()
+
     # ---- the user's side ----------------------------------------------------------------------------
     @property
     def remotes(self) -> list[RemoteInfo]:
@@ -301,14 +329,14 @@ class Relay(Serving):
         if loop is None or self._closed:
             return list(self._history)
         if _ucx.on_loop():
-            return [remote.info() for remote in self._remotes] + list(self._history)
+            return [sender.info() for sender in self._senders] + list(self._history)
         try:
             return _ucx.run(loop, self._infos(), 2.0)
         except Timeout:  # pragma: no cover - the loop is busy for seconds
             return list(self._history)
 
     async def _infos(self) -> list[RemoteInfo]:
-        return [remote.info() for remote in self._remotes] + list(self._history)
+        return [sender.info() for sender in self._senders] + list(self._history)
 
     @property
     def closed(self) -> bool:
@@ -333,7 +361,7 @@ class Relay(Serving):
         """The relay's entry beside its topic's socket, for ``python -m eglcuda topics``."""
         if self._closed:
             return
-        infos = [remote.info() for remote in self._remotes] if _ucx.on_loop() else self.remotes
+        infos = [sender.info() for sender in self._senders] if _ucx.on_loop() else self.remotes
         path = registry.relay_status_path(self._sub.path, os.getpid())
         body = {"version": 1, "name": self.name, "pid": os.getpid(), "address": f"{self.address[0]}:{self.address[1]}",
                 "qos": self.qos.name.lower(), "remotes": [asdict(r) for r in infos if r.connected]}
@@ -370,26 +398,13 @@ class Relay(Serving):
                 self._loop = None
                 _ucx.release()
             staging, self._staging = self._staging, None
-            if staging is not None:
-                if self._sends_ended(len(staging), 2.0):
-                    staging.close()
-                else:  # (leaked, not freed under a send UCX may still read from)
-                    log.warning("relay %s: a send did not end in 2 s: its staging buffers stay allocated", self.name)
+            if staging is not None and not staging.close(2.0):  # (left allocated, not freed under a send UCX may read)
+                log.warning("relay %s: a send did not end in 2 s: its staging buffers stay allocated", self.name)
             if self._status_path is not None:
                 try:
                     os.unlink(self._status_path)
                 except OSError:
                     pass
-
-    def _sends_ended(self, count: int, timeout: float) -> bool:
-        """Whether all ``count`` staging buffers came back (every send from them ended: the
-        endpoints were aborted, so their requests complete) within ``timeout`` seconds."""
-        deadline = time.monotonic() + timeout
-        while self._free.qsize() < count:
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.01)
-        return True
 
     def __enter__(self) -> "Relay":
         return self

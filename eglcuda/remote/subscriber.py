@@ -1,12 +1,17 @@
-"""The remote end of a topic: :class:`RemoteSubscriber`, an :class:`eglcuda.Subscriber` that
-joins through a relay (relay.py) over UCX, whose frames land in a pool on its own GPU.
+"""The remote end of a topic: :class:`RemoteFeed`, what an :class:`eglcuda.Subscriber` made with
+``remote="HOST:PORT"`` receives through (the topics layer makes it, importing this module only
+then), and :class:`RemoteSubscriber`, the name for such a subscriber.
 
-Threads: the shared UCX engine (_ucx.py; its side is link.py) receives each frame into a page-locked host buffer of the
-window (the relay sends only as many frames as this side gave credit for) and sends credits and
-beats; :meth:`receive` (the user's thread) copies the frame host -> device into a free pool slot
-on a copy stream that first waits for the subscriber's stream (where releases joined every reader
-of the slot, docs/ordering.md), waits for the copy, returns the host buffer's credit, and hands
-out a :class:`eglcuda.topics.SlotView` of the slot.
+A feed joins through a relay (relay.py) over UCX and owns a :class:`~.receiver.Receiver` for
+each joined connection, a pool of frames on its own GPU, and the messages it handed out.
+
+Threads: the shared UCX engine (_ucx.py; its side is receiver.py) receives each frame into a
+page-locked host buffer of the window (the relay sends only as many frames as this side gave
+credit for) and sends credits and beats; :meth:`RemoteFeed.receive` (the user's thread) copies
+the frame host -> device into a free pool slot on a copy stream that first waits for the
+subscriber's stream (where releases joined every reader of the slot, docs/ordering.md), waits
+for the copy, gives the host buffer back (its credit), and hands out a
+:class:`eglcuda.topics.SlotView` of the slot.
 """
 from __future__ import annotations
 
@@ -17,29 +22,28 @@ import logging
 import os
 import threading
 import time
-from typing import Any, Iterable
+import weakref
+from typing import Any, Iterable, NoReturn
 
 
 from .._bind import cuda
-from .._unix import positive_seconds
-from ..errors import EglCudaError, Refused, StreamDisconnected, Timeout, UsageError
+from ..errors import ClosedError, EglCudaError, Refused, StreamDisconnected, Timeout, UsageError
 from ..frames.formats import Layout
 from ..cuda_device import CudaDevice
 from ..frames.frame import Frame
 from ..frames.interop import stream_handle
-from ..topics import naming, protocol, sockets
+from ..topics import protocol, sockets
 from ..topics.info import TopicInfo
 from ..topics.message import Message, let_go
 from ..topics.protocol import Qos
 from ..topics.readiness import Readiness
-from ..topics.subscriber import Subscriber
+from ..topics.subscriber import Subscriber, closed_error, forked_error
 from ..topics.transports import CudaSubscriberBackend
 from ..topics.transports.base import UNMAP_WAIT_S, Geometry
 from ..topics.transports.views import SlotView, _ViewSpec, join_readers
-from . import _ucx, keys, wire
+from . import _ucx, keys, session, wire
 from .buffers import Pinned
-from .link import Joining, _Link, stale_frames
-from . import session
+from .receiver import Receiver, Terms, join
 from .session import frame_mode
 from .wire import NO_PUBLISHER, parse_address
 
@@ -47,61 +51,63 @@ log = logging.getLogger("eglcuda.remote")
 _RETRY_S = 0.1  # between attempts to join a relay that has no publisher yet
 
 
-class RemoteSubscriber(Joining, Subscriber):
+class RemoteSubscriber(Subscriber):
     """A subscriber of topic ``name`` through the relay at ``remote`` (``"HOST:PORT"``), on
-    another host or this one: what :class:`eglcuda.Subscriber` returns when given ``remote=``.
+    another host or this one: ``eglcuda.Subscriber(name, remote=...)``, with ``remote`` required.
 
     Everything is as for a local subscriber (:meth:`receive`, iteration, ``qos``, ``queue``,
-    :meth:`wait_for_publisher`, :meth:`close`), and frames are :class:`eglcuda.topics.SlotView`
-    views of this subscriber's own pool on ``device`` (``info.transport`` is ``"remote"``).
-    ``frames``: the least frame protection accepted (``"plain"``, ``"integrity"`` or
-    ``"encrypted"``: a relay that sends less is refused; the relay decides, docs/security.md).
-    ``key``: the relay's pre-shared key (None: from ``EGLCUDA_REMOTE_KEY_FILE`` or
-    ``EGLCUDA_REMOTE_KEY``). Raises :class:`eglcuda.Refused` when the relay refused it (a wrong
-    key, another topic), :class:`eglcuda.Timeout` when no relay with a publisher answered in
-    ``timeout`` seconds, :class:`eglcuda.Unsupported` without ucxx. ``path``, ``transport``
-    and ``trusted_uids`` are the relay's business and are ignored; ``gl_context`` is refused."""
+    :meth:`wait_for_publisher`, :meth:`fileno`, :meth:`close`), and frames are
+    :class:`eglcuda.topics.SlotView` views of this subscriber's own pool on ``device``
+    (``info.transport`` is ``"remote"``). ``frames``: the least frame protection accepted
+    (``"plain"``, ``"integrity"`` or ``"encrypted"``: a relay that sends less is refused; the
+    relay decides, docs/security.md). ``key``: the relay's pre-shared key (None: from
+    ``EGLCUDA_REMOTE_KEY_FILE`` or ``EGLCUDA_REMOTE_KEY``). Raises :class:`eglcuda.Refused` when
+    the relay refused it (a wrong key, another topic), :class:`eglcuda.Timeout` when no relay
+    with a publisher answered in ``timeout`` seconds, :class:`eglcuda.Unsupported` without
+    ucxx. ``path``, ``transport`` and ``trusted_uids`` are the relay's business and are
+    ignored; ``gl_context`` is refused."""
 
     def __init__(self, name: str, qos: str = "latest", queue: int = 4, device: Any = 0, timeout: float = 5.0,
                  path: Any = None, transport: str = "auto", gl_context: Any = None, *,
                  cuda_stream: Any = None, trusted_uids: Iterable[int] | str | None = None,
                  busy_wait: float = 20e-6, remote: str | None = None, key: bytes | None = None,
-                 frames: str = "plain", _backend: Any = None) -> None:
-        self.name = naming.check_name(name)
-        self.frames = frame_mode(frames)
-        try:
-            if isinstance(qos, bool):
-                raise ValueError(qos)
-            self.qos = Qos[qos.upper()] if isinstance(qos, str) else Qos(qos)
-        except (KeyError, ValueError):
-            raise UsageError(f"qos is 'latest' or 'every', got {qos!r}") from None
-        if not isinstance(queue, int) or isinstance(queue, bool) or not 1 <= queue <= protocol.MAX_QUEUE:
-            raise UsageError(f"queue is an int in 1..{protocol.MAX_QUEUE}, got {queue!r}")
-        if gl_context is not None:
-            raise UsageError("a remote subscriber receives into CUDA memory: gl_context is not possible with remote=")
+                 frames: str | None = None) -> None:
         if remote is None:
             raise UsageError("a RemoteSubscriber needs remote='HOST:PORT' (the relay's address)")
+        super().__init__(name, qos, queue, device, timeout, path, transport, gl_context, cuda_stream=cuda_stream,
+                         trusted_uids=trusted_uids, busy_wait=busy_wait, remote=remote, key=key, frames=frames)
+
+
+class RemoteFeed:
+    """The frames of topic ``name`` through the relay at ``remote``, for the
+    :class:`eglcuda.Subscriber` that holds it (its arguments checked there; see
+    :class:`RemoteSubscriber` for what they mean here)."""
+
+    def __init__(self, name: str, qos: Qos, queue: int, device: Any, timeout: float, gl_context: Any,
+                 cuda_stream: Any, remote: str, key: bytes | None, frames: str | None) -> None:
+        self.name = name
+        mode = frame_mode("plain" if frames is None else frames)
+        if gl_context is not None:
+            raise UsageError("a remote subscriber receives into CUDA memory: gl_context is not possible with remote=")
         self.remote = parse_address(remote, "remote")
-        self.queue = queue
-        self.timeout = positive_seconds(timeout, "timeout")
-        self._busy_wait = sockets.wait_seconds(busy_wait, "busy_wait")
+        self.qos = qos
+        self.timeout = timeout
         _ucx.require()  # (what to install is the first thing to say)
         session.require()
         _ucx.check_fork()
-        self._key = keys.load_key(key)
+        self._terms = Terms(name, qos, queue, timeout, self.remote, mode, keys.load_key(key))
         self.path = f"ucx://{remote}"
         self._closed = False
         self._closing = False
         self._wake = threading.Event()  # set by close(): ends a wait to join again
         self._joining: concurrent.futures.Future[Any] | None = None  # a handshake in progress
-        self._forked = False
         self._pid = os.getpid()
         self._busy = threading.RLock()
         self._state = threading.RLock()
         self._held: set[Message] = set()
         self._last_seq: int | None = None
         self._lost: BaseException | None = None
-        self._link: _Link | None = None
+        self._link: Receiver | None = None
         self._pool: list[Frame] = []
         self._views: list[SlotView] = []
         self._free_slots: collections.deque[int] = collections.deque()
@@ -114,7 +120,6 @@ class RemoteSubscriber(Joining, Subscriber):
         self._device: CudaDevice = self._backend.device
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ready: Readiness | None = None  # fileno()'s eventfd, made by its first call
-        self._async_waiting = False
         try:
             self._loop = _ucx.acquire()
             self._device.make_current()
@@ -136,11 +141,11 @@ class RemoteSubscriber(Joining, Subscriber):
             left = deadline - time.monotonic()
             if left <= 0:
                 raise Timeout(f"no relay of topic {self.name!r} with a publisher answered at "
-                              f"{self.remote[0]}:{self.remote[1]} within {self.timeout:.3g} s ({last}; a relay of "
+                              f"{self._terms.where} within {self.timeout:.3g} s ({last}; a relay of "
                               f"another protocol version does not answer either)")
             loop = self._loop
             assert loop is not None
-            joining = asyncio.run_coroutine_threadsafe(self._handshake(), loop)
+            joining = asyncio.run_coroutine_threadsafe(join(self._terms), loop)
             self._joining = joining
             if self._closing:  # (close() came between its check and this join: it may not have seen it)
                 joining.cancel()
@@ -176,7 +181,7 @@ class RemoteSubscriber(Joining, Subscriber):
 
     def _attach(self, ep: Any, welcome: wire.Welcome) -> None:
         """Make the pool and the window's host buffers for ``welcome``'s frames; start reading."""
-        limit = self.queue if self.qos is Qos.EVERY else protocol.LATEST_HOLD
+        limit = self._terms.queue if self.qos is Qos.EVERY else protocol.LATEST_HOLD
         spec_key = (welcome.width, welcome.height, welcome.format)
         if self._spec is None or (self._spec.geometry.width, self._spec.geometry.height,
                                   self._spec.geometry.format) != spec_key or len(self._pool) != limit:
@@ -190,9 +195,12 @@ class RemoteSubscriber(Joining, Subscriber):
             self._spec = _ViewSpec(Geometry(first.width, first.height, first.format, Layout.PITCH, first.pitch,
                                             offsets))
         self._free_slots = collections.deque(range(len(self._pool)))
-        host = Pinned(self._device, welcome.window, wire.message_bytes(welcome.frame_bytes),
-                      "a remote subscriber's receive window")
-        link = _Link(ep, welcome, host)
+        window = Pinned(self._device, welcome.window, wire.message_bytes(welcome.frame_bytes),
+                        "a remote subscriber's receive window")
+        loop = self._loop
+        assert loop is not None
+        link = Receiver(ep, window, self._terms, loop)
+        link.watch(self._ready)
         self._link = link
         self._lost = None
         self._last_seq = None
@@ -200,9 +208,7 @@ class RemoteSubscriber(Joining, Subscriber):
         self.info = TopicInfo(self.name, self.path, geometry.width, geometry.height, geometry.format, Layout.PITCH,
                               geometry.pitch, welcome.fps, welcome.pool, welcome.publisher_pid, welcome.instance,
                               "remote", welcome.next_seq)
-        loop = self._loop
-        assert loop is not None
-        asyncio.run_coroutine_threadsafe(self._start(link), loop).result(5)
+        asyncio.run_coroutine_threadsafe(link.start(), loop).result(5)
 
     # ---- receiving --------------------------------------------------------------------------------
     def receive(self, timeout: float | None = None) -> Message:
@@ -210,7 +216,7 @@ class RemoteSubscriber(Joining, Subscriber):
         pool before it returns. A relay that lost its publisher, closed, or was cut off raises
         :class:`eglcuda.StreamDisconnected` (:class:`eglcuda.Dropped` with the reason when it
         said why); :meth:`wait_for_publisher` joins again."""
-        if self._forked or os.getpid() != self._pid:
+        if os.getpid() != self._pid:
             raise self._forked_error()
         with self._busy:
             try:
@@ -229,36 +235,15 @@ class RemoteSubscriber(Joining, Subscriber):
             raise UsageError(f"this subscriber holds {len(self._held)} message(s), as many as it may: release "
                              "one before receiving another")
         wait = self.timeout if timeout is None else sockets.wait_seconds(timeout)
-        deadline = time.monotonic() + wait
-        with link.cond:
-            while True:
-                while not link.ready and link.lost is None and not self._closing:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        raise Timeout(f"no frame of topic {self.name!r} within {wait:.3g} s")
-                    link.cond.wait(left)
-                if self._closing:
-                    raise self._closed_error()
-                old = stale_frames(link) if self.qos is Qos.LATEST else 0
-                if not old:
-                    break
-                self._credit(link, old)  # (the relay sends the next frame published instead)
-            error = link.lost if not link.ready else None
-        if error is not None:  # (outside the condition: dropping the link takes it on the loop)
-            self._lose(error)
-        with link.cond:
-            if self.qos is Qos.LATEST:
-                stale = len(link.ready) - 1
-                for _ in range(stale):
-                    link.free.append(link.ready.popleft()[3])
-            else:
-                stale = 0
-            seq, timestamp_ns, payload, index = link.ready.popleft()
-        if stale:
-            self._credit(link, stale)
+        arrival = link.take(time.monotonic() + wait, wait, lambda: self._closing)
+        if arrival is None:
+            raise self._closed_error()
+        if isinstance(arrival, BaseException):
+            self._lose(arrival)
+        seq, timestamp_ns, payload, index = arrival
         return self._deliver(link, seq, timestamp_ns, payload, index)
 
-    def _deliver(self, link: _Link, seq: int, timestamp_ns: int, payload: bytes, index: int) -> Message:
+    def _deliver(self, link: Receiver, seq: int, timestamp_ns: int, payload: bytes, index: int) -> Message:
         with self._state:
             slot = self._free_slots.popleft()
         view = self._views_of(slot)
@@ -269,7 +254,7 @@ class RemoteSubscriber(Joining, Subscriber):
             self._device.make_current()
             # The slot's earlier readers were joined into the subscriber's stream at their release.
             cuda.join_streams(copy, (own,), "ordering a remote frame's copy after the slot's readers")
-            source = link.host.arrays[index]
+            source = link.window.arrays[index]
             at = wire.DATA_AT
             for g, offset in zip(self._spec.planes, self._spec.geometry.plane_offsets):
                 size = g.row_bytes * g.height
@@ -280,13 +265,9 @@ class RemoteSubscriber(Joining, Subscriber):
         except BaseException:
             with self._state:
                 self._free_slots.appendleft(slot)
-            with link.cond:
-                link.free.append(index)
-            self._credit(link, 1)
+            link.give_back(index)
             raise
-        with link.cond:
-            link.free.append(index)
-        self._credit(link, 1)
+        link.give_back(index)
         skipped = 0 if self._last_seq is None else max(0, seq - self._last_seq - 1)
         self._last_seq = seq
         message = Message(self, view, protocol.Frame(seq, slot, timestamp_ns, 0, payload), skipped, None)
@@ -308,6 +289,7 @@ class RemoteSubscriber(Joining, Subscriber):
         return fresh
 
     def _release(self, message: Message, cuda_stream: Any) -> None:
+        """A message's release (:meth:`eglcuda.topics.Message.release`)."""
         stream = None if cuda_stream is None else stream_handle(cuda_stream)
         with self._state:
             if message._released:
@@ -328,7 +310,7 @@ class RemoteSubscriber(Joining, Subscriber):
             if self._link is not None and view.slot < len(self._pool):
                 self._free_slots.append(view.slot)
 
-    def _lose(self, error: BaseException) -> Any:
+    def _lose(self, error: BaseException) -> NoReturn:
         self._lost = error
         self._let_go_held()
         self._drop_link()
@@ -350,17 +332,7 @@ class RemoteSubscriber(Joining, Subscriber):
 
     def _drop_link(self) -> None:
         link, self._link = self._link, None
-        if link is None:
-            return
-        loop = self._loop
-        if loop is not None:
-            try:
-                asyncio.run_coroutine_threadsafe(self._stop_link(link), loop).result(5)
-            except Exception:  # noqa: BLE001 - teardown goes on
-                pass
-        if link.ended.wait(5):
-            link.host.close()
-        else:  # (a receive may still be posted into it: left allocated rather than freed under UCX)
+        if link is not None and not link.stop():
             log.warning("remote topic %s: a receive did not end in 5 s: its window buffers stay allocated", self.name)
 
     # ---- the publisher coming back ------------------------------------------------------------------
@@ -368,7 +340,7 @@ class RemoteSubscriber(Joining, Subscriber):
         """As :meth:`eglcuda.Subscriber.wait_for_publisher`: join through the relay again (it
         waits for the topic's publisher itself) within ``timeout`` seconds."""
         wait = self.timeout if timeout is None else sockets.wait_seconds(timeout)
-        if self._forked or os.getpid() != self._pid:
+        if os.getpid() != self._pid:
             raise self._forked_error()
         with self._busy:
             if self._closed or self._closing:
@@ -394,11 +366,22 @@ class RemoteSubscriber(Joining, Subscriber):
         frame makes quiet."""
         if os.getpid() != self._pid:
             raise self._forked_error()
-        return super().fileno()
-
-    def _new_readiness(self) -> Readiness:
-        # Frames come on the engine's thread, not a socket of ours: the eventfd alone.
-        return Readiness(combine=False)
+        ready = self._ready
+        if ready is not None:
+            return ready.fileno()
+        with self._busy:
+            if self._closed:
+                raise self._closed_error()
+            if self._ready is None:
+                # Frames come on the engine's thread, not a socket of ours: the eventfd alone.
+                ready = Readiness(combine=False)
+                weakref.finalize(self, ready.close)
+                self._ready = ready
+                link = self._link
+                if link is not None:
+                    link.watch(ready)
+                self._refresh_ready()
+            return self._ready.fileno()
 
     def _refresh_ready(self) -> None:
         ready = self._ready
@@ -407,15 +390,12 @@ class RemoteSubscriber(Joining, Subscriber):
         link = self._link
         if link is None or self._lost is not None or self._closed or self._closing:
             ready.set()
-            return
-        with link.cond:  # (the engine's thread appends frames and sets it under the same lock)
-            if link.ready or link.lost is not None:
-                ready.set()
-            else:
-                ready.clear()
+        else:
+            link.show(ready)
 
-    def _wait_ready(self) -> "bool | BaseException":
-        if self._forked or os.getpid() != self._pid:
+    def wait_ready(self) -> "bool | BaseException":
+        """For :class:`eglcuda.WaitSet`, as :meth:`eglcuda.Subscriber._wait_ready`."""
+        if os.getpid() != self._pid:
             return self._forked_error()
         with self._busy:
             try:
@@ -426,10 +406,7 @@ class RemoteSubscriber(Joining, Subscriber):
                 link = self._link
                 if link is None:
                     return StreamDisconnected(f"not connected to topic {self.name!r}")
-                with link.cond:
-                    if link.ready:
-                        return True
-                    return link.lost if link.lost is not None else False
+                return link.state()
             finally:
                 self._refresh_ready()
 
@@ -442,6 +419,24 @@ class RemoteSubscriber(Joining, Subscriber):
     def cuda_stream(self) -> int | None:
         return self._backend.cuda_stream
 
+    @property
+    def device(self) -> CudaDevice:
+        """The CUDA device of the pool."""
+        return self._device
+
+    @property
+    def held(self) -> int:
+        return len(self._held)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def ending(self) -> bool:
+        """Closed, or closing on another thread."""
+        return self._closing or self._closed
+
     # ---- the end ----------------------------------------------------------------------------------
     def close(self) -> None:
         """Say goodbye to the relay and let go of everything (held messages become unusable; the
@@ -449,7 +444,7 @@ class RemoteSubscriber(Joining, Subscriber):
         from another thread (a waiting :meth:`receive` ends with :class:`eglcuda.ClosedError`)."""
         if self._closed:
             return
-        if self._forked or os.getpid() != self._pid:
+        if os.getpid() != self._pid:
             self._closed = True
             if self._ready is not None:
                 self._ready.close()  # (this process's copies of the parent's descriptors)
@@ -464,19 +459,15 @@ class RemoteSubscriber(Joining, Subscriber):
             joining.cancel()
         link = self._link
         if link is not None:
-            with link.cond:
-                link.cond.notify_all()
+            link.wake()
         with self._busy:
             if self._closed:
                 return
             self._closed = True
             self._let_go_held()
             link = self._link
-            if link is not None and link.lost is None and self._loop is not None:
-                try:
-                    _ucx.run(self._loop, self._send_control(link, wire.Control.BYE, 0), 1.0)
-                except Exception:  # noqa: BLE001 - a stalled relay: the endpoint is aborted anyway
-                    pass
+            if link is not None:
+                link.say_bye()
             self._teardown()
         _ucx.untrack(self)
 
@@ -520,13 +511,16 @@ class RemoteSubscriber(Joining, Subscriber):
                 self._loop = None
                 _ucx.release()
 
-    def __repr__(self) -> str:
+    def _closed_error(self) -> ClosedError:
+        return closed_error(self.name)
+
+    def _forked_error(self) -> UsageError:
+        return forked_error(self.name, self._pid)
+
+    def describe(self) -> str:
+        """What ``repr()`` of its subscriber says of its state."""
         if self._closed:
-            state = "closed"
-        elif self.connected:
-            state = f"remote {self.remote[0]}:{self.remote[1]}, {len(self._held)} held"
-        else:
-            state = f"disconnected ({self._lost})"
-        return f"<RemoteSubscriber {self.name!r} {self.qos.name.lower()}: {state}>"
-
-
+            return "closed"
+        if self.connected:
+            return f"remote {self.remote[0]}:{self.remote[1]}, {len(self._held)} held"
+        return f"disconnected ({self._lost})"

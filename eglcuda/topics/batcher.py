@@ -296,8 +296,8 @@ class Batcher:
             if not sub.connected or info is None:
                 raise UsageError(f"subscriber {index} (topic {sub.name!r}) is not connected to its publisher: "
                                  "wait_for_publisher() first")
-            device = getattr(sub._backend, "device", None)
-            if device is None or getattr(sub._backend, "gl_context", None) is not None:
+            device = sub._cuda_device()
+            if device is None:
                 raise UsageError(f"subscriber {index} (topic {sub.name!r}) receives into GL textures; a batcher "
                                  "takes CUDA subscribers")
             described = (info.width, info.height, info.format, device.ordinal)

@@ -2,13 +2,16 @@
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ..errors import ClosedError
 from . import protocol
 
-if TYPE_CHECKING:  # the annotation only: the subscriber makes messages and imports this module
-    from .subscriber import Subscriber
+
+class Releaser(Protocol):
+    """What made a message and takes it back: a subscriber, or the feed of a remote one."""
+
+    def _release(self, message: "Message", cuda_stream: Any) -> None: ...
 
 _now_ns = time.monotonic_ns  # (one lookup per frame less)
 
@@ -42,7 +45,7 @@ class Message:
     __slots__ = ("_subscriber", "_frame", "_header", "seq", "timestamp_ns", "payload", "skipped", "received_ns",
                  "number", "_released", "__weakref__")
 
-    def __init__(self, subscriber: "Subscriber", frame: Any, header: protocol.Frame, skipped: int,
+    def __init__(self, subscriber: Releaser, frame: Any, header: protocol.Frame, skipped: int,
                  number: int | None) -> None:
         self._subscriber = subscriber
         self._frame = frame

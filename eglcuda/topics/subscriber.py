@@ -9,10 +9,11 @@ import os
 import threading
 import time
 import weakref
-from typing import Any, AsyncIterator, Iterable, Iterator, NoReturn
+from typing import Any, AsyncIterator, Iterable, Iterator, NoReturn, Protocol
 
 from .._lifecycle import Deferral, Tracked
 from ..errors import ClosedError, Dropped, EglCudaError, PeerError, StreamDisconnected, Timeout, UsageError
+from ..cuda_device import CudaDevice
 from ..frames.interop import stream_handle
 from .._unix import numeric_ids, positive_seconds
 from . import joining, naming, protocol, sockets, transports
@@ -59,9 +60,10 @@ class Subscriber:
     :param trusted_uids: the users whose publishers are accepted (None: this process's own uid;
         ``"any"``: everyone). Checked with ``SO_PEERCRED``.
     :param remote: ``"HOST:PORT"`` of a relay (:class:`eglcuda.Relay`) of the topic, on this or
-        another host: the subscriber joins through it over UCX and is a
-        :class:`eglcuda.RemoteSubscriber` (docs/remote.md); ``key`` is the relay's pre-shared key
-        (None: from the environment, docs/security.md).
+        another host: the subscriber joins through it over UCX (docs/remote.md; what differs:
+        :class:`eglcuda.RemoteSubscriber`); ``key`` is the relay's pre-shared key (None: from the
+        environment, docs/security.md), ``frames`` the least frame protection it accepts
+        (``"plain"``, the default, ``"integrity"`` or ``"encrypted"``).
     :param busy_wait: seconds a wait for the publisher's next message asks for it without
         sleeping before it sleeps (0 to 0.01; 0: sleep at once). A frame that
         comes within it is taken without a wake-up: lower latency, and a faster publisher at high
@@ -73,21 +75,15 @@ class Subscriber:
     :class:`eglcuda.Refused` when the publisher turned this subscriber away.
     """
 
-    def __new__(cls, *args: Any, remote: str | None = None, **kwargs: Any) -> "Subscriber":
-        if remote is not None and cls is Subscriber:
-            # Subscriber(remote=...) is made as a RemoteSubscriber, a layer above this one (remote
-            # topics use the topics wing, not the reverse): imported here, where it is asked for.
-            from ..remote.subscriber import RemoteSubscriber
-            return object.__new__(RemoteSubscriber)
-        return object.__new__(cls)
-
     def __init__(self, name: str, qos: str = "latest", queue: int = 4, device: Any = 0, timeout: float = 5.0,
                  path: str | os.PathLike[str] | None = None, transport: str = "auto", gl_context: Any = None, *,
                  cuda_stream: Any = None, trusted_uids: Iterable[int] | str | None = None,
                  busy_wait: float = 20e-6, remote: str | None = None, key: bytes | None = None,
-                 _backend: SubscriberBackend | None = None) -> None:
-        if remote is not None or key is not None:
-            raise UsageError("remote= and key= make a remote subscriber (eglcuda.RemoteSubscriber): key needs remote")
+                 frames: str | None = None, _backend: SubscriberBackend | None = None) -> None:
+        if remote is None and (key is not None or frames is not None):
+            raise UsageError("remote= and key= make a remote subscriber (eglcuda.RemoteSubscriber): key needs remote"
+                             if key is not None else "frames= is the frame protection of a remote subscriber: it "
+                             "needs remote='HOST:PORT'")
         self.name = naming.check_name(name)
         try:
             if isinstance(qos, bool):
@@ -100,6 +96,14 @@ class Subscriber:
         self.queue = queue
         self.timeout = positive_seconds(timeout, "timeout")
         self._busy_wait = sockets.wait_seconds(busy_wait, "busy_wait")
+        self._async_waiting = False  # a receive_async() is waiting (one at a time)
+        self._remote: RemoteFeed | None = None  # the frames come through a relay (remote=): see remote_feed
+        if remote is not None:
+            # path, transport and trusted_uids are the relay's business: ignored here.
+            self._remote = remote_feed(self.name, self.qos, queue, device, self.timeout, gl_context, cuda_stream,
+                                       remote, key, frames)
+            self.path = self._remote.path
+            return
         if self._busy_wait > _MAX_BUSY_WAIT:
             raise UsageError(f"busy_wait is at most {_MAX_BUSY_WAIT} seconds, got {busy_wait!r}")
         if _backend is None and transport not in ("auto",) + transports.names():
@@ -134,9 +138,8 @@ class Subscriber:
         self._lost: BaseException | None = None
         self._held: set[Message] = set()
         self._last_seq: int | None = None  # the last frame received
-        self.info: TopicInfo | None = None
+        self._info: TopicInfo | None = None
         self._ready: Readiness | None = None  # fileno()'s descriptor, made by its first call
-        self._async_waiting = False  # a receive_async() is waiting (one at a time)
         if _backend is None:
 
             _backend = CudaSubscriberBackend(device, gl_context, cuda_stream)
@@ -158,13 +161,13 @@ class Subscriber:
 
     def _connect(self, deadline: float) -> None:
         """Subscribe (joining.py): a publisher that takes this subscriber, by ``deadline``."""
-        closed_error = functools.partial(_closed_error, self.name)
-        joined = joining.join(self._request, self._backend, deadline, self._stop, closed_error)
+        closed = functools.partial(closed_error, self.name)
+        joined = joining.join(self._request, self._backend, deadline, self._stop, closed)
         # (No reference back to the subscriber: one dropped without close() is collected at once.)
-        self._conn = Connection(self.name, joined, self._stop, closed_error)
+        self._conn = Connection(self.name, joined, self._stop, closed)
         if self._ready is not None:
             self._ready.watch(self._conn.fd)
-        self.info = joined.info
+        self._info = joined.info
         self._lost = None
         self._last_seq = None
 
@@ -182,6 +185,8 @@ class Subscriber:
 
         :meth:`close` from another thread ends a waiting receive with
         :class:`eglcuda.ClosedError`."""
+        if self._remote is not None:
+            return self._remote.receive(timeout)
         if self._forked:
             raise self._forked_error()
         try:
@@ -354,6 +359,8 @@ class Subscriber:
         topic to be there again (a restarted one) and subscribe to it; returns its
         :class:`TopicInfo` (a new ``instance``). While still connected, returns the current info.
         :meth:`close` from another thread ends the wait with :class:`eglcuda.ClosedError`."""
+        if self._remote is not None:
+            return self._remote.wait_for_publisher(timeout)
         wait = self.timeout if timeout is None else sockets.wait_seconds(timeout)
         if self._forked:
             raise self._forked_error()
@@ -382,7 +389,14 @@ class Subscriber:
         return info
 
     @property
+    def info(self) -> TopicInfo | None:
+        """The topic as the publisher (or the relay) described it when this subscriber joined."""
+        return self._remote.info if self._remote is not None else self._info
+
+    @property
     def connected(self) -> bool:
+        if self._remote is not None:
+            return self._remote.connected
         return self._conn is not None and self._lost is None and not self._closed
 
     @property
@@ -398,21 +412,43 @@ class Subscriber:
     @property
     def cuda_stream(self) -> int | None:
         """The CUDA stream received frames are ordered on."""
+        if self._remote is not None:
+            return self._remote.cuda_stream
         return self._backend.cuda_stream
+
+    def _cuda_device(self) -> CudaDevice | None:
+        """The CUDA device frames are read on (None: a GL subscriber's frames are textures)."""
+        if self._remote is not None:
+            return self._remote.device
+        backend = self._backend
+        if getattr(backend, "gl_context", None) is not None:
+            return None
+        device: CudaDevice | None = getattr(backend, "device", None)
+        return device
 
     @property
     def held(self) -> int:
         """Messages received and not released."""
+        if self._remote is not None:
+            return self._remote.held
         return len(self._held)
 
     @property
     def closed(self) -> bool:
+        if self._remote is not None:
+            return self._remote.closed
         return self._closed
+
+    def _ending(self) -> bool:
+        """Closed, or closing on another thread."""
+        if self._remote is not None:
+            return self._remote.ending
+        return self._closing or self._closed
 
     def __iter__(self) -> Iterator[Message]:
         """Messages until the publisher closes the topic; each step releases the previous message
         if it is still held. Drops and crashes raise as in :meth:`receive`."""
-        if self._closed or self._closing:
+        if self._ending():
             raise self._closed_error()  # (a close() later, from another thread, just ends the loop)
         previous = None
         try:
@@ -426,7 +462,7 @@ class Subscriber:
                         return
                     raise
                 except ClosedError:
-                    if self._closing or self._closed:
+                    if self._ending():
                         return  # closed, by another thread too
                     raise  # pragma: no cover - only a closed subscriber raises it
                 yield previous
@@ -452,6 +488,8 @@ class Subscriber:
         is left, so that the publisher's next frame wakes the descriptor (one system call a
         frame on each side, as a blocking :meth:`receive` that sleeps pays). Receive on one
         thread at a time."""
+        if self._remote is not None:
+            return self._remote.fileno()
         if self._forked:
             raise self._forked_error()
         ready = self._ready
@@ -495,6 +533,8 @@ class Subscriber:
         ``receive(timeout=0)`` hands out a message now, the exception it raises when it would
         raise, False when nothing is there (then the descriptor is quiet until something comes).
         A frame read here waits for that receive."""
+        if self._remote is not None:
+            return self._remote.wait_ready()
         if self._forked:
             return self._forked_error()
         conn = self._conn
@@ -571,7 +611,7 @@ class Subscriber:
         """``async for message in subscriber``: messages until the publisher closes the topic,
         through :meth:`receive_async`; each step releases the previous message if it is still
         held (as iteration does). Drops, crashes and timeouts raise as in :meth:`receive`."""
-        if self._closed or self._closing:
+        if self._ending():
             raise self._closed_error()
         previous = None
         try:
@@ -586,7 +626,7 @@ class Subscriber:
                         return
                     raise
                 except ClosedError:
-                    if self._closing or self._closed:
+                    if self._ending():
                         return
                     raise  # pragma: no cover - only a closed subscriber raises it
                 yield previous
@@ -607,6 +647,9 @@ class Subscriber:
         waits for it (a handler must not wait for a thread that closes the subscriber).
         After a ``fork()`` made outside Python (from C, with no at-fork hooks), only ``close()``
         is safe in the child."""
+        if self._remote is not None:
+            self._remote.close()
+            return
         if self._closed:
             return
         if self._forked or os.getpid() != self._pid:  # (getpid too: a fork from C runs no Python hook)
@@ -686,11 +729,10 @@ class Subscriber:
                     self._backend.close()
 
     def _closed_error(self) -> ClosedError:
-        return _closed_error(self.name)
+        return closed_error(self.name)
 
     def _forked_error(self) -> UsageError:
-        return UsageError(f"this subscriber of topic {self.name!r} belongs to process {self._pid}, not to this "
-                          "forked child: make a new Subscriber here (close() here only lets go of its copy)")
+        return forked_error(self.name, self._pid)
 
     def _close_wake_fd(self) -> None:
         with self._wake_lock:
@@ -723,13 +765,15 @@ class Subscriber:
         self.close()
 
     def __repr__(self) -> str:
-        if self._closed:
+        if self._remote is not None:
+            state = self._remote.describe()
+        elif self._closed:
             state = "closed"
         elif self.connected:
             state = f"{self.transport}, {len(self._held)} held"
         else:
             state = f"disconnected ({self._lost})"
-        return f"<Subscriber {self.name!r} {self.qos.name.lower()}: {state}>"
+        return f"<{type(self).__name__} {self.name!r} {self.qos.name.lower()}: {state}>"
 
 
 def _settle(future: "asyncio.Future[None]") -> None:
@@ -737,8 +781,51 @@ def _settle(future: "asyncio.Future[None]") -> None:
         future.set_result(None)
 
 
-def _closed_error(name: str) -> ClosedError:
+def closed_error(name: str) -> ClosedError:
+    """What a closed subscriber of topic ``name`` raises (a remote feed's too)."""
     return ClosedError(f"the subscriber of topic {name!r} is closed")
+
+
+def forked_error(name: str, pid: int) -> UsageError:
+    """What a subscriber of topic ``name`` made in process ``pid`` raises in a forked child."""
+    return UsageError(f"this subscriber of topic {name!r} belongs to process {pid}, not to this forked child: make "
+                      "a new Subscriber here (close() here only lets go of its copy)")
+
+
+class RemoteFeed(Protocol):
+    """What a subscriber made with ``remote=`` receives through (eglcuda.remote's, a layer above:
+    :func:`remote_feed`); the subscriber hands each of these calls to it."""
+
+    info: TopicInfo | None
+    path: str
+
+    @property
+    def device(self) -> CudaDevice: ...
+    @property
+    def connected(self) -> bool: ...
+    @property
+    def cuda_stream(self) -> int | None: ...
+    @property
+    def held(self) -> int: ...
+    @property
+    def closed(self) -> bool: ...
+    @property
+    def ending(self) -> bool: ...
+    def receive(self, timeout: float | None) -> Message: ...
+    def wait_for_publisher(self, timeout: float | None) -> TopicInfo: ...
+    def fileno(self) -> int: ...
+    def wait_ready(self) -> "bool | BaseException": ...
+    def close(self) -> None: ...
+    def describe(self) -> str: ...
+
+
+def remote_feed(name: str, qos: Qos, queue: int, device: Any, timeout: float, gl_context: Any, cuda_stream: Any,
+                remote: str, key: bytes | None, frames: str | None) -> RemoteFeed:
+    """The feed of a subscriber made with ``remote=``: frames through the relay at ``remote``."""
+    # The remote wing is a layer above this one (it uses the topics wing, not the reverse):
+    # imported here, where a remote subscriber is asked for.
+    from ..remote.subscriber import RemoteFeed as Feed
+    return Feed(name, qos, queue, device, timeout, gl_context, cuda_stream, remote, key, frames)
 
 
 def _forked(subscriber: Subscriber) -> None:

@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 
 pytest.importorskip("numpy")
-from eglcuda.remote import serving  # noqa: E402
+from eglcuda.remote import server  # noqa: E402
 
 
 def test_failed_proofs_are_counted_per_address_and_logged_once_a_minute(monkeypatch):
     now = [1000.0]
-    monkeypatch.setattr(serving.time, "monotonic", lambda: now[0])
-    proofs = serving._FailedProofs()
+    monkeypatch.setattr(server.time, "monotonic", lambda: now[0])
+    proofs = server._FailedProofs()
     assert proofs.note("10.0.0.9:4000") == 1  # the first from an address: logged at once
     assert [proofs.note("10.0.0.9:4000") for _ in range(5)] == [0] * 5  # within the minute: counted
     assert proofs.note("10.0.0.7:4001") == 1  # another address has its own minute
@@ -21,8 +21,8 @@ def test_failed_proofs_are_counted_per_address_and_logged_once_a_minute(monkeypa
 
 
 def test_the_addresses_remembered_are_bounded(monkeypatch):
-    monkeypatch.setattr(serving._FailedProofs, "ADDRESSES", 4)
-    proofs = serving._FailedProofs()
+    monkeypatch.setattr(server._FailedProofs, "ADDRESSES", 4)
+    proofs = server._FailedProofs()
     for port in range(10):
         proofs.note(f"10.0.0.1:{port}")
     assert len(proofs._seen) == 4

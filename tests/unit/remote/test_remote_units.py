@@ -100,6 +100,15 @@ def test_local_subscriber_refuses_a_key_without_remote():
     assert issubclass(eglcuda.RemoteSubscriber, eglcuda.Subscriber)
 
 
+def test_the_remote_arguments_need_remote_and_subscriber_picks_no_class():
+    with pytest.raises(UsageError, match="needs remote='HOST:PORT'"):
+        eglcuda.Subscriber("t", frames="encrypted")
+    with pytest.raises(UsageError, match="needs remote='HOST:PORT'"):
+        eglcuda.RemoteSubscriber("t")
+    # Subscriber(remote=...) is a Subscriber holding a remote feed: no class is chosen at construction.
+    assert eglcuda.Subscriber.__new__ is object.__new__
+
+
 _NO_UCXX = ("import sys; sys.modules['ucxx'] = None\n"
             "import eglcuda\n"
             "print(eglcuda.remote.ucxx_missing())\n"

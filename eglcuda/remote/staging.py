@@ -1,0 +1,168 @@
+"""A relay's staging ring: :class:`Staging` owns the page-locked buffers that frames are copied
+into (device -> host, on the relay's stream) and sent from, which of them are free, how many
+sends still read each one, and the count of frames its remote subscribers can take now.
+
+Two threads use it: the relay's local thread stages frames (:meth:`Staging.stage`, which copies
+a frame only when some remote subscriber has room for it), the UCX engine's thread counts the
+room (:meth:`Staging.set_room`) and gives buffers back as their sends end (:meth:`Staging.unref`).
+"""
+from __future__ import annotations
+
+import queue as _queue
+import threading
+import time
+from typing import Any
+
+from .._bind import cuda
+from ..cuda_device import CudaDevice
+from . import wire
+from .buffers import Pinned
+from .session import FrameSeal
+
+STAGING = 12  # staging buffers of a relay (frames between its D2H copy and the end of their sends)
+
+
+class Staging:
+    """The staging ring of a relay reading frames on ``device``'s ``stream``, sealing each with
+    ``seal``. ``wait``: how long :meth:`stage` waits for a free buffer (0: a 'latest' relay
+    skips the frame instead)."""
+
+    def __init__(self, device: CudaDevice, stream: int, seal: FrameSeal, wait: float) -> None:
+        self._device = device
+        self._stream = stream
+        self._seal = seal
+        self._wait = wait
+        self._ring: Pinned | None = None
+        self._refs: dict[int, int] = {}  # sends still reading each buffer (engine's thread)
+        self._free: _queue.Queue[int] = _queue.Queue()
+        # Set while some remote subscriber can take a frame now, waited on by the local thread.
+        # Under _room_lock: _room (the most frames one remote can take now: the engine's count)
+        # and _staged (frames the local thread copied or is copying, not yet dispatched): a frame
+        # is copied only when room is left for it, never only to be skipped.
+        self.wanted = threading.Event()
+        self._room_lock = threading.Lock()
+        self._room = 0
+        self._staged = 0
+
+    def allocate(self, frame_bytes: int, what: str) -> None:
+        """Buffers for frames of ``frame_bytes`` (all of them free: no send may read them)."""
+        size = wire.message_bytes(frame_bytes)
+        if self._ring is not None and self._ring.size == size:
+            return  # (a restarted publisher of the same frame size: the ring serves as it is)
+        old, self._ring = self._ring, None
+        if old is not None:
+            old.close()
+        self._ring = Pinned(self._device, STAGING, size, what)
+        self._free = _queue.Queue()
+        self._refs = {}
+        for index in range(STAGING):
+            self._free.put(index)
+
+    # ---- the local thread ------------------------------------------------------------------------
+    def stage(self, message: Any) -> int | None:
+        """Copy ``message``'s frame into a free buffer and seal it; its index (None: skipped,
+        nobody has room or no buffer is free). A staged frame counts against the room until the
+        engine dispatched it (:meth:`set_room`'s ``dispatched``)."""
+        if not self._reserve():
+            return None  # nobody to send it to now: no copy
+        try:
+            # (An 'every' relay waits, as a local 'every' subscriber would: the publisher's
+            # every_timeout decides; the watchdog drops the remote subscribers that keep it.)
+            index = self._free.get(timeout=self._wait) if self._wait else self._free.get_nowait()
+        except _queue.Empty:
+            self._unreserve()
+            return None  # every staging buffer is still being sent: this frame is skipped
+        ring = self._ring
+        assert ring is not None
+        out = ring.arrays[index]
+        at = wire.DATA_AT
+        try:
+            wire.pack_frame(out, message.seq, message.timestamp_ns, message.payload)
+            self._device.make_current()
+            for plane in message.frame.planes:
+                g = plane.geometry
+                size = g.row_bytes * g.height
+                cuda.copy_2d(self._stream, plane._location(), ("host", out[at:at + size], g.row_bytes), g.row_bytes,
+                             g.height, False)
+                at += size
+            cuda.stream_synchronize(self._stream, "copying a frame to a relay's staging buffer")
+            self._seal.seal(out)  # (the frame's seal: header always; its bytes too, or encrypted: frames=)
+        except BaseException:
+            self._free.put(index)
+            self._unreserve()
+            raise
+        return index
+
+    def _reserve(self) -> bool:
+        """Count one more frame staged, if some remote subscriber has room left for it."""
+        with self._room_lock:
+            if self._room - self._staged <= 0:
+                self.wanted.clear()
+                return False
+            self._staged += 1
+            if self._room - self._staged <= 0:
+                self.wanted.clear()
+            return True
+
+    def _unreserve(self) -> None:
+        """A reserved frame was not staged after all."""
+        with self._room_lock:
+            self._staged -= 1
+            if self._room - self._staged > 0:
+                self.wanted.set()
+
+    def sends_ended(self, timeout: float) -> bool:
+        """Whether every buffer came back (every send from them ended) within ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while self._free.qsize() < STAGING:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.01)
+        return True
+
+    # ---- the engine's thread ---------------------------------------------------------------------
+    def set_room(self, room: int, dispatched: int = 0) -> None:
+        """The most frames one remote subscriber can take now; with ``dispatched``, that many of
+        the frames staged were dispatched (counted in the same step, so that the room the local
+        thread sees is never one too many)."""
+        with self._room_lock:
+            self._staged -= dispatched
+            self._room = room
+            if room - self._staged > 0:
+                self.wanted.set()
+            else:
+                self.wanted.clear()
+
+    def for_ucx(self) -> list[Any]:
+        """The buffers as UCXX arrays, to send from."""
+        ring = self._ring
+        assert ring is not None
+        return ring.for_ucx()
+
+    def refer(self, index: int, count: int) -> None:
+        """Buffer ``index`` is queued for ``count`` sends (0: nobody took it; free again)."""
+        if count:
+            self._refs[index] = count
+        else:
+            self._free.put(index)
+
+    def unref(self, index: int) -> None:
+        """One send of buffer ``index`` ended (or will never be made)."""
+        left = self._refs.get(index, 0) - 1
+        if left <= 0:
+            self._refs.pop(index, None)
+            self._free.put(index)
+        else:
+            self._refs[index] = left
+
+    # ---- the end ----------------------------------------------------------------------------------
+    def close(self, timeout: float) -> bool:
+        """Free the buffers once every send from them ended, within ``timeout`` seconds; False:
+        one did not, and they stay allocated (not freed under a send UCX may still read from)."""
+        ring, self._ring = self._ring, None
+        if ring is None:
+            return True
+        if not self.sends_ended(timeout):
+            return False
+        ring.close()
+        return True
