@@ -95,6 +95,7 @@ class Subscriber:
             self.qos = Qos[qos.upper()] if isinstance(qos, str) else Qos(qos)
         except (KeyError, ValueError):
             raise UsageError(f"qos is 'latest' or 'every', got {qos!r}") from None
+        self._every = self.qos is Qos.EVERY  # (asked on every receive and wake-up)
         if not isinstance(queue, int) or isinstance(queue, bool) or not 1 <= queue <= protocol.MAX_QUEUE:
             raise UsageError(f"queue is an int in 1..{protocol.MAX_QUEUE}, got {queue!r}")
         self.queue = queue
@@ -230,7 +231,7 @@ class Subscriber:
         if conn.unsent:
             self._flush()
         transport = conn.transport
-        latest = self.qos is Qos.LATEST
+        latest = not self._every
         while True:
             header = conn.next_frame(deadline)
             if latest:
@@ -487,7 +488,7 @@ class Subscriber:
             ready.set()
         elif conn.pending or conn.inbox.arm():
             ready.set()
-        else:
+        elif ready.due:  # (the usual case, a frame taken and none behind it: nothing to clear)
             ready.clear()
 
     def _wait_ready(self) -> "bool | BaseException":
@@ -495,10 +496,8 @@ class Subscriber:
         ``receive(timeout=0)`` hands out a message now, the exception it raises when it would
         raise, False when nothing is there (then the descriptor is quiet until something comes).
         A frame read here waits for that receive."""
-        if self._forked:
-            return self._forked_error()
         conn = self._conn
-        if (conn is not None and not self._closing and self._lost is None and self.qos is Qos.EVERY
+        if (conn is not None and self._every and not self._closing and self._lost is None and not self._forked
                 and (conn.pending or conn.inbox.frame_next())):
             # The usual case of an ``every`` subscriber, a look without the lock (the compiled look
             # holds the GIL: a close on another thread cannot unmap the ring meanwhile): a frame's
@@ -506,6 +505,8 @@ class Subscriber:
             # descriptor readable (the WAKE on the socket, or the due eventfd) stays so until a
             # receive takes the frame. (A ``latest`` frame may be stale: the read below says.)
             return True
+        if self._forked:
+            return self._forked_error()
         with self._busy:
             if self._closed or self._closing:
                 return self._closed_error()
