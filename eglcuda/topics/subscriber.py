@@ -190,7 +190,17 @@ class Subscriber:
                 if self._closing:
                     raise self._closed_error()
                 try:
-                    message = self._receive(timeout)
+                    conn = self._conn
+                    if conn is None or self._lost is not None or self._closed:
+                        self._check_connected()
+                        raise self._not_connected()  # pragma: no cover - _check_connected raised
+                    error = None
+                    try:
+                        message = self._take(conn, timeout)
+                    except Lost as lost:
+                        error = lost.error
+                    if error is not None:
+                        self._lose(error)  # (outside the handler: the error raised has no Lost chained to it)
                 finally:
                     if self._ready is not None:  # (watched: readable again only when something is there)
                         self._refresh_ready()
@@ -201,17 +211,6 @@ class Subscriber:
         if self._deferral.thread:  # (a close put off)
             self._close_put_off_during_call(None)  # (the message was let go if it closed)
         return message
-
-    def _receive(self, timeout: float | None) -> Message:
-        conn = self._conn
-        if conn is None or self._lost is not None or self._closed:
-            self._check_connected()
-            raise self._not_connected()  # pragma: no cover - _check_connected raised
-        try:
-            return self._take(conn, timeout)
-        except Lost as lost:
-            error = lost.error
-        self._lose(error)  # (outside the handler: the error raised has no Lost chained to it)
 
     def _take(self, conn: Connection, timeout: float | None) -> Message:
         """receive()'s work on an open connection; its end is raised as :class:`Lost`."""
