@@ -53,6 +53,9 @@ class Event:
       previous message, of the attach, or of the previous "missed");
     - ``"interval"``: an interval's period passed;
     - ``"readable"``: an attached object that is not a subscriber has its descriptor readable.
+
+    An attachment's "message" and "readable" events are made once and handed out by every wait
+    that finds it ready: read them, do not change them.
     """
 
     __slots__ = ("attachment", "kind", "error")
@@ -143,6 +146,7 @@ class WaitSet:
         if attachment not in self._attachments:
             raise UsageError(f"{attachment!r} is not attached to this wait set")
         self._attachments.remove(attachment)
+        attachment._event = None  # (it refers back to the attachment: no cycle left to collect)
         if attachment in self._timed:
             self._timed.remove(attachment)
         if attachment._fd >= 0:
@@ -247,6 +251,8 @@ class WaitSet:
         if epoll is not None:
             epoll.close()
         self._by_fd.clear()
+        for attachment in self._attachments:
+            attachment._event = None
         self._attachments.clear()
         self._timed.clear()
 
