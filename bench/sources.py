@@ -17,7 +17,7 @@ per frame and as a share of one core (``time.thread_time`` around each ``wait``,
 ``receive`` and release on the waiting threads, plus every Python thread of the process that is
 not the bench's: a thread eglcuda started counts); beside it the whole process's CPU time per
 frame (``time.process_time``: the bench's own loop and the CUDA driver's threads as well), split
-into the bench's loop outside the calls and the threads that are not Python's (the driver's); and
+into the bench's loop outside the calls and the other threads (the driver's); and
 the latency from the publisher's stamp (taken as ``publish`` starts) to the subscriber holding the
 frame (p50, p99). The 30 frames/s rows are checked against the goals, on the CPU inside eglcuda's
 calls: at most 30 us a frame for one topic, at most 5 % of one core for 32 topics through one wait
@@ -422,9 +422,9 @@ def main() -> int:
     rows = []
     print(f"{args.size} through {args.transport}; {args.seconds:g} s a row after {args.warmup:g} s of warm-up")
     print("CPU us a frame: inside eglcuda's calls (and their share of a core); the whole process, and of it the "
-          "bench's loop outside the calls and the threads that are not Python's (the CUDA driver's)")
+          "bench's loop outside the calls and the other threads (the CUDA driver's; for threads, the main one that joins)")
     print("| sources x rate | variant | frames/s | in calls us/frame | in calls % of a core | process us/frame | "
-          "loop us | driver us | process % of a core | p50 us | p99 us | goals (in calls) |")
+          "loop us | other threads us | process % of a core | p50 us | p99 us | goals (in calls) |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     clock = []
     for rate in [float(r) for r in args.rates.split(",")]:
