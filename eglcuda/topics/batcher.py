@@ -279,9 +279,12 @@ class Batcher:
         self._last_seq: list[int | None] = [None] * len(self.subscribers)
         self._names = tuple(s.name for s in self.subscribers)
         # Per source: the mapped slots' description (a SlotView's _spec) whose geometry matched
-        # the batch's, with each plane's (offset in a slot, pitch): a frame of it is copied from
-        # its slot's address without making its Plane objects (None: not seen yet).
-        self._slot_planes: list[tuple[Any, tuple[tuple[int, int], ...]] | None] = [None] * len(self.subscribers)
+        # the batch's, with each plane's copy (plan, offset in a slot, pitch, offset in the
+        # buffer, bytes an image): a frame of it is copied from its slot's address in one call,
+        # without making its Plane objects (None: not seen yet).
+        self._slot_planes: list[tuple[Any, tuple[tuple[Any, int, int, int, int], ...]] | None] = \
+            [None] * len(self.subscribers)
+        self._stream_arg = cuda.stream_arg(self.cuda_stream)
         self.ended: dict[int, BaseException] = {}  # source index -> why it left the rotation
         self._errors: dict[int, BaseException] = {}  # sources the wait set reported ended
 
@@ -408,9 +411,7 @@ class Batcher:
             if source_stream is not None and source_stream != stream:
                 cuda.join_streams(stream, (source_stream,), "ordering a batch's copy after its source frame")
             frame._note_users((stream,))
-            address = frame._base
-            for (plan, offset, image), (at, pitch) in zip(self._plans, known[1]):
-                cuda.copy_planned(stream, plan, address + at, pitch, base + offset + position * image)
+            cuda.copy_planned_all(self._stream_arg, known[1], frame._base, base, position)
         elif not self._copy_planes(index, frame, base, position):
             return
         last = self._last_seq[index]
@@ -448,8 +449,9 @@ class Batcher:
                 cuda.copy_2d(stream, (kind, address, pitch), ("device", target, g.pitch), g.row_bytes, g.height, False)
         if frame.__class__ is SlotView and frame.layout is not Layout.ARRAY:
             geometry = frame._spec.geometry
-            self._slot_planes[index] = (frame._spec, tuple((at, plane.geometry.pitch)
-                                                           for at, plane in zip(geometry.plane_offsets, planes)))
+            self._slot_planes[index] = (frame._spec, tuple(
+                (plan, at, plane.geometry.pitch, offset, image)
+                for (plan, offset, image), at, plane in zip(self._plans, geometry.plane_offsets, planes)))
         return True
 
     def _wait_for_frames(self, deadline: float) -> bool:

@@ -181,8 +181,8 @@ class WaitSet:
         now = time.monotonic()
         if timeout is None:
             until = math.inf
-        elif timeout.__class__ is float and 0.0 <= timeout < math.inf:
-            until = now + timeout
+        elif (timeout.__class__ is float or timeout.__class__ is int) and 0 <= timeout < math.inf:
+            until = now + timeout  # (checked as _seconds would, quicker: a bool's class is neither)
         else:
             until = now + _seconds(timeout, "timeout", zero=True)
         while True:
