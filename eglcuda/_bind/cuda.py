@@ -224,6 +224,26 @@ def copy_planned(stream: int, plan: Any, src: int, src_pitch: int, dst: int) -> 
     check(lib.cuMemcpy2DAsync(plan, ffi.cast("CUstream", stream)), "cuMemcpy2DAsync", "copying a plane")
 
 
+def stream_arg(stream: int) -> Any:
+    """``stream`` as the ``CUstream`` argument of the calls below, made once for many calls."""
+    return ffi.cast("CUstream", stream)
+
+
+def copy_planned_all(stream: Any, steps: "tuple[tuple[Any, int, int, int, int], ...]", src: int, dst: int,
+                     index: int) -> None:
+    """Queue one :func:`copy_plan` copy per step ``(plan, src_offset, src_pitch, dst_offset,
+    dst_step)`` on ``stream`` (from :func:`stream_arg`), in the current context: from ``src +
+    src_offset`` (rows ``src_pitch`` apart) to ``dst + dst_offset + index * dst_step``. A
+    frame's planes into image ``index`` of a batch, in one call."""
+    for plan, src_offset, src_pitch, dst_offset, dst_step in steps:
+        plan.srcDevice = src + src_offset
+        plan.srcPitch = src_pitch
+        plan.dstDevice = dst + dst_offset + index * dst_step
+        code = lib.cuMemcpy2DAsync(plan, stream)
+        if code:
+            raise cuda_error(code, "cuMemcpy2DAsync", "copying a plane")
+
+
 def order_streams(first: int, then: int) -> None:
     """Make stream ``then`` wait for the work queued so far on stream ``first`` (an event
     recorded on one and waited on by the other; no host wait), in the current context."""

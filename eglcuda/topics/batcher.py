@@ -27,6 +27,7 @@ from ..frames.interop import stream_handle
 from .protocol import Reason
 from .sockets import wait_seconds
 from .subscriber import Subscriber
+from .transports.views import SlotView
 from .waitset import WaitSet
 
 MAX_BATCH = 1024  # frames in one batch
@@ -276,6 +277,14 @@ class Batcher:
         self._cursor = 0  # the source the next batch starts its first pass with
         self._ready = set(range(len(self.subscribers)))  # sources that may have a frame (asked first)
         self._last_seq: list[int | None] = [None] * len(self.subscribers)
+        self._names = tuple(s.name for s in self.subscribers)
+        # Per source: the mapped slots' description (a SlotView's _spec) whose geometry matched
+        # the batch's, with each plane's copy (plan, offset in a slot, pitch, offset in the
+        # buffer, bytes an image): a frame of it is copied from its slot's address in one call,
+        # without making its Plane objects (None: not seen yet).
+        self._slot_planes: list[tuple[Any, tuple[tuple[Any, int, int, int, int], ...]] | None] = \
+            [None] * len(self.subscribers)
+        self._stream_arg = cuda.stream_arg(self.cuda_stream)
         self.ended: dict[int, BaseException] = {}  # source index -> why it left the rotation
         self._errors: dict[int, BaseException] = {}  # sources the wait set reported ended
 
@@ -358,13 +367,14 @@ class Batcher:
         ready = self._ready
         if not ready:
             return
-        count = len(self.subscribers)
+        subscribers = self.subscribers
+        count = len(subscribers)
         start = self._cursor
         order = sorted(ready, key=lambda i: (i - start) % count) if len(ready) > 1 else list(ready)
+        stream = self.cuda_stream
         for index in order:
-            sub = self.subscribers[index]
             try:
-                message = sub.receive(0)
+                message = subscribers[index].receive(0)
             except Timeout:
                 ready.discard(index)
                 if index in self._errors:
@@ -376,7 +386,10 @@ class Batcher:
             try:
                 self._copy(index, message, base, frames)
             finally:
-                message.release()
+                # Released on the batcher's stream, behind the copies: the done event the
+                # publisher waits for before it writes the frame again is recorded there (no
+                # event orders the subscriber's stream after ours first).
+                message.release(stream)
             # Asked again only once the wait set says it has a frame (a receive that finds
             # none costs an exception).
             ready.discard(index)
@@ -386,9 +399,31 @@ class Batcher:
 
     def _copy(self, index: int, message: Any, base: int, frames: list[BatchFrame]) -> None:
         """Queue the copies of ``message``'s planes into image ``len(frames)`` of the buffer at
-        ``base``, on the batcher's stream, ordered after the frame's stream (the message's
-        release then waits for the copies: docs/ordering.md)."""
+        ``base``, on the batcher's stream, ordered after the frame's stream (the message,
+        released on that stream, then waits for the copies: docs/ordering.md)."""
         frame = message.frame
+        stream = self.cuda_stream
+        position = len(frames)
+        known = self._slot_planes[index]
+        if known is not None and frame.__class__ is SlotView and frame._spec is known[0]:
+            # A mapped slot of a geometry checked before: addresses from the slot's base.
+            source_stream = frame._stream
+            if source_stream is not None and source_stream != stream:
+                cuda.join_streams(stream, (source_stream,), "ordering a batch's copy after its source frame")
+            frame._note_users((stream,))
+            cuda.copy_planned_all(self._stream_arg, known[1], frame._base, base, position)
+        elif not self._copy_planes(index, frame, base, position):
+            return
+        last = self._last_seq[index]
+        seq = message.seq
+        skipped = message.skipped if last is None else seq - last - 1
+        self._last_seq[index] = seq
+        frames.append(BatchFrame(position, index, self._names[index], seq, message.timestamp_ns, message.payload,
+                                 skipped, message.received_ns))
+
+    def _copy_planes(self, index: int, frame: Any, base: int, position: int) -> bool:
+        """_copy through the frame's planes (any frame; the first of each source's mapped slots
+        checks their geometry once); False when the frame does not fit the batch (its source ended)."""
         planes = frame.planes
         if frame.width != self.width or frame.height != self.height or frame.format is not self.format:
             # (Plane shapes follow from size and format: the full check only for a frame that differs.)
@@ -397,15 +432,14 @@ class Batcher:
                 error = MismatchedSource(f"source {index} (topic {self.subscribers[index].name!r}) sent a frame "
                                          f"of planes {shapes}, the batch's are {self._plane_shapes}")
                 self._end(index, error)
-                return
+                return False
         stream = self.cuda_stream
         # Our stream waits for the frame's only while that stream has work queued (an idle one
-        # costs one query, no event); the frame's release waits for our copies.
+        # costs one query, no event); the frame's release, on our stream, waits for our copies.
         source_stream = frame.cuda_stream
         if source_stream is not None:
             cuda.join_streams(stream, (source_stream,), "ordering a batch's copy after its source frame")
         frame._note_users((stream,))
-        position = len(frames)
         for plane, (plan, offset, image), (_, g) in zip(planes, self._plans, self._layout):
             target = base + offset + position * image
             kind, address, pitch = plane._location()
@@ -413,11 +447,12 @@ class Batcher:
                 cuda.copy_planned(stream, plan, address, pitch, target)
             else:  # (a CUDA array)
                 cuda.copy_2d(stream, (kind, address, pitch), ("device", target, g.pitch), g.row_bytes, g.height, False)
-        last = self._last_seq[index]
-        skipped = message.skipped if last is None else message.seq - last - 1
-        self._last_seq[index] = message.seq
-        frames.append(BatchFrame(position, index, self.subscribers[index].name, message.seq, message.timestamp_ns,
-                                 message.payload, skipped, message.received_ns))
+        if frame.__class__ is SlotView and frame.layout is not Layout.ARRAY:
+            geometry = frame._spec.geometry
+            self._slot_planes[index] = (frame._spec, tuple(
+                (plan, at, plane.geometry.pitch, offset, image)
+                for (plan, offset, image), at, plane in zip(self._plans, geometry.plane_offsets, planes)))
+        return True
 
     def _wait_for_frames(self, deadline: float) -> bool:
         """Sleep until a source has something (its subscriber is readable, or it ended) or

@@ -91,6 +91,7 @@ class Subscriber:
             self.qos = Qos[qos.upper()] if isinstance(qos, str) else Qos(qos)
         except (KeyError, ValueError):
             raise UsageError(f"qos is 'latest' or 'every', got {qos!r}") from None
+        self._every = self.qos is Qos.EVERY  # (asked on every receive and wake-up)
         if not isinstance(queue, int) or isinstance(queue, bool) or not 1 <= queue <= protocol.MAX_QUEUE:
             raise UsageError(f"queue is an int in 1..{protocol.MAX_QUEUE}, got {queue!r}")
         self.queue = queue
@@ -194,7 +195,17 @@ class Subscriber:
                 if self._closing:
                     raise self._closed_error()
                 try:
-                    message = self._receive(timeout)
+                    conn = self._conn
+                    if conn is None or self._lost is not None or self._closed:
+                        self._check_connected()
+                        raise self._not_connected()  # pragma: no cover - _check_connected raised
+                    error = None
+                    try:
+                        message = self._take(conn, timeout)
+                    except Lost as lost:
+                        error = lost.error
+                    if error is not None:
+                        self._lose(error)  # (outside the handler: the error raised has no Lost chained to it)
                 finally:
                     if self._ready is not None:  # (watched: readable again only when something is there)
                         self._refresh_ready()
@@ -205,17 +216,6 @@ class Subscriber:
         if self._deferral.thread:  # (a close put off)
             self._close_put_off_during_call(None)  # (the message was let go if it closed)
         return message
-
-    def _receive(self, timeout: float | None) -> Message:
-        conn = self._conn
-        if conn is None or self._lost is not None or self._closed:
-            self._check_connected()
-            raise self._not_connected()  # pragma: no cover - _check_connected raised
-        try:
-            return self._take(conn, timeout)
-        except Lost as lost:
-            error = lost.error
-        self._lose(error)  # (outside the handler: the error raised has no Lost chained to it)
 
     def _take(self, conn: Connection, timeout: float | None) -> Message:
         """receive()'s work on an open connection; its end is raised as :class:`Lost`."""
@@ -235,7 +235,7 @@ class Subscriber:
         if conn.unsent:
             self._flush()
         transport = conn.transport
-        latest = self.qos is Qos.LATEST
+        latest = not self._every
         while True:
             header = conn.next_frame(deadline)
             if latest:
@@ -525,7 +525,7 @@ class Subscriber:
             ready.set()
         elif conn.pending or conn.inbox.arm():
             ready.set()
-        else:
+        elif ready.due:  # (the usual case, a frame taken and none behind it: nothing to clear)
             ready.clear()
 
     def _wait_ready(self) -> "bool | BaseException":
@@ -535,10 +535,8 @@ class Subscriber:
         A frame read here waits for that receive."""
         if self._remote is not None:
             return self._remote.wait_ready()
-        if self._forked:
-            return self._forked_error()
         conn = self._conn
-        if (conn is not None and not self._closing and self._lost is None and self.qos is Qos.EVERY
+        if (conn is not None and self._every and not self._closing and self._lost is None and not self._forked
                 and (conn.pending or conn.inbox.frame_next())):
             # The usual case of an ``every`` subscriber, a look without the lock (the compiled look
             # holds the GIL: a close on another thread cannot unmap the ring meanwhile): a frame's
@@ -546,6 +544,8 @@ class Subscriber:
             # descriptor readable (the WAKE on the socket, or the due eventfd) stays so until a
             # receive takes the frame. (A ``latest`` frame may be stale: the read below says.)
             return True
+        if self._forked:
+            return self._forked_error()
         with self._busy:
             if self._closed or self._closing:
                 return self._closed_error()

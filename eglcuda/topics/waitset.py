@@ -21,17 +21,20 @@ class Attachment:
     or an interval. ``source`` is what was attached (None for an interval), ``deadline`` and
     ``period`` the seconds given to :meth:`WaitSet.attach` and :meth:`WaitSet.attach_interval`."""
 
-    __slots__ = ("source", "deadline", "period", "_fd", "_subscriber", "_due", "__weakref__")
+    __slots__ = ("source", "deadline", "period", "_fd", "_probe", "_due", "_event", "__weakref__")
 
     def __init__(self, source: Any, fd: int, deadline: float | None, period: float | None, now: float) -> None:
         self.source = source
         self.deadline = deadline
         self.period = period
         self._fd = fd  # -1: an interval
-        self._subscriber = isinstance(source, Subscriber)
+        # A subscriber's own look at what it holds (bound once: the wait calls it per wake-up).
+        self._probe = source._wait_ready if isinstance(source, Subscriber) else None
         # When the next "missed" or "interval" is due (monotonic seconds; inf: never).
         step = deadline if deadline is not None else period
         self._due = now + step if step is not None else math.inf
+        # The event a ready descriptor reports, made once: it says the same every time.
+        self._event = Event(self, "message" if self._probe is not None else "readable") if fd >= 0 else None
 
     def __repr__(self) -> str:
         if self._fd < 0:
@@ -43,13 +46,19 @@ class Attachment:
 class Event:
     """What :meth:`WaitSet.wait` found: ``kind`` is
 
-    - ``"message"``: ``source.receive(timeout=0)`` hands out a message now;
+    - ``"message"``: ``source.receive(timeout=0)`` hands out a message now (unless the subscriber
+      ended in between: an EGLStream frame lives in its publisher's process, so a publisher that
+      dies before the frame is received takes it along, and that receive raises the
+      subscriber's error);
     - ``"error"``: it raises ``error`` (the subscriber was closed, dropped or disconnected:
       :class:`eglcuda.ClosedError`, :class:`eglcuda.Dropped`, :class:`eglcuda.StreamDisconnected`);
     - ``"missed"``: no message came within the attachment's ``deadline`` seconds (of the
       previous message, of the attach, or of the previous "missed");
     - ``"interval"``: an interval's period passed;
     - ``"readable"``: an attached object that is not a subscriber has its descriptor readable.
+
+    An attachment's "message" and "readable" events are made once and handed out by every wait
+    that finds it ready: read them, do not change them.
     """
 
     __slots__ = ("attachment", "kind", "error")
@@ -140,6 +149,7 @@ class WaitSet:
         if attachment not in self._attachments:
             raise UsageError(f"{attachment!r} is not attached to this wait set")
         self._attachments.remove(attachment)
+        attachment._event = None  # (it refers back to the attachment: no cycle left to collect)
         if attachment in self._timed:
             self._timed.remove(attachment)
         if attachment._fd >= 0:
@@ -163,43 +173,58 @@ class WaitSet:
         be ready; return every event found ([] when the time passed first). Events of
         descriptors come before those of deadlines and intervals that fell due in the same
         wait; a subscriber with a message in time reports no "missed"."""
-        epoll = self._open()
+        # (The per-frame path: one clock reading before the sleep, one after it only when a
+        # deadline or the timeout needs it, one look at each ready subscriber, no allocation
+        # but the list for an event that says what it said before.)
+        epoll = self._epoll
+        if epoll is None:
+            raise ClosedError("the wait set is closed")
+        timed = self._timed
+        by_fd = self._by_fd
         now = time.monotonic()
-        until = math.inf if timeout is None else now + _seconds(timeout, "timeout", zero=True)
+        if timeout is None:
+            until = math.inf
+        elif (timeout.__class__ is float or timeout.__class__ is int) and 0 <= timeout < math.inf:
+            until = now + timeout  # (checked as _seconds would, quicker: a bool's class is neither)
+        else:
+            until = now + _seconds(timeout, "timeout", zero=True)
         while True:
-            due = min((a._due for a in self._timed), default=math.inf)
-            end = min(until, due)
-            wait_s = -1.0 if end == math.inf else max(0.0, end - now)
+            due = min([a._due for a in timed]) if timed else math.inf
+            end = until if until < due else due
+            if end == math.inf:
+                wait_s = -1.0
+            else:
+                wait_s = end - now
+                if wait_s < 0.0:
+                    wait_s = 0.0
             ready = epoll.poll(wait_s, _MAX_EVENTS)  # (epoll rounds up to whole ms: no early wake-ups)
             events: list[Event] = []
-            now = time.monotonic()
             for fd, _ in ready:
-                attachment = self._by_fd.get(fd)
-                if attachment is not None:
-                    self._found(attachment, now, events)
-            if due <= now:
-                for attachment in self._timed:
-                    if attachment._due <= now:
-                        self._lapsed(attachment, now, events)
+                attachment = by_fd.get(fd)
+                if attachment is None:
+                    continue
+                probe = attachment._probe
+                state = True if probe is None else probe()
+                if state is True:
+                    events.append(attachment._event)  # type: ignore[arg-type]  # (made for every descriptor)
+                    if attachment.deadline is not None:
+                        attachment._due = -math.inf  # (set from the clock below: a message in time)
+                elif state is not False:  # (False: nothing after all; the descriptor is quiet again)
+                    events.append(Event(attachment, "error", state))
+                    attachment._due = math.inf  # (no "missed" for a source that failed: its error says it)
+            if events and not timed:
+                return events
+            now = time.monotonic()
+            if timed:
+                for attachment in timed:
+                    if attachment._due == -math.inf:
+                        attachment._due = now + attachment.deadline  # type: ignore[operator]  # (a deadline: set above)
+                if due <= now:
+                    for attachment in timed:
+                        if attachment._due <= now:
+                            self._lapsed(attachment, now, events)
             if events or now >= until:
                 return events
-
-    def _found(self, attachment: Attachment, now: float, events: list[Event]) -> None:
-        if not attachment._subscriber:
-            events.append(Event(attachment, "readable"))
-            if attachment.deadline is not None:
-                attachment._due = now + attachment.deadline
-            return
-        state = attachment.source._wait_ready()
-        if state is False:
-            return  # (nothing after all; the descriptor is quiet again)
-        if state is True:
-            events.append(Event(attachment, "message"))
-            if attachment.deadline is not None:
-                attachment._due = now + attachment.deadline
-        else:
-            events.append(Event(attachment, "error", state))
-            attachment._due = math.inf  # (no "missed" for a source that failed: its error says it)
 
     def _lapsed(self, attachment: Attachment, now: float, events: list[Event]) -> None:
         if attachment._fd < 0:
@@ -229,6 +254,8 @@ class WaitSet:
         if epoll is not None:
             epoll.close()
         self._by_fd.clear()
+        for attachment in self._attachments:
+            attachment._event = None
         self._attachments.clear()
         self._timed.clear()
 

@@ -137,9 +137,10 @@ def batch(args) -> int:
                           formed_ms=(returned - b.frames[0].received_ns) / 1e6,
                           batcher_waits_for_sources=waits_for_sources)
             if args.fake_hold:
-                # Sources released before this returned: their streams wait for the batcher's
-                # (held: its copies "still run"), so the publishers wait for the copies.
-                report["sources_wait_for_copies"] = [not _idle(fake, s.cuda_stream) for s in subs]
+                # Sources released before this returned, on the batcher's stream: the done event
+                # each publisher waits for is pending behind the copies (held: they "still run");
+                # those of frames of earlier batches completed when their copies "ran".
+                report["sources_wait_for_copies"] = [_waits_for_copies(fake, s) for s in subs]
             if args.torch:
                 report["torch"] = _torch_views(b)
             if reader is not None:
@@ -196,6 +197,13 @@ def _torch_views(b) -> dict:
 
 def _idle(fake, stream) -> bool:
     return fake.cuStreamQuery(ctypes.c_void_p(stream)) == 0
+
+
+def _waits_for_copies(fake, sub) -> bool:
+    """Whether a done event that ``sub`` sent with a release is still pending (its publisher
+    then waits before writing that frame again)."""
+    done = sub._conn.transport._done.values()
+    return any(fake.cuEventQuery(ctypes.c_void_p(event.address)) != 0 for event in done)
 
 
 def _hand_to_held(fake, b, report) -> None:

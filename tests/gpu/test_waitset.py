@@ -159,7 +159,18 @@ def test_a_killed_publisher_is_an_error_event_and_the_others_go_on(folder, trans
                         waits.detach(event.attachment)
                     else:
                         assert event.kind == "message"
-                        checked(event.source.receive(0), 1 if event.source is subs[0] else 2, got)
+                        if event.source is subs[0] and transport == "eglstream":
+                            # (a frame of an EGLStream lives in its publisher's process: one
+                            # announced before the kill may be gone with it, and the receive says so)
+                            try:
+                                message = event.source.receive(0)
+                            except eglcuda.StreamDisconnected as exc:
+                                errors.append(exc)
+                                waits.detach(event.attachment)
+                                continue
+                            checked(message, 1, got)
+                        else:
+                            checked(event.source.receive(0), 1 if event.source is subs[0] else 2, got)
             with pytest.raises(eglcuda.StreamDisconnected):
                 subs[0].receive(0)
     finally:

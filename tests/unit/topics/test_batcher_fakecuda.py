@@ -80,8 +80,8 @@ def test_the_formation_clock_starts_at_the_first_frame(sources):
 
 def test_a_released_source_frame_waits_for_its_copy_and_a_batch_buffer_for_its_reader(sources):
     """With the batcher's stream held busy, each source frame of a batch has been released with
-    its subscriber's stream waiting for the batcher's (the publisher then waits for the copy);
-    the sources not in the batch stay idle. A batch handed to a busy stream (DLPack) leaves the
+    a done event pending behind the batcher's copies (the publisher waits for it before writing
+    the frame again); the sources not in the batch have none pending. A batch handed to a busy stream (DLPack) leaves the
     batcher's stream waiting for that stream at its release."""
     sources.add(51, rate=100)
     sources.add(52, rate=100)
