@@ -1,15 +1,92 @@
-"""What bench/remote.py's roles share (its own and the zmq baseline's in _remote_zmq.py): a frame's
-geometry, the clock, the RESULT line, the timed window from the orchestrator, a subscriber's tally, and
-a frame in device memory (also the raw engine's, bench/_ucx_raw.py)."""
+"""What bench/remote.py's roles share (its own and the zmq baseline's in _remote_zmq.py, and
+bench/remote_link.py's): a frame's geometry, the clock, the RESULT line, the timed window from the
+orchestrator, a role process as the orchestrator sees it, a subscriber's tally, and a frame in device
+memory (also the raw engine's, bench/_ucx_raw.py)."""
 from __future__ import annotations
 
 import json
 import math
+import os
+import selectors
+import signal
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 
 TAIL_S = 0.3  # the publisher goes on this long after the window, so that late frames still count
+
+
+class RoleProcess:
+    """A role process as the orchestrator sees it: RESULT lines on its stdout, the timed window on its
+    stdin, its stderr kept for the error said when it ends or does not answer. ``command`` is the
+    whole command line (a namespace-entering prefix included); the process leads a session of its
+    own, so that :meth:`stop` ends whatever it started."""
+
+    def __init__(self, role: str, command: list[str], env: dict) -> None:
+        self.role = role
+        self.stderr = tempfile.TemporaryFile()
+        self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
+                                        text=True, env=env, start_new_session=True)
+        self.results: list[dict] = []
+
+    def read(self, timeout: float) -> dict | None:
+        """The next RESULT line's object within ``timeout`` seconds (None: none came)."""
+        deadline = time.monotonic() + timeout
+        stdout = self.process.stdout
+        assert stdout is not None
+        with selectors.DefaultSelector() as selector:
+            selector.register(stdout, selectors.EVENT_READ)
+            while time.monotonic() < deadline:
+                if not selector.select(max(0.0, deadline - time.monotonic())):
+                    break
+                line = stdout.readline()
+                if not line:
+                    return None
+                if line.startswith("RESULT "):
+                    message = json.loads(line[7:])
+                    self.results.append(message)
+                    return message
+        return None
+
+    def expect(self, role: str, timeout: float) -> dict:
+        """The next RESULT line's object, which must be ``role``'s (RuntimeError saying why else)."""
+        message = self.read(timeout)
+        if message is None or message.get("role") != role:
+            raise RuntimeError(self.error())
+        return message
+
+    def go(self, start: int, end: int) -> None:
+        """Tell the role its timed window (monotonic ns)."""
+        try:
+            assert self.process.stdin is not None
+            self.process.stdin.write(f"go {start} {end}\n")
+            self.process.stdin.flush()
+        except (BrokenPipeError, OSError):
+            pass
+
+    def error(self) -> str:
+        self.stderr.seek(0)
+        lines = [line.strip() for line in self.stderr.read().decode(errors="replace").splitlines() if line.strip()]
+        status = self.process.poll()
+        return f"{self.role} {'exited with status ' + str(status) if status is not None else 'did not answer'}" + \
+            (f": {lines[-1]}" if lines else "")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            try:
+                os.killpg(self.process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.process.wait(10)
+        for stream in (self.process.stdin, self.process.stdout):
+            if stream is not None:
+                try:
+                    stream.close()
+                except OSError:
+                    pass
+        self.stderr.close()
 
 
 def frame_geometry(width: int, height: int, fmt: str) -> tuple[int, int]:

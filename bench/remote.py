@@ -60,9 +60,6 @@ import os
 import pathlib
 import resource
 import secrets
-import selectors
-import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -71,7 +68,7 @@ from typing import Callable
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from _remote_common import TAIL_S, Pacer, Tally, Window, emit, frame_bytes, now_ns  # noqa: E402
+from _remote_common import TAIL_S, Pacer, RoleProcess, Tally, Window, emit, frame_bytes, now_ns  # noqa: E402
 from _remote_report import goals, markdown, plot, summarize  # noqa: E402
 from _remote_zmq import role_zmq_publisher, role_zmq_subscriber  # noqa: E402
 from _script import BENCH_HINT, MATPLOTLIB, fail, mps_daemon, require, run  # noqa: E402
@@ -190,80 +187,18 @@ def role_remote(args) -> int:
 
 # ==== orchestration ===============================================================================
 
-class Child:
-    """A role process: RESULT lines on stdout, the window on stdin, stderr kept for errors."""
+def spawn(role: str, args, env: dict, *extra: str) -> RoleProcess:
+    """A role process of this bench (this file with ``--role``)."""
+    command = [sys.executable, str(pathlib.Path(__file__).resolve()), "--role", role, "--width", str(args.width),
+               "--height", str(args.height), "--format", args.format, *extra]
+    return RoleProcess(role, command, env)
 
-    def __init__(self, role: str, args, env: dict, *extra: str) -> None:
-        self.role = role
-        command = [sys.executable, str(pathlib.Path(__file__).resolve()), "--role", role, "--width", str(args.width),
-                   "--height", str(args.height), "--format", args.format, *extra]
-        self.stderr = tempfile.TemporaryFile()
-        self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
-                                        text=True, env=env, start_new_session=True)
-        self.results: list[dict] = []
-        self._buffer = ""
-
-    def read(self, timeout: float) -> dict | None:
-        """The next RESULT line's object within ``timeout`` seconds (None: none came)."""
-        deadline = time.monotonic() + timeout
-        stdout = self.process.stdout
-        assert stdout is not None
-        with selectors.DefaultSelector() as selector:
-            selector.register(stdout, selectors.EVENT_READ)
-            while time.monotonic() < deadline:
-                if not selector.select(max(0.0, deadline - time.monotonic())):
-                    break
-                line = stdout.readline()
-                if not line:
-                    return None
-                if line.startswith("RESULT "):
-                    message = json.loads(line[7:])
-                    self.results.append(message)
-                    return message
-        return None
-
-    def go(self, start: int, end: int) -> None:
-        try:
-            assert self.process.stdin is not None
-            self.process.stdin.write(f"go {start} {end}\n")
-            self.process.stdin.flush()
-        except (BrokenPipeError, OSError):
-            pass
-
-    def error(self) -> str:
-        self.stderr.seek(0)
-        lines = [line.strip() for line in self.stderr.read().decode(errors="replace").splitlines() if line.strip()]
-        status = self.process.poll()
-        return f"{self.role} {'exited with status ' + str(status) if status is not None else 'did not answer'}" + \
-            (f": {lines[-1]}" if lines else "")
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            try:
-                os.killpg(self.process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        self.process.wait(10)
-        for stream in (self.process.stdin, self.process.stdout):
-            if stream is not None:
-                try:
-                    stream.close()
-                except OSError:
-                    pass
-        self.stderr.close()
-
-
-def _expect(child: Child, role: str, timeout: float) -> dict:
-    message = child.read(timeout)
-    if message is None or message.get("role") != role:
-        raise RuntimeError(child.error())
-    return message
 
 
 def run_config(args, variant: str, n: int, rate: float, env: dict, frames: str = "plain") -> dict:
     """One configuration of the eglcuda or zmq variant (``frames``: the relay's frame mode): its
     processes, the window, the results."""
-    children: list[Child] = []
+    children: list[RoleProcess] = []
     with tempfile.TemporaryDirectory(prefix="eglcuda-bench-remote-") as folder:
         os.chmod(folder, 0o700)
         path = os.path.join(folder, "bench.topic")
@@ -272,42 +207,42 @@ def run_config(args, variant: str, n: int, rate: float, env: dict, frames: str =
             handle.write(secrets.token_hex(32))
         rate_args = ("--rate", str(rate))
         try:
-            subs: list[Child] = []
+            subs: list[RoleProcess] = []
             local = relay = None
             if variant == "zmq":
-                pub = Child("zmq-pub", args, env, *rate_args)
+                pub = spawn("zmq-pub", args, env, *rate_args)
                 children.append(pub)
-                port = _expect(pub, "ready", JOIN_S)["port"]
-                subs = [Child("zmq-sub", args, env, "--port", str(port)) for _ in range(n)]
+                port = pub.expect("ready", JOIN_S)["port"]
+                subs = [spawn("zmq-sub", args, env, "--port", str(port)) for _ in range(n)]
                 children += subs
             else:
-                pub = Child("pub", args, env, "--path", path, *rate_args)
+                pub = spawn("pub", args, env, "--path", path, *rate_args)
                 children.append(pub)
-                _expect(pub, "ready", JOIN_S)
-                local = Child("local", args, env, "--path", path)
+                pub.expect("ready", JOIN_S)
+                local = spawn("local", args, env, "--path", path)
                 children.append(local)
-                _expect(local, "joined", JOIN_S)
+                local.expect("joined", JOIN_S)
                 if n:
-                    relay = Child("relay", args, env, "--path", path, "--key-file", key_file, "--frames", frames)
+                    relay = spawn("relay", args, env, "--path", path, "--key-file", key_file, "--frames", frames)
                     children.append(relay)
-                    port = _expect(relay, "listening", JOIN_S)["port"]
-                    subs = [Child("remote", args, env, "--port", str(port), "--key-file", key_file) for _ in range(n)]
+                    port = relay.expect("listening", JOIN_S)["port"]
+                    subs = [spawn("remote", args, env, "--port", str(port), "--key-file", key_file) for _ in range(n)]
                     children += subs
             for sub in subs:
-                _expect(sub, "joined", JOIN_S)
+                sub.expect("joined", JOIN_S)
             time.sleep(0.5)  # warm up: every connection carried frames before the window
             start = now_ns() + int(0.2e9)
             end = start + int(args.duration * 1e9)
             for child in children:
                 child.go(start, end)
             finish = args.duration + TAIL_S + 30
-            published = _expect(pub, "publisher", finish)
+            published = pub.expect("publisher", finish)
             row: dict = {"publisher_rate": published["rate"]}
             if local is not None:
-                row["local"] = _expect(local, "local", 15)
-            row["subscribers"] = [_expect(sub, "remote", 15) for sub in subs]
+                row["local"] = local.expect("local", 15)
+            row["subscribers"] = [sub.expect("remote", 15) for sub in subs]
             if relay is not None:
-                said = _expect(relay, "relay", 15)
+                said = relay.expect("relay", 15)
                 row["relay"], row["relay_cpu_s"] = said.get("remotes"), said.get("cpu_s")
             return row
         except (RuntimeError, json.JSONDecodeError) as exc:

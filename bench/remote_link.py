@@ -34,8 +34,6 @@ import math
 import os
 import pathlib
 import secrets
-import selectors
-import subprocess
 import sys
 import tempfile
 import time
@@ -43,7 +41,7 @@ import time
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import _netlink  # noqa: E402
-from _remote_common import TAIL_S, Pacer, Tally, Window, emit, now_ns  # noqa: E402
+from _remote_common import TAIL_S, Pacer, RoleProcess, Tally, Window, emit, now_ns  # noqa: E402
 from _script import fail, lazy, require, run  # noqa: E402
 
 np = lazy("numpy")
@@ -149,60 +147,17 @@ def role_remote(args) -> int:
 
 # ==== orchestration ================================================================================
 
-class Child:
-    """A role process in one side's namespaces: RESULT lines on stdout, the window on stdin."""
-
-    def __init__(self, role: str, prefix: list[str], env: dict, args, *extra: str) -> None:
-        self.role = role
-        command = [*prefix, sys.executable, str(pathlib.Path(__file__).resolve()), "--role", role, "--width",
-                   str(args.width), "--height", str(args.height), "--rate", str(args.rate), "--qos", args.qos,
-                   *(["--no-check"] if not args.check else []), *extra]
-        self.stderr = tempfile.TemporaryFile()
-        self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
-                                        text=True, env=env)
-
-    def expect(self, role: str, timeout: float) -> dict:
-        """The next RESULT line's object, which must be ``role``'s (RuntimeError with its stderr else)."""
-        deadline = time.monotonic() + timeout
-        stdout = self.process.stdout
-        assert stdout is not None
-        with selectors.DefaultSelector() as selector:
-            selector.register(stdout, selectors.EVENT_READ)
-            while selector.select(max(0.0, deadline - time.monotonic())):
-                line = stdout.readline()
-                if not line:
-                    break
-                if line.startswith("RESULT "):
-                    message = json.loads(line[7:])
-                    if message.get("role") == role:
-                        return message
-        self.stderr.seek(0)
-        said = [line.strip() for line in self.stderr.read().decode(errors="replace").splitlines() if line.strip()]
-        status = self.process.poll()
-        ended = f"exited with status {status}" if status is not None else "did not answer"
-        raise RuntimeError(f"{self.role} {ended}" + (f": {said[-1]}" if said else ""))
-
-    def go(self, start: int, end: int) -> None:
-        try:
-            assert self.process.stdin is not None
-            self.process.stdin.write(f"go {start} {end}\n")
-            self.process.stdin.flush()
-        except (BrokenPipeError, OSError):
-            pass
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-        self.process.wait(10)
-        for stream in (self.process.stdin, self.process.stdout):
-            if stream is not None:
-                stream.close()
-        self.stderr.close()
+def spawn(role: str, prefix: list[str], env: dict, args, *extra: str) -> RoleProcess:
+    """A role process of this bench in one side's namespaces (``prefix`` enters them)."""
+    command = [*prefix, sys.executable, str(pathlib.Path(__file__).resolve()), "--role", role, "--width",
+               str(args.width), "--height", str(args.height), "--rate", str(args.rate), "--qos", args.qos,
+               *(["--no-check"] if not args.check else []), *extra]
+    return RoleProcess(role, command, env)
 
 
 def measure(args, spec: _netlink.LinkSpec, env: dict) -> dict:
     """One run: the link, the three processes, the window; what each said and what the link counted."""
-    children: list[Child] = []
+    children: list[RoleProcess] = []
     with tempfile.TemporaryDirectory(prefix="eglcuda-bench-link-") as folder, _netlink.Link(spec) as link:
         os.chmod(folder, 0o700)
         path = os.path.join(folder, "bench.topic")
@@ -211,13 +166,13 @@ def measure(args, spec: _netlink.LinkSpec, env: dict) -> dict:
             handle.write(secrets.token_hex(32))
         sides = {side: {**env, "UCX_NET_DEVICES": _netlink.DEVICES[side]} for side in ("a", "b")}
         try:
-            pub = Child("pub", link.enter("a"), sides["a"], args, "--path", path)
+            pub = spawn("pub", link.enter("a"), sides["a"], args, "--path", path)
             children.append(pub)
             pub.expect("ready", JOIN_S)
-            relay = Child("relay", link.enter("a"), sides["a"], args, "--path", path, "--key-file", key_file)
+            relay = spawn("relay", link.enter("a"), sides["a"], args, "--path", path, "--key-file", key_file)
             children.append(relay)
             port = relay.expect("listening", JOIN_S)["port"]
-            remote = Child("remote", link.enter("b"), sides["b"], args, "--port", str(port), "--key-file", key_file)
+            remote = spawn("remote", link.enter("b"), sides["b"], args, "--port", str(port), "--key-file", key_file)
             children.append(remote)
             remote.expect("joined", JOIN_S)
             time.sleep(1.0)  # warm up: TCP's windows open before the window
