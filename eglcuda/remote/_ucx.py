@@ -669,8 +669,13 @@ class _NotifiedSelector(selectors.DefaultSelector):
             wait_ns = 1  # (only whether some finished: a request done while the loop was busy is not left waiting)
         else:
             wait_ns = NOTIFY_WAIT_NS if timeout is None else max(1, min(NOTIFY_WAIT_NS, int(timeout * 1e9)))
-        if worker.wait_request_notifier(period_ns=wait_ns) == self.ready:
-            worker.run_request_notifier()  # (sets the futures: their callbacks are queued on this loop)
+        try:
+            if worker.wait_request_notifier(period_ns=wait_ns) == self.ready:
+                worker.run_request_notifier()  # (sets the futures: their callbacks are queued on this loop)
+        except Exception:  # noqa: BLE001 - the fallback pass completes requests still (each FALLBACK_S)
+            log.exception("eglcuda remote: UCXX's request notifier failed; the engine's loop waits in epoll now")
+            self.worker = None
+            return super().select(timeout if timeout is None else min(timeout, FALLBACK_S))
         if not ready and wait_ns > 1:
             ready = super().select(0)
         return ready

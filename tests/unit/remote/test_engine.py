@@ -85,6 +85,9 @@ for _ in range(20):
     ran.wait(5)
     delays.append(time.monotonic() - start)
 result["handoff_ms"] = 1e3 * statistics.median(delays)
+cpu = time.process_time()
+time.sleep(1.0)
+result["idle_cpu"] = time.process_time() - cpu  # (seconds of CPU in one second: the engine sleeps, never spins)
 print("RESULT " + json.dumps(result), flush=True)
 '''
 
@@ -95,7 +98,7 @@ def test_completions_run_on_the_loop_after_post_with_every_byte(mode):
     never inside the post that gave it; receives on one tag take the sends in the order both
     were posted, each exactly the bytes its send carried (random sizes up to 300 KB: eager and
     rendezvous); a closed endpoint refuses a post; work handed over from another thread runs at
-    once (the loop is woken, not found at its next timeout)."""
+    once (the loop is woken, not found at its next timeout); idle, the engine sleeps."""
     if not ucxx_present():
         pytest.skip("ucxx is not installed: pip install -e '.[remote-cu12]' (or remote-cu13)")
     seed = int.from_bytes(os.urandom(4), "little")
@@ -110,3 +113,4 @@ def test_completions_run_on_the_loop_after_post_with_every_byte(mode):
     assert result["on_loop"] and not result["inside_post"], (seed, result)
     assert result["closed_refused"], result
     assert result["handoff_ms"] < 20, result  # (a missed wake would cost the loop's longest sleep, 100 ms)
+    assert result["idle_cpu"] < 0.2, result  # (about 0.005 here)
