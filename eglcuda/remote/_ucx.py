@@ -68,7 +68,7 @@ log = logging.getLogger("eglcuda.remote")
 INSTALL = "pip install -e '.[remote-cu12]' in a checkout (CUDA 12; remote-cu13 for CUDA 13)"
 FALLBACK_S = 0.1  # a progress pass at least this often (UCX may miss an event once armed late)
 PROGRESS_MODES = ("thread", "loop")  # EGLCUDA_UCX_PROGRESS (the module's docstring)
-PROGRESS_EPOLL_MS = 100  # the progress thread's longest sleep (work handed to it wakes it; 1 ms: 2 % of a core idle)
+PROGRESS_EPOLL_MS = 10  # the progress thread's longest sleep (a post wakes it; 1 ms: 2 % of a core idle)
 NOTIFY_WAIT_NS = 100_000_000  # thread mode: the loop's longest sleep in UCXX's request notifier
 FUTURES_REFILL = 32  # thread mode: refill UCXX's pool of futures (about 100) every this many posts
 PASS_ROUNDS = 4  # progress rounds of one pass before the loop runs its other work
@@ -472,6 +472,7 @@ class Engine:
         self._to_close.put(ep)
 
     def _close_endpoints(self) -> None:
+        asyncio.set_event_loop(self.loop)  # (a UCXX future made here, the pool empty, is for the engine's loop)
         while True:
             ep = self._to_close.get()
             if ep is None:
