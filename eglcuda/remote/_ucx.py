@@ -8,11 +8,13 @@ the progress mode (``EGLCUDA_UCX_PROGRESS``, read when the engine starts):
 
 - ``thread`` (the default): UCXX's C++ progress thread progresses the worker (the kernel's TCP
   copies of every frame happen there, without the GIL); requests are handed to it (UCXX's
-  delayed submission), and a notifier thread (``eglcuda-ucx-notify``) tells the loop when some
-  finished, so the engine thread spends its time on Python only, beside the copies instead of
-  before them. Nothing Python runs on the progress thread but UCXX's connection-request
-  callback, which hands the request to the loop: the progress thread holds UCXX's locks while it
-  calls back, so a closed endpoint is noticed by asking (:meth:`Endpoint.check_alive`, each
+  delayed submission), and the engine's loop sleeps in UCXX's request notifier instead of epoll
+  (:class:`_NotifiedSelector`): a request that finished wakes the loop itself, its future is set
+  there and its callback runs in that loop iteration, in the order requests finished (no thread
+  between, no scan of the pending requests). The engine thread spends its time on Python only,
+  beside the copies instead of before them. Nothing Python runs on the progress thread but
+  UCXX's connection-request callback, which hands the request to the loop: the progress thread
+  holds UCXX's locks while it calls back, so a closed endpoint is noticed by asking (:meth:`Endpoint.check_alive`, each
   fallback pass) and by its requests failing. A send posted on a connection that failed while it
   was being made never ends in this mode (UCX retries it forever on the progress thread): a
   subscriber therefore sends nothing before the relay spoke first (wire.encode_relay).
@@ -35,7 +37,7 @@ registered prefixes.
 
 The engine starts with the first relay or remote subscriber and stays until the interpreter exits
 (then open relays and remote subscribers are closed first): one context and worker for the
-process's life costs its threads (one in loop mode, three in thread mode) and a fixed few
+process's life costs its threads (one in loop mode, two in thread mode) and a fixed few
 descriptors, however often subscribers come and go. A forked child cannot use its parent's engine
 (UCX is not fork-safe): it gets a :class:`UsageError`."""
 from __future__ import annotations
@@ -51,6 +53,7 @@ import logging
 import os
 import queue
 import secrets
+import selectors
 import threading
 import time
 import weakref
@@ -65,8 +68,8 @@ log = logging.getLogger("eglcuda.remote")
 INSTALL = "pip install -e '.[remote-cu12]' in a checkout (CUDA 12; remote-cu13 for CUDA 13)"
 FALLBACK_S = 0.1  # a progress pass at least this often (UCX may miss an event once armed late)
 PROGRESS_MODES = ("thread", "loop")  # EGLCUDA_UCX_PROGRESS (the module's docstring)
-PROGRESS_EPOLL_MS = 1  # the progress thread's longest sleep between looks (UCXX's own thread mode uses 1 ms too)
-NOTIFY_WAIT_NS = 100_000_000  # the notifier's longest wait before it looks whether the engine stops
+PROGRESS_EPOLL_MS = 10  # the progress thread's longest sleep (a post wakes it; 1 ms: 2 % of a core idle)
+NOTIFY_WAIT_NS = 100_000_000  # thread mode: the loop's longest sleep in UCXX's request notifier
 FUTURES_REFILL = 32  # thread mode: refill UCXX's pool of futures (about 100) every this many posts
 PASS_ROUNDS = 4  # progress rounds of one pass before the loop runs its other work
 PREFIX_BITS = 56  # a tag is (prefix << 8) | kind
@@ -327,7 +330,9 @@ class Engine:
 
     def __init__(self) -> None:
         require()
-        self.loop = asyncio.new_event_loop()
+        self.threaded = progress_mode() == "thread"
+        self.loop: asyncio.AbstractEventLoop = (_NotifiedLoop(_NotifiedSelector()) if self.threaded
+                                                else asyncio.new_event_loop())
         self.api: Any = None
         self.arr: Any = None
         self.worker: Any = None
@@ -338,13 +343,11 @@ class Engine:
         self._posted = False
         self._prefixes: set[int] = set()
         self._pid = os.getpid()
-        self.threaded = progress_mode() == "thread"
         self._watched: "weakref.WeakSet[Endpoint]" = weakref.WeakSet()  # thread mode: asked whether alive
         self._posts = 0
         self._unclaimed: tuple[int, float] | None = None  # (tag, since): the first unmatched message, ours
         self._scratch: Any = None  # where dropped messages are received (_sweep)
         self.swept = 0  # tagged messages dropped unread
-        self._notifier: threading.Thread | None = None
         # UCXX's endpoint close waits for UCX (up to CLOSE_NS): on a thread of its own, not the
         # engine's (UCXX's non-blocking close crashed under many connections closed at once).
         self._to_close: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
@@ -366,9 +369,10 @@ class Engine:
             self.context = api.UCXContext(feature_flags=(api.Feature.TAG, api.Feature.STREAM, api.Feature.WAKEUP))
             if self.threaded:
                 self.worker = api.UCXWorker(self.context, enable_delayed_submission=True, enable_python_future=True)
+                self.worker.populate_python_futures_pool()  # (UCXX's futures are made for this thread's loop)
                 self.worker.start_progress_thread(polling_mode=False, epoll_timeout=PROGRESS_EPOLL_MS)
-                self._notifier = threading.Thread(target=self._notify, name="eglcuda-ucx-notify", daemon=True)
-                self._notifier.start()
+                assert isinstance(self.loop, _NotifiedLoop)
+                self.loop.listen(self.worker)
             else:
                 self.worker = api.UCXWorker(self.context)
                 self.worker.init_blocking_progress_mode()
@@ -399,10 +403,9 @@ class Engine:
             self._closer.join(1.0)
         try:
             if self.threaded:
+                assert isinstance(self.loop, _NotifiedLoop)
+                self.loop.listen(None)
                 self.worker.stop_progress_thread()  # (before exit: it may call into Python)
-                self.worker.stop_request_notifier_thread()
-                if self._notifier is not None:
-                    self._notifier.join(1.0)
             else:
                 self.loop.remove_reader(self.worker.epoll_file_descriptor)
                 self.worker.progress()
@@ -469,6 +472,7 @@ class Engine:
         self._to_close.put(ep)
 
     def _close_endpoints(self) -> None:
+        asyncio.set_event_loop(self.loop)  # (a UCXX future made here, the pool empty, is for the engine's loop)
         while True:
             ep = self._to_close.get()
             if ep is None:
@@ -491,10 +495,11 @@ class Engine:
         """Loop mode: progress until idle, complete the requests that finished, arm (or go
         again): up to PASS_ROUNDS rounds here before the loop's other work, so that the events
         of one frame (its TCP segments, the next send a completion posts) cost no loop iteration
-        each. Thread mode: complete the requests that finished (UCX's thread progresses)."""
+        each. Thread mode (the fallback only: completions come by their futures): complete the
+        requests that finished and whose notice did not come."""
         self._scheduled = False
         if self.threaded:
-            self.worker.populate_python_futures_pool()  # (the notifier refills it too, but only once it woke)
+            self.worker.populate_python_futures_pool()
             self._complete()
             return
         self._in_pass = True
@@ -512,7 +517,8 @@ class Engine:
         self.schedule()  # (UCX has events still: another pass after the loop's other work)
 
     def _complete(self) -> None:
-        """Call the callbacks of the posted requests that finished."""
+        """Call the callbacks of the posted requests that finished (loop mode: each pass; thread
+        mode: the fallback pass, for a notice that never came)."""
         pending = self._pending
         if not pending:
             return
@@ -527,35 +533,20 @@ class Engine:
                 error = None
             if self.threaded:
                 _consume_future(request)
-            try:
-                done(error)
-            except Exception:  # noqa: BLE001 - one connection's bug must not stop the engine
-                log.exception("eglcuda remote: a completion callback failed")
+            _call(done, error)
 
-    def _notify(self) -> None:
-        """Thread mode's notifier thread: wait (GIL released) until UCXX finished requests, then
-        have the loop complete them (one pass queued at a time)."""
-        asyncio.set_event_loop(self.loop)  # (UCXX makes its futures for the loop of this thread)
-        worker = self.worker
-        ready = self.api.PythonRequestNotifierWaitState.Ready
-        shutdown = self.api.PythonRequestNotifierWaitState.Shutdown
-        while not self._stopping:
-            try:
-                worker.populate_python_futures_pool()
-                state = worker.wait_request_notifier(period_ns=NOTIFY_WAIT_NS)
-                if state == shutdown:
-                    return
-                if state != ready:
-                    continue
-                worker.run_request_notifier()  # (resolves UCXX's futures: nobody awaits them, no callbacks)
-                if not self._scheduled:
-                    self._scheduled = True
-                    self.loop.call_soon_threadsafe(self._pass)
-            except Exception:  # noqa: BLE001 - must not end the notifier; the fallback pass still completes
-                if self._stopping or self.loop.is_closed():
-                    return
-                log.exception("eglcuda remote: the UCX notifier failed")
-                time.sleep(0.01)
+    def _noticed(self, future: Any) -> None:
+        """Thread mode: the future of a posted request was set (by UCXX's request notifier, run
+        on this thread by the loop's selector): call its callback, in the order they finished."""
+        entry = self._pending.pop(id(future), None)
+        if entry is None:  # (completed by the fallback pass already)
+            return
+        if future.cancelled():
+            error: LinkError | None = LinkError("the request was cancelled")
+        else:
+            exc = future.exception()
+            error = None if exc is None else LinkError(f"{type(exc).__name__}: {exc}")
+        _call(entry[1], error)
 
     async def wait(self, request: Any) -> None:
         """Until ``request`` completed (:class:`LinkError` if it failed), without spinning."""
@@ -581,17 +572,22 @@ class Engine:
         await future
 
     def post(self, request: Any, done: Callable[[LinkError | None], None]) -> None:
-        """Call ``done(None)``, or ``done(LinkError)`` if it failed, on this thread in the
-        pass that finds ``request`` completed (never from inside this call)."""
-        self._pending[id(request)] = (request, done)
-        self._posted = True
+        """Call ``done(None)``, or ``done(LinkError)`` if it failed, on this thread once
+        ``request`` completed (never from inside this call)."""
         if self.threaded:
+            future = request.future
+            if future is None:  # (none from UCXX: the fallback pass finds it completed)
+                self._pending[id(request)] = (request, done)
+                return
+            self._pending[id(future)] = (request, done)
+            future.add_done_callback(self._noticed)  # (set on this thread: the loop's selector runs UCXX's notifier)
             self._posts += 1
             if self._posts % FUTURES_REFILL == 0:  # (many posts in one step, e.g. a frame to many remotes)
                 self.worker.populate_python_futures_pool()
-            if request.completed:  # (else the notifier says when)
-                self.schedule()
-        elif not self._in_pass:
+            return
+        self._pending[id(request)] = (request, done)
+        self._posted = True
+        if not self._in_pass:
             self.schedule()
 
     def on_loop_soon(self, function: Callable[..., Any], *args: Any) -> None:
@@ -646,6 +642,68 @@ class Engine:
             except RuntimeError:  # (closed already)
                 pass
             self.thread.join(5)
+
+
+def _call(done: Callable[[LinkError | None], None], error: LinkError | None) -> None:
+    try:
+        done(error)
+    except Exception:  # noqa: BLE001 - one connection's bug must not stop the engine
+        log.exception("eglcuda remote: a completion callback failed")
+
+
+class _NotifiedSelector(selectors.DefaultSelector):
+    """Thread mode's selector: the engine's loop sleeps in UCXX's request notifier instead of
+    epoll, so a request UCX's progress thread completed wakes the loop itself (no thread between)
+    and its future is set here, on the loop's thread (its callback, :meth:`Engine._noticed`, runs
+    in the same loop iteration). Descriptors (the loop's self-pipe) are looked at without waiting
+    before and after; another thread wakes the sleep through :class:`_NotifiedLoop`."""
+
+    worker: Any = None  # the engine's worker, once made (until then: a plain selector)
+    ready: Any = None  # UCXX's "some requests finished" answer of a wait
+
+    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        worker = self.worker
+        if worker is None:
+            return super().select(timeout)
+        ready = super().select(0)
+        if ready or (timeout is not None and timeout <= 0):
+            wait_ns = 1  # (only whether some finished: a request done while the loop was busy is not left waiting)
+        else:
+            wait_ns = NOTIFY_WAIT_NS if timeout is None else max(1, min(NOTIFY_WAIT_NS, int(timeout * 1e9)))
+        try:
+            if worker.wait_request_notifier(period_ns=wait_ns) == self.ready:
+                worker.run_request_notifier()  # (sets the futures: their callbacks are queued on this loop)
+        except Exception:  # noqa: BLE001 - the fallback pass completes requests still (each FALLBACK_S)
+            log.exception("eglcuda remote: UCXX's request notifier failed; the engine's loop waits in epoll now")
+            self.worker = None
+            return super().select(timeout if timeout is None else min(timeout, FALLBACK_S))
+        if not ready and wait_ns > 1:
+            ready = super().select(0)
+        return ready
+
+
+class _NotifiedLoop(asyncio.SelectorEventLoop):
+    """Thread mode's event loop: work handed over from another thread (``call_soon_threadsafe``)
+    also wakes a loop asleep in UCXX's request notifier (:class:`_NotifiedSelector`)."""
+
+    def __init__(self, selector: _NotifiedSelector) -> None:
+        super().__init__(selector)
+        self._notified = selector
+        self._wake: Callable[[], None] | None = None
+
+    def listen(self, worker: Any) -> None:
+        """Sleep in ``worker``'s request notifier from now on (None: in epoll again)."""
+        if worker is not None:
+            self._notified.ready = importlib.import_module("ucxx._lib.libucxx").PythonRequestNotifierWaitState.Ready
+        self._notified.worker = worker
+        # UCXX's "stop" of its notifier ends the one wait under way or the next (then waits go on as before).
+        self._wake = None if worker is None else worker.stop_request_notifier_thread
+
+    def _write_to_self(self) -> None:  # (asyncio's hook of call_soon_threadsafe)
+        super()._write_to_self()  # type: ignore[misc]
+        wake = self._wake
+        if wake is not None:
+            wake()
 
 
 def _ignore(error: LinkError | None) -> None:
