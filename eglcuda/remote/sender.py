@@ -357,6 +357,20 @@ class Sender:
     async def _send_note(self, kind: wire.Head, code: int = 0, reason: str = "", sent: int = 0) -> None:
         await self.ep.send(wire.encode_note(self.ep.session, kind, code, reason, sent), wire.NOTE_TAG)  # (sealed)
 
+    def credit(self, count: int) -> None:
+        """``count`` frames' credit came back: the frames queued go out (:class:`wire.WireError`
+        for credit beyond the window)."""
+        self._credits += count
+        if self._credits > self._window:
+            raise wire.WireError(f"credit beyond the window of {self._window}")
+        if self.qos is Qos.LATEST:
+            self._ahead = 1  # (it keeps up: its next frame may be staged before its credit)
+        self._starved_since = None
+        if self._flush_until:  # (flushing after the publisher closed: it keeps pace, go on)
+            self._flush_until = time.monotonic() + self._limits.every_timeout
+        self.pump()
+        self._changed()
+
     async def _read_credits(self) -> None:
         ep = self.ep
         buf = np.zeros(wire.CONTROL, np.uint8)
@@ -371,16 +385,7 @@ class Sender:
                     continue
                 self._heard = time.monotonic()
                 if kind is wire.Control.CREDIT:
-                    self._credits += count
-                    if self.qos is Qos.LATEST:
-                        self._ahead = 1  # (it keeps up: its next frame may be staged before its credit)
-                    if self._credits > self._window:
-                        raise wire.WireError(f"credit beyond the window of {self._window}")
-                    self._starved_since = None
-                    if self._flush_until:  # (flushing after the publisher closed: it keeps pace, go on)
-                        self._flush_until = time.monotonic() + self._limits.every_timeout
-                    self.pump()
-                    self._changed()
+                    self.credit(count)
                 elif kind is wire.Control.BYE:
                     self.end(Reason.CLOSING, "the subscriber closed", dropped=False)
                     return
