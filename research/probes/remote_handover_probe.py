@@ -13,6 +13,7 @@ stand-in libcuda built.) Counts per frame the relay sent:
 - ``stages``: frames the local thread copied to staging (D2H copy waited for);
 - ``from_credit``: frames whose send was posted by the credit that made room for them, with no
   local-thread step between (a frame staged ahead of its credit);
+- ``stale``: frames staged ahead of a credit that came too late for them (let go);
 - ``credit_hops``: the remote's user thread handed credit to the engine's loop (per frame sent:
   a 'latest' remote also credits back the frames it did not take).
 
@@ -66,6 +67,15 @@ def _count_relay(counts: dict) -> None:
             counts["from_credit"] = counts.get("from_credit", 0) + max(0, self._inflight - before)
 
     sender.Sender.pump = counted_pump
+    let_go = getattr(sender.Sender, "_let_go_stale", None)
+    if let_go is not None:
+        def counted_let_go(self, now):
+            held = len(self._pending)
+            stale = let_go(self, now)
+            counts["stale"] = counts.get("stale", 0) + held - len(self._pending)
+            return stale
+
+        sender.Sender._let_go_stale = counted_let_go
 
 
 def _count_remote(counts: dict) -> None:
@@ -173,7 +183,7 @@ def main() -> int:
     row = measure(args.duration)
     print(f"{args.label:>7}: remote {row['remote_fps']:6.0f} frames/s, raw {row['raw_fps']:6.0f} "
           f"({row['remote_fps'] / row['raw_fps']:.2f}x); per frame sent: wakes {row.get('wakes', 0)}, stages "
-          f"{row.get('stages', 0)}, from credit {row.get('from_credit', 0)}; credit hops "
+          f"{row.get('stages', 0)}, from credit {row.get('from_credit', 0)}, stale {row.get('stale', 0)}; credit hops "
           f"{row.get('credit_hops', 0)}", flush=True)
     return 0
 
