@@ -138,6 +138,10 @@ class Receiver:
         self._cond = threading.Condition()
         self._ready: collections.deque[Arrival] = collections.deque()  # in the relay's order
         self._free: collections.deque[int] = collections.deque(range(len(window)))
+        # Credit owed to the relay for buffers that came free, not yet handed to the engine's
+        # thread (under _cond); _crediting: a hand-over is queued (it takes all owed by then).
+        self._owed = 0
+        self._crediting = False
         self.lost: BaseException | None = None  # what ended the link
         self._heard = time.monotonic()
         self._tasks: list[asyncio.Future[Any]] = []
@@ -212,7 +216,9 @@ class Receiver:
         """Window buffer ``index`` was read: a receive goes into it again, the relay gets its credit."""
         with self._cond:
             self._free.append(index)
-        self._credit(1)
+            hop = self._owe(1)
+        if hop:
+            self._hand_credit()
 
     def state(self) -> bool | BaseException:
         """Whether a frame is there to take (True), else the error that ended the link, else False."""
@@ -257,8 +263,23 @@ class Receiver:
 
     def _credit(self, count: int) -> None:
         """``count`` buffers of the window came free: post receives, tell the relay (on the engine)."""
+        with self._cond:
+            hop = self._owe(count)
+        if hop:
+            self._hand_credit()
+
+    def _owe(self, count: int) -> bool:
+        """Count credit owed (under _cond); whether the engine's thread must be woken for it
+        (else a hand-over already queued takes it along)."""
+        self._owed += count
+        if self._crediting:
+            return False
+        self._crediting = True
+        return True
+
+    def _hand_credit(self) -> None:
         try:
-            self._loop.call_soon_threadsafe(self._give_credit, count)
+            self._loop.call_soon_threadsafe(self._give_owed)
         except RuntimeError:  # (the engine stopped: the process is exiting)
             pass
 
@@ -406,6 +427,13 @@ class Receiver:
             await self.ep.send(wire.encode_control(self.ep.session, kind, count), wire.CONTROL_TAG)
         except Exception:  # noqa: BLE001 - the reader hears of it
             pass
+
+    def _give_owed(self) -> None:
+        with self._cond:
+            count, self._owed = self._owed, 0
+            self._crediting = False
+        if count:
+            self._give_credit(count)
 
     def _give_credit(self, count: int) -> None:
         self._post_receives()  # (the receives are posted before the relay hears of the credit)

@@ -116,6 +116,10 @@ class Relay:
         self._welcome: wire.Welcome | None = None
         self._live = True  # a publisher is there (engine's thread)
         self._thread: threading.Thread | None = None
+        # Frames staged by the local thread for the engine's thread to dispatch, in order: one
+        # wake-up of the loop for those staged until it runs (_handed: one is queued).
+        self._staged: collections.deque[tuple[int, int]] = collections.deque()
+        self._handed = False
         try:
             if self._sub.info is None or self._sub.cuda_stream is None:  # pragma: no cover - a CUDA subscriber has both
                 raise UsageError("the relay's subscriber has no CUDA stream")
@@ -185,7 +189,16 @@ class Relay:
             finally:
                 message.release()
             if index is not None:
-                self._call(self._dispatch, index, seq)
+                self._hand_over(index, seq)
+
+    def _hand_over(self, index: int, seq: int) -> None:
+        """Give staged frame ``seq`` to the engine's thread: one wake-up of its loop for all the
+        frames staged before it runs (the deque and the flag are safe between the two threads:
+        the loop clears the flag before it takes the frames)."""
+        self._staged.append((index, seq))
+        if not self._handed:
+            self._handed = True
+            self._call(self._dispatch_staged)
 
     def _publisher_lost(self, exc: StreamDisconnected) -> None:
         code = exc.code if isinstance(exc, Dropped) else DISCONNECTED
@@ -265,6 +278,12 @@ class Relay:
 
     def _set_live(self, live: bool) -> None:
         self._live = live
+
+    def _dispatch_staged(self) -> None:
+        self._handed = False
+        staged = self._staged
+        while staged:
+            self._dispatch(*staged.popleft())
 
     def _dispatch(self, index: int, seq: int) -> None:
         """A staged frame: queue it for each remote subscriber that has room for it."""

@@ -32,6 +32,11 @@ QUOTA = SEND_AHEAD + 1
 # does not receive: it is dropped, and its staging buffers come back. (A silent one is the
 # relay's ``timeout``'s business: a stopped process that wakes within it goes on.)
 SEND_DEADLINE_S = 2.0
+# A 'latest' remote that keeps up has one frame staged ahead of its credit (its next frame is
+# copied while the credit is on the way, and goes out as the credit comes); a staged-ahead frame
+# older than this is let go instead of sent (a fresh one is staged), and none is staged again
+# until a credit came: a stopped remote holds no buffer for it, and a woken one gets a fresh frame.
+AHEAD_FRESH_S = 0.01
 
 
 @dataclass(frozen=True)
@@ -83,7 +88,8 @@ class Sender:
         self._changed = changed
         self._left = left
         self._credits = window
-        self._pending: collections.deque[int] = collections.deque()  # staging buffers to send
+        self._pending: collections.deque[tuple[int, float]] = collections.deque()  # (staging buffer, staged at) to send
+        self._ahead = 1 if qos is Qos.LATEST else 0  # frames it may have staged beyond its credits ('latest': 0 or 1)
         self._started = False  # it took its welcome: frames may go out (they wait in _pending until then)
         self._closing = False  # it is saying GONE: no frame goes out after that
         self._last_sent = 0.0  # time.monotonic() of its last frame sent (beats only when idle)
@@ -125,7 +131,7 @@ class Sender:
         if not self.active:
             return 0
         if self.qos is Qos.LATEST:
-            return self._credits - len(self._pending)
+            return self._credits + self._ahead - len(self._pending)
         return EVERY_ROOM if every_relay else QUOTA - self.held
 
     def offer(self, index: int, seq: int, every_relay: bool) -> bool:
@@ -134,7 +140,7 @@ class Sender:
         if not self.active:
             return False
         if self.qos is Qos.LATEST:
-            if self._credits - len(self._pending) <= 0:
+            if self._credits + self._ahead - len(self._pending) <= 0:
                 return False
         elif self.held >= QUOTA:  # an 'every' remote that keeps no pace (the watchdog's clock runs)
             if self._starved_since is None:
@@ -144,7 +150,7 @@ class Sender:
         if self._last_seq is not None:  # (what it missed: frames it had no room for, or never staged)
             self._skipped += max(0, seq - self._last_seq - 1)
         self._last_seq = seq
-        self._pending.append(index)
+        self._pending.append((index, time.monotonic()))
         return True
 
     def end(self, code: int, reason: str, dropped: bool, flush_until: float = 0.0) -> None:
@@ -167,6 +173,8 @@ class Sender:
             if self._dropped is not None and now - self._heard > limits.timeout + 2.0:
                 self.abort()  # a stalled peer does not even take the GONE
             return
+        if self.qos is Qos.LATEST and self._let_go_stale(now):
+            self._changed()
         deadline = min(SEND_DEADLINE_S, limits.timeout)
         if now - self._heard > limits.timeout:
             self.end(Reason.TIMEOUT, f"the remote subscriber said nothing for {limits.timeout:.3g} s", dropped=True)
@@ -224,9 +232,11 @@ class Sender:
             return
         if not self._pending:
             return
+        if self.qos is Qos.LATEST and self._credits > 0 and self._let_go_stale(time.monotonic()):
+            self._changed()  # (a fresh frame is staged for the credit instead)
         buffers = self._staging.for_ucx()
         while self._pending and self._credits > 0 and self._inflight < SEND_AHEAD:
-            index = self._pending.popleft()
+            index = self._pending.popleft()[0]
             self._credits -= 1
             self._inflight += 1
             self._posted.append(time.monotonic())
@@ -261,7 +271,19 @@ class Sender:
 
     def _let_go_pending(self) -> None:
         while self._pending:
-            self._staging.unref(self._pending.popleft())
+            self._staging.unref(self._pending.popleft()[0])
+
+    def _let_go_stale(self, now: float) -> bool:
+        """A 'latest' remote's frames staged more than AHEAD_FRESH_S ago, not sent: let go (they
+        count as skipped), and nothing staged ahead of its credit until the next one came."""
+        stale = False
+        while self._pending and now - self._pending[0][1] > AHEAD_FRESH_S:
+            self._staging.unref(self._pending.popleft()[0])
+            self._skipped += 1
+            stale = True
+        if stale:
+            self._ahead = 0
+        return stale
 
     def _flushing(self) -> bool:
         """Whether it, whose end is decided, still gets its pending frames first (the publisher
@@ -335,6 +357,20 @@ class Sender:
     async def _send_note(self, kind: wire.Head, code: int = 0, reason: str = "", sent: int = 0) -> None:
         await self.ep.send(wire.encode_note(self.ep.session, kind, code, reason, sent), wire.NOTE_TAG)  # (sealed)
 
+    def credit(self, count: int) -> None:
+        """``count`` frames' credit came back: the frames queued go out (:class:`wire.WireError`
+        for credit beyond the window)."""
+        self._credits += count
+        if self._credits > self._window:
+            raise wire.WireError(f"credit beyond the window of {self._window}")
+        if self.qos is Qos.LATEST:
+            self._ahead = 1  # (it keeps up: its next frame may be staged before its credit)
+        self._starved_since = None
+        if self._flush_until:  # (flushing after the publisher closed: it keeps pace, go on)
+            self._flush_until = time.monotonic() + self._limits.every_timeout
+        self.pump()
+        self._changed()
+
     async def _read_credits(self) -> None:
         ep = self.ep
         buf = np.zeros(wire.CONTROL, np.uint8)
@@ -349,14 +385,7 @@ class Sender:
                     continue
                 self._heard = time.monotonic()
                 if kind is wire.Control.CREDIT:
-                    self._credits += count
-                    if self._credits > self._window:
-                        raise wire.WireError(f"credit beyond the window of {self._window}")
-                    self._starved_since = None
-                    if self._flush_until:  # (flushing after the publisher closed: it keeps pace, go on)
-                        self._flush_until = time.monotonic() + self._limits.every_timeout
-                    self.pump()
-                    self._changed()
+                    self.credit(count)
                 elif kind is wire.Control.BYE:
                     self.end(Reason.CLOSING, "the subscriber closed", dropped=False)
                     return

@@ -8,7 +8,7 @@ room (:meth:`Staging.set_room`) and gives buffers back as their sends end (:meth
 """
 from __future__ import annotations
 
-import queue as _queue
+import collections
 import threading
 import time
 from typing import Any
@@ -34,7 +34,11 @@ class Staging:
         self._wait = wait
         self._ring: Pinned | None = None
         self._refs: dict[int, int] = {}  # sends still reading each buffer (engine's thread)
-        self._free: _queue.Queue[int] = _queue.Queue()
+        # Free buffers: taken by the local thread, given back by the engine's (a lock held for a
+        # deque's step, and a notify only while an 'every' relay's local thread waits for one).
+        self._free: collections.deque[int] = collections.deque()
+        self._free_cond = threading.Condition(threading.Lock())
+        self._waiting = 0
         # Set while some remote subscriber can take a frame now, waited on by the local thread.
         # Under _room_lock: _room (the most frames one remote can take now: the engine's count)
         # and _staged (frames the local thread copied or is copying, not yet dispatched): a frame
@@ -53,10 +57,9 @@ class Staging:
         if old is not None:
             old.close()
         self._ring = Pinned(self._device, STAGING, size, what)
-        self._free = _queue.Queue()
+        with self._free_cond:
+            self._free = collections.deque(range(STAGING))
         self._refs = {}
-        for index in range(STAGING):
-            self._free.put(index)
 
     # ---- the local thread ------------------------------------------------------------------------
     def stage(self, message: Any) -> int | None:
@@ -65,11 +68,8 @@ class Staging:
         engine dispatched it (:meth:`set_room`'s ``dispatched``)."""
         if not self._reserve():
             return None  # nobody to send it to now: no copy
-        try:
-            # (An 'every' relay waits, as a local 'every' subscriber would: the publisher's
-            # every_timeout decides; the watchdog drops the remote subscribers that keep it.)
-            index = self._free.get(timeout=self._wait) if self._wait else self._free.get_nowait()
-        except _queue.Empty:
+        index = self._take()
+        if index is None:
             self._unreserve()
             return None  # every staging buffer is still being sent: this frame is skipped
         ring = self._ring
@@ -88,10 +88,29 @@ class Staging:
             cuda.stream_synchronize(self._stream, "copying a frame to a relay's staging buffer")
             self._seal.seal(out)  # (the frame's seal: header always; its bytes too, or encrypted: frames=)
         except BaseException:
-            self._free.put(index)
+            self._give(index)
             self._unreserve()
             raise
         return index
+
+    def _take(self) -> int | None:
+        """A free buffer; None when there is none (an 'every' relay waits up to its ``wait``, as a
+        local 'every' subscriber would: the publisher's every_timeout decides; the watchdog drops
+        the remote subscribers that keep the buffers)."""
+        with self._free_cond:
+            if not self._free and self._wait:
+                self._waiting += 1
+                try:
+                    self._free_cond.wait_for(lambda: bool(self._free), self._wait)
+                finally:
+                    self._waiting -= 1
+            return self._free.popleft() if self._free else None
+
+    def _give(self, index: int) -> None:
+        with self._free_cond:
+            self._free.append(index)
+            if self._waiting:
+                self._free_cond.notify()
 
     def _reserve(self) -> bool:
         """Count one more frame staged, if some remote subscriber has room left for it."""
@@ -114,7 +133,7 @@ class Staging:
     def sends_ended(self, timeout: float) -> bool:
         """Whether every buffer came back (every send from them ended) within ``timeout`` seconds."""
         deadline = time.monotonic() + timeout
-        while self._free.qsize() < STAGING:
+        while len(self._free) < STAGING:
             if time.monotonic() >= deadline:
                 return False
             time.sleep(0.01)
@@ -144,14 +163,14 @@ class Staging:
         if count:
             self._refs[index] = count
         else:
-            self._free.put(index)
+            self._give(index)
 
     def unref(self, index: int) -> None:
         """One send of buffer ``index`` ended (or will never be made)."""
         left = self._refs.get(index, 0) - 1
         if left <= 0:
             self._refs.pop(index, None)
-            self._free.put(index)
+            self._give(index)
         else:
             self._refs[index] = left
 
