@@ -1103,6 +1103,13 @@ cdef class CudaConsumer(Resource):
                               and self.failed_call != EGLCUDA_CALL_SYNCHRONIZE):
                 self._let_go_of_held()  # released: the stream owns it from here on
             # else it was not released: it stays held and usable, and the error says why
+        elif derive and started == done:
+            # A frame newer than the last one is certainly in the stream (see _derive_plan) and no
+            # present of the producer is under way, nor can one begin (it counts itself with the
+            # GIL held): the driver latches that frame without waiting (docs/streams.md,
+            # Synchronization), so the GIL stays held, which saves its release and reacquisition.
+            status = hot.consumer_acquire(self.ctx, self.conn, &self.resource, &self.cu_stream, wait_us,
+                                          &self.egl_frame, dpy, self.egl_stream, &self.counter, &self.failed_call)
         else:
             with nogil:
                 status = hot.consumer_acquire(self.ctx, self.conn, &self.resource, &self.cu_stream, wait_us,

@@ -102,8 +102,9 @@ def main() -> int:
         libs = subprocess.run([sys.executable, str(ROOT / "tests/fakes/build.py"), str(out)], check=True,
                               capture_output=True, text=True).stdout.split()
         # One BLAS thread: NumPy's idle BLAS threads spin for a while, in counts that follow the
-        # run's wall time, not its frames.
-        env = dict(os.environ, EGLCUDA_LIBEGL=libs[0], EGLCUDA_LIBCUDA=libs[1],
+        # run's wall time, not its frames. One hash seed: with a random one, the start-up's dict
+        # and set work differs between the two runs and does not cancel out.
+        env = dict(os.environ, EGLCUDA_LIBEGL=libs[0], EGLCUDA_LIBCUDA=libs[1], PYTHONHASHSEED="0",
                    EGLCUDA_LIBVULKAN="/nonexistent/libvulkan.so.1", OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1",
                    PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
         for loop in args.loop or ["four", "steps", "bare"]:
