@@ -304,6 +304,7 @@ cdef object _endpoint_busy(Resource endpoint, str what, double timeout):
 
 # ==== producer =====================================================================================
 
+@cython.final  # no subclasses: its per-frame steps are direct C calls, not through a method table
 cdef class CudaProducer(Resource):
     """CUDA as the producer of a stream. Made by :meth:`Stream.connect_cuda_producer`.
 
@@ -744,6 +745,7 @@ cdef class CudaProducer(Resource):
 
 # ==== acquired frame ===============================================================================
 
+@cython.final  # no subclasses: its per-frame steps are direct C calls, not through a method table
 cdef class AcquiredFrame:
     """A frame the CUDA consumer acquired: a read-only view of the producer's data, valid until
     :meth:`release` (or the end of a ``with`` block). After release every access raises.
@@ -893,6 +895,7 @@ cdef inline bint _reusable(PyObject *candidate) noexcept:
 
 # ==== consumer =====================================================================================
 
+@cython.final  # no subclasses: its per-frame steps are direct C calls, not through a method table
 cdef class CudaConsumer(Resource):
     """CUDA as the consumer of a stream. Made by :meth:`Stream.connect_cuda_consumer`.
 
