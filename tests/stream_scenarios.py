@@ -255,6 +255,51 @@ def a_call_waits_for_another_threads_call_on_the_same_endpoint_without_the_gil(d
             consumer.acquire(timeout_us=0)
 
 
+def only_an_acquire_that_cannot_wait_keeps_the_gil(display: eglcuda.Display, fifo_length: int) -> None:
+    """An acquire of a frame the producer in this process has certainly presented keeps the GIL
+    (docs/streams.md, Synchronization) and still hands over the right frame and number; an acquire
+    with no new frame waits out its timeout in the driver with the GIL released: the main thread
+    keeps running Python meanwhile."""
+    _need_fifo(display, fifo_length)
+    random = rng()
+    with connected(display, 16, 8, fifo_length=fifo_length) as (stream, producer, consumer):
+        frames = [producer.allocate_frame() for _ in range(2)]
+        written = [fill_random(frame, random) for frame in frames]
+        producer.present(frames[0])
+        with consumer.acquire() as acquired:
+            first = acquired.number
+            assert_frame_equals(acquired, written[0])
+        derived = consumer._numbers_derived
+        producer.present(frames[1])
+        with consumer.acquire() as acquired:  # the GIL-keeping case: a newer frame is certainly there
+            assert (acquired.number, acquired.is_new) == (first + 1, True)
+            assert_frame_equals(acquired, written[1])
+        assert consumer._numbers_derived == derived + 1
+
+        seen: list[Any] = []
+        errors: list[BaseException] = []
+
+        def acquire() -> None:
+            try:
+                with consumer.acquire(timeout_us=300_000) as again:
+                    seen.append((again.number, again.is_new, time.perf_counter()))
+            except BaseException as exc:  # pragma: no cover - the test reports it
+                errors.append(exc)
+
+        waiting = threading.Thread(target=acquire)
+        started = time.perf_counter()
+        waiting.start()
+        spins = 0
+        while waiting.is_alive() and time.perf_counter() - started < 10:
+            spins += 1
+        waiting.join(10)
+        assert not errors, errors
+        [(number, is_new, returned)] = seen
+        assert (number, is_new) == (first + 1, False)  # the last frame again, after the whole timeout
+        assert returned - started >= 0.25
+        assert spins > 1000  # the main thread ran while the acquire waited
+
+
 def many_threads_on_one_producer_keep_its_books(display: eglcuda.Display, fifo_length: int) -> None:
     """Four threads present and take back frames of their own on one producer at once while the
     consumer drains: frames come back once each, every frame the consumer sees is byte for byte
@@ -419,6 +464,7 @@ SCENARIOS: dict[str, Callable[..., None]] = {f.__name__: f for f in (
     numbers_on_a_random_schedule, numbers_with_the_producer_in_another_thread,
     acquire_without_a_new_frame_hands_back_the_old_one, present_into_a_full_fifo_waits_for_the_consumer,
     a_call_waits_for_another_threads_call_on_the_same_endpoint_without_the_gil,
+    only_an_acquire_that_cannot_wait_keeps_the_gil,
     many_threads_on_one_producer_keep_its_books, misuse_of_the_stream_and_of_acquired_frames,
     present_and_return_and_acquire_next_loop, state_and_counters)}
 
@@ -435,6 +481,8 @@ def _cases() -> list[Any]:
     cases.append(case("acquire_without_a_new_frame_hands_back_the_old_one"))
     cases.append(case("present_into_a_full_fifo_waits_for_the_consumer"))
     cases.append(case("a_call_waits_for_another_threads_call_on_the_same_endpoint_without_the_gil"))
+    for fifo_length, tag in ((0, "mailbox"), (4, "fifo4")):
+        cases.append(case("only_an_acquire_that_cannot_wait_keeps_the_gil", tag, fifo_length=fifo_length))
     for fifo_length, tag in ((0, "mailbox"), (8, "fifo8")):
         cases.append(case("many_threads_on_one_producer_keep_its_books", tag, fifo_length=fifo_length))
     cases.append(case("misuse_of_the_stream_and_of_acquired_frames"))

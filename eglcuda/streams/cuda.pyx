@@ -11,6 +11,7 @@ changed signature or constant fails at build time. The per-frame calls release t
 driver and allocate nothing in the common case; checks, messages and rare paths are ordinary
 methods below.
 """
+cimport cython
 from cpython.list cimport PyList_GET_ITEM, PyList_SET_ITEM
 from cpython.long cimport PyLong_AsLongLongAndOverflow
 from cpython.pystate cimport PyThreadState_Get
@@ -54,8 +55,16 @@ cdef extern from *:
     """
     bint has_weakrefs "eglcuda_has_weakrefs" (PyObject *o)
 
+# FAST_CALLS: the per-frame methods are compiled as plain method descriptors (binding False),
+# not Cython function objects: CPython specialises a call of a method descriptor into a direct
+# C call, which saves the generic call path on every frame (docs/benchmarks.md, callgrind).
+# Their signatures stay readable (inspect.signature, Sphinx): embedsignature writes them into
+# the docstrings in the form CPython reads for built-in functions.
 MAX_FRAMES_IN_FLIGHT = EGLCUDA_MAX_FRAMES_IN_FLIGHT
 DEFAULT_ACQUIRE_TIMEOUT_US = EGLCUDA_DEFAULT_ACQUIRE_TIMEOUT_US
+# acquire and acquire_next spell it as a literal: a signature CPython reads from a docstring
+# (FAST_CALLS) takes literals only.
+assert EGLCUDA_DEFAULT_ACQUIRE_TIMEOUT_US == 1000000, "acquire's default timeout_us is written out below"
 cdef enum:
     MAX_TIMEOUT_US = 0x7FFFFFFF  # what the driver's unsigned int microseconds take, kept positive
     FLIGHT_MASK = EGLCUDA_MAX_FRAMES_IN_FLIGHT - 1  # the in-flight ring's slots (a power of two)
@@ -295,6 +304,7 @@ cdef object _endpoint_busy(Resource endpoint, str what, double timeout):
 
 # ==== producer =====================================================================================
 
+@cython.final  # no subclasses: its per-frame steps are direct C calls, not through a method table
 cdef class CudaProducer(Resource):
     """CUDA as the producer of a stream. Made by :meth:`Stream.connect_cuda_producer`.
 
@@ -403,6 +413,8 @@ cdef class CudaProducer(Resource):
             self.timeout_seen_us = us
         return us
 
+    @cython.binding(False)  # per-frame call: see FAST_CALLS
+    @cython.embedsignature.format("clinic")
     def present(self, frame, cuda_stream=None) -> None:
         """Hand ``frame`` to the consumer. ``cuda_stream`` is where the work writing the frame was
         queued (None: the legacy default stream). The driver returns only once that work is done
@@ -433,6 +445,8 @@ cdef class CudaProducer(Resource):
         finally:
             gate_leave(&self.gate)
 
+    @cython.binding(False)  # per-frame call: see FAST_CALLS
+    @cython.embedsignature.format("clinic")
     def return_frame(self, timeout_us=0):
         """Take back a frame the consumer released: the same :class:`Frame` object that was
         presented, or None if none came back within ``timeout_us`` microseconds.
@@ -461,6 +475,8 @@ cdef class CudaProducer(Resource):
         finally:
             gate_leave(&self.gate)
 
+    @cython.binding(False)  # per-frame call: see FAST_CALLS
+    @cython.embedsignature.format("clinic")
     def present_and_return(self, frame, cuda_stream=None, timeout_us=0):
         """:meth:`present` ``frame``, then take a frame back (waiting up to ``timeout_us``), in a
         single call into the driver layer: the step of a producer that cycles a ring of frames,
@@ -729,6 +745,7 @@ cdef class CudaProducer(Resource):
 
 # ==== acquired frame ===============================================================================
 
+@cython.final  # no subclasses: its per-frame steps are direct C calls, not through a method table
 cdef class AcquiredFrame:
     """A frame the CUDA consumer acquired: a read-only view of the producer's data, valid until
     :meth:`release` (or the end of a ``with`` block). After release every access raises.
@@ -774,6 +791,8 @@ cdef class AcquiredFrame:
     def released(self) -> bool:
         return self._released
 
+    @cython.binding(False)  # per-frame call: see FAST_CALLS
+    @cython.embedsignature.format("clinic")
     def release(self) -> None:
         """Give the frame back to the stream. The driver returns only once the work queued on the
         frame's ``cuda_stream`` is done (measured on driver 580); that stream first waits, on the
@@ -876,6 +895,7 @@ cdef inline bint _reusable(PyObject *candidate) noexcept:
 
 # ==== consumer =====================================================================================
 
+@cython.final  # no subclasses: its per-frame steps are direct C calls, not through a method table
 cdef class CudaConsumer(Resource):
     """CUDA as the consumer of a stream. Made by :meth:`Stream.connect_cuda_consumer`.
 
@@ -998,7 +1018,9 @@ cdef class CudaConsumer(Resource):
             self.timeout_seen_us = us
         return us
 
-    def acquire(self, timeout_us=EGLCUDA_DEFAULT_ACQUIRE_TIMEOUT_US) -> AcquiredFrame:
+    @cython.binding(False)  # per-frame call: see FAST_CALLS
+    @cython.embedsignature.format("clinic")
+    def acquire(self, timeout_us=1000000) -> AcquiredFrame:
         """Acquire the next frame, waiting up to ``timeout_us`` microseconds for a new one.
 
         If none arrives in time but the stream holds an earlier frame, the driver hands that one
@@ -1007,7 +1029,9 @@ cdef class CudaConsumer(Resource):
         releases the GIL."""
         return self._acquire(self._timeout(timeout_us), False)
 
-    def acquire_next(self, timeout_us=EGLCUDA_DEFAULT_ACQUIRE_TIMEOUT_US) -> AcquiredFrame:
+    @cython.binding(False)  # per-frame call: see FAST_CALLS
+    @cython.embedsignature.format("clinic")
+    def acquire_next(self, timeout_us=1000000) -> AcquiredFrame:
         """Release the frame this consumer holds (if any), then :meth:`acquire` the next one, in a
         single call into the driver layer: the step of a consumer loop, cheaper than
         ``release()`` + ``acquire()``. The released frame is unusable afterwards, as after
@@ -1082,6 +1106,13 @@ cdef class CudaConsumer(Resource):
                               and self.failed_call != EGLCUDA_CALL_SYNCHRONIZE):
                 self._let_go_of_held()  # released: the stream owns it from here on
             # else it was not released: it stays held and usable, and the error says why
+        elif derive and started == done:
+            # A frame newer than the last one is certainly in the stream (see _derive_plan) and no
+            # present of the producer is under way, nor can one begin (it counts itself with the
+            # GIL held): the driver latches that frame without waiting (docs/streams.md,
+            # Synchronization), so the GIL stays held, which saves its release and reacquisition.
+            status = hot.consumer_acquire(self.ctx, self.conn, &self.resource, &self.cu_stream, wait_us,
+                                          &self.egl_frame, dpy, self.egl_stream, &self.counter, &self.failed_call)
         else:
             with nogil:
                 status = hot.consumer_acquire(self.ctx, self.conn, &self.resource, &self.cu_stream, wait_us,
