@@ -133,6 +133,7 @@ static int fail_stream = -1;        /* FAKE_FAIL_STREAM, FAKE_FAIL_AT */
 static long fail_at = -1;
 static int print_stats;             /* FAKE_STATS */
 static long long d2h_delay_ns;      /* FAKE_D2H_DELAY_US */
+static long long h2d_delay_ns;      /* FAKE_H2D_DELAY_US */
 
 __attribute__((constructor)) static void fake_cuda_load(void)
 {
@@ -165,6 +166,9 @@ __attribute__((constructor)) static void fake_cuda_load(void)
     value = getenv("FAKE_D2H_DELAY_US");
     if (value && *value)
         d2h_delay_ns = strtoll(value, NULL, 0) * 1000ll;
+    value = getenv("FAKE_H2D_DELAY_US");
+    if (value && *value)
+        h2d_delay_ns = strtoll(value, NULL, 0) * 1000ll;
     value = getenv("FAKE_STATS");
     print_stats = value && atoi(value) != 0;
     value = getenv("FAKE_CUDA_VMM_GRANULARITY");
@@ -938,13 +942,16 @@ struct side {
  * queued; its destination holds 0xEE bytes until the copy is done, which the host learns from
  * cuStreamSynchronize, cuStreamQuery, or cuEventQuery / cuEventSynchronize of an event recorded
  * after it (a caller that reads the bytes sooner reads 0xEE). Freeing host memory or destroying a
- * stream finishes every pending copy first. Lock held in each of these. */
+ * stream finishes every pending copy first. FAKE_H2D_DELAY_US=N: the same for a host -> device
+ * one, which reads its host source when it is done (a caller that writes the source again sooner
+ * changes what arrives). Lock held in each of these. */
 struct pending_copy {
     struct pending_copy *next;
     CUstream stream;
     long long done_ns;
     unsigned char *dst;
-    size_t pitch, width, height;
+    const unsigned char *src; /* read when done: the snapshot in data, or the host source (H2D) */
+    size_t pitch, src_pitch, width, height;
     unsigned char data[];
 };
 static struct pending_copy *pending_copies;
@@ -967,7 +974,7 @@ static int settle_copies(CUstream stream, long long now, int all)
         struct pending_copy *c = *p;
         if (all || (c->stream == stream && c->done_ns <= now)) {
             for (size_t row = 0; row < c->height; row++)
-                memcpy(c->dst + row * c->pitch, c->data + row * c->width, c->width);
+                memcpy(c->dst + row * c->pitch, c->src + row * c->src_pitch, c->width);
             *p = c->next;
             free(c);
             continue;
@@ -980,20 +987,24 @@ static int settle_copies(CUstream stream, long long now, int all)
 }
 
 /* Queue a delayed copy; 0 when it cannot be (out of memory: the copy is made at once instead). */
-static int delay_copy(CUstream stream, const struct side *src, const struct side *dst, size_t width, size_t height)
+static int delay_copy(CUstream stream, const struct side *src, const struct side *dst, size_t width, size_t height,
+                      long long delay_ns, int snapshot)
 {
-    struct pending_copy *c = malloc(sizeof(*c) + width * height);
+    struct pending_copy *c = malloc(sizeof(*c) + (snapshot ? width * height : 0));
     if (c == NULL)
         return 0;
     long long now = fake__now_ns(), last = pending_done(stream);
     c->stream = stream;
-    c->done_ns = (last > now ? last : now) + d2h_delay_ns;
+    c->done_ns = (last > now ? last : now) + delay_ns;
     c->dst = dst->first;
     c->pitch = dst->pitch;
+    c->src = snapshot ? c->data : src->first;
+    c->src_pitch = snapshot ? width : src->pitch;
     c->width = width;
     c->height = height;
     for (size_t row = 0; row < height; row++) {
-        memcpy(c->data + row * width, src->first + row * src->pitch, width);
+        if (snapshot)
+            memcpy(c->data + row * width, src->first + row * src->pitch, width);
         memset(dst->first + row * dst->pitch, 0xEE, width);
     }
     struct pending_copy **tail = &pending_copies;
@@ -1335,9 +1346,13 @@ static CUresult copy_2d(const char *call, const CUDA_MEMCPY2D *copy, CUstream st
             status = copy_side(call, "destination", copy->dstMemoryType, copy->dstHost, copy->dstDevice,
                                copy->dstArray, copy->dstXInBytes, copy->dstY, copy->dstPitch, copy->WidthInBytes,
                                copy->Height, &dst);
-        if (status == CUDA_SUCCESS && !(queued && d2h_delay_ns && copy->dstMemoryType == 1 /* host */ &&
-                                        copy->srcMemoryType != 1 &&
-                                        delay_copy(stream, &src, &dst, copy->WidthInBytes, copy->Height)))
+        int d2h = copy->dstMemoryType == 1 /* host */ && copy->srcMemoryType != 1;
+        int h2d = copy->srcMemoryType == 1 && copy->dstMemoryType == 2 /* device */;
+        if (status == CUDA_SUCCESS &&
+            !(queued && d2h && d2h_delay_ns && delay_copy(stream, &src, &dst, copy->WidthInBytes, copy->Height,
+                                                           d2h_delay_ns, 1)) &&
+            !(queued && h2d && h2d_delay_ns && delay_copy(stream, &src, &dst, copy->WidthInBytes, copy->Height,
+                                                           h2d_delay_ns, 0)))
             for (size_t row = 0; row < copy->Height; row++)
                 memmove(dst.first + row * dst.pitch, src.first + row * src.pitch, copy->WidthInBytes);
     }

@@ -473,3 +473,19 @@ def test_a_frame_is_sent_only_once_its_slow_copy_to_staging_is_done(cluster, env
     assert seqs == list(range(seqs[0], seqs[0] + 40))
     seqs = [m["seq"] for m in latest.got()]
     assert seqs == sorted(set(seqs))
+
+
+def test_a_window_buffer_is_credited_only_once_its_slow_copy_to_the_pool_is_done(cluster, env):
+    # The remote subscribers' H2D copies each end 4 ms after their stream's previous one and read
+    # the window buffer only then (the stand-in): a credit sent before the copy ended lets the
+    # relay send the next frame into that buffer first, and the pool gets its bytes.
+    cluster.publisher(rate=300)
+    _, address = cluster.relay("--qos", "every", "--queue", "8", "--every-timeout", "5")
+    slow = {**env, "FAKE_H2D_DELAY_US": "4000"}
+    every = cluster.subscriber(address, "--qos", "every", "--queue", "2", "--count", "40", env=slow)
+    latest = cluster.subscriber(address, "--qos", "latest", "--count", "15", env=slow)
+    for peer in (every, latest):
+        peer.wait_for(lambda m: m["event"] == "done")
+        _frames_ok(peer)
+    seqs = [m["seq"] for m in every.got()]
+    assert seqs == list(range(seqs[0], seqs[0] + 40))
