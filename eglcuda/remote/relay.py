@@ -456,6 +456,8 @@ class Relay:
             except Exception as exc:  # noqa: BLE001 - teardown goes on
                 log.warning("relay %s: giving back staged frames: %s", self.name, exc)
         self._closed = True
+        if self._staging is not None:
+            self._staging.settle()  # (its copies run on the local subscriber's stream)
         try:
             self._sub.close()
         finally:

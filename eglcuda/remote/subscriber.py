@@ -289,9 +289,13 @@ class RemoteFeed:
         return message
 
     def _copied(self, event: int) -> bool:
-        """Whether the H2D copy before ``event`` is done (asked on the engine's thread)."""
-        self._device.make_current()
-        return cuda.event_done(event, "asking whether a remote frame's copy is done")
+        """Whether the H2D copy before ``event`` is done (asked on the engine's thread; a closed
+        feed's copies ended before its events did)."""
+        with self._state:
+            if event not in self._copy_events:
+                return True
+            self._device.make_current()
+            return cuda.event_done(event, "asking whether a remote frame's copy is done")
 
     def _views_of(self, slot: int) -> SlotView:
         spec = self._spec
@@ -523,7 +527,8 @@ class RemoteFeed:
                 self._device.make_current()
                 cuda.stream_destroy(self._copy_stream)
                 self._copy_stream = None
-            events, self._copy_events = self._copy_events, []
+            with self._state:
+                events, self._copy_events = self._copy_events, []
             for event in events:
                 cuda.event_destroy(event)
         finally:

@@ -1245,16 +1245,17 @@ FAKE_EXPORT CUresult cuEventQuery(CUevent event)
         return status;
     fake__lock();
     struct fake_event *e = event_of(event);
-    if (e && e->done_ns && e->done_ns > fake__now_ns())
+    long long now = fake__now_ns();
+    if (e && e->done_ns > now) { /* (FAKE_*_DELAY_US: a copy before its record still runs) */
         status = CUDA_ERROR_NOT_READY;
-    else if (e && e->done_ns)
-        settle_copies(e->stream, fake__now_ns(), 0);
-    if (status == CUDA_ERROR_NOT_READY)
-        ;
-    else if (e && (e->holds & live_holds))
-        status = CUDA_ERROR_NOT_READY;
-    else if (busy_after_wait && ++event_queries % busy_after_wait == 0)
-        status = CUDA_ERROR_NOT_READY;
+    } else {
+        if (e && e->done_ns)
+            settle_copies(e->stream, now, 0);
+        if (e && (e->holds & live_holds))
+            status = CUDA_ERROR_NOT_READY;
+        else if (busy_after_wait && ++event_queries % busy_after_wait == 0)
+            status = CUDA_ERROR_NOT_READY;
+    }
     fake__unlock();
     return status;
 }
