@@ -371,6 +371,16 @@ def event_record(event: int, stream: int, doing: str = "") -> None:
     check(lib.cuEventRecord(ffi.cast("CUevent", event), ffi.cast("CUstream", stream)), "cuEventRecord", doing)
 
 
+def event_done(event: int, doing: str = "") -> bool:
+    """Whether the work before ``event``'s last record is done (``cuEventQuery``), in the current
+    context; other answers than "not ready" raise."""
+    status = lib.cuEventQuery(ffi.cast("CUevent", event))
+    if status == lib.CUDA_ERROR_NOT_READY:
+        return False
+    check(status, "cuEventQuery", doing)
+    return True
+
+
 def event_destroy(event: int) -> int:
     """``cuEventDestroy``; returns the driver's status (finalizers ignore it)."""
     return lib.cuEventDestroy(ffi.cast("CUevent", event))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import logging
 import os
 import socket
 import threading
@@ -29,6 +30,8 @@ from . import _ucx, keys, wire
 from .buffers import Pinned
 from .session import AuthenticationFailed, FrameMode, Handshake
 from .wire import BEAT_S, DISCONNECTED, LATEST_WINDOW
+
+log = logging.getLogger("eglcuda.remote")
 
 FIRST_WORD_S = 1.0  # how long a new connection waits for the relay's first message before another is made
 FRESH_NS = 50_000_000  # a frame this much later than the way's delay is old whatever the frame period
@@ -142,6 +145,11 @@ class Receiver:
         # thread (under _cond); _crediting: a hand-over is queued (it takes all owed by then).
         self._owed = 0
         self._crediting = False
+        # Buffers an H2D copy still reads, each with what says it ended, in the copies' order
+        # (under _cond); _watching: the engine looks at them (a look is queued or will be).
+        self._copying: collections.deque[tuple[int, Callable[[], bool]]] = collections.deque()
+        self._watching = False
+        self._copy_since = 0.0  # (engine) when it first found the oldest copy still running
         self.lost: BaseException | None = None  # what ended the link
         self._heard = time.monotonic()
         self._tasks: list[asyncio.Future[Any]] = []
@@ -219,6 +227,19 @@ class Receiver:
             hop = self._owe(1)
         if hop:
             self._hand_credit()
+
+    def give_back_when(self, index: int, copied: Callable[[], bool]) -> None:
+        """As :meth:`give_back` once ``copied()`` says the copy reading buffer ``index`` ended:
+        the engine's thread asks, and credits the relay as soon as it did."""
+        with self._cond:
+            self._copying.append((index, copied))
+            hop = not self._watching
+            self._watching = True
+        if hop:
+            try:
+                self._loop.call_soon_threadsafe(self._watch_copies)
+            except RuntimeError:  # (the engine stopped: the process is exiting)
+                pass
 
     def state(self) -> bool | BaseException:
         """Whether a frame is there to take (True), else the error that ended the link, else False."""
@@ -427,6 +448,39 @@ class Receiver:
             await self.ep.send(wire.encode_control(self.ep.session, kind, count), wire.CONTROL_TAG)
         except Exception:  # noqa: BLE001 - the reader hears of it
             pass
+
+    def _watch_copies(self) -> None:
+        """Give back the buffers whose copies ended, in order, and credit the relay for them.
+        While one runs (an H2D copy takes 0.01-0.2 ms) the loop looks again at its next turn,
+        after what else is ready; after 2 ms of one, every millisecond."""
+        freed = 0
+        while True:
+            with self._cond:
+                if not self._copying:
+                    self._watching = False
+                    break
+                index, copied = self._copying[0]
+            try:
+                done = copied()
+            except Exception as exc:  # noqa: BLE001 - the user's thread hears of a failed copy itself
+                log.debug("remote topic %s: a copy's end unknown: %s", self._terms.name, exc)
+                done = True
+            if not done:
+                now = time.monotonic()
+                if not self._copy_since:
+                    self._copy_since = now
+                if now - self._copy_since < 0.002:
+                    self._loop.call_soon(self._watch_copies)
+                else:
+                    self._loop.call_later(0.001, self._watch_copies)
+                break
+            self._copy_since = 0.0
+            with self._cond:
+                self._copying.popleft()
+                self._free.append(index)
+            freed += 1
+        if freed:
+            self._give_credit(freed)
 
     def _give_owed(self) -> None:
         with self._cond:

@@ -4,20 +4,32 @@ sends still read each one, and the count of frames its remote subscribers can ta
 
 Two threads use it: the relay's local thread stages frames (:meth:`Staging.stage`, which copies
 a frame only when some remote subscriber has room for it), the UCX engine's thread counts the
-room (:meth:`Staging.set_room`) and gives buffers back as their sends end (:meth:`Staging.unref`).
+room (:meth:`Staging.set_room`), asks whether a staged frame's copy is done
+(:meth:`Staging.copied`) before any send reads it, and gives buffers back as their sends end
+(:meth:`Staging.unref`).
+
+The local thread does not wait for a copy whose bytes nobody on the host reads before the send
+(frames="plain": the seal covers the header, written by the host): it records the buffer's event
+after the copy and goes back for the next frame, so that several frames can be in copy at once.
+A seal over the frame's bytes (frames="integrity" or "encrypted") needs them on the host: then the
+local thread waits for the copy, as it must before sealing.
 """
 from __future__ import annotations
 
 import collections
+import logging
 import threading
 import time
 from typing import Any
 
 from .._bind import cuda
 from ..cuda_device import CudaDevice
+from ..errors import EglCudaError
 from . import wire
 from .buffers import Pinned
-from .session import FrameSeal
+from .session import FrameMode, FrameSeal
+
+log = logging.getLogger("eglcuda.remote")
 
 STAGING = 12  # staging buffers of a relay (frames between its D2H copy and the end of their sends)
 
@@ -33,6 +45,8 @@ class Staging:
         self._seal = seal
         self._wait = wait
         self._ring: Pinned | None = None
+        self._events: list[int] = []  # each buffer's: recorded after its copy (pipelined copies)
+        self._pipelined = seal.mode is FrameMode.PLAIN  # (a seal over the frame's bytes waits for them)
         self._refs: dict[int, int] = {}  # sends still reading each buffer (engine's thread)
         # Free buffers: taken by the local thread, given back by the engine's (a lock held for a
         # deque's step, and a notify only while an 'every' relay's local thread waits for one).
@@ -57,15 +71,22 @@ class Staging:
         if old is not None:
             old.close()
         self._ring = Pinned(self._device, STAGING, size, what)
+        if self._pipelined and not self._events:
+            self._device.make_current()
+            for _ in range(STAGING):
+                self._events.append(cuda.event_create())
         with self._free_cond:
             self._free = collections.deque(range(STAGING))
         self._refs = {}
 
     # ---- the local thread ------------------------------------------------------------------------
     def stage(self, message: Any) -> int | None:
-        """Copy ``message``'s frame into a free buffer and seal it; its index (None: skipped,
-        nobody has room or no buffer is free). A staged frame counts against the room until the
-        engine dispatched it (:meth:`set_room`'s ``dispatched``)."""
+        """Queue the copy of ``message``'s frame into a free buffer and seal it; its index (None:
+        skipped, nobody has room or no buffer is free). The copy may still run when this returns:
+        nothing sends from the buffer before :meth:`copied` says so; ``message`` may be released
+        at once (its release is ordered after the copy, queued on the subscriber's stream). A
+        staged frame counts against the room until the engine dispatched it (:meth:`set_room`'s
+        ``dispatched``)."""
         if not self._reserve():
             return None  # nobody to send it to now: no copy
         index = self._take()
@@ -85,8 +106,12 @@ class Staging:
                 cuda.copy_2d(self._stream, plane._location(), ("host", out[at:at + size], g.row_bytes), g.row_bytes,
                              g.height, False)
                 at += size
-            cuda.stream_synchronize(self._stream, "copying a frame to a relay's staging buffer")
-            self._seal.seal(out)  # (the frame's seal: header always; its bytes too, or encrypted: frames=)
+            if self._pipelined:
+                self._seal.seal(out)  # (the header's seal: the host's bytes, not the copy's)
+                cuda.event_record(self._events[index], self._stream, "marking a relay's staging copy")
+            else:
+                cuda.stream_synchronize(self._stream, "copying a frame to a relay's staging buffer")
+                self._seal.seal(out)  # (a seal over the frame's bytes too, or encrypted: frames=)
         except BaseException:
             self._give(index)
             self._unreserve()
@@ -140,6 +165,13 @@ class Staging:
         return True
 
     # ---- the engine's thread ---------------------------------------------------------------------
+    def copied(self, index: int) -> bool:
+        """Whether the copy into buffer ``index`` (staged) is done: its bytes may be sent."""
+        if not self._pipelined:
+            return True  # (stage() waited for it)
+        self._device.make_current()
+        return cuda.event_done(self._events[index], "asking whether a relay's staging copy is done")
+
     def set_room(self, room: int, dispatched: int = 0) -> None:
         """The most frames one remote subscriber can take now; with ``dispatched``, that many of
         the frames staged were dispatched (counted in the same step, so that the room the local
@@ -183,5 +215,16 @@ class Staging:
             return True
         if not self.sends_ended(timeout):
             return False
+        events, self._events = self._events, []
+        for event in events:
+            cuda.event_destroy(event)
         ring.close()
         return True
+
+    def settle(self) -> None:
+        """Wait for the copies queued (before the stream they run on ends: no copy into freed memory)."""
+        try:
+            self._device.make_current()
+            cuda.stream_synchronize(self._stream, "closing a relay's staging")
+        except EglCudaError as exc:  # pragma: no cover - a failed device: teardown goes on
+            log.warning("a relay's staging copies did not end: %s", exc)

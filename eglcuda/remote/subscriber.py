@@ -9,9 +9,10 @@ Threads: the shared UCX engine (_ucx.py; its side is receiver.py) receives each 
 page-locked host buffer of the window (the relay sends only as many frames as this side gave
 credit for) and sends credits and beats; :meth:`RemoteFeed.receive` (the user's thread) copies
 the frame host -> device into a free pool slot on a copy stream that first waits for the
-subscriber's stream (where releases joined every reader of the slot, docs/ordering.md), waits
-for the copy, gives the host buffer back (its credit), and hands out a
-:class:`eglcuda.topics.SlotView` of the slot.
+subscriber's stream (where releases joined every reader of the slot, docs/ordering.md), records
+an event after the copy and hands the host buffer to the engine (which gives it back, with its
+credit, as soon as that event says the copy is done, while this thread waits for the copy too),
+then hands out a :class:`eglcuda.topics.SlotView` of the slot.
 """
 from __future__ import annotations
 
@@ -113,6 +114,7 @@ class RemoteFeed:
         self._free_slots: collections.deque[int] = collections.deque()
         self._spec: _ViewSpec | None = None
         self._copy_stream: int | None = None
+        self._copy_events: list[int] = []  # one per window buffer: recorded after the H2D copy from it
         self.info: TopicInfo | None = None
         self._backend = CudaSubscriberBackend(device, None, cuda_stream)
         if self._backend.device is None:  # pragma: no cover - a CUDA subscriber always has one
@@ -261,19 +263,39 @@ class RemoteFeed:
                 cuda.copy_2d(copy, ("host", source[at:at + size], g.row_bytes), ("device", view._base + offset, g.pitch),
                              g.row_bytes, g.height, False)
                 at += size
-            cuda.stream_synchronize(copy, "copying a remote frame into the subscriber's pool")
+            while len(self._copy_events) <= index:
+                self._copy_events.append(cuda.event_create())
+            event = self._copy_events[index]
+            cuda.event_record(event, copy, "marking a remote frame's copy into the subscriber's pool")
         except BaseException:
             with self._state:
                 self._free_slots.appendleft(slot)
             link.give_back(index)
             raise
-        link.give_back(index)
+        # The engine gives the buffer back (its credit to the relay) once the copy is done, not
+        # after this thread woke from its wait and handed it over.
+        link.give_back_when(index, lambda: self._copied(event))
+        try:
+            cuda.stream_synchronize(copy, "copying a remote frame into the subscriber's pool")
+        except BaseException:
+            with self._state:
+                self._free_slots.appendleft(slot)
+            raise
         skipped = 0 if self._last_seq is None else max(0, seq - self._last_seq - 1)
         self._last_seq = seq
         message = Message(self, view, protocol.Frame(seq, slot, timestamp_ns, 0, payload), skipped, None)
         with self._state:
             self._held.add(message)
         return message
+
+    def _copied(self, event: int) -> bool:
+        """Whether the H2D copy before ``event`` is done (asked on the engine's thread; a closed
+        feed's copies ended before its events did)."""
+        with self._state:
+            if event not in self._copy_events:
+                return True
+            self._device.make_current()
+            return cuda.event_done(event, "asking whether a remote frame's copy is done")
 
     def _views_of(self, slot: int) -> SlotView:
         spec = self._spec
@@ -505,6 +527,10 @@ class RemoteFeed:
                 self._device.make_current()
                 cuda.stream_destroy(self._copy_stream)
                 self._copy_stream = None
+            with self._state:
+                events, self._copy_events = self._copy_events, []
+            for event in events:
+                cuda.event_destroy(event)
         finally:
             self._backend.close()
             if self._loop is not None:

@@ -48,13 +48,14 @@ def path():
 
 
 def _run(env, path, tls: str, subscribers: list[list[str]], relay_args=(), publisher_device: int = 0,
-         width: int = 1920, height: int = 1080, fmt: str = "NV12", rate: float = 120.0, seed: int = 9):
+         width: int = 1920, height: int = 1080, fmt: str = "NV12", rate: float = 120.0, seed: int = 9,
+         pool: int = 8):
     env = {**env, "UCX_TLS": tls}
     peers = []
     try:
         publisher = Peer(env, TOPICS_PEER, "publish", "--name", "t", "--path", path, "--width", str(width),
                          "--height", str(height), "--format", fmt, "--frames", "0", "--rate", str(rate), "--seed",
-                         str(seed), "--device", str(publisher_device))
+                         str(seed), "--device", str(publisher_device), "--pool", str(pool))
         peers.append(publisher)
         publisher.wait_for(lambda m: m["event"] == "ready")
         relay = Peer(env, REMOTE_PEER, "relay", "--name", "t", "--path", path, "--device", str(publisher_device),
@@ -98,6 +99,19 @@ def test_remote_subscribers_every_byte_1080p(env, path, tls):
 def test_remote_other_formats(env, path, fmt):
     _run(env, path, TLS["tcp"], [["--qos", "every", "--count", "20"]], width=1280, height=720, fmt=fmt,
          relay_args=("--qos", "every"))
+
+
+@pytest.mark.parametrize("frames", ["plain", "integrity"])
+def test_a_relay_that_does_not_wait_for_its_copies_reads_every_byte_first(env, path, frames):
+    """The relay releases each frame as soon as its D2H copy is queued, and sends it once the copy
+    is done: a publisher flat out with a pool of 2 writes a slot again right after the release,
+    so a copy not ordered before that write, or a send before its copy ended, gives wrong bytes."""
+    results = _run(env, path, TLS["tcp"], [["--qos", "every", "--queue", "4", "--count", "200", "--frames", frames],
+                                           ["--qos", "latest", "--count", "60", "--frames", frames]],
+                   relay_args=("--qos", "latest", "--frames", frames), rate=0.0, pool=2)
+    for _, got in results:
+        seqs = [m["seq"] for m in got]
+        assert seqs == sorted(set(seqs))
 
 
 def test_release_orders_the_next_copy_after_the_readers(env, path):

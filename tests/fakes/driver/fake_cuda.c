@@ -94,6 +94,8 @@ struct fake_event {
     struct fake_event *next;
     unsigned int flags;
     long long recorded_ns; /* 0: never recorded */
+    long long done_ns;     /* FAKE_D2H_DELAY_US: when the copies before its last record are done */
+    CUstream stream;       /* ... queued on this stream */
     uint32_t id;           /* names it in an interprocess handle */
     uint32_t holds;        /* the fake_cuda_hold holds its last record is behind */
 };
@@ -130,6 +132,8 @@ static long skip_memset32_at = -1;  /* FAKE_SKIP_FILL_AT */
 static int fail_stream = -1;        /* FAKE_FAIL_STREAM, FAKE_FAIL_AT */
 static long fail_at = -1;
 static int print_stats;             /* FAKE_STATS */
+static long long d2h_delay_ns;      /* FAKE_D2H_DELAY_US */
+static long long h2d_delay_ns;      /* FAKE_H2D_DELAY_US */
 
 __attribute__((constructor)) static void fake_cuda_load(void)
 {
@@ -159,6 +163,12 @@ __attribute__((constructor)) static void fake_cuda_load(void)
         fail_stream = atoi(value);
         fail_at = atol(getenv("FAKE_FAIL_AT"));
     }
+    value = getenv("FAKE_D2H_DELAY_US");
+    if (value && *value)
+        d2h_delay_ns = strtoll(value, NULL, 0) * 1000ll;
+    value = getenv("FAKE_H2D_DELAY_US");
+    if (value && *value)
+        h2d_delay_ns = strtoll(value, NULL, 0) * 1000ll;
     value = getenv("FAKE_STATS");
     print_stats = value && atoi(value) != 0;
     value = getenv("FAKE_CUDA_VMM_GRANULARITY");
@@ -635,12 +645,15 @@ FAKE_EXPORT CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *dptr, void *p, un
     return status;
 }
 
+static int settle_copies(CUstream stream, long long now, int all);
+
 static CUresult free_allocation(const char *call, uintptr_t address, int host)
 {
     CUresult status = need_context(call);
     if (status)
         return status;
     fake__lock();
+    settle_copies(NULL, 0, 1); /* (no copy writes into freed memory) */
     struct alloc *a = find_base(address);
     if (a == NULL || (a->kind == KIND_HOST) != host || a->kind > KIND_MANAGED) {
         fake__misuse("%s: 0x%lx is not a live %s allocation", call, (unsigned long)address,
@@ -919,6 +932,99 @@ static void count_call(unsigned long *counter)
     }
 }
 
+struct side {
+    unsigned char *first; /* the first byte of the first row */
+    size_t pitch;
+};
+
+/* FAKE_D2H_DELAY_US=N: a device -> host cuMemcpy2DAsync is done N us after the stream's copies
+ * before it, as a real one runs after the host call returned. Its source is read when it is
+ * queued; its destination holds 0xEE bytes until the copy is done, which the host learns from
+ * cuStreamSynchronize, cuStreamQuery, or cuEventQuery / cuEventSynchronize of an event recorded
+ * after it (a caller that reads the bytes sooner reads 0xEE). Freeing host memory or destroying a
+ * stream finishes every pending copy first. FAKE_H2D_DELAY_US=N: the same for a host -> device
+ * one, which reads its host source when it is done (a caller that writes the source again sooner
+ * changes what arrives). Lock held in each of these. */
+struct pending_copy {
+    struct pending_copy *next;
+    CUstream stream;
+    long long done_ns;
+    unsigned char *dst;
+    const unsigned char *src; /* read when done: the snapshot in data, or the host source (H2D) */
+    size_t pitch, src_pitch, width, height;
+    unsigned char data[];
+};
+static struct pending_copy *pending_copies;
+
+/* When the last copy pending on `stream` is done (0: none is pending). */
+static long long pending_done(CUstream stream)
+{
+    long long last = 0;
+    for (struct pending_copy *c = pending_copies; c; c = c->next)
+        if (c->stream == stream && c->done_ns > last)
+            last = c->done_ns;
+    return last;
+}
+
+/* Finish the copies of `stream` done by `now` (every stream's with `all`); whether one is left on it. */
+static int settle_copies(CUstream stream, long long now, int all)
+{
+    int left = 0;
+    for (struct pending_copy **p = &pending_copies; *p;) {
+        struct pending_copy *c = *p;
+        if (all || (c->stream == stream && c->done_ns <= now)) {
+            for (size_t row = 0; row < c->height; row++)
+                memcpy(c->dst + row * c->pitch, c->src + row * c->src_pitch, c->width);
+            *p = c->next;
+            free(c);
+            continue;
+        }
+        if (c->stream == stream)
+            left = 1;
+        p = &c->next;
+    }
+    return left;
+}
+
+/* Queue a delayed copy; 0 when it cannot be (out of memory: the copy is made at once instead). */
+static int delay_copy(CUstream stream, const struct side *src, const struct side *dst, size_t width, size_t height,
+                      long long delay_ns, int snapshot)
+{
+    struct pending_copy *c = malloc(sizeof(*c) + (snapshot ? width * height : 0));
+    if (c == NULL)
+        return 0;
+    long long now = fake__now_ns(), last = pending_done(stream);
+    c->stream = stream;
+    c->done_ns = (last > now ? last : now) + delay_ns;
+    c->dst = dst->first;
+    c->pitch = dst->pitch;
+    c->src = snapshot ? c->data : src->first;
+    c->src_pitch = snapshot ? width : src->pitch;
+    c->width = width;
+    c->height = height;
+    for (size_t row = 0; row < height; row++) {
+        if (snapshot)
+            memcpy(c->data + row * width, src->first + row * src->pitch, width);
+        memset(dst->first + row * dst->pitch, 0xEE, width);
+    }
+    struct pending_copy **tail = &pending_copies;
+    while (*tail)
+        tail = &(*tail)->next;
+    c->next = NULL;
+    *tail = c;
+    return 1;
+}
+
+/* Wait (the lock let go meanwhile) until the copies of `stream` up to `done_ns` are done. */
+static void wait_copies(CUstream stream, long long done_ns)
+{
+    if (done_ns == 0)
+        return;
+    while (fake__now_ns() < done_ns)
+        fake__wait_until(done_ns);
+    settle_copies(stream, fake__now_ns(), 0);
+}
+
 FAKE_EXPORT CUresult cuStreamCreate(CUstream *out, unsigned int flags)
 {
     FAKE_ENTER("cuStreamCreate", return fake_fault_);
@@ -951,6 +1057,7 @@ FAKE_EXPORT CUresult cuStreamDestroy_v2(CUstream stream)
     if (status)
         return status;
     fake__lock();
+    settle_copies(NULL, 0, 1); /* (its copies end before it does) */
     status = CUDA_ERROR_INVALID_HANDLE;
     for (struct fake_cu_stream **p = &cu_streams; *p; p = &(*p)->next)
         if (*p == (struct fake_cu_stream *)stream) {
@@ -970,8 +1077,10 @@ FAKE_EXPORT CUresult cuStreamSynchronize(CUstream stream)
 {
     FAKE_ENTER("cuStreamSynchronize", return fake_fault_);
     CUresult status = enter_with_stream("cuStreamSynchronize", stream);
-    if (status == CUDA_SUCCESS)
+    if (status == CUDA_SUCCESS) {
+        wait_copies(stream, pending_done(stream));
         fake__unlock();
+    }
     return status;
 }
 
@@ -981,7 +1090,7 @@ FAKE_EXPORT CUresult cuStreamQuery(CUstream stream)
     CUresult status = enter_with_stream("cuStreamQuery", stream);
     if (status)
         return status;
-    if (holds_of(stream)) {
+    if (holds_of(stream) || settle_copies(stream, fake__now_ns(), 0)) {
         status = CUDA_ERROR_NOT_READY;
     } else {
         if (waited && busy_after_wait && ++queries_after_wait % busy_after_wait == 0)
@@ -1090,6 +1199,8 @@ FAKE_EXPORT CUresult cuEventRecord(CUevent event, CUstream stream)
         status = CUDA_ERROR_INVALID_HANDLE;
     } else {
         e->recorded_ns = fake__now_ns();
+        e->done_ns = pending_done(stream);
+        e->stream = stream;
         e->holds = holds_of(stream);
         busy_queries = 0; /* the stream's queued work "ran" behind the record */
         count_call(&records);
@@ -1115,7 +1226,15 @@ static CUresult event_check(const char *call, CUevent event)
 FAKE_EXPORT CUresult cuEventSynchronize(CUevent event)
 {
     FAKE_ENTER("cuEventSynchronize", return fake_fault_);
-    return event_check("cuEventSynchronize", event);
+    CUresult status = event_check("cuEventSynchronize", event);
+    if (status == CUDA_SUCCESS && d2h_delay_ns) {
+        fake__lock();
+        struct fake_event *e = event_of(event);
+        if (e)
+            wait_copies(e->stream, e->done_ns);
+        fake__unlock();
+    }
+    return status;
 }
 
 FAKE_EXPORT CUresult cuEventQuery(CUevent event)
@@ -1126,10 +1245,17 @@ FAKE_EXPORT CUresult cuEventQuery(CUevent event)
         return status;
     fake__lock();
     struct fake_event *e = event_of(event);
-    if (e && (e->holds & live_holds))
+    long long now = fake__now_ns();
+    if (e && e->done_ns > now) { /* (FAKE_*_DELAY_US: a copy before its record still runs) */
         status = CUDA_ERROR_NOT_READY;
-    else if (busy_after_wait && ++event_queries % busy_after_wait == 0)
-        status = CUDA_ERROR_NOT_READY;
+    } else {
+        if (e && e->done_ns)
+            settle_copies(e->stream, now, 0);
+        if (e && (e->holds & live_holds))
+            status = CUDA_ERROR_NOT_READY;
+        else if (busy_after_wait && ++event_queries % busy_after_wait == 0)
+            status = CUDA_ERROR_NOT_READY;
+    }
     fake__unlock();
     return status;
 }
@@ -1155,11 +1281,6 @@ FAKE_EXPORT CUresult cuEventElapsedTime(float *ms, CUevent start, CUevent end)
 }
 
 /* ---- copies ------------------------------------------------------------------------------- */
-struct side {
-    unsigned char *first; /* the first byte of the first row */
-    size_t pitch;
-};
-
 /* One end of a 2D copy, checked; lock held. */
 static CUresult copy_side(const char *call, const char *which, int type, const void *host, CUdeviceptr device,
                           CUarray array, size_t x, size_t y, size_t pitch, size_t width, size_t height,
@@ -1211,7 +1332,7 @@ static CUresult copy_side(const char *call, const char *which, int type, const v
     }
 }
 
-static CUresult copy_2d(const char *call, const CUDA_MEMCPY2D *copy, CUstream stream)
+static CUresult copy_2d(const char *call, const CUDA_MEMCPY2D *copy, CUstream stream, int queued)
 {
     CUresult status = enter_with_stream(call, stream);
     if (status)
@@ -1226,7 +1347,13 @@ static CUresult copy_2d(const char *call, const CUDA_MEMCPY2D *copy, CUstream st
             status = copy_side(call, "destination", copy->dstMemoryType, copy->dstHost, copy->dstDevice,
                                copy->dstArray, copy->dstXInBytes, copy->dstY, copy->dstPitch, copy->WidthInBytes,
                                copy->Height, &dst);
-        if (status == CUDA_SUCCESS)
+        int d2h = copy->dstMemoryType == 1 /* host */ && copy->srcMemoryType != 1;
+        int h2d = copy->srcMemoryType == 1 && copy->dstMemoryType == 2 /* device */;
+        if (status == CUDA_SUCCESS &&
+            !(queued && d2h && d2h_delay_ns && delay_copy(stream, &src, &dst, copy->WidthInBytes, copy->Height,
+                                                           d2h_delay_ns, 1)) &&
+            !(queued && h2d && h2d_delay_ns && delay_copy(stream, &src, &dst, copy->WidthInBytes, copy->Height,
+                                                           h2d_delay_ns, 0)))
             for (size_t row = 0; row < copy->Height; row++)
                 memmove(dst.first + row * dst.pitch, src.first + row * src.pitch, copy->WidthInBytes);
     }
@@ -1237,13 +1364,13 @@ static CUresult copy_2d(const char *call, const CUDA_MEMCPY2D *copy, CUstream st
 FAKE_EXPORT CUresult cuMemcpy2D_v2(const CUDA_MEMCPY2D *copy)
 {
     FAKE_ENTER("cuMemcpy2D", return fake_fault_);
-    return copy_2d("cuMemcpy2D", copy, NULL);
+    return copy_2d("cuMemcpy2D", copy, NULL, 0);
 }
 
 FAKE_EXPORT CUresult cuMemcpy2DAsync_v2(const CUDA_MEMCPY2D *copy, CUstream stream)
 {
     FAKE_ENTER("cuMemcpy2DAsync", return fake_fault_);
-    return copy_2d("cuMemcpy2DAsync", copy, stream);
+    return copy_2d("cuMemcpy2DAsync", copy, stream, 1);
 }
 
 FAKE_EXPORT CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char value, size_t count, CUstream stream)

@@ -453,3 +453,39 @@ def test_a_remote_subscriber_waits_through_a_wait_set_and_asyncio(cluster, wait)
     _frames_ok(sub)
     first = [m["seq"] for m in sub.got()[:count]]
     assert first == list(range(first[0], first[0] + count))
+
+
+@pytest.mark.parametrize("frames", ["plain", "integrity"])
+def test_a_frame_is_sent_only_once_its_slow_copy_to_staging_is_done(cluster, env, frames):
+    # The relay's D2H copies each end 4 ms after the stream's previous one (the stand-in writes
+    # 0xEE bytes until then): the local thread goes on while they run (plain) or waits for each
+    # before the seal reads it (integrity); a frame sent before its copy ended arrives as 0xEE
+    # bytes or fails its seal. Lossless: 'every' end to end with the smallest queue.
+    cluster.publisher(rate=200)
+    relay, address = cluster.relay("--qos", "every", "--queue", "1", "--every-timeout", "5", "--frames", frames,
+                                   env={**env, "FAKE_D2H_DELAY_US": "4000"})
+    every = cluster.subscriber(address, "--qos", "every", "--queue", "1", "--count", "40", "--frames", frames)
+    latest = cluster.subscriber(address, "--qos", "latest", "--count", "15", "--frames", frames)
+    for peer in (every, latest):
+        peer.wait_for(lambda m: m["event"] == "done")
+        _frames_ok(peer)
+    seqs = [m["seq"] for m in every.got()]
+    assert seqs == list(range(seqs[0], seqs[0] + 40))
+    seqs = [m["seq"] for m in latest.got()]
+    assert seqs == sorted(set(seqs))
+
+
+def test_a_window_buffer_is_credited_only_once_its_slow_copy_to_the_pool_is_done(cluster, env):
+    # The remote subscribers' H2D copies each end 4 ms after their stream's previous one and read
+    # the window buffer only then (the stand-in): a credit sent before the copy ended lets the
+    # relay send the next frame into that buffer first, and the pool gets its bytes.
+    cluster.publisher(rate=300)
+    _, address = cluster.relay("--qos", "every", "--queue", "8", "--every-timeout", "5")
+    slow = {**env, "FAKE_H2D_DELAY_US": "4000"}
+    every = cluster.subscriber(address, "--qos", "every", "--queue", "2", "--count", "40", env=slow)
+    latest = cluster.subscriber(address, "--qos", "latest", "--count", "15", env=slow)
+    for peer in (every, latest):
+        peer.wait_for(lambda m: m["event"] == "done")
+        _frames_ok(peer)
+    seqs = [m["seq"] for m in every.got()]
+    assert seqs == list(range(seqs[0], seqs[0] + 40))
