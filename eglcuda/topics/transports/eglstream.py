@@ -28,6 +28,10 @@ if TYPE_CHECKING:
 
 EGLSTREAM = "eglstream"
 ACQUIRE_STEP_US = 200_000
+# An announced frame is on its way through the driver's cross-process stream: a receive whose
+# deadline has passed (receive(timeout=0), a wait set's "message") waits this long for it, so
+# that "announced" means "received" without a Timeout from the hand-over's latency.
+ANNOUNCED_GRACE_S = 0.05
 _LOCAL = b"local:"
 _local_streams: "weakref.WeakValueDictionary[bytes, Any]" = weakref.WeakValueDictionary()
 
@@ -226,6 +230,7 @@ class EglStreamSubscriber(SubscriberTransport):
         if consumer is None:
             raise ClosedError("the subscriber's EGLStream consumer is not connected (attach() not done, or closed)")
         tried = False
+        deadline = max(deadline, time.monotonic() + ANNOUNCED_GRACE_S)
         while True:
             left_us = int((deadline - time.monotonic()) * 1e6)
             if left_us <= 0 and tried:
@@ -233,9 +238,7 @@ class EglStreamSubscriber(SubscriberTransport):
             tried = True
             try:
                 # In steps of at most 200 ms: a GL consumer sets the stream's timeout attribute
-                # whenever the value changes, so a steady value saves an EGL call per frame. A
-                # deadline already passed (receive(timeout=0), a wait set's ready subscriber) still
-                # asks once: the frame announced is on the stream by now, or nearly.
+                # whenever the value changes, so a steady value saves an EGL call per frame.
                 got = consumer.acquire(timeout_us=max(0, min(left_us, ACQUIRE_STEP_US)))
             except Timeout:
                 if stop is not None and stop():
