@@ -168,6 +168,8 @@ def test_a_killed_publisher_is_an_error_event_and_the_others_go_on(folder, trans
                                 errors.append(exc)
                                 waits.detach(event.attachment)
                                 continue
+                            except eglcuda.Timeout:
+                                continue  # (killed between announcing and presenting: the end comes next)
                             checked(message, 1, got)
                         else:
                             checked(event.source.receive(0), 1 if event.source is subs[0] else 2, got)
