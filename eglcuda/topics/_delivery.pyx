@@ -150,12 +150,18 @@ def forget(Member sub, list pool, object free):
 # ---- the per-frame steps ---------------------------------------------------------------------------
 
 def hand_out(list subs, Slot slot, object seq, bytes data, object stream, set recorded, unsigned long long
-             timestamp_ns=0, bytes payload=b""):
+             timestamp_ns=0, bytes payload=b"", double now=-1.0, double read_at=0.0, double interval=0.0):
     """Send the FRAME message ``data`` of ``slot`` (sequence ``seq``) to each live subscriber whose
     link is message-only and which may take it now: a ``latest`` subscriber below its credit, a
     slot it was described. Before a transport's first send, ``transport.on_publish(slot, stream)``
     runs once (unless the transport is in ``recorded``, to which it is added). A subscriber with a
     ring gets the frame (``timestamp_ns``, ``payload``) as a ring entry instead, when it fits one.
+
+    With ``now`` (``time.monotonic()``; the last read of the subscribers' messages at ``read_at``,
+    one due every ``interval``), a ``latest`` subscriber with a ring, at its credit, told of a skip
+    already, with no release in its ring or on its socket and no read due, skips the frame here
+    (its ``skipped`` count goes up): one that takes few frames of a fast topic costs the
+    publisher no Python and no system call a frame.
 
     Returns the live subscribers this did not serve, in order (another kind of link, at its
     credit, a new slot, a full or failed socket, a failed record: the publisher's Python path
@@ -173,8 +179,15 @@ def hand_out(list subs, Slot slot, object seq, bytes data, object stream, set re
     for sub in subs:
         if not sub.alive:
             continue
-        if (not sub.message_only or index not in sub.seen_slots
-                or (sub.latest and len(sub.outstanding) >= sub.credit)):
+        if sub.latest and len(sub.outstanding) >= sub.credit:
+            ring = sub.ring
+            if (ring is None or now < 0 or not sub.noticed or now - read_at >= interval
+                    or ring.releases_waiting() or ring.socket_news()):
+                others.append(sub)
+            else:
+                sub.skipped += 1
+            continue
+        if not sub.message_only or index not in sub.seen_slots:
             others.append(sub)
             continue
         transport = sub.link.transport
@@ -271,6 +284,15 @@ def collect(list subs, object free):
     return bad or []
 
 
+def note_sockets(list subs):
+    """The publisher is about to read its subscribers' sockets: each ring's count of releases
+    sent by socket is read up to now (see ``Ring.note_socket``)."""
+    cdef Member sub
+    for sub in subs:
+        if sub.ring is not None and sub.alive:
+            sub.ring.note_socket()
+
+
 def sleeping(list subs, bint on):
     """Set (``on``) or clear the publisher's "sleeps" flag in the live subscribers' rings; with
     ``on``, whether a release is already waiting in one (then it should not sleep)."""
@@ -328,14 +350,21 @@ def take_free(object free, object settled):
 def worth_a_read(list subs, double now, double read_at, double interval):
     """Whether the messages of the live ``latest`` subscribers of ``subs`` at their credit are worth
     reading before a frame is handed out: when there is one, and the last read (``read_at``) is
-    ``interval`` old, or one of them keeps up (the oldest frame it holds is younger than that: its
-    release may be on the way)."""
+    ``interval`` old, or one of them released a frame since (into its ring, or on its socket, as
+    its ring counts), or, for one without a ring, keeps up (the oldest frame it holds is younger
+    than ``interval``: its release may be on the way)."""
     cdef Member sub
+    cdef Ring ring
     for sub in subs:
         if not (sub.alive and sub.latest and len(sub.outstanding) >= sub.credit):
             continue
         if now - read_at >= interval:
             return True
+        ring = sub.ring
+        if ring is not None:
+            if ring.releases_waiting() or ring.socket_news():
+                return True
+            continue
         for slot in sub.outstanding.values():  # (the oldest first: entries are made in order)
             if now - (<Slot>slot).published_at < interval:
                 return True

@@ -10,6 +10,7 @@ cdef class Ring:
     cdef uint64_t taken  # the count this end reads up to: releases read (publisher), frames read (subscriber)
     cdef uint64_t peer_mine  # the other end's written count, as last read
     cdef uint64_t peer_taken  # the other end's read count, as last read
+    cdef uint64_t socket_count  # releases sent on the socket: sent (subscriber), read up to (publisher)
 
     cdef uint64_t *count(self, int at) noexcept nogil
     cdef uint32_t *flag(self, int at) noexcept nogil
@@ -22,3 +23,5 @@ cdef class Ring:
     cdef int push_marker(self) noexcept
     cdef int take_release(self, uint64_t *seq) noexcept
     cdef void wake(self, int fd) noexcept
+    cdef bint socket_news(self) noexcept
+    cdef bint releases_waiting(self) noexcept

@@ -191,13 +191,17 @@ class Connection:
             if ring is not None and not extra and not flags & protocol.RELEASE_RECORDED and ring.release(self.fd, seq,
                                                                                                     flags):
                 return
-            if _wire.send_release(self.fd, seq, flags, extra) != 1:
+            sent = _wire.send_release(self.fd, seq, flags, extra)
+            if sent != 1:
+                if sent == 0 and ring is not None:
+                    ring.sent_on_socket()  # (the publisher reads its socket when this count moves)
                 return
         self.unsent.append(protocol.encode_release(seq, flags, extra))
         self.send_queued()
 
     def send_queued(self) -> None:
         """Send queued releases; if the publisher's socket is full, they wait for the next call."""
+        ring = self.ring
         while self.unsent:
             try:
                 self.sock.send(self.unsent[0])
@@ -207,6 +211,8 @@ class Connection:
                 self.unsent.clear()
                 return
             self.unsent.popleft()
+            if ring is not None:
+                ring.sent_on_socket()
 
     def close(self) -> None:
         """Close the transport and the socket (held frames were let go of first)."""

@@ -85,6 +85,7 @@ class Delivery:
         # those awaited say the publisher sleeps (a release there then wakes it with a WAKE).
         if timeout > 0 and _delivery.sleeping(sleepers, True):
             timeout = 0.0  # (one came meanwhile)
+        _delivery.note_sockets(self.subs)  # (before the read: a release sent after it is news again)
         batch = _wire.drain(epoll.fileno(), timeout, self._inboxes, _READ_LIMIT)
         if timeout > 0:
             _delivery.sleeping(sleepers, False)
@@ -111,6 +112,8 @@ class Delivery:
     def _read(self, sub: Member) -> None:
         """Handle what one subscriber sent, up to what is waiting now."""
         inbox = sub.inbox
+        if sub.ring is not None:
+            sub.ring.note_socket()
         message = inbox.next()
         while message is not None and sub.alive:
             self._handle(sub, message)
@@ -357,7 +360,8 @@ class Delivery:
         index = slot.index
         # The common case compiled: a message-only subscriber that may take the frame now. The
         # rest (and any failure) comes back here.
-        others = _delivery.hand_out(self.subs, slot, seq, shared, stream, recorded, timestamp_ns, payload)
+        others = _delivery.hand_out(self.subs, slot, seq, shared, stream, recorded, timestamp_ns, payload,
+                                    time.monotonic(), self.read_at, _READ_INTERVAL)
         if not others:
             return
         fresh = False  # whether every subscriber's messages were read for this frame

@@ -5,13 +5,14 @@ take_free, worth_a_read, skip_full), on real sockets."""
 from __future__ import annotations
 
 import collections
+import os
 import random
 import socket
 import types
 
 import pytest
 
-from eglcuda.topics import _delivery, protocol
+from eglcuda.topics import _delivery, _ring, protocol
 from eglcuda.topics._delivery import FREE, PUBLISHED, Member, Slot
 
 Qos = protocol.Qos
@@ -92,6 +93,51 @@ def test_hand_out_serves_the_common_case_and_returns_the_rest_in_order():
                 _close(sub)
         gone.sock.close()
         _ends.pop(gone, None)
+
+
+def test_a_latest_subscriber_at_its_credit_is_skipped_in_the_core_until_it_released_something():
+    """A 'latest' subscriber with a ring, at its credit and told of a skip already, skips frames in
+    hand_out itself (no Python path, no read of its socket) while it released nothing: a release
+    into its ring, one sent by socket (its ring counts it), a read due, or a NOTICE owed sends it
+    back to the publisher's path; without ``now``, hand_out leaves it there as before."""
+    fast = _Transport()
+    sub = _sub(fast, qos=Qos.LATEST, credit=2)
+    ring, fd = _ring.create()
+    theirs = _ring.attach(fd)
+    os.close(fd)
+    sub.ring = ring
+    held = [_published(1), _published(2)]
+    sub.outstanding.update({5: held[0], 6: held[1]})
+    sub.noticed = True
+    slot = _published(0)
+    now, interval = 100.0, 0.001
+
+    def hand_out(read_at=now - 0.0002, at=now):
+        return _delivery.hand_out([sub], slot, 7, b"frame", None, set(), 0, b"", at, read_at, interval)
+
+    try:
+        for seq in range(3):
+            assert hand_out() == [] and hand_out(at=-1.0) == [sub]
+        assert sub.skipped == 3 and sub.delivered == 0 and fast.records == []
+        assert not _delivery.worth_a_read([sub], now, now - 0.0002, interval)
+        assert hand_out(read_at=now - 0.002) == [sub]  # a read is due
+        sub.noticed = False
+        assert hand_out() == [sub]  # a NOTICE is owed
+        sub.noticed = True
+        assert theirs.release(_ends[sub].fileno(), 5, 0)  # into the ring
+        assert hand_out() == [sub] and _delivery.worth_a_read([sub], now, now - 0.0002, interval)
+        assert _delivery.collect([sub], collections.deque()) == [] and 5 not in sub.outstanding
+        sub.outstanding[5] = held[0]
+        assert hand_out() == []
+        theirs.sent_on_socket()  # a release with a done event went by socket
+        assert hand_out() == [sub] and _delivery.worth_a_read([sub], now, now - 0.0002, interval)
+        _delivery.note_sockets([sub])  # the publisher read the socket
+        assert hand_out() == [] and not _delivery.worth_a_read([sub], now, now - 0.0002, interval)
+        assert sub.skipped == 5
+    finally:
+        ring.close()
+        theirs.close()
+        _close(sub)
 
 
 def test_hand_out_leaves_everyone_to_the_publisher_when_the_record_fails():
