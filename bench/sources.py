@@ -11,6 +11,19 @@ subscriber process takes every frame of every topic (``every``, queue 4) in one 
 - ``selectors``: one thread, ``selectors.DefaultSelector`` over the subscribers' ``fileno()``;
 - ``asyncio``: one event loop, a task per topic awaiting ``receive_async()``.
 
+Beside them, in the 1-topic paced rows only, two floors: the same wake with no eglcuda, what any
+implementation pays for a thread woken from idle for each frame (bench/_sources_floor.py):
+
+- ``c``: bench/c/subscriber_wake.c, built here with gcc: ``epoll_wait``, the read of a 64-byte
+  message, the write of an 11-byte release on a Unix socket, plus the cuda-ipc subscriber's four
+  driver calls of a frame when libcuda.so.1 is there (``c (cuda)``; ``c (bare)`` without);
+- ``python-floor``: the same as the C program's bare mode in Python, in a fresh interpreter
+  (``select.epoll``, ``os.read``, ``os.write``).
+
+Their "in calls" figure is their thread's whole CPU time a frame (wait to release), p50/p99 the
+latency from the publisher's stamp to the wake; their process columns are n/a, and without gcc
+the ``c`` row is n/a and says why.
+
 Each message is released as soon as it is received: what is measured is eglcuda's part, waiting
 included. Per row: frames received in the timed window; the CPU time spent inside eglcuda's calls
 per frame and as a share of one core (``time.thread_time`` around each ``wait``, ``select``,
@@ -22,9 +35,12 @@ the latency from the publisher's stamp (taken as ``publish`` starts) to the subs
 frame (p50, p99). The 30 frames/s rows are checked against the goals, on the CPU inside eglcuda's
 calls: at most 30 us a frame for one topic, at most 5 % of one core for 32 topics through one wait
 set, p99 at most 200 us. (asyncio's rows give the process's figures only: its waiting is the event
-loop's, interleaved with the tasks', and cannot be told apart from outside.)
+loop's, interleaved with the tasks', and cannot be told apart from outside.) After the table, a
+line per 1-topic paced eglcuda row gives its CPU in calls a frame as a multiple of the C and the
+Python floor's of the same run, and says when the 30 us goal is below what C pays.
 
-    python bench/sources.py [--sources 1,8,32] [--rates 30,0] [--variants waitset,threads,selectors,asyncio]
+    python bench/sources.py [--sources 1,8,32] [--rates 30,0]
+                            [--variants waitset,threads,selectors,asyncio,c,python-floor]
                             [--seconds 10] [--warmup 2] [--size 1920x1080:NV12] [--transport cuda-ipc]
                             [--json FILE] [--quick]
     python bench/sources.py --batcher [--sources 1,8,32] [--rates 30,0] [--seconds 10] [--quick]
@@ -35,7 +51,8 @@ views), both on the same publishers in one process, alternating (bench/_sources_
 batches/s, frames/s and the consuming process's CPU time per frame. Needs PyTorch.
 
 Needs an NVIDIA GPU with CUDA IPC (a discrete GPU) and eglcuda. Every variant is one function
-``variant(subscribers, seconds, take)`` in ``VARIANTS``; a new way of waiting is one more.
+``variant(subscribers, seconds, take)`` in ``VARIANTS``; a new way of waiting is one more. The ``c``
+row needs gcc (``apt-get install gcc``); it is n/a without.
 """
 from __future__ import annotations
 
