@@ -11,6 +11,19 @@ subscriber process takes every frame of every topic (``every``, queue 4) in one 
 - ``selectors``: one thread, ``selectors.DefaultSelector`` over the subscribers' ``fileno()``;
 - ``asyncio``: one event loop, a task per topic awaiting ``receive_async()``.
 
+Beside them, in the 1-topic paced rows only, two floors: the same wake with no eglcuda, what any
+implementation pays for a thread woken from idle for each frame (bench/_sources_floor.py):
+
+- ``c``: bench/c/subscriber_wake.c, built here with gcc: ``epoll_wait``, the read of a 64-byte
+  message, the write of an 11-byte release on a Unix socket, plus the cuda-ipc subscriber's four
+  driver calls of a frame when libcuda.so.1 is there (``c (cuda)``; ``c (bare)`` without);
+- ``python-floor``: the same as the C program's bare mode in Python, in a fresh interpreter
+  (``select.epoll``, ``os.read``, ``os.write``).
+
+Their "in calls" figure is their thread's whole CPU time a frame (wait to release), p50/p99 the
+latency from the publisher's stamp to the wake; their process columns are n/a, and without gcc
+the ``c`` row is n/a and says why.
+
 Each message is released as soon as it is received: what is measured is eglcuda's part, waiting
 included. Per row: frames received in the timed window; the CPU time spent inside eglcuda's calls
 per frame and as a share of one core (``time.thread_time`` around each ``wait``, ``select``,
@@ -22,9 +35,12 @@ the latency from the publisher's stamp (taken as ``publish`` starts) to the subs
 frame (p50, p99). The 30 frames/s rows are checked against the goals, on the CPU inside eglcuda's
 calls: at most 30 us a frame for one topic, at most 5 % of one core for 32 topics through one wait
 set, p99 at most 200 us. (asyncio's rows give the process's figures only: its waiting is the event
-loop's, interleaved with the tasks', and cannot be told apart from outside.)
+loop's, interleaved with the tasks', and cannot be told apart from outside.) After the table, a
+line per 1-topic paced eglcuda row gives its CPU in calls a frame as a multiple of the C and the
+Python floor's of the same run, and says when the 30 us goal is below what C pays.
 
-    python bench/sources.py [--sources 1,8,32] [--rates 30,0] [--variants waitset,threads,selectors,asyncio]
+    python bench/sources.py [--sources 1,8,32] [--rates 30,0]
+                            [--variants waitset,threads,selectors,asyncio,c,python-floor]
                             [--seconds 10] [--warmup 2] [--size 1920x1080:NV12] [--transport cuda-ipc]
                             [--json FILE] [--quick]
     python bench/sources.py --batcher [--sources 1,8,32] [--rates 30,0] [--seconds 10] [--quick]
@@ -35,7 +51,8 @@ views), both on the same publishers in one process, alternating (bench/_sources_
 batches/s, frames/s and the consuming process's CPU time per frame. Needs PyTorch.
 
 Needs an NVIDIA GPU with CUDA IPC (a discrete GPU) and eglcuda. Every variant is one function
-``variant(subscribers, seconds, take)`` in ``VARIANTS``; a new way of waiting is one more.
+``variant(subscribers, seconds, take)`` in ``VARIANTS``; a new way of waiting is one more. The ``c``
+row needs gcc (``apt-get install gcc``); it is n/a without.
 """
 from __future__ import annotations
 
@@ -55,6 +72,7 @@ import time
 from typing import Any, Callable, Protocol
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _sources_floor as floors  # noqa: E402
 from _script import require, run  # noqa: E402
 
 PROGRAM = "bench/sources.py"
@@ -223,6 +241,7 @@ def event_loop(subs: list[Any], seconds: float, take: Take, meters: Meters) -> N
 
 VARIANTS: dict[str, Callable[[list[Any], float, Take, Meters], None]] = {
     "waitset": wait_set, "threads": threads, "selectors": selector, "asyncio": event_loop}
+CHOICES = [*VARIANTS, *floors.FLOORS]  # the floors (bench/_sources_floor.py): 1-topic paced rows only
 
 
 # ---- the processes ----------------------------------------------------------------------------
@@ -364,6 +383,54 @@ def verdicts(row: dict[str, Any]) -> str:
     return ", ".join(said)
 
 
+def table_row(row: dict[str, Any]) -> str:
+    """A row of the table; n/a where a figure is not measured (a floor's process columns)."""
+    def shown(key: str, digits: int) -> str:
+        return "n/a" if math.isnan(row[key]) else f"{row[key]:.{digits}f}"
+
+    rate = f"{row['rate']:g} fps" if row["rate"] else "flat out"
+    variant = row["variant"] + (f" ({row['mode']})" if row["variant"] == "c" and row["mode"] else "")
+    goals = f"n/a: {row['skipped']}" if row.get("skipped") else (
+        "floor (no goal)" if row["variant"] in floors.FLOORS else verdicts(row))
+    cells = [f"{row['sources']} x {rate}", variant, shown("fps", 0), shown("calls_us", 1), shown("calls_pct", 2),
+             shown("cpu_us", 1), shown("loop_us", 1), shown("other_us", 1), shown("core_pct", 2), shown("p50_us", 0),
+             shown("p99_us", 0), goals]
+    return "| " + " | ".join(cells) + " |"
+
+
+def against_floors(rows: list[dict[str, Any]]) -> list[str]:
+    """A line per 1-topic paced eglcuda row that has floors of its rate in this run: its CPU in
+    calls a frame as a multiple of the C and the Python floor's, and where the 30 us goal stands
+    against C's."""
+    said = []
+    for row in rows:
+        if row["variant"] in floors.FLOORS or row["sources"] != 1 or not row["rate"]:
+            continue
+        beside = {f["variant"]: f for f in rows if f["variant"] in floors.FLOORS and f["rate"] == row["rate"]}
+        if not beside:
+            continue
+        head = f"1 x {row['rate']:g} fps {row['variant']}: "
+        if math.isnan(row["calls_us"]):
+            said.append(head + "in calls n/a (not told apart), no ratio to the floors")
+            continue
+        parts = []
+        for name, floor in beside.items():
+            label = "C floor" if name == "c" else "Python floor"
+            if floor["skipped"]:
+                parts.append(f"the {label} n/a ({floor['skipped']})")
+            else:
+                mode = f"{floor['mode']}, " if name == "c" else ""
+                parts.append(f"{row['calls_us'] / floor['calls_us']:.1f} x the {label} ({mode}{floor['calls_us']:.1f} us)")
+        line = head + f"{row['calls_us']:.1f} us a frame in calls = " + ", ".join(parts)
+        c_floor = beside.get("c", {"skipped": "not run"})
+        if row["rate"] == 30 and not c_floor["skipped"]:
+            line += ("; the 30 us goal is below what C pays for the same wake on this machine"
+                     if GOAL_CPU_ONE_US < c_floor["calls_us"] else
+                     f"; the 30 us goal is above the C floor ({c_floor['calls_us']:.1f} us)")
+        said.append(line)
+    return said
+
+
 def batcher_rows(args: argparse.Namespace) -> int:
     """--batcher: bench/_sources_batcher.py's rows (a function per variant there), run in a
     process of their own as the waiting rows' subscribers are; its exit status and one line when
@@ -387,7 +454,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sources", default="1,8,32", help="numbers of topics, e.g. 1,8,32")
     parser.add_argument("--rates", default="30,0", help="frames/s of each publisher (0: flat out)")
-    parser.add_argument("--variants", default=",".join(VARIANTS), help=f"from {','.join(VARIANTS)}")
+    parser.add_argument("--variants", default=",".join(CHOICES), help=f"from {','.join(CHOICES)}")
     parser.add_argument("--seconds", type=float, default=10.0, help="timed seconds per row")
     parser.add_argument("--warmup", type=float, default=2.0, help="seconds received before the timed window")
     parser.add_argument("--size", default="1920x1080:NV12", help="WIDTHxHEIGHT:FORMAT of every topic")
@@ -409,9 +476,9 @@ def main() -> int:
     if args.role == "sub":
         return subscriber_role(args)
     variants = args.variants.split(",")
-    unknown = [v for v in variants if v not in VARIANTS]
+    unknown = [v for v in variants if v not in CHOICES]
     if unknown:
-        parser.error(f"unknown variants {unknown}: from {','.join(VARIANTS)}")
+        parser.error(f"unknown variants {unknown}: from {','.join(CHOICES)}")
     if args.quick:
         args.seconds, args.warmup = 3.0, 1.0
     if args.batcher:
@@ -423,23 +490,31 @@ def main() -> int:
     print(f"{args.size} through {args.transport}; {args.seconds:g} s a row after {args.warmup:g} s of warm-up")
     print("CPU us a frame: inside eglcuda's calls (and their share of a core); the whole process, and of it the "
           "bench's loop outside the calls and the other threads (the CUDA driver's; for threads, the main one that joins)")
+    if any(v in floors.FLOORS for v in variants):
+        print("c, python-floor (1-topic paced rows only): the same wake with no eglcuda, in C (bench/c/subscriber_wake.c; "
+              "cuda: with the subscriber's driver calls) and in Python (epoll, read, release); their in-calls figure is "
+              "their whole thread's CPU a frame, p50/p99 their wake latency")
     print("| sources x rate | variant | frames/s | in calls us/frame | in calls % of a core | process us/frame | "
           "loop us | other threads us | process % of a core | p50 us | p99 us | goals (in calls) |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
-    clock = []
     for rate in [float(r) for r in args.rates.split(",")]:
         for sources in [int(n) for n in args.sources.split(",")]:
             for variant in variants:
-                row = measure(variant, sources, rate, args)
+                if variant in floors.FLOORS:
+                    if sources != 1 or not rate:
+                        continue
+                    row = floors.measure(variant, rate, args.seconds)
+                else:
+                    row = measure(variant, sources, rate, args)
                 rows.append(row)
-                clock.append(row["clock_us"])
-                shown = f"{rate:g} fps" if rate else "flat out"
-                print(f"| {sources} x {shown} | {variant} | {row['fps']:.0f} | {row['calls_us']:.1f} | "
-                      f"{row['calls_pct']:.2f} | {row['cpu_us']:.1f} | {row['loop_us']:.1f} | {row['other_us']:.1f} | "
-                      f"{row['core_pct']:.2f} | {row['p50_us']:.0f} | {row['p99_us']:.0f} | {verdicts(row)} |",
-                      flush=True)
+                print(table_row(row), flush=True)
+    clock = [row["clock_us"] for row in rows if not math.isnan(row["clock_us"])]
     if clock:
         print(f"(each timed call includes about one reading of the thread's CPU clock: {sorted(clock)[len(clock) // 2]:.2f} us)")
+    if any(v in floors.FLOORS for v in variants) and not any(row["variant"] in floors.FLOORS for row in rows):
+        print("(c, python-floor: they run in 1-topic paced rows only, and there are none here)")
+    for line in against_floors(rows):
+        print(line)
     if args.json:
         with open(args.json, "w") as out:
             json.dump(rows, out, indent=1)
