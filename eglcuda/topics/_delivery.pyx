@@ -316,14 +316,18 @@ def full_every(list subs):
 
 
 def take_free(object free, object settled):
-    """The oldest free slot of the deque ``free`` whose former readers' GPU work has all finished
-    (``settled(slot)`` asks, for a slot released with done events), so that writing it needs no
-    wait; None when there is none. Stale entries (taken or published since) are dropped; a free
-    slot held again becomes published (free once released); the unsettled ones stay free, in
-    order (also when ``settled`` raises)."""
-    cdef list unsettled = None
+    """The oldest free slot of the deque ``free`` that nobody released with a done event, else the
+    oldest whose former readers' GPU work has all finished (``settled(slot)`` asks, for a slot
+    released with done events), so that writing it needs no wait; None when there is none. A
+    slot some reader may still read is asked about only when no other is free: a subscriber that
+    releases with done events (its copy of the frame still running) beside one that does not
+    costs the publisher no question to the driver a frame. Stale entries (taken or published
+    since) are dropped; a free slot held again becomes published (free once released); the
+    unsettled ones stay free, in order (also when ``settled`` raises)."""
+    cdef list waiting = []  # free slots with done events to ask about, in order
     cdef Slot slot
     cdef Slot found = None
+    cdef Py_ssize_t index
     try:
         while free:
             slot = <Slot>free.popleft()
@@ -333,17 +337,18 @@ def take_free(object free, object settled):
                 slot.state = SLOT_PUBLISHED
                 continue
             if slot.waiters:
-                if unsettled is None:
-                    unsettled = []
-                unsettled.append(slot)  # (put back below, also when the question raises)
-                if not settled(slot):
-                    continue
-                unsettled.pop()
+                waiting.append(slot)  # (put back below, in order)
+                continue
             found = slot
             break
+        if found is None:
+            for index in range(len(waiting)):
+                if settled(waiting[index]):
+                    found = <Slot>waiting.pop(index)
+                    break
     finally:
-        if unsettled:
-            free.extendleft(reversed(unsettled))
+        if waiting:
+            free.extendleft(reversed(waiting))
     return found
 
 

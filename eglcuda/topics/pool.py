@@ -52,9 +52,9 @@ class Pool:
         return self._by_frame.get(id(frame))
 
     def take_free(self, settled: Callable[[Slot], bool]) -> Slot | None:
-        """The oldest free slot whose former readers' GPU work has all finished (``settled`` asks,
-        for a slot released with done events), so that writing it needs no wait. The others stay
-        free, in order. (Compiled: it runs every frame; see ``_delivery.take_free``.)"""
+        """The oldest free slot nobody released with a done event, else the oldest whose former
+        readers' GPU work has all finished (``settled`` asks), so that writing it needs no wait.
+        The others stay free, in order. (Compiled: it runs every frame; see ``_delivery.take_free``.)"""
         return _delivery.take_free(self.free, settled)
 
     def unsettled(self) -> list[Slot]:

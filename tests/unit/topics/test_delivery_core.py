@@ -246,12 +246,15 @@ def test_the_per_frame_questions_pick_the_subscribers_the_python_path_did():
                 _close(sub)
 
 
-def test_take_free_hands_out_the_oldest_settled_slot_and_keeps_the_others_in_order():
+def test_take_free_hands_out_the_oldest_slot_nobody_reads_and_asks_only_when_none_is_left():
+    """A free slot released with a done event is asked about (a driver question) only when no
+    free slot without one is left; the oldest settled one then; the others stay free, in order."""
     sub = _sub(_Transport())
-    stale, held, reading, ready, later = (Slot(i, None) for i in range(5))
+    stale, held, reading, ready, later, done = (Slot(i, None) for i in range(6))
     stale.state = PUBLISHED  # an entry left from before it was published again
     held.holders.add(sub)  # (free, yet held again: it becomes published, free once released)
     reading.waiters[sub] = 1.0  # released with a done event its GPU work has not reached
+    done.waiters[sub] = 1.5  # released with a done event its GPU work has passed
     free = collections.deque([stale, held, reading, ready, later])
     asked = []
 
@@ -261,17 +264,26 @@ def test_take_free_hands_out_the_oldest_settled_slot_and_keeps_the_others_in_ord
 
     try:
         assert _delivery.take_free(free, settled) is ready
-        assert asked == [2] and list(free) == [reading, later] and held.state == PUBLISHED
+        assert asked == [] and list(free) == [reading, later] and held.state == PUBLISHED
+        assert _delivery.take_free(free, settled) is later
+        assert asked == [] and list(free) == [reading]
+        assert _delivery.take_free(free, settled) is None
+        assert asked == [2] and list(free) == [reading]  # (still read: it stays)
+        free.append(done)
+        assert _delivery.take_free(free, settled) is done
+        assert asked == [2, 2, 5] and list(free) == [reading]
         reading.waiters.clear()
-        assert _delivery.take_free(free, settled) is reading and list(free) == [later]
+        assert _delivery.take_free(free, settled) is reading and list(free) == []
 
         def fails(slot):
             raise RuntimeError("the question failed")
 
         later.waiters[sub] = 2.0
+        free.extend([later, reading])
+        reading.waiters[sub] = 2.5
         with pytest.raises(RuntimeError):
             _delivery.take_free(free, fails)
-        assert list(free) == [later]  # (put back, also when the question raises)
+        assert list(free) == [later, reading]  # (put back in order, also when the question raises)
         assert _delivery.take_free(collections.deque(), settled) is None
     finally:
         _close(sub)
