@@ -26,8 +26,7 @@ from .wire import BEAT_S, SEND_AHEAD
 log = logging.getLogger("eglcuda.remote")
 EVERY_ROOM = 1 << 30  # an 'every' remote subscriber of an 'every' relay takes every frame (the relay waits instead)
 # Staging buffers one remote subscriber may hold (frames queued for it and sends in flight): a
-# stopped or deaf remote holds at most this many of the ring, whatever its window (a 'latest' one
-# that keeps up: its sends in flight and up to AHEAD_MOST staged ahead, for as long as they are fresh).
+# stopped or deaf remote holds at most this many of the ring, whatever its window.
 QUOTA = SEND_AHEAD + 1
 # A send still in flight this long while its remote subscriber speaks (beats, credits) means it
 # does not receive: it is dropped, and its staging buffers come back. (A silent one is the
@@ -38,11 +37,6 @@ SEND_DEADLINE_S = 2.0
 # older than this is let go instead of sent (a fresh one is staged), and none is staged again
 # until a credit came: a stopped remote holds no buffer for it, and a woken one gets a fresh frame.
 AHEAD_FRESH_S = 0.01
-# A 'latest' remote whose credit found no frame staged for it (the relay's local thread was behind
-# it) may have one more staged ahead next time, up to this many: the local thread then copies the
-# next frame while one waits, instead of after the credit came (its wake-up and copy were in every
-# round trip). A stale one sets it back to none, as above.
-AHEAD_MOST = 2
 
 
 @dataclass(frozen=True)
@@ -95,7 +89,7 @@ class Sender:
         self._left = left
         self._credits = window
         self._pending: collections.deque[tuple[int, float]] = collections.deque()  # (staging buffer, staged at) to send
-        self._ahead = 1 if qos is Qos.LATEST else 0  # frames it may have staged beyond its credits ('latest': 0 to AHEAD_MOST)
+        self._ahead = 1 if qos is Qos.LATEST else 0  # frames it may have staged beyond its credits ('latest': 0 or 1)
         self._started = False  # it took its welcome: frames may go out (they wait in _pending until then)
         self._closing = False  # it is saying GONE: no frame goes out after that
         self._last_sent = 0.0  # time.monotonic() of its last frame sent (beats only when idle)
@@ -369,8 +363,8 @@ class Sender:
         self._credits += count
         if self._credits > self._window:
             raise wire.WireError(f"credit beyond the window of {self._window}")
-        if self.qos is Qos.LATEST:  # (it keeps up: its next frame may be staged before its credit)
-            self._ahead = max(self._ahead, 1) if self._pending else min(AHEAD_MOST, self._ahead + 1)
+        if self.qos is Qos.LATEST:
+            self._ahead = 1  # (it keeps up: its next frame may be staged before its credit)
         self._starved_since = None
         if self._flush_until:  # (flushing after the publisher closed: it keeps pace, go on)
             self._flush_until = time.monotonic() + self._limits.every_timeout
