@@ -385,6 +385,8 @@ class Delivery:
             if sub.latest and len(sub.outstanding) >= sub.credit:
                 if not fresh and self._worth_a_read([sub]):
                     self._read(sub)  # a release may have come since the last read
+                    for bad, reason in _delivery.collect([sub], self.pool.free):  # (and into its ring)
+                        self.drop(bad, Reason.PROTOCOL, reason)
                 if not sub.alive:
                     continue
                 if len(sub.outstanding) >= sub.credit:
@@ -425,10 +427,11 @@ class Delivery:
     def _worth_a_read(self, subs: list[Member]) -> bool:
         """Whether the messages of the 'latest' subscribers of ``subs`` at their credit are worth
         reading before a frame is handed out: when the last read is _READ_INTERVAL old, or when one
-        of them keeps up (the oldest frame it holds is younger than that: its release may be on the
-        way). One that holds its frames longer (a slow or stalled subscriber) is read with the
-        others, at least every _READ_INTERVAL (next_frame), not once per frame: a stalled
-        subscriber then costs the publisher no read a frame (compiled: _delivery.worth_a_read)."""
+        of them released a frame since (its ring has the release, or counts one it sent by socket);
+        one without a ring, when it keeps up (the oldest frame it holds is younger than that: its
+        release may be on the way). A slow or stalled subscriber is read with the others, at least
+        every _READ_INTERVAL (next_frame), not once per frame: it costs the publisher no read a
+        frame (compiled: _delivery.worth_a_read)."""
         return _delivery.worth_a_read(subs, time.monotonic(), self.read_at, _READ_INTERVAL)
 
     def _send(self, sub: Member, data: bytes, fds: Sequence[int] = ()) -> bool:

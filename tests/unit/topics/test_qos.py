@@ -168,6 +168,39 @@ def test_a_latest_subscriber_taking_a_few_frames_of_a_fast_topic_costs_no_read_p
         # young (measured: 1,651 reads for 250 frames taken in 0.30 s before, 323
         # for 273 in 0.34 s after).
         assert len(reads) <= elapsed / 0.001 + 2 * len(taken) + 10, (len(reads), elapsed, len(taken))
+        (info,) = pub.subscribers
+        assert info.delivered + info.skipped == 3001  # (each frame handed to it or skipped, once)
+        sub.close()
+
+
+def test_a_release_sent_by_socket_is_counted_in_the_ring_the_publisher_reads(path):
+    """A release that goes by socket (one with transport data, as a CUDA IPC release with its done
+    event) moves the ring's count of such releases, which the publisher asks before reading that
+    subscriber's socket; a release into the ring does not. Every frame comes back to the pool."""
+    backend = NullPublisherBackend(message_only=True)
+    with publisher(path, pool=4, _backend=backend) as pub:
+        sub = subscriber(path, qos="latest")
+        put(pub, b"0")
+        (member,) = pub._delivery.subs
+        transport = sub._conn.transport
+        plain = transport.release
+
+        def with_data(obj, frame, cuda_stream):
+            flags, _ = plain(obj, frame, cuda_stream)
+            return flags, b"\x01"  # (transport data: the release goes by socket)
+
+        counts = []
+        for i, by_socket in enumerate([True, False, True, True, False]):
+            transport.release = with_data if by_socket else plain
+            with sub.receive(2) as message:
+                assert message.frame.data == pattern(message.payload)
+            counts.append(member.ring.u32(448))
+            put(pub, b"%d" % (i + 1))
+        assert counts == [1, 1, 2, 3, 3]
+        deadline = time.monotonic() + 2
+        while pub.subscribers[0].outstanding > 1 and time.monotonic() < deadline:
+            pub.discard(pub.next_frame(1))
+        assert pub.subscribers[0].outstanding <= 1  # (each release was read: only the newest frame is held)
         sub.close()
 
 
