@@ -16,6 +16,17 @@ from eglcuda.topics.protocol import Reason
 from .helpers import NullPublisherBackend, NullSubscriberBackend, pattern, publisher, put, subscriber
 
 
+def count_reads(pub) -> list[str]:
+    """The publisher's reads of its subscribers' messages from now on (all of them, or one's), in order."""
+    reads: list[str] = []
+    for name in ("poll", "_read"):
+        def counting(*args, _original=getattr(pub._delivery, name), _name=name):
+            reads.append(_name)
+            return _original(*args)
+        setattr(pub._delivery, name, counting)
+    return reads
+
+
 def test_every_subscriber_gets_every_frame_in_order(path):
     """Two 'every' subscribers on threads of this process each get all 300 frames, in order, with
     intact bytes, payloads and timestamps; the publisher's stats agree."""
@@ -100,12 +111,7 @@ def test_a_stalled_latest_subscriber_is_not_read_before_every_frame(path):
         stalled = subscriber(path, qos="latest")
         put(pub, b"0")
         put(pub, b"1")  # its credit: it holds two frames now
-        reads: list[str] = []
-        for name in ("poll", "_read"):
-            def counting(*args, _original=getattr(pub._delivery, name), _name=name):
-                reads.append(_name)
-                return _original(*args)
-            setattr(pub._delivery, name, counting)
+        reads = count_reads(pub)
         time.sleep(0.005)  # the frames it holds are older than the read interval now
         started = time.monotonic()
         for i in range(2, 302):
@@ -129,12 +135,7 @@ def test_a_latest_subscriber_taking_a_few_frames_of_a_fast_topic_costs_no_read_p
     with publisher(path, pool=8, _backend=backend) as pub:
         sub = subscriber(path, qos="latest")
         put(pub, b"0")
-        reads: list[str] = []
-        for name in ("poll", "_read"):
-            def counting(*args, _original=getattr(pub._delivery, name), _name=name):
-                reads.append(_name)
-                return _original(*args)
-            setattr(pub._delivery, name, counting)
+        reads = count_reads(pub)
         newest = [0]
         stop = threading.Event()
         taken: list[tuple[int, int]] = []
