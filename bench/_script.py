@@ -14,6 +14,7 @@
 - ``mps_daemon()``: a private MPS daemon for a run (``--mps``), its clients the processes
   started from then on.
 - ``plot_bars(...)``: the grouped bar charts of docs/benchmarks.md, with matplotlib.
+- ``build_reference(name)``: bench/c/NAME.c, the C reference of a benchmark, built with gcc.
 
 The ``bench`` extra pins CuPy for CUDA 13 (the GPU machine: driver 580). On a CUDA 12 driver,
 install ``cupy-cuda12x`` instead; ``nvidia-smi`` shows the version.
@@ -23,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
+import pathlib
 import shutil
 import subprocess
 import sys
@@ -111,6 +113,21 @@ class lazy:  # noqa: N801 - used like a module
         if self._module is None:
             self._module = importlib.import_module(self._name)
         return getattr(self._module, attribute)
+
+
+def build_reference(name: str, folder: pathlib.Path | None = None) -> pathlib.Path:
+    """bench/c/``name``.c built with gcc into ``folder`` (bench/build/): the program's path.
+    RuntimeError with gcc's first error line when it does not build."""
+    here = pathlib.Path(__file__).resolve().parent
+    folder = here / "build" if folder is None else folder
+    folder.mkdir(parents=True, exist_ok=True)
+    out = folder / name
+    done = subprocess.run(["gcc", "-O2", "-Wall", "-o", str(out), str(here / "c" / f"{name}.c"), "-ldl", "-lpthread"],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        said = [line for line in done.stderr.splitlines() if "error" in line] or done.stderr.splitlines()
+        raise RuntimeError(f"building bench/c/{name}.c failed: {said[0] if said else done.returncode}")
+    return out
 
 
 def one_line(exc: BaseException) -> str:

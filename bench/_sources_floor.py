@@ -33,8 +33,10 @@ import sys
 import time
 from typing import Any
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _script import build_reference  # noqa: E402
+
 HERE = pathlib.Path(__file__).resolve().parent
-SOURCE = HERE / "c" / "subscriber_wake.c"
 FLOORS = ("c", "python-floor")
 MESSAGE, RELEASE = 64, 11
 
@@ -133,14 +135,10 @@ def build_c(folder: pathlib.Path = HERE / "build") -> pathlib.Path | str:
     """subscriber_wake.c built into ``folder``: its path, or why it could not be built."""
     if shutil.which("gcc") is None:
         return "needs gcc to build bench/c/subscriber_wake.c (apt-get install gcc)"
-    folder.mkdir(parents=True, exist_ok=True)
-    out = folder / "subscriber_wake"
-    done = subprocess.run(["gcc", "-O2", "-Wall", "-o", str(out), str(SOURCE), "-ldl"], capture_output=True,
-                          text=True)
-    if done.returncode:
-        said = [line for line in done.stderr.splitlines() if line.strip()]
-        return f"gcc could not build bench/c/subscriber_wake.c: {said[0] if said else done.returncode}"
-    return out
+    try:
+        return build_reference("subscriber_wake", folder)
+    except RuntimeError as exc:
+        return str(exc)
 
 
 def has_libcuda() -> bool:

@@ -42,7 +42,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _script import CUDA_PYTHON, fail, require, run  # noqa: E402
+from _script import CUDA_PYTHON, build_reference, fail, require, run  # noqa: E402
 
 PROGRAM = "bench/cross_gpu.py"
 HERE = pathlib.Path(__file__).resolve().parent
@@ -67,11 +67,7 @@ def frame_bytes(width: int, height: int, fmt: str) -> int:
 # ---- C ---------------------------------------------------------------------------------------------
 
 def build_c() -> pathlib.Path:
-    out = HERE / "build" / "cross_gpu"
-    out.parent.mkdir(exist_ok=True)
-    subprocess.run(["gcc", "-O2", "-Wall", "-o", str(out), str(HERE / "c" / "cross_gpu.c"), "-ldl", "-lpthread"],
-                   check=True)
-    return out
+    return build_reference("cross_gpu")
 
 
 def run_c(binary: pathlib.Path, mode: str, producer: int, consumer: int, width: int, height: int, fmt: str,

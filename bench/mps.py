@@ -54,7 +54,7 @@ from typing import Any, Callable
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # _script.py, fanout.py and cross_process.py, for this process and the spawned ones
-from _script import CUDA_PYTHON, fail, one_line, require, run  # noqa: E402
+from _script import CUDA_PYTHON, build_reference, fail, one_line, require, run  # noqa: E402
 
 PROGRAM = "bench/mps.py"
 NUMPY = ("numpy", "numpy for bench/cross_process.py", "pip install numpy")
@@ -168,14 +168,10 @@ def run_probe() -> dict:
 # ---- the runners ----------------------------------------------------------------------------------------------
 
 def build_c() -> pathlib.Path:
-    out = HERE / "build" / "cross_gpu"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run(["gcc", "-O2", "-Wall", "-o", str(out), str(HERE / "c" / "cross_gpu.c"), "-ldl", "-lpthread"],
-                          capture_output=True, text=True)
-    if done.returncode != 0:
-        said = [line for line in done.stderr.splitlines() if "error" in line] or done.stderr.splitlines()
-        raise Failure([f"building bench/c/cross_gpu.c failed: {said[0] if said else done.returncode}"])
-    return out
+    try:
+        return build_reference("cross_gpu")
+    except RuntimeError as exc:
+        raise Failure([str(exc)]) from None
 
 
 def _fields(line: str) -> dict[str, Any]:

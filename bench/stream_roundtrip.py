@@ -41,20 +41,15 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _script import MATPLOTLIB, lazy, one_line, plot_bars, require, run  # noqa: E402
+from _script import MATPLOTLIB, build_reference, lazy, one_line, plot_bars, require, run  # noqa: E402
 
 PROGRAM = "bench/stream_roundtrip.py"
 eglcuda = lazy("eglcuda")  # imported at first use, once require() has checked it is there
-HERE = pathlib.Path(__file__).resolve().parent
 SIZES = [(640, 480), (1920, 1080), (3840, 2160), (7680, 4320)]
 
 
 def build_c() -> pathlib.Path:
-    out = HERE / "build" / "stream_roundtrip"
-    out.parent.mkdir(exist_ok=True)
-    subprocess.run(["gcc", "-O2", "-Wall", "-o", str(out), str(HERE / "c" / "stream_roundtrip.c"), "-ldl", "-lpthread"],
-                   check=True)
-    return out
+    return build_reference("stream_roundtrip")
 
 
 def run_c(binary: pathlib.Path, width: int, height: int, iterations: int, mode: str) -> float:

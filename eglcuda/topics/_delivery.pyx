@@ -182,7 +182,7 @@ def hand_out(list subs, Slot slot, object seq, bytes data, object stream, set re
         if sub.latest and len(sub.outstanding) >= sub.credit:
             ring = sub.ring
             if (ring is None or now < 0 or not sub.noticed or now - read_at >= interval
-                    or ring.releases_waiting() or ring.socket_news()):
+                    or ring.released_since()):
                 others.append(sub)
             else:
                 sub.skipped += 1
@@ -367,7 +367,7 @@ def worth_a_read(list subs, double now, double read_at, double interval):
             return True
         ring = sub.ring
         if ring is not None:
-            if ring.releases_waiting() or ring.socket_news():
+            if ring.released_since():
                 return True
             continue
         for slot in sub.outstanding.values():  # (the oldest first: entries are made in order)

@@ -23,5 +23,4 @@ cdef class Ring:
     cdef int push_marker(self) noexcept
     cdef int take_release(self, uint64_t *seq) noexcept
     cdef void wake(self, int fd) noexcept
-    cdef bint socket_news(self) noexcept
-    cdef bint releases_waiting(self) noexcept
+    cdef bint released_since(self) noexcept

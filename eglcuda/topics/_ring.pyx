@@ -304,17 +304,15 @@ cdef class Ring:
             self.wake(fd)
         return done
 
-    cdef bint socket_news(self) noexcept:
-        """Whether the subscriber sent a release on the socket since :meth:`note_socket`."""
-        return self.base != NULL and ring_load(self.count(AT_SOCKET_RELEASES)) != self.socket_count
-
-    cdef bint releases_waiting(self) noexcept:
-        """Whether a release waits in the ring (the publisher's end)."""
-        return self.base != NULL and ring_load(self.count(AT_RELEASES)) != self.taken
+    cdef bint released_since(self) noexcept:
+        """Whether the subscriber released a frame the publisher has not read yet: one waits in
+        the ring, or one was sent on the socket since :meth:`note_socket` (the publisher's end)."""
+        return self.base != NULL and (ring_load(self.count(AT_RELEASES)) != self.taken
+                                      or ring_load(self.count(AT_SOCKET_RELEASES)) != self.socket_count)
 
     def note_socket(self):
         """The publisher is about to read the subscriber's socket: the releases sent on it so far
-        are read by that (a later one moves the count again: :meth:`socket_news`)."""
+        are read by that (a later one moves the count again: :meth:`released_since`)."""
         if self.base != NULL and self.publisher:
             self.socket_count = ring_load(self.count(AT_SOCKET_RELEASES))
 
