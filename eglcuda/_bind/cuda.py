@@ -381,6 +381,12 @@ def event_done(event: int, doing: str = "") -> bool:
     return True
 
 
+def event_synchronize(event: int, doing: str = "") -> None:
+    """Wait until the work before ``event``'s last record is done (``cuEventSynchronize``; the
+    GIL is released meanwhile)."""
+    check(lib.cuEventSynchronize(ffi.cast("CUevent", event)), "cuEventSynchronize", doing)
+
+
 def event_destroy(event: int) -> int:
     """``cuEventDestroy``; returns the driver's status (finalizers ignore it)."""
     return lib.cuEventDestroy(ffi.cast("CUevent", event))

@@ -4,10 +4,14 @@ buffers with a frame receive posted in each free one (the relay sends only as ma
 this side gave credit for), the frames that arrived in the relay's order, the relay's notes
 (beats, GONE), this side's beats and credits, and the link's end.
 
-Threads: the coroutines and the receives' callbacks run on the engine's thread (_ucx.py); the
-subscriber's thread takes frames (:meth:`Receiver.take`), reads them from the window and gives
-their buffers back (:meth:`Receiver.give_back`, which returns the credit). The two meet under
-the receiver's condition.
+Threads: the coroutines and the receives' callbacks run on the engine's thread (_ucx.py). A
+frame that arrives is handed at once, on that thread, to the subscriber's :class:`Landing` (its
+pool: a copy into a free slot queued there), and its buffer goes back to the relay, with its
+credit, as soon as that copy is done: the frame path of a subscriber that keeps up never waits
+for the subscriber's thread. The subscriber's thread takes frames (:meth:`Receiver.take`); one
+that found no free slot on arrival is copied then, from the window, and its buffer given back
+the same way (:meth:`Receiver.give_back_when`). The two threads meet under the receiver's
+condition.
 """
 from __future__ import annotations
 
@@ -19,7 +23,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 import numpy as np
 
@@ -35,7 +39,22 @@ log = logging.getLogger("eglcuda.remote")
 
 FIRST_WORD_S = 1.0  # how long a new connection waits for the relay's first message before another is made
 FRESH_NS = 50_000_000  # a frame this much later than the way's delay is old whatever the frame period
-Arrival = tuple[int, int, bytes, int]  # a frame that arrived: seq, timestamp_ns, payload, window buffer
+# A frame that arrived: seq, timestamp_ns, payload, window buffer, pool slot it was copied into (-1: not yet)
+Arrival = tuple[int, int, bytes, int, int]
+NO_SLOT = -1
+
+
+class Landing(Protocol):
+    """Where a receiver's frames land: the subscriber's pool (subscriber.py)."""
+
+    def copy_in(self, link: "Receiver", index: int) -> tuple[int, Callable[[], bool]] | None:
+        """On the engine's thread: queue the copy of window buffer ``index`` into a free slot;
+        the slot and what says the copy ended, or None (no free slot, or the link is not the
+        subscriber's any more: the subscriber's thread copies it when it takes it)."""
+
+    def unused(self, link: "Receiver", slots: list[int]) -> None:
+        """``slots`` were copied into from ``link`` and will never be handed out (a 'latest'
+        subscriber's older frames): they are free again."""
 
 
 @dataclass(frozen=True)
@@ -132,11 +151,13 @@ class Receiver:
     """One joined connection to the relay (see the module's docstring): endpoint ``ep`` after
     :func:`join`, receiving into ``window`` (its own from now on: freed by :meth:`free`)."""
 
-    def __init__(self, ep: Any, window: Pinned, terms: Terms, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, ep: Any, window: Pinned, terms: Terms, loop: asyncio.AbstractEventLoop,
+                 landing: Landing | None = None) -> None:
         self.ep = ep
         self.window = window
         self._terms = terms
         self._loop = loop
+        self._landing = landing
         self._readiness: Readiness | None = None  # fileno()'s descriptor, set as frames arrive or the link ends
         self._cond = threading.Condition()
         self._ready: collections.deque[Arrival] = collections.deque()  # in the relay's order
@@ -149,6 +170,11 @@ class Receiver:
         # (under _cond); _watching: the engine looks at them (a look is queued or will be).
         self._copying: collections.deque[tuple[int, Callable[[], bool]]] = collections.deque()
         self._watching = False
+        # Frames not copied on arrival and not yet given a slot by the subscriber's thread (under
+        # _cond): while there are any, no frame is copied on arrival, so that the frames copied
+        # on arrival always come before those not (in the relay's order) and a frame taken
+        # without a slot always finds one free (the subscriber holds fewer than its pool).
+        self._unlanded = 0
         self._copy_since = 0.0  # (engine) when it first found the oldest copy still running
         self.lost: BaseException | None = None  # what ended the link
         self._heard = time.monotonic()
@@ -183,6 +209,7 @@ class Receiver:
         frames that waited in the window come free. When no frame is left: the error that ended
         the link; None once ``closing()`` says so (a close from another thread, which wakes it)."""
         latest = self._terms.qos is Qos.LATEST
+        unused: list[int] = []
         with self._cond:
             while True:
                 while not self._ready and self.lost is None and not closing():
@@ -192,33 +219,55 @@ class Receiver:
                     self._cond.wait(left)
                 if closing():
                     return None
-                old = self._stale_frames() if latest else 0
-                if not old:
+                if not latest or not self._stale_frames(unused):
                     break
-                self._credit(old)  # (the relay sends the next frame published instead)
+                self._hand_back(unused)  # (the relay sends the next frame published instead)
             if not self._ready:
                 assert self.lost is not None
                 return self.lost
-            stale = len(self._ready) - 1 if latest else 0
-            for _ in range(stale):
-                self._free.append(self._ready.popleft()[3])
+            if latest:
+                self._let_go_older(len(self._ready) - 1, unused)
             arrival = self._ready.popleft()
-        if stale:
-            self._credit(stale)
+            self._hand_back(unused)
         return arrival
 
-    def _stale_frames(self) -> int:
-        """In a 'latest' subscriber's window: move the frames ready to be taken back to the free
-        buffers when even the newest of them is old (see _lag_ns); how many (under _cond)."""
+    def _stale_frames(self, unused: list[int]) -> bool:
+        """In a 'latest' subscriber's window: let go of the frames ready to be taken when even
+        the newest of them is old (see _lag_ns); whether it did (under _cond)."""
         if not self._ready or self._lag_ns is None:
-            return 0
+            return False
         timestamp = self._ready[-1][1]
         if not timestamp or time.monotonic_ns() - timestamp - self._lag_ns <= max(FRESH_NS, 2 * self._period_ns):
-            return 0
-        count = len(self._ready)
-        while self._ready:
-            self._free.append(self._ready.popleft()[3])
-        return count
+            return False
+        self._let_go_older(len(self._ready), unused)
+        return True
+
+    def _let_go_older(self, count: int, unused: list[int]) -> None:
+        """Let go of the ``count`` oldest frames ready to be taken (under _cond): a buffer not
+        copied from yet is free at once and owed to the relay as credit; the slot of a frame
+        copied on arrival goes to ``unused`` (its buffer comes free when the copy is done)."""
+        for _ in range(count):
+            _, _, _, index, slot = self._ready.popleft()
+            if slot == NO_SLOT:
+                self._free.append(index)
+                self._owed += 1
+                self._unlanded -= 1
+            else:
+                unused.append(slot)
+
+    def landed(self) -> None:
+        """The subscriber's thread gave a frame taken without a slot one (or failed to)."""
+        with self._cond:
+            self._unlanded -= 1
+
+    def _hand_back(self, unused: list[int]) -> None:
+        """What :meth:`_let_go_older` let go of: the slots to the landing, the credit owed to
+        the engine's thread (under _cond: the landing's lock is only ever taken after it)."""
+        if unused and self._landing is not None:
+            self._landing.unused(self, unused)
+        unused.clear()
+        if self._owed and self._owe(0):
+            self._hand_credit()
 
     def give_back(self, index: int) -> None:
         """Window buffer ``index`` was read: a receive goes into it again, the relay gets its credit."""
@@ -271,15 +320,33 @@ class Receiver:
                 pass
 
     def stop(self) -> bool:
-        """End the link and free the window once no receive may write it (False: one did not end
-        in 5 s; the window is left allocated rather than freed under UCX)."""
+        """End the link and free the window once no receive may write it and no copy reads it
+        (False: one did not end in 5 s; the window is left allocated rather than freed under UCX
+        or the GPU)."""
         try:
             asyncio.run_coroutine_threadsafe(self._stop(), self._loop).result(5)
         except Exception:  # noqa: BLE001 - teardown goes on
             pass
-        if not self._ended.wait(5):
+        if not self._ended.wait(5) or not self._copies_ended(time.monotonic() + 5):
             return False
         self.window.close()
+        return True
+
+    def _copies_ended(self, deadline: float) -> bool:
+        """Wait until every copy from the window ended (a failed query counts as ended), up to
+        ``deadline``."""
+        with self._cond:
+            copies = [copied for _, copied in self._copying]
+        for copied in copies:
+            while True:
+                try:
+                    if copied():
+                        break
+                except Exception:  # noqa: BLE001 - a failing driver: nothing more to wait for
+                    break
+                if time.monotonic() > deadline:
+                    return False
+                time.sleep(0.0005)
         return True
 
     def _credit(self, count: int) -> None:
@@ -352,10 +419,11 @@ class Receiver:
                     step = timestamp_ns - self._last_ts
                     self._period_ns = step if not self._period_ns else (7 * self._period_ns + step) // 8
                 self._last_ts = timestamp_ns
+            slot = self._land(index, order)
             with self._cond:
                 # UCX matches posted receives with the relay's sends in order: handing frames out
                 # in posting order keeps the relay's order when receives finish out of order.
-                self._done[order] = (seq, timestamp_ns, payload, index)
+                self._done[order] = (seq, timestamp_ns, payload, index, slot)
                 while self._next_out in self._done:
                     counter = self._counters.pop(self._next_out)
                     if counter <= self._last_counter:  # (the relay's counter grows: a frame played again)
@@ -375,6 +443,41 @@ class Receiver:
         finally:
             if not self._receiving and self.lost is not None:
                 self._ended.set()
+
+    def _land(self, index: int, order: int) -> int:
+        """Hand the frame in window buffer ``index`` (the ``order``-th receive) to the landing:
+        the pool slot its copy was queued into (its buffer is given back once that copy is
+        done), or NO_SLOT. For a 'latest' subscriber the frames ready before it are let go
+        first: it is the one that subscriber takes next. Only a frame that completed in the
+        relay's order, with none before it waiting for a slot, is copied on arrival (see
+        _unlanded)."""
+        landing = self._landing
+        if landing is None:
+            return NO_SLOT
+        unused: list[int] = []
+        with self._cond:
+            in_order = order == self._next_out
+            if in_order and self._ready and self._terms.qos is Qos.LATEST:
+                self._let_go_older(len(self._ready), unused)
+            owed = self._owed
+            blocked = not in_order or self._unlanded > 0
+        if unused:
+            landing.unused(self, unused)
+        if owed:
+            self._give_owed()  # (on this thread: at once)
+        landed = None if blocked else landing.copy_in(self, index)
+        if landed is None:
+            with self._cond:
+                self._unlanded += 1
+            return NO_SLOT
+        slot, copied = landed
+        with self._cond:
+            self._copying.append((index, copied))
+            start = not self._watching
+            self._watching = True
+        if start:
+            self._loop.call_soon(self._watch_copies)
+        return slot
 
     def _failed(self, exc: Exception) -> None:
         """End the link on a receive's failure: the relay broke the protocol, or the endpoint failed."""

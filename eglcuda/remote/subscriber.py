@@ -7,12 +7,13 @@ each joined connection, a pool of frames on its own GPU, and the messages it han
 
 Threads: the shared UCX engine (_ucx.py; its side is receiver.py) receives each frame into a
 page-locked host buffer of the window (the relay sends only as many frames as this side gave
-credit for) and sends credits and beats; :meth:`RemoteFeed.receive` (the user's thread) copies
-the frame host -> device into a free pool slot on a copy stream that first waits for the
-subscriber's stream (where releases joined every reader of the slot, docs/ordering.md), records
-an event after the copy and hands the host buffer to the engine (which gives it back, with its
-credit, as soon as that event says the copy is done, while this thread waits for the copy too),
-then hands out a :class:`eglcuda.topics.SlotView` of the slot.
+credit for) and, on its own thread, queues the frame's copy host -> device into a free pool slot
+(:meth:`RemoteFeed.copy_in`) on a copy stream that first waits for the subscriber's stream (where
+releases joined every reader of the slot, docs/ordering.md) and records the slot's event after
+it; the host buffer goes back to the relay, with its credit, as soon as that event says the copy
+is done. :meth:`RemoteFeed.receive` (the user's thread) takes the next frame, waits for its copy
+(a frame that found no free slot on arrival is copied now) and hands out a
+:class:`eglcuda.topics.SlotView` of the slot.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ import os
 import threading
 import time
 import weakref
-from typing import Any, Iterable, NoReturn
+from typing import Any, Callable, Iterable, NoReturn
 
 
 from .._bind import cuda
@@ -44,7 +45,7 @@ from ..topics.transports.base import UNMAP_WAIT_S, Geometry
 from ..topics.transports.views import SlotView, _ViewSpec, join_readers
 from . import _ucx, keys, session, wire
 from .buffers import Pinned
-from .receiver import Receiver, Terms, join
+from .receiver import NO_SLOT, Receiver, Terms, join
 from .session import frame_mode
 from .wire import NO_PUBLISHER, parse_address
 
@@ -114,7 +115,7 @@ class RemoteFeed:
         self._free_slots: collections.deque[int] = collections.deque()
         self._spec: _ViewSpec | None = None
         self._copy_stream: int | None = None
-        self._copy_events: list[int] = []  # one per window buffer: recorded after the H2D copy from it
+        self._slot_events: list[int] = []  # one per pool slot: recorded after the H2D copy into it
         self.info: TopicInfo | None = None
         self._backend = CudaSubscriberBackend(device, None, cuda_stream)
         if self._backend.device is None:  # pragma: no cover - a CUDA subscriber always has one
@@ -201,7 +202,7 @@ class RemoteFeed:
                         "a remote subscriber's receive window")
         loop = self._loop
         assert loop is not None
-        link = Receiver(ep, window, self._terms, loop)
+        link = Receiver(ep, window, self._terms, loop, self)
         link.watch(self._ready)
         self._link = link
         self._lost = None
@@ -242,41 +243,33 @@ class RemoteFeed:
             raise self._closed_error()
         if isinstance(arrival, BaseException):
             self._lose(arrival)
-        seq, timestamp_ns, payload, index = arrival
-        return self._deliver(link, seq, timestamp_ns, payload, index)
+        seq, timestamp_ns, payload, index, slot = arrival
+        return self._deliver(link, seq, timestamp_ns, payload, index, slot)
 
-    def _deliver(self, link: Receiver, seq: int, timestamp_ns: int, payload: bytes, index: int) -> Message:
-        with self._state:
-            slot = self._free_slots.popleft()
+    def _deliver(self, link: Receiver, seq: int, timestamp_ns: int, payload: bytes, index: int,
+                 slot: int) -> Message:
+        if slot == NO_SLOT:  # (not copied on arrival: copied now, into a slot certainly free, see Receiver)
+            try:
+                with self._state:
+                    slot = self._free_slots.popleft()
+                    try:
+                        event = self._copy_into(link, index, slot)
+                    except BaseException:
+                        self._free_slots.appendleft(slot)
+                        raise
+            except BaseException:
+                link.give_back(index)  # (outside the lock: the receiver's is never taken inside it)
+                raise
+            finally:
+                link.landed()
+            # The engine gives the buffer back (its credit to the relay) once the copy is done, not
+            # after this thread woke from its wait and handed it over.
+            link.give_back_when(index, lambda: self._copied(event))
+        else:
+            event = self._slot_events[slot]
         view = self._views_of(slot)
-        own = self._backend.cuda_stream
-        copy = self._copy_stream
-        assert own is not None and copy is not None and self._spec is not None
         try:
-            self._device.make_current()
-            # The slot's earlier readers were joined into the subscriber's stream at their release.
-            cuda.join_streams(copy, (own,), "ordering a remote frame's copy after the slot's readers")
-            source = link.window.arrays[index]
-            at = wire.DATA_AT
-            for g, offset in zip(self._spec.planes, self._spec.geometry.plane_offsets):
-                size = g.row_bytes * g.height
-                cuda.copy_2d(copy, ("host", source[at:at + size], g.row_bytes), ("device", view._base + offset, g.pitch),
-                             g.row_bytes, g.height, False)
-                at += size
-            while len(self._copy_events) <= index:
-                self._copy_events.append(cuda.event_create())
-            event = self._copy_events[index]
-            cuda.event_record(event, copy, "marking a remote frame's copy into the subscriber's pool")
-        except BaseException:
-            with self._state:
-                self._free_slots.appendleft(slot)
-            link.give_back(index)
-            raise
-        # The engine gives the buffer back (its credit to the relay) once the copy is done, not
-        # after this thread woke from its wait and handed it over.
-        link.give_back_when(index, lambda: self._copied(event))
-        try:
-            cuda.stream_synchronize(copy, "copying a remote frame into the subscriber's pool")
+            cuda.event_synchronize(event, "copying a remote frame into the subscriber's pool")
         except BaseException:
             with self._state:
                 self._free_slots.appendleft(slot)
@@ -288,11 +281,58 @@ class RemoteFeed:
             self._held.add(message)
         return message
 
+    def _copy_into(self, link: Receiver, index: int, slot: int) -> int:
+        """Queue the copy of ``link``'s window buffer ``index`` into pool ``slot`` on the copy
+        stream, after the slot's readers; the slot's event, recorded after it (under _state)."""
+        own = self._backend.cuda_stream
+        copy = self._copy_stream
+        spec = self._spec
+        assert own is not None and copy is not None and spec is not None
+        base = self._pool[slot].planes[0].pointer
+        self._device.make_current()
+        # The slot's earlier readers were joined into the subscriber's stream at their release.
+        cuda.join_streams(copy, (own,), "ordering a remote frame's copy after the slot's readers")
+        source = link.window.arrays[index]
+        at = wire.DATA_AT
+        for g, offset in zip(spec.planes, spec.geometry.plane_offsets):
+            size = g.row_bytes * g.height
+            cuda.copy_2d(copy, ("host", source[at:at + size], g.row_bytes), ("device", base + offset, g.pitch),
+                         g.row_bytes, g.height, False)
+            at += size
+        while len(self._slot_events) <= slot:
+            self._slot_events.append(cuda.event_create())
+        event = self._slot_events[slot]
+        cuda.event_record(event, copy, "marking a remote frame's copy into the subscriber's pool")
+        return event
+
+    def copy_in(self, link: Receiver, index: int) -> tuple[int, Callable[[], bool]] | None:
+        """(:class:`~.receiver.Landing`, on the engine's thread) Queue the copy of a frame that
+        just arrived into a free slot: the slot and what says the copy ended, or None."""
+        with self._state:
+            if self._closing or self._link is not link or not self._free_slots:
+                return None
+            slot = self._free_slots.popleft()
+            try:
+                event = self._copy_into(link, index, slot)
+            except EglCudaError as exc:  # (the user's thread copies it when it takes it, and hears why)
+                self._free_slots.appendleft(slot)
+                log.debug("remote topic %s: a frame's copy on arrival failed: %s", self.name, exc)
+                return None
+        return slot, lambda: self._copied(event)
+
+    def unused(self, link: Receiver, slots: list[int]) -> None:
+        """(:class:`~.receiver.Landing`) Slots copied into from ``link`` whose frames a 'latest'
+        subscriber will not take: free again (their next copy is queued after this one on the
+        copy stream)."""
+        with self._state:
+            if self._link is link:  # (a new link starts with every slot free)
+                self._free_slots.extend(slots)
+
     def _copied(self, event: int) -> bool:
         """Whether the H2D copy before ``event`` is done (asked on the engine's thread; a closed
         feed's copies ended before its events did)."""
         with self._state:
-            if event not in self._copy_events:
+            if event not in self._slot_events:
                 return True
             self._device.make_current()
             return cuda.event_done(event, "asking whether a remote frame's copy is done")
@@ -353,7 +393,8 @@ class RemoteFeed:
             self._held.clear()
 
     def _drop_link(self) -> None:
-        link, self._link = self._link, None
+        with self._state:  # (copy_in refuses a link that is not this feed's any more)
+            link, self._link = self._link, None
         if link is not None and not link.stop():
             log.warning("remote topic %s: a receive did not end in 5 s: its window buffers stay allocated", self.name)
 
@@ -494,15 +535,17 @@ class RemoteFeed:
         _ucx.untrack(self)
 
     def _settle(self) -> None:
-        """Wait (bounded) for GPU work queued on the pool before it is written or freed."""
+        """Wait (bounded) for GPU work queued on the pool (its readers' and its copies') before
+        it is written or freed."""
         own = self._backend.cuda_stream
         if own is None or self._device is None:
             return
         self._device.make_current()
         deadline = time.monotonic() + UNMAP_WAIT_S
         try:
-            while not cuda.stream_idle(own) and time.monotonic() < deadline:
-                time.sleep(0.001)
+            for stream in (own, self._copy_stream):
+                while stream is not None and not cuda.stream_idle(stream) and time.monotonic() < deadline:
+                    time.sleep(0.001)
         except EglCudaError:
             pass
 
@@ -528,7 +571,7 @@ class RemoteFeed:
                 cuda.stream_destroy(self._copy_stream)
                 self._copy_stream = None
             with self._state:
-                events, self._copy_events = self._copy_events, []
+                events, self._slot_events = self._slot_events, []
             for event in events:
                 cuda.event_destroy(event)
         finally:

@@ -97,6 +97,10 @@ class SlowReader:
 
 
 def batch(args) -> int:
+    if args.torch:  # (imported first: their start-up, seconds, would leave the 'every' sources unread)
+        import cupy  # noqa: F401
+        import torch  # noqa: F401
+        torch.zeros(1, device="cuda")
     subs = subscribers(args)
     source_seeds = seeds(args)
     say(event="ready", transports=[s.transport for s in subs])

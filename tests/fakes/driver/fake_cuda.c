@@ -1227,7 +1227,7 @@ FAKE_EXPORT CUresult cuEventSynchronize(CUevent event)
 {
     FAKE_ENTER("cuEventSynchronize", return fake_fault_);
     CUresult status = event_check("cuEventSynchronize", event);
-    if (status == CUDA_SUCCESS && d2h_delay_ns) {
+    if (status == CUDA_SUCCESS && (d2h_delay_ns || h2d_delay_ns)) {
         fake__lock();
         struct fake_event *e = event_of(event);
         if (e)

@@ -489,3 +489,42 @@ def test_a_window_buffer_is_credited_only_once_its_slow_copy_to_the_pool_is_done
         _frames_ok(peer)
     seqs = [m["seq"] for m in every.got()]
     assert seqs == list(range(seqs[0], seqs[0] + 40))
+
+
+def test_a_latest_remote_takes_the_topic_while_its_user_is_busy_and_receives_a_fresh_frame(cluster):
+    # Its frames land in its pool as they arrive and each window buffer goes back to the relay
+    # as soon as its copy is done: the relay goes on sending while the user receives nothing
+    # (it used to stop once the window of 3 was full), and the user's next receive gets a
+    # frame published a moment before, every byte of it right.
+    cluster.publisher(rate=300)
+    relay, address = cluster.relay("--qos", "latest")
+    latest = cluster.subscriber(address, "--qos", "latest", "--count", "6", "--wait-go")
+    latest.wait_for(lambda m: m["event"] == "ready")
+    sent = []
+    for _ in range(2):
+        time.sleep(1.0)
+        relay.messages.clear()
+        relay.send("remotes")
+        sent.append(sum(r["sent"] for r in relay.wait_for(lambda m: m["event"] == "remotes")["remotes"]))
+    assert sent[1] - sent[0] >= 30, sent  # (300 a second published; two shared cores may take fewer)
+    latest.send("go")
+    latest.wait_for(lambda m: m["event"] == "done")
+    _frames_ok(latest)
+    got = latest.got()
+    assert got[0]["latency_us"] < 200_000, got[0]
+    seqs = [m["seq"] for m in got]
+    assert seqs == sorted(set(seqs))
+
+
+def test_an_every_remote_holding_most_of_its_pool_gets_every_frame_in_order(cluster):
+    # Queue 3, holding 2 while it sleeps: frames arriving while no slot is free wait in the
+    # window and are copied when taken, those after them wait behind them, and those arriving
+    # with a slot free are copied on arrival: every frame, in order, every byte.
+    cluster.publisher(rate=300)
+    relay, address = cluster.relay("--qos", "every", "--queue", "8", "--every-timeout", "5")
+    every = cluster.subscriber(address, "--qos", "every", "--queue", "3", "--count", "60", "--hold", "2",
+                               "--sleep-ms", "5")
+    every.wait_for(lambda m: m["event"] == "done", timeout=60)
+    _frames_ok(every)
+    seqs = [m["seq"] for m in every.got()]
+    assert seqs == list(range(seqs[0], seqs[0] + 60))
