@@ -207,6 +207,21 @@ def forked(args) -> int:
     return 0
 
 
+def dropped(args) -> int:
+    """A remote subscriber receives a frame and is dropped without close(); once collected, it
+    leaves the relay (the relay's listing says so) while this process lives on."""
+    import gc
+
+    sub = eglcuda.Subscriber(args.name, qos=args.qos, timeout=args.timeout, remote=args.remote)
+    with sub.receive(args.timeout) as message:
+        ok = check(message, args.seed)[0]
+    del sub, message
+    gc.collect()
+    say(event="dropped", ok=ok)
+    sys.stdin.readline()  # (alive until the test looked at the relay)
+    return 0
+
+
 def pair(args) -> int:
     """Two remote subscribers in this one process, on two relays (``--remote`` and ``--remote2``,
     publishers seeded ``--seed`` and ``--seed2``), received in turn: every byte of ``--count``
@@ -508,7 +523,7 @@ def main() -> int:
         logging.basicConfig(level=logging.DEBUG, stream=sys.stderr, format="%(relativeCreated)d %(message)s")
     parser = argparse.ArgumentParser()
     parser.add_argument("role", choices=["relay", "subscribe", "garbage", "cycles", "pair", "forked", "mitm",
-                                           "forge", "deaf", "flood"])
+                                           "forge", "deaf", "flood", "dropped"])
     parser.add_argument("--mode", default="magic")
     parser.add_argument("--frames", default="plain")
     parser.add_argument("--seconds", type=float, default=10.0)
@@ -543,7 +558,7 @@ def main() -> int:
     parser.add_argument("--wait-go", action="store_true")
     args = parser.parse_args()
     return {"relay": relay, "subscribe": subscribe, "garbage": garbage, "cycles": cycles, "pair": pair, "forked": forked,
-            "mitm": mitm, "forge": forge, "deaf": deaf, "flood": flood}[args.role](args)
+            "mitm": mitm, "forge": forge, "deaf": deaf, "flood": flood, "dropped": dropped}[args.role](args)
 
 
 if __name__ == "__main__":

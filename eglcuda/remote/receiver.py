@@ -453,6 +453,8 @@ class Receiver:
         _unlanded)."""
         landing = self._landing
         if landing is None:
+            with self._cond:
+                self._unlanded += 1
             return NO_SLOT
         unused: list[int] = []
         with self._cond:

@@ -534,6 +534,17 @@ class RemoteFeed:
             self._teardown()
         _ucx.untrack(self)
 
+    def orphaned(self) -> None:
+        """Its :class:`eglcuda.Subscriber` was collected without close(): close it on a thread of
+        its own (a collection may run on any thread, inside any lock), or leave it to the exit
+        hook when none can start (the interpreter is ending)."""
+        if self._closed or self._closing or os.getpid() != self._pid:
+            return
+        try:
+            threading.Thread(target=self.close, name=f"eglcuda-remote-close-{self.name}", daemon=True).start()
+        except RuntimeError:
+            pass
+
     def _settle(self) -> None:
         """Wait (bounded) for GPU work queued on the pool (its readers' and its copies') before
         it is written or freed."""

@@ -104,6 +104,9 @@ class Subscriber:
             self._remote = remote_feed(self.name, self.qos, queue, device, self.timeout, gl_context, cuda_stream,
                                        remote, key, frames)
             self.path = self._remote.path
+            # (Its link lives on the UCX engine, not in this object: collected unclosed, it is
+            # closed in the background; at exit the engine's exit hook closes it.)
+            weakref.finalize(self, self._remote.orphaned).atexit = False
             return
         if self._busy_wait > _MAX_BUSY_WAIT:
             raise UsageError(f"busy_wait is at most {_MAX_BUSY_WAIT} seconds, got {busy_wait!r}")

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from .conftest import REMOTE_PEER, ROOT
+from .conftest import REMOTE_PEER, ROOT, Peer
 
 
 def _frames_ok(peer) -> None:
@@ -528,3 +528,15 @@ def test_an_every_remote_holding_most_of_its_pool_gets_every_frame_in_order(clus
     _frames_ok(every)
     seqs = [m["seq"] for m in every.got()]
     assert seqs == list(range(seqs[0], seqs[0] + 60))
+
+
+@pytest.mark.parametrize("qos", ["latest", "every"])
+def test_a_remote_subscriber_dropped_without_close_leaves_the_relay_once_collected(cluster, env, qos):
+    # (A 'latest' one would otherwise go on taking the topic's frames until its process exits.)
+    cluster.publisher(rate=300)
+    relay, address = cluster.relay("--qos", "latest")
+    peer = Peer(env, REMOTE_PEER, "dropped", "--name", "t", "--remote", address, "--qos", qos, "--seed", "5")
+    cluster.peers.append(peer)
+    assert peer.wait_for(lambda m: m["event"] == "dropped", timeout=30)["ok"]
+    _until_none_connected(relay, 10, 0.2)
+    peer.send("")
