@@ -24,6 +24,9 @@ import eglcuda  # noqa: E402
 from topics_peer import _check_late_copy, check, say  # noqa: E402
 
 
+CU_STREAM_PER_THREAD = 0x2  # (cuda.h: the calling thread's per-thread default stream)
+
+
 def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
@@ -78,7 +81,8 @@ def subscribe(args) -> int:
     threads, fds = threading.active_count(), open_fds()
     try:
         sub = eglcuda.Subscriber(args.name, qos=args.qos, queue=args.queue, device=args.device, timeout=args.timeout,
-                                 remote=args.remote, frames=args.frames)
+                                 remote=args.remote, frames=args.frames,
+                                 cuda_stream=CU_STREAM_PER_THREAD if args.per_thread_stream else None)
     except eglcuda.EglCudaError as exc:
         say(event="error", kind=type(exc).__name__, reason=str(exc), code=getattr(exc, "code", None),
             threads=threading.active_count() - threads, fds=open_fds() - fds)
@@ -185,10 +189,12 @@ def forked(args) -> int:
     sub = eglcuda.Subscriber(args.name, qos="every", timeout=args.timeout, remote=args.remote)
     with sub.receive(args.timeout) as message:
         first = check(message, args.seed)[0]
+    held = sub.receive(args.timeout)  # (held across the fork: the child's release leaves it to the parent)
     pid = os.fork()
     if pid == 0:  # the child: no Python exit handlers (the parent's engine is not ours)
         code = 5
         try:
+            held.release()
             sub.close()
             try:
                 eglcuda.Subscriber(args.name, timeout=1.0, remote=args.remote)
@@ -198,7 +204,8 @@ def forked(args) -> int:
         finally:
             os._exit(code)
     _, status = os.waitpid(pid, 0)
-    oks = [first]
+    oks = [first, check(held, args.seed)[0]]
+    held.release()
     for _ in range(args.count):
         with sub.receive(args.timeout) as message:
             oks.append(check(message, args.seed)[0])
@@ -553,6 +560,8 @@ def main() -> int:
     parser.add_argument("--rejoin-timeout", type=float, default=0.0)
     parser.add_argument("--close-during-rejoin-ms", type=float, default=0.0)
     parser.add_argument("--late-copy-ms", type=float, default=0.0)
+    parser.add_argument("--per-thread-stream", action="store_true",
+                        help="subscribe: the subscriber's stream is this thread's per-thread default stream")
     parser.add_argument("--no-check", action="store_true")
     parser.add_argument("--wait-bye", action="store_true")
     parser.add_argument("--wait-go", action="store_true")

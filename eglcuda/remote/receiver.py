@@ -349,13 +349,6 @@ class Receiver:
                 time.sleep(0.0005)
         return True
 
-    def _credit(self, count: int) -> None:
-        """``count`` buffers of the window came free: post receives, tell the relay (on the engine)."""
-        with self._cond:
-            hop = self._owe(count)
-        if hop:
-            self._hand_credit()
-
     def _owe(self, count: int) -> bool:
         """Count credit owed (under _cond); whether the engine's thread must be woken for it
         (else a hand-over already queued takes it along)."""
@@ -420,6 +413,7 @@ class Receiver:
                     self._period_ns = step if not self._period_ns else (7 * self._period_ns + step) // 8
                 self._last_ts = timestamp_ns
             slot = self._land(index, order)
+            unused: list[int] = []
             with self._cond:
                 # UCX matches posted receives with the relay's sends in order: handing frames out
                 # in posting order keeps the relay's order when receives finish out of order.
@@ -432,9 +426,18 @@ class Receiver:
                     self._last_counter = counter
                     self._ready.append(self._done.pop(self._next_out))
                     self._next_out += 1
+                if self._terms.qos is Qos.LATEST and len(self._ready) > 1:
+                    # (the newest is the one a 'latest' subscriber takes: the others go now, in the
+                    # same step as it came, so that a frame is always there to take meanwhile)
+                    self._let_go_older(len(self._ready) - 1, unused)
+                owed = self._owed
                 self._cond.notify_all()
                 if self._readiness is not None and self._ready:
                     self._readiness.set()  # (fileno()'s watchers; a write only when it was quiet)
+            if unused and self._landing is not None:
+                self._landing.unused(self, unused)
+            if owed:
+                self._give_owed()  # (on this thread: at once)
             self._arrived += 1
             if self._arrived >= self._expected:
                 self._drained.set()
@@ -447,27 +450,12 @@ class Receiver:
     def _land(self, index: int, order: int) -> int:
         """Hand the frame in window buffer ``index`` (the ``order``-th receive) to the landing:
         the pool slot its copy was queued into (its buffer is given back once that copy is
-        done), or NO_SLOT. For a 'latest' subscriber the frames ready before it are let go
-        first: it is the one that subscriber takes next. Only a frame that completed in the
-        relay's order, with none before it waiting for a slot, is copied on arrival (see
-        _unlanded)."""
+        done), or NO_SLOT. Only a frame that completed in the relay's order, with none before it
+        waiting for a slot, is copied on arrival (see _unlanded)."""
         landing = self._landing
-        if landing is None:
-            with self._cond:
-                self._unlanded += 1
-            return NO_SLOT
-        unused: list[int] = []
         with self._cond:
-            in_order = order == self._next_out
-            if in_order and self._ready and self._terms.qos is Qos.LATEST:
-                self._let_go_older(len(self._ready), unused)
-            owed = self._owed
-            blocked = not in_order or self._unlanded > 0
-        if unused:
-            landing.unused(self, unused)
-        if owed:
-            self._give_owed()  # (on this thread: at once)
-        landed = None if blocked else landing.copy_in(self, index)
+            blocked = landing is None or order != self._next_out or self._unlanded > 0
+        landed = None if blocked or landing is None else landing.copy_in(self, index)
         if landed is None:
             with self._cond:
                 self._unlanded += 1

@@ -116,6 +116,10 @@ class RemoteFeed:
         self._spec: _ViewSpec | None = None
         self._copy_stream: int | None = None
         self._slot_events: list[int] = []  # one per pool slot: recorded after the H2D copy into it
+        self._released_events: list[int] = []  # one per pool slot: recorded at its release, after its readers
+        self._window_events: list[int] = []  # one per window buffer: recorded after the H2D copy from it
+        self._hold_limit = 0  # messages the user may hold at once
+        self._orphaned = False  # its Subscriber was collected: closed once no message is held
         self.info: TopicInfo | None = None
         self._backend = CudaSubscriberBackend(device, None, cuda_stream)
         if self._backend.device is None:  # pragma: no cover - a CUDA subscriber always has one
@@ -184,7 +188,10 @@ class RemoteFeed:
 
     def _attach(self, ep: Any, welcome: wire.Welcome) -> None:
         """Make the pool and the window's host buffers for ``welcome``'s frames; start reading."""
-        limit = self._terms.queue if self.qos is Qos.EVERY else protocol.LATEST_HOLD
+        # (A 'latest' pool has a slot more than it may hold: the frame arriving next lands in
+        # it while the newest that arrived waits to be taken.)
+        self._hold_limit = self._terms.queue if self.qos is Qos.EVERY else protocol.LATEST_HOLD
+        limit = self._hold_limit + (1 if self.qos is Qos.LATEST else 0)
         spec_key = (welcome.width, welcome.height, welcome.format)
         if self._spec is None or (self._spec.geometry.width, self._spec.geometry.height,
                                   self._spec.geometry.format) != spec_key or len(self._pool) != limit:
@@ -234,7 +241,7 @@ class RemoteFeed:
         link = self._link
         if link is None or self._lost is not None:
             raise self._lost or StreamDisconnected(f"not connected to topic {self.name!r}")
-        if len(self._held) >= len(self._pool):
+        if len(self._held) >= self._hold_limit:
             raise UsageError(f"this subscriber holds {len(self._held)} message(s), as many as it may: release "
                              "one before receiving another")
         wait = self.timeout if timeout is None else sockets.wait_seconds(timeout)
@@ -248,12 +255,15 @@ class RemoteFeed:
 
     def _deliver(self, link: Receiver, seq: int, timestamp_ns: int, payload: bytes, index: int,
                  slot: int) -> Message:
-        if slot == NO_SLOT:  # (not copied on arrival: copied now, into a slot certainly free, see Receiver)
+        if slot == NO_SLOT:  # (not copied on arrival: copied now, into a slot free by then, see Receiver)
             try:
                 with self._state:
+                    if not self._free_slots:  # (only after an exception interrupted a receive halfway)
+                        raise StreamDisconnected(f"topic {self.name!r}: no pool slot is free for the next "
+                                                 "frame; join again (wait_for_publisher)")
                     slot = self._free_slots.popleft()
                     try:
-                        event = self._copy_into(link, index, slot)
+                        event, read = self._copy_into(link, index, slot)
                     except BaseException:
                         self._free_slots.appendleft(slot)
                         raise
@@ -264,7 +274,7 @@ class RemoteFeed:
                 link.landed()
             # The engine gives the buffer back (its credit to the relay) once the copy is done, not
             # after this thread woke from its wait and handed it over.
-            link.give_back_when(index, lambda: self._copied(event))
+            link.give_back_when(index, lambda: self._copied(read))
         else:
             event = self._slot_events[slot]
         view = self._views_of(slot)
@@ -281,17 +291,20 @@ class RemoteFeed:
             self._held.add(message)
         return message
 
-    def _copy_into(self, link: Receiver, index: int, slot: int) -> int:
+    def _copy_into(self, link: Receiver, index: int, slot: int) -> tuple[int, int]:
         """Queue the copy of ``link``'s window buffer ``index`` into pool ``slot`` on the copy
-        stream, after the slot's readers; the slot's event, recorded after it (under _state)."""
-        own = self._backend.cuda_stream
+        stream, after the slot's readers; the slot's event and the window buffer's, recorded
+        after it (under _state; on any thread)."""
         copy = self._copy_stream
         spec = self._spec
-        assert own is not None and copy is not None and spec is not None
+        assert copy is not None and spec is not None
         base = self._pool[slot].planes[0].pointer
         self._device.make_current()
-        # The slot's earlier readers were joined into the subscriber's stream at their release.
-        cuda.join_streams(copy, (own,), "ordering a remote frame's copy after the slot's readers")
+        # The slot's readers were joined, at its release, into an event recorded on the thread
+        # that released it (a per-thread default stream names that thread's; docs/ordering.md).
+        # Never recorded (a slot not read since the pool was made): no wait.
+        released = self._event(self._released_events, slot)
+        cuda.stream_wait_event(copy, released, "ordering a remote frame's copy after the slot's readers")
         source = link.window.arrays[index]
         at = wire.DATA_AT
         for g, offset in zip(spec.planes, spec.geometry.plane_offsets):
@@ -299,11 +312,18 @@ class RemoteFeed:
             cuda.copy_2d(copy, ("host", source[at:at + size], g.row_bytes), ("device", base + offset, g.pitch),
                          g.row_bytes, g.height, False)
             at += size
-        while len(self._slot_events) <= slot:
-            self._slot_events.append(cuda.event_create())
-        event = self._slot_events[slot]
-        cuda.event_record(event, copy, "marking a remote frame's copy into the subscriber's pool")
-        return event
+        landed = self._event(self._slot_events, slot)
+        cuda.event_record(landed, copy, "marking a remote frame's copy into the subscriber's pool")
+        read = self._event(self._window_events, index)
+        cuda.event_record(read, copy, "marking a remote frame's copy from the window")
+        return landed, read
+
+    @staticmethod
+    def _event(events: list[int], index: int) -> int:
+        """``events[index]``, made when first asked for (under _state)."""
+        while len(events) <= index:
+            events.append(cuda.event_create())
+        return events[index]
 
     def copy_in(self, link: Receiver, index: int) -> tuple[int, Callable[[], bool]] | None:
         """(:class:`~.receiver.Landing`, on the engine's thread) Queue the copy of a frame that
@@ -313,12 +333,12 @@ class RemoteFeed:
                 return None
             slot = self._free_slots.popleft()
             try:
-                event = self._copy_into(link, index, slot)
+                _, read = self._copy_into(link, index, slot)
             except EglCudaError as exc:  # (the user's thread copies it when it takes it, and hears why)
                 self._free_slots.appendleft(slot)
                 log.debug("remote topic %s: a frame's copy on arrival failed: %s", self.name, exc)
                 return None
-        return slot, lambda: self._copied(event)
+        return slot, lambda: self._copied(read)
 
     def unused(self, link: Receiver, slots: list[int]) -> None:
         """(:class:`~.receiver.Landing`) Slots copied into from ``link`` whose frames a 'latest'
@@ -329,10 +349,11 @@ class RemoteFeed:
                 self._free_slots.extend(slots)
 
     def _copied(self, event: int) -> bool:
-        """Whether the H2D copy before ``event`` is done (asked on the engine's thread; a closed
-        feed's copies ended before its events did)."""
+        """Whether the H2D copy from a window buffer before ``event`` is done (asked on the
+        engine's thread, and on the user's when the link stops; a closed feed's copies ended
+        before its events did)."""
         with self._state:
-            if event not in self._slot_events:
+            if event not in self._window_events:
                 return True
             self._device.make_current()
             return cuda.event_done(event, "asking whether a remote frame's copy is done")
@@ -352,6 +373,9 @@ class RemoteFeed:
 
     def _release(self, message: Message, cuda_stream: Any) -> None:
         """A message's release (:meth:`eglcuda.topics.Message.release`)."""
+        if os.getpid() != self._pid:  # (a forked child's copy of the parent's: its lock may stay held)
+            let_go(message)
+            return
         stream = None if cuda_stream is None else stream_handle(cuda_stream)
         with self._state:
             if message._released:
@@ -363,14 +387,21 @@ class RemoteFeed:
             if not self._closed and self._link is not None and own is not None:
                 try:
                     used = join_readers(view, own, stream)
-                    if used != own:  # the slot's next copy waits for the stream it was released on
-                        self._device.make_current()
-                        cuda.join_streams(own, (used,), "ordering a remote slot's next copy after its release")
+                    self._mark_released(view.slot, used)
                 except EglCudaError:
                     pass
             view._released = True
             if self._link is not None and view.slot < len(self._pool):
                 self._free_slots.append(view.slot)
+            last = self._orphaned and not self._held
+        if last:
+            self._close_in_background()
+
+    def _mark_released(self, slot: int, stream: int) -> None:
+        """Record slot ``slot``'s release event on ``stream`` (where its readers were joined),
+        on the releasing thread; its next copy waits for it (under _state)."""
+        self._device.make_current()
+        cuda.event_record(self._event(self._released_events, slot), stream, "marking a remote slot's release")
 
     def _lose(self, error: BaseException) -> NoReturn:
         self._lost = error
@@ -386,7 +417,7 @@ class RemoteFeed:
             for message in list(self._held):
                 if own is not None and not message._released:
                     try:
-                        join_readers(message._frame, own, None)
+                        self._mark_released(message._frame.slot, join_readers(message._frame, own, None))
                     except EglCudaError:  # (a failing driver: the pool goes with the next join)
                         pass
                 let_go(message)
@@ -396,7 +427,8 @@ class RemoteFeed:
         with self._state:  # (copy_in refuses a link that is not this feed's any more)
             link, self._link = self._link, None
         if link is not None and not link.stop():
-            log.warning("remote topic %s: a receive did not end in 5 s: its window buffers stay allocated", self.name)
+            log.warning("remote topic %s: a receive or a copy from the window did not end in 5 s: its window "
+                        "buffers stay allocated", self.name)
 
     # ---- the publisher coming back ------------------------------------------------------------------
     def wait_for_publisher(self, timeout: float | None = None) -> TopicInfo:
@@ -535,11 +567,17 @@ class RemoteFeed:
         _ucx.untrack(self)
 
     def orphaned(self) -> None:
-        """Its :class:`eglcuda.Subscriber` was collected without close(): close it on a thread of
-        its own (a collection may run on any thread, inside any lock), or leave it to the exit
-        hook when none can start (the interpreter is ending)."""
+        """Its :class:`eglcuda.Subscriber` was collected without close(): close it once no
+        message it handed out is held (they may alias its pool), on a thread of its own (a
+        collection may run on any thread, inside any lock), or leave it to the exit hook when
+        none can start (the interpreter is ending)."""
         if self._closed or self._closing or os.getpid() != self._pid:
             return
+        self._orphaned = True  # (before the look at _held: a release that empties it sees the flag)
+        if not self._held:
+            self._close_in_background()
+
+    def _close_in_background(self) -> None:
         try:
             threading.Thread(target=self.close, name=f"eglcuda-remote-close-{self.name}", daemon=True).start()
         except RuntimeError:
@@ -553,9 +591,14 @@ class RemoteFeed:
             return
         self._device.make_current()
         deadline = time.monotonic() + UNMAP_WAIT_S
+        with self._state:
+            released = list(self._released_events)  # (recorded on the releasing threads' streams)
         try:
             for stream in (own, self._copy_stream):
                 while stream is not None and not cuda.stream_idle(stream) and time.monotonic() < deadline:
+                    time.sleep(0.001)
+            for event in released:
+                while not cuda.event_done(event) and time.monotonic() < deadline:
                     time.sleep(0.001)
         except EglCudaError:
             pass
@@ -582,7 +625,8 @@ class RemoteFeed:
                 cuda.stream_destroy(self._copy_stream)
                 self._copy_stream = None
             with self._state:
-                events, self._slot_events = self._slot_events, []
+                events = self._slot_events + self._released_events + self._window_events
+                self._slot_events, self._released_events, self._window_events = [], [], []
             for event in events:
                 cuda.event_destroy(event)
         finally:

@@ -114,11 +114,17 @@ def test_a_relay_that_does_not_wait_for_its_copies_reads_every_byte_first(env, p
         assert seqs == sorted(set(seqs))
 
 
-def test_release_orders_the_next_copy_after_the_readers(env, path):
-    """A 20 ms kernel, then copies of every plane, on the subscriber's stream; released at once.
-    With a pool of 2 (queue 2) the slot's next H2D copy comes within a frame or two: it must wait."""
+@pytest.mark.parametrize("stream", ["own", "per-thread"])
+@pytest.mark.parametrize("qos", ["every", "latest"])
+def test_release_orders_the_next_copy_after_the_readers(env, path, qos, stream):
+    """A 20 ms kernel, then copies of every plane, on the subscriber's stream (its own, or the
+    per-thread default stream of the thread that reads: the frames are copied into the pool on
+    another thread, whose per-thread stream is another); released at once. With the smallest
+    pool (queue 2; 'latest': three slots) the slot's next H2D copy comes within a frame or two:
+    it must wait."""
     pytest.importorskip("cupy")
-    _run(env, path, TLS["tcp"], [["--qos", "every", "--queue", "2", "--count", "20", "--late-copy-ms", "20"]],
+    args = ["--qos", qos, "--queue", "2", "--count", "20", "--late-copy-ms", "20"]
+    _run(env, path, TLS["tcp"], [args + (["--per-thread-stream"] if stream == "per-thread" else [])],
          relay_args=("--qos", "every"), rate=200)
 
 

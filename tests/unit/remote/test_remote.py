@@ -303,7 +303,7 @@ def test_a_forked_child_cannot_use_the_engine_and_leaves_the_parent_alone(cluste
     cluster.peers.append(peer)
     done = peer.wait_for(lambda m: m["event"] == "done", timeout=30)
     assert done["child"] == 0, done  # (3: the child made one; 4: another error; 5: close() raised)
-    assert done["ok"] and done["got"] == 21, done
+    assert done["ok"] and done["got"] == 22, done
 
 
 def test_no_relay_listening_times_out(env):
