@@ -60,7 +60,10 @@ class RemoteSubscriber(Subscriber):
     Everything is as for a local subscriber (:meth:`receive`, iteration, ``qos``, ``queue``,
     :meth:`wait_for_publisher`, :meth:`fileno`, :meth:`close`), and frames are
     :class:`eglcuda.topics.SlotView` views of this subscriber's own pool on ``device``
-    (``info.transport`` is ``"remote"``). ``frames``: the least frame protection accepted
+    (``info.transport`` is ``"remote"``). Each frame is copied into that pool as it arrives, and
+    the relay hears at once that its buffer came free: a ``latest`` subscriber takes the topic's
+    frames as fast as its link allows whether or not :meth:`receive` is called, and a receive
+    returns the newest. ``frames``: the least frame protection accepted
     (``"plain"``, ``"integrity"`` or ``"encrypted"``: a relay that sends less is refused; the
     relay decides, docs/security.md). ``key``: the relay's pre-shared key (None: from
     ``EGLCUDA_REMOTE_KEY_FILE`` or ``EGLCUDA_REMOTE_KEY``). Raises :class:`eglcuda.Refused` when
