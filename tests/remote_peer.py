@@ -214,6 +214,31 @@ def forked(args) -> int:
     return 0
 
 
+def hold_limit(args) -> int:
+    """Hold as many messages as a remote subscriber may (``--count``), ask for one more (a
+    UsageError, nothing lost), release one, receive again; every message's bytes checked."""
+    with eglcuda.Subscriber(args.name, qos=args.qos, queue=args.queue, timeout=args.timeout,
+                            remote=args.remote) as sub:
+        held = [sub.receive(args.timeout) for _ in range(args.count)]
+        try:
+            sub.receive(args.timeout)
+            refused = ""
+        except eglcuda.UsageError as exc:
+            refused = str(exc)
+        oks = [check(message, args.seed)[0] for message in held]
+        held.pop(0).release()
+        held.append(sub.receive(args.timeout))
+        oks.append(check(held[-1], args.seed)[0])
+        seqs = [message.seq for message in held]
+        for message in held:
+            message.release()
+        after = sub.receive(args.timeout)
+        oks.append(check(after, args.seed)[0])
+        after.release()
+    say(event="done", refused=refused, ok=all(oks), seqs=seqs)
+    return 0
+
+
 def dropped(args) -> int:
     """A remote subscriber receives a frame and is dropped without close(); once collected, it
     leaves the relay (the relay's listing says so) while this process lives on."""
@@ -530,7 +555,7 @@ def main() -> int:
         logging.basicConfig(level=logging.DEBUG, stream=sys.stderr, format="%(relativeCreated)d %(message)s")
     parser = argparse.ArgumentParser()
     parser.add_argument("role", choices=["relay", "subscribe", "garbage", "cycles", "pair", "forked", "mitm",
-                                           "forge", "deaf", "flood", "dropped"])
+                                           "forge", "deaf", "flood", "dropped", "hold-limit"])
     parser.add_argument("--mode", default="magic")
     parser.add_argument("--frames", default="plain")
     parser.add_argument("--seconds", type=float, default=10.0)
@@ -567,7 +592,7 @@ def main() -> int:
     parser.add_argument("--wait-go", action="store_true")
     args = parser.parse_args()
     return {"relay": relay, "subscribe": subscribe, "garbage": garbage, "cycles": cycles, "pair": pair, "forked": forked,
-            "mitm": mitm, "forge": forge, "deaf": deaf, "flood": flood, "dropped": dropped}[args.role](args)
+            "mitm": mitm, "forge": forge, "deaf": deaf, "flood": flood, "dropped": dropped, "hold-limit": hold_limit}[args.role](args)
 
 
 if __name__ == "__main__":

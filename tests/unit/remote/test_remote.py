@@ -540,3 +540,18 @@ def test_a_remote_subscriber_dropped_without_close_leaves_the_relay_once_collect
     assert peer.wait_for(lambda m: m["event"] == "dropped", timeout=30)["ok"]
     _until_none_connected(relay, 10, 0.2)
     peer.send("")
+
+
+@pytest.mark.parametrize("qos, queue, most", [("latest", 4, 2), ("every", 3, 3)])
+def test_a_remote_subscriber_holds_as_many_messages_as_it_may_and_no_more(cluster, env, qos, queue, most):
+    # ('latest': two, as a local one; its pool has a slot more, for the frame arriving next.
+    # 'every': its queue.) The one more is refused with the reason and costs nothing.
+    cluster.publisher(rate=300)
+    _, address = cluster.relay("--qos", "every", "--queue", "8", "--every-timeout", "5")
+    peer = Peer(env, REMOTE_PEER, "hold-limit", "--name", "t", "--remote", address, "--qos", qos, "--queue",
+                str(queue), "--count", str(most), "--seed", "5")
+    cluster.peers.append(peer)
+    done = peer.wait_for(lambda m: m["event"] == "done", timeout=30)
+    assert "release one" in done["refused"], done
+    assert done["ok"], done
+    assert done["seqs"] == sorted(set(done["seqs"])), done
