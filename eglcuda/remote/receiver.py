@@ -152,7 +152,7 @@ class Receiver:
     :func:`join`, receiving into ``window`` (its own from now on: freed by :meth:`free`)."""
 
     def __init__(self, ep: Any, window: Pinned, terms: Terms, loop: asyncio.AbstractEventLoop,
-                 landing: Landing | None = None) -> None:
+                 landing: Landing) -> None:
         self.ep = ep
         self.window = window
         self._terms = terms
@@ -263,7 +263,7 @@ class Receiver:
     def _hand_back(self, unused: list[int]) -> None:
         """What :meth:`_let_go_older` let go of: the slots to the landing, the credit owed to
         the engine's thread (under _cond: the landing's lock is only ever taken after it)."""
-        if unused and self._landing is not None:
+        if unused:
             self._landing.unused(self, unused)
         unused.clear()
         if self._owed and self._owe(0):
@@ -434,7 +434,7 @@ class Receiver:
                 self._cond.notify_all()
                 if self._readiness is not None and self._ready:
                     self._readiness.set()  # (fileno()'s watchers; a write only when it was quiet)
-            if unused and self._landing is not None:
+            if unused:
                 self._landing.unused(self, unused)
             if owed:
                 self._give_owed()  # (on this thread: at once)
@@ -452,10 +452,9 @@ class Receiver:
         the pool slot its copy was queued into (its buffer is given back once that copy is
         done), or NO_SLOT. Only a frame that completed in the relay's order, with none before it
         waiting for a slot, is copied on arrival (see _unlanded)."""
-        landing = self._landing
         with self._cond:
-            blocked = landing is None or order != self._next_out or self._unlanded > 0
-        landed = None if blocked or landing is None else landing.copy_in(self, index)
+            blocked = order != self._next_out or self._unlanded > 0
+        landed = None if blocked else self._landing.copy_in(self, index)
         if landed is None:
             with self._cond:
                 self._unlanded += 1

@@ -8,12 +8,12 @@ each joined connection, a pool of frames on its own GPU, and the messages it han
 Threads: the shared UCX engine (_ucx.py; its side is receiver.py) receives each frame into a
 page-locked host buffer of the window (the relay sends only as many frames as this side gave
 credit for) and, on its own thread, queues the frame's copy host -> device into a free pool slot
-(:meth:`RemoteFeed.copy_in`) on a copy stream that first waits for the subscriber's stream (where
-releases joined every reader of the slot, docs/ordering.md) and records the slot's event after
-it; the host buffer goes back to the relay, with its credit, as soon as that event says the copy
-is done. :meth:`RemoteFeed.receive` (the user's thread) takes the next frame, waits for its copy
-(a frame that found no free slot on arrival is copied now) and hands out a
-:class:`eglcuda.topics.SlotView` of the slot.
+(:meth:`RemoteFeed.copy_in`) on a copy stream that first waits for the slot's release event
+(recorded on the releasing thread after every reader of the slot, docs/ordering.md) and records
+the slot's event and the window buffer's after it; the host buffer goes back to the relay, with
+its credit, as soon as its event says the copy is done. :meth:`RemoteFeed.receive` (the user's
+thread) takes the next frame, waits for its copy (a frame that found no free slot on arrival is
+copied now) and hands out a :class:`eglcuda.topics.SlotView` of the slot.
 """
 from __future__ import annotations
 
