@@ -14,6 +14,7 @@ from .subscriber import Subscriber
 
 EventKind = Literal["message", "missed", "interval", "error", "readable"]
 _MAX_EVENTS = 1024  # descriptors taken per epoll_wait (more ready ones: the next wait)
+_MAX_SLEEP = 86400.0  # seconds slept per epoll_wait at most (its limit is 2**31-1 ms: longer waits loop)
 
 
 class Attachment:
@@ -169,8 +170,8 @@ class WaitSet:
 
     # ---- waiting ---------------------------------------------------------------------------------
     def wait(self, timeout: float | None = None) -> list[Event]:
-        """Wait up to ``timeout`` seconds (None: until something happens) for any attachment to
-        be ready; return every event found ([] when the time passed first). Events of
+        """Wait up to ``timeout`` seconds (None or ``math.inf``: until something happens) for any
+        attachment to be ready; return every event found ([] when the time passed first). Events of
         descriptors come before those of deadlines and intervals that fell due in the same
         wait; a subscriber with a message in time reports no "missed"."""
         # (The per-frame path: one clock reading before the sleep, one after it only when a
@@ -184,10 +185,10 @@ class WaitSet:
         now = time.monotonic()
         if timeout is None:
             until = math.inf
-        elif (timeout.__class__ is float or timeout.__class__ is int) and 0 <= timeout < math.inf:
+        elif (timeout.__class__ is float or timeout.__class__ is int) and 0 <= timeout < 1e15:
             until = now + timeout  # (checked as _seconds would, quicker: a bool's class is neither)
         else:
-            until = now + _seconds(timeout, "timeout", zero=True)
+            until = now + _seconds(timeout, "timeout", zero=True, forever=True)
         while True:
             due = min([a._due for a in timed]) if timed else math.inf
             end = until if until < due else due
@@ -197,6 +198,8 @@ class WaitSet:
                 wait_s = end - now
                 if wait_s < 0.0:
                     wait_s = 0.0
+                elif wait_s > _MAX_SLEEP:  # (rare: the loop sleeps again until the end)
+                    wait_s = _MAX_SLEEP
             ready = epoll.poll(wait_s, _MAX_EVENTS)  # (epoll rounds up to whole ms: no early wake-ups)
             events: list[Event] = []
             for fd, _ in ready:
@@ -273,9 +276,16 @@ class WaitSet:
         return f"<WaitSet {len(self._attachments)} attached{', closed' if self._epoll is None else ''}>"
 
 
-def _seconds(value: Any, what: str, zero: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or \
-            not (value >= 0 if zero else value > 0):
+def _seconds(value: Any, what: str, zero: bool = False, forever: bool = False) -> float:
+    """``value`` as seconds: a finite number more than 0 (``zero``: or 0; ``forever``: or inf)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        seconds = math.nan
+    else:
+        try:
+            seconds = float(value)
+        except OverflowError:  # (an int beyond any float)
+            seconds = math.inf if value > 0 else -math.inf
+    if not (seconds >= 0 if zero else seconds > 0) or (seconds == math.inf and not forever) or seconds != seconds:
         bound = "0 or more" if zero else "more than 0"
-        raise UsageError(f"{what} is {bound} seconds, got {value!r}")
-    return float(value)
+        raise UsageError(f"{what} is {bound} seconds{' (or inf)' if forever else ''}, got {value!r}")
+    return seconds

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import hashlib
+import math
 import os
 import random
 import resource
@@ -305,6 +306,31 @@ def test_other_descriptors_attach_and_bad_input_is_refused(path):
         assert len(waits) == 0
     with pytest.raises(eglcuda.ClosedError):
         waits.wait(0)
+
+
+def test_a_wait_of_any_length_returns_what_comes(path):
+    """wait() takes any timeout of 0 or more seconds, inf too, also beyond what one epoll_wait
+    sleeps (2**31-1 ms), and deadlines and intervals of any length: it sleeps until something
+    comes and returns it."""
+    left, right = socket.socketpair()
+    with left, right, publisher(path, True) as pub, subscriber(path, qos="every") as sub, \
+            eglcuda.WaitSet() as waits:
+        waits.attach(sub, deadline=1e300)
+        waits.attach_interval(1e12)
+        socket_end = waits.attach(left)
+        for timeout in (math.inf, 1e300, 1e9, 2**63, 10**400):
+            put(pub, b"x")
+            (event,) = waits.wait(timeout)
+            assert event.kind == "message"
+            with sub.receive(0) as message:
+                assert message.frame.data == pattern(b"x")
+            timer = threading.Timer(0.05, right.send, (b"y",))
+            timer.start()
+            started = time.monotonic()
+            (event,) = waits.wait(timeout)
+            assert event.attachment is socket_end and time.monotonic() - started >= 0.04
+            assert left.recv(1) == b"y"
+            timer.join()
 
 
 # ---- errors -----------------------------------------------------------------------------------
