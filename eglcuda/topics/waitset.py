@@ -5,6 +5,7 @@ nearest of them: no timer thread, no polling while nothing is due)."""
 from __future__ import annotations
 
 import math
+import os
 import select
 import time
 from typing import Any, Literal
@@ -14,6 +15,10 @@ from .subscriber import Subscriber
 
 EventKind = Literal["message", "missed", "interval", "error", "readable"]
 _MAX_EVENTS = 1024  # descriptors taken per epoll_wait (more ready ones: the next wait)
+# Forks this process came through (its own count in each child): a set made before the last
+# one belongs to the parent, whose epoll instance the child's descriptor still refers to.
+_forks = [0]
+os.register_at_fork(after_in_child=lambda: _forks.__setitem__(0, _forks[0] + 1))
 _MAX_SLEEP = 86400.0  # seconds slept per epoll_wait at most (its limit is 2**31-1 ms: longer waits loop)
 
 
@@ -96,10 +101,13 @@ class WaitSet:
     detached (or joined again with ``wait_for_publisher``). While nothing is ready and no
     deadline or interval is due, :meth:`wait` sleeps in the kernel and costs no CPU. Use one set
     from one thread (attach and detach too); a subscriber may be in several sets, and it is
-    received from by the thread that waits."""
+    received from by the thread that waits. In a child made by ``fork()``, a set of the parent
+    raises :class:`eglcuda.UsageError` but for :meth:`close` (make a new set there)."""
 
     def __init__(self) -> None:
         self._epoll: select.epoll | None = select.epoll()
+        self._pid = os.getpid()
+        self._fork = _forks[0]
         self._by_fd: dict[int, Attachment] = {}
         self._attachments: list[Attachment] = []
         self._timed: list[Attachment] = []  # those with a deadline or a period
@@ -147,6 +155,7 @@ class WaitSet:
     def detach(self, attachment: Attachment) -> None:
         """Stop waiting on ``attachment`` (an attachment of another set, or one detached
         already: :class:`eglcuda.UsageError`)."""
+        self._not_forked()
         if attachment not in self._attachments:
             raise UsageError(f"{attachment!r} is not attached to this wait set")
         self._attachments.remove(attachment)
@@ -180,6 +189,8 @@ class WaitSet:
         epoll = self._epoll
         if epoll is None:
             raise ClosedError("the wait set is closed")
+        if self._fork != _forks[0]:
+            raise self._forked_error()
         timed = self._timed
         by_fd = self._by_fd
         now = time.monotonic()
@@ -249,10 +260,23 @@ class WaitSet:
     def _open(self) -> select.epoll:
         if self._epoll is None:
             raise ClosedError("the wait set is closed")
+        self._not_forked()
         return self._epoll
 
+    def _not_forked(self) -> None:
+        # In a forked child the set's descriptor is the parent's epoll instance: an attach or
+        # detach here would change what the parent's waits see.
+        if self._fork != _forks[0]:
+            raise self._forked_error()
+
+    def _forked_error(self) -> UsageError:
+        return UsageError(f"this wait set belongs to process {self._pid}, not to this forked child: make a new "
+                          "WaitSet here (close() here only lets go of its copy)")
+
     def close(self) -> None:
-        """Detach everything and close the set's descriptor (idempotent). The sources stay open."""
+        """Detach everything and close the set's descriptor (idempotent). The sources stay open.
+        In a forked child, the only call that works: it closes the child's copy of the
+        descriptor and leaves the parent's set as it was."""
         epoll, self._epoll = self._epoll, None
         if epoll is not None:
             epoll.close()

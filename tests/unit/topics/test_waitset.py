@@ -154,6 +154,39 @@ def test_a_forked_child_cannot_wait_on_the_parents_subscriber(path):
         assert not readable(sub.fileno())
 
 
+def test_a_forked_child_cannot_change_the_parents_wait_set(path):
+    """A child made by fork() shares the set's epoll instance with its parent: the child's
+    attach, detach and wait raise UsageError (its close() only lets go of its copy), and the
+    parent's set goes on reporting each of its attachments."""
+    left, right = socket.socketpair()
+    with left, right, publisher(path, True) as pub, subscriber(path, qos="every") as sub, \
+            eglcuda.WaitSet() as waits:
+        attachments = [waits.attach(sub), waits.attach(left)]
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                refused = 0
+                for call in [lambda: waits.wait(0), lambda: waits.attach(right), lambda: waits.attach_interval(1)] + \
+                        [lambda a=a: waits.detach(a) for a in attachments]:
+                    try:
+                        call()
+                    except eglcuda.UsageError as exc:
+                        refused += "forked child" in str(exc)
+                waits.close()
+                code = 0 if refused == 5 else 1
+            finally:
+                os._exit(code)
+        assert os.waitpid(pid, 0)[1] == 0
+        put(pub, b"after")
+        right.send(b"x")
+        events = waits.wait(5)
+        assert sorted(e.kind for e in events) == ["message", "readable"], events
+        assert {e.attachment for e in events} == set(attachments)
+        with sub.receive(0) as message:
+            assert message.frame.data == pattern(b"after")
+
+
 # ---- WaitSet ----------------------------------------------------------------------------------
 
 def test_a_wait_set_wakes_on_any_and_reports_each_ready_subscriber(folder, ring):
