@@ -232,6 +232,10 @@ class Batcher:
             raise UsageError(f"pool is an int in 1..{MAX_POOL}, got {pool!r}")
         self.formation_timeout = wait_seconds(formation_timeout, "formation_timeout")
         self.timeout = wait_seconds(timeout, "timeout")
+        if isinstance(subscribers, Subscriber):
+            # (A subscriber is iterable too, message after message: taken as the list, it would
+            # receive until its publisher closed.)
+            raise UsageError("subscribers is a list of eglcuda.Subscriber, got one Subscriber: Batcher([sub], ...)")
         if isinstance(subscribers, (str, bytes)) or not isinstance(subscribers, Iterable):
             raise UsageError(f"subscribers is a list of eglcuda.Subscriber, got {type(subscribers).__name__}")
         self.subscribers: tuple[Subscriber, ...] = tuple(subscribers)

@@ -265,6 +265,7 @@ def misuse(args) -> int:
     attempt("batch_size_bool", lambda: eglcuda.Batcher(subs[:1], True))
     attempt("no_subscribers", lambda: eglcuda.Batcher([], 4))
     attempt("not_a_subscriber", lambda: eglcuda.Batcher(["topic"], 4))
+    attempt("one_subscriber_not_a_list", lambda: eglcuda.Batcher(subs[0], 4))
     attempt("twice", lambda: eglcuda.Batcher([subs[0], subs[0]], 4))
     attempt("pool_0", lambda: eglcuda.Batcher(subs[:1], 4, pool=0))
     attempt("formation_negative", lambda: eglcuda.Batcher(subs[:1], 4, formation_timeout=-1))

@@ -118,6 +118,7 @@ def test_bad_input_is_refused_with_the_reason(sources):
         "batch_size_bool": ("UsageError", "batch_size is an int"),
         "no_subscribers": ("UsageError", "at least one subscriber"),
         "not_a_subscriber": ("UsageError", "not an eglcuda.Subscriber"),
+        "one_subscriber_not_a_list": ("UsageError", "got one Subscriber"),
         "twice": ("UsageError", "give each source once"),
         "pool_0": ("UsageError", "pool is an int"),
         "formation_negative": ("UsageError", "formation_timeout"),
