@@ -214,8 +214,8 @@ class Batcher:
     :param pool: batch buffers (1..16): how many batches may be out at once. Two let the next
         batch's copies run while the GPU still reads the previous one.
     :param cuda_stream: the stream the copies are queued on and batches are ordered on (None:
-        the subscribers' stream when they all share one, which spares a stream query per frame,
-        else a stream made for the batcher).
+        the stream the subscribers were all given, ``Subscriber(cuda_stream=s)``, when they share
+        one, which spares a stream query per frame; else a stream made for the batcher).
 
     Collection is fair: sources are visited round-robin, one frame per source per pass, and
     each batch starts after the source the previous one ended with, so a source that always has
@@ -259,8 +259,10 @@ class Batcher:
         self.device.make_current()
         try:
             if cuda_stream is None:
+                # (Only the caller's stream: one a subscriber made goes at its close, which may
+                # come before the batcher's, as a source that ends does.)
                 shared = {s.cuda_stream for s in self.subscribers}
-                if len(shared) == 1 and None not in shared:
+                if len(shared) == 1 and None not in shared and not any(s._made_its_stream() for s in self.subscribers):
                     self.cuda_stream: int = shared.pop()  # type: ignore[assignment]  # (None ruled out)
                 else:
                     self.cuda_stream = cuda_egl.stream_create()

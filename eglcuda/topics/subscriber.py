@@ -419,6 +419,12 @@ class Subscriber:
             return self._remote.cuda_stream
         return self._backend.cuda_stream
 
+    def _made_its_stream(self) -> bool:
+        """Whether :attr:`cuda_stream` is one this subscriber made (and destroys at its close),
+        not the caller's."""
+        backend = self._backend if self._remote is None else getattr(self._remote, "_backend", None)
+        return bool(getattr(backend, "_own_stream", False))
+
     def _cuda_device(self) -> CudaDevice | None:
         """The CUDA device frames are read on (None: a GL subscriber's frames are textures)."""
         if self._remote is not None:

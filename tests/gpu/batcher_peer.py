@@ -175,7 +175,14 @@ def batch(args) -> int:
         if fake is not None:
             fake.fake_cuda_hold(ctypes.c_void_p(batcher.cuda_stream), 0)
         ended = dict(batcher.ended)
-        batcher.close()
+        if args.close_sources_first:  # (a batch still out, released after the batcher's close)
+            last = batcher.next()
+            for sub in subs:
+                sub.close()
+            batcher.close()
+            last.release()
+        else:
+            batcher.close()
         for sub in subs:
             sub.close()
     say(event="done", batches=made, wall_s=time.monotonic() - wall, cpu_s=time.process_time() - cpu,
@@ -304,6 +311,8 @@ def main() -> int:
     parser.add_argument("--count", type=int, default=10, help="batches to form")
     parser.add_argument("--prefill-ms", type=float, default=0.0, help="sleep this long before the first batch")
     parser.add_argument("--sleep-ms", type=float, default=0.0, help="time spent on each batch")
+    parser.add_argument("--close-sources-first", action="store_true",
+                        help="close the subscribers before the batcher, a batch out meanwhile")
     parser.add_argument("--no-check", action="store_true")
     parser.add_argument("--slow-reader-ms", type=float, default=0.0,
                         help="read each batch on a side stream behind a kernel this long, release, check (CuPy)")

@@ -105,6 +105,17 @@ def test_a_copy_waits_for_a_busy_source_stream_and_an_idle_one_costs_no_wait(sou
     assert all(not b["wrong"] for b in batches), batches
 
 
+@pytest.mark.parametrize("count", [1, 2])
+def test_subscribers_closed_before_the_batcher(sources, count):
+    """The subscribers closed first (their streams go with them), a batch still out: the
+    batcher's close and that batch's release say nothing (the batcher never queued its work on
+    a subscriber's own stream, one subscriber alone included)."""
+    for seed in range(count):
+        sources.add(90 + seed, rate=100)
+    batches = run(sources.batcher("batch", "--batch-size", str(count), "--count", "3", "--close-sources-first"), 3)
+    assert all(b["size"] >= 1 for b in batches)
+
+
 def test_bad_input_is_refused_with_the_reason(sources):
     sources.add(61, rate=100)
     sources.add(62, rate=100, width=32)
