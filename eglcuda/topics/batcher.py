@@ -12,6 +12,7 @@ was handed to has finished reading it, asked and waited for on the GPU at the ba
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from typing import Any, Iterable, Iterator, Sequence
 
@@ -121,6 +122,25 @@ class _BatchMemory(Resource):
         device.make_current()
         self.pointer = cuda.mem_alloc(size, f"allocating a batch buffer of {size} bytes")
         self._own(_free_memory, device.ordinal, self.pointer)
+
+
+class _BatchStream(Resource):
+    """The stream a batcher made for its copies (destroyed at its close or collection; in a
+    forked child, never touched)."""
+
+    def __init__(self, device: CudaDevice) -> None:
+        device.make_current()
+        self.handle = cuda_egl.stream_create()
+        self._own(_destroy_stream, device.ordinal, self.handle)
+
+
+def _destroy_stream(ordinal: int, stream: int) -> None:
+    """Finalizer of a batcher's stream. Never raises (work still queued on it finishes first)."""
+    try:
+        get_device(ordinal).make_current()
+        cuda_egl.stream_destroy(stream)
+    except Exception:  # pragma: no cover - finalizers must not raise
+        pass
 
 
 def _free_memory(ordinal: int, pointer: int) -> None:
@@ -254,6 +274,8 @@ class Batcher:
         self._plans = tuple((cuda.copy_plan(g.row_bytes, g.height, g.pitch), offset, g.height * g.pitch)
                             for offset, g in self._layout)
         self._own_stream = False
+        self._stream: _BatchStream | None = None
+        self._pid = os.getpid()  # (in a forked child the batcher is the parent's: no driver call there)
         self._memory: list[_BatchMemory] = []
         self._waitset: WaitSet | None = None
         self.device.make_current()
@@ -265,7 +287,8 @@ class Batcher:
                 if len(shared) == 1 and None not in shared and not any(s._made_its_stream() for s in self.subscribers):
                     self.cuda_stream: int = shared.pop()  # type: ignore[assignment]  # (None ruled out)
                 else:
-                    self.cuda_stream = cuda_egl.stream_create()
+                    self._stream = _BatchStream(self.device)
+                    self.cuda_stream = self._stream.handle
                     self._own_stream = True
             else:
                 self.cuda_stream = stream_handle(cuda_stream)
@@ -333,6 +356,9 @@ class Batcher:
         :class:`eglcuda.UsageError` when ``pool`` batches are out unreleased."""
         if self._closed:
             raise ClosedError("the batcher is closed")
+        if os.getpid() != self._pid:
+            raise UsageError(f"this batcher belongs to process {self._pid}, not to this forked child: make a new "
+                             "Batcher here (close() here only lets go of its copy)")
         wait = self.timeout if timeout is None else wait_seconds(timeout)
         if not self._free:
             raise UsageError(f"{len(self._out)} batches are out, as many as the pool holds: release one first")
@@ -545,7 +571,8 @@ class Batcher:
     def close(self) -> None:
         """Stop batching: batches still out become unusable (their memory is freed once no view
         of it is left), the buffers and the batcher's own stream go; the subscribers stay open.
-        Safe to call twice."""
+        Safe to call twice. In a forked child it makes no driver call (the buffers and the stream
+        are the parent's): it only lets go of the child's copies."""
         if self._closed:
             return
         self._closed = True
@@ -557,7 +584,7 @@ class Batcher:
         if waitset is not None:
             waitset.close()
         try:
-            if self._memory:
+            if self._memory and os.getpid() == self._pid:
                 self.device.make_current()
                 cuda.stream_synchronize(self.cuda_stream, "finishing a batcher's copies")
         finally:
@@ -567,9 +594,10 @@ class Batcher:
                 # (A buffer whose batch is out may still be viewed, by a tensor made from it: its
                 # memory goes when the batch and every view of it are gone.)
             self._memory = []
-            if self._own_stream:
+            stream, self._stream = self._stream, None
+            if stream is not None:
                 self._own_stream = False
-                cuda_egl.stream_destroy(self.cuda_stream)
+                stream.close()
 
     def __enter__(self) -> "Batcher":
         return self

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import json
 import os
 import sys
 import time
@@ -297,9 +298,58 @@ def misuse(args) -> int:
     return 0
 
 
+def lifecycle(args) -> int:
+    """(Stand-in libcuda only.) The CUDA streams and device buffers left after batchers dropped
+    without close(); in a forked child, what next() raises and what close() changed there; the
+    parent's batches after the child is gone."""
+    import gc
+
+    fake = ctypes.CDLL("libcuda.so.1")
+    fake.fake_cuda_count.restype = ctypes.c_long
+
+    def counts() -> list[int]:
+        return [fake.fake_cuda_count(what) for what in (b"cuda_streams", b"device_allocations")]
+
+    subs = subscribers(args)
+    before = counts()
+    for _ in range(3):
+        batcher = eglcuda.Batcher(subs, args.batch_size)
+        batcher.next()  # (its batch is dropped with it, unreleased)
+        del batcher
+        gc.collect()
+    dropped = counts()
+    batcher = eglcuda.Batcher(subs, args.batch_size)
+    batcher.next().release()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            in_child = counts()
+            try:
+                batcher.next()
+                raised = ["", ""]
+            except Exception as exc:  # the test asserts on the type and the words
+                raised = [type(exc).__name__, str(exc)]
+            batcher.close()
+            os.write(write, json.dumps({"raised": raised, "driver_calls": counts() != in_child}).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    child = json.loads(os.read(read, 65536))
+    os.close(read)
+    with batcher.next() as after:
+        wrong = check_batch(after, seeds(args))
+    batcher.close()
+    for sub in subs:
+        sub.close()
+    say(event="lifecycle", before=before, dropped=dropped, child=child, wrong=wrong)
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("role", choices=["batch", "misuse"])
+    parser.add_argument("role", choices=["batch", "misuse", "lifecycle"])
     parser.add_argument("--source", action="append", required=True, help="NAME:PATH:SEED of a topic")
     parser.add_argument("--qos", default="every")
     parser.add_argument("--queue", type=int, default=4)
@@ -323,7 +373,7 @@ def main() -> int:
     parser.add_argument("--hold-sources", choices=["busy", "idle"], default=None,
                         help="stand-in libcuda: the subscribers' streams busy (or idle) while a batch forms")
     args = parser.parse_args()
-    return {"batch": batch, "misuse": misuse}[args.role](args)
+    return {"batch": batch, "misuse": misuse, "lifecycle": lifecycle}[args.role](args)
 
 
 if __name__ == "__main__":
