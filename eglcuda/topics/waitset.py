@@ -127,7 +127,7 @@ class WaitSet:
             fd = source.fileno()
         else:
             raise UsageError(f"attach() takes a Subscriber or an object with fileno(), got {type(source).__name__}")
-        if not isinstance(fd, int) or fd < 0:
+        if isinstance(fd, bool) or not isinstance(fd, int) or not 0 <= fd < 2**31:
             raise UsageError(f"{source!r} has no open descriptor (fileno() gave {fd!r})")
         if fd in self._by_fd:
             raise UsageError(f"{source!r} is attached already (descriptor {fd})")

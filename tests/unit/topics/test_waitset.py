@@ -326,6 +326,9 @@ def test_other_descriptors_attach_and_bad_input_is_refused(path):
             waits.attach(left)
         with pytest.raises(eglcuda.UsageError):
             waits.attach(object())
+        for fileno in (True, 2**40, -1, "3"):  # (what a broken fileno() may give)
+            with pytest.raises(eglcuda.UsageError):
+                waits.attach(type("Broken", (), {"fileno": lambda self, fileno=fileno: fileno})())
         for bad in (0, -1, float("nan"), "1", True):
             with pytest.raises(eglcuda.UsageError):
                 waits.attach(sub, deadline=bad)
