@@ -4,7 +4,9 @@ shared-memory shortcuts), next to the alternatives in the same run:
 
 - ``eglcuda``: a publisher process, a local subscriber process (qos latest), a relay process
   (``eglcuda.Relay``) and N remote subscriber processes (``eglcuda.Subscriber(name, remote=...)``,
-  qos latest), each a fresh interpreter;
+  qos latest), each a fresh interpreter; with --every, also ``eglcuda every``: the same with the
+  relay and its remotes at qos every and the deepest window (``wire.MAX_WINDOW`` frames in flight,
+  where a 'latest' remote has ``LATEST_WINDOW``): how much of a remote's rate its window sets;
 - ``ucx-raw``: UCXX itself moving host buffers of the frame's size between two processes (the
   engine's floor, bench/_ucx_raw.py): with the relay's window of frames in flight (its
   ``LATEST_WINDOW``) and one in flight (ping-pong), in each of --engine-modes: ``blocking`` (the
@@ -41,6 +43,7 @@ rate alone.
                            [--rounds R]             (everything R times in turn; the goals on the medians)
                            [--mps]                  (every process a client of a private MPS daemon)
                            [--frame-modes integrity,encrypted]  (also with the relay's frames so protected)
+                           [--every]                (also a remote taking every frame: qos='every', the deepest window)
     python bench/remote.py --replot DIR            (the plots of DIR/results.json, into DIR)
 
 Here: the eglcuda roles and the orchestrator; the zmq baseline's roles are in _remote_zmq.py, what the
@@ -166,7 +169,7 @@ def role_relay(args) -> int:
     cpu = cpu_in(window)
     key = bytes.fromhex(pathlib.Path(args.key_file).read_text().strip())
     with eglcuda.Relay(NAME, listen="127.0.0.1:0", key=key, path=args.path, timeout=JOIN_S,
-                       frames=args.frames) as relay:
+                       frames=args.frames, qos=args.qos) as relay:
         emit(role="listening", port=relay.address[1])
         while not window.over(1.0):
             time.sleep(0.05)
@@ -181,7 +184,9 @@ def role_remote(args) -> int:
     window, tally = Window(), Tally()
     cpu = cpu_in(window)
     key = bytes.fromhex(pathlib.Path(args.key_file).read_text().strip())
-    with eglcuda.Subscriber(NAME, remote=f"127.0.0.1:{args.port}", key=key, qos="latest", timeout=JOIN_S) as sub:
+    queue = {"queue": every_window()} if args.qos == "every" else {}  # (the deepest window a relay gives)
+    with eglcuda.Subscriber(NAME, remote=f"127.0.0.1:{args.port}", key=key, qos=args.qos, timeout=JOIN_S,
+                            **queue) as sub:
         emit(role="joined", transport=sub.info.transport)
         _subscriber_loop(sub, window, tally)
     emit(role="remote", **tally.result(window), cpu_s=cpu())
@@ -198,9 +203,10 @@ def spawn(role: str, args, env: dict, *extra: str) -> RoleProcess:
 
 
 
-def run_config(args, variant: str, n: int, rate: float, env: dict, frames: str = "plain") -> dict:
-    """One configuration of the eglcuda or zmq variant (``frames``: the relay's frame mode): its
-    processes, the window, the results."""
+def run_config(args, variant: str, n: int, rate: float, env: dict, frames: str = "plain",
+               qos: str = "latest") -> dict:
+    """One configuration of the eglcuda or zmq variant (``frames``: the relay's frame mode;
+    ``qos``: the relay's and its remotes'): its processes, the window, the results."""
     children: list[RoleProcess] = []
     with tempfile.TemporaryDirectory(prefix="eglcuda-bench-remote-") as folder:
         os.chmod(folder, 0o700)
@@ -226,10 +232,12 @@ def run_config(args, variant: str, n: int, rate: float, env: dict, frames: str =
                 children.append(local)
                 local.expect("joined", JOIN_S)
                 if n:
-                    relay = spawn("relay", args, env, "--path", path, "--key-file", key_file, "--frames", frames)
+                    relay = spawn("relay", args, env, "--path", path, "--key-file", key_file, "--frames", frames,
+                                  "--qos", qos)
                     children.append(relay)
                     port = relay.expect("listening", JOIN_S)["port"]
-                    subs = [spawn("remote", args, env, "--port", str(port), "--key-file", key_file) for _ in range(n)]
+                    subs = [spawn("remote", args, env, "--port", str(port), "--key-file", key_file, "--qos", qos)
+                            for _ in range(n)]
                     children += subs
             for sub in subs:
                 sub.expect("joined", JOIN_S)
@@ -271,6 +279,13 @@ def relay_staging() -> int:
     from eglcuda.remote import staging
 
     return int(staging.STAGING)
+
+
+def every_window() -> int:
+    """The most frames a relay sends ahead of an 'every' remote subscriber's credits."""
+    from eglcuda.remote import wire
+
+    return int(wire.MAX_WINDOW)
 
 
 def relay_window() -> int:
@@ -315,6 +330,9 @@ def main() -> int:
     parser.add_argument("--frame-modes", default="", metavar="MODE,...",
                         help="also each eglcuda configuration with the relay's frames integrity and/or encrypted "
                              "(docs/security.md)")
+    parser.add_argument("--every", action="store_true",
+                        help="also each eglcuda configuration with the relay and its remotes taking every frame "
+                             "(qos='every', queue = the relay's deepest window) beside 'latest', in the same round")
     parser.add_argument("--no-plots", action="store_true", help="write no plots (no matplotlib needed)")
     parser.add_argument("--replot", metavar="DIR", help="only draw the plots of DIR/results.json (into DIR)")
     # the roles of the processes this script spawns
@@ -325,6 +343,7 @@ def main() -> int:
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--key-file", help=argparse.SUPPRESS)
     parser.add_argument("--frames", default="plain", help=argparse.SUPPRESS)
+    parser.add_argument("--qos", default="latest", choices=["latest", "every"], help=argparse.SUPPRESS)
     parser.add_argument("--rate", type=float, default=0.0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.role:
@@ -444,6 +463,9 @@ def measure_all(args, parser, variants: list[str], sizes: dict, ns: list[int], p
                         if variant in variants:
                             record({**base, "variant": variant, "pace": label, "n": n,
                                     **run_config(args, variant, n, pace, env)})
+                    if args.every and "eglcuda" in variants:  # (beside 'latest', same round)
+                        record({**base, "variant": "eglcuda every", "pace": label, "n": n,
+                                **run_config(args, "eglcuda", n, pace, env, qos="every")})
                     for mode in args.frame_modes if "eglcuda" in variants else ():  # (beside plain, same round)
                         record({**base, "variant": f"eglcuda {mode}", "pace": label, "n": n,
                                 **run_config(args, "eglcuda", n, pace, env, frames=mode)})
