@@ -83,7 +83,8 @@ PENDING_PER_ADDRESS = 8  # ... and from one address
 _lock = threading.Lock()
 _engine: "Engine | None" = None
 _ucxx: Any = None
-_open: "weakref.WeakSet[Any]" = weakref.WeakSet()  # relays and remote subscribers to close at exit
+# Relays and remote subscribers to close at exit, each with its turn (lower first).
+_open: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()
 
 
 def ucxx_missing() -> str | None:
@@ -406,6 +407,7 @@ class Engine:
                 assert isinstance(self.loop, _NotifiedLoop)
                 self.loop.listen(None)
                 self.worker.stop_progress_thread()  # (before exit: it may call into Python)
+                _stop_notifier(self.worker)
             else:
                 self.loop.remove_reader(self.worker.epoll_file_descriptor)
                 self.worker.progress()
@@ -706,6 +708,18 @@ class _NotifiedLoop(asyncio.SelectorEventLoop):
             wake()
 
 
+def _stop_notifier(worker: Any) -> None:
+    """Leave UCXX's request notifier stopped, as its worker's destructor (at interpreter exit)
+    expects: the loop's wakes left it "running", and the destructor then printed a UCXX WARN line
+    to stderr. Completions still waiting are taken first (each wait takes one "ready" or a stop)."""
+    timeout = importlib.import_module("ucxx._lib.libucxx").PythonRequestNotifierWaitState.Timeout
+    for _ in range(8):
+        if worker.wait_request_notifier(period_ns=1) == timeout:
+            break
+        worker.run_request_notifier()
+    worker.stop_request_notifier_thread()
+
+
 def _ignore(error: LinkError | None) -> None:
     """The completion of a dropped message's receive (truncated or not: nothing to do)."""
 
@@ -874,18 +888,20 @@ def release() -> None:
     """One user less (the engine stays: see the module's docstring)."""
 
 
-def track(obj: Any) -> None:
-    """Close ``obj`` (a relay or remote subscriber) at exit, before the engine stops."""
-    _open.add(obj)
+def track(obj: Any, turn: int = 0) -> None:
+    """Close ``obj`` (a relay or remote subscriber) at exit, before the engine stops; those of a
+    lower ``turn`` first (a relay goes after this process's remote subscribers, which would
+    otherwise keep its close waiting for them to take its goodbye, 1.5 s)."""
+    _open[obj] = turn
 
 
 def untrack(obj: Any) -> None:
-    _open.discard(obj)
+    _open.pop(obj, None)
 
 
 def _at_exit() -> None:
     global _engine
-    for obj in list(_open):
+    for obj in sorted(list(_open), key=lambda obj: _open.get(obj, 0)):
         try:
             obj.close()
         except Exception:  # noqa: BLE001 - exit goes on

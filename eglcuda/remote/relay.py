@@ -148,7 +148,7 @@ class Relay:
         except BaseException:
             self.close()
             raise
-        _ucx.track(self)
+        _ucx.track(self, turn=1)
 
     # ---- the local thread -------------------------------------------------------------------------
     def _set_up_staging(self) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -177,3 +178,29 @@ def test_the_relay_status_file_never_follows_a_link_planted_beside_it(tmp_path):
     assert not os.path.islink(path) and '"pid": 1234' in open(path).read()
     assert oct(os.stat(path).st_mode & 0o777) == "0o600"
     assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp") and not p.is_symlink()] == []
+
+
+_EXIT_ORDER = r'''
+import threading, time
+from eglcuda.remote import _ucx
+closed = []
+class Open:
+    def __init__(self, name, seconds): self.name, self.seconds = name, seconds
+    def close(self):
+        time.sleep(self.seconds)
+        closed.append(self.name)
+objects = [Open("relay-a", 0.01), Open("remote-1", 0), Open("relay-b", 0.01), Open("remote-2", 0)]
+for obj in objects:
+    _ucx.track(obj, turn=1 if obj.name.startswith("relay") else 0)
+_ucx.untrack(objects[3])
+_ucx._at_exit()
+print(sorted(closed[:1]) + sorted(closed[1:]))
+'''
+
+
+def test_the_exit_closes_remote_subscribers_before_relays():
+    # (A relay closed first waits for its remotes to take its goodbye: 1.5 s for one of this process.)
+    out = subprocess.run([sys.executable, "-c", _EXIT_ORDER], capture_output=True, text=True, cwd=str(ROOT),
+                         timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split("\n")[0] == "['remote-1', 'relay-a', 'relay-b']", out.stdout
