@@ -45,7 +45,7 @@ from ..topics.transports.base import UNMAP_WAIT_S, Geometry
 from ..topics.transports.views import SlotView, _ViewSpec, join_readers
 from . import _ucx, keys, session, wire
 from .buffers import Pinned
-from .receiver import NO_SLOT, Receiver, Terms, join
+from .receiver import LONGEST_WAIT_S, NO_SLOT, Receiver, Terms, join
 from .session import frame_mode
 from .wire import NO_PUBLISHER, parse_address
 
@@ -160,7 +160,7 @@ class RemoteFeed:
             if self._closing:  # (close() came between its check and this join: it may not have seen it)
                 joining.cancel()
             try:
-                ep, welcome = joining.result(left)
+                ep, welcome = joining.result(min(left, LONGEST_WAIT_S))
             except concurrent.futures.TimeoutError:
                 joining.cancel()
                 last = "no answer"
