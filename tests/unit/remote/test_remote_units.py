@@ -180,6 +180,29 @@ def test_the_relay_status_file_never_follows_a_link_planted_beside_it(tmp_path):
     assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp") and not p.is_symlink()] == []
 
 
+@pytest.mark.parametrize("remote, why", [
+    ("127.0.0.1:0", "port of 1..65535"),  # (port 0 is for listening: a subscriber waited its timeout on it)
+    ("127.0.0.1:+5555", "port of 1..65535"), ("127.0.0.1: 5555", "port of 1..65535"),
+    ("127.0.0.1:\uff15\uff15\uff15\uff15", "port of 1..65535"),  # (full-width digits, which int() takes)
+    ("127.0.0.1\x00:5555", "host name or address"),  # (UCX's C string ended at the NUL: 127.0.0.1)
+    ("127.0.0 .1:5555", "host name or address"), ("\n:5555", "host name or address"),
+])
+def test_a_malformed_remote_address_is_refused_before_any_connection(remote, why):
+    started = time.monotonic()
+    with pytest.raises(UsageError, match=why):
+        eglcuda.Subscriber("t", remote=remote, key=os.urandom(32), timeout=30)
+    assert time.monotonic() - started < 1
+
+
+def test_a_relay_listens_on_port_0_a_subscriber_connects_to_1_and_up():
+    assert wire.parse_address("127.0.0.1:0", "listen", least_port=0) == ("127.0.0.1", 0)
+    assert wire.parse_address("[::1]:65535", "remote") == ("::1", 65535)
+    with pytest.raises(UsageError, match="1..65535"):
+        wire.parse_address("127.0.0.1:0", "remote")
+    with pytest.raises(UsageError, match="0..65535"):
+        wire.parse_address("127.0.0.1:65536", "listen", least_port=0)
+
+
 _EXIT_ORDER = r'''
 import threading, time
 from eglcuda.remote import _ucx
