@@ -168,7 +168,8 @@ class RemoteFeed:
             except concurrent.futures.CancelledError:  # close() from another thread
                 raise self._closed_error() from None
             except Refused as exc:
-                if exc.code != NO_PUBLISHER:
+                # (a relay without a publisher, or closing, may have one, or a successor, within the deadline)
+                if exc.code not in (NO_PUBLISHER, protocol.Reason.CLOSING):
                     raise
                 last = exc.reason
                 self._wake.wait(min(_RETRY_S, max(0.0, deadline - time.monotonic())))
