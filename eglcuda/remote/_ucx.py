@@ -849,15 +849,24 @@ def check_port(port: int) -> None:
 
 def host_ip(host: str) -> str | None:
     """The address a relay told to listen on ``host`` accepts connections to (None: every
-    address: 0.0.0.0, ::, *); :class:`UsageError` when ``host`` is no address of this host."""
+    address: 0.0.0.0, ::, *); :class:`UsageError` when ``host`` is no IPv4 address of this host.
+    UCXX's listener binds 0.0.0.0 (IPv4 only): a relay told an IPv6 address would take no
+    connection at all, and a name is taken by its IPv4 address."""
     import socket
 
     if host in ("", "*", "0.0.0.0", "::"):
         return None
     try:
-        infos = socket.getaddrinfo(host, None, type=socket.SOCK_DGRAM)
+        literal: ipaddress.IPv4Address | ipaddress.IPv6Address | None = ipaddress.ip_address(host)
+    except ValueError:
+        literal = None
+    if literal is not None and literal.version == 6:
+        raise UsageError(f"listen: {host!r} is an IPv6 address, and a relay takes IPv4 connections only (UCXX's "
+                         "listener binds 0.0.0.0): listen on an IPv4 address of this host, or 0.0.0.0 for all")
+    try:
+        infos = socket.getaddrinfo(host, None, family=socket.AF_INET, type=socket.SOCK_DGRAM)
     except OSError as exc:
-        raise UsageError(f"listen: {host!r} is no address ({exc})") from None
+        raise UsageError(f"listen: {host!r} is no IPv4 address ({exc}); a relay takes IPv4 connections only") from None
     for family, kind, proto, _, address in infos:
         try:
             with socket.socket(family, kind, proto) as probe:

@@ -227,3 +227,19 @@ def test_the_exit_closes_remote_subscribers_before_relays():
                          timeout=60)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split("\n")[0] == "['remote-1', 'relay-a', 'relay-b']", out.stdout
+
+
+def test_a_relay_refuses_an_ipv6_address_it_could_take_no_connection_on():
+    # (UCXX's listener binds 0.0.0.0: a relay told '::1' took no connection, its remotes timed out)
+    pytest.importorskip("ucxx", reason="ucxx is not installed: pip install -e '.[remote-cu12]' (or remote-cu13)")
+    from eglcuda.remote import _ucx
+
+    for host in ("::1", "fe80::1"):
+        with pytest.raises(UsageError, match="IPv6 address.*IPv4 connections only"):
+            _ucx.host_ip(host)
+    assert _ucx.host_ip("::") is None and _ucx.host_ip("0.0.0.0") is None
+    assert _ucx.host_ip("127.0.0.1") == "127.0.0.1"
+    started = time.monotonic()
+    with pytest.raises(UsageError, match="IPv6 address"):  # (before it waits for a publisher)
+        eglcuda.Relay("t", "[::1]:0", key=os.urandom(32), timeout=30)
+    assert time.monotonic() - started < 5
