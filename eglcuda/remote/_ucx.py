@@ -62,6 +62,7 @@ from typing import Any, Awaitable, Callable, Coroutine, TypeVar
 import numpy as np
 
 from ..errors import EglCudaError, Timeout, Unsupported, UsageError
+from .unheard import Unheard
 
 T = TypeVar("T")
 log = logging.getLogger("eglcuda.remote")
@@ -79,11 +80,13 @@ SWEEP_MAX = 4096  # unexpected tagged messages dropped in one go (then the loop'
 UNCLAIMED_S = 1.0  # a message of one of our connections not received within this is dropped too
 PENDING_MAX = 64  # connections in their handshake at once, in all (more are closed at once)
 PENDING_PER_ADDRESS = 8  # ... and from one address
+LOOK_S = 0.5  # how often a relay's listener looks for connections that never made a request (unheard.py)
 
 _lock = threading.Lock()
 _engine: "Engine | None" = None
 _ucxx: Any = None
-_open: "weakref.WeakSet[Any]" = weakref.WeakSet()  # relays and remote subscribers to close at exit
+# Relays and remote subscribers to close at exit, each with its turn (lower first).
+_open: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()
 
 
 def ucxx_missing() -> str | None:
@@ -248,10 +251,12 @@ class Endpoint:
 
 
 class Listener:
-    """A listening port: each accepted connection runs ``handler(endpoint)`` as a task."""
+    """A listening port: each accepted connection runs ``handler(endpoint)`` as a task. With
+    ``unheard_s``, a TCP connection to the port that made no connection request within it (or
+    beyond the caps on handshakes) is shut down: UCX would hold it for ever (unheard.py)."""
 
     def __init__(self, engine: "Engine", port: int, handler: Callable[[Endpoint], Awaitable[None]],
-                 host: str | None = None) -> None:
+                 host: str | None = None, unheard_s: float | None = None) -> None:
         self._engine = engine
         self._handler = handler
         self.host = host  # the one address connections are accepted to (None: every address)
@@ -276,6 +281,7 @@ class Listener:
                     pass
                 return
             peer = client_address(conn_request)
+            listener.unheard.hear(peer)
             pending = [e for e in listener._handshaking if e.handshaking and not e.closed]
             crowded = len(pending) >= PENDING_MAX or (
                 peer != "?" and sum(1 for e in pending if _host_of(e.peer) == _host_of(peer)) >= PENDING_PER_ADDRESS)
@@ -306,6 +312,7 @@ class Listener:
             task.add_done_callback(listener.tasks.discard)
 
         self._listener: Any = None
+        self.unheard = Unheard(0, PENDING_PER_ADDRESS, PENDING_MAX)  # (its port once UCX listens)
         try:
             self._listener = engine.api.UCXListener.create(worker=engine.worker, port=port, cb_func=accept)
         except Exception as exc:  # noqa: BLE001 - UCXX's own exception types, said as ours
@@ -313,7 +320,25 @@ class Listener:
                 raise UsageError(f"port {port} is in use (another relay or program listens on it): choose another "
                                  "port") from None
             raise EglCudaError(f"listening on port {port} failed: {type(exc).__name__}: {exc}") from None
-        self.port = int(self._listener.port)
+        self.port = self.unheard.port = int(self._listener.port)
+        self._unheard_s = unheard_s
+        if unheard_s is not None:
+            engine.loop.call_later(LOOK_S, self._look)
+
+    def _look(self) -> None:
+        if self._closing or self._listener is None or self._unheard_s is None:
+            return
+        try:
+            shut = self.unheard.look(self._unheard_s)
+        except Exception:  # noqa: BLE001 - the look is a guard: it never ends the listener
+            log.exception("eglcuda remote: looking for unheard connections failed")
+            shut = []
+        total = self.unheard.shut  # (logged at the 1st, 10th, 100th and every 1000th, as those turned away)
+        if any(n in (1, 10, 100) or n % 1000 == 0 for n in range(total - len(shut) + 1, total + 1)):
+            log.warning("eglcuda remote: %d connection(s) to port %d shut down: no connection request in %.3g s "
+                        "or too many at once (the last from %s)", total, self.port, self._unheard_s,
+                        shut[-1])
+        self._engine.loop.call_later(LOOK_S, self._look)
 
     def close(self) -> None:
         """Stop listening (the connections accepted stay); on the engine's thread. Connection
@@ -406,6 +431,7 @@ class Engine:
                 assert isinstance(self.loop, _NotifiedLoop)
                 self.loop.listen(None)
                 self.worker.stop_progress_thread()  # (before exit: it may call into Python)
+                _stop_notifier(self.worker)
             else:
                 self.loop.remove_reader(self.worker.epoll_file_descriptor)
                 self.worker.progress()
@@ -627,10 +653,12 @@ class Engine:
         self.schedule()
         return Endpoint(self, ep)
 
-    def listen(self, port: int, handler: Callable[[Endpoint], Awaitable[None]], host: str | None = None) -> Listener:
+    def listen(self, port: int, handler: Callable[[Endpoint], Awaitable[None]], host: str | None = None,
+               unheard_s: float | None = None) -> Listener:
         """Accept connections on ``port``: UCX listens on every address of the host; those made
-        to another address than ``host`` (an IP; None: any) are closed at once."""
-        listener = Listener(self, port, handler, host)
+        to another address than ``host`` (an IP; None: any) are closed at once; with
+        ``unheard_s``, TCP connections that make no request in it too (:class:`Listener`)."""
+        listener = Listener(self, port, handler, host, unheard_s)
         self.schedule()
         return listener
 
@@ -704,6 +732,18 @@ class _NotifiedLoop(asyncio.SelectorEventLoop):
         wake = self._wake
         if wake is not None:
             wake()
+
+
+def _stop_notifier(worker: Any) -> None:
+    """Leave UCXX's request notifier stopped, as its worker's destructor (at interpreter exit)
+    expects: the loop's wakes left it "running", and the destructor then printed a UCXX WARN line
+    to stderr. Completions still waiting are taken first (each wait takes one "ready" or a stop)."""
+    timeout = importlib.import_module("ucxx._lib.libucxx").PythonRequestNotifierWaitState.Timeout
+    for _ in range(8):
+        if worker.wait_request_notifier(period_ns=1) == timeout:
+            break
+        worker.run_request_notifier()
+    worker.stop_request_notifier_thread()
 
 
 def _ignore(error: LinkError | None) -> None:
@@ -809,15 +849,24 @@ def check_port(port: int) -> None:
 
 def host_ip(host: str) -> str | None:
     """The address a relay told to listen on ``host`` accepts connections to (None: every
-    address: 0.0.0.0, ::, *); :class:`UsageError` when ``host`` is no address of this host."""
+    address: 0.0.0.0, ::, *); :class:`UsageError` when ``host`` is no IPv4 address of this host.
+    UCXX's listener binds 0.0.0.0 (IPv4 only): a relay told an IPv6 address would take no
+    connection at all, and a name is taken by its IPv4 address."""
     import socket
 
     if host in ("", "*", "0.0.0.0", "::"):
         return None
     try:
-        infos = socket.getaddrinfo(host, None, type=socket.SOCK_DGRAM)
+        literal: ipaddress.IPv4Address | ipaddress.IPv6Address | None = ipaddress.ip_address(host)
+    except ValueError:
+        literal = None
+    if literal is not None and literal.version == 6:
+        raise UsageError(f"listen: {host!r} is an IPv6 address, and a relay takes IPv4 connections only (UCXX's "
+                         "listener binds 0.0.0.0): listen on an IPv4 address of this host, or 0.0.0.0 for all")
+    try:
+        infos = socket.getaddrinfo(host, None, family=socket.AF_INET, type=socket.SOCK_DGRAM)
     except OSError as exc:
-        raise UsageError(f"listen: {host!r} is no address ({exc})") from None
+        raise UsageError(f"listen: {host!r} is no IPv4 address ({exc}); a relay takes IPv4 connections only") from None
     for family, kind, proto, _, address in infos:
         try:
             with socket.socket(family, kind, proto) as probe:
@@ -874,18 +923,20 @@ def release() -> None:
     """One user less (the engine stays: see the module's docstring)."""
 
 
-def track(obj: Any) -> None:
-    """Close ``obj`` (a relay or remote subscriber) at exit, before the engine stops."""
-    _open.add(obj)
+def track(obj: Any, turn: int = 0) -> None:
+    """Close ``obj`` (a relay or remote subscriber) at exit, before the engine stops; those of a
+    lower ``turn`` first (a relay goes after this process's remote subscribers, which would
+    otherwise keep its close waiting for them to take its goodbye, 1.5 s)."""
+    _open[obj] = turn
 
 
 def untrack(obj: Any) -> None:
-    _open.discard(obj)
+    _open.pop(obj, None)
 
 
 def _at_exit() -> None:
     global _engine
-    for obj in list(_open):
+    for obj in sorted(list(_open), key=lambda obj: _open.get(obj, 0)):
         try:
             obj.close()
         except Exception:  # noqa: BLE001 - exit goes on

@@ -42,6 +42,7 @@ FRESH_NS = 50_000_000  # a frame this much later than the way's delay is old wha
 # A frame that arrived: seq, timestamp_ns, payload, window buffer, pool slot it was copied into (-1: not yet)
 Arrival = tuple[int, int, bytes, int, int]
 NO_SLOT = -1
+LONGEST_WAIT_S = 3600.0  # one wait at most (threading refuses a wait past TIMEOUT_MAX: receive(inf)); then again
 
 
 class Landing(Protocol):
@@ -216,7 +217,7 @@ class Receiver:
                     left = deadline - time.monotonic()
                     if left <= 0:
                         raise Timeout(f"no frame of topic {self._terms.name!r} within {wait:.3g} s")
-                    self._cond.wait(left)
+                    self._cond.wait(min(left, LONGEST_WAIT_S))
                 if closing():
                     return None
                 if not latest or not self._stale_frames(unused):

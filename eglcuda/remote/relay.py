@@ -87,7 +87,7 @@ class Relay:
                  every_timeout: float = 1.0, frames: str = "plain") -> None:
         self.name = naming.check_name(name)
         seal = wire.frame_seal(secrets.token_bytes(32), frame_mode(frames))
-        host, port = parse_address(listen, "listen")
+        host, port = parse_address(listen, "listen", least_port=0)
         _ucx.require()  # (what to install is the first thing to say)
         _ucx.check_fork()
         listen_ip = _ucx.host_ip(host)  # (UsageError for an address that is not this host's)
@@ -148,7 +148,7 @@ class Relay:
         except BaseException:
             self.close()
             raise
-        _ucx.track(self)
+        _ucx.track(self, turn=1)
 
     # ---- the local thread -------------------------------------------------------------------------
     def _set_up_staging(self) -> None:

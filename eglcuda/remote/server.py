@@ -72,7 +72,7 @@ class Server:
 
     async def listen(self, port: int, ip: str | None) -> int:
         """Listen on ``port`` (0: any) of ``ip`` (None: every address); the port."""
-        self._listener = _ucx.engine().listen(port, self._serve, ip)
+        self._listener = _ucx.engine().listen(port, self._serve, ip, unheard_s=self._timeout)
         return int(self._listener.port)
 
     def close(self) -> None:

@@ -45,7 +45,7 @@ from ..topics.transports.base import UNMAP_WAIT_S, Geometry
 from ..topics.transports.views import SlotView, _ViewSpec, join_readers
 from . import _ucx, keys, session, wire
 from .buffers import Pinned
-from .receiver import NO_SLOT, Receiver, Terms, join
+from .receiver import LONGEST_WAIT_S, NO_SLOT, Receiver, Terms, join
 from .session import frame_mode
 from .wire import NO_PUBLISHER, parse_address
 
@@ -160,7 +160,7 @@ class RemoteFeed:
             if self._closing:  # (close() came between its check and this join: it may not have seen it)
                 joining.cancel()
             try:
-                ep, welcome = joining.result(left)
+                ep, welcome = joining.result(min(left, LONGEST_WAIT_S))
             except concurrent.futures.TimeoutError:
                 joining.cancel()
                 last = "no answer"
@@ -168,7 +168,8 @@ class RemoteFeed:
             except concurrent.futures.CancelledError:  # close() from another thread
                 raise self._closed_error() from None
             except Refused as exc:
-                if exc.code != NO_PUBLISHER:
+                # (a relay without a publisher, or closing, may have one, or a successor, within the deadline)
+                if exc.code not in (NO_PUBLISHER, protocol.Reason.CLOSING):
                     raise
                 last = exc.reason
                 self._wake.wait(min(_RETRY_S, max(0.0, deadline - time.monotonic())))

@@ -122,18 +122,19 @@ class WireError(PeerError):
     """A remote peer's message is not what this protocol allows."""
 
 
-def parse_address(text: str, what: str) -> tuple[str, int]:
-    """``HOST:PORT`` (``[v6]:PORT`` too) as (host, port)."""
+def parse_address(text: str, what: str, least_port: int = 1) -> tuple[str, int]:
+    """``HOST:PORT`` (``[v6]:PORT`` too) as (host, port): PORT decimal digits in
+    ``least_port``..65535 (0, any free port, is for an address to listen on), HOST without
+    whitespace or control characters (a NUL would cut it short in UCX's C string)."""
     if not isinstance(text, str) or ":" not in text:
         raise UsageError(f"{what} is 'HOST:PORT', got {text!r}")
     host, _, port_text = text.rpartition(":")
     host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
-    try:
-        port = int(port_text)
-    except ValueError:
-        port = -1
-    if not host or not 0 <= port <= 65535:
-        raise UsageError(f"{what} is 'HOST:PORT' with a port of 0..65535, got {text!r}")
+    port = int(port_text) if port_text.isascii() and port_text.isdigit() else -1
+    if not host or not least_port <= port <= 65535:
+        raise UsageError(f"{what} is 'HOST:PORT' with a port of {least_port}..65535, got {text!r}")
+    if not host.isprintable() or any(c.isspace() for c in host):
+        raise UsageError(f"{what} is 'HOST:PORT' with a host name or address, got {text!r}")
     return host, port
 
 

@@ -114,3 +114,28 @@ def test_completions_run_on_the_loop_after_post_with_every_byte(mode):
     assert result["closed_refused"], result
     assert result["handoff_ms"] < 20, result  # (a missed wake would cost the loop's longest sleep, 100 ms)
     assert result["idle_cpu"] < 0.2, result  # (about 0.005 here)
+
+
+_STOP_WHILE_BUSY = r'''
+import gc, time
+from eglcuda.remote import _ucx
+engine = _ucx.engine()
+engine.loop.call_soon_threadsafe(time.sleep, 0.3)  # (the loop is busy when the exit's wake comes)
+time.sleep(0.05)
+_ucx._at_exit()
+del engine
+gc.collect()  # (UCXX's worker goes: its destructor says what it finds left running)
+print("stopped", flush=True)
+'''
+
+
+def test_the_engine_stops_without_a_word_on_stderr():
+    """Thread mode: the exit leaves UCXX's request notifier stopped, as its worker's destructor
+    expects; it printed a UCXX WARN line at exit when the loop was busy as the exit came."""
+    if not ucxx_present():
+        pytest.skip("ucxx is not installed: pip install -e '.[remote-cu12]' (or remote-cu13)")
+    env = {**os.environ, **UCX_ENV, "EGLCUDA_UCX_PROGRESS": "thread"}
+    out = subprocess.run([sys.executable, "-c", _STOP_WHILE_BUSY], capture_output=True, text=True, env=env,
+                         cwd=str(ROOT), timeout=60)
+    assert out.returncode == 0 and out.stdout == "stopped\n", (out.stdout, out.stderr[-2000:])
+    assert out.stderr == "", out.stderr[-2000:]

@@ -7,9 +7,12 @@ fits a 10-minute command), ``EGLCUDA_FLOOD_MBS`` its rate (20 MB/s by default)."
 from __future__ import annotations
 
 import os
+import socket
+import sys
 import time
 
-from .conftest import REMOTE_PEER, Peer
+from ...json_peer import JsonPeer
+from .conftest import REMOTE_PEER, ROOT, Peer
 
 RATE = 60.0
 
@@ -58,3 +61,58 @@ def test_a_keyless_flood_grows_nothing_and_costs_an_honest_remote_nothing(cluste
     relay.send("remotes")
     remotes = relay.wait_for(lambda m: m["event"] == "remotes")["remotes"]
     assert len([r for r in remotes if r["connected"]]) == 1, remotes
+
+
+# Runs the command after it with this process's descriptors limited (to 256: as a relay started
+# with a low RLIMIT_NOFILE, reached with fewer connections).
+_NOFILE = ("import os, resource, sys; resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256)); "
+           "os.execv(sys.argv[1], sys.argv[1:])")
+
+
+def _ended(sock: socket.socket) -> bool:
+    try:
+        return sock.recv(1) == b""
+    except BlockingIOError:
+        return False
+    except OSError:  # (reset)
+        return True
+
+
+def test_connections_that_never_make_a_request_are_shut_down_and_cost_a_joining_remote_nothing(cluster, env):
+    """A peer without the key opens TCP connections to the relay's port and says nothing (or a
+    few bytes): UCX's connection manager waits for each without a limit, out of sight of the
+    caps on handshakes. Each is shut down once it said nothing for the relay's timeout, those
+    beyond 8 from one address at once; before, they stayed, and with the relay's descriptors
+    at 256, UCX's accept failed in a loop and no remote subscriber could join."""
+    cluster.publisher(rate=RATE)
+    relay = JsonPeer([str(REMOTE_PEER), "relay", "--name", "t", "--path", cluster.path, "--timeout", "2"], env=env,
+                     cwd=str(ROOT), prefix=(sys.executable, "-c", _NOFILE))
+    cluster.peers.append(relay)  # (stopped with the others)
+    ready = relay.wait_for(lambda m: m["event"] == "ready")
+    address, port = f"127.0.0.1:{ready['port']}", ready["port"]
+    honest = cluster.subscriber(address, "--qos", "every", "--count", "0")
+    honest.wait_for(lambda m: m["event"] == "got", timeout=30)
+    fds = len(os.listdir(f"/proc/{relay.process.pid}/fd"))
+    silent = []
+    for index in range(300):
+        sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+        if index % 50 == 0:
+            sock.sendall(os.urandom(3))  # (a few bytes of a request that never ends)
+        sock.setblocking(False)
+        silent.append(sock)
+    try:
+        late = cluster.subscriber(address, "--qos", "latest", "--count", "5", "--timeout", "10")
+        done = late.wait_for(lambda m: m["event"] in ("done", "error"), timeout=30)
+        assert done["event"] == "done" and done["got"] == 5, done
+        assert all(m["ok"] for m in late.got()), late.got()
+        deadline = time.monotonic() + 10  # (the relay's timeout, 2 s, and a look each 0.5 s)
+        while not all(_ended(sock) for sock in silent):
+            assert time.monotonic() < deadline, sum(not _ended(sock) for sock in silent)
+            time.sleep(0.25)
+    finally:
+        for sock in silent:
+            sock.close()
+    assert relay.process.poll() is None, relay.stderr()
+    assert len(os.listdir(f"/proc/{relay.process.pid}/fd")) <= fds + 2
+    got = honest.got()
+    assert got and all(m["ok"] for m in got), [m for m in got if not m["ok"]][:2]

@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -177,3 +178,68 @@ def test_the_relay_status_file_never_follows_a_link_planted_beside_it(tmp_path):
     assert not os.path.islink(path) and '"pid": 1234' in open(path).read()
     assert oct(os.stat(path).st_mode & 0o777) == "0o600"
     assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp") and not p.is_symlink()] == []
+
+
+@pytest.mark.parametrize("remote, why", [
+    ("127.0.0.1:0", "port of 1..65535"),  # (port 0 is for listening: a subscriber waited its timeout on it)
+    ("127.0.0.1:+5555", "port of 1..65535"), ("127.0.0.1: 5555", "port of 1..65535"),
+    ("127.0.0.1:\uff15\uff15\uff15\uff15", "port of 1..65535"),  # (full-width digits, which int() takes)
+    ("127.0.0.1\x00:5555", "host name or address"),  # (UCX's C string ended at the NUL: 127.0.0.1)
+    ("127.0.0 .1:5555", "host name or address"), ("\n:5555", "host name or address"),
+])
+def test_a_malformed_remote_address_is_refused_before_any_connection(remote, why):
+    started = time.monotonic()
+    with pytest.raises(UsageError, match=why):
+        eglcuda.Subscriber("t", remote=remote, key=os.urandom(32), timeout=30)
+    assert time.monotonic() - started < 1
+
+
+def test_a_relay_listens_on_port_0_a_subscriber_connects_to_1_and_up():
+    assert wire.parse_address("127.0.0.1:0", "listen", least_port=0) == ("127.0.0.1", 0)
+    assert wire.parse_address("[::1]:65535", "remote") == ("::1", 65535)
+    with pytest.raises(UsageError, match="1..65535"):
+        wire.parse_address("127.0.0.1:0", "remote")
+    with pytest.raises(UsageError, match="0..65535"):
+        wire.parse_address("127.0.0.1:65536", "listen", least_port=0)
+
+
+_EXIT_ORDER = r'''
+import threading, time
+from eglcuda.remote import _ucx
+closed = []
+class Open:
+    def __init__(self, name, seconds): self.name, self.seconds = name, seconds
+    def close(self):
+        time.sleep(self.seconds)
+        closed.append(self.name)
+objects = [Open("relay-a", 0.01), Open("remote-1", 0), Open("relay-b", 0.01), Open("remote-2", 0)]
+for obj in objects:
+    _ucx.track(obj, turn=1 if obj.name.startswith("relay") else 0)
+_ucx.untrack(objects[3])
+_ucx._at_exit()
+print(sorted(closed[:1]) + sorted(closed[1:]))
+'''
+
+
+def test_the_exit_closes_remote_subscribers_before_relays():
+    # (A relay closed first waits for its remotes to take its goodbye: 1.5 s for one of this process.)
+    out = subprocess.run([sys.executable, "-c", _EXIT_ORDER], capture_output=True, text=True, cwd=str(ROOT),
+                         timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split("\n")[0] == "['remote-1', 'relay-a', 'relay-b']", out.stdout
+
+
+def test_a_relay_refuses_an_ipv6_address_it_could_take_no_connection_on():
+    # (UCXX's listener binds 0.0.0.0: a relay told '::1' took no connection, its remotes timed out)
+    pytest.importorskip("ucxx", reason="ucxx is not installed: pip install -e '.[remote-cu12]' (or remote-cu13)")
+    from eglcuda.remote import _ucx
+
+    for host in ("::1", "fe80::1"):
+        with pytest.raises(UsageError, match="IPv6 address.*IPv4 connections only"):
+            _ucx.host_ip(host)
+    assert _ucx.host_ip("::") is None and _ucx.host_ip("0.0.0.0") is None
+    assert _ucx.host_ip("127.0.0.1") == "127.0.0.1"
+    started = time.monotonic()
+    with pytest.raises(UsageError, match="IPv6 address"):  # (before it waits for a publisher)
+        eglcuda.Relay("t", "[::1]:0", key=os.urandom(32), timeout=30)
+    assert time.monotonic() - started < 5

@@ -105,3 +105,26 @@ def test_wait_for_publisher_rejoins_a_relay_restarted_meanwhile(cluster):
     count = len(sub.got())
     sub.wait_for(lambda m: len(sub.got()) >= count + 5, timeout=10)
     assert all(m["ok"] for m in sub.got())
+
+
+def test_wait_for_publisher_waits_through_a_relay_closing_and_joins_its_successor(cluster):
+    """A relay closed (as SIGTERM or close() do) drops its remotes with the reason; one that then
+    waits for a publisher (15 s) reaches the relay while it still closes, and is refused "the
+    relay is closing": that is a wait, not the end (it raised Refused at once). A relay started
+    on the address a second later is joined, its frames checked."""
+    cluster.publisher(rate=100)
+    relay, address = cluster.relay("--qos", "latest")
+    sub = cluster.subscriber(address, "--count", "0", "--qos", "latest", "--rejoin", "--rejoin-timeout", "15",
+                             "--timeout", "2")
+    sub.wait_for(lambda m: m["event"] == "got")
+    relay.send("bye")
+    gone = sub.wait_for(lambda m: m["event"] == "disconnected", timeout=15)
+    assert gone["kind"] == "Dropped" and "closed" in gone["reason"], gone
+    relay.wait_for(lambda m: m["event"] == "closed", timeout=15)
+    time.sleep(1.0)
+    cluster.relay("--listen", address, "--qos", "latest")
+    rejoined = sub.wait_for(lambda m: m["event"] in ("rejoined", "rejoin-failed"), timeout=30)
+    assert rejoined["event"] == "rejoined", rejoined
+    count = len(sub.got())
+    sub.wait_for(lambda m: len(sub.got()) >= count + 5, timeout=10)
+    assert all(m["ok"] for m in sub.got())

@@ -1,0 +1,149 @@
+"""Connections accepted on a relay's port that never became a UCX connection request.
+
+UCX's TCP connection manager accepts every TCP connection to a listening port and waits for the
+peer's connection request without a limit of time: a peer that connects and says nothing (or a
+few bytes) holds a descriptor of this process for as long as it likes, out of sight of the
+listener's caps on handshakes. Enough of them (the process's RLIMIT_NOFILE: 1024 by default)
+leave UCX's accept failing in a loop, a core busy and a log line each time, and no remote
+subscriber can join. :class:`Unheard` finds such connections among this process's descriptors
+and shuts them down (UCX then sees the connection end and closes its descriptor itself): those
+unheard for the relay's ``timeout``, and at once those beyond ``per_address`` from one address
+or ``most`` in all. Everything here runs on the UCX engine's thread, about twice a second.
+"""
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import os
+import resource
+import socket
+import stat
+import time
+from typing import Any, Iterable, Iterator
+
+FD_FOLDER = "/proc/self/fd"
+
+
+def address_text(family: int, address: Any) -> str:
+    """``IP:PORT`` (``[v6]:PORT``) of a socket address as Python gives it, written as the UCX
+    engine writes a connection request's (``_ucx.client_address``)."""
+    if family == socket.AF_INET:
+        return f"{ipaddress.IPv4Address(address[0])}:{address[1]}"
+    return f"[{ipaddress.IPv6Address(str(address[0]).split('%')[0])}]:{address[1]}"
+
+
+def _host(address: str) -> str:
+    return address.rsplit(":", 1)[0]
+
+
+class Unheard:
+    """The connections to port ``port`` of this process not (yet) heard as connection requests."""
+
+    def __init__(self, port: int, per_address: int, most: int) -> None:
+        self.port = port
+        self.per_address = per_address
+        self.most = most
+        self.heard: dict[str, float] = {}  # the peer address of each connection request -> when it came
+        self.shut = 0  # connections shut down (counted for tests and logs)
+        self.blind = False  # a request came whose address UCX could not tell: its connection is not known
+        self._accepted: dict[int, tuple[int, str, float]] = {}  # socket inode -> (fd, peer, first seen)
+        self._other: set[int] = set()  # socket inodes of this process that are no connection to the port
+
+    def hear(self, peer: str) -> None:
+        """A connection request came from ``peer`` (``IP:PORT``): its connection is UCX's now."""
+        if peer == "?":
+            self.blind = True  # (from now on nothing is shut down: it could be that connection)
+        else:
+            self.heard[peer] = time.monotonic()
+
+    def look(self, limit: float) -> list[str]:
+        """Shut down the unheard connections (see the module's docstring); their peers."""
+        if self.blind:
+            return []
+        now = time.monotonic()
+        present: set[int] = set()
+        for fd in _descriptors():
+            try:
+                info = os.fstat(fd)
+            except OSError:  # (not open, or closed meanwhile)
+                continue
+            if not stat.S_ISSOCK(info.st_mode):
+                continue
+            inode = info.st_ino
+            present.add(inode)
+            if inode in self._other or inode in self._accepted:
+                continue
+            peer = self._peer_on_port(fd, inode)
+            if peer is None:
+                self._other.add(inode)
+            else:
+                self._accepted[inode] = (fd, peer, now)
+        self._other &= present
+        for inode in [inode for inode in self._accepted if inode not in present]:
+            del self._accepted[inode]
+        peers = {peer for _, peer, _ in self._accepted.values()}
+        for peer in [peer for peer, when in self.heard.items() if peer not in peers and now - when > limit]:
+            del self.heard[peer]
+        # Unheard ones, newest first: the oldest are shut down by age, the newest beyond the caps.
+        unheard = sorted(((since, inode, fd, peer) for inode, (fd, peer, since) in self._accepted.items()
+                          if peer not in self.heard), reverse=True)
+        per_host: dict[str, int] = {}
+        kept = 0
+        shut: list[str] = []
+        for since, inode, fd, peer in unheard:
+            host = _host(peer)
+            per_host[host] = per_host.get(host, 0) + 1
+            if now - since < limit and per_host[host] <= self.per_address and kept < self.most:
+                kept += 1
+                continue
+            with _borrowed(fd, inode) as sock:
+                if sock is not None:
+                    try:
+                        sock.shutdown(socket.SHUT_RDWR)
+                        shut.append(peer)
+                    except OSError:
+                        pass
+            del self._accepted[inode]
+        self.shut += len(shut)
+        return shut
+
+    def _peer_on_port(self, fd: int, inode: int) -> str | None:
+        """The peer of descriptor ``fd`` when it is a TCP connection accepted on this port (still
+        socket ``inode``); None otherwise."""
+        with _borrowed(fd, inode) as sock:
+            if sock is None or sock.type != socket.SOCK_STREAM or sock.family not in (socket.AF_INET,
+                                                                                       socket.AF_INET6):
+                return None
+            try:
+                if sock.getsockname()[1] != self.port:
+                    return None
+                return address_text(sock.family, sock.getpeername())
+            except (OSError, ValueError):  # (ENOTCONN: the listening socket itself)
+                return None
+
+
+def _descriptors() -> Iterable[int]:
+    """This process's open descriptors (a superset where they cannot be listed)."""
+    try:
+        return [int(name) for name in os.listdir(FD_FOLDER)]
+    except OSError:  # (EMFILE: every descriptor is taken, and listing them takes one more)
+        return range(min(resource.getrlimit(resource.RLIMIT_NOFILE)[0], 1 << 20))
+
+
+@contextlib.contextmanager
+def _borrowed(fd: int, inode: int) -> Iterator[socket.socket | None]:
+    """A socket object on descriptor ``fd`` itself, when it is still socket ``inode`` (its number
+    may have gone to another descriptor meanwhile), handed back (not closed) after. No new
+    descriptor: where these connections are the trouble, there may be none to take."""
+    try:
+        if os.fstat(fd).st_ino != inode:
+            sock = None
+        else:
+            sock = socket.socket(fileno=fd)
+    except OSError:
+        sock = None
+    try:
+        yield sock
+    finally:
+        if sock is not None:
+            sock.detach()

@@ -1,0 +1,76 @@
+"""How a process with a relay and remote subscribers ends, and waits without a bound: each in a
+fresh interpreter on the stand-in libcuda over TCP loopback."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from .conftest import ROOT
+
+# A relay and a remote subscriber of it in one process, a message held, nothing closed: the
+# interpreter's exit closes them. Timestamps say how long the exit took after the last line.
+_OPEN_AT_EXIT = r'''
+import json, sys, time
+sys.path.insert(0, "tests/gpu")
+import eglcuda
+from topics_peer import check
+relay = eglcuda.Relay("t", "127.0.0.1:0", path=sys.argv[1])
+sub = eglcuda.Subscriber("t", remote=f"127.0.0.1:{relay.address[1]}", qos=sys.argv[2])
+oks = []
+for _ in range(10):
+    with sub.receive(10) as message:
+        oks.append(check(message, 5)[0])
+held = sub.receive(10)
+print(json.dumps({"ok": all(oks), "at": time.time()}), flush=True)
+'''
+
+
+@pytest.mark.parametrize("qos", ["latest", "every"])
+def test_exit_with_a_relay_and_its_remote_subscriber_open_is_prompt_and_quiet(cluster, env, qos):
+    """The exit closes this process's remote subscribers before its relays: a relay closed first
+    waited 1.5 s for a remote that could no longer receive its goodbye. Nothing reaches stderr
+    (UCXX warned, now and then, that its notifier was not stopped)."""
+    cluster.publisher(rate=300)
+    for _ in range(2):
+        out = subprocess.run([sys.executable, "-c", _OPEN_AT_EXIT, cluster.path, qos], env=env, cwd=str(ROOT),
+                             capture_output=True, text=True, timeout=60)
+        ended = time.time()
+        assert out.returncode == 0, out.stderr[-2000:]
+        said = json.loads(out.stdout.splitlines()[-1])
+        assert said["ok"], said
+        assert out.stderr == "", out.stderr[-2000:]
+        assert ended - said["at"] < 1.0, ended - said["at"]  # (about 0.1 s; 1.6 s with the relay closed first)
+
+
+_NO_BOUND = r'''
+import asyncio, json, sys
+sys.path.insert(0, "tests/gpu")
+import eglcuda
+from topics_peer import check
+sub = eglcuda.Subscriber("t", remote=sys.argv[1], qos=sys.argv[2])
+oks = []
+for timeout in (float("inf"), 1e12, 1e10):
+    with sub.receive(timeout) as message:
+        oks.append(check(message, 5)[0])
+with asyncio.run(sub.receive_async(float("inf"))) as message:
+    oks.append(check(message, 5)[0])
+sub.close()
+print(json.dumps({"oks": oks}), flush=True)
+'''
+
+
+@pytest.mark.parametrize("qos", ["latest", "every"])
+def test_receive_without_a_bound_waits_for_the_next_frame(cluster, env, qos):
+    """receive(float('inf')) (or any timeout past what threading can wait at once) waits for the
+    next frame, as a local subscriber's does; it raised OverflowError. (30 frames/s: each
+    receive finds none waiting.)"""
+    cluster.publisher(rate=30)
+    _, address = cluster.relay()
+    out = subprocess.run([sys.executable, "-c", _NO_BOUND, address, qos], env=env, cwd=str(ROOT),
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout.splitlines()[-1]) == {"oks": [True] * 4}, out.stdout
