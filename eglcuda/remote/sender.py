@@ -100,6 +100,7 @@ class Sender:
         self._sent = 0
         self._skipped = 0
         self._last_seq: int | None = None  # of the last frame queued for it
+        self._first_after = -1  # it takes no frame up to this one (start_after)
         self._dropped: str | None = None
         self._gone: tuple[int, str] | None = None  # (code, reason) to send, then close
         # After the publisher closed the topic: the frames still pending go out first, until then
@@ -134,10 +135,14 @@ class Sender:
             return self._credits + self._ahead - len(self._pending)
         return EVERY_ROOM if every_relay else QUOTA - self.held
 
+    def start_after(self, seq: int) -> None:
+        """Take no frame up to ``seq`` (its first frame is a later one)."""
+        self._first_after = seq
+
     def offer(self, index: int, seq: int, every_relay: bool) -> bool:
         """Queue staged frame ``seq`` (staging buffer ``index``) for it, if it has room (True);
         the relay counts a reference to the buffer for each taker, then calls :meth:`pump`."""
-        if not self.active:
+        if not self.active or seq <= self._first_after:
             return False
         if self.qos is Qos.LATEST:
             if self._credits + self._ahead - len(self._pending) <= 0:

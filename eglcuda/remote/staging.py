@@ -61,6 +61,7 @@ class Staging:
         self._room_lock = threading.Lock()
         self._room = 0
         self._staged = 0
+        self._skipped = -1  # the newest frame not staged for want of room (under _room_lock)
 
     def allocate(self, frame_bytes: int, what: str) -> None:
         """Buffers for frames of ``frame_bytes`` (all of them free: no send may read them)."""
@@ -87,7 +88,7 @@ class Staging:
         at once (its release is ordered after the copy, queued on the subscriber's stream). A
         staged frame counts against the room until the engine dispatched it (:meth:`set_room`'s
         ``dispatched``)."""
-        if not self._reserve():
+        if not self._reserve(message.seq):
             return None  # nobody to send it to now: no copy
         index = self._take()
         if index is None:
@@ -137,11 +138,12 @@ class Staging:
             if self._waiting:
                 self._free_cond.notify()
 
-    def _reserve(self) -> bool:
-        """Count one more frame staged, if some remote subscriber has room left for it."""
+    def _reserve(self, seq: int) -> bool:
+        """Count one more frame staged (``seq``), if some remote subscriber has room left for it."""
         with self._room_lock:
             if self._room - self._staged <= 0:
                 self.wanted.clear()
+                self._skipped = max(self._skipped, seq)
                 return False
             self._staged += 1
             if self._room - self._staged <= 0:
@@ -183,6 +185,12 @@ class Staging:
                 self.wanted.set()
             else:
                 self.wanted.clear()
+
+    def skipped(self) -> int:
+        """The newest frame not staged because no remote subscriber had room (-1: none). Read
+        after a :meth:`set_room` that gave room: the frames staged from then on follow it."""
+        with self._room_lock:
+            return self._skipped
 
     def for_ucx(self) -> list[Any]:
         """The buffers as UCXX arrays, to send from."""
