@@ -105,7 +105,10 @@ TUNING = {"UCX_TCP_TX_SEG_SIZE": "256K", "UCX_TCP_RX_SEG_SIZE": "1M",
           # A relay restarted on its port binds at once: SO_REUSEADDR on UCX's listening socket
           # (without it the port stays taken while the old connections sit in TIME-WAIT, about a
           # minute). Two listeners on one port are still refused (Linux's SO_REUSEADDR).
-          "UCX_CM_REUSEADDR": "y"}
+          "UCX_CM_REUSEADDR": "y",
+          # UCXX's own error lines (one per failed connection attempt while a relay is down, say)
+          # repeat what eglcuda raises as named errors: off unless asked for (UCXX_LOG_LEVEL=ERROR).
+          "UCXX_LOG_LEVEL": "FATAL"}
 
 
 def progress_mode() -> str:

@@ -3,6 +3,7 @@ line naming it, and a relay serves only on the address it was told (TCP loopback
 libcuda)."""
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 import time
@@ -128,3 +129,26 @@ def test_wait_for_publisher_waits_through_a_relay_closing_and_joins_its_successo
     count = len(sub.got())
     sub.wait_for(lambda m: len(sub.got()) >= count + 5, timeout=10)
     assert all(m["ok"] for m in sub.got())
+
+
+_WAIT_FOR_A_DEAD_RELAY = r'''
+import os, sys, eglcuda
+try:
+    eglcuda.Subscriber("t", remote=f"127.0.0.1:{sys.argv[1]}", key=os.urandom(32), timeout=2)
+except eglcuda.Timeout:
+    print("timeout", flush=True)
+'''
+
+
+def test_waiting_for_a_relay_that_is_down_prints_nothing(env):
+    """A remote subscriber retries its connection to a relay that is down for its whole wait;
+    each failed attempt printed a UCXX ERROR line on stderr: the wait ends in eglcuda.Timeout
+    and says nothing else."""
+    with socket.socket() as probe:  # (a port nobody listens on)
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {k: v for k, v in env.items() if k != "UCXX_LOG_LEVEL"}
+    out = subprocess.run([sys.executable, "-c", _WAIT_FOR_A_DEAD_RELAY, str(port)], capture_output=True, text=True,
+                         env=env, cwd=str(ROOT), timeout=60)
+    assert out.returncode == 0 and out.stdout == "timeout\n", (out.stdout, out.stderr[-2000:])
+    assert out.stderr == "", out.stderr[-2000:]
