@@ -475,6 +475,24 @@ def test_a_frame_is_sent_only_once_its_slow_copy_to_staging_is_done(cluster, env
     assert seqs == sorted(set(seqs))
 
 
+def test_an_every_remote_joining_beside_a_latest_one_sees_no_gap_after_its_first_frame(cluster, env):
+    # An 'every' relay beside a 'latest' remote skips the frames no remote has room for (the
+    # 'latest' one waiting for its credit). Its slow D2H copies (4 ms each) keep frames staged
+    # before a newcomer came in flight until after it came: an 'every' remote joining then was
+    # given those, while a frame after them had been skipped: a gap after its first frames.
+    cluster.publisher(rate=250)
+    relay, address = cluster.relay("--qos", "every", "--queue", "2", "--every-timeout", "5",
+                                   env={**env, "FAKE_D2H_DELAY_US": "4000"})
+    latest = cluster.subscriber(address, "--qos", "latest", "--count", "0")
+    latest.wait_for(lambda m: len(latest.got()) >= 5)
+    for _ in range(4):  # (each join is one more chance for the race)
+        every = cluster.subscriber(address, "--qos", "every", "--queue", "1", "--count", "12")
+        every.wait_for(lambda m: m["event"] == "done")
+        _frames_ok(every)
+        seqs = [m["seq"] for m in every.got()]
+        assert seqs == list(range(seqs[0], seqs[0] + 12)), seqs
+
+
 def test_a_window_buffer_is_credited_only_once_its_slow_copy_to_the_pool_is_done(cluster, env):
     # The remote subscribers' H2D copies each end 4 ms after their stream's previous one and read
     # the window buffer only then (the stand-in): a credit sent before the copy ended lets the
