@@ -42,10 +42,6 @@ FRESH_NS = 50_000_000  # a frame this much later than the way's delay is old wha
 # A frame that arrived: seq, timestamp_ns, payload, window buffer, pool slot it was copied into (-1: not yet)
 Arrival = tuple[int, int, bytes, int, int]
 NO_SLOT = -1
-# Window buffers beyond the relay's window: a frame's credit goes back as the frame arrives, a
-# receive waiting in a spare buffer, while its copy into the pool still reads its own (the relay's
-# round trip then holds no copy); with none spare, the credit waits for the copy.
-SPARE = 2
 LONGEST_WAIT_S = 3600.0  # one wait at most (threading refuses a wait past TIMEOUT_MAX: receive(inf)); then again
 
 
@@ -154,17 +150,12 @@ async def _greet(ep: Any, terms: Terms) -> wire.Welcome:
 
 class Receiver:
     """One joined connection to the relay (see the module's docstring): endpoint ``ep`` after
-    :func:`join`, receiving into ``window`` (its own from now on: freed by :meth:`free`), of which
-    the relay may fill ``ahead`` (the welcome's window) before it hears of a credit; the buffers
-    beyond (SPARE) let a credit go back before the frame's copy ends."""
+    :func:`join`, receiving into ``window`` (its own from now on: freed by :meth:`free`)."""
 
-    def __init__(self, ep: Any, window: Pinned, ahead: int, terms: Terms, loop: asyncio.AbstractEventLoop,
+    def __init__(self, ep: Any, window: Pinned, terms: Terms, loop: asyncio.AbstractEventLoop,
                  landing: Landing) -> None:
-        if not 0 < ahead <= len(window):
-            raise ValueError(f"a window of {len(window)} buffers for {ahead} frames ahead")
         self.ep = ep
         self.window = window
-        self._ahead = ahead
         self._terms = terms
         self._loop = loop
         self._landing = landing
@@ -190,7 +181,6 @@ class Receiver:
         self._heard = time.monotonic()
         self._tasks: list[asyncio.Future[Any]] = []
         self._receiving = 0  # frame receives posted and not finished (UCX may write their buffers)
-        self._uncredited = 0  # (engine) frames arrived whose credit has not gone back to the relay
         self._drained = asyncio.Event()  # (used on the loop only) every frame the relay said it sent arrived
         self._arrived = 0  # frames received on this link
         self._expected = 0  # frames the relay's goodbye said it sent
@@ -447,11 +437,8 @@ class Receiver:
                     self._readiness.set()  # (fileno()'s watchers; a write only when it was quiet)
             if unused:
                 self._landing.unused(self, unused)
-            self._uncredited += 1
             if owed:
                 self._give_owed()  # (on this thread: at once)
-            else:
-                self._give_credit()  # (a receive into a spare buffer, and this frame's credit)
             self._arrived += 1
             if self._arrived >= self._expected:
                 self._drained.set()
@@ -586,27 +573,19 @@ class Receiver:
                 self._free.append(index)
             freed += 1
         if freed:
-            self._give_credit()
+            self._give_credit(freed)
 
     def _give_owed(self) -> None:
         with self._cond:
             count, self._owed = self._owed, 0
             self._crediting = False
         if count:
-            self._give_credit()
+            self._give_credit(count)
 
-    def _give_credit(self) -> None:
-        """Post a receive into every free buffer, then credit the relay for the frames that
-        arrived, as far as receives wait for every frame it may then send: it may have ``ahead``
-        frames unheard of (sent, or credit for them) less those arrived and not credited, and a
-        frame with no receive posted would sit in UCX unclaimed."""
+    def _give_credit(self, count: int) -> None:
         self._post_receives()  # (the receives are posted before the relay hears of the credit)
         if self.lost is not None:
             return
-        count = min(self._uncredited, self._receiving + self._uncredited - self._ahead)
-        if count <= 0:
-            return
-        self._uncredited -= count
         sealed = wire.encode_control(self.ep.session, wire.Control.CREDIT, count)  # (sealed, just before it is posted)
         message = _ucx.engine().arr(np.frombuffer(sealed, np.uint8))
         try:  # (the callback keeps the message alive until UCX sent it; a failure: the reader hears of it)

@@ -45,7 +45,7 @@ from ..topics.transports.base import UNMAP_WAIT_S, Geometry
 from ..topics.transports.views import SlotView, _ViewSpec, join_readers
 from . import _ucx, keys, session, wire
 from .buffers import Pinned
-from .receiver import LONGEST_WAIT_S, NO_SLOT, SPARE, Receiver, Terms, join
+from .receiver import LONGEST_WAIT_S, NO_SLOT, Receiver, Terms, join
 from .session import frame_mode
 from .wire import NO_PUBLISHER, parse_address
 
@@ -209,11 +209,11 @@ class RemoteFeed:
             self._spec = _ViewSpec(Geometry(first.width, first.height, first.format, Layout.PITCH, first.pitch,
                                             offsets))
         self._free_slots = collections.deque(range(len(self._pool)))
-        window = Pinned(self._device, welcome.window + SPARE, wire.message_bytes(welcome.frame_bytes),
+        window = Pinned(self._device, welcome.window, wire.message_bytes(welcome.frame_bytes),
                         "a remote subscriber's receive window")
         loop = self._loop
         assert loop is not None
-        link = Receiver(ep, window, welcome.window, self._terms, loop, self)
+        link = Receiver(ep, window, self._terms, loop, self)
         link.watch(self._ready)
         self._link = link
         self._lost = None
