@@ -141,7 +141,9 @@ def write_new_key(path: str) -> None:
     try:
         os.fchmod(fd, 0o600)
         key = secrets.token_bytes(NEW_KEY)
-        while _weakness(key) is not None:  # (vanishingly rare: a random key that looks like text)
+        # (Vanishingly rare: a random key that looks like text. One in 256 ends in a newline,
+        # which read_key_file drops as a hand-written key's: such a key is drawn again.)
+        while _weakness(key) is not None or key.endswith(b"\n"):
             key = secrets.token_bytes(NEW_KEY)
         os.write(fd, key)
         os.fsync(fd)
