@@ -62,7 +62,7 @@ from typing import Any, Awaitable, Callable, Coroutine, TypeVar
 import numpy as np
 
 from ..errors import EglCudaError, Timeout, Unsupported, UsageError
-from .unheard import Unheard
+from .unheard import Unheard, host_of
 
 T = TypeVar("T")
 log = logging.getLogger("eglcuda.remote")
@@ -287,7 +287,7 @@ class Listener:
             listener.unheard.hear(peer)
             pending = [e for e in listener._handshaking if e.handshaking and not e.closed]
             crowded = len(pending) >= PENDING_MAX or (
-                peer != "?" and sum(1 for e in pending if _host_of(e.peer) == _host_of(peer)) >= PENDING_PER_ADDRESS)
+                peer != "?" and sum(1 for e in pending if host_of(e.peer) == host_of(peer)) >= PENDING_PER_ADDRESS)
             try:
                 ep = listener._listener.create_endpoint_from_conn_request(conn_request, True)
             except Exception:  # noqa: BLE001 - the peer left already
@@ -295,7 +295,7 @@ class Listener:
             endpoint = Endpoint(engine, ep, peer)
             if listener.host is not None:
                 to = local_address(ep)
-                if _host_of(to).strip("[]") != listener.host:  # (UCX listens on every address: not what was asked)
+                if host_of(to).strip("[]") != listener.host:  # (UCX listens on every address: not what was asked)
                     listener.elsewhere += 1
                     log.info("eglcuda remote: a connection from %s to %s closed: this relay listens on %s only", peer,
                              to, listener.host)
@@ -751,10 +751,6 @@ def _stop_notifier(worker: Any) -> None:
 
 def _ignore(error: LinkError | None) -> None:
     """The completion of a dropped message's receive (truncated or not: nothing to do)."""
-
-
-def _host_of(address: str) -> str:
-    return address.rsplit(":", 1)[0]
 
 
 class _SockaddrStorage(ctypes.Structure):

@@ -32,7 +32,8 @@ def address_text(family: int, address: Any) -> str:
     return f"[{ipaddress.IPv6Address(str(address[0]).split('%')[0])}]:{address[1]}"
 
 
-def _host(address: str) -> str:
+def host_of(address: str) -> str:
+    """The host of ``HOST:PORT`` (``[v6]`` kept in brackets)."""
     return address.rsplit(":", 1)[0]
 
 
@@ -91,7 +92,7 @@ class Unheard:
         kept = 0
         shut: list[str] = []
         for since, inode, fd, peer in unheard:
-            host = _host(peer)
+            host = host_of(peer)
             per_host[host] = per_host.get(host, 0) + 1
             if now - since < limit and per_host[host] <= self.per_address and kept < self.most:
                 kept += 1
