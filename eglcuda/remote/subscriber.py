@@ -519,6 +519,11 @@ class RemoteFeed:
         return self._backend.cuda_stream
 
     @property
+    def owns_stream(self) -> bool:
+        """Whether :attr:`cuda_stream` is one this feed made (and destroys at its close)."""
+        return self._backend.owns_stream
+
+    @property
     def device(self) -> CudaDevice:
         """The CUDA device of the pool."""
         return self._device

@@ -422,8 +422,7 @@ class Subscriber:
     def _made_its_stream(self) -> bool:
         """Whether :attr:`cuda_stream` is one this subscriber made (and destroys at its close),
         not the caller's."""
-        backend = self._backend if self._remote is None else getattr(self._remote, "_backend", None)
-        return bool(getattr(backend, "_own_stream", False))
+        return self._backend.owns_stream if self._remote is None else self._remote.owns_stream
 
     def _cuda_device(self) -> CudaDevice | None:
         """The CUDA device frames are read on (None: a GL subscriber's frames are textures)."""
@@ -814,6 +813,8 @@ class RemoteFeed(Protocol):
     def connected(self) -> bool: ...
     @property
     def cuda_stream(self) -> int | None: ...
+    @property
+    def owns_stream(self) -> bool: ...
     @property
     def held(self) -> int: ...
     @property

@@ -102,7 +102,7 @@ class CudaSubscriberBackend(SubscriberBackend):
                 self.device = None
                 self.identity = DeviceIdentity(-1)
                 self.cuda_stream = None
-                self._own_stream = False
+                self.owns_stream = False
                 return
             device = ordinal
         else:
@@ -110,8 +110,8 @@ class CudaSubscriberBackend(SubscriberBackend):
         self.device = get_device(device)
         self.identity = DeviceIdentity.of(self.device)
         self.device.make_current()
-        self._own_stream = cuda_stream is None and gl_context is None
-        if self._own_stream:
+        self.owns_stream = cuda_stream is None and gl_context is None
+        if self.owns_stream:
             self.cuda_stream = cuda_egl.stream_create()
         else:
             self.cuda_stream = None if cuda_stream is None else stream_handle(cuda_stream)
@@ -146,7 +146,7 @@ class CudaSubscriberBackend(SubscriberBackend):
 
     def close(self) -> None:
 
-        if self._own_stream and self.cuda_stream and self.device is not None:  # (an own stream has a device)
+        if self.owns_stream and self.cuda_stream and self.device is not None:  # (an own stream has a device)
             self.device.make_current()
             try:
                 cuda_egl.stream_destroy(self.cuda_stream)

@@ -246,6 +246,7 @@ class SubscriberBackend(abc.ABC):
     identity: DeviceIdentity
     consumer: protocol.ConsumerKind
     cuda_stream: int | None = None
+    owns_stream = False  # cuda_stream is one this backend made (and destroys at its close), not the caller's
 
     @abc.abstractmethod
     def wishes(self, requested: str) -> tuple[str, ...]:
