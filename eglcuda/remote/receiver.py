@@ -33,7 +33,7 @@ from ..topics.readiness import Readiness
 from . import _ucx, keys, wire
 from .buffers import Pinned
 from .session import AuthenticationFailed, FrameMode, Handshake
-from .wire import BEAT_S, DISCONNECTED, LATEST_WINDOW
+from .wire import BEAT_S, DISCONNECTED
 
 log = logging.getLogger("eglcuda.remote")
 
@@ -128,7 +128,7 @@ async def _greet(ep: Any, terms: Terms) -> wire.Welcome:
         welcome = wire.decode_welcome(session, wire.expect(buf.tobytes(), wire.Kind.WELCOME, refusal=True,
                                                            session=session))
         # (The window is pinned host memory here: never more than this side's QoS asks for.)
-        most = LATEST_WINDOW if terms.qos is Qos.LATEST else min(terms.queue, wire.MAX_WINDOW)
+        most = wire.latest_window(welcome.frame_bytes) if terms.qos is Qos.LATEST else min(terms.queue, wire.MAX_WINDOW)
         if welcome.window > most:
             raise wire.WireError(f"a window of {welcome.window} frames for a subscriber that takes {most}")
         if welcome.frame_mode < terms.frames:

@@ -42,7 +42,7 @@ from .sender import Limits, RemoteInfo, Sender
 from .server import Server
 from .session import frame_mode
 from .staging import Staging
-from .wire import DISCONNECTED, LATEST_WINDOW, NO_PUBLISHER, parse_address
+from .wire import DISCONNECTED, NO_PUBLISHER, parse_address
 
 __all__ = ["Relay", "RemoteInfo", "parse_address"]
 
@@ -260,7 +260,8 @@ class Relay:
         welcome = self._welcome
         staging = self._staging
         assert welcome is not None and staging is not None
-        window = LATEST_WINDOW if hello.qos is Qos.LATEST else min(hello.queue, wire.MAX_WINDOW)
+        window = (wire.latest_window(welcome.frame_bytes) if hello.qos is Qos.LATEST
+                  else min(hello.queue, wire.MAX_WINDOW))
         info = self._sub.info
         next_seq = info.next_seq if info is not None else 0
         seal = self._frames

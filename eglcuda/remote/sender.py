@@ -132,7 +132,7 @@ class Sender:
         if not self.active:
             return 0
         if self.qos is Qos.LATEST:
-            return self._credits + self._ahead - len(self._pending)
+            return min(self._credits + self._ahead - len(self._pending), QUOTA - self.held)
         return EVERY_ROOM if every_relay else QUOTA - self.held
 
     def start_after(self, seq: int) -> None:
@@ -145,7 +145,7 @@ class Sender:
         if not self.active or seq <= self._first_after:
             return False
         if self.qos is Qos.LATEST:
-            if self._credits + self._ahead - len(self._pending) <= 0:
+            if self._credits + self._ahead - len(self._pending) <= 0 or self.held >= QUOTA:
                 return False
         elif self.held >= QUOTA:  # an 'every' remote that keeps no pace (the watchdog's clock runs)
             if self._starved_since is None:

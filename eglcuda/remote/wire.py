@@ -70,7 +70,8 @@ MAX_NAME = 255
 MAX_WINDOW = 16  # frames a relay may send ahead of a remote subscriber's credits
 MAX_FRAME = 1 << 30  # bytes of one frame's data on the wire
 SEND_AHEAD = 3  # frames a relay has in flight to one remote subscriber (overlaps UCX's round trips)
-LATEST_WINDOW = 3  # frames a relay sends ahead of a 'latest' remote subscriber's credits
+LATEST_WINDOW = 3  # the fewest frames a relay sends ahead of a 'latest' remote subscriber's credits
+LATEST_WINDOW_BYTES = 4 << 20  # ... and as many more as fit in this (latest_window)
 BEAT_S = 0.5  # a side that has said nothing for this long sends a beat
 NO_PUBLISHER = 200  # REFUSE code: the relay has no publisher at the moment (the subscriber retries)
 DISCONNECTED = 201  # GONE code: the relay lost its publisher without a goodbye (StreamDisconnected)
@@ -283,6 +284,15 @@ def frame_bytes(fmt: ColorFormat, width: int, height: int) -> int:
 def message_bytes(frame_size: int) -> int:
     """Bytes of a FRAME message carrying ``frame_size`` bytes of frame data."""
     return DATA_AT + frame_size + TAG
+
+
+def latest_window(frame_size: int) -> int:
+    """Frames a relay sends ahead of a 'latest' remote subscriber's credits, for frames of
+    ``frame_size`` bytes: as many as LATEST_WINDOW_BYTES holds, LATEST_WINDOW to MAX_WINDOW. Small
+    frames need the deeper window (a credit's round trip is longer than a small frame's send), and
+    cost the subscriber little page-locked memory for it; the relay's sends in flight stay
+    SEND_AHEAD, so no frame waits longer on the link for it."""
+    return max(LATEST_WINDOW, min(MAX_WINDOW, LATEST_WINDOW_BYTES // message_bytes(frame_size)))
 
 
 def frame_seal(key: bytes, mode: FrameMode) -> FrameSeal:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import random
 import subprocess
 import sys
 import time
@@ -93,6 +94,20 @@ def test_wire_round_trips_and_refuses_what_it_does_not_allow():
     credit = wire.encode_control(sub_session, wire.Control.CREDIT, 2)
     assert len(credit) == wire.CONTROL
     assert wire.decode_control(relay_session, credit) == (wire.Control.CREDIT, 2)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_latest_window_is_deeper_for_small_frames_and_bounded_in_bytes(seed):
+    rng = random.Random(seed)
+    nv12 = eglcuda.ColorFormat.NV12
+    assert wire.latest_window(wire.frame_bytes(nv12, 320, 240)) == wire.MAX_WINDOW
+    assert wire.latest_window(wire.frame_bytes(nv12, 1920, 1080)) == wire.LATEST_WINDOW
+    for _ in range(200):
+        size = wire.frame_bytes(nv12, 2 * rng.randint(1, 2048), 2 * rng.randint(1, 2048))
+        window = wire.latest_window(size)
+        assert wire.LATEST_WINDOW <= window <= wire.MAX_WINDOW
+        if window > wire.LATEST_WINDOW:  # (beyond the fewest, a deeper window stays within its bytes)
+            assert window * wire.message_bytes(size) <= wire.LATEST_WINDOW_BYTES
 
 
 def test_local_subscriber_refuses_a_key_without_remote():

@@ -1,6 +1,7 @@
 """A relay's sender for one 'latest' remote subscriber, driven without a network: its frames
 staged ahead of its credit go out as the credit comes, never more than credited, never stale,
-and a stopped remote holds no buffer for a frame staged ahead."""
+a stopped remote holds no buffer for a frame staged ahead, and a deep window (small frames)
+never lets it hold more of the staging ring than its quota."""
 from __future__ import annotations
 
 import random
@@ -9,6 +10,7 @@ import pytest
 
 from eglcuda.remote import sender as sender_module
 from eglcuda.remote.sender import AHEAD_FRESH_S, QUOTA, Limits, Sender
+from eglcuda.remote.wire import MAX_WINDOW
 from eglcuda.topics.protocol import Qos
 
 WINDOW = 3
@@ -58,8 +60,8 @@ def clock(monkeypatch):
     return clock
 
 
-def make_sender(link: Link, ring: Ring) -> Sender:
-    sender = Sender(link, "peer", Qos.LATEST, 1, WINDOW, None, ring, Limits("t", 5.0, 1.0), lambda: None,
+def make_sender(link: Link, ring: Ring, window: int = WINDOW) -> Sender:
+    sender = Sender(link, "peer", Qos.LATEST, 1, window, None, ring, Limits("t", 5.0, 1.0), lambda: None,
                     lambda s: None)
     sender._started = True  # (its welcome went out)
     return sender
@@ -105,14 +107,15 @@ def test_a_stale_frame_staged_ahead_is_let_go_and_a_stopped_remote_holds_none(cl
     assert sender.info().skipped == 6  # (seq 3 let go, 4..8 never staged)
 
 
+@pytest.mark.parametrize("window", [WINDOW, MAX_WINDOW])
 @pytest.mark.parametrize("seed", range(8))
-def test_random_credits_sends_and_delays_keep_the_window_and_freshness(clock, seed):
+def test_random_credits_sends_and_delays_keep_the_window_and_freshness(clock, seed, window):
     rng = random.Random(seed)
     link, ring = Link(), Ring()
-    sender = make_sender(link, ring)
+    sender = make_sender(link, ring, window)
     staged_at: dict[int, float] = {}
     completed = 0
-    credited = WINDOW
+    credited = window
     at_remote = 0  # frames sent whose credit the remote has not returned
     seq = 0
     checked = 0
@@ -127,7 +130,7 @@ def test_random_credits_sends_and_delays_keep_the_window_and_freshness(clock, se
                 sender.pump()
             else:
                 assert not sender.offer(seq + 1, seq + 1, False)
-        elif step < 0.6 and completed < len(link.sends):
+        elif step < (0.6 if window == WINDOW else 0.45) and completed < len(link.sends):
             link.sends[completed][1](None)
             completed += 1
             at_remote += 1
