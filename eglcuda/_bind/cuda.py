@@ -224,6 +224,48 @@ def copy_planned(stream: int, plan: Any, src: int, src_pitch: int, dst: int) -> 
     check(lib.cuMemcpy2DAsync(plan, ffi.cast("CUstream", stream)), "cuMemcpy2DAsync", "copying a plane")
 
 
+def host_copy_plan(host: int, width_bytes: int, height: int, to_host: bool) -> Any:
+    """The parameters of a 2D copy of ``height`` rows of ``width_bytes`` between device memory and
+    page-locked host address ``host`` (rows packed), device to host when ``to_host``, else host to
+    device: a hot path's copies into or out of the same host buffer, again and again, with only the
+    device side filled in each time (:func:`copy_to_host_planned`, :func:`copy_from_host_planned`)."""
+    plan = ffi.new("CUDA_MEMCPY2D *")
+    where = ffi.cast("void *", host)
+    if to_host:
+        plan.srcMemoryType = lib.CU_MEMORYTYPE_DEVICE
+        plan.dstMemoryType = lib.CU_MEMORYTYPE_HOST
+        plan.dstHost = where
+        plan.dstPitch = width_bytes
+    else:
+        plan.srcMemoryType = lib.CU_MEMORYTYPE_HOST
+        plan.srcHost = where
+        plan.srcPitch = width_bytes
+        plan.dstMemoryType = lib.CU_MEMORYTYPE_DEVICE
+    plan.WidthInBytes = width_bytes
+    plan.Height = height
+    return plan
+
+
+def copy_to_host_planned(stream: Any, plan: Any, src: int, src_pitch: int) -> None:
+    """Queue :func:`host_copy_plan`'s device-to-host copy from device address ``src`` (rows
+    ``src_pitch`` apart) on ``stream`` (from :func:`stream_arg`), in the current context."""
+    plan.srcDevice = src
+    plan.srcPitch = src_pitch
+    code = lib.cuMemcpy2DAsync(plan, stream)
+    if code:
+        raise cuda_error(code, "cuMemcpy2DAsync", "copying a plane to the host")
+
+
+def copy_from_host_planned(stream: Any, plan: Any, dst: int, dst_pitch: int) -> None:
+    """Queue :func:`host_copy_plan`'s host-to-device copy to device address ``dst`` (rows
+    ``dst_pitch`` apart) on ``stream`` (from :func:`stream_arg`), in the current context."""
+    plan.dstDevice = dst
+    plan.dstPitch = dst_pitch
+    code = lib.cuMemcpy2DAsync(plan, stream)
+    if code:
+        raise cuda_error(code, "cuMemcpy2DAsync", "copying a plane from the host")
+
+
 def stream_arg(stream: int) -> Any:
     """``stream`` as the ``CUstream`` argument of the calls below, made once for many calls."""
     return ffi.cast("CUstream", stream)

@@ -39,6 +39,10 @@ class Pinned:
             self._ucx = [_ucx.engine().arr(array) for array in self.arrays]
         return self._ucx
 
+    def address(self, index: int) -> int:
+        """The host address of buffer ``index`` (valid until :meth:`close`)."""
+        return self._hosts[index]
+
     def __len__(self) -> int:
         return len(self.arrays)
 

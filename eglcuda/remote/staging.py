@@ -62,10 +62,15 @@ class Staging:
         self._room = 0
         self._staged = 0
         self._skipped = -1  # the newest frame not staged for want of room (under _room_lock)
+        # Each buffer's D2H copy parameters per plane (local thread), made at its first frame of
+        # the ring's geometry: a frame fills in only where it is read from.
+        self._plans: list[list[Any] | None] = []
+        self._stream_arg = cuda.stream_arg(stream)
 
     def allocate(self, frame_bytes: int, what: str) -> None:
         """Buffers for frames of ``frame_bytes`` (all of them free: no send may read them)."""
         size = wire.message_bytes(frame_bytes)
+        self._plans = [None] * STAGING  # (a new publisher's planes may lie otherwise in the same bytes)
         if self._ring is not None and self._ring.size == size:
             return  # (a restarted publisher of the same frame size: the ring serves as it is)
         old, self._ring = self._ring, None
@@ -97,16 +102,23 @@ class Staging:
         ring = self._ring
         assert ring is not None
         out = ring.arrays[index]
-        at = wire.DATA_AT
         try:
             wire.pack_frame(out, message.seq, message.timestamp_ns, message.payload)
             self._device.make_current()
-            for plane in message.frame.planes:
-                g = plane.geometry
-                size = g.row_bytes * g.height
-                cuda.copy_2d(self._stream, plane._location(), ("host", out[at:at + size], g.row_bytes), g.row_bytes,
-                             g.height, False)
-                at += size
+            planes = message.frame.planes
+            plans = self._plans[index]
+            if plans is None:
+                plans = self._plans[index] = self._plan(ring.address(index), planes)
+            at = wire.DATA_AT
+            for plane, plan in zip(planes, plans):
+                kind, address, pitch = plane._location()
+                if kind == "device":
+                    cuda.copy_to_host_planned(self._stream_arg, plan, address, pitch)
+                else:  # (a frame in a CUDA array: its parameters each time)
+                    g = plane.geometry
+                    cuda.copy_2d(self._stream, (kind, address, pitch), ("host", out[at:], g.row_bytes), g.row_bytes,
+                                 g.height, False)
+                at += plan.WidthInBytes * plan.Height
             if self._pipelined:
                 self._seal.seal(out)  # (the header's seal: the host's bytes, not the copy's)
                 cuda.event_record(self._events[index], self._stream, "marking a relay's staging copy")
@@ -118,6 +130,18 @@ class Staging:
             self._unreserve()
             raise
         return index
+
+    @staticmethod
+    def _plan(host: int, planes: Any) -> list[Any]:
+        """The D2H copy parameters of each of ``planes`` into the buffer at ``host``: packed one
+        after the other behind the message's header and payload area."""
+        plans = []
+        at = host + wire.DATA_AT
+        for plane in planes:
+            g = plane.geometry
+            plans.append(cuda.host_copy_plan(at, g.row_bytes, g.height, to_host=True))
+            at += g.row_bytes * g.height
+        return plans
 
     def _take(self) -> int | None:
         """A free buffer; None when there is none (an 'every' relay waits up to its ``wait``, as a

@@ -121,6 +121,11 @@ class RemoteFeed:
         self._slot_events: list[int] = []  # one per pool slot: recorded after the H2D copy into it
         self._released_events: list[int] = []  # one per pool slot: recorded at its release, after its readers
         self._window_events: list[int] = []  # one per window buffer: recorded after the H2D copy from it
+        # Each window buffer's H2D copy parameters per plane, made at its first frame (under
+        # _state): a frame fills in only the pool slot it lands in. For one window (one link).
+        self._plans: dict[int, list[Any]] = {}
+        self._plans_window: Any = None
+        self._copy_arg: Any = None
         self._hold_limit = 0  # messages the user may hold at once
         self._orphaned = False  # its Subscriber was collected: closed once no message is held
         self.info: TopicInfo | None = None
@@ -134,6 +139,7 @@ class RemoteFeed:
             self._loop = _ucx.acquire()
             self._device.make_current()
             self._copy_stream = cuda.stream_create(non_blocking=True)
+            self._copy_arg = cuda.stream_arg(self._copy_stream)
             self._connect(time.monotonic() + self.timeout)
         except BaseException:
             self._closed = True
@@ -309,13 +315,19 @@ class RemoteFeed:
         # Never recorded (a slot not read since the pool was made): no wait.
         released = self._event(self._released_events, slot)
         cuda.stream_wait_event(copy, released, "ordering a remote frame's copy after the slot's readers")
-        source = link.window.arrays[index]
-        at = wire.DATA_AT
-        for g, offset in zip(spec.planes, spec.geometry.plane_offsets):
-            size = g.row_bytes * g.height
-            cuda.copy_2d(copy, ("host", source[at:at + size], g.row_bytes), ("device", base + offset, g.pitch),
-                         g.row_bytes, g.height, False)
-            at += size
+        window = link.window
+        if window is not self._plans_window:
+            self._plans, self._plans_window = {}, window
+        plans = self._plans.get(index)
+        if plans is None:
+            plans = self._plans[index] = []
+            at = window.address(index) + wire.DATA_AT
+            for g in spec.planes:
+                plans.append(cuda.host_copy_plan(at, g.row_bytes, g.height, to_host=False))
+                at += g.row_bytes * g.height
+        copy_arg = self._copy_arg
+        for plan, g, offset in zip(plans, spec.planes, spec.geometry.plane_offsets):
+            cuda.copy_from_host_planned(copy_arg, plan, base + offset, g.pitch)
         landed = self._event(self._slot_events, slot)
         cuda.event_record(landed, copy, "marking a remote frame's copy into the subscriber's pool")
         read = self._event(self._window_events, index)
@@ -632,8 +644,9 @@ class RemoteFeed:
             if self._copy_stream is not None:
                 self._device.make_current()
                 cuda.stream_destroy(self._copy_stream)
-                self._copy_stream = None
+                self._copy_stream = self._copy_arg = None
             with self._state:
+                self._plans, self._plans_window = {}, None
                 events = self._slot_events + self._released_events + self._window_events
                 self._slot_events, self._released_events, self._window_events = [], [], []
             for event in events:
