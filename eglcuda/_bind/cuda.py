@@ -228,7 +228,7 @@ def host_copy_plan(host: int, width_bytes: int, height: int, to_host: bool) -> A
     """The parameters of a 2D copy of ``height`` rows of ``width_bytes`` between device memory and
     page-locked host address ``host`` (rows packed), device to host when ``to_host``, else host to
     device: a hot path's copies into or out of the same host buffer, again and again, with only the
-    device side filled in each time (:func:`copy_to_host_planned`, :func:`copy_from_host_planned`)."""
+    device side filled in each time (:func:`copy_host_planned`)."""
     plan = ffi.new("CUDA_MEMCPY2D *")
     where = ffi.cast("void *", host)
     if to_host:
@@ -246,24 +246,19 @@ def host_copy_plan(host: int, width_bytes: int, height: int, to_host: bool) -> A
     return plan
 
 
-def copy_to_host_planned(stream: Any, plan: Any, src: int, src_pitch: int) -> None:
-    """Queue :func:`host_copy_plan`'s device-to-host copy from device address ``src`` (rows
-    ``src_pitch`` apart) on ``stream`` (from :func:`stream_arg`), in the current context."""
-    plan.srcDevice = src
-    plan.srcPitch = src_pitch
+def copy_host_planned(stream: Any, plan: Any, device: int, pitch: int) -> None:
+    """Queue :func:`host_copy_plan`'s copy with device address ``device`` (rows ``pitch`` apart)
+    as its device side, source or destination, on ``stream`` (from :func:`stream_arg`), in the
+    current context (the driver reads ``plan`` at the call)."""
+    if plan.dstMemoryType == lib.CU_MEMORYTYPE_HOST:
+        plan.srcDevice = device
+        plan.srcPitch = pitch
+    else:
+        plan.dstDevice = device
+        plan.dstPitch = pitch
     code = lib.cuMemcpy2DAsync(plan, stream)
     if code:
-        raise cuda_error(code, "cuMemcpy2DAsync", "copying a plane to the host")
-
-
-def copy_from_host_planned(stream: Any, plan: Any, dst: int, dst_pitch: int) -> None:
-    """Queue :func:`host_copy_plan`'s host-to-device copy to device address ``dst`` (rows
-    ``dst_pitch`` apart) on ``stream`` (from :func:`stream_arg`), in the current context."""
-    plan.dstDevice = dst
-    plan.dstPitch = dst_pitch
-    code = lib.cuMemcpy2DAsync(plan, stream)
-    if code:
-        raise cuda_error(code, "cuMemcpy2DAsync", "copying a plane from the host")
+        raise cuda_error(code, "cuMemcpy2DAsync", "copying a plane between host and device")
 
 
 def stream_arg(stream: int) -> Any:

@@ -113,7 +113,7 @@ class Staging:
             for plane, plan in zip(planes, plans):
                 kind, address, pitch = plane._location()
                 if kind == "device":
-                    cuda.copy_to_host_planned(self._stream_arg, plan, address, pitch)
+                    cuda.copy_host_planned(self._stream_arg, plan, address, pitch)
                 else:  # (a frame in a CUDA array: its parameters each time)
                     g = plane.geometry
                     cuda.copy_2d(self._stream, (kind, address, pitch), ("host", out[at:], g.row_bytes), g.row_bytes,

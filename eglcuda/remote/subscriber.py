@@ -327,7 +327,7 @@ class RemoteFeed:
                 at += g.row_bytes * g.height
         copy_arg = self._copy_arg
         for plan, g, offset in zip(plans, spec.planes, spec.geometry.plane_offsets):
-            cuda.copy_from_host_planned(copy_arg, plan, base + offset, g.pitch)
+            cuda.copy_host_planned(copy_arg, plan, base + offset, g.pitch)
         landed = self._event(self._slot_events, slot)
         cuda.event_record(landed, copy, "marking a remote frame's copy into the subscriber's pool")
         read = self._event(self._window_events, index)
