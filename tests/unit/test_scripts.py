@@ -46,6 +46,56 @@ def test_help_works_anywhere(script, tmp_path):
     assert result.stdout.startswith("usage:")
 
 
+# Options whose values the scripts parse themselves: a bad one is argparse's usage error (status 2)
+# as the command line is read, on any machine; not a ValueError (status 1) once the GPU work has
+# begun, a child that never starts, a bench that hangs or one that measures nothing and exits 0.
+BAD_ARGUMENTS = [
+    ("bench/frame_seal.py", "--repeat", "0"),
+    ("bench/sources.py", "--rates", "x"),
+    ("bench/sources.py", "--sources", "8,many"),
+    ("bench/sources.py", "--size", "1920x"),
+    ("bench/sources.py", "--transport", "bogus"),
+    ("bench/sources.py", "--batcher", "--size", "640x480:ARGB"),
+    ("bench/topics.py", "--transports", "bogus"),
+    ("bench/topics.py", "--qos", "bogus"),
+    ("bench/topics.py", "--subscribers", "x"),
+    ("bench/topics.py", "--sizes", "bogus"),
+    ("bench/remote.py", "--subscribers", "x"),
+    ("bench/remote.py", "--rates", "fast"),
+    ("bench/cross_gpu.py", "--directions", "0-1"),
+    ("bench/cross_process.py", "--transports", "bogus"),
+    ("bench/cross_process.py", "--sizes", "12"),
+    ("bench/stream_roundtrip.py", "--cpus", "x"),
+    ("samples/cuda_to_cuda.py", "--formats", "BOGUS"),
+    ("samples/cuda_to_cuda.py", "--layouts", "bogus"),
+    ("samples/cross_process.py", "--format", "BOGUS"),
+    ("samples/cross_gpu.py", "--format", "BOGUS"),
+]
+
+
+@pytest.mark.parametrize("script, args", [(s, a) for s, *a in BAD_ARGUMENTS], ids=[" ".join(b) for b in BAD_ARGUMENTS])
+def test_a_bad_option_value_is_a_usage_error_before_anything_runs(script, args, tmp_path):
+    if not (ROOT / script).exists():
+        pytest.skip(f"{script} is not in this tree")
+    result = subprocess.run([sys.executable, str(ROOT / script), *args], capture_output=True, text=True, timeout=120,
+                            cwd=tmp_path)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stdout == "" and "Traceback" not in result.stderr, result.stderr
+    lines = result.stderr.splitlines()
+    option = next(a for a in reversed(args) if a.startswith("--"))
+    assert lines[0].startswith("usage: ") and lines[-1].startswith(f"{pathlib.Path(script).name}: error: "), lines
+    assert option in lines[-1], lines[-1]
+
+
+def test_plots_of_a_folder_without_results_is_a_bad_argument(tmp_path):
+    # (bench/video.py draws what it can without matplotlib; bench/mps.py --plot says the same)
+    result = subprocess.run([sys.executable, str(ROOT / "bench" / "video.py"), "--plot-only", str(tmp_path / "none")],
+                            capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("bench/video.py: cannot read "), lines
+
+
 def test_the_samples_declare_the_packages_they_import():
     # Every package a sample imports is eglcuda's, the standard library's, or in an extra.
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
