@@ -45,6 +45,8 @@ SCIPY = ("scipy.ndimage", "SciPy to check the results", BENCH_HINT)
 CUDA_PYTHON = ("cuda.bindings.driver", "cuda-python for the comparisons", BENCH_HINT)
 PYOPENGL = ("OpenGL.EGL", "PyOpenGL for the comparisons", BENCH_HINT)
 MATPLOTLIB = ("matplotlib", "matplotlib for the plots", BENCH_HINT)
+# the remote extras bring it beside ucxx: a relay and its remotes seal every message with it
+CRYPTOGRAPHY = ("cryptography", "pyca/cryptography", "pip install -e '.[remote-cu12]' in a checkout (or remote-cu13)")
 
 
 def fail(program: str, message: str, status: int) -> None:

@@ -22,11 +22,10 @@ from typing import Callable
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from _script import listed, require, run  # noqa: E402
+from _script import CRYPTOGRAPHY, listed, require, run  # noqa: E402
 
 PROGRAM = "bench/frame_seal.py"
 SIZES = {"1080p-nv12": 1920 * 1080 * 3 // 2, "4k-argb": 3840 * 2160 * 4}
-CRYPTOGRAPHY = ("cryptography", "pyca/cryptography", "pip install -e '.[remote-cu12]' in a checkout (or remote-cu13)")
 
 
 def timed(step: Callable[[], object], repeat: int) -> float:

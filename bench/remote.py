@@ -77,7 +77,7 @@ sys.path.insert(0, str(HERE))
 from _remote_common import TAIL_S, Pacer, RoleProcess, Tally, Window, emit, frame_bytes, now_ns  # noqa: E402
 from _remote_report import goals, markdown, plot, summarize  # noqa: E402
 from _remote_zmq import role_zmq_publisher, role_zmq_subscriber  # noqa: E402
-from _script import BENCH_HINT, MATPLOTLIB, fail, listed, mps_daemon, require, run  # noqa: E402
+from _script import BENCH_HINT, CRYPTOGRAPHY, MATPLOTLIB, fail, listed, mps_daemon, require, run  # noqa: E402
 
 PROGRAM = "bench/remote.py"
 SIZES = {"1080p-nv12": (1920, 1080, "NV12"), "4k-argb": (3840, 2160, "ARGB")}
@@ -400,10 +400,10 @@ def main() -> int:
     ns = listed(parser, "--subscribers", args.subscribers or ("1,8" if args.quick else "1,4,8"),
                 "remote subscriber counts, e.g. 1,4,8", int, least=1)
     paces = listed(parser, "--rates", args.rates, "max and/or frames per second, e.g. max,60", pace, least=0)
-    # Checks first: a GPU (CUDA), ucxx, pyzmq, matplotlib (unless --no-plots).
+    # Checks first: a GPU (CUDA), pyca/cryptography, ucxx, pyzmq, matplotlib (unless --no-plots).
     # (--mps: the probe runs in a child, so that this process never initializes CUDA before the daemon)
     require(PROGRAM, "cuda", in_child=args.mps,
-            modules=[*([] if args.no_plots else [MATPLOTLIB]), *([ZMQ] if "zmq" in variants else [])])
+            modules=[CRYPTOGRAPHY, *([] if args.no_plots else [MATPLOTLIB]), *([ZMQ] if "zmq" in variants else [])])
     from eglcuda.remote import ucxx_missing
 
     missing = ucxx_missing()

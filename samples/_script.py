@@ -38,6 +38,8 @@ CUPY_HINT = ("pip install -e '.[samples-cuda13]' in the eglcuda checkout for a C
 # (module to import, what it is for, how to get it)
 CUPY = ("cupy", "CuPy for its kernels", CUPY_HINT)
 PYOPENGL = ("OpenGL.GL", "PyOpenGL for its GL calls", "pip install PyOpenGL")
+# the remote extras bring it beside ucxx: a relay and its remotes seal every message with it
+CRYPTOGRAPHY = ("cryptography", "pyca/cryptography", "pip install -e '.[remote-cu12]' in a checkout (or remote-cu13)")
 
 
 def fail(program: str, message: str, status: int) -> None:
