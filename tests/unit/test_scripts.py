@@ -96,6 +96,56 @@ def test_plots_of_a_folder_without_results_is_a_bad_argument(tmp_path):
     assert len(lines) == 1 and lines[0].startswith("bench/video.py: cannot read "), lines
 
 
+def _wheel(path: pathlib.Path, *, record: bool = True) -> pathlib.Path:
+    import zipfile
+
+    with zipfile.ZipFile(path, "w") as wheel:
+        wheel.writestr("demo/__init__.py", "")
+        wheel.writestr("demo/libx.so", b"same")
+        wheel.writestr("demo/libx.so.1", b"same")
+        wheel.writestr("demo-1.0.dist-info/METADATA", "Name: demo\nVersion: 1.0\n")
+        wheel.writestr("demo-1.0.dist-info/WHEEL", "Wheel-Version: 1.0\n")
+        if record:
+            wheel.writestr("demo-1.0.dist-info/RECORD", "")
+    return path
+
+
+@pytest.mark.parametrize("case", ["missing", "not-a-zip", "no-record", "same-folder", "drop-metadata", "out-dir"])
+def test_slim_wheel_refuses_what_it_cannot_do_in_a_usage_line(case, tmp_path):
+    wheel = tmp_path / "demo-1.0-py3-none-any.whl"
+    out = tmp_path / "out"
+    extra: list[str] = []
+    if case == "not-a-zip":
+        wheel.write_text("not a zip")
+    elif case == "no-record":
+        _wheel(wheel, record=False)
+    elif case != "missing":
+        _wheel(wheel)
+    if case == "same-folder":
+        out = tmp_path
+    elif case == "drop-metadata":
+        extra = ["--drop", "*/METADATA"]
+    elif case == "out-dir":
+        out = pathlib.Path("/proc/no-such-folder")  # (not even root makes a folder there)
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "slim_wheel.py"), str(wheel), "--out-dir", str(out),
+                             *extra], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr and result.stdout == "", result.stderr
+    assert result.stderr.splitlines()[-1].startswith("slim_wheel.py: error: "), result.stderr
+
+
+def test_slim_wheel_keeps_one_name_of_a_duplicated_library(tmp_path):
+    import zipfile
+
+    wheel = _wheel(tmp_path / "demo-1.0-py3-none-any.whl")
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "slim_wheel.py"), str(wheel), "--out-dir",
+                             str(tmp_path / "out")], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    with zipfile.ZipFile(tmp_path / "out" / wheel.name) as slim:
+        names = set(slim.namelist())
+    assert "demo/libx.so.1" in names and "demo/libx.so" not in names, names
+
+
 def test_the_samples_declare_the_packages_they_import():
     # Every package a sample imports is eglcuda's, the standard library's, or in an extra.
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
