@@ -1,7 +1,9 @@
-"""Samples, benchmarks and scripts/gpu_check.py on a machine that lacks what they need: one line
-naming it and how to get it, exit status 2, never a traceback."""
+"""Samples, benchmarks and scripts/*.py on a machine that lacks what they need: one line naming it
+and how to get it, exit status 2, never a traceback; --help anywhere; a bad option value is a
+usage error."""
 from __future__ import annotations
 
+import os
 import pathlib
 import re
 import subprocess
@@ -12,13 +14,17 @@ import pytest
 import eglcuda
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-GPU_SCRIPTS = [
-    *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "samples").glob("[a-z]*.py")),
-    "bench/cross_gpu.py", "bench/cross_process.py", "bench/fanout.py", "bench/memory_kinds.py", "bench/mps.py",
-    "bench/sources.py", "bench/stream_profile.py", "bench/stream_roundtrip.py", "bench/topics.py", "bench/video.py",
-    "bench/remote.py", "bench/remote_link.py",
-    "scripts/gpu_check.py",
-]
+# Every script a user runs: a new one is in these tests from the start.
+SCRIPTS = sorted(str(p.relative_to(ROOT)) for folder in ("samples", "bench", "scripts")
+                 for p in (ROOT / folder).glob("[a-z]*.py"))
+# Those that need no GPU, with what they need instead (tested below).
+NO_GPU = {"bench/call_overhead.py": "EGL", "bench/frame_seal.py": "pyca/cryptography", "scripts/slim_wheel.py": ""}
+GPU_SCRIPTS = [s for s in SCRIPTS if s not in NO_GPU]
+
+
+def test_the_script_lists_hold_every_script():
+    assert "samples/cuda_to_cuda.py" in GPU_SCRIPTS and "bench/ordering.py" in GPU_SCRIPTS
+    assert "scripts/gpu_check.py" in GPU_SCRIPTS and set(NO_GPU) <= set(SCRIPTS)
 
 
 @pytest.mark.parametrize("script", GPU_SCRIPTS)
@@ -36,7 +42,7 @@ def test_missing_gpu_is_one_line_and_status_2(script, tmp_path):
     assert lines[0].startswith(f"{script}: ") and "needs" in lines[0]
 
 
-@pytest.mark.parametrize("script", [s for s in GPU_SCRIPTS if s != "scripts/gpu_check.py"])
+@pytest.mark.parametrize("script", SCRIPTS)
 def test_help_works_anywhere(script, tmp_path):
     if not (ROOT / script).exists():
         pytest.skip(f"{script} is not in this tree")
@@ -44,6 +50,30 @@ def test_help_works_anywhere(script, tmp_path):
                             timeout=120, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("usage:")
+
+
+def _one_line(result: subprocess.CompletedProcess, script: str) -> str:
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(f"{script}: needs "), lines[0]
+    return lines[0]
+
+
+def test_call_overhead_without_egl_is_one_line(tmp_path):
+    result = subprocess.run([sys.executable, str(ROOT / "bench" / "call_overhead.py"), "--quick"], capture_output=True,
+                            text=True, timeout=120, cwd=tmp_path,
+                            env={**os.environ, "EGLCUDA_LIBEGL": "/nonexistent/libEGL.so.1"})  # the loader's test hook
+    assert "apt-get install" in _one_line(result, "bench/call_overhead.py")
+
+
+def test_frame_seal_without_cryptography_is_one_line(tmp_path):
+    block = ("import runpy, sys; sys.modules['cryptography'] = None; sys.argv = sys.argv[1:]; "
+             "runpy.run_path(sys.argv[0], run_name='__main__')")
+    result = subprocess.run([sys.executable, "-c", block, str(ROOT / "bench" / "frame_seal.py"), "--repeat", "1"],
+                            capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert "remote-cu12" in _one_line(result, "bench/frame_seal.py")
 
 
 # Options whose values the scripts parse themselves: a bad one is argparse's usage error (status 2)
