@@ -259,6 +259,17 @@ def test_install_lines_work_when_pasted():
     assert not bad, "\n".join(bad)
 
 
+@pytest.mark.parametrize("script", sorted(str(p.relative_to(ROOT)) for p in (ROOT / "bench" / "tables").glob("*.sh")))
+def test_the_table_scripts_help_and_refuse_an_option(script, tmp_path):
+    # (an option was taken for the OUT folder: --help ran the benchmarks with --out --help)
+    result = subprocess.run(["bash", str(ROOT / script), "--help"], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert result.returncode == 0 and f"bash {script} [OUT]" in result.stdout, result.stdout + result.stderr
+    assert "set -euo" not in result.stdout and not (tmp_path / "bench-tables").exists()
+    result = subprocess.run(["bash", str(ROOT / script), "--quick"], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert result.returncode == 2 and result.stdout == "", result.stdout + result.stderr
+    assert len(result.stderr.splitlines()) == 1 and result.stderr.startswith("usage: "), result.stderr
+
+
 @pytest.mark.parametrize("script, calls", [("bench/tables/topics.sh", 2), ("bench/tables/remote.sh", 4)])
 def test_the_table_scripts_pass_their_benchmarks_valid_options(script, calls, tmp_path):
     # Without a GPU each benchmark call parses its options, then answers in one line that it needs
