@@ -14,6 +14,8 @@
 - ``names(parser, option, text, kind)``: the comma-separated names of an eglcuda enumeration
   (``"ColorFormat"``, ``"Layout"``) an option takes, checked as the command line is read: a bad
   one is argparse's usage error (status 2), not an error once the GPU work has begun.
+- ``at_least(parser, args, {"--width": 2, ...})``: the same for a number below the least the
+  sample can run with (a width of 0, no frames, a negative device ordinal).
 - ``lazy(name)``: a module imported at first use, so that ``--help`` works and ``require`` speaks
   before a missing package would.
 
@@ -62,6 +64,18 @@ def names(parser: argparse.ArgumentParser, option: str, text: str, kind: str) ->
         if (item if kind == "Layout" else item.upper()) not in known:
             parser.error(f"{option} takes {kind} names from {','.join(known)}, got {item!r}")
     return items
+
+
+def at_least(parser: argparse.ArgumentParser, args: argparse.Namespace, bounds: dict[str, float]) -> None:
+    """argparse's usage error for an option (``"--frames"``) whose value is below its bound."""
+    for option, least in bounds.items():
+        value = getattr(args, option.lstrip("-").replace("-", "_"))
+        if value is not None and value < least:
+            parser.error(f"{option} is at least {least:g}, got {value:g}")
+
+
+# What a frame needs: NV12's chroma is subsampled 2x2.
+FRAME = {"--width": 2, "--height": 2}
 
 
 def require(program: str, *capabilities: str, modules: Sequence[tuple[str, str, str]] = ()) -> None:

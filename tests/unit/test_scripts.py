@@ -100,6 +100,16 @@ BAD_ARGUMENTS = [
     ("samples/cuda_to_cuda.py", "--layouts", "bogus"),
     ("samples/cross_process.py", "--format", "BOGUS"),
     ("samples/cross_gpu.py", "--format", "BOGUS"),
+    ("samples/cuda_to_cuda.py", "--width", "0"),
+    ("samples/cuda_to_cuda.py", "--device", "-1"),
+    ("samples/cross_process.py", "--frames", "0"),
+    ("samples/cross_gpu.py", "--height", "1"),
+    ("samples/cuda_event_eglsync.py", "--rounds", "0"),
+    ("samples/gl_texture_to_cuda.py", "--iterations", "0"),
+    ("samples/multi_camera.py", "--cameras", "0"),
+    ("samples/multi_camera.py", "--fps", "0"),
+    ("samples/pipeline.py", "--frames", "-5"),
+    ("samples/topic_fanout.py", "--width", "0"),
 ]
 
 
