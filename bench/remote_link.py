@@ -249,9 +249,12 @@ def main() -> int:
     require(PROGRAM, "cuda", modules=[("numpy", "numpy", "pip install numpy"), CRYPTOGRAPHY])
     from eglcuda.remote import ucxx_missing
 
-    for why in (ucxx_missing(), _netlink.missing(spec)):
-        if why:
-            fail(PROGRAM, why, 2)
+    missing = ucxx_missing()
+    if missing:
+        fail(PROGRAM, missing, 2)
+    missing = _netlink.missing(spec)
+    if missing:  # (its line says what is absent: "no netem qdisc (...)")
+        fail(PROGRAM, f"needs what its link is made of: {missing}", 2)
     result = measure(args, spec, env)
     table = HEADER + "\n" + row(result)
     ucx = " ".join(f"{k}={v}" for k, v in sorted(env.items()) if k.startswith(("UCX_", "UCXPY_"))
