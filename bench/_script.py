@@ -9,6 +9,10 @@
 - ``run(main, program)``: runs the benchmark; an error ends it with one line and status 1, or
   status 2 for :class:`eglcuda.Unsupported` (something this machine lacks, such as
   nvidia-cuda-mps-control for ``--mps``); ``EGLCUDA_TRACEBACK=1`` shows the traceback instead.
+- ``listed(parser, option, text, what, ...)``: the comma-separated values of an option, converted
+  and checked as the command line is read: a bad one is argparse's usage error (status 2), before
+  anything is probed or started (where it would be a ValueError with status 1, or a child that
+  never starts).
 - ``lazy(name)``: a module imported at first use, so that ``--help`` works and ``require`` speaks
   before a missing package would.
 - ``mps_daemon()``: a private MPS daemon for a run (``--mps``), its clients the processes
@@ -21,6 +25,7 @@ install ``cupy-cuda12x`` instead; ``nvidia-smi`` shows the version.
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
 import importlib
 import os
@@ -29,7 +34,9 @@ import shutil
 import subprocess
 import sys
 from types import ModuleType
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Collection, Iterator, Sequence, TypeVar
+
+T = TypeVar("T")
 
 BENCH_HINT = "pip install -e '.[bench]' (in the eglcuda checkout)"
 # (module to import, what it is for, how to get it)
@@ -38,11 +45,38 @@ SCIPY = ("scipy.ndimage", "SciPy to check the results", BENCH_HINT)
 CUDA_PYTHON = ("cuda.bindings.driver", "cuda-python for the comparisons", BENCH_HINT)
 PYOPENGL = ("OpenGL.EGL", "PyOpenGL for the comparisons", BENCH_HINT)
 MATPLOTLIB = ("matplotlib", "matplotlib for the plots", BENCH_HINT)
+# the remote extras bring it beside ucxx: a relay and its remotes seal every message with it
+CRYPTOGRAPHY = ("cryptography", "pyca/cryptography", "pip install -e '.[remote-cu12]' in a checkout (or remote-cu13)")
 
 
 def fail(program: str, message: str, status: int) -> None:
     print(f"{program}: {message}", file=sys.stderr)
     raise SystemExit(status)
+
+
+def listed(parser: argparse.ArgumentParser, option: str, text: str, what: str,
+           kind: Callable[[str], T] = str, choices: Collection[str] = (), least: float | None = None) -> list[T]:
+    """The comma-separated values of ``option`` (``text``), each converted by ``kind``; a value
+    that does not convert, is not among ``choices`` (when given) or is below ``least`` ends the run
+    with argparse's usage error: "``option`` takes ``what``, got ..."."""
+    values: list[T] = []
+    for item in text.split(","):
+        try:
+            value = kind(item.strip())
+        except ValueError:
+            parser.error(f"{option} takes {what}, got {item!r}")
+        if (choices and item.strip() not in choices) or (least is not None and value < least):
+            parser.error(f"{option} takes {what}, got {item!r}")
+        values.append(value)
+    return values
+
+
+def size(text: str) -> tuple[int, int]:
+    """``WIDTHxHEIGHT`` (both positive) as a pair; ValueError otherwise."""
+    width, times, height = text.partition("x")
+    if not times or int(width) < 1 or int(height) < 1:
+        raise ValueError(text)
+    return int(width), int(height)
 
 
 

@@ -42,7 +42,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _script import CUDA_PYTHON, build_reference, fail, require, run  # noqa: E402
+from _script import CUDA_PYTHON, build_reference, fail, listed, require, run  # noqa: E402
 
 PROGRAM = "bench/cross_gpu.py"
 HERE = pathlib.Path(__file__).resolve().parent
@@ -290,20 +290,28 @@ def cuda_ipc(producer_gpu: int, consumer_gpu: int, size: int, frames: int) -> di
 
 # ---- the run ----------------------------------------------------------------------------------------
 
+def pair(text: str) -> tuple[int, int]:
+    """A --directions value, ``PRODUCER:CONSUMER`` (two GPU ordinals); ValueError otherwise."""
+    producer, colon, consumer = text.partition(":")
+    if not colon or int(producer) < 0 or int(consumer) < 0:
+        raise ValueError(text)
+    return int(producer), int(consumer)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer frames")
     parser.add_argument("--out", default=None, help="folder for results.json and the markdown table")
     parser.add_argument("--directions", default="0:1,1:0", help="producer:consumer GPU pairs")
     args = parser.parse_args()
+    directions = listed(parser, "--directions", args.directions, "producer:consumer GPU pairs, e.g. 0:1,1:0", pair)
     require(PROGRAM, "two-gpus", "cross-process", modules=[CUDA_PYTHON], gcc=True)
     if not (HERE / "c" / "cross_gpu.c").exists():
         fail(PROGRAM, f"needs the C reference {HERE / 'c' / 'cross_gpu.c'}, which this checkout lacks", 2)
     frames = 1500 if args.quick else 6000
     binary = build_c()
     rows = []
-    for direction in args.directions.split(","):
-        producer_gpu, consumer_gpu = (int(v) for v in direction.split(":"))
+    for producer_gpu, consumer_gpu in directions:
         for width, height, fmt in CASES:
             size = frame_bytes(width, height, fmt)
             measured = {

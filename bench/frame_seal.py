@@ -22,11 +22,10 @@ from typing import Callable
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from _script import fail, require, run  # noqa: E402
+from _script import CRYPTOGRAPHY, listed, require, run  # noqa: E402
 
 PROGRAM = "bench/frame_seal.py"
 SIZES = {"1080p-nv12": 1920 * 1080 * 3 // 2, "4k-argb": 3840 * 2160 * 4}
-CRYPTOGRAPHY = ("cryptography", "pyca/cryptography", "pip install -e '.[remote-cu12]' in a checkout (or remote-cu13)")
 
 
 def timed(step: Callable[[], object], repeat: int) -> float:
@@ -46,6 +45,9 @@ def main() -> int:
     parser.add_argument("--sizes", default="1080p-nv12,4k-argb", help=f"from {','.join(SIZES)}")
     parser.add_argument("--repeat", type=int, default=50, help="runs of each step (the median counts)")
     args = parser.parse_args()
+    sizes = listed(parser, "--sizes", args.sizes, f"sizes from {','.join(SIZES)}", choices=SIZES)
+    if args.repeat < 1:
+        parser.error(f"--repeat is 1 or more, got {args.repeat}")
     require(PROGRAM, modules=[CRYPTOGRAPHY])
     import numpy as np
     from cryptography.hazmat.primitives import poly1305
@@ -54,9 +56,6 @@ def main() -> int:
     from eglcuda.remote import wire
     from eglcuda.remote.session import FrameMode
 
-    sizes = args.sizes.split(",")
-    if unknown := [s for s in sizes if s not in SIZES]:
-        fail(PROGRAM, f"unknown size {unknown[0]!r}: one of {', '.join(SIZES)}", 2)
     key = os.urandom(32)
     nonce = bytes(12)
     print(f"| size | what | ms per frame | frames/s on one core |\n|---|---|---:|---:|")

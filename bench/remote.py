@@ -77,7 +77,7 @@ sys.path.insert(0, str(HERE))
 from _remote_common import TAIL_S, Pacer, RoleProcess, Tally, Window, emit, frame_bytes, now_ns  # noqa: E402
 from _remote_report import goals, markdown, plot, summarize  # noqa: E402
 from _remote_zmq import role_zmq_publisher, role_zmq_subscriber  # noqa: E402
-from _script import BENCH_HINT, MATPLOTLIB, fail, mps_daemon, require, run  # noqa: E402
+from _script import BENCH_HINT, CRYPTOGRAPHY, MATPLOTLIB, fail, listed, mps_daemon, require, run  # noqa: E402
 
 PROGRAM = "bench/remote.py"
 SIZES = {"1080p-nv12": (1920, 1080, "NV12"), "4k-argb": (3840, 2160, "ARGB")}
@@ -300,6 +300,11 @@ def relay_window() -> int:
 
 # ==== main ========================================================================================
 
+def pace(text: str) -> float:
+    """A --rates value: ``max`` (0.0: flat out) or frames per second."""
+    return 0.0 if text == "max" else float(text)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="1080p only, N = 1 and 8, one second each")
@@ -356,7 +361,7 @@ def main() -> int:
         try:
             saved = json.loads((folder / "results.json").read_text())
         except (OSError, ValueError) as exc:
-            fail(PROGRAM, f"cannot read {folder / 'results.json'}: {exc}", 1)
+            fail(PROGRAM, f"cannot read {folder / 'results.json'}: {exc}", 2)  # a bad --replot DIR
         written = plot(saved["rows"], folder, saved["window"])
         print(f"wrote {', '.join(str(folder / name) for name in written) or 'no plots (no rows to plot)'}")
         return 0
@@ -380,15 +385,6 @@ def main() -> int:
     if (args.width is None) != (args.height is None) or (args.width is not None and (args.width < 16 or args.height < 16
                                                                                        or args.width % 2 or args.height % 2)):
         parser.error("--width and --height go together, even numbers of at least 16")
-    # Checks first: a GPU (CUDA), ucxx, pyzmq, matplotlib (unless --no-plots).
-    # (--mps: the probe runs in a child, so that this process never initializes CUDA before the daemon)
-    require(PROGRAM, "cuda", in_child=args.mps,
-            modules=[*([] if args.no_plots else [MATPLOTLIB]), *([ZMQ] if "zmq" in variants else [])])
-    from eglcuda.remote import ucxx_missing
-
-    missing = ucxx_missing()
-    if missing:
-        fail(PROGRAM, missing, 2)
     args.duration = args.duration or (1.0 if args.quick else 2.0)
     if not args.duration > 0:
         parser.error("--duration is more than 0 seconds")
@@ -401,8 +397,18 @@ def main() -> int:
         if set(names) - set(SIZES):
             parser.error(f"--sizes from {','.join(SIZES)}")
         sizes = {name: SIZES[name] for name in names}
-    ns = [int(n) for n in (args.subscribers or ("1,8" if args.quick else "1,4,8")).split(",")]
-    paces = [0.0 if pace == "max" else float(pace) for pace in args.rates.split(",")]
+    ns = listed(parser, "--subscribers", args.subscribers or ("1,8" if args.quick else "1,4,8"),
+                "remote subscriber counts, e.g. 1,4,8", int, least=1)
+    paces = listed(parser, "--rates", args.rates, "max and/or frames per second, e.g. max,60", pace, least=0)
+    # Checks first: a GPU (CUDA), pyca/cryptography, ucxx, pyzmq, matplotlib (unless --no-plots).
+    # (--mps: the probe runs in a child, so that this process never initializes CUDA before the daemon)
+    require(PROGRAM, "cuda", in_child=args.mps,
+            modules=[CRYPTOGRAPHY, *([] if args.no_plots else [MATPLOTLIB]), *([ZMQ] if "zmq" in variants else [])])
+    from eglcuda.remote import ucxx_missing
+
+    missing = ucxx_missing()
+    if missing:
+        fail(PROGRAM, missing, 2)
     with (mps_daemon() if args.mps else contextlib.nullcontext("off")) as mps_mode:
         print(f"MPS: {mps_mode}", flush=True)
         args.mps_note = mps_mode

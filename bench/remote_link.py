@@ -42,7 +42,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import _netlink  # noqa: E402
 from _remote_common import TAIL_S, Pacer, RoleProcess, Tally, Window, emit, now_ns  # noqa: E402
-from _script import fail, lazy, require, run  # noqa: E402
+from _script import CRYPTOGRAPHY, fail, lazy, require, run  # noqa: E402
 
 np = lazy("numpy")
 PROGRAM = "bench/remote_link.py"
@@ -245,13 +245,16 @@ def main() -> int:
         if not key.startswith(("UCX_", "UCXPY_")) or not value:
             parser.error(f"--ucx-env takes UCX_NAME=VALUE pairs, got {setting!r}")
         env[key] = value
-    # Checks first: a GPU (CUDA), ucxx, then each thing the link needs.
-    require(PROGRAM, "cuda", modules=[("numpy", "numpy", "pip install numpy")])
+    # Checks first: a GPU (CUDA), pyca/cryptography, ucxx, then each thing the link needs.
+    require(PROGRAM, "cuda", modules=[("numpy", "numpy", "pip install numpy"), CRYPTOGRAPHY])
     from eglcuda.remote import ucxx_missing
 
-    for why in (ucxx_missing(), _netlink.missing(spec)):
-        if why:
-            fail(PROGRAM, why, 2)
+    missing = ucxx_missing()
+    if missing:
+        fail(PROGRAM, missing, 2)
+    missing = _netlink.missing(spec)
+    if missing:  # (its line says what is absent: "no netem qdisc (...)")
+        fail(PROGRAM, f"needs what its link is made of: {missing}", 2)
     result = measure(args, spec, env)
     table = HEADER + "\n" + row(result)
     ucx = " ".join(f"{k}={v}" for k, v in sorted(env.items()) if k.startswith(("UCX_", "UCXPY_"))

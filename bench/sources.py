@@ -73,7 +73,7 @@ from typing import Any, Callable, Protocol
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _sources_floor as floors  # noqa: E402
-from _script import require, run  # noqa: E402
+from _script import listed, require, run  # noqa: E402
 
 PROGRAM = "bench/sources.py"
 HERE = os.path.abspath(__file__)
@@ -81,6 +81,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 GOAL_CPU_ONE_US = 30.0  # CPU per frame, one topic at 30 frames/s
 GOAL_CORE_32 = 5.0  # percent of one core, 32 topics at 30 frames/s through one wait set
 GOAL_P99_US = 200.0
+TRANSPORTS = ("cuda-ipc", "cuda-vmm", "eglstream")
 cpu = time.thread_time  # this thread's CPU seconds
 
 
@@ -435,9 +436,7 @@ def batcher_rows(args: argparse.Namespace) -> int:
     """--batcher: bench/_sources_batcher.py's rows (a function per variant there), run in a
     process of their own as the waiting rows' subscribers are; its exit status and one line when
     something is missing (PyTorch, CUDA IPC)."""
-    width, height, fmt = parse_size(args.size)
-    if fmt != "NV12":
-        raise SystemExit(f"{PROGRAM}: --batcher measures NV12 topics, got --size {args.size}")
+    width, height, _ = parse_size(args.size)  # NV12: main() checked
     done = subprocess.run([sys.executable, os.path.join(os.path.dirname(HERE), "_sources_batcher.py"), "rows",
                            "--sources", args.sources, "--fps", args.rates, "--size", f"{width}x{height}",
                            "--duration", str(args.seconds), "--rounds", "2"], cwd=ROOT)
@@ -445,9 +444,21 @@ def batcher_rows(args: argparse.Namespace) -> int:
 
 
 def parse_size(text: str) -> tuple[int, int, str]:
+    """``WIDTHxHEIGHT[:FORMAT]`` (a ColorFormat name, NV12 when left out); ValueError otherwise."""
     size, _, fmt = text.partition(":")
-    width, _, height = size.partition("x")
-    return int(width), int(height), fmt or "NV12"
+    width, times, height = size.partition("x")
+    fmt = (fmt or "NV12").upper()
+    if not times or int(width) < 2 or int(height) < 2:
+        raise ValueError(text)
+    try:
+        from eglcuda.frames.formats import color_format
+    except ImportError:
+        return int(width), int(height), fmt  # require() names what is missing
+    try:
+        color_format(fmt)
+    except Exception as exc:  # eglcuda's UsageError: no such format
+        raise ValueError(text) from exc
+    return int(width), int(height), fmt
 
 
 def main() -> int:
@@ -479,6 +490,16 @@ def main() -> int:
     unknown = [v for v in variants if v not in CHOICES]
     if unknown:
         parser.error(f"unknown variants {unknown}: from {','.join(CHOICES)}")
+    listed(parser, "--sources", args.sources, "numbers of topics, e.g. 1,8,32", int, least=1)
+    listed(parser, "--rates", args.rates, "frames per second of each publisher (0: flat out), e.g. 30,0", float, least=0)
+    try:
+        _, _, fmt = parse_size(args.size)
+    except ValueError:
+        parser.error(f"--size is WIDTHxHEIGHT:FORMAT, e.g. 1920x1080:NV12, got {args.size!r}")
+    if args.batcher and fmt != "NV12":
+        parser.error(f"--batcher measures NV12 topics, got --size {args.size}")
+    if args.transport not in TRANSPORTS:
+        parser.error(f"--transport is one of {', '.join(TRANSPORTS)}, got {args.transport!r}")
     if args.quick:
         args.seconds, args.warmup = 3.0, 1.0
     if args.batcher:

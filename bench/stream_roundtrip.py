@@ -41,7 +41,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _script import MATPLOTLIB, build_reference, lazy, one_line, plot_bars, require, run  # noqa: E402
+from _script import MATPLOTLIB, build_reference, lazy, listed, one_line, plot_bars, require, run  # noqa: E402
 
 PROGRAM = "bench/stream_roundtrip.py"
 eglcuda = lazy("eglcuda")  # imported at first use, once require() has checked it is there
@@ -433,6 +433,10 @@ def main() -> int:
     if args.child:
         mode, width, height, iterations = args.child
         return child(mode, int(width), int(height), int(iterations))
+    if args.cpus:
+        allowed = sorted(os.sched_getaffinity(0))
+        listed(parser, "--cpus", args.cpus, f"CPUs this process may use, from {','.join(map(str, allowed))}", int,
+               choices=[str(cpu) for cpu in allowed])
     require(PROGRAM, "cuda-stream", modules=[MATPLOTLIB] if args.plot else [], gcc=True)
     serial_n, pipe_n = (500, 500) if args.quick else (10000, 3000)
     # One serial round trip took 10.3 to 12.9 us in C alone depending on the CPU it ran on (H200

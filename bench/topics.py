@@ -83,7 +83,7 @@ import time
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from _script import mps_daemon, require, run  # noqa: E402
+from _script import listed, mps_daemon, require, run  # noqa: E402
 from _topics_baselines import ring_publisher, ring_subscriber, torch_run  # noqa: E402
 from _topics_common import (POOL, PROGRAM, ROOT, SIZES, TRANSPORTS, WARMUP, emit, now_ns, pin,  # noqa: E402
                             plane_rows, summarize)
@@ -439,7 +439,13 @@ def main() -> int:
                 "ring-sub": ring_subscriber, "torch": torch_run}[args.role]
         return profiled(role, args) if args.profile else role(args)
 
-    transports = args.transports.split(",")
+    transports = listed(parser, "--transports", args.transports, f"transports from {','.join(TRANSPORTS)}",
+                        choices=TRANSPORTS)
+    sizes = listed(parser, "--sizes", args.sizes or ("1080p-nv12" if args.quick else ",".join(SIZES)),
+                   f"sizes from {','.join(SIZES)}", choices=SIZES)
+    ns = listed(parser, "--subscribers", args.subscribers or ("1,4,8" if args.quick else "1,2,4,8"),
+                "subscriber counts, e.g. 1,2,4,8", int, least=1)
+    qoses = listed(parser, "--qos", args.qos, "latest and/or every", choices=("latest", "every"))
     # Probed in a child: this process never initializes CUDA, so an MPS daemon serves every process.
     require(PROGRAM, *needs(transports), in_child=True)
     if args.baseline:
@@ -451,9 +457,6 @@ def main() -> int:
     if not 0 <= args.busy_wait <= 10_000:
         parser.error(f"--busy-wait is 0 to 10000 microseconds, got {args.busy_wait:g}")
     args.duration = args.duration or (1.0 if args.quick else 2.0)
-    sizes = (args.sizes or ("1080p-nv12" if args.quick else ",".join(SIZES))).split(",")
-    ns = [int(n) for n in (args.subscribers or ("1,4,8" if args.quick else "1,2,4,8")).split(",")]
-    qoses = args.qos.split(",")
     out = pathlib.Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     rows: list[dict] = []

@@ -533,7 +533,10 @@ def main() -> int:
         return 0
     if args.plot_only:
         folder = pathlib.Path(args.plot_only)
-        doc = json.loads((folder / "results.json").read_text())
+        try:
+            doc = json.loads((folder / "results.json").read_text())
+        except (OSError, ValueError) as exc:
+            fail(PROGRAM, f"cannot read {folder / 'results.json'}: {exc}", 2)  # a bad --plot-only DIR
         (folder / "results.md").write_text(markdown(doc) + "\n")
         print(f"wrote {folder}/results.md, {', '.join(plot(doc, folder)) or 'no plots (no matplotlib)'}")
         return 0

@@ -11,6 +11,11 @@
 - ``run(main, program)``: runs the sample; an error ends it with one line and status 1, or status
   2 for :class:`eglcuda.Unsupported` (something this machine lacks, such as
   nvidia-cuda-mps-control for ``--mps``); ``EGLCUDA_TRACEBACK=1`` shows the traceback instead.
+- ``names(parser, option, text, kind)``: the comma-separated names of an eglcuda enumeration
+  (``"ColorFormat"``, ``"Layout"``) an option takes, checked as the command line is read: a bad
+  one is argparse's usage error (status 2), not an error once the GPU work has begun.
+- ``at_least(parser, args, {"--width": 2, ...})``: the same for a number below the least the
+  sample can run with (a width of 0, no frames, a negative device ordinal).
 - ``lazy(name)``: a module imported at first use, so that ``--help`` works and ``require`` speaks
   before a missing package would.
 
@@ -22,6 +27,7 @@ later), ``samples-cuda12`` for CUDA 12; ``nvidia-smi`` shows the version.
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
 import importlib
 import os
@@ -34,11 +40,42 @@ CUPY_HINT = ("pip install -e '.[samples-cuda13]' in the eglcuda checkout for a C
 # (module to import, what it is for, how to get it)
 CUPY = ("cupy", "CuPy for its kernels", CUPY_HINT)
 PYOPENGL = ("OpenGL.GL", "PyOpenGL for its GL calls", "pip install PyOpenGL")
+# the remote extras bring it beside ucxx: a relay and its remotes seal every message with it
+CRYPTOGRAPHY = ("cryptography", "pyca/cryptography", "pip install -e '.[remote-cu12]' in a checkout (or remote-cu13)")
 
 
 def fail(program: str, message: str, status: int) -> None:
     print(f"{program}: {message}", file=sys.stderr)
     raise SystemExit(status)
+
+
+def names(parser: argparse.ArgumentParser, option: str, text: str, kind: str) -> list[str]:
+    """The comma-separated names in ``text``, each a member of ``eglcuda.<kind>`` (a ColorFormat
+    by its name in any case, a Layout by its value: ``pitch``); otherwise argparse's usage error."""
+    items = [item.strip() for item in text.split(",")]
+    try:
+        import eglcuda
+    except ImportError:
+        return items  # require() names what is missing
+    enumeration = getattr(eglcuda, kind)
+    known = ([member.value for member in enumeration] if kind == "Layout"
+             else list(enumeration.__members__))
+    for item in items:
+        if (item if kind == "Layout" else item.upper()) not in known:
+            parser.error(f"{option} takes {kind} names from {','.join(known)}, got {item!r}")
+    return items
+
+
+def at_least(parser: argparse.ArgumentParser, args: argparse.Namespace, bounds: dict[str, float]) -> None:
+    """argparse's usage error for an option (``"--frames"``) whose value is below its bound."""
+    for option, least in bounds.items():
+        value = getattr(args, option.lstrip("-").replace("-", "_"))
+        if value is not None and value < least:
+            parser.error(f"{option} is at least {least:g}, got {value:g}")
+
+
+# What a frame needs: NV12's chroma is subsampled 2x2.
+FRAME = {"--width": 2, "--height": 2}
 
 
 def require(program: str, *capabilities: str, modules: Sequence[tuple[str, str, str]] = ()) -> None:

@@ -17,7 +17,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _script import CUPY, require, run  # noqa: E402
+from _script import CUPY, FRAME, at_least, names, require, run  # noqa: E402
 
 PROGRAM = "samples/cross_gpu.py"
 
@@ -31,6 +31,8 @@ def main() -> int:
     parser.add_argument("--format", default="NV12", help="a ColorFormat name")
     parser.add_argument("--mps", action="store_true", help="run the processes under CUDA MPS (see cross_process.py)")
     args = parser.parse_args()
+    at_least(parser, args, {**FRAME, "--frames": 1, "--fifo": 0})
+    names(parser, "--format", args.format, "ColorFormat")
     require(PROGRAM, "two-gpus", "cross-process", modules=[CUPY])
     import cross_process
 

@@ -28,7 +28,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _script import CUPY, lazy, mps_session, one_line, run  # noqa: E402
+from _script import CUPY, FRAME, at_least, lazy, mps_session, names, one_line, run  # noqa: E402
 from cuda_to_cuda import Kernels, seed_of  # noqa: E402
 
 PROGRAM = "samples/cross_process.py"
@@ -193,10 +193,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--role", choices=["producer", "consumer"], help=argparse.SUPPRESS)
     parser.add_argument("--socket", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    at_least(parser, args, {**FRAME, "--frames": 1, "--device": 0, "--producer-device": 0, "--consumer-device": 0})
     args.producer_device = args.device if args.producer_device is None else args.producer_device
     args.consumer_device = args.device if args.consumer_device is None else args.consumer_device
     if args.fifo < 1:
         parser.error("--fifo must be at least 1: in mailbox mode frames may be skipped")
+    names(parser, "--format", args.format, "ColorFormat")
+    args.format = args.format.upper()
     if args.role is None:
         # The two processes inherit the environment; they need nothing more than this checks.
         with mps_session(PROGRAM, args.mps, "cross-process", modules=[CUPY], children_only=True):

@@ -22,7 +22,7 @@ import time
 os.environ.setdefault("PYOPENGL_PLATFORM", "egl")  # before anything imports OpenGL
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _script import CUPY, PYOPENGL, lazy, mps_session, run  # noqa: E402
+from _script import CUPY, FRAME, PYOPENGL, at_least, lazy, mps_session, run  # noqa: E402
 
 PROGRAM = "samples/gl_texture_to_cuda.py"
 cp = lazy("cupy")
@@ -78,6 +78,7 @@ def main() -> int:
     parser.add_argument("--mps", action="store_true",
                         help="run under CUDA MPS: a private daemon for this run (or the one already running)")
     args = parser.parse_args()
+    at_least(parser, args, {**FRAME, "--iterations": 1})
     with mps_session(PROGRAM, args.mps, "eglimage-cuda", modules=[PYOPENGL, CUPY]):
         return sample(args)
 

@@ -25,7 +25,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _script import CUPY, lazy, require, run  # noqa: E402
+from _script import CUPY, FRAME, at_least, lazy, require, run  # noqa: E402
 
 PROGRAM = "samples/multi_camera.py"
 cp = lazy("cupy")
@@ -91,6 +91,9 @@ def main() -> int:
     parser.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--path", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    at_least(parser, args, {**FRAME, "--cameras": 1, "--batch": 0})
+    if not (args.fps > 0 and args.seconds > 0):
+        parser.error("--fps and --seconds are more than 0")
     require(PROGRAM, "cuda-ipc", modules=[CUPY])
     if args.role == "camera":
         return camera(args)

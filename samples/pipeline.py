@@ -24,7 +24,7 @@ import time
 os.environ.setdefault("PYOPENGL_PLATFORM", "egl")  # before anything imports OpenGL
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _script import CUPY, PYOPENGL, lazy, mps_session, run  # noqa: E402
+from _script import CUPY, FRAME, PYOPENGL, at_least, lazy, mps_session, run  # noqa: E402
 
 PROGRAM = "samples/pipeline.py"
 cp = lazy("cupy")
@@ -81,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mps", action="store_true",
                         help="run under CUDA MPS: a private daemon for this run (or the one already running)")
     args = parser.parse_args(argv)
+    at_least(parser, args, {**FRAME, "--frames": 1, "--device": 0})
     with mps_session(PROGRAM, args.mps, "gl-stream", modules=[PYOPENGL, CUPY]):
         return sample(args)
 

@@ -32,7 +32,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _frames import collect_reports, frame_bytes, publish_known_frames, report, report_done  # noqa: E402
-from _script import fail, lazy, require, run  # noqa: E402
+from _script import CRYPTOGRAPHY, fail, lazy, require, run  # noqa: E402
 
 PROGRAM = "samples/remote_subscriber.py"
 np = lazy("numpy")
@@ -71,7 +71,8 @@ def subscriber(args) -> int:
 
 
 def check_needs() -> None:
-    """Exit 2 with one line unless there is a GPU whose frames reach another process and ucxx."""
+    """Exit 2 with one line unless there is a GPU whose frames reach another process, ucxx and
+    pyca/cryptography (the remote extras)."""
     require(PROGRAM, "cuda")
     if not (eglcuda.available("cuda-ipc") or eglcuda.available("cross-process")):
         require(PROGRAM, "cuda-ipc")  # names what is missing
@@ -80,6 +81,7 @@ def check_needs() -> None:
     missing = ucxx_missing()
     if missing:
         fail(PROGRAM, missing, 2)
+    require(PROGRAM, modules=[CRYPTOGRAPHY])
 
 
 def start_relay(name: str, env: dict) -> tuple[subprocess.Popen, int]:

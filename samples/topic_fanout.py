@@ -30,7 +30,7 @@ os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _frames import collect_reports, frame_bytes, publish_known_frames, report, report_done  # noqa: E402
-from _script import lazy, mps_session, run  # noqa: E402
+from _script import FRAME, at_least, lazy, mps_session, run  # noqa: E402
 
 PROGRAM = "samples/topic_fanout.py"
 # Imported at first use, once require() has checked they are there (and so --help always works).
@@ -86,6 +86,7 @@ def main() -> int:
     parser.add_argument("--name", default="fanout", help=argparse.SUPPRESS)
     parser.add_argument("--path", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    at_least(parser, args, {**FRAME, "--frames": 1})
     if args.role:
         return subscriber(args)
 

@@ -35,6 +35,10 @@ import sys
 import tempfile
 import zipfile
 
+class BadRequest(ValueError):
+    """What the command line asks cannot be done with this wheel: main() makes it a usage error."""
+
+
 SONAME_RE = re.compile(r"^(?P<dir>.*/)?(?P<stem>lib[^/]+?\.so)(?P<ver>(\.\d+)*)$")
 
 
@@ -88,11 +92,13 @@ def slim(wheel: pathlib.Path, out_dir: pathlib.Path, drop: list[str], keep_dupli
         members = {i.filename: zin.read(i) for i in infos}
         modes = {i.filename: i.external_attr for i in infos}
     original_names = {pathlib.PurePosixPath(n).name for n in members}
-    record = next(n for n in members if n.endswith(".dist-info/RECORD"))
+    record = next((n for n in members if n.endswith(".dist-info/RECORD")), None)
+    if record is None:
+        raise BadRequest(f"{wheel} is not a wheel: it holds no .dist-info/RECORD")
 
     removed = {n for n in members if n != record and any(fnmatch.fnmatch(n, p) for p in drop)}
     if any(n.endswith(".dist-info/METADATA") or n.endswith(".dist-info/WHEEL") for n in removed):
-        raise SystemExit("refusing to drop METADATA or WHEEL")
+        raise BadRequest("--drop matches the wheel's METADATA or WHEEL, which a wheel needs")
     if not keep_duplicates:
         removed |= _duplicate_so_names({n: d for n, d in members.items() if n not in removed})
     kept = {n: d for n, d in members.items() if n not in removed and n != record}
@@ -102,10 +108,10 @@ def slim(wheel: pathlib.Path, out_dir: pathlib.Path, drop: list[str], keep_dupli
         raise SystemExit("slim wheel would miss bundled libraries:\n  " + "\n  ".join(problems))
 
     lines = [f"{n},{_record_hash(d)},{len(d)}" for n, d in kept.items()] + [f"{record},,"]
-    out_dir.mkdir(parents=True, exist_ok=True)
     out = out_dir / wheel.name
     if out.resolve() == wheel.resolve():
-        raise SystemExit("--out-dir must differ from the wheel's folder")
+        raise BadRequest("--out-dir must differ from the wheel's folder")
+    out_dir.mkdir(parents=True, exist_ok=True)
     with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as zout:
         for n, d in kept.items():
             zi = zipfile.ZipInfo(n, date_time=(2020, 1, 1, 0, 0, 0))
@@ -130,7 +136,17 @@ def main() -> int:
     ap.add_argument("--drop", action="append", default=[], help="fnmatch pattern of members to leave out (repeatable)")
     ap.add_argument("--keep-duplicates", action="store_true", help="keep every name of identical shared libraries")
     args = ap.parse_args()
-    slim(args.wheel, args.out_dir, args.drop, args.keep_duplicates)
+    # A wheel that is not there, or not a wheel, is a usage error, not a traceback.
+    if not args.wheel.is_file():
+        ap.error(f"{args.wheel}: no such file")
+    if not zipfile.is_zipfile(args.wheel):
+        ap.error(f"{args.wheel} is not a wheel (not a zip archive)")
+    try:
+        slim(args.wheel, args.out_dir, args.drop, args.keep_duplicates)
+    except BadRequest as exc:
+        ap.error(str(exc))
+    except OSError as exc:  # --out-dir that cannot be made or written
+        ap.error(f"--out-dir {args.out_dir}: {exc.strerror or exc}")
     return 0
 
 

@@ -14,6 +14,11 @@
 # version nvidia-smi shows (pip install -e '.[bench,remote-cu13]', or remote-cu12). bench/remote.py
 # checks what it needs first and stops with one line and exit status 2 when something is missing.
 set -euo pipefail
+case "${1:-}" in
+  -h|--help) sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"; exit 0 ;;
+  -*) echo "usage: bash $0 [OUT] (--help: what it runs)" >&2; exit 2 ;;  # not a folder name: an option
+esac
+if [ $# -gt 1 ]; then echo "usage: bash $0 [OUT] (--help: what it runs)" >&2; exit 2; fi
 cd "$(dirname "$0")/../.."
 OUT=${1:-bench-tables/remote}
 PYTHON=${PYTHON:-python3}

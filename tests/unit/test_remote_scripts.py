@@ -2,7 +2,8 @@
 libcuda of tests/fakes (every process loads it by its usual name), UCX over TCP loopback. The
 sample checks every byte of every frame a remote subscriber got through the relay; the bench runs
 each of its eglcuda and raw-UCX processes once at a tiny size (the pyzmq baseline is left
-to the GPU run: pyzmq is the bench extra's). Without ucxx both say so in one line (exit 2)."""
+to the GPU run: pyzmq is the bench extra's). Without ucxx or pyca/cryptography (the remote extras)
+they and bench/remote_link.py say so in one line (exit 2)."""
 from __future__ import annotations
 
 import json
@@ -19,11 +20,12 @@ from ..fakes import build as fake_build
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "samples" / "remote_subscriber.py"
 BENCH = ROOT / "bench" / "remote.py"
+LINK = ROOT / "bench" / "remote_link.py"
 # UCX_MODULES=^cuda: UCX's CUDA transports would load the stand-in libcuda, which lacks what they call
 UCX_LOOPBACK = {"UCX_TLS": "tcp", "UCX_NET_DEVICES": "lo", "UCX_WARN_UNUSED_ENV_VARS": "n", "UCX_MODULES": "^cuda"}
-# Runs a script with ucxx made unimportable (as on a machine without the remote extra).
-WITHOUT_UCXX = ("import runpy, sys; sys.modules['ucxx'] = None; script = sys.argv[1]; sys.argv = sys.argv[1:]; "
-                "runpy.run_path(script, run_name='__main__')")
+# Runs a script with a module made unimportable (as on a machine without the remote extra).
+WITHOUT = ("import runpy, sys; sys.modules[sys.argv.pop(1)] = None; script = sys.argv[1]; sys.argv = sys.argv[1:]; "
+           "runpy.run_path(script, run_name='__main__')")
 
 
 def _has_remote() -> bool:
@@ -52,15 +54,18 @@ def env():
                "__EGL_VENDOR_LIBRARY_FILENAMES": "/nonexistent.json"}  # no EGL: frames through CUDA IPC
 
 
-@pytest.mark.parametrize("command", [[str(SAMPLE)], [str(BENCH), "--no-plots", "--variants", "eglcuda,ucx-raw"]],
-                         ids=["sample", "bench"])
-def test_without_ucxx_one_line_and_status_2(env, command, tmp_path):
-    result = subprocess.run([sys.executable, "-c", WITHOUT_UCXX, *command], capture_output=True, text=True,
+@pytest.mark.parametrize("module", ["ucxx", "cryptography"])
+@pytest.mark.parametrize("command", [[str(SAMPLE)], [str(BENCH), "--no-plots", "--variants", "eglcuda,ucx-raw"],
+                                     [str(LINK), "--link", "veth"]], ids=["sample", "bench", "link"])
+def test_without_the_remote_extra_one_line_and_status_2(env, command, module, tmp_path):
+    # (a relay without pyca/cryptography stops at once: the sample said "the relay did not start"
+    # in two lines with status 1, the bench nothing at all)
+    result = subprocess.run([sys.executable, "-c", WITHOUT, module, *command], capture_output=True, text=True,
                             env=env, cwd=tmp_path, timeout=120)
     assert result.returncode == 2, result.stdout + result.stderr
     lines = result.stderr.splitlines()
     assert len(lines) == 1, result.stderr
-    assert "ucxx" in lines[0] and "remote-cu12" in lines[0] and "remote-cu13" in lines[0], lines[0]
+    assert module in lines[0] and "remote-cu12" in lines[0] and "remote-cu13" in lines[0], lines[0]
 
 
 def test_sample_every_byte_through_the_relay(env, tmp_path):

@@ -1,7 +1,9 @@
-"""Samples, benchmarks and scripts/gpu_check.py on a machine that lacks what they need: one line
-naming it and how to get it, exit status 2, never a traceback."""
+"""Samples, benchmarks and scripts/*.py on a machine that lacks what they need: one line naming it
+and how to get it, exit status 2, never a traceback; --help anywhere; a bad option value is a
+usage error."""
 from __future__ import annotations
 
+import os
 import pathlib
 import re
 import subprocess
@@ -12,13 +14,17 @@ import pytest
 import eglcuda
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-GPU_SCRIPTS = [
-    *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "samples").glob("[a-z]*.py")),
-    "bench/cross_gpu.py", "bench/cross_process.py", "bench/fanout.py", "bench/memory_kinds.py", "bench/mps.py",
-    "bench/sources.py", "bench/stream_profile.py", "bench/stream_roundtrip.py", "bench/topics.py", "bench/video.py",
-    "bench/remote.py", "bench/remote_link.py",
-    "scripts/gpu_check.py",
-]
+# Every script a user runs: a new one is in these tests from the start.
+SCRIPTS = sorted(str(p.relative_to(ROOT)) for folder in ("samples", "bench", "scripts")
+                 for p in (ROOT / folder).glob("[a-z]*.py"))
+# Those that need no GPU, with what they need instead (tested below).
+NO_GPU = {"bench/call_overhead.py": "EGL", "bench/frame_seal.py": "pyca/cryptography", "scripts/slim_wheel.py": ""}
+GPU_SCRIPTS = [s for s in SCRIPTS if s not in NO_GPU]
+
+
+def test_the_script_lists_hold_every_script():
+    assert "samples/cuda_to_cuda.py" in GPU_SCRIPTS and "bench/ordering.py" in GPU_SCRIPTS
+    assert "scripts/gpu_check.py" in GPU_SCRIPTS and set(NO_GPU) <= set(SCRIPTS)
 
 
 @pytest.mark.parametrize("script", GPU_SCRIPTS)
@@ -36,7 +42,7 @@ def test_missing_gpu_is_one_line_and_status_2(script, tmp_path):
     assert lines[0].startswith(f"{script}: ") and "needs" in lines[0]
 
 
-@pytest.mark.parametrize("script", [s for s in GPU_SCRIPTS if s != "scripts/gpu_check.py"])
+@pytest.mark.parametrize("script", SCRIPTS)
 def test_help_works_anywhere(script, tmp_path):
     if not (ROOT / script).exists():
         pytest.skip(f"{script} is not in this tree")
@@ -44,6 +50,140 @@ def test_help_works_anywhere(script, tmp_path):
                             timeout=120, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("usage:")
+
+
+def _one_line(result: subprocess.CompletedProcess, script: str) -> str:
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(f"{script}: needs "), lines[0]
+    return lines[0]
+
+
+def test_call_overhead_without_egl_is_one_line(tmp_path):
+    result = subprocess.run([sys.executable, str(ROOT / "bench" / "call_overhead.py"), "--quick"], capture_output=True,
+                            text=True, timeout=120, cwd=tmp_path,
+                            env={**os.environ, "EGLCUDA_LIBEGL": "/nonexistent/libEGL.so.1"})  # the loader's test hook
+    assert "apt-get install" in _one_line(result, "bench/call_overhead.py")
+
+
+def test_frame_seal_without_cryptography_is_one_line(tmp_path):
+    block = ("import runpy, sys; sys.modules['cryptography'] = None; sys.argv = sys.argv[1:]; "
+             "runpy.run_path(sys.argv[0], run_name='__main__')")
+    result = subprocess.run([sys.executable, "-c", block, str(ROOT / "bench" / "frame_seal.py"), "--repeat", "1"],
+                            capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert "remote-cu12" in _one_line(result, "bench/frame_seal.py")
+
+
+# Options whose values the scripts parse themselves: a bad one is argparse's usage error (status 2)
+# as the command line is read, on any machine; not a ValueError (status 1) once the GPU work has
+# begun, a child that never starts, a bench that hangs or one that measures nothing and exits 0.
+BAD_ARGUMENTS = [
+    ("bench/frame_seal.py", "--repeat", "0"),
+    ("bench/sources.py", "--rates", "x"),
+    ("bench/sources.py", "--sources", "8,many"),
+    ("bench/sources.py", "--size", "1920x"),
+    ("bench/sources.py", "--transport", "bogus"),
+    ("bench/sources.py", "--batcher", "--size", "640x480:ARGB"),
+    ("bench/topics.py", "--transports", "bogus"),
+    ("bench/topics.py", "--qos", "bogus"),
+    ("bench/topics.py", "--subscribers", "x"),
+    ("bench/topics.py", "--sizes", "bogus"),
+    ("bench/remote.py", "--subscribers", "x"),
+    ("bench/remote.py", "--rates", "fast"),
+    ("bench/cross_gpu.py", "--directions", "0-1"),
+    ("bench/cross_process.py", "--transports", "bogus"),
+    ("bench/cross_process.py", "--sizes", "12"),
+    ("bench/stream_roundtrip.py", "--cpus", "x"),
+    ("samples/cuda_to_cuda.py", "--formats", "BOGUS"),
+    ("samples/cuda_to_cuda.py", "--layouts", "bogus"),
+    ("samples/cross_process.py", "--format", "BOGUS"),
+    ("samples/cross_gpu.py", "--format", "BOGUS"),
+    ("samples/cuda_to_cuda.py", "--width", "0"),
+    ("samples/cuda_to_cuda.py", "--device", "-1"),
+    ("samples/cross_process.py", "--frames", "0"),
+    ("samples/cross_gpu.py", "--height", "1"),
+    ("samples/cuda_event_eglsync.py", "--rounds", "0"),
+    ("samples/gl_texture_to_cuda.py", "--iterations", "0"),
+    ("samples/multi_camera.py", "--cameras", "0"),
+    ("samples/multi_camera.py", "--fps", "0"),
+    ("samples/pipeline.py", "--frames", "-5"),
+    ("samples/topic_fanout.py", "--width", "0"),
+]
+
+
+@pytest.mark.parametrize("script, args", [(s, a) for s, *a in BAD_ARGUMENTS], ids=[" ".join(b) for b in BAD_ARGUMENTS])
+def test_a_bad_option_value_is_a_usage_error_before_anything_runs(script, args, tmp_path):
+    if not (ROOT / script).exists():
+        pytest.skip(f"{script} is not in this tree")
+    result = subprocess.run([sys.executable, str(ROOT / script), *args], capture_output=True, text=True, timeout=120,
+                            cwd=tmp_path)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stdout == "" and "Traceback" not in result.stderr, result.stderr
+    lines = result.stderr.splitlines()
+    option = next(a for a in reversed(args) if a.startswith("--"))
+    assert lines[0].startswith("usage: ") and lines[-1].startswith(f"{pathlib.Path(script).name}: error: "), lines
+    assert option in lines[-1], lines[-1]
+
+
+def test_plots_of_a_folder_without_results_is_a_bad_argument(tmp_path):
+    # (bench/video.py draws what it can without matplotlib; bench/mps.py --plot says the same)
+    result = subprocess.run([sys.executable, str(ROOT / "bench" / "video.py"), "--plot-only", str(tmp_path / "none")],
+                            capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("bench/video.py: cannot read "), lines
+
+
+def _wheel(path: pathlib.Path, *, record: bool = True) -> pathlib.Path:
+    import zipfile
+
+    with zipfile.ZipFile(path, "w") as wheel:
+        wheel.writestr("demo/__init__.py", "")
+        wheel.writestr("demo/libx.so", b"same")
+        wheel.writestr("demo/libx.so.1", b"same")
+        wheel.writestr("demo-1.0.dist-info/METADATA", "Name: demo\nVersion: 1.0\n")
+        wheel.writestr("demo-1.0.dist-info/WHEEL", "Wheel-Version: 1.0\n")
+        if record:
+            wheel.writestr("demo-1.0.dist-info/RECORD", "")
+    return path
+
+
+@pytest.mark.parametrize("case", ["missing", "not-a-zip", "no-record", "same-folder", "drop-metadata", "out-dir"])
+def test_slim_wheel_refuses_what_it_cannot_do_in_a_usage_line(case, tmp_path):
+    wheel = tmp_path / "demo-1.0-py3-none-any.whl"
+    out = tmp_path / "out"
+    extra: list[str] = []
+    if case == "not-a-zip":
+        wheel.write_text("not a zip")
+    elif case == "no-record":
+        _wheel(wheel, record=False)
+    elif case != "missing":
+        _wheel(wheel)
+    if case == "same-folder":
+        out = tmp_path
+    elif case == "drop-metadata":
+        extra = ["--drop", "*/METADATA"]
+    elif case == "out-dir":
+        out = pathlib.Path("/proc/no-such-folder")  # (not even root makes a folder there)
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "slim_wheel.py"), str(wheel), "--out-dir", str(out),
+                             *extra], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr and result.stdout == "", result.stderr
+    assert result.stderr.splitlines()[-1].startswith("slim_wheel.py: error: "), result.stderr
+
+
+def test_slim_wheel_keeps_one_name_of_a_duplicated_library(tmp_path):
+    import zipfile
+
+    wheel = _wheel(tmp_path / "demo-1.0-py3-none-any.whl")
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "slim_wheel.py"), str(wheel), "--out-dir",
+                             str(tmp_path / "out")], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    with zipfile.ZipFile(tmp_path / "out" / wheel.name) as slim:
+        names = set(slim.namelist())
+    assert "demo/libx.so.1" in names and "demo/libx.so" not in names, names
 
 
 def test_the_samples_declare_the_packages_they_import():
@@ -127,6 +267,17 @@ def test_install_lines_work_when_pasted():
             if NOT_ON_AN_INDEX.search(line):
                 bad.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
     assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("script", sorted(str(p.relative_to(ROOT)) for p in (ROOT / "bench" / "tables").glob("*.sh")))
+def test_the_table_scripts_help_and_refuse_an_option(script, tmp_path):
+    # (an option was taken for the OUT folder: --help ran the benchmarks with --out --help)
+    result = subprocess.run(["bash", str(ROOT / script), "--help"], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert result.returncode == 0 and f"bash {script} [OUT]" in result.stdout, result.stdout + result.stderr
+    assert "set -euo" not in result.stdout and not (tmp_path / "bench-tables").exists()
+    result = subprocess.run(["bash", str(ROOT / script), "--quick"], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert result.returncode == 2 and result.stdout == "", result.stdout + result.stderr
+    assert len(result.stderr.splitlines()) == 1 and result.stderr.startswith("usage: "), result.stderr
 
 
 @pytest.mark.parametrize("script, calls", [("bench/tables/topics.sh", 2), ("bench/tables/remote.sh", 4)])
