@@ -188,13 +188,16 @@ class Subscriber:
         (``every``) or two (``latest``).
 
         :meth:`close` from another thread ends a waiting receive with
-        :class:`eglcuda.ClosedError`."""
+        :class:`eglcuda.ClosedError`. A receive on another thread meanwhile is waited for within
+        this call's ``timeout``."""
         if self._remote is not None:
             return self._remote.receive(timeout)
         if self._forked:
             raise self._forked_error()
+        if not self._busy.acquire(False):
+            timeout = self._wait_for_receiver(timeout)
         try:
-            with self._busy:
+            try:
                 if self._closing:
                     raise self._closed_error()
                 try:
@@ -212,6 +215,8 @@ class Subscriber:
                 finally:
                     if self._ready is not None:  # (watched: readable again only when something is there)
                         self._refresh_ready()
+            finally:
+                self._busy.release()
         except BaseException as exc:
             if self._deferral.thread:  # (a close put off)
                 self._close_put_off_during_call(exc)
@@ -219,6 +224,15 @@ class Subscriber:
         if self._deferral.thread:  # (a close put off)
             self._close_put_off_during_call(None)  # (the message was let go if it closed)
         return message
+
+    def _wait_for_receiver(self, timeout: float | None) -> float:
+        """Another thread is inside receive() or wait_for_publisher(): take the lock within this
+        receive's own time, not as long as that call waits; the time left (Timeout when none)."""
+        wait = self.timeout if timeout is None else sockets.wait_seconds(timeout)
+        started = time.monotonic()
+        if not _acquire(self._busy, wait):
+            raise Timeout(f"no frame of topic {self.name!r} arrived in time (another thread was receiving)")
+        return max(0.0, wait - (time.monotonic() - started))
 
     def _take(self, conn: Connection, timeout: float | None) -> Message:
         """receive()'s work on an open connection; its end is raised as :class:`Lost`."""
@@ -367,17 +381,26 @@ class Subscriber:
         wait = self.timeout if timeout is None else sockets.wait_seconds(timeout)
         if self._forked:
             raise self._forked_error()
+        started = time.monotonic()
+        if not _acquire(self._busy, wait):
+            # Another thread's receive() held the subscriber all this time: it is connected.
+            info = self.info
+            if self.connected and info is not None:
+                return info
+            raise Timeout(f"no publisher of topic {self.name!r} answered at {self.path} in time")
         try:
-            with self._busy:
+            try:
                 if self._closed or self._closing:
                     raise self._closed_error()
                 try:
                     if self._conn is None or self._lost is not None:
                         self._disconnect()
-                        self._connect(time.monotonic() + wait)
+                        self._connect(started + wait)
                 finally:
                     if self._ready is not None:
                         self._refresh_ready()
+            finally:
+                self._busy.release()
         except BaseException as exc:
             if self._deferral:
                 self._close_put_off_during_call(exc)
@@ -782,6 +805,11 @@ class Subscriber:
         else:
             state = f"disconnected ({self._lost})"
         return f"<{type(self).__name__} {self.name!r} {self.qos.name.lower()}: {state}>"
+
+
+def _acquire(lock: "threading.RLock", seconds: float) -> bool:
+    """Take ``lock`` within ``seconds`` (any number >= 0: beyond what the lock takes, no limit)."""
+    return lock.acquire(timeout=seconds if seconds < threading.TIMEOUT_MAX else -1)
 
 
 def _settle(future: "asyncio.Future[None]") -> None:

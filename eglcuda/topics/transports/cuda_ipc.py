@@ -25,7 +25,8 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from ..._bind import cuda, cuda_ipc
-from ...cuda_device import CudaDevice
+from ..._resource import Resource
+from ...cuda_device import CudaDevice, get_device
 from ...errors import EglCudaError, PeerError, UsageError
 from ...frames.formats import Layout
 from .. import _wire, protocol
@@ -45,12 +46,35 @@ _IPC_SLOT = struct.Struct("<64s64sQ")  # memory handle, event handle, allocation
 _ASK_AGAIN_AFTER = 16
 
 
-class _IpcSlot:
-    __slots__ = ("handle", "event", "event_handle", "size")
+def _destroy_event(ordinal: int, event: cuda_ipc.Event) -> None:
+    """Finalizer of an event the publisher made or opened. Never raises."""
+    try:
+        get_device(ordinal).make_current()
+        cuda_ipc.event_destroy(event)
+    except Exception:  # pragma: no cover - finalizers must not raise
+        pass
 
-    def __init__(self, handle: bytes, event: Any, event_handle: bytes, size: int) -> None:
-        self.handle = handle
+
+class _OwnedEvent(Resource):
+    """An event of the publisher's (a pool slot's, or a subscriber's done event opened here),
+    destroyed at its transport's close or, for a publisher collected without close(), as it is
+    collected (a Resource: never in a forked child, in order at exit)."""
+
+    # At interpreter exit, with the frames, before the device (as a sync's event).
+    _exit_rank = 2
+
+    def __init__(self, device: CudaDevice, event: cuda_ipc.Event) -> None:
         self.event = event
+        self._own(_destroy_event, device.ordinal, event)
+
+
+class _IpcSlot:
+    __slots__ = ("handle", "event", "owner", "event_handle", "size")
+
+    def __init__(self, handle: bytes, owner: _OwnedEvent, event_handle: bytes, size: int) -> None:
+        self.handle = handle
+        self.event = owner.event  # (the per-frame record reads it)
+        self.owner = owner
         self.event_handle = event_handle
         self.size = size
 
@@ -98,16 +122,17 @@ class CudaIpcPublisher(PublisherTransport):
             if where is None or where[0] != base:
                 raise UsageError("a pool frame does not start its own allocation")
             handle = cuda_ipc.mem_handle(base)
-            event = cuda_ipc.event_create_interprocess()
+            # Owned at once: destroyed at close(), or as the publisher is collected without it.
+            owner = _OwnedEvent(self.device, cuda_ipc.event_create_interprocess())
             try:
-                event_handle = cuda_ipc.event_handle(event)
+                event_handle = cuda_ipc.event_handle(owner.event)
             except BaseException:
-                cuda_ipc.event_destroy(event)
+                owner.close()
                 raise
         except EglCudaError as exc:
             self._unavailable = f"exporting the pool through CUDA IPC failed: {exc}"
             return
-        self._slots[slot.index] = _IpcSlot(handle, event, event_handle, where[1])
+        self._slots[slot.index] = _IpcSlot(handle, owner, event_handle, where[1])
 
     def refusal(self, hello: protocol.Hello, peer_pid: int) -> str | None:
         if not self._checked:
@@ -160,10 +185,8 @@ class CudaIpcPublisher(PublisherTransport):
 
     def close(self) -> None:
         slots, self._slots = self._slots, {}
-        if slots:
-            self.device.make_current()
         for entry in slots.values():
-            cuda_ipc.event_destroy(entry.event)
+            entry.owner.close()
 
 
 class CudaIpcLink(PublisherLink):
@@ -173,7 +196,7 @@ class CudaIpcLink(PublisherLink):
 
     def __init__(self, transport: CudaIpcPublisher) -> None:
         self.transport = transport
-        self._done: dict[int, Any] = {}  # slot -> the subscriber's done event, opened here
+        self._done: dict[int, _OwnedEvent] = {}  # slot -> the subscriber's done event, opened here
         self._recorded: set[int] = set()
 
     def slot_extra(self, slot: Any) -> bytes | None:
@@ -187,14 +210,15 @@ class CudaIpcLink(PublisherLink):
         if release.extra:
             if len(release.extra) != cuda_ipc.HANDLE_SIZE:
                 raise PeerError(f"a done-event handle is {cuda_ipc.HANDLE_SIZE} bytes, got {len(release.extra)}")
-            self.transport.device.make_current()
+            device = self.transport.device
+            device.make_current()
             try:
-                event = cuda_ipc.open_event_handle(release.extra)
+                event = _OwnedEvent(device, cuda_ipc.open_event_handle(release.extra))
             except EglCudaError as exc:
                 raise PeerError(f"the subscriber's done event could not be opened: {exc}") from None
             old = self._done.pop(slot.index, None)
             if old is not None:
-                cuda_ipc.event_destroy(old)
+                old.close()
             self._done[slot.index] = event
         if release.flags & protocol.RELEASE_RECORDED:
             if slot.index not in self._done:
@@ -205,7 +229,7 @@ class CudaIpcLink(PublisherLink):
     def reading_done(self, slot: Any) -> bool:
         if slot.index not in self._recorded:
             return True
-        if not _wire.ipc_event_done(self.transport.device.context, self._done[slot.index].address):
+        if not _wire.ipc_event_done(self.transport.device.context, self._done[slot.index].event.address):
             return False
         self._recorded.discard(slot.index)
         return True
@@ -213,10 +237,8 @@ class CudaIpcLink(PublisherLink):
     def close(self) -> None:
         done, self._done = self._done, {}
         self._recorded.clear()
-        if done:
-            self.transport.device.make_current()
         for event in done.values():
-            cuda_ipc.event_destroy(event)
+            event.close()
 
 
 # ==== cuda-ipc: the subscriber's side ==============================================================

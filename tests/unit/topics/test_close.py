@@ -1,6 +1,7 @@
 """Topics on the CPU, closing: close() from another thread ends every wait of a subscriber or a
 publisher (receive, iteration, handshake, announced frames, pool frames, full queues), releases
-racing a close, goodbyes heard, a close interrupted and finished by the next."""
+racing a close, goodbyes heard, a close interrupted and finished by the next; a receive beside another
+thread's keeps its timeout."""
 from __future__ import annotations
 
 import os
@@ -331,3 +332,28 @@ def test_a_close_interrupted_before_its_work_is_done_by_the_next_close(path, mon
     started = time.monotonic()
     pub.close()
     assert time.monotonic() - started < 0.5 and not os.path.exists(path)
+
+
+def test_a_receive_behind_another_thread_s_wait_keeps_its_own_timeout(path):
+    """One thread waits in receive(3) for a frame that does not come; another's receive(0.2) and
+    wait_for_publisher(0.2) end within their own time (Timeout; the info while connected), not
+    once the first wait is over (it took the subscriber's lock for 3 s). A frame published
+    meanwhile reaches one of them."""
+    with publisher(path) as pub, subscriber(path, qos="every", queue=2) as sub:
+        first = threading.Thread(target=lambda: pytest.raises(eglcuda.Timeout, sub.receive, 3))
+        first.start()
+        time.sleep(0.2)  # the first thread waits by now
+        started = time.monotonic()
+        with pytest.raises(eglcuda.Timeout):
+            sub.receive(0.2)
+        assert time.monotonic() - started < 1.5
+        started = time.monotonic()
+        try:
+            sub.wait_for_publisher(0.2)
+        except eglcuda.Timeout:
+            pass
+        assert time.monotonic() - started < 1.5
+        first.join(5)
+        put(pub, b"x")
+        with sub.receive(2) as message:
+            assert message.payload == b"x"

@@ -308,6 +308,30 @@ def test_cuda_ipc_join_leave_cycles_and_two_subscribers_in_one_process(env, path
         publisher.stop()
 
 
+COLLECTED_PUBLISHERS = """
+import ctypes, gc, sys, eglcuda
+cuda = ctypes.CDLL("libcuda.so.1")  # the stand-in of LD_LIBRARY_PATH, already loaded by eglcuda
+cuda.fake_cuda_count.argtypes = [ctypes.c_char_p]
+cuda.fake_cuda_count.restype = ctypes.c_long
+for _ in range(3):
+    pub = eglcuda.Publisher("t", 64, 48, "NV12", path=sys.argv[1], pool=4)
+    pub.publish(pub.next_frame())
+    del pub
+gc.collect()
+print(cuda.fake_cuda_count(b"events"), cuda.fake_cuda_count(b"device_allocations"))
+"""
+
+
+def test_a_cuda_ipc_publisher_collected_without_close_destroys_its_events(env, path):
+    """A publisher dropped without close() frees its pool memory as it is collected; each pool
+    slot's interprocess event went with it too, not only at close() (three such publishers of four
+    slots kept twelve events until the process ended)."""
+    done = subprocess.run([sys.executable, "-c", COLLECTED_PUBLISHERS, path], env=env, cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["0", "0"], done.stdout
+
+
 def test_cuda_ipc_publisher_killed_and_restarted(env, path):
     first = Peer(env, "publish", path, *PUBLISH, "--frames", "0", "--rate", "300", "--seed", "1")
     second = None
