@@ -69,4 +69,5 @@ def test_the_bench_says_in_one_line_what_the_link_lacks(env, tmp_path):
     result = subprocess.run([sys.executable, str(BENCH), "--link", "netem:delay=2ms,loss=0.5%"], capture_output=True,
                             text=True, env=env, cwd=tmp_path, timeout=120)
     assert result.returncode == 2, result.stdout + result.stderr
-    assert result.stdout == "" and result.stderr.splitlines() == [f"bench/remote_link.py: {why}"], result.stderr
+    said = [f"bench/remote_link.py: needs what its link is made of: {why}"]
+    assert result.stdout == "" and result.stderr.splitlines() == said, result.stderr
