@@ -64,7 +64,7 @@ class Staging:
         self._skipped = -1  # the newest frame not staged for want of room (under _room_lock)
         # Each buffer's D2H copy parameters per plane (local thread), made at its first frame of
         # the ring's geometry: a frame fills in only where it is read from.
-        self._plans: list[list[Any] | None] = []
+        self._plans: list[list[tuple[Any, int]] | None] = []  # (parameters, offset in the buffer)
         self._stream_arg = cuda.stream_arg(stream)
 
     def allocate(self, frame_bytes: int, what: str) -> None:
@@ -109,8 +109,7 @@ class Staging:
             plans = self._plans[index]
             if plans is None:
                 plans = self._plans[index] = self._plan(ring.address(index), planes)
-            at = wire.DATA_AT
-            for plane, plan in zip(planes, plans):
+            for plane, (plan, at) in zip(planes, plans):
                 kind, address, pitch = plane._location()
                 if kind == "device":
                     cuda.copy_host_planned(self._stream_arg, plan, address, pitch)
@@ -118,7 +117,6 @@ class Staging:
                     g = plane.geometry
                     cuda.copy_2d(self._stream, (kind, address, pitch), ("host", out[at:], g.row_bytes), g.row_bytes,
                                  g.height, False)
-                at += plan.WidthInBytes * plan.Height
             if self._pipelined:
                 self._seal.seal(out)  # (the header's seal: the host's bytes, not the copy's)
                 cuda.event_record(self._events[index], self._stream, "marking a relay's staging copy")
@@ -132,14 +130,14 @@ class Staging:
         return index
 
     @staticmethod
-    def _plan(host: int, planes: Any) -> list[Any]:
-        """The D2H copy parameters of each of ``planes`` into the buffer at ``host``: packed one
-        after the other behind the message's header and payload area."""
+    def _plan(host: int, planes: Any) -> list[tuple[Any, int]]:
+        """The D2H copy parameters of each of ``planes`` into the buffer at ``host``, with where
+        each lands in it: packed one after the other behind the message's header and payload area."""
         plans = []
-        at = host + wire.DATA_AT
+        at = wire.DATA_AT
         for plane in planes:
             g = plane.geometry
-            plans.append(cuda.host_copy_plan(at, g.row_bytes, g.height, to_host=True))
+            plans.append((cuda.host_copy_plan(host + at, g.row_bytes, g.height, to_host=True), at))
             at += g.row_bytes * g.height
         return plans
 
