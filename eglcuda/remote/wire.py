@@ -142,8 +142,7 @@ def parse_address(text: str, what: str, least_port: int = 1) -> tuple[str, int]:
 def peer_text(raw: bytes | bytearray | memoryview) -> str:
     """Text a peer sent (a reason, a label) as it may reach an exception or a log: UTF-8 with
     anything undecodable or unprintable (control characters, a newline, an escape) as '?'."""
-    text = bytes(raw).decode(errors="replace")
-    return "".join(c if c.isprintable() and c != "\ufffd" else "?" for c in text)
+    return protocol.printable(bytes(raw).decode(errors="replace"))
 
 
 def _check(ok: bool, what: str) -> None:

@@ -292,8 +292,17 @@ def _short_name(value: str, pattern: re.Pattern[bytes], what: str) -> bytes:
     return _U8.pack(len(data)) + data
 
 
+def printable(text: str) -> str:
+    """``text`` with each character that is not printable (a control character, a newline, an
+    escape, a replacement character) as '?': what a peer's text may be before it reaches an
+    exception or a log, where it could otherwise rewrite the terminal or forge lines."""
+    if text.isprintable() and "\ufffd" not in text:
+        return text
+    return "".join(c if c.isprintable() and c != "\ufffd" else "?" for c in text)
+
+
 def _reason_bytes(reason: str) -> bytes:
-    data = reason.encode("utf-8", "replace")
+    data = printable(reason).encode("utf-8", "replace")
     if len(data) > MAX_REASON:  # cut on a character boundary
         data = data[:MAX_REASON].decode("utf-8", "ignore").encode("utf-8")
     return data
@@ -490,6 +499,7 @@ def _decode_reason(data: bytes) -> Refuse | Drop | Bye:
     _check(length <= MAX_REASON, "reason too long")
     _check(len(data) == _REASON.size + length, "reason length does not match")
     reason = data[_REASON.size:].decode("utf-8", "strict")
+    _check(printable(reason) == reason, "reason with a character that is not printable")
     return _REASONED[Kind(kind)](code, reason)
 
 

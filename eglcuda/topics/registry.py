@@ -326,7 +326,9 @@ def format_listing(listing: Listing) -> str:
         lines.append(f"  stale socket of a dead publisher: {path} ({state})")
     for path, why in listing.unresponsive.items():
         lines.append(f"  no answer from {path}: {why}")
-    return "\n".join(lines)
+    # (relay files, socket names and a silent peer's error are others' text: nothing in them may
+    # move the cursor or start a line of its own)
+    return "\n".join(protocol.printable(line) for line in lines)
 
 
 def _relay_lines(relays: list[dict[str, Any]]) -> list[str]:

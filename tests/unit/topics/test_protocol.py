@@ -84,6 +84,8 @@ messages = st.one_of(
 def test_every_message_round_trips(message):
     data = protocol.encode(message)
     assert len(data) <= protocol.MAX_MESSAGE
+    if isinstance(message, (protocol.Refuse, protocol.Drop, protocol.Bye)):  # (sent as printable text)
+        message = type(message)(message.code, protocol.printable(message.reason))
     assert protocol.decode(data, 1 if isinstance(message, protocol.Attach) else 0) == message
 
 
@@ -190,6 +192,20 @@ def test_bad_utf8_reason_and_bad_release_flags_are_refused():
         protocol.decode(protocol._REASON.pack(protocol.Kind.DROP, 1, 2) + b"\xff\xfe")
     with pytest.raises(ProtocolError):
         protocol.decode(protocol._RELEASE.pack(protocol.Kind.RELEASE, 1, 0x80, 0))
+
+
+@pytest.mark.parametrize("kind", [protocol.Kind.REFUSE, protocol.Kind.DROP, protocol.Kind.BYE])
+@pytest.mark.parametrize("text", ["\x1b[2J\x1b[Hall clear", "line\nforged: line", "tab\there", "nul\x00", "\u2028",
+                                  "bell\x07", "\ud800"])
+def test_a_reason_that_could_rewrite_a_terminal_or_forge_a_log_line_is_refused_and_never_sent(kind, text):
+    raw = text.encode("utf-8", "surrogatepass")
+    forged = protocol._REASON.pack(kind, 3, len(raw)) + raw
+    with pytest.raises(ProtocolError):
+        protocol.decode(forged)
+    message = {protocol.Kind.REFUSE: protocol.Refuse, protocol.Kind.DROP: protocol.Drop,
+               protocol.Kind.BYE: protocol.Bye}[kind](3, f"ok {text} end")
+    sent = protocol.decode(protocol.encode(message)).reason
+    assert sent.isprintable() and sent.startswith("ok ") and sent.endswith(" end") and "?" in sent
 
 
 def test_the_encoder_is_as_strict_as_the_decoder():

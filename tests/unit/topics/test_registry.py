@@ -180,6 +180,21 @@ def test_registry_lists_live_topics_and_cleans_stale_ones(folder):
     assert eglcuda.list_topics(folder).topics == []
 
 
+def test_the_listing_prints_others_text_without_control_characters(tmp_path):
+    from eglcuda.topics.registry import Listing, format_listing
+
+    relay = {"name": "cam", "pid": 7, "address": "0.0.0.0:9\x1b[2J", "qos": "latest",
+             "remotes": [{"peer": "10.0.0.2:1\rforged", "qos": "every", "sent": 3, "skipped": 0,
+                          "dropped": "slow\nrelay on 1.2.3.4: pid 1"}]}
+    listing = Listing(str(tmp_path), stale=[str(tmp_path / "a\x07.topic")], relays=[relay],
+                      unresponsive={str(tmp_path / "b.topic"): "reset\x1b]0;title\x07"})
+    text = format_listing(listing)
+    lines = text.split("\n")
+    assert all(line.isprintable() for line in lines)
+    assert len(lines) == 6  # (the heading, "(none)", the relay, its remote, the stale socket, the silent one)
+    assert "0.0.0.0:9?[2J" in text and "10.0.0.2:1?forged" in text and "slow?relay on 1.2.3.4" in text
+
+
 def test_status_schema_is_strict(path):
     from eglcuda.topics import registry
 
