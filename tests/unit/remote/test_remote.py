@@ -61,6 +61,19 @@ def test_every_and_latest_remote_subscribers_check_every_byte(cluster):
     assert seqs == sorted(set(seqs)) and sum(m["skipped"] for m in latest.got()) > 0  # latest: a slow one skips
 
 
+def test_a_slow_every_remote_with_the_deepest_window_gets_every_frame_in_order(cluster):
+    """A window of 16 to a remote that holds frames and sleeps: the relay runs out of credit
+    again and again, and still every frame arrives, in order, none twice."""
+    cluster.publisher(rate=300)
+    _, address = cluster.relay("--qos", "every", "--queue", "16", "--every-timeout", "5")
+    slow = cluster.subscriber(address, "--qos", "every", "--queue", "16", "--count", "80", "--hold", "3",
+                              "--sleep-ms", "5")
+    slow.wait_for(lambda m: m["event"] == "done", timeout=60)
+    _frames_ok(slow)
+    seqs = [m["seq"] for m in slow.got()]
+    assert seqs == list(range(seqs[0], seqs[0] + 80))
+
+
 def test_two_relays_into_one_process_and_one_relay_to_many_never_cross_messages(cluster, env, path):
     """UCX matches tags on a whole worker: two remote subscribers of one process (one engine), on
     two relays whose publishers differ in content, each get only their own relay's frames; and one
