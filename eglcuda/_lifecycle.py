@@ -30,7 +30,24 @@ import threading
 import weakref
 from typing import Callable, Generic, Iterator, TypeVar
 
+from .errors import ClosedError, StreamDisconnected
+
 T = TypeVar("T")
+
+# The thread running the exit hooks (0: the interpreter is not exiting). By then Python has
+# joined every thread but the daemon ones.
+_exit_thread = 0
+
+
+def stay_if_ended_by_exit(error: BaseException) -> None:
+    """Called with the error a blocking call of a publisher, subscriber or wait set is about to
+    raise. When the interpreter's exit closed the object under a daemon thread's call, that thread
+    waits here to be stopped with the interpreter, as Python stops daemon threads: it does not
+    die with a traceback that finalization cuts short. Anywhere else, it returns at once. Call it
+    with none of the object's locks held."""
+    if (_exit_thread and threading.get_ident() != _exit_thread
+            and isinstance(error, (ClosedError, StreamDisconnected))):
+        threading.Event().wait()
 
 
 class Tracked(Generic[T]):
@@ -59,6 +76,8 @@ class Tracked(Generic[T]):
             self._forked(obj)
 
     def _exit(self) -> None:
+        global _exit_thread
+        _exit_thread = threading.get_ident()
         for obj in self:
             try:
                 self._at_exit(obj)

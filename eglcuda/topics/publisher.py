@@ -27,7 +27,7 @@ import weakref
 from dataclasses import asdict
 from typing import Any, Sequence
 
-from .._lifecycle import Deferral, Tracked
+from .._lifecycle import Deferral, Tracked, stay_if_ended_by_exit
 from ..errors import ClosedError, EglCudaError, UsageError
 from ..frames.formats import ColorFormat, Layout, color_format, check_size, layout_of
 from .._unix import Policy, positive_seconds
@@ -204,6 +204,11 @@ class Publisher:
                     pool.free.appendleft(slot)
                     raise self._closed_error()
                 return pool.start_writing(slot)
+        except BaseException as exc:
+            if self._deferral.thread:  # (a close put off: see close())
+                self._finish_deferred_close()
+            stay_if_ended_by_exit(exc)
+            raise
         finally:
             if self._deferral.thread:  # (a close put off: see close())
                 self._finish_deferred_close()
@@ -270,6 +275,11 @@ class Publisher:
                     pool.published(slot)
                 self._measure(slot.published_at)
                 return seq
+        except BaseException as exc:
+            if self._deferral.thread:  # (a close put off: see close())
+                self._finish_deferred_close()
+            stay_if_ended_by_exit(exc)
+            raise
         finally:
             if self._deferral.thread:  # (a close put off: see close())
                 self._finish_deferred_close()

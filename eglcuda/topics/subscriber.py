@@ -11,7 +11,7 @@ import time
 import weakref
 from typing import Any, AsyncIterator, Iterable, Iterator, NoReturn, Protocol
 
-from .._lifecycle import Deferral, Tracked
+from .._lifecycle import Deferral, Tracked, stay_if_ended_by_exit
 from ..errors import ClosedError, Dropped, EglCudaError, PeerError, StreamDisconnected, Timeout, UsageError
 from ..cuda_device import CudaDevice
 from ..frames.interop import stream_handle
@@ -191,7 +191,11 @@ class Subscriber:
         :class:`eglcuda.ClosedError`. A receive on another thread meanwhile is waited for within
         this call's ``timeout``."""
         if self._remote is not None:
-            return self._remote.receive(timeout)
+            try:
+                return self._remote.receive(timeout)
+            except BaseException as exc:
+                stay_if_ended_by_exit(exc)
+                raise
         if self._forked:
             raise self._forked_error()
         if not self._busy.acquire(False):
@@ -220,6 +224,7 @@ class Subscriber:
         except BaseException as exc:
             if self._deferral.thread:  # (a close put off)
                 self._close_put_off_during_call(exc)
+            stay_if_ended_by_exit(exc)
             raise
         if self._deferral.thread:  # (a close put off)
             self._close_put_off_during_call(None)  # (the message was let go if it closed)
@@ -377,7 +382,11 @@ class Subscriber:
         :class:`TopicInfo` (a new ``instance``). While still connected, returns the current info.
         :meth:`close` from another thread ends the wait with :class:`eglcuda.ClosedError`."""
         if self._remote is not None:
-            return self._remote.wait_for_publisher(timeout)
+            try:
+                return self._remote.wait_for_publisher(timeout)
+            except BaseException as exc:
+                stay_if_ended_by_exit(exc)
+                raise
         wait = self.timeout if timeout is None else sockets.wait_seconds(timeout)
         if self._forked:
             raise self._forked_error()
@@ -404,11 +413,14 @@ class Subscriber:
         except BaseException as exc:
             if self._deferral:
                 self._close_put_off_during_call(exc)
+            stay_if_ended_by_exit(exc)
             raise
         if self._deferral:
             self._close_put_off_during_call(None)
         if self._closed:  # (by another thread since this call left)
-            raise self._closed_error()
+            error = self._closed_error()
+            stay_if_ended_by_exit(error)
+            raise error
         info = self.info
         if info is None:  # pragma: no cover - every handshake sets it
             raise self._not_connected()

@@ -140,3 +140,38 @@ def test_a_subscriber_open_at_exit_says_goodbye(path):
         while pub.subscribers and time.monotonic() < deadline:
             time.sleep(0.01)
         assert pub.subscribers == [] and pub.dropped == []
+
+
+def test_daemon_threads_inside_receive_publish_and_rejoin_at_exit_end_without_a_traceback(path):
+    """The common shape of a program: a daemon thread that receives in a loop, one that
+    publishes, one that waits for a publisher; the main thread ends. The exit hooks close the
+    topic's objects under those calls: the threads stop with the interpreter, silently, as Python
+    stops daemon threads (not with an exception whose traceback finalization cuts short)."""
+    code = (f"import sys, threading, time; sys.path.insert(0, {str(HERE)!r}); import eglcuda\n"
+            "from topics_null import NullPublisherBackend, NullSubscriberBackend\n"
+            f"pub = eglcuda.Publisher('t', 64, 32, 'Y', path={path!r}, _backend=NullPublisherBackend())\n"
+            f"subs = [eglcuda.Subscriber('t', path={path!r}, qos=qos, timeout=5, _backend=NullSubscriberBackend())\n"
+            "        for qos in ('every', 'latest')]\n"
+            f"other = eglcuda.Subscriber('t', path={path!r}, timeout=5, _backend=NullSubscriberBackend())\n"
+            "def receiving(sub):\n"
+            "    for message in sub:\n"
+            "        time.sleep(0.0005)\n"
+            "        message.release()\n"
+            "def publishing():\n"
+            "    while True:\n"
+            "        pub.publish(pub.next_frame())\n"
+            "def rejoining():\n"
+            "    while True:\n"
+            "        try:\n"
+            "            other.receive(0.01).release()\n"
+            "        except eglcuda.Timeout:\n"
+            "            pass\n"
+            "        except eglcuda.StreamDisconnected:\n"
+            "            other.wait_for_publisher(30)\n"
+            "for target, args in [(receiving, (subs[0],)), (receiving, (subs[1],)), (publishing, ()), (rejoining, ())]:\n"
+            "    threading.Thread(target=target, args=args, daemon=True).start()\n"
+            "time.sleep(0.3)\n"
+            "print('ending', flush=True)\n")
+    for _ in range(4):
+        child = subprocess.run([sys.executable, "-c", code], env=ENV, capture_output=True, text=True, timeout=60)
+        assert (child.returncode, child.stdout.strip(), child.stderr) == (0, "ending", "")
