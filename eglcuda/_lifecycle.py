@@ -43,10 +43,12 @@ def stay_if_ended_by_exit(error: BaseException) -> None:
     """Called with the error a blocking call of a publisher, subscriber or wait set is about to
     raise. When the interpreter's exit closed the object under a daemon thread's call, that thread
     waits here to be stopped with the interpreter, as Python stops daemon threads: it does not
-    die with a traceback that finalization cuts short. Anywhere else, it returns at once. Call it
-    with none of the object's locks held."""
+    die with a traceback that finalization cuts short. Anywhere else, it returns at once: on
+    eglcuda's own threads too (named ``eglcuda-...``: a relay's local thread, say, ends by itself
+    on that error, and its owner's close joins it). Call it with none of the object's locks held."""
     if (_exit_thread and threading.get_ident() != _exit_thread
-            and isinstance(error, (ClosedError, StreamDisconnected))):
+            and isinstance(error, (ClosedError, StreamDisconnected))
+            and not threading.current_thread().name.startswith("eglcuda-")):
         threading.Event().wait()
 
 

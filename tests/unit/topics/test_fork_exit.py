@@ -175,3 +175,23 @@ def test_daemon_threads_inside_receive_publish_and_rejoin_at_exit_end_without_a_
     for _ in range(4):
         child = subprocess.run([sys.executable, "-c", code], env=ENV, capture_output=True, text=True, timeout=60)
         assert (child.returncode, child.stdout.strip(), child.stderr) == (0, "ending", "")
+
+
+def test_at_exit_only_a_program_s_own_threads_stay_eglcuda_s_end_by_themselves(monkeypatch):
+    """A relay's local thread (eglcuda's own, named eglcuda-...) ends on the ClosedError its
+    owner's close joins it by, also at exit; a thread of the program's stays until the process
+    ends. Before exit, or for another error, neither waits."""
+    from eglcuda import _lifecycle
+
+    def ended(name: str, error: BaseException) -> bool:
+        thread = threading.Thread(target=_lifecycle.stay_if_ended_by_exit, args=(error,), name=name, daemon=True)
+        thread.start()
+        thread.join(0.3)
+        return not thread.is_alive()
+
+    closed = eglcuda.ClosedError("closed")
+    assert ended("reader", closed)  # (not exiting)
+    monkeypatch.setattr(_lifecycle, "_exit_thread", threading.get_ident())
+    assert ended("eglcuda-relay-t", closed) and ended("eglcuda-relay-t", eglcuda.Dropped("gone", 3))
+    assert ended("reader", eglcuda.Timeout("no frame")) and ended("reader", eglcuda.UsageError("bad"))
+    assert not ended("reader", closed) and not ended("reader", eglcuda.Dropped("gone", 3))
