@@ -39,6 +39,13 @@ T = TypeVar("T")
 _exit_thread = 0
 
 
+def mark_exiting() -> None:
+    """Say that this thread runs the interpreter's exit hooks (each hook that closes eglcuda's
+    objects calls it first: whichever runs first)."""
+    global _exit_thread
+    _exit_thread = threading.get_ident()
+
+
 def stay_if_ended_by_exit(error: BaseException) -> None:
     """Called with the error a blocking call of a publisher, subscriber or wait set is about to
     raise. When the interpreter's exit closed the object under a daemon thread's call, that thread
@@ -78,8 +85,7 @@ class Tracked(Generic[T]):
             self._forked(obj)
 
     def _exit(self) -> None:
-        global _exit_thread
-        _exit_thread = threading.get_ident()
+        mark_exiting()
         for obj in self:
             try:
                 self._at_exit(obj)

@@ -61,6 +61,7 @@ from typing import Any, Awaitable, Callable, Coroutine, TypeVar
 
 import numpy as np
 
+from .._lifecycle import mark_exiting
 from ..errors import EglCudaError, Timeout, Unsupported, UsageError
 from .unheard import Unheard, host_of
 
@@ -935,6 +936,7 @@ def untrack(obj: Any) -> None:
 
 def _at_exit() -> None:
     global _engine
+    mark_exiting()  # (a daemon thread of the program inside a remote subscriber's call stays: _lifecycle)
     for obj in sorted(list(_open), key=lambda obj: _open.get(obj, 0)):
         try:
             obj.close()

@@ -289,6 +289,7 @@ class RemoteFeed:
             event = self._slot_events[slot]
         view = self._views_of(slot)
         try:
+            self._device.make_current()  # (this thread may never have touched the device: a reader thread's first receive)
             cuda.event_synchronize(event, "copying a remote frame into the subscriber's pool")
         except BaseException:
             with self._state:

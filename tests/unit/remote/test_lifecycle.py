@@ -74,3 +74,35 @@ def test_receive_without_a_bound_waits_for_the_next_frame(cluster, env, qos):
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr[-2000:]
     assert json.loads(out.stdout.splitlines()[-1]) == {"oks": [True] * 4}, out.stdout
+
+
+_READER_AT_EXIT = r'''
+import sys, threading, time
+sys.path.insert(0, "tests/gpu")
+import eglcuda
+from topics_peer import check
+sub = eglcuda.Subscriber("t", remote=sys.argv[1], qos=sys.argv[2])
+oks = []
+def reading():  # (a thread that never touched the device before its first receive)
+    for message in sub:
+        oks.append(check(message, 5)[0])
+        message.release()
+threading.Thread(target=reading, daemon=True).start()
+started = time.monotonic()
+while len(oks) < 5 and time.monotonic() - started < 20:
+    time.sleep(0.01)
+print(len(oks) >= 5 and all(oks), flush=True)
+'''
+
+
+@pytest.mark.parametrize("qos", ["latest", "every"])
+def test_a_daemon_thread_reading_a_remote_subscriber_at_exit_stops_without_a_traceback(cluster, env, qos):
+    """A thread of the program's reads a remote subscriber (every byte right: its first receive
+    makes the device current there), and the exit closes the subscriber under it: the thread stops
+    with the interpreter, as daemon threads do, without an exception's traceback."""
+    cluster.publisher(rate=300)
+    _, address = cluster.relay()
+    for _ in range(2):
+        out = subprocess.run([sys.executable, "-c", _READER_AT_EXIT, address, qos], env=env, cwd=str(ROOT),
+                             capture_output=True, text=True, timeout=60)
+        assert (out.returncode, out.stdout.strip(), out.stderr) == (0, "True", ""), out.stderr
