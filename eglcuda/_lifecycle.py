@@ -47,7 +47,7 @@ def mark_exiting() -> None:
 
 
 def stay_if_ended_by_exit(error: BaseException) -> None:
-    """Called with the error a blocking call of a publisher, subscriber or wait set is about to
+    """Called with the error a blocking call of a publisher or a subscriber is about to
     raise. When the interpreter's exit closed the object under a daemon thread's call, that thread
     waits here to be stopped with the interpreter, as Python stops daemon threads: it does not
     die with a traceback that finalization cuts short. Anywhere else, it returns at once: on
