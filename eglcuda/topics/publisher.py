@@ -205,9 +205,7 @@ class Publisher:
                     raise self._closed_error()
                 return pool.start_writing(slot)
         except BaseException as exc:
-            if self._deferral.thread:  # (a close put off: see close())
-                self._finish_deferred_close()
-            stay_if_ended_by_exit(exc)
+            stay_if_ended_by_exit(exc)  # (only for an object the exit hooks closed: nothing put off is left)
             raise
         finally:
             if self._deferral.thread:  # (a close put off: see close())
@@ -276,9 +274,7 @@ class Publisher:
                 self._measure(slot.published_at)
                 return seq
         except BaseException as exc:
-            if self._deferral.thread:  # (a close put off: see close())
-                self._finish_deferred_close()
-            stay_if_ended_by_exit(exc)
+            stay_if_ended_by_exit(exc)  # (only for an object the exit hooks closed: nothing put off is left)
             raise
         finally:
             if self._deferral.thread:  # (a close put off: see close())
