@@ -266,7 +266,6 @@ class Sender:
         self._starved_since = None  # (it keeps pace)
         self._last_sent = time.monotonic()
         self.pump()
-        self._changed()  # (its share of the ring has room again: the relay may stage its next frame now)
         if self._gone is not None and not self._inflight:
             self._wake.set()  # (the goodbye waits for the frames before it)
 

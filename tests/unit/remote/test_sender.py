@@ -107,25 +107,6 @@ def test_a_stale_frame_staged_ahead_is_let_go_and_a_stopped_remote_holds_none(cl
     assert sender.info().skipped == 6  # (seq 3 let go, 4..8 never staged)
 
 
-def test_the_relay_hears_of_room_as_soon_as_a_send_ends_not_at_the_next_credit(clock):
-    """With a deep window a remote's credit is rarely short: what bounds it is its share of the
-    staging ring, which comes back as each send ends. The relay must hear of it then (its local
-    thread stages the next frame), not only when the remote's credit comes a round trip later."""
-    link, ring = Link(), Ring()
-    rooms: list[int] = []
-    sender = Sender(link, "peer", Qos.LATEST, 1, MAX_WINDOW, None, ring, Limits("t", 5.0, 1.0),
-                    lambda: rooms.append(sender.room(False)), lambda s: None)
-    sender._started = True
-    for seq in range(QUOTA):
-        assert sender.offer(seq, seq, False)
-        sender.pump()
-    assert sender.room(False) == 0 and not sender.offer(QUOTA, QUOTA, False)  # (its quota is held)
-    rooms.clear()
-    link.sends[0][1](None)  # (the first send ended; no credit came)
-    assert rooms and rooms[-1] == 1
-    assert sender.offer(QUOTA, QUOTA, False)
-
-
 @pytest.mark.parametrize("window", [WINDOW, MAX_WINDOW])
 @pytest.mark.parametrize("seed", range(8))
 def test_random_credits_sends_and_delays_keep_the_window_and_freshness(clock, seed, window):
