@@ -95,6 +95,9 @@ class RemoteFeed:
         if gl_context is not None:
             raise UsageError("a remote subscriber receives into CUDA memory: gl_context is not possible with remote=")
         self.remote = parse_address(remote, "remote")
+        if ":" in self.remote[0]:
+            raise UsageError(f"remote: {self.remote[0]!r} is an IPv6 address, and a relay takes IPv4 connections only "
+                             "(UCXX's listener binds 0.0.0.0): give the relay's IPv4 address or host name")
         self.qos = qos
         self.timeout = timeout
         _ucx.require()  # (what to install is the first thing to say)
@@ -151,13 +154,14 @@ class RemoteFeed:
     def _connect(self, deadline: float) -> None:
         """Join through the relay by ``deadline``, retrying while it has no publisher."""
         last: str = "no answer"
+        waited = max(0.0, deadline - time.monotonic())
         while True:
             if self._closing:
                 raise self._closed_error()
             left = deadline - time.monotonic()
             if left <= 0:
                 raise Timeout(f"no relay of topic {self.name!r} with a publisher answered at "
-                              f"{self._terms.where} within {self.timeout:.3g} s ({last}; a relay of "
+                              f"{self._terms.where} within {waited:.3g} s ({last}; a relay of "
                               f"another protocol version does not answer either)")
             loop = self._loop
             assert loop is not None

@@ -258,3 +258,13 @@ def test_a_relay_refuses_an_ipv6_address_it_could_take_no_connection_on():
     with pytest.raises(UsageError, match="IPv6 address"):  # (before it waits for a publisher)
         eglcuda.Relay("t", "[::1]:0", key=os.urandom(32), timeout=30)
     assert time.monotonic() - started < 5
+
+
+@pytest.mark.parametrize("remote", ["[::1]:38773", "::1:38773", "[fe80::1%lo]:5000"])
+def test_a_remote_subscriber_refuses_an_ipv6_relay_address_at_once(remote):
+    # (a relay takes IPv4 connections only: such a subscriber waited out its whole timeout)
+    pytest.importorskip("ucxx", reason="ucxx is not installed: pip install -e '.[remote-cu12]' (or remote-cu13)")
+    started = time.monotonic()
+    with pytest.raises(UsageError, match="IPv6 address.*IPv4 connections only"):
+        eglcuda.Subscriber("t", remote=remote, key=os.urandom(32), timeout=30)
+    assert time.monotonic() - started < 5

@@ -108,6 +108,21 @@ def test_wait_for_publisher_rejoins_a_relay_restarted_meanwhile(cluster):
     assert all(m["ok"] for m in sub.got())
 
 
+def test_wait_for_publisher_that_times_out_names_the_time_it_was_given(cluster):
+    """wait_for_publisher(1) with no relay up raises Timeout after its 1 s, and says 1 s (it
+    said the subscriber's own timeout)."""
+    cluster.publisher(rate=100)
+    relay, address = cluster.relay("--qos", "latest")
+    sub = cluster.subscriber(address, "--count", "0", "--qos", "latest", "--rejoin", "--rejoin-timeout", "1",
+                             "--timeout", "7")
+    sub.wait_for(lambda m: m["event"] == "got")
+    relay.kill()
+    sub.wait_for(lambda m: m["event"] == "disconnected", timeout=15)
+    failed = sub.wait_for(lambda m: m["event"] in ("rejoined", "rejoin-failed"), timeout=30)
+    assert failed["event"] == "rejoin-failed" and failed["kind"] == "Timeout", failed
+    assert "within 1 s" in failed["reason"] and "7 s" not in failed["reason"], failed
+
+
 def test_wait_for_publisher_waits_through_a_relay_closing_and_joins_its_successor(cluster):
     """A relay closed (as SIGTERM or close() do) drops its remotes with the reason; one that then
     waits for a publisher (15 s) reaches the relay while it still closes, and is refused "the
