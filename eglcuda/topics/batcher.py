@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import threading
 import time
+import weakref
 from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
@@ -33,6 +35,7 @@ from .waitset import WaitSet
 
 MAX_BATCH = 1024  # frames in one batch
 MAX_POOL = 16  # batch buffers
+CLOSE_WAIT_S = 5.0  # how long close() waits for a next() of another thread to end
 
 
 class BatchFrame:
@@ -246,6 +249,16 @@ class Batcher:
     def __init__(self, subscribers: Iterable[Subscriber], batch_size: int, *, formation_timeout: float = 0.04,
                  timeout: float = 5.0, pool: int = 2, cuda_stream: Any = None) -> None:
         self._closed = True  # (until construction is done: close() has nothing to do)
+        # close() from another thread while one is inside next(): it sets _closing, wakes the
+        # wait through _wake (an eventfd in the wait set), and the buffers go once next() ended.
+        self._closing = False
+        self._call_lock = threading.Lock()  # held by the thread inside next()
+        self._calling: int | None = None  # that thread
+        self._wake: int | None = None
+        self._wake_closer: Any = None
+        # Frames a next() took and copied into the free buffer before it raised: the next batch
+        # starts with them (they were released to their publishers; they are not lost).
+        self._carried: list[BatchFrame] = []
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or not 1 <= batch_size <= MAX_BATCH:
             raise UsageError(f"batch_size is an int in 1..{MAX_BATCH}, got {batch_size!r}")
         if not isinstance(pool, int) or isinstance(pool, bool) or not 1 <= pool <= MAX_POOL:
@@ -297,6 +310,9 @@ class Batcher:
             self._out: dict[int, Batch] = {}
             self._waitset = WaitSet()
             self._attached = [self._waitset.attach(s) for s in self.subscribers]
+            self._wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+            self._wake_closer = weakref.finalize(self, os.close, self._wake)
+            self._waitset.attach(self._wake)
             self._attachments = {id(a): i for i, a in enumerate(self._attached)}
         except BaseException:
             self._closed = False
@@ -353,41 +369,69 @@ class Batcher:
         its first frame, then up to ``formation_timeout`` for more, and returns a batch of 1 to
         ``batch_size`` frames. Raises :class:`eglcuda.Timeout` when no frame came,
         :class:`eglcuda.StreamDisconnected` once every source ended (the last one's reason),
-        :class:`eglcuda.UsageError` when ``pool`` batches are out unreleased."""
-        if self._closed:
+        :class:`eglcuda.UsageError` when ``pool`` batches are out unreleased,
+        :class:`eglcuda.ClosedError` when :meth:`close` (from another thread too) ended it.
+        Frames taken before an error in the same call are not lost: the next batch starts
+        with them."""
+        if self._closed or self._closing:
             raise ClosedError("the batcher is closed")
         if os.getpid() != self._pid:
             raise UsageError(f"this batcher belongs to process {self._pid}, not to this forked child: make a new "
                              "Batcher here (close() here only lets go of its copy)")
         wait = self.timeout if timeout is None else wait_seconds(timeout)
+        if not self._call_lock.acquire(blocking=False):
+            raise UsageError("another thread is inside this batcher's next(): form batches in one thread")
+        self._calling = threading.get_ident()
+        try:
+            if self._closed or self._closing:  # (closed as this call began)
+                raise ClosedError("the batcher is closed")
+            return self._form(wait)
+        finally:
+            self._calling = None
+            try:
+                if self._closing:
+                    self._teardown()  # (close() came from another thread, or from a signal handler in this one)
+            finally:
+                self._call_lock.release()
+
+    def _form(self, wait: float) -> Batch:
+        """next()'s work, in the one thread inside it."""
         if not self._free:
             raise UsageError(f"{len(self._out)} batches are out, as many as the pool holds: release one first")
-        if len(self.ended) == len(self.subscribers):
+        frames, self._carried = self._carried, []
+        if len(self.ended) == len(self.subscribers) and not frames:
             raise self._all_ended()
-        slot = self._free[0]
+        slot = self._free[0]  # (the buffer carried frames were copied into: a release appends)
         memory = self._memory[slot]
-        frames: list[BatchFrame] = []
-        deadline = time.monotonic() + wait  # for the first frame; then the formation clock's
+        # For the first frame; then the formation clock's, which starts at the batch's first
+        # frame (received_ns: the same clock).
+        deadline = frames[0].received_ns / 1e9 + self.formation_timeout if frames else time.monotonic() + wait
         self.device.make_current()
-        while True:
-            empty = not frames
-            self._pass(memory.pointer, frames)
-            if empty and frames:
-                # The formation clock starts at the batch's first frame (received_ns: the same clock).
-                deadline = frames[0].received_ns / 1e9 + self.formation_timeout
-            if len(frames) == self.batch_size:
-                break
-            if len(self.ended) == len(self.subscribers):
-                if frames:
+        try:
+            while True:
+                empty = not frames
+                self._pass(memory.pointer, frames)
+                if empty and frames:
+                    deadline = frames[0].received_ns / 1e9 + self.formation_timeout
+                if len(frames) == self.batch_size:
                     break
-                raise self._all_ended()
-            # Every source asked in the pass is now waited for (none is left ready): one wait
-            # collects each source that has frames, returning at once when any has (past the
-            # deadline it only asks), so a source that always has one is never the only one asked.
-            if not self._wait_for_frames(deadline):
-                if frames:
-                    break
-                raise Timeout(f"no frame from any of {len(self.subscribers)} sources in {wait} s")
+                if len(self.ended) == len(self.subscribers):
+                    if frames:
+                        break
+                    raise self._all_ended()
+                # Every source asked in the pass is now waited for (none is left ready): one wait
+                # collects each source that has frames, returning at once when any has (past the
+                # deadline it only asks), so a source that always has one is never the only one asked.
+                woken = self._wait_for_frames(deadline)
+                if self._closing:
+                    raise ClosedError("the batcher was closed")
+                if not woken:
+                    if frames:
+                        break
+                    raise Timeout(f"no frame from any of {len(self.subscribers)} sources in {wait} s")
+        except BaseException:
+            self._carried = frames
+            raise
         self._free.pop(0)
         batch = Batch(self, memory, slot, frames)
         self._out[slot] = batch
@@ -561,7 +605,7 @@ class Batcher:
 
     @property
     def closed(self) -> bool:
-        return self._closed
+        return self._closed or self._closing
 
     @property
     def outstanding(self) -> int:
@@ -571,8 +615,30 @@ class Batcher:
     def close(self) -> None:
         """Stop batching: batches still out become unusable (their memory is freed once no view
         of it is left), the buffers and the batcher's own stream go; the subscribers stay open.
-        Safe to call twice. In a forked child it makes no driver call (the buffers and the stream
+        Safe to call twice, and from another thread: a :meth:`next` waiting there raises
+        :class:`eglcuda.ClosedError` at once, and the buffers go as it returns (this call waits
+        for that up to 5 s). In a forked child it makes no driver call (the buffers and the stream
         are the parent's): it only lets go of the child's copies."""
+        if self._closed or self._closing:
+            return
+        self._closing = True
+        wake = self._wake
+        if wake is not None:
+            try:
+                os.eventfd_write(wake, 1)
+            except OSError:  # (its counter is full: it is readable anyway)
+                pass
+        if self._calling == threading.get_ident():
+            return  # (a signal handler inside next(): the buffers go as it returns)
+        if self._call_lock.acquire(timeout=CLOSE_WAIT_S):
+            try:
+                self._teardown()
+            finally:
+                self._call_lock.release()
+        # (else the next() of another thread has not returned yet: the buffers go as it does)
+
+    def _teardown(self) -> None:
+        """close()'s work, by the thread that holds the call lock (once)."""
         if self._closed:
             return
         self._closed = True
@@ -583,6 +649,9 @@ class Batcher:
         waitset, self._waitset = self._waitset, None
         if waitset is not None:
             waitset.close()
+        closer, self._wake_closer, self._wake = self._wake_closer, None, None
+        if closer is not None:
+            closer()
         try:
             if self._memory and os.getpid() == self._pid:
                 self.device.make_current()

@@ -15,6 +15,7 @@ import ctypes
 import json
 import os
 import sys
+import threading
 import time
 
 import numpy as np
@@ -347,9 +348,71 @@ def lifecycle(args) -> int:
     return 0
 
 
+def interrupt(args) -> int:
+    """close() from another thread while next() waits for a quiet source (a finite and an
+    infinite timeout): what next() raised and after how long, and the descriptors left after.
+    With ``--hold-second``: the second source's subscriber holds its queue's worth of messages,
+    so its receive raises in the middle of a pass; the frames taken before it must come in the
+    next batch (every byte checked)."""
+    subs = subscribers(args)
+    source_seeds = seeds(args)
+    say(event="ready")
+    report: dict = {}
+    if args.hold_second:
+        time.sleep(0.5)  # (both queues fill)
+        held = [subs[1].receive(5) for _ in range(args.queue)]
+        with subs[0].receive(5) as probe:  # (every: the batcher's first frame of it is the next seq)
+            before = probe.seq
+        batcher = eglcuda.Batcher(subs, args.batch_size, formation_timeout=args.formation_ms / 1e3)
+        raised = []
+        for _ in range(2):
+            try:
+                batcher.next(2).release()
+                raised.append("")
+            except eglcuda.EglCudaError as exc:
+                raised.append(type(exc).__name__)
+        firsts = [m.seq for m in held]
+        for message in held:
+            message.release()
+        batches = []
+        for _ in range(args.count):
+            with batcher.next(5) as b:
+                batches.append({"sources": [f.source for f in b.frames], "seqs": [f.seq for f in b.frames],
+                                "skipped": [f.skipped for f in b.frames], "wrong": check_batch(b, source_seeds)})
+        batcher.close()
+        report.update(raised=raised, held=firsts, before=before, batches=batches)
+    else:
+        for sub in subs:
+            sub.fileno()  # (made once, kept for the subscriber's life: not the batcher's)
+        fds = len(os.listdir("/proc/self/fd"))
+        outcomes = []
+        for wait in (10.0, float("inf")):
+            batcher = eglcuda.Batcher(subs, args.batch_size, formation_timeout=0.0, timeout=wait)
+            batcher.next().release()  # (in step with the source: its next frame is a period away)
+            closer = threading.Timer(0.1, batcher.close)
+            started = time.monotonic()
+            closer.start()
+            try:
+                batcher.next().release()
+                outcomes.append(["returned", time.monotonic() - started, batcher.closed])
+            except Exception as exc:  # the test asserts on the type
+                outcomes.append([type(exc).__name__, time.monotonic() - started, batcher.closed])
+            closer.join()
+            try:
+                batcher.next()
+                outcomes.append(["next after close returned", 0.0, True])
+            except Exception as exc:
+                outcomes.append([type(exc).__name__, 0.0, batcher.closed])
+        report.update(outcomes=outcomes, fds_before=fds, fds_after=len(os.listdir("/proc/self/fd")))
+    for sub in subs:
+        sub.close()
+    say(event="interrupt", **report)
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("role", choices=["batch", "misuse", "lifecycle"])
+    parser.add_argument("role", choices=["batch", "misuse", "lifecycle", "interrupt"])
     parser.add_argument("--source", action="append", required=True, help="NAME:PATH:SEED of a topic")
     parser.add_argument("--qos", default="every")
     parser.add_argument("--queue", type=int, default=4)
@@ -372,8 +435,10 @@ def main() -> int:
     parser.add_argument("--hand-to-held", action="store_true", help="stand-in libcuda: hand each batch to a busy stream")
     parser.add_argument("--hold-sources", choices=["busy", "idle"], default=None,
                         help="stand-in libcuda: the subscribers' streams busy (or idle) while a batch forms")
+    parser.add_argument("--hold-second", action="store_true",
+                        help="interrupt: the second source's subscriber holds its queue's worth of messages")
     args = parser.parse_args()
-    return {"batch": batch, "misuse": misuse, "lifecycle": lifecycle}[args.role](args)
+    return {"batch": batch, "misuse": misuse, "lifecycle": lifecycle, "interrupt": interrupt}[args.role](args)
 
 
 if __name__ == "__main__":

@@ -90,6 +90,44 @@ def test_a_slow_reader_on_the_smallest_pool_reads_its_own_batch(display, folder,
     assert sum(b["busy_at_release"] for b in batches) >= 15, [b["busy_at_release"] for b in batches]
 
 
+def test_close_from_another_thread_ends_a_waiting_next(display, folder):  # noqa: F811
+    """On the GPU: close() from another thread ends a waiting next() at once (ClosedError) and
+    leaves no descriptor behind (tests/unit/topics/test_batcher_fakecuda.py says more)."""
+    sources = make_sources(folder, "cuda-ipc")
+    try:
+        sources.add(12, rate=1, width=640, height=480)
+        peer = sources.batcher("interrupt", "--batch-size", "2")
+        try:
+            result = peer.wait_for(lambda m: m["event"] == "interrupt", timeout=60)
+        finally:
+            peer.stop()
+    finally:
+        sources.stop()
+    for kind, seconds, closed in result["outcomes"][0::2]:
+        assert kind == "ClosedError" and seconds < 0.6 and closed, result
+    assert result["fds_after"] == result["fds_before"], result
+
+
+def test_a_frame_taken_before_an_error_comes_in_the_next_batch(display, folder):  # noqa: F811
+    """On the GPU: a frame taken in a next() that then raised (another source's receive refused)
+    comes in the next batch, every byte right."""
+    sources = make_sources(folder, "cuda-ipc")
+    try:
+        sources.add(13, rate=200, width=640, height=480)
+        sources.add(14, rate=200, width=640, height=480)
+        peer = sources.batcher("interrupt", "--hold-second", "--batch-size", "4", "--queue", "4", "--count", "6",
+                               "--formation-ms", "200")
+        try:
+            result = peer.wait_for(lambda m: m["event"] == "interrupt", timeout=60)
+        finally:
+            peer.stop()
+    finally:
+        sources.stop()
+    assert result["raised"] == ["UsageError", "UsageError"] and all(not b["wrong"] for b in result["batches"])
+    first = [seq for b in result["batches"] for source, seq in zip(b["sources"], b["seqs"]) if source == 0]
+    assert first == list(range(result["before"] + 1, result["before"] + 1 + len(first))), result
+
+
 def test_bad_input_is_refused_with_the_reason(display, folder):  # noqa: F811
     sources = make_sources(folder, "cuda-ipc")
     try:

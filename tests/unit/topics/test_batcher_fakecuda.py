@@ -184,3 +184,48 @@ def test_a_source_that_closes_leaves_the_rotation_and_the_others_go_on(sources):
     assert seqs == list(range(seqs[0], 400)), seqs
     assert done["ended"] == {"0": "Dropped", "1": "Dropped"} and "every source" in ended["error"], (done, ended)
     assert done["cpu_s"] < 0.5 * done["wall_s"], done
+
+
+def test_close_from_another_thread_ends_a_waiting_next_at_once_and_leaves_no_descriptor(sources):
+    """A source at 1 frame/s, the batcher in step with it: close() from another thread 0.1 s into
+    a next() ends it with ClosedError at once (with a 10 s and an infinite timeout alike, where
+    it slept until its timeout or the next frame), next() after it raises ClosedError too, and
+    the process holds no descriptor more than before the batchers."""
+    sources.add(81, rate=1)
+    peer = sources.batcher("interrupt", "--batch-size", "2")
+    try:
+        result = peer.wait_for(lambda m: m["event"] == "interrupt", timeout=60)
+    finally:
+        peer.stop()
+    outcomes = result["outcomes"]
+    for kind, seconds, closed in outcomes[0::2]:
+        assert kind == "ClosedError" and 0.05 <= seconds < 0.6 and closed, outcomes
+    assert [kind for kind, _, _ in outcomes[1::2]] == ["ClosedError", "ClosedError"], outcomes
+    assert result["fds_after"] == result["fds_before"], result
+
+
+def test_frames_taken_before_a_source_raised_come_in_the_next_batch(sources):
+    """Two flat-out sources; the second's subscriber holds its queue's worth of messages, so
+    each pass's receive from it raises UsageError after the first source's frame was taken and
+    copied. That frame is not lost: once the messages are released, the next batch starts with
+    it (the seq after the one received before the batcher), and each source's seqs run on
+    without a gap (every), every byte right."""
+    sources.add(91, rate=200)
+    sources.add(92, rate=200)
+    peer = sources.batcher("interrupt", "--hold-second", "--batch-size", "4", "--queue", "4", "--count", "6",
+                           "--formation-ms", "200")
+    try:
+        result = peer.wait_for(lambda m: m["event"] == "interrupt", timeout=60)
+    finally:
+        peer.stop()
+    assert result["raised"] == ["UsageError", "UsageError"], result
+    batches = result["batches"]
+    assert all(not b["wrong"] for b in batches), batches
+    first = [seq for b in batches for source, seq in zip(b["sources"], b["seqs"]) if source == 0]
+    assert batches[0]["sources"][0] == 0, batches
+    assert first == list(range(result["before"] + 1, result["before"] + 1 + len(first))), (first, result["before"])
+    assert all(skipped == 0 for b in batches for source, skipped in zip(b["sources"], b["skipped"])
+               if source == 0), batches
+    second = [seq for b in batches for source, seq in zip(b["sources"], b["seqs"]) if source == 1]
+    assert second[0] == result["held"][-1] + 1 and second == list(range(second[0], second[0] + len(second))), \
+        (second, result["held"])
