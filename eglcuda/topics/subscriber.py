@@ -531,6 +531,13 @@ class Subscriber:
         is left, so that the publisher's next frame wakes the descriptor (one system call a
         frame on each side, as a blocking :meth:`receive` that sleeps pays). Receive on one
         thread at a time."""
+        fd = self._readiness_fd(-1)
+        assert fd is not None  # (no limit: it waited for a receive of another thread to end)
+        return fd
+
+    def _readiness_fd(self, wait: float) -> int | None:
+        """fileno()'s descriptor, made at the first call, waiting up to ``wait`` seconds (-1:
+        no limit) for a receive of another thread to end first; None when it did not."""
         if self._remote is not None:
             return self._remote.fileno()
         if self._forked:
@@ -538,7 +545,9 @@ class Subscriber:
         ready = self._ready
         if ready is not None:
             return ready.fileno()
-        with self._busy:
+        if not self._busy.acquire(timeout=wait):
+            return None
+        try:
             if self._closed:
                 raise self._closed_error()
             if self._ready is None:
@@ -547,6 +556,8 @@ class Subscriber:
                 self._ready = ready
                 self._refresh_ready()
             return self._ready.fileno()
+        finally:
+            self._busy.release()
 
     def _new_readiness(self) -> Readiness:
         """fileno()'s descriptor, made at its first call: the due ``eventfd`` and the
@@ -628,10 +639,17 @@ class Subscriber:
         loop = asyncio.get_running_loop()
         if self._async_waiting:
             raise UsageError(f"another receive_async() of topic {self.name!r} is waiting: await one at a time")
-        fd = self.fileno()
         deadline = loop.time() + wait
         self._async_waiting = True
         try:
+            # (The descriptor is made once; while another thread's receive holds the subscriber
+            # as it is first asked for, the loop runs on: asked again every few milliseconds.)
+            fd = self._readiness_fd(0)
+            while fd is None:
+                if loop.time() >= deadline:
+                    raise Timeout(f"no frame of topic {self.name!r} arrived in time (another thread was receiving)")
+                await asyncio.sleep(0.005)
+                fd = self._readiness_fd(0)
             while True:
                 try:
                     return self.receive(0)

@@ -506,6 +506,45 @@ def test_receive_async_times_out_and_refuses_a_second_waiter(path):
         asyncio.run(main())
 
 
+def test_receive_async_beside_another_threads_receive_keeps_its_timeout_and_the_loop_running(path):
+    """Another thread in a blocking receive (3 s) as receive_async is first awaited: the
+    descriptor cannot be made until that receive ends, yet the loop runs on (no stall of more
+    than a few ticks) and receive_async raises Timeout after its own 0.3 s; once the other
+    thread is done, receive_async gets the next frame."""
+    with publisher(path, True) as pub, subscriber(path) as sub:
+        other = threading.Thread(target=lambda: pytest.raises(eglcuda.Timeout, sub.receive, 3))
+        other.start()
+        time.sleep(0.1)
+
+        async def main():
+            ticks: list[float] = []
+
+            async def ticker():
+                while True:
+                    ticks.append(time.monotonic())
+                    await asyncio.sleep(0.02)
+
+            ticking = asyncio.ensure_future(ticker())
+            await asyncio.sleep(0)
+            started = time.monotonic()
+            with pytest.raises(eglcuda.Timeout):
+                await sub.receive_async(0.3)
+            took = time.monotonic() - started
+            ticking.cancel()
+            return took, max(b - a for a, b in zip(ticks, ticks[1:]))
+
+        took, stall = asyncio.run(main())
+        assert 0.29 <= took < 1.0 and stall < 0.2, (took, stall)
+        other.join(10)
+        put(pub, b"after")
+
+        async def after():
+            async with _released(await sub.receive_async(5)) as message:
+                return message.payload
+
+        assert asyncio.run(after()) == b"after"
+
+
 def test_async_for_ends_when_the_publisher_closes(path, ring):
     pub = publisher(path, ring)
     with subscriber(path, qos="every", queue=8) as sub:
