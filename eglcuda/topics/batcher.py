@@ -429,6 +429,8 @@ class Batcher:
                     if frames:
                         break
                     raise Timeout(f"no frame from any of {len(self.subscribers)} sources in {wait} s")
+            if self._closing:  # (closed while this pass copied: no batch of a closed batcher)
+                raise ClosedError("the batcher was closed")
         except BaseException:
             self._carried = frames
             raise
