@@ -579,7 +579,7 @@ class Batcher:
             return  # (the batcher was closed meanwhile)
         del self._out[batch._slot]
         readers = batch._handed_to
-        if readers and not self._closed:
+        if readers and not self._closed and os.getpid() == self._pid:  # (in a forked child: the parent's streams)
             self.device.make_current()
             cuda.join_streams(self.cuda_stream, readers, "ordering a batch buffer after its readers")
         self._free.append(batch._slot)

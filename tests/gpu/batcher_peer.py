@@ -21,6 +21,7 @@ import time
 import numpy as np
 
 import eglcuda
+from eglcuda._bind import cuda
 
 # Started with PYTHONSAFEPATH (tests/conftest.py), this script's folder is not on sys.path:
 # topics_peer.py beside it holds the frame content both sides agree on.
@@ -321,6 +322,8 @@ def lifecycle(args) -> int:
     dropped = counts()
     batcher = eglcuda.Batcher(subs, args.batch_size)
     batcher.next().release()
+    held = batcher.next()  # (out across the fork: the child releases its copy, naming a reader stream)
+    reader = cuda.stream_create(non_blocking=True)
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:
@@ -331,14 +334,22 @@ def lifecycle(args) -> int:
                 raised = ["", ""]
             except Exception as exc:  # the test asserts on the type and the words
                 raised = [type(exc).__name__, str(exc)]
+            try:
+                held.release(cuda_stream=reader)
+                released = ""
+            except Exception as exc:  # the test asserts there is none
+                released = f"{type(exc).__name__}: {exc}"
             batcher.close()
-            os.write(write, json.dumps({"raised": raised, "driver_calls": counts() != in_child}).encode())
+            os.write(write, json.dumps({"raised": raised, "released": released,
+                                        "driver_calls": counts() != in_child}).encode())
         finally:
             os._exit(0)
     os.close(write)
     os.waitpid(pid, 0)
     child = json.loads(os.read(read, 65536))
     os.close(read)
+    held.release(cuda_stream=reader)
+    cuda.stream_destroy(reader)
     with batcher.next() as after:
         wrong = check_batch(after, seeds(args))
     batcher.close()

@@ -118,8 +118,9 @@ def test_subscribers_closed_before_the_batcher(sources, count):
 
 def test_a_dropped_batcher_leaves_no_stream_and_a_forked_child_leaves_the_parents_alone(sources):
     """Batchers dropped without close() (a batch out) leave no CUDA stream or buffer behind; in a
-    forked child, next() raises UsageError and close() makes no driver call (the stream and the
-    buffers are the parent's); the parent's next batch is whole."""
+    forked child, next() raises UsageError, and the release of a batch handed to a stream and
+    close() make no driver call (the stream and the buffers are the parent's); the parent's next
+    batch is whole."""
     sources.add(95, rate=100)
     sources.add(96, rate=100)
     peer = sources.batcher("lifecycle", "--batch-size", "2")
@@ -129,7 +130,7 @@ def test_a_dropped_batcher_leaves_no_stream_and_a_forked_child_leaves_the_parent
         peer.stop()
     assert report["dropped"] == report["before"], report
     assert report["child"]["raised"][0] == "UsageError" and "forked child" in report["child"]["raised"][1], report
-    assert report["child"]["driver_calls"] is False, report
+    assert report["child"]["driver_calls"] is False and report["child"]["released"] == "", report
     assert report["wrong"] == [], report
 
 
