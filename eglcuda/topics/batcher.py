@@ -252,9 +252,15 @@ class Batcher:
         # close() from another thread while one is inside next(): it sets _closing, wakes the
         # wait through _wake (an eventfd in the wait set), and the buffers go once next() ended.
         self._closing = False
-        self._call_lock = threading.Lock()  # held by the thread inside next()
-        self._calling: int | None = None  # that thread
+        # Held by the thread inside next(). Reentrant so that a close() from a signal handler
+        # in that thread can tell it is inside (it leaves the teardown to next()'s end).
+        self._call_lock = threading.RLock()
+        self._inside = False  # a next() is running (a nested one, from a signal handler, is refused)
+        # A release() from another thread and the teardown: the readers' streams are joined
+        # onto the batcher's stream before that stream goes, never after.
+        self._release_lock = threading.Lock()
         self._wake: int | None = None
+        self._wake_attachment: Any = None
         self._wake_closer: Any = None
         # Frames a next() took and copied into the free buffer before it raised: the next batch
         # starts with them (they were released to their publishers; they are not lost).
@@ -312,7 +318,7 @@ class Batcher:
             self._attached = [self._waitset.attach(s) for s in self.subscribers]
             self._wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
             self._wake_closer = weakref.finalize(self, os.close, self._wake)
-            self._waitset.attach(self._wake)
+            self._wake_attachment = self._waitset.attach(self._wake)
             self._attachments = {id(a): i for i, a in enumerate(self._attached)}
         except BaseException:
             self._closed = False
@@ -380,19 +386,30 @@ class Batcher:
                              "Batcher here (close() here only lets go of its copy)")
         wait = self.timeout if timeout is None else wait_seconds(timeout)
         if not self._call_lock.acquire(blocking=False):
+            if self._closing:
+                raise ClosedError("the batcher is closed")
             raise UsageError("another thread is inside this batcher's next(): form batches in one thread")
-        self._calling = threading.get_ident()
+        if self._inside:  # (this thread, from a signal handler that interrupted a next())
+            self._call_lock.release()
+            raise UsageError("next() called from inside next() (a signal handler?): form batches in one place")
+        self._inside = True
         try:
             if self._closed or self._closing:  # (closed as this call began)
                 raise ClosedError("the batcher is closed")
             return self._form(wait)
         finally:
-            self._calling = None
+            self._inside = False
             try:
                 if self._closing:
                     self._teardown()  # (close() came from another thread, or from a signal handler in this one)
             finally:
                 self._call_lock.release()
+            # A close() from a signal handler after the check above left the teardown to us.
+            if self._closing and not self._closed and self._call_lock.acquire(blocking=False):
+                try:
+                    self._teardown()
+                finally:
+                    self._call_lock.release()
 
     def _form(self, wait: float) -> Batch:
         """next()'s work, in the one thread inside it."""
@@ -443,7 +460,7 @@ class Batcher:
         """One round-robin pass: one frame from each source that has one ready, starting at the
         cursor, until the batch is full."""
         ready = self._ready
-        if not ready:
+        if not ready or len(frames) >= self.batch_size:  # (a batch carried over full: no room)
             return
         subscribers = self.subscribers
         count = len(subscribers)
@@ -538,7 +555,17 @@ class Batcher:
         waitset = self._waitset
         assert waitset is not None
         events = waitset.wait(max(0.0, deadline - time.monotonic()))
+        woken = False
         for event in events:
+            if event.attachment is self._wake_attachment:
+                if not self._closing:  # (a stray write: drained, so that it does not wake every wait)
+                    try:
+                        os.eventfd_read(self._wake)  # type: ignore[arg-type]  # (attached: not None)
+                    except OSError:  # (BlockingIOError: drained already)
+                        pass
+                    continue
+                return True
+            woken = True
             index = self._attachments.get(id(event.attachment))
             if index is None or index in self.ended:
                 continue
@@ -547,7 +574,7 @@ class Batcher:
                 # its receive says so (or, should it have nothing more, with this error).
                 self._errors[index] = event.error or StreamDisconnected(f"source {index} ended")
             self._ready.add(index)
-        return bool(events)
+        return woken
 
     def _end(self, index: int, error: BaseException) -> None:
         """Source ``index`` leaves the rotation, for ``error``."""
@@ -572,17 +599,18 @@ class Batcher:
     def _give_back(self, batch: Batch) -> None:
         """A batch's release: the next copies into its buffer (all on the batcher's stream) wait
         on the GPU for every stream that read it and may still run."""
-        if batch._released:
-            return
-        batch._released = True
-        if self._out.get(batch._slot) is not batch:
-            return  # (the batcher was closed meanwhile)
-        del self._out[batch._slot]
-        readers = batch._handed_to
-        if readers and not self._closed and os.getpid() == self._pid:  # (in a forked child: the parent's streams)
-            self.device.make_current()
-            cuda.join_streams(self.cuda_stream, readers, "ordering a batch buffer after its readers")
-        self._free.append(batch._slot)
+        with self._release_lock:
+            if batch._released:
+                return
+            batch._released = True
+            if self._out.get(batch._slot) is not batch:
+                return  # (the batcher was closed meanwhile)
+            del self._out[batch._slot]
+            readers = batch._handed_to
+            if readers and not self._closed and os.getpid() == self._pid:  # (in a forked child: the parent's streams)
+                self.device.make_current()
+                cuda.join_streams(self.cuda_stream, readers, "ordering a batch buffer after its readers")
+            self._free.append(batch._slot)
 
     # ---- iteration and state -----------------------------------------------------------------
     def __iter__(self) -> Iterator[Batch]:
@@ -624,13 +652,18 @@ class Batcher:
         if self._closed or self._closing:
             return
         self._closing = True
+        if os.getpid() != self._pid:
+            # (A forked child's copy: its next() refuses to run, and the wake descriptor is
+            # shared with the parent, whose wait it must not end.)
+            self._teardown()
+            return
         wake = self._wake
         if wake is not None:
             try:
                 os.eventfd_write(wake, 1)
             except OSError:  # (its counter is full: it is readable anyway)
                 pass
-        if self._calling == threading.get_ident():
+        if self._call_lock._is_owned():  # type: ignore[attr-defined]
             return  # (a signal handler inside next(): the buffers go as it returns)
         if self._call_lock.acquire(timeout=CLOSE_WAIT_S):
             try:
@@ -641,13 +674,14 @@ class Batcher:
 
     def _teardown(self) -> None:
         """close()'s work, by the thread that holds the call lock (once)."""
-        if self._closed:
-            return
-        self._closed = True
-        out = getattr(self, "_out", {})
-        for batch in out.values():
-            batch._released = True
-        self._out = {}
+        with self._release_lock:
+            if self._closed:
+                return
+            self._closed = True
+            out = getattr(self, "_out", {})
+            for batch in out.values():
+                batch._released = True
+            self._out = {}
         waitset, self._waitset = self._waitset, None
         if waitset is not None:
             waitset.close()
@@ -677,7 +711,7 @@ class Batcher:
         self.close()
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else f"{len(self.subscribers) - len(self.ended)} sources, {len(self._out)} out"
+        state = "closed" if self.closed else f"{len(self.subscribers) - len(self.ended)} sources, {len(self._out)} out"
         return f"<Batcher of {self.batch_size} {self.width}x{self.height} {self.format.name}: {state}>"
 
 

@@ -414,7 +414,27 @@ def interrupt(args) -> int:
                 outcomes.append(["next after close returned", 0.0, True])
             except Exception as exc:
                 outcomes.append([type(exc).__name__, 0.0, batcher.closed])
-        report.update(outcomes=outcomes, fds_before=fds, fds_after=len(os.listdir("/proc/self/fd")))
+        # A forked child closing its copy must leave the parent's waiting alone (the wake
+        # descriptor is shared across fork): the parent's next() times out as it would have.
+        batcher = eglcuda.Batcher(subs, args.batch_size, formation_timeout=0.0)
+        batcher.next().release()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                batcher.close()
+            finally:
+                os._exit(0)
+        os.waitpid(pid, 0)
+        started, cpu = time.monotonic(), time.process_time()
+        try:
+            batcher.next(0.3).release()
+            after_child = ["returned"]
+        except Exception as exc:  # the test asserts on the type
+            after_child = [type(exc).__name__]
+        after_child += [time.monotonic() - started, time.process_time() - cpu]
+        batcher.close()
+        report.update(outcomes=outcomes, after_child_close=after_child, fds_before=fds,
+                      fds_after=len(os.listdir("/proc/self/fd")))
     for sub in subs:
         sub.close()
     say(event="interrupt", **report)

@@ -190,8 +190,9 @@ def test_a_source_that_closes_leaves_the_rotation_and_the_others_go_on(sources):
 def test_close_from_another_thread_ends_a_waiting_next_at_once_and_leaves_no_descriptor(sources):
     """A source at 1 frame/s, the batcher in step with it: close() from another thread 0.1 s into
     a next() ends it with ClosedError at once (with a 10 s and an infinite timeout alike, where
-    it slept until its timeout or the next frame), next() after it raises ClosedError too, and
-    the process holds no descriptor more than before the batchers."""
+    it slept until its timeout or the next frame), next() after it raises ClosedError too; a
+    forked child's close() does not wake the parent's next(); and the process holds no
+    descriptor more than before the batchers."""
     sources.add(81, rate=1)
     peer = sources.batcher("interrupt", "--batch-size", "2")
     try:
@@ -202,6 +203,10 @@ def test_close_from_another_thread_ends_a_waiting_next_at_once_and_leaves_no_des
     for kind, seconds, closed in outcomes[0::2]:
         assert kind == "ClosedError" and 0.05 <= seconds < 0.6 and closed, outcomes
     assert [kind for kind, _, _ in outcomes[1::2]] == ["ClosedError", "ClosedError"], outcomes
+    # A forked child's close() leaves the parent's next() to time out as it would have, asleep
+    # (the child's wake of the shared descriptor made it spin until the source's next frame).
+    kind, seconds, cpu = result["after_child_close"]
+    assert kind == "Timeout" and 0.25 <= seconds < 0.8 and cpu < 0.15, result
     assert result["fds_after"] == result["fds_before"], result
 
 
