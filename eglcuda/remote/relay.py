@@ -7,16 +7,12 @@ sends, beats and end). The :class:`Relay` owns them, the local subscription and 
 the topic for every remote (its welcome, whether a publisher is there); it admits remote
 subscribers and decides which of them get each staged frame.
 
-Threads: the shared UCX engine (_ucx.py) runs every connection (the server, the senders, and
-the relay's watchdog) and dispatches a staged frame to the senders once its copy is done. Frames
-come in through an ordinary :class:`eglcuda.Subscriber`; each one's copy device -> page-locked
-host staging is queued on its stream and the frame released at once (the release is ordered
-after the copy on the GPU: the publisher gets its pool slot back after one D2H copy), without
-waiting for the copy. Who receives: a 'latest' relay takes the newest frame on the engine's
-thread itself, the moment a remote has room (a credit came, a send ended), with no hand-over
-between threads while the publisher has a frame ready; when none is, its *local* thread waits
-for the next one. An 'every' relay's local thread receives every frame. The local thread also
-notices the publisher's end and waits for the next publisher.
+Threads: the *local* thread receives the topic's frames (an ordinary
+:class:`eglcuda.Subscriber`), queues each one's copy device -> page-locked host staging on its
+stream and releases it at once (the release is ordered after the copy on the GPU: the publisher
+gets its pool slot back after one D2H copy), then goes back for the next frame without waiting
+for the copy; the shared UCX engine (_ucx.py) runs every connection (the server, the senders, and
+the relay's watchdog) and dispatches a staged frame to the senders once its copy is done.
 A staging buffer is reused once every send of it ended. The publisher's frame path never waits
 on the network: with no free staging buffer a 'latest' relay skips the frame (an 'every' relay
 waits, as a local 'every' subscriber would).
@@ -28,7 +24,6 @@ import collections
 import logging
 import os
 import secrets
-import select
 import signal
 import threading
 import time
@@ -52,9 +47,6 @@ from .wire import DISCONNECTED, NO_PUBLISHER, parse_address
 __all__ = ["Relay", "RemoteInfo", "parse_address"]
 
 log = logging.getLogger("eglcuda.remote")
-# How long the engine's thread asks for a 'latest' frame before leaving the wait to the local
-# thread: the relay's subscriber's busy wait (no sleep on the engine's thread, the GIL released).
-PULL_WAIT_S = 20e-6
 
 
 class Relay:
@@ -121,9 +113,8 @@ class Relay:
         self._status_path: str | None = None
         self._pid = os.getpid()  # a forked child's close() leaves the parent's relay alone
         self._sub = Subscriber(self.name, qos=qos, queue=queue, device=device, timeout=self.timeout, path=path,
-                               trusted_uids=trusted_uids, busy_wait=PULL_WAIT_S)
+                               trusted_uids=trusted_uids)
         self.qos = self._sub.qos
-        self._pull_on_loop = self.qos is Qos.LATEST  # (an 'every' relay's local thread receives every frame)
         self._welcome: wire.Welcome | None = None
         self._live = True  # a publisher is there (engine's thread)
         self._thread: threading.Thread | None = None
@@ -131,13 +122,6 @@ class Relay:
         # wake-up of the loop for those staged until it runs (_handed: one is queued).
         self._staged: collections.deque[tuple[int, int]] = collections.deque()
         self._handed = False
-        # A 'latest' relay receives on the engine's thread when a remote has room (_pull); when no
-        # frame is ready it sets _frame_awaited, and the local thread waits for the next frame.
-        # _pulls: the engine's thread may receive (False from the publisher's end until the local
-        # thread joined the next one and staging was set up for its frames).
-        self._pulls = True
-        self._pulling = False
-        self._frame_awaited = threading.Event()
         self._copy_since = 0.0  # when the loop first found the next staged frame's copy running
         try:
             if self._sub.info is None or self._sub.cuda_stream is None:  # pragma: no cover - a CUDA subscriber has both
@@ -178,34 +162,15 @@ class Relay:
 
     def _local(self) -> None:
         """The local thread: frames in, copied to staging, released, handed to the UCX engine.
-        A 'latest' relay's engine takes frames itself while the publisher has one ready
-        (:meth:`_pull`); this thread receives only when the engine found none (the newest frame
-        then, when it comes): it never copies a frame only to skip it, and sleeps instead of taking
-        every frame of a publisher that runs flat out (CPU and GIL the local subscribers and the
-        engine need). Otherwise it looks every 0.25 s whether the publisher is still there."""
+        A 'latest' relay receives only when a remote subscriber can take the frame (the newest
+        then): it never copies a frame only to skip it, and sleeps instead of taking every frame
+        of a publisher that runs flat out (CPU and GIL the local subscribers and the engine need).
+        Otherwise it looks every 0.25 s whether the publisher is still there."""
         sub = self._sub
         staging = self._staging
         assert staging is not None
-        awaited = self._frame_awaited
-        readable = select.poll()
-        if self._pull_on_loop:
-            readable.register(sub.fileno(), select.POLLIN)
         while not self._closing:
-            look = False
-            if self._pull_on_loop:
-                if not awaited.wait(0.25):
-                    if staging.wanted.is_set():
-                        continue  # (the engine receives, and sees the publisher's end itself)
-                    look = True  # (no remote had room for 0.25 s: is the publisher still there?)
-                else:
-                    awaited.clear()
-                    if self._pulls:
-                        # The engine found no frame ready: wake it as the next one comes (this
-                        # thread does not receive it: the engine's receive would find the
-                        # subscriber busy).
-                        readable.poll(250)
-                        self._call(self._pull)  # (also after 0.25 s without a frame: it asks again)
-                        continue
+            look = self.qos is Qos.LATEST and not staging.wanted.wait(0.25)
             try:
                 message = sub.receive(timeout=0.001 if look else 0.25)
             except Timeout:
@@ -213,7 +178,6 @@ class Relay:
             except ClosedError:
                 return
             except StreamDisconnected as exc:
-                self._pulls = False  # (the engine's thread receives no more until staging is set up again)
                 self._publisher_lost(exc)
                 if not self._reconnect():
                     return
@@ -323,57 +287,6 @@ class Relay:
 
     def _set_live(self, live: bool) -> None:
         self._live = live
-        if live:
-            self._pulls = True
-            self._want()
-
-    def _pull(self) -> None:
-        """A 'latest' relay's receive on the engine's thread: while some remote has room, take the
-        publisher's newest frame and queue its copy to staging (dispatched once the copy is done).
-        No frame ready: the local thread waits for the next one. The publisher's end: the local
-        thread's receive says it too, and handles it."""
-        staging = self._staging
-        if self._pulling or not self._live or self._closing or staging is None:
-            return
-        if not self._pulls:
-            self._frame_awaited.set()  # (the local thread receives meanwhile)
-            return
-        self._pulling = True
-        staged = False
-        try:
-            while staging.wanted.is_set():
-                try:
-                    # (A 'latest' subscriber is handed the frame published after its release: a
-                    # flat-out publisher's comes within microseconds, asked for without sleeping.)
-                    message = self._sub.receive(PULL_WAIT_S)
-                except Timeout:  # (none came: the local thread waits for the next one)
-                    self._frame_awaited.set()
-                    break
-                except (StreamDisconnected, ClosedError):  # (the local thread's receive says it too, and handles it)
-                    self._pulls = False
-                    self._frame_awaited.set()
-                    break
-                except EglCudaError as exc:  # pragma: no cover - a driver failure: the local thread tries
-                    log.warning("relay %s: receiving on the engine's thread failed: %s", self.name, exc)
-                    self._frame_awaited.set()
-                    break
-                seq = message.seq
-                try:
-                    index = staging.stage(message) if self._pulls else None
-                finally:
-                    message.release()
-                if index is None:  # (no staging buffer free: the local thread takes the next frame)
-                    self._frame_awaited.set()
-                    break
-                self._staged.append((index, seq))
-                staged = True
-        finally:
-            self._pulling = False
-        if staged and not self._handed:
-            self._handed = True
-            loop = self._loop
-            if loop is not None:
-                loop.call_soon(self._dispatch_staged)
 
     def _dispatch_staged(self) -> None:
         """Dispatch the staged frames whose copies are done, in order (copies on one stream end
@@ -440,8 +353,6 @@ class Relay:
         staging = self._staging
         if staging is not None:
             staging.set_room(max(0, room), dispatched)
-            if self._pull_on_loop and room > 0:
-                self._pull()
 
     def _all_gone(self, code: int, reason: str) -> None:
         self._live = False
