@@ -6,7 +6,6 @@ remote subscriber's stream and releases before they ran (the next H2D copy into 
 must wait for them). Needs ucxx (pip install -e '.[remote-cu13]', or remote-cu12)."""
 from __future__ import annotations
 
-import importlib.util
 import os
 import pathlib
 import secrets
@@ -17,6 +16,7 @@ import pytest
 
 import eglcuda
 
+from .. import remote_extra
 from ..json_peer import JsonPeer
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -34,8 +34,7 @@ class Peer(JsonPeer):
 
 @pytest.fixture
 def env(cuda_ordinal):
-    if importlib.util.find_spec("ucxx") is None:
-        pytest.skip("ucxx is not installed: pip install -e '.[remote-cu13]' (or remote-cu12)")
+    remote_extra.skip_without("remote-cu13", "remote-cu12")
     return {**os.environ, "UCX_NET_DEVICES": "lo", "UCX_WARN_UNUSED_ENV_VARS": "n",
             "EGLCUDA_REMOTE_KEY": secrets.token_hex(32), "EGLCUDA_REMOTE_KEY_FILE": ""}
 

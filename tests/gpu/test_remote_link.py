@@ -7,20 +7,18 @@ veth, netem: bench/_netlink.py probes each; neither ip nor tc is needed), even w
 EGLCUDA_REQUIRE_GPU=1: none of them is a GPU's."""
 from __future__ import annotations
 
-import importlib.util
 import os
 import secrets
 import tempfile
 
 import pytest
 
-from .. import netlink
+from .. import netlink, remote_extra
 
 
 @pytest.fixture
 def env(cuda_ordinal):
-    if importlib.util.find_spec("ucxx") is None:
-        pytest.skip("ucxx is not installed: pip install -e '.[remote-cu13]' (or remote-cu12)")
+    remote_extra.skip_without("remote-cu13", "remote-cu12")
     return {**os.environ, "UCX_TLS": "tcp,cuda_copy", "UCX_WARN_UNUSED_ENV_VARS": "n",
             "EGLCUDA_REMOTE_KEY": secrets.token_hex(32), "EGLCUDA_REMOTE_KEY_FILE": ""}
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import ast
 import asyncio
-import importlib.util
 import os
 import pathlib
 import re
@@ -23,6 +22,7 @@ import pytest
 
 import eglcuda
 
+from .. import remote_extra
 from ..json_peer import JsonPeer
 from .topics_peer import check
 
@@ -183,8 +183,7 @@ def test_a_killed_publisher_is_an_error_event_and_the_others_go_on(folder, trans
 
 
 def test_a_remote_and_a_local_subscriber_in_one_wait_set(folder, cuda_ordinal, monkeypatch):
-    if importlib.util.find_spec("ucxx") is None:
-        pytest.skip("ucxx is not installed: pip install -e '.[remote-cu13]' (or remote-cu12)")
+    remote_extra.skip_without("remote-cu13", "remote-cu12")
     settings = {"UCX_NET_DEVICES": "lo", "UCX_WARN_UNUSED_ENV_VARS": "n", "UCX_TLS": "tcp,cuda_copy",
                 "EGLCUDA_REMOTE_KEY": secrets.token_hex(32), "EGLCUDA_REMOTE_KEY_FILE": ""}
     for key, value in settings.items():

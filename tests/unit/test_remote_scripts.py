@@ -16,6 +16,7 @@ import tempfile
 
 import pytest
 
+from .. import remote_extra
 from ..fakes import build as fake_build
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -35,12 +36,6 @@ def _has_remote() -> bool:
     except ImportError:
         return False
     return True
-
-
-def _has_ucxx() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("ucxx") is not None
 
 
 @pytest.fixture(scope="module")
@@ -74,8 +69,7 @@ def test_without_the_remote_extra_one_line_and_status_2(env, command, module, tm
 
 
 def test_sample_every_byte_through_the_relay(env, tmp_path):
-    if not _has_ucxx():
-        pytest.skip("ucxx is not installed: pip install -e '.[remote-cu12]' (or remote-cu13)")
+    remote_extra.skip_without()
     result = subprocess.run([sys.executable, str(SAMPLE), "--frames", "40", "--width", "96", "--height", "64"],
                             capture_output=True, text=True, env=env, cwd=tmp_path, timeout=180)
     lines = result.stdout.splitlines()
@@ -85,8 +79,7 @@ def test_sample_every_byte_through_the_relay(env, tmp_path):
 
 
 def test_bench_runs_every_role_at_a_tiny_size(env, tmp_path):
-    if not _has_ucxx():
-        pytest.skip("ucxx is not installed: pip install -e '.[remote-cu12]' (or remote-cu13)")
+    remote_extra.skip_without()
     out = tmp_path / "out"
     result = subprocess.run([sys.executable, str(BENCH), "--width", "64", "--height", "48", "--subscribers", "2",
                              "--rates", "max", "--variants", "eglcuda,ucx-raw", "--duration", "0.5", "--no-plots",
@@ -112,8 +105,7 @@ def test_bench_runs_every_role_at_a_tiny_size(env, tmp_path):
 
 
 def test_bench_rounds_judge_the_goal_on_the_median_of_the_rounds(env, tmp_path):
-    if not _has_ucxx():
-        pytest.skip("ucxx is not installed: pip install -e '.[remote-cu12]' (or remote-cu13)")
+    remote_extra.skip_without()
     out = tmp_path / "out"
     result = subprocess.run([sys.executable, str(BENCH), "--width", "64", "--height", "48", "--subscribers", "1",
                              "--rates", "max", "--variants", "eglcuda,ucx-raw", "--engine-modes", "blocking",

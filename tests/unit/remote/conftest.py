@@ -11,6 +11,7 @@ import tempfile
 import pytest
 
 from ...fakes import build as fake_build
+from ... import remote_extra
 from ...json_peer import JsonPeer
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
@@ -35,8 +36,7 @@ def fake_cuda():
 
 @pytest.fixture
 def env(fake_cuda):
-    if not ucxx_present():
-        pytest.skip("ucxx is not installed: pip install -e '.[remote-cu12]' (or remote-cu13)")
+    remote_extra.skip_without()
     return {**os.environ, **UCX_ENV, "LD_LIBRARY_PATH": fake_cuda, "__EGL_VENDOR_LIBRARY_FILENAMES": "/nonexistent.json",
             "EGLCUDA_REMOTE_KEY": secrets.token_hex(32), "EGLCUDA_REMOTE_KEY_FILE": ""}
 
