@@ -257,8 +257,9 @@ class Batcher:
         self._call_lock = threading.RLock()
         self._inside = False  # a next() is running (a nested one, from a signal handler, is refused)
         # A release() from another thread and the teardown: the readers' streams are joined
-        # onto the batcher's stream before that stream goes, never after.
-        self._release_lock = threading.Lock()
+        # onto the batcher's stream before that stream goes, never after. Reentrant: a signal
+        # handler's close() or release() may run while its thread is inside either.
+        self._release_lock = threading.RLock()
         self._wake: int | None = None
         self._wake_attachment: Any = None
         self._wake_closer: Any = None
@@ -325,6 +326,7 @@ class Batcher:
             self.close()
             raise
         self._closed = False
+        _open.add(self)
         self._cursor = 0  # the source the next batch starts its first pass with
         self._ready = set(range(len(self.subscribers)))  # sources that may have a frame (asked first)
         self._last_seq: list[int | None] = [None] * len(self.subscribers)
@@ -385,31 +387,39 @@ class Batcher:
             raise UsageError(f"this batcher belongs to process {self._pid}, not to this forked child: make a new "
                              "Batcher here (close() here only lets go of its copy)")
         wait = self.timeout if timeout is None else wait_seconds(timeout)
+        nested = False
         if not self._call_lock.acquire(blocking=False):
             if self._closing:
                 raise ClosedError("the batcher is closed")
             raise UsageError("another thread is inside this batcher's next(): form batches in one thread")
-        if self._inside:  # (this thread, from a signal handler that interrupted a next())
-            self._call_lock.release()
-            raise UsageError("next() called from inside next() (a signal handler?): form batches in one place")
-        self._inside = True
-        try:
+        try:  # (at once after the lock: nothing that could raise runs between the two)
+            if self._inside:  # (this thread, from a signal handler that interrupted a next())
+                nested = True
+                raise UsageError("next() called from inside next() (a signal handler?): form batches in one place")
+            self._inside = True
             if self._closed or self._closing:  # (closed as this call began)
                 raise ClosedError("the batcher is closed")
             return self._form(wait)
         finally:
-            self._inside = False
+            if nested:
+                self._call_lock.release()  # (the outer next() goes on as it was)
+            else:
+                self._end_call()
+
+    def _end_call(self) -> None:
+        """next()'s end, lock held: the teardown a close() left to it, then the lock."""
+        self._inside = False
+        try:
+            if self._closing:
+                self._teardown()  # (close() came from another thread, or from a signal handler in this one)
+        finally:
+            self._call_lock.release()
+        # A close() from a signal handler after the check above left the teardown to us.
+        if self._closing and not self._closed and self._call_lock.acquire(blocking=False):
             try:
-                if self._closing:
-                    self._teardown()  # (close() came from another thread, or from a signal handler in this one)
+                self._teardown()
             finally:
                 self._call_lock.release()
-            # A close() from a signal handler after the check above left the teardown to us.
-            if self._closing and not self._closed and self._call_lock.acquire(blocking=False):
-                try:
-                    self._teardown()
-                finally:
-                    self._call_lock.release()
 
     def _form(self, wait: float) -> Batch:
         """next()'s work, in the one thread inside it."""
@@ -554,27 +564,30 @@ class Batcher:
         ``deadline`` (past it: only ask, without sleeping); returns whether one woke it."""
         waitset = self._waitset
         assert waitset is not None
-        events = waitset.wait(max(0.0, deadline - time.monotonic()))
-        woken = False
-        for event in events:
-            if event.attachment is self._wake_attachment:
-                if not self._closing:  # (a stray write: drained, so that it does not wake every wait)
-                    try:
-                        os.eventfd_read(self._wake)  # type: ignore[arg-type]  # (attached: not None)
-                    except OSError:  # (BlockingIOError: drained already)
-                        pass
+        while True:
+            events = waitset.wait(max(0.0, deadline - time.monotonic()))
+            woken = stray = False
+            for event in events:
+                if event.attachment is self._wake_attachment:
+                    if not self._closing:  # (a stray write: drained, so that it does not wake every wait)
+                        try:
+                            os.eventfd_read(self._wake)  # type: ignore[arg-type]  # (attached: not None)
+                        except OSError:  # (BlockingIOError: drained already)
+                            pass
+                        stray = True
+                        continue
+                    return True
+                woken = True
+                index = self._attachments.get(id(event.attachment))
+                if index is None or index in self.ended:
                     continue
-                return True
-            woken = True
-            index = self._attachments.get(id(event.attachment))
-            if index is None or index in self.ended:
-                continue
-            if event.kind == "error":
-                # Frames queued before the end are still received first: the source ends when
-                # its receive says so (or, should it have nothing more, with this error).
-                self._errors[index] = event.error or StreamDisconnected(f"source {index} ended")
-            self._ready.add(index)
-        return woken
+                if event.kind == "error":
+                    # Frames queued before the end are still received first: the source ends when
+                    # its receive says so (or, should it have nothing more, with this error).
+                    self._errors[index] = event.error or StreamDisconnected(f"source {index} ended")
+                self._ready.add(index)
+            if woken or not stray or time.monotonic() >= deadline:
+                return woken  # (a stray wake alone is no reason to end the wait early)
 
     def _end(self, index: int, error: BaseException) -> None:
         """Source ``index`` leaves the rotation, for ``error``."""
@@ -600,16 +613,18 @@ class Batcher:
         """A batch's release: the next copies into its buffer (all on the batcher's stream) wait
         on the GPU for every stream that read it and may still run."""
         with self._release_lock:
-            if batch._released:
+            if batch._released or self._closed or self._out.get(batch._slot) is not batch:
+                batch._released = True  # (the batcher was closed meanwhile: its teardown has the buffer)
                 return
-            batch._released = True
-            if self._out.get(batch._slot) is not batch:
-                return  # (the batcher was closed meanwhile)
-            del self._out[batch._slot]
             readers = batch._handed_to
-            if readers and not self._closed and os.getpid() == self._pid:  # (in a forked child: the parent's streams)
+            if readers and os.getpid() == self._pid:  # (in a forked child: the parent's streams)
                 self.device.make_current()
+                # (Should this raise, the batch stays out and usable: a release may be tried again.)
                 cuda.join_streams(self.cuda_stream, readers, "ordering a batch buffer after its readers")
+            if batch._released:
+                return  # (a signal handler's release() or close() ran during the join: it gave the buffer back)
+            batch._released = True
+            del self._out[batch._slot]
             self._free.append(batch._slot)
 
     # ---- iteration and state -----------------------------------------------------------------
@@ -647,8 +662,10 @@ class Batcher:
         of it is left), the buffers and the batcher's own stream go; the subscribers stay open.
         Safe to call twice, and from another thread: a :meth:`next` waiting there raises
         :class:`eglcuda.ClosedError` at once, and the buffers go as it returns (this call waits
-        for that up to 5 s). In a forked child it makes no driver call (the buffers and the stream
-        are the parent's): it only lets go of the child's copies."""
+        for that up to 5 s). From a signal handler that interrupted :meth:`next` in the same
+        thread it returns at once, and the buffers go as that next() returns (a next() from such
+        a handler raises :class:`eglcuda.UsageError`). In a forked child it makes no driver call
+        (the buffers and the stream are the parent's): it only lets go of the child's copies."""
         if self._closed or self._closing:
             return
         self._closing = True
@@ -673,11 +690,13 @@ class Batcher:
         # (else the next() of another thread has not returned yet: the buffers go as it does)
 
     def _teardown(self) -> None:
-        """close()'s work, by the thread that holds the call lock (once)."""
+        """close()'s work (once): by the thread that holds the call lock, or by a forked child
+        for its copy."""
         with self._release_lock:
             if self._closed:
                 return
             self._closed = True
+            _open.discard(self)
             out = getattr(self, "_out", {})
             for batch in out.values():
                 batch._released = True
@@ -713,6 +732,21 @@ class Batcher:
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"{len(self.subscribers) - len(self.ended)} sources, {len(self._out)} out"
         return f"<Batcher of {self.batch_size} {self.width}x{self.height} {self.format.name}: {state}>"
+
+
+# Open batchers: in a forked child each gets fresh locks (another thread of the parent may have
+# held one at the fork, and nothing in the child would let it go; the child's close() and
+# release() take them).
+_open: "weakref.WeakSet[Batcher]" = weakref.WeakSet()
+
+
+def _fresh_locks_in_child() -> None:
+    for batcher in list(_open):
+        batcher._call_lock = threading.RLock()
+        batcher._release_lock = threading.RLock()
+
+
+os.register_at_fork(after_in_child=_fresh_locks_in_child)
 
 
 def _batch_layout(fmt: ColorFormat, width: int, height: int,

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import gc
 import json
 import os
+import signal
 import sys
 import threading
 import time
@@ -304,8 +306,6 @@ def lifecycle(args) -> int:
     """(Stand-in libcuda only.) The CUDA streams and device buffers left after batchers dropped
     without close(); in a forked child, what next() raises and what close() changed there; the
     parent's batches after the child is gone."""
-    import gc
-
     fake = ctypes.CDLL("libcuda.so.1")
     fake.fake_cuda_count.restype = ctypes.c_long
 
@@ -433,12 +433,138 @@ def interrupt(args) -> int:
             after_child = [type(exc).__name__]
         after_child += [time.monotonic() - started, time.process_time() - cpu]
         batcher.close()
-        report.update(outcomes=outcomes, after_child_close=after_child, fds_before=fds,
+        report.update(outcomes=outcomes, after_child_close=after_child, signal_in_next=_signal_in_next(subs),
+                      signal_close=_signal_close_in_release(subs),
+                      fork_beside_release=_fork_beside_release(subs, args), fds_before=fds,
                       fds_after=len(os.listdir("/proc/self/fd")))
     for sub in subs:
         sub.close()
     say(event="interrupt", **report)
     return 0
+
+
+def _signal_in_next(subs) -> dict:
+    """A signal handler runs while next() waits for a quiet source: its own next() raises
+    UsageError, its close() returns at once; the waiting next() then raises ClosedError."""
+    batcher = eglcuda.Batcher(subs, 1, formation_timeout=0.0, timeout=10)
+    batcher.next().release()  # (in step with the source: its next frame is a period away)
+    seen: list[str] = []
+
+    def handler(signum, frame) -> None:
+        try:
+            batcher.next(0)
+            seen.append("nested next returned")
+        except Exception as exc:  # the test asserts on the type
+            seen.append(type(exc).__name__)
+        batcher.close()
+        seen.append("closed")
+
+    previous = signal.signal(signal.SIGALRM, handler)
+    started = time.monotonic()
+    signal.setitimer(signal.ITIMER_REAL, 0.1)
+    try:
+        batcher.next().release()
+        seen.append("returned")
+    except Exception as exc:  # the test asserts on the type
+        seen.append(type(exc).__name__)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    return {"seen": seen, "seconds": time.monotonic() - started, "closed": batcher.closed}
+
+
+def _signal_close_in_release(subs) -> dict:
+    """A signal handler calls close() while its thread is inside a batch's release(), in the
+    call that orders the buffer after the batch's reader (the signal is raised there): both
+    must return, the batch released, the batcher closed."""
+    batcher = eglcuda.Batcher(subs, 1, formation_timeout=0.0)
+    held = batcher.next()
+    reader = cuda.stream_create(non_blocking=True)
+    join = cuda.join_streams
+    seen: list[str] = []
+
+    def handler(signum, frame) -> None:
+        seen.append("handler")
+        batcher.close()
+        seen.append("closed")
+
+    def signalled_join(*args):
+        os.kill(os.getpid(), signal.SIGUSR1)  # (the handler runs inside this call, the release's lock held)
+        return join(*args)
+
+    previous = signal.signal(signal.SIGUSR1, handler)
+    cuda.join_streams = signalled_join
+    try:
+        held.release(cuda_stream=reader)
+        seen.append("released")
+    finally:
+        cuda.join_streams = join
+        signal.signal(signal.SIGUSR1, previous)
+    try:
+        batcher.next(0.5)
+        after = "returned"
+    except Exception as exc:  # the test asserts on the type
+        after = type(exc).__name__
+    cuda.stream_destroy(reader)
+    released, closed = held.released, batcher.closed
+    # (Closed while the batch was still out, its buffer goes with the batch and the batcher: they
+    # and the planes refer to each other, so with the collector.)
+    del held, batcher
+    gc.collect()
+    return {"seen": seen, "batch_released": released, "closed": closed, "next_after": after}
+
+
+def _fork_beside_release(subs, args) -> dict:
+    """fork() while another thread is inside a batch's release(): the child's close() and its
+    release of another batch must return at once (the lock that thread held is the parent's)."""
+    batcher = eglcuda.Batcher(subs, 1, formation_timeout=0.0, pool=2)
+    first, second = batcher.next(), batcher.next()
+    reader = cuda.stream_create(non_blocking=True)
+    join = cuda.join_streams
+    inside, go_on = threading.Event(), threading.Event()
+
+    def held_join(*a):
+        inside.set()
+        go_on.wait(10)
+        return join(*a)
+
+    cuda.join_streams = held_join
+    releasing = threading.Thread(target=first.release, kwargs={"cuda_stream": reader})
+    releasing.start()
+    try:
+        inside.wait(5)
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                second.release()
+                batcher.close()
+                code = 0
+            finally:
+                os._exit(code)
+        deadline, status = time.monotonic() + 5, None
+        while status is None and time.monotonic() < deadline:
+            done, raw = os.waitpid(pid, os.WNOHANG)
+            if done:
+                status = os.waitstatus_to_exitcode(raw)
+            else:
+                time.sleep(0.01)
+        if status is None:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            status = "hung"
+    finally:
+        go_on.set()
+        releasing.join(10)
+        cuda.join_streams = join
+    parent_released = first.released and not second.released  # (the child's release was its copy's)
+    with batcher.next(5) as b:  # (the parent's batcher goes on: both buffers came back)
+        wrong = check_batch(b, seeds(args))
+    batcher.close()
+    cuda.stream_destroy(reader)
+    del first, second, batcher  # (the second batch was out at the close: its buffer goes with it)
+    gc.collect()
+    return {"child": status, "parent_released": parent_released, "wrong": wrong}
 
 
 def main() -> int:

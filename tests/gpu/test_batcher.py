@@ -105,6 +105,9 @@ def test_close_from_another_thread_ends_a_waiting_next(display, folder):  # noqa
         sources.stop()
     for kind, seconds, closed in result["outcomes"][0::2]:
         assert kind == "ClosedError" and seconds < 0.6 and closed, result
+    assert result["signal_in_next"]["seen"] == ["UsageError", "closed", "ClosedError"], result
+    assert result["signal_close"]["seen"] == ["handler", "closed", "released"], result
+    assert result["fork_beside_release"] == {"child": 0, "parent_released": True, "wrong": []}, result
     assert result["fds_after"] == result["fds_before"], result
 
 

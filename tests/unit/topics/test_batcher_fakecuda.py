@@ -191,8 +191,9 @@ def test_close_from_another_thread_ends_a_waiting_next_at_once_and_leaves_no_des
     """A source at 1 frame/s, the batcher in step with it: close() from another thread 0.1 s into
     a next() ends it with ClosedError at once (with a 10 s and an infinite timeout alike, where
     it slept until its timeout or the next frame), next() after it raises ClosedError too; a
-    forked child's close() does not wake the parent's next(); and the process holds no
-    descriptor more than before the batchers."""
+    forked child's close() does not wake the parent's next(); a signal handler's close() inside a
+    release(), and a forked child's close() while another thread is inside a release(), return;
+    and the process holds no descriptor more than before the batchers."""
     sources.add(81, rate=1)
     peer = sources.batcher("interrupt", "--batch-size", "2")
     try:
@@ -207,6 +208,20 @@ def test_close_from_another_thread_ends_a_waiting_next_at_once_and_leaves_no_des
     # (the child's wake of the shared descriptor made it spin until the source's next frame).
     kind, seconds, cpu = result["after_child_close"]
     assert kind == "Timeout" and 0.25 <= seconds < 0.8 and cpu < 0.15, result
+    # A signal handler inside a waiting next(): its next() is refused, its close() returns, and
+    # the waiting next() ends with ClosedError at once (the buffers went as it returned).
+    in_next = result["signal_in_next"]
+    assert in_next["seen"] == ["UsageError", "closed", "ClosedError"] and in_next["seconds"] < 0.6, in_next
+    assert in_next["closed"], in_next
+    # A signal handler's close() inside a release() (in its ordering call) returns, and so does
+    # the release: the batch is released and the batcher closed (they waited for each other).
+    signalled = result["signal_close"]
+    assert signalled["seen"] == ["handler", "closed", "released"], signalled
+    assert signalled["batch_released"] and signalled["closed"] and signalled["next_after"] == "ClosedError", signalled
+    # fork() while another thread is inside a release(): the child's release and close return at
+    # once; the parent's batcher goes on, every byte right.
+    forked = result["fork_beside_release"]
+    assert forked == {"child": 0, "parent_released": True, "wrong": []}, forked
     assert result["fds_after"] == result["fds_before"], result
 
 
