@@ -674,12 +674,12 @@ class Batcher:
             # shared with the parent, whose wait it must not end.)
             self._teardown()
             return
-        wake = self._wake
-        if wake is not None:
-            try:
-                os.eventfd_write(wake, 1)
-            except OSError:  # (its counter is full: it is readable anyway)
-                pass
+        with self._release_lock:
+            if self._wake is not None:
+                try:
+                    os.eventfd_write(self._wake, 1)
+                except OSError:  # (its counter is full: it is readable anyway)
+                    pass
         if self._call_lock._is_owned():  # type: ignore[attr-defined]
             return  # (a signal handler inside next(): the buffers go as it returns)
         if self._call_lock.acquire(timeout=CLOSE_WAIT_S):
@@ -701,12 +701,14 @@ class Batcher:
             for batch in out.values():
                 batch._released = True
             self._out = {}
+            # (Under the lock: a close() from another thread writes the wake under it, never to a
+            # descriptor closed here, whose number another file may have taken.)
+            closer, self._wake_closer, self._wake = self._wake_closer, None, None
+            if closer is not None:
+                closer()
         waitset, self._waitset = self._waitset, None
         if waitset is not None:
             waitset.close()
-        closer, self._wake_closer, self._wake = self._wake_closer, None, None
-        if closer is not None:
-            closer()
         try:
             if self._memory and os.getpid() == self._pid:
                 self.device.make_current()
