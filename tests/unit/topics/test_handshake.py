@@ -95,7 +95,10 @@ def refusing_server(path, code=Reason.BUSY, reason="32 connections are already i
                 conn, _ = listener.accept()
             except OSError:
                 return
-            conn.send(protocol.encode(protocol.Refuse(int(code), reason)))
+            try:
+                conn.send(protocol.encode(protocol.Refuse(int(code), reason)))
+            except OSError:  # (a subscriber that gave up already: its retry's connection is gone)
+                pass
             conn.close()
             closed.set()
 
