@@ -21,6 +21,7 @@ from typing import Any, Iterable, Iterator, Sequence
 import numpy as np
 
 from .._bind import cuda, cuda_egl
+from .._lifecycle import Tracked
 from .._resource import Resource
 from ..cuda_device import CudaDevice, get_device
 from ..errors import ClosedError, Dropped, MismatchedSource, StreamDisconnected, Timeout, UsageError
@@ -736,19 +737,18 @@ class Batcher:
         return f"<Batcher of {self.batch_size} {self.width}x{self.height} {self.format.name}: {state}>"
 
 
-# Open batchers: in a forked child each gets fresh locks (another thread of the parent may have
-# held one at the fork, and nothing in the child would let it go; the child's close() and
-# release() take them).
-_open: "weakref.WeakSet[Batcher]" = weakref.WeakSet()
+def _forked(batcher: Batcher) -> None:
+    # In a forked child: fresh locks (another thread of the parent may have held one at the
+    # fork, and nothing in the child would let it go; the child's close() and release() take them).
+    batcher._call_lock = threading.RLock()
+    batcher._release_lock = threading.RLock()
 
 
-def _fresh_locks_in_child() -> None:
-    for batcher in list(_open):
-        batcher._call_lock = threading.RLock()
-        batcher._release_lock = threading.RLock()
+def _at_exit(batcher: Batcher) -> None:
+    """Nothing: at exit a batcher's buffers and stream close as eglcuda's other resources do."""
 
 
-os.register_at_fork(after_in_child=_fresh_locks_in_child)
+_open: Tracked[Batcher] = Tracked(_forked, _at_exit)
 
 
 def _batch_layout(fmt: ColorFormat, width: int, height: int,

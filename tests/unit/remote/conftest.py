@@ -10,8 +10,8 @@ import tempfile
 
 import pytest
 
-from ...fakes import build as fake_build
 from ... import remote_extra
+from ...fakes import build as fake_build
 from ...json_peer import JsonPeer
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
