@@ -164,12 +164,18 @@ class Batch(FrameBase):
     and other streams are named at :meth:`release`. The batch's memory is written again only
     after those streams finished reading it. A context manager that releases it."""
 
-    __slots__ = ("_batcher", "_memory", "_slot", "frames", "size", "_planes", "_handed_to", "_released",
-                 "width", "height", "format", "layout", "pitch", "device", "__weakref__")
+    __slots__ = ("_batcher", "_memory", "_stream", "_cuda_stream", "_slot", "frames", "size", "_layout",
+                 "_plane_refs", "_handed_to", "_released", "width", "height", "format", "layout", "pitch", "device",
+                 "__weakref__")
 
     def __init__(self, batcher: "Batcher", memory: _BatchMemory, slot: int, frames: list[BatchFrame]) -> None:
-        self._batcher = batcher
+        # Nothing the batch holds refers back to it, and the batcher (which holds the batches
+        # out) is held weakly: a batcher or a batch dropped without close() or release() goes
+        # at once with its device memory, never waiting for the cycle collector.
+        self._batcher = weakref.ref(batcher)
         self._memory = memory  # (the planes' views keep it alive through the batch)
+        self._stream = batcher._stream  # (a stream the batcher made lives while a batch ordered on it does)
+        self._cuda_stream = batcher.cuda_stream
         self._slot = slot
         self.frames = frames
         self.size = len(frames)
@@ -181,13 +187,26 @@ class Batch(FrameBase):
         self.layout = Layout.PITCH
         self.pitch = batcher._layout[0][1].pitch
         self.device = batcher.device
-        self._planes = tuple(BatchPlane(self, i, g, memory.pointer + offset, self.size)
-                             for i, (offset, g) in enumerate(batcher._layout))
+        self._layout = batcher._layout
+        # The planes are made when asked for and kept weakly: a plane keeps its batch alive.
+        self._plane_refs: tuple[weakref.ReferenceType[BatchPlane], ...] = ()
+
+    @property
+    def _planes(self) -> tuple[BatchPlane, ...]:  # type: ignore[override]
+        held = tuple([ref() for ref in self._plane_refs])
+        if held and None not in held:
+            return held  # type: ignore[return-value]  # None was ruled out just above
+        base = self._memory.pointer
+        planes = tuple([plane if plane is not None else BatchPlane(self, i, g, base + offset, self.size)
+                        for i, (plane, (offset, g)) in enumerate(zip(held or (None,) * len(self._layout),
+                                                                     self._layout))])
+        self._plane_refs = tuple([weakref.ref(plane) for plane in planes])
+        return planes
 
     @property
     def cuda_stream(self) -> int | None:
         """The stream the batch's copies were queued on (the batcher's)."""
-        return self._batcher.cuda_stream
+        return self._cuda_stream
 
     @property
     def released(self) -> bool:
@@ -211,7 +230,11 @@ class Batch(FrameBase):
             return
         if cuda_stream is not None:
             self._note_users((stream_handle(cuda_stream),))
-        self._batcher._give_back(self)
+        batcher = self._batcher()
+        if batcher is None:  # (collected: nothing will write the buffer again; it goes with the batch)
+            self._released = True
+            return
+        batcher._give_back(self)
 
     def __enter__(self) -> "Batch":
         return self
@@ -331,6 +354,7 @@ class Batcher:
         self._cursor = 0  # the source the next batch starts its first pass with
         self._ready = set(range(len(self.subscribers)))  # sources that may have a frame (asked first)
         self._last_seq: list[int | None] = [None] * len(self.subscribers)
+        self._last_join: list[Any] = [None] * len(self.subscribers)  # each source's TopicInfo at that frame
         self._names = tuple(s.name for s in self.subscribers)
         # Per source: the mapped slots' description (a SlotView's _spec) whose geometry matched
         # the batch's, with each plane's copy (plan, offset in a slot, pitch, offset in the
@@ -522,7 +546,14 @@ class Batcher:
             return
         last = self._last_seq[index]
         seq = message.seq
-        skipped = message.skipped if last is None else seq - last - 1
+        info = self.subscribers[index].info
+        if last is None or info is not self._last_join[index]:
+            # The source's first frame, or its first since its subscriber joined a publisher
+            # again (wait_for_publisher() called by the program): seqs count from that one.
+            skipped = message.skipped
+            self._last_join[index] = info
+        else:
+            skipped = seq - last - 1
         self._last_seq[index] = seq
         frames.append(BatchFrame(position, index, self._names[index], seq, message.timestamp_ns, message.payload,
                                  skipped, message.received_ns))

@@ -38,6 +38,15 @@ class Sources:
 
     def add(self, seed: int, rate: float, width: int = 64, height: int = 48, fmt: str = "NV12", **extra) -> None:
         name = f"cam{len(self.peers)}"
+        self.peers.append(self._start(name, seed, rate, width, height, fmt, extra))
+        self.specs.append(f"{name}:{os.path.join(self.folder, name + '.topic')}:{seed}")
+
+    def replace(self, index: int, seed: int, rate: float, width: int = 64, height: int = 48, fmt: str = "NV12") -> None:
+        """SIGKILL source ``index``'s publisher and start another on its topic, publishing ``seed``'s frames."""
+        self.peers[index].stop()
+        self.peers[index] = self._start(f"cam{index}", seed, rate, width, height, fmt, {})
+
+    def _start(self, name: str, seed: int, rate: float, width: int, height: int, fmt: str, extra: dict) -> Peer:
         path = os.path.join(self.folder, f"{name}.topic")
         args = ["publish", "--name", name, "--path", path, "--width", str(width), "--height", str(height),
                 "--format", fmt, "--frames", "0", "--rate", str(rate), "--seed", str(seed)]
@@ -45,8 +54,7 @@ class Sources:
             args += [f"--{key.replace('_', '-')}", str(value)]
         peer = Peer([str(TOPICS_PEER), *args], env=self.env, cwd=str(ROOT))
         peer.wait_for(lambda m: m["event"] == "ready")
-        self.peers.append(peer)
-        self.specs.append(f"{name}:{path}:{seed}")
+        return peer
 
     def batcher(self, role: str = "batch", *args: str) -> Peer:
         sources = [a for spec in self.specs for a in ("--source", spec)]

@@ -313,13 +313,21 @@ def lifecycle(args) -> int:
         return [fake.fake_cuda_count(what) for what in (b"cuda_streams", b"device_allocations")]
 
     subs = subscribers(args)
-    before = counts()
-    for _ in range(3):
-        batcher = eglcuda.Batcher(subs, args.batch_size)
-        batcher.next()  # (its batch is dropped with it, unreleased)
-        del batcher
-        gc.collect()
-    dropped = counts()
+    with eglcuda.Batcher(subs, args.batch_size) as first:  # (the subscribers' readiness descriptors made)
+        first.next().release()
+    before = counts() + [descriptors()]
+    gc.disable()  # (what a drop leaves must go at once, not at the cycle collector's next pass)
+    try:
+        for _ in range(3):
+            batcher = eglcuda.Batcher(subs, args.batch_size)
+            batcher.next()  # (its batch is dropped with it, unreleased)
+            with batcher.next() as released:  # (released, its planes viewed, kept past the batcher's drop)
+                [plane.shape for plane in released.planes]
+            del batcher
+            del released
+        dropped = counts() + [descriptors()]
+    finally:
+        gc.enable()
     batcher = eglcuda.Batcher(subs, args.batch_size)
     batcher.next().release()
     held = batcher.next()  # (out across the fork: the child releases its copy, naming a reader stream)
@@ -567,9 +575,45 @@ def _fork_beside_release(subs, args) -> dict:
     return {"child": status, "parent_released": parent_released, "wrong": wrong}
 
 
+def descriptors() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def rejoin(args) -> int:
+    """Source 0's publisher replaced while the batcher runs, the program receiving from its
+    subscriber and calling wait_for_publisher() itself (the batcher never sees the source end):
+    the (seq, skipped) of source 0's frames batched after the join, and every byte of those
+    batches against the new publisher's seed (read from stdin with "go SEED")."""
+    subs = subscribers(args)
+    source_seeds = seeds(args)
+    batcher = eglcuda.Batcher(subs, args.batch_size, formation_timeout=args.formation_ms / 1e3)
+    for _ in range(args.count):
+        batcher.next().release()
+    say(event="formed", seqs=batcher._last_seq)
+    line = sys.stdin.readline().split()
+    source_seeds[0] = int(line[1])
+    try:
+        while True:
+            subs[0].receive(5.0).release()  # (what was queued, then the publisher's end)
+    except eglcuda.StreamDisconnected as exc:
+        ended = type(exc).__name__
+    subs[0].wait_for_publisher(20.0)
+    after: list[list[int]] = []
+    wrong: list[str] = []
+    while len(after) < 6:
+        with batcher.next() as formed:
+            after += [[f.seq, f.skipped] for f in formed.frames if f.source == 0]
+            wrong += check_batch(formed, source_seeds)
+    batcher.close()
+    for sub in subs:
+        sub.close()
+    say(event="rejoined", ended=ended, after=after, wrong=wrong[:3], left=sorted(batcher.ended))
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("role", choices=["batch", "misuse", "lifecycle", "interrupt"])
+    parser.add_argument("role", choices=["batch", "misuse", "lifecycle", "interrupt", "rejoin"])
     parser.add_argument("--source", action="append", required=True, help="NAME:PATH:SEED of a topic")
     parser.add_argument("--qos", default="every")
     parser.add_argument("--queue", type=int, default=4)
@@ -595,7 +639,8 @@ def main() -> int:
     parser.add_argument("--hold-second", action="store_true",
                         help="interrupt: the second source's subscriber holds its queue's worth of messages")
     args = parser.parse_args()
-    return {"batch": batch, "misuse": misuse, "lifecycle": lifecycle, "interrupt": interrupt}[args.role](args)
+    roles = {"batch": batch, "misuse": misuse, "lifecycle": lifecycle, "interrupt": interrupt, "rejoin": rejoin}
+    return roles[args.role](args)
 
 
 if __name__ == "__main__":

@@ -158,3 +158,27 @@ def test_torch_and_cupy_take_the_batch_without_a_copy(display, folder):  # noqa:
     finally:
         sources.stop()
     assert all(b["torch"] == {"same_memory": True, "same_bytes": True} for b in batches), batches
+
+
+def test_a_source_joined_again_behind_the_batcher_is_batched_from_its_new_publisher(display, folder):  # noqa: F811
+    """Source 0's publisher killed and replaced; the program drains its subscriber and calls
+    wait_for_publisher() itself: the new publisher's frames are batched byte for byte, with
+    skipped counted from that publisher's seqs (0 each for an 'every' source)."""
+    sources = make_sources(folder, "cuda-ipc")
+    try:
+        sources.add(15, rate=100, width=640, height=480)
+        sources.add(16, rate=100, width=640, height=480)
+        peer = sources.batcher("rejoin", "--batch-size", "2", "--count", "20")
+        try:
+            peer.wait_for(lambda m: m["event"] == "formed")
+            sources.replace(0, seed=17, rate=100, width=640, height=480)
+            peer.send("go 17")
+            report = peer.wait_for(lambda m: m["event"] == "rejoined")
+        finally:
+            peer.stop()
+    finally:
+        sources.stop()
+    assert report["ended"] == "StreamDisconnected" and report["left"] == [] and report["wrong"] == [], report
+    seqs = [seq for seq, _ in report["after"]]
+    assert [skipped for _, skipped in report["after"]] == [0] * len(seqs), report
+    assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), report

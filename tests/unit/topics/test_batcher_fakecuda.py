@@ -134,6 +134,29 @@ def test_a_dropped_batcher_leaves_no_stream_and_a_forked_child_leaves_the_parent
     assert report["wrong"] == [], report
 
 
+def test_a_source_joined_again_behind_the_batcher_counts_its_skips_from_its_new_publisher(sources):
+    """Source 0's publisher killed and replaced; the program drains that subscriber and calls
+    wait_for_publisher() itself, so the batcher never sees the source end. Its frames from the new
+    publisher are batched whole, with skipped counted from that publisher's frames (0 for each
+    of an 'every' source), never from the old publisher's seqs (which gave a negative count)."""
+    sources.add(75, rate=100)
+    sources.add(76, rate=100)
+    peer = sources.batcher("rejoin", "--batch-size", "2", "--count", "20")
+    try:
+        formed = peer.wait_for(lambda m: m["event"] == "formed")
+        assert formed["seqs"][0] > 10, formed
+        sources.replace(0, seed=77, rate=100)
+        peer.send("go 77")
+        report = peer.wait_for(lambda m: m["event"] == "rejoined")
+    finally:
+        peer.stop()
+    assert report["ended"] == "StreamDisconnected" and report["left"] == [], report
+    assert report["wrong"] == [], report
+    seqs = [seq for seq, _ in report["after"]]
+    assert [skipped for _, skipped in report["after"]] == [0] * len(seqs), report
+    assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), report
+
+
 def test_bad_input_is_refused_with_the_reason(sources):
     sources.add(61, rate=100)
     sources.add(62, rate=100, width=32)
