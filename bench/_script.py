@@ -71,6 +71,18 @@ def listed(parser: argparse.ArgumentParser, option: str, text: str, what: str,
     return values
 
 
+def at_least(least: float, kind: Callable[[str], float] = int, *, above: bool = False) -> Callable[[str], float]:
+    """An argparse ``type`` for a number of ``kind`` at least ``least`` (``above``: more than it):
+    a value below it (or NaN) is argparse's usage error as the command line is read."""
+    def convert(text: str) -> float:
+        value = kind(text)  # (a ValueError: argparse's "invalid int value")
+        if not (value > least if above else value >= least):
+            raise argparse.ArgumentTypeError(f"is {'more than' if above else 'at least'} {least:g}, got {text}")
+        return value
+    convert.__name__ = getattr(kind, "__name__", "number")
+    return convert
+
+
 def size(text: str) -> tuple[int, int]:
     """``WIDTHxHEIGHT`` (both positive) as a pair; ValueError otherwise."""
     width, times, height = text.partition("x")

@@ -48,7 +48,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _script import CUDA_PYTHON, one_line, require, run  # noqa: E402
+from _script import CUDA_PYTHON, at_least, one_line, require, run  # noqa: E402
 from cross_process import Cuda as PairCuda, driver  # noqa: E402
 
 PROGRAM = "bench/fanout.py"
@@ -494,7 +494,7 @@ def main() -> int:
     parser.add_argument("--cases", default=",".join(f"{w}x{h}:{f}" for w, h, f in CASES),
                         help="WIDTHxHEIGHT:FORMAT,... (NV12 or ARGB)")
     parser.add_argument("--transports", default=",".join(TRANSPORTS), help="comma-separated subset")
-    parser.add_argument("--rounds", type=int, help="measured rounds per cell (default: by consumers)")
+    parser.add_argument("--rounds", type=at_least(1), help="measured rounds per cell (default: by consumers)")
     parser.add_argument("--mps", action="store_true", help="run the processes under CUDA MPS (a private daemon, "
                                                            "or the one already running)")
     parser.add_argument("--json", help="write the rows to this file")

@@ -23,7 +23,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _script import CUPY, lazy, require, run  # noqa: E402
+from _script import CUPY, at_least, lazy, require, run  # noqa: E402
 
 PROGRAM = "bench/ordering.py"
 cp = lazy("cupy")
@@ -62,10 +62,10 @@ def cycle(display, width: int, height: int, frames: int, case: str, side, touch,
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--frames", type=int, default=3000)
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--width", type=int, default=1920)
-    parser.add_argument("--height", type=int, default=1080)
+    parser.add_argument("--frames", type=at_least(1), default=3000)
+    parser.add_argument("--rounds", type=at_least(1), default=5)
+    parser.add_argument("--width", type=at_least(2), default=1920)
+    parser.add_argument("--height", type=at_least(2), default=1080)
     args = parser.parse_args()
     if args.frames < 10 or args.rounds < 1:
         parser.error("--frames is at least 10 and --rounds at least 1")

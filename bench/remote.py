@@ -77,7 +77,7 @@ sys.path.insert(0, str(HERE))
 from _remote_common import TAIL_S, Pacer, RoleProcess, Tally, Window, emit, frame_bytes, now_ns  # noqa: E402
 from _remote_report import goals, markdown, plot, summarize  # noqa: E402
 from _remote_zmq import role_zmq_publisher, role_zmq_subscriber  # noqa: E402
-from _script import BENCH_HINT, CRYPTOGRAPHY, MATPLOTLIB, fail, listed, mps_daemon, require, run  # noqa: E402
+from _script import BENCH_HINT, CRYPTOGRAPHY, MATPLOTLIB, at_least, fail, listed, mps_daemon, require, run  # noqa: E402
 
 PROGRAM = "bench/remote.py"
 SIZES = {"1080p-nv12": (1920, 1080, "NV12"), "4k-argb": (3840, 2160, "ARGB")}
@@ -309,8 +309,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="1080p only, N = 1 and 8, one second each")
     parser.add_argument("--out", default="bench-remote", help="folder for results and plots")
-    parser.add_argument("--duration", type=float, default=None, help="timed seconds per configuration (default 2)")
-    parser.add_argument("--rounds", type=int, default=1,
+    parser.add_argument("--duration", type=at_least(0, float, above=True), default=None, help="timed seconds per configuration (default 2)")
+    parser.add_argument("--rounds", type=at_least(1), default=1,
                         help="measure everything this many times in turn, the raw engine first in each round: "
                              "the goals are then judged on the medians of the rounds' ratios")
     parser.add_argument("--sizes", default=None, help=f"from {','.join(SIZES)}")
@@ -326,8 +326,8 @@ def main() -> int:
                         help="also the raw engine taking each frame's way through the GPU as the relay and a remote "
                              "subscriber do (a D2H copy into a ring of page-locked buffers before each send, an H2D "
                              "copy after each receive; bench/_ucx_raw.py --gpu)")
-    parser.add_argument("--width", type=int, help="one custom NV12 size instead of --sizes (with --height)")
-    parser.add_argument("--height", type=int)
+    parser.add_argument("--width", type=at_least(2), help="one custom NV12 size instead of --sizes (with --height)")
+    parser.add_argument("--height", type=at_least(2))
     parser.add_argument("--ucx-env", default="", metavar="K=V,...",
                         help="UCX_* settings for every process (e.g. UCX_TCP_TX_SEG_SIZE=256K,UCX_TCP_RX_SEG_SIZE=1M)")
     parser.add_argument("--mps", action="store_true",

@@ -42,7 +42,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import _netlink  # noqa: E402
 from _remote_common import TAIL_S, Pacer, RoleProcess, Tally, Window, emit, now_ns  # noqa: E402
-from _script import CRYPTOGRAPHY, fail, lazy, require, run  # noqa: E402
+from _script import CRYPTOGRAPHY, at_least, fail, lazy, require, run  # noqa: E402
 
 np = lazy("numpy")
 PROGRAM = "bench/remote_link.py"
@@ -214,10 +214,10 @@ def main() -> int:
     parser.add_argument("--link", default="netem:delay=2ms,loss=0.5%",
                         help="netem:delay=Dms,loss=P%%[,mtu=N] or veth[:mtu=N], either with offload=on|off and "
                              "cc=NAME (default netem:delay=2ms,loss=0.5%%)")
-    parser.add_argument("--width", type=int, default=1920)
-    parser.add_argument("--height", type=int, default=1080)
-    parser.add_argument("--rate", type=float, default=60.0, help="frames a second the publisher publishes")
-    parser.add_argument("--duration", type=float, default=5.0, help="timed seconds")
+    parser.add_argument("--width", type=at_least(2), default=1920)
+    parser.add_argument("--height", type=at_least(2), default=1080)
+    parser.add_argument("--rate", type=at_least(0, float, above=True), default=60.0, help="frames a second the publisher publishes")
+    parser.add_argument("--duration", type=at_least(0, float, above=True), default=5.0, help="timed seconds")
     parser.add_argument("--qos", choices=["every", "latest"], default="every", help="the relay's and the remote's")
     parser.add_argument("--no-check", dest="check", action="store_false", help="do not check the frames' bytes")
     parser.add_argument("--ucx-env", default="", metavar="K=V,...", help="UCX_* settings for every process")

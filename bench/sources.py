@@ -73,7 +73,7 @@ from typing import Any, Callable, Protocol
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _sources_floor as floors  # noqa: E402
-from _script import listed, require, run  # noqa: E402
+from _script import at_least, listed, require, run  # noqa: E402
 
 PROGRAM = "bench/sources.py"
 HERE = os.path.abspath(__file__)
@@ -466,8 +466,8 @@ def main() -> int:
     parser.add_argument("--sources", default="1,8,32", help="numbers of topics, e.g. 1,8,32")
     parser.add_argument("--rates", default="30,0", help="frames/s of each publisher (0: flat out)")
     parser.add_argument("--variants", default=",".join(CHOICES), help=f"from {','.join(CHOICES)}")
-    parser.add_argument("--seconds", type=float, default=10.0, help="timed seconds per row")
-    parser.add_argument("--warmup", type=float, default=2.0, help="seconds received before the timed window")
+    parser.add_argument("--seconds", type=at_least(0, float, above=True), default=10.0, help="timed seconds per row")
+    parser.add_argument("--warmup", type=at_least(0, float), default=2.0, help="seconds received before the timed window")
     parser.add_argument("--size", default="1920x1080:NV12", help="WIDTHxHEIGHT:FORMAT of every topic")
     parser.add_argument("--transport", default="cuda-ipc", help="cuda-ipc or cuda-vmm (or eglstream)")
     parser.add_argument("--json", default=None, help="also write the rows to this file")

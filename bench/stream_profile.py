@@ -25,7 +25,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _script import lazy, require, run  # noqa: E402
+from _script import at_least, lazy, require, run  # noqa: E402
 from stream_roundtrip import build_c, eglcuda_serial  # noqa: E402
 
 PROGRAM = "bench/stream_profile.py"
@@ -177,8 +177,8 @@ def single_call_costs(display, count: int = 20000) -> dict[str, float]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--iterations", type=int, default=3000)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--iterations", type=at_least(1), default=3000)
+    parser.add_argument("--repeats", type=at_least(1), default=5)
     args = parser.parse_args()
     require(PROGRAM, "cuda-stream", gcc=True)
     global ffi, lib

@@ -41,7 +41,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _script import MATPLOTLIB, build_reference, lazy, listed, one_line, plot_bars, require, run  # noqa: E402
+from _script import MATPLOTLIB, at_least, build_reference, lazy, listed, one_line, plot_bars, require, run  # noqa: E402
 
 PROGRAM = "bench/stream_roundtrip.py"
 eglcuda = lazy("eglcuda")  # imported at first use, once require() has checked it is there
@@ -418,7 +418,7 @@ def goal_table(rows) -> tuple[str, list[str]]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer iterations (the GPU check's setting)")
-    parser.add_argument("--repeats", type=int, default=3,
+    parser.add_argument("--repeats", type=at_least(1), default=3,
                         help="interleaved rounds per cell; medians of the times and of the per-round ratios are reported")
     parser.add_argument("--markdown", help="write the markdown tables to this file")
     parser.add_argument("--plot", "--svg", dest="plot", metavar="FILE",

@@ -83,7 +83,7 @@ import time
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from _script import listed, mps_daemon, require, run  # noqa: E402
+from _script import at_least, listed, mps_daemon, require, run  # noqa: E402
 from _topics_baselines import ring_publisher, ring_subscriber, torch_run  # noqa: E402
 from _topics_common import (POOL, PROGRAM, ROOT, SIZES, TRANSPORTS, WARMUP, emit, now_ns, pin,  # noqa: E402
                             plane_rows, summarize)
@@ -393,7 +393,7 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="1080p only, N = 1, 4, 8, one second each")
     parser.add_argument("--mps", action="store_true", help="run everything under a private MPS daemon")
     parser.add_argument("--out", default="bench-topics", help="folder for results and plots")
-    parser.add_argument("--duration", type=float, default=None, help="timed seconds per configuration")
+    parser.add_argument("--duration", type=at_least(0, float, above=True), default=None, help="timed seconds per configuration")
     parser.add_argument("--sync", action="store_true", help="latency includes the subscriber's stream catching up")
     parser.add_argument("--write", action="store_true",
                         help="the publisher writes every frame on the GPU (a device copy per plane) before handing it over")
@@ -401,18 +401,18 @@ def main() -> int:
     parser.add_argument("--subscribers", default=None, help="e.g. 1,2,4,8")
     parser.add_argument("--qos", default="latest,every")
     parser.add_argument("--sizes", default=None, help=f"from {','.join(SIZES)}")
-    parser.add_argument("--busy-wait", type=float, default=20.0, metavar="US",
+    parser.add_argument("--busy-wait", type=at_least(0, float), default=20.0, metavar="US",
                         help="eglcuda subscribers' busy_wait in microseconds (0: sleep at once)")
     parser.add_argument("--profile", default=None, help="write cProfile files of each process to this folder")
-    parser.add_argument("--stall-pairs", type=int, default=0, metavar="K",
+    parser.add_argument("--stall-pairs", type=at_least(0), default=0, metavar="K",
                         help="also measure one stalled 'latest' subscriber of N inside one run: stop it and "
                              "resume it K times (SIGSTOP / SIGCONT), comparing the publisher's rate in each phase")
-    parser.add_argument("--stall-phase", type=float, default=0.5, metavar="S", help="seconds per --stall-pairs phase")
-    parser.add_argument("--rate", type=float, default=0.0, metavar="FPS",
+    parser.add_argument("--stall-phase", type=at_least(0, float), default=0.5, metavar="S", help="seconds per --stall-pairs phase")
+    parser.add_argument("--rate", type=at_least(0, float), default=0.0, metavar="FPS",
                         help="eglcuda publishers publish at this rate (0: as fast as the subscribers allow)")
     parser.add_argument("--pin", action="store_true",
                         help="the publisher on one CPU of its own, the subscribers on the others (sched_setaffinity)")
-    parser.add_argument("--rounds", type=int, default=1, metavar="R",
+    parser.add_argument("--rounds", type=at_least(1), default=1, metavar="R",
                         help="run every configuration R times; the tables give the medians")
     parser.add_argument("--baseline", default=None, metavar="SITE_DIR",
                         help="also run each eglcuda configuration with the eglcuda installed in SITE_DIR (an older "

@@ -48,7 +48,7 @@ import time
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
-from _script import fail, require, run  # noqa: E402
+from _script import at_least, fail, require, run  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "samples"))
 import _video as video  # noqa: E402
@@ -514,7 +514,7 @@ def main() -> int:
                                      epilog="\n".join(__doc__.splitlines()[2:]))
     parser.add_argument("--quick", action="store_true", help="one second per row")
     parser.add_argument("--out", default="bench-video", help="folder for results and plots")
-    parser.add_argument("--duration", type=float, default=None, help="timed seconds per row (default 3, quick 1)")
+    parser.add_argument("--duration", type=at_least(0, float, above=True), default=None, help="timed seconds per row (default 3, quick 1)")
     parser.add_argument("--clips", default=None, help="comma-separated videos (default: the 1080p and 4K bench clips)")
     parser.add_argument("--rows", default=",".join(ROWS), help=f"from {','.join(ROWS)}")
     parser.add_argument("--plot-only", metavar="DIR", help="redraw the plots and table from DIR/results.json")

@@ -365,12 +365,24 @@ def _instance_paths(directory: Path) -> tuple[Path, Path]:
     return directory / "pipe", directory / "log"
 
 
+# What each field of an instance's state file may hold; a field of another type (a file damaged
+# or written by hand) is read as absent.
+_STATE_TYPES: dict[str, tuple[type, ...]] = {
+    "watchdog_pid": (int,), "watchdog_start": (int,), "owner_pid": (int,), "watch_pid": (int,),
+    "created": (int, float), "timeout": (int, float), "binary": (str,), "detached": (bool,),
+}
+
+
 def _read_state(directory: Path) -> dict[str, Any]:
     try:
-        state: dict[str, Any] = json.loads((directory / _STATE_FILE).read_text())
-        return state
+        loaded = json.loads((directory / _STATE_FILE).read_text())
     except (OSError, ValueError):
         return {}
+    if not isinstance(loaded, dict):
+        return {}
+    return {key: value for key, value in loaded.items()
+            if key not in _STATE_TYPES or (isinstance(value, _STATE_TYPES[key])
+                                           and (key == "detached" or not isinstance(value, bool)))}
 
 
 def _write_state(directory: Path, state: dict[str, Any]) -> None:
@@ -840,7 +852,10 @@ def stop(directory: str | os.PathLike[str] | None = None, *, all: bool = False, 
          timeout: float = 10.0) -> list[dict[str, Any]]:
     """Stop this user's eglcuda MPS instances: the one of ``directory`` (an instance or its pipe
     directory), or the one this process's CUDA_MPS_PIPE_DIRECTORY names, or the only one running,
-    or with ``all`` every one. Raises :class:`UsageError` when it is not clear which."""
+    or with ``all`` every one. Raises :class:`UsageError` when it is not clear which, or when
+    ``timeout`` is not a positive number of seconds."""
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise UsageError(f"timeout must be a positive number of seconds, not {timeout!r}")
     reaped = [{"directory": path, "stopped": True, "stale": True} for path in reap_stale()]
     found = instances()
     if all:
@@ -894,7 +909,8 @@ def session(enabled: bool = True, *, children_only: bool = False, quiet: bool = 
 # ---- the watchdog --------------------------------------------------------------------------------
 
 def _watch(directory: Path, fd: int | None, pid: int | None, timeout: float) -> int:
-    """Wait for the owner to go (EOF on ``fd``, ``pid`` exiting, or SIGTERM/SIGINT/SIGHUP), then
+    """Wait for the owner to go (EOF on ``fd``, ``pid`` exiting, SIGTERM/SIGINT/SIGHUP, or the
+    instance directory removed by a stop that could not name this watchdog), then
     shut the instance down."""
     stop_now = threading.Event()
 
@@ -928,6 +944,9 @@ def _watch(directory: Path, fd: int | None, pid: int | None, timeout: float) -> 
             break
         if pid is not None and pidfd is None and not _alive(pid, start):
             why = f"process {pid} exited"
+            break
+        if not directory.exists():  # (stopped without this watchdog: its state file could not name it)
+            why = "its directory was removed"
             break
     print(f"[{time.strftime('%H:%M:%S')}] eglcuda MPS watchdog: {why}; stopping {directory}", flush=True)
     report = _shutdown(directory, timeout=timeout)

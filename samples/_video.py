@@ -17,8 +17,8 @@
   NV12 frame, under each usual YUV convention (GL samples YUV frames as RGB, so a GL subscriber
   cannot compare bytes with the decoder; it compares colours).
 
-Nothing here imports PyNvVideoCodec, PyTorch or PyOpenGL at import time: each is imported where
-it is used, so ``--help`` and the one-line checks work without them.
+Nothing here imports NumPy, PyNvVideoCodec, PyTorch or PyOpenGL at import time: each is imported
+where it is used, so ``--help`` and the one-line checks work without them.
 """
 from __future__ import annotations
 
@@ -30,9 +30,14 @@ import os
 import struct
 import zlib
 from dataclasses import dataclass
-from typing import Any, Iterator, NamedTuple
+from typing import TYPE_CHECKING, Any, Iterator, NamedTuple
 
-import numpy as np
+from _script import lazy  # (the samples' or the benchmarks': both have it)
+
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    np = lazy("numpy")  # (imported at first use: the script's require() names a missing one first)
 
 NVC_HINT = ("pip install -e '.[video]' (PyNvVideoCodec, which also needs the NVIDIA driver's libnvcuvid.so.1 "
             "and libnvidia-encode.so.1)")

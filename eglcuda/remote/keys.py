@@ -131,6 +131,8 @@ def noise_psk(key: bytes) -> bytes:
 def write_new_key(path: str) -> None:
     """Make a key: :data:`NEW_KEY` random bytes in a new file ``path``, mode 0600. Refuses a path
     that exists (it never overwrites a key) and a folder others may write to."""
+    if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
+        raise UsageError(f"the key file's path is empty or not a path: {path!r}")
     _check_folder(path)
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)

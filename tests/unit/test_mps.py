@@ -396,6 +396,22 @@ def test_bad_arguments(fake):
         mps.MPSDaemon(owner_pid=2**22 + 12345)
     with pytest.raises(eglcuda.UsageError):
         mps.MPSDaemon().env()
+    for timeout in (-1, 0, float("nan"), True, "5"):
+        with pytest.raises(eglcuda.UsageError, match="timeout"):
+            mps.stop(timeout=timeout)
+
+
+@pytest.mark.parametrize("damage", ["[1]", '{"watchdog_pid": "abc", "created": "x", "binary": 7}', "not json"])
+def test_a_damaged_state_file_is_read_as_unknown_and_stop_still_stops(fake, damage):
+    daemon = mps.MPSDaemon(detach=True).start()
+    watchdog = daemon.status()["watchdog_pid"]
+    (daemon.directory / "state.json").write_text(damage)
+    status = cli("status")
+    assert status.returncode == 0 and "Traceback" not in status.stderr, status.stderr
+    stopped = cli("stop", "--dir", str(daemon.directory))
+    assert stopped.returncode == 0 and "Traceback" not in stopped.stderr, stopped.stderr
+    assert processes_under(daemon.pipe_directory) == [] and not daemon.directory.exists()
+    assert wait_until(lambda: not mps._alive(watchdog), 10)
 
 
 # ---- the command line ----------------------------------------------------------------------------

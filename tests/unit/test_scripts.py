@@ -61,6 +61,19 @@ def _one_line(result: subprocess.CompletedProcess, script: str) -> str:
     return lines[0]
 
 
+@pytest.mark.parametrize("script", [s for s in SCRIPTS if s != "scripts/slim_wheel.py"])  # (it needs arguments)
+def test_without_numpy_is_one_line_and_status_2(script, tmp_path):
+    # (an interpreter without NumPy has no eglcuda either: the script's check must say so, not an
+    # import of a helper module before it)
+    block = ("import runpy, sys; sys.modules['numpy'] = None; sys.argv = sys.argv[1:]; "
+             "runpy.run_path(sys.argv[0], run_name='__main__')")
+    result = subprocess.run([sys.executable, "-c", block, str(ROOT / script)], capture_output=True, text=True,
+                            timeout=120, cwd=tmp_path)
+    assert result.returncode == 2 and result.stdout == "", result.stdout + result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"{script}: ") and "numpy" in lines[0], result.stderr
+
+
 def test_call_overhead_without_egl_is_one_line(tmp_path):
     result = subprocess.run([sys.executable, str(ROOT / "bench" / "call_overhead.py"), "--quick"], capture_output=True,
                             text=True, timeout=120, cwd=tmp_path,
@@ -110,6 +123,16 @@ BAD_ARGUMENTS = [
     ("samples/multi_camera.py", "--fps", "0"),
     ("samples/pipeline.py", "--frames", "-5"),
     ("samples/topic_fanout.py", "--width", "0"),
+    ("bench/sources.py", "--seconds", "-1"),
+    ("bench/sources.py", "--warmup", "-1"),
+    ("bench/topics.py", "--duration", "nan"),
+    ("bench/fanout.py", "--rounds", "0"),
+    ("bench/stream_roundtrip.py", "--repeats", "-1"),
+    ("bench/stream_profile.py", "--iterations", "0"),
+    ("bench/video.py", "--duration", "-1"),
+    ("bench/remote.py", "--rounds", "0"),
+    ("bench/remote_link.py", "--rate", "0"),
+    ("bench/ordering.py", "--width", "0"),
 ]
 
 

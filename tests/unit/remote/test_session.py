@@ -187,6 +187,9 @@ def test_keygen_writes_a_new_private_key_and_never_overwrites(tmp_path):
     refused = subprocess.run([sys.executable, "-m", "eglcuda", "keygen", str(shared / "k")], capture_output=True,
                              text=True, timeout=60)
     assert refused.returncode == 2 and "others may write" in refused.stderr and not (shared / "k").exists()
+    empty = subprocess.run([sys.executable, "-m", "eglcuda", "keygen", ""], capture_output=True, text=True, timeout=60)
+    assert empty.returncode == 2 and empty.stderr.splitlines() == [
+        "python -m eglcuda keygen: the key file's path is empty or not a path: ''"], empty.stderr
 
 
 def test_a_key_file_in_a_folder_others_may_write_is_refused(tmp_path):
