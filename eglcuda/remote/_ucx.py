@@ -229,10 +229,12 @@ class Endpoint:
             raise LinkError("the connection is closed")
         array = np.frombuffer(data, np.uint8) if not isinstance(data, np.ndarray) else data
         try:
-            request = submit(self._engine.arr(array))
+            request = [submit(self._engine.arr(array))]
         except Exception as exc:  # noqa: BLE001 - UCXX raises its own exceptions for a failed endpoint
             raise LinkError(f"{type(exc).__name__}: {exc}") from None
-        await self._engine.wait(request)
+        # (No frame of a request's wait keeps the request: a LinkError's traceback holds the
+        # frames it passed, and a request keeps its endpoint, which keeps the listener's port.)
+        await self._engine.wait(request.pop())
 
     def abort(self) -> None:
         """Close at once, without waiting on UCX here (the engine's thread carries every frame):
@@ -249,7 +251,10 @@ class Endpoint:
                 self._ep.remove_close_callback()
         except Exception:  # noqa: BLE001 - already gone
             pass
-        self._engine.close_later(self._ep)
+        # (Not kept here: an accepted endpoint holds UCX's listener, whose port stays bound until
+        # the last of them went, however long this object is referred to.)
+        ep, self._ep = self._ep, None
+        self._engine.close_later(ep)
         if prefix is not None:
             self._engine.forget_prefix(prefix)
 
@@ -576,6 +581,7 @@ class Engine:
         else:
             exc = future.exception()
             error = None if exc is None else LinkError(f"{type(exc).__name__}: {exc}")
+            del exc  # (UCXX's exception holds frames that hold the request)
         _call(entry[1], error)
 
     async def wait(self, request: Any) -> None:
@@ -599,6 +605,7 @@ class Engine:
                 future.set_exception(error)
 
         self.post(request, done)
+        del request  # (see Endpoint._do)
         await future
 
     def post(self, request: Any, done: Callable[[LinkError | None], None]) -> None:

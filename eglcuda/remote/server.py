@@ -1,6 +1,6 @@
 """A relay's door: :class:`Server` owns its UCX listener (whose caps bound the handshakes in
 progress, in all and per address), runs the Noise handshake with each peer that connects, logs
-failed key proofs (one line a minute per address), refuses with the reason, and asks its relay
+failed key proofs (one line a minute per host), refuses with the reason, and asks its relay
 about each peer that proved the key: why not to serve it (:data:`Refusal`), else to admit it
 (:data:`Admit`: its :class:`~eglcuda.remote.sender.Sender`). Everything here runs on the UCX
 engine's thread."""
@@ -17,6 +17,7 @@ import numpy as np
 from ..topics.protocol import Reason
 from . import _ucx, keys, wire
 from .sender import Sender
+from .unheard import host_of
 from .session import AuthenticationFailed, Handshake, Session
 
 log = logging.getLogger("eglcuda.remote")
@@ -31,8 +32,9 @@ Admit = Callable[[Any, str, wire.Hello], Sender]
 
 
 class _FailedProofs:
-    """Failed key proofs, logged with the peer's address: one line a minute per address at most,
-    with the count since the last line (a peer guessing keys must not flood the log either)."""
+    """Failed key proofs, logged with the peer's address: one line a minute per host at most,
+    with the count since the last line (a peer guessing keys must not flood the log either; each
+    of its connections comes from another port)."""
 
     EVERY_S = 60.0
     ADDRESSES = 1024  # the addresses remembered (the oldest forgotten first)
@@ -41,14 +43,16 @@ class _FailedProofs:
         self._seen: collections.OrderedDict[str, tuple[float, int]] = collections.OrderedDict()
 
     def note(self, address: str) -> int:
-        """Count a failure from ``address``; the count to log now, or 0 (logged within a minute)."""
+        """Count a failure from ``address`` (``HOST:PORT``); the count of its host's to log now,
+        or 0 (its host was logged within a minute)."""
         now = time.monotonic()
-        logged, count = self._seen.pop(address, (-self.EVERY_S, 0))
+        host = host_of(address)
+        logged, count = self._seen.pop(host, (-self.EVERY_S, 0))
         count += 1
         if now - logged >= self.EVERY_S:
-            self._seen[address] = (now, 0)
+            self._seen[host] = (now, 0)
         else:
-            self._seen[address] = (logged, count)
+            self._seen[host] = (logged, count)
             count = 0
         while len(self._seen) > self.ADDRESSES:
             self._seen.popitem(last=False)

@@ -33,6 +33,40 @@ def test_a_relay_killed_under_a_receiving_remote_restarts_on_its_port_at_once(cl
     assert len(got) == 5 and all(m["ok"] for m in got), got
 
 
+# A relay that served a remote, closed while the program still refers to it (the name a `with`
+# block binds): another relay of the same process binds its port at once.
+SERVE_CLOSE_REBIND = """
+import os, socket, sys, threading, time, eglcuda
+path = sys.argv[1]
+key = os.urandom(32)
+with socket.socket() as probe:
+    probe.bind(("127.0.0.1", 0))
+    address = f"127.0.0.1:{probe.getsockname()[1]}"
+with eglcuda.Relay("t", address, key=key, path=path, timeout=5) as relay:
+    serving = threading.Thread(target=relay.serve_forever)
+    serving.start()
+    for _ in range(2):
+        sub = eglcuda.Subscriber("t", remote=address, key=key, timeout=10)
+        sub.receive(5).release()
+        sub.close()
+serving.join(10)
+started = time.monotonic()
+again = eglcuda.Relay("t", address, key=key, path=path, timeout=5)
+print("rebound", round(time.monotonic() - started, 3), relay.closed)
+again.close()
+"""
+
+
+def test_a_closed_relay_still_referred_to_frees_its_port_at_once(cluster, env, path):
+    """The port was held until the cycle collector freed the requests of the closed connections
+    (a failed request's traceback kept it, and it kept its endpoint and UCX's listener)."""
+    cluster.publisher()
+    out = subprocess.run([sys.executable, "-c", SERVE_CLOSE_REBIND, path], env=env, cwd=str(ROOT),
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[0] == "rebound" and out.stdout.split()[2] == "True", out.stdout
+
+
 def test_a_port_in_use_is_named_in_one_line(cluster, env, path):
     cluster.publisher()
     _, address = cluster.relay()
