@@ -90,11 +90,20 @@ def positive_seconds(value: Any, what: str) -> float:
 
 
 def wait_seconds(value: Any, what: str = "timeout") -> float:
-    """``value`` as a time to wait (``what`` names it in the error): a number of seconds >= 0.
+    """``value`` as a time to wait (``what`` names it in the error): a real number of seconds
+    >= 0 (numpy's too, not a bool); inf, or an int beyond any float, waits forever (inf).
     Raises :class:`UsageError` for anything else."""
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= 0:
+    if value.__class__ is not float and value.__class__ is not int:
+        import numbers  # (rare: numpy's numbers, fractions)
+
+        if not isinstance(value, numbers.Real) or isinstance(value, bool):
+            raise UsageError(f"{what} is a number of seconds >= 0, got {value!r}")
+    if not value >= 0:
         raise UsageError(f"{what} is a number of seconds >= 0, got {value!r}")
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:  # (an int beyond any float: as good as forever)
+        return float("inf")
 
 
 # ---- who is at the other end, and who may be ------------------------------------------------------

@@ -251,7 +251,7 @@ class Subscriber:
                              "before receiving another")
         if timeout is None:
             timeout = self.timeout
-        elif not (timeout.__class__ in _SECONDS and timeout >= 0):  # (checked as wait_seconds would, quicker)
+        elif not (timeout.__class__ in _SECONDS and 0 <= timeout < 1e15):  # (checked as wait_seconds would, quicker)
             timeout = sockets.wait_seconds(timeout)
         deadline = time.monotonic() + timeout
         if conn.unsent:
@@ -548,16 +548,21 @@ class Subscriber:
         if not self._busy.acquire(timeout=wait):
             return None
         try:
-            if self._closed:
-                raise self._closed_error()
-            if self._ready is None:
-                ready = self._new_readiness()
-                weakref.finalize(self, ready.close)
-                self._ready = ready
-                self._refresh_ready()
-            return self._ready.fileno()
+            try:
+                if self._closed:
+                    raise self._closed_error()
+                if self._ready is None:
+                    ready = self._new_readiness()
+                    weakref.finalize(self, ready.close)
+                    self._ready = ready
+                    self._refresh_ready()
+                fd = self._ready.fileno()
+            finally:
+                self._busy.release()
         finally:
-            self._busy.release()
+            if self._deferral.thread:  # (a close put off meanwhile, a signal handler's: it goes on now)
+                self._finish_deferred_close()
+        return fd  # (also after that close: the descriptor stays, readable, as fileno() says)
 
     def _new_readiness(self) -> Readiness:
         """fileno()'s descriptor, made at its first call: the due ``eventfd`` and the
@@ -600,6 +605,17 @@ class Subscriber:
             return True
         if self._forked:
             return self._forked_error()
+        try:
+            state = self._look_locked()
+        finally:
+            if self._deferral.thread:  # (a close put off meanwhile, a signal handler's: it goes on now)
+                self._finish_deferred_close()
+        if self._closed:
+            return self._closed_error()
+        return state
+
+    def _look_locked(self) -> "bool | BaseException":
+        """_wait_ready's look under the lock."""
         with self._busy:
             if self._closed or self._closing:
                 return self._closed_error()

@@ -5,6 +5,7 @@ nearest of them: no timer thread, no polling while nothing is due)."""
 from __future__ import annotations
 
 import math
+import numbers
 import os
 import select
 import time
@@ -27,7 +28,7 @@ class Attachment:
     or an interval. ``source`` is what was attached (None for an interval), ``deadline`` and
     ``period`` the seconds given to :meth:`WaitSet.attach` and :meth:`WaitSet.attach_interval`."""
 
-    __slots__ = ("source", "deadline", "period", "_fd", "_probe", "_due", "_event", "__weakref__")
+    __slots__ = ("source", "deadline", "period", "_fd", "_probe", "_due", "__weakref__")
 
     def __init__(self, source: Any, fd: int, deadline: float | None, period: float | None, now: float) -> None:
         self.source = source
@@ -39,8 +40,8 @@ class Attachment:
         # When the next "missed" or "interval" is due (monotonic seconds; inf: never).
         step = deadline if deadline is not None else period
         self._due = now + step if step is not None else math.inf
-        # The event a ready descriptor reports, made once: it says the same every time.
-        self._event = Event(self, "message" if self._probe is not None else "readable") if fd >= 0 else None
+        # (No reference to the set or to an event: a set dropped unclosed, and what it attached,
+        # go at once by reference counting.)
 
     def __repr__(self) -> str:
         if self._fd < 0:
@@ -63,8 +64,8 @@ class Event:
     - ``"interval"``: an interval's period passed;
     - ``"readable"``: an attached object that is not a subscriber has its descriptor readable.
 
-    An attachment's "message" and "readable" events are made once and handed out by every wait
-    that finds it ready: read them, do not change them.
+    An attachment's "message" and "readable" events are made once (the set keeps them) and handed
+    out by every wait that finds it ready: read them, do not change them.
     """
 
     __slots__ = ("attachment", "kind", "error")
@@ -98,33 +99,49 @@ class WaitSet:
 
     The set is level-triggered: a subscriber whose message was not received is reported again
     by the next :meth:`wait`, and one that failed is reported with its error until it is
-    detached (or joined again with ``wait_for_publisher``). While nothing is ready and no
-    deadline or interval is due, :meth:`wait` sleeps in the kernel and costs no CPU. Use one set
-    from one thread (attach and detach too); a subscriber may be in several sets, and it is
-    received from by the thread that waits. In a child made by ``fork()``, a set of the parent
-    raises :class:`eglcuda.UsageError` but for :meth:`close` (make a new set there)."""
+    detached (or joined again with ``wait_for_publisher``: from the next :meth:`wait` on, its
+    deadline counts again, from that wait). While nothing is ready and no deadline or interval is
+    due, :meth:`wait` sleeps in the kernel and costs no CPU. Use one set from one thread (attach
+    and detach too); a subscriber may be in several sets, and it is received from by the thread
+    that waits. :meth:`close` from a signal handler that interrupts :meth:`wait` ends that wait
+    with :class:`eglcuda.ClosedError`; a :meth:`close` from another thread does not wake a wait
+    in progress there: that wait raises :class:`eglcuda.ClosedError` only once it wakes (its
+    timeout, or a descriptor attached before the close turning readable). A set dropped without
+    :meth:`close` goes at once (no reference cycle), closing its descriptor. In a child made by
+    ``fork()``, a set of the parent raises :class:`eglcuda.UsageError` but for :meth:`close`
+    (make a new set there)."""
 
     def __init__(self) -> None:
         self._epoll: select.epoll | None = select.epoll()
         self._pid = os.getpid()
         self._fork = _forks[0]
-        self._by_fd: dict[int, Attachment] = {}
+        # Per descriptor, the event it reports when ready, made once (it says the same every time;
+        # its ``attachment`` is the attachment: kept here, not on the attachment, so no cycle).
+        self._by_fd: dict[int, Event] = {}
         self._attachments: list[Attachment] = []
         self._timed: list[Attachment] = []  # those with a deadline or a period
+        # Those with a deadline that reported an error (deadline off): each wait asks them again
+        # first, while there are any, and counts the deadline again once one is no longer failed.
+        self._failed: set[Attachment] = set()
 
     # ---- attaching -------------------------------------------------------------------------------
     def attach(self, source: Any, *, deadline: float | None = None) -> Attachment:
         """Attach a subscriber (``Subscriber``, ``Subscriber(remote=...)``) or any object with a
-        ``fileno()`` (or a descriptor number). ``deadline``: seconds within which the next
-        message is expected; each time none came in it, a ``"missed"`` event. Attaching the
-        same descriptor twice raises :class:`eglcuda.UsageError`."""
+        ``fileno()`` (or a descriptor number). ``deadline``: seconds (any real number more than
+        0) within which the next message is expected; each time none came in it, a ``"missed"``
+        event (none while the subscriber reports an error; again once ``wait_for_publisher``
+        joined it to a publisher). Attaching the same descriptor twice, or an object whose
+        ``fileno()`` fails (a closed file), raises :class:`eglcuda.UsageError`."""
         epoll = self._open()
         if deadline is not None:
             deadline = _seconds(deadline, "deadline")
         if isinstance(source, int) and not isinstance(source, bool):
             fd = source
         elif hasattr(source, "fileno"):
-            fd = source.fileno()
+            try:
+                fd = source.fileno()
+            except ValueError as exc:  # (a closed file; io.UnsupportedOperation)
+                raise UsageError(f"{source!r} has no open descriptor ({exc})") from None
         else:
             raise UsageError(f"attach() takes a Subscriber or an object with fileno(), got {type(source).__name__}")
         if isinstance(fd, bool) or not isinstance(fd, int) or not 0 <= fd < 2**31:
@@ -136,16 +153,17 @@ class WaitSet:
             epoll.register(fd, select.EPOLLIN)
         except OSError as exc:
             raise UsageError(f"{source!r} cannot be waited on: {exc.strerror}") from None
-        self._by_fd[fd] = attachment
+        self._by_fd[fd] = Event(attachment, "message" if attachment._probe is not None else "readable")
         self._attachments.append(attachment)
         if deadline is not None:
             self._timed.append(attachment)
         return attachment
 
     def attach_interval(self, period: float) -> Attachment:
-        """An ``"interval"`` event every ``period`` seconds, from now (a wait that comes late
-        gets one event, and the next one a period after the time it was due; periods missed
-        entirely are skipped, not bunched)."""
+        """An ``"interval"`` event every ``period`` seconds (any real number more than 0, not
+        inf), from now (a wait that comes late gets one event, and the next one a period after
+        the time it was due; periods missed entirely are skipped, not bunched). A period below
+        the clock's resolution (a subnormal one, say) gives an event at every wait."""
         self._open()
         attachment = Attachment(None, -1, None, _seconds(period, "period"), time.monotonic())
         self._attachments.append(attachment)
@@ -159,7 +177,7 @@ class WaitSet:
         if attachment not in self._attachments:
             raise UsageError(f"{attachment!r} is not attached to this wait set")
         self._attachments.remove(attachment)
-        attachment._event = None  # (it refers back to the attachment: no cycle left to collect)
+        self._failed.discard(attachment)
         if attachment in self._timed:
             self._timed.remove(attachment)
         if attachment._fd >= 0:
@@ -194,6 +212,8 @@ class WaitSet:
         timed = self._timed
         by_fd = self._by_fd
         now = time.monotonic()
+        if self._failed:  # (rare: a subscriber with a deadline reported an error)
+            self._rearm(now)
         if timeout is None:
             until = math.inf
         elif (timeout.__class__ is float or timeout.__class__ is int) and 0 <= timeout < 1e15:
@@ -211,21 +231,31 @@ class WaitSet:
                     wait_s = 0.0
                 elif wait_s > _MAX_SLEEP:  # (rare: the loop sleeps again until the end)
                     wait_s = _MAX_SLEEP
-            ready = epoll.poll(wait_s, _MAX_EVENTS)  # (epoll rounds up to whole ms: no early wake-ups)
+            try:
+                ready = epoll.poll(wait_s, _MAX_EVENTS)  # (epoll rounds up to whole ms: no early wake-ups)
+            except (OSError, ValueError):
+                # A close() meanwhile: from a signal handler that interrupted the poll (EBADF as
+                # it goes on), or from another thread (ValueError: a closed epoll).
+                if self._epoll is None:
+                    raise ClosedError("the wait set was closed during the wait") from None
+                raise
             events: list[Event] = []
             for fd, _ in ready:
-                attachment = by_fd.get(fd)
-                if attachment is None:
+                event = by_fd.get(fd)
+                if event is None:
                     continue
+                attachment = event.attachment
                 probe = attachment._probe
                 state = True if probe is None else probe()
                 if state is True:
-                    events.append(attachment._event)  # type: ignore[arg-type]  # (made for every descriptor)
+                    events.append(event)
                     if attachment.deadline is not None:
                         attachment._due = -math.inf  # (set from the clock below: a message in time)
                 elif state is not False:  # (False: nothing after all; the descriptor is quiet again)
                     events.append(Event(attachment, "error", state))
                     attachment._due = math.inf  # (no "missed" for a source that failed: its error says it)
+                    if attachment.deadline is not None:
+                        self._failed.add(attachment)  # (its deadline counts again once it is not failed)
             if events and not timed:
                 return events
             now = time.monotonic()
@@ -237,8 +267,22 @@ class WaitSet:
                     for attachment in timed:
                         if attachment._due <= now:
                             self._lapsed(attachment, now, events)
-            if events or now >= until:
+            if events:
                 return events
+            if now >= until:
+                if self._epoll is None:  # (closed by another thread meanwhile)
+                    raise ClosedError("the wait set was closed during the wait")
+                return events
+
+    def _rearm(self, now: float) -> None:
+        """Ask each attachment that reported an error whether it still fails (the subscriber may
+        have joined a publisher again, ``wait_for_publisher``); one that does not has its
+        deadline count again, from ``now``."""
+        for attachment in list(self._failed):
+            probe = attachment._probe
+            if probe is None or not isinstance(probe(), BaseException):
+                self._failed.discard(attachment)
+                attachment._due = now + attachment.deadline  # type: ignore[operator]  # (only those with one)
 
     def _lapsed(self, attachment: Attachment, now: float, events: list[Event]) -> None:
         if attachment._fd < 0:
@@ -247,7 +291,9 @@ class WaitSet:
             events.append(Event(attachment, "interval"))
             attachment._due += period
             if attachment._due <= now:  # (late by whole periods: skip them)
-                attachment._due += period * math.ceil((now - attachment._due) / period + 1e-12)
+                late = (now - attachment._due) / period  # (inf for a period below the clock's resolution)
+                if late < 1e15:
+                    attachment._due += period * math.ceil(late + 1e-12)
                 if attachment._due <= now:
                     attachment._due = now + period
             return
@@ -275,16 +321,18 @@ class WaitSet:
 
     def close(self) -> None:
         """Detach everything and close the set's descriptor (idempotent). The sources stay open.
-        In a forked child, the only call that works: it closes the child's copy of the
-        descriptor and leaves the parent's set as it was."""
+        A :meth:`wait` that this call interrupts (from a signal handler) raises
+        :class:`eglcuda.ClosedError`; one in progress on another thread is not woken by it, and
+        raises :class:`eglcuda.ClosedError` once it wakes. In a forked child, the only call that
+        works: it closes the child's copy of the descriptor and leaves the parent's set as it
+        was."""
         epoll, self._epoll = self._epoll, None
         if epoll is not None:
             epoll.close()
         self._by_fd.clear()
-        for attachment in self._attachments:
-            attachment._event = None
         self._attachments.clear()
         self._timed.clear()
+        self._failed.clear()
 
     @property
     def closed(self) -> bool:
@@ -301,14 +349,15 @@ class WaitSet:
 
 
 def _seconds(value: Any, what: str, zero: bool = False, forever: bool = False) -> float:
-    """``value`` as seconds: a finite number more than 0 (``zero``: or 0; ``forever``: or inf)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    """``value`` as seconds: a real number (numpy's too, not a bool), finite and more than 0
+    (``zero``: or 0; ``forever``: or inf, also an int beyond any float)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         seconds = math.nan
     else:
         try:
             seconds = float(value)
         except OverflowError:  # (an int beyond any float)
-            seconds = math.inf if value > 0 else -math.inf
+            seconds = -math.inf if value < 0 else math.inf
     if not (seconds >= 0 if zero else seconds > 0) or (seconds == math.inf and not forever) or seconds != seconds:
         bound = "0 or more" if zero else "more than 0"
         raise UsageError(f"{what} is {bound} seconds{' (or inf)' if forever else ''}, got {value!r}")

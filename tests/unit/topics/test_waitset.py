@@ -17,6 +17,8 @@ import signal
 import socket
 import threading
 import time
+import weakref
+from fractions import Fraction
 
 import pytest
 
@@ -434,6 +436,240 @@ def test_a_killed_publisher_shows_as_an_error_and_a_restarted_one_on_the_same_de
                 second.stop()
     finally:
         first.stop()
+
+
+def test_a_deadline_counts_again_once_wait_for_publisher_joined_a_restarted_publisher(path, ring):
+    """A publisher process killed: the attachment reports its error, and no "missed" while the
+    error stands. Once wait_for_publisher() joined a restarted publisher that sends nothing, the
+    deadline counts again: "missed" a deadline later, and again each deadline after."""
+    flag = ["--ring"] if ring else []
+    first = Peer("publish", "--path", path, "--frames", "1", *flag)
+    try:
+        first.wait_for(lambda m: m["event"] == "done")
+        with subscriber(path, qos="every") as sub, eglcuda.WaitSet() as waits:
+            watched = waits.attach(sub, deadline=0.3)
+            os.kill(first.process.pid, signal.SIGKILL)
+            first.process.wait(10)
+            for _ in range(10):
+                (event,) = waits.wait(5)
+                if event.kind == "error":
+                    break
+            assert event.kind == "error" and isinstance(event.error, eglcuda.StreamDisconnected)
+            assert [e.kind for e in waits.wait(0.5)] == ["error"]  # (its error, no "missed")
+            second = Peer("publish", "--path", path, "--frames", "1", *flag)  # (silent once joined)
+            try:
+                second.wait_for(lambda m: m["event"] == "done")
+                sub.wait_for_publisher(10)
+                last = time.monotonic()
+                for _ in range(2):
+                    events = waits.wait(5)
+                    now = time.monotonic()
+                    assert [(e.kind, e.attachment) for e in events] == [("missed", watched)]
+                    assert 0.28 <= now - last < 1.5, now - last
+                    last = now
+                with pytest.raises(eglcuda.Timeout):  # (connected, nothing sent)
+                    sub.receive(0)
+            finally:
+                second.stop()
+    finally:
+        first.stop()
+
+
+def test_a_wait_set_closed_by_a_signal_handler_ends_the_wait_with_closed_error(path, ring):
+    """close() from a signal handler that interrupts wait() (sleeping in epoll, with a timeout,
+    deadlines and intervals, or with none): the wait raises ClosedError at once, the set is
+    closed and its subscriber stays open."""
+    with publisher(path, ring) as pub, subscriber(path, qos="every") as sub:
+        for timeout, timed in ((5, True), (None, False)):
+            waits = eglcuda.WaitSet()
+            waits.attach(sub, deadline=5 if timed else None)
+            if timed:
+                waits.attach_interval(10)
+            previous = signal.signal(signal.SIGUSR1, lambda *_: waits.close())
+            timer = threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGUSR1))
+            try:
+                timer.start()
+                started = time.monotonic()
+                with pytest.raises(eglcuda.ClosedError):
+                    waits.wait(timeout)
+                assert time.monotonic() - started < 2 and waits.closed
+                with pytest.raises(eglcuda.ClosedError):
+                    waits.wait(0)
+            finally:
+                timer.join()
+                signal.signal(signal.SIGUSR1, previous)
+        put(pub, b"after")
+        with sub.receive(5) as message:
+            assert message.frame.data == pattern(b"after")
+
+
+def test_a_wait_set_closed_by_another_thread_raises_closed_error_once_the_wait_wakes(path, ring):
+    """close() from another thread does not wake a wait in progress (one set, one thread): the
+    wait raises ClosedError once it wakes, at a frame of a subscriber attached before the close
+    (no timeout) or at its timeout."""
+    with publisher(path, ring) as pub, subscriber(path, qos="every") as sub:
+        for timeout in (None, 0.5):
+            waits = eglcuda.WaitSet()
+            waits.attach(sub, deadline=None if timeout is None else 10)
+            outcome = []
+
+            def wait():
+                try:
+                    outcome.append(waits.wait(timeout))
+                except BaseException as exc:
+                    outcome.append(exc)
+
+            waiter = threading.Thread(target=wait)
+            waiter.start()
+            time.sleep(0.1)
+            waits.close()
+            if timeout is None:
+                time.sleep(0.2)
+                assert waiter.is_alive()  # (not woken by the close)
+                put(pub, b"wake")
+            waiter.join(5)
+            assert not waiter.is_alive() and len(outcome) == 1
+            assert isinstance(outcome[0], eglcuda.ClosedError), outcome
+            if timeout is None:
+                with sub.receive(0) as message:
+                    assert message.frame.data == pattern(b"wake")
+
+
+def test_a_wait_set_dropped_unclosed_lets_its_subscribers_go_at_once(path, ring):
+    """With the cycle collector off: a set dropped without close(), holding a subscriber with a
+    deadline, goes at once, and the subscriber dropped with it too (no reference cycle): its
+    publisher goes on at once without it (its hang-up seen), and no descriptor is left."""
+    def settle(pub):  # (the publisher reads the goodbyes as it works)
+        for _ in range(5):
+            put(pub, b"")
+            time.sleep(0.02)
+
+    with publisher(path, ring, every_timeout=1.0) as pub:
+        subscriber(path).close()
+        settle(pub)
+        before = open_fds()
+        gc.collect()
+        gc.disable()
+        try:
+            sub = subscriber(path, qos="every")
+            waits = eglcuda.WaitSet()
+            waits.attach(sub, deadline=5)
+            waits.attach_interval(10)
+            put(pub, b"a")
+            assert [e.kind for e in waits.wait(5)] == ["message"]
+            sub.receive(0).release()
+            subscribed, waiting = weakref.ref(sub), weakref.ref(waits)
+            del sub, waits
+            assert waiting() is None and subscribed() is None
+            started = time.monotonic()
+            settle(pub)  # (an ``every`` subscriber kept alive would stall these, its queue full)
+            assert time.monotonic() - started < 0.8
+            assert open_fds() == before and pub.subscribers == []
+        finally:
+            gc.enable()
+
+
+def test_a_period_or_deadline_below_the_clocks_resolution_falls_due_at_every_wait(path):
+    """A subnormal period or deadline is taken, and each wait reports it (no overflow as the
+    set works out how many periods it skipped), beside a subscriber's messages."""
+    with publisher(path, True) as pub, subscriber(path, qos="every") as sub, eglcuda.WaitSet() as waits:
+        tiny = waits.attach_interval(1e-320)
+        tinier = waits.attach_interval(5e-324)
+        watched = waits.attach(sub, deadline=5e-324)
+        time.sleep(0.02)
+        for _ in range(3):
+            events = waits.wait(0)
+            assert {e.attachment: e.kind for e in events} == {tiny: "interval", tinier: "interval", watched: "missed"}
+            time.sleep(0.005)
+        put(pub, b"m")
+        events = waits.wait(5)
+        assert {e.attachment: e.kind for e in events}[tiny] == "interval"
+        assert ("message", watched) in [(e.kind, e.attachment) for e in events]
+        with sub.receive(0) as message:
+            assert message.frame.data == pattern(b"m")
+
+
+def test_any_real_number_is_a_time_and_a_closed_file_is_refused(path, ring):
+    """numpy's integers and floats and fractions are seconds as ints and floats are (wait,
+    deadline, period, receive); a timeout beyond any float waits as inf does, in receive as in
+    wait; a closed file cannot be attached (UsageError)."""
+    numpy = pytest.importorskip("numpy")
+    with publisher(path, ring) as pub, subscriber(path, qos="every") as sub, eglcuda.WaitSet() as waits:
+        watched = waits.attach(sub, deadline=numpy.int64(2))
+        tick = waits.attach_interval(Fraction(1, 10))
+        assert watched.deadline == 2.0 and tick.period == 0.1
+        assert waits.wait(numpy.int64(0)) == []
+        started = time.monotonic()
+        assert [(e.kind, e.attachment) for e in waits.wait(numpy.int32(5))] == [("interval", tick)]
+        assert 0.08 <= time.monotonic() - started < 1
+        for timeout in (numpy.float32(5), Fraction(5), 10**400):
+            put(pub, b"x")
+            assert ("message", watched) in [(e.kind, e.attachment) for e in waits.wait(timeout)]
+            with sub.receive(0) as message:
+                assert message.frame.data == pattern(b"x")
+        for timeout in (10**400, numpy.int64(5), numpy.uint8(5), Fraction(5, 2)):
+            put(pub, b"y")
+            with sub.receive(timeout) as message:
+                assert message.frame.data == pattern(b"y")
+        put(pub, b"z")
+        message = asyncio.run(sub.receive_async(10**400))
+        assert message.frame.data == pattern(b"z")
+        message.release()
+        with pytest.raises(eglcuda.Timeout):
+            sub.receive(numpy.int64(0))
+        for bad in (-10**400, numpy.int64(-1), numpy.float64("nan"), True, "1"):
+            with pytest.raises(eglcuda.UsageError):
+                sub.receive(bad)
+            with pytest.raises(eglcuda.UsageError):
+                waits.wait(bad)
+            with pytest.raises(eglcuda.UsageError):
+                waits.attach_interval(bad)
+        with open(__file__) as closed:
+            pass
+        gone = socket.socket()
+        gone.close()
+        for source in (closed, gone):
+            with pytest.raises(eglcuda.UsageError, match="no open descriptor"):
+                waits.attach(source)
+        assert len(waits) == 2
+
+
+def test_a_signal_handler_closing_a_subscriber_while_the_set_looks_at_it_closes_it(path, ring):
+    """A handler's close() that lands while the set holds the subscriber's lock, in its first
+    fileno() (the attach) or in the look at what it holds (a ``latest`` subscriber's wake), is
+    put off and finished as that call returns: the subscriber is closed, the wait reports
+    ClosedError and the publisher no longer counts it."""
+    with publisher(path, ring) as pub:
+        for where in ("_new_readiness", "_refresh_ready"):
+            sub = subscriber(path, qos="latest")
+            previous = signal.signal(signal.SIGUSR1, lambda *_: sub.close())
+            try:
+                inner, fired = getattr(sub, where), []
+
+                def landing(*args):  # (the signal lands here, the subscriber's lock held)
+                    if not fired:
+                        fired.append(True)
+                        signal.raise_signal(signal.SIGUSR1)
+                    return inner(*args)
+
+                if where == "_new_readiness":
+                    sub._new_readiness = landing
+                with eglcuda.WaitSet() as waits:
+                    waits.attach(sub)
+                    if where == "_refresh_ready":
+                        sub._refresh_ready = landing
+                        put(pub, b"x")
+                    events = waits.wait(5)
+                    assert fired and sub.closed
+                    assert [(e.kind, type(e.error)) for e in events] == [("error", eglcuda.ClosedError)]
+                deadline = time.monotonic() + 5
+                while pub.subscribers and time.monotonic() < deadline:
+                    pub.discard(pub.next_frame(1))
+                    time.sleep(0.01)
+                assert pub.subscribers == [] and pub.dropped == []
+            finally:
+                signal.signal(signal.SIGUSR1, previous)
+                sub.close()
 
 
 # ---- selectors and asyncio ------------------------------------------------------------------------
