@@ -7,17 +7,22 @@ listener's caps on handshakes. Enough of them (the process's RLIMIT_NOFILE: 1024
 leave UCX's accept failing in a loop, a core busy and a log line each time, and no remote
 subscriber can join. :class:`Unheard` finds such connections among this process's descriptors
 and shuts them down (UCX then sees the connection end and closes its descriptor itself): those
-unheard for the relay's ``timeout``, and at once those beyond ``per_address`` from one address
-or ``most`` in all. Everything here runs on the UCX engine's thread, about twice a second.
+unheard for the relay's ``timeout``, those whose bytes UCX left unread at two looks in a row
+(what a peer sent was no connection request, and UCX's thread would spin on the readable socket
+until then), and at once those beyond ``per_address`` from one address or ``most`` in all. Everything here runs on the UCX engine's thread, about twice a second.
 """
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import fcntl
 import ipaddress
 import os
 import resource
 import socket
 import stat
+import sys
+import termios
 import time
 from typing import Any, Iterable, Iterator
 
@@ -49,6 +54,7 @@ class Unheard:
         self.blind = False  # a request came whose address UCX could not tell: its connection is not known
         self._accepted: dict[int, tuple[int, str, float]] = {}  # socket inode -> (fd, peer, first seen)
         self._other: set[int] = set()  # socket inodes of this process that are no connection to the port
+        self._unread: set[int] = set()  # unheard connections that had bytes unread at the last look
 
     def hear(self, peer: str) -> None:
         """A connection request came from ``peer`` (``IP:PORT``): its connection is UCX's now."""
@@ -91,17 +97,28 @@ class Unheard:
         per_host: dict[str, int] = {}
         kept = 0
         shut: list[str] = []
+        unread = self._unread
+        self._unread = set()
         for since, inode, fd, peer in unheard:
             host = host_of(peer)
             per_host[host] = per_host.get(host, 0) + 1
             if now - since < limit and per_host[host] <= self.per_address and kept < self.most:
-                kept += 1
-                continue
+                # Bytes UCX left unread at two looks in a row: no connection request came of them
+                # (UCX reads a request at once), and UCX's thread spins on the readable socket.
+                if not _has_unread(fd, inode):
+                    kept += 1
+                    continue
+                if inode not in unread:
+                    self._unread.add(inode)
+                    kept += 1
+                    continue
             with _borrowed(fd, inode) as sock:
                 if sock is not None:
                     try:
                         sock.shutdown(socket.SHUT_RDWR)
                         shut.append(peer)
+                        _drain(sock)
+                        _reset(sock)
                     except OSError:
                         pass
             del self._accepted[inode]
@@ -121,6 +138,41 @@ class Unheard:
                 return address_text(sock.family, sock.getpeername())
             except (OSError, ValueError):  # (ENOTCONN: the listening socket itself)
                 return None
+
+
+def _drain(sock: socket.socket) -> None:
+    """Read away what a shut connection still holds (a socket's receive buffer at most): UCX,
+    which stopped reading garbage, then reads the end of the connection and closes it, instead
+    of finding it readable for ever."""
+    for _ in range(256):
+        try:
+            if not sock.recv(65536, socket.MSG_DONTWAIT):
+                return
+        except OSError:  # (EAGAIN: nothing left; or UCX closed it meanwhile)
+            return
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _reset(sock: socket.socket) -> None:
+    """End the connection at once (a reset to the peer, the socket closed for UCX's reads), not
+    only half: connect() to an AF_UNSPEC address disconnects a TCP socket (Linux). A peer that
+    never answers the shutdown's FIN would otherwise keep it, and UCX's thread spinning on it."""
+    unspec = (ctypes.c_ushort * 8)(socket.AF_UNSPEC)
+    _libc.connect(sock.fileno(), ctypes.byref(unspec), ctypes.sizeof(unspec))
+
+
+def _has_unread(fd: int, inode: int) -> bool:
+    """Whether socket ``fd`` (still ``inode``) holds received bytes nobody read yet."""
+    with _borrowed(fd, inode) as sock:
+        if sock is None:
+            return False
+        try:
+            waiting = fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0")
+        except OSError:
+            return False
+        return int.from_bytes(waiting, sys.byteorder) > 0
 
 
 def _descriptors() -> Iterable[int]:

@@ -7,6 +7,7 @@ fits a 10-minute command), ``EGLCUDA_FLOOD_MBS`` its rate (20 MB/s by default)."
 from __future__ import annotations
 
 import os
+import pathlib
 import socket
 import sys
 import time
@@ -114,5 +115,42 @@ def test_connections_that_never_make_a_request_are_shut_down_and_cost_a_joining_
             sock.close()
     assert relay.process.poll() is None, relay.stderr()
     assert len(os.listdir(f"/proc/{relay.process.pid}/fd")) <= fds + 2
+    got = honest.got()
+    assert got and all(m["ok"] for m in got), [m for m in got if not m["ok"]][:2]
+
+
+def _cpu_s(pid: int) -> float:
+    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_garbage_on_a_plain_connection_is_cut_off_at_once_and_costs_no_core(cluster, env):
+    """Kilobytes of garbage on a TCP connection to the relay's port, the connection kept open:
+    UCX's connection manager reads part of it, leaves the rest, and its thread spun on the
+    readable socket (a core) until the relay's timeout, and on the half-closed one after it
+    until the peer closed. The relay resets such a connection within two of its looks (about a
+    second), long before its timeout (30 s here), and its CPU stays low."""
+    cluster.publisher(rate=RATE)
+    relay, address = cluster.relay("--timeout", "30")
+    port = int(address.rsplit(":", 1)[1])
+    honest = cluster.subscriber(address, "--qos", "every", "--count", "0")
+    honest.wait_for(lambda m: m["event"] == "got", timeout=30)
+    started, cpu = time.monotonic(), _cpu_s(relay.process.pid)
+    garbage = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(3)]
+    try:
+        for sock in garbage:
+            sock.sendall(os.urandom(65536 if sock is garbage[0] else 8192))
+            sock.setblocking(False)
+        while not all(_ended(sock) for sock in garbage):
+            assert time.monotonic() - started < 5, [_ended(sock) for sock in garbage]
+            time.sleep(0.1)
+        time.sleep(2.0)
+        spent = _cpu_s(relay.process.pid) - cpu
+        elapsed = time.monotonic() - started
+    finally:
+        for sock in garbage:
+            sock.close()
+    assert spent < 0.5 * elapsed, (spent, elapsed)  # (a spinning thread alone would take about 1.0 x elapsed)
+    assert relay.process.poll() is None, relay.stderr()
     got = honest.got()
     assert got and all(m["ok"] for m in got), [m for m in got if not m["ok"]][:2]
