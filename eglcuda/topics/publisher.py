@@ -61,7 +61,10 @@ class Publisher:
         hold its whole queue while the next frame is written (its backpressure is the queue: see
         :meth:`publish`). It also grows when every free frame is still read by a subscriber's
         GPU work (CUDA IPC), rather than wait for that work (then :meth:`next_frame` waits on the
-        host). ``max_pool`` bounds the memory (a 4K ARGB frame is 33 MB).
+        host). ``max_pool`` bounds the memory (a 4K ARGB frame is 33 MB); it must leave room
+        for what the subscribers may keep (4 frames for a ``latest`` subscriber through CUDA IPC,
+        ``queue`` for an ``every`` one) and one frame to write, or a stalled subscriber can keep
+        the whole pool (docs/topics.md, QoS).
     :param device: the CUDA device of the pool.
     :param every_timeout: seconds the publisher waits for an ``every`` subscriber that holds a
         full queue (or the pool frame the publisher needs), or for any subscriber's GPU work still
