@@ -86,11 +86,11 @@ class Subscriber:
                              "needs remote='HOST:PORT'")
         self.name = naming.check_name(name)
         try:
-            if isinstance(qos, bool):
-                raise ValueError(qos)  # an int to Qos, but surely not meant as one
-            self.qos = Qos[qos.upper()] if isinstance(qos, str) else Qos(qos)
+            if not isinstance(qos, (str, Qos)):
+                raise ValueError(qos)  # (a number would convert, but is surely not meant as one)
+            self.qos = Qos[qos.upper()] if isinstance(qos, str) else qos
         except (KeyError, ValueError):
-            raise UsageError(f"qos is 'latest' or 'every', got {qos!r}") from None
+            raise UsageError(f"qos is 'latest' or 'every' (or an eglcuda.topics.Qos), got {qos!r}") from None
         self._every = self.qos is Qos.EVERY  # (asked on every receive and wake-up)
         if not isinstance(queue, int) or isinstance(queue, bool) or not 1 <= queue <= protocol.MAX_QUEUE:
             raise UsageError(f"queue is an int in 1..{protocol.MAX_QUEUE}, got {queue!r}")
