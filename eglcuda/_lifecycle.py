@@ -46,6 +46,11 @@ def mark_exiting() -> None:
     _exit_thread = threading.get_ident()
 
 
+def exiting() -> bool:
+    """Whether the interpreter is running its exit hooks."""
+    return _exit_thread != 0
+
+
 def stay_if_ended_by_exit(error: BaseException) -> None:
     """Called with the error a blocking call of a publisher or a subscriber is about to
     raise. When the interpreter's exit closed the object under a daemon thread's call, that thread

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import gc
 import logging
 import os
 import secrets
@@ -31,6 +32,7 @@ from dataclasses import asdict
 from typing import Any, Iterable
 
 
+from .._lifecycle import exiting
 from .._unix import positive_seconds
 from ..cuda_device import get_device
 from ..errors import ClosedError, Dropped, EglCudaError, Refused, StreamDisconnected, Timeout, UsageError
@@ -47,6 +49,7 @@ from .wire import DISCONNECTED, NO_PUBLISHER, parse_address
 __all__ = ["Relay", "RemoteInfo", "parse_address"]
 
 log = logging.getLogger("eglcuda.remote")
+PORT_FREE_S = 3.0  # how long close() waits for UCX to let go of the listening port
 
 
 class Relay:
@@ -439,7 +442,9 @@ class Relay:
 
     def close(self) -> None:
         """Stop serving: remote subscribers get :class:`eglcuda.Dropped` (the relay closed), the
-        local subscription ends, every buffer is freed. Safe to call twice."""
+        local subscription ends, every buffer is freed, and the call returns once the listening
+        port is free again (a relay made next on it binds at once; at most 3 s more). Safe to
+        call twice."""
         if self._closed:
             return
         _ucx.untrack(self)
@@ -478,6 +483,34 @@ class Relay:
                     os.unlink(self._status_path)
                 except OSError:
                     pass
+        self._wait_for_port()
+
+    def _wait_for_port(self) -> None:
+        """Return once the listening port is free again, so that a relay made next binds it:
+        UCX's listener goes with the last endpoint it accepted, which the engine's closer thread
+        lets go of after the close above (a connection to a stopped peer takes up to a second or
+        two). An endpoint may still be held by a reference cycle (an exception's traceback that
+        holds a request of it, which UCXX's futures can make): after 0.2 s one collection pass
+        frees it. At most PORT_FREE_S; a port still taken then is left to whoever holds it."""
+        if exiting():  # (the process ends: nobody binds the port after it here)
+            return
+        started = time.monotonic()
+        collected = False
+        while True:
+            try:
+                _ucx.check_port(self.address[1])
+                return
+            except UsageError:
+                waited = time.monotonic() - started
+                if not collected and waited >= 0.2:
+                    collected = True
+                    gc.collect()
+                    continue
+                if waited >= PORT_FREE_S:
+                    log.debug("relay %s: port %d still taken %.1f s after close", self.name, self.address[1],
+                              PORT_FREE_S)
+                    return
+                time.sleep(0.01)
 
     def __enter__(self) -> "Relay":
         return self
