@@ -32,12 +32,20 @@ import zlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator, NamedTuple
 
-from _script import lazy  # (the samples' or the benchmarks': both have it)
-
 if TYPE_CHECKING:
     import numpy as np
 else:
-    np = lazy("numpy")  # (imported at first use: the script's require() names a missing one first)
+    class _Numpy:
+        """NumPy, imported at first use: a script's require() names a missing one first. (Not
+        through a _script module: the samples and the benchmarks each have their own, and this
+        file serves both.)"""
+
+        def __getattr__(self, name: str) -> Any:
+            import numpy
+
+            return getattr(numpy, name)
+
+    np = _Numpy()
 
 NVC_HINT = ("pip install -e '.[video]' (PyNvVideoCodec, which also needs the NVIDIA driver's libnvcuvid.so.1 "
             "and libnvidia-encode.so.1)")
