@@ -37,8 +37,8 @@ if TYPE_CHECKING:
 else:
     class _Numpy:
         """NumPy, imported at first use: a script's require() names a missing one first. (Not
-        through a _script module: the samples and the benchmarks each have their own, and this
-        file serves both.)"""
+        through samples/_sample.py or bench/_script.py: this file serves the samples and the
+        benchmarks both.)"""
 
         def __getattr__(self, name: str) -> Any:
             import numpy

@@ -8,7 +8,7 @@ printed for each. (In one process the same works: make the stream on the consume
     python samples/cross_gpu.py [--width 1920 --height 1080 --frames 600 --format NV12]
 
 Needs two NVIDIA GPUs with EGL streams, and CuPy for the kernels (``pip install -e '.[samples-cuda13]'`` or
-``samples-cuda12``, see samples/_script.py).
+``samples-cuda12``, see samples/_sample.py).
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _script import CUPY, FRAME, at_least, names, require, run  # noqa: E402
+from _sample import CUPY, FRAME, at_least, names, require, run  # noqa: E402
 
 PROGRAM = "samples/cross_gpu.py"
 

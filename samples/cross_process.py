@@ -28,7 +28,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _script import CUPY, FRAME, at_least, lazy, mps_session, names, one_line, run  # noqa: E402
+from _sample import CUPY, FRAME, at_least, lazy, mps_session, names, one_line, run  # noqa: E402
 from cuda_to_cuda import Kernels, seed_of  # noqa: E402
 
 PROGRAM = "samples/cross_process.py"

@@ -9,7 +9,7 @@ and present-to-acquire latency.
     python samples/cuda_to_cuda.py [--width 1920 --height 1080 --frames 300 --fifo 4]
 
 Needs an NVIDIA GPU with EGL streams, and CuPy: ``pip install -e '.[samples-cuda13]'`` (or
-``samples-cuda12``, see samples/_script.py). Kernels are CuPy RawKernels: CuPy compiles them with
+``samples-cuda12``, see samples/_sample.py). Kernels are CuPy RawKernels: CuPy compiles them with
 NVRTC in three lines and takes our planes zero-copy through ``__cuda_array_interface__``, which
 the sample thereby exercises. CuPy is needed by the samples only, not by eglcuda.
 """
@@ -23,7 +23,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _script import CUPY, FRAME, at_least, lazy, mps_session, names, run  # noqa: E402
+from _sample import CUPY, FRAME, at_least, lazy, mps_session, names, run  # noqa: E402
 
 PROGRAM = "samples/cuda_to_cuda.py"
 # Imported at first use, once require() has checked they are there (and so --help always works).

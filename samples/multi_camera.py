@@ -25,7 +25,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _script import CUPY, FRAME, at_least, lazy, require, run  # noqa: E402
+from _sample import CUPY, FRAME, at_least, lazy, require, run  # noqa: E402
 
 PROGRAM = "samples/multi_camera.py"
 cp = lazy("cupy")

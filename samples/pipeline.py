@@ -24,7 +24,7 @@ import time
 os.environ.setdefault("PYOPENGL_PLATFORM", "egl")  # before anything imports OpenGL
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _script import CUPY, FRAME, PYOPENGL, at_least, lazy, mps_session, run  # noqa: E402
+from _sample import CUPY, FRAME, PYOPENGL, at_least, lazy, mps_session, run  # noqa: E402
 
 PROGRAM = "samples/pipeline.py"
 cp = lazy("cupy")

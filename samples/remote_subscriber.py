@@ -32,7 +32,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _frames import collect_reports, frame_bytes, publish_known_frames, report, report_done  # noqa: E402
-from _script import CRYPTOGRAPHY, fail, lazy, require, run  # noqa: E402
+from _sample import CRYPTOGRAPHY, fail, lazy, require, run  # noqa: E402
 
 PROGRAM = "samples/remote_subscriber.py"
 np = lazy("numpy")

@@ -30,7 +30,7 @@ os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _frames import collect_reports, frame_bytes, publish_known_frames, report, report_done  # noqa: E402
-from _script import FRAME, at_least, lazy, mps_session, run  # noqa: E402
+from _sample import FRAME, at_least, lazy, mps_session, run  # noqa: E402
 
 PROGRAM = "samples/topic_fanout.py"
 # Imported at first use, once require() has checked they are there (and so --help always works).

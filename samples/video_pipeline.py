@@ -46,7 +46,7 @@ os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
-from _script import PYOPENGL, fail, lazy, one_line, require  # noqa: E402
+from _sample import PYOPENGL, fail, lazy, one_line, require  # noqa: E402
 import _video as video  # noqa: E402
 
 np = lazy("numpy")
@@ -611,6 +611,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    from _script import run
+    from _sample import run
 
     sys.exit(run(main, PROGRAM))
