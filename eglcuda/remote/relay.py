@@ -86,7 +86,7 @@ class Relay:
 
     def __init__(self, name: str, listen: str = "127.0.0.1:0", *, key: bytes | None = None, qos: str = "latest",
                  queue: int = 4, device: Any = 0, timeout: float = 5.0, path: Any = None,
-                 trusted_uids: Iterable[int] | str | None = None, max_remotes: int = 16,
+                 trusted_uids: int | Iterable[int] | str | None = None, max_remotes: int = 16,
                  every_timeout: float = 1.0, frames: str = "plain") -> None:
         self.name = naming.check_name(name)
         seal = wire.frame_seal(secrets.token_bytes(32), frame_mode(frames))

@@ -74,7 +74,7 @@ class RemoteSubscriber(Subscriber):
 
     def __init__(self, name: str, qos: str = "latest", queue: int = 4, device: Any = 0, timeout: float = 5.0,
                  path: Any = None, transport: str = "auto", gl_context: Any = None, *,
-                 cuda_stream: Any = None, trusted_uids: Iterable[int] | str | None = None,
+                 cuda_stream: Any = None, trusted_uids: int | Iterable[int] | str | None = None,
                  busy_wait: float = 20e-6, remote: str | None = None, key: bytes | None = None,
                  frames: str | None = None) -> None:
         if remote is None:

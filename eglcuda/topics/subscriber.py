@@ -57,8 +57,8 @@ class Subscriber:
         stream), or a stream object: CuPy (``.ptr``), PyTorch (``.cuda_stream``), cuda.core
         (``__cuda_stream__``), cuda-python's ``CUstream``. Only its handle is kept: the stream
         must outlive the subscriber.
-    :param trusted_uids: the users whose publishers are accepted (None: this process's own uid;
-        ``"any"``: everyone). Checked with ``SO_PEERCRED``.
+    :param trusted_uids: the users whose publishers are accepted: a numeric uid or a set of them
+        (None: this process's own uid; ``"any"``: everyone). Checked with ``SO_PEERCRED``.
     :param remote: ``"HOST:PORT"`` of a relay (:class:`eglcuda.Relay`) of the topic, on this or
         another host: the subscriber joins through it over UCX (docs/remote.md; what differs:
         :class:`eglcuda.RemoteSubscriber`); ``key`` is the relay's pre-shared key (None: from the
@@ -77,7 +77,7 @@ class Subscriber:
 
     def __init__(self, name: str, qos: str = "latest", queue: int = 4, device: Any = 0, timeout: float = 5.0,
                  path: str | os.PathLike[str] | None = None, transport: str = "auto", gl_context: Any = None, *,
-                 cuda_stream: Any = None, trusted_uids: Iterable[int] | str | None = None,
+                 cuda_stream: Any = None, trusted_uids: int | Iterable[int] | str | None = None,
                  busy_wait: float = 20e-6, remote: str | None = None, key: bytes | None = None,
                  frames: str | None = None, _backend: SubscriberBackend | None = None) -> None:
         if remote is None and (key is not None or frames is not None):
