@@ -14,6 +14,7 @@ Byte order in memory follows the CUDA driver's naming: ``ARGB`` frames hold B, G
 from __future__ import annotations
 
 import enum
+import numbers
 from dataclasses import dataclass
 
 from ..errors import UsageError
@@ -100,6 +101,9 @@ def color_format(value: "ColorFormat | str | int") -> ColorFormat:
     found = _BY_VALUE.get(value) if type(value) is int else None
     if found is not None:
         return found
+    # An IntEnum takes True for 1 and 1.0 for 1: a bool or a float would name a format by accident.
+    if isinstance(value, bool) or not isinstance(value, (str, numbers.Integral)):
+        raise UsageError(f"a color format is an eglcuda.ColorFormat, its name or its driver value, got {value!r}")
     try:
         if isinstance(value, str):
             return ColorFormat[value.upper()]
@@ -107,6 +111,14 @@ def color_format(value: "ColorFormat | str | int") -> ColorFormat:
     except (KeyError, ValueError):
         names = ", ".join(f.name for f in ColorFormat if f not in SAME_GEOMETRY)
         raise UsageError(f"unsupported color format {value!r}; eglcuda handles {names}") from None
+
+
+def producer_format(value: "ColorFormat | str | int") -> ColorFormat:
+    """:func:`color_format` for what a producer presents: a consumer-side label of the same bytes
+    (:data:`SAME_GEOMETRY`: the YVU420_SEMIPLANAR an NV12 frame arrives as) is taken as the format
+    it labels, so that frames and producers made with either name match."""
+    fmt = color_format(value)
+    return SAME_GEOMETRY.get(fmt, fmt)
 
 
 def layout_of(value: Layout | str) -> Layout:

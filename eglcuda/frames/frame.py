@@ -16,7 +16,6 @@ from .._resource import exiting
 from ..cuda_device import CudaDevice, get_device
 from ..errors import ClosedError, Unsupported, UsageError
 from .formats import (
-    SAME_GEOMETRY,
     MAX_PITCH,
     PLANE_ALIGNMENT,
     ColorFormat,
@@ -24,12 +23,12 @@ from .formats import (
     PlaneGeometry,
     check_pitch,
     check_size,
-    color_format,
     default_pitch,
     _plane_geometry,
     driver_extents,
     layout_of,
     linear_layout,
+    producer_format,
 )
 from ._core import FrameCore, make_capsule
 from .interop import DL_CUDA, cai_reader_streams, dlpack_stream, foreign_device_pointer, stream_handle
@@ -524,9 +523,7 @@ class Frame(FrameCore, FrameBase):
             memory = MemoryKind(memory)
         except ValueError:
             raise UsageError(f"memory is one of {[m.value for m in MemoryKind]}, got {memory!r}") from None
-        fmt = color_format(format)
-        if fmt in SAME_GEOMETRY:
-            fmt = SAME_GEOMETRY[fmt]
+        fmt = producer_format(format)
         check_size(width, height, fmt)
         layout = layout_of(layout)
         if not isinstance(pitch_alignment, int) or isinstance(pitch_alignment, bool) or pitch_alignment < 1 \
@@ -561,7 +558,7 @@ class Frame(FrameCore, FrameBase):
         """Wrap device memory at ``pointer`` without copying. ``pointer`` is one address (planes
         follow each other, each ``pitch_i * height_i`` bytes) or one address per plane. ``owner``
         is kept alive as long as the frame."""
-        fmt = color_format(format)
+        fmt = producer_format(format)
         check_size(width, height, fmt)
         check_pitch(fmt, width, pitch)
         geometry = _plane_geometry(fmt, width, height, pitch)
@@ -590,7 +587,7 @@ class Frame(FrameCore, FrameBase):
         without copying. Each must be uint8, shaped ``(height, width[, channels])`` for its plane,
         with contiguous rows; plane 0's row stride is the frame's pitch and the others must follow
         the pitch convention of :mod:`eglcuda._formats`."""
-        fmt = color_format(format)
+        fmt = producer_format(format)
         if not isinstance(arrays, (list, tuple)):
             arrays = [arrays]
         if not arrays:

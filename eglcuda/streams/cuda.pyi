@@ -15,7 +15,7 @@ MAX_FRAMES_IN_FLIGHT: int
 DEFAULT_ACQUIRE_TIMEOUT_US: int
 CALL_NAMES: dict[int, str]
 
-def _disconnect(context: int, which: str, connection: object, cuda_stream: int, own_stream: bool) -> None: ...
+def _disconnect_producer(context: int, connection: object, link: object) -> None: ...
 
 class CudaProducer(Resource):
     """CUDA as the producer of a stream. Made by :meth:`Stream.connect_cuda_producer`."""

@@ -33,7 +33,8 @@ from .._bind.egl import address, clear_error as clear_egl_error
 from .._bind.hot import table_address
 from .._resource import abandon, exiting
 from ..errors import ClosedError, StreamDisconnected, Timeout, Unsupported, UsageError
-from ..frames.formats import ColorFormat, Layout, _plane_geometry, check_size, color_format, layout_of
+from ..frames.formats import (ColorFormat, Layout, _plane_geometry, check_size, color_format, layout_of,
+                              producer_format)
 from ..frames.frame import Frame, FrameBase, Plane, note_users, order_after
 from ..frames.interop import stream_handle
 from .stream import ResourceLocation, StreamState, check_microseconds
@@ -302,6 +303,16 @@ cdef object _endpoint_busy(Resource endpoint, str what, double timeout):
                   "that call returns")
 
 
+def _disconnect_producer(uintptr_t context, connection, ProducerLink link) -> None:
+    """A producer's release (at close, collection or exit): disconnect, then tell the frames it
+    presented that the driver is done with them. A producer collected without close() must free
+    them too, or they could never be closed: no producer would be left to disconnect."""
+    try:
+        _driver.disconnect(context, "producer", connection, 0)
+    finally:
+        link.connected = False
+
+
 # ==== producer =====================================================================================
 
 @cython.final  # no subclasses: its per-frame steps are direct C calls, not through a method table
@@ -376,7 +387,7 @@ cdef class CudaProducer(Resource):
             self.link.connected = False
 
     def __init__(self, stream, width, height, device=None, format=None, layout=None) -> None:
-        self._format = None if format is None else color_format(format)
+        self._format = None if format is None else producer_format(format)
         check_size(width, height, self._format)
         self._layout = None if layout is None else layout_of(layout)
         stream._check_producer_slot()
@@ -388,7 +399,7 @@ cdef class CudaProducer(Resource):
         self.device.make_current()
         self._connection = _driver.producer_connect(handle, width, height)
         self.ctx = <CUcontext>pointer(self.device.context)
-        self._own(_driver.disconnect, <uintptr_t>self.ctx, "producer", self._connection, 0, parent=stream)
+        self._own(_disconnect_producer, <uintptr_t>self.ctx, self._connection, self.link, parent=stream)
         self.conn = <CUeglStreamConnection *><uintptr_t>_driver.connection_address(self._connection)
         self.reuse = bool(stream.reuse_last_frame)
         self.fifo_length = stream.fifo_length
@@ -712,6 +723,7 @@ cdef class CudaProducer(Resource):
         self.allocated += 1
         return frame
 
+    @cython.annotation_typing(False)  # a str or a bool reaches _close_timeout, which says what it takes
     def close(self, timeout: float | None = None) -> None:
         """Disconnect; every frame presented is then free to close (unless another producer it was
         presented on is still connected). Safe to call twice. Waits up to ``timeout`` seconds
@@ -774,6 +786,12 @@ cdef class AcquiredFrame:
 
     def __init__(self, *args, **kwargs):
         raise TypeError("acquired frames come from CudaConsumer.acquire()")
+
+    def __reduce__(self):
+        # Cython would copy and pickle the fields: a copy would never be released, and its planes
+        # would read memory the stream had taken back.
+        raise TypeError("an acquired frame cannot be copied or pickled: it is a loan from the stream until "
+                        "release(); copy its planes' data (to_numpy, copy_to_device) instead")
 
     @property
     def number(self):
@@ -970,6 +988,8 @@ cdef class CudaConsumer(Resource):
         stream._check_consumer_slot()
         if location is not None:
             try:
+                if isinstance(location, (bool, float)):  # an IntEnum takes True and 1.0 for 1 (VIDMEM)
+                    raise ValueError(location)
                 location = ResourceLocation(location)
             except ValueError:
                 raise UsageError(f"location is an eglcuda.ResourceLocation (SYSMEM or VIDMEM), got {location!r}") from None
@@ -1043,6 +1063,7 @@ cdef class CudaConsumer(Resource):
         previous frame and acquires the next (:meth:`acquire_next`); leaving the loop releases
         the last one. A frame kept past its step is released by the next step all the same."""
         cdef unsigned long long wait_us = self._timeout(timeout_us)
+        frame = None
         try:
             while True:
                 try:
@@ -1051,8 +1072,10 @@ cdef class CudaConsumer(Resource):
                     return
                 yield frame
         finally:
-            if self.held is not None and self.connected:
-                self.held.release()
+            # Only the frame this loop handed out: the consumer may hold another by now, acquired
+            # outside the loop after that one was released (the loop then left behind, or dropped).
+            if frame is not None and self.held is frame and self.connected:
+                frame.release()
 
     cdef AcquiredFrame _acquire(self, unsigned long long timeout_us, bint release_held):
         cdef AcquiredFrame frame
@@ -1356,6 +1379,7 @@ cdef class CudaConsumer(Resource):
     def _derive_off(self) -> bool:
         return self.derive_off
 
+    @cython.annotation_typing(False)  # a str or a bool reaches _close_timeout, which says what it takes
     def close(self, timeout: float | None = None) -> None:
         """Release a held frame and disconnect. Safe to call twice. Waits up to ``timeout`` seconds
         (default 10) for a call of another thread to leave (an acquire waits up to its own timeout)

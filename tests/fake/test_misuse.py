@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 import eglcuda
-from eglcuda import ClosedError, UsageError
+from eglcuda import ClosedError, ColorFormat, UsageError
 
 from .harness import fake, fake_driver_test
-from .kit import rng, stream_of
+from .kit import display, rng, stream_of
 
 
 @fake_driver_test
@@ -284,3 +284,114 @@ def test_frames_with_live_views_at_exit_are_freed_before_their_context():
         print("exiting", flush=True)
     """)
     assert out.splitlines()[-2:] == ["exiting", "misuse 0 "], out
+
+
+@fake_driver_test
+def test_a_frames_loop_left_behind_releases_only_its_own_frame():
+    """A frames() loop whose frame was released by hand, and the consumer then acquired another
+    outside the loop: dropping (or closing) the loop leaves that other frame alone."""
+    with stream_of(8, 4, fifo_length=2) as (_, stream, producer, consumer):
+        for frame in [producer.allocate_frame() for _ in range(2)]:
+            producer.present(frame)
+        loop = consumer.frames(timeout_us=1_000_000)
+        next(loop).release()
+        mine = consumer.acquire(timeout_us=1_000_000)
+        del loop
+        gc.collect()
+        assert not mine.released, "the loop released a frame it never handed out"
+        assert mine.planes[0].to_numpy().shape == (4, 8, 4)
+        loop = consumer.frames(timeout_us=1_000_000)
+        mine.release()
+        last = next(loop)
+        loop.close()
+        assert last.released  # its own frame, as before
+
+
+@fake_driver_test
+def test_frames_of_a_producer_collected_without_close_can_be_closed():
+    """A stream and its endpoints dropped without close() are disconnected by the collector; the
+    frames presented on them are then free to close (no producer is left to disconnect)."""
+    before = fake.live_allocations()
+    with eglcuda.Display.for_cuda_device(0) as display:
+        def presented_on_a_dropped_stream() -> eglcuda.Frame:
+            stream = display.create_stream(fifo_length=2)
+            stream.connect_cuda_consumer()
+            producer = stream.connect_cuda_producer(8, 4)
+            frame = producer.allocate_frame()
+            producer.present(frame)
+            return frame
+
+        frame = presented_on_a_dropped_stream()
+        gc.collect()
+        assert fake.count("connections") == 0
+        assert not frame.presented
+        frame.close()
+        assert frame.closed and fake.live_allocations() == before
+
+
+@fake_driver_test
+def test_the_consumer_side_name_of_nv12_makes_frames_its_producer_takes():
+    """YVU420_SEMIPLANAR (what a consumer is told for NV12, the same bytes) given to a producer or to
+    a wrapped frame means NV12, as it does to Frame.allocate: a producer presents the frames its
+    own allocate_frame makes, and frames made under either name."""
+    with display() as opened, opened.create_stream(fifo_length=2) as stream:
+        consumer = stream.connect_cuda_consumer()
+        producer = stream.connect_cuda_producer(8, 4, format="YVU420_SEMIPLANAR")
+        assert producer.format is ColorFormat.NV12
+        own = producer.allocate_frame()
+        memory = eglcuda.Frame.allocate(8, 4, format="NV12")
+        wrapped = eglcuda.Frame.from_pointer([plane.pointer for plane in memory.planes], 8, 4, memory.pitch,
+                                             format=ColorFormat.YVU420_SEMIPLANAR)
+        assert wrapped.format is ColorFormat.NV12
+        for frame in (own, wrapped):
+            producer.present(frame)
+            consumer.acquire(timeout_us=1_000_000).release()
+        producer.close()
+        consumer.close()
+        wrapped.close()
+        memory.close()
+
+
+@fake_driver_test
+def test_an_acquired_frame_cannot_be_copied_past_its_release():
+    """copy.copy or pickle of an acquired frame would make a second frame object that is never
+    released, whose planes read memory the stream took back: refused."""
+    import copy
+    import pickle
+
+    with stream_of(8, 4) as (_, stream, producer, consumer):
+        producer.present(producer.allocate_frame())
+        acquired = consumer.acquire(timeout_us=1_000_000)
+        for duplicate in (copy.copy, copy.deepcopy, pickle.dumps):
+            with pytest.raises(TypeError, match="cannot be copied"):
+                duplicate(acquired)
+        acquired.release()
+
+
+@fake_driver_test
+def test_bools_and_floats_name_no_format_device_location_or_timeout():
+    """An IntEnum takes True for 1 and 1.0 for 1: format=True would be NV12, location=True VIDMEM,
+    Display.for_cuda_device(True) device 1. Each is a UsageError, and so is a close() timeout that
+    is not a number of seconds (a str was a TypeError, a bool taken as 1 s)."""
+    from eglcuda import ResourceLocation
+
+    for bad in (True, False, 1.0, None, [1]):
+        with pytest.raises(UsageError, match="color format"):
+            eglcuda.Frame.allocate(8, 4, format=bad)
+    assert eglcuda.Frame.allocate(8, 4, format=np.int64(ColorFormat.NV12)).format is ColorFormat.NV12
+    with pytest.raises(UsageError, match="ordinal"):
+        eglcuda.Display.for_cuda_device(True)
+    with display() as opened:
+        for bad in (True, 1.0):
+            with opened.create_stream() as stream, pytest.raises(UsageError, match="location"):
+                stream.connect_cuda_consumer(location=bad)
+        with opened.create_stream() as stream:
+            consumer = stream.connect_cuda_consumer(location=ResourceLocation.VIDMEM)
+            producer = stream.connect_cuda_producer(8, 4)
+            for endpoint in (producer, consumer):
+                for bad in ("1", True, -1.0, float("nan")):
+                    with pytest.raises(UsageError, match="timeout"):
+                        endpoint.close(timeout=bad)
+                assert not endpoint.closed
+                endpoint.close(timeout=1)
+                assert endpoint.closed
