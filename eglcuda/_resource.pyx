@@ -11,7 +11,10 @@ images, syncs) derives from it and gets the same lifetime rules:
 - ``close()`` is idempotent; it first closes the children registered with ``parent=`` (newest
   first: what was made last may depend on what was made before), then runs the subclass's
   ``_before_release()``, then the release. ``closed`` is also True once the parent is closed.
-- A child keeps its parent alive; a parent refers to its children weakly.
+- A child keeps its parent alive; a parent refers to its children weakly. When a parent is
+  collected its children are garbage too (they would keep it alive otherwise), and the collector
+  finalizes a cycle's objects in no useful order: a parent's release runs its children's first,
+  so a stream is never destroyed before its endpoints disconnect.
 - At interpreter exit every open root (a resource with no parent) is closed before the remaining
   finalizers run: first those of ``_exit_rank`` 0 (displays, with their streams and endpoints),
   then 1 (frames), then 2 (devices), newest first within a rank. So a producer disconnects before
@@ -49,6 +52,14 @@ def _quietly(release, args) -> None:
         pass
 
 
+def _release_after_children(release, args, child_releases: list) -> None:
+    """A resource's finalizer: its children's finalizers first, newest first (each runs once; a
+    child closed already has run its own), then its release."""
+    for child_release in reversed(child_releases):
+        child_release()
+    _quietly(release, args)
+
+
 cdef class Resource:
     """Base of every object that owns a native handle: ``closed``, idempotent :meth:`close`, ``with``,
     a finalizer that never raises, and children closed before their parent."""
@@ -58,6 +69,7 @@ cdef class Resource:
 
     def __cinit__(self, *args, **kwargs):
         self._children = []
+        self._child_releases = []
         self._compact_at = 16
         self._generation = fork_generation
 
@@ -72,7 +84,7 @@ cdef class Resource:
         """Take ownership of a handle just made: ``release(*args)`` runs once, at close,
         collection or exit. With ``parent``, register as its child."""
         global _next_root
-        self._finalizer = weakref.finalize(self, _quietly, release, args)
+        self._finalizer = weakref.finalize(self, _release_after_children, release, args, self._child_releases)
         _owning.add(self)
         if parent is not None:
             self._parent = parent
@@ -92,8 +104,12 @@ cdef class Resource:
         # Dead entries are dropped whenever the list doubles, so a long-lived parent of many
         # short-lived children (syncs of a display) does not grow without bound.
         self._children.append(weakref.ref(child))
+        if isinstance(child, Resource) and (<Resource>child)._finalizer is not None:
+            self._child_releases.append((<Resource>child)._finalizer)
         if len(self._children) >= self._compact_at:
             self._children = [ref for ref in self._children if ref() is not None]
+            # (in place: this resource's finalizer holds the list)
+            self._child_releases[:] = [release for release in self._child_releases if release.alive]
             self._compact_at = max(16, 2 * len(self._children))
 
     @property
@@ -131,6 +147,8 @@ cdef class Resource:
         if self._parent is not None:  # the parent need not remember a closed child
             self._parent._children = [ref for ref in self._parent._children
                                       if ref() is not None and ref() is not self]
+            self._parent._child_releases[:] = [release for release in self._parent._child_releases
+                                               if release.alive]
 
     def __enter__(self):
         return self
