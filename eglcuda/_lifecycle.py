@@ -66,8 +66,8 @@ def stay_if_ended_by_exit(error: BaseException) -> None:
 
 class Tracked(Generic[T]):
     """The open objects of one class. ``forked(obj)`` runs for each in a forked child (only
-    flags and fresh locks there: no I/O), ``at_exit(obj)`` for each at interpreter exit (its
-    exceptions are swallowed: exit goes on)."""
+    flags, fresh locks and closing the child's copies of descriptors there: no I/O),
+    ``at_exit(obj)`` for each at interpreter exit (its exceptions are swallowed: exit goes on)."""
 
     def __init__(self, forked: Callable[[T], None], at_exit: Callable[[T], None]) -> None:
         self._open: weakref.WeakSet[T] = weakref.WeakSet()

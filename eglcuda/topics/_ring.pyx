@@ -19,6 +19,7 @@ growing (a subscriber that truncated it would make the publisher's reads fault),
     320    u64 releases read           (publisher writes)
     384    u32 publisher sleeps        (publisher sets before it sleeps; subscriber clears, then wakes it)
     448    u64 socket releases sent    (subscriber writes, after each release it sent on the socket)
+    512    u32 subscriber dropped      (publisher sets before it frees the frames it announced to it)
     4096   256 frame entries of 512 bytes:
              u8 kind (1 FRAME, 2 SOCKET: the next message on the socket comes here in order),
              u8 0, u16 slot, u16 payload length, u16 0, u64 seq, u64 timestamp, payload (488 bytes)
@@ -65,6 +66,7 @@ cdef extern from *:
     static inline uint64_t ring_load(volatile uint64_t *at) { return __atomic_load_n(at, __ATOMIC_SEQ_CST); }
     static inline void ring_store(volatile uint64_t *at, uint64_t value) { __atomic_store_n(at, value, __ATOMIC_SEQ_CST); }
     static inline void flag_set(volatile uint32_t *at, uint32_t value) { __atomic_store_n(at, value, __ATOMIC_SEQ_CST); }
+    static inline uint32_t flag_load(volatile uint32_t *at) { return __atomic_load_n(at, __ATOMIC_SEQ_CST); }
     static inline uint32_t flag_take(volatile uint32_t *at) {
         return __atomic_load_n(at, __ATOMIC_SEQ_CST) ? __atomic_exchange_n(at, 0, __ATOMIC_SEQ_CST) : 0;
     }
@@ -72,6 +74,7 @@ cdef extern from *:
     uint64_t ring_load(uint64_t *at) noexcept nogil
     void ring_store(uint64_t *at, uint64_t value) noexcept nogil
     void flag_set(uint32_t *at, uint32_t value) noexcept nogil
+    uint32_t flag_load(uint32_t *at) noexcept nogil
     uint32_t flag_take(uint32_t *at) noexcept nogil
 
 cdef extern from "<sys/socket.h>" nogil:
@@ -102,6 +105,7 @@ cdef enum:
     AT_RELEASES_READ = 320
     AT_PUB_SLEEPS = 384
     AT_SOCKET_RELEASES = 448
+    AT_DROPPED = 512
     AT_RELEASE_ENTRIES = HEADER + ENTRIES * ENTRY
     SIZE = AT_RELEASE_ENTRIES + RELEASES * RELEASE_ENTRY
     KIND_FRAME_ENTRY = 1
@@ -304,6 +308,12 @@ cdef class Ring:
             self.wake(fd)
         return done
 
+    def drop(self):
+        """The publisher dropped this subscriber: said before the frames announced to it are freed
+        (written again next), so that it hands out none of those it had not taken yet."""
+        if self.base != NULL and self.publisher:
+            flag_set(self.flag(AT_DROPPED), 1)
+
     cdef bint released_since(self) noexcept:
         """Whether the subscriber released a frame the publisher has not read yet: one waits in
         the ring, or one was sent on the socket since :meth:`note_socket` (the publisher's end)."""
@@ -371,6 +381,10 @@ cdef class Ring:
 
     cdef bint waiting(self) noexcept nogil:
         return self.base != NULL and ring_load(self.count(AT_FRAMES)) != self.taken
+
+    def dropped(self):
+        """Whether the publisher dropped this subscriber (its frames may be written again)."""
+        return self.base != NULL and flag_load(self.flag(AT_DROPPED)) != 0
 
     def sent_on_socket(self):
         """The subscriber sent a release on the socket (after the send: the publisher that sees

@@ -182,6 +182,17 @@ class Connection:
                 return self.dropped(message)
         return None
 
+    def dropped_meanwhile(self) -> bool:
+        """Whether the publisher dropped this subscriber, as its ring says (a load, no system
+        call): the frames announced before, not taken yet, may be written again already."""
+        ring = self.ring
+        return ring is not None and ring.dropped()
+
+    def lose_to_the_drop(self) -> NoReturn:
+        """The end once :meth:`dropped_meanwhile`: the drop with its reason, read ahead for."""
+        raise Lost(self.drop_waiting() or Dropped(f"the publisher of topic {self.name!r} dropped this subscriber",
+                                                  int(Reason.UNSPECIFIED)))
+
     # ---- writing (under the subscriber's state lock) ------------------------------------------------
     def send_release(self, seq: int, flags: int, extra: bytes) -> None:
         """Send the RELEASE of frame ``seq`` (encoded and sent in one compiled call), or queue it

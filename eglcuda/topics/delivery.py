@@ -480,6 +480,10 @@ class Delivery:
             return
         sub.alive = False
         ring = sub.ring
+        if ring is not None and not self.closing:
+            # (Before its frames are freed below, to be written again: it must not hand out one
+            # announced unread. A closing topic writes none: those stay its to read.)
+            ring.drop()
         if notify and _tell(sub.sock, protocol.encode(protocol.Drop(int(code), reason))) and ring is not None:
             ring.mark(sub.fd)  # (in a full ring it is not read: the connection's end says it is over)
         if ring is not None:
@@ -534,12 +538,12 @@ class Delivery:
 
     def forget(self) -> None:
         """A forked child: close this process's copies of the subscribers' sockets, say nothing
-        (a read here would take the parent's messages)."""
-        for sub in self.subs:
+        (a read here would take the parent's messages). Those handed over and not adopted yet too."""
+        for sub in self.subs + self.joined:
             sub.sock.close()
             if sub.ring is not None:
                 sub.ring.close()  # (this process's mapping only: the parent's stays)
-        self.subs = []
+        self.subs, self.joined = [], []
         self.close_epoll()
 
     def close_epoll(self) -> None:

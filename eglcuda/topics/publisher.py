@@ -606,6 +606,11 @@ def _forked(publisher: Publisher) -> None:
     publisher._close_lock = threading.Lock()
     if publisher._delivery is not None:
         publisher._delivery.join_lock = threading.Lock()
+    # The child's copies of the lock, the listening socket and the subscribers' connections go
+    # now, not at its close(): a child that outlives the parent (a worker) would keep the topic
+    # locked and the connections open, so a SIGKILLed publisher could be neither seen gone by
+    # its subscribers nor started again.
+    publisher._forget_in_child()
 
 
 def _close_at_exit(publisher: Publisher) -> None:

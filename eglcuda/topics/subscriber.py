@@ -257,6 +257,7 @@ class Subscriber:
         if conn.unsent:
             self._flush()
         transport = conn.transport
+        ring = conn.ring
         latest = not self._every
         while True:
             header = conn.next_frame(deadline)
@@ -280,6 +281,11 @@ class Subscriber:
                 raise Lost(conn.drop_waiting() or StreamDisconnected(f"the publisher of topic {self.name!r} is gone ({exc})"))
             except EglCudaError as exc:
                 raise Lost(conn.drop_waiting() or StreamDisconnected(f"receiving from topic {self.name!r} failed: {exc}"))
+            if ring is not None and ring.dropped():
+                # The publisher dropped this subscriber after announcing the frame and freed its
+                # slot, which it may be writing again: the drop is raised, not a frame gone bad.
+                transport.release(frame, header, None)
+                conn.lose_to_the_drop()
             if number is not None and number != header.number:
                 header = self._match(conn, header, number, frame, deadline)
             skipped = 0 if self._last_seq is None else header.seq - self._last_seq - 1
@@ -596,7 +602,7 @@ class Subscriber:
             return self._remote.wait_ready()
         conn = self._conn
         if (conn is not None and self._every and not self._closing and self._lost is None and not self._forked
-                and (conn.pending or conn.inbox.frame_next())):
+                and (conn.pending or conn.inbox.frame_next()) and not conn.dropped_meanwhile()):
             # The usual case of an ``every`` subscriber, a look without the lock (the compiled look
             # holds the GIL: a close on another thread cannot unmap the ring meanwhile): a frame's
             # entry next in the ring, or a frame read earlier. Nothing is read, so what made the
@@ -625,6 +631,8 @@ class Subscriber:
             if conn is None:  # pragma: no cover - _lost is set whenever the connection goes
                 return self._not_connected()
             try:
+                if conn.dropped_meanwhile():  # (as receive says: the drop, not a frame announced before it)
+                    conn.lose_to_the_drop()
                 if conn.pending and self.qos is Qos.EVERY:
                     return True
                 header = conn.pending.popleft() if conn.pending else conn.read(None)
@@ -921,6 +929,12 @@ def _forked(subscriber: Subscriber) -> None:
     subscriber._busy = threading.RLock()
     subscriber._state = threading.RLock()
     subscriber._wake_lock = threading.RLock()
+    # The child's copy of the connection goes now, not at its close(): a child that outlives the
+    # parent (a worker) would keep it open, and the publisher would not see the parent die.
+    conn, subscriber._conn = subscriber._conn, None
+    if conn is not None:
+        conn.inbox.close()  # (unmaps the child's copy of the ring; nothing is read or sent)
+        conn.sock.close()
 
 
 # Open subscribers, closed at interpreter exit (before eglcuda's own resources go) if the program

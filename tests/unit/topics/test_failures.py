@@ -12,7 +12,7 @@ import eglcuda
 from eglcuda.topics import protocol
 from eglcuda.topics.protocol import Reason
 
-from .helpers import Peer, pattern, publisher, put, subscriber
+from .helpers import NullPublisherBackend, Peer, pattern, publisher, put, subscriber
 
 
 def test_publisher_killed_then_restarted_while_the_subscriber_waits(path):
@@ -180,6 +180,24 @@ def test_a_frame_that_cannot_be_taken_after_a_drop_does_not_hide_the_drop(path):
             sub.receive(5)
         assert raised.value.code == Reason.QUEUE_FULL
         assert not sub.connected
+        sub.close()
+
+
+def test_a_frame_announced_before_a_drop_is_not_handed_out_once_its_slot_is_written_again(path):
+    """An 'every' subscriber that stopped (SIGSTOP, a long pause) past every_timeout is dropped,
+    and the publisher writes the slots it held again. Reading on, it used to get the frames
+    announced before the drop, their bytes already another frame's (no error); it now raises
+    the drop with its reason."""
+    with publisher(path, every_timeout=0.1, pool=2, max_pool=2, _backend=NullPublisherBackend(message_only=True)) as pub:
+        sub = subscriber(path, qos="every", queue=1)
+        put(pub, b"0", timeout=5)
+        put(pub, b"1", timeout=5)  # its queue is full: dropped after every_timeout
+        assert [record.code for record in pub.dropped] == ["QUEUE_FULL"]
+        put(pub, b"2", timeout=5)
+        put(pub, b"3", timeout=5)  # both pool slots written again
+        with pytest.raises(eglcuda.Dropped, match="every_timeout") as raised:
+            sub.receive(5)
+        assert raised.value.code == Reason.QUEUE_FULL and not sub.connected
         sub.close()
 
 

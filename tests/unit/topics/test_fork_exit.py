@@ -10,6 +10,7 @@ import threading
 import time
 
 import numpy as np
+import pytest
 
 import eglcuda
 
@@ -119,6 +120,76 @@ def test_a_forked_child_s_exit_hook_leaves_the_parent_s_put_off_close_alone(path
         assert os.path.exists(path)  # the parent's socket is still there
     pub._finish_deferred_close()
     assert not os.path.exists(path)
+
+
+_FORKS_A_WORKER = """
+import os, sys, time; sys.path.insert(0, {here!r}); import eglcuda
+from topics_null import NullPublisherBackend, NullSubscriberBackend
+if {role!r} == "publish":
+    held = eglcuda.Publisher("t", 64, 32, "Y", path={path!r}, _backend=NullPublisherBackend())
+else:
+    held = eglcuda.Subscriber("t", path={path!r}, qos="latest", timeout=5, _backend=NullSubscriberBackend())
+worker = os.fork()
+if worker == 0:  # a worker (multiprocessing's fork start) that never touches the topic
+    time.sleep(60)
+    os._exit(0)
+print(worker, flush=True)
+time.sleep(60)
+"""
+
+
+def _forking(path, role: str) -> tuple[subprocess.Popen, int]:
+    """A process holding a publisher or a subscriber of ``path`` that forked a worker: (process, worker pid)."""
+    code = _FORKS_A_WORKER.format(here=str(HERE), role=role, path=path)
+    process = subprocess.Popen([sys.executable, "-c", code], env=ENV, stdout=subprocess.PIPE, text=True)
+    return process, int(process.stdout.readline())
+
+
+def test_a_killed_publisher_whose_forked_worker_lives_is_seen_gone_and_can_start_again(path):
+    """The worker's copies of the topic's lock, listening socket and connections used to keep
+    the topic alive: its subscriber waited in vain (Timeout, not StreamDisconnected) and a new
+    publisher of the name was refused ("already has a live publisher") until the worker ended."""
+    process, worker = _forking(path, "publish")
+    try:
+        sub = subscriber(path, qos="every", queue=2)
+        process.kill()
+        process.wait(10)
+        started = time.monotonic()
+        with pytest.raises(eglcuda.StreamDisconnected):
+            sub.receive(5)
+        assert time.monotonic() - started < 2
+        with publisher(path) as pub:
+            sub.wait_for_publisher(5)
+            put(pub, b"again", timeout=5)
+            with sub.receive(5) as message:
+                assert message.frame.data == pattern(b"again")
+        sub.close()
+    finally:
+        process.kill()
+        os.kill(worker, signal.SIGKILL)
+        process.wait(10)
+
+
+def test_a_killed_subscriber_whose_forked_worker_lives_is_dropped_at_once(path):
+    """The worker's copy of the connection used to keep it open: the publisher kept a killed
+    'latest' subscriber (and the pool frames it held) for as long as the worker lived."""
+    with publisher(path) as pub:
+        process, worker = _forking(path, "subscribe")
+        try:
+            put(pub, b"0", timeout=5)
+            process.kill()
+            process.wait(10)
+            deadline = time.monotonic() + 2
+            while pub.subscribers and time.monotonic() < deadline:
+                put(pub, b"1", timeout=5)
+                time.sleep(0.01)
+            assert pub.subscribers == []
+            (record,) = pub.dropped
+            assert "exited or was killed" in record.reason
+        finally:
+            process.kill()
+            os.kill(worker, signal.SIGKILL)
+            process.wait(10)
 
 
 def test_a_subscriber_open_at_exit_says_goodbye(path):

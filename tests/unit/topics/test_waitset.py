@@ -387,6 +387,8 @@ def test_a_subscriber_closed_by_another_thread_wakes_the_set_with_its_error(path
 
 
 def test_a_dropped_subscriber_reports_its_frames_then_the_drop(path, ring):
+    """Through a ring (cuda-ipc, cuda-vmm), the frames announced before the drop are not handed
+    out: the publisher freed their slots, to write them again."""
     with publisher(path, ring, pool=8, every_timeout=0.2) as pub, subscriber(path, qos="every", queue=2) as sub, \
             eglcuda.WaitSet() as waits:
         waits.attach(sub)
@@ -400,7 +402,7 @@ def test_a_dropped_subscriber_reports_its_frames_then_the_drop(path, ring):
                 break
             with sub.receive(0) as message:
                 got.append(message.payload)
-        assert got == [b"0", b"1"]
+        assert got == ([] if ring else [b"0", b"1"])
         assert isinstance(event.error, eglcuda.Dropped) and event.error.code == Reason.QUEUE_FULL
         with pytest.raises(eglcuda.Dropped):
             sub.receive(0)
