@@ -386,9 +386,9 @@ def test_a_subscriber_closed_by_another_thread_wakes_the_set_with_its_error(path
         assert [e.kind for e in waits.wait(0)] == ["error"]  # (until detached)
 
 
-def test_a_dropped_subscriber_reports_its_frames_then_the_drop(path, ring):
-    """Through a ring (cuda-ipc, cuda-vmm), the frames announced before the drop are not handed
-    out: the publisher freed their slots, to write them again."""
+def test_a_dropped_subscriber_reports_the_frames_still_valid_then_the_drop(path, ring):
+    """Through a socket (EGLStream) the frames announced before the drop come first; through a
+    ring (cuda-ipc, cuda-vmm) none does: the publisher freed their slots, to write them again."""
     with publisher(path, ring, pool=8, every_timeout=0.2) as pub, subscriber(path, qos="every", queue=2) as sub, \
             eglcuda.WaitSet() as waits:
         waits.attach(sub)
