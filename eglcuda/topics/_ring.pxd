@@ -18,6 +18,7 @@ cdef class Ring:
     cdef object pop(self)
     cdef int next_kind(self) noexcept
     cdef bint waiting(self) noexcept nogil
+    cdef bint is_dropped(self) noexcept nogil
     cdef int push_frame(self, uint64_t seq, int slot, uint64_t timestamp, const char *payload,
                         Py_ssize_t size) noexcept
     cdef int push_marker(self) noexcept

@@ -34,7 +34,8 @@ class RingInbox:
     def rest(self) -> Any: ...
     def queued_kinds(self) -> bytes: ...
     def frame_next(self) -> bool:
-        """Whether the next thing to read is a frame's entry (nothing is taken)."""
+        """Whether the next thing to read is a frame's entry and this subscriber was not dropped
+        (nothing is taken)."""
     def arm(self) -> bool:
         """True when something is there to read now; else the ring's "sleeps" flag is set (the
         next entry makes the socket readable) and False."""

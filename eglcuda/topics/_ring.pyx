@@ -382,9 +382,12 @@ cdef class Ring:
     cdef bint waiting(self) noexcept nogil:
         return self.base != NULL and ring_load(self.count(AT_FRAMES)) != self.taken
 
+    cdef bint is_dropped(self) noexcept nogil:
+        return self.base != NULL and flag_load(self.flag(AT_DROPPED)) != 0
+
     def dropped(self):
         """Whether the publisher dropped this subscriber (its frames may be written again)."""
-        return self.base != NULL and flag_load(self.flag(AT_DROPPED)) != 0
+        return self.is_dropped()
 
     def sent_on_socket(self):
         """The subscriber sent a release on the socket (after the send: the publisher that sees
@@ -450,8 +453,10 @@ cdef class RingInbox:
 
     def frame_next(self):
         """Whether the next thing to read is a frame's entry (a receive hands it out without
-        asking the socket); nothing is taken."""
-        return self.fd >= 0 and not self.early and not self.ended and self.ring.next_kind() == KIND_FRAME_ENTRY
+        asking the socket) and the publisher has not dropped this subscriber (then no frame
+        announced before the drop is handed out); nothing is taken."""
+        return (self.fd >= 0 and not self.early and not self.ended and self.ring.next_kind() == KIND_FRAME_ENTRY
+                and not self.ring.is_dropped())
 
     def arm(self):
         """For a watcher of the socket (``Subscriber.fileno()``): True when something is there to

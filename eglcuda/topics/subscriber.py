@@ -602,7 +602,7 @@ class Subscriber:
             return self._remote.wait_ready()
         conn = self._conn
         if (conn is not None and self._every and not self._closing and self._lost is None and not self._forked
-                and (conn.pending or conn.inbox.frame_next()) and not conn.dropped_meanwhile()):
+                and ((conn.pending and not conn.dropped_meanwhile()) or conn.inbox.frame_next())):
             # The usual case of an ``every`` subscriber, a look without the lock (the compiled look
             # holds the GIL: a close on another thread cannot unmap the ring meanwhile): a frame's
             # entry next in the ring, or a frame read earlier. Nothing is read, so what made the
