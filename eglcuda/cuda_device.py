@@ -102,7 +102,8 @@ def get_device(ordinal: "int | CudaDevice" = 0) -> CudaDevice:
     if not isinstance(ordinal, int) or isinstance(ordinal, bool):
         raise UsageError(f"a CUDA device is an int ordinal or an eglcuda.CudaDevice, got {type(ordinal).__name__}")
     device = _devices.get(ordinal)  # one dict read is atomic; finalizers take this path
-    if device is None:
+    if device is None or cuda.forked_after_init():
+        # (in a forked child the parent's devices are closed: init() raises the reason)
         created = CudaDevice(ordinal)
         device = _devices.setdefault(ordinal, created)  # atomic: the first one made wins
     return device

@@ -1,17 +1,33 @@
 """CUDA driver calls eglcuda makes outside the per-frame path, and the CUDA error funnel."""
 from __future__ import annotations
 
+import os
 import threading
 from typing import Any
 
 from . import loader as _loader
-from ..errors import CUDAError, cuda_error_name
+from ..errors import CUDAError, UsageError, cuda_error_name
 from ._native import ffi, lib
 
 # Re-entrant: the garbage collector may run a finalizer that needs it (a frame's free looks
 # up its device) on a thread that holds it, at any allocation.
 _init_lock = threading.RLock()
 _initialized = False
+# True in a child made by fork() after this process initialized the driver: the driver cannot be
+# used there (its calls fail with CUDA_ERROR_INITIALIZATION_ERROR or worse).
+_forked_after_init = False
+
+FORKED_CHILD = ("this process was forked from one that had initialized CUDA, and the CUDA driver cannot "
+                "be used in such a child: start the process with multiprocessing's 'spawn' or "
+                "'forkserver' method (or fork before the parent uses CUDA)")
+
+
+def _after_fork_in_child() -> None:
+    global _forked_after_init
+    _forked_after_init = _forked_after_init or _initialized
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 # The driver's answer for a launch that timed out, and for an EGLStream acquire or return that
 # waited in vain.
@@ -28,6 +44,8 @@ def cuda_error(code: int, call: str, doing: str = "") -> CUDAError:
             name = ffi.string(text[0]).decode()
         if lib.cuGetErrorString(code, text) == 0 and text[0] != ffi.NULL:
             description = ffi.string(text[0]).decode()
+    if _forked_after_init:
+        doing = f"{doing} ({FORKED_CHILD})" if doing else FORKED_CHILD
     return CUDAError(code, call, name=name or cuda_error_name(code), description=description, doing=doing)
 
 
@@ -38,9 +56,12 @@ def check(code: int, call: str, doing: str = "") -> None:
 
 
 def init() -> None:
-    """Load libcuda and call ``cuInit`` once per process."""
+    """Load libcuda and call ``cuInit`` once per process. In a child forked after that, raise
+    :class:`~eglcuda.UsageError` saying why the driver cannot be used there."""
     global _initialized
     if _initialized:
+        if _forked_after_init:
+            raise UsageError(FORKED_CHILD)
         return
     _loader.cuda()
     with _init_lock:
@@ -63,6 +84,11 @@ def device_count() -> int:
     out = ffi.new("int *")
     check(lib.cuDeviceGetCount(out), "cuDeviceGetCount")
     return out[0]
+
+
+def forked_after_init() -> bool:
+    """Whether this process is a child forked after its parent initialized the driver."""
+    return _forked_after_init
 
 
 def initialized() -> bool:
