@@ -194,6 +194,22 @@ def present_into_a_full_fifo_waits_for_the_consumer(display: eglcuda.Display) ->
         third.start()
         third.join(0.2)
         assert third.is_alive() and not presented, "a present into a full FIFO did not wait"
+        # Meanwhile a return_frame on another thread waits for that present no longer than its
+        # own timeout, and gets nothing.
+        returns: list[tuple[object, float]] = []
+
+        def return_frames() -> None:
+            for timeout_us in (0, 100_000):
+                started = time.perf_counter()
+                returns.append((producer.return_frame(timeout_us), time.perf_counter() - started))
+
+        taker = threading.Thread(target=return_frames, daemon=True)
+        taker.start()
+        taker.join(2)
+        assert not taker.is_alive(), "return_frame waited for the blocked present beyond its timeout"
+        assert [back for back, _ in returns] == [None, None]
+        assert returns[0][1] < 0.05 and 0.09 < returns[1][1] < 0.6, returns
+        assert third.is_alive() and not presented
         acquired_at = time.perf_counter()
         numbers = []
         for index in range(3):

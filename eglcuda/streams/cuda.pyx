@@ -18,7 +18,7 @@ from cpython.pystate cimport PyThreadState_Get
 from cpython.ref cimport Py_INCREF, Py_XDECREF, PyObject, _Py_REFCNT
 from libc.stdint cimport uint64_t, uintptr_t
 from libc.string cimport memset
-from posix.time cimport CLOCK_REALTIME, clock_gettime, timespec
+from posix.time cimport CLOCK_MONOTONIC, CLOCK_REALTIME, clock_gettime, timespec
 
 from eglcuda._resource cimport Resource
 from eglcuda.frames._core cimport CU_EGL_FRAME_TYPE_ARRAY, CUeglFrame, FrameCore, ProducerLink
@@ -227,6 +227,30 @@ cdef bint gate_enter_within(Gate *gate, str endpoint, double timeout_s) except -
         deadline.tv_sec += 1
         deadline.tv_nsec -= 1000000000
     return gate_wait(gate, endpoint, &deadline)
+
+
+cdef inline bint gate_enter_for(Gate *gate, str endpoint, unsigned long long *wait_us) except -1:
+    """gate_enter for a call that waits at most ``*wait_us``: while another thread is inside (a
+    present into a full FIFO waits for the consumer, without limit), wait for the gate no longer
+    than that and take the time it took from ``*wait_us``. False when the time ran out first."""
+    if not gate.busy and not gate.waiters:
+        gate.busy = 1
+        gate.owner = <uintptr_t>PyThreadState_Get()
+        return True
+    return gate_wait_for(gate, endpoint, wait_us)
+
+
+cdef bint gate_wait_for(Gate *gate, str endpoint, unsigned long long *wait_us) except -1:
+    """gate_enter_for's wait for another thread."""
+    cdef timespec start, now
+    cdef long long spent
+    clock_gettime(CLOCK_MONOTONIC, &start)
+    if not gate_enter_within(gate, endpoint, wait_us[0] / 1e6):
+        return False
+    clock_gettime(CLOCK_MONOTONIC, &now)
+    spent = (now.tv_sec - start.tv_sec) * 1000000 + (now.tv_nsec - start.tv_nsec) // 1000
+    wait_us[0] = wait_us[0] - <unsigned long long>spent if <long long>wait_us[0] > spent else 0
+    return True
 
 
 cdef void gate_hand_over(Gate *gate) noexcept:
@@ -464,10 +488,13 @@ cdef class CudaProducer(Resource):
 
         None is also the documented answer while the stream keeps the newest frame for its consumer
         (reuse on, the default): that frame comes back only after another is presented, so with one
-        frame in flight this returns None at once instead of waiting. The wait releases the GIL."""
+        frame in flight this returns None at once instead of waiting. The wait releases the GIL.
+        Time spent waiting for another thread's call on this producer (a present into a full FIFO
+        waits for the consumer) counts against ``timeout_us``."""
         cdef unsigned long long wait_us = self._timeout(timeout_us)
         cdef CUresult status
-        gate_enter(&self.gate, "producer")
+        if not gate_enter_for(&self.gate, "producer", &wait_us):
+            return None
         try:
             if not self.connected:
                 raise ClosedError("the producer is disconnected (or its stream closed)")
