@@ -266,6 +266,31 @@ def test_a_forked_child_that_exits_through_the_interpreter_leaves_the_parent_wor
     assert "child 0 parent acquired True" in out.stdout
 
 
+def test_a_child_forked_after_cuda_was_used_is_refused_with_the_reason_before_the_driver():
+    out = run_script("""
+        frame = eglcuda.Frame.allocate(64, 48)
+        sys.stdout.flush()
+        pid = os.fork()
+        if pid == 0:
+            words = []
+            for call in (lambda: eglcuda.get_device(0), lambda: eglcuda.Frame.allocate(64, 48),
+                         lambda: eglcuda.Display.for_cuda_device(0).create_stream()):
+                try:
+                    call()
+                    words.append("worked")
+                except eglcuda.UsageError as exc:
+                    words.append("spawn" if "'spawn'" in str(exc) else str(exc))
+                except Exception as exc:
+                    words.append(f"{type(exc).__name__}: {exc}")
+            print("child", *words, flush=True)
+            os._exit(0)
+        _, status = os.waitpid(pid, 0)
+        print("parent", os.waitstatus_to_exitcode(status), eglcuda.Frame.allocate(64, 48).closed, frame.closed)
+    """)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["child spawn spawn spawn", "parent 0 False False"], out.stdout
+
+
 def test_exit_with_live_endpoints_and_daemon_threads_inside_calls(display):
     out = run_script("""
         display = eglcuda.Display.for_cuda_device(0)
