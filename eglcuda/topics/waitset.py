@@ -9,6 +9,7 @@ import numbers
 import os
 import select
 import time
+import weakref
 from typing import Any, Literal
 
 from ..errors import ClosedError, UsageError
@@ -103,16 +104,32 @@ class WaitSet:
     deadline counts again, from that wait). While nothing is ready and no deadline or interval is
     due, :meth:`wait` sleeps in the kernel and costs no CPU. Use one set from one thread (attach
     and detach too); a subscriber may be in several sets, and it is received from by the thread
-    that waits. :meth:`close` from a signal handler that interrupts :meth:`wait` ends that wait
-    with :class:`eglcuda.ClosedError`; a :meth:`close` from another thread does not wake a wait
-    in progress there: that wait raises :class:`eglcuda.ClosedError` only once it wakes (its
-    timeout, or a descriptor attached before the close turning readable). A set dropped without
-    :meth:`close` goes at once (no reference cycle), closing its descriptor. In a child made by
+    that waits. :meth:`close`, from another thread or from a signal handler that interrupts
+    :meth:`wait`, ends that wait at once with :class:`eglcuda.ClosedError`. A set dropped without
+    :meth:`close` goes at once (no reference cycle), closing its descriptors. In a child made by
     ``fork()``, a set of the parent raises :class:`eglcuda.UsageError` but for :meth:`close`
     (make a new set there)."""
 
     def __init__(self) -> None:
-        self._epoll: select.epoll | None = select.epoll()
+        epoll = select.epoll()
+        try:
+            # close() writes it: a closed epoll descriptor does not end an epoll_wait that another
+            # thread is in, so without it a wait with no timeout would sleep on forever.
+            wake = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+            try:
+                epoll.register(wake, select.EPOLLIN)
+            except BaseException:
+                os.close(wake)
+                raise
+        except BaseException:
+            epoll.close()
+            raise
+        self._epoll: select.epoll | None = epoll
+        self._wake = wake
+        # Closes the wake descriptor once: by close(), by a wait that close() ended, or at collection.
+        self._wake_closer = weakref.finalize(self, os.close, wake)
+        self._waiting = 0  # waits in progress (a close() leaves the wake descriptor open to them)
+        self._woken = False  # close() has written the wake descriptor (from then on a wait may close it)
         self._pid = os.getpid()
         self._fork = _forks[0]
         # Per descriptor, the event it reports when ready, made once (it says the same every time;
@@ -209,6 +226,15 @@ class WaitSet:
             raise ClosedError("the wait set is closed")
         if self._fork != _forks[0]:
             raise self._forked_error()
+        self._waiting += 1
+        try:
+            return self._wait(epoll, timeout)
+        finally:
+            self._waiting -= 1
+            if self._woken and not self._waiting:  # (closed meanwhile: close() may have left this to us)
+                self._wake_closer()
+
+    def _wait(self, epoll: select.epoll, timeout: float | None) -> list[Event]:
         timed = self._timed
         by_fd = self._by_fd
         now = time.monotonic()
@@ -239,6 +265,8 @@ class WaitSet:
                 if self._epoll is None:
                     raise ClosedError("the wait set was closed during the wait") from None
                 raise
+            if self._epoll is None:  # (close() from another thread: its write to the wake descriptor woke us)
+                raise ClosedError("the wait set was closed during the wait")
             events: list[Event] = []
             for fd, _ in ready:
                 event = by_fd.get(fd)
@@ -320,15 +348,22 @@ class WaitSet:
                           "WaitSet here (close() here only lets go of its copy)")
 
     def close(self) -> None:
-        """Detach everything and close the set's descriptor (idempotent). The sources stay open.
-        A :meth:`wait` that this call interrupts (from a signal handler) raises
-        :class:`eglcuda.ClosedError`; one in progress on another thread is not woken by it, and
-        raises :class:`eglcuda.ClosedError` once it wakes. In a forked child, the only call that
-        works: it closes the child's copy of the descriptor and leaves the parent's set as it
-        was."""
-        epoll, self._epoll = self._epoll, None
+        """Detach everything and close the set's descriptors (idempotent). The sources stay
+        open. A :meth:`wait` in progress, on another thread or interrupted by this call from a
+        signal handler, raises :class:`eglcuda.ClosedError` at once. In a forked child, the only
+        call that works: it closes the child's copies of the descriptors and leaves the parent's
+        set as it was (its waits are not woken)."""
+        epoll, self._epoll = self._epoll, None  # (one close() goes on: two threads may call it at once)
         if epoll is not None:
+            forked = self._fork != _forks[0]
+            if not forked:  # (in a forked child the eventfd is the parent's too: no write)
+                os.eventfd_write(self._wake, 1)
+                self._woken = True  # (only now may a wait close it: never a write to a closed descriptor)
             epoll.close()
+            # A wait in progress closes it as it leaves (closed now, its wake-up could be lost);
+            # in a forked child no wait runs (a count copied from a parent's wait says nothing).
+            if not self._waiting or forked:
+                self._wake_closer()
         self._by_fd.clear()
         self._attachments.clear()
         self._timed.clear()

@@ -189,6 +189,31 @@ def test_a_forked_child_cannot_change_the_parents_wait_set(path):
             assert message.frame.data == pattern(b"after")
 
 
+def test_a_forked_childs_close_lets_go_of_its_copies_and_leaves_the_parents_wait_asleep(path):
+    """fork() while a thread of the parent waits on a set: the child's close() closes its copies
+    of both of the set's descriptors (the epoll set and the eventfd a close writes) without
+    writing to it, and the parent's wait sleeps on until its own timeout."""
+    with publisher(path, True), subscriber(path, qos="every") as sub, eglcuda.WaitSet() as waits:
+        waits.attach(sub)
+        outcome = []
+        waiter = threading.Thread(target=lambda: outcome.append(waits.wait(1.0)), daemon=True)
+        waiter.start()
+        time.sleep(0.2)
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                count = open_fds()
+                waits.close()
+                code = 0 if count - open_fds() == 2 else 3
+            finally:
+                os._exit(code)
+        assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+        waiter.join(5)
+        assert outcome == [[]]  # (the child's close did not wake it: it ended at its timeout)
+        assert not waits.closed
+
+
 # ---- WaitSet ----------------------------------------------------------------------------------
 
 def test_a_wait_set_wakes_on_any_and_reports_each_ready_subscriber(folder, ring):
@@ -505,14 +530,18 @@ def test_a_wait_set_closed_by_a_signal_handler_ends_the_wait_with_closed_error(p
             assert message.frame.data == pattern(b"after")
 
 
-def test_a_wait_set_closed_by_another_thread_raises_closed_error_once_the_wait_wakes(path, ring):
-    """close() from another thread does not wake a wait in progress (one set, one thread): the
-    wait raises ClosedError once it wakes, at a frame of a subscriber attached before the close
-    (no timeout) or at its timeout."""
+def test_a_wait_set_closed_by_another_thread_ends_the_wait_at_once(path, ring):
+    """close() from another thread while wait() sleeps (no timeout, or a long one with a
+    deadline and an interval, nothing ever coming): the wait raises ClosedError at once, the
+    set leaves no descriptor, and its subscriber stays open and receives."""
     with publisher(path, ring) as pub, subscriber(path, qos="every") as sub:
-        for timeout in (None, 0.5):
+        sub.fileno()
+        for timeout in (None, 30):
+            before = open_fds()
             waits = eglcuda.WaitSet()
-            waits.attach(sub, deadline=None if timeout is None else 10)
+            waits.attach(sub, deadline=None if timeout is None else 20)
+            if timeout is not None:
+                waits.attach_interval(20)
             outcome = []
 
             def wait():
@@ -521,20 +550,20 @@ def test_a_wait_set_closed_by_another_thread_raises_closed_error_once_the_wait_w
                 except BaseException as exc:
                     outcome.append(exc)
 
-            waiter = threading.Thread(target=wait)
+            waiter = threading.Thread(target=wait, daemon=True)  # (daemon: a wait never woken fails, not hangs)
             waiter.start()
-            time.sleep(0.1)
+            time.sleep(0.2)
+            started = time.monotonic()
             waits.close()
-            if timeout is None:
-                time.sleep(0.2)
-                assert waiter.is_alive()  # (not woken by the close)
-                put(pub, b"wake")
             waiter.join(5)
-            assert not waiter.is_alive() and len(outcome) == 1
+            assert not waiter.is_alive() and len(outcome) == 1, "a close() of another thread left the wait asleep"
             assert isinstance(outcome[0], eglcuda.ClosedError), outcome
-            if timeout is None:
-                with sub.receive(0) as message:
-                    assert message.frame.data == pattern(b"wake")
+            assert time.monotonic() - started < 1
+            del waits
+            assert open_fds() == before
+        put(pub, b"after")
+        with sub.receive(5) as message:
+            assert message.frame.data == pattern(b"after")
 
 
 def test_a_wait_set_dropped_unclosed_lets_its_subscribers_go_at_once(path, ring):
