@@ -755,8 +755,14 @@ class Subscriber:
             self._deferral.put_off()
             return
         with self._busy:  # a receive in another thread leaves (woken at once), then this goes on
-            if not self._closed:
-                self._close()
+            try:
+                if not self._closed:
+                    self._close()
+            finally:
+                if self._ready is not None:
+                    # Again, now that no receive runs: one that was ending as this close began may
+                    # have made the descriptor quiet after the set() above; a watcher must see the close.
+                    self._ready.set()
         # (Only now: a close() interrupted while waiting above stays for the exit hook to finish.)
         _open.discard(self)
 

@@ -411,6 +411,38 @@ def test_a_subscriber_closed_by_another_thread_wakes_the_set_with_its_error(path
         assert [e.kind for e in waits.wait(0)] == ["error"]  # (until detached)
 
 
+def test_a_close_from_another_thread_during_a_receive_that_drains_leaves_the_descriptor_readable(path, ring):
+    """close() from another thread lands as this thread's receive(timeout=0) takes the last frame
+    waiting and is about to make the descriptor quiet: once the close is done, the descriptor is
+    readable (a watcher sees the close) and a wait set reports the ClosedError."""
+    with publisher(path, ring) as pub, subscriber(path, qos="every") as sub, eglcuda.WaitSet() as waits:
+        waits.attach(sub)
+        put(pub, b"1")
+        put(pub, b"2")
+        sub.receive(0).release()  # (a frame is left: the descriptor stays readable)
+        ready = sub._ready
+        quiet = ready.clear
+        closer = threading.Thread(target=sub.close)
+
+        def clear():  # (the close() comes in just before the receive makes the descriptor quiet)
+            closer.start()
+            while not sub._closing:
+                time.sleep(0.001)
+            time.sleep(0.05)
+            quiet()
+
+        ready.clear = clear
+        try:
+            sub.receive(0).release()
+        finally:
+            del ready.clear
+        closer.join(5)
+        assert sub.closed and not closer.is_alive()
+        assert readable(sub.fileno()), "closed, yet its descriptor is quiet: a watcher never hears of the close"
+        (event,) = waits.wait(1)
+        assert event.kind == "error" and isinstance(event.error, eglcuda.ClosedError)
+
+
 def test_a_dropped_subscriber_reports_the_frames_still_valid_then_the_drop(path, ring):
     """Through a socket (EGLStream) the frames announced before the drop come first; through a
     ring (cuda-ipc, cuda-vmm) none does: the publisher freed their slots, to write them again."""
