@@ -108,6 +108,8 @@ class Relay:
         self._frames = seal
         self._closing = False
         self._closed = False
+        # One close() tears down; another (serve_forever's own, the exit hook's) waits for it.
+        self._close_lock = threading.Lock()
         self._senders: list[Sender] = []  # (engine's thread)
         self._history: collections.deque[RemoteInfo] = collections.deque(maxlen=64)  # those that left
         self._staging: Staging | None = None
@@ -444,13 +446,17 @@ class Relay:
         """Stop serving: remote subscribers get :class:`eglcuda.Dropped` (the relay closed), the
         local subscription ends, every buffer is freed, and the call returns once the listening
         port is free again (a relay made next on it binds at once; at most 3 s more). Safe to
-        call twice."""
-        if self._closed:
-            return
-        _ucx.untrack(self)
+        call twice, and from two threads at once (the second returns once the first is done)."""
         if os.getpid() != self._pid:  # (a forked child: the loop, the buffers and the status file are the parent's)
+            _ucx.untrack(self)
             self._closed = True
             return
+        with self._close_lock:  # (_closed is set before the teardown ends: the lock is what waits for it)
+            if not self._closed:
+                self._close()
+
+    def _close(self) -> None:
+        _ucx.untrack(self)
         self._closing = True
         loop = self._loop
         if loop is not None:

@@ -106,3 +106,46 @@ def test_a_daemon_thread_reading_a_remote_subscriber_at_exit_stops_without_a_tra
         out = subprocess.run([sys.executable, "-c", _READER_AT_EXIT, address, qos], env=env, cwd=str(ROOT),
                              capture_output=True, text=True, timeout=60)
         assert (out.returncode, out.stdout.strip(), out.stderr) == (0, "True", ""), out.stderr
+
+
+# serve_forever() on a thread, close() from the main thread while a remote is connected (its
+# goodbye keeps the first close busy past serve_forever's next look at the flag).
+_CLOSE_BESIDE_SERVE = r'''
+import json, logging, sys, threading, time
+import eglcuda
+warnings = []
+class Keep(logging.Handler):
+    def emit(self, record):
+        warnings.append(record.getMessage())
+logging.getLogger("eglcuda").addHandler(Keep(logging.WARNING))
+closes = []
+for _ in range(3):
+    relay = eglcuda.Relay("t", "127.0.0.1:0", path=sys.argv[1])
+    sub_close = relay._sub.close
+    relay._sub.close = lambda: (closes.append(threading.current_thread().name), sub_close())
+    sub = eglcuda.Subscriber("t", remote=f"127.0.0.1:{relay.address[1]}")
+    sub.receive(10).release()
+    serving = threading.Thread(target=relay.serve_forever, name="serving")
+    serving.start()
+    time.sleep(0.3)
+    relay.close()
+    closed_at_return = relay._staging is None
+    serving.join(10)
+    sub.close()
+    print(json.dumps({"closed_at_return": closed_at_return}), flush=True)
+print(json.dumps({"closes": closes, "warnings": warnings}), flush=True)
+'''
+
+
+def test_close_from_another_thread_while_serve_forever_runs_tears_down_once(cluster, env):
+    """serve_forever() ends by closing the relay too: it ran its own close() beside the caller's,
+    both tearing the relay down at once (a relay's stream synchronized after the other close
+    destroyed it: "staging copies did not end: ... INVALID_HANDLE", now and then). One close
+    tears down; the other waits for it."""
+    cluster.publisher(rate=300)
+    out = subprocess.run([sys.executable, "-c", _CLOSE_BESIDE_SERVE, cluster.path], env=env, cwd=str(ROOT),
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = [json.loads(line) for line in out.stdout.splitlines()]
+    assert all(line["closed_at_return"] for line in lines[:-1]), lines
+    assert lines[-1] == {"closes": ["MainThread"] * 3, "warnings": []}, lines[-1]
