@@ -101,8 +101,14 @@ class Subscriber:
         self._remote: RemoteFeed | None = None  # the frames come through a relay (remote=): see remote_feed
         if remote is not None:
             # path, transport and trusted_uids are the relay's business: ignored here.
-            self._remote = remote_feed(self.name, self.qos, queue, device, self.timeout, gl_context, cuda_stream,
-                                       remote, key, frames)
+            try:
+                self._remote = remote_feed(self.name, self.qos, queue, device, self.timeout, gl_context,
+                                           cuda_stream, remote, key, frames)
+            except BaseException as exc:
+                # (a daemon thread joining as the interpreter exits: the exit stops the engine under
+                # its handshake; it stays to be stopped, as a receive does, without a traceback)
+                stay_if_ended_by_exit(exc)
+                raise
             self.path = self._remote.path
             # (Its link lives on the UCX engine, not in this object: collected unclosed, it is
             # closed in the background; at exit the engine's exit hook closes it.)

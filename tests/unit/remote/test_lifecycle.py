@@ -149,3 +149,35 @@ def test_close_from_another_thread_while_serve_forever_runs_tears_down_once(clus
     lines = [json.loads(line) for line in out.stdout.splitlines()]
     assert all(line["closed_at_return"] for line in lines[:-1]), lines
     assert lines[-1] == {"closes": ["MainThread"] * 3, "warnings": []}, lines[-1]
+
+
+# A daemon thread of the program joins and leaves a relay over and over; the main thread ends.
+_JOINING_AT_EXIT = r'''
+import sys, threading, time
+import eglcuda
+relay = eglcuda.Relay("t", "127.0.0.1:0", path=sys.argv[1])
+address = f"127.0.0.1:{relay.address[1]}"
+joins = []
+def joining():
+    while True:
+        eglcuda.Subscriber("t", remote=address).close()
+        joins.append(1)
+threading.Thread(target=joining, daemon=True).start()
+while len(joins) < 3:
+    time.sleep(0.01)
+print(len(joins), flush=True)
+'''
+
+
+def test_a_daemon_thread_joining_a_relay_at_exit_stops_without_a_traceback(cluster, env):
+    """The exit stops the UCX engine under a handshake of a daemon thread's Subscriber(remote=...):
+    its constructor raised ClosedError ("the subscriber ... is closed") and the thread died with
+    a traceback on stderr, about one exit in two. It stays to be stopped with the interpreter, as
+    a daemon thread's receive() does."""
+    cluster.publisher(rate=300)
+    for _ in range(8):
+        out = subprocess.run([sys.executable, "-c", _JOINING_AT_EXIT, cluster.path], env=env, cwd=str(ROOT),
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr[-2000:]
+        # (UCX's and UCXX's own lines at the listener's end, a connection request in flight, are theirs)
+        assert "Traceback" not in out.stderr and "eglcuda.errors" not in out.stderr, out.stderr[-2000:]
