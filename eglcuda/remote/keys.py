@@ -53,7 +53,8 @@ def read_key_file(path: str) -> bytes:
     not regular, that is not this process's user's (effective uid), that group or others may
     read or write, or whose folder others may write to (they could replace it)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        # (O_NONBLOCK: opening a FIFO would wait for a writer, before the check that it is no file)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError as exc:
         raise UsageError(f"key file {path}: {exc.strerror}") from None
     try:

@@ -220,3 +220,16 @@ def test_the_frame_seal_bench_prints_each_mode(tmp_path):
     assert done.returncode == 0, done.stderr
     for mode in ("plain", "integrity", "encrypted"):
         assert f"| 1080p-nv12 | frames={mode}: seal + open |" in done.stdout
+
+
+def test_a_key_file_that_is_a_fifo_is_refused_at_once(tmp_path):
+    # Opening a FIFO for reading waits for a writer: EGLCUDA_REMOTE_KEY_FILE or --key-file naming
+    # one hung the relay or the subscriber for ever, before the check that a key file is regular.
+    fifo = tmp_path / "k"
+    os.mkfifo(fifo, 0o600)
+    read = ("import sys; from eglcuda.errors import UsageError; from eglcuda.remote import keys\n"
+            "try:\n    keys.read_key_file(sys.argv[1])\nexcept UsageError as exc:\n    print(exc)")
+    done = subprocess.run([sys.executable, "-c", read, str(fifo)], capture_output=True, text=True, timeout=30,
+                          cwd=str(ROOT))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"key file {fifo} is not a regular file", done.stdout
