@@ -253,7 +253,7 @@ class Relay:
         """Why a peer that proved the key is not served now (the server asks)."""
         if self._closing:
             return Reason.CLOSING, "the relay is closing"
-        if len(self._senders) >= self.max_remotes:
+        if sum(1 for sender in self._senders if not sender.left) >= self.max_remotes:
             return Reason.BUSY, f"the relay serves {self.max_remotes} remote subscribers already"
         if not self._live or self._welcome is None:
             return NO_PUBLISHER, f"topic {self.name!r} has no publisher at the relay now"

@@ -103,6 +103,9 @@ class Sender:
         self._first_after = -1  # it takes no frame up to this one (start_after)
         self._dropped: str | None = None
         self._gone: tuple[int, str] | None = None  # (code, reason) to send, then close
+        # It said BYE: served no more, though its connection lasts until it is gone. The relay's
+        # count of remotes skips it, so that a subscriber made as this one closed is not refused.
+        self.left = False
         # After the publisher closed the topic: the frames still pending go out first, until then
         # (time.monotonic(); each credit it returns moves that every_timeout on: it keeps pace), as a
         # local subscriber gets every frame published before the close.
@@ -392,6 +395,8 @@ class Sender:
                 if kind is wire.Control.CREDIT:
                     self.credit(count)
                 elif kind is wire.Control.BYE:
+                    self.left = True
+                    self._let_go_pending()  # (a leaving subscriber takes no more frames: their buffers back)
                     self.end(Reason.CLOSING, "the subscriber closed", dropped=False)
                     return
         except asyncio.CancelledError:

@@ -586,3 +586,34 @@ def test_a_remote_subscriber_holds_as_many_messages_as_it_may_and_no_more(cluste
     assert "release one" in done["refused"], done
     assert done["ok"], done
     assert done["seqs"] == sorted(set(done["seqs"])), done
+
+
+_REJOIN_AT_ONCE = r'''
+import json, sys
+sys.path.insert(0, "tests/gpu")
+import eglcuda
+from topics_peer import check
+refused, oks = [], []
+for qos in ("latest", "every"):
+    for _ in range(10):
+        try:
+            with eglcuda.Subscriber("t", remote=sys.argv[1], qos=qos) as sub:
+                with sub.receive(10) as message:
+                    oks.append(check(message, 5)[0])
+        except eglcuda.Refused as exc:
+            refused.append(str(exc))
+print(json.dumps({"refused": refused, "oks": oks}), flush=True)
+'''
+
+
+def test_a_remote_subscriber_closed_and_made_again_at_once_is_not_refused_as_one_too_many(cluster, env):
+    """A relay serving as many remotes as it may: one closes and a new one joins at once (a program
+    that reconnects). The relay counted the one that said goodbye until its connection was gone,
+    and refused the new one ("serves 1 remote subscribers already") about one time in two."""
+    cluster.publisher(rate=300)
+    _, address = cluster.relay("--max-remotes", "1")
+    out = subprocess.run([sys.executable, "-c", _REJOIN_AT_ONCE, address], env=env, cwd=str(ROOT),
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    said = json.loads(out.stdout.splitlines()[-1])
+    assert said == {"refused": [], "oks": [True] * 20}, said
