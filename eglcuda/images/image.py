@@ -439,7 +439,11 @@ class MappedImage(Resource):
         """Upload host texels of shape (height, width, channels) into the image and wait."""
         fmt = self.format
         texels = np.ascontiguousarray(texels)
-        if texels.dtype != np.dtype(fmt.dtype) or texels.size != self.height * self.width * fmt.channels:
+        # The shape, not only the size: a transposed (width, height, channels) image or a flat
+        # array has the right number of texels and would land scrambled. (height, width *
+        # channels) is the same bytes, one row per line, as Plane.copy_from takes.
+        shapes = ((self.height, self.width, fmt.channels), (self.height, self.width * fmt.channels))
+        if texels.dtype != np.dtype(fmt.dtype) or texels.shape not in shapes:
             raise UsageError(f"expected {fmt.dtype} texels of shape ({self.height}, {self.width}, {fmt.channels}), "
                              f"got {texels.dtype} {texels.shape}")
         destination = self._endpoint()

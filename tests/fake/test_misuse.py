@@ -91,6 +91,35 @@ def test_copy_from_refuses_data_of_the_wrong_shape():
 
 
 @fake_driver_test
+def test_an_image_upload_of_the_wrong_shape_is_refused():
+    """MappedImage.copy_from took any array of the right number of texels: a transposed
+    (width, height, channels) image or a flat array was uploaded scrambled. Only the texels'
+    shape, or one row per line, is taken. (The fake has no graphics registration: the view is a
+    pitch-linear mapping, the native path's kind, over fake device memory.)"""
+    from types import SimpleNamespace
+
+    from eglcuda.cuda_device import get_device
+    from eglcuda.images.image import TEXTURE_FORMATS, MappedImage
+
+    random = rng()
+    width, height = 6, 4
+    memory = eglcuda.Frame.allocate(width, height)  # ARGB: 4 bytes a texel, like RGBA8
+    mapped = MappedImage.__new__(MappedImage)
+    mapped.format, mapped.width, mapped.height, mapped.cuda_stream = TEXTURE_FORMATS[0x8058], width, height, 0
+    mapped._kind, mapped._where, mapped._pitch = "device", memory.planes[0].pointer, memory.pitch
+    mapped._registration = SimpleNamespace(device=get_device(0))
+    for bad in ((width, height, 4), (height * width * 4,), (height, width, 2, 2)):
+        with pytest.raises(UsageError, match=r"shape \(4, 6, 4\)"):
+            mapped.copy_from(random.integers(0, 256, bad, dtype=np.uint8))
+    texels = random.integers(0, 256, (height, width, 4), dtype=np.uint8)
+    mapped.copy_from(texels)
+    assert np.array_equal(mapped.to_numpy(), texels)
+    mapped.copy_from(texels[::-1].reshape(height, width * 4))  # one row per line: the same bytes
+    assert np.array_equal(mapped.to_numpy(), texels[::-1])
+    memory.close()
+
+
+@fake_driver_test
 def test_pitch_alignment_is_checked_before_allocating():
     before = fake.live_allocations()
     for bad in (0, 3, 2**32, 1.0, "256", True, -256):

@@ -159,13 +159,17 @@ def test_gl_interop_needs_the_source_texture(cuda_display, context):
 
 
 def test_wrong_size_upload_is_refused(context):
-    texture = make_texture(RGBA8, np.zeros((4, 4, 4), np.uint8))
+    texture = make_texture(RGBA8, np.zeros((4, 5, 4), np.uint8))
     with eglcuda.Image(context, texture) as image, image.register_cuda() as registration:
         with registration.map() as mapped:
             with pytest.raises(eglcuda.UsageError, match="expected uint8"):
-                mapped.copy_from(np.zeros((4, 5, 4), np.uint8))
+                mapped.copy_from(np.zeros((4, 4, 4), np.uint8))
             with pytest.raises(eglcuda.UsageError, match="expected uint8"):
-                mapped.copy_from(np.zeros((4, 4, 4), np.float32))
+                mapped.copy_from(np.zeros((4, 5, 4), np.float32))
+            # The right number of texels in the wrong shape would land scrambled.
+            for shape in ((5, 4, 4), (4 * 5 * 4,)):
+                with pytest.raises(eglcuda.UsageError, match="expected uint8"):
+                    mapped.copy_from(np.zeros(shape, np.uint8))
 
 
 def test_image_close_unregisters_first(context):
