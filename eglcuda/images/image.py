@@ -27,6 +27,7 @@ orders CUDA before later GL work (the GL-interop path).
 from __future__ import annotations
 
 import enum
+import numbers
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -103,9 +104,12 @@ _MAX_LEVELS = 32  # a GLint mipmap level of a texture whose sides fit 32 bits
 _MAX_TEXTURE_NAME = 2**32 - 1  # a GLuint
 
 
-def _check_texture_name(texture: object) -> None:
-    if type(texture) is not int or not 0 < texture <= _MAX_TEXTURE_NAME:
+def _texture_name(texture: object) -> int:
+    """``texture`` as a GL texture name (an int), or :class:`UsageError`. NumPy integers are
+    taken: PyOpenGL's ``glGenTextures(1)`` returns a ``numpy.uint32``."""
+    if isinstance(texture, bool) or not isinstance(texture, numbers.Integral) or not 0 < int(texture) <= _MAX_TEXTURE_NAME:
         raise UsageError(f"texture must be a GL texture name (an int in 1..2**32-1), got {texture!r}")
+    return int(texture)
 
 
 def _require_gl_extension(context: GLContext, *names: str) -> None:
@@ -137,7 +141,7 @@ class Image(Resource):
             raise UsageError(f"context must be an eglcuda.GLContext, got {type(context).__name__}")
         if context.closed:
             raise ClosedError("the GL context is closed (or its display is)")
-        _check_texture_name(texture)
+        texture = _texture_name(texture)
         if type(level) is not int or not 0 <= level < _MAX_LEVELS:
             raise UsageError(f"level must be a mipmap level, an int in 0..{_MAX_LEVELS - 1}, got {level!r}")
         display = context.display
@@ -197,7 +201,7 @@ class Image(Resource):
             if texture is None:
                 texture = int(GL.glGenTextures(1))
             else:
-                _check_texture_name(texture)
+                texture = _texture_name(texture)
             with TextureBinding():
                 _gl.clear_errors()
                 if not _gl.accepted(lambda: GL.glBindTexture(GL.GL_TEXTURE_2D, texture)):

@@ -98,6 +98,24 @@ def test_bad_textures_are_refused_before_egl(image_context):
         eglcuda.Image(image_context, 2**32 + 1)  # a GLuint would wrap it to texture 1
 
 
+def test_texture_names_as_pyopengl_returns_them_are_taken(image_context):
+    """PyOpenGL's glGenTextures(1) returns a numpy.uint32: such a name made an Image (and a
+    bind_texture) fail with "texture must be a GL texture name"."""
+    GL = gl_module()
+
+    texels = np.arange(2 * 3 * 4, dtype=np.uint8).reshape(2, 3, 4)
+    source = make_texture(RGBA8, texels)
+    generated = GL.glGenTextures(1)  # whatever type this PyOpenGL gives
+    with eglcuda.Image(image_context, np.uint32(source)) as image:
+        assert type(image.texture) is int and image.texture == source
+        alias = image.bind_texture(texture=generated)
+        assert type(alias) is int and alias == int(generated)
+        np.testing.assert_array_equal(read_texture(RGBA8, alias, 3, 2), texels)
+    with pytest.raises(eglcuda.UsageError, match="texture name"):
+        eglcuda.Image(image_context, np.float32(source))
+    GL.glDeleteTextures([source, alias])
+
+
 def test_levels_past_the_texture_are_refused(image_context):
     texture = make_texture(RGBA8, np.ones((2, 2, 4), np.uint8))
     for level in (1, 20):  # no storage there; 20 is past any context's mipmap chain (a GL error)
