@@ -190,6 +190,8 @@ class Image(Resource):
         The texture has the image's texels when bound. Whether later writes to it or to the
         source reach the other depends on the driver: :func:`siblings_alias` tells (Mesa: yes;
         NVIDIA driver 580 on an H100: no, the sibling is a copy)."""
+        if context is not None and not isinstance(context, GLContext):
+            raise UsageError(f"context must be an eglcuda.GLContext, got {type(context).__name__}")
         context = context or self.context
         handle = self.handle
         if context.display.closed or context.display._address != self.display._address:

@@ -138,6 +138,16 @@ def test_bind_texture_refuses_names_a_gluint_cannot_hold(image_context):
     assert int(GL.glGetTexLevelParameteriv(GL.GL_TEXTURE_2D, 0, GL.GL_TEXTURE_WIDTH)) == 8  # untouched
 
 
+def test_bind_texture_refuses_what_is_not_a_context(image_context):
+    """bind_texture(context=...) with something other than a GLContext was an AttributeError
+    ('str' object has no attribute 'display')."""
+    texture = make_texture(RGBA8, np.ones((2, 2, 4), np.uint8))
+    with eglcuda.Image(image_context, texture) as image:
+        for bad in ("context", 1, image_context.display):
+            with pytest.raises(eglcuda.UsageError, match="GLContext"):
+                image.bind_texture(context=bad)
+
+
 def test_texture_of_another_context_is_refused(display, image_context):
     texture = make_texture(RGBA8, np.ones((2, 2, 4), np.uint8))
     with display.create_context() as other:  # not sharing with image_context
