@@ -99,9 +99,21 @@ class Sync(Resource):
     def wait(self, timeout: float | None = None, flush: bool = True) -> bool:
         """Client wait: block this thread (GIL released) until the sync is signaled (True) or
         ``timeout`` seconds pass (False). ``flush`` flushes the current context first, so a fence
-        made there can signal. ``timeout=None`` waits forever; 0 only tests."""
+        made there can signal. ``timeout=None`` waits forever; 0 only tests. Raises
+        :class:`ClosedError` if another thread closes the sync (or its display) meanwhile."""
         ns = _timeout_ns(timeout)
-        return egl_sync.client_wait(self.display.handle, self.handle, flush, ns)
+        handle = self.handle
+        try:
+            signaled = egl_sync.client_wait(self.display.handle, handle, flush, ns)
+        except EGLError:
+            if self.closed:  # Mesa: the wait fails once another thread destroyed the sync
+                raise ClosedError("the sync was closed while this thread waited for it") from None
+            raise
+        if self.closed:
+            # EGL wakes the waiters of a destroyed sync as if it were signaled (NVIDIA does): it
+            # was not, and the sync is gone.
+            raise ClosedError("the sync was closed while this thread waited for it")
+        return signaled
 
     def server_wait(self, timeout: float | None = None) -> bool:
         """Server wait: GL commands issued after this in the current context wait on the GPU until

@@ -75,6 +75,29 @@ def test_signal_from_another_thread_wakes_the_waiter(sync_display):
     assert cpu < waited * 0.5  # the wait sleeps, it does not spin a core
 
 
+def test_closing_a_sync_another_thread_waits_for_is_a_closed_error(sync_display):
+    """A wait on a sync that another thread closes ended in an EGLError about reading the sync's
+    status (Mesa), or returned True as if it were signaled (NVIDIA: EGL wakes the waiters of a
+    destroyed sync). Either way the waiter now gets ClosedError, at once."""
+    sync = eglcuda.Sync.reusable(sync_display)
+    outcome: list[object] = []
+
+    def waiter() -> None:
+        try:
+            outcome.append(sync.wait(timeout=3))
+        except eglcuda.EglCudaError as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=waiter)
+    started = time.perf_counter()
+    thread.start()
+    time.sleep(0.2)
+    sync.close()
+    thread.join()
+    assert len(outcome) == 1 and isinstance(outcome[0], eglcuda.ClosedError), outcome
+    assert time.perf_counter() - started < 2.5
+
+
 def test_server_wait_on_a_fence(sync_display):
     require_extension(sync_display, "EGL_KHR_wait_sync")
     GL = gl_module()
