@@ -139,8 +139,7 @@ class Image(Resource):
     def __init__(self, context: GLContext, texture: int, level: int = 0) -> None:
         if not isinstance(context, GLContext):
             raise UsageError(f"context must be an eglcuda.GLContext, got {type(context).__name__}")
-        if context.closed:
-            raise ClosedError("the GL context is closed (or its display is)")
+        context._check_open()  # (in a forked child: says the context is the parent's)
         texture = _texture_name(texture)
         if type(level) is not int or not 0 <= level < _MAX_LEVELS:
             raise UsageError(f"level must be a mipmap level, an int in 0..{_MAX_LEVELS - 1}, got {level!r}")
@@ -178,8 +177,7 @@ class Image(Resource):
     @property
     def handle(self) -> int:
         """The raw ``EGLImageKHR``, as an address."""
-        if self.closed:
-            raise ClosedError("the image is closed (or its display is)")
+        self._check_open()  # (in a forked child: says the image is the parent's)
         return self._address
 
     def bind_texture(self, texture: int | None = None, context: GLContext | None = None) -> int:
@@ -217,6 +215,7 @@ class Image(Resource):
     def finish_gl(self) -> None:
         """Wait until the GL work queued in the image's context is done (``glFinish``): do this
         before CUDA reads what GL drew. :meth:`CudaImage.map` does it for you."""
+        self._check_open()
         with self.context.current():
             gl().glFinish()
 
@@ -280,8 +279,7 @@ class CudaImage(Resource):
     """
 
     def __init__(self, image: Image, device: int | CudaDevice | None, path: str, _verified: bool = False) -> None:
-        if image.closed:
-            raise ClosedError("the image is closed")
+        image._check_open()
         if path not in ("auto", *ImagePath):
             raise UsageError(f"path is 'auto', 'native' or 'gl-interop', got {path!r}")
         if image.format is None:
@@ -318,8 +316,7 @@ class CudaImage(Resource):
         ``finish_gl`` first waits for the GL work queued in the image's context (the guide's rule
         before CUDA reads or writes the image; mapping a GL-interop registration orders it as
         well). ``cuda_stream`` is where the view's work belongs (default: the legacy stream)."""
-        if self.closed:
-            raise ClosedError("the CUDA registration is closed (or its image is)")
+        self._check_open()
         if self._mapped is not None:
             raise UsageError("the image is already mapped: unmap it first")
         stream = stream_handle(cuda_stream)

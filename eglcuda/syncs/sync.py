@@ -86,14 +86,14 @@ class Sync(Resource):
     @property
     def handle(self) -> int:
         """The raw ``EGLSyncKHR``, as an address."""
-        if self.closed:
-            raise ClosedError("the sync is closed (or its display is)")
+        self._check_open()  # (in a forked child: says the sync is the parent's)
         return self._address
 
     @property
     def signaled(self) -> bool:
         """Whether the sync is signaled now (``EGL_SYNC_STATUS_KHR``)."""
-        return egl_sync.is_signaled(self.display.handle, self.handle)
+        handle = self.handle  # before the display's: its error names a fork
+        return egl_sync.is_signaled(self.display.handle, handle)
 
     # ---- waits and signals ---------------------------------------------------------------------
     def wait(self, timeout: float | None = None, flush: bool = True) -> bool:
@@ -102,7 +102,7 @@ class Sync(Resource):
         made there can signal. ``timeout=None`` waits forever; 0 only tests. Raises
         :class:`ClosedError` if another thread closes the sync (or its display) meanwhile."""
         ns = _timeout_ns(timeout)
-        handle = self.handle
+        handle = self.handle  # before the display's: its error names a fork
         try:
             signaled = egl_sync.client_wait(self.display.handle, handle, flush, ns)
         except EGLError:
@@ -129,8 +129,8 @@ class Sync(Resource):
         - ``"client-wait"``: where neither works (or for a reusable sync signaled by hand on such
           a driver), this thread waits for the sync, up to ``timeout`` seconds (:class:`Timeout`
           past it). GL stays ordered after the sync, at the cost of blocking: returns True."""
+        handle = self.handle  # before the display's: its error names a fork
         self.display.require("EGL_KHR_wait_sync")
-        handle = self.handle
         if self.kind is not SyncKind.FENCE and self.path != SyncPath.NATIVE and not server_waits_reusable(self.display):
             if self.kind is SyncKind.CUDA and self._keep is not None:
                 try:
@@ -163,7 +163,8 @@ class Sync(Resource):
     def _signal(self, signaled: bool) -> None:
         if self.kind is not SyncKind.REUSABLE:
             raise UsageError(f"only reusable syncs are signaled by hand; this one is a {self.kind.value} sync")
-        egl_sync.signal(self.display.handle, self.handle, signaled)
+        handle = self.handle  # before the display's: its error names a fork
+        egl_sync.signal(self.display.handle, handle, signaled)
 
     def __repr__(self) -> str:
         path = f" {self.path}" if self.path else ""

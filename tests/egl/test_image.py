@@ -2,6 +2,8 @@
 image outliving its texture, bad input, and 1,000 create/close cycles."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -255,3 +257,34 @@ def test_float_texture_works_or_the_driver_refusal_is_named(image_context):
         with image:
             alias = image.bind_texture()
             np.testing.assert_array_equal(read_texture(R32F, alias, 13, 6), texels)
+
+
+def test_a_forked_child_is_told_its_images_are_the_parents(image_context):
+    """In a child made by fork(), an image the parent made said "the image is closed (or its
+    display is)", and a new Image "the GL context is closed": nothing was closed, the objects
+    are the parent's. Both now name the fork; the parent goes on with the image."""
+    texture = make_texture(RGBA8, np.ones((2, 2, 4), np.uint8))
+    image = eglcuda.Image(image_context, texture)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through the pipe
+        answers = []
+        for call in (lambda: image.handle, image.bind_texture, image.finish_gl, image.register_cuda,
+                     lambda: eglcuda.Image(image_context, texture)):
+            try:
+                call()
+                answers.append("no error")
+            except eglcuda.ClosedError as exc:
+                answers.append("fork" if "forked" in str(exc) else str(exc))
+            except BaseException as exc:
+                answers.append(repr(exc))
+        os.write(write, "|".join(answers).encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        answers = pipe.read().decode()
+    os.waitpid(pid, 0)
+    assert answers.split("|") == ["fork"] * 5, answers
+    alias = image.bind_texture()
+    image.close()
+    gl_module().glDeleteTextures([alias, texture])

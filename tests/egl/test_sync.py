@@ -2,6 +2,7 @@
 closed objects and bad input."""
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -158,3 +159,33 @@ def test_server_wait_on_a_reusable_sync_orders_gl_after_the_signal(sync_display)
         assert sync.signaled  # either way, GL's later work ran after the signal
         timer.join()
         sync.close()
+
+
+def test_a_forked_child_is_told_its_syncs_are_the_parents(sync_display):
+    """In a child made by fork(), every call on a sync the parent made said "EGL device 0, ... is
+    closed" (the display's words), though nothing was closed: it now names the fork. The parent
+    goes on with the sync."""
+    sync = eglcuda.Sync.reusable(sync_display)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through the pipe
+        answers = []
+        for call in (lambda: sync.wait(0), sync.signal, lambda: sync.signaled, sync.server_wait,
+                     lambda: sync.handle):
+            try:
+                call()
+                answers.append("no error")
+            except eglcuda.ClosedError as exc:
+                answers.append("fork" if "forked" in str(exc) else str(exc))
+            except BaseException as exc:
+                answers.append(repr(exc))
+        os.write(write, "|".join(answers).encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        answers = pipe.read().decode()
+    os.waitpid(pid, 0)
+    assert answers.split("|") == ["fork"] * 5, answers
+    sync.signal()
+    assert sync.wait(0) is True
+    sync.close()
