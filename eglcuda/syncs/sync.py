@@ -129,6 +129,7 @@ class Sync(Resource):
         - ``"client-wait"``: where neither works (or for a reusable sync signaled by hand on such
           a driver), this thread waits for the sync, up to ``timeout`` seconds (:class:`Timeout`
           past it). GL stays ordered after the sync, at the cost of blocking: returns True."""
+        _timeout_ns(timeout)  # checked whichever path is taken: a bad one is refused on every driver
         handle = self.handle  # before the display's: its error names a fork
         self.display.require("EGL_KHR_wait_sync")
         if self.kind is not SyncKind.FENCE and self.path != SyncPath.NATIVE and not server_waits_reusable(self.display):

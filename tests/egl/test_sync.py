@@ -105,6 +105,11 @@ def test_server_wait_on_a_fence(sync_display):
 
     with sync_display.create_context():
         with eglcuda.Sync.fence(sync_display) as fence:
+            # The timeout only bounds a client wait, but a bad one is refused on every path (a
+            # fence's server wait took -1 or NaN, which the client-wait path refuses).
+            for bad in (-1, float("nan"), True, "1"):
+                with pytest.raises(eglcuda.UsageError, match="timeout"):
+                    fence.server_wait(timeout=bad)
             fence.server_wait()  # returns at once; the GL commands after it wait on the GPU
             GL.glFinish()
             assert fence.signaled
