@@ -5,6 +5,7 @@ so memory and streams pass between them and eglcuda without conversion.
 """
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 
 from ._bind import cuda
@@ -94,13 +95,23 @@ def device_info(ordinal: int) -> DeviceInfo:
 _devices: dict[int, CudaDevice] = {}
 
 
+def _ordinal(value: object) -> int:
+    """A device ordinal from any integer (a NumPy one too), never a bool or a float."""
+    if not isinstance(value, bool) and not isinstance(value, float):
+        try:
+            return operator.index(value)  # type: ignore[arg-type]
+        except TypeError:
+            pass
+    raise UsageError(f"a CUDA device is an int ordinal or an eglcuda.CudaDevice, got {type(value).__name__}")
+
+
 def get_device(ordinal: "int | CudaDevice" = 0) -> CudaDevice:
     """The process-wide :class:`CudaDevice` for a CUDA ordinal (created once, then shared); a
     :class:`CudaDevice` is returned as it is."""
     if isinstance(ordinal, CudaDevice):
         return ordinal
-    if not isinstance(ordinal, int) or isinstance(ordinal, bool):
-        raise UsageError(f"a CUDA device is an int ordinal or an eglcuda.CudaDevice, got {type(ordinal).__name__}")
+    if type(ordinal) is not int:
+        ordinal = _ordinal(ordinal)
     device = _devices.get(ordinal)  # one dict read is atomic; finalizers take this path
     if device is None or cuda.forked_after_init():
         # (in a forked child the parent's devices are closed: init() raises the reason)

@@ -145,6 +145,8 @@ class Display(Resource):
     def for_cuda_device(cls, ordinal: int = 0) -> "Display":
         """Open the EGL display of a CUDA device, matched through ``EGL_CUDA_DEVICE_NV``
         (EGL and CUDA enumerate GPUs in different orders on multi-GPU hosts)."""
+        if type(ordinal) is not int and not isinstance(ordinal, (bool, float)) and hasattr(ordinal, "__index__"):
+            ordinal = ordinal.__index__()  # (a NumPy integer)
         if not isinstance(ordinal, int) or isinstance(ordinal, bool) or ordinal < 0:
             raise UsageError(f"a CUDA device ordinal is an int >= 0, got {ordinal!r}")
         # The root cause first: without libcuda (a CPU machine) there is no CUDA device to match.

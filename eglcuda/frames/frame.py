@@ -520,7 +520,7 @@ class Frame(FrameCore, FrameBase):
         ``pitch_alignment`` bytes aligned, in the ``memory`` kind asked for (see
         :class:`MemoryKind`); CUDA-array frames get one array per plane, in device memory."""
         try:
-            memory = MemoryKind(memory)
+            memory = MemoryKind(memory.lower() if isinstance(memory, str) else memory)
         except ValueError:
             raise UsageError(f"memory is one of {[m.value for m in MemoryKind]}, got {memory!r}") from None
         fmt = producer_format(format)

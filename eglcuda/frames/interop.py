@@ -122,6 +122,11 @@ def foreign_device_pointer(obj: Any) -> tuple[int, tuple[int, ...], tuple[int, .
     interface = getattr(obj, "__cuda_array_interface__", None)
     if interface is None:
         raise UsageError(f"{type(obj).__name__} has no __cuda_array_interface__")
-    pointer, read_only = interface["data"]
-    return int(pointer), tuple(interface["shape"]), (tuple(interface["strides"]) if interface.get("strides") else None), \
-        interface["typestr"], interface.get("stream"), bool(read_only)
+    try:
+        pointer, read_only = interface["data"]
+        return int(pointer), tuple(interface["shape"]), \
+            (tuple(interface["strides"]) if interface.get("strides") else None), \
+            interface["typestr"], interface.get("stream"), bool(read_only)
+    except (KeyError, TypeError, ValueError) as exc:  # (a malformed interface: the protocol's keys are required)
+        raise UsageError(f"{type(obj).__name__}'s __cuda_array_interface__ is malformed "
+                         f"(needs 'data': (pointer, read_only), 'shape' and 'typestr'): {exc!r}") from None

@@ -424,3 +424,31 @@ def test_bools_and_floats_name_no_format_device_location_or_timeout():
                 assert not endpoint.closed
                 endpoint.close(timeout=1)
                 assert endpoint.closed
+
+
+@fake_driver_test
+def test_numpy_ordinals_names_in_any_case_and_malformed_array_interfaces():
+    """A device ordinal that is a NumPy integer is the ordinal (bools and floats stay refused); a
+    memory kind is its name in any case, as formats and layouts are; an object whose
+    __cuda_array_interface__ lacks the protocol's keys is a UsageError, not a KeyError."""
+    frame = eglcuda.Frame.allocate(8, 4, device=np.int64(0), memory="PINNED")
+    assert frame.device.ordinal == 0 and frame.memory is eglcuda.MemoryKind.PINNED
+    assert eglcuda.get_device(np.int32(0)) is eglcuda.get_device(0)
+    with eglcuda.Display.for_cuda_device(np.int64(0)) as opened:
+        assert opened.cuda_device() is eglcuda.get_device(0)
+    for bad in (True, 0.0, "0", np.float64(0)):
+        with pytest.raises(UsageError, match="ordinal"):
+            eglcuda.get_device(bad)
+    with pytest.raises(UsageError, match="memory"):
+        eglcuda.Frame.allocate(8, 4, memory="vram")
+
+    class Malformed:
+        def __init__(self, interface):
+            self.__cuda_array_interface__ = interface
+
+    good = {"data": (frame.planes[0].pointer, False), "shape": (4, 8, 4), "typestr": "|u1", "version": 3}
+    for broken in ({k: v for k, v in good.items() if k != "data"}, {**good, "data": 5},
+                   {k: v for k, v in good.items() if k != "shape"}, {**good, "shape": None}):
+        with pytest.raises(UsageError, match="malformed"):
+            eglcuda.Frame.from_arrays(Malformed(broken))
+    frame.close()
