@@ -155,12 +155,17 @@ class WaitSet:
         if isinstance(source, int) and not isinstance(source, bool):
             fd = source
         elif hasattr(source, "fileno"):
+            if isinstance(source, Subscriber) and source.closed:
+                # (a subscriber closed before it was attached, whether or not its fileno() was asked for)
+                raise ClosedError(f"{source!r} is closed: it cannot be attached")
             try:
                 fd = source.fileno()
             except ValueError as exc:  # (a closed file; io.UnsupportedOperation)
                 raise UsageError(f"{source!r} has no open descriptor ({exc})") from None
         else:
             raise UsageError(f"attach() takes a Subscriber or an object with fileno(), got {type(source).__name__}")
+        if type(fd) is not int and not isinstance(fd, (bool, float)) and hasattr(fd, "__index__"):
+            fd = fd.__index__()  # (a NumPy integer)
         if isinstance(fd, bool) or not isinstance(fd, int) or not 0 <= fd < 2**31:
             raise UsageError(f"{source!r} has no open descriptor (fileno() gave {fd!r})")
         if fd in self._by_fd:
@@ -189,8 +194,8 @@ class WaitSet:
 
     def detach(self, attachment: Attachment) -> None:
         """Stop waiting on ``attachment`` (an attachment of another set, or one detached
-        already: :class:`eglcuda.UsageError`)."""
-        self._not_forked()
+        already: :class:`eglcuda.UsageError`; on a closed set: :class:`eglcuda.ClosedError`)."""
+        self._open()
         if attachment not in self._attachments:
             raise UsageError(f"{attachment!r} is not attached to this wait set")
         self._attachments.remove(attachment)

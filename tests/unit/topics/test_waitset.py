@@ -342,6 +342,7 @@ def test_intervals_tick_without_bunching(path):
 
 
 def test_other_descriptors_attach_and_bad_input_is_refused(path):
+    numpy = pytest.importorskip("numpy")
     left, right = socket.socketpair()
     with left, right, publisher(path, True), subscriber(path) as sub, eglcuda.WaitSet() as waits:
         plain = waits.attach(left)
@@ -367,8 +368,21 @@ def test_other_descriptors_attach_and_bad_input_is_refused(path):
         with pytest.raises(eglcuda.UsageError):
             waits.detach(plain)
         assert len(waits) == 0
+        numbered = waits.attach(type("Numbered", (), {"fileno": lambda self: numpy.int64(left.fileno())})())
+        assert [(e.kind, e.attachment) for e in waits.wait(1)] == [("readable", numbered)]  # (the "x" above)
     with pytest.raises(eglcuda.ClosedError):
         waits.wait(0)
+    with pytest.raises(eglcuda.ClosedError):
+        waits.detach(numbered)
+    # A subscriber closed before it is attached is refused alike, asked for its fileno() or not.
+    with publisher(path, True):
+        for ask_fileno in (False, True):
+            sub = subscriber(path)
+            if ask_fileno:
+                sub.fileno()
+            sub.close()
+            with eglcuda.WaitSet() as waits, pytest.raises(eglcuda.ClosedError):
+                waits.attach(sub)
 
 
 def test_a_wait_of_any_length_returns_what_comes(path):
