@@ -266,7 +266,8 @@ def test_a_forked_child_that_exits_through_the_interpreter_leaves_the_parent_wor
     assert "child 0 parent acquired True" in out.stdout
 
 
-def test_a_child_forked_after_cuda_was_used_is_refused_with_the_reason_before_the_driver():
+def test_a_child_forked_after_cuda_was_used_is_refused_with_the_reason_before_the_driver(display):
+    # (display: the fixture that skips without a GPU; the script makes its own)
     out = run_script("""
         frame = eglcuda.Frame.allocate(64, 48)
         sys.stdout.flush()
