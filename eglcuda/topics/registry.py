@@ -211,6 +211,14 @@ def _lock_held(socket_path: str) -> bool:
     return False
 
 
+def _served(socket_path: str) -> bool:
+    """Whether something accepts connections at the socket (a socket of another kind: no)."""
+    try:
+        return sockets.listening(socket_path)
+    except UsageError:
+        return False
+
+
 def relay_status_path(socket_path: str, pid: int) -> str:
     """Where the relay of process ``pid`` keeps its status, beside the topic's socket."""
     return f"{socket_path}.{pid}{RELAY_SUFFIX}"
@@ -289,7 +297,9 @@ def list_topics(directory: str | os.PathLike[str] | None = None, clean: bool = T
             continue
         if naming.name_of(path) is None or not sockets.is_socket(path):
             continue
-        if not _lock_held(path):
+        # A free lock means a dead publisher, unless the socket is still served: a live
+        # publisher whose lock file was removed (a /tmp cleaner) is asked like any other.
+        if not _lock_held(path) and not _served(path):
             listing.stale.append(path)
             if clean and _remove_stale(path):
                 listing.removed.append(path)

@@ -221,3 +221,15 @@ def test_a_killed_publisher_s_name_can_be_taken_again(path):
         sub = subscriber(path)
         put(pub, b"x")
         sub.close()
+
+
+def test_a_live_publisher_whose_lock_file_was_removed_is_listed_not_called_stale(folder):
+    # (a /tmp cleaner, or a user, may remove the lock file of a long-running publisher)
+    path = os.path.join(folder, "alive.topic")
+    with publisher(path, name="alive"):
+        os.unlink(naming.lock_path(path))
+        for clean in (False, True):
+            listing = eglcuda.list_topics(folder, clean=clean)
+            assert [t.name for t in listing.topics] == ["alive"]
+            assert listing.stale == [] and listing.removed == []
+        assert os.path.exists(path)
