@@ -138,6 +138,9 @@ def write_new_key(path: str) -> None:
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     except FileExistsError:
+        if os.path.isdir(path):  # (no key to keep: "remove it first" would be the wrong advice)
+            raise UsageError(f"{path} is a folder: name a new file in it (e.g. "
+                             f"{os.path.join(os.fspath(path), 'relay.key')})") from None
         raise UsageError(f"{path} exists: keygen never overwrites a key (remove it first if you mean to)") from None
     except OSError as exc:
         raise UsageError(f"{path}: {exc.strerror}") from None

@@ -170,3 +170,16 @@ def test_relay_without_a_key_names_the_command_line_option(tmp_path):
     if "ucxx" in lines[0]:
         pytest.skip("needs ucxx (pip install -e '.[remote-cu12]'): without it the relay stops at that first")
     assert "--key-file" in lines[0] and "key=" not in lines[0], lines[0]
+
+
+def test_keygen_onto_a_folder_says_it_is_a_folder(tmp_path):
+    # (not "exists: keygen never overwrites a key (remove it first ...)": it is no key)
+    folder = tmp_path / "keys"
+    folder.mkdir(mode=0o700)
+    result = run("keygen", str(folder))
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("python -m eglcuda keygen: "), lines
+    assert "is a folder" in lines[0] and "remove it" not in lines[0], lines[0]
+    assert str(folder / "") in lines[0], lines[0]  # (it says which file to name instead)
+    assert list(folder.iterdir()) == []
