@@ -84,7 +84,12 @@ def numeric_ids(value: Any, what: str, default: frozenset[int]) -> frozenset[int
 
 def positive_seconds(value: Any, what: str) -> float:
     """``value`` as a positive number of seconds, or :class:`UsageError` naming ``what``."""
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value <= _LONGEST_WAIT_S:
+    if value.__class__ is not float and value.__class__ is not int:
+        import numbers  # (rare: numpy's numbers, taken as wait_seconds takes them)
+
+        if not isinstance(value, numbers.Real) or isinstance(value, bool):
+            raise UsageError(f"{what} is a positive number of seconds (at most {_LONGEST_WAIT_S:.0e}), got {value!r}")
+    if not 0 < value <= _LONGEST_WAIT_S:
         raise UsageError(f"{what} is a positive number of seconds (at most {_LONGEST_WAIT_S:.0e}), got {value!r}")
     return float(value)
 

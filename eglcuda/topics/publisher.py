@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import numbers
 import os
 import secrets
 import socket
@@ -243,8 +244,12 @@ class Publisher:
             raise UsageError(f"payload is at most {protocol.MAX_PAYLOAD} bytes, got {len(payload)}")
         if timestamp_ns is None:
             timestamp_ns = time.monotonic_ns()
-        elif not isinstance(timestamp_ns, int) or isinstance(timestamp_ns, bool) or not 0 <= timestamp_ns < 2**64:
-            raise UsageError(f"timestamp_ns is an int in 0..2**64-1, got {timestamp_ns!r}")
+        else:
+            if timestamp_ns.__class__ is not int and isinstance(timestamp_ns, numbers.Integral) \
+                    and not isinstance(timestamp_ns, bool):
+                timestamp_ns = int(timestamp_ns)  # (a NumPy integer, read from an array of timestamps)
+            if not isinstance(timestamp_ns, int) or isinstance(timestamp_ns, bool) or not 0 <= timestamp_ns < 2**64:
+                raise UsageError(f"timestamp_ns is an int in 0..2**64-1, got {timestamp_ns!r}")
         try:
             with self._lock:
                 backend, pool, delivery = self._hot or self._parts()

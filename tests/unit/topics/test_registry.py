@@ -104,6 +104,27 @@ def test_bad_arguments(path):
         pub.next_frame()
 
 
+def test_numpy_numbers_are_taken_for_timeouts_and_timestamps(path):
+    # (close(timeout=np.float32(1)) was taken while next_frame(timeout=np.float32(1)) and
+    # every_timeout=np.float32(1) were not, nor a timestamp_ns read from a NumPy array)
+    np = pytest.importorskip("numpy")
+    with publisher(path, every_timeout=np.float32(0.5), handshake_timeout=np.int64(2)) as pub:
+        assert pub.every_timeout == 0.5 and type(pub.every_timeout) is float
+        with subscriber(path, qos="every") as sub:
+            pub.discard(pub.next_frame(np.float32(1)))
+            for stamp in (np.int64(123), np.uint64(2**64 - 1)):
+                pub.publish(pub.next_frame(np.float64(1)), timestamp_ns=stamp)
+                message = sub.receive(5)
+                assert message.timestamp_ns == int(stamp) and type(message.timestamp_ns) is int
+                message.release()
+            for bad in (np.bool_(True), np.float64(1.0), np.int64(-1)):
+                with pytest.raises(eglcuda.UsageError, match="timestamp_ns"):
+                    pub.publish(pub.next_frame(), timestamp_ns=bad)
+            for bad in (np.float32("nan"), np.float64(-1), np.bool_(True), np.float64("inf")):
+                with pytest.raises(eglcuda.UsageError, match="timeout"):
+                    pub.next_frame(bad)
+
+
 def test_arguments_that_only_looked_right(folder, path):
     for qos in (True, False):
         with pytest.raises(eglcuda.UsageError, match="qos"):
