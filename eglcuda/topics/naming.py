@@ -36,8 +36,9 @@ def check_name(name: object) -> str:
     return name
 
 
-def _owned_private_directory(path: str) -> str | None:
-    """Why ``path`` is not a private directory of this user (None when it is)."""
+def _owned_private_directory(path: str, shared: bool = False) -> str | None:
+    """Why ``path`` is not a private directory of this user (None when it is); ``shared``: one
+    that others may reach but not write to will do."""
     try:
         info = os.lstat(path)
     except FileNotFoundError:
@@ -50,7 +51,9 @@ def _owned_private_directory(path: str) -> str | None:
         return "it is not a directory"
     if info.st_uid != os.geteuid():
         return f"it belongs to uid {info.st_uid}, not to this process's uid {os.geteuid()}"
-    if info.st_mode & 0o077:
+    if shared and info.st_mode & 0o022:
+        return f"other users may write to it (mode {stat.S_IMODE(info.st_mode):04o}; eglcuda wants at most 0755)"
+    if not shared and info.st_mode & 0o077:
         return f"other users can reach it (mode {stat.S_IMODE(info.st_mode):04o}; eglcuda wants 0700)"
     return None
 
@@ -68,9 +71,12 @@ def default_directory() -> str:
     return f"/tmp/eglcuda-{os.geteuid()}"
 
 
-def topic_directory(create: bool = False, directory: str | os.PathLike[str] | None = None) -> str:
+def topic_directory(create: bool = False, directory: str | os.PathLike[str] | None = None,
+                    shared: bool = False) -> str:
     """The topic directory (``directory`` or :func:`default_directory`), checked to be a private
-    directory of this user; ``create`` makes it (mode 0700) when missing. Raises
+    directory of this user (``shared``: or one others may reach but not write to, where
+    ``access="group"`` or ``"all"`` publishers put their sockets); ``create`` makes it (mode
+    0700) when missing. Raises
     :class:`UsageError` for a directory that is not safe to use, and ``FileNotFoundError`` when it
     is missing and not to be created."""
     if directory is None:
@@ -88,7 +94,7 @@ def topic_directory(create: bool = False, directory: str | os.PathLike[str] | No
             os.mkdir(path, 0o700)
         except FileExistsError:
             pass
-    problem = _owned_private_directory(path)
+    problem = _owned_private_directory(path, shared)
     if problem == "it does not exist":
         raise FileNotFoundError(path)
     if problem is not None:

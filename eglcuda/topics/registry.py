@@ -273,7 +273,9 @@ def list_topics(directory: str | os.PathLike[str] | None = None, clean: bool = T
     removed when ``clean``, else only reported."""
     timeout = _unix.positive_seconds(timeout, "timeout")
     try:
-        folder = naming.topic_directory(create=False, directory=directory)
+        # (a folder named here may be a shared one: access="group" or "all" sockets must be in
+        # a folder others reach, and its owner lists them there)
+        folder = naming.topic_directory(create=False, directory=directory, shared=directory is not None)
     except FileNotFoundError:
         return Listing(os.fspath(directory) if directory is not None else naming.default_directory())
     listing = Listing(folder)

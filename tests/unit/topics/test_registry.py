@@ -254,3 +254,19 @@ def test_a_live_publisher_whose_lock_file_was_removed_is_listed_not_called_stale
             assert [t.name for t in listing.topics] == ["alive"]
             assert listing.stale == [] and listing.removed == []
         assert os.path.exists(path)
+
+
+def test_a_shared_topic_folder_of_this_user_is_listed(folder):
+    # access="group" or "all" needs its socket in a folder those users can reach: listing that
+    # folder (--dir) must work; one that others may write to is still refused.
+    shared = os.path.join(folder, "shared")
+    os.mkdir(shared)
+    os.chmod(shared, 0o750)
+    with publisher(os.path.join(shared, "cam.topic"), name="cam", access="group"):
+        assert [t.name for t in eglcuda.list_topics(shared).topics] == ["cam"]
+        out = subprocess.run([sys.executable, "-m", "eglcuda", "topics", "--dir", shared], env=ENV,
+                             capture_output=True, text=True, timeout=60, cwd=HERE.parent)
+        assert out.returncode == 0 and "cam: pid" in out.stdout, out.stderr
+        os.chmod(shared, 0o770)
+        with pytest.raises(eglcuda.UsageError, match="may write"):
+            eglcuda.list_topics(shared)
