@@ -403,11 +403,18 @@ class Publisher:
     @property
     def subscribers(self) -> list[SubscriberInfo]:
         """The subscribers connected now (those whose handshake just finished are adopted at the
-        next :meth:`next_frame` / :meth:`publish`, and listed from then on)."""
+        next :meth:`next_frame` / :meth:`publish`, and listed from then on). Asked on another
+        thread while one of those waits (for a pool frame, or for an ``every`` subscriber), it
+        answers at once with what is known, as the status of ``python -m eglcuda topics`` does."""
         if self._forked:
             raise self._forked_error()  # (a read here would take the parent's messages)
+        if not self._lock.acquire(blocking=False):
+            # The publishing thread is in a frame call, which may wait every_timeout: waiting for
+            # its lock would stall a monitoring thread that long. Its sockets are its to read.
+            delivery = self._delivery
+            return [] if delivery is None or self._closed else [s.info() for s in list(delivery.subs) if s.alive]
         try:
-            with self._lock:
+            try:
                 delivery = self._delivery
                 if delivery is None:
                     return []
@@ -417,6 +424,8 @@ class Publisher:
                     if delivery.subs:
                         delivery.poll(0.0)  # what they sent since: goodbyes, ended connections
                 return [s.info() for s in delivery.subs if s.alive]
+            finally:
+                self._lock.release()
         finally:
             if self._deferral.thread:  # (a close put off: see close())
                 self._finish_deferred_close()

@@ -357,3 +357,26 @@ def test_a_receive_behind_another_thread_s_wait_keeps_its_own_timeout(path):
         put(pub, b"x")
         with sub.receive(2) as message:
             assert message.payload == b"x"
+
+
+def test_subscribers_asked_on_another_thread_while_publish_waits_answer_at_once(path):
+    """publish() waits for room in an 'every' subscriber's full queue (every_timeout 60 s): a
+    monitoring thread asking pub.subscribers meanwhile is answered at once, not after the wait."""
+    pub = publisher(path, pool=4, max_pool=4, every_timeout=60)
+    sub = subscriber(path, qos="every", queue=1)
+    put(pub, b"0", timeout=5)
+    frame = pub.next_frame(5)
+    waiting = threading.Thread(target=lambda: pytest.raises(eglcuda.ClosedError, pub.publish, frame, payload=b"1"))
+    waiting.start()
+    try:
+        time.sleep(0.3)  # (publish is waiting for room)
+        assert waiting.is_alive()
+        started = time.monotonic()
+        listed = pub.subscribers
+        assert time.monotonic() - started < 1.0
+        assert [(s.qos, s.outstanding) for s in listed] == [("every", 1)]
+    finally:
+        pub.close(timeout=0.5)
+        waiting.join(5)
+        sub.close()
+    assert not waiting.is_alive()
