@@ -30,7 +30,7 @@ import threading
 import weakref
 from typing import Callable, Generic, Iterator, TypeVar
 
-from .errors import EglCudaError
+from .errors import ClosedError, StreamDisconnected
 
 T = TypeVar("T")
 
@@ -58,10 +58,8 @@ def stay_if_ended_by_exit(error: BaseException) -> None:
     die with a traceback that finalization cuts short. Anywhere else, it returns at once: on
     eglcuda's own threads too (named ``eglcuda-...``: a relay's local thread, say, ends by itself
     on that error, and its owner's close joins it). Call it with none of the object's locks held."""
-    # (By then only daemon threads are left, and the exit is closing what they use: a relay in
-    # this process refusing a join as it closes, say. Any eglcuda error is the exit's doing.)
     if (_exit_thread and threading.get_ident() != _exit_thread
-            and isinstance(error, EglCudaError)
+            and isinstance(error, (ClosedError, StreamDisconnected))
             and not threading.current_thread().name.startswith("eglcuda-")):
         threading.Event().wait()
 
