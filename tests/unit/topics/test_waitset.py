@@ -641,7 +641,9 @@ def test_a_wait_set_dropped_unclosed_lets_its_subscribers_go_at_once(path, ring)
             started = time.monotonic()
             settle(pub)  # (an ``every`` subscriber kept alive would stall these, its queue full)
             assert time.monotonic() - started < 0.8
-            assert open_fds() == before and pub.subscribers == []
+            # (<=: the publisher may still be letting go of the earlier subscriber's connection as
+            # ``before`` is read; what this subscriber and set opened must all be gone)
+            assert open_fds() <= before and pub.subscribers == []
         finally:
             gc.enable()
 
