@@ -53,6 +53,20 @@ def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
+def waiting_fds() -> int:
+    """How many ``epoll`` sets and ``eventfd``s this process holds: what a wait set and a
+    subscriber's readiness open, and what the in-process publisher's connections, coming and
+    going on its own threads, never do."""
+    count = 0
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:  # (closed since listed)
+            continue
+        count += target in ("anon_inode:[eventpoll]", "anon_inode:[eventfd]")
+    return count
+
+
 class Peer(JsonPeer):
     """A spawned tests/topics_peer.py."""
 
