@@ -5,11 +5,11 @@ so memory and streams pass between them and eglcuda without conversion.
 """
 from __future__ import annotations
 
-import operator
 from dataclasses import dataclass
 
 from ._bind import cuda
 from ._bind.cuda import driver_version
+from ._integers import as_int
 from ._resource import Resource
 from .errors import Unsupported, UsageError
 
@@ -97,11 +97,9 @@ _devices: dict[int, CudaDevice] = {}
 
 def _ordinal(value: object) -> int:
     """A device ordinal from any integer (a NumPy one too), never a bool or a float."""
-    if not isinstance(value, bool) and not isinstance(value, float):
-        try:
-            return operator.index(value)  # type: ignore[arg-type]
-        except TypeError:
-            pass
+    ordinal = as_int(value)
+    if ordinal is not None:
+        return ordinal
     raise UsageError(f"a CUDA device is an int ordinal or an eglcuda.CudaDevice, got {type(value).__name__}")
 
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from ._bind import cuda as _cuda_driver
 from ._bind import egl
 from ._bind import loader as _loader
+from ._integers import as_int
 from ._resource import Resource
 from .cuda_device import CudaDevice, get_device
 from .errors import ClosedError, EGLError, Unsupported, UsageError
@@ -145,10 +146,10 @@ class Display(Resource):
     def for_cuda_device(cls, ordinal: int = 0) -> "Display":
         """Open the EGL display of a CUDA device, matched through ``EGL_CUDA_DEVICE_NV``
         (EGL and CUDA enumerate GPUs in different orders on multi-GPU hosts)."""
-        if type(ordinal) is not int and not isinstance(ordinal, (bool, float)) and hasattr(ordinal, "__index__"):
-            ordinal = ordinal.__index__()  # (a NumPy integer)
-        if not isinstance(ordinal, int) or isinstance(ordinal, bool) or ordinal < 0:
+        checked = as_int(ordinal)  # (a NumPy integer too)
+        if checked is None or checked < 0:
             raise UsageError(f"a CUDA device ordinal is an int >= 0, got {ordinal!r}")
+        ordinal = checked
         # The root cause first: without libcuda (a CPU machine) there is no CUDA device to match.
         _loader.cuda()
         found = devices()

@@ -17,6 +17,7 @@ import enum
 import numbers
 from dataclasses import dataclass
 
+from .._integers import as_int
 from ..errors import UsageError
 from .._bind import cuda_egl
 
@@ -140,12 +141,19 @@ EVEN_SIZE_ONLY = frozenset({ColorFormat.YUV420_PLANAR, ColorFormat.NV12, ColorFo
 _BY_VALUE = {int(f): f for f in ColorFormat}
 
 
-def check_size(width: int, height: int, fmt: ColorFormat | None = None) -> None:
+def check_size(width: int, height: int, fmt: ColorFormat | None = None) -> tuple[int, int]:
+    """``(width, height)`` as plain ints (NumPy's integers taken), or :class:`UsageError` for a
+    size no frame (of ``fmt``) can have."""
+    sizes = []
     for name, value in (("width", width), ("height", height)):
-        if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_DIMENSION:
+        size = as_int(value)
+        if size is None or not 1 <= size <= MAX_DIMENSION:
             raise UsageError(f"frame {name} must be an int in 1..{MAX_DIMENSION}, got {value!r}")
+        sizes.append(size)
+    width, height = sizes
     if fmt in EVEN_SIZE_ONLY and (width % 2 or height % 2):
         raise UsageError(f"{fmt.name} frames need an even width and height, got {width}x{height}")
+    return width, height
 
 
 def min_pitch(fmt: ColorFormat, width: int) -> int:
@@ -167,9 +175,11 @@ def plane_geometry(fmt: ColorFormat | str, width: int, height: int, pitch: int) 
     ``pitch`` is plane 0's bytes between rows, 0 for CUDA-array planes. Raises
     :class:`UsageError` for sizes and pitches no frame can have."""
     fmt = color_format(fmt)
-    check_size(width, height)
-    if not isinstance(pitch, int) or isinstance(pitch, bool) or pitch < 0:
+    width, height = check_size(width, height)
+    checked = as_int(pitch)
+    if checked is None or checked < 0:
         raise UsageError(f"pitch is an int >= 0 (0: CUDA-array planes), got {pitch!r}")
+    pitch = checked
     if pitch:
         check_pitch(fmt, width, pitch)
     return _plane_geometry(fmt, width, height, pitch)
@@ -213,14 +223,18 @@ def linear_layout(fmt: ColorFormat, width: int, height: int, pitch: int) -> tupl
     return tuple(offsets), total
 
 
-def check_pitch(fmt: ColorFormat, width: int, pitch: int) -> None:
-    """Raise :class:`UsageError` unless ``pitch`` holds every plane's row under the convention."""
+def check_pitch(fmt: ColorFormat, width: int, pitch: int) -> int:
+    """``pitch`` as a plain int, or :class:`UsageError` unless it holds every plane's row under
+    the convention."""
     need = min_pitch(fmt, width)
     divisor = max(spec.pitch_div for spec in _SPECS[fmt])
-    if not isinstance(pitch, int) or isinstance(pitch, bool) or pitch > MAX_PITCH:
+    checked = as_int(pitch)
+    if checked is None or checked > MAX_PITCH:
         raise UsageError(f"pitch is an int of at most {MAX_PITCH} bytes, got {pitch!r}")
+    pitch = checked
     if pitch < need or pitch % divisor:
         raise UsageError(
             f"pitch {pitch!r} does not fit a {width}-pixel-wide {fmt.name} frame: it must be at least {need} bytes"
             + (f" and a multiple of {divisor}" if divisor > 1 else "")
         )
+    return pitch

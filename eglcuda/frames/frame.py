@@ -12,6 +12,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from .._bind import cuda
+from .._integers import as_int
 from .._resource import exiting
 from ..cuda_device import CudaDevice, get_device
 from ..errors import ClosedError, Unsupported, UsageError
@@ -234,7 +235,7 @@ class Plane:
         source = self._location()
         frame = self._frame
         g = self.geometry
-        _check_linear(pointer, pitch, g)
+        pointer, pitch = _check_linear(pointer, pitch, g)
         if cuda_stream is None:
             stream = frame.cuda_stream or 0
         else:
@@ -250,7 +251,7 @@ class Plane:
         target = self._location(writing=True)
         frame = self._frame
         g = self.geometry
-        _check_linear(pointer, pitch, g)
+        pointer, pitch = _check_linear(pointer, pitch, g)
         stream = stream_handle(cuda_stream)
         frame._note_users((stream,))
         _copy_2d(frame.device, stream, src=("device", pointer, pitch), dst=target,
@@ -271,14 +272,17 @@ def _pair(value: Any, name: str) -> tuple[int, int]:
     raise UsageError(f"{name} is a pair of ints, got {value!r}")
 
 
-def _check_linear(pointer: Any, pitch: Any, geometry: PlaneGeometry) -> None:
+def _check_linear(pointer: Any, pitch: Any, geometry: PlaneGeometry) -> tuple[int, int]:
     """Linear device memory a plane is copied to or from: a device address and a pitch that
-    holds the plane's rows."""
-    if not _is_address(pointer):
+    holds the plane's rows, as plain ints."""
+    address = as_int(pointer)
+    if address is None or not _is_address(address):
         raise UsageError(f"pointer is a device address (a non-null int below 2**64), got {pointer!r}")
-    if not isinstance(pitch, int) or isinstance(pitch, bool) or not geometry.row_bytes <= pitch <= MAX_PITCH:
+    checked = as_int(pitch)
+    if checked is None or not geometry.row_bytes <= checked <= MAX_PITCH:
         raise UsageError(f"pitch is an int of {geometry.row_bytes}..{MAX_PITCH} bytes (a row of this plane), "
                          f"got {pitch!r}")
+    return address, checked
 
 
 def note_users(users: list[int] | None, streams: Sequence[int]) -> list[int]:
@@ -524,11 +528,12 @@ class Frame(FrameCore, FrameBase):
         except ValueError:
             raise UsageError(f"memory is one of {[m.value for m in MemoryKind]}, got {memory!r}") from None
         fmt = producer_format(format)
-        check_size(width, height, fmt)
+        width, height = check_size(width, height, fmt)
         layout = layout_of(layout)
-        if not isinstance(pitch_alignment, int) or isinstance(pitch_alignment, bool) or pitch_alignment < 1 \
-                or pitch_alignment & (pitch_alignment - 1) or pitch_alignment > MAX_PITCH:
+        alignment = as_int(pitch_alignment)
+        if alignment is None or alignment < 1 or alignment & (alignment - 1) or alignment > MAX_PITCH:
             raise UsageError(f"pitch_alignment is a power of two (an int) of at most {MAX_PITCH}, got {pitch_alignment!r}")
+        pitch_alignment = alignment
         if layout is Layout.ARRAY and memory is not MemoryKind.DEVICE:
             raise UsageError(f"CUDA-array frames live in device memory; {memory.value} memory needs layout='pitch'")
         device = get_device(device)
@@ -559,16 +564,17 @@ class Frame(FrameCore, FrameBase):
         follow each other, each ``pitch_i * height_i`` bytes) or one address per plane. ``owner``
         is kept alive as long as the frame."""
         fmt = producer_format(format)
-        check_size(width, height, fmt)
-        check_pitch(fmt, width, pitch)
+        width, height = check_size(width, height, fmt)
+        pitch = check_pitch(fmt, width, pitch)
         geometry = _plane_geometry(fmt, width, height, pitch)
-        if isinstance(pointer, int) and not isinstance(pointer, bool):
-            addresses, at = [], pointer
+        single = as_int(pointer)
+        if single is not None:
+            addresses, at = [], single
             for g in geometry:
                 addresses.append(at)
                 at += g.pitch * g.height
         elif isinstance(pointer, (list, tuple)):
-            addresses = list(pointer)
+            addresses = [address if as_int(address) is None else int(address) for address in pointer]
         else:
             raise UsageError(f"pointer is a device address (int) or one per plane, got {type(pointer).__name__}")
         if len(addresses) != len(geometry) or not all(_is_address(a) for a in addresses) \
@@ -598,9 +604,9 @@ class Frame(FrameCore, FrameBase):
             raise UsageError(f"plane 0 must be (height, width) or (height, width, channels), got shape {shape0}")
         height = height if height is not None else shape0[0]
         width = width if width is not None else shape0[1]
-        check_size(width, height, fmt)
+        width, height = check_size(width, height, fmt)
         pitch = strides0[0] if strides0 else int(np.prod(shape0[1:]))
-        check_pitch(fmt, width, pitch)
+        pitch = check_pitch(fmt, width, pitch)
         geometry = _plane_geometry(fmt, width, height, pitch)
         if len(described) != len(geometry):
             raise UsageError(f"a {fmt.name} frame has {len(geometry)} plane(s), got {len(described)} array(s)")
@@ -638,9 +644,10 @@ class Frame(FrameCore, FrameBase):
         if self._host_address is None:
             raise UsageError(f"a {self.memory.value}-memory frame has no host view; allocate it with "
                              "memory='pinned' or 'managed' (or use to_numpy() for a copy)")
-        if not isinstance(plane, int) or isinstance(plane, bool) or not 0 <= plane < len(self._plane_specs):
+        index = as_int(plane)
+        if index is None or not 0 <= index < len(self._plane_specs):
             raise UsageError(f"plane is an index in 0..{len(self._plane_specs) - 1}, got {plane!r}")
-        chosen = self.planes[plane]
+        chosen = self.planes[index]
         interface = {"shape": chosen.shape, "strides": chosen.strides, "typestr": "|u1", "version": 3,
                      "data": (self._host_address + chosen._address - self.key, False)}
         return np.asarray(_HostView(self, interface))

@@ -32,6 +32,7 @@ from dataclasses import asdict
 from typing import Any, Iterable
 
 
+from .._integers import as_int
 from .._lifecycle import exiting
 from .._unix import positive_seconds
 from ..cuda_device import get_device
@@ -101,9 +102,10 @@ class Relay:
         psk = keys.load_key(key)
         self.timeout = positive_seconds(timeout, "timeout")
         self.every_timeout = positive_seconds(every_timeout, "every_timeout")
-        if not isinstance(max_remotes, int) or isinstance(max_remotes, bool) or not 1 <= max_remotes <= 1024:
+        most = as_int(max_remotes)
+        if most is None or not 1 <= most <= 1024:
             raise UsageError(f"max_remotes is an int in 1..1024, got {max_remotes!r}")
-        self.max_remotes = max_remotes
+        self.max_remotes = most
         self._limits = Limits(self.name, self.timeout, self.every_timeout)
         self._frames = seal
         self._closing = False

@@ -412,7 +412,7 @@ cdef class CudaProducer(Resource):
 
     def __init__(self, stream, width, height, device=None, format=None, layout=None) -> None:
         self._format = None if format is None else producer_format(format)
-        check_size(width, height, self._format)
+        width, height = check_size(width, height, self._format)
         self._layout = None if layout is None else layout_of(layout)
         stream._check_producer_slot()
         self.stream = stream

@@ -19,6 +19,7 @@ import threading
 import numpy as np
 
 from ..context import GLContext
+from .._integers import as_int
 from .._resource import Resource
 from .._bind import egl_stream
 from .._bind.egl import egl_error
@@ -212,7 +213,7 @@ class GLTextureConsumer(Resource):
         ``timeout_us``. Without a new frame in time the driver latches the previous one again
         (``is_new`` False); with none ever, :class:`Timeout`; once the producer is gone,
         :class:`StreamDisconnected`."""
-        check_microseconds("timeout_us", timeout_us)
+        timeout_us = check_microseconds("timeout_us", timeout_us)
         with self._lock:
             if self.closed:
                 raise ClosedError("the GL consumer is disconnected (or its stream closed)")
@@ -289,8 +290,10 @@ class GLSurfaceProducer(Resource):
 
     def __init__(self, stream: Stream, width: int, height: int, api: str = "opengl") -> None:
         stream.display.require("EGL_KHR_stream_producer_eglsurface")
-        if not all(isinstance(v, int) and not isinstance(v, bool) and 0 < v <= MAX_DIMENSION for v in (width, height)):
+        size = (as_int(width), as_int(height))
+        if not all(v is not None and 0 < v <= MAX_DIMENSION for v in size):
             raise UsageError(f"width and height are ints in 1..{MAX_DIMENSION}, got {width!r}x{height!r}")
+        width, height = size  # type: ignore[assignment]
         stream._check_producer_slot()
         self.context = GLContext(stream.display, api=api, surface_type=egl_stream.SURFACE_TYPE_STREAM)
         try:

@@ -16,6 +16,7 @@ from ..cuda_device import CudaDevice
 from ..display import Display, check_display
 from .._resource import Resource
 from .._bind import cuda_egl, egl_stream
+from .._integers import as_int
 from ..errors import ClosedError, EGLError, StreamDisconnected, Timeout, UsageError
 from ..frames.formats import ColorFormat, Layout
 
@@ -55,13 +56,15 @@ def _destroy_stream(display_address: int, stream_address: int, fd_box: list[int]
             pass
 
 
-def check_microseconds(name: str, value: Any, allow_none: bool = False) -> None:
-    """Raise :class:`UsageError` unless ``value`` is a whole number of microseconds the driver
-    takes (0..2**31-1; ``allow_none``: None too)."""
+def check_microseconds(name: str, value: Any, allow_none: bool = False) -> Any:
+    """``value`` as a plain int if it is a whole number of microseconds the driver takes
+    (0..2**31-1; ``allow_none``: None too, returned as it is), else :class:`UsageError`."""
     if value is None and allow_none:
-        return
-    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 0x7FFFFFFF:
+        return None
+    us = as_int(value)
+    if us is None or not 0 <= us <= 0x7FFFFFFF:
         raise UsageError(f"{name} is a whole number of microseconds in 0..2**31-1, got {value!r}")
+    return us
 
 
 class Stream(Resource):
@@ -95,10 +98,12 @@ class Stream(Resource):
                  acquire_timeout_us: int | None = None, reuse_last_frame: bool = True,
                  cross_process: bool = False) -> None:
         check_display(display, "Stream")
-        check_microseconds("latency_us", latency_us, allow_none=True)
-        check_microseconds("acquire_timeout_us", acquire_timeout_us, allow_none=True)
-        if not isinstance(fifo_length, int) or isinstance(fifo_length, bool) or not 0 <= fifo_length <= 4096:
+        latency_us = check_microseconds("latency_us", latency_us, allow_none=True)
+        acquire_timeout_us = check_microseconds("acquire_timeout_us", acquire_timeout_us, allow_none=True)
+        length = as_int(fifo_length)
+        if length is None or not 0 <= length <= 4096:
             raise UsageError(f"fifo_length is an int in 0..4096 (0 = mailbox), got {fifo_length!r}")
+        fifo_length = length
         display.require("EGL_KHR_stream")
         attribs = []
         if fifo_length:
@@ -261,7 +266,7 @@ class Stream(Resource):
 
     @latency_us.setter
     def latency_us(self, value: int) -> None:
-        check_microseconds("latency_us", value)
+        value = check_microseconds("latency_us", value)
         egl_stream.set_attribute(self.display.handle, self.handle, egl_stream.CONSUMER_LATENCY_USEC, value,
                                  "setting the consumer latency")
 

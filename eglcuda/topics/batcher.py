@@ -21,6 +21,7 @@ from typing import Any, Iterable, Iterator, Sequence
 import numpy as np
 
 from .._bind import cuda, cuda_egl
+from .._integers import as_int
 from .._lifecycle import Tracked
 from .._resource import Resource
 from ..cuda_device import CudaDevice, get_device
@@ -290,10 +291,13 @@ class Batcher:
         # Frames a next() took and copied into the free buffer before it raised: the next batch
         # starts with them (they were released to their publishers; they are not lost).
         self._carried: list[BatchFrame] = []
-        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or not 1 <= batch_size <= MAX_BATCH:
-            raise UsageError(f"batch_size is an int in 1..{MAX_BATCH}, got {batch_size!r}")
-        if not isinstance(pool, int) or isinstance(pool, bool) or not 1 <= pool <= MAX_POOL:
-            raise UsageError(f"pool is an int in 1..{MAX_POOL}, got {pool!r}")
+        counts = []
+        for label, value, most in (("batch_size", batch_size, MAX_BATCH), ("pool", pool, MAX_POOL)):
+            count = as_int(value)
+            if count is None or not 1 <= count <= most:
+                raise UsageError(f"{label} is an int in 1..{most}, got {value!r}")
+            counts.append(count)
+        batch_size, pool = counts
         self.formation_timeout = wait_seconds(formation_timeout, "formation_timeout")
         self.timeout = wait_seconds(timeout, "timeout")
         if isinstance(subscribers, Subscriber):

@@ -28,6 +28,7 @@ import weakref
 from dataclasses import asdict
 from typing import Any, Sequence
 
+from .._integers import as_int
 from .._lifecycle import Deferral, Tracked, stay_if_ended_by_exit
 from ..errors import ClosedError, EglCudaError, UsageError
 from ..frames.formats import ColorFormat, Layout, color_format, check_size, layout_of
@@ -97,13 +98,17 @@ class Publisher:
                  transports: Sequence[str] | None = None, _backend: PublisherBackend | None = None) -> None:
         self.name = naming.check_name(name)
         fmt = color_format(format)
-        check_size(width, height, fmt)
+        width, height = check_size(width, height, fmt)
         layout = layout_of(layout)
-        if fps is not None and (not isinstance(fps, (int, float)) or isinstance(fps, bool) or not 0 < fps <= 1e6):
+        if fps is not None and (not isinstance(fps, numbers.Real) or isinstance(fps, bool) or not 0 < fps <= 1e6):
             raise UsageError(f"fps is a positive number (or None), got {fps!r}")
-        for label, value, low in (("pool", pool, 1), ("max_pool", max_pool, 1)):
-            if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= protocol.MAX_POOL:
+        counts = []
+        for label, value in (("pool", pool), ("max_pool", max_pool)):
+            count = as_int(value)
+            if count is None or not 1 <= count <= protocol.MAX_POOL:
                 raise UsageError(f"{label} is an int in 1..{protocol.MAX_POOL}, got {value!r}")
+            counts.append(count)
+        pool, max_pool = counts
         if max_pool < pool:
             raise UsageError(f"max_pool ({max_pool}) is smaller than pool ({pool})")
         self.every_timeout = positive_seconds(every_timeout, "every_timeout")

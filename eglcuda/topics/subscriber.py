@@ -11,6 +11,7 @@ import time
 import weakref
 from typing import Any, AsyncIterator, Iterable, Iterator, NoReturn, Protocol
 
+from .._integers import as_int
 from .._lifecycle import Deferral, Tracked, stay_if_ended_by_exit
 from ..errors import ClosedError, Dropped, EglCudaError, PeerError, StreamDisconnected, Timeout, UsageError
 from ..cuda_device import CudaDevice
@@ -92,9 +93,10 @@ class Subscriber:
         except (KeyError, ValueError):
             raise UsageError(f"qos is 'latest' or 'every' (or an eglcuda.topics.Qos), got {qos!r}") from None
         self._every = self.qos is Qos.EVERY  # (asked on every receive and wake-up)
-        if not isinstance(queue, int) or isinstance(queue, bool) or not 1 <= queue <= protocol.MAX_QUEUE:
+        depth = as_int(queue)
+        if depth is None or not 1 <= depth <= protocol.MAX_QUEUE:
             raise UsageError(f"queue is an int in 1..{protocol.MAX_QUEUE}, got {queue!r}")
-        self.queue = queue
+        self.queue = depth
         self.timeout = positive_seconds(timeout, "timeout")
         self._busy_wait = sockets.wait_seconds(busy_wait, "busy_wait")
         self._async_waiting = False  # a receive_async() is waiting (one at a time)
@@ -102,7 +104,7 @@ class Subscriber:
         if remote is not None:
             # path, transport and trusted_uids are the relay's business: ignored here.
             try:
-                self._remote = remote_feed(self.name, self.qos, queue, device, self.timeout, gl_context,
+                self._remote = remote_feed(self.name, self.qos, self.queue, device, self.timeout, gl_context,
                                            cuda_stream, remote, key, frames)
             except BaseException as exc:
                 # (a daemon thread joining as the interpreter exits: the exit stops the engine under

@@ -85,7 +85,7 @@ def test_a_timeout_read_once_still_refuses_bad_ones():
         consumer.acquire(good).release()
         assert producer.return_frame(good) is None  # reuse: one frame in flight stays
         before = fake.calls(presents)
-        for bad in (None, True, -1, 2**31, 1.5, "10", np.int64(5)):
+        for bad in (None, True, -1, 2**31, 1.5, "10", np.bool_(True), np.float64(5), np.int64(-1)):
             for call in (lambda: producer.return_frame(bad), lambda: producer.present_and_return(other, None, bad),
                          lambda: consumer.acquire(bad), lambda: consumer.acquire_next(bad)):
                 with pytest.raises(eglcuda.UsageError, match="microseconds"):
@@ -94,6 +94,6 @@ def test_a_timeout_read_once_still_refuses_bad_ones():
             assert producer.return_frame(good) is None
         assert fake.calls(presents) == before
         producer.present(other)
-        with consumer.acquire(good) as acquired:
+        with consumer.acquire(np.int64(good)) as acquired:  # (a NumPy integer is the int it holds)
             assert acquired.is_new
-        assert producer.return_frame(good) is frame
+        assert producer.return_frame(np.uint32(good)) is frame

@@ -452,3 +452,44 @@ def test_numpy_ordinals_names_in_any_case_and_malformed_array_interfaces():
         with pytest.raises(UsageError, match="malformed"):
             eglcuda.Frame.from_arrays(Malformed(broken))
     frame.close()
+
+
+@fake_driver_test
+def test_numpy_integers_are_sizes_pitches_and_timeouts():
+    """Sizes, pitches, plane indices, FIFO lengths and timeouts read from a config array or a
+    shape's arithmetic are NumPy integers: each is taken as the int it holds (and kept as a plain
+    int), while bools and floats stay refused."""
+    width, height = np.int64(8), np.uint16(4)
+    frame = eglcuda.Frame.allocate(width, height, format="NV12", pitch_alignment=np.int32(256), memory="pinned")
+    assert (frame.width, frame.height) == (8, 4) and type(frame.width) is int and type(frame.height) is int
+    data = rng().integers(0, 256, frame.planes[0].shape, dtype=np.uint8)
+    frame.planes[0].copy_from(data)
+    assert np.array_equal(frame.host_array(np.int64(0)), data)
+    copy = eglcuda.Frame.allocate(8, 4, format="NV12")
+    frame.planes[0].copy_to_device(np.uint64(copy.planes[0].pointer), np.int64(copy.planes[0].pitch))
+    assert np.array_equal(copy.planes[0].to_numpy(), data)
+    wrapped = eglcuda.Frame.from_pointer(np.uint64(copy.planes[0].pointer), np.int32(8), np.int32(4),
+                                         np.int64(copy.pitch), format="NV12", owner=copy)
+    assert type(wrapped.pitch) is int and np.array_equal(wrapped.planes[0].to_numpy(), data)
+    for bad in (True, 8.0, np.float32(8), "8"):
+        with pytest.raises(UsageError, match="width"):
+            eglcuda.Frame.allocate(bad, 4)
+        with pytest.raises(UsageError, match="pitch_alignment"):
+            eglcuda.Frame.allocate(8, 4, pitch_alignment=bad)
+    with display() as opened:
+        with opened.create_stream(fifo_length=np.int64(2)) as stream:
+            assert stream.fifo_length == 2
+            consumer = stream.connect_cuda_consumer()
+            producer = stream.connect_cuda_producer(np.int64(8), np.int64(4))
+            assert type(producer.width) is int
+            sent = eglcuda.Frame.allocate(8, 4)
+            payload = rng().integers(0, 256, sent.planes[0].shape, dtype=np.uint8)
+            sent.planes[0].copy_from(payload)
+            producer.present(sent)
+            with consumer.acquire(np.int64(1_000_000)) as got:
+                assert np.array_equal(got.planes[0].to_numpy(), payload)
+        for bad in (True, 2.0, np.float64(2)):
+            with pytest.raises(UsageError, match="fifo_length"):
+                opened.create_stream(fifo_length=bad)
+    for each in (wrapped, copy, frame):
+        each.close()

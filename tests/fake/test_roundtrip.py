@@ -341,7 +341,7 @@ def test_bad_input_never_reaches_the_driver():
         for bad in ("not a frame", np.zeros((48, 64, 4), np.uint8), None):
             with pytest.raises(eglcuda.UsageError, match="takes an eglcuda.Frame"):
                 producer.present(bad)
-        for timeout in (-1, 2**31, 1.5, True, "10", None, np.int64(5)):
+        for timeout in (-1, 2**31, 1.5, True, "10", None, np.float64(5), np.bool_(True)):
             for call in (lambda: producer.return_frame(timeout), lambda: producer.present_and_return(frame, None, timeout),
                          lambda: consumer.acquire(timeout), lambda: consumer.acquire_next(timeout_us=timeout)):
                 with pytest.raises(eglcuda.UsageError, match="microseconds"):
@@ -355,7 +355,8 @@ def test_bad_input_never_reaches_the_driver():
         assert producer.frames_presented == 0 and producer.in_flight == 0 and consumer.frames_acquired == 0
         wrapped.close()
         managed.close()
-        for options in ({"fifo_length": -1}, {"latency_us": -5}, {"fifo_length": "4"}, {"fifo_length": True}):
+        for options in ({"fifo_length": -1}, {"latency_us": -5}, {"fifo_length": "4"}, {"fifo_length": True},
+                        {"latency_us": np.float64(5)}):
             with pytest.raises(eglcuda.UsageError):
                 opened.create_stream(**options)
         with pytest.raises(eglcuda.UsageError, match="already has a consumer"):

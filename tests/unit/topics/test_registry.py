@@ -14,7 +14,7 @@ import pytest
 import eglcuda
 from eglcuda.topics import naming, protocol
 
-from .helpers import ENV, HERE, NullPublisherBackend, Peer, publisher, put, subscriber
+from .helpers import ENV, HERE, NullPublisherBackend, Peer, pattern, publisher, put, subscriber
 
 
 @pytest.mark.parametrize("name", ["cam", "a", "camera-0.left_1", "X" * 63])
@@ -123,6 +123,25 @@ def test_numpy_numbers_are_taken_for_timeouts_and_timestamps(path):
             for bad in (np.float32("nan"), np.float64(-1), np.bool_(True), np.float64("inf")):
                 with pytest.raises(eglcuda.UsageError, match="timeout"):
                     pub.next_frame(bad)
+
+
+def test_numpy_integers_are_taken_for_sizes_pools_and_queues(path):
+    """A width, height, pool or queue read from a NumPy array is the int it holds: what the
+    subscriber is told is a plain int, and the frames are that size."""
+    np = pytest.importorskip("numpy")
+    with eglcuda.Publisher("t", np.int64(64), np.uint16(32), "Y", path=path, pool=np.int32(3), max_pool=np.int64(4),
+                           fps=np.float32(30), _backend=NullPublisherBackend()) as pub:
+        with subscriber(path, qos="every", queue=np.int64(2)) as sub:
+            assert sub.queue == 2 and type(sub.queue) is int
+            assert (sub.info.width, sub.info.height) == (64, 32) and type(sub.info.width) is int
+            put(pub, b"np")
+            with sub.receive(5) as message:
+                assert message.frame.data == pattern(b"np")
+    for bad in (np.float64(64), np.bool_(True), True):
+        with pytest.raises(eglcuda.UsageError, match="width"):
+            eglcuda.Publisher("t", bad, 32, "Y", path=path, _backend=NullPublisherBackend())
+        with pytest.raises(eglcuda.UsageError, match="queue"):
+            subscriber(path, queue=bad)
 
 
 def test_arguments_that_only_looked_right(folder, path):
