@@ -99,7 +99,12 @@ class Subscriber:
         self.queue = depth
         self.timeout = positive_seconds(timeout, "timeout")
         self._busy_wait = sockets.wait_seconds(busy_wait, "busy_wait")
-        self._async_waiting = False  # a receive_async() is waiting (one at a time)
+        # The task of the receive_async() waiting (one at a time), the future it sleeps on and the
+        # descriptor it watches on its loop: a new one may take over from a waiter that was
+        # cancelled but has not run since (and then takes its reader off the loop).
+        self._async_waiter: asyncio.Task[Any] | None = None
+        self._async_woken: asyncio.Future[None] | None = None
+        self._async_reader: int | None = None
         self._remote: RemoteFeed | None = None  # the frames come through a relay (remote=): see remote_feed
         if remote is not None:
             # path, transport and trusted_uids are the relay's business: ignored here.
@@ -666,13 +671,17 @@ class Subscriber:
         """As :meth:`receive`, awaited in an asyncio event loop, which runs meanwhile (the wait
         is ``loop.add_reader`` on :meth:`fileno`: no thread, no polling). ``timeout`` as
         :meth:`receive` (None: the subscriber's ``timeout``). One ``receive_async`` of a
-        subscriber at a time."""
+        subscriber at a time; a waiting one that was cancelled (``task.cancel()``) counts as gone
+        at once, before it has run to its end."""
         wait = self.timeout if timeout is None else sockets.wait_seconds(timeout)
         loop = asyncio.get_running_loop()
-        if self._async_waiting:
-            raise UsageError(f"another receive_async() of topic {self.name!r} is waiting: await one at a time")
+        task = asyncio.current_task()
+        if self._async_waiter is not None:
+            if not self._async_waiter_leaving(loop):
+                raise UsageError(f"another receive_async() of topic {self.name!r} is waiting: await one at a time")
+            self._stop_async_reader(loop)
         deadline = loop.time() + wait
-        self._async_waiting = True
+        self._async_waiter, self._async_woken = task, None
         try:
             # (The descriptor is made once; while another thread's receive holds the subscriber
             # as it is first asked for, the loop runs on: asked again every few milliseconds.)
@@ -690,15 +699,37 @@ class Subscriber:
                     if left <= 0:
                         raise
                 woken: asyncio.Future[None] = loop.create_future()
+                self._async_woken = woken
                 loop.add_reader(fd, _settle, woken)
+                self._async_reader = fd
                 timer = loop.call_later(left, _settle, woken)
                 try:
                     await woken
                 finally:
                     timer.cancel()
-                    loop.remove_reader(fd)
+                    if self._async_waiter is task:  # (else a newer waiter took the reader off)
+                        self._stop_async_reader(loop)
         finally:
-            self._async_waiting = False
+            if self._async_waiter is task:
+                self._async_waiter = self._async_woken = None
+
+    def _async_waiter_leaving(self, loop: asyncio.AbstractEventLoop) -> bool:
+        """The waiting receive_async(), on ``loop``, ended or was cancelled: it will not wait
+        again, and its reader may be taken off the loop."""
+        waiter = self._async_waiter
+        if waiter is None or waiter.done():
+            return True
+        if waiter.get_loop() is not loop:
+            return False
+        if self._async_woken is not None and self._async_woken.cancelled():
+            return True
+        cancelling = getattr(waiter, "cancelling", None)  # (Python 3.11 on)
+        return bool(cancelling()) if cancelling is not None else False
+
+    def _stop_async_reader(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self._async_reader is not None:
+            loop.remove_reader(self._async_reader)
+            self._async_reader = None
 
     async def __aiter__(self) -> AsyncIterator[Message]:
         """``async for message in subscriber``: messages until the publisher closes the topic,

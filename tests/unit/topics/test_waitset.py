@@ -823,6 +823,38 @@ def test_receive_async_times_out_and_refuses_a_second_waiter(path):
         asyncio.run(main())
 
 
+def test_receive_async_right_after_cancelling_the_waiting_one(path):
+    """task.cancel() on a waiting receive_async(), then at once (the cancelled task not yet run)
+    another receive_async(): it waits and receives, it is not refused as a second waiter, and no
+    reader of either is left on the loop (a reader left behind would spin the loop)."""
+    with publisher(path, True) as pub, subscriber(path) as sub:
+        async def main():
+            loop = asyncio.get_running_loop()
+            fd = sub.fileno()
+            for frame_first in (False, True):
+                waiting = asyncio.ensure_future(sub.receive_async(5))
+                await asyncio.sleep(0.02)  # (it sleeps on the descriptor)
+                waiting.cancel()
+                key = b"after-%d" % frame_first
+                if frame_first:  # (the new one then takes the frame without waiting)
+                    put(pub, key)
+                    await asyncio.sleep(0)
+                else:
+                    loop.call_later(0.05, put, pub, key)
+                message = await sub.receive_async(5)
+                try:
+                    assert message.payload == key and message.frame.data == pattern(key)
+                finally:
+                    message.release()
+                with pytest.raises(asyncio.CancelledError):
+                    await waiting
+                assert loop.remove_reader(fd) is False, "a reader was left on the loop"
+            with pytest.raises(eglcuda.Timeout):
+                await sub.receive_async(0.01)
+
+        asyncio.run(main())
+
+
 def test_receive_async_beside_another_threads_receive_keeps_its_timeout_and_the_loop_running(path):
     """Another thread in a blocking receive (3 s) as receive_async is first awaited: the
     descriptor cannot be made until that receive ends, yet the loop runs on (no stall of more
