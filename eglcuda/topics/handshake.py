@@ -122,7 +122,15 @@ def serve(ref: "weakref.ref[Admission]", listener: socket.socket, wake: int) -> 
                 else:
                     handshake = pending.get(fd)
                     if handshake is not None:
-                        _advance(publisher, poller, pending, handshake)
+                        try:
+                            _advance(publisher, poller, pending, handshake)
+                        except Exception as exc:  # noqa: BLE001 - one handshake's failure is its own
+                            # (a fault met in one peer's handshake ends that handshake; the thread
+                            # goes on serving the others and every later join)
+                            log.exception("topic %s: the handshake of pid %d failed", publisher.name,
+                                          handshake.peer.pid)
+                            _end(poller, pending, handshake, Reason.UNSPECIFIED,
+                                 f"the publisher failed in this handshake: {type(exc).__name__}: {exc}")
             now = time.monotonic()
             for handshake in [h for h in pending.values() if h.deadline <= now]:
                 _end(poller, pending, handshake, Reason.ACCESS if handshake.refusal else Reason.TIMEOUT,

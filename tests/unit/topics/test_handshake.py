@@ -112,6 +112,32 @@ def refusing_server(path, code=Reason.BUSY, reason="32 connections are already i
         thread.join(5)
 
 
+def test_a_fault_in_one_handshake_ends_that_handshake_and_not_the_service(path, caplog):
+    """An unexpected exception inside the publisher while it answers one subscriber's greeting
+    (a bug met by that peer's message) turns that subscriber away with the fault named; the
+    service thread goes on, and the next subscriber joins and receives."""
+    backend = NullPublisherBackend()
+    transport = backend.transports()[0]
+    faults = ["once"]
+
+    def refusal(hello, peer_pid):
+        if faults:
+            faults.pop()
+            raise RuntimeError("a fault in the publisher")
+        return None
+
+    transport.refusal = refusal
+    with publisher(path, _backend=backend) as pub:
+        with pytest.raises(eglcuda.Refused, match="RuntimeError: a fault in the publisher") as refused:
+            subscriber(path, timeout=3)
+        assert refused.value.code == Reason.UNSPECIFIED
+        assert "handshake of pid" in caplog.text
+        with subscriber(path, timeout=3) as sub:
+            put(pub, b"after")
+            with sub.receive(5) as message:
+                assert message.frame.data == pattern(b"after")
+
+
 def test_a_refusal_before_the_greeting_is_written_raises_refused(path, monkeypatch):
     """The publisher turned the subscriber away (REFUSE, then close) before the subscriber wrote
     its HELLO: the write fails (EPIPE); Subscriber() reads the refusal and raises Refused with
