@@ -22,6 +22,7 @@ import collections
 import concurrent.futures
 import logging
 import os
+import socket
 import threading
 import time
 import weakref
@@ -153,6 +154,7 @@ class RemoteFeed:
     # ---- joining ----------------------------------------------------------------------------------
     def _connect(self, deadline: float) -> None:
         """Join through the relay by ``deadline``, retrying while it has no publisher."""
+        _check_host_known(self.remote[0])
         last: str = "no answer"
         waited = max(0.0, deadline - time.monotonic())
         while True:
@@ -675,3 +677,19 @@ class RemoteFeed:
         if self.connected:
             return f"remote {self.remote[0]}:{self.remote[1]}, {len(self._held)} held"
         return f"disconnected ({self._lost})"
+
+
+def _check_host_known(host: str) -> None:
+    """:class:`UsageError` at once for a relay host name that no resolver knows (a mistyped
+    name would otherwise be retried until the timeout); a resolver that cannot answer now
+    (``EAI_AGAIN``) leaves it to the retries."""
+    try:
+        socket.getaddrinfo(host, None, family=socket.AF_INET, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        if exc.errno in _UNKNOWN_NAME:
+            raise UsageError(f"remote: the relay host {host!r} is not known ({exc.strerror}): give its IPv4 "
+                             "address or a name that resolves") from None
+
+
+_UNKNOWN_NAME = {socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socket.EAI_NONAME),
+                 getattr(socket, "EAI_ADDRFAMILY", socket.EAI_NONAME)}

@@ -328,6 +328,28 @@ def test_no_relay_listening_times_out(env):
     assert time.monotonic() - started < 15
 
 
+def test_a_relay_host_no_resolver_knows_is_refused_at_once(env):
+    """A mistyped relay host name is a UsageError naming it at once, not a Timeout after
+    retrying for the whole timeout."""
+    import socket
+
+    host = "no-such-relay.invalid"
+    try:
+        socket.getaddrinfo(host, None, family=socket.AF_INET)
+    except socket.gaierror as exc:
+        if exc.errno != socket.EAI_NONAME:
+            pytest.skip(f"this machine's resolver cannot say now whether {host} exists: {exc}")
+    else:
+        pytest.skip(f"this machine's resolver knows {host}")
+    started = time.monotonic()
+    out = subprocess.run([sys.executable, str(REMOTE_PEER), "subscribe", "--name", "t", "--remote", f"{host}:9999",
+                          "--timeout", "20"], env=env, cwd=str(ROOT), capture_output=True, text=True, timeout=60)
+    answer = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")][0]
+    assert answer["event"] == "error" and answer["kind"] == "UsageError", (answer, out.stderr[-2000:])
+    assert host in answer["reason"] and "not known" in answer["reason"], answer
+    assert time.monotonic() - started < 10
+
+
 def test_join_leave_cycles_leak_nothing(cluster):
     """Joins, refusals and timeouts, again and again: the threads and descriptors after the
     first cycle (the UCX engine and context, made once per process) stay as they are."""
