@@ -2,7 +2,6 @@
 image outliving its texture, bad input, and 1,000 create/close cycles."""
 from __future__ import annotations
 
-import os
 
 import numpy as np
 import pytest
@@ -12,6 +11,7 @@ from eglcuda.images.image import TEXTURE_FORMATS
 from eglcuda.images.paths import make_texture, read_texture, write_texture
 
 from ..conftest import gl_module, require_extension
+from ..forking import answers_in_forked_child
 from ..imagekit import float_image, random_texels
 from .test_leaks import grows
 
@@ -265,26 +265,10 @@ def test_a_forked_child_is_told_its_images_are_the_parents(image_context):
     are the parent's. Both now name the fork; the parent goes on with the image."""
     texture = make_texture(RGBA8, np.ones((2, 2, 4), np.uint8))
     image = eglcuda.Image(image_context, texture)
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child reports through the pipe
-        answers = []
-        for call in (lambda: image.handle, image.bind_texture, image.finish_gl, image.register_cuda,
-                     lambda: eglcuda.Image(image_context, texture)):
-            try:
-                call()
-                answers.append("no error")
-            except eglcuda.ClosedError as exc:
-                answers.append("fork" if "forked" in str(exc) else str(exc))
-            except BaseException as exc:
-                answers.append(repr(exc))
-        os.write(write, "|".join(answers).encode())
-        os._exit(0)
-    os.close(write)
-    with os.fdopen(read, "rb") as pipe:
-        answers = pipe.read().decode()
-    os.waitpid(pid, 0)
-    assert answers.split("|") == ["fork"] * 5, answers
+    answers = answers_in_forked_child(
+        (lambda: image.handle, image.bind_texture, image.finish_gl, image.register_cuda,
+         lambda: eglcuda.Image(image_context, texture)), eglcuda.ClosedError, "forked")
+    assert answers == ["fork"] * 5, answers
     alias = image.bind_texture()
     image.close()
     gl_module().glDeleteTextures([alias, texture])

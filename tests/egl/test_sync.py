@@ -2,7 +2,6 @@
 closed objects and bad input."""
 from __future__ import annotations
 
-import os
 import threading
 import time
 
@@ -12,6 +11,7 @@ import pytest
 import eglcuda
 
 from ..conftest import gl_module, require_extension
+from ..forking import answers_in_forked_child
 from .test_leaks import grows
 
 
@@ -171,26 +171,10 @@ def test_a_forked_child_is_told_its_syncs_are_the_parents(sync_display):
     closed" (the display's words), though nothing was closed: it now names the fork. The parent
     goes on with the sync."""
     sync = eglcuda.Sync.reusable(sync_display)
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child reports through the pipe
-        answers = []
-        for call in (lambda: sync.wait(0), sync.signal, lambda: sync.signaled, sync.server_wait,
-                     lambda: sync.handle):
-            try:
-                call()
-                answers.append("no error")
-            except eglcuda.ClosedError as exc:
-                answers.append("fork" if "forked" in str(exc) else str(exc))
-            except BaseException as exc:
-                answers.append(repr(exc))
-        os.write(write, "|".join(answers).encode())
-        os._exit(0)
-    os.close(write)
-    with os.fdopen(read, "rb") as pipe:
-        answers = pipe.read().decode()
-    os.waitpid(pid, 0)
-    assert answers.split("|") == ["fork"] * 5, answers
+    answers = answers_in_forked_child(
+        (lambda: sync.wait(0), sync.signal, lambda: sync.signaled, sync.server_wait, lambda: sync.handle),
+        eglcuda.ClosedError, "forked")
+    assert answers == ["fork"] * 5, answers
     sync.signal()
     assert sync.wait(0) is True
     sync.close()

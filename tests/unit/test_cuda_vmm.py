@@ -79,21 +79,10 @@ import os  # noqa: E402
 import pathlib  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
-import tempfile  # noqa: E402
 
-from ..fakes import build as fake_build  # noqa: E402
 
 PEER = pathlib.Path(__file__).resolve().parent / "vmm_peer.py"
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def fake_env():
-    if fake_build.compiler() is None:
-        pytest.skip("no C compiler for the fake libcuda")
-    with tempfile.TemporaryDirectory(prefix="eglcuda-fake-vmm-") as folder:
-        fake_build.build_libcuda(folder)
-        yield {**os.environ, "LD_LIBRARY_PATH": folder, "__EGL_VENDOR_LIBRARY_FILENAMES": "/nonexistent.json"}
 
 
 def python(env, code: str) -> str:

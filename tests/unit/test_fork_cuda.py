@@ -4,26 +4,12 @@ meets); a child forked before the parent touched CUDA uses it as usual. Under th
 (tests/fakes/driver/), which would not refuse the child on its own, so the refusal is eglcuda's."""
 from __future__ import annotations
 
-import os
 import pathlib
 import subprocess
 import sys
-import tempfile
 
-import pytest
-
-from ..fakes import build as fake_build
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def fake_env():
-    if fake_build.compiler() is None:
-        pytest.skip("no C compiler for the fake libcuda")
-    with tempfile.TemporaryDirectory(prefix="eglcuda-fake-fork-") as folder:
-        fake_build.build_libcuda(folder)
-        yield {**os.environ, "LD_LIBRARY_PATH": folder, "__EGL_VENDOR_LIBRARY_FILENAMES": "/nonexistent.json"}
 
 
 def python(env, code: str) -> list[str]:

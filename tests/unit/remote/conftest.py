@@ -11,7 +11,6 @@ import tempfile
 import pytest
 
 from ... import remote_extra
-from ...fakes import build as fake_build
 from ...json_peer import JsonPeer
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
@@ -25,20 +24,10 @@ def ucxx_present() -> bool:
     return importlib.util.find_spec("ucxx") is not None
 
 
-@pytest.fixture(scope="session")
-def fake_cuda():
-    if fake_build.compiler() is None:
-        pytest.skip("no C compiler for the fake libcuda")
-    with tempfile.TemporaryDirectory(prefix="eglcuda-remote-fakecuda-") as folder:
-        fake_build.build_libcuda(folder)
-        yield folder
-
-
 @pytest.fixture
-def env(fake_cuda):
+def env(fake_env):
     remote_extra.skip_without()
-    return {**os.environ, **UCX_ENV, "LD_LIBRARY_PATH": fake_cuda, "__EGL_VENDOR_LIBRARY_FILENAMES": "/nonexistent.json",
-            "EGLCUDA_REMOTE_KEY": secrets.token_hex(32), "EGLCUDA_REMOTE_KEY_FILE": ""}
+    return {**fake_env, **UCX_ENV, "EGLCUDA_REMOTE_KEY": secrets.token_hex(32), "EGLCUDA_REMOTE_KEY_FILE": ""}
 
 
 @pytest.fixture

@@ -18,20 +18,15 @@ import pytest
 
 from eglcuda.topics.protocol import Reason
 
-from ...fakes import build as fake_build
 from ...json_peer import JsonPeer
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 PEER = ROOT / "tests" / "gpu" / "topics_peer.py"
 
 
-@pytest.fixture(scope="module")
-def env():
-    if fake_build.compiler() is None:
-        pytest.skip("no C compiler for the fake libcuda")
-    with tempfile.TemporaryDirectory(prefix="eglcuda-fakecuda-") as folder:
-        fake_build.build_libcuda(folder)
-        yield {**os.environ, "LD_LIBRARY_PATH": folder, "__EGL_VENDOR_LIBRARY_FILENAMES": "/nonexistent.json"}  # no EGL: cuda-ipc only
+@pytest.fixture
+def env(fake_env):
+    return fake_env  # (no EGL: cuda-ipc and cuda-vmm only)
 
 
 @pytest.fixture
