@@ -318,7 +318,8 @@ class CudaImage(Resource):
         well). ``cuda_stream`` is where the view's work belongs (default: the legacy stream)."""
         self._check_open()
         if self._mapped is not None:
-            raise UsageError("the image is already mapped: unmap it first")
+            raise UsageError("the image is already mapped: unmap that view first (the registration's "
+                             "``mapped`` is it, also when it was dropped without unmap())")
         stream = stream_handle(cuda_stream)
         self.device.make_current()
         if self.path is ImagePath.NATIVE:
@@ -333,6 +334,12 @@ class CudaImage(Resource):
             kind, pitch = "array", 0
             color = self.image.format.color_format
         self._mapped = MappedImage(self, stream, kind, where, pitch, color)
+        return self._mapped
+
+    @property
+    def mapped(self) -> "MappedImage | None":
+        """The view :meth:`map` gave and that is not unmapped yet, or None. The registration
+        holds it until :meth:`MappedImage.unmap` (dropping it does not end the mapping)."""
         return self._mapped
 
     def _unmap(self, mapped: "MappedImage", finish_cuda: bool) -> None:

@@ -2,6 +2,7 @@
 a kernel writing through the surface object, repeated mapping, and leaks."""
 from __future__ import annotations
 
+import gc
 
 import numpy as np
 import pytest
@@ -133,10 +134,13 @@ def test_repeated_map_unmap_with_random_data(context):
                 mapped.copy_from(data)
             with context.current():
                 np.testing.assert_array_equal(read_texture(RGBA8, texture, width, height), data)
+        assert registration.mapped is None
         mapped = registration.map()
+        assert registration.mapped is mapped
         with pytest.raises(eglcuda.UsageError, match="already mapped"):
             registration.map()
         mapped.unmap()
+        assert registration.mapped is None
         with pytest.raises(eglcuda.ClosedError):
             mapped.array
         with pytest.raises(eglcuda.ClosedError):
@@ -144,6 +148,30 @@ def test_repeated_map_unmap_with_random_data(context):
     assert registration.closed
     with pytest.raises(eglcuda.ClosedError):
         registration.map()
+
+
+def test_a_view_dropped_without_unmap_is_found_through_the_registration(context):
+    """A view dropped without unmap() still holds the mapping (a later map() is refused): the
+    registration's ``mapped`` gives it back to unmap, and the next map() works with every texel."""
+    from OpenGL import GL
+
+    rng = np.random.default_rng()
+    width, height = 34, 18
+    texture = make_texture(RGBA8, random_texels(rng, RGBA8, width, height))
+    with eglcuda.Image(context, texture) as image, image.register_cuda() as registration:
+        registration.map()  # (dropped at once)
+        gc.collect()
+        with pytest.raises(eglcuda.UsageError, match="``mapped``"):
+            registration.map()
+        registration.mapped.unmap()
+        data = random_texels(rng, RGBA8, width, height)
+        with registration.map() as mapped:
+            mapped.copy_from(data)
+            assert np.array_equal(mapped.to_numpy(), data)
+        with context.current():
+            np.testing.assert_array_equal(read_texture(RGBA8, texture, width, height), data)
+    with context.current():
+        GL.glDeleteTextures([texture])
 
 
 def test_gl_interop_needs_the_source_texture(cuda_display, context):
