@@ -476,13 +476,46 @@ def state_and_counters(display: eglcuda.Display) -> None:
         stream.close()
 
 
+def a_frame_closed_after_its_producer_left_lives_while_the_consumer_holds_it(display: eglcuda.Display,
+                                                                            fifo_length: int) -> None:
+    """The producer disconnects while the consumer (in the same process) holds a frame, and the
+    program then closes every frame it presented: the held frame goes on reading the bytes
+    presented, however much memory is allocated and written meanwhile; its memory goes once it
+    is released."""
+    _need_fifo(display, fifo_length)
+    random = rng()
+    with connected(display, 48, 20, fifo_length=fifo_length) as (stream, producer, consumer):
+        frames = [eglcuda.Frame.allocate(48, 20) for _ in range(3)]
+        data = [fill_random(frame, random) for frame in frames]
+        for frame in frames[:3 if fifo_length else 1]:
+            producer.present(frame)
+        held = consumer.acquire(1_000_000)
+        assert_frame_equals(held, data[0])
+        producer.close()
+        for frame in frames:
+            frame.close()
+            assert frame.closed
+        others = [eglcuda.Frame.allocate(48, 20) for _ in range(6)]  # (where freed memory would go again)
+        for other in others:
+            fill_random(other, random)
+        assert_frame_equals(held, data[0])
+        try:
+            held.release()
+        except eglcuda.StreamDisconnected:
+            pass  # (a driver may say the producer is gone; the frame is released all the same)
+        assert held.released
+        for other in others:
+            other.close()
+
+
 SCENARIOS: dict[str, Callable[..., None]] = {f.__name__: f for f in (
     numbers_on_a_random_schedule, numbers_with_the_producer_in_another_thread,
     acquire_without_a_new_frame_hands_back_the_old_one, present_into_a_full_fifo_waits_for_the_consumer,
     a_call_waits_for_another_threads_call_on_the_same_endpoint_without_the_gil,
     only_an_acquire_that_cannot_wait_keeps_the_gil,
     many_threads_on_one_producer_keep_its_books, misuse_of_the_stream_and_of_acquired_frames,
-    present_and_return_and_acquire_next_loop, state_and_counters)}
+    present_and_return_and_acquire_next_loop, state_and_counters,
+    a_frame_closed_after_its_producer_left_lives_while_the_consumer_holds_it)}
 
 
 def _cases() -> list[Any]:
@@ -508,6 +541,9 @@ def _cases() -> list[Any]:
             cases.append(case("present_and_return_and_acquire_next_loop", f"{fmt.name}-{layout.value}-{tag}",
                               fifo_length=fifo_length, fmt=fmt, layout=layout))
     cases.append(case("state_and_counters"))
+    for fifo_length, tag in ((0, "mailbox"), (3, "fifo3")):
+        cases.append(case("a_frame_closed_after_its_producer_left_lives_while_the_consumer_holds_it", tag,
+                          fifo_length=fifo_length))
     return cases
 
 

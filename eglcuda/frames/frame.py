@@ -696,7 +696,8 @@ class Frame(FrameCore, FrameBase):
         The frame is unusable at once. Its memory is freed now unless something still points
         into it: a :class:`Plane` object held anywhere (a CuPy array made through
         ``__cuda_array_interface__`` holds its plane), a DLPack tensor (PyTorch's holds the
-        plane), a :meth:`host_array` view. Then it is freed when the last of them is gone."""
+        plane), a :meth:`host_array` view, a frame that the consumer in this process holds
+        after the producer disconnected. Then it is freed when the last of them is gone."""
         if self.presented:
             raise UsageError("the frame was presented on a producer that is still connected; "
                              "the driver may still use it: disconnect the producer first")

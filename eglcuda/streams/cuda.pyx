@@ -775,6 +775,9 @@ cdef class CudaProducer(Resource):
         self.associated = {}
         for frame in associated.values():
             (<FrameCore>frame)._drop_disconnected_links()
+        consumer = self.stream.consumer
+        if isinstance(consumer, CudaConsumer):
+            (<CudaConsumer>consumer)._keep_what_held_reads(frames, associated)
         del frames, associated  # dropped after the tables are consistent: callbacks may run
 
     def __repr__(self) -> str:
@@ -805,6 +808,9 @@ cdef class AcquiredFrame:
     # The streams the frame was handed to (DLPack consumers, copies, CAI's likely readers): its
     # release is ordered after them (docs/ordering.md). None: none.
     cdef list _handed_to
+    # The planes of the producer's frames this one reads, kept from being freed by their close()
+    # once the producer (in this process) disconnected while this frame was held. None: none.
+    cdef object _source
     cdef uint64_t _number
     cdef bint _numbered, _fresh, _released
     cdef object __weakref__
@@ -1248,11 +1254,30 @@ cdef class CudaConsumer(Resource):
         released frame's planes are unusable, and they refer back to the frame, which would keep
         it from being reused."""
         cdef AcquiredFrame held = self.held
-        self.dropped = held._planes_cache
+        if held._source is None:
+            self.dropped = held._planes_cache
+        else:  # (the producer's frames it kept go too: a frame closed meanwhile is freed then)
+            self.dropped = (held._planes_cache, held._source)
+            held._source = None
         held._planes_cache = None
         held._handed_to = None
         held._released = True
         self.held = None
+
+    cdef int _keep_what_held_reads(self, list flight, dict associated) except -1:
+        """The producer, in this process, disconnected while this consumer holds a frame: that
+        frame reads the producer's memory, so the producer's frame is kept from being freed by
+        its close() until the held frame is released (close() then frees it). The frame is found
+        by its address; where none matches, every frame still in flight is kept."""
+        cdef AcquiredFrame held = self.held
+        if held is None or held._released:
+            return 0
+        source = associated.get(<unsigned long long><uintptr_t>self.egl_frame.frame.pPitch[0])
+        if source is not None:
+            held._source = (source.planes,)
+        else:
+            held._source = tuple([frame.planes for frame in flight if frame is not None])
+        return 0
 
     cdef int _release(self, AcquiredFrame frame) except -1:
         """Release ``frame`` (AcquiredFrame.release)."""

@@ -493,3 +493,26 @@ def test_numpy_integers_are_sizes_pitches_and_timeouts():
                 opened.create_stream(fifo_length=bad)
     for each in (wrapped, copy, frame):
         each.close()
+
+
+@fake_driver_test
+def test_a_frame_closed_under_a_held_frame_is_freed_at_its_release():
+    """close() of a presented frame after its producer disconnected, while the consumer in this
+    process still holds it: that frame's memory stays (the held frame reads it) and goes at the
+    release; with a FIFO, the frames presented and never acquired go at once."""
+    before = fake.live_allocations()
+    for fifo_length in (0, 3):
+        with stream_of(16, 8, fifo_length=fifo_length) as (_, _, producer, consumer):
+            frames = [eglcuda.Frame.allocate(16, 8) for _ in range(3)]
+            data = rng().integers(0, 256, frames[0].planes[0].shape, dtype=np.uint8)
+            frames[0].planes[0].copy_from(data)
+            for frame in frames[:3 if fifo_length else 1]:
+                producer.present(frame)
+            held = consumer.acquire(1_000_000)
+            producer.close()
+            for frame in frames:
+                frame.close()
+            assert fake.live_allocations() == before + 1, "freed under the held frame, or more kept than it"
+            assert np.array_equal(held.planes[0].to_numpy(), data)
+            held.release()
+            assert fake.live_allocations() == before
