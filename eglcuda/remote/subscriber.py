@@ -21,6 +21,7 @@ import asyncio
 import collections
 import concurrent.futures
 import logging
+import ipaddress
 import os
 import socket
 import threading
@@ -154,7 +155,7 @@ class RemoteFeed:
     # ---- joining ----------------------------------------------------------------------------------
     def _connect(self, deadline: float) -> None:
         """Join through the relay by ``deadline``, retrying while it has no publisher."""
-        _check_host_known(self.remote[0])
+        _check_host_known(self.remote[0], max(0.0, deadline - time.monotonic()))
         last: str = "no answer"
         waited = max(0.0, deadline - time.monotonic())
         while True:
@@ -679,16 +680,35 @@ class RemoteFeed:
         return f"disconnected ({self._lost})"
 
 
-def _check_host_known(host: str) -> None:
+def _check_host_known(host: str, wait: float) -> None:
     """:class:`UsageError` at once for a relay host name that no resolver knows (a mistyped
-    name would otherwise be retried until the timeout); a resolver that cannot answer now
-    (``EAI_AGAIN``) leaves it to the retries."""
+    name would otherwise be retried until the timeout). A resolver that cannot answer now
+    (``EAI_AGAIN``), or not within ``wait`` seconds, leaves it to the retries: the lookup runs on
+    a thread of its own, so a slow resolver never holds the caller past its timeout."""
     try:
-        socket.getaddrinfo(host, None, family=socket.AF_INET, type=socket.SOCK_STREAM)
-    except socket.gaierror as exc:
-        if exc.errno in _UNKNOWN_NAME:
-            raise UsageError(f"remote: the relay host {host!r} is not known ({exc.strerror}): give its IPv4 "
-                             "address or a name that resolves") from None
+        ipaddress.IPv4Address(host)
+        return  # (an address: nothing to look up)
+    except ValueError:
+        pass
+    refused: list[socket.gaierror] = []
+
+    def look_up() -> None:
+        try:
+            socket.getaddrinfo(host, None, family=socket.AF_INET, type=socket.SOCK_STREAM)
+        except socket.gaierror as exc:
+            refused.append(exc)
+        except OSError:
+            pass
+
+    looking = threading.Thread(target=look_up, name="eglcuda-remote-resolve", daemon=True)
+    looking.start()
+    looking.join(min(wait, _RESOLVE_WAIT_S))
+    if refused and refused[0].errno in _UNKNOWN_NAME:
+        raise UsageError(f"remote: the relay host {host!r} is not known ({refused[0].strerror}): give its IPv4 "
+                         "address or a name that resolves")
+
+
+_RESOLVE_WAIT_S = 2.0  # the longest a join waits for the resolver's word on a host name
 
 
 _UNKNOWN_NAME = {socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socket.EAI_NONAME),
