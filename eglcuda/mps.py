@@ -45,6 +45,8 @@ from typing import Any, Callable, Iterator
 
 from ._bind import cuda as _cuda
 from ._bind import loader as _loader
+from ._integers import as_int
+from ._unix import positive_seconds
 from .errors import EglCudaError, MPSError, MPSInUse, Timeout, Unsupported, UsageError
 
 CONTROL = "nvidia-cuda-mps-control"
@@ -537,11 +539,11 @@ class MPSDaemon:
 
     def __init__(self, *, timeout: float = 10.0, reuse: bool = False, detach: bool = False,
                  owner_pid: int | None = None) -> None:
-        if not (isinstance(timeout, (int, float)) and timeout > 0):
-            raise UsageError(f"timeout must be a positive number of seconds, not {timeout!r}")
-        if owner_pid is not None and not (isinstance(owner_pid, int) and owner_pid > 0 and _alive(owner_pid)):
+        self.timeout = positive_seconds(timeout, "timeout")
+        pid = as_int(owner_pid)
+        if owner_pid is not None and not (pid is not None and pid > 0 and _alive(pid)):
             raise UsageError(f"owner_pid {owner_pid!r} is not a running process")
-        self.timeout = float(timeout)
+        owner_pid = pid
         self.reuse = reuse
         self.detach = detach
         self.owner_pid = owner_pid
@@ -854,8 +856,7 @@ def stop(directory: str | os.PathLike[str] | None = None, *, all: bool = False, 
     directory), or the one this process's CUDA_MPS_PIPE_DIRECTORY names, or the only one running,
     or with ``all`` every one. Raises :class:`UsageError` when it is not clear which, or when
     ``timeout`` is not a positive number of seconds."""
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-        raise UsageError(f"timeout must be a positive number of seconds, not {timeout!r}")
+    timeout = positive_seconds(timeout, "timeout")
     reaped = [{"directory": path, "stopped": True, "stale": True} for path in reap_stale()]
     found = instances()
     if all:

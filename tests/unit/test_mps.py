@@ -399,6 +399,8 @@ def test_bad_arguments(fake):
     for timeout in (-1, 0, float("nan"), True, "5"):
         with pytest.raises(eglcuda.UsageError, match="timeout"):
             mps.stop(timeout=timeout)
+        with pytest.raises(eglcuda.UsageError, match="timeout"):
+            mps.MPSDaemon(timeout=timeout)  # (True was taken as one second)
 
 
 @pytest.mark.parametrize("damage", ["[1]", '{"watchdog_pid": "abc", "created": "x", "binary": 7}', "not json"])
