@@ -123,6 +123,7 @@ def test_fileno_costs_nothing_until_asked_and_goes_with_the_subscriber(path):
     with publisher(path, True) as pub:
         subscriber(path).close()
         settle(pub)
+        gc.collect()  # (first: what earlier tests left to the collector must not go while counted)
         before, waiting_before = open_fds(), waiting_fds()
         sub = subscriber(path)
         opened = waiting_fds() - waiting_before
@@ -583,6 +584,7 @@ def test_a_wait_set_closed_by_another_thread_ends_the_wait_at_once(path, ring):
     with publisher(path, ring) as pub, subscriber(path, qos="every") as sub:
         sub.fileno()
         for timeout in (None, 30):
+            gc.collect()  # (first: what earlier tests left to the collector must not go while counted)
             before, waiting_before = open_fds(), waiting_fds()
             waits = eglcuda.WaitSet()
             waits.attach(sub, deadline=None if timeout is None else 20)
@@ -626,8 +628,8 @@ def test_a_wait_set_dropped_unclosed_lets_its_subscribers_go_at_once(path, ring)
     with publisher(path, ring, every_timeout=1.0) as pub:
         subscriber(path).close()
         settle(pub)
+        gc.collect()  # (first: what earlier tests left to the collector must not go while counted)
         before, waiting_before = open_fds(), waiting_fds()
-        gc.collect()
         gc.disable()
         try:
             sub = subscriber(path, qos="every")
