@@ -1238,6 +1238,7 @@ cdef class CudaConsumer(Resource):
             self.spare_next ^= 1
         frame._released = False
         frame._handed_to = None
+        frame._source = None
         return frame
 
     cdef int _join_readers(self, AcquiredFrame frame) except -1:
@@ -1274,9 +1275,11 @@ cdef class CudaConsumer(Resource):
             return 0
         source = associated.get(<unsigned long long><uintptr_t>self.egl_frame.frame.pPitch[0])
         if source is not None:
-            held._source = (source.planes,)
+            kept = (source.planes,)
         else:
-            held._source = tuple([frame.planes for frame in flight if frame is not None])
+            kept = tuple([frame.planes for frame in flight if frame is not None])
+        if self.held is held and not held._released:  # (the planes ran Python: a release may have come)
+            held._source = kept
         return 0
 
     cdef int _release(self, AcquiredFrame frame) except -1:
