@@ -135,6 +135,10 @@ def serve(ref: "weakref.ref[Admission]", listener: socket.socket, wake: int) -> 
             for handshake in [h for h in pending.values() if h.deadline <= now]:
                 _end(poller, pending, handshake, Reason.ACCESS if handshake.refusal else Reason.TIMEOUT,
                      handshake.refusal or f"the handshake did not finish within {publisher.handshake_timeout} s")
+            # Nor the last handshake between events: an admitted subscriber's connection is the
+            # publishing thread's, and it closes as a publisher collected without close() goes,
+            # not at this thread's next wake-up (up to a second later).
+            handshake = None
             del publisher
     except Exception:  # noqa: BLE001 - the thread must not die silently
         log.exception("the topic service thread failed")

@@ -7,6 +7,7 @@ import os
 import resource
 import threading
 import time
+import weakref
 
 import pytest
 
@@ -76,6 +77,30 @@ def test_a_publisher_collected_without_close_leaves_nothing(folder):
         gc.collect()
     assert threading.active_count() == threads and open_fds() <= fds
     assert os.listdir(folder) == []
+
+
+def test_a_publisher_collected_without_close_ends_every_subscription_at_once(path):
+    """Every subscriber hears its end as the publisher is collected, the last one to join too:
+    the handshake service kept that one's connection open until its next wake-up (up to a
+    second), so a receive there timed out where the others said the publisher was gone."""
+    pub = publisher(path)
+    subs = [subscriber(path, qos="every") for _ in range(3)]
+    try:
+        key = os.urandom(8)
+        put(pub, key)
+        for sub in subs:
+            with sub.receive(5) as message:
+                assert message.frame.data == pattern(key)
+        collected = weakref.ref(pub)
+        del pub
+        gc.collect()
+        assert collected() is None
+        for sub in subs:
+            with pytest.raises(eglcuda.StreamDisconnected, match="without a goodbye"):
+                sub.receive(0)
+    finally:
+        for sub in subs:
+            sub.close()
 
 
 def test_a_subscriber_collected_without_close_leaves_no_wake_up_descriptor(path):
