@@ -502,11 +502,14 @@ class Relay:
         frees it. At most PORT_FREE_S; a port still taken then is left to whoever holds it."""
         if exiting():  # (the process ends: nobody binds the port after it here)
             return
+        address: tuple[str, int] | None = getattr(self, "address", None)
+        if address is None:  # (a construction that failed before it listened: no port of its own to wait for)
+            return
         started = time.monotonic()
         collected = False
         while True:
             try:
-                _ucx.check_port(self.address[1])
+                _ucx.check_port(address[1])
                 return
             except UsageError:
                 waited = time.monotonic() - started
@@ -515,7 +518,7 @@ class Relay:
                     gc.collect()
                     continue
                 if waited >= PORT_FREE_S:
-                    log.debug("relay %s: port %d still taken %.1f s after close", self.name, self.address[1],
+                    log.debug("relay %s: port %d still taken %.1f s after close", self.name, address[1],
                               PORT_FREE_S)
                     return
                 time.sleep(0.01)

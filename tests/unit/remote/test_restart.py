@@ -78,6 +78,51 @@ def test_a_port_in_use_is_named_in_one_line(cluster, env, path):
     assert "Traceback" not in out.stderr, out.stderr[-2000:]
     assert len([line for line in out.stderr.splitlines() if line.strip()]) == 1, out.stderr[-2000:]  # (no UCX log line)
 
+# A relay waiting for its publisher (port free when it was made) whose port another program
+# takes meanwhile: when the publisher comes, the relay cannot listen.
+PORT_TAKEN_WHILE_WAITING = """
+import os, socket, sys, threading, time, eglcuda
+path = sys.argv[1]
+with socket.socket() as probe:
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+raised = []
+def make():
+    try:
+        eglcuda.Relay("t", f"127.0.0.1:{port}", key=os.urandom(32), path=path, timeout=60).close()
+    except BaseException as exc:
+        raised.append(exc)
+making = threading.Thread(target=make)
+making.start()
+time.sleep(1.0)  # (past its look at the port: it waits for the publisher)
+squatter = socket.socket()
+squatter.bind(("0.0.0.0", port))
+squatter.listen()
+print("taken", port, flush=True)
+making.join(60)
+print("raised", type(raised[0]).__name__ if raised else None, raised[0] if raised else "", flush=True)
+"""
+
+
+def test_a_port_taken_while_the_relay_waits_for_its_publisher_is_named(cluster, env, path):
+    """The port was free when the relay was made and taken before its publisher came: the relay
+    raised AttributeError ('address') from its own cleanup instead of the UsageError naming the
+    port."""
+    child = subprocess.Popen([sys.executable, "-c", PORT_TAKEN_WHILE_WAITING, path], env=env, cwd=str(ROOT),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None
+        taken = child.stdout.readline().split()
+        assert taken[:1] == ["taken"], (taken, child.stderr.read() if child.poll() is not None else "")
+        cluster.publisher()
+        out, err = child.communicate(timeout=90)
+    finally:
+        child.kill()
+    assert child.returncode == 0, err[-2000:]
+    said = [line for line in out.splitlines() if line.startswith("raised")]  # (UCX logs its bind failure there too)
+    assert said and said[0].startswith("raised UsageError") and f"port {taken[1]} is in use" in said[0], (out, err)
+
+
 def _host_address() -> str | None:
     """This host's address on its default route (None: it has none)."""
     import socket
