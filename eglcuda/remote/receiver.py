@@ -508,7 +508,7 @@ class Receiver:
             self._failed(exc)
 
     async def _beat(self) -> None:
-        timeout = self._terms.timeout
+        timeout = max(self._terms.timeout, wire.SILENCE_LEAST_S)  # (the relay beats every BEAT_S when idle)
         while self.lost is None:
             await asyncio.sleep(BEAT_S)
             if time.monotonic() - self._heard > timeout:

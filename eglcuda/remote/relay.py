@@ -71,7 +71,8 @@ class Relay:
     :param queue: the local subscription's queue (``every``).
     :param device: the CUDA device the relay reads frames on.
     :param timeout: seconds to wait for the publisher at construction; also how long a remote
-        subscriber may stay silent (a stalled one) before it is dropped, and a handshake's limit.
+        subscriber may stay silent (a stalled one) before it is dropped (1 s at least: two of its
+        beats), and a handshake's limit.
     :param path: an explicit topic socket path, as for a local :class:`eglcuda.Subscriber`.
     :param trusted_uids: the users whose publishers are accepted, as for a local subscriber.
     :param max_remotes: remote subscribers served at once (more are refused).

@@ -65,6 +65,12 @@ class Limits:
     timeout: float
     every_timeout: float
 
+    @property
+    def silence(self) -> float:
+        """How long a remote subscriber may say nothing before it is dropped: ``timeout``, and
+        never less than two of its beats (wire.SILENCE_LEAST_S)."""
+        return max(self.timeout, wire.SILENCE_LEAST_S)
+
 
 class Sender:
     """The relay's side of one connected remote subscriber (see the module's docstring).
@@ -178,14 +184,14 @@ class Sender:
         """The watchdog's look (every 0.1 s): drop it when silent, deaf or (``every``) slow."""
         limits = self._limits
         if self._gone is not None:
-            if self._dropped is not None and now - self._heard > limits.timeout + 2.0:
+            if self._dropped is not None and now - self._heard > limits.silence + 2.0:
                 self.abort()  # a stalled peer does not even take the GONE
             return
         if self.qos is Qos.LATEST and self._let_go_stale(now):
             self._changed()
         deadline = min(SEND_DEADLINE_S, limits.timeout)
-        if now - self._heard > limits.timeout:
-            self.end(Reason.TIMEOUT, f"the remote subscriber said nothing for {limits.timeout:.3g} s", dropped=True)
+        if now - self._heard > limits.silence:
+            self.end(Reason.TIMEOUT, f"the remote subscriber said nothing for {limits.silence:.3g} s", dropped=True)
             asyncio.get_running_loop().call_later(1.0, self.abort)
         elif self._posted and self._heard - self._posted[0] > deadline:
             self.end(Reason.QUEUE_FULL, f"a frame sent to the remote subscriber was not received within "

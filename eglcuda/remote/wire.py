@@ -73,6 +73,9 @@ SEND_AHEAD = 3  # frames a relay has in flight to one remote subscriber (overlap
 LATEST_WINDOW = 3  # the fewest frames a relay sends ahead of a 'latest' remote subscriber's credits
 LATEST_WINDOW_BYTES = 4 << 20  # ... and as many more as fit in this (latest_window)
 BEAT_S = 0.5  # a side that has said nothing for this long sends a beat
+# A peer is taken as stalled after the timeout of the side that listens, and never before it
+# missed two beats: a shorter timeout would drop a healthy link while the topic is idle.
+SILENCE_LEAST_S = 2 * BEAT_S
 NO_PUBLISHER = 200  # REFUSE code: the relay has no publisher at the moment (the subscriber retries)
 DISCONNECTED = 201  # GONE code: the relay lost its publisher without a goodbye (StreamDisconnected)
 # The session's channels (session.Session: each its own key and nonces, per direction).

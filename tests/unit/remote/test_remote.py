@@ -299,6 +299,24 @@ def test_stalled_remote_subscriber_is_dropped_and_others_go_on(cluster):
     assert gone["kind"] in ("StreamDisconnected", "Dropped"), gone
 
 
+@pytest.mark.parametrize("short", ["relay", "subscriber"])
+def test_a_timeout_shorter_than_a_beat_keeps_a_healthy_idle_link(cluster, short):
+    """A topic at 1 frame/s, and a timeout of 0.4 s on one end (the beats come every 0.5 s while
+    nothing else is said): the link was taken as stalled at the first quiet beat ("said
+    nothing for 0.4 s"), the remote dropped by its relay or the relay left by its remote."""
+    cluster.publisher(rate=1)
+    relay, address = cluster.relay("--timeout", "0.4" if short == "relay" else "5")
+    sub = cluster.subscriber(address, "--count", "4", "--timeout", "0.4" if short == "subscriber" else "5",
+                             "--receive-timeout", "3")
+    done = sub.wait_for(lambda m: m["event"] in ("done", "disconnected"), timeout=30)
+    assert done["event"] == "done", done
+    assert len(sub.got()) == 4
+    _frames_ok(sub)
+    relay.send("remotes")
+    remotes = relay.wait_for(lambda m: m["event"] == "remotes")["remotes"]
+    assert not [r for r in remotes if r["dropped"]], remotes
+
+
 def test_slow_every_remote_subscriber_is_dropped_with_the_reason(cluster):
     cluster.publisher(rate=200)
     relay, address = cluster.relay("--qos", "latest", "--every-timeout", "0.2")
