@@ -225,9 +225,13 @@ def _relay(args: argparse.Namespace) -> int:
                        max_remotes=args.max_remotes, frames=args.frames)
     except EglCudaError as exc:
         return _fail("relay", exc)
+    except KeyboardInterrupt:  # (Ctrl-C while it waited for the publisher: nothing to close yet)
+        print(f"python -m eglcuda relay: interrupted while waiting for the publisher of {args.name!r}",
+              file=sys.stderr)
+        return 130
     host, port = server.address
-    print(f"relay {args.name} listening on {host}:{port}", flush=True)
-    server.serve_forever()
+    # (said once SIGINT and SIGTERM close the relay cleanly: a supervisor may signal it at once)
+    server.serve_forever(ready=lambda: print(f"relay {args.name} listening on {host}:{port}", flush=True))
     return 0
 
 

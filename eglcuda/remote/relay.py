@@ -29,7 +29,7 @@ import signal
 import threading
 import time
 from dataclasses import asdict
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 
 from .._integers import as_int
@@ -416,14 +416,18 @@ class Relay:
     def closed(self) -> bool:
         return self._closed
 
-    def serve_forever(self) -> None:
-        """Block until :meth:`close` (from another thread) or, on the main thread, SIGINT/SIGTERM."""
+    def serve_forever(self, ready: Callable[[], None] | None = None) -> None:
+        """Block until :meth:`close` (from another thread) or, on the main thread, SIGINT/SIGTERM.
+        ``ready`` is called once those signals close the relay (a line saying it serves, printed
+        from there, tells a supervisor that a signal from then on is a clean stop)."""
         done = threading.Event()
         previous: dict[int, Any] = {}
         if threading.current_thread() is threading.main_thread():
             for number in (signal.SIGINT, signal.SIGTERM):
                 previous[number] = signal.signal(number, lambda *_: done.set())
         try:
+            if ready is not None:
+                ready()
             while not done.is_set() and not self._closing:
                 done.wait(0.25)
         finally:

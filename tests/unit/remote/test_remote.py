@@ -414,6 +414,21 @@ def test_cli_relay_with_a_key_file_and_the_topics_listing(cluster, env, path, tm
     assert not [name for name in os.listdir(os.path.dirname(path)) if name.endswith(".relay")]
 
 
+def test_a_cli_relay_signalled_as_soon_as_it_says_it_listens_closes_cleanly(cluster, env, path):
+    """A supervisor that sends SIGTERM the moment the relay prints its 'listening' line gets a
+    clean close (exit status 0, no relay entry left), every time: the line comes only once the
+    signal closes the relay."""
+    cluster.publisher()
+    from .conftest import Peer
+    for _ in range(4):
+        relay = Peer(env, pathlib.Path("-m"), "eglcuda", "relay", "t", "--path", path, "--listen", "127.0.0.1:0")
+        cluster.peers.append(relay)
+        relay.wait_for(lambda m: m.get("event") == "noise" and "listening on" in m["line"])
+        relay.process.send_signal(signal.SIGTERM)
+        assert relay.process.wait(15) == 0
+        assert not [name for name in os.listdir(os.path.dirname(path)) if name.endswith(".relay")]
+
+
 def _mitm(cluster, env, address: str, mode: str):
     from .conftest import Peer
     peer = Peer(env, REMOTE_PEER, "mitm", "--name", "t", "--remote", address, "--mode", mode, "--timeout", "4")
