@@ -4,6 +4,7 @@ from __future__ import annotations
 import time
 from typing import Any, Protocol
 
+from .._lifecycle import stay_if_ended_by_exit
 from ..errors import ClosedError
 from . import protocol
 
@@ -61,7 +62,9 @@ class Message:
     @property
     def frame(self) -> Any:
         if self._released:
-            raise ClosedError("the message was released; its frame is no longer readable")
+            error = ClosedError("the message was released; its frame is no longer readable")
+            stay_if_ended_by_exit(error)  # (a daemon thread's read as the exit closed the subscriber)
+            raise error
         return self._frame
 
     @property

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..._bind import cuda
+from ..._lifecycle import stay_if_ended_by_exit
 from ...errors import ClosedError
 from ...frames.formats import plane_geometry
 from ...frames.frame import FrameBase, Plane
@@ -76,8 +77,12 @@ class SlotView(FrameBase):
 
     def _check_usable(self) -> None:
         if self._released:
-            raise ClosedError("the message was released (or the subscriber lost its publisher): the publisher may "
-                              "have written this slot again; receive a new message")
+            error = ClosedError("the message was released (or the subscriber lost its publisher): the publisher may "
+                                "have written this slot again; receive a new message")
+            # (a daemon thread reading a message as the exit closes its subscriber waits to be
+            # stopped with the interpreter, as in receive(), rather than die with a traceback)
+            stay_if_ended_by_exit(error)
+            raise error
 
     def __repr__(self) -> str:
         state = " released" if self._released else ""

@@ -95,6 +95,34 @@ print(len(oks) >= 5 and all(oks), flush=True)
 '''
 
 
+_PLANE_READ_AFTER_EXIT_CLOSE = r'''
+import atexit, sys, threading, time
+atexit.register(time.sleep, 0.5)  # (registered before eglcuda's hooks: runs after them)
+import eglcuda
+sub = eglcuda.Subscriber("t", remote=sys.argv[1])
+message = sub.receive(10)
+frame = message.frame
+def reading():
+    while not sub.closed:
+        time.sleep(0.001)
+    frame.planes[0].to_numpy()
+threading.Thread(target=reading, daemon=True).start()
+print(frame.planes[0].to_numpy().size > 0, flush=True)
+'''
+
+
+def test_a_daemon_thread_reading_a_held_frame_as_the_exit_closes_its_subscriber_stops_without_a_traceback(
+        cluster, env):
+    """A daemon thread reads the planes of a frame it holds just after the exit hooks closed the
+    remote subscriber (a hook of the program's, run after eglcuda's, gives it the time): the read
+    waits to be stopped with the interpreter, as a receive() there does, with no traceback."""
+    cluster.publisher(rate=100)
+    _, address = cluster.relay()
+    out = subprocess.run([sys.executable, "-c", _PLANE_READ_AFTER_EXIT_CLOSE, address], env=env, cwd=str(ROOT),
+                         capture_output=True, text=True, timeout=60)
+    assert (out.returncode, out.stdout.strip(), out.stderr) == (0, "True", ""), out.stderr
+
+
 @pytest.mark.parametrize("qos", ["latest", "every"])
 def test_a_daemon_thread_reading_a_remote_subscriber_at_exit_stops_without_a_traceback(cluster, env, qos):
     """A thread of the program's reads a remote subscriber (every byte right: its first receive

@@ -248,6 +248,30 @@ def test_daemon_threads_inside_receive_publish_and_rejoin_at_exit_end_without_a_
         assert (child.returncode, child.stdout.strip(), child.stderr) == (0, "ending", "")
 
 
+def test_a_daemon_thread_reading_a_message_as_the_exit_closes_its_subscriber_ends_without_a_traceback(path):
+    """A daemon thread holds a message and reads its frame just after the exit hooks closed its
+    subscriber (a hook of the program's, run after eglcuda's, gives it the time): the read waits
+    to be stopped with the interpreter, as a receive() there does, not die with a traceback. (The
+    planes' own reads are the CUDA transports': tests/unit/remote/test_lifecycle.py.)"""
+    code = (f"import atexit, sys, threading, time; sys.path.insert(0, {str(HERE)!r})\n"
+            "atexit.register(time.sleep, 0.5)  # (registered first: runs after eglcuda's hooks)\n"
+            "import eglcuda\n"
+            "from topics_null import NullPublisherBackend, NullSubscriberBackend\n"
+            f"pub = eglcuda.Publisher('t', 64, 32, 'Y', path={path!r}, _backend=NullPublisherBackend())\n"
+            f"sub = eglcuda.Subscriber('t', path={path!r}, timeout=5, _backend=NullSubscriberBackend())\n"
+            "frame = pub.next_frame(); frame.data[:] = b'x' * len(frame.data); pub.publish(frame)\n"
+            "message = sub.receive(5)\n"
+            "def reading():\n"
+            "    while not sub.closed:\n"
+            "        time.sleep(0.001)\n"
+            "    message.frame\n"
+            "threading.Thread(target=reading, daemon=True).start()\n"
+            "print(message.frame.data == b'x' * len(message.frame.data), flush=True)\n")
+    for _ in range(2):
+        child = subprocess.run([sys.executable, "-c", code], env=ENV, capture_output=True, text=True, timeout=60)
+        assert (child.returncode, child.stdout.strip(), child.stderr) == (0, "True", "")
+
+
 def test_at_exit_only_a_program_s_own_threads_stay_eglcuda_s_end_by_themselves(monkeypatch):
     """A relay's local thread (eglcuda's own, named eglcuda-...) ends on the ClosedError its
     owner's close joins it by, also at exit; a thread of the program's stays until the process
