@@ -1238,7 +1238,6 @@ cdef class CudaConsumer(Resource):
             self.spare_next ^= 1
         frame._released = False
         frame._handed_to = None
-        frame._source = None
         return frame
 
     cdef int _join_readers(self, AcquiredFrame frame) except -1:

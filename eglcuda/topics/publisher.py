@@ -250,11 +250,10 @@ class Publisher:
         if timestamp_ns is None:
             timestamp_ns = time.monotonic_ns()
         else:
-            if timestamp_ns.__class__ is not int and isinstance(timestamp_ns, numbers.Integral) \
-                    and not isinstance(timestamp_ns, bool):
-                timestamp_ns = int(timestamp_ns)  # (a NumPy integer, read from an array of timestamps)
-            if not isinstance(timestamp_ns, int) or isinstance(timestamp_ns, bool) or not 0 <= timestamp_ns < 2**64:
+            stamp = as_int(timestamp_ns)  # (a NumPy integer too, read from an array of timestamps)
+            if stamp is None or not 0 <= stamp < 2**64:
                 raise UsageError(f"timestamp_ns is an int in 0..2**64-1, got {timestamp_ns!r}")
+            timestamp_ns = stamp
         try:
             with self._lock:
                 backend, pool, delivery = self._hot or self._parts()

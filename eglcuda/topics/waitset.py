@@ -12,6 +12,7 @@ import time
 import weakref
 from typing import Any, Literal
 
+from .._integers import as_int
 from ..errors import ClosedError, UsageError
 from .subscriber import Subscriber
 
@@ -164,10 +165,10 @@ class WaitSet:
                 raise UsageError(f"{source!r} has no open descriptor ({exc})") from None
         else:
             raise UsageError(f"attach() takes a Subscriber or an object with fileno(), got {type(source).__name__}")
-        if type(fd) is not int and not isinstance(fd, (bool, float)) and hasattr(fd, "__index__"):
-            fd = fd.__index__()  # (a NumPy integer)
-        if isinstance(fd, bool) or not isinstance(fd, int) or not 0 <= fd < 2**31:
+        number = as_int(fd)  # (a NumPy integer too)
+        if number is None or not 0 <= number < 2**31:
             raise UsageError(f"{source!r} has no open descriptor (fileno() gave {fd!r})")
+        fd = number
         if fd in self._by_fd:
             raise UsageError(f"{source!r} is attached already (descriptor {fd})")
         attachment = Attachment(source, fd, deadline, None, time.monotonic())
