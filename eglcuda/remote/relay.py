@@ -420,6 +420,8 @@ class Relay:
         """Block until :meth:`close` (from another thread) or, on the main thread, SIGINT/SIGTERM.
         ``ready`` is called once those signals close the relay (a line saying it serves, printed
         from there, tells a supervisor that a signal from then on is a clean stop)."""
+        if ready is not None and not callable(ready):
+            raise UsageError(f"ready is a callable (or None), got {type(ready).__name__}")
         done = threading.Event()
         previous: dict[int, Any] = {}
         if threading.current_thread() is threading.main_thread():

@@ -179,6 +179,26 @@ def test_close_from_another_thread_while_serve_forever_runs_tears_down_once(clus
     assert lines[-1] == {"closes": ["MainThread"] * 3, "warnings": []}, lines[-1]
 
 
+_READY_NOT_CALLABLE = r'''
+import sys, eglcuda
+relay = eglcuda.Relay("t", "127.0.0.1:0", path=sys.argv[1])
+try:
+    relay.serve_forever(ready="listening")
+except eglcuda.UsageError as exc:
+    print("refused" if "ready" in str(exc) else exc, relay.closed, flush=True)
+relay.close()
+'''
+
+
+def test_serve_forever_refuses_a_ready_that_is_not_callable_before_serving(cluster, env):
+    """A ``ready`` that cannot be called is a UsageError before the relay serves, and the relay
+    stays open for its owner to close."""
+    cluster.publisher(rate=100)
+    out = subprocess.run([sys.executable, "-c", _READY_NOT_CALLABLE, cluster.path], env=env, cwd=str(ROOT),
+                         capture_output=True, text=True, timeout=120)
+    assert (out.returncode, out.stdout.strip()) == (0, "refused False"), out.stderr[-2000:]
+
+
 # A daemon thread of the program joins and leaves a relay over and over; the main thread ends.
 _JOINING_AT_EXIT = r'''
 import sys, threading, time
