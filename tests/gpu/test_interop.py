@@ -85,7 +85,11 @@ def test_frame_from_cupy_arrays_without_copy(display):
     width, height = 62, 30
     pitch = eglcuda.frames.formats.default_pitch(ColorFormat.YUV420_PLANAR, width)
     geometry = eglcuda.plane_geometry(ColorFormat.YUV420_PLANAR, width, height, pitch)
-    storage = [cp.zeros((g.height, g.pitch), cp.uint8) for g in geometry]
+    # Each plane's storage holds what the driver reads of it (a half-pitch chroma plane: rows the
+    # frame's pitch apart), or from_arrays refuses it, depending on where CuPy's pool put it.
+    extents = eglcuda.frames.formats.driver_extents(ColorFormat.YUV420_PLANAR, width, height, pitch)
+    storage = [cp.zeros((max(g.height, -(-e // g.pitch)), g.pitch), cp.uint8)[:g.height]
+               for g, e in zip(geometry, extents)]
     planes = [s[:, :g.width] for s, g in zip(storage, geometry)]
     expected = [rng.integers(0, 256, (g.height, g.width), dtype=np.uint8) for g in geometry]
     for plane, values in zip(planes, expected):

@@ -46,8 +46,8 @@ def test_keywords_positionals_and_int_subclasses(display):
         consumer.acquire(timeout_us=1_000_000).release()
 
 
-@pytest.mark.parametrize("bad", [-1, 2**31, 1.5, True, "10", None, np.int64(5)],
-                         ids=["negative", "too-big", "float", "bool", "str", "None", "numpy-int"])
+@pytest.mark.parametrize("bad", [-1, 2**31, 1.5, True, "10", None, np.float64(5)],
+                         ids=["negative", "too-big", "float", "bool", "str", "None", "numpy-float"])
 def test_bad_timeouts_raise_usage_error_before_the_driver(display, bad):
     with connected(display, 16, 16) as (stream, producer, consumer):
         frame = producer.allocate_frame()
@@ -191,3 +191,15 @@ def test_acquired_frame_objects_are_reused_only_when_nobody_can_tell(display):
         del built_planes
         gc.collect()
         assert probe() is None
+
+
+def test_numpy_integer_timeouts_are_taken_as_microseconds(display):
+    rng = np.random.default_rng()
+    with connected(display, 16, 16) as (stream, producer, consumer):
+        frame = producer.allocate_frame()
+        expected = fill_random(frame, rng)
+        producer.present(frame)
+        acquired = consumer.acquire(np.int64(1_000_000))
+        assert_frame_equals(acquired, expected)
+        acquired.release()
+        assert producer.return_frame(np.uint32(1_000_000)) is frame
