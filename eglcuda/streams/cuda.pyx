@@ -32,6 +32,7 @@ from .._bind import cuda_egl as _driver
 from .._bind.egl import address, clear_error as clear_egl_error
 from .._bind.hot import table_address
 from .._resource import abandon, exiting
+from .._unix import wait_seconds
 from ..errors import ClosedError, StreamDisconnected, Timeout, Unsupported, UsageError
 from ..frames.formats import (ColorFormat, Layout, _plane_geometry, check_size, color_format, layout_of,
                               producer_format)
@@ -310,9 +311,8 @@ cdef double _close_timeout(object timeout) except? -1:
     where a thread blocked in the driver may never come back)."""
     if timeout is None:
         return 0.5 if exiting() else 10.0
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0:
-        raise UsageError(f"timeout is a number of seconds >= 0, got {timeout!r}")
-    return timeout
+    # (Read as every other wait is: NumPy's numbers too, bools and NaN refused.)
+    return wait_seconds(timeout)
 
 
 cdef object _endpoint_busy(Resource endpoint, str what, double timeout):

@@ -516,3 +516,25 @@ def test_a_frame_closed_under_a_held_frame_is_freed_at_its_release():
             assert np.array_equal(held.planes[0].to_numpy(), data)
             held.release()
             assert fake.live_allocations() == before
+
+
+@fake_driver_test
+def test_endpoint_close_takes_numpy_timeouts():
+    """close(timeout=) of a CUDA producer or consumer takes NumPy numbers as every other timeout
+    does (a Publisher's close took them, an endpoint's refused np.int64(5) and np.float32(1));
+    bools, NaN, negative numbers and strings stay refused."""
+    with display() as opened:
+        for timeout in (np.int64(5), np.uint8(0), np.float32(1)):
+            with opened.create_stream() as stream:
+                consumer = stream.connect_cuda_consumer()
+                producer = stream.connect_cuda_producer(8, 4)
+                producer.close(timeout=timeout)
+                consumer.close(timeout=timeout)
+                assert producer.closed and consumer.closed
+        with opened.create_stream() as stream:
+            consumer = stream.connect_cuda_consumer()
+            for bad in (True, np.bool_(True), float("nan"), np.float64("nan"), -1, np.int64(-1), "1"):
+                with pytest.raises(UsageError, match="timeout"):
+                    consumer.close(timeout=bad)
+            assert not consumer.closed
+            consumer.close()
