@@ -7,6 +7,7 @@ import numbers
 import sys
 from typing import Any
 
+from .._integers import as_int
 from ..errors import UsageError
 
 # DLPack device type and the stream numbers the protocol reserves (CUDA).
@@ -124,7 +125,11 @@ def foreign_device_pointer(obj: Any) -> tuple[int, tuple[int, ...], tuple[int, .
         raise UsageError(f"{type(obj).__name__} has no __cuda_array_interface__")
     try:
         pointer, read_only = interface["data"]
-        return int(pointer), tuple(interface["shape"]), \
+        # An int (a NumPy one too): int() would also turn a string, a float or True into an address.
+        address = as_int(pointer)
+        if address is None:
+            raise TypeError(f"the data pointer is an int, got {pointer!r}")
+        return address, tuple(interface["shape"]), \
             (tuple(interface["strides"]) if interface.get("strides") else None), \
             interface["typestr"], interface.get("stream"), bool(read_only)
     except (KeyError, TypeError, ValueError) as exc:  # (a malformed interface: the protocol's keys are required)

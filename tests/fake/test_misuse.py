@@ -538,3 +538,19 @@ def test_endpoint_close_takes_numpy_timeouts():
                     consumer.close(timeout=bad)
             assert not consumer.closed
             consumer.close()
+
+
+@fake_driver_test
+def test_an_array_interface_whose_address_is_no_int_is_malformed():
+    """__cuda_array_interface__'s data pointer is an int: a string, a float or a bool there was
+    turned into one by int() (True into address 1) and wrapped, or copied from by publish_from;
+    it is a malformed interface now. A NumPy integer is an address like any other."""
+    memory = eglcuda.Frame.allocate(8, 4)
+    pointer, pitch = memory.planes[0].pointer, memory.pitch
+    for bad in (str(pointer), float(pointer), True, np.float64(pointer), None):
+        with pytest.raises(UsageError, match="malformed"):
+            eglcuda.Frame.from_arrays(_Foreign(bad, (4, 8, 4), (pitch, 4, 1)))
+    wrapped = eglcuda.Frame.from_arrays(_Foreign(np.uint64(pointer), (4, 8, 4), (pitch, 4, 1)))
+    assert wrapped.planes[0].pointer == pointer and type(wrapped.planes[0].pointer) is int
+    del wrapped
+    memory.close()
