@@ -72,6 +72,12 @@ def _is_address(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 0 < value < 1 << 64
 
 
+def _planes_fit(addresses: Sequence[Any], geometry: Sequence[PlaneGeometry]) -> bool:
+    """Whether each plane starts at a non-null 64-bit address and ends below 2**64 (every plane:
+    one that wraps around would reach the driver)."""
+    return all(_is_address(a) and _is_address(a + g.pitch * g.height - 1) for a, g in zip(addresses, geometry))
+
+
 def _copy_2d(device: CudaDevice, stream: int, *, src: Any = None, dst: Any = None, width_bytes: int, height: int,
              wait: bool = True) -> None:
     """A stream-ordered 2D copy, then (``wait``) wait for it. ``src``/``dst``: ("device", ptr, pitch),
@@ -577,8 +583,7 @@ class Frame(FrameCore, FrameBase):
             addresses = [address if as_int(address) is None else int(address) for address in pointer]
         else:
             raise UsageError(f"pointer is a device address (int) or one per plane, got {type(pointer).__name__}")
-        if len(addresses) != len(geometry) or not all(_is_address(a) for a in addresses) \
-                or not _is_address(addresses[-1] + geometry[-1].pitch * geometry[-1].height - 1):
+        if len(addresses) != len(geometry) or not _planes_fit(addresses, geometry):
             raise UsageError(f"a {fmt.name} frame needs {len(geometry)} non-null 64-bit plane address(es) whose "
                              f"planes end below 2**64, got {pointer!r}")
         device = get_device(device)
@@ -616,8 +621,9 @@ class Frame(FrameCore, FrameBase):
             accepted = (expected, (g.height, g.row_bytes), (g.height, g.width, g.channels))
             if typestr not in ("|u1", "<u1") or tuple(shape) not in accepted:
                 raise UsageError(f"plane {i} must be uint8 of shape {expected}, got {typestr} {tuple(shape)}")
-            if not _is_address(pointer):
-                raise UsageError(f"plane {i} has no usable device address ({pointer!r})")
+            if not _planes_fit((pointer,), (g,)):
+                raise UsageError(f"plane {i} has no usable device address ({pointer!r}): a non-null 64-bit address "
+                                 "whose plane ends below 2**64")
             row = strides[0] if strides else g.row_bytes
             # Pixels packed along the row as the shape says: (channels, 1) for (h, w, channels),
             # 1 for (h, w); anything else overlaps or spreads the pixels.

@@ -554,3 +554,19 @@ def test_an_array_interface_whose_address_is_no_int_is_malformed():
     assert wrapped.planes[0].pointer == pointer and type(wrapped.planes[0].pointer) is int
     del wrapped
     memory.close()
+
+
+@fake_driver_test
+def test_wrapped_planes_must_end_below_2_64():
+    """Every wrapped plane ends below 2**64: from_pointer checked only the last plane of a list
+    (a U plane at 2**64 - 1 was taken) and from_arrays none; such an address reached the driver."""
+    memory = eglcuda.Frame.allocate(8, 4, format="YUV420_PLANAR")
+    y, u, v = (plane.pointer for plane in memory.planes)
+    with pytest.raises(UsageError, match="ends? below 2"):
+        eglcuda.Frame.from_pointer([y, 2**64 - 1, v], 8, 4, memory.pitch, format="YUV420_PLANAR")
+    with pytest.raises(UsageError, match="ends? below 2"):
+        eglcuda.Frame.from_arrays(_Foreign(2**64 - 8, (4, 8, 4), (32, 4, 1)))
+    wrapped = eglcuda.Frame.from_pointer([y, u, v], 8, 4, memory.pitch, format="YUV420_PLANAR", owner=memory)
+    assert [plane.pointer for plane in wrapped.planes] == [y, u, v]
+    del wrapped
+    memory.close()
