@@ -271,8 +271,9 @@ def _pair(value: Any, name: str) -> tuple[int, int]:
     """A DLPack (int, int) argument, or a clear error."""
     try:
         first, second = value
-        if all(isinstance(v, int) and not isinstance(v, bool) for v in (first, second)):
-            return (first, second)
+        device_or_major, number = as_int(first), as_int(second)  # (NumPy integers too)
+        if device_or_major is not None and number is not None:
+            return (device_or_major, number)
     except (TypeError, ValueError):
         pass
     raise UsageError(f"{name} is a pair of ints, got {value!r}")

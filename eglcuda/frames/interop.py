@@ -64,19 +64,21 @@ def dlpack_stream(stream: Any) -> int | None:
         return 0
     if isinstance(stream, (bool, float, str, bytes)):
         raise UsageError(f"a DLPack stream is None, -1, 1, 2 or a CUstream as an int, got {stream!r}")
-    if not isinstance(stream, int):
+    # (A NumPy integer is the number it holds: -1 and 0 keep the protocol's meaning.)
+    number = as_int(stream)
+    if number is None:
         return stream_handle(stream)  # a stream object, named directly
-    if stream == _NO_SYNCHRONIZATION:
+    if number == _NO_SYNCHRONIZATION:
         return None
-    if not 0 <= stream < 2**64:
+    if not 0 <= number < 2**64:
         raise UsageError(f"a DLPack stream is None, -1, 1, 2 or a CUstream as an int, got {stream!r}")
-    if stream == _LEGACY_DEFAULT_STREAM:
+    if number == _LEGACY_DEFAULT_STREAM:
         return 0
-    if stream == _PER_THREAD_DEFAULT_STREAM:
+    if number == _PER_THREAD_DEFAULT_STREAM:
         return CU_STREAM_PER_THREAD
-    if stream == 0:
+    if number == 0:
         raise UsageError("stream 0 is ambiguous for CUDA in DLPack; pass 1 (legacy default) or 2 (per-thread)")
-    return stream
+    return number
 
 
 def cai_stream(value: Any) -> int | None:

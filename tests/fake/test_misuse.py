@@ -570,3 +570,30 @@ def test_wrapped_planes_must_end_below_2_64():
     assert [plane.pointer for plane in wrapped.planes] == [y, u, v]
     del wrapped
     memory.close()
+
+
+@fake_driver_test
+def test_dlpack_arguments_that_are_numpy_integers_mean_what_their_ints_mean():
+    """A NumPy integer is the number it holds in __dlpack__ as everywhere else: stream -1 asks for
+    no ordering (it was refused) and 0 is refused as ambiguous (it was taken as the legacy default
+    stream); max_version and dl_device pairs of NumPy integers are taken (they were refused)."""
+    with stream_of(8, 4) as (_, stream, producer, consumer):
+        producer.present(producer.allocate_frame())
+        acquired = consumer.acquire(timeout_us=1_000_000)
+        plane = acquired.planes[0]
+        waits = fake.calls("cuStreamWaitEvent")
+        plane.__dlpack__(stream=np.int64(-1))
+        assert fake.calls("cuStreamWaitEvent") == waits  # nothing ordered
+        with pytest.raises(UsageError, match="ambiguous"):
+            plane.__dlpack__(stream=np.int32(0))
+        plane.__dlpack__(stream=np.int64(1))
+        assert fake.calls("cuStreamWaitEvent") == waits + 1
+        capsule = plane.__dlpack__(max_version=(np.int64(1), np.int64(0)), dl_device=(np.int32(2), np.int32(0)))
+        assert "dltensor_versioned" in repr(capsule)
+        with pytest.raises(BufferError):
+            plane.__dlpack__(dl_device=(np.int32(2), np.int32(1)))
+        for bad in ((1.0, 0), (True, 0), ("1", "0")):
+            with pytest.raises(UsageError, match="max_version"):
+                plane.__dlpack__(max_version=bad)
+        del capsule
+        acquired.release()
