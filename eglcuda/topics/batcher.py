@@ -25,13 +25,13 @@ from .._integers import as_int
 from .._lifecycle import Tracked
 from .._resource import Resource
 from ..cuda_device import CudaDevice, get_device
-from ..errors import ClosedError, Dropped, MismatchedSource, StreamDisconnected, Timeout, UsageError
+from ..errors import ClosedError, Dropped, EglCudaError, MismatchedSource, StreamDisconnected, Timeout, UsageError
 from ..frames.formats import PLANE_ALIGNMENT, ColorFormat, Layout, PlaneGeometry, _plane_geometry
 from ..frames.frame import FrameBase, Plane
 from ..frames.interop import stream_handle
 from .protocol import Reason
 from .sockets import wait_seconds
-from .subscriber import Subscriber
+from .subscriber import Subscriber, closed_error
 from .transports.views import SlotView
 from .waitset import WaitSet
 
@@ -519,6 +519,13 @@ class Batcher:
                 continue
             try:
                 self._copy(index, message, base, frames)
+            except EglCudaError:
+                if not subscribers[index]._ending():
+                    raise
+                # Closed by another thread since its receive: the frame was let go (its memory may
+                # be unmapped already) and is not copied; the source ends as a closed one does.
+                self._end(index, closed_error(self._names[index]))
+                continue
             finally:
                 # Released on the batcher's stream, behind the copies: the done event the
                 # publisher waits for before it writes the frame again is recorded there (no
@@ -539,7 +546,7 @@ class Batcher:
         stream = self.cuda_stream
         position = len(frames)
         known = self._slot_planes[index]
-        if known is not None and frame.__class__ is SlotView and frame._spec is known[0]:
+        if known is not None and frame.__class__ is SlotView and frame._spec is known[0] and not frame._released:
             # A mapped slot of a geometry checked before: addresses from the slot's base.
             source_stream = frame._stream
             if source_stream is not None and source_stream != stream:

@@ -611,9 +611,48 @@ def rejoin(args) -> int:
     return 0
 
 
+def close_source(args) -> int:
+    """Source 0's subscriber closed by another thread right after its receive handed a frame to
+    the batcher, before the copy (its ``--close-after``-th frame: the first checks the slot's
+    geometry, later ones are copied from the slot's address): what each next() raised, the sources
+    of the batches formed, and why each source ended."""
+    subs = subscribers(args)
+    source_seeds = seeds(args)
+    target = subs[0]
+    taken = [0]
+    receive = target.receive
+
+    def receive_then_close(timeout=None):
+        message = receive(timeout)
+        taken[0] += 1
+        if taken[0] == args.close_after:
+            closer = threading.Thread(target=target.close)
+            closer.start()
+            closer.join()
+        return message
+
+    target.receive = receive_then_close
+    raised: list[list[str]] = []
+    sources: list[list[int]] = []
+    wrong: list[str] = []
+    with eglcuda.Batcher(subs, args.batch_size, formation_timeout=args.formation_ms / 1e3) as batcher:
+        while len(sources) < args.count and len(raised) < 3:
+            try:
+                with batcher.next() as formed:
+                    sources.append(formed.sources)
+                    wrong += check_batch(formed, source_seeds)
+            except Exception as exc:  # the test asserts on what was raised
+                raised.append([type(exc).__name__, str(exc)])
+        ended = {index: type(error).__name__ for index, error in batcher.ended.items()}
+    for sub in subs:
+        sub.close()
+    say(event="closed-source", taken=taken[0], raised=raised, sources=sources, ended=ended, wrong=wrong[:3])
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("role", choices=["batch", "misuse", "lifecycle", "interrupt", "rejoin"])
+    parser.add_argument("role", choices=["batch", "misuse", "lifecycle", "interrupt", "rejoin", "close-source"])
     parser.add_argument("--source", action="append", required=True, help="NAME:PATH:SEED of a topic")
     parser.add_argument("--qos", default="every")
     parser.add_argument("--queue", type=int, default=4)
@@ -638,8 +677,11 @@ def main() -> int:
                         help="stand-in libcuda: the subscribers' streams busy (or idle) while a batch forms")
     parser.add_argument("--hold-second", action="store_true",
                         help="interrupt: the second source's subscriber holds its queue's worth of messages")
+    parser.add_argument("--close-after", type=int, default=1,
+                        help="close-source: close source 0's subscriber after this many of its frames")
     args = parser.parse_args()
-    roles = {"batch": batch, "misuse": misuse, "lifecycle": lifecycle, "interrupt": interrupt, "rejoin": rejoin}
+    roles = {"batch": batch, "misuse": misuse, "lifecycle": lifecycle, "interrupt": interrupt, "rejoin": rejoin,
+             "close-source": close_source}
     return roles[args.role](args)
 
 

@@ -273,3 +273,23 @@ def test_frames_taken_before_a_source_raised_come_in_the_next_batch(sources):
     second = [seq for b in batches for source, seq in zip(b["sources"], b["seqs"]) if source == 1]
     assert second[0] == result["held"][-1] + 1 and second == list(range(second[0], second[0] + len(second))), \
         (second, result["held"])
+
+
+@pytest.mark.parametrize("close_after", [1, 3], ids=["first-frame", "later-frame"])
+def test_a_subscriber_closed_by_another_thread_under_a_copy_leaves_the_rotation(sources, close_after):
+    """Source 0's subscriber is closed by another thread after its receive handed the batcher a
+    frame and before the copy (its first frame: the slot's geometry is checked through the
+    planes; a later one: copied from the slot's address). The frame it let go is not copied, no
+    next() raises, the source leaves the rotation with ClosedError and the other goes on, every
+    byte right."""
+    sources.add(101, rate=100)
+    sources.add(102, rate=100)
+    peer = sources.batcher("close-source", "--close-after", str(close_after), "--batch-size", "2",
+                           "--count", "6", "--formation-ms", "100")
+    try:
+        result = peer.wait_for(lambda m: m["event"] == "closed-source", timeout=60)
+    finally:
+        peer.stop()
+    assert result["taken"] == close_after and result["raised"] == [], result
+    assert result["ended"] == {"0": "ClosedError"} and result["wrong"] == [], result
+    assert len(result["sources"]) == 6 and all(b == [1] * len(b) for b in result["sources"][-3:]), result
