@@ -145,8 +145,8 @@ class WaitSet:
     # ---- attaching -------------------------------------------------------------------------------
     def attach(self, source: Any, *, deadline: float | None = None) -> Attachment:
         """Attach a subscriber (``Subscriber``, ``Subscriber(remote=...)``) or any object with a
-        ``fileno()`` (or a descriptor number). ``deadline``: seconds (any real number more than
-        0) within which the next message is expected; each time none came in it, a ``"missed"``
+        ``fileno()`` (or a descriptor number). ``deadline``: seconds (any finite real number more
+        than 0) within which the next message is expected; each time none came in it, a ``"missed"``
         event (none while the subscriber reports an error; again once ``wait_for_publisher``
         joined it to a publisher). Attaching the same descriptor twice, or an object whose
         ``fileno()`` fails (a closed file), raises :class:`eglcuda.UsageError`."""
@@ -401,5 +401,7 @@ def _seconds(value: Any, what: str, zero: bool = False, forever: bool = False) -
             seconds = -math.inf if value < 0 else math.inf
     if not (seconds >= 0 if zero else seconds > 0) or (seconds == math.inf and not forever) or seconds != seconds:
         bound = "0 or more" if zero else "more than 0"
-        raise UsageError(f"{what} is {bound} seconds{' (or inf)' if forever else ''}, got {value!r}")
+        # (inf is more than 0: where it is refused, the words say so)
+        kind = "a number of seconds" if forever else "a finite number of seconds"
+        raise UsageError(f"{what} is {kind} {bound}{' (or inf)' if forever else ''}, got {value!r}")
     return seconds

@@ -672,6 +672,20 @@ def test_a_period_or_deadline_below_the_clocks_resolution_falls_due_at_every_wai
             assert message.frame.data == pattern(b"m")
 
 
+def test_a_deadline_or_period_beyond_any_float_is_refused_as_not_finite(path):
+    """inf, and an int beyond any float, are no deadline or period (a deadline that never falls
+    due is no deadline: leave it out): refused with UsageError saying it must be finite, not
+    "more than 0" (which they are); the set is left as it was."""
+    with publisher(path, True), subscriber(path) as sub, eglcuda.WaitSet() as waits:
+        for bad in (math.inf, 10**400):
+            with pytest.raises(eglcuda.UsageError, match="finite"):
+                waits.attach(sub, deadline=bad)
+            with pytest.raises(eglcuda.UsageError, match="finite"):
+                waits.attach_interval(bad)
+        assert len(waits) == 0
+        with pytest.raises(eglcuda.UsageError, match="0 or more"):
+            waits.wait(-1)
+
 def test_any_real_number_is_a_time_and_a_closed_file_is_refused(path, ring):
     """numpy's integers and floats and fractions are seconds as ints and floats are (wait,
     deadline, period, receive); a timeout beyond any float waits as inf does, in receive as in
