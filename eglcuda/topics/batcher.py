@@ -383,6 +383,8 @@ class Batcher:
             seen[id(sub)] = index
             if sub.closed:
                 raise ClosedError(f"subscriber {index} (topic {sub.name!r}) is closed")
+            if sub._remote is None and sub._forked:  # (the parent's connection: wait_for_publisher() raises here)
+                raise sub._forked_error()
             info = sub.info
             if not sub.connected or info is None:
                 raise UsageError(f"subscriber {index} (topic {sub.name!r}) is not connected to its publisher: "

@@ -343,12 +343,17 @@ def lifecycle(args) -> int:
             except Exception as exc:  # the test asserts on the type and the words
                 raised = [type(exc).__name__, str(exc)]
             try:
+                eglcuda.Batcher(subs, args.batch_size).close()
+                made = ["", ""]
+            except Exception as exc:  # the test asserts on the type and the words
+                made = [type(exc).__name__, str(exc)]
+            try:
                 held.release(cuda_stream=reader)
                 released = ""
             except Exception as exc:  # the test asserts there is none
                 released = f"{type(exc).__name__}: {exc}"
             batcher.close()
-            os.write(write, json.dumps({"raised": raised, "released": released,
+            os.write(write, json.dumps({"raised": raised, "made": made, "released": released,
                                         "driver_calls": counts() != in_child}).encode())
         finally:
             os._exit(0)

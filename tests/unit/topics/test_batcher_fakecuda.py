@@ -118,9 +118,10 @@ def test_subscribers_closed_before_the_batcher(sources, count):
 
 def test_a_dropped_batcher_leaves_no_stream_and_a_forked_child_leaves_the_parents_alone(sources):
     """Batchers dropped without close() (a batch out) leave no CUDA stream or buffer behind; in a
-    forked child, next() raises UsageError, and the release of a batch handed to a stream and
-    close() make no driver call (the stream and the buffers are the parent's); the parent's next
-    batch is whole."""
+    forked child, next() raises UsageError, and so does a new Batcher of the parent's subscribers
+    (saying they are the parent's, not that they are not connected), and the release of a batch
+    handed to a stream and close() make no driver call (the stream and the buffers are the
+    parent's); the parent's next batch is whole."""
     sources.add(95, rate=100)
     sources.add(96, rate=100)
     peer = sources.batcher("lifecycle", "--batch-size", "2")
@@ -130,6 +131,8 @@ def test_a_dropped_batcher_leaves_no_stream_and_a_forked_child_leaves_the_parent
         peer.stop()
     assert report["dropped"] == report["before"], report
     assert report["child"]["raised"][0] == "UsageError" and "forked child" in report["child"]["raised"][1], report
+    made = report["child"]["made"]
+    assert made[0] == "UsageError" and "forked child" in made[1] and "wait_for_publisher" not in made[1], report
     assert report["child"]["driver_calls"] is False and report["child"]["released"] == "", report
     assert report["wrong"] == [], report
 
