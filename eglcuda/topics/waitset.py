@@ -153,7 +153,7 @@ class WaitSet:
         epoll = self._open()
         if deadline is not None:
             deadline = _seconds(deadline, "deadline")
-        if isinstance(source, int) and not isinstance(source, bool):
+        if as_int(source) is not None:  # (a descriptor number, a NumPy integer too)
             fd = source
         elif hasattr(source, "fileno"):
             if isinstance(source, Subscriber) and source.closed:

@@ -371,6 +371,11 @@ def test_other_descriptors_attach_and_bad_input_is_refused(path):
         assert len(waits) == 0
         numbered = waits.attach(type("Numbered", (), {"fileno": lambda self: numpy.int64(left.fileno())})())
         assert [(e.kind, e.attachment) for e in waits.wait(1)] == [("readable", numbered)]  # (the "x" above)
+        # A descriptor number given as a NumPy integer is one as an int is.
+        waits.detach(numbered)
+        numbered = waits.attach(numpy.int32(left.fileno()))
+        assert [(e.kind, e.source, e.attachment) for e in waits.wait(1)] == [("readable", numpy.int32(left.fileno()),
+                                                                              numbered)]
     with pytest.raises(eglcuda.ClosedError):
         waits.wait(0)
     with pytest.raises(eglcuda.ClosedError):
