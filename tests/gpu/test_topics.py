@@ -713,6 +713,47 @@ extern "C" __global__ void spin(unsigned long long nanoseconds) {
 }'''
 
 
+def test_a_close_waits_for_a_kernel_reading_a_frame_released_on_the_users_stream(display, topic):
+    """cuda-ipc: a subscriber reads a frame on a CuPy stream behind a 300 ms kernel, releases it on
+    that stream (``release(cuda_stream=)``) and closes at once. The read is behind the release's
+    done event, not the subscriber's own stream: the close waits for it before unmapping the slot,
+    so the copy holds every byte of the frame, and the CUDA context stays usable."""
+    cupy = pytest.importorskip("cupy")
+    if eglcuda.get_device(0).info.integrated:
+        pytest.skip("CUDA IPC is not available on an integrated GPU (Tegra)")
+    name, path = topic
+    seed = 23
+    spin = cupy.RawKernel(_SPIN, "spin")
+    publisher = Peer("publish", name, path, "--width", "640", "--height", "480", "--seed", str(seed),
+                     "--rate", "100", "--until-told")
+    try:
+        publisher.wait_for(lambda m: m["event"] == "ready")
+        sub = eglcuda.Subscriber(name, path=path, transport="cuda-ipc", qos="every", timeout=20)
+        try:
+            message = sub.receive(20)
+            planes = message.frame.planes
+            expected = content([p.shape for p in planes], seed, message.seq)
+            reader = cupy.cuda.Stream(non_blocking=True)
+            with reader:
+                spin((1,), (1,), (cupy.uint64(300_000_000),))
+                copies = [cupy.from_dlpack(plane).copy() for plane in planes]
+            assert not reader.done, "the kernel finished before the close: the test proves nothing"
+            message.release(reader.ptr)
+            started = time.monotonic()
+            sub.close()
+            closed_in = time.monotonic() - started
+        finally:
+            sub.close()
+        reader.synchronize()
+        for index, (copy, want) in enumerate(zip(copies, expected)):
+            got = cupy.asnumpy(copy).reshape(want.shape)
+            assert np.array_equal(got, want), f"plane {index}: {np.count_nonzero(got != want)} bytes differ"
+        assert closed_in > 0.1, f"the close returned after {closed_in:.3f} s, before the read ran"
+        cupy.cuda.Device().synchronize()
+    finally:
+        publisher.stop()
+
+
 @pytest.mark.parametrize("writer", ["own-stream", "legacy-stream", "blocking-stream-published-as-legacy"])
 def test_subscribers_wait_for_a_write_still_running_at_publish(display, topic, writer):
     """cuda-ipc: the publisher queues a 20 ms kernel and then the copies writing each frame, and

@@ -361,26 +361,32 @@ class CudaIpcSubscriber(SubscriberTransport):
     def finish_reading(self, timeout: float) -> bool:
         self.device.make_current()
         deadline = time.monotonic() + timeout
-        while not cuda_ipc.stream_done(self.stream or 0):
+        # A frame released on a stream of the user's (release(cuda_stream=...)) is read there,
+        # behind the slot's done event, not on this subscriber's stream: both are waited for.
+        pending = list(self._done.values())
+        while True:
+            pending = [e for e in pending if not _wire.ipc_event_done(self._context, e.address)]
+            if not pending and cuda_ipc.stream_done(self.stream or 0):
+                return True
             if time.monotonic() > deadline:
                 return False
             time.sleep(0.001)
-        return True
 
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
-        slots, self._slots = self._slots, {}
-        done, self._done = self._done, {}
-        if not slots and not done:
+        if not self._slots and not self._done:
             return
         # Work queued on the slots (the user's kernels) must end before they are unmapped. The
         # wait is bounded: a stream waiting on the event of a publisher killed before its record
         # ran might never finish, and a subscriber must not hang on it; the mappings are then
         # left in place (the driver drops them at exit).
-        if not self.finish_reading(UNMAP_WAIT_S):
-            log.warning("topic subscriber: its CUDA stream is still busy after %.1f s; leaving %d pool "
+        finished = self.finish_reading(UNMAP_WAIT_S)
+        slots, self._slots = self._slots, {}
+        done, self._done = self._done, {}
+        if not finished:
+            log.warning("topic subscriber: GPU work reading its frames is still queued after %.1f s; leaving %d pool "
                         "slot(s) mapped", UNMAP_WAIT_S, len(slots))
             slots = {}
         for handle, _base, event in slots.values():

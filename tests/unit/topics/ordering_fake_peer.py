@@ -63,6 +63,8 @@ def subscribe(args) -> int:
     eglcuda.get_device(0).make_current()
     held = cuda.stream_create(non_blocking=True) if args.hand != "cai" else None  # cai: the legacy stream
     got = 0
+    if args.hand == "close-behind":
+        return close_behind(sub, library, held, args)
     for message in sub:
         ok, why = check(message, args.seed)
         library.fake_cuda_hold(held, 1)
@@ -82,6 +84,26 @@ def subscribe(args) -> int:
     return 0
 
 
+def close_behind(sub, library, held, args) -> int:
+    """close-behind: one message, read on the held stream and released on it
+    (``release(cuda_stream=held)``), then the subscriber closed at once while another thread lets
+    the stream go after --hold-ms: the close must wait for it before unmapping the slot."""
+    import threading
+    import time
+    with sub.receive(10) as message:
+        ok, why = check(message, args.seed)
+        library.fake_cuda_hold(held, 1)
+        message.frame.planes[0].__dlpack__(stream=held)
+        message.release(held)
+    done_waits = library.cuStreamQuery(held) == NOT_READY
+    threading.Timer(args.hold_ms / 1000, library.fake_cuda_hold, (held, 0)).start()
+    started = time.monotonic()
+    sub.close()
+    say(event="done", ok=ok, why=why, done_waits=done_waits, close_s=time.monotonic() - started,
+        held_after_close=library.cuStreamQuery(held) == NOT_READY)
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("role", choices=["publish", "subscribe"])
@@ -89,7 +111,8 @@ def main() -> int:
     parser.add_argument("--frames", type=int, default=5)
     parser.add_argument("--count", type=int, default=5)
     parser.add_argument("--seed", type=int, default=3)
-    parser.add_argument("--hand", default="dlpack", choices=["dlpack", "cai", "none"])
+    parser.add_argument("--hold-ms", type=float, default=500.0, help="close-behind: when the held stream is let go")
+    parser.add_argument("--hand", default="dlpack", choices=["dlpack", "cai", "none", "close-behind"])
     args = parser.parse_args()
     return publish(args) if args.role == "publish" else subscribe(args)
 

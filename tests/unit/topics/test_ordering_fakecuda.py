@@ -63,3 +63,24 @@ def test_a_release_waits_for_the_streams_a_message_was_handed_to(env, path, hand
         for peer in (publisher, subscriber):
             if peer is not None:
                 peer.stop()
+
+
+def test_a_close_waits_for_a_message_released_on_a_stream_of_the_users(env, path):  # noqa: F811
+    """A message read on a busy stream of the user's and released there (``release(cuda_stream=)``)
+    is read behind the slot's done event, not the subscriber's own stream: a close() right after
+    must wait for that stream before it unmaps the slot (here until the stream is let go, 0.5 s
+    later, well within the close's bound)."""
+    publisher = TopicsPeer(env, "publish", path, *PUBLISH, "--frames", "0", "--rate", "300", "--seed", "3")
+    subscriber = None
+    try:
+        publisher.wait_for(lambda m: m["event"] == "ready")
+        subscriber = Peer(env, "subscribe", path, "--hand", "close-behind", "--hold-ms", "500")
+        done = subscriber.wait_for(lambda m: m["event"] == "done", timeout=30)
+        assert done["ok"], done
+        assert done["done_waits"], "the release recorded nothing behind the held stream: the test proves nothing"
+        assert 0.4 < done["close_s"] < 5, done
+        assert not done["held_after_close"], done
+    finally:
+        for peer in (publisher, subscriber):
+            if peer is not None:
+                peer.stop()
