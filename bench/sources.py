@@ -444,19 +444,20 @@ def batcher_rows(args: argparse.Namespace) -> int:
 
 
 def parse_size(text: str) -> tuple[int, int, str]:
-    """``WIDTHxHEIGHT[:FORMAT]`` (a ColorFormat name, NV12 when left out); ValueError otherwise."""
+    """``WIDTHxHEIGHT[:FORMAT]`` (a ColorFormat name, NV12 when left out) of a size a frame of that
+    format can have (NV12: even); ValueError otherwise."""
     size, _, fmt = text.partition(":")
     width, times, height = size.partition("x")
     fmt = (fmt or "NV12").upper()
     if not times or int(width) < 2 or int(height) < 2:
         raise ValueError(text)
     try:
-        from eglcuda.frames.formats import color_format
+        from eglcuda.frames.formats import check_size, color_format
     except ImportError:
         return int(width), int(height), fmt  # require() names what is missing
     try:
-        color_format(fmt)
-    except Exception as exc:  # eglcuda's UsageError: no such format
+        check_size(int(width), int(height), color_format(fmt))
+    except Exception as exc:  # eglcuda's UsageError: no such format, or no such frame (an odd NV12 width)
         raise ValueError(text) from exc
     return int(width), int(height), fmt
 
@@ -495,7 +496,8 @@ def main() -> int:
     try:
         _, _, fmt = parse_size(args.size)
     except ValueError:
-        parser.error(f"--size is WIDTHxHEIGHT:FORMAT, e.g. 1920x1080:NV12, got {args.size!r}")
+        parser.error(f"--size is WIDTHxHEIGHT:FORMAT, e.g. 1920x1080:NV12 (NV12: an even width and height), "
+                     f"got {args.size!r}")
     if args.batcher and fmt != "NV12":
         parser.error(f"--batcher measures NV12 topics, got --size {args.size}")
     if args.transport not in TRANSPORTS:

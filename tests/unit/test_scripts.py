@@ -99,6 +99,7 @@ BAD_ARGUMENTS = [
     ("bench/sources.py", "--size", "1920x"),
     ("bench/sources.py", "--transport", "bogus"),
     ("bench/sources.py", "--batcher", "--size", "640x480:ARGB"),
+    ("bench/sources.py", "--size", "1921x1080:NV12"),
     ("bench/topics.py", "--transports", "bogus"),
     ("bench/topics.py", "--qos", "bogus"),
     ("bench/topics.py", "--subscribers", "x"),
