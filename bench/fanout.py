@@ -48,7 +48,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _script import CUDA_PYTHON, at_least, one_line, require, run  # noqa: E402
+from _script import CUDA_PYTHON, at_least, listed, one_line, require, run, size  # noqa: E402
 from cross_process import Cuda as PairCuda, driver  # noqa: E402
 
 PROGRAM = "bench/fanout.py"
@@ -478,13 +478,15 @@ def percentile(ordered: list[float], q: float) -> float:
 
 # ---- command line ----------------------------------------------------------------------------------------
 
-def parse_cases(text: str) -> list[tuple[int, int, str]]:
-    cases = []
-    for item in text.split(","):
-        size, _, fmt = item.partition(":")
-        width, _, height = size.partition("x")
-        cases.append((int(width), int(height), (fmt or "ARGB").upper()))
-    return cases
+def parse_case(text: str) -> tuple[int, int, str]:
+    """``WIDTHxHEIGHT[:FORMAT]``: NV12 (an even width and height) or ARGB (when left out); ValueError
+    otherwise."""
+    dimensions, _, fmt = text.partition(":")
+    width, height = size(dimensions)
+    fmt = (fmt or "ARGB").upper()
+    if fmt not in ("NV12", "ARGB") or (fmt == "NV12" and (width % 2 or height % 2)):
+        raise ValueError(text)
+    return width, height, fmt
 
 
 def main() -> int:
@@ -499,11 +501,9 @@ def main() -> int:
                                                            "or the one already running)")
     parser.add_argument("--json", help="write the rows to this file")
     args = parser.parse_args()
-    try:
-        consumers = [int(v) for v in args.consumers.split(",")]
-        cases = parse_cases(args.cases)
-    except ValueError:
-        parser.error("--consumers is a list of numbers, --cases a list of WIDTHxHEIGHT:FORMAT")
+    consumers = listed(parser, "--consumers", args.consumers, "numbers of consumers, e.g. 1,2,4,8", int, least=1)
+    cases = listed(parser, "--cases", args.cases, "WIDTHxHEIGHT:FORMAT cases, NV12 (even sizes) or ARGB, "
+                   "e.g. 1920x1080:NV12", parse_case)
     transports = args.transports.split(",")
     if any(t not in ENDS for t in transports):
         parser.error(f"--transports takes {', '.join(ENDS)}")
