@@ -16,6 +16,8 @@
   one is argparse's usage error (status 2), not an error once the GPU work has begun.
 - ``at_least(parser, args, {"--width": 2, ...})``: the same for a number below the least the
   sample can run with (a width of 0, no frames, a negative device ordinal).
+- ``frame_size(parser, args, formats)``: the same for a ``--width`` and ``--height`` that a frame
+  of one of the formats cannot have (an odd width of NV12).
 - ``lazy(name)``: a module imported at first use, so that ``--help`` works and ``require`` speaks
   before a missing package would.
 
@@ -76,6 +78,21 @@ def at_least(parser: argparse.ArgumentParser, args: argparse.Namespace, bounds: 
 
 # What a frame needs: NV12's chroma is subsampled 2x2.
 FRAME = {"--width": 2, "--height": 2}
+
+
+def frame_size(parser: argparse.ArgumentParser, args: argparse.Namespace, formats: Sequence[str]) -> None:
+    """argparse's usage error for a ``--width`` and ``--height`` that no frame of one of ``formats``
+    (ColorFormat names, as ``names`` checked them) can have: NV12's are even, for instance."""
+    try:
+        import eglcuda
+        from eglcuda.frames.formats import check_size, color_format
+    except ImportError:
+        return  # require() names what is missing
+    for fmt in formats:
+        try:
+            check_size(args.width, args.height, color_format(fmt))
+        except eglcuda.UsageError as exc:
+            parser.error(f"--width and --height: {exc}")
 
 
 def require(program: str, *capabilities: str, modules: Sequence[tuple[str, str, str]] = ()) -> None:

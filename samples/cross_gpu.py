@@ -17,7 +17,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _sample import CUPY, FRAME, at_least, names, require, run  # noqa: E402
+from _sample import CUPY, FRAME, at_least, frame_size, names, require, run  # noqa: E402
 
 PROGRAM = "samples/cross_gpu.py"
 
@@ -32,7 +32,7 @@ def main() -> int:
     parser.add_argument("--mps", action="store_true", help="run the processes under CUDA MPS (see cross_process.py)")
     args = parser.parse_args()
     at_least(parser, args, {**FRAME, "--frames": 1, "--fifo": 0})
-    names(parser, "--format", args.format, "ColorFormat")
+    frame_size(parser, args, names(parser, "--format", args.format, "ColorFormat"))
     require(PROGRAM, "two-gpus", "cross-process", modules=[CUPY])
     import cross_process
 

@@ -28,7 +28,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _sample import CUPY, FRAME, at_least, lazy, mps_session, names, one_line, run  # noqa: E402
+from _sample import CUPY, FRAME, at_least, frame_size, lazy, mps_session, names, one_line, run  # noqa: E402
 from cuda_to_cuda import Kernels, seed_of  # noqa: E402
 
 PROGRAM = "samples/cross_process.py"
@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     args.consumer_device = args.device if args.consumer_device is None else args.consumer_device
     if args.fifo < 1:
         parser.error("--fifo must be at least 1: in mailbox mode frames may be skipped")
-    names(parser, "--format", args.format, "ColorFormat")
+    frame_size(parser, args, names(parser, "--format", args.format, "ColorFormat"))
     args.format = args.format.upper()
     if args.role is None:
         # The two processes inherit the environment; they need nothing more than this checks.

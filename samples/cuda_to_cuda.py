@@ -23,7 +23,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _sample import CUPY, FRAME, at_least, lazy, mps_session, names, run  # noqa: E402
+from _sample import CUPY, FRAME, at_least, frame_size, lazy, mps_session, names, run  # noqa: E402
 
 PROGRAM = "samples/cuda_to_cuda.py"
 # Imported at first use, once require() has checked they are there (and so --help always works).
@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="run under CUDA MPS: a private daemon for this run (or the one already running)")
     args = parser.parse_args(argv)
     at_least(parser, args, {**FRAME, "--frames": 1, "--fifo": 0, "--device": 0})
-    names(parser, "--formats", args.formats, "ColorFormat")
+    frame_size(parser, args, names(parser, "--formats", args.formats, "ColorFormat"))
     names(parser, "--layouts", args.layouts, "Layout")
     with mps_session(PROGRAM, args.mps, "cuda-stream", modules=[CUPY]):
         return sample(args)

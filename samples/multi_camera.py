@@ -25,7 +25,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _sample import CUPY, FRAME, at_least, lazy, require, run  # noqa: E402
+from _sample import CUPY, FRAME, at_least, frame_size, lazy, require, run  # noqa: E402
 
 PROGRAM = "samples/multi_camera.py"
 cp = lazy("cupy")
@@ -92,6 +92,7 @@ def main() -> int:
     parser.add_argument("--path", help=argparse.SUPPRESS)
     args = parser.parse_args()
     at_least(parser, args, {**FRAME, "--cameras": 1, "--batch": 0})
+    frame_size(parser, args, ["NV12"])
     if not (args.fps > 0 and args.seconds > 0):
         parser.error("--fps and --seconds are more than 0")
     require(PROGRAM, "cuda-ipc", modules=[CUPY])
