@@ -545,6 +545,8 @@ def main() -> int:
     unknown = [r for r in rows if r not in ROWS]
     if unknown:
         parser.error(f"unknown rows {unknown}: choose from {','.join(ROWS)}")
+    if not rows:
+        parser.error(f"--rows names at least one row from {','.join(ROWS)}, got {args.rows!r}")
     require(PROGRAM, "cuda")
     nvc, why = video.import_nvc()
     if nvc is None:

@@ -139,6 +139,7 @@ BAD_ARGUMENTS = [
     ("bench/stream_roundtrip.py", "--repeats", "-1"),
     ("bench/stream_profile.py", "--iterations", "0"),
     ("bench/video.py", "--duration", "-1"),
+    ("bench/video.py", "--rows", ","),
     ("bench/remote.py", "--rounds", "0"),
     ("bench/remote_link.py", "--rate", "0"),
     ("bench/ordering.py", "--width", "0"),
