@@ -400,6 +400,12 @@ def main() -> int:
     ns = listed(parser, "--subscribers", args.subscribers or ("1,8" if args.quick else "1,4,8"),
                 "remote subscriber counts, e.g. 1,4,8", int, least=1)
     paces = listed(parser, "--rates", args.rates, "max and/or frames per second, e.g. max,60", pace, least=0)
+    args.ucx_pairs = {}
+    for setting in filter(None, args.ucx_env.split(",")):
+        key, _, value = setting.partition("=")
+        if not key.startswith(("UCX_", "UCXPY_")) or not value:
+            parser.error(f"--ucx-env takes UCX_NAME=VALUE pairs, got {setting!r}")
+        args.ucx_pairs[key] = value
     # Checks first: a GPU (CUDA), pyca/cryptography, ucxx, pyzmq, matplotlib (unless --no-plots).
     # (--mps: the probe runs in a child, so that this process never initializes CUDA before the daemon)
     require(PROGRAM, "cuda", in_child=args.mps,
@@ -420,11 +426,7 @@ def measure_all(args, parser, variants: list[str], sizes: dict, ns: list[int], p
     window = relay_window()
     # (built here: under --mps, os.environ names the daemon the processes started from now on use)
     env = {**os.environ, **{k: v for k, v in UCX_ENV.items() if k not in os.environ}, "PYTHONUNBUFFERED": "1"}
-    for setting in filter(None, args.ucx_env.split(",")):
-        key, _, value = setting.partition("=")
-        if not key.startswith(("UCX_", "UCXPY_")) or not value:
-            parser.error(f"--ucx-env takes UCX_NAME=VALUE pairs, got {setting!r}")
-        env[key] = value
+    env.update(args.ucx_pairs)
     args.ucx_note = " ".join(f"{k}={v}" for k, v in sorted(env.items())
                              if k.startswith(("UCX_", "UCXPY_")) and k != "UCX_WARN_UNUSED_ENV_VARS")
     out = pathlib.Path(args.out).resolve()

@@ -141,6 +141,7 @@ BAD_ARGUMENTS = [
     ("bench/video.py", "--duration", "-1"),
     ("bench/video.py", "--rows", ","),
     ("bench/remote.py", "--rounds", "0"),
+    ("bench/remote.py", "--ucx-env", "TLS=tcp"),
     ("bench/remote_link.py", "--rate", "0"),
     ("bench/ordering.py", "--width", "0"),
 ]
