@@ -433,6 +433,8 @@ def main() -> int:
         parser.error(f"--rate is 0 to 1e6 frames/s, got {args.rate:g}")
     if args.rounds < 1:
         parser.error(f"--rounds is 1 or more, got {args.rounds}")
+    if not 0 <= args.busy_wait <= 10_000:
+        parser.error(f"--busy-wait is 0 to 10000 microseconds, got {args.busy_wait:g}")
     if args.role:
         args.duration = args.duration or 2.0
         role = {"pub": eglcuda_publisher, "sub": eglcuda_subscriber, "ring-pub": ring_publisher,
@@ -454,8 +456,6 @@ def main() -> int:
             print(f"{PROGRAM}: --baseline {args.baseline} holds no eglcuda: build the older tree there with "
                   "pip install --no-deps --no-build-isolation --target DIR TREE", file=sys.stderr)
             return 2
-    if not 0 <= args.busy_wait <= 10_000:
-        parser.error(f"--busy-wait is 0 to 10000 microseconds, got {args.busy_wait:g}")
     args.duration = args.duration or (1.0 if args.quick else 2.0)
     out = pathlib.Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)

@@ -131,6 +131,7 @@ BAD_ARGUMENTS = [
     ("bench/sources.py", "--seconds", "-1"),
     ("bench/sources.py", "--warmup", "-1"),
     ("bench/topics.py", "--duration", "nan"),
+    ("bench/topics.py", "--busy-wait", "20000"),
     ("bench/fanout.py", "--rounds", "0"),
     ("bench/fanout.py", "--consumers", "0"),
     ("bench/fanout.py", "--cases", "0x0:NV12"),
