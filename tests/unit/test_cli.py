@@ -106,13 +106,15 @@ def test_the_command_reference_names_every_command_sample_and_benchmark():
     if not page.exists():
         pytest.skip("docs/cli.md is not in this tree")
     text = page.read_text()
-    for command in ("info", "check", "topics", "relay", "mps"):
+    for command in ("info", "check", "topics", "relay", "mps", "keygen"):
         assert f"| `python -m eglcuda {command}" in text, f"the command table of docs/cli.md lacks {command}"
-    scripts = [p for folder in ("samples", "bench") for p in sorted((root / folder).glob("*.py"))
+    scripts = [p for folder in ("samples", "bench", "scripts") for p in sorted((root / folder).glob("*.py"))
                if not p.name.startswith("_")]
     assert scripts
     for script in scripts:
         assert f"python {script.relative_to(root)}" in text, f"docs/cli.md does not mention {script.name}"
+    rows = [line.split(" | ")[0] for line in text.splitlines() if line.startswith("| `python -m eglcuda ")]
+    assert len(rows) == len(set(rows)), f"a command is in the table of docs/cli.md twice: {rows}"
 
 
 @pytest.mark.parametrize("case", ["missing-folder", "a-folder", "unwritable-folder", "cwd-unwritable"])
