@@ -70,6 +70,7 @@ import argparse
 import array
 import bisect
 import contextlib
+import importlib.util
 import json
 import math
 import os
@@ -83,7 +84,7 @@ import time
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from _script import at_least, listed, mps_daemon, require, run  # noqa: E402
+from _script import at_least, fail, listed, mps_daemon, require, run  # noqa: E402
 from _topics_baselines import ring_publisher, ring_subscriber, torch_run  # noqa: E402
 from _topics_common import (POOL, PROGRAM, ROOT, SIZES, TRANSPORTS, WARMUP, emit, now_ns, pin,  # noqa: E402
                             plane_rows, summarize)
@@ -448,6 +449,10 @@ def main() -> int:
     ns = listed(parser, "--subscribers", args.subscribers or ("1,4,8" if args.quick else "1,2,4,8"),
                 "subscriber counts, e.g. 1,2,4,8", int, least=1)
     qoses = listed(parser, "--qos", args.qos, "latest and/or every", choices=("latest", "every"))
+    if set(transports) == {"torch-mp"} and importlib.util.find_spec("torch") is None:
+        # (in a run of several transports its rows are skipped with the reason; asked for alone,
+        # a run would measure nothing)
+        fail(PROGRAM, "needs PyTorch for --transports torch-mp: pip install -e '.[bench]'", 2)
     # Probed in a child: this process never initializes CUDA, so an MPS daemon serves every process.
     require(PROGRAM, *needs(transports), in_child=True)
     if args.baseline:

@@ -89,6 +89,14 @@ def test_frame_seal_without_cryptography_is_one_line(tmp_path):
     assert "remote-cu12" in _one_line(result, "bench/frame_seal.py")
 
 
+def test_topics_asked_for_torch_mp_alone_without_pytorch_is_one_line(tmp_path):
+    block = ("import runpy, sys; sys.modules['torch'] = None; sys.argv = sys.argv[1:]; "
+             "runpy.run_path(sys.argv[0], run_name='__main__')")
+    result = subprocess.run([sys.executable, "-c", block, str(ROOT / "bench" / "topics.py"), "--transports", "torch-mp",
+                             "--quick"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert "PyTorch" in _one_line(result, "bench/topics.py")
+
+
 # Options whose values the scripts parse themselves: a bad one is argparse's usage error (status 2)
 # as the command line is read, on any machine; not a ValueError (status 1) once the GPU work has
 # begun, a child that never starts, a bench that hangs or one that measures nothing and exits 0.
