@@ -196,10 +196,14 @@ def test_acquired_frame_objects_are_reused_only_when_nobody_can_tell(display):
 def test_numpy_integer_timeouts_are_taken_as_microseconds(display):
     rng = np.random.default_rng()
     with connected(display, 16, 16) as (stream, producer, consumer):
-        frame = producer.allocate_frame()
-        expected = fill_random(frame, rng)
-        producer.present(frame)
-        acquired = consumer.acquire(np.int64(1_000_000))
+        ring = [producer.allocate_frame() for _ in range(2)]
+        expected = fill_random(ring[0], rng)
+        producer.present(ring[0])
+        with consumer.acquire(np.int64(1_000_000)) as acquired:
+            assert_frame_equals(acquired, expected)
+        expected = fill_random(ring[1], rng)
+        producer.present(ring[1])  # (the stream keeps its newest frame: ring[0] comes back once replaced)
+        acquired = consumer.acquire_next(timeout_us=np.int32(500_000))
         assert_frame_equals(acquired, expected)
+        assert producer.return_frame(np.uint32(1_000_000)) is ring[0]
         acquired.release()
-        assert producer.return_frame(np.uint32(1_000_000)) is frame

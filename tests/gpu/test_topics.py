@@ -714,7 +714,7 @@ extern "C" __global__ void spin(unsigned long long nanoseconds) {
 
 
 def test_a_close_waits_for_a_kernel_reading_a_frame_released_on_the_users_stream(display, topic):
-    """cuda-ipc: a subscriber reads a frame on a CuPy stream behind a 300 ms kernel, releases it on
+    """cuda-ipc: a subscriber reads a frame on a CuPy stream behind a 500 ms kernel, releases it on
     that stream (``release(cuda_stream=)``) and closes at once. The read is behind the release's
     done event, not the subscriber's own stream: the close waits for it before unmapping the slot,
     so the copy holds every byte of the frame, and the CUDA context stays usable."""
@@ -735,7 +735,11 @@ def test_a_close_waits_for_a_kernel_reading_a_frame_released_on_the_users_stream
             expected = content([p.shape for p in planes], seed, message.seq)
             reader = cupy.cuda.Stream(non_blocking=True)
             with reader:
-                spin((1,), (1,), (cupy.uint64(300_000_000),))
+                # Once first: CuPy builds its copy kernels at their first use, which can take
+                # longer than the kernel below runs.
+                [cupy.from_dlpack(plane).copy() for plane in planes]
+                reader.synchronize()
+                spin((1,), (1,), (cupy.uint64(500_000_000),))
                 copies = [cupy.from_dlpack(plane).copy() for plane in planes]
             assert not reader.done, "the kernel finished before the close: the test proves nothing"
             message.release(reader.ptr)
