@@ -41,7 +41,7 @@ from ..topics.info import TopicInfo
 from ..topics.message import Message, let_go
 from ..topics.protocol import Qos
 from ..topics.readiness import Readiness
-from ..topics.subscriber import Subscriber, closed_error, forked_error
+from ..topics.subscriber import Subscriber, _acquire, closed_error, forked_error
 from ..topics.transports import CudaSubscriberBackend
 from ..topics.transports.base import UNMAP_WAIT_S, Geometry
 from ..topics.transports.views import SlotView, _ViewSpec, join_readers
@@ -245,14 +245,24 @@ class RemoteFeed:
         said why); :meth:`wait_for_publisher` joins again."""
         if os.getpid() != self._pid:
             raise self._forked_error()
-        with self._busy:
+        wait = self.timeout if timeout is None else sockets.wait_seconds(timeout)
+        if self._closing or self._closed:  # (a close() on another thread holds the lock meanwhile)
+            raise self._closed_error()
+        started = time.monotonic()
+        # (another thread inside receive() or wait_for_publisher() is waited for within this
+        # call's own time, not as long as that call waits: an event loop's receive(0) too)
+        if not _acquire(self._busy, wait):
+            raise Timeout(f"no frame of topic {self.name!r} arrived in time (another thread was receiving)")
+        try:
+            return self._receive_locked(max(0.0, wait - (time.monotonic() - started)))
+        finally:
             try:
-                return self._receive_locked(timeout)
-            finally:
                 if self._ready is not None:
                     self._refresh_ready()
+            finally:
+                self._busy.release()
 
-    def _receive_locked(self, timeout: float | None) -> Message:
+    def _receive_locked(self, wait: float) -> Message:
         if self._closing or self._closed:
             raise self._closed_error()
         link = self._link
@@ -261,7 +271,6 @@ class RemoteFeed:
         if len(self._held) >= self._hold_limit:
             raise UsageError(f"this subscriber holds {len(self._held)} message(s), as many as it may: release "
                              "one before receiving another")
-        wait = self.timeout if timeout is None else sockets.wait_seconds(timeout)
         arrival = link.take(time.monotonic() + wait, wait, lambda: self._closing)
         if arrival is None:
             raise self._closed_error()
@@ -461,7 +470,15 @@ class RemoteFeed:
         wait = self.timeout if timeout is None else sockets.wait_seconds(timeout)
         if os.getpid() != self._pid:
             raise self._forked_error()
-        with self._busy:
+        started = time.monotonic()
+        if not _acquire(self._busy, wait):
+            # Another thread's receive() held the subscriber all this time: it is connected.
+            info = self.info
+            if self.connected and info is not None:
+                return info
+            raise Timeout(f"no relay of topic {self.name!r} with a publisher answered at {self._terms.where} in time "
+                          "(another thread was receiving)")
+        try:
             if self._closed or self._closing:
                 raise self._closed_error()
             try:
@@ -469,26 +486,31 @@ class RemoteFeed:
                     self._let_go_held()
                     self._settle()
                     self._drop_link()
-                    self._connect(time.monotonic() + wait)
+                    self._connect(started + wait)
             finally:
                 if self._ready is not None:
                     self._refresh_ready()
+        finally:
+            self._busy.release()
         info = self.info
         if info is None:  # pragma: no cover - every join sets it
             raise StreamDisconnected(f"not connected to topic {self.name!r}")
         return info
 
     # ---- waiting on many ------------------------------------------------------------------------
-    def fileno(self) -> int:
+    def fileno(self, wait: float = -1) -> int | None:
         """As :meth:`eglcuda.Subscriber.fileno`: an ``eventfd`` that the UCX engine's thread
         makes readable when a frame arrived or the link ended, and a receive that takes the last
-        frame makes quiet."""
+        frame makes quiet. Made at the first call, waiting up to ``wait`` seconds (-1: no limit)
+        for a receive of another thread to end first; None when it did not."""
         if os.getpid() != self._pid:
             raise self._forked_error()
         ready = self._ready
         if ready is not None:
             return ready.fileno()
-        with self._busy:
+        if not self._busy.acquire(timeout=wait):
+            return None
+        try:
             if self._closed:
                 raise self._closed_error()
             if self._ready is None:
@@ -501,6 +523,8 @@ class RemoteFeed:
                     link.watch(ready)
                 self._refresh_ready()
             return self._ready.fileno()
+        finally:
+            self._busy.release()
 
     def _refresh_ready(self) -> None:
         ready = self._ready
