@@ -14,7 +14,7 @@ import json
 import os
 import shlex
 import sys
-from typing import Any, Callable
+from typing import Any, Callable, NoReturn
 
 from . import conformance, mps
 from ._version import __version__
@@ -29,8 +29,16 @@ EPILOG = ("'python -m eglcuda COMMAND --help' describes a command. Start with 'i
           "The commands, samples and benchmarks: docs/cli.md.")
 
 
+class _Parser(argparse.ArgumentParser):
+    """A parser that says a bad option in one line, ``python -m eglcuda COMMAND: reason``, exit
+    status 2, as every other reason a command stops (not argparse's usage block)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} ('{self.prog} --help' lists the options)\n")
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="python -m eglcuda", description=DESCRIPTION, epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_version(parser)
@@ -48,7 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     _add_topics(commands)
     _add_relay(commands)
     _add_keygen(commands)
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # (said by the command's parser, which names the command)
+        commands.choices.get(args.command, parser).error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command is None:  # bare `python -m eglcuda`: say what there is
         parser.print_help()
         return 0

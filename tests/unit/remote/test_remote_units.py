@@ -268,3 +268,22 @@ def test_a_remote_subscriber_refuses_an_ipv6_relay_address_at_once(remote):
     with pytest.raises(UsageError, match="IPv6 address.*IPv4 connections only"):
         eglcuda.Subscriber("t", remote=remote, key=os.urandom(32), timeout=30)
     assert time.monotonic() - started < 5
+
+
+@pytest.mark.parametrize("args, why", [
+    ((), "the following arguments are required: name"),
+    (("t", "--qos", "sometimes"), "argument --qos: invalid choice: 'sometimes'"),
+    (("t", "--frames", "secret"), "argument --frames: invalid choice: 'secret'"),
+    (("t", "--queue", "four"), "argument --queue: invalid int value: 'four'"),
+    (("t", "--timeout", "soon"), "argument --timeout: invalid float value: 'soon'"),
+    (("t", "--listen", "127.0.0.1:0", "--no-such-option"), "unrecognized arguments: --no-such-option"),
+    (("t", "u"), "unrecognized arguments: u"),
+])
+def test_cli_relay_misuse_is_one_line_naming_the_command_and_status_2(args, why):
+    # (argparse printed its usage block, eight lines, and an unknown option under 'python -m eglcuda')
+    out = subprocess.run([sys.executable, "-m", "eglcuda", "relay", *args], capture_output=True, text=True,
+                         cwd=str(ROOT), timeout=60)
+    assert out.returncode == 2, out.stderr
+    assert out.stdout == ""
+    lines = out.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"python -m eglcuda relay: {why}"), lines
