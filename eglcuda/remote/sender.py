@@ -332,7 +332,10 @@ class Sender:
                     await asyncio.wait_for(self._wake.wait(), BEAT_S)
                 except (asyncio.TimeoutError, TimeoutError):
                     if not self._inflight and time.monotonic() - self._last_sent >= BEAT_S:
-                        await self._send_note(wire.Head.BEAT)  # (idle: frames say it is alive otherwise)
+                        try:
+                            await self._send_note(wire.Head.BEAT)  # (idle: frames say it is alive otherwise)
+                        except _ucx.LinkError as exc:  # (it left meanwhile: ended above, not by the task's traceback)
+                            self._fail(exc)
         finally:
             self.abort()  # (ends the sends still in flight: their buffers come back in _sent_one)
 

@@ -229,3 +229,44 @@ def test_a_daemon_thread_joining_a_relay_at_exit_stops_without_a_traceback(clust
         assert out.returncode == 0, out.stderr[-2000:]
         # (UCX's and UCXX's own lines at the listener's end, a connection request in flight, are theirs)
         assert "Traceback" not in out.stderr and "eglcuda.errors" not in out.stderr, out.stderr[-2000:]
+
+
+_LEAVE_SOON = r'''
+import sys, time
+import eglcuda
+sub = eglcuda.Subscriber("t", remote=sys.argv[1])
+sub.receive(10).release()
+print("joined", flush=True)
+time.sleep(0.5)
+'''
+
+
+def test_a_relay_that_wakes_to_find_its_remote_gone_says_nothing_on_stderr(cluster, env, path):
+    """A relay stopped (SIGSTOP) while its remote subscriber left, woken: its beat to that
+    connection fails, and the remote is forgotten quietly. asyncio printed 'Task exception was
+    never retrieved' with the LinkError's traceback, once per remote."""
+    import pathlib
+    import signal
+
+    from .conftest import Peer
+
+    cluster.publisher(rate=100)
+    relay = Peer(env, pathlib.Path("-m"), "eglcuda", "relay", "t", "--path", path, "--listen", "127.0.0.1:0")
+    cluster.peers.append(relay)
+    address = relay.wait_for(lambda m: m.get("event") == "noise" and "listening on" in m["line"])["line"].split()[-1]
+    for _ in range(2):
+        sub = subprocess.Popen([sys.executable, "-c", _LEAVE_SOON, address], env=env, cwd=str(ROOT),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert sub.stdout.readline().strip() == "joined", sub.communicate(timeout=30)
+        relay.process.send_signal(signal.SIGSTOP)
+        try:
+            assert sub.wait(30) == 0, sub.stderr.read()
+            sub.stdout.close()
+            sub.stderr.close()
+            time.sleep(0.3)
+        finally:
+            relay.process.send_signal(signal.SIGCONT)
+        time.sleep(1.5)  # (its next beat, and the watchdog's look)
+    relay.process.send_signal(signal.SIGTERM)
+    assert relay.process.wait(15) == 0
+    assert "Traceback" not in relay.stderr() and "never retrieved" not in relay.stderr(), relay.stderr()
