@@ -419,9 +419,13 @@ class Relay:
     def serve_forever(self, ready: Callable[[], None] | None = None) -> None:
         """Block until :meth:`close` (from another thread) or, on the main thread, SIGINT/SIGTERM.
         ``ready`` is called once those signals close the relay (a line saying it serves, printed
-        from there, tells a supervisor that a signal from then on is a clean stop)."""
+        from there, tells a supervisor that a signal from then on is a clean stop). In a child
+        made by ``fork()`` it raises :class:`UsageError`: the relay serves in its own process."""
         if ready is not None and not callable(ready):
             raise UsageError(f"ready is a callable (or None), got {type(ready).__name__}")
+        if os.getpid() != self._pid:  # (the parent serves: here it would block, serving nothing, until a signal)
+            raise UsageError(f"this relay of topic {self.name!r} belongs to process {self._pid}, not to this forked "
+                             "child: it serves in that process (close() here only lets go of its copy)")
         done = threading.Event()
         previous: dict[int, Any] = {}
         if threading.current_thread() is threading.main_thread():

@@ -270,3 +270,39 @@ def test_a_relay_that_wakes_to_find_its_remote_gone_says_nothing_on_stderr(clust
     relay.process.send_signal(signal.SIGTERM)
     assert relay.process.wait(15) == 0
     assert "Traceback" not in relay.stderr() and "never retrieved" not in relay.stderr(), relay.stderr()
+
+
+_SERVE_IN_A_CHILD = r'''
+import json, os, signal, sys
+import eglcuda
+relay = eglcuda.Relay("t", "127.0.0.1:0", path=sys.argv[1])
+pid = os.fork()
+if pid == 0:
+    signal.alarm(10)  # (a child that blocks ends by itself)
+    try:
+        relay.serve_forever(ready=lambda: print(json.dumps({"child": "serving"}), flush=True))
+        said = {"child": "returned"}
+    except eglcuda.UsageError as exc:
+        said = {"child": "UsageError", "why": str(exc)}
+    print(json.dumps(said), flush=True)
+    os._exit(0)
+os.waitpid(pid, 0)
+sub = eglcuda.Subscriber("t", remote=f"127.0.0.1:{relay.address[1]}")
+sub.receive(10).release()
+sub.close()
+relay.close()
+print(json.dumps({"parent": "served"}), flush=True)
+'''
+
+
+def test_serve_forever_in_a_forked_child_refuses_instead_of_serving_nothing(cluster, env):
+    """The parent's relay in a child made by fork(): serve_forever() raises UsageError (it
+    blocked until a signal, serving nothing, after its ready callback said it served); the
+    parent's relay serves on."""
+    cluster.publisher(rate=100)
+    out = subprocess.run([sys.executable, "-c", _SERVE_IN_A_CHILD, cluster.path], env=env, cwd=str(ROOT),
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr[-2000:]
+    said = [json.loads(line) for line in out.stdout.splitlines()]
+    assert said[0]["child"] == "UsageError" and "forked child" in said[0]["why"], said
+    assert said[-1] == {"parent": "served"}, said
