@@ -41,6 +41,7 @@ relay keeps a few sends in flight, so UCX's rendezvous round trips overlap.
 from __future__ import annotations
 
 import enum
+import ipaddress
 import math
 import struct
 from dataclasses import dataclass
@@ -137,9 +138,18 @@ def parse_address(text: str, what: str, least_port: int = 1) -> tuple[str, int]:
     port = int(port_text) if port_text.isascii() and port_text.isdigit() else -1
     if not host or not least_port <= port <= 65535:
         raise UsageError(f"{what} is 'HOST:PORT' with a port of {least_port}..65535, got {text!r}")
-    if not host.isprintable() or any(c.isspace() for c in host):
+    if not host.isprintable() or any(c.isspace() for c in host) or (":" in host and not _is_ipv6(host)):
+        # (a host with a ':' that is no IPv6 address is a malformed string, '127.0.0.1:5555:6666')
         raise UsageError(f"{what} is 'HOST:PORT' with a host name or address, got {text!r}")
     return host, port
+
+
+def _is_ipv6(host: str) -> bool:
+    try:
+        ipaddress.IPv6Address(host)
+    except ValueError:
+        return False
+    return True
 
 
 def peer_text(raw: bytes | bytearray | memoryview) -> str:

@@ -201,6 +201,8 @@ def test_the_relay_status_file_never_follows_a_link_planted_beside_it(tmp_path):
     ("127.0.0.1:\uff15\uff15\uff15\uff15", "port of 1..65535"),  # (full-width digits, which int() takes)
     ("127.0.0.1\x00:5555", "host name or address"),  # (UCX's C string ended at the NUL: 127.0.0.1)
     ("127.0.0 .1:5555", "host name or address"), ("\n:5555", "host name or address"),
+    # (a host with a ':' that is no IPv6 address: "'127.0.0.1:5555' is an IPv6 address")
+    ("127.0.0.1:5555:6666", "host name or address"), ("relayhost:5555:6666", "host name or address"),
 ])
 def test_a_malformed_remote_address_is_refused_before_any_connection(remote, why):
     started = time.monotonic()
@@ -216,6 +218,9 @@ def test_a_relay_listens_on_port_0_a_subscriber_connects_to_1_and_up():
         wire.parse_address("127.0.0.1:0", "remote")
     with pytest.raises(UsageError, match="0..65535"):
         wire.parse_address("127.0.0.1:65536", "listen", least_port=0)
+    with pytest.raises(UsageError, match="host name or address"):
+        wire.parse_address("127.0.0.1:5555:6666", "listen", least_port=0)
+    assert wire.parse_address("fe80::1%lo:5000", "remote") == ("fe80::1%lo", 5000)
 
 
 _EXIT_ORDER = r'''
