@@ -92,7 +92,7 @@ def _add_version(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--version", action="version", version=f"eglcuda {__version__}")
 
 
-def _add_check(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+def _add_check(commands: "argparse._SubParsersAction[_Parser]") -> None:
 
     check = commands.add_parser(
         "check", help="run the interop conformance checks that apply to this machine (data verified)",
@@ -117,7 +117,7 @@ def _pipe_safe(run: Callable[[argparse.Namespace], int], args: argparse.Namespac
         return 1
 
 
-def _add_mps(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+def _add_mps(commands: "argparse._SubParsersAction[_Parser]") -> None:
     parser = commands.add_parser(
         "mps", help="a private CUDA MPS daemon for a pipeline's processes",
         description="A private CUDA MPS control daemon (pipe and log directories of its own, mode 0700). "
@@ -152,7 +152,7 @@ def _add_mps(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") ->
     parser.set_defaults(run=_mps_command)
 
 
-def _add_topics(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+def _add_topics(commands: "argparse._SubParsersAction[_Parser]") -> None:
     topics = commands.add_parser(
         "topics", help="list live frame topics; remove the sockets of dead publishers",
         description="The live frame topics (eglcuda.Publisher) of this user: each publisher's pid, frame "
@@ -165,7 +165,7 @@ def _add_topics(commands: "argparse._SubParsersAction[argparse.ArgumentParser]")
     topics.set_defaults(run=_topics)
 
 
-def _add_relay(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+def _add_relay(commands: "argparse._SubParsersAction[_Parser]") -> None:
     relay = commands.add_parser(
         "relay", help="serve a topic to remote subscribers over UCX (needs ucxx)",
         description="Subscribe to topic NAME here and serve it to remote subscribers "
@@ -193,7 +193,7 @@ def _add_relay(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") 
     relay.set_defaults(run=_relay)
 
 
-def _add_keygen(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+def _add_keygen(commands: "argparse._SubParsersAction[_Parser]") -> None:
     keygen = commands.add_parser(
         "keygen", help="make a pre-shared key for a relay and its remote subscribers",
         description="Write 32 random bytes to PATH, a new file that only you may read (mode 0600). Refuses a PATH "
