@@ -41,7 +41,7 @@ from ..topics.info import TopicInfo
 from ..topics.message import Message, let_go
 from ..topics.protocol import Qos
 from ..topics.readiness import Readiness
-from ..topics.subscriber import Subscriber, _acquire, closed_error, forked_error
+from ..topics.subscriber import Subscriber, _acquire, closed_error, forked_error, take_turn
 from ..topics.transports import CudaSubscriberBackend
 from ..topics.transports.base import UNMAP_WAIT_S, Geometry
 from ..topics.transports.views import SlotView, _ViewSpec, join_readers
@@ -248,13 +248,11 @@ class RemoteFeed:
         wait = self.timeout if timeout is None else sockets.wait_seconds(timeout)
         if self._closing or self._closed:  # (a close() on another thread holds the lock meanwhile)
             raise self._closed_error()
-        started = time.monotonic()
         # (another thread inside receive() or wait_for_publisher() is waited for within this
         # call's own time, not as long as that call waits: an event loop's receive(0) too)
-        if not _acquire(self._busy, wait):
-            raise Timeout(f"no frame of topic {self.name!r} arrived in time (another thread was receiving)")
+        left = take_turn(self._busy, wait, self.name)
         try:
-            return self._receive_locked(max(0.0, wait - (time.monotonic() - started)))
+            return self._receive_locked(left)
         finally:
             try:
                 if self._ready is not None:

@@ -246,11 +246,7 @@ class Subscriber:
     def _wait_for_receiver(self, timeout: float | None) -> float:
         """Another thread is inside receive() or wait_for_publisher(): take the lock within this
         receive's own time, not as long as that call waits; the time left (Timeout when none)."""
-        wait = self.timeout if timeout is None else sockets.wait_seconds(timeout)
-        started = time.monotonic()
-        if not _acquire(self._busy, wait):
-            raise Timeout(f"no frame of topic {self.name!r} arrived in time (another thread was receiving)")
-        return max(0.0, wait - (time.monotonic() - started))
+        return take_turn(self._busy, self.timeout if timeout is None else sockets.wait_seconds(timeout), self.name)
 
     def _take(self, conn: Connection, timeout: float | None) -> Message:
         """receive()'s work on an open connection; its end is raised as :class:`Lost`."""
@@ -904,6 +900,16 @@ class Subscriber:
         else:
             state = f"disconnected ({self._lost})"
         return f"<{type(self).__name__} {self.name!r} {self.qos.name.lower()}: {state}>"
+
+
+def take_turn(lock: "threading.RLock", wait: float, name: str) -> float:
+    """A receive's turn on a subscriber of topic ``name`` (``lock``, held by another thread's
+    receive meanwhile) within the receive's own ``wait`` seconds: the time left, or
+    :class:`Timeout` (a remote feed's too)."""
+    started = time.monotonic()
+    if not _acquire(lock, wait):
+        raise Timeout(f"no frame of topic {name!r} arrived in time (another thread was receiving)")
+    return max(0.0, wait - (time.monotonic() - started))
 
 
 def _acquire(lock: "threading.RLock", seconds: float) -> bool:
