@@ -18,6 +18,9 @@
   sample can run with (a width of 0, no frames, a negative device ordinal).
 - ``frame_size(parser, args, formats)``: the same for a ``--width`` and ``--height`` that a frame
   of one of the formats cannot have (an odd width of NV12).
+- ``cupy_stream(cp, handle)``: CuPy's stream object for a raw stream handle (a consumer's
+  ``cuda_stream``), through ``Stream.from_external`` where CuPy has it (``ExternalStream`` is
+  deprecated there).
 - ``lazy(name)``: a module imported at first use, so that ``--help`` works and ``require`` speaks
   before a missing package would.
 
@@ -44,6 +47,24 @@ CUPY = ("cupy", "CuPy for its kernels", CUPY_HINT)
 PYOPENGL = ("OpenGL.GL", "PyOpenGL for its GL calls", "pip install PyOpenGL")
 # the remote extras bring it beside ucxx: a relay and its remotes seal every message with it
 CRYPTOGRAPHY = ("cryptography", "pyca/cryptography", "pip install -e '.[remote-cu12]' in a checkout (or remote-cu13)")
+
+
+class _StreamHandle:
+    """A raw CUDA stream handle as the CUDA stream protocol hands it over (``__cuda_stream__``)."""
+
+    def __init__(self, handle: int) -> None:
+        self.handle = handle
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return (0, self.handle)
+
+
+def cupy_stream(cp: Any, handle: int) -> Any:
+    """CuPy's stream for ``handle`` (not owned: CuPy never destroys it)."""
+    from_external = getattr(cp.cuda.Stream, "from_external", None)
+    if from_external is None:  # (CuPy before 14)
+        return cp.cuda.ExternalStream(handle)
+    return from_external(_StreamHandle(handle))
 
 
 def fail(program: str, message: str, status: int) -> None:

@@ -28,7 +28,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _sample import CUPY, FRAME, at_least, frame_size, lazy, mps_session, names, one_line, run  # noqa: E402
+from _sample import CUPY, FRAME, at_least, cupy_stream, frame_size, lazy, mps_session, names, one_line, run  # noqa: E402
 from cuda_to_cuda import Kernels, seed_of  # noqa: E402
 
 PROGRAM = "samples/cross_process.py"
@@ -79,7 +79,7 @@ def consume(args) -> dict:
         consumer = stream.connect_cuda_consumer()
         print(json.dumps({"role": "consumer", "event": "serving"}), flush=True)
         eglcuda.serve_stream(stream, args.socket, timeout=60)
-        check_stream = cp.cuda.ExternalStream(consumer.cuda_stream)
+        check_stream = cupy_stream(cp, consumer.cuda_stream)
         bad = cp.zeros(1, cp.uint64)
         acquired_at: dict[int, float] = {}
         numbers = []

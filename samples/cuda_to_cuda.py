@@ -23,7 +23,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _sample import CUPY, FRAME, at_least, frame_size, lazy, mps_session, names, run  # noqa: E402
+from _sample import CUPY, FRAME, at_least, cupy_stream, frame_size, lazy, mps_session, names, run  # noqa: E402
 
 PROGRAM = "samples/cuda_to_cuda.py"
 # Imported at first use, once require() has checked they are there (and so --help always works).
@@ -120,7 +120,7 @@ def run_config(display, width, height, fmt, layout, frames, fifo, verbose=True) 
         nonlocal checked, bad_total
         bad = cp.zeros(1, cp.uint64)
         try:
-            consumer_stream = cp.cuda.ExternalStream(consumer.cuda_stream)
+            consumer_stream = cupy_stream(cp, consumer.cuda_stream)
             last = 0
             while last < frames and not errors:
                 try:

@@ -24,7 +24,7 @@ import time
 os.environ.setdefault("PYOPENGL_PLATFORM", "egl")  # before anything imports OpenGL
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _sample import CUPY, FRAME, PYOPENGL, at_least, lazy, mps_session, run  # noqa: E402
+from _sample import CUPY, FRAME, PYOPENGL, at_least, cupy_stream, lazy, mps_session, run  # noqa: E402
 
 PROGRAM = "samples/pipeline.py"
 cp = lazy("cupy")
@@ -103,7 +103,7 @@ def sample(args: argparse.Namespace) -> int:
         source_free = [source.allocate_frame() for _ in range(3)]
         stage_free = [stage_out.allocate_frame() for _ in range(3)]
         work = cp.cuda.Stream(non_blocking=True)
-        stage_stream = cp.cuda.ExternalStream(stage_in.cuda_stream)
+        stage_stream = cupy_stream(cp, stage_in.cuda_stream)
         started = time.perf_counter()
         for _ in range(args.frames):
             # 1. source: a new frame on stream 1
