@@ -47,6 +47,7 @@ import atexit
 import concurrent.futures
 import ctypes
 import ctypes.util
+import gc
 import importlib
 import ipaddress
 import logging
@@ -356,7 +357,10 @@ class Listener:
         self._engine.loop.call_soon(self._release)
 
     def _release(self) -> None:
-        self._listener = None  # (UCXX's listener ends with its last reference, here on the engine's thread)
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            self._engine.keep_callback_data(listener)
+        del listener  # (UCXX's listener ends with its last reference, here on the engine's thread)
 
 
 class Engine:
@@ -379,6 +383,7 @@ class Engine:
         self._pid = os.getpid()
         self._watched: "weakref.WeakSet[Endpoint]" = weakref.WeakSet()  # thread mode: asked whether alive
         self._posts = 0
+        self._callback_data: list[dict[str, Any]] = []  # closed listeners' (keep_callback_data)
         self._unclaimed: tuple[int, float] | None = None  # (tag, since): the first unmatched message, ours
         self._scratch: Any = None  # where dropped messages are received (_sweep)
         self.swept = 0  # tagged messages dropped unread
@@ -498,6 +503,20 @@ class Engine:
                 return
             self.swept += 1
             self.post(request, _ignore)
+
+    def keep_callback_data(self, listener: Any) -> None:
+        """Keep, for the engine's life, the data UCXX's C++ listener of ``listener`` (a UCXX
+        ``UCXListener`` about to be let go of) calls its connection-request callback with. That
+        data belongs to the Python object, but the C++ listener outlives it while an endpoint it
+        accepted is open (a slow close, a frozen peer) and goes on taking requests: its callback
+        then read freed memory ("KeyError: 'cb_func'" on stderr, or a crash). Kept, a late
+        request reaches :class:`Listener`'s ``accept``, which finds the listener closed."""
+        try:
+            # (UCXX keeps it in a C attribute of its own: reached as what the object refers to)
+            data = [d for d in gc.get_referents(listener) if isinstance(d, dict) and "cb_func" in d]
+        except Exception:  # noqa: BLE001 - another UCXX's layout: nothing to keep
+            data = []
+        self._callback_data.extend(data)
 
     def close_later(self, ep: Any) -> None:
         """Close UCXX endpoint ``ep`` on the closer thread (started on first use); a pass follows."""

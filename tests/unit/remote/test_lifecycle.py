@@ -306,3 +306,61 @@ def test_serve_forever_in_a_forked_child_refuses_instead_of_serving_nothing(clus
     said = [json.loads(line) for line in out.stdout.splitlines()]
     assert said[0]["child"] == "UsageError" and "forked child" in said[0]["why"], said
     assert said[-1] == {"parent": "served"}, said
+
+
+# Joins and leaves the relay at sys.argv[1] as fast as it can, until stdin closes.
+_JOINING = r'''
+import sys, threading, eglcuda
+done = threading.Event()
+threading.Thread(target=lambda: (sys.stdin.read(), done.set()), daemon=True).start()
+while not done.is_set():
+    try:
+        eglcuda.Subscriber("t", remote=sys.argv[1], timeout=1).close()
+    except eglcuda.EglCudaError:
+        pass
+'''
+
+
+def test_a_relay_stopped_while_remotes_come_and_one_is_frozen_says_nothing_on_stderr(cluster, env, path):
+    """SIGTERM to ``python -m eglcuda relay`` while a remote subscriber is frozen (its connection
+    closes slowly, which keeps UCX's listener alive) and others keep joining: UCXX called the
+    listener's connection-request callback with its data already freed, and the relay printed
+    "UCXPY ERROR <class 'KeyError'> when calling listener callback: 'cb_func'" (or worse: that
+    memory is reused). The relay ends with status 0, nothing on stderr but UCX's own warning
+    lines, and the remote that was receiving gets a named error."""
+    import pathlib
+    import signal
+
+    from .conftest import Peer
+
+    cluster.publisher(rate=300)
+    for _ in range(2):
+        relay = Peer(env, pathlib.Path("-m"), "eglcuda", "relay", "t", "--path", path, "--listen", "127.0.0.1:0")
+        cluster.peers.append(relay)
+        said = relay.wait_for(lambda m: m.get("event") == "noise" and "listening on" in m["line"])
+        address = said["line"].split()[-1]
+        frozen = cluster.subscriber(address, "--qos", "latest", "--no-check")
+        frozen.wait_for(lambda m: m.get("event") == "got")
+        receiving = cluster.subscriber(address, "--qos", "latest", "--no-check")
+        receiving.wait_for(lambda m: m.get("event") == "got")
+        joiners = [subprocess.Popen([sys.executable, "-c", _JOINING, address], env=env, cwd=str(ROOT),
+                                    stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                   for _ in range(3)]
+        try:
+            frozen.process.send_signal(signal.SIGSTOP)
+            time.sleep(1.0)
+            relay.process.send_signal(signal.SIGTERM)
+            assert relay.process.wait(30) == 0, relay.stderr()
+        finally:
+            frozen.process.send_signal(signal.SIGCONT)
+            for joiner in joiners:
+                joiner.stdin.close()
+                joiner.wait(30)
+        errors = relay.stderr()
+        assert "cb_func" not in errors and "Traceback" not in errors and "UCXPY" not in errors, errors
+        # (UCX's own lines, such as 'destroying listener ... with 1 unprocessed connection requests', are its)
+        assert all(" UCX  " in line for line in errors.splitlines()), errors
+        ended = receiving.wait_for(lambda m: m.get("event") == "disconnected")
+        assert ended["kind"] == "Dropped" and "closed" in ended["reason"], ended
+        receiving.stop()
+        frozen.stop()
