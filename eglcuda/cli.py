@@ -31,7 +31,13 @@ EPILOG = ("'python -m eglcuda COMMAND --help' describes a command. Start with 'i
 
 class _Parser(argparse.ArgumentParser):
     """A parser that says a bad option in one line, ``python -m eglcuda COMMAND: reason``, exit
-    status 2, as every other reason a command stops (not argparse's usage block)."""
+    status 2, as every other reason a command stops (not argparse's usage block). An option is
+    spelled whole: argparse would take a prefix for the option it begins (``--key HEX`` for
+    ``--key-file HEX``, ``--every`` for ``--every-timeout``); its commands' parsers are this too."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: {message} ('{self.prog} --help' lists the options)\n")
@@ -177,6 +183,7 @@ def _add_relay(commands: "argparse._SubParsersAction[_Parser]") -> None:
     relay.add_argument("name", help="the topic")
     relay.add_argument("--listen", default="127.0.0.1:0", help="HOST:PORT to listen on (port 0: any free one)")
     relay.add_argument("--key-file", default=None, help="a file holding the key (only its owner may read it)")
+    relay.add_argument("--key", nargs="?", action=_KeyRefused, help=argparse.SUPPRESS)
     relay.add_argument("--qos", choices=["latest", "every"], default="latest",
                        help="the relay's own subscription (latest: never slows the publisher)")
     relay.add_argument("--queue", type=int, default=4, help="the relay's queue (every)")
@@ -191,6 +198,19 @@ def _add_relay(commands: "argparse._SubParsersAction[_Parser]") -> None:
                        help="the frames' bytes: plain (headers authenticated), integrity (a MAC over each frame), "
                             "encrypted (AES-256-GCM)")
     relay.set_defaults(run=_relay)
+
+
+class _KeyRefused(argparse.Action):
+    """``--key``: refused in one line that never repeats the key (a command line is every user's
+    to read: ``ps``, ``/proc/PID/cmdline``), naming where a key goes instead."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        from .remote import keys
+
+        parser.exit(2, f"{parser.prog}: --key: a key never goes on the command line (every user of this host can "
+                       f"read it there); pass --key-file FILE, or set {keys.KEY_FILE_VARIABLE} (such a file) or "
+                       f"{keys.KEY_VARIABLE} (hex)\n")
 
 
 def _add_keygen(commands: "argparse._SubParsersAction[_Parser]") -> None:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -185,3 +186,30 @@ def test_keygen_onto_a_folder_says_it_is_a_folder(tmp_path):
     assert "is a folder" in lines[0] and "remove it" not in lines[0], lines[0]
     assert str(folder / "") in lines[0], lines[0]  # (it says which file to name instead)
     assert list(folder.iterdir()) == []
+
+
+@pytest.mark.parametrize("given", [("--key", "00112233445566778899aabbccddeeff"),
+                                   ("--key=00112233445566778899aabbccddeeff",), ("--key",)])
+def test_relay_refuses_a_key_on_the_command_line_without_repeating_it(given):
+    # '--key HEX' was taken as an abbreviation of --key-file: 'key file HEX: No such file or
+    # directory', the key repeated on stderr and no word that a key never goes there (ps shows it).
+    result = run("relay", "camera", *given, env={**os.environ, "EGLCUDA_REMOTE_KEY_FILE": "", "EGLCUDA_REMOTE_KEY": ""})
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines() == [
+        "python -m eglcuda relay: --key: a key never goes on the command line (every user of this host can read it "
+        "there); pass --key-file FILE, or set EGLCUDA_REMOTE_KEY_FILE (such a file) or EGLCUDA_REMOTE_KEY (hex)"], \
+        result.stderr
+    assert "0011" not in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("args", [("relay", "camera", "--ke", "k"), ("relay", "camera", "--every", "3"),
+                                  ("topics", "--no"), ("topics", "--time", "1"), ("mps", "start", "--print"),
+                                  ("check", "--on", "x"), ("--vers",)])
+def test_an_abbreviated_option_is_refused_not_taken_for_the_one_it_begins(args):
+    # argparse takes a prefix of an option for the option: '--ke FILE' read a key file, '--every 3'
+    # set --every-timeout, '--vers' printed the version. Every command refuses them.
+    result = run(*args)
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    abbreviation = [arg for arg in args if arg.startswith("--")][0]
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and f"unrecognized arguments: {abbreviation}" in lines[0], lines
