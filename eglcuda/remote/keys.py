@@ -17,16 +17,19 @@ NEW_KEY = 32  # bytes of a key that keygen makes
 KEY_FILE_VARIABLE = "EGLCUDA_REMOTE_KEY_FILE"
 KEY_VARIABLE = "EGLCUDA_REMOTE_KEY"
 KEYGEN = "python -m eglcuda keygen PATH"
-_from_environment: bytes | None = None  # EGLCUDA_REMOTE_KEY once read (it leaves os.environ then)
+_from_environment: str | None = None  # EGLCUDA_REMOTE_KEY once read (it leaves os.environ then)
 
 
 def load_key(key: bytes | None) -> bytes:
     """The key to use: ``key`` itself, else the file named by ``EGLCUDA_REMOTE_KEY_FILE``, else
-    ``EGLCUDA_REMOTE_KEY`` (hex; removed from ``os.environ`` once read, so that child processes
-    do not inherit it, and kept for this process's later relays and subscribers). Raises
-    :class:`UsageError` naming both variables when there is none, or why the one found is not a
-    usable key (:func:`check_key`)."""
+    ``EGLCUDA_REMOTE_KEY`` (hex). ``EGLCUDA_REMOTE_KEY`` leaves ``os.environ`` at every call,
+    whichever key is used, so that child processes do not inherit it; this process keeps it for
+    its later relays and subscribers. Raises :class:`UsageError` naming both variables when
+    there is none, or why the one used is not a usable key (:func:`check_key`)."""
     global _from_environment
+    text = os.environ.pop(KEY_VARIABLE, None)
+    if text:  # (checked when it is the key used: a key= or a key file wins over a bad one)
+        _from_environment = text
     if key is not None:
         if isinstance(key, str) or not isinstance(key, (bytes, bytearray, memoryview)):
             raise UsageError(f"key is bytes (at least {MIN_KEY} random bytes), got {type(key).__name__}; a key file "
@@ -35,15 +38,12 @@ def load_key(key: bytes | None) -> bytes:
     path = os.environ.get(KEY_FILE_VARIABLE)
     if path:
         return read_key_file(path)
-    text = os.environ.pop(KEY_VARIABLE, None)
-    if text:
+    if _from_environment is not None:
         try:
-            raw = bytes.fromhex(text.strip())
+            raw = bytes.fromhex(_from_environment.strip())
         except ValueError:
             raise UsageError(f"{KEY_VARIABLE} is the key in hex, and it is not hex") from None
-        _from_environment = check_key(raw, KEY_VARIABLE)
-    if _from_environment is not None:
-        return _from_environment
+        return check_key(raw, KEY_VARIABLE)
     raise UsageError(f"a remote topic needs a pre-shared key: pass key=, or set {KEY_FILE_VARIABLE} (a file only "
                      f"its owner can read) or {KEY_VARIABLE} (hex); make one with {KEYGEN}")
 

@@ -15,6 +15,7 @@ from eglcuda.remote import keys, wire
 from eglcuda.remote.session import AuthenticationFailed, FrameMode, Handshake
 from eglcuda.topics.protocol import Qos
 
+from ... import remote_extra
 from .conftest import ROOT
 
 
@@ -292,3 +293,39 @@ def test_cli_relay_misuse_is_one_line_naming_the_command_and_status_2(args, why)
     assert out.stdout == ""
     lines = out.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"python -m eglcuda relay: {why}"), lines
+
+
+# A process given EGLCUDA_REMOTE_KEY makes a remote subscriber whose key comes from elsewhere,
+# then starts a child: does the child see the hex key?
+_INHERITED = r'''
+import os, subprocess, sys
+import eglcuda
+from eglcuda.remote import keys
+source = sys.argv[1]
+if source == "file":
+    os.environ[keys.KEY_FILE_VARIABLE] = sys.argv[2]
+try:
+    eglcuda.Subscriber("t", remote="127.0.0.1:9", key=os.urandom(32) if source == "key=" else None, timeout=0.2)
+except eglcuda.Timeout:
+    pass
+child = subprocess.run(["sh", "-c", "echo ${EGLCUDA_REMOTE_KEY:-unset}"], capture_output=True, text=True)
+os.environ.pop(keys.KEY_FILE_VARIABLE, None)
+print(child.stdout.strip(), keys.load_key(None).hex())  # (still this process's key once the file is gone)
+'''
+
+
+@pytest.mark.parametrize("source", ["key=", "file"])
+def test_the_hex_key_leaves_the_environment_also_when_another_key_is_used(source, fake_env, tmp_path):
+    # EGLCUDA_REMOTE_KEY left os.environ only when it was the key used: with key= or
+    # EGLCUDA_REMOTE_KEY_FILE, every child process inherited it.
+    from .conftest import UCX_ENV
+
+    remote_extra.skip_without()
+    path = tmp_path / "k"
+    keys.write_new_key(str(path))
+    hex_key = os.urandom(32).hex()
+    env = {**fake_env, **UCX_ENV, keys.KEY_VARIABLE: hex_key, keys.KEY_FILE_VARIABLE: ""}
+    done = subprocess.run([sys.executable, "-c", _INHERITED, source, str(path)], env=env, cwd=str(ROOT),
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["unset", hex_key], done.stdout
