@@ -17,6 +17,7 @@ NEW_KEY = 32  # bytes of a key that keygen makes
 KEY_FILE_VARIABLE = "EGLCUDA_REMOTE_KEY_FILE"
 KEY_VARIABLE = "EGLCUDA_REMOTE_KEY"
 KEYGEN = "python -m eglcuda keygen PATH"
+_HEX_DIGITS = frozenset(b"0123456789abcdefABCDEF")
 _from_environment: str | None = None  # EGLCUDA_REMOTE_KEY once read (it leaves os.environ then)
 
 
@@ -49,9 +50,10 @@ def load_key(key: bytes | None) -> bytes:
 
 
 def read_key_file(path: str) -> bytes:
-    """The key in file ``path`` (its bytes, one trailing newline dropped). Refused: a file that is
-    not regular, that is not this process's user's (effective uid), that group or others may
-    read or write, or whose folder others may write to (they could replace it)."""
+    """The key in file ``path``: its bytes, without one line ending at the end (LF or CR LF).
+    Refused: hex text (the key's bytes in hex, which :data:`KEY_VARIABLE` takes), a file that is
+    not regular, that is not this process's user's (effective uid), that group or others may read
+    or write, or whose folder others may write to (they could replace it)."""
     try:
         # (O_NONBLOCK: opening a FIFO would wait for a writer, before the check that it is no file)
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
@@ -68,11 +70,17 @@ def read_key_file(path: str) -> bytes:
             raise UsageError(f"key file {path} may be read by others (mode {stat.S_IMODE(info.st_mode):o}): "
                              f"chmod 600 it")
         _check_folder(path)
-        data = os.read(fd, MAX_KEY + 2)
+        data = os.read(fd, MAX_KEY + 3)  # (a longer file reads as too long, its line ending dropped)
     finally:
         os.close(fd)
-    if data.endswith(b"\n"):
-        data = data[:-1]
+    # (one line ending, "\n" or "\r\n", is a hand-written key's or a CRLF editor's, never the key's:
+    # keygen never draws a key ending in "\n")
+    data = data[:-2] if data.endswith(b"\r\n") else data[:-1] if data.endswith(b"\n") else data
+    if len(data) >= 2 * MIN_KEY and len(data) % 2 == 0 and all(c in _HEX_DIGITS for c in data):
+        # (what EGLCUDA_REMOTE_KEY holds, in the wrong place: no guess, but not the key's bytes)
+        raise UsageError(f"key file {path} holds hex text ({len(data)} hex digits): a key file holds the key's bytes "
+                         f"themselves; convert it with 'xxd -r -p {path} > NEWFILE', or give the hex in "
+                         f"{KEY_VARIABLE}")
     return check_key(data, f"key file {path}")
 
 

@@ -233,3 +233,34 @@ def test_a_key_file_that_is_a_fifo_is_refused_at_once(tmp_path):
                           cwd=str(ROOT))
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == f"key file {fifo} is not a regular file", done.stdout
+
+
+def test_a_key_file_holding_hex_text_is_refused_saying_it_holds_hex(tmp_path):
+    # `echo $HEX > relay.key` (the form EGLCUDA_REMOTE_KEY takes) was refused as "text (a password
+    # or hex), which a dictionary can guess": a hex key of random bytes is no guess, the file only
+    # holds the key in the wrong form, and nothing said how to turn it into the right one.
+    from ... import remote_extra
+
+    remote_extra.skip_without()
+    path = tmp_path / "relay.key"
+    path.write_text(os.urandom(32).hex() + "\n")
+    path.chmod(0o600)
+    env = {**os.environ, "EGLCUDA_REMOTE_KEY_FILE": "", "EGLCUDA_REMOTE_KEY": ""}
+    done = subprocess.run([sys.executable, "-m", "eglcuda", "relay", "camera", "--key-file", str(path)], env=env,
+                          capture_output=True, text=True, timeout=60, cwd=str(ROOT))
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.splitlines() == [
+        f"python -m eglcuda relay: key file {path} holds hex text (64 hex digits): a key file holds the key's "
+        f"bytes themselves; convert it with 'xxd -r -p {path} > NEWFILE', or give the hex in EGLCUDA_REMOTE_KEY"], \
+        done.stderr
+
+
+@pytest.mark.parametrize("ending", [b"", b"\n", b"\r\n"])
+def test_a_key_file_ending_in_a_line_ending_reads_as_the_key_without_it(tmp_path, ending):
+    # One trailing "\n" was dropped, but a "\r\n" (a file saved by an editor or a tool in CRLF
+    # mode) left the "\r" in the key: the same key, written on two hosts, did not prove itself.
+    key = bytes.fromhex("5c3460be31201e69fedaa0eee8b9997f5c7c2999fdafe593253cd654af4dfad7")
+    path = tmp_path / "k"
+    path.write_bytes(key + ending)
+    path.chmod(0o600)
+    assert keys.read_key_file(str(path)) == key
