@@ -743,7 +743,10 @@ cdef class CudaProducer(Resource):
         return frames
 
     def allocate_frame(self, format=None, layout=None) -> Frame:
-        """A new frame of this connection's size (and format and layout, if fixed)."""
+        """A new frame of this connection's size (and format and layout, if fixed). Raises
+        :class:`ClosedError` once the producer is disconnected (or its stream or display closed)."""
+        if not self.connected:  # (a frame for a connection that is gone would only be leaked)
+            raise ClosedError("the producer is disconnected (or its stream closed)")
         fmt = format if format is not None else (self._format if self._format is not None else ColorFormat.ARGB)
         lay = layout if layout is not None else (self._layout if self._layout is not None else Layout.PITCH)
         frame = Frame.allocate(self.width, self.height, fmt, lay, self.device)

@@ -597,3 +597,20 @@ def test_dlpack_arguments_that_are_numpy_integers_mean_what_their_ints_mean():
                 plane.__dlpack__(max_version=bad)
         del capsule
         acquired.release()
+
+
+@fake_driver_test
+def test_allocate_frame_on_a_closed_producer_is_refused():
+    """allocate_frame() after the producer, its stream or its display closed raises ClosedError (it
+    handed out a new frame of a connection that no longer exists), and allocates nothing."""
+    before = fake.live_allocations()
+    for closing in ("producer", "stream", "display"):
+        with stream_of(8, 4) as (opened, stream, producer, consumer):
+            {"producer": producer, "stream": stream, "display": opened}[closing].close()
+            with pytest.raises(ClosedError, match="disconnected"):
+                producer.allocate_frame()
+            with pytest.raises(ClosedError, match="disconnected"):
+                producer.allocate_frame(format="NV12", layout="array")
+            assert "closed" in repr(producer)
+        gc.collect()
+        assert fake.live_allocations() == before, f"{closing}: a frame was allocated"
