@@ -314,7 +314,8 @@ def order_after(device: CudaDevice, own_stream: int | None, consumer_stream: int
 
 class FrameBase(abc.ABC):
     """What producer and consumer frames share: geometry, planes, usability checks.
-    (:class:`eglcuda.AcquiredFrame` is registered as one.)"""
+    (:class:`eglcuda.AcquiredFrame` is registered as one.) A frame is a sequence of its planes
+    (``len``, indexing) while usable, and always true (``if frame:``), closed or not."""
 
     __slots__ = ()
 
@@ -364,7 +365,14 @@ class FrameBase(abc.ABC):
         return self.planes[index]
 
     def __len__(self) -> int:
+        """The number of planes (raises :class:`ClosedError` once the frame is closed or released)."""
         return len(self.planes)
+
+    def __bool__(self) -> bool:
+        """Always True, open or closed, as for any object: ``if frame:`` tells a frame from None.
+        (Without it truth would go through :meth:`__len__`, which raises on a closed frame; test
+        ``frame.closed`` or ``frame.released`` for that.)"""
+        return True
 
 
 class _HostView:

@@ -921,7 +921,13 @@ cdef class AcquiredFrame:
         return self.planes[index]
 
     def __len__(self) -> int:
+        """The number of planes (raises :class:`ClosedError` once released)."""
         return len(self.planes)
+
+    def __bool__(self) -> bool:
+        """Always True, held or released, as for any object: ``if frame:`` tells a frame from None
+        (truth through __len__ would raise once released; test :attr:`released` for that)."""
+        return True
 
     def __enter__(self):
         return self

@@ -614,3 +614,26 @@ def test_allocate_frame_on_a_closed_producer_is_refused():
             assert "closed" in repr(producer)
         gc.collect()
         assert fake.live_allocations() == before, f"{closing}: a frame was allocated"
+
+
+@fake_driver_test
+def test_a_closed_or_released_frame_is_still_true():
+    """``if frame:`` is True for every frame object, open or not, as for any object: it raised
+    ClosedError on a closed Frame or a released AcquiredFrame (truth went through len(), which
+    reads the planes)."""
+    frame = eglcuda.Frame.allocate(8, 4, format="NV12")
+    assert frame and len(frame) == 2
+    frame.close()
+    assert frame
+    assert bool(frame) is True
+    with pytest.raises(ClosedError):
+        len(frame)  # the planes are gone all the same
+    with stream_of(8, 4) as (_, stream, producer, consumer):
+        producer.present(producer.allocate_frame())
+        acquired = consumer.acquire(timeout_us=1_000_000)
+        assert acquired and len(acquired) == 1
+        acquired.release()
+        assert acquired
+        assert bool(acquired) is True
+        with pytest.raises(ClosedError):
+            len(acquired)

@@ -370,6 +370,7 @@ with eglcuda.Subscriber("t", path=sys.argv[1], timeout=10) as subscriber:
         except eglcuda.StreamDisconnected:
             pass
 print("released", message.released, frame.released, flush=True)
+print("true", bool(frame), flush=True)  # truth is not len(): it read the planes, and raised
 for read in (lambda: frame.planes, plane.to_numpy, lambda: plane.pointer):
     try:
         read()
@@ -388,7 +389,7 @@ def test_a_frame_kept_past_its_subscriber_is_unusable(env, path, how):
         done = subprocess.run([sys.executable, "-c", KEPT_FRAME, path, str(publisher.process.pid), how],
                               env=env, cwd=str(ROOT), capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, done.stderr[-3000:]
-        assert done.stdout.split("\n")[:4] == ["released True True", "closed", "closed", "closed"], done.stdout
+        assert done.stdout.split("\n")[:5] == ["released True True", "true True", "closed", "closed", "closed"], done.stdout
     finally:
         publisher.stop()
 
