@@ -1344,14 +1344,17 @@ cdef class CudaConsumer(Resource):
     # - FIFO: no frame is ever dropped, so it is the one after the previous: last_number + 1.
     # - Mailbox: it is the newest, base + frames_presented, provided no present was under way when
     #   the acquire began, nor began during it.
-    # Every other case asks EGL, as does a consumer whose producer is in another process. base is
-    # read from EGL once: FIFO's first frame is present 1; a mailbox acquire with no present under
-    # way latches present frames_presented.
+    # Every other case asks EGL, as does a consumer whose producer is in another process or has
+    # disconnected. base is read from EGL once: FIFO's first frame is present 1; a mailbox acquire
+    # with no present under way latches present frames_presented.
 
     cdef int _derive_plan(self, long long *started, long long *done) noexcept:
         """0: ask EGL; 1: FIFO, the previous number + 1; 2: mailbox, base + presents done."""
         cdef CudaProducer producer = self.producer
-        if producer is None:
+        if producer is None or not producer.connected:
+            # Disconnected: the frames it presented that the consumer has not latched may have
+            # gone with it (nothing says a disconnect keeps them), so its counts no longer say
+            # what the stream holds.
             return 0
         started[0] = producer.presents_started
         done[0] = producer.frames_presented

@@ -637,3 +637,24 @@ def test_a_closed_or_released_frame_is_still_true():
         assert bool(acquired) is True
         with pytest.raises(ClosedError):
             len(acquired)
+
+
+@pytest.mark.parametrize("fifo_length", [0, 2])
+@fake_driver_test
+def test_frames_after_the_producer_disconnected_are_not_numbered_from_its_presents(fifo_length):
+    """A producer in this process presents a frame and disconnects before the consumer acquires it
+    (the stream drops it). The consumer's next acquire hands back the frame it held: it was
+    numbered as the dropped one and called new (from the producer's present counts), so a loop saw
+    frames 1, 2, 1, each new. The stream's own counter is asked instead: no new frame, the producer
+    is gone, StreamDisconnected; a frames() loop yields nothing."""
+    with stream_of(8, 4, fifo_length=fifo_length) as (_, stream, producer, consumer):
+        frames = [producer.allocate_frame() for _ in range(2)]
+        producer.present(frames[0])
+        held = consumer.acquire(timeout_us=1_000_000)
+        assert (held.number, held.is_new) == (1, True)
+        producer.present(frames[1])
+        producer.close()
+        with pytest.raises(eglcuda.StreamDisconnected, match="last frame 1"):
+            consumer.acquire_next(timeout_us=1_000)
+        assert held.released
+        assert [(frame.number, frame.is_new) for frame in consumer.frames(timeout_us=1_000)] == []
