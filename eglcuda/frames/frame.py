@@ -263,6 +263,15 @@ class Plane:
         _copy_2d(frame.device, stream, src=("device", pointer, pitch), dst=target,
                  width_bytes=g.row_bytes, height=g.height, wait=False)
 
+    def __copy__(self) -> "Plane":
+        """The plane itself: a view does not change, and a second view object would be one the
+        frame's :meth:`~Frame.close` does not know of (it would free the memory under it)."""
+        return self
+
+    def __reduce__(self) -> Any:
+        raise TypeError("a plane cannot be pickled or deep-copied: it is a view of its frame's memory; copy its "
+                        "data (to_numpy, copy_to_device) instead")
+
     def __repr__(self) -> str:
         return f"<Plane {self.index} {self.width}x{self.height}x{self.channels} pitch {self.pitch}>"
 

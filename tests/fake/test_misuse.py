@@ -658,3 +658,31 @@ def test_frames_after_the_producer_disconnected_are_not_numbered_from_its_presen
             consumer.acquire_next(timeout_us=1_000)
         assert held.released
         assert [(frame.number, frame.is_new) for frame in consumer.frames(timeout_us=1_000)] == []
+
+
+@fake_driver_test
+def test_a_copied_plane_is_the_plane_and_keeps_the_memory_alive():
+    """copy.copy(plane) made a second plane object the frame did not know of: a DLPack tensor made
+    from it outlived the memory (close() freed it under the tensor). The copy is the plane itself;
+    a deep copy or a pickle, which would be a view of nothing, is refused."""
+    import copy
+    import pickle
+
+    before = fake.live_allocations()
+    frame = eglcuda.Frame.allocate(8, 4)
+    duplicate = copy.copy(frame.planes[0])
+    assert duplicate is frame.planes[0]
+    capsule = duplicate.__dlpack__(stream=None)
+    del duplicate
+    frame.close()
+    assert fake.live_allocations() == before + 1, "freed under a live DLPack capsule"
+    del capsule
+    assert fake.live_allocations() == before
+    frame = eglcuda.Frame.allocate(8, 4)
+    plane = frame.planes[0]
+    for duplicate in (copy.deepcopy, pickle.dumps):
+        with pytest.raises(TypeError, match="plane cannot be"):
+            duplicate(plane)
+    del plane
+    frame.close()
+    assert fake.live_allocations() == before
