@@ -377,6 +377,13 @@ class FrameBase(abc.ABC):
         """The number of planes (raises :class:`ClosedError` once the frame is closed or released)."""
         return len(self.planes)
 
+    def __reduce__(self) -> Any:
+        # copy.copy, deepcopy and pickle would make a second frame object over the same memory
+        # that its release or close does not reach: it would read a slot the publisher writes again,
+        # or memory unmapped since.
+        raise TypeError(f"a {type(self).__name__} cannot be copied or pickled: it is a view of memory it lends "
+                        "until its release or close; copy its planes' data (to_numpy, copy_to_device) instead")
+
     def __bool__(self) -> bool:
         """Always True, open or closed, as for any object: ``if frame:`` tells a frame from None.
         (Without it truth would go through :meth:`__len__`, which raises on a closed frame; test
@@ -538,6 +545,8 @@ class Frame(FrameCore, FrameBase):
         # still count it, but yields only live members.)
         return any(True for _ in self._host_views) or any(ref() is not None for ref in self._plane_refs)
 
+
+    __reduce__ = FrameBase.__reduce__  # (FrameCore's comes first, with Cython's words for it)
 
     # ---- construction ------------------------------------------------------------------------
     @classmethod

@@ -683,6 +683,9 @@ def test_a_copied_plane_is_the_plane_and_keeps_the_memory_alive():
     for duplicate in (copy.deepcopy, pickle.dumps):
         with pytest.raises(TypeError, match="plane cannot be"):
             duplicate(plane)
+    for duplicate in (copy.copy, copy.deepcopy, pickle.dumps):  # the frame neither, in words of its own
+        with pytest.raises(TypeError, match="Frame cannot be copied"):
+            duplicate(frame)
     del plane
     frame.close()
     assert fake.live_allocations() == before

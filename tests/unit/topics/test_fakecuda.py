@@ -356,7 +356,7 @@ def test_cuda_ipc_publisher_killed_and_restarted(env, path):
 # A subscriber process that keeps a message's frame past the subscriber's end (``with`` block
 # left, or the publisher gone first), then reads it: the slot it viewed is unmapped by then.
 KEPT_FRAME = """
-import os, signal, sys
+import copy, os, signal, sys
 import eglcuda
 pid = int(sys.argv[2])
 with eglcuda.Subscriber("t", path=sys.argv[1], timeout=10) as subscriber:
@@ -371,6 +371,11 @@ with eglcuda.Subscriber("t", path=sys.argv[1], timeout=10) as subscriber:
             pass
 print("released", message.released, frame.released, flush=True)
 print("true", bool(frame), flush=True)  # truth is not len(): it read the planes, and raised
+try:  # a copy would not be released with its message: it would read the slot (or unmapped memory)
+    copy.copy(frame)
+    print("copied", flush=True)
+except TypeError:
+    print("not copied", flush=True)
 for read in (lambda: frame.planes, plane.to_numpy, lambda: plane.pointer):
     try:
         read()
@@ -389,7 +394,8 @@ def test_a_frame_kept_past_its_subscriber_is_unusable(env, path, how):
         done = subprocess.run([sys.executable, "-c", KEPT_FRAME, path, str(publisher.process.pid), how],
                               env=env, cwd=str(ROOT), capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, done.stderr[-3000:]
-        assert done.stdout.split("\n")[:5] == ["released True True", "true True", "closed", "closed", "closed"], done.stdout
+        assert done.stdout.split("\n")[:6] == ["released True True", "true True", "not copied", "closed", "closed",
+                                            "closed"], done.stdout
     finally:
         publisher.stop()
 
