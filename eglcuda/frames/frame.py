@@ -545,7 +545,6 @@ class Frame(FrameCore, FrameBase):
         # still count it, but yields only live members.)
         return any(True for _ in self._host_views) or any(ref() is not None for ref in self._plane_refs)
 
-
     __reduce__ = FrameBase.__reduce__  # (FrameCore's comes first, with Cython's words for it)
 
     # ---- construction ------------------------------------------------------------------------
