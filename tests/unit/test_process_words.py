@@ -19,7 +19,8 @@ PATTERNS = {
     "a seed thread": r"\bseed threads?\b",
     "our own machines": r"\bour (?:own )?(?:GPU |CPU |test |device )?(?:machines?|hosts?|set-?up|GPUs?)\b"
                         r"|\bthe project's (?:GPU |CPU )?machines?\b",
-    "the development set-up": r"\bdevice tool\b|\.device-run|/work/(?:wt|main|notes|shared|helpers)\b",
+    "the development set-up": r"\bdevice tool\b|\.device-run|/work/(?:wt|main|notes|shared|helpers)\b"
+                              r"|\bnvidia-h200(?:-x\d)?\b",
     "a run label": r"\bruns? [A-Z][0-9]{0,2}(?: and [A-Z][0-9]{0,2})*\b(?=[ ,.;:)]|$)"
                    r"|\bscripts? [A-Z][0-9],|\b(?:second|third|fourth|fifth|sixth) look\b",
 }
