@@ -509,30 +509,40 @@ class Batcher:
         order = sorted(ready, key=lambda i: (i - start) % count) if len(ready) > 1 else list(ready)
         stream = self.cuda_stream
         for index in order:
-            try:
-                message = subscribers[index].receive(0)
-            except Timeout:
+            # The source's receive lock is held until the frame is released behind its copies: a
+            # close() from another thread waits for it, so that it unmaps nothing the copies read.
+            # (Held by another thread's receive: nothing to take now, as receive(0) would say.)
+            turn = subscribers[index]._busy
+            if not turn.acquire(False):
                 ready.discard(index)
-                if index in self._errors:
-                    self._end(index, self._errors[index])
-                continue
-            except (StreamDisconnected, ClosedError) as exc:
-                self._end(index, exc)
                 continue
             try:
-                self._copy(index, message, base, frames)
-            except EglCudaError:
-                if not subscribers[index]._ending():
-                    raise
-                # Closed by another thread since its receive: the frame was let go (its memory may
-                # be unmapped already) and is not copied; the source ends as a closed one does.
-                self._end(index, closed_error(self._names[index]))
-                continue
+                try:
+                    message = subscribers[index].receive(0)
+                except Timeout:
+                    ready.discard(index)
+                    if index in self._errors:
+                        self._end(index, self._errors[index])
+                    continue
+                except (StreamDisconnected, ClosedError) as exc:
+                    self._end(index, exc)
+                    continue
+                try:
+                    self._copy(index, message, base, frames)
+                except EglCudaError:
+                    if not subscribers[index]._ending():
+                        raise
+                    # Closed by another thread since its receive: the frame was let go (its memory may
+                    # be unmapped already) and is not copied; the source ends as a closed one does.
+                    self._end(index, closed_error(self._names[index]))
+                    continue
+                finally:
+                    # Released on the batcher's stream, behind the copies: the done event the
+                    # publisher waits for before it writes the frame again is recorded there (no
+                    # event orders the subscriber's stream after ours first).
+                    message.release(stream)
             finally:
-                # Released on the batcher's stream, behind the copies: the done event the
-                # publisher waits for before it writes the frame again is recorded there (no
-                # event orders the subscriber's stream after ours first).
-                message.release(stream)
+                turn.release()
             # Asked again only once the wait set says it has a frame (a receive that finds
             # none costs an exception).
             ready.discard(index)

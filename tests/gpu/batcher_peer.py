@@ -619,13 +619,17 @@ def rejoin(args) -> int:
 def close_source(args) -> int:
     """Source 0's subscriber closed by another thread right after its receive handed a frame to
     the batcher, before the copy (its ``--close-after``-th frame: the first checks the slot's
-    geometry, later ones are copied from the slot's address): what each next() raised, the sources
-    of the batches formed, and why each source ended."""
+    geometry, later ones are copied from the slot's address): whether the close finished before
+    the copy (it must wait), what each next() raised, the sources of the batches formed, and why
+    each source ended."""
     subs = subscribers(args)
     source_seeds = seeds(args)
     target = subs[0]
     taken = [0]
     receive = target.receive
+
+    closers: list[threading.Thread] = []
+    closed_under_copy: list[bool] = []
 
     def receive_then_close(timeout=None):
         message = receive(timeout)
@@ -633,7 +637,9 @@ def close_source(args) -> int:
         if taken[0] == args.close_after:
             closer = threading.Thread(target=target.close)
             closer.start()
-            closer.join()
+            closer.join(0.5)  # (it must wait for the batcher: the frame is not yet copied)
+            closed_under_copy.append(not closer.is_alive())
+            closers.append(closer)
         return message
 
     target.receive = receive_then_close
@@ -649,9 +655,12 @@ def close_source(args) -> int:
             except Exception as exc:  # the test asserts on what was raised
                 raised.append([type(exc).__name__, str(exc)])
         ended = {index: type(error).__name__ for index, error in batcher.ended.items()}
+    for closer in closers:
+        closer.join(10)
     for sub in subs:
         sub.close()
-    say(event="closed-source", taken=taken[0], raised=raised, sources=sources, ended=ended, wrong=wrong[:3])
+    say(event="closed-source", taken=taken[0], raised=raised, sources=sources, ended=ended, wrong=wrong[:3],
+        closed_under_copy=closed_under_copy)
     return 0
 
 

@@ -282,9 +282,9 @@ def test_frames_taken_before_a_source_raised_come_in_the_next_batch(sources):
 def test_a_subscriber_closed_by_another_thread_under_a_copy_leaves_the_rotation(sources, close_after):
     """Source 0's subscriber is closed by another thread after its receive handed the batcher a
     frame and before the copy (its first frame: the slot's geometry is checked through the
-    planes; a later one: copied from the slot's address). The frame it let go is not copied, no
-    next() raises, the source leaves the rotation with ClosedError and the other goes on, every
-    byte right."""
+    planes; a later one: copied from the slot's address). The close waits until that frame is
+    copied and released (it unmaps nothing under the copy), no next() raises, the source leaves
+    the rotation with ClosedError and the other goes on, every byte right."""
     sources.add(101, rate=100)
     sources.add(102, rate=100)
     peer = sources.batcher("close-source", "--close-after", str(close_after), "--batch-size", "2",
@@ -294,5 +294,7 @@ def test_a_subscriber_closed_by_another_thread_under_a_copy_leaves_the_rotation(
     finally:
         peer.stop()
     assert result["taken"] == close_after and result["raised"] == [], result
+    # The close waited for the batcher: it could unmap nothing its copies were about to read.
+    assert result["closed_under_copy"] == [False], result
     assert result["ended"] == {"0": "ClosedError"} and result["wrong"] == [], result
     assert len(result["sources"]) == 6 and all(b == [1] * len(b) for b in result["sources"][-3:]), result
