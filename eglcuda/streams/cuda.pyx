@@ -906,7 +906,7 @@ cdef class AcquiredFrame:
     def _hand_to(self, consumer_stream: int) -> None:
         """Make ``consumer_stream`` wait for the consumer's stream and remember it: the release
         waits for it too."""
-        order_after(self.device, self.cuda_stream, consumer_stream)
+        order_after(self.device, self._consumer.stream_value, consumer_stream)
         self._handed_to = note_users(self._handed_to, (consumer_stream,))
 
     def _note_users(self, streams) -> None:
@@ -971,7 +971,7 @@ cdef class CudaConsumer(Resource):
     cdef readonly object stream
     cdef readonly object device
     cdef readonly object location
-    cdef readonly uintptr_t cuda_stream
+    cdef uintptr_t stream_value  # (read through the cuda_stream property)
     cdef readonly bint frame_numbers
     cdef readonly long long frames_acquired
     cdef object _connection
@@ -1018,6 +1018,15 @@ cdef class CudaConsumer(Resource):
     def __dealloc__(self):
         gate_destroy(&self.gate)
 
+    @property
+    def cuda_stream(self) -> int:
+        """The ``CUstream`` acquired frames are ordered on (the one given at connection, or one the
+        consumer made). One the consumer made is destroyed at its close: asking for it after the
+        close raises :class:`ClosedError` rather than hand out a handle the driver may reuse."""
+        if self.own_stream and self.closed:
+            raise ClosedError("this consumer's CUDA stream was destroyed at its close")
+        return self.stream_value
+
     cdef void _forget_after_fork(self) noexcept:
         # A thread of the parent may have been inside the gate at fork: start afresh, closed.
         gate_init_noexcept(&self.gate)
@@ -1026,7 +1035,9 @@ cdef class CudaConsumer(Resource):
         if self.held is not None:
             self._let_go_of_held()
 
-    def __init__(self, stream, device=None, cuda_stream=None, location=None, bint frame_numbers=True) -> None:
+    def __init__(self, stream, device=None, cuda_stream=None, location=None, frame_numbers=True) -> None:
+        if not isinstance(frame_numbers, bool):  # (a bint would take "no" for True)
+            raise UsageError(f"frame_numbers is True or False, got {frame_numbers!r}")
         stream._check_consumer_slot()
         if location is not None:
             try:
@@ -1039,19 +1050,19 @@ cdef class CudaConsumer(Resource):
         self.device = stream._consumer_device(device)
         self.device.make_current()
         self.own_stream = cuda_stream is None
-        self.cuda_stream = cuda.stream_create() if self.own_stream else stream_handle(cuda_stream)
+        self.stream_value = cuda.stream_create() if self.own_stream else stream_handle(cuda_stream)
         try:
             self._connection = _driver.consumer_connect(stream.handle, location)
         except BaseException:
             if self.own_stream:
-                cuda.stream_destroy(self.cuda_stream)  # returns a status: the connect error stands
+                cuda.stream_destroy(self.stream_value)  # returns a status: the connect error stands
             raise
         self.location = location
         self.ctx = <CUcontext>pointer(self.device.context)
         self._own(_driver.disconnect, <uintptr_t>self.ctx, "consumer", self._connection,
-                  self.cuda_stream if self.own_stream else 0, parent=stream)
+                  self.stream_value if self.own_stream else 0, parent=stream)
         self.conn = <CUeglStreamConnection *><uintptr_t>_driver.connection_address(self._connection)
-        self.cu_stream = <CUstream>self.cuda_stream
+        self.cu_stream = <CUstream>self.stream_value
         self.sync_before_release = is_legacy(self.cu_stream) and stream._shared()
         self.dpy = <EGLDisplay>pointer(stream.display.handle)
         self.egl_stream = <EGLStreamKHR>pointer(stream.handle)
@@ -1253,7 +1264,7 @@ cdef class CudaConsumer(Resource):
         """Order the consumer's stream after every stream the frame was handed to: the driver's
         release waits for that one stream's work only (docs/ordering.md)."""
         self.device.make_current()
-        cuda.join_streams(self.cuda_stream, frame._handed_to, "ordering a release after the streams that read the frame")
+        cuda.join_streams(self.stream_value, frame._handed_to, "ordering a release after the streams that read the frame")
         frame._handed_to = None
         return 0
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import operator
 import threading
+from typing import NoReturn
 
 import numpy as np
 
@@ -156,6 +157,11 @@ class GLFrame:
 
     def release(self) -> None:
         self._consumer._release(self)
+
+    def __reduce__(self) -> NoReturn:
+        # A copy would outlive the release: its texture would show whichever frame came later.
+        raise TypeError("a GLFrame cannot be copied or pickled: its texture shows the frame only until "
+                        "release(); read() it instead")
 
     def __enter__(self) -> "GLFrame":
         return self

@@ -15,6 +15,7 @@ import pytest
 
 import eglcuda
 from eglcuda import ClosedError, ColorFormat, UsageError
+from eglcuda._bind import cuda
 
 from .harness import fake, fake_driver_test
 from .kit import display, rng, stream_of
@@ -689,3 +690,60 @@ def test_a_copied_plane_is_the_plane_and_keeps_the_memory_alive():
     del plane
     frame.close()
     assert fake.live_allocations() == before
+
+
+@fake_driver_test
+def test_a_consumers_own_cuda_stream_is_not_handed_out_after_its_close():
+    """A consumer made without ``cuda_stream=`` makes its own stream and destroys it at its close:
+    ``consumer.cuda_stream`` then raised nothing and handed out the destroyed handle, which the
+    driver may give to the next stream made. It raises ClosedError; a caller's stream is the
+    caller's, and stays readable."""
+    with display() as opened:
+        stream = opened.create_stream()
+        consumer = stream.connect_cuda_consumer()
+        own = consumer.cuda_stream
+        assert own and fake.count("cuda_streams") >= 1
+        consumer.close()
+        with pytest.raises(ClosedError, match="destroyed at its close"):
+            consumer.cuda_stream
+        stream.close()
+
+        streams = fake.count("cuda_streams")
+        mine = cuda.stream_create()
+        try:
+            stream = opened.create_stream()
+            consumer = stream.connect_cuda_consumer(cuda_stream=mine)
+            assert consumer.cuda_stream == mine
+            stream.close()
+            assert consumer.closed and consumer.cuda_stream == mine
+            assert fake.count("cuda_streams") == streams + 1  # (the caller's, still there)
+        finally:
+            cuda.stream_destroy(mine)
+
+
+@fake_driver_test
+def test_frame_numbers_is_true_or_false():
+    """``frame_numbers`` went into a C boolean: "no", "False" or 0.5 connected a consumer that
+    numbered its frames. Anything but True or False is a UsageError, and connects nothing."""
+    with display() as opened, opened.create_stream() as stream:
+        for bad in ("no", "False", 0.5, None, 1):
+            with pytest.raises(UsageError, match="frame_numbers is True or False"):
+                stream.connect_cuda_consumer(frame_numbers=bad)
+        assert stream.consumer is None
+        consumer = stream.connect_cuda_consumer(frame_numbers=False)
+        assert consumer.frame_numbers is False
+
+
+def test_a_gl_frame_cannot_be_copied_past_its_release():
+    """copy.copy of a GLFrame made a frame its consumer's release did not reach: it stayed
+    unreleased, and its texture showed whichever frame the stream latched later. Refused, as for
+    CUDA frames."""
+    import copy
+    import pickle
+
+    from eglcuda.streams.gl import GLFrame
+
+    frame = GLFrame(None, 1, True)  # type: ignore[arg-type]  # (no consumer is asked)
+    for duplicate in (copy.copy, copy.deepcopy, pickle.dumps):
+        with pytest.raises(TypeError, match="GLFrame cannot be copied"):
+            duplicate(frame)
