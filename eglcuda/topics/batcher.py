@@ -512,7 +512,7 @@ class Batcher:
             # The source's receive lock is held until the frame is released behind its copies: a
             # close() from another thread waits for it, so that it unmaps nothing the copies read.
             # (Held by another thread's receive: nothing to take now, as receive(0) would say.)
-            turn = subscribers[index]._busy
+            turn = subscribers[index]._receive_turn()
             if not turn.acquire(False):
                 ready.discard(index)
                 continue

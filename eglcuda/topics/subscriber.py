@@ -497,6 +497,11 @@ class Subscriber:
             return self._remote.closed
         return self._closed
 
+    def _receive_turn(self) -> "threading.RLock":
+        """The lock a receive holds (a remote subscriber's is its feed's): held by another
+        thread, a receive of this one waits; a close() from another thread waits for it."""
+        return self._busy if self._remote is None else self._remote._busy
+
     def _ending(self) -> bool:
         """Closed, or closing on another thread."""
         if self._remote is not None:
@@ -939,6 +944,7 @@ class RemoteFeed(Protocol):
 
     info: TopicInfo | None
     path: str
+    _busy: "threading.RLock"  # held by a receive (and by close(), which waits for one)
 
     @property
     def device(self) -> CudaDevice: ...

@@ -35,6 +35,11 @@ def subscribers(args) -> list:
     out = []
     for spec in args.source:
         name, path, _ = spec.split(":")
+        if args.remote:  # (a remote subscriber of the relay there; PATH is not used)
+            sub = eglcuda.Subscriber(name, qos=args.qos, queue=args.queue, timeout=args.timeout, remote=args.remote)
+            sub.wait_for_publisher()
+            out.append(sub)
+            continue
         out.append(eglcuda.Subscriber(name, qos=args.qos, queue=args.queue, timeout=args.timeout, path=path,
                                       transport=args.transport))
     return out
@@ -668,6 +673,7 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("role", choices=["batch", "misuse", "lifecycle", "interrupt", "rejoin", "close-source"])
     parser.add_argument("--source", action="append", required=True, help="NAME:PATH:SEED of a topic")
+    parser.add_argument("--remote", default=None, help="HOST:PORT: the sources are remote subscribers of that relay")
     parser.add_argument("--qos", default="every")
     parser.add_argument("--queue", type=int, default=4)
     parser.add_argument("--transport", default="auto")

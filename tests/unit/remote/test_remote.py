@@ -523,6 +523,22 @@ def test_a_remote_subscriber_waits_through_a_wait_set_and_asyncio(cluster, wait)
     assert first == list(range(first[0], first[0] + count))
 
 
+def test_a_batcher_forms_batches_from_a_remote_subscriber(cluster, env):
+    """A Batcher over a remote subscriber (its class is eglcuda.Subscriber, its receive lock its
+    feed's): every batch whole, every byte of every image right, seqs without a gap (every)."""
+    cluster.publisher(rate=200)
+    _, address = cluster.relay("--qos", "every", "--queue", "8")
+    batcher = Peer(env, ROOT / "tests" / "gpu" / "batcher_peer.py", "batch", "--source", "t:-:5", "--remote",
+                   address, "--batch-size", "2", "--count", "5", "--formation-ms", "200", "--timeout", "10")
+    cluster.peers.append(batcher)
+    done = batcher.wait_for(lambda m: m["event"] in ("done", "ended"))
+    batches = [m for m in batcher.messages if m.get("event") == "batch"]
+    assert done["event"] == "done" and len(batches) == 5, (done, batcher.stderr())
+    assert all(not b["wrong"] and b["size"] == 2 for b in batches), batches
+    seqs = [seq for b in batches for seq in b["seqs"]]
+    assert seqs == list(range(seqs[0], seqs[0] + 10)), seqs
+
+
 @pytest.mark.parametrize("frames", ["plain", "integrity"])
 def test_a_frame_is_sent_only_once_its_slow_copy_to_staging_is_done(cluster, env, frames):
     # The relay's D2H copies each end 4 ms after the stream's previous one (the stand-in writes
