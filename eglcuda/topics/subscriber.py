@@ -672,8 +672,8 @@ class Subscriber:
         """As :meth:`receive`, awaited in an asyncio event loop, which runs meanwhile (the wait
         is ``loop.add_reader`` on :meth:`fileno`: no thread, no polling). ``timeout`` as
         :meth:`receive` (None: the subscriber's ``timeout``). One ``receive_async`` of a
-        subscriber at a time; a waiting one that was cancelled (``task.cancel()``) counts as gone
-        at once, before it has run to its end."""
+        subscriber at a time; a waiting one that was cancelled (``task.cancel()``), or whose
+        event loop was closed while it waited, counts as gone at once, before it has run to its end."""
         wait = self.timeout if timeout is None else sockets.wait_seconds(timeout)
         loop = asyncio.get_running_loop()
         task = asyncio.current_task()
@@ -720,6 +720,8 @@ class Subscriber:
         waiter = self._async_waiter
         if waiter is None or waiter.done():
             return True
+        if waiter.get_loop().is_closed():
+            return True  # (its loop was closed while it waited, after a KeyboardInterrupt say: it never runs again)
         if waiter.get_loop() is not loop:
             return False
         if self._async_woken is not None and self._async_woken.cancelled():

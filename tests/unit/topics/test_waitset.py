@@ -876,6 +876,29 @@ def test_receive_async_right_after_cancelling_the_waiting_one(path):
         asyncio.run(main())
 
 
+def test_receive_async_after_its_loop_was_closed_with_a_waiter_in_it(path):
+    """A KeyboardInterrupt out of run_until_complete() leaves a receive_async() waiting in a
+    loop that is then closed (nothing cancels it, it never runs again): a receive_async() in a
+    new loop is not refused as a second waiter, and receives."""
+    with publisher(path, True) as pub, subscriber(path) as sub:
+        loop = asyncio.new_event_loop()
+        try:
+            waiting = loop.create_task(sub.receive_async(5))
+            loop.call_later(0.05, lambda: signal.raise_signal(signal.SIGINT))
+            with pytest.raises(KeyboardInterrupt):
+                loop.run_until_complete(waiting)
+            assert not waiting.done()
+        finally:
+            loop.close()
+        put(pub, b"after")
+
+        async def after():
+            async with _released(await sub.receive_async(5)) as message:
+                return message.payload
+
+        assert asyncio.run(after()) == b"after"
+
+
 def test_receive_async_beside_another_threads_receive_keeps_its_timeout_and_the_loop_running(path):
     """Another thread in a blocking receive (3 s) as receive_async is first awaited: the
     descriptor cannot be made until that receive ends, yet the loop runs on (no stall of more
