@@ -543,6 +543,11 @@ class Batcher:
                     message.release(stream)
             finally:
                 turn.release()
+                source = subscribers[index]
+                if source._remote is None and source._deferral.thread:
+                    # A close() of a signal handler of this thread that landed while the lock was
+                    # held was put off to the call holding it: that call is this one, done now.
+                    source._finish_deferred_close()
             # Asked again only once the wait set says it has a frame (a receive that finds
             # none costs an exception).
             ready.discard(index)

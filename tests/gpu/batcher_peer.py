@@ -636,10 +636,15 @@ def close_source(args) -> int:
     closers: list[threading.Thread] = []
     closed_under_copy: list[bool] = []
 
+    if args.closer == "handler":  # (a signal handler of this thread closes it, as the batcher copies its frame)
+        signal.signal(signal.SIGUSR1, lambda *_: target.close())
+
     def receive_then_close(timeout=None):
         message = receive(timeout)
         taken[0] += 1
-        if taken[0] == args.close_after:
+        if taken[0] == args.close_after and args.closer == "handler":
+            signal.raise_signal(signal.SIGUSR1)
+        elif taken[0] == args.close_after:
             closer = threading.Thread(target=target.close)
             closer.start()
             closer.join(0.5)  # (it must wait for the batcher: the frame is not yet copied)
@@ -651,10 +656,15 @@ def close_source(args) -> int:
     raised: list[list[str]] = []
     sources: list[list[int]] = []
     wrong: list[str] = []
+    closed_as_returned: list[bool] = []  # target.closed as the next() that took the frame returned (handler)
     with eglcuda.Batcher(subs, args.batch_size, formation_timeout=args.formation_ms / 1e3) as batcher:
+        if args.prefill_ms:
+            time.sleep(args.prefill_ms / 1e3)  # the sources' queues fill meanwhile
         while len(sources) < args.count and len(raised) < 3:
             try:
                 with batcher.next() as formed:
+                    if taken[0] >= args.close_after and not closed_as_returned:
+                        closed_as_returned.append(target.closed)
                     sources.append(formed.sources)
                     wrong += check_batch(formed, source_seeds)
             except Exception as exc:  # the test asserts on what was raised
@@ -665,7 +675,7 @@ def close_source(args) -> int:
     for sub in subs:
         sub.close()
     say(event="closed-source", taken=taken[0], raised=raised, sources=sources, ended=ended, wrong=wrong[:3],
-        closed_under_copy=closed_under_copy)
+        closed_under_copy=closed_under_copy, closed_as_returned=closed_as_returned)
     return 0
 
 
@@ -699,6 +709,8 @@ def main() -> int:
                         help="interrupt: the second source's subscriber holds its queue's worth of messages")
     parser.add_argument("--close-after", type=int, default=1,
                         help="close-source: close source 0's subscriber after this many of its frames")
+    parser.add_argument("--closer", choices=["thread", "handler"], default="thread",
+                        help="close-source: who closes it (another thread, or a signal handler of the batcher's)")
     args = parser.parse_args()
     roles = {"batch": batch, "misuse": misuse, "lifecycle": lifecycle, "interrupt": interrupt, "rejoin": rejoin,
              "close-source": close_source}

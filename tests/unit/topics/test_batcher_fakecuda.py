@@ -298,3 +298,22 @@ def test_a_subscriber_closed_by_another_thread_under_a_copy_leaves_the_rotation(
     assert result["closed_under_copy"] == [False], result
     assert result["ended"] == {"0": "ClosedError"} and result["wrong"] == [], result
     assert len(result["sources"]) == 6 and all(b == [1] * len(b) for b in result["sources"][-3:]), result
+
+
+def test_a_signal_handlers_close_of_a_source_during_its_copy_is_finished_as_the_copy_ends(sources):
+    """A signal handler of the batching thread closes source 0's subscriber right after its
+    receive handed the batcher a frame (the batcher holds the source's receive lock until the
+    frame is released behind its copies): the close is put off, and finished as the batcher lets
+    go of the source, within that next(). It was left pending (the subscriber open, the publisher
+    not told) when the batch filled in that pass, with no later look at the source."""
+    sources.add(111, rate=100)
+    sources.add(112, rate=100)
+    peer = sources.batcher("close-source", "--closer", "handler", "--close-after", "1", "--batch-size", "2",
+                           "--count", "4", "--formation-ms", "100", "--prefill-ms", "300")
+    try:
+        result = peer.wait_for(lambda m: m["event"] == "closed-source", timeout=60)
+    finally:
+        peer.stop()
+    assert result["taken"] == 1 and result["raised"] == [], result
+    assert result["closed_as_returned"] == [True], result
+    assert result["ended"] == {"0": "ClosedError"} and result["wrong"] == [], result
