@@ -1,4 +1,4 @@
-"""bench/remote.py's results: the per-configuration summary, the markdown table, the issue's goals
+"""bench/remote.py's results: the per-configuration summary, the markdown table, the goals
 as PASS / FAIL lines, and the plots (kept apart from the roles and the orchestration)."""
 from __future__ import annotations
 

@@ -20,7 +20,7 @@
 - ``plot_bars(...)``: the grouped bar charts of docs/benchmarks.md, with matplotlib.
 - ``build_reference(name)``: bench/c/NAME.c, the C reference of a benchmark, built with gcc.
 
-The ``bench`` extra pins CuPy for CUDA 13 (the GPU machine: driver 580). On a CUDA 12 driver,
+The ``bench`` extra pins CuPy for CUDA 13 (driver 580 and later). On a CUDA 12 driver,
 install ``cupy-cuda12x`` instead; ``nvidia-smi`` shows the version.
 """
 from __future__ import annotations

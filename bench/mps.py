@@ -612,7 +612,7 @@ def markdown(results: dict) -> str:
 
 
 def goals(results: dict) -> list[str]:
-    """The issue's goals, under MPS: eglcuda >= 0.9x C, and at least CUDA IPC's rate and latency."""
+    """The goals, under MPS: eglcuda >= 0.9x C, and at least CUDA IPC's rate and latency."""
     checks = []
     for _, rows in rows_for(results):
         for row in rows:

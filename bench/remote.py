@@ -10,7 +10,7 @@ shared-memory shortcuts), next to the alternatives in the same run:
 - ``ucx-raw``: UCXX itself moving host buffers of the frame's size between two processes (the
   engine's floor, bench/_ucx_raw.py): with the relay's window of frames in flight (its
   ``LATEST_WINDOW``) and one in flight (ping-pong), in each of --engine-modes: ``blocking`` (the
-  core API, a thread sleeping in ``progress_worker_event``: the fastest on the CPU machine) and
+  core API, a thread sleeping in ``progress_worker_event``: the fastest where measured) and
   ``asyncio-blocking`` (UCXX's asyncio API, ``progress_mode="blocking"``);
 - ``zmq``: what a user would otherwise write: a device-to-host copy, pyzmq PUB to N SUB
   processes (high-water mark 2: a slow subscriber loses frames, like qos latest), and a

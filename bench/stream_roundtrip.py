@@ -307,7 +307,7 @@ class Stack:
 # "bare" the loop steps with frame_numbers=False. "C + counter" is what a loop that asks EGL for
 # each frame's number costs in C.
 COLUMNS = ["C", "C + counter", "C, same calls", "eglcuda", "eglcuda steps", "eglcuda steps, bare", "PyOpenGL+cuda-python"]
-# (label, numerator, denominator). The first is the target (C: the five driver calls); the
+# (label, numerator, denominator). The first is the target (C: the five driver calls); the
 # second compares the same driver calls; steps make one context check per crossing more than C.
 RATIOS = [("eglcuda / C", "eglcuda", "C"),
           ("eglcuda / C same calls", "eglcuda", "C, same calls"),

@@ -21,7 +21,7 @@ frame's GPU work). Subscribers do no work on the frames. The publisher does none
 --write: then it writes every frame on the GPU before handing it over (a device-to-device copy of
 the whole frame, each plane, queued on the stream it publishes with), as a decoder or a kernel
 producing the frame would; the ring does the same copies. Also measured: 8 'latest' subscribers with
-one of them stalled (joined, never reads), against 8 that all read (the issue's "< 5 %").
+one of them stalled (joined, never reads), against 8 that all read (the goal: "< 5 %").
 
     python bench/topics.py [--quick] [--mps] [--out DIR] [--duration S] [--sync] [--write] [--busy-wait US]
                            [--stall-pairs K [--stall-phase S]]

@@ -2,8 +2,8 @@
 sends tagged messages on tags no connection has leaves the relay's memory where it was, and an
 honest remote subscriber at its rate (TCP loopback, stand-in libcuda).
 
-``EGLCUDA_FLOOD_S`` sets how long the flood lasts (12 s by default; 540 for the long run, which
-fits a 10-minute command), ``EGLCUDA_FLOOD_MBS`` its rate (20 MB/s by default)."""
+``EGLCUDA_FLOOD_S`` sets how long the flood lasts (12 s by default; 600 for the 10-minute run of
+docs/remote.md), ``EGLCUDA_FLOOD_MBS`` its rate (20 MB/s by default)."""
 from __future__ import annotations
 
 import os
