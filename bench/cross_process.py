@@ -69,7 +69,7 @@ NUMBERS = os.environ.get("EGLCUDA_BENCH_NUMBERS", "1") != "0"
 # EGLCUDA_BENCH_STREAM=legacy: each end's GPU work and its transport's calls go on the legacy default
 # stream instead of a non-blocking stream of its own (eglcuda: the consumer connected with
 # cuda_stream=0, present(cuda_stream=0)); producer-legacy: the producer's only. See
-# docs/crossprocess.md, "Which CUDA stream".
+# docs/streams.md, "The legacy default stream between processes".
 STREAM = os.environ.get("EGLCUDA_BENCH_STREAM", "own")
 STREAMS = ("own", "legacy", "producer-legacy")
 # The GPU each end runs on (bench/cross_gpu.py sets them): environment variables, for the same reason.

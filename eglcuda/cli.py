@@ -3,7 +3,7 @@
   info [--json]            what this machine's EGL and CUDA offer, and which interop paths work here
   check                    run the interop conformance checks that apply to this machine
   mps start|stop|status    a private CUDA MPS daemon for a pipeline's processes
-  topics [--json]          the live frame topics of this machine (stale sockets of dead publishers removed)
+  topics [--json]          the live frame topics of this user (stale sockets of dead publishers removed)
   relay NAME --listen H:P  serve topic NAME to remote subscribers over UCX (docs/remote.md)
   keygen PATH              make a relay's pre-shared key: 32 random bytes in a new file, mode 0600
 """
