@@ -8,7 +8,7 @@
 
 A tier whose platform is missing is skipped with the exact reason, which comes from
 :func:`eglcuda.available` (the same answer scripts get). Where a tier must run (CI for the EGL
-tier, the GPU machine for the GPU tier), set EGLCUDA_REQUIRE_EGL=1 or EGLCUDA_REQUIRE_GPU=1: a
+tier, a machine with a GPU for the GPU tier), set EGLCUDA_REQUIRE_EGL=1 or EGLCUDA_REQUIRE_GPU=1: a
 missing platform then fails the tests instead of skipping them.
 
 The tests run against the eglcuda that Python imports: the installed package, or the checkout
@@ -184,7 +184,7 @@ def cuda_display(cuda_ordinal):
 
 
 def require_extension(display: eglcuda.Display, *names: str) -> None:
-    """Skip (or fail, on the GPU machine) unless the display lists every extension."""
+    """Skip (or fail, where the GPU tier must run) unless the display lists every extension."""
     for name in names:
         if not display.supports(name):
             _missing(f"{name} missing on {display.description} ({display.vendor})", "EGLCUDA_REQUIRE_GPU")

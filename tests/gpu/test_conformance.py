@@ -1,4 +1,4 @@
-"""python -m eglcuda check on the GPU machine: every check applies and passes."""
+"""python -m eglcuda check on a GPU machine: every check applies and passes."""
 from __future__ import annotations
 
 import json

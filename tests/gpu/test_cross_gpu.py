@@ -1,7 +1,7 @@
 """EGLStreams between two GPUs: producer on one, consumer on the other, in one process and in
 two, in both directions, every format and layout, every byte of random frames checked; and what
 eglcuda refuses before the driver. Skipped with the reason on a machine with fewer than two
-GPUs (EGLCUDA_REQUIRE_TWO_GPUS=1 turns that skip into a failure, for the two-GPU machine)."""
+GPUs (EGLCUDA_REQUIRE_TWO_GPUS=1 turns that skip into a failure, on a machine that has two)."""
 from __future__ import annotations
 
 import os

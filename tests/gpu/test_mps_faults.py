@@ -395,7 +395,7 @@ def record(request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
 
 @pytest.fixture(scope="session")
 def cuda_python(cuda_ordinal: int) -> None:
-    """The faulting process launches its kernel through cuda-python (the GPU machine has it)."""
+    """The faulting process launches its kernel through cuda-python (a test extra)."""
     for name in ("cuda.bindings.driver", "cuda.cuda"):
         try:
             if importlib.util.find_spec(name) is not None:

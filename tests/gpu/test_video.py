@@ -5,8 +5,8 @@ every frame it received against the decoder's digests (infer, stats) or its inde
 colours (GL), and with qos every none may be lost. NVDEC against the CPU decoder is reported
 (a warning when not bit-exact), not failed.
 
-Skipped with the reason when PyNvVideoCodec is not importable (pip install -e '.[video]'; on
-the GPU machine research/probes/video_run.sh installs the carried wheel)."""
+Skipped with the reason when PyNvVideoCodec is not importable (pip install -e '.[video]'; research/probes/video_run.sh installs a wheel of it from a
+local folder)."""
 from __future__ import annotations
 
 import json
