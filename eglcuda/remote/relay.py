@@ -398,7 +398,10 @@ class Relay:
     # ---- the user's side ----------------------------------------------------------------------------
     @property
     def remotes(self) -> list[RemoteInfo]:
-        """The connected remote subscribers, then the last ones that left (up to 64)."""
+        """The connected remote subscribers, then the last ones that left (up to 64). In a child
+        made by ``fork()`` it raises :class:`UsageError`: the remotes are the parent's."""
+        if os.getpid() != self._pid:  # (the loop is the parent's: here nothing would answer)
+            raise self._forked_error()
         loop = self._loop
         if loop is None or self._closed:
             return list(self._history)
@@ -424,8 +427,7 @@ class Relay:
         if ready is not None and not callable(ready):
             raise UsageError(f"ready is a callable (or None), got {type(ready).__name__}")
         if os.getpid() != self._pid:  # (the parent serves: here it would block, serving nothing, until a signal)
-            raise UsageError(f"this relay of topic {self.name!r} belongs to process {self._pid}, not to this forked "
-                             "child: it serves in that process (close() here only lets go of its copy)")
+            raise self._forked_error()
         done = threading.Event()
         previous: dict[int, Any] = {}
         if threading.current_thread() is threading.main_thread():
@@ -440,6 +442,10 @@ class Relay:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
         self.close()
+
+    def _forked_error(self) -> UsageError:
+        return UsageError(f"this relay of topic {self.name!r} belongs to process {self._pid}, not to this forked "
+                          "child: it serves in that process (close() here only lets go of its copy)")
 
     def _write_status(self) -> None:
         """The relay's entry beside its topic's socket, for ``python -m eglcuda topics``."""

@@ -308,6 +308,44 @@ def test_serve_forever_in_a_forked_child_refuses_instead_of_serving_nothing(clus
     assert said[-1] == {"parent": "served"}, said
 
 
+_REMOTES_IN_A_CHILD = r'''
+import json, os, signal, sys, time
+import eglcuda
+relay = eglcuda.Relay("t", "127.0.0.1:0", path=sys.argv[1])
+sub = eglcuda.Subscriber("t", remote=f"127.0.0.1:{relay.address[1]}")
+sub.receive(10).release()
+pid = os.fork()
+if pid == 0:
+    signal.alarm(10)
+    started = time.monotonic()
+    try:
+        said = {"child": "returned", "remotes": len(relay.remotes)}
+    except eglcuda.UsageError as exc:
+        said = {"child": "UsageError", "why": str(exc)}
+    said["took"] = time.monotonic() - started
+    print(json.dumps(said), flush=True)
+    os._exit(0)
+os.waitpid(pid, 0)
+print(json.dumps({"parent": len([r for r in relay.remotes if r.connected])}), flush=True)
+sub.close()
+relay.close()
+'''
+
+
+def test_remotes_in_a_forked_child_refuses_at_once_instead_of_saying_none(cluster, env):
+    """The parent's relay in a child made by fork(): ``remotes`` raises UsageError at once (it
+    waited 2 s for the parent's engine, which no thread runs in the child, then listed no
+    remote while the parent served one)."""
+    cluster.publisher(rate=100)
+    out = subprocess.run([sys.executable, "-c", _REMOTES_IN_A_CHILD, cluster.path], env=env, cwd=str(ROOT),
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr[-2000:]
+    said = [json.loads(line) for line in out.stdout.splitlines()]
+    assert said[0]["child"] == "UsageError" and "forked child" in said[0]["why"], said
+    assert said[0]["took"] < 0.5, said
+    assert said[-1] == {"parent": 1}, said
+
+
 # Joins and leaves the relay at sys.argv[1] as fast as it can, until stdin closes.
 _JOINING = r'''
 import sys, threading, eglcuda
