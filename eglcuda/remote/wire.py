@@ -130,7 +130,8 @@ class WireError(PeerError):
 def parse_address(text: str, what: str, least_port: int = 1) -> tuple[str, int]:
     """``HOST:PORT`` (``[v6]:PORT`` too) as (host, port): PORT decimal digits in
     ``least_port``..65535 (0, any free port, is for an address to listen on), HOST without
-    whitespace or control characters (a NUL would cut it short in UCX's C string)."""
+    whitespace or control characters (a NUL would cut it short in UCX's C string), and a name the
+    resolver can encode (no empty label, none over 63 bytes)."""
     if not isinstance(text, str) or ":" not in text:
         raise UsageError(f"{what} is 'HOST:PORT', got {text!r}")
     host, _, port_text = text.rpartition(":")
@@ -141,6 +142,10 @@ def parse_address(text: str, what: str, least_port: int = 1) -> tuple[str, int]:
     if not host.isprintable() or any(c.isspace() for c in host) or (":" in host and not _is_ipv6(host)):
         # (a host with a ':' that is no IPv6 address is a malformed string, '127.0.0.1:5555:6666')
         raise UsageError(f"{what} is 'HOST:PORT' with a host name or address, got {text!r}")
+    try:
+        host.encode("idna")  # (what the resolver does first: an empty label, or one over 63 bytes, fails there)
+    except UnicodeError as exc:
+        raise UsageError(f"{what}: {host!r} is no valid host name ({exc.__cause__ or exc}), got {text!r}") from None
     return host, port
 
 

@@ -204,6 +204,9 @@ def test_the_relay_status_file_never_follows_a_link_planted_beside_it(tmp_path):
     ("127.0.0 .1:5555", "host name or address"), ("\n:5555", "host name or address"),
     # (a host with a ':' that is no IPv6 address: "'127.0.0.1:5555' is an IPv6 address")
     ("127.0.0.1:5555:6666", "host name or address"), ("relayhost:5555:6666", "host name or address"),
+    # (names the resolver's IDNA step refuses: a traceback from the lookup thread, then the whole timeout)
+    ("relay..example:5555", "no valid host name"), ("x" * 64 + ".example:5555", "no valid host name"),
+    (".:5555", "no valid host name"),
 ])
 def test_a_malformed_remote_address_is_refused_before_any_connection(remote, why):
     started = time.monotonic()
@@ -222,6 +225,14 @@ def test_a_relay_listens_on_port_0_a_subscriber_connects_to_1_and_up():
     with pytest.raises(UsageError, match="host name or address"):
         wire.parse_address("127.0.0.1:5555:6666", "listen", least_port=0)
     assert wire.parse_address("fe80::1%lo:5000", "remote") == ("fe80::1%lo", 5000)
+    assert wire.parse_address("relay.example.:5000", "remote") == ("relay.example.", 5000)
+
+
+@pytest.mark.parametrize("listen", ["relay..example:0", "x" * 64 + ":0", ".:0"])
+def test_a_relay_refuses_a_malformed_host_name_as_a_usage_error(listen):
+    # (the resolver's IDNA step raised a bare UnicodeError from Relay(), a traceback from the command)
+    with pytest.raises(UsageError, match="no valid host name"):
+        eglcuda.Relay("t", listen, key=os.urandom(32), timeout=30)
 
 
 _EXIT_ORDER = r'''
