@@ -234,8 +234,9 @@ class Endpoint:
         except Exception as exc:  # noqa: BLE001 - UCXX raises its own exceptions for a failed endpoint
             raise LinkError(f"{type(exc).__name__}: {exc}") from None
         # (No frame of a request's wait keeps the request: a LinkError's traceback holds the
-        # frames it passed, and a request keeps its endpoint, which keeps the listener's port.)
-        await self._engine.wait(request.pop())
+        # frames it passed, and a request keeps its endpoint, which keeps the listener's port.
+        # The buffer is kept until UCX is done with it, also when this wait is cancelled.)
+        await self._engine.wait(request.pop(), array)
 
     def abort(self) -> None:
         """Close at once, without waiting on UCX here (the engine's thread carries every frame):
@@ -603,8 +604,11 @@ class Engine:
             del exc  # (UCXX's exception holds frames that hold the request)
         _call(entry[1], error)
 
-    async def wait(self, request: Any) -> None:
-        """Until ``request`` completed (:class:`LinkError` if it failed), without spinning."""
+    async def wait(self, request: Any, buffer: Any = None) -> None:
+        """Until ``request`` completed (:class:`LinkError` if it failed), without spinning.
+        ``buffer`` (what UCX reads or writes) is kept until the request completed, not only while
+        this waits: a wait cancelled (a time limit, an endpoint aborted) would otherwise free it
+        under a send that UCX still reads or a receive that it still writes."""
         if request.completed:
             if self.threaded:
                 _consume_future(request)
@@ -615,7 +619,7 @@ class Engine:
             return
         future = self.loop.create_future()
 
-        def done(error: LinkError | None) -> None:
+        def done(error: LinkError | None, buffer: Any = buffer) -> None:
             if future.done():  # (its waiter was cancelled)
                 return
             if error is None:

@@ -168,6 +168,47 @@ def test_handshakes_ending_as_their_time_runs_out_leave_no_slot_taken(cluster):
     _frames_ok(good)
 
 
+# A relay whose handshakes run out of time as their first message is posted (a handshake
+# limit of 1 ms, set after the relay was made), and subscribers that record that message.
+_SENDS_OUTLIVING_THEIR_WAIT = r'''
+import json, sys
+import eglcuda
+from eglcuda.remote import receiver, wire
+firsts = []
+expect = wire.expect
+def recording(data, want, **options):
+    if want is wire.Kind.RELAY:
+        firsts.append(bytes(data[:len(wire.MAGIC)]).decode("latin-1"))
+    return expect(data, want, **options)
+receiver.wire.expect = recording
+relay = eglcuda.Relay("t", "127.0.0.1:0", path=sys.argv[1])
+relay._server._timeout = 0.001
+said = []
+for _ in range(4):
+    try:
+        eglcuda.Subscriber("t", remote=f"127.0.0.1:{relay.address[1]}", timeout=1).close()
+        said.append("joined")
+    except eglcuda.EglCudaError as exc:
+        said.append(f"{type(exc).__name__}: {exc}")
+relay.close()
+print(json.dumps({"firsts": firsts, "said": said}), flush=True)
+'''
+
+
+def test_a_send_whose_wait_ran_out_of_time_sends_its_own_bytes(cluster, env):
+    """A relay's handshake that runs out of time as its first message is posted abandons the
+    wait, not the send: UCX still sends that buffer, which was freed with the wait, so the
+    subscriber read whatever the relay's heap held there (and was refused as "not an eglcuda
+    remote topic peer"). The buffer is kept until UCX is done with it."""
+    cluster.publisher(rate=100)
+    out = subprocess.run([sys.executable, "-c", _SENDS_OUTLIVING_THEIR_WAIT, cluster.path], env=env,
+                         cwd=str(ROOT), capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    said = json.loads(out.stdout.splitlines()[-1])
+    assert said["firsts"] and all(first == "EGLCUDAR" for first in said["firsts"]), said
+    assert not any("malformed" in answer for answer in said["said"]), said
+
+
 def test_a_killed_remote_subscriber_leaves_the_others_alone(cluster):
     cluster.publisher(rate=200)
     relay, address = cluster.relay("--timeout", "2")
