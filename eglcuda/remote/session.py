@@ -305,8 +305,9 @@ FRAME_MODES = {"plain": FrameMode.PLAIN, "integrity": FrameMode.INTEGRITY, "encr
 
 
 def frame_mode(name: str) -> FrameMode:
-    """The :class:`FrameMode` called ``name`` (``frames=`` of a relay or remote subscriber)."""
-    mode = FRAME_MODES.get(name) if isinstance(name, str) else None
+    """The :class:`FrameMode` called ``name``, in any case, as ``qos=`` and formats are
+    (``frames=`` of a relay or remote subscriber)."""
+    mode = FRAME_MODES.get(name.lower()) if isinstance(name, str) else None
     if mode is None:
         raise UsageError(f"frames is one of {', '.join(FRAME_MODES)}, got {name!r}")
     return mode

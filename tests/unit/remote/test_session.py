@@ -130,6 +130,18 @@ def test_channels_refuse_tampering_replay_reordering_and_other_sessions():
     assert sub.tag_prefix(True) != sub.tag_prefix(False) != other_sub.tag_prefix(False)
 
 
+def test_frame_modes_are_named_in_any_case_as_qos_is():
+    """``frames="PLAIN"`` was refused where ``qos="LATEST"`` and ``format="nv12"`` are taken."""
+    from eglcuda.remote.session import frame_mode
+
+    for name, mode in (("plain", FrameMode.PLAIN), ("PLAIN", FrameMode.PLAIN), ("Integrity", FrameMode.INTEGRITY),
+                       ("ENCRYPTED", FrameMode.ENCRYPTED)):
+        assert frame_mode(name) is mode
+    for bad in ("", "plain ", "sealed", None, 0, FrameMode.PLAIN):
+        with pytest.raises(UsageError, match="frames is one of plain, integrity, encrypted"):
+            frame_mode(bad)
+
+
 @pytest.mark.parametrize("mode", list(FrameMode))
 def test_frame_seal_modes(mode):
     rng = np.random.default_rng(int(mode))
