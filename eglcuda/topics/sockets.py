@@ -145,14 +145,30 @@ def _refuse_unless_socket(path: str) -> None:
 
 def bind_listener(path: str, mode: int, backlog: int = 64) -> tuple[socket.socket, os.stat_result]:
     """A non-blocking listening socket at ``path`` (which must not exist), its file given
-    ``mode``. Returns the socket and the file's stat (to recognise it at removal)."""
+    ``mode``. Returns the socket and the file's stat (to recognise it at removal).
+
+    The mode is set through a descriptor of the file found at ``path`` without following a
+    symbolic link, once it is checked to be a socket of this user's: in a folder others may
+    write to, another user could replace the new socket with a link to a file of ours between
+    the bind and the chmod, and a chmod by name would open that file to them."""
     sock = seqpacket()
     try:
         sock.bind(path)
-        os.chmod(path, mode)
+        try:
+            found = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as exc:
+            raise UsageError(f"the socket {path} was removed as the publisher made it ({exc.strerror})") from None
+        try:
+            info = os.fstat(found)
+            if not stat.S_ISSOCK(info.st_mode) or info.st_uid != os.geteuid():
+                raise UsageError(f"the socket {path} was replaced by another file as the publisher made it: is its "
+                                 "folder open to other users' writes?")
+            os.chmod(f"/proc/self/fd/{found}", mode)  # (that very file: an O_PATH descriptor takes no fchmod)
+        finally:
+            os.close(found)
         sock.listen(backlog)
         sock.setblocking(False)
-        return sock, os.lstat(path)
+        return sock, info
     except BaseException:
         sock.close()
         raise

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import stat
 import tempfile
 import threading
 import time
@@ -297,3 +298,30 @@ def test_subscriber_refuses_a_publisher_of_another_user():
             os.waitpid(pid, 0)
             for fd in (*ready, *done):
                 os.close(fd)
+
+
+@pytest.mark.parametrize("access, mode", [("user", 0o600), ("group", 0o660), ("all", 0o666)], ids=["user", "group", "all"])
+def test_the_socket_s_mode_never_reaches_a_file_put_in_its_place(path, monkeypatch, access, mode):
+    """Another user who may write to the socket's folder replaces the new socket with a link to a
+    file of ours between the bind and the chmod: the file keeps its mode, and the publisher
+    refuses to start there (a chmod by name gave the file the socket's mode, 0666 for "all")."""
+    from eglcuda.topics import sockets
+
+    with publisher(path, access=access):
+        assert stat.S_IMODE(os.lstat(path).st_mode) == mode  # (the usual case)
+    secret = os.path.join(os.path.dirname(path), "secret")
+    with open(secret, "w") as f:
+        f.write("ours")
+    os.chmod(secret, 0o600)
+
+    class Raced(socket.socket):
+        def bind(self, where):
+            super().bind(where)
+            os.unlink(where)
+            os.symlink(secret, where)
+
+    monkeypatch.setattr(sockets, "seqpacket", lambda: Raced(socket.AF_UNIX, socket.SOCK_SEQPACKET))
+    with pytest.raises(eglcuda.UsageError, match="replaced by another file"):
+        publisher(path, access=access)
+    assert stat.S_IMODE(os.stat(secret).st_mode) == 0o600
+    assert os.path.islink(path)  # (not ours: left alone)
