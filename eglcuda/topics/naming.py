@@ -147,7 +147,12 @@ def take_lock(path: str) -> int | None:
     import fcntl
 
     for _ in range(16):
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        except OSError as exc:
+            kind = _kind_of(path)
+            raise UsageError(f"cannot use {path} as the topic's lock file"
+                             f"{f': it is {kind}' if kind else ''} ({exc.strerror})") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -166,6 +171,19 @@ def take_lock(path: str) -> int | None:
             return fd
         os.close(fd)
     raise UsageError(f"could not take the lock file {path}: it keeps being replaced")
+
+
+def _kind_of(path: str) -> str | None:
+    """What is at ``path`` when it is not a file a lock can be (a directory, a link...), else None."""
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return None
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISLNK(mode):
+        return "a symbolic link (not followed)"
+    return None if stat.S_ISREG(mode) else "not a regular file"
 
 
 def release_lock(path: str, fd: int) -> None:

@@ -3,6 +3,8 @@ restarted while a subscriber waits, subscribers that break the protocol, failed 
 reasons of drops and that nothing hides them, waiting for a publisher."""
 from __future__ import annotations
 
+import os
+import re
 import threading
 import time
 
@@ -220,3 +222,19 @@ def test_waiting_for_a_publisher_without_limit_can_be_asked(path):
         sub.close()
         for pub in holder:
             pub.close()
+
+
+@pytest.mark.parametrize("what", ["directory", "link"])
+def test_a_lock_path_that_cannot_be_a_lock_file_is_a_usage_error(path, what):
+    """What is at the socket's lock path is no file a lock can be (a directory; a symbolic link,
+    which is never followed): the publisher says so, naming it, instead of a bare OSError, and
+    leaves it there."""
+    lock = path + ".lock"
+    if what == "directory":
+        os.mkdir(lock)
+    else:
+        os.symlink(path + ".elsewhere", lock)
+    kind = "a directory" if what == "directory" else "a symbolic link"
+    with pytest.raises(eglcuda.UsageError, match=f"{re.escape(lock)} as the topic's lock file: it is {kind}"):
+        publisher(path)
+    assert os.path.lexists(lock) and not os.path.exists(path)
