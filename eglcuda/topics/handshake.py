@@ -74,11 +74,15 @@ class Handshake:
 
 
 
-def serve(ref: "weakref.ref[Admission]", listener: socket.socket, wake: int) -> None:
+def serve(ref: "weakref.ref[Admission]", listener: socket.socket, wake: int,
+          pending: dict[int, "Handshake"] | None = None) -> None:
     """The service thread's body: accept connections, answer status requests and run handshakes
-    until the publisher stops. Holds the publisher only weakly between events."""
+    until the publisher stops. Holds the publisher only weakly between events. ``pending``: the
+    connections in their handshake, by descriptor, oldest first (a dict keeps insertion order);
+    the publisher's, whose copies a forked child closes (see :func:`forget`)."""
     poller = select.epoll()
-    pending: dict[int, Handshake] = {}  # by descriptor, oldest first (a dict keeps insertion order)
+    if pending is None:
+        pending = {}
     paused_until = 0.0  # the listener is not watched until then (no descriptor to accept with)
     try:
         try:
@@ -147,6 +151,16 @@ def serve(ref: "weakref.ref[Admission]", listener: socket.socket, wake: int) -> 
             _end(poller, pending, handshake, Reason.CLOSING, "the publisher closed the topic")
         poller.close()
         listener.close()  # also when the publisher was collected without close(); closing twice is fine
+
+
+def forget(pending: dict[int, Handshake]) -> None:
+    """In a child made by fork(): close this process's copies of the connections in their
+    handshake (the parent's service thread runs them; no thread here does). Nothing is read or
+    sent: a child that outlives its parent would otherwise keep them open, and a subscriber
+    joining a SIGKILLed publisher would not see its connection end."""
+    for handshake in list(pending.values()):
+        handshake.sock.close()
+    pending.clear()
 
 
 def accept(publisher: Admission, listener: socket.socket, poller: select.epoll,

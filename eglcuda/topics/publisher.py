@@ -142,6 +142,7 @@ class Publisher:
         self._files = TopicFiles(naming.lock_path(self.path), self.path)
         weakref.finalize(self, self._files.release)
         self._listener: socket.socket | None = None
+        self._handshakes: dict[int, handshake.Handshake] = {}  # the service thread's (a forked child closes them)
         self._thread: threading.Thread | None = None
         self._backend: PublisherBackend | None = None
         self._transports: dict[str, PublisherTransport] = {}
@@ -178,7 +179,8 @@ class Publisher:
             self._files.wake = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
             self._listener, self._files.bound = sockets.bind_listener(self.path, ACCESS_MODES[access])
             self._thread = threading.Thread(target=handshake.serve,
-                                            args=(weakref.ref(self), self._listener, self._files.wake[0]),
+                                            args=(weakref.ref(self), self._listener, self._files.wake[0],
+                                                  self._handshakes),
                                             name=f"eglcuda-topic-{self.name}", daemon=True)
             self._thread.start()
         except BaseException:
@@ -558,6 +560,7 @@ class Publisher:
             self._delivery.forget()
         if self._listener is not None:
             self._listener.close()
+        handshake.forget(self._handshakes)
         if self._pool is not None:
             self._pool.forget()
         self._listener, self._backend = None, None

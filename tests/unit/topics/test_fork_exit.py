@@ -14,7 +14,9 @@ import pytest
 
 import eglcuda
 
-from .helpers import ENV, HERE, _in_child, pattern, publisher, put, subscriber
+from eglcuda.topics import protocol
+
+from .helpers import ENV, HERE, _in_child, answer, pattern, publisher, put, raw, subscriber
 
 
 def test_a_forked_child_closes_a_subscriber_whose_locks_another_thread_held(path):
@@ -190,6 +192,28 @@ def test_a_killed_subscriber_whose_forked_worker_lives_is_dropped_at_once(path):
             process.kill()
             os.kill(worker, signal.SIGKILL)
             process.wait(10)
+
+
+def test_a_forked_worker_keeps_no_connection_in_its_handshake_open(path):
+    """A connection the publisher's service thread was taking through its handshake at the fork
+    (no thread runs it in the child) stayed open in the worker: the peer saw no end of its
+    connection once the publisher ended it (or was killed) while the worker lived."""
+    pub = publisher(path, handshake_timeout=30)
+    client = raw(path)  # says nothing: in its handshake
+    time.sleep(0.2)  # (the service thread accepts it meanwhile)
+    worker = os.fork()
+    if worker == 0:
+        time.sleep(3)
+        os._exit(0)
+    try:
+        pub.close()
+        assert isinstance(answer(client), protocol.Refuse)
+        client.settimeout(1)
+        assert client.recv(100) == b""  # the end: the worker holds no copy
+    finally:
+        client.close()
+        os.kill(worker, signal.SIGKILL)
+        os.waitpid(worker, 0)
 
 
 def test_a_subscriber_open_at_exit_says_goodbye(path):
