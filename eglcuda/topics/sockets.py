@@ -163,7 +163,10 @@ def bind_listener(path: str, mode: int, backlog: int = 64) -> tuple[socket.socke
             if not stat.S_ISSOCK(info.st_mode) or info.st_uid != os.geteuid():
                 raise UsageError(f"the socket {path} was replaced by another file as the publisher made it: is its "
                                  "folder open to other users' writes?")
-            os.chmod(f"/proc/self/fd/{found}", mode)  # (that very file: an O_PATH descriptor takes no fchmod)
+            try:
+                os.chmod(f"/proc/self/fd/{found}", mode)  # (that very file: an O_PATH descriptor takes no fchmod)
+            except FileNotFoundError:  # (no /proc mounted: by name, just after the check)
+                os.chmod(path, mode)
         finally:
             os.close(found)
         sock.listen(backlog)
