@@ -295,15 +295,20 @@ print(json.dumps({"parent": "served"}), flush=True)
 '''
 
 
+def _said_by(script: str, cluster, env) -> list:
+    """What ``script`` (run on the cluster's topic) printed, a JSON object a line."""
+    out = subprocess.run([sys.executable, "-c", script, cluster.path], env=env, cwd=str(ROOT),
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return [json.loads(line) for line in out.stdout.splitlines()]
+
+
 def test_serve_forever_in_a_forked_child_refuses_instead_of_serving_nothing(cluster, env):
     """The parent's relay in a child made by fork(): serve_forever() raises UsageError (it
     blocked until a signal, serving nothing, after its ready callback said it served); the
     parent's relay serves on."""
     cluster.publisher(rate=100)
-    out = subprocess.run([sys.executable, "-c", _SERVE_IN_A_CHILD, cluster.path], env=env, cwd=str(ROOT),
-                         capture_output=True, text=True, timeout=30)
-    assert out.returncode == 0, out.stderr[-2000:]
-    said = [json.loads(line) for line in out.stdout.splitlines()]
+    said = _said_by(_SERVE_IN_A_CHILD, cluster, env)
     assert said[0]["child"] == "UsageError" and "forked child" in said[0]["why"], said
     assert said[-1] == {"parent": "served"}, said
 
@@ -337,10 +342,7 @@ def test_remotes_in_a_forked_child_refuses_at_once_instead_of_saying_none(cluste
     waited 2 s for the parent's engine, which no thread runs in the child, then listed no
     remote while the parent served one)."""
     cluster.publisher(rate=100)
-    out = subprocess.run([sys.executable, "-c", _REMOTES_IN_A_CHILD, cluster.path], env=env, cwd=str(ROOT),
-                         capture_output=True, text=True, timeout=30)
-    assert out.returncode == 0, out.stderr[-2000:]
-    said = [json.loads(line) for line in out.stdout.splitlines()]
+    said = _said_by(_REMOTES_IN_A_CHILD, cluster, env)
     assert said[0]["child"] == "UsageError" and "forked child" in said[0]["why"], said
     assert said[0]["took"] < 0.5, said
     assert said[-1] == {"parent": 1}, said
