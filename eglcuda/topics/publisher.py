@@ -246,7 +246,10 @@ class Publisher:
         dropped; a ``latest`` subscriber at its credit is skipped (and told so)."""
         if not isinstance(payload, (bytes, bytearray, memoryview)):
             raise UsageError(f"payload is bytes, got {type(payload).__name__}")
-        payload = bytes(payload)
+        try:
+            payload = bytes(payload)
+        except ValueError as exc:  # (a released memoryview)
+            raise UsageError(f"payload cannot be read: {exc}") from None
         if len(payload) > protocol.MAX_PAYLOAD:
             raise UsageError(f"payload is at most {protocol.MAX_PAYLOAD} bytes, got {len(payload)}")
         if timestamp_ns is None:

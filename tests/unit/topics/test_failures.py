@@ -238,3 +238,15 @@ def test_a_lock_path_that_cannot_be_a_lock_file_is_a_usage_error(path, what):
     with pytest.raises(eglcuda.UsageError, match=f"{re.escape(lock)} as the topic's lock file: it is {kind}"):
         publisher(path)
     assert os.path.lexists(lock) and not os.path.exists(path)
+
+
+def test_a_payload_that_cannot_be_read_is_a_usage_error_and_the_frame_stays_the_callers(path):
+    """publish(payload=<a released memoryview>) raised a bare ValueError from bytes(); it is a
+    UsageError, and the frame can still be published."""
+    with publisher(path) as pub:
+        frame = pub.next_frame(1.0)
+        view = memoryview(b"header")
+        view.release()
+        with pytest.raises(eglcuda.UsageError, match="payload cannot be read"):
+            pub.publish(frame, payload=view)
+        assert pub.publish(frame, payload=b"header") >= 0
