@@ -509,16 +509,17 @@ class Batcher:
         order = sorted(ready, key=lambda i: (i - start) % count) if len(ready) > 1 else list(ready)
         stream = self.cuda_stream
         for index in order:
+            source = subscribers[index]
             # The source's receive lock is held until the frame is released behind its copies: a
             # close() from another thread waits for it, so that it unmaps nothing the copies read.
             # (Held by another thread's receive: nothing to take now, as receive(0) would say.)
-            turn = subscribers[index]._receive_turn()
+            turn = source._receive_turn()
             if not turn.acquire(False):
                 ready.discard(index)
                 continue
             try:
                 try:
-                    message = subscribers[index].receive(0)
+                    message = source.receive(0)
                 except Timeout:
                     ready.discard(index)
                     if index in self._errors:
@@ -530,7 +531,7 @@ class Batcher:
                 try:
                     self._copy(index, message, base, frames)
                 except EglCudaError:
-                    if not subscribers[index]._ending():
+                    if not source._ending():
                         raise
                     # Closed by another thread since its receive: the frame was let go (its memory may
                     # be unmapped already) and is not copied; the source ends as a closed one does.
@@ -543,11 +544,7 @@ class Batcher:
                     message.release(stream)
             finally:
                 turn.release()
-                source = subscribers[index]
-                if source._remote is None and source._deferral.thread:
-                    # A close() of a signal handler of this thread that landed while the lock was
-                    # held was put off to the call holding it: that call is this one, done now.
-                    source._finish_deferred_close()
+                source._turn_ended()  # (a signal handler's close() put off while the lock was held)
             # Asked again only once the wait set says it has a frame (a receive that finds
             # none costs an exception).
             ready.discard(index)

@@ -75,14 +75,12 @@ class Handshake:
 
 
 def serve(ref: "weakref.ref[Admission]", listener: socket.socket, wake: int,
-          pending: dict[int, "Handshake"] | None = None) -> None:
+          pending: dict[int, "Handshake"]) -> None:
     """The service thread's body: accept connections, answer status requests and run handshakes
     until the publisher stops. Holds the publisher only weakly between events. ``pending``: the
     connections in their handshake, by descriptor, oldest first (a dict keeps insertion order);
     the publisher's, whose copies a forked child closes (see :func:`forget`)."""
     poller = select.epoll()
-    if pending is None:
-        pending = {}
     paused_until = 0.0  # the listener is not watched until then (no descriptor to accept with)
     try:
         try:

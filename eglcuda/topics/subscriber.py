@@ -499,8 +499,15 @@ class Subscriber:
 
     def _receive_turn(self) -> "threading.RLock":
         """The lock a receive holds (a remote subscriber's is its feed's): held by another
-        thread, a receive of this one waits; a close() from another thread waits for it."""
+        thread, a receive of this one waits; a close() from another thread waits for it. Who
+        takes it outside :meth:`receive` calls :meth:`_turn_ended` once it let go."""
         return self._busy if self._remote is None else self._remote._busy
+
+    def _turn_ended(self) -> None:
+        """After a hold of :meth:`_receive_turn` outside :meth:`receive`: a close() put off
+        meanwhile (a signal handler's, on this thread) goes on now, as at a receive's end."""
+        if self._remote is None and self._deferral.thread:
+            self._finish_deferred_close()
 
     def _ending(self) -> bool:
         """Closed, or closing on another thread."""
