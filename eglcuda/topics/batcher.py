@@ -206,7 +206,10 @@ class Batch(FrameBase):
 
     @property
     def cuda_stream(self) -> int | None:
-        """The stream the batch's copies were queued on (the batcher's)."""
+        """The stream the batch's copies were queued on (the batcher's); None once the batcher's
+        close destroyed the stream it made for itself."""
+        if self._stream is not None and self._stream.closed:
+            return None
         return self._cuda_stream
 
     @property
@@ -322,6 +325,7 @@ class Batcher:
         self._plans = tuple((cuda.copy_plan(g.row_bytes, g.height, g.pitch), offset, g.height * g.pitch)
                             for offset, g in self._layout)
         self._own_stream = False
+        self._stream_destroyed = False
         self._stream: _BatchStream | None = None
         self._pid = os.getpid()  # (in a forked child the batcher is the parent's: no driver call there)
         self._memory: list[_BatchMemory] = []
@@ -333,13 +337,13 @@ class Batcher:
                 # come before the batcher's, as a source that ends does.)
                 shared = {s.cuda_stream for s in self.subscribers}
                 if len(shared) == 1 and None not in shared and not any(s._made_its_stream() for s in self.subscribers):
-                    self.cuda_stream: int = shared.pop()  # type: ignore[assignment]  # (None ruled out)
+                    self._cuda_stream: int = shared.pop()  # type: ignore[assignment]  # (None ruled out)
                 else:
                     self._stream = _BatchStream(self.device)
-                    self.cuda_stream = self._stream.handle
+                    self._cuda_stream = self._stream.handle
                     self._own_stream = True
             else:
-                self.cuda_stream = stream_handle(cuda_stream)
+                self._cuda_stream = stream_handle(cuda_stream)
             self._memory = [_BatchMemory(self.device, size) for _ in range(pool)]
             self._free = list(range(pool))  # buffers whose batch was released (or never handed out)
             self._out: dict[int, Batch] = {}
@@ -366,7 +370,7 @@ class Batcher:
         # without making its Plane objects (None: not seen yet).
         self._slot_planes: list[tuple[Any, tuple[tuple[Any, int, int, int, int], ...]] | None] = \
             [None] * len(self.subscribers)
-        self._stream_arg = cuda.stream_arg(self.cuda_stream)
+        self._stream_arg = cuda.stream_arg(self._cuda_stream)
         self.ended: dict[int, BaseException] = {}  # source index -> why it left the rotation
         self._errors: dict[int, BaseException] = {}  # sources the wait set reported ended
 
@@ -507,7 +511,7 @@ class Batcher:
         count = len(subscribers)
         start = self._cursor
         order = sorted(ready, key=lambda i: (i - start) % count) if len(ready) > 1 else list(ready)
-        stream = self.cuda_stream
+        stream = self._cuda_stream
         for index in order:
             source = subscribers[index]
             # The source's receive lock is held until the frame is released behind its copies: a
@@ -557,7 +561,7 @@ class Batcher:
         ``base``, on the batcher's stream, ordered after the frame's stream (the message,
         released on that stream, then waits for the copies: docs/ordering.md)."""
         frame = message.frame
-        stream = self.cuda_stream
+        stream = self._cuda_stream
         position = len(frames)
         known = self._slot_planes[index]
         if known is not None and frame.__class__ is SlotView and frame._spec is known[0] and not frame._released:
@@ -595,7 +599,7 @@ class Batcher:
                                          f"of planes {shapes}, the batch's are {self._plane_shapes}")
                 self._end(index, error)
                 return False
-        stream = self.cuda_stream
+        stream = self._cuda_stream
         # Our stream waits for the frame's only while that stream has work queued (an idle one
         # costs one query, no event); the frame's release, on our stream, waits for our copies.
         source_stream = frame.cuda_stream
@@ -677,7 +681,7 @@ class Batcher:
             if readers and os.getpid() == self._pid:  # (in a forked child: the parent's streams)
                 self.device.make_current()
                 # (Should this raise, the batch stays out and usable: a release may be tried again.)
-                cuda.join_streams(self.cuda_stream, readers, "ordering a batch buffer after its readers")
+                cuda.join_streams(self._cuda_stream, readers, "ordering a batch buffer after its readers")
             if batch._released:
                 return  # (a signal handler's release() or close() ran during the join: it gave the buffer back)
             batch._released = True
@@ -704,6 +708,13 @@ class Batcher:
         finally:
             if previous is not None:
                 previous.release()
+
+    @property
+    def cuda_stream(self) -> int | None:
+        """The stream the copies are queued on and batches are ordered on (a ``CUstream``
+        handle); None once :meth:`close` destroyed the stream the batcher made for itself (a
+        caller's or the subscribers' stream stays named)."""
+        return None if self._stream_destroyed else self._cuda_stream
 
     @property
     def closed(self) -> bool:
@@ -769,7 +780,7 @@ class Batcher:
         try:
             if self._memory and os.getpid() == self._pid:
                 self.device.make_current()
-                cuda.stream_synchronize(self.cuda_stream, "finishing a batcher's copies")
+                cuda.stream_synchronize(self._cuda_stream, "finishing a batcher's copies")
         finally:
             for slot, memory in enumerate(self._memory):
                 if slot not in out:
@@ -780,6 +791,7 @@ class Batcher:
             stream, self._stream = self._stream, None
             if stream is not None:
                 self._own_stream = False
+                self._stream_destroyed = True
                 stream.close()
 
     def __enter__(self) -> "Batcher":

@@ -320,6 +320,10 @@ def lifecycle(args) -> int:
     subs = subscribers(args)
     with eglcuda.Batcher(subs, args.batch_size) as first:  # (the subscribers' readiness descriptors made)
         first.next().release()
+        own_stream = first.cuda_stream  # (the subscribers made their own: the batcher makes one too)
+        out_at_close = first.next()
+    streams_after_close = [own_stream is not None, first.cuda_stream, out_at_close.cuda_stream]
+    del out_at_close
     before = counts() + [descriptors()]
     gc.disable()  # (what a drop leaves must go at once, not at the cycle collector's next pass)
     try:
@@ -373,7 +377,8 @@ def lifecycle(args) -> int:
     batcher.close()
     for sub in subs:
         sub.close()
-    say(event="lifecycle", before=before, dropped=dropped, child=child, wrong=wrong)
+    say(event="lifecycle", before=before, dropped=dropped, child=child, wrong=wrong,
+        streams_after_close=streams_after_close)
     return 0
 
 

@@ -121,7 +121,8 @@ def test_a_dropped_batcher_leaves_no_stream_and_a_forked_child_leaves_the_parent
     forked child, next() raises UsageError, and so does a new Batcher of the parent's subscribers
     (saying they are the parent's, not that they are not connected), and the release of a batch
     handed to a stream and close() make no driver call (the stream and the buffers are the
-    parent's); the parent's next batch is whole."""
+    parent's); the parent's next batch is whole. A closed batcher, and a batch it held out, name
+    no stream once the stream the batcher made is destroyed."""
     sources.add(95, rate=100)
     sources.add(96, rate=100)
     peer = sources.batcher("lifecycle", "--batch-size", "2")
@@ -135,6 +136,7 @@ def test_a_dropped_batcher_leaves_no_stream_and_a_forked_child_leaves_the_parent
     assert made[0] == "UsageError" and "forked child" in made[1] and "wait_for_publisher" not in made[1], report
     assert report["child"]["driver_calls"] is False and report["child"]["released"] == "", report
     assert report["wrong"] == [], report
+    assert report["streams_after_close"] == [True, None, None], report
 
 
 def test_a_source_joined_again_behind_the_batcher_counts_its_skips_from_its_new_publisher(sources):
