@@ -72,7 +72,7 @@ class Relay:
     :param device: the CUDA device the relay reads frames on.
     :param timeout: seconds to wait for the publisher at construction; also how long a remote
         subscriber may stay silent (a stalled one) before it is dropped (1 s at least: two of its
-        beats), and a handshake's limit.
+        beats), and a handshake's limit (1 s at least).
     :param path: an explicit topic socket path, as for a local :class:`eglcuda.Subscriber`.
     :param trusted_uids: the users whose publishers are accepted, as for a local subscriber.
     :param max_remotes: remote subscribers served at once (more are refused).
@@ -116,7 +116,8 @@ class Relay:
         self._senders: list[Sender] = []  # (engine's thread)
         self._history: collections.deque[RemoteInfo] = collections.deque(maxlen=64)  # those that left
         self._staging: Staging | None = None
-        self._server = Server(self.name, psk, self.timeout, self._refusal, self._admit)
+        handshake_s = max(self.timeout, wire.HANDSHAKE_LEAST_S)
+        self._server = Server(self.name, psk, handshake_s, self._refusal, self._admit)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._status_path: str | None = None
         self._pid = os.getpid()  # a forked child's close() leaves the parent's relay alone
@@ -139,7 +140,7 @@ class Relay:
             self._set_up_staging()
             self._loop = _ucx.acquire()
             try:
-                bound = _ucx.run(self._loop, self._server.listen(port, listen_ip), self.timeout)
+                bound = _ucx.run(self._loop, self._server.listen(port, listen_ip), handshake_s)
             except UsageError as exc:  # (the port is in use: said with the whole address)
                 self._loop = None
                 _ucx.release()

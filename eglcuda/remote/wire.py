@@ -77,6 +77,9 @@ BEAT_S = 0.5  # a side that has said nothing for this long sends a beat
 # A peer is taken as stalled after the timeout of the side that listens, and never before it
 # missed two beats: a shorter timeout would drop a healthy link while the topic is idle.
 SILENCE_LEAST_S = 2 * BEAT_S
+# A handshake's limit is the relay's timeout, and never less than this: a timeout cut short to
+# notice a stalled publisher soon would otherwise let no subscriber through its handshake.
+HANDSHAKE_LEAST_S = 1.0
 NO_PUBLISHER = 200  # REFUSE code: the relay has no publisher at the moment (the subscriber retries)
 DISCONNECTED = 201  # GONE code: the relay lost its publisher without a goodbye (StreamDisconnected)
 # The session's channels (session.Session: each its own key and nonces, per direction).

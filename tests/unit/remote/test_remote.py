@@ -358,6 +358,26 @@ def test_a_timeout_shorter_than_a_beat_keeps_a_healthy_idle_link(cluster, short)
     assert not [r for r in remotes if r["dropped"]], remotes
 
 
+def test_a_relay_timeout_shorter_than_a_handshake_still_lets_remotes_join(cluster):
+    """A relay with a tiny ``timeout`` (1 ms, to wait for its publisher and for silence): a
+    remote's handshake over UCX takes longer than that, and each one ran out of that time, so no
+    remote could join and none was told why. A handshake has a second at least, as silence has."""
+    cluster.publisher(rate=100)
+    for _ in range(20):  # (the relay's own wait for its publisher has 1 ms too: it may miss it)
+        try:
+            relay, address = cluster.relay("--timeout", "0.001")
+            break
+        except AssertionError as exc:
+            assert "Timeout" in str(exc) and "no publisher" in str(exc), exc
+    else:
+        pytest.fail("no relay found its publisher in 1 ms in 20 tries")
+    sub = cluster.subscriber(address, "--count", "20", "--receive-timeout", "3")
+    done = sub.wait_for(lambda m: m["event"] in ("done", "disconnected", "error"), timeout=30)
+    assert done["event"] == "done", done
+    assert len(sub.got()) == 20
+    _frames_ok(sub)
+
+
 def test_slow_every_remote_subscriber_is_dropped_with_the_reason(cluster):
     cluster.publisher(rate=200)
     relay, address = cluster.relay("--qos", "latest", "--every-timeout", "0.2")
