@@ -403,6 +403,37 @@ def test_subscriber_killed_while_others_receive(display, transport, topic, qos):
                 peer.stop()
 
 
+def test_a_subscriber_handing_back_the_publishers_own_event_as_its_done_event_costs_the_others_nothing(display, topic):
+    """A cuda-ipc subscriber whose every release names, as its "done" event, the publisher's own
+    event of that slot: the publisher goes on publishing (no publish waits a second), a witness
+    beside it gets every frame in order and every byte right, and the liar is dropped with a
+    reason or served as any other; the publisher never crashes or hangs on its own event."""
+    name, path = topic
+    seed = 6
+    with eglcuda.Publisher(name, 640, 480, "NV12", path=path, pool=2, every_timeout=2.0) as pub:
+        liar = Peer("subscribe", name, path, "--transport", "cuda-ipc", "--lie-done-event", "--seed", str(seed))
+        witness = Peer("subscribe", name, path, "--transport", "cuda-ipc", "--seed", str(seed))
+        try:
+            for peer in (liar, witness):
+                peer.wait_for(lambda m: m["event"] == "ready")
+            feeder = Feeder(pub, seed, rate=300)
+            try:
+                witness.wait_for(lambda m: m["event"] == "got" and m["seq"] >= 300, timeout=60)
+            finally:
+                feeder.stop()
+            assert max(d for _, d in feeder.durations) < 1.0
+            seqs = [m["seq"] for m in witness.got()]
+            assert seqs == list(range(len(seqs)))
+            assert_all_ok(witness)
+            liar_dropped = [d for d in pub.dropped if d.pid == liar.process.pid]
+            served = [s.pid for s in pub.subscribers]
+            assert witness.process.pid in served
+            assert liar_dropped or liar.process.pid in served, (pub.dropped, served)
+        finally:
+            for peer in (liar, witness):
+                peer.stop()
+
+
 def test_subscriber_killed_with_gpu_work_queued_behind_its_release(display, topic):
     """cuda-ipc: the victim queues a 300 ms kernel reading each frame before releasing it (its
     done event is recorded behind the kernel), then dies. The publisher must not wait on it."""

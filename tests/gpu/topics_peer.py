@@ -65,7 +65,31 @@ def check(message, seed: int) -> tuple[bool, str]:
     return True, ""
 
 
+def _lie_about_done_events() -> None:
+    """A hostile cuda-ipc subscriber: each release says its "done" event was recorded and hands
+    the publisher, as that event, the publisher's own event of the slot (sent to every
+    subscriber with the slot)."""
+    from eglcuda.topics import protocol
+    from eglcuda.topics.transports import cuda_ipc
+
+    honest_on_slot = cuda_ipc.CudaIpcSubscriber.on_slot
+    events: dict = {}
+
+    def on_slot(self, slot, fds=()):
+        events[slot.slot] = cuda_ipc._IPC_SLOT.unpack(slot.extra)[1]
+        honest_on_slot(self, slot, fds)
+
+    def release(self, obj, frame, cuda_stream):
+        obj._released = True
+        return protocol.RELEASE_RECORDED | protocol.RELEASE_TAKEN, events[frame.slot]
+
+    cuda_ipc.CudaIpcSubscriber.on_slot = on_slot
+    cuda_ipc.CudaIpcSubscriber.release = release
+
+
 def subscribe(args) -> int:
+    if args.lie_done_event:
+        _lie_about_done_events()
     sub = eglcuda.Subscriber(args.name, qos=args.qos, queue=args.queue, device=args.device, timeout=args.timeout,
                              path=args.path, transport=args.transport)
     say(event="ready", pid=os.getpid(), transport=sub.info.transport, instance=sub.info.instance,
@@ -257,6 +281,8 @@ def main() -> int:
                         help="copy each frame on the GPU behind a kernel of this length, release, then check (CuPy)")
     parser.add_argument("--rejoin", action="store_true", help="wait for a restarted publisher when it dies")
     parser.add_argument("--no-check", action="store_true")
+    parser.add_argument("--lie-done-event", action="store_true",
+                        help="cuda-ipc: release with the publisher's own slot event as the done event")
     parser.add_argument("--width", type=int, default=1920)
     parser.add_argument("--height", type=int, default=1080)
     parser.add_argument("--format", default="NV12")
