@@ -265,7 +265,9 @@ class RemoteFeed:
             raise self._closed_error()
         link = self._link
         if link is None or self._lost is not None:
-            raise self._lost or StreamDisconnected(f"not connected to topic {self.name!r}")
+            if self._lost is not None:  # (the same exception each time: without the traceback it gathered)
+                raise self._lost.with_traceback(None)
+            raise StreamDisconnected(f"not connected to topic {self.name!r}")
         if len(self._held) >= self._hold_limit:
             raise UsageError(f"this subscriber holds {len(self._held)} message(s), as many as it may: release "
                              "one before receiving another")

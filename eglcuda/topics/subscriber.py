@@ -307,7 +307,9 @@ class Subscriber:
         if self._closed:
             raise self._closed_error()
         if self._lost is not None:
-            raise self._lost
+            # (the same exception each time: without its earlier traceback, which would grow by
+            # this call's frames, and hold them, at every receive of a subscriber left disconnected)
+            raise self._lost.with_traceback(None)
         if self._conn is None:  # pragma: no cover - _lost is set whenever the connection goes
             raise self._not_connected()
 

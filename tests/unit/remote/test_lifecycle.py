@@ -404,3 +404,34 @@ def test_a_relay_stopped_while_remotes_come_and_one_is_frozen_says_nothing_on_st
         assert ended["kind"] == "Dropped" and "closed" in ended["reason"], ended
         receiving.stop()
         frozen.stop()
+
+
+# A remote subscriber whose relay closed, asked again and again: the same error each time.
+_LOST_ASKED_AGAIN = r"""
+import json, sys, traceback
+import eglcuda
+relay = eglcuda.Relay("t", "127.0.0.1:0", path=sys.argv[1])
+sub = eglcuda.Subscriber("t", remote=f"127.0.0.1:{relay.address[1]}")
+sub.receive(10).release()
+relay.close()
+lengths, errors = [], set()
+for _ in range(200):
+    try:
+        sub.receive(10).release()
+    except eglcuda.StreamDisconnected as exc:
+        errors.add(id(exc))
+        lengths.append(len(traceback.extract_tb(exc.__traceback__)))
+sub.close()
+print(json.dumps({"lengths": lengths[-3:], "errors": len(errors)}), flush=True)
+"""
+
+
+def test_a_lost_remote_subscriber_asked_again_does_not_grow_its_errors_traceback(cluster, env):
+    """Each receive of a remote subscriber whose relay is gone raises the same error, with that
+    receive's traceback: not one that grew by every earlier receive's frames (and held them)."""
+    cluster.publisher(rate=100)
+    out = subprocess.run([sys.executable, "-c", _LOST_ASKED_AGAIN, cluster.path], env=env, cwd=str(ROOT),
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    line = json.loads(out.stdout.splitlines()[-1])
+    assert line["errors"] == 1 and line["lengths"][0] == line["lengths"][-1] <= 20, line

@@ -485,6 +485,26 @@ def test_a_dropped_subscriber_reports_the_frames_still_valid_then_the_drop(path,
             sub.receive(0)
 
 
+def test_a_disconnected_subscriber_reported_again_and_again_does_not_grow_its_errors_traceback(path, ring):
+    """A failed subscriber is reported at every wait until it is detached (or joined again), and
+    each receive raises the same error: its traceback is that receive's, not every one's before
+    it (which grew, holding their frames, for as long as the publisher stayed away)."""
+    import traceback
+
+    with publisher(path, ring) as pub, subscriber(path, qos="every") as sub, eglcuda.WaitSet() as waits:
+        waits.attach(sub)
+        pub.close()
+        lengths = []
+        for _ in range(50):
+            (event,) = waits.wait(5)
+            assert event.kind == "error"
+            with pytest.raises(eglcuda.Dropped) as caught:
+                sub.receive(0)
+            assert caught.value is event.error
+            lengths.append(len(traceback.extract_tb(caught.value.__traceback__)))
+        assert lengths[-1] == lengths[1] <= 10, lengths
+
+
 def test_a_killed_publisher_shows_as_an_error_and_a_restarted_one_on_the_same_descriptor(path):
     first = Peer("publish", "--path", path, "--frames", "1", "--ring")
     try:
