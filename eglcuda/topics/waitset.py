@@ -163,6 +163,12 @@ class WaitSet:
                 fd = source.fileno()
             except ValueError as exc:  # (a closed file; io.UnsupportedOperation)
                 raise UsageError(f"{source!r} has no open descriptor ({exc})") from None
+            except OSError as exc:
+                # (a closed multiprocessing Connection, a closed serial port; a subscriber's own
+                # OSError is no such thing: one that could not make its descriptor, say)
+                if isinstance(source, Subscriber):
+                    raise
+                raise UsageError(f"{source!r} has no open descriptor ({exc})") from None
         else:
             raise UsageError(f"attach() takes a Subscriber or an object with fileno(), got {type(source).__name__}")
         number = as_int(fd)  # (a NumPy integer too)

@@ -711,6 +711,26 @@ def test_a_deadline_or_period_beyond_any_float_is_refused_as_not_finite(path):
         with pytest.raises(eglcuda.UsageError, match="0 or more"):
             waits.wait(-1)
 
+def test_an_object_whose_fileno_raises_oserror_is_refused_with_usage_error():
+    """A closed multiprocessing Connection's fileno() raises OSError ("handle is closed"), not
+    ValueError as a closed file's does: attaching it is a UsageError too, and the set is left as it
+    was; an open one attaches and is reported readable."""
+    import multiprocessing
+
+    closed, other = multiprocessing.Pipe()
+    closed.close()
+    reader, writer = multiprocessing.Pipe(duplex=False)
+    with eglcuda.WaitSet() as waits:
+        with pytest.raises(eglcuda.UsageError, match="no open descriptor"):
+            waits.attach(closed)
+        assert len(waits) == 0
+        attachment = waits.attach(reader)
+        writer.send(1)
+        assert [(e.kind, e.attachment) for e in waits.wait(5)] == [("readable", attachment)]
+    for end in (other, reader, writer):
+        end.close()
+
+
 def test_any_real_number_is_a_time_and_a_closed_file_is_refused(path, ring):
     """numpy's integers and floats and fractions are seconds as ints and floats are (wait,
     deadline, period, receive); a timeout beyond any float waits as inf does, in receive as in
