@@ -297,6 +297,8 @@ class WaitSet:
                     if attachment.deadline is not None:
                         self._failed.add(attachment)  # (its deadline counts again once it is not failed)
             if events and not timed:
+                if self._epoll is None:  # (closed as the events were gathered: a signal handler's close, say)
+                    raise ClosedError("the wait set was closed during the wait")
                 return events
             now = time.monotonic()
             if timed:
@@ -308,6 +310,8 @@ class WaitSet:
                         if attachment._due <= now:
                             self._lapsed(attachment, now, events)
             if events:
+                if self._epoll is None:  # (closed as the events were gathered)
+                    raise ClosedError("the wait set was closed during the wait")
                 return events
             if now >= until:
                 if self._epoll is None:  # (closed by another thread meanwhile)

@@ -602,6 +602,29 @@ def test_a_wait_set_closed_by_a_signal_handler_ends_the_wait_with_closed_error(p
             assert message.frame.data == pattern(b"after")
 
 
+def test_a_wait_set_closed_while_the_wait_looks_at_a_ready_subscriber_raises_closed_error(path, ring):
+    """A signal handler (or another thread) that closes the set while the wait looks at a
+    subscriber its descriptor reported (after the sleep, before the wait returns) ends the wait
+    with ClosedError, as a close during the sleep does: it returned the events of the closed set."""
+    with publisher(path, ring) as pub, subscriber(path, qos="latest") as sub:
+        for deadline in (None, 5.0):
+            waits = eglcuda.WaitSet()
+            attachment = waits.attach(sub, deadline=deadline)
+            put(pub, b"x")
+            look = attachment._probe
+
+            def closing_look():
+                waits.close()  # (as a handler run at this moment does)
+                return look()
+
+            attachment._probe = closing_look
+            with pytest.raises(eglcuda.ClosedError):
+                waits.wait(5)
+            assert waits.closed
+            with sub.receive(0) as message:  # (the subscriber stays open, its frame with it)
+                assert message.frame.data == pattern(b"x")
+
+
 def test_a_wait_set_closed_by_another_thread_ends_the_wait_at_once(path, ring):
     """close() from another thread while wait() sleeps (no timeout, or a long one with a
     deadline and an interval, nothing ever coming): the wait raises ClosedError at once, the
