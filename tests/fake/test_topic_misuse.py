@@ -1,0 +1,59 @@
+"""A topic's publisher and subscriber misused the way users do, on the fake driver: a foreign CUDA
+array whose bytes within a row are not one after the other. Each case says what a user gets: a
+clear exception, and no subscriber paying for the publisher's mistake."""
+from __future__ import annotations
+
+import os
+import tempfile
+
+import numpy as np
+import pytest
+
+import eglcuda
+from eglcuda import UsageError
+
+from .harness import fake_driver_test
+
+
+class _Foreign:
+    """A foreign CUDA array (as CuPy or PyTorch describe theirs) over eglcuda-allocated memory."""
+
+    def __init__(self, pointer: int, shape: tuple, strides: tuple) -> None:
+        self.__cuda_array_interface__ = {"shape": shape, "strides": strides, "typestr": "|u1",
+                                         "data": (pointer, False), "version": 3}
+
+
+def _topic() -> tuple[eglcuda.Publisher, str]:
+    folder = tempfile.mkdtemp(prefix="eglcuda-fake-topic-")
+    path = os.path.join(folder, "t.topic")
+    return eglcuda.Publisher("t", 64, 48, "NV12", path=path, transports=["cuda-vmm"]), path
+
+
+@fake_driver_test
+def test_publish_from_refuses_a_device_array_whose_rows_are_not_contiguous():
+    """A column slice (every other byte of a wider row: strides (pitch, 2)) has the plane's shape,
+    but copying its rows as consecutive bytes would publish other pixels: it is refused, the pool
+    frame goes back, and a contiguous view of the same memory (any pitch) is published as is."""
+    pub, path = _topic()
+    sub = eglcuda.Subscriber("t", path=path, qos="every")
+    memory = eglcuda.Frame.allocate(128, 72, "NV12")
+    plane = memory.planes[0]
+    rows = (np.arange(72 * 128) % 251).astype(np.uint8).reshape(72, 128)
+    plane.copy_from(rows)
+    pointer, pitch = plane.pointer, plane.pitch
+    chroma = _Foreign(pointer, (24, 32, 2), (pitch, 2, 1))
+    for shape, strides in (((48, 64), (pitch, 2)), ((48, 32, 2), (pitch, 4, 1)), ((48, 32, 2), (pitch, 1, 32))):
+        with pytest.raises(UsageError, match="one after the other"):
+            pub.publish_from([_Foreign(pointer, shape, strides), chroma])
+    with pytest.raises(UsageError, match="shape"):
+        pub.publish_from([_Foreign(pointer, (), ()), chroma])  # (a zero-dimensional array)
+    with pytest.raises(UsageError, match="one after the other"):
+        pub.publish_from(_Foreign(pointer, (72, 64), (pitch, 2)))  # (a stacked NV12 source)
+    assert pub.published == 0 and pub.pool_size == 8  # (each refused frame went back)
+    seq = pub.publish_from([_Foreign(pointer, (48, 64), (pitch, 1)), _Foreign(pointer, (24, 32, 2), (pitch, 2, 1))])
+    with sub.receive(5) as message:
+        assert message.seq == seq
+        assert np.array_equal(message.frame.planes[0].to_numpy(), rows[:48, :64])
+    sub.close()
+    pub.close()
+    memory.close()
