@@ -395,10 +395,13 @@ class Delivery:
                         sub.noticed = True
                     continue
             link = sub.link
+            if link.transport not in recorded:
+                # The publisher's own step (the frame's event recorded, or its writes finished, on
+                # the publish stream): its failure (a stream of another device, or one destroyed)
+                # is the caller's, raised from publish(), not the subscribers' to be dropped for.
+                link.transport.on_publish(slot, stream)
+                recorded.add(link.transport)
             try:
-                if link.transport not in recorded:
-                    link.transport.on_publish(slot, stream)
-                    recorded.add(link.transport)
                 if index not in sub.seen_slots:
                     extra = link.slot_extra(slot)
                     if extra is not None and not self._send(sub, protocol.encode(protocol.Slot(index, extra)),

@@ -57,3 +57,29 @@ def test_publish_from_refuses_a_device_array_whose_rows_are_not_contiguous():
     sub.close()
     pub.close()
     memory.close()
+
+
+@fake_driver_test(misuse_ok=True)  # (the fake counts the destroyed stream handed to it)
+def test_a_publish_on_a_destroyed_stream_raises_and_drops_no_subscriber():
+    """publish() with a CUDA stream the driver refuses (one destroyed since, or of another GPU)
+    raises the driver's error to the publisher; its subscribers stay, and get the next frame
+    published on a good stream. (Each was dropped, 'delivering frame 0 failed', and publish()
+    returned as if the frame had gone out.)"""
+    pub, path = _topic()
+    every = eglcuda.Subscriber("t", path=path, qos="every")
+    latest = eglcuda.Subscriber("t", path=path)
+    other = eglcuda.Subscriber("t", path=path)
+    destroyed = other.cuda_stream  # (the stream a subscriber made for itself goes with its close)
+    other.close()
+    frame = pub.next_frame(cuda_stream=destroyed)
+    with pytest.raises(eglcuda.CUDAError):
+        pub.publish(frame, cuda_stream=destroyed)
+    assert pub.dropped == [] and len(pub.subscribers) == 2
+    seq = pub.publish_from([np.full((48, 64), 7, np.uint8), np.full((24, 32, 2), 9, np.uint8)])
+    for sub in (every, latest):
+        with sub.receive(5) as message:
+            assert message.seq == seq and int(message.frame.planes[0].to_numpy()[0, 0]) == 7
+    assert pub.dropped == []
+    every.close()
+    latest.close()
+    pub.close()
