@@ -78,7 +78,9 @@ class Message:
         current streams: docs/ordering.md). ``cuda_stream``: one more stream to wait for, where
         work on the frame was queued that eglcuda could not learn of (a raw pointer, a CAI view
         read on another stream). Safe to call twice; after the publisher is gone it only marks
-        the message released."""
+        the message released. When the driver refuses to order the release after a stream (a
+        ``cuda_stream`` destroyed, say), its :class:`eglcuda.CUDAError` is raised and the message
+        stays held, to be released again."""
         if not self._released:
             self._subscriber._release(self, cuda_stream)
 

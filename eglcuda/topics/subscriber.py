@@ -25,6 +25,7 @@ from .readiness import Readiness
 from .protocol import Qos, Reason
 from .transports import CudaSubscriberBackend, SubscriberBackend
 from .transports.base import UNMAP_WAIT_S
+from .transports.views import SlotView
 
 log = logging.getLogger("eglcuda.topics")
 _MAX_BUSY_WAIT = 0.01  # seconds: longer asking without sleeping is a CPU burner, not a shorter wake-up
@@ -358,7 +359,18 @@ class Subscriber:
                     try:
                         flags, extra = conn.transport.release(message._frame, message._header, stream)
                     except EglCudaError:
-                        pass  # the transport could not let go (its publisher may be gone): the next receive says so
+                        frame = message._frame
+                        if isinstance(frame, SlotView) and not self._closing:
+                            # The driver refused a step of ordering the release after the frame's
+                            # readers (cuda_stream destroyed, say): the publisher would never hear
+                            # of the release and keep the frame for good. The message stays held,
+                            # its view usable (every step is one to take again), and the error is
+                            # the caller's. (A close lets go regardless.)
+                            frame._released = False
+                            message._released = False
+                            self._held.add(message)
+                            raise
+                        # the transport could not let go (its publisher may be gone): the next receive says so
                     else:
                         conn.send_release(message.seq, flags, extra)
         finally:

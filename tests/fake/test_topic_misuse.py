@@ -83,3 +83,29 @@ def test_a_publish_on_a_destroyed_stream_raises_and_drops_no_subscriber():
     every.close()
     latest.close()
     pub.close()
+
+
+@fake_driver_test(misuse_ok=True)  # (the fake counts the destroyed stream handed to it)
+def test_a_release_on_a_destroyed_stream_raises_and_keeps_the_message():
+    """Message.release(cuda_stream=...) with a stream the driver refuses raises its error; the
+    message stays held and readable, and a release that works gives the frame back. (The
+    release was lost without a word: the publisher kept each such frame for good, and a
+    'latest' subscriber received nothing more after four.)"""
+    pub, path = _topic()
+    sub = eglcuda.Subscriber("t", path=path)
+    other = eglcuda.Subscriber("t", path=path)
+    destroyed = other.cuda_stream
+    other.close()
+    for value in range(8):
+        seq = pub.publish_from([np.full((48, 64), value, np.uint8), np.zeros((24, 32, 2), np.uint8)])
+        message = sub.receive(5)
+        assert message.seq == seq
+        with pytest.raises(eglcuda.CUDAError):
+            message.release(cuda_stream=destroyed)
+        assert not message.released and sub.held == 1
+        assert int(message.frame.planes[0].to_numpy()[0, 0]) == value
+        message.release()
+        assert message.released and sub.held == 0
+    assert [s.outstanding for s in pub.subscribers] == [0] and pub.dropped == []
+    sub.close()
+    pub.close()

@@ -99,7 +99,11 @@ def join_readers(view: SlotView, own: int, cuda_stream: int | None) -> int:
     if readers is not None or stream != own:
         view._handed_to = None
         view.device.make_current()
-        cuda.join_streams(stream, (own, *(readers or ())), "ordering a release after the streams that read the frame")
+        try:
+            cuda.join_streams(stream, (own, *(readers or ())), "ordering a release after the streams that read the frame")
+        except BaseException:
+            view._handed_to = readers  # (a release that failed here let go of nothing: a later one joins them)
+            raise
     return stream
 
 
