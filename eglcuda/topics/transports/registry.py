@@ -170,8 +170,13 @@ def offer(names: Sequence[str] | None, layout: Layout, max_pool: int, integrated
     not fit are left out (a subscriber asking for one is told why)."""
     known = registered()
     if names is not None:
-        if isinstance(names, str) or not all(isinstance(name, str) for name in names):
-            raise UsageError(f"transports is a sequence of transport names, got {names!r}")
+        given = names
+        try:  # (once: a generator is read here, not emptied by the first look)
+            names = None if isinstance(given, (str, bytes)) else tuple(given)
+        except TypeError:
+            names = None
+        if names is None or not all(isinstance(name, str) for name in names):
+            raise UsageError(f"transports is a sequence of transport names, got {given!r}")
         unknown = sorted(set(names) - {spec.name for spec in known})
         if unknown or not names:
             raise UsageError(f"transports are some of {_names(known)}, got {list(names)!r}")

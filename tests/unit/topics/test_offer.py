@@ -95,6 +95,15 @@ def test_cuda_ipc_and_cuda_vmm_together_are_refused_saying_why_and_what_to_name(
         registry.offer(["cuda-ipc", "cuda-vmm", "eglstream"], Layout.PITCH, 8)
 
 
+def test_transports_given_as_a_generator_are_read_once_and_offered():
+    """A generator of names (a filter over a list, say) is read once: the names were checked by
+    a first pass over it, which left nothing for the offer, and the publisher offered none."""
+    vmm = registry.offer((name for name in ["cuda-vmm"]), Layout.PITCH, 8)
+    assert vmm.names == ["cuda-vmm"]
+    both = registry.offer(iter(["eglstream", "cuda-ipc"]), Layout.PITCH, 8)
+    assert both.names == ["cuda-ipc", "eglstream"]
+
+
 def test_what_a_subscriber_asking_for_another_transport_is_told():
     vmm = registry.offer(["cuda-vmm"], Layout.PITCH, 8)
     assert vmm.names == ["cuda-vmm"] and vmm.memory == registry.VMM_MEMORY
@@ -124,6 +133,8 @@ def test_what_a_subscriber_asking_for_another_transport_is_told():
     ({"transports": ["eglstream"], "pool": 1, "max_pool": 1}, r"max_pool >= 2"),
     ({"layout": "array", "pool": 1, "max_pool": 1}, "no registered transport can serve"),
     ({"transports": "cuda-ipc"}, "sequence of transport names"),
+    ({"transports": 5}, "sequence of transport names"),
+    ({"transports": b"cuda-ipc"}, "sequence of transport names"),
     ({"transports": ["pigeon"]}, "transports are some of"),
     ({"transports": []}, "transports are some of"),
 ])
