@@ -469,12 +469,14 @@ cdef class CudaProducer(Resource):
             known = self._ready(frame, cuda_stream)
             core = <FrameCore>frame
             stream_box = self._present_stream_box(core, cuda_stream)
+            self._claim(core, known)
             self.presents_started += 1
             with nogil:
                 status = legacy_first(self.shared and is_legacy(stream_box[0]), self.ctx, &self.failed_call)
                 if status == CUDA_SUCCESS:
                     status = hot.producer_present(self.ctx, self.conn, &core.egl, stream_box, &self.failed_call)
             if status:
+                self._unclaim(core, known)
                 raise self._present_failure(status)
             self._presented(core, known)
         finally:
@@ -542,6 +544,7 @@ cdef class CudaProducer(Resource):
                 take_back = False
             else:
                 take_back = wait_us != 0 or self._return_due(known)
+            self._claim(core, known)
             self.presents_started += 1
             with nogil:
                 status = legacy_first(self.shared and is_legacy(stream_box[0]), self.ctx, &self.failed_call)
@@ -553,6 +556,7 @@ cdef class CudaProducer(Resource):
                     else:
                         status = hot.producer_present(self.ctx, self.conn, &core.egl, stream_box, &self.failed_call)
             if status and self.failed_call != EGLCUDA_CALL_RETURN:  # the synchronize, the context or the present
+                self._unclaim(core, known)
                 raise self._present_failure(status)
             self._presented(core, known)
             if not take_back:
@@ -636,9 +640,26 @@ cdef class CudaProducer(Resource):
                 self._format = (<object>core).format
             if self._layout is None:
                 self._layout = (<object>core).layout
-            self.associated[core.key] = core
-            core.links.append(self.link)
+            self.associated[core.key] = core  # (its link was added by _claim)
         return 0
+
+    cdef inline void _claim(self, FrameCore core, bint known):
+        """Before the driver call of a present: link a frame this producer has not presented
+        before, so that it counts as presented from now on. The call releases the GIL and may wait
+        (a full FIFO waits for the consumer): a Frame.close() on another thread meanwhile must not
+        free memory the driver is being handed."""
+        if not known:
+            core.links.append(self.link)
+
+    cdef void _unclaim(self, FrameCore core, bint known):
+        """A present that failed: undo :meth:`_claim` (the driver did not take the frame)."""
+        cdef Py_ssize_t i
+        if not known:
+            links = core.links
+            for i in range(len(links) - 1, -1, -1):
+                if links[i] is self.link:
+                    del links[i]
+                    break
 
     cdef object _take_returned(self):
         """The frame the driver just returned, taken out of the in-flight ring."""

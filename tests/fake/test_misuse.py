@@ -747,3 +747,50 @@ def test_a_gl_frame_cannot_be_copied_past_its_release():
     for duplicate in (copy.copy, copy.deepcopy, pickle.dumps):
         with pytest.raises(TypeError, match="GLFrame cannot be copied"):
             duplicate(frame)
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["present", "present_and_return"])
+@fake_driver_test(env={"FAKE_FIFO_WAIT_MS": "5000"})
+def test_a_frame_is_not_freed_while_its_first_present_waits(fused):
+    """A present into a full FIFO waits in the driver for the consumer, the GIL released. A
+    Frame.close() on another thread meanwhile freed the frame's memory (it did not count as
+    presented until the driver returned), and the present then handed the driver freed memory:
+    the consumer read another allocation's bytes. close() refuses while the present is under
+    way; a first present that fails leaves the frame free to close."""
+    with stream_of(8, 4, fifo_length=1) as (_, stream, producer, consumer):
+        a, b = producer.allocate_frame(), producer.allocate_frame()
+        a[0].copy_from(np.full((4, 8, 4), 1, np.uint8))
+        b[0].copy_from(np.full((4, 8, 4), 2, np.uint8))
+        producer.present(a)
+        failed = []
+
+        def present_b() -> None:
+            try:
+                producer.present_and_return(b) if fused else producer.present(b)
+            except BaseException as exc:  # pragma: no cover - reported below
+                failed.append(exc)
+
+        presenting = threading.Thread(target=present_b)
+        presenting.start()
+        deadline = time.monotonic() + 5
+        while fake.calls("cuEGLStreamProducerPresentFrame") < 2 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        time.sleep(0.05)  # (inside the driver's wait for room)
+        assert presenting.is_alive()
+        with pytest.raises(UsageError, match="presented on a producer"):
+            b.close()
+        assert not b.closed
+        with consumer.acquire() as first:
+            assert (first[0].to_numpy() == 1).all()
+        presenting.join(10)
+        assert not failed
+        with consumer.acquire() as second:
+            assert (second[0].to_numpy() == 2).all()
+    with stream_of(8, 4) as (_, stream, producer, consumer):
+        frame = producer.allocate_frame()
+        fake.fail("cuEGLStreamProducerPresentFrame", 999)
+        with pytest.raises(eglcuda.CUDAError):
+            producer.present_and_return(frame) if fused else producer.present(frame)
+        assert not frame.presented
+        frame.close()  # a present the driver refused does not keep the frame
+        assert frame.closed
