@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from ._bind import cuda
 from ._bind.cuda import driver_version
 from ._integers import as_int
-from ._resource import Resource
+from ._resource import Resource, exiting
 from .errors import Unsupported, UsageError
 
 __all__ = ["CudaDevice", "DeviceInfo", "device_info", "driver_version", "get_device"]
@@ -48,6 +48,14 @@ class CudaDevice(Resource):
         self.context: int = cuda.primary_context_retain(self.handle)
         self._own(cuda.primary_context_release, self.handle)
         self.info = _read_info(ordinal, self.handle)
+
+    def close(self) -> None:
+        """Nothing while the interpreter runs: the device is the whole process's (every frame,
+        stream and display on it uses its context), released at interpreter exit. (Releasing it
+        here, as ``with get_device(0):`` did, destroyed the context under every frame on the
+        device, and every later CUDA call of eglcuda failed.)"""
+        if exiting():
+            super().close()
 
     def _attribute(self, attribute: int) -> int:
         return cuda.device_attribute(self.handle, attribute)

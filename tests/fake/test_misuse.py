@@ -15,6 +15,7 @@ import pytest
 
 import eglcuda
 from eglcuda import ClosedError, ColorFormat, UsageError
+from eglcuda import cuda_device
 from eglcuda._bind import cuda
 
 from .harness import fake, fake_driver_test
@@ -794,3 +795,25 @@ def test_a_frame_is_not_freed_while_its_first_present_waits(fused):
         assert not frame.presented
         frame.close()  # a present the driver refused does not keep the frame
         assert frame.closed
+
+
+@fake_driver_test
+def test_closing_the_process_wide_device_keeps_its_context():
+    """``with eglcuda.get_device(0) as device:`` (or ``device.close()``) released the primary
+    context that every frame, stream and display of the device uses: the frames made in the block
+    lost their memory, and every later allocation or stream of eglcuda failed with
+    CUDA_ERROR_CONTEXT_IS_DESTROYED, since get_device() went on handing out the closed device. The
+    device is the process's; it stays open until interpreter exit."""
+    retained = fake.count("retained") + (0 if 0 in cuda_device._devices else 1)
+    with eglcuda.get_device(0) as device:
+        frame = eglcuda.Frame.allocate(8, 4, device=device)
+        frame.planes[0].copy_from(np.full((4, 8, 4), 7, np.uint8))
+    device.close()
+    assert not device.closed and fake.count("retained") == retained
+    assert (frame.planes[0].to_numpy() == 7).all()
+    with stream_of(8, 4) as (_, stream, producer, consumer):
+        later = producer.allocate_frame()
+        later.planes[0].copy_from(np.full((4, 8, 4), 9, np.uint8))
+        producer.present(later)
+        with consumer.acquire() as acquired:
+            assert (acquired[0].to_numpy() == 9).all()
