@@ -11,15 +11,30 @@ from typing import Callable, Iterator
 
 from ._bind import egl
 from ._bind.egl import egl_error
+from ._integers import as_int
 from ._resource import Resource
 from .display import Display, check_display
-from .errors import ClosedError, EGLError, UsageError
+from .errors import ClosedError, UsageError
 
 _APIS = {"opengl": (egl.OPENGL_API, egl.OPENGL_BIT), "gles": (egl.OPENGL_ES_API, egl.OPENGL_ES3_BIT)}
 _PROFILES = {
     "core": egl.CONTEXT_OPENGL_CORE_PROFILE_BIT,
     "compatibility": egl.CONTEXT_OPENGL_COMPATIBILITY_PROFILE_BIT,
 }
+
+
+_EGLINT_MAX = 2**31 - 1
+
+
+def _egl_ints(value: object, least: int) -> tuple[int, int] | None:
+    """``value`` as a pair of plain ints in ``least``..EGLint's largest (NumPy's integers taken;
+    bools, floats and strings not), or None."""
+    if not isinstance(value, (tuple, list)) or len(value) != 2:
+        return None
+    first, second = as_int(value[0]), as_int(value[1])
+    if first is None or second is None or not (least <= first <= _EGLINT_MAX and least <= second <= _EGLINT_MAX):
+        return None
+    return first, second
 
 
 # Called with a context's address once it is destroyed: upper layers that keep per-context GL
@@ -77,14 +92,27 @@ class GLContext(Resource):
         surface_type: int | None = None,
     ) -> None:
         check_display(display, "GLContext")
-        if api not in _APIS:
+        if not isinstance(api, str) or api not in _APIS:
             raise UsageError(f"api must be one of {sorted(_APIS)}, got {api!r}")
-        if profile is not None and (profile not in _PROFILES or api != "opengl" or version is None):
+        if profile is not None and (not isinstance(profile, str) or profile not in _PROFILES or api != "opengl"
+                                    or version is None):
             raise UsageError("profile is 'core' or 'compatibility', for api='opengl' with a version")
-        if version is not None and (len(version) != 2 or not all(isinstance(v, int) and v >= 0 for v in version)):
-            raise UsageError(f"version is (major, minor), got {version!r}")
-        if len(pbuffer_size) != 2 or min(pbuffer_size) < 1:
+        # (Checked before any EGL call: a value the driver's EGLint cannot hold raised a bare
+        # TypeError or OverflowError, after the context was made for a pbuffer's size.)
+        if version is not None:
+            checked = _egl_ints(version, 0)
+            if checked is None:
+                raise UsageError(f"version is (major, minor), got {version!r}")
+            version = checked
+        size = _egl_ints(pbuffer_size, 1)
+        if size is None:
             raise UsageError(f"pbuffer_size is (width, height) >= 1, got {pbuffer_size!r}")
+        pbuffer_size = size
+        if surface_type is not None:
+            bits = as_int(surface_type)
+            if bits is None or not 0 < bits <= _EGLINT_MAX:
+                raise UsageError(f"surface_type is EGL_SURFACE_TYPE bits (an int), got {surface_type!r}")
+            surface_type = bits
         can_surfaceless = display.supports("EGL_KHR_surfaceless_context")
         if surface_type is not None:  # a config for other surfaces (a stream's): no pbuffer of its own
             surfaceless = True
@@ -121,7 +149,7 @@ class GLContext(Resource):
             try:
                 surface = egl.create_pbuffer_surface(dpy, config, pbuffer_size[0], pbuffer_size[1],
                                                      "creating the context's pbuffer")
-            except EGLError:
+            except BaseException:
                 egl.destroy_context(dpy, context)
                 raise
         self._context_address = context

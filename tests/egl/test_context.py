@@ -110,11 +110,38 @@ def test_version_and_profile(display):
 @pytest.mark.parametrize(
     "options",
     [{"api": "vulkan"}, {"version": (3,)}, {"version": (3, -1)}, {"profile": "core"},
-     {"profile": "legacy", "version": (3, 3)}, {"pbuffer_size": (0, 4)}, {"api": "gles", "profile": "core", "version": (3, 0)}],
+     {"profile": "legacy", "version": (3, 3)}, {"pbuffer_size": (0, 4)}, {"api": "gles", "profile": "core", "version": (3, 0)},
+     {"version": 3}, {"version": (2**40, 0)}, {"version": (True, False)}, {"api": ["opengl"]},
+     {"profile": ["core"], "version": (3, 3)}, {"surface_type": "pbuffer"},
+     {"pbuffer_size": 16}, {"pbuffer_size": ("a", "b")},
+     {"pbuffer_size": (16.5, 16), "surfaceless": False}, {"pbuffer_size": (2**40, 16), "surfaceless": False}],
 )
 def test_bad_options_raise_before_egl(display, options):
     with pytest.raises(eglcuda.UsageError):
         display.create_context(**options)
+
+
+def test_a_pbuffer_that_fails_destroys_the_context_made_for_it(display, monkeypatch):
+    """A pbuffer size EGL's ints cannot hold (16.5, 2**40) raised a bare TypeError or
+    OverflowError from the pbuffer call, after the context was made, and that context was never
+    destroyed (about 2 MiB each on Mesa). Sizes are checked first now; and whatever a failed
+    pbuffer raises, the context goes with it."""
+    made, destroyed = [], []
+    create_context, destroy_context = egl.create_context, egl.destroy_context
+    monkeypatch.setattr(egl, "create_context", lambda *args: made.append(create_context(*args)) or made[-1])
+    monkeypatch.setattr(egl, "destroy_context", lambda dpy, ctx: destroyed.append(ctx) or destroy_context(dpy, ctx))
+    for size in ((16.5, 16), (2**40, 16)):
+        with pytest.raises(eglcuda.UsageError, match="pbuffer_size"):
+            display.create_context(surfaceless=False, pbuffer_size=size)
+    assert made == []
+
+    def refused(*args):
+        raise RuntimeError("refused")
+
+    monkeypatch.setattr(egl, "create_pbuffer_surface", refused)
+    with pytest.raises(RuntimeError, match="refused"):
+        display.create_context(surfaceless=False)
+    assert len(made) == 1 and destroyed == made
 
 
 def test_gles_context(display):
