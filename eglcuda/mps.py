@@ -740,8 +740,15 @@ class MPSDaemon:
 
     @property
     def running(self) -> bool:
-        """Whether the daemon this object stands for answers now (its pid file names a live process)."""
-        return self.pipe_directory is not None and _pid_file_daemon(self.pipe_directory) is not None
+        """Whether the daemon this object stands for runs now: its pid file names a live process,
+        or a control daemon of its pipe directory shows in /proc (the same test :meth:`start`
+        waits for: a daemon that has just opened its socket may not have written its pid file)."""
+        pipe = self.pipe_directory
+        if pipe is None:
+            return False
+        if _pid_file_daemon(pipe) is not None:
+            return True
+        return any(p.kind == "control" and p.pipe_directory == pipe for p in mps_processes())
 
     def __enter__(self) -> MPSDaemon:
         if self.pipe_directory is None:

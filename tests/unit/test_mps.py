@@ -191,6 +191,18 @@ def test_session_is_what_the_samples_use(fake):
     assert mps.PIPE_VARIABLE not in os.environ and mps.instances() == []
 
 
+def test_a_daemon_that_has_not_written_its_pid_file_yet_counts_as_running(fake, monkeypatch):
+    monkeypatch.setenv("FAKE_MPS_PID_DELAY", "3")
+    with mps.session(True, quiet=True) as daemon:
+        pid_file = pathlib.Path(daemon.pipe_directory) / mps.PID_FILE
+        assert not pid_file.exists()  # start() returned on the socket and the process alone
+        assert daemon.running
+        with mps.session(True, quiet=True) as second:
+            assert not second.owned and second.pipe_directory == daemon.pipe_directory
+        assert daemon.running
+    assert mps.instances() == []
+
+
 def test_start_twice_is_a_usage_error(fake):
     with mps.MPSDaemon() as daemon:
         with pytest.raises(eglcuda.UsageError):

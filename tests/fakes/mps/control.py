@@ -13,7 +13,8 @@ and published logs of the daemon):
   exits), ``start_server -uid UID`` (starts ``nvidia-cuda-mps-server`` with the daemon's
   environment), ``get_server_list``.
 
-FAKE_MPS_RECORD names a file where the daemon notes how it was asked to stop ("quit" or "SIGTERM").
+FAKE_MPS_PID_DELAY (seconds) holds the daemon between opening its socket and writing its pid
+file, as a busy machine may. FAKE_MPS_RECORD names a file where the daemon notes how it was asked to stop ("quit" or "SIGTERM").
 FAKE_MPS_MODE makes it misbehave: ``refuse`` (the launcher fails as when not permitted),
 ``exit-at-once`` (the daemon logs why and dies right after the fork), ``stubborn`` (the daemon
 ignores ``quit`` and SIGTERM).
@@ -94,6 +95,7 @@ def daemon():
     listener.bind(SOCKET)
     listener.listen(8)
     open(os.path.join(PIPE, "control_lock"), "w").close()
+    time.sleep(float(os.environ.get("FAKE_MPS_PID_DELAY") or 0))  # a daemon descheduled before its pid file
     with open(PID_FILE, "w") as f:
         f.write(str(os.getpid()))
     log(f"Starting control daemon using socket {SOCKET}")
