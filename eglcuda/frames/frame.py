@@ -32,7 +32,7 @@ from .formats import (
     producer_format,
 )
 from ._core import FrameCore, make_capsule
-from .interop import DL_CUDA, cai_reader_streams, dlpack_stream, foreign_device_pointer, stream_handle
+from .interop import DL_CUDA, cai_reader_streams, dlpack_stream, foreign_device_pointer, row_pitch, stream_handle
 
 
 
@@ -650,12 +650,12 @@ class Frame(FrameCore, FrameBase):
             if not _planes_fit((pointer,), (g,)):
                 raise UsageError(f"plane {i} has no usable device address ({pointer!r}): a non-null 64-bit address "
                                  "whose plane ends below 2**64")
+            # Each row's bytes one after the other (anything else overlaps or spreads the pixels),
+            # the rows the frame's pitch apart.
+            row_pitch(shape, strides, typestr, g.height, g.row_bytes, f"plane {i} is uint8 of shape {expected}")
             row = strides[0] if strides else g.row_bytes
-            # Pixels packed along the row as the shape says: (channels, 1) for (h, w, channels),
-            # 1 for (h, w); anything else overlaps or spreads the pixels.
-            inner_ok = strides is None or tuple(strides[1:]) == ((shape[2], 1) if len(shape) == 3 else (1,))
-            if row != g.pitch or not inner_ok:
-                raise UsageError(f"plane {i} rows must be {g.pitch} bytes apart with contiguous pixels, got strides {strides}")
+            if row != g.pitch:
+                raise UsageError(f"plane {i} rows must be {g.pitch} bytes apart, got strides {strides}")
         device = get_device(device)
         _check_driver_extents(device, fmt, width, height, pitch, [d[0] for d in described])
         frame = cls(width=width, height=height, format=fmt, layout=Layout.PITCH, pitch=pitch, device=device,

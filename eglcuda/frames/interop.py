@@ -3,9 +3,10 @@ conversions of foreign CUDA streams and arrays into raw handles. (DLPack capsule
 the compiled part of this layer, :mod:`eglcuda.frames._core`.)"""
 from __future__ import annotations
 
+import math
 import numbers
 import sys
-from typing import Any
+from typing import Any, Sequence
 
 from .._integers import as_int
 from ..errors import UsageError
@@ -137,3 +138,27 @@ def foreign_device_pointer(obj: Any) -> tuple[int, tuple[int, ...], tuple[int, .
     except (KeyError, TypeError, ValueError) as exc:  # (a malformed interface: the protocol's keys are required)
         raise UsageError(f"{type(obj).__name__}'s __cuda_array_interface__ is malformed "
                          f"(needs 'data': (pointer, read_only), 'shape' and 'typestr'): {exc!r}") from None
+
+
+def row_pitch(shape: Sequence[Any], strides: Sequence[Any] | None, typestr: Any, rows: int, row_bytes: int,
+               wanted: str) -> int:
+    """The pitch of a foreign CUDA array of ``rows`` rows of ``row_bytes`` uint8 each, whose
+    rows may be apart but whose bytes within a row follow one another (C order): a copy takes
+    each row as ``row_bytes`` consecutive bytes. Anything else (a column slice, a transposed or
+    channel-first view) raises :class:`UsageError` with ``wanted``, rather than copy other bytes."""
+    dims = [d for d in (as_int(extent) for extent in shape) if d is not None]
+    if (typestr not in ("|u1", "<u1") or not dims or len(dims) != len(shape) or dims[0] != rows
+            or math.prod(dims[1:]) != row_bytes):
+        raise UsageError(f"{wanted}, got {typestr} {tuple(shape)}")
+    if not strides:
+        return row_bytes  # (C-contiguous, as the interface says of an array without strides)
+    steps = [s for s in (as_int(step) for step in strides) if s is not None]
+    if len(steps) != len(dims) or len(strides) != len(dims):
+        raise UsageError(f"{wanted}: its strides {tuple(strides)} do not fit its shape {tuple(shape)}")
+    expected = 1
+    for extent, step in zip(reversed(dims[1:]), reversed(steps[1:])):
+        if extent != 1 and step != expected:
+            raise UsageError(f"{wanted} with each row's bytes one after the other, got strides {tuple(strides)} for "
+                             f"shape {tuple(shape)} (copy it to a contiguous array first)")
+        expected *= extent
+    return row_bytes if rows == 1 else steps[0]  # (a single row's stride says nothing)

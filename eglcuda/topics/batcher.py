@@ -324,9 +324,7 @@ class Batcher:
         # the bytes from one image to the next in the buffer.
         self._plans = tuple((cuda.copy_plan(g.row_bytes, g.height, g.pitch), offset, g.height * g.pitch)
                             for offset, g in self._layout)
-        self._own_stream = False
-        self._stream_destroyed = False
-        self._stream: _BatchStream | None = None
+        self._stream: _BatchStream | None = None  # the stream the batcher made for itself, if it did
         self._pid = os.getpid()  # (in a forked child the batcher is the parent's: no driver call there)
         self._memory: list[_BatchMemory] = []
         self._waitset: WaitSet | None = None
@@ -341,7 +339,6 @@ class Batcher:
                 else:
                     self._stream = _BatchStream(self.device)
                     self._cuda_stream = self._stream.handle
-                    self._own_stream = True
             else:
                 self._cuda_stream = stream_handle(cuda_stream)
             self._memory = [_BatchMemory(self.device, size) for _ in range(pool)]
@@ -714,7 +711,9 @@ class Batcher:
         """The stream the copies are queued on and batches are ordered on (a ``CUstream``
         handle); None once :meth:`close` destroyed the stream the batcher made for itself (a
         caller's or the subscribers' stream stays named)."""
-        return None if self._stream_destroyed else self._cuda_stream
+        if self._stream is not None and self._stream.closed:
+            return None
+        return self._cuda_stream
 
     @property
     def closed(self) -> bool:
@@ -788,11 +787,8 @@ class Batcher:
                 # (A buffer whose batch is out may still be viewed, by a tensor made from it: its
                 # memory goes when the batch and every view of it are gone.)
             self._memory = []
-            stream, self._stream = self._stream, None
-            if stream is not None:
-                self._own_stream = False
-                self._stream_destroyed = True
-                stream.close()
+            if self._stream is not None:
+                self._stream.close()  # (kept: a batch still out reads its closed flag)
 
     def __enter__(self) -> "Batcher":
         return self

@@ -2,7 +2,6 @@
 array) into a pool frame, ordered after the stream the source's exporter names."""
 from __future__ import annotations
 
-import math
 from typing import Any, Sequence
 
 import numpy as np
@@ -10,7 +9,7 @@ import numpy as np
 from .._integers import as_int
 from ..errors import UsageError
 from ..frames.frame import order_after
-from ..frames.interop import cai_stream, foreign_device_pointer, stream_handle
+from ..frames.interop import cai_stream, foreign_device_pointer, row_pitch, stream_handle
 
 
 def copy_into(frame: Any, source: Any, cuda_stream: Any) -> None:
@@ -35,7 +34,7 @@ def copy_into(frame: Any, source: Any, cuda_stream: Any) -> None:
             target.copy_from(array)
             continue
         pointer, shape, strides, typestr, written_on, _ = foreign_device_pointer(array)
-        pitch = _row_pitch(shape, strides, typestr, target.height, target.geometry.row_bytes,
+        pitch = row_pitch(shape, strides, typestr, target.height, target.geometry.row_bytes,
                            f"plane {target.index} takes uint8 data of shape {target.shape}")
         source_stream = cai_stream(written_on)
         if source_stream is not None:
@@ -71,33 +70,9 @@ def _split_stacked(array: Any, planes: Sequence[Any]) -> list[Any]:
             at += plane.height
         return out
     pointer, shape, strides, typestr, written_on, _ = foreign_device_pointer(array)
-    pitch = _row_pitch(shape, strides, typestr, total, width_bytes, f"a stacked source is ({total}, {width_bytes}) uint8")
+    pitch = row_pitch(shape, strides, typestr, total, width_bytes, f"a stacked source is ({total}, {width_bytes}) uint8")
     out, at = [], 0
     for plane in planes:
         out.append(_Rows(pointer + at * pitch, plane.height, width_bytes, pitch, written_on))
         at += plane.height
     return out
-
-
-def _row_pitch(shape: Sequence[Any], strides: Sequence[Any] | None, typestr: Any, rows: int, row_bytes: int,
-               wanted: str) -> int:
-    """The pitch of a foreign CUDA array of ``rows`` rows of ``row_bytes`` uint8 each, whose
-    rows may be apart but whose bytes within a row follow one another (C order): a copy takes
-    each row as ``row_bytes`` consecutive bytes. Anything else (a column slice, a transposed or
-    channel-first view) raises :class:`UsageError` with ``wanted``, rather than copy other bytes."""
-    dims = [d for d in (as_int(extent) for extent in shape) if d is not None]
-    if (typestr not in ("|u1", "<u1") or not dims or len(dims) != len(shape) or dims[0] != rows
-            or math.prod(dims[1:]) != row_bytes):
-        raise UsageError(f"{wanted}, got {typestr} {tuple(shape)}")
-    if not strides:
-        return row_bytes  # (C-contiguous, as the interface says of an array without strides)
-    steps = [s for s in (as_int(step) for step in strides) if s is not None]
-    if len(steps) != len(dims) or len(strides) != len(dims):
-        raise UsageError(f"{wanted}: its strides {tuple(strides)} do not fit its shape {tuple(shape)}")
-    expected = 1
-    for extent, step in zip(reversed(dims[1:]), reversed(steps[1:])):
-        if extent != 1 and step != expected:
-            raise UsageError(f"{wanted} with each row's bytes one after the other, got strides {tuple(strides)} for "
-                             f"shape {tuple(shape)} (copy it to a contiguous array first)")
-        expected *= extent
-    return row_bytes if rows == 1 else steps[0]  # (a single row's stride says nothing)

@@ -122,7 +122,7 @@ def batch(args) -> int:
                               timeout=args.timeout)
     if args.fake_hold:
         fake.fake_cuda_hold(ctypes.c_void_p(batcher.cuda_stream), 1)
-    say(event="batcher", stream=batcher.cuda_stream, own_stream=batcher._own_stream)
+    say(event="batcher", stream=batcher.cuda_stream, own_stream=batcher._stream is not None)
     made = 0
     pending = None  # (report, copies, frames) of the slow reader's batch not checked yet
     wall, cpu = time.monotonic(), time.process_time()
