@@ -11,7 +11,7 @@ from typing import Callable, Iterator
 
 from ._bind import egl
 from ._bind.egl import egl_error
-from ._integers import as_int
+from ._integers import as_int, check_flag
 from ._resource import Resource
 from .display import Display, check_display
 from .errors import ClosedError, UsageError
@@ -113,6 +113,8 @@ class GLContext(Resource):
             if bits is None or not 0 < bits <= _EGLINT_MAX:
                 raise UsageError(f"surface_type is EGL_SURFACE_TYPE bits (an int), got {surface_type!r}")
             surface_type = bits
+        if surfaceless is not None:
+            surfaceless = check_flag(surfaceless, "surfaceless (or None: the display decides)")
         can_surfaceless = display.supports("EGL_KHR_surfaceless_context")
         if surface_type is not None:  # a config for other surfaces (a stream's): no pbuffer of its own
             surfaceless = True

@@ -45,7 +45,7 @@ from typing import Any, Callable, Iterator
 
 from ._bind import cuda as _cuda
 from ._bind import loader as _loader
-from ._integers import as_int
+from ._integers import as_int, check_flag
 from ._unix import positive_seconds
 from .errors import EglCudaError, MPSError, MPSInUse, Timeout, Unsupported, UsageError
 
@@ -544,8 +544,8 @@ class MPSDaemon:
         if owner_pid is not None and not (pid is not None and pid > 0 and _alive(pid)):
             raise UsageError(f"owner_pid {owner_pid!r} is not a running process")
         owner_pid = pid
-        self.reuse = reuse
-        self.detach = detach
+        self.reuse = check_flag(reuse, "reuse")
+        self.detach = check_flag(detach, "detach")
         self.owner_pid = owner_pid
         self.directory: Path | None = None
         self.pipe_directory: str | None = None
@@ -777,6 +777,7 @@ class MPSDaemon:
         ``children_only``. Undone by :meth:`stop`. (CUDA started by another library, CuPy or
         PyTorch, is not seen here: apply before using them.)"""
         variables = self.env()
+        children_only = check_flag(children_only, "children_only")
         if not children_only and _cuda.initialized():
             raise UsageError("CUDA is already initialized in this process, so it stays outside MPS: apply() the "
                              "MPS environment before the first CUDA call, or pass children_only=True to set it "

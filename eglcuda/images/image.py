@@ -36,6 +36,7 @@ from .._bind import cuda, cuda_graphics, egl, egl_image
 from .._bind import gl as _gl
 from .._bind.gl import TextureBinding, current_extensions, gl
 from .._bind.loader import bind_egl_extensions, require_cuda_entry
+from .._integers import check_flag
 from .._resource import Resource
 from ..context import GLContext, on_context_destroyed
 from ..cuda_device import CudaDevice, get_device
@@ -317,6 +318,7 @@ class CudaImage(Resource):
         before CUDA reads or writes the image; mapping a GL-interop registration orders it as
         well). ``cuda_stream`` is where the view's work belongs (default: the legacy stream)."""
         self._check_open()
+        finish_gl = check_flag(finish_gl, "finish_gl")
         if self._mapped is not None:
             raise UsageError("the image is already mapped: unmap that view first (the registration's "
                              "``mapped`` is it, also when it was dropped without unmap())")
@@ -466,7 +468,7 @@ class MappedImage(Resource):
         stream, so GL sees CUDA's writes; the GL-interop unmap orders it by itself."""
         if self.closed:
             raise ClosedError("the image was already unmapped")
-        self._finish_cuda = finish_cuda
+        self._finish_cuda = check_flag(finish_cuda, "finish_cuda")
         try:
             self.close()
         finally:

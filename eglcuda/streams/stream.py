@@ -16,7 +16,7 @@ from ..cuda_device import CudaDevice
 from ..display import Display, check_display
 from .._resource import Resource
 from .._bind import cuda_egl, egl_stream
-from .._integers import as_int
+from .._integers import as_int, check_flag
 from ..errors import ClosedError, EGLError, StreamDisconnected, Timeout, UsageError
 from ..frames.formats import ColorFormat, Layout
 
@@ -104,6 +104,8 @@ class Stream(Resource):
         if length is None or not 0 <= length <= 4096:
             raise UsageError(f"fifo_length is an int in 0..4096 (0 = mailbox), got {fifo_length!r}")
         fifo_length = length
+        reuse_last_frame = check_flag(reuse_last_frame, "reuse_last_frame")
+        cross_process = check_flag(cross_process, "cross_process")
         display.require("EGL_KHR_stream")
         attribs = []
         if fifo_length:

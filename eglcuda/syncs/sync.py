@@ -21,6 +21,8 @@ from typing import Any
 
 from .._bind import cuda, egl_sync
 from .._bind.egl import EGL_FOREVER
+from .._integers import check_flag
+from .._unix import wait_seconds
 from .._resource import Resource
 from ..cuda_device import CudaDevice
 from ..display import Display, check_display
@@ -39,9 +41,10 @@ class SyncKind(enum.Enum):
 def _timeout_ns(timeout: float | None) -> int:
     if timeout is None:
         return EGL_FOREVER
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 <= timeout < 1e9:
-        raise UsageError(f"timeout is seconds >= 0 (or None: forever), got {timeout!r}")
-    return int(timeout * 1e9)
+    seconds = wait_seconds(timeout, "timeout (seconds >= 0, or None: forever)")
+    if not seconds * 1e9 < 2**63:  # (inf too: as good as forever)
+        return EGL_FOREVER
+    return int(seconds * 1e9)
 
 
 class Sync(Resource):
@@ -75,6 +78,7 @@ class Sync(Resource):
     def reusable(cls, display: Display, signaled: bool = False) -> "Sync":
         """A reusable sync, signaled and unsignaled with :meth:`signal` / :meth:`unsignal`."""
         check_display(display, "Sync.reusable")
+        signaled = check_flag(signaled, "signaled")
         display.require("EGL_KHR_reusable_sync")
         handle = egl_sync.create(display.handle, egl_sync.REUSABLE, "creating a reusable sync")
         sync = cls(display, handle, SyncKind.REUSABLE)
@@ -102,6 +106,7 @@ class Sync(Resource):
         made there can signal. ``timeout=None`` waits forever; 0 only tests. Raises
         :class:`ClosedError` if another thread closes the sync (or its display) meanwhile."""
         ns = _timeout_ns(timeout)
+        flush = check_flag(flush, "flush")
         handle = self.handle  # before the display's: its error names a fork
         try:
             signaled = egl_sync.client_wait(self.display.handle, handle, flush, ns)

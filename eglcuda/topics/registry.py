@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..errors import EglCudaError, PeerError, UsageError
+from .._integers import check_flag
 from .. import _unix
 from . import naming, protocol, sockets
 from .info import SubscriberInfo
@@ -272,6 +273,7 @@ def list_topics(directory: str | os.PathLike[str] | None = None, clean: bool = T
     asked for its status (up to ``timeout`` seconds each). Sockets of dead publishers are
     removed when ``clean``, else only reported."""
     timeout = _unix.positive_seconds(timeout, "timeout")
+    clean = check_flag(clean, "clean")
     try:
         # (a folder named here may be a shared one: access="group" or "all" sockets must be in
         # a folder others reach, and its owner lists them there)

@@ -114,7 +114,8 @@ def test_version_and_profile(display):
      {"version": 3}, {"version": (2**40, 0)}, {"version": (True, False)}, {"api": ["opengl"]},
      {"profile": ["core"], "version": (3, 3)}, {"surface_type": "pbuffer"},
      {"pbuffer_size": 16}, {"pbuffer_size": ("a", "b")},
-     {"pbuffer_size": (16.5, 16), "surfaceless": False}, {"pbuffer_size": (2**40, 16), "surfaceless": False}],
+     {"pbuffer_size": (16.5, 16), "surfaceless": False}, {"pbuffer_size": (2**40, 16), "surfaceless": False},
+     {"surfaceless": "no"}, {"surfaceless": 0}],
 )
 def test_bad_options_raise_before_egl(display, options):
     with pytest.raises(eglcuda.UsageError):

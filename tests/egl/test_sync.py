@@ -135,6 +135,30 @@ def test_closed_objects_and_bad_input(sync_display):
         other.wait(0)
 
 
+def test_flags_are_true_or_false_and_numpy_or_endless_timeouts_are_seconds(sync_display):
+    """signaled="no" made a signaled sync and flush=0 skipped the flush; a NumPy number of
+    seconds was refused, and inf (or an int beyond any float) is as good as forever."""
+    for bad in ("no", 0, 1, None):
+        with pytest.raises(eglcuda.UsageError, match="signaled is True or False"):
+            eglcuda.Sync.reusable(sync_display, signaled=bad)
+    assert not eglcuda.Sync.reusable(sync_display, signaled=np.bool_(False)).signaled
+    sync = eglcuda.Sync.reusable(sync_display, signaled=np.bool_(True))
+    try:
+        assert sync.signaled
+        with pytest.raises(eglcuda.UsageError, match="flush is True or False"):
+            sync.wait(0, flush="no")
+        for timeout in (np.int64(0), np.float32(0.25), float("inf"), 2**70, 10**9):
+            assert sync.wait(timeout) is True
+        sync.unsignal()
+        assert sync.wait(np.float64(0.01)) is False
+        timer = threading.Timer(0.2, sync.signal)
+        timer.start()
+        assert sync.wait(float("inf")) is True
+        timer.join()
+    finally:
+        sync.close()
+
+
 def test_create_close_cycles_are_flat(sync_display):
     def cycle():
         sync = eglcuda.Sync.reusable(sync_display)

@@ -735,6 +735,19 @@ def test_frame_numbers_is_true_or_false():
         assert consumer.frame_numbers is False
 
 
+@fake_driver_test
+def test_stream_options_are_true_or_false():
+    """cross_process="no" exported the stream's descriptor and reuse_last_frame=0 asked the
+    driver for a stream without reuse: a flag is True or False (NumPy's too), before EGL."""
+    with display() as opened:
+        for option in ("cross_process", "reuse_last_frame"):
+            for bad in ("no", 0, None):
+                with pytest.raises(UsageError, match=f"{option} is True or False"):
+                    opened.create_stream(**{option: bad})
+        with opened.create_stream(cross_process=np.bool_(False), reuse_last_frame=np.bool_(True)) as stream:
+            assert stream.reuse_last_frame is True
+
+
 def test_a_gl_frame_cannot_be_copied_past_its_release():
     """copy.copy of a GLFrame made a frame its consumer's release did not reach: it stayed
     unreleased, and its texture showed whichever frame the stream latched later. Refused, as for

@@ -203,6 +203,16 @@ def test_a_daemon_that_has_not_written_its_pid_file_yet_counts_as_running(fake, 
     assert mps.instances() == []
 
 
+def test_flags_are_true_or_false(fake):
+    for option in ("reuse", "detach"):
+        with pytest.raises(eglcuda.UsageError, match=f"{option} is True or False"):
+            mps.MPSDaemon(**{option: "no"})
+    with mps.MPSDaemon() as daemon:
+        with pytest.raises(eglcuda.UsageError, match="children_only is True or False"):
+            daemon.apply(children_only="yes")
+        assert mps.PIPE_VARIABLE not in os.environ
+
+
 def test_start_twice_is_a_usage_error(fake):
     with mps.MPSDaemon() as daemon:
         with pytest.raises(eglcuda.UsageError):

@@ -190,6 +190,9 @@ def test_registry_lists_live_topics_and_cleans_stale_ones(folder):
     try:
         dead.wait_for(lambda m: m["event"] == "done")
         dead.kill()
+        for bad in ("no", 0):  # (a truthy "no" would have removed what was asked to be kept)
+            with pytest.raises(eglcuda.UsageError, match="clean is True or False"):
+                eglcuda.list_topics(folder, clean=bad)
         kept = eglcuda.list_topics(folder, clean=False)
         assert [t.name for t in kept.topics] == ["alive"]
         assert kept.stale == [os.path.join(folder, "dead.topic")] and kept.removed == []
