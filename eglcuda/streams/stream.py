@@ -155,8 +155,10 @@ class Stream(Resource):
         read from the stream; connect the endpoint this process plays as usual (the consumer side
         connects first, in its own process)."""
         check_display(display, "Stream.from_fd")
-        if type(fd) is not int or fd < 0:
-            raise UsageError(f"a file descriptor is a non-negative int, got {fd!r}")
+        number = as_int(fd)
+        if number is None or not 0 <= number < 2**31:  # (a C int, as os.dup and EGL take it)
+            raise UsageError(f"a file descriptor is an int in 0..2**31-1, got {fd!r}")
+        fd = number
         try:
             own = os.dup(fd)
         except OSError as exc:

@@ -286,6 +286,13 @@ class Publisher:
                 # frees what it held, and must not free this slot before the others got it.
                 try:
                     delivery.deliver(slot, seq, timestamp_ns, payload, stream)
+                except BaseException:
+                    if not slot.holders:
+                        # Nobody got it (the driver refused the stream before the first hand-out,
+                        # say): the number stays free, or each subscriber would count a frame
+                        # that never was as skipped.
+                        self._seq = seq
+                    raise
                 finally:
                     # (also when the delivery was cut short, by a KeyboardInterrupt say: those
                     # that got the frame hold the slot, and it is free once they let it go)

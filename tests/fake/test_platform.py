@@ -121,6 +121,9 @@ def test_a_stream_opened_from_its_descriptor_is_the_same_stream():
             assert stream.state is StreamState.DISCONNECTED  # the producer left with its handle
         with pytest.raises(eglcuda.UsageError, match="not open"):
             eglcuda.Stream.from_fd(opened, 987)
+        for bad in (2**40, -1, 3.0, "3", True):  # (2**40 was a bare OverflowError from os.dup)
+            with pytest.raises(eglcuda.UsageError, match="file descriptor is an int"):
+                eglcuda.Stream.from_fd(opened, bad)
         with pytest.raises(eglcuda.EGLError, match="EGL_BAD_STREAM_KHR"):
             with open(os.devnull) as unrelated:
                 eglcuda.Stream.from_fd(opened, unrelated.fileno())

@@ -124,6 +124,42 @@ def test_a_publish_refused_for_its_stream_keeps_the_frame(path):
     assert stream_handle(np.int64(7)) == 7 and stream_handle(_NegativeStream.Good()) == 99
 
 
+@pytest.mark.parametrize("message_only", [False, True])
+def test_a_publish_the_driver_refuses_uses_no_sequence_number(path, message_only):
+    """The driver refusing the publish stream (destroyed, or another GPU's) raises from publish
+    before anyone got the frame: the next frame takes its number, so no subscriber counts a frame
+    that never was as skipped."""
+    from eglcuda.errors import CUDAError
+
+    backend = NullPublisherBackend(message_only=message_only)
+    transport = backend.transports()[0]
+    counted = transport.on_publish
+
+    def on_publish(slot, cuda_stream):
+        if cuda_stream == 13:
+            raise CUDAError(400, "cuEventRecord", name="CUDA_ERROR_INVALID_HANDLE")
+        counted(slot, cuda_stream)
+
+    transport.on_publish = on_publish
+    with publisher(path, pool=2, max_pool=2, _backend=backend) as pub:
+        subs = [subscriber(path, qos="every", queue=2), subscriber(path, qos="latest")]
+        assert put(pub, b"a") == 0
+        frame = pub.next_frame(1)
+        with pytest.raises(CUDAError, match="INVALID_HANDLE"):
+            pub.publish(frame, cuda_stream=13, payload=b"x")
+        with pytest.raises(eglcuda.UsageError):  # (the frame went back to the pool with it)
+            pub.discard(frame)
+        for sub in subs:
+            with sub.receive(1) as first:
+                assert (first.seq, first.skipped, first.payload) == (0, 0, b"a")
+        assert put(pub, b"b") == 1
+        for sub in subs:
+            with sub.receive(1) as second:
+                assert (second.seq, second.skipped, second.payload) == (1, 0, b"b")
+                assert second.frame.data == pattern(b"b")
+            sub.close()
+
+
 class _NegativeStream:
     def __cuda_stream__(self):
         return (0, -3)
