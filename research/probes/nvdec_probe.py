@@ -1,7 +1,7 @@
 # Research record (see research/README.md): open, not yet run (written 2026-11-23 without a GPU; needs PyNvVideoCodec and tests/data, not eglcuda).
 """Probe: what PyNvVideoCodec (NVDEC) gives us, before eglcuda publishes its frames.
 
-NOT YET RUN (written without a GPU). Answers, for the video-pipeline issue, in one device call:
+NOT YET RUN (written without a GPU). Answers, for the video pipeline (docs/video.md), in one run:
 1. stream info from the built-in demuxer (Width/Height/FrameRate/codec/chroma/bit depth);
 2. the decoded NV12 frame: DLPack shape/strides, plane pointers, pitch, CAI of both planes,
    and whether every frame's index band and digests match tests/data/clips.json
@@ -13,8 +13,9 @@ NOT YET RUN (written without a GPU). Answers, for the video-pipeline issue, in o
    PyTorch use), and does passing our own cudacontext/cudastream work;
 6. throughput on the benchmark clip (NVDEC, and PyAV on the CPU if installed).
 
-On the GPU machine (wheels carried in .whl, clips made here beforehand); research/probes/video_run.sh
-runs it this way, with the video pipeline's test, sample and benchmark:
+On a machine with an NVIDIA GPU, the PyNvVideoCodec and PyAV wheels in .whl/ and the clips made
+beforehand (tests/data/make_clips.py --bench); research/probes/video_run.sh runs it this way, with
+the video pipeline's test, sample and benchmark:
     python3 -m pip install -q --no-index --no-deps --target /tmp/site2 .whl/*.whl
     PYTHONPATH=/tmp/site2:$PYTHONPATH python3 research/probes/nvdec_probe.py [--bench tests/data/generated/bench_1920x1080p60_h264.mp4]
 """
@@ -271,7 +272,7 @@ def main():
         section(f"throughput: {args.bench.name}")
         throughput(args.bench)
     else:
-        print(f"\n(no {args.bench}: make it with tests/data/make_clips.py --bench and carry tests/data/generated)")
+        print(f"\n(no {args.bench}: make it with tests/data/make_clips.py --bench)")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ how many 0.5 ms sleeps another Python thread of the process fit in meanwhile (a 
   loop in its own thread (as eglcuda/remote/_ucx.py runs it), ``ucxx.init(progress_mode=...)``,
   an ``await ep.recv(...)`` pending.
 
-Measured 2026-11-28 on the 2-core CPU machine (shared, load 2-7): core 2-4 % of a core;
+Measured 2026-11-28 on a 2-core CPU machine (shared, load 2-7): core 2-4 % of a core;
 asyncio blocking 55-99 %, thread 37-101 % (as much as the machine lets it: UCXX awaits a request
 with ``while not completed: await asyncio.sleep(0)``). The other thread's 0.5 ms sleeps: 3,300-
 3,500 in 2 s beside the core API, 1,900-3,400 beside asyncio (fewer when the machine is loaded).

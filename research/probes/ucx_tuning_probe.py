@@ -1,6 +1,6 @@
 """Which UCX settings and progress mode move a frame fastest between two processes over TCP
-loopback (host buffers, no GPU): the engine under eglcuda's relay. Findings go to
-/work/notes/ucx-tuning.md and docs/benchmarks.md.
+loopback (host buffers, no GPU): the engine under eglcuda's relay. Its findings are in
+research/README.md (section "UCX (remote subscribers)") and docs/benchmarks.md.
 
 Runs bench/_ucx_raw.py's sender/receiver pair (fresh processes per measurement) for each
 configuration, interleaved over --reps rounds so that a loaded machine's drift hits every

@@ -1,17 +1,20 @@
 #!/bin/bash
 # Research record (see research/README.md): open, not yet run (written 2026-11-23 without a GPU).
 #
-# The video pipeline's first GPU run, in one device call (docs/video.md). From the repository root
-# of a checkout, on the GPU machine, after the project's setup:
+# The video pipeline's first GPU run, in one script (docs/video.md). From the repository root of a
+# checkout, on a machine with an NVIDIA GPU:
 #
-#   source .device/setup.sh > $OUT/setup.log 2>&1; bash research/probes/video_run.sh
+#   bash research/probes/video_run.sh [OUT_DIR]     (or OUT=...; default research-out/video-run)
 #
-# carrying .device, .whl (pynvvideocodec-2.2.4 slimmed, av-18.1.0) and tests/data/generated (made on
-# the CPU machine beforehand with `python tests/data/make_clips.py --bench`: 10 MB; all three come
-# to about 58 MB of the 64 MiB a call carries). Writes every log and result under $OUT and prints
-# one line per step. Each step has its own time limit; together at most 470 s (plus setup.sh's).
+# Install the checkout into the Python that runs it (python3) first (pip install -e .), and make the
+# clips of tests/data/generated beforehand (`python tests/data/make_clips.py --bench`: 10 MB).
+# PyNvVideoCodec (2.2.4) and PyAV (18.1.0) are either installed in that Python too or their wheels
+# are in .whl/ (pip download --no-deps -d .whl PyNvVideoCodec==2.2.4 av==18.1.0), which step 1
+# installs into /tmp/site2. Where one of these is missing, the script names it in one line and
+# exits with status 2. Writes every log and result under OUT_DIR and prints one line per step.
+# Each step has its own time limit; together at most 470 s.
 #
-#   1. install the two wheels into /tmp/site2 (PyNvVideoCodec and PyAV are not on the machine)
+#   1. install the two wheels of .whl/ into /tmp/site2 (when there are any)
 #   2. research/probes/nvdec_probe.py: what NVDEC hands out (layout, buffer reuse, locked frames,
 #      contexts, NVDEC vs the CPU decoder bit for bit, decode rates)
 #   3. tests/gpu/test_video.py: every subscriber checks every frame against the decoder's
@@ -19,7 +22,12 @@
 #   5. samples/video_pipeline.py on the generated 1080p60 clip (--max, all subscribers, --check)
 #   6. bench/video.py --quick: 1080p and 4K, every row
 set -u
-OUT=${OUT:-/tmp/video-run}
+command -v nvidia-smi > /dev/null || { echo "$0: needs an NVIDIA GPU machine (nvidia-smi not found)"; exit 2; }
+ls eglcuda/_bind/_native*.so > /dev/null 2>&1 && python3 -c "import eglcuda" 2> /dev/null \
+  || { echo "$0: needs this checkout installed into python3, run from its root (pip install -e .)"; exit 2; }
+ls .whl/*.whl > /dev/null 2>&1 || python3 -c "import PyNvVideoCodec, av" 2> /dev/null \
+  || { echo "$0: needs PyNvVideoCodec and PyAV in python3, or their wheels in .whl/ (pip download --no-deps -d .whl PyNvVideoCodec==2.2.4 av==18.1.0)"; exit 2; }
+OUT=${1:-${OUT:-research-out/video-run}}
 mkdir -p "$OUT"
 export PYOPENGL_PLATFORM=egl EGLCUDA_REQUIRE_GPU=1 PYTHONUNBUFFERED=1
 CLIP=tests/data/index_320x240_h264.mp4
@@ -44,10 +52,14 @@ step() {
 }
 
 # 1. the wheels ------------------------------------------------------------------------------------
-started=$SECONDS
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site2 .whl/*.whl > "$OUT/install.log" 2>&1
-say "install: exit $? in $((SECONDS - started)) s ($(ls .whl 2>/dev/null | tr '\n' ' '))"
-export PYTHONPATH=/tmp/site2${PYTHONPATH:+:$PYTHONPATH}
+if ls .whl/*.whl > /dev/null 2>&1; then
+  started=$SECONDS
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site2 .whl/*.whl > "$OUT/install.log" 2>&1
+  say "install: exit $? in $((SECONDS - started)) s ($(ls .whl 2>/dev/null | tr '\n' ' '))"
+  export PYTHONPATH=/tmp/site2${PYTHONPATH:+:$PYTHONPATH}
+else
+  say "install: none (.whl/ is empty; PyNvVideoCodec and PyAV come from python3)"
+fi
 timeout 60 python3 - > "$OUT/versions.txt" 2>&1 <<'EOF'
 import importlib, sys
 sys.path.insert(0, "samples")
@@ -64,7 +76,7 @@ say "versions: $(tr '\n' ';' < "$OUT/versions.txt" | cut -c1-300)"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.video --format=csv,noheader > "$OUT/gpu.txt" 2>&1
 say "gpu: $(head -1 "$OUT/gpu.txt")"
 for clip in "$CLIP_1080" tests/data/generated/bench_3840x2160p60_h264.mp4; do
-  [ -f "$clip" ] || say "MISSING $clip: carry tests/data/generated (python tests/data/make_clips.py --bench)"
+  [ -f "$clip" ] || say "MISSING $clip: make it with python tests/data/make_clips.py --bench"
 done
 
 # 2. the probe ------------------------------------------------------------------------------------

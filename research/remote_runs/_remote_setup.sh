@@ -1,18 +1,24 @@
-# Sourced by the remote run scripts (bash research/remote_runs/remote-*.sh), with the folder for the set-up logs:
+# Sourced by the remote run scripts (bash research/remote_runs/remote-*.sh), with the folder for their logs:
 #   source research/remote_runs/_remote_setup.sh LOG_DIR
-# Checks what a run needs (a GPU machine, .device/ and the UCXX wheels staged: research/README.md; else
-# one line and status 2), builds and installs the checkout (.device/setup.sh), installs the wheels into
-# /tmp/ucxx and puts them on PYTHONPATH. Sets T0 (the start, for the scripts' timings); defines remote_tier,
-# bench_row, patched_copy and knob_one (below).
+# Install this checkout and UCXX into the Python that runs the scripts (python3) first: pip install -e '.[remote-cu13]'
+# (research/README.md, "Remote subscribers on a GPU", says how without network). Checks what a run needs (an NVIDIA
+# GPU; this checkout's eglcuda with its compiled modules, UCXX and pyca/cryptography importable by python3); else one
+# line naming what is missing and status 2. Creates LOG_DIR. Sets T0 (the start, for the scripts' timings); defines
+# remote_tier, bench_row, patched_copy and knob_one (below).
 command -v nvidia-smi > /dev/null || { echo "$0: needs an NVIDIA GPU machine (nvidia-smi not found); see research/README.md"; exit 2; }
-[ -f .device/setup.sh ] || { echo "$0: needs .device/ staged in the repository root (research/README.md)"; exit 2; }
-ls .wheels/*.whl > /dev/null 2>&1 || { echo "$0: needs the UCXX wheels in .wheels/ (research/README.md says how to get them)"; exit 2; }
+missing=$(cd / && python3 - "$PWD" <<'EOF'
+import importlib.util, os, sys
+spec = importlib.util.find_spec("eglcuda")
+home = spec and spec.origin and os.path.dirname(os.path.dirname(os.path.realpath(spec.origin)))
+names = [] if home == os.path.realpath(sys.argv[1]) else ["this checkout's eglcuda"]
+names += [name for name in ("ucxx", "cryptography") if importlib.util.find_spec(name) is None]
+print(", ".join(names))
+EOF
+) || missing="a working python3"
+ls eglcuda/_bind/_native*.so > /dev/null 2>&1 || missing="${missing:+$missing, }eglcuda's compiled modules in eglcuda/"
+[ -z "$missing" ] || { echo "$0: needs $missing: install this checkout and UCXX into python3 first (pip install -e '.[remote-cu13]'; research/README.md)"; exit 2; }
 T0=$(date +%s)
 mkdir -p "$1"
-source .device/setup.sh > "$1/setup.log" 2>&1; tail -1 "$1/setup.log"
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/ucxx .wheels/*.whl > "$1/ucxx-install.log" 2>&1 \
-  || tail -3 "$1/ucxx-install.log"
-export PYTHONPATH=/tmp/ucxx${PYTHONPATH:+:$PYTHONPATH}
 
 # The GPU remote tier (thread mode unless EGLCUDA_UCX_PROGRESS says otherwise), its log in $1, at most $2 s:
 #   remote_tier $L/tests-thread.log 170
@@ -39,14 +45,14 @@ patched_copy() {
 
 # One knob configuration of a knob run (research/remote_runs/_knobs45.py applied to a copy in /tmp/kt; $ROOT the checkout,
 # $L the logs): bench/remote.py 1080p NV12, 1 remote flat out for 3 s with the relay's and the remote subscriber's
-# threads sampled, then its summary line; skipped once the call ran KNOB_UNTIL_S seconds (when set):
+# threads sampled, then its summary line; skipped once the run took KNOB_UNTIL_S seconds (when set):
 #   knob_one LABEL VARIANTS UCX_ENV KNOB=VALUE...
 knob_one() {
   local label=$1 variants=$2 ucx=$3; shift 3
-  if [ -n "${KNOB_UNTIL_S:-}" ] && [ $(( $(date +%s) - T0 )) -ge $KNOB_UNTIL_S ]; then echo "$label: skipped (the call's time)"; return; fi
+  if [ -n "${KNOB_UNTIL_S:-}" ] && [ $(( $(date +%s) - T0 )) -ge $KNOB_UNTIL_S ]; then echo "$label: skipped (KNOB_UNTIL_S reached)"; return; fi
   python3 research/remote_runs/_threads45.py 2.5 2 $L/th-$label.json > /dev/null 2>&1 &
   local sampler=$!
-  (cd /tmp/kt && env "$@" PYTHONPATH=/tmp/kt:$PYTHONPATH timeout 60 python3 $ROOT/bench/remote.py --out $L/$label --sizes 1080p-nv12 \
+  (cd /tmp/kt && env "$@" PYTHONPATH=/tmp/kt${PYTHONPATH:+:$PYTHONPATH} timeout 60 python3 $ROOT/bench/remote.py --out $L/$label --sizes 1080p-nv12 \
     --duration 3 --subscribers 1 --rates max --variants $variants --engine-modes blocking --ucx-env $ucx --no-plots \
     > $L/bench-$label.log 2>&1)
   local rc=$?; sleep 0.2; kill $sampler 2> /dev/null; wait $sampler 2> /dev/null

@@ -16,7 +16,7 @@ ab() {  # ab LABEL base|pull|renew|raw bench/remote.py arguments...
   local label=$1 v=$2; shift 2
   local variants=eglcuda dir=/tmp/ab-$v
   if [ $v = raw ]; then variants=ucx-raw; dir=/tmp/ab-pull; fi
-  (cd $dir && PYTHONPATH=$dir:$PYTHONPATH timeout 90 python3 $ROOT/bench/remote.py --out $L/$label --subscribers 1 \
+  (cd $dir && PYTHONPATH=$dir${PYTHONPATH:+:$PYTHONPATH} timeout 90 python3 $ROOT/bench/remote.py --out $L/$label --subscribers 1 \
     --rates max --variants $variants --engine-modes blocking --no-plots "$@" > $L/bench-$label.log 2>&1)
   echo "$label rc=$? $(grep -h '^|' $L/$label/results.md 2>/dev/null | grep -v '^| size\|^|--' | cut -c1-170 | tr '\n' ' ')"
 }

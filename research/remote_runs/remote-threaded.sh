@@ -1,10 +1,14 @@
 #!/bin/bash
-# Session 8 on one H200: the UCX engine's two progress modes (EGLCUDA_UCX_PROGRESS: loop, the engine thread
+# Run 2026-11-28 on one H200 at 262f8fe: the UCX engine's two progress modes (EGLCUDA_UCX_PROGRESS: loop, the engine thread
 # progresses UCX itself; thread, UCXX's C++ progress thread does and a notifier tells the loop), one remote
 # subscriber flat out (1080p NV12), alternating, three rounds beside the raw engine, with the relay's and the
 # remote subscriber's threads sampled (research/remote_runs/_threads45.py); before that the GPU remote tier and the remote
-# sample (loop mode), and the GPU remote tests again in thread mode.
+# sample (loop mode), and the GPU remote tests again in thread mode. From the repository root, after the set-up
+# _remote_setup.sh names (research/README.md):
+#   bash research/remote_runs/remote-threaded.sh [OUT_DIR]     (or OUT=...; default research-out/remote-threaded)
+# The logs end up in OUT_DIR/logs.tgz.
 set -u
+OUT=${1:-${OUT:-research-out/remote-threaded}}; mkdir -p "$OUT"
 ROOT=$PWD; L=/tmp/logs; mkdir -p $L
 source research/remote_runs/_remote_setup.sh $L
 echo "setup $(( $(date +%s) - T0 )) s; HEAD $(git rev-parse --short HEAD) + working tree; $(nproc) cores"
@@ -31,5 +35,5 @@ done
 EGLCUDA_UCX_PROGRESS=thread EGLCUDA_REQUIRE_GPU=1 timeout 120 python3 -m pytest tests/gpu/test_remote.py -q -ra -p no:cacheprovider \
   > $L/tests-thread.log 2>&1
 echo "GPU remote tests (thread) rc=$? ($(( $(date +%s) - T0 )) s)"; grep -E "^(FAILED|ERROR)" $L/tests-thread.log | cut -c1-200 | head -5; tail -1 $L/tests-thread.log
-tar czf $OUT/logs.tgz -C /tmp logs
+tar czf "$OUT/logs.tgz" -C /tmp logs
 echo "total $(( $(date +%s) - T0 )) s"

@@ -1,14 +1,11 @@
 #!/bin/bash
-# Session 6: which UCX setting moves one remote subscriber toward the raw engine (1080p NV12, TCP loopback,
-# publisher flat out, 1 s each); the raw engine (core API, w3/w1) in the same settings each time.
+# Run 2026-11-28 at a007545: which UCX setting moves one remote subscriber toward the raw engine (1080p NV12, TCP
+# loopback, publisher flat out, 1 s each); the raw engine (core API, w3/w1) in the same settings each time. From the
+# repository root, after the set-up _remote_setup.sh names (research/README.md):
+#   bash research/remote_runs/remote-ucx-settings.sh [OUT_DIR]     (or OUT=...; default research-out/remote-ucx-settings)
 set -u
-command -v nvidia-smi > /dev/null || { echo "$0: needs an NVIDIA GPU machine (nvidia-smi not found); see research/README.md"; exit 2; }
-[ -f .device/setup.sh ] || { echo "$0: needs .device/ staged in the repository root (research/README.md)"; exit 2; }
-ls .wheels/*.whl > /dev/null 2>&1 || { echo "$0: needs the UCXX wheels in .wheels/ (research/README.md says how to get them)"; exit 2; }
-T0=$(date +%s)
-source .device/setup.sh > $OUT/setup.log 2>&1; tail -1 $OUT/setup.log
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/ucxx .wheels/*.whl > $OUT/ucxx-install.log 2>&1 || tail -3 $OUT/ucxx-install.log
-export PYTHONPATH=/tmp/ucxx${PYTHONPATH:+:$PYTHONPATH}
+OUT=${1:-${OUT:-research-out/remote-ucx-settings}}
+source research/remote_runs/_remote_setup.sh "$OUT"
 S="UCX_TCP_TX_SEG_SIZE=256K,UCX_TCP_RX_SEG_SIZE=1M"
 i=0
 for U in "$S" "$S,UCX_RNDV_THRESH=inf" "$S,UCX_TCP_SNDBUF=16M,UCX_TCP_RCVBUF=16M" "UCX_TCP_TX_SEG_SIZE=1M,UCX_TCP_RX_SEG_SIZE=4M" "$S,UCX_PROTO_ENABLE=n" "$S"; do

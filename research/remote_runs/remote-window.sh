@@ -1,11 +1,15 @@
 #!/bin/bash
-# Session 9 on one H200, thread mode (the default): does a deeper window move one remote subscriber (1080p NV12,
+# Run 2026-11-29 on one H200 at 103e370, thread mode (the default): does a deeper window move one remote subscriber (1080p NV12,
 # flat out) towards the raw engine now that no thread of the path is saturated? Alternating, three rounds, each
 # configuration 3 s with the relay's and the remote subscriber's threads sampled (research/remote_runs/_threads45.py); the
 # knobs (research/remote_runs/_knobs45.py) on a copy of this checkout: the latest window and the sends in flight (3/3: 6/3,
 # 6/6), staging buffers reused last-freed-first (EGLX_LIFO), both; the raw engine at windows 3 and 6 in each
-# round (bench/remote.py gives the raw engine the relay's window).
+# round (bench/remote.py gives the raw engine the relay's window). From the repository root, after the set-up
+# _remote_setup.sh names (research/README.md):
+#   bash research/remote_runs/remote-window.sh [OUT_DIR]     (or OUT=...; default research-out/remote-window)
+# The logs end up in OUT_DIR/logs.tgz.
 set -u
+OUT=${1:-${OUT:-research-out/remote-window}}; mkdir -p "$OUT"
 ROOT=$PWD; L=/tmp/logs; mkdir -p $L
 source research/remote_runs/_remote_setup.sh $L
 patched_copy /tmp/kt research/remote_runs/_knobs45.py
@@ -23,5 +27,5 @@ for round in 1 2 3; do
   one lifo$round eglcuda EGLX_LIFO=1
   one w6a6lifo$round eglcuda EGLX_WINDOW=6 EGLX_AHEAD=6 EGLX_LIFO=1
 done
-tar czf $OUT/logs.tgz -C /tmp logs
+tar czf "$OUT/logs.tgz" -C /tmp logs
 echo "total $(( $(date +%s) - T0 )) s"
