@@ -435,3 +435,58 @@ def test_a_lost_remote_subscriber_asked_again_does_not_grow_its_errors_traceback
     assert out.returncode == 0, out.stderr[-2000:]
     line = json.loads(out.stdout.splitlines()[-1])
     assert line["errors"] == 1 and line["lengths"][0] == line["lengths"][-1] <= 20, line
+
+
+_CLOSE_FROM_A_HANDLER = r'''
+import json, signal, sys, time
+sys.path.insert(0, "tests/gpu")
+import eglcuda
+from topics_peer import check
+address, where = sys.argv[1], sys.argv[2]
+sub = eglcuda.Subscriber("t", remote=address, qos="every")
+with sub.receive(10) as first:
+    out = {"first": check(first, 5)[0]}
+def handler(signum, frame):  # (SIGALRM standing in for SIGINT/SIGTERM)
+    started = time.monotonic()
+    sub.close()
+    out["handler_s"] = time.monotonic() - started
+signal.signal(signal.SIGALRM, handler)
+started = time.monotonic()
+try:
+    if where == "receive":  # a receive waiting for the next frame
+        signal.setitimer(signal.ITIMER_REAL, 0.1)
+        sub.receive(5)
+    else:  # a batcher copying, its turn on the subscriber held, as frames come
+        batcher = eglcuda.Batcher([sub], batch_size=8, formation_timeout=0.05)
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        try:
+            for batch in batcher:
+                assert all(f.source == 0 for f in batch.frames)
+                out["batches"] = out.get("batches", 0) + 1
+        finally:
+            batcher.close()
+    out["ended"] = "returned"
+except eglcuda.EglCudaError as exc:
+    out["ended"] = type(exc).__name__
+out["call_s"] = time.monotonic() - started
+out["closed"] = sub.closed
+print(json.dumps(out), flush=True)
+'''
+
+
+@pytest.mark.parametrize("where", ["receive", "batcher"])
+def test_close_from_a_signal_handler_on_the_thread_inside_a_call_ends_that_call(cluster, env, where):
+    """A signal handler closes a remote subscriber while its thread waits in receive(), or while a
+    Batcher holds the subscriber's turn for its copies: the handler returns at once (the link's
+    stop does not wait for the call it interrupted), the call ends with ClosedError (the batcher:
+    its only source ended) well within a second, and the subscriber is closed."""
+    cluster.publisher(rate=2 if where == "receive" else 400)
+    _, address = cluster.relay()
+    out = subprocess.run([sys.executable, "-c", _CLOSE_FROM_A_HANDLER, address, where], env=env, cwd=str(ROOT),
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.splitlines()[-1])
+    assert result["first"] and result["closed"], result
+    assert result["handler_s"] < 0.5 and result["call_s"] < 1.5, result
+    assert result["ended"] in ("ClosedError", "StreamDisconnected"), result
+    assert "did not end" not in out.stderr, out.stderr
