@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
+from ._integers import check_flag
 from .errors import ClosedError, PeerError, Timeout, UsageError
 
 _SEND_FLAGS = int(getattr(socket, "MSG_NOSIGNAL", 0))
@@ -159,9 +160,7 @@ class Policy:
         self.gids = numeric_ids(allowed_gids, "allowed_gids", frozenset())
         if not self.uids and not self.gids:
             raise UsageError("allowed_uids and allowed_gids are both empty: no peer could ever be accepted")
-        if not isinstance(allow_shared_dir, bool):
-            raise UsageError(f"allow_shared_dir is True or False, got {allow_shared_dir!r}")
-        self.allow_shared_dir = allow_shared_dir
+        self.allow_shared_dir = check_flag(allow_shared_dir, "allow_shared_dir")
 
     def allows(self, uid: int, gid: int) -> bool:
         return uid in self.uids or gid in self.gids

@@ -31,6 +31,7 @@ from .._bind.cuda import cuda_error
 from .._bind import cuda_egl as _driver
 from .._bind.egl import address, clear_error as clear_egl_error
 from .._bind.hot import table_address
+from .._integers import check_flag
 from .._resource import abandon, exiting
 from .._unix import wait_seconds
 from ..errors import ClosedError, StreamDisconnected, Timeout, Unsupported, UsageError
@@ -1057,8 +1058,7 @@ cdef class CudaConsumer(Resource):
             self._let_go_of_held()
 
     def __init__(self, stream, device=None, cuda_stream=None, location=None, frame_numbers=True) -> None:
-        if not isinstance(frame_numbers, bool):  # (a bint would take "no" for True)
-            raise UsageError(f"frame_numbers is True or False, got {frame_numbers!r}")
+        frame_numbers = check_flag(frame_numbers, "frame_numbers")  # (a bint would take "no" for True)
         stream._check_consumer_slot()
         if location is not None:
             try:

@@ -731,7 +731,7 @@ def test_frame_numbers_is_true_or_false():
             with pytest.raises(UsageError, match="frame_numbers is True or False"):
                 stream.connect_cuda_consumer(frame_numbers=bad)
         assert stream.consumer is None
-        consumer = stream.connect_cuda_consumer(frame_numbers=False)
+        consumer = stream.connect_cuda_consumer(frame_numbers=np.bool_(False))
         assert consumer.frame_numbers is False
 
 

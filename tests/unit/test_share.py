@@ -596,7 +596,7 @@ def test_shared_parent_directory_is_refused_unless_opted_in(mode, problem):
         thread = threading.Thread(target=lambda: outcome.update(
             pid=eglcuda.offer_fd(path, write_end, {}, timeout=10, allow_shared_dir=True)))
         thread.start()
-        fd, _, conn = eglcuda.receive_fd(path, timeout=5, allow_shared_dir=True)
+        fd, _, conn = eglcuda.receive_fd(path, timeout=5, allow_shared_dir=np.bool_(True))
         eglcuda.acknowledge(conn, True)
         os.close(fd)
         thread.join(10)
@@ -679,7 +679,8 @@ def test_a_socket_file_of_another_user_is_refused_by_the_receiver(sock_path):
 def test_bad_policy_arguments(sock_path):
     for kwargs, match in [({"allowed_uids": "0"}, "allowed_uids"), ({"allowed_uids": [-1]}, "allowed_uids"),
                           ({"allowed_gids": [True]}, "allowed_gids"), ({"allowed_uids": 1.5}, "allowed_uids"),
-                          ({"allowed_uids": []}, "both empty"), ({"allow_shared_dir": 1}, "allow_shared_dir")]:
+                          ({"allowed_uids": []}, "both empty"), ({"allow_shared_dir": 1}, "allow_shared_dir"),
+                          ({"allow_shared_dir": "no"}, "allow_shared_dir")]:
         with pytest.raises(eglcuda.UsageError, match=match):
             eglcuda.offer_fd(sock_path, 0, {}, timeout=1, **kwargs)
         with pytest.raises(eglcuda.UsageError, match=match):
