@@ -293,7 +293,11 @@ cdef class Inbox:
                                                               self.headers[i].msg_len), fds))
 
     def close(self):
-        """Read nothing more (call it before the socket is closed: its number may be reused)."""
+        """Read nothing more (call it before the socket is closed: its number may be reused).
+        Descriptors that came with messages read but not handed out are closed."""
+        cdef unsigned int i
+        for i in range(self.at, self.count):
+            close_carried(&self.headers[i].msg_hdr)
         self.fd = -1
         self.wake_fd = -1
         self.count = self.at = 0

@@ -178,3 +178,28 @@ def test_a_frame_dropped_without_close_frees_its_memory_at_once():
         assert fake.live_allocations() == before + 1
         del frame
         assert fake.live_allocations() == before, "the memory waits for the garbage collector"
+
+
+@fake_driver_test
+def test_a_cuda_vmm_subscriber_closed_before_reading_its_slots_leaves_no_descriptor():
+    """An 'every' subscriber reads its publisher's SLOT messages (one descriptor each) several
+    at a time; closed after its first message, with the others read but not mapped yet, it
+    closes their descriptors too (they stayed open, one per slot, for the process's life)."""
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix="eglcuda-fake-topic-")
+    path = os.path.join(folder, "t.topic")
+    before = None
+    for _ in range(3):
+        pub = eglcuda.Publisher("t", 64, 48, "NV12", path=path, transports=["cuda-vmm"])
+        sub = eglcuda.Subscriber("t", path=path, qos="every")
+        for _ in range(3):
+            pub.publish(pub.next_frame(5))
+        sub.receive(5).release()
+        sub.close()
+        pub.close()
+        gc.collect()
+        if before is None:
+            before = open_fds()  # (after a first round: what the driver keeps open once used)
+    assert open_fds() == before
+    os.rmdir(folder)

@@ -370,6 +370,33 @@ def test_the_compiled_reader_takes_what_is_waiting_with_one_read():
         _wire.Inbox(0, batch=0)
 
 
+def test_a_closed_reader_closes_the_descriptors_it_read_and_never_handed_out():
+    """Messages with descriptors (a SLOT of cuda-vmm; anything a hostile subscriber sends) read in
+    one batch and not handed out when the connection closes: their descriptors are closed with it,
+    also once the reader was closed before it went (a subscriber's close, a publisher's drop)."""
+    def open_fds():
+        return len(os.listdir("/proc/self/fd"))
+
+    for close_first in (True, False):
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        with ours, theirs:
+            inbox = _wire.Inbox(ours.fileno(), batch=4)
+            before = open_fds()
+            for _ in range(3):
+                read_end, write_end = os.pipe()
+                socket.send_fds(theirs, [bytes([protocol.Kind.SLOT]) + b"slot"], [read_end, write_end])
+                os.close(read_end)
+                os.close(write_end)
+            first = inbox.next()
+            assert isinstance(first, protocol.Carried) and len(first.fds) == 2
+            sockets.close_fds(first.fds)
+            assert inbox.queued_kinds() == bytes([protocol.Kind.SLOT] * 2)  # two more, read with it
+            if close_first:
+                inbox.close()
+            del inbox
+            assert open_fds() == before
+
+
 def test_the_compiled_reader_waits_then_reads_after_a_wait():
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     with ours, theirs:
