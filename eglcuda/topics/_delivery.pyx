@@ -25,6 +25,7 @@ from eglcuda.topics._ring cimport Ring
 
 from .info import SubscriberInfo
 from . import _wire, protocol
+from .._unix import close_fds
 
 cdef extern from "<sys/socket.h>" nogil:
     ssize_t send(int fd, const void *buf, size_t n, int flags)
@@ -37,6 +38,7 @@ PUBLISHED = SLOT_PUBLISHED
 STATE_NAMES = {SLOT_FREE: "free", SLOT_WRITING: "writing", SLOT_PUBLISHED: "published"}
 
 cdef object Release = protocol.Release
+cdef object Carried = protocol.Carried
 cdef object LATEST = protocol.Qos.LATEST
 cdef unsigned int RELEASE_RECORDED = protocol.RELEASE_RECORDED
 cdef int KIND_BYE = int(protocol.Kind.BYE)
@@ -241,6 +243,8 @@ def settle(list batch, object free):
             if not data or data[0] == KIND_BYE:
                 sub.leaving = True  # (read when the publisher's path handles the rest)
         if not sub.alive:
+            if message.__class__ is Carried:
+                close_fds(message[1])  # (read with the messages that dropped it: nobody else closes them)
             continue
         if (message.__class__ is Release and sub.plain_release and sub not in held_back and not message[2]
                 and not <unsigned int>message[1] & RELEASE_RECORDED):

@@ -98,6 +98,8 @@ class Delivery:
         for sub, message in _delivery.settle(batch, self.pool.free):
             if sub.alive:  # (the plain releases were handled by the core)
                 self._handle(sub, message)
+            elif message.__class__ is protocol.Carried:  # (after the message that dropped it)
+                sockets.close_fds(message.fds)
 
     def poll_if_due(self) -> None:
         """Read the subscribers' messages when the last read is _READ_INTERVAL old. A fast

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import threading
 import time
 
@@ -14,7 +15,7 @@ import eglcuda
 from eglcuda.topics import protocol
 from eglcuda.topics.protocol import Reason
 
-from .helpers import NullPublisherBackend, Peer, pattern, publisher, put, subscriber
+from .helpers import NullPublisherBackend, Peer, open_fds, pattern, publisher, put, subscriber
 
 
 def test_publisher_killed_then_restarted_while_the_subscriber_waits(path):
@@ -92,6 +93,31 @@ def test_a_subscriber_that_breaks_the_protocol_is_dropped(path):
         assert [good.receive(1).seq for _ in range(2)] == [0, 1]
         good.close()
         bad.close()
+
+
+def test_a_subscriber_that_sends_descriptors_is_dropped_and_the_publisher_keeps_none(path):
+    """Each message it sends carries two descriptors; the publisher reads several at once: the
+    first one's drop used to leave the others' descriptors open in the publisher's process."""
+    with publisher(path) as pub:
+        good = subscriber(path, qos="every")
+        put(pub, b"0")
+        good.receive(1).release()
+        fds = open_fds()
+        bad = subscriber(path, qos="every")
+        read_end, write_end = os.pipe()
+        for _ in range(3):
+            socket.send_fds(bad._conn.sock, [protocol.encode_release(0)], [read_end, write_end])
+        os.close(read_end)
+        os.close(write_end)
+        time.sleep(0.01)
+        for key in (b"1", b"2"):
+            put(pub, key)
+            good.receive(1).release()
+        (record,) = pub.dropped
+        assert record.code == "PROTOCOL" and "descriptors" in record.reason
+        bad.close()
+        assert open_fds() == fds
+        good.close()
 
 
 @pytest.mark.parametrize("then", ["alive", "goodbye", "goodbye-socket-open", "killed"])
