@@ -171,7 +171,9 @@ class Connection:
             if received is None or received.__class__ is not bytes:
                 if received is None:
                     return None
-                continue  # a FRAME
+                if received.__class__ is protocol.Carried:  # (a SLOT passing a descriptor: not opened now)
+                    sockets.close_fds(received.fds)
+                continue  # a FRAME, a SLOT
             if not received:
                 return None  # the end of the connection: no drop came before it
             try:

@@ -203,3 +203,32 @@ def test_a_cuda_vmm_subscriber_closed_before_reading_its_slots_leaves_no_descrip
             before = open_fds()  # (after a first round: what the driver keeps open once used)
     assert open_fds() == before
     os.rmdir(folder)
+
+
+@fake_driver_test
+def test_a_cuda_vmm_subscriber_dropped_before_reading_its_slots_leaves_no_descriptor():
+    """Dropped for not reading: its receive reads ahead to the drop, past SLOT messages that
+    carry a descriptor each, and closes those too (one stayed open per drop)."""
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix="eglcuda-fake-topic-")
+    path = os.path.join(folder, "t.topic")
+    pub = eglcuda.Publisher("t", 64, 48, "NV12", path=path, transports=["cuda-vmm"], every_timeout=0.1)
+    before = None
+    for _ in range(3):
+        sub = eglcuda.Subscriber("t", path=path, qos="every", queue=2)
+        while not pub.dropped or pub.subscribers:
+            pub.publish(pub.next_frame(5))
+        try:
+            sub.receive(5)
+        except eglcuda.Dropped as exc:
+            assert "every_timeout" in str(exc)
+        else:
+            raise AssertionError("a dropped subscriber received a frame")
+        sub.close()
+        gc.collect()
+        if before is None:
+            before = open_fds()
+    assert open_fds() == before
+    pub.close()
+    os.rmdir(folder)
