@@ -748,7 +748,11 @@ class Subscriber:
         if self._async_woken is not None and self._async_woken.cancelled():
             return True
         cancelling = getattr(waiter, "cancelling", None)  # (Python 3.11 on)
-        return bool(cancelling()) if cancelling is not None else False
+        if cancelling is not None:
+            return bool(cancelling())
+        # (Python 3.10: a cancel that came after its future was settled, its reader having run,
+        # waits for the task's next step in _must_cancel)
+        return bool(getattr(waiter, "_must_cancel", False))
 
     def _stop_async_reader(self, loop: asyncio.AbstractEventLoop) -> None:
         if self._async_reader is not None:

@@ -939,6 +939,37 @@ def test_receive_async_right_after_cancelling_the_waiting_one(path):
         asyncio.run(main())
 
 
+def test_receive_async_right_after_cancelling_a_waiter_whose_descriptor_fired(path):
+    """A frame arrives and wakes the waiting receive_async() (its reader ran), then task.cancel()
+    before that task has run again (its cancel pending, not delivered), then at once another
+    receive_async(): it is not refused as a second waiter, it receives that frame, the cancelled
+    one ends with CancelledError and no reader is left on the loop (on every Python: 3.10 has no
+    Task.cancelling())."""
+    with publisher(path, True) as pub, subscriber(path) as sub:
+        async def main():
+            loop = asyncio.get_running_loop()
+            fd = sub.fileno()
+            waiting = asyncio.ensure_future(sub.receive_async(5))
+            await asyncio.sleep(0.02)  # (it sleeps on the descriptor)
+            put(pub, b"woken")
+            for _ in range(20):  # (until its reader ran: the frame is there, the task not yet run)
+                await asyncio.sleep(0)
+                if sub._async_woken is not None and sub._async_woken.done():
+                    break
+            assert sub._async_woken is not None and sub._async_woken.done() and not waiting.done()
+            waiting.cancel()
+            message = await sub.receive_async(5)
+            try:
+                assert message.payload == b"woken" and message.frame.data == pattern(b"woken")
+            finally:
+                message.release()
+            with pytest.raises(asyncio.CancelledError):
+                await waiting
+            assert loop.remove_reader(fd) is False, "a reader was left on the loop"
+
+        asyncio.run(main())
+
+
 def test_receive_async_after_its_loop_was_closed_with_a_waiter_in_it(path):
     """A KeyboardInterrupt out of run_until_complete() leaves a receive_async() waiting in a
     loop that is then closed (nothing cancels it, it never runs again): a receive_async() in a
