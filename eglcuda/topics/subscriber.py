@@ -759,32 +759,12 @@ class Subscriber:
             loop.remove_reader(self._async_reader)
             self._async_reader = None
 
-    async def __aiter__(self) -> AsyncIterator[Message]:
+    def __aiter__(self) -> AsyncIterator[Message]:
         """``async for message in subscriber``: messages until the publisher closes the topic,
         through :meth:`receive_async`; each step releases the previous message if it is still
-        held (as iteration does). Drops, crashes and timeouts raise as in :meth:`receive`."""
-        if self._ending():
-            raise self._closed_error()
-        previous = None
-        try:
-            while True:
-                if previous is not None:
-                    previous.release()
-                    previous = None
-                try:
-                    previous = await self.receive_async()
-                except Dropped as exc:
-                    if exc.code == Reason.CLOSING:
-                        return
-                    raise
-                except ClosedError:
-                    if self._ending():
-                        return
-                    raise  # pragma: no cover - only a closed subscriber raises it
-                yield previous
-        finally:
-            if previous is not None:
-                previous.release()
+        held (as iteration does), and so does leaving the loop (break, return, an exception).
+        Drops, crashes and timeouts raise as in :meth:`receive`."""
+        return _AsyncMessages(self)
 
     def close(self) -> None:
         """Say goodbye to the publisher and let go of everything (held messages become
@@ -932,6 +912,66 @@ class Subscriber:
         else:
             state = f"disconnected ({self._lost})"
         return f"<{type(self).__name__} {self.name!r} {self.qos.name.lower()}: {state}>"
+
+
+class _AsyncMessages:
+    """``async for`` over a subscriber. An iterator object, not an async generator: a loop left
+    early (break, return, an exception) drops it, and the message it held is released then, as a
+    ``for`` loop's generator does; an async generator's cleanup waits for its event loop to run
+    it, which a loop stopped and closed first never does (the message stayed held)."""
+
+    __slots__ = ("_subscriber", "_previous", "_started", "_done")
+
+    def __init__(self, subscriber: Subscriber) -> None:
+        self._subscriber = subscriber
+        self._previous: Message | None = None
+        self._started = False
+        self._done = False
+
+    def __aiter__(self) -> "_AsyncMessages":
+        return self
+
+    async def __anext__(self) -> Message:
+        self._let_go()
+        if self._done:
+            raise StopAsyncIteration
+        subscriber = self._subscriber
+        if not self._started:
+            self._started = True
+            if subscriber._ending():
+                self._done = True
+                raise subscriber._closed_error()
+        try:
+            self._previous = await subscriber.receive_async()
+        except Dropped as exc:
+            self._done = True
+            if exc.code == Reason.CLOSING:
+                raise StopAsyncIteration from None
+            raise
+        except ClosedError:
+            self._done = True
+            if subscriber._ending():
+                raise StopAsyncIteration from None
+            raise  # pragma: no cover - only a closed subscriber raises it
+        except BaseException:
+            self._done = True  # (as an async generator that raised: the iteration is over)
+            raise
+        return self._previous
+
+    async def aclose(self) -> None:
+        self._done = True
+        self._let_go()
+
+    def _let_go(self) -> None:
+        previous, self._previous = self._previous, None
+        if previous is not None:
+            previous.release()
+
+    def __del__(self) -> None:
+        try:
+            self._let_go()
+        except Exception:  # pragma: no cover - a finalizer must not raise
+            pass
 
 
 def take_turn(lock: "threading.RLock", wait: float, name: str) -> float:

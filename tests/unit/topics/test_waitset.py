@@ -1050,6 +1050,40 @@ def test_async_for_ends_when_the_publisher_closes(path, ring):
         assert sub.held == 0
 
 
+def test_async_for_left_early_releases_its_message_at_once(path):
+    """An ``async for`` left by break (the next receive at once, of a subscriber that holds one
+    message at a time), or by return in a loop's last step, the loop then closed (no step of it
+    left to run an async generator's cleanup): the message it held is released as the loop is
+    left, as a ``for`` loop's is; it is not held until the subscriber closes."""
+    with publisher(path, True) as pub, subscriber(path, qos="every", queue=1) as sub:
+        async def leave_by_break():
+            put(pub, b"a")
+            async for message in sub:
+                assert message.payload == b"a"
+                break
+            assert sub.held == 0
+            put(pub, b"b")
+            with sub.receive(0) as message:
+                return message.payload
+
+        assert asyncio.run(leave_by_break()) == b"b"
+
+        async def leave_by_return():
+            async for message in sub:
+                return message.payload
+
+        put(pub, b"c")
+        loop = asyncio.new_event_loop()
+        try:
+            assert loop.run_until_complete(leave_by_return()) == b"c"
+        finally:
+            loop.close()
+        assert sub.held == 0
+        put(pub, b"d")
+        with sub.receive(5) as message:
+            assert message.payload == b"d"
+
+
 # ---- waiting costs nothing; no wake-up is lost --------------------------------------------------------
 
 def test_idle_waits_cost_no_cpu(folder):
