@@ -500,6 +500,8 @@ def instance_status(directory: Path) -> dict[str, Any]:
     state = _read_state(directory)
     processes = {p.pid: p.kind for p in mps_processes() if p.pipe_directory == str(pipe)}
     control = _pid_file_daemon(str(pipe))
+    if control is None:  # (a daemon that has opened its socket may not have written its pid file yet)
+        control = next((pid for pid, kind in processes.items() if kind == "control"), None)
     return {
         "directory": str(directory),
         "pipe_directory": str(pipe),

@@ -197,6 +197,8 @@ def test_a_daemon_that_has_not_written_its_pid_file_yet_counts_as_running(fake, 
         pid_file = pathlib.Path(daemon.pipe_directory) / mps.PID_FILE
         assert not pid_file.exists()  # start() returned on the socket and the process alone
         assert daemon.running
+        status = daemon.status()
+        assert status["running"] and mps._alive(status["control_pid"])
         with mps.session(True, quiet=True) as second:
             assert not second.owned and second.pipe_directory == daemon.pipe_directory
         assert daemon.running
