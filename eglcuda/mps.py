@@ -41,7 +41,7 @@ import time
 import weakref
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from ._bind import cuda as _cuda
 from ._bind import loader as _loader
@@ -245,6 +245,17 @@ def _pid_file_daemon(pipe_directory: str) -> int | None:
     except ValueError:
         return None
     return pid if _alive(pid) else None
+
+
+def _control_daemon(pipe_directory: str, processes: Iterable[MPSProcess] | None = None) -> int | None:
+    """The pid of the control daemon serving ``pipe_directory``: its pid file's, else the one
+    /proc shows (``processes``, or a fresh look): a daemon that has opened its socket, which is
+    what :meth:`MPSDaemon.start` waits for, may not have written its pid file yet."""
+    pid = _pid_file_daemon(pipe_directory)
+    if pid is None:
+        pid = next((p.pid for p in (mps_processes() if processes is None else processes)
+                    if p.kind == "control" and p.pipe_directory == pipe_directory), None)
+    return pid
 
 
 @dataclass(frozen=True)
@@ -498,10 +509,9 @@ def instance_status(directory: Path) -> dict[str, Any]:
     """What one instance looks like now (plain data)."""
     pipe, log = _instance_paths(directory)
     state = _read_state(directory)
-    processes = {p.pid: p.kind for p in mps_processes() if p.pipe_directory == str(pipe)}
-    control = _pid_file_daemon(str(pipe))
-    if control is None:  # (a daemon that has opened its socket may not have written its pid file yet)
-        control = next((pid for pid, kind in processes.items() if kind == "control"), None)
+    found = [p for p in mps_processes() if p.pipe_directory == str(pipe)]
+    processes = {p.pid: p.kind for p in found}
+    control = _control_daemon(str(pipe), found)
     return {
         "directory": str(directory),
         "pipe_directory": str(pipe),
@@ -745,12 +755,7 @@ class MPSDaemon:
         """Whether the daemon this object stands for runs now: its pid file names a live process,
         or a control daemon of its pipe directory shows in /proc (the same test :meth:`start`
         waits for: a daemon that has just opened its socket may not have written its pid file)."""
-        pipe = self.pipe_directory
-        if pipe is None:
-            return False
-        if _pid_file_daemon(pipe) is not None:
-            return True
-        return any(p.kind == "control" and p.pipe_directory == pipe for p in mps_processes())
+        return self.pipe_directory is not None and _control_daemon(self.pipe_directory) is not None
 
     def __enter__(self) -> MPSDaemon:
         if self.pipe_directory is None:

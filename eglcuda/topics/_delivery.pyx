@@ -25,7 +25,6 @@ from eglcuda.topics._ring cimport Ring
 
 from .info import SubscriberInfo
 from . import _wire, protocol
-from .._unix import close_fds
 
 cdef extern from "<sys/socket.h>" nogil:
     ssize_t send(int fd, const void *buf, size_t n, int flags)
@@ -229,7 +228,8 @@ def settle(list batch, object free):
     ``leaving`` (a release before it that fails to take frames back is its leaving).
 
     Returns what is left, in order: every other message, and all that follow one of them from the
-    same subscriber (its messages keep their order)."""
+    same subscriber (its messages keep their order). Of a subscriber dropped already, only the
+    messages that brought descriptors are left (for the caller to close them)."""
     cdef list rest = []
     cdef set held_back = set()  # subscribers with a message in ``rest``: their later ones follow it
     cdef Member sub
@@ -242,9 +242,7 @@ def settle(list batch, object free):
             data = <bytes>message
             if not data or data[0] == KIND_BYE:
                 sub.leaving = True  # (read when the publisher's path handles the rest)
-        if not sub.alive:
-            if message.__class__ is Carried:
-                close_fds(message[1])  # (read with the messages that dropped it: nobody else closes them)
+        if not sub.alive and message.__class__ is not Carried:  # (descriptors go on, to be closed)
             continue
         if (message.__class__ is Release and sub.plain_release and sub not in held_back and not message[2]
                 and not <unsigned int>message[1] & RELEASE_RECORDED):

@@ -98,7 +98,7 @@ class Delivery:
         for sub, message in _delivery.settle(batch, self.pool.free):
             if sub.alive:  # (the plain releases were handled by the core)
                 self._handle(sub, message)
-            elif message.__class__ is protocol.Carried:  # (after the message that dropped it)
+            elif message.__class__ is protocol.Carried:  # (of a subscriber dropped: nobody else closes them)
                 sockets.close_fds(message.fds)
 
     def poll_if_due(self) -> None:
