@@ -498,17 +498,17 @@ class RemoteFeed:
         return info
 
     # ---- waiting on many ------------------------------------------------------------------------
-    def fileno(self, wait: float = -1) -> int | None:
+    def fileno(self, wait: float) -> int | None:
         """As :meth:`eglcuda.Subscriber.fileno`: an ``eventfd`` that the UCX engine's thread
         makes readable when a frame arrived or the link ended, and a receive that takes the last
-        frame makes quiet. Made at the first call, waiting up to ``wait`` seconds (-1: no limit)
-        for a receive of another thread to end first; None when it did not."""
+        frame makes quiet. Made at the first call, waiting up to ``wait`` seconds for a receive
+        of another thread to end first; None when it did not."""
         if os.getpid() != self._pid:
             raise self._forked_error()
         ready = self._ready
         if ready is not None:
             return ready.fileno()
-        if not self._busy.acquire(timeout=wait):
+        if not _acquire(self._busy, wait):
             return None
         try:
             if self._closed:

@@ -571,14 +571,18 @@ class Subscriber:
         makes it; from then on each receive leaves the subscriber declared asleep when nothing
         is left, so that the publisher's next frame wakes the descriptor (one system call a
         frame on each side, as a blocking :meth:`receive` that sleeps pays). Receive on one
-        thread at a time."""
-        fd = self._readiness_fd(-1)
-        assert fd is not None  # (no limit: it waited for a receive of another thread to end)
+        thread at a time: the first call waits for a receive of another thread to end, up to the
+        subscriber's ``timeout``, then raises :class:`eglcuda.Timeout`."""
+        fd = self._readiness_fd(self.timeout)
+        if fd is None:
+            raise Timeout(f"fileno() of the subscriber of topic {self.name!r} waited {self.timeout:g} s for "
+                          "another thread's receive to end: ask for it before receiving on another thread, "
+                          "or on the receiving thread")
         return fd
 
     def _readiness_fd(self, wait: float) -> int | None:
-        """fileno()'s descriptor, made at the first call, waiting up to ``wait`` seconds (-1:
-        no limit) for a receive of another thread to end first; None when it did not."""
+        """fileno()'s descriptor, made at the first call, waiting up to ``wait`` seconds for a
+        receive of another thread to end first; None when it did not."""
         if self._remote is not None:
             return self._remote.fileno(wait)
         if self._forked:
@@ -586,7 +590,7 @@ class Subscriber:
         ready = self._ready
         if ready is not None:
             return ready.fileno()
-        if not self._busy.acquire(timeout=wait):
+        if not _acquire(self._busy, wait):
             return None
         try:
             try:
@@ -1029,7 +1033,7 @@ class RemoteFeed(Protocol):
     def ending(self) -> bool: ...
     def receive(self, timeout: float | None) -> Message: ...
     def wait_for_publisher(self, timeout: float | None) -> TopicInfo: ...
-    def fileno(self, wait: float = -1) -> int | None: ...
+    def fileno(self, wait: float) -> int | None: ...
     def wait_ready(self) -> "bool | BaseException": ...
     def close(self) -> None: ...
     def orphaned(self) -> None: ...

@@ -1032,6 +1032,32 @@ def test_receive_async_beside_another_threads_receive_keeps_its_timeout_and_the_
         assert asyncio.run(after()) == b"after"
 
 
+def test_fileno_beside_another_threads_endless_receive_raises_timeout_after_the_subscribers_timeout(path):
+    """Another thread sits in a receive with no practical limit when fileno() is first asked
+    for (a WaitSet attaching it): fileno() waits up to the subscriber's timeout for that receive
+    to end, then raises Timeout naming it, instead of waiting for good; once the receive ended,
+    fileno() works and the descriptor wakes for the next frame."""
+    with publisher(path, True) as pub, subscriber(path, qos="every", timeout=0.4) as sub:
+        got = []
+        other = threading.Thread(target=lambda: got.append(sub.receive(1e9)), daemon=True)
+        other.start()
+        time.sleep(0.1)
+        started = time.monotonic()
+        with eglcuda.WaitSet() as waits, pytest.raises(eglcuda.Timeout, match="another thread's receive"):
+            waits.attach(sub)
+        assert 0.35 <= time.monotonic() - started < 2.0
+        put(pub, b"first")
+        other.join(5)
+        assert not other.is_alive() and got[0].payload == b"first"
+        got[0].release()
+        fd = sub.fileno()
+        assert not readable(fd)
+        put(pub, b"second")
+        assert select.select([fd], [], [], 5)[0] == [fd]
+        with sub.receive(0) as message:
+            assert message.payload == b"second" and message.frame.data == pattern(b"second")
+
+
 def test_async_for_ends_when_the_publisher_closes(path, ring):
     pub = publisher(path, ring)
     with subscriber(path, qos="every", queue=8) as sub:
