@@ -939,7 +939,8 @@ cdef class AcquiredFrame:
         """Host copies of every plane (debugging)."""
         return [plane.to_numpy() for plane in self.planes]
 
-    def __getitem__(self, int index):
+    def __getitem__(self, index):
+        # (Untyped: a C int would cut 2**32 to plane 0; the tuple reads any index as a Frame's does.)
         return self.planes[index]
 
     def __len__(self) -> int:

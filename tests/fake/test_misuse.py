@@ -830,3 +830,19 @@ def test_closing_the_process_wide_device_keeps_its_context():
         producer.present(later)
         with consumer.acquire() as acquired:
             assert (acquired[0].to_numpy() == 9).all()
+
+
+@fake_driver_test
+def test_an_acquired_frames_plane_index_is_not_cut_to_a_c_int():
+    """``acquired[2**32]`` was plane 0 (the index was cut to a C int), ``acquired[2**63]`` an
+    OverflowError: an index is read as a Frame's is, and one out of range is an IndexError."""
+    with stream_of(8, 4, format="NV12") as (_, stream, producer, consumer):
+        frame = producer.allocate_frame()
+        producer.present(frame)
+        with consumer.acquire(timeout_us=1_000_000) as acquired:
+            assert acquired[np.int64(1)] is acquired.planes[1] and acquired[-1] is acquired.planes[1]
+            for bad in (2, 2**32, 2**32 + 1, 2**63, -2**64):
+                with pytest.raises(IndexError):
+                    acquired[bad]
+                with pytest.raises(IndexError):
+                    frame[bad]
