@@ -846,3 +846,21 @@ def test_an_acquired_frames_plane_index_is_not_cut_to_a_c_int():
                     acquired[bad]
                 with pytest.raises(IndexError):
                     frame[bad]
+
+
+@fake_driver_test
+def test_a_numpy_bool_names_no_cuda_stream():
+    """``cuda_stream=np.True_`` named stream 1 and ``np.False_`` the legacy default stream (as a
+    DLPack stream too, where 0 is refused as ambiguous) while ``True`` was refused: a NumPy bool
+    is a flag passed by mistake, refused as Python's is, before the driver."""
+    with stream_of(8, 4) as (_, stream, producer, consumer):
+        frame = producer.allocate_frame()
+        for bad in (np.True_, np.False_):
+            with pytest.raises(UsageError, match="CUDA stream"):
+                producer.present(frame, cuda_stream=bad)
+        assert not frame.presented
+        producer.present(frame, cuda_stream=np.uint64(0))  # (a NumPy integer is a handle as before)
+        with consumer.acquire(timeout_us=1_000_000) as acquired:
+            for bad in (np.True_, np.False_):
+                with pytest.raises(UsageError, match="DLPack stream"):
+                    acquired.planes[0].__dlpack__(stream=bad)
