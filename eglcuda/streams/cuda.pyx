@@ -31,7 +31,7 @@ from .._bind.cuda import cuda_error
 from .._bind import cuda_egl as _driver
 from .._bind.egl import address, clear_error as clear_egl_error
 from .._bind.hot import table_address
-from .._integers import check_flag
+from .._integers import as_int, check_flag
 from .._resource import abandon, exiting
 from .._unix import wait_seconds
 from ..errors import ClosedError, StreamDisconnected, Timeout, Unsupported, UsageError
@@ -1063,9 +1063,12 @@ cdef class CudaConsumer(Resource):
         stream._check_consumer_slot()
         if location is not None:
             try:
-                if isinstance(location, (bool, float)):  # an IntEnum takes True and 1.0 for 1 (VIDMEM)
+                # An integer of any kind: an IntEnum takes True and 1.0 for 1 (VIDMEM), and NumPy's
+                # bools and floats too.
+                number = as_int(location)
+                if number is None:
                     raise ValueError(location)
-                location = ResourceLocation(location)
+                location = ResourceLocation(number)
             except ValueError:
                 raise UsageError(f"location is an eglcuda.ResourceLocation (SYSMEM or VIDMEM), got {location!r}") from None
         self.stream = stream

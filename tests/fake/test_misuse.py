@@ -864,3 +864,20 @@ def test_a_numpy_bool_names_no_cuda_stream():
             for bad in (np.True_, np.False_):
                 with pytest.raises(UsageError, match="DLPack stream"):
                     acquired.planes[0].__dlpack__(stream=bad)
+
+
+@fake_driver_test
+def test_numpy_bools_and_floats_name_no_resource_location():
+    """``location=np.True_`` connected a VIDMEM consumer and ``np.float32(0)`` a SYSMEM one (an
+    IntEnum takes them for 1 and 0) while True and 1.0 were refused: each is a UsageError and
+    connects nothing; a NumPy integer is the location it holds."""
+    from eglcuda import ResourceLocation
+
+    with display() as opened:
+        for bad in (np.True_, np.False_, np.float32(0), np.float64(1)):
+            with opened.create_stream() as stream:
+                with pytest.raises(UsageError, match="location"):
+                    stream.connect_cuda_consumer(location=bad)
+                assert stream.consumer is None
+        with opened.create_stream() as stream:
+            assert stream.connect_cuda_consumer(location=np.int64(1)).location is ResourceLocation.VIDMEM
