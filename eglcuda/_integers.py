@@ -24,12 +24,20 @@ def as_int(value: object) -> int | None:
     return None
 
 
+def is_bool(value: object) -> bool:
+    """Whether ``value`` is a ``bool`` or NumPy's ``bool_`` (not a :class:`numbers.Number`, yet
+    ``int()`` takes it)."""
+    if value is True or value is False:
+        return True
+    kind = type(value)
+    return kind.__module__ == "numpy" and kind.__name__ in ("bool_", "bool")
+
+
 def check_flag(value: object, what: str) -> bool:
     """``value`` as a plain ``bool`` if it is one (NumPy's ``bool_`` too), else
     :class:`UsageError` naming ``what``."""
     if value is True or value is False:
         return value
-    kind = type(value)
-    if kind.__module__ == "numpy" and kind.__name__ in ("bool_", "bool"):
+    if is_bool(value):
         return bool(value)
     raise UsageError(f"{what} is True or False, got {value!r}")

@@ -8,7 +8,7 @@ import numbers
 import sys
 from typing import Any, Sequence
 
-from .._integers import as_int
+from .._integers import as_int, is_bool
 from ..errors import UsageError
 
 # DLPack device type and the stream numbers the protocol reserves (CUDA).
@@ -27,7 +27,7 @@ def stream_handle(stream: Any) -> int:
         return 0
     if type(stream) is int:
         value = stream
-    elif isinstance(stream, (bool, float, complex, str, bytes)) or _is_numpy_bool(stream):
+    elif isinstance(stream, (float, complex, str, bytes)) or is_bool(stream):
         raise _not_a_stream(stream)
     else:
         value = _handle_of(stream)
@@ -53,12 +53,6 @@ def _handle_of(stream: Any) -> int:
         raise UsageError(f"cannot take a CUDA stream from {type(stream).__name__}") from None
 
 
-def _is_numpy_bool(value: Any) -> bool:
-    """Whether ``value`` is NumPy's bool: not a numbers.Number, so int() would make it stream 0 or 1."""
-    kind = type(value)
-    return kind.__module__ == "numpy" and kind.__name__ in ("bool_", "bool")
-
-
 def _not_a_stream(value: Any) -> UsageError:
     return UsageError(f"a CUDA stream is None, an int handle or a stream object, got {value!r}")
 
@@ -69,7 +63,7 @@ def dlpack_stream(stream: Any) -> int | None:
     "do not synchronize"."""
     if stream is None:
         return 0
-    if isinstance(stream, (bool, float, str, bytes)) or _is_numpy_bool(stream):
+    if isinstance(stream, (float, str, bytes)) or is_bool(stream):
         raise UsageError(f"a DLPack stream is None, -1, 1, 2 or a CUstream as an int, got {stream!r}")
     # (A NumPy integer is the number it holds: -1 and 0 keep the protocol's meaning.)
     number = as_int(stream)
