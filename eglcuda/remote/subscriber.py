@@ -418,11 +418,20 @@ class RemoteFeed:
             view = message._frame
             own = self._backend.cuda_stream
             if not self._closed and self._link is not None and own is not None:
+                readers = view._handed_to
                 try:
                     used = join_readers(view, own, stream)
                     self._mark_released(view.slot, used)
                 except EglCudaError:
-                    pass
+                    if not self._closing:
+                        # The driver refused to order the release after the frame's readers
+                        # (cuda_stream destroyed, say): freed, the slot would take the next frame's
+                        # copy under them. As a local subscriber's: the message stays held, its
+                        # view usable, and the error is the caller's. (A close lets go regardless.)
+                        view._handed_to = readers
+                        message._released = False
+                        self._held.add(message)
+                        raise
             view._released = True
             if self._link is not None and view.slot < len(self._pool):
                 self._free_slots.append(view.slot)

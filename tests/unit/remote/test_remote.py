@@ -749,3 +749,43 @@ def test_a_remote_subscriber_closed_and_made_again_at_once_is_not_refused_as_one
     assert out.returncode == 0, out.stderr[-2000:]
     said = json.loads(out.stdout.splitlines()[-1])
     assert said == {"refused": [], "oks": [True] * 20}, said
+
+
+_RELEASE_REFUSED = r'''
+import json, sys
+sys.path.insert(0, "tests/gpu")
+import eglcuda
+from eglcuda._bind import cuda
+from topics_peer import check
+said = []
+for qos in ("latest", "every"):
+    with eglcuda.Subscriber("t", remote=sys.argv[1], qos=qos) as sub:
+        message = sub.receive(10)
+        eglcuda.get_device(0).make_current()
+        dead = cuda.stream_create(non_blocking=True)
+        cuda.stream_destroy(dead)
+        try:
+            message.release(dead)
+            error = None
+        except eglcuda.CUDAError as exc:
+            error = type(exc).__name__
+        said.append({"error": error, "released": message.released, "held": sub.held,
+                     "ok": check(message, 5)[0] if not message.released else None})
+        message.release()
+        said.append({"held": sub.held})
+print(json.dumps(said), flush=True)
+'''
+
+
+def test_a_release_the_driver_refuses_to_order_raises_and_the_message_stays_held(cluster, env):
+    """As a local subscriber's (Message.release): a release whose ordering after the frame's
+    readers the driver refuses (a destroyed cuda_stream) raises its CUDAError and leaves the
+    message held and readable. A remote subscriber swallowed the error and let the slot go, to be
+    written by the next frame's copy with nothing ordered after the user's work on it."""
+    cluster.publisher(rate=300)
+    _, address = cluster.relay()
+    out = subprocess.run([sys.executable, "-c", _RELEASE_REFUSED, address], env=env, cwd=str(ROOT),
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    said = json.loads(out.stdout.splitlines()[-1])
+    assert said == [{"error": "CUDAError", "released": False, "held": 1, "ok": True}, {"held": 0}] * 2, said
