@@ -396,7 +396,13 @@ class Engine:
         self.thread = threading.Thread(target=self._main, name="eglcuda-ucx", daemon=True)
         self._started: concurrent.futures.Future[None] = concurrent.futures.Future()
         self.thread.start()
-        self._started.result(30)
+        try:
+            self._started.result(30)
+        except EglCudaError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - UCXX's own types (no usable transport or device), said as ours
+            raise EglCudaError(f"UCX could not start: {type(exc).__name__}: {exc} (UCX_TLS and UCX_NET_DEVICES name "
+                               "the transports and network devices it may use)") from None
 
     # ---- the engine's thread ------------------------------------------------------------------
     def _main(self) -> None:

@@ -341,3 +341,31 @@ def test_the_hex_key_leaves_the_environment_also_when_another_key_is_used(source
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["unset", hex_key], done.stdout
+
+
+# UCX that cannot start (no usable transport): what a remote subscriber raises, twice in one process.
+_NO_TRANSPORT = r'''
+import os
+import eglcuda
+for _ in range(2):
+    try:
+        eglcuda.Subscriber("t", remote="127.0.0.1:9", key=os.urandom(32), timeout=1)
+    except Exception as exc:
+        print(f"{type(exc).__module__}.{type(exc).__name__}: {exc}", flush=True)
+'''
+
+
+def test_ucx_that_cannot_start_is_an_eglcuda_error_naming_ucx(fake_env):
+    # (UCXX's own UCXXNoDeviceError reached the caller, and a relay's command printed its traceback)
+    from .conftest import UCX_ENV
+
+    remote_extra.skip_without()
+    env = {**fake_env, **UCX_ENV, "UCX_TLS": "no-such-transport", "UCX_LOG_LEVEL": "fatal", keys.KEY_FILE_VARIABLE: ""}
+    out = subprocess.run([sys.executable, "-c", _NO_TRANSPORT], env=env, cwd=str(ROOT), capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.splitlines()
+    assert len(lines) == 2, out.stdout
+    for line in lines:
+        assert line.startswith("eglcuda.errors.EglCudaError: UCX could not start"), line
+        assert "UCXXNoDeviceError" in line and "UCX_TLS" in line, line
