@@ -126,6 +126,9 @@ def foreign_device_pointer(obj: Any) -> tuple[int, tuple[int, ...], tuple[int, .
     interface = getattr(obj, "__cuda_array_interface__", None)
     if interface is None:
         raise UsageError(f"{type(obj).__name__} has no __cuda_array_interface__")
+    if interface.get("mask") is not None:  # (the protocol: a consumer without masks refuses a masked array)
+        raise UsageError(f"{type(obj).__name__} is a masked array (its __cuda_array_interface__ has a mask): "
+                         "eglcuda reads every element; pass the array without its mask")
     try:
         pointer, read_only = interface["data"]
         # An int (a NumPy one too): int() would also turn a string, a float or True into an address.

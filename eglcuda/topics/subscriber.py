@@ -100,6 +100,8 @@ class Subscriber:
         self.queue = depth
         self.timeout = positive_seconds(timeout, "timeout")
         self._busy_wait = sockets.wait_seconds(busy_wait, "busy_wait")
+        if self._busy_wait > _MAX_BUSY_WAIT:
+            raise UsageError(f"busy_wait is at most {_MAX_BUSY_WAIT} seconds, got {busy_wait!r}")
         # The task of the receive_async() waiting (one at a time), the future it sleeps on and the
         # descriptor it watches on its loop: a new one may take over from a waiter that was
         # cancelled but has not run since (and then takes its reader off the loop).
@@ -122,8 +124,6 @@ class Subscriber:
             # closed in the background; at exit the engine's exit hook closes it.)
             weakref.finalize(self, self._remote.orphaned).atexit = False
             return
-        if self._busy_wait > _MAX_BUSY_WAIT:
-            raise UsageError(f"busy_wait is at most {_MAX_BUSY_WAIT} seconds, got {busy_wait!r}")
         if _backend is None and transport not in ("auto",) + transports.names():
             raise UsageError(f"transport is 'auto' or one of {transports.names()}, got {transport!r}")
         self.path = naming.socket_path(self.name, path)

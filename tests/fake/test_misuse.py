@@ -559,6 +559,25 @@ def test_an_array_interface_whose_address_is_no_int_is_malformed():
 
 
 @fake_driver_test
+def test_a_masked_array_is_refused_and_a_mask_of_none_is_no_mask():
+    """__cuda_array_interface__ may carry a mask (version 3: None or an object of its own); a
+    consumer that reads every element refuses a masked array rather than reading masked-out
+    elements as data. A mask of None is an array like any other."""
+    memory = eglcuda.Frame.allocate(8, 4)
+    pointer, pitch = memory.planes[0].pointer, memory.pitch
+    masked = _Foreign(pointer, (4, 8, 4), (pitch, 4, 1))
+    masked.__cuda_array_interface__["mask"] = _Foreign(pointer, (4, 8, 4), (pitch, 4, 1))
+    with pytest.raises(UsageError, match="masked"):
+        eglcuda.Frame.from_arrays(masked)
+    unmasked = _Foreign(pointer, (4, 8, 4), (pitch, 4, 1))
+    unmasked.__cuda_array_interface__["mask"] = None
+    frame = eglcuda.Frame.from_arrays(unmasked)
+    assert frame.planes[0].pointer == pointer
+    del frame
+    memory.close()
+
+
+@fake_driver_test
 def test_wrapped_planes_must_end_below_2_64():
     """Every wrapped plane ends below 2**64: from_pointer checked only the last plane of a list
     (a U plane at 2**64 - 1 was taken) and from_arrays none; such an address reached the driver."""

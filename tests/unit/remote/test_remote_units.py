@@ -215,6 +215,16 @@ def test_a_malformed_remote_address_is_refused_before_any_connection(remote, why
     assert time.monotonic() - started < 1
 
 
+@pytest.mark.parametrize("busy_wait", [1e9, 0.5, -1, float("nan"), True])
+def test_a_remote_subscribers_busy_wait_is_checked_as_a_local_ones(busy_wait):
+    """busy_wait is refused out of range for a remote subscriber too (it was taken unchecked
+    beyond the local bound), before any connection."""
+    started = time.monotonic()
+    with pytest.raises(UsageError, match="busy_wait"):
+        eglcuda.Subscriber("t", remote="127.0.0.1:9", key=os.urandom(32), timeout=30, busy_wait=busy_wait)
+    assert time.monotonic() - started < 1
+
+
 def test_a_relay_listens_on_port_0_a_subscriber_connects_to_1_and_up():
     assert wire.parse_address("127.0.0.1:0", "listen", least_port=0) == ("127.0.0.1", 0)
     assert wire.parse_address("[::1]:65535", "remote") == ("::1", 65535)
