@@ -361,7 +361,11 @@ class Listener:
         listener, self._listener = self._listener, None
         if listener is not None:
             self._engine.keep_callback_data(listener)
-        del listener  # (UCXX's listener ends with its last reference, here on the engine's thread)
+            # (UCXX's listener ends with its last reference: on the closer thread, after the endpoints
+            # it accepted that are closing there. Let go of here while the closer let go of one of
+            # them, the two UCXX destructors at once crashed the process now and then.)
+            self._engine.close_later(listener)
+        del listener
 
 
 class Engine:
@@ -526,7 +530,8 @@ class Engine:
         self._callback_data.extend(data)
 
     def close_later(self, ep: Any) -> None:
-        """Close UCXX endpoint ``ep`` on the closer thread (started on first use); a pass follows."""
+        """Close UCXX endpoint ``ep`` on the closer thread (started on first use); a pass follows.
+        A UCXX listener is let go of there too: UCXX's objects end on one thread, in order."""
         if self._closer is None:
             self._closer = threading.Thread(target=self._close_endpoints, name="eglcuda-ucx-close", daemon=True)
             self._closer.start()
@@ -538,11 +543,13 @@ class Engine:
             ep = self._to_close.get()
             if ep is None:
                 return
-            try:
-                ep.close_blocking(period=CLOSE_NS, max_attempts=1)
-            except Exception:  # noqa: BLE001 - already gone
-                pass
-            del ep  # (UCXX's endpoint ends here, off the engine's thread)
+            close = getattr(ep, "close_blocking", None)  # (None: a listener, only let go of)
+            if close is not None:
+                try:
+                    close(period=CLOSE_NS, max_attempts=1)
+                except Exception:  # noqa: BLE001 - already gone
+                    pass
+            del ep, close  # (UCXX's endpoint or listener ends here, off the engine's thread)
             if self._to_close.empty():
                 self.on_loop_soon(self.schedule)  # (the cancelled requests complete in the next pass)
 
