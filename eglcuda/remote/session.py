@@ -331,6 +331,9 @@ class FrameSeal:
         self._counter_at = counter_at
         self._data_at = data_at
         self._counter = itertools.count(1)
+        # ENCRYPTED: where the frame bytes are encrypted or decrypted before they are copied back
+        # (pyca/cryptography from 51 refuses an input and output that overlap, as in place would).
+        self._scratch: memoryview | None = None
 
     def seal(self, message: Any) -> int:
         """Seal ``message`` (a writable buffer of the whole sealed message) in place; returns
@@ -341,11 +344,21 @@ class FrameSeal:
         struct.pack_into("<Q", view, self._counter_at, counter)
         nonce = struct.pack("<Q", counter) + b"\0\0\0\0"
         if self.mode is FrameMode.ENCRYPTED:
-            self._aead.encrypt_into(nonce, view[self._header_end:end], view[:self._header_end], view[self._header_end:])
+            sealed = self._scratch_of(len(view) - self._header_end)
+            self._aead.encrypt_into(nonce, view[self._header_end:end], view[:self._header_end], sealed)
+            view[self._header_end:] = sealed
         else:
             covered = view[:end] if self.mode is FrameMode.INTEGRITY else view[:self._data_at]
             self._aead.encrypt_into(nonce, b"", covered, view[end:])
         return counter
+
+    def _scratch_of(self, size: int) -> memoryview:
+        """``size`` bytes of this seal's scratch buffer (grown to the largest frame; one thread
+        seals or opens at a time, as the relay's staging and a remote's receiver do)."""
+        scratch = self._scratch
+        if scratch is None or len(scratch) < size:
+            scratch = self._scratch = memoryview(bytearray(size))
+        return scratch[:size]
 
     def open(self, message: Any) -> int:
         """Check (and decrypt, in place) ``message`` as :meth:`seal` made it; its counter, or
@@ -356,8 +369,9 @@ class FrameSeal:
         nonce = struct.pack("<Q", counter) + b"\0\0\0\0"
         try:
             if self.mode is FrameMode.ENCRYPTED:
-                self._aead.decrypt_into(nonce, view[self._header_end:], view[:self._header_end],
-                                        view[self._header_end:end])
+                opened = self._scratch_of(end - self._header_end)
+                self._aead.decrypt_into(nonce, view[self._header_end:], view[:self._header_end], opened)
+                view[self._header_end:end] = opened
             else:
                 covered = view[:end] if self.mode is FrameMode.INTEGRITY else view[:self._data_at]
                 self._aead.decrypt_into(nonce, view[end:], covered, bytearray(0))
