@@ -32,7 +32,8 @@ from .formats import (
     producer_format,
 )
 from ._core import FrameCore, make_capsule
-from .interop import DL_CUDA, cai_reader_streams, dlpack_stream, foreign_device_pointer, row_pitch, stream_handle
+from .interop import (DL_CUDA, cai_reader_streams, cai_stream, dlpack_stream, foreign_device_pointer, row_pitch,
+                      stream_handle)
 
 
 
@@ -623,13 +624,18 @@ class Frame(FrameCore, FrameBase):
         """Wrap one CUDA array per plane (``__cuda_array_interface__``: CuPy, PyTorch, Numba)
         without copying. Each must be uint8, shaped ``(height, width[, channels])`` for its plane,
         with contiguous rows; plane 0's row stride is the frame's pitch and the others must follow
-        the pitch convention of :mod:`eglcuda._formats`."""
+        the pitch convention of :mod:`eglcuda._formats`. Work still queued on the stream each
+        array's interface names (CuPy's and PyTorch's current stream) is waited for here, on the
+        host, so the frame holds what was written before it was wrapped (docs/ordering.md)."""
         fmt = producer_format(format)
         if not isinstance(arrays, (list, tuple)):
             arrays = [arrays]
         if not arrays:
             raise UsageError("from_arrays needs one array per plane, got none")
         described = [foreign_device_pointer(a) for a in arrays]
+        # The streams the exporters say their data is ordered on (CuPy's and PyTorch's current
+        # stream), read before the frame is made: a malformed one is refused.
+        written_on = [stream for stream in dict.fromkeys(cai_stream(d[4]) for d in described) if stream is not None]
         pointer0, shape0, strides0, _, _, _ = described[0]
         if len(shape0) not in (2, 3):
             raise UsageError(f"plane 0 must be (height, width) or (height, width, channels), got shape {shape0}")
@@ -662,6 +668,14 @@ class Frame(FrameCore, FrameBase):
                     addresses=(), plane_addresses=tuple(d[0] for d in described), owned=False, keep=list(arrays))
         if any(read_only for *_, read_only in described):
             frame.read_only = True  # eglcuda writes none of it, and its views say so
+        if written_on:
+            # The protocol leaves the wait to its consumer, where it consumes: here, as the frame
+            # may be presented much later, once that stream is gone (a `with cupy.cuda.Stream():`
+            # block ended). Only a stream with work still queued is waited for.
+            device.make_current()
+            for stream in written_on:
+                if not cuda.stream_idle(stream, "asking whether a wrapped array's stream is done"):
+                    cuda.stream_synchronize(stream, "waiting for the stream a wrapped array is written on")
         return frame
 
     # ---- memory kinds ------------------------------------------------------------------------

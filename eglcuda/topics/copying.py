@@ -6,6 +6,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from .._bind import cuda
 from .._integers import as_int
 from ..errors import UsageError
 from ..frames.frame import order_after
@@ -19,6 +20,12 @@ def copy_into(frame: Any, source: Any, cuda_stream: Any) -> None:
         sources = list(source.planes)
         if len(sources) != len(planes):
             raise UsageError(f"the source has {len(sources)} planes, the topic's frames {len(planes)}")
+        writers = getattr(source, "_handed_to", None)
+        if writers:
+            # Streams the source was handed to since it came to its holder (a DLPack consumer that
+            # wrote it, a copy into it): the copies wait for them on the GPU (docs/ordering.md).
+            source.device.make_current()
+            cuda.join_streams(stream_handle(cuda_stream), writers, "ordering a copy after the streams that wrote it")
         for target, plane in zip(planes, sources):
             if (plane.width, plane.height, plane.channels) != (target.width, target.height, target.channels):
                 raise UsageError(f"source plane {plane.index} is {plane.shape}, the topic's {target.shape}")

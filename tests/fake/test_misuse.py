@@ -233,9 +233,10 @@ def test_sharing_refuses_timeouts_no_socket_can_hold(timeout):
 class _Foreign:
     """A foreign CUDA array (as CuPy or PyTorch describe theirs) over eglcuda-allocated memory."""
 
-    def __init__(self, pointer: int, shape: tuple, strides: tuple, read_only: bool = False) -> None:
+    def __init__(self, pointer: int, shape: tuple, strides: tuple, read_only: bool = False,
+                 stream: int | None = None) -> None:
         self.__cuda_array_interface__ = {"shape": shape, "strides": strides, "typestr": "|u1",
-                                         "data": (pointer, read_only), "version": 3}
+                                         "data": (pointer, read_only), "version": 3, "stream": stream}
 
 
 @fake_driver_test
@@ -260,6 +261,47 @@ def test_from_arrays_takes_the_layout_and_read_only_flag_it_is_given():
     del frame, plane, writable
     memory.close()
     one_channel.close()
+
+
+@fake_driver_test
+def test_wrapping_arrays_waits_for_their_exporters_stream_and_publish_from_for_a_frames_writers():
+    """``__cuda_array_interface__`` names the stream the array's data is ordered on (CuPy's and
+    PyTorch's current stream) and leaves the wait to the consumer: ``from_arrays`` over an array
+    whose stream still has work queued (the stand-in libcuda's held stream) waits for it, and
+    over one whose stream is idle waits for nothing. A stream of 0, which the protocol forbids, is
+    refused. ``publish_from`` of a frame a DLPack consumer wrote on a stream still busy copies
+    behind that stream: the legacy default stream the copy is queued on is left waiting for it."""
+    import ctypes
+    import tempfile
+
+    library = ctypes.CDLL(os.environ["EGLCUDA_LIBCUDA"])
+    library.fake_cuda_hold.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    library.cuStreamQuery.argtypes = [ctypes.c_void_p]
+    not_ready = 600
+    memory = eglcuda.Frame.allocate(8, 4)
+    pointer, pitch = memory.planes[0].pointer, memory.pitch
+    eglcuda.get_device(0).make_current()
+    held = cuda.stream_create(non_blocking=True)
+    with pytest.raises(UsageError, match="stream"):
+        eglcuda.Frame.from_arrays(_Foreign(pointer, (4, 8, 4), (pitch, 4, 1), stream=0))
+    syncs = fake.calls("cuStreamSynchronize")
+    eglcuda.Frame.from_arrays(_Foreign(pointer, (4, 8, 4), (pitch, 4, 1), stream=held))
+    assert fake.calls("cuStreamSynchronize") == syncs, "an idle stream was waited for"
+    library.fake_cuda_hold(held, 1)
+    eglcuda.Frame.from_arrays(_Foreign(pointer, (4, 8, 4), (pitch, 4, 1), stream=held))
+    assert fake.calls("cuStreamSynchronize") == syncs + 1, "the exporter's busy stream was not waited for"
+    library.fake_cuda_hold(held, 0)
+
+    path = os.path.join(tempfile.mkdtemp(), "topic")
+    source = eglcuda.Frame.allocate(64, 48, format="NV12")
+    with eglcuda.Publisher("t", 64, 48, "NV12", path=path) as publisher:
+        source.planes[0].__dlpack__(stream=held)  # a consumer that writes the frame on `held`
+        library.fake_cuda_hold(held, 1)
+        publisher.publish_from(source)
+        assert library.cuStreamQuery(None) == not_ready, "publish_from copied before the frame's writer ran"
+        library.fake_cuda_hold(held, 0)
+    memory.close()
+    source.close()
 
 
 @fake_driver_test

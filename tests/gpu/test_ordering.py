@@ -195,6 +195,40 @@ def test_stream_reader_on_any_stream_is_done_before_the_frame_comes_back(display
         assert wrong == [], f"{len(wrong)} of {FRAMES} frames were written again while read"
 
 
+def test_a_frame_wrapping_cupy_arrays_written_on_a_side_stream_lands_before_the_consumer_reads(display):
+    """A CuPy array written slowly on a non-blocking stream, wrapped with ``Frame.from_arrays``
+    inside that stream's ``with`` (its ``__cuda_array_interface__`` names the stream), the stream
+    dropped (destroyed) and the frame presented with no stream named: what was written before the
+    wrap is what the consumer reads. Two buffers in turn, a fresh stream and frame each time (a
+    decoder's output wrapped as it comes); every byte checked."""
+    needs("cupy-nonblocking")
+    kit = Kit(SPIN_MS)
+    cupy = kit.cupy
+    seed = 29
+    shape = (HEIGHT, WIDTH, 4)
+    # Rows beyond the frame: room for what the driver may read past the last row.
+    buffers = [cupy.zeros((HEIGHT + 16, WIDTH, 4), cupy.uint8)[:HEIGHT] for _ in range(2)]
+    wrong = []
+    with connected(display, WIDTH, HEIGHT, fifo_length=1, reuse_last_frame=False) as (_stream, producer, consumer):
+        for seq in range(FRAMES):
+            (data,) = content([shape], seed, seq)
+            staged = cupy.asarray(data)
+            cupy.cuda.Device().synchronize()
+            side = cupy.cuda.Stream(non_blocking=True)
+            with side:
+                kit.spin()
+                buffers[seq % 2][...] = staged
+                frame = eglcuda.Frame.from_arrays(buffers[seq % 2], format="ARGB")
+            del side
+            producer.present(frame)
+            with consumer.acquire(timeout_us=5_000_000) as acquired:
+                if not (acquired.planes[0].to_numpy() == data).all():
+                    wrong.append(seq)
+            assert producer.return_frame(timeout_us=5_000_000) is frame
+    kit.finish()
+    assert wrong == [], f"{len(wrong)} of {FRAMES} wrapped frames were read before their write landed"
+
+
 @pytest.mark.parametrize("step", ["present", "present_and_return"])
 @pytest.mark.parametrize("writer", WRITERS)
 def test_stream_writer_on_any_stream_lands_before_the_consumer_reads(display, writer, step):
