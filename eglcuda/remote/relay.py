@@ -441,7 +441,9 @@ class Relay:
                 done.wait(0.25)
         finally:
             for signum, handler in previous.items():
-                signal.signal(signum, handler)
+                # None: a handler not installed from Python (an embedding application's), which
+                # Python cannot put back; the default action is the nearest it can.
+                signal.signal(signum, signal.SIG_DFL if handler is None else handler)
         self.close()
 
     def _forked_error(self) -> UsageError:

@@ -490,3 +490,28 @@ def test_close_from_a_signal_handler_on_the_thread_inside_a_call_ends_that_call(
     assert result["handler_s"] < 0.5 and result["call_s"] < 1.5, result
     assert result["ended"] in ("ClosedError", "StreamDisconnected"), result
     assert "did not end" not in out.stderr, out.stderr
+
+
+# A SIGINT handler that Python did not install (an embedding application's, set before the
+# interpreter started): signal.signal answers None for it, as simulated here.
+_FOREIGN_HANDLER = r'''
+import signal, sys, threading, eglcuda
+real = signal.signal
+def answering_none_for_sigint(number, handler):
+    previous = real(number, handler)
+    return None if number == signal.SIGINT and previous is signal.default_int_handler else previous
+signal.signal = answering_none_for_sigint
+relay = eglcuda.Relay("t", "127.0.0.1:0", path=sys.argv[1])
+threading.Timer(0.3, relay.close).start()
+relay.serve_forever()
+print(relay.closed, signal.getsignal(signal.SIGINT) is signal.SIG_DFL, flush=True)
+'''
+
+
+def test_serve_forever_restores_a_handler_python_did_not_install_as_the_default(cluster, env):
+    """serve_forever() puts back the SIGINT and SIGTERM handlers it found; one that Python cannot
+    name (None) becomes the default action rather than a TypeError after the relay closed."""
+    cluster.publisher(rate=100)
+    out = subprocess.run([sys.executable, "-c", _FOREIGN_HANDLER, cluster.path], env=env, cwd=str(ROOT),
+                         capture_output=True, text=True, timeout=120)
+    assert (out.returncode, out.stdout.strip()) == (0, "True True"), out.stderr[-2000:]
