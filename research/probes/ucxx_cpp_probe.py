@@ -74,10 +74,10 @@ def main() -> int:
     import numpy as np
     from eglcuda.remote import _ucx
 
-    folder = tempfile.mkdtemp(prefix="ucxx-cpp-probe-")
-    library = build(folder)
-    engine = _ucx.engine()  # (first: it loads libucxx and libucp, which the probe's library links to)
-    lib = ctypes.CDLL(library)
+    with tempfile.TemporaryDirectory(prefix="ucxx-cpp-probe-") as folder:  # (gone at once, on an error too)
+        library = build(folder)
+        engine = _ucx.engine()  # (first: it loads libucxx and libucp, which the probe's library links to)
+        lib = ctypes.CDLL(library)  # (mapped now: its file may go)
     lib.cpp_pingpong.restype = ctypes.c_double
     lib.cpp_pingpong.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_size_t, ctypes.c_int, ctypes.c_ulonglong]
 
@@ -144,7 +144,6 @@ def main() -> int:
     print(f"{args.size} B, {args.count} round trips x {args.rounds} rounds (medians): Python path {python_us:.1f} us, "
           f"C++ callbacks {cpp_us:.1f} us a round trip of two messages; Python - C++ = {python_us - cpp_us:.1f} us "
           f"({python_us / cpp_us:.2f}x)")
-    shutil.rmtree(folder, ignore_errors=True)
     sys.stdout.flush()
     os._exit(0)  # (UCXX's teardown order is its own: the process ends here, as the engine's users do)
 
