@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
-from ._integers import check_flag
+from ._integers import as_int, check_flag
 from .errors import ClosedError, PeerError, Timeout, UsageError
 
 _SEND_FLAGS = int(getattr(socket, "MSG_NOSIGNAL", 0))
@@ -66,21 +66,26 @@ def check_path(path: str | os.PathLike[str]) -> str:
 
 
 def numeric_ids(value: Any, what: str, default: frozenset[int]) -> frozenset[int]:
-    """A set of numeric uids or gids from an int, an iterable of them, or None (``default``)."""
+    """A set of numeric uids or gids from an integer (a NumPy one too), an iterable of them, or
+    None (``default``); the set holds plain ints."""
     if value is None:
         return default
-    if isinstance(value, int) and not isinstance(value, bool):
-        value = (value,)
+    single = as_int(value)
+    if single is not None:
+        value = (single,)
     if isinstance(value, (str, bytes)):
         raise UsageError(f"{what} is a set of numeric ids, got {value!r}")
     try:
-        ids = frozenset(value)
+        items = list(value)
     except TypeError:
         raise UsageError(f"{what} is a set of numeric ids, got {value!r}") from None
-    for item in ids:
-        if not isinstance(item, int) or isinstance(item, bool) or not 0 <= item < 2**32:
+    ids = []
+    for item in items:
+        number = as_int(item)
+        if number is None or not 0 <= number < 2**32:
             raise UsageError(f"{what} holds numeric ids (0 .. 2**32-1), got {item!r}")
-    return ids
+        ids.append(number)
+    return frozenset(ids)
 
 
 def positive_seconds(value: Any, what: str) -> float:

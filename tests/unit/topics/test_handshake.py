@@ -11,6 +11,7 @@ import tempfile
 import threading
 import time
 
+import numpy as np
 import pytest
 
 import eglcuda
@@ -298,6 +299,23 @@ def test_subscriber_refuses_a_publisher_of_another_user():
             os.waitpid(pid, 0)
             for fd in (*ready, *done):
                 os.close(fd)
+
+
+def test_trusted_uids_may_be_numpy_integers(path):
+    """uids read from an array or a table are NumPy integers: one, or several, are trusted as
+    ints are (the publisher of this user is joined), and a set without this user's uid refuses
+    it, naming the uids as plain numbers."""
+    uid = os.geteuid()
+    other = 65534 if uid != 65534 else 65533
+    with publisher(path):
+        for trusted in (np.int64(uid), np.uint32(uid), np.array([other, uid], dtype=np.uint32)):
+            with subscriber(path, trusted_uids=trusted) as sub:
+                assert sub.connected
+        with pytest.raises(eglcuda.Refused, match=rf"trusted_uids: \[{other}\]"):
+            subscriber(path, timeout=2, trusted_uids=np.array([other]))
+    for bad in (np.float64(uid), [np.int64(-1)], [np.bool_(True)], np.int64(2**32)):
+        with pytest.raises(eglcuda.UsageError, match="trusted_uids"):
+            subscriber(path, trusted_uids=bad)
 
 
 @pytest.mark.parametrize("access, mode", [("user", 0o600), ("group", 0o660), ("all", 0o666)], ids=["user", "group", "all"])
