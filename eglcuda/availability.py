@@ -50,6 +50,7 @@ from ._bind import cuda as _driver
 from ._bind import loader as _loader
 from .cuda_device import device_info
 from .display import Device, Display, client_extensions, devices
+from ._integers import check_flag
 from .errors import EglCudaError, UsageError
 from ._bind.gl import gl
 
@@ -353,9 +354,16 @@ def available(what: str, reason: bool = False) -> bool | tuple[bool, str]:
     With ``reason=True``, returns ``(ok, reason)``: what was found, or what is missing and how to
     get it, in one line. Never raises for a platform reason (a probe that fails counts as "no",
     with the failure as the reason); each probe runs once per process. An unknown name raises
-    :class:`UsageError`: a typo must not read as "this machine cannot"."""
+    :class:`UsageError`: a typo must not read as "this machine cannot"; so does a ``reason``
+    that is not True or False (a second name, whose tuple would always read as "yes")."""
     if not isinstance(what, str) or what not in CAPABILITIES:
         raise UsageError(f"unknown capability {what!r}; known: {', '.join(CAPABILITIES)}")
+    if reason is not True and reason is not False:
+        if isinstance(reason, str):
+            raise UsageError(f"available() asks about one name, and reason is True or False, got {reason!r}: "
+                             f"for several names, eglcuda.require({what!r}, {reason!r}, ...) or "
+                             "eglcuda.availability.explain(...)")
+        reason = check_flag(reason, "reason")
     answer = _probe(what)
     return answer if reason else answer[0]
 

@@ -27,6 +27,22 @@ def test_an_unknown_name_is_a_usage_error_not_a_no():
         eglcuda.available("cuda_stream")
 
 
+@pytest.mark.parametrize("reason", ["cross-process", "", 1, 0, None])
+def test_reason_is_true_or_false_and_a_second_name_is_not_a_yes(reason):
+    """available("cuda-stream", "cross-process") reads as asking about two names: its (False, why)
+    tuple would be truthy on every machine. Anything but True or False is refused."""
+    with pytest.raises(eglcuda.UsageError, match="reason is True or False"):
+        eglcuda.available("cuda-stream", reason)
+    with pytest.raises(eglcuda.UsageError, match="reason is True or False"):
+        eglcuda.available("cuda-stream", reason=reason)
+
+
+def test_reason_may_be_numpys_bool():
+    np = pytest.importorskip("numpy")
+    assert eglcuda.available("egl", reason=np.bool_(True)) == eglcuda.available("egl", reason=True)
+    assert eglcuda.available("egl", reason=np.bool_(False)) is eglcuda.available("egl")
+
+
 def test_answers_are_cached_and_fast():
     first = eglcuda.available("cuda-stream", reason=True)
     started = time.perf_counter()
