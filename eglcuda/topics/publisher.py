@@ -510,7 +510,7 @@ class Publisher:
                 self._close_now(wait)  # a close interrupted before its work began: done here
             # Another thread's close is under way, or one put off by a signal handler on the
             # thread in next_frame()/publish() (its call ends within about 50 ms).
-            self._torn_down.wait(wait + 1.0)
+            _wait_for(self._torn_down, wait + 1.0)
             return
         self._hot = None  # (first: a frame call in a signal handler's thread sees it at once)
         self._stop_flag.set()
@@ -527,7 +527,7 @@ class Publisher:
                 self._deferral.put_off(wait)
                 return
             self._close_now(wait)
-            self._torn_down.wait(wait + 1.0)  # (at once, unless another thread's close() began it first)
+            _wait_for(self._torn_down, wait + 1.0)  # (at once, unless another thread's close() began it first)
         finally:
             self._closer = 0
 
@@ -624,6 +624,12 @@ class Publisher:
 
 def _closed_error(name: str) -> ClosedError:
     return ClosedError(f"the publisher of topic {name!r} is closed")
+
+
+def _wait_for(event: threading.Event, seconds: float) -> None:
+    """Wait for ``event`` up to ``seconds`` (any number >= 0, inf included: beyond what a
+    thread's wait takes, without limit)."""
+    event.wait(seconds if seconds < threading.TIMEOUT_MAX else None)
 
 
 # ---- fork and exit ------------------------------------------------------------------------------------

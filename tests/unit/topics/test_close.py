@@ -5,6 +5,7 @@ thread's keeps its timeout."""
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import sys
 import threading
@@ -16,7 +17,7 @@ import pytest
 import eglcuda
 from eglcuda.topics import protocol
 
-from .helpers import assert_everyone_left, open_fds, pattern, publisher, put, subscriber
+from .helpers import Peer, assert_everyone_left, open_fds, pattern, publisher, put, subscriber
 
 
 def test_close_from_another_thread_ends_a_waiting_receive(path):
@@ -332,6 +333,31 @@ def test_a_close_interrupted_before_its_work_is_done_by_the_next_close(path, mon
     started = time.monotonic()
     pub.close()
     assert time.monotonic() - started < 0.5 and not os.path.exists(path)
+
+
+@pytest.mark.parametrize("timeout", [float("inf"), 1e10], ids=["inf", "1e10"])
+def test_a_close_without_limit_beside_another_thread_s_close_waits_for_it(path, timeout):
+    """A subscriber in another process is stopped (SIGSTOP): one thread's close(0.5) waits for
+    its goodbye. A close() of another thread meanwhile, with no limit (inf) or a limit beyond
+    what a thread's wait takes, returns once the topic is closed, as a close(1) does, instead of
+    raising OverflowError."""
+    pub = publisher(path)
+    peer = Peer("subscribe", "--path", path)
+    try:
+        peer.wait_for(lambda m: m.get("event") == "ready")
+        pub.discard(pub.next_frame(5))  # (the subscriber is adopted)
+        os.kill(peer.process.pid, signal.SIGSTOP)
+        first = threading.Thread(target=pub.close, args=(0.5,))
+        first.start()
+        time.sleep(0.1)  # (the first close waits for the stopped subscriber)
+        started = time.monotonic()
+        pub.close(timeout)
+        assert time.monotonic() - started < 2 and pub.closed and not os.path.exists(path)
+        first.join(5)
+        assert not first.is_alive()
+    finally:
+        os.kill(peer.process.pid, signal.SIGCONT)
+        peer.kill()
 
 
 def test_a_receive_behind_another_thread_s_wait_keeps_its_own_timeout(path):
