@@ -103,7 +103,8 @@ def connect(path: str, deadline: float, what: str, wait: bool = True, wake_fd: i
     """A non-blocking socket connected to ``path``. With ``wait``, retries until ``deadline``
     (then :class:`Timeout` with ``what``) while nothing listens there yet (the publisher may not
     have started) or its backlog is full; :class:`eglcuda.ClosedError` once ``wake_fd`` (see
-    :func:`wait_readable`) is readable."""
+    :func:`wait_readable`) is readable; :class:`UsageError` naming ``path`` when this user may
+    not connect to it."""
     while True:
         if wake_fd >= 0 and readable_now(wake_fd):
             raise ClosedError(f"stopped waiting for a publisher at {path}: closed by another thread")
@@ -124,6 +125,9 @@ def connect(path: str, deadline: float, what: str, wait: bool = True, wake_fd: i
             sock.close()
             if exc.errno == errno.EPROTOTYPE:
                 raise UsageError(f"{path} is a socket of another kind (not an eglcuda topic)") from None
+            if isinstance(exc, PermissionError):  # (a socket of another user's access="user" topic, a private folder)
+                raise UsageError(f"no permission to connect to {path} ({exc.strerror}): the topic's access= or "
+                                 "its folder's mode keeps this user out") from None
             raise
         except BaseException:
             sock.close()

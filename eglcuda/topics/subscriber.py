@@ -73,8 +73,10 @@ class Subscriber:
         of a core). On the main thread a signal that comes meanwhile has its handler run when
         the asking ends.
 
-    Raises :class:`eglcuda.Timeout` when no publisher answered in ``timeout`` seconds and
-    :class:`eglcuda.Refused` when the publisher turned this subscriber away.
+    Raises :class:`eglcuda.Timeout` when no publisher answered in ``timeout`` seconds,
+    :class:`eglcuda.Refused` when the publisher turned this subscriber away, and
+    :class:`eglcuda.UsageError` naming the socket when this user may not connect to it (a
+    topic of another user's with ``access="user"``, a folder it may not enter).
     """
 
     def __init__(self, name: str, qos: str = "latest", queue: int = 4, device: Any = 0, timeout: float = 5.0,

@@ -318,6 +318,30 @@ def test_trusted_uids_may_be_numpy_integers(path):
             subscriber(path, trusted_uids=bad)
 
 
+@needs_root
+@pytest.mark.parametrize("folder_mode", [0o755, 0o700], ids=["socket-of-its-owner", "folder-of-its-owner"])
+def test_a_subscriber_the_kernel_lets_not_connect_is_told_so_naming_the_path(folder_mode):
+    """Another user subscribes to a topic of access 'user' (its socket is 0600), or to one in a
+    folder it may not enter: the kernel refuses the connection. The Subscriber raises
+    eglcuda.UsageError naming the socket and the lack of permission, not a bare PermissionError."""
+    with tempfile.TemporaryDirectory() as folder:
+        os.chmod(folder, folder_mode)
+        path = os.path.join(folder, "t.topic")
+        with publisher(path):
+
+            def child():
+                os.setgroups([])
+                os.setgid(65534)
+                os.setuid(65534)
+                try:
+                    subscriber(path, timeout=2)
+                except eglcuda.UsageError as exc:
+                    return path in str(exc) and "permission" in str(exc)
+                return False
+
+            assert _in_child(child) == 0
+
+
 @pytest.mark.parametrize("access, mode", [("user", 0o600), ("group", 0o660), ("all", 0o666)], ids=["user", "group", "all"])
 def test_the_socket_s_mode_never_reaches_a_file_put_in_its_place(path, monkeypatch, access, mode):
     """Another user who may write to the socket's folder replaces the new socket with a link to a
