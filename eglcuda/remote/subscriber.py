@@ -269,8 +269,9 @@ class RemoteFeed:
                 raise self._lost.with_traceback(None)
             raise StreamDisconnected(f"not connected to topic {self.name!r}")
         if len(self._held) >= self._hold_limit:
-            raise UsageError(f"this subscriber holds {len(self._held)} message(s), as many as it may: release "
-                             "one before receiving another")
+            raise UsageError(f"this subscriber holds {len(self._held)} message(s), as many as it may: release one "
+                             "before receiving another (a message dropped without release() stays held until close(): "
+                             "receive with `with sub.receive() as message:`)")
         arrival = link.take(time.monotonic() + wait, wait, lambda: self._closing)
         if arrival is None:
             raise self._closed_error()

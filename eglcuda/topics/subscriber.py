@@ -260,7 +260,8 @@ class Subscriber:
                     break
                 conn.pending.append(header)
             raise UsageError(f"this subscriber holds {len(self._held)} message(s), as many as it may: release one "
-                             "before receiving another")
+                             "before receiving another (a message dropped without release() stays held until close(): "
+                             "receive with `with sub.receive() as message:`)")
         if timeout is None:
             timeout = self.timeout
         elif not (timeout.__class__ in _SECONDS and 0 <= timeout < 1e15):  # (checked as wait_seconds would, quicker)
