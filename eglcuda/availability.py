@@ -358,12 +358,11 @@ def available(what: str, reason: bool = False) -> bool | tuple[bool, str]:
     that is not True or False (a second name, whose tuple would always read as "yes")."""
     if not isinstance(what, str) or what not in CAPABILITIES:
         raise UsageError(f"unknown capability {what!r}; known: {', '.join(CAPABILITIES)}")
-    if reason is not True and reason is not False:
-        if isinstance(reason, str):
-            raise UsageError(f"available() asks about one name, and reason is True or False, got {reason!r}: "
-                             f"for several names, eglcuda.require({what!r}, {reason!r}, ...) or "
-                             "eglcuda.availability.explain(...)")
-        reason = check_flag(reason, "reason")
+    if isinstance(reason, str):
+        raise UsageError(f"available() asks about one name, and reason is True or False, got {reason!r}: "
+                         f"for several names, eglcuda.require({what!r}, {reason!r}, ...) or "
+                         "eglcuda.availability.explain(...)")
+    reason = check_flag(reason, "reason")
     answer = _probe(what)
     return answer if reason else answer[0]
 

@@ -41,7 +41,7 @@ from ..topics.info import TopicInfo
 from ..topics.message import Message, let_go
 from ..topics.protocol import Qos
 from ..topics.readiness import Readiness
-from ..topics.subscriber import Subscriber, _acquire, closed_error, forked_error, take_turn
+from ..topics.subscriber import Subscriber, _acquire, closed_error, forked_error, hold_limit_error, take_turn
 from ..topics.transports import CudaSubscriberBackend
 from ..topics.transports.base import UNMAP_WAIT_S, Geometry
 from ..topics.transports.views import SlotView, _ViewSpec, join_readers
@@ -269,9 +269,7 @@ class RemoteFeed:
                 raise self._lost.with_traceback(None)
             raise StreamDisconnected(f"not connected to topic {self.name!r}")
         if len(self._held) >= self._hold_limit:
-            raise UsageError(f"this subscriber holds {len(self._held)} message(s), as many as it may: release one "
-                             "before receiving another (a message dropped without release() stays held until close(): "
-                             "receive with `with sub.receive() as message:`)")
+            raise hold_limit_error(len(self._held))
         arrival = link.take(time.monotonic() + wait, wait, lambda: self._closing)
         if arrival is None:
             raise self._closed_error()

@@ -259,9 +259,7 @@ class Subscriber:
                 if header is None:
                     break
                 conn.pending.append(header)
-            raise UsageError(f"this subscriber holds {len(self._held)} message(s), as many as it may: release one "
-                             "before receiving another (a message dropped without release() stays held until close(): "
-                             "receive with `with sub.receive() as message:`)")
+            raise hold_limit_error(len(self._held))
         if timeout is None:
             timeout = self.timeout
         elif not (timeout.__class__ in _SECONDS and 0 <= timeout < 1e15):  # (checked as wait_seconds would, quicker)
@@ -1004,6 +1002,14 @@ def _settle(future: "asyncio.Future[None]") -> None:
 def closed_error(name: str) -> ClosedError:
     """What a closed subscriber of topic ``name`` raises (a remote feed's too)."""
     return ClosedError(f"the subscriber of topic {name!r} is closed")
+
+
+def hold_limit_error(held: int) -> UsageError:
+    """What a subscriber holding ``held`` messages, as many as it may, raises at a receive (a
+    remote feed's too)."""
+    return UsageError(f"this subscriber holds {held} message(s), as many as it may: release one before receiving "
+                      "another (a message dropped without release() stays held until close(): receive with "
+                      "`with sub.receive() as message:`)")
 
 
 def forked_error(name: str, pid: int) -> UsageError:
