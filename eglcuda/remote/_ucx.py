@@ -62,7 +62,7 @@ from typing import Any, Awaitable, Callable, Coroutine, TypeVar
 
 import numpy as np
 
-from .._lifecycle import mark_exiting
+from .._lifecycle import exiting, mark_exiting
 from ..errors import EglCudaError, Timeout, Unsupported, UsageError
 from .unheard import Unheard, host_of
 
@@ -352,19 +352,25 @@ class Listener:
         self._engine.loop.call_later(LOOK_S, self._look)
 
     def close(self) -> None:
-        """Stop listening (the connections accepted stay); on the engine's thread. Connection
-        requests already handed to the loop are turned away first."""
+        """Stop listening (the connections accepted stay; those whose request has not come are
+        reset); on the engine's thread. Connection requests already handed to the loop are turned
+        away first."""
         self._closing = True
         self._engine.loop.call_soon(self._release)
 
     def _release(self) -> None:
         listener, self._listener = self._listener, None
-        if listener is not None:
-            self._engine.keep_callback_data(listener)
-            # (UCXX's listener ends with its last reference: on the closer thread, after the endpoints
-            # it accepted that are closing there. Let go of here while the closer let go of one of
-            # them, the two UCXX destructors at once crashed the process now and then.)
-            self._engine.close_later(listener)
+        if listener is None:
+            return
+        if exiting():
+            _keep_for_good(listener)
+            return
+        self._engine.keep_callback_data(listener)
+        # (UCXX's listener ends with its last reference: on the closer thread, after the endpoints
+        # it accepted that are closing there, once its port is sealed (Unheard.seal). Let go of
+        # here while the closer let go of one of them, the two UCXX destructors at once crashed the
+        # process now and then.)
+        self._engine.close_later(listener, before=self.unheard.seal)
         del listener
 
 
@@ -529,27 +535,35 @@ class Engine:
             data = []
         self._callback_data.extend(data)
 
-    def close_later(self, ep: Any) -> None:
+    def close_later(self, ep: Any, before: Callable[[], object] | None = None) -> None:
         """Close UCXX endpoint ``ep`` on the closer thread (started on first use); a pass follows.
-        A UCXX listener is let go of there too: UCXX's objects end on one thread, in order."""
+        A UCXX listener is let go of there too: UCXX's objects end on one thread, in order.
+        ``before`` runs there first."""
         if self._closer is None:
             self._closer = threading.Thread(target=self._close_endpoints, name="eglcuda-ucx-close", daemon=True)
             self._closer.start()
-        self._to_close.put(ep)
+        self._to_close.put((ep, before))
 
     def _close_endpoints(self) -> None:
         asyncio.set_event_loop(self.loop)  # (a UCXX future made here, the pool empty, is for the engine's loop)
         while True:
-            ep = self._to_close.get()
-            if ep is None:
+            item = self._to_close.get()
+            if item is None:
                 return
+            ep, before = item
+            del item
+            if before is not None:
+                try:
+                    before()
+                except Exception:  # noqa: BLE001 - the close goes on
+                    log.exception("eglcuda remote: preparing a close failed")
             close = getattr(ep, "close_blocking", None)  # (None: a listener, only let go of)
             if close is not None:
                 try:
                     close(period=CLOSE_NS, max_attempts=1)
                 except Exception:  # noqa: BLE001 - already gone
                     pass
-            del ep, close  # (UCXX's endpoint or listener ends here, off the engine's thread)
+            del ep, close, before  # (UCXX's endpoint or listener ends here, off the engine's thread)
             if self._to_close.empty():
                 self.on_loop_soon(self.schedule)  # (the cancelled requests complete in the next pass)
 
@@ -791,6 +805,16 @@ def _stop_notifier(worker: Any) -> None:
             break
         worker.run_request_notifier()
     worker.stop_request_notifier_thread()
+
+
+def _keep_for_good(listener: Any) -> None:
+    """Never let go of UCXX listener ``listener``: at exit, the process ends with it. UCX's TCP
+    connection manager (1.21) gives a connection it accepted a pointer to the listener and reads
+    it when that connection's request arrives; a listener destroyed in between leaves the pointer
+    dangling, and UCX's async thread crashed the process on it (a client connecting while this
+    process exits: one exit in about a hundred with a thread of it joining in a loop). After the
+    exit hooks nothing progresses the worker, so a request arriving then is never handed on."""
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(listener))  # (module teardown at finalization drops everything else)
 
 
 def _ignore(error: LinkError | None) -> None:

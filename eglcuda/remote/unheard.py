@@ -21,6 +21,7 @@ import os
 import resource
 import socket
 import stat
+import struct
 import sys
 import termios
 import time
@@ -125,6 +126,41 @@ class Unheard:
         self.shut += len(shut)
         return shut
 
+    def seal(self, settle_s: float = 1.0) -> int:
+        """Make this port's UCX listener safe to destroy; the number of connections reset.
+
+        UCX's TCP connection manager (1.21) gives each connection it accepts a pointer to the
+        listener and reads it when that connection's request arrives: a listener destroyed in
+        between leaves the pointer dangling, and UCX's async thread crashes the process on it (a
+        client joining while a relay closes). So, before: the listening socket stops completing
+        connections (a filter drops every segment to it: a client joining now is refused once the
+        listener is gone), the connections completed before are left to UCX to accept (up to
+        ``settle_s``), and every accepted one whose request was not heard is reset (its unread
+        bytes go with it: no request can come of it). Those heard are endpoints, left as they are."""
+        listening = [(fd, inode) for fd, inode in _sockets() if _listening_on(fd, inode, self.port)]
+        for fd, inode in listening:
+            _drop_everything(fd, inode)
+        deadline = time.monotonic() + settle_s
+        while any(_backlog(fd, inode) for fd, inode in listening) and time.monotonic() < deadline:
+            time.sleep(0.002)
+        if self.blind:  # (which connection is which cannot be told: those heard must stay)
+            return 0
+        reset = 0
+        for fd, inode in _sockets():
+            peer = self._peer_on_port(fd, inode)
+            if peer is None or peer in self.heard:
+                continue
+            with _borrowed(fd, inode) as sock:
+                if sock is not None:
+                    try:
+                        sock.shutdown(socket.SHUT_RDWR)  # (wakes UCX's thread: it reads the end and closes it)
+                        _reset(sock)
+                        reset += 1
+                    except OSError:
+                        pass
+        self.shut += reset
+        return reset
+
     def _peer_on_port(self, fd: int, inode: int) -> str | None:
         """The peer of descriptor ``fd`` when it is a TCP connection accepted on this port (still
         socket ``inode``); None otherwise."""
@@ -163,6 +199,57 @@ def _reset(sock: socket.socket) -> None:
     _libc.connect(sock.fileno(), ctypes.byref(unspec), ctypes.sizeof(unspec))
 
 
+_SO_ATTACH_FILTER = 26  # (asm-generic/socket.h)
+
+
+class _SockFilter(ctypes.Structure):  # struct sock_filter (linux/filter.h): one classic BPF instruction
+    _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
+
+
+class _SockFprog(ctypes.Structure):  # struct sock_fprog
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_SockFilter))]
+
+
+_DROP_EVERYTHING = (_SockFilter * 1)(_SockFilter(0x06, 0, 0, 0))  # BPF_RET | BPF_K with k = 0: keep no byte
+
+
+def _drop_everything(fd: int, inode: int) -> None:
+    """Give listening socket ``fd`` a filter that drops every segment: no connection completes
+    on it any more (a SYN, or the last ACK of a handshake under way, goes unanswered: the
+    kernel filters both on the listener). Those it completed already stay to be accepted."""
+    program = _SockFprog(len(_DROP_EVERYTHING), _DROP_EVERYTHING)
+    with _borrowed(fd, inode) as sock:
+        if sock is not None:
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, _SO_ATTACH_FILTER, bytes(program))
+            except OSError:  # (a kernel without socket filters: the listener goes as before)
+                pass
+
+
+def _listening_on(fd: int, inode: int, port: int) -> bool:
+    """Whether descriptor ``fd`` (still socket ``inode``) is a TCP socket listening on ``port``."""
+    with _borrowed(fd, inode) as sock:
+        if sock is None or sock.type != socket.SOCK_STREAM or sock.family not in (socket.AF_INET, socket.AF_INET6):
+            return False
+        try:
+            return bool(sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)) and sock.getsockname()[1] == port
+        except OSError:
+            return False
+
+
+def _backlog(fd: int, inode: int) -> int:
+    """How many connections listening socket ``fd`` (still ``inode``) completed that nobody
+    accepted yet (0 once it is gone): ``tcpi_unacked`` of its ``TCP_INFO`` (linux/tcp.h), which
+    a listening socket fills so."""
+    with _borrowed(fd, inode) as sock:
+        if sock is None:
+            return 0
+        try:
+            return int(struct.unpack_from("I", sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104), 24)[0])
+        except (OSError, struct.error):
+            return 0
+
+
 def _has_unread(fd: int, inode: int) -> bool:
     """Whether socket ``fd`` (still ``inode``) holds received bytes nobody read yet."""
     with _borrowed(fd, inode) as sock:
@@ -173,6 +260,17 @@ def _has_unread(fd: int, inode: int) -> bool:
         except OSError:
             return False
         return int.from_bytes(waiting, sys.byteorder) > 0
+
+
+def _sockets() -> Iterator[tuple[int, int]]:
+    """This process's sockets: (descriptor, inode)."""
+    for fd in _descriptors():
+        try:
+            info = os.fstat(fd)
+        except OSError:
+            continue
+        if stat.S_ISSOCK(info.st_mode):
+            yield fd, info.st_ino
 
 
 def _descriptors() -> Iterable[int]:

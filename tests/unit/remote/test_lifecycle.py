@@ -231,6 +231,35 @@ def test_a_daemon_thread_joining_a_relay_at_exit_stops_without_a_traceback(clust
         assert "Traceback" not in out.stderr and "eglcuda.errors" not in out.stderr, out.stderr[-2000:]
 
 
+_LATE_REQUEST = r'''
+import socket, struct, sys, time
+import eglcuda
+for _ in range(int(sys.argv[2])):
+    relay = eglcuda.Relay("t", "127.0.0.1:0", path=sys.argv[1])
+    raw = socket.create_connection(("127.0.0.1", relay.address[1]))
+    time.sleep(0.1)  # (UCX accepted it: a connection waiting for its request)
+    relay.close()
+    time.sleep(0.1)  # (the relay's listener is gone)
+    try:  # a request's header as UCX's TCP connection manager reads it (length, status), and its bytes
+        raw.sendall(struct.pack("=QB7x", 16, 0) + bytes(16))
+    except OSError:
+        pass
+    time.sleep(0.1)
+    raw.close()
+print("alive", flush=True)
+'''
+
+
+def test_a_connection_request_arriving_after_the_relay_closed_leaves_the_process_running(cluster, env):
+    """A TCP connection the relay's port accepted, its UCX connection request sent only after
+    the relay closed: UCX read the destroyed listener then (SIGSEGV on its async thread). The
+    close resets such connections first."""
+    cluster.publisher(rate=100)
+    out = subprocess.run([sys.executable, "-c", _LATE_REQUEST, cluster.path, "5"], env=env, cwd=str(ROOT),
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "alive" in out.stdout, (out.returncode, out.stdout[-1000:], out.stderr[-2000:])
+
+
 _LEAVE_SOON = r'''
 import sys, time
 import eglcuda
