@@ -535,7 +535,7 @@ class Engine:
             data = []
         self._callback_data.extend(data)
 
-    def close_later(self, ep: Any, before: Callable[[], object] | None = None) -> None:
+    def close_later(self, ep: Any, before: Callable[[], None] | None = None) -> None:
         """Close UCXX endpoint ``ep`` on the closer thread (started on first use); a pass follows.
         A UCXX listener is let go of there too: UCXX's objects end on one thread, in order.
         ``before`` runs there first."""

@@ -70,14 +70,7 @@ class Unheard:
             return []
         now = time.monotonic()
         present: set[int] = set()
-        for fd in _descriptors():
-            try:
-                info = os.fstat(fd)
-            except OSError:  # (not open, or closed meanwhile)
-                continue
-            if not stat.S_ISSOCK(info.st_mode):
-                continue
-            inode = info.st_ino
+        for fd, inode in _sockets():
             present.add(inode)
             if inode in self._other or inode in self._accepted:
                 continue
@@ -126,8 +119,8 @@ class Unheard:
         self.shut += len(shut)
         return shut
 
-    def seal(self, settle_s: float = 1.0) -> int:
-        """Make this port's UCX listener safe to destroy; the number of connections reset.
+    def seal(self, settle_s: float = 1.0) -> None:
+        """Make this port's UCX listener safe to destroy (those reset count in ``shut``).
 
         UCX's TCP connection manager (1.21) gives each connection it accepts a pointer to the
         listener and reads it when that connection's request arrives: a listener destroyed in
@@ -144,8 +137,7 @@ class Unheard:
         while any(_backlog(fd, inode) for fd, inode in listening) and time.monotonic() < deadline:
             time.sleep(0.002)
         if self.blind:  # (which connection is which cannot be told: those heard must stay)
-            return 0
-        reset = 0
+            return
         for fd, inode in _sockets():
             peer = self._peer_on_port(fd, inode)
             if peer is None or peer in self.heard:
@@ -155,11 +147,9 @@ class Unheard:
                     try:
                         sock.shutdown(socket.SHUT_RDWR)  # (wakes UCX's thread: it reads the end and closes it)
                         _reset(sock)
-                        reset += 1
+                        self.shut += 1
                     except OSError:
                         pass
-        self.shut += reset
-        return reset
 
     def _peer_on_port(self, fd: int, inode: int) -> str | None:
         """The peer of descriptor ``fd`` when it is a TCP connection accepted on this port (still
@@ -267,7 +257,7 @@ def _sockets() -> Iterator[tuple[int, int]]:
     for fd in _descriptors():
         try:
             info = os.fstat(fd)
-        except OSError:
+        except OSError:  # (not open, or closed meanwhile)
             continue
         if stat.S_ISSOCK(info.st_mode):
             yield fd, info.st_ino
