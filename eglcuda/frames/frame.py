@@ -251,6 +251,20 @@ class Plane:
         _copy_2d(frame.device, stream, src=source, dst=("device", pointer, pitch), width_bytes=g.row_bytes,
                  height=g.height, wait=False)
 
+    def _copy_to_plane(self, target: "Plane", cuda_stream: Any = None) -> None:
+        """As :meth:`copy_to_device`, into ``target``, a plane of the same shape, pitch-linear or
+        a CUDA array (either side): ``publish_from(frame)``'s copy into a pool frame."""
+        source = self._location()
+        into = target._location(writing=True)
+        frame = self._frame
+        if cuda_stream is None:
+            stream = frame.cuda_stream or 0
+        else:
+            stream = stream_handle(cuda_stream)
+            frame._hand_to(stream)
+        g = self.geometry
+        _copy_2d(frame.device, stream, src=source, dst=into, width_bytes=g.row_bytes, height=g.height, wait=False)
+
     def copy_from_device(self, pointer: int, pitch: int, cuda_stream: Any = None) -> None:
         """Queue a copy from linear device memory (``pitch`` bytes per row) into the plane on
         ``cuda_stream`` (default: the legacy default stream); does not wait. The stream counts as

@@ -40,6 +40,8 @@ class Connection:
         self.inbox = joined.inbox
         self.ring = joined.ring  # plain releases go into it (no system call), the others by socket
         self.transport = joined.transport
+        if self.ring is not None:  # (its views ask it whether the publisher dropped this subscriber)
+            self.transport.ring = self.ring
         self.limit = joined.limit  # messages the subscriber may hold at once
         self.pending: collections.deque[protocol.Frame] = collections.deque()  # announced, not taken yet
         self.unsent: collections.deque[bytes] = collections.deque()  # releases the full socket did not take

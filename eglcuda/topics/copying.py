@@ -9,7 +9,7 @@ import numpy as np
 from .._bind import cuda
 from .._integers import as_int
 from ..errors import UsageError
-from ..frames.frame import order_after
+from ..frames.frame import Plane, order_after
 from ..frames.interop import cai_stream, foreign_device_pointer, row_pitch, stream_handle
 
 
@@ -29,7 +29,10 @@ def copy_into(frame: Any, source: Any, cuda_stream: Any) -> None:
         for target, plane in zip(planes, sources):
             if (plane.width, plane.height, plane.channels) != (target.width, target.height, target.channels):
                 raise UsageError(f"source plane {plane.index} is {plane.shape}, the topic's {target.shape}")
-            plane.copy_to_device(target.pointer, target.pitch, cuda_stream)
+            if isinstance(plane, Plane):  # (either may be a CUDA array: a layout="array" topic's pool)
+                plane._copy_to_plane(target, cuda_stream)
+            else:
+                plane.copy_to_device(target.pointer, target.pitch, cuda_stream)
         return
     arrays = list(source) if isinstance(source, (list, tuple)) else [source]
     if len(arrays) == 1 and len(planes) > 1:

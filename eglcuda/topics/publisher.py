@@ -245,7 +245,9 @@ class Publisher:
         An ``every`` subscriber whose queue is full is waited for up to ``every_timeout``, then
         dropped; a ``latest`` subscriber at its credit is skipped (and told so). A ``cuda_stream``
         the driver refuses (destroyed, or another GPU's) raises its :class:`eglcuda.CUDAError`
-        here, and the subscribers that had not got the frame do not get it; none is dropped."""
+        here, and the subscribers that had not got the frame do not get it; none is dropped. An
+        error raised before the frame is handed out (bad arguments) leaves it yours, to publish or
+        :meth:`discard`; once the hand-out began, the frame goes back to the pool by itself."""
         if not isinstance(payload, (bytes, bytearray, memoryview)):
             raise UsageError(f"payload is bytes, got {type(payload).__name__}")
         try:

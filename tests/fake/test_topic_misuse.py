@@ -109,3 +109,66 @@ def test_a_release_on_a_destroyed_stream_raises_and_keeps_the_message():
     assert [s.outstanding for s in pub.subscribers] == [0] and pub.dropped == []
     sub.close()
     pub.close()
+
+
+@fake_driver_test
+def test_a_message_held_past_its_subscribers_drop_cannot_be_read():
+    """An ``every`` subscriber holds its frame past the publisher's ``every_timeout`` while the
+    publisher needs the slot: the publisher drops it and writes the slot again. Reading the held
+    message then raises ClosedError (it used to show the next frame's bytes), and receive()
+    raises Dropped with the reason. (cuda-vmm, which one process may be both ends of; a cuda-ipc
+    view asks the same frame ring.)"""
+    transport = "cuda-vmm"
+    folder = tempfile.mkdtemp(prefix="eglcuda-fake-topic-")
+    path = os.path.join(folder, "t.topic")
+    rng = np.random.default_rng(5)
+    pub = eglcuda.Publisher("t", 64, 48, "NV12", path=path, transports=[transport], pool=1, max_pool=1,
+                            every_timeout=0.3)
+    sub = eglcuda.Subscriber("t", path=path, qos="every", transport=transport)
+    first = [rng.integers(0, 256, (48, 64), np.uint8), rng.integers(0, 256, (24, 32, 2), np.uint8)]
+    pub.publish_from(first)
+    message = sub.receive(5)
+    assert np.array_equal(message.frame.planes[0].to_numpy(), first[0])
+    plane = message.frame.planes[0]  # (a plane kept past its message: it stops too)
+    second = [rng.integers(0, 256, (48, 64), np.uint8), rng.integers(0, 256, (24, 32, 2), np.uint8)]
+    pub.publish_from(second)  # (waits every_timeout for the held slot, drops the subscriber, writes it)
+    assert len(pub.dropped) == 1
+    with pytest.raises(eglcuda.ClosedError, match="dropped"):
+        message.frame.planes[0].to_numpy()
+    with pytest.raises(eglcuda.ClosedError, match="dropped"):
+        plane.to_numpy()
+    with pytest.raises(eglcuda.ClosedError, match="dropped"):
+        plane.__dlpack__()
+    with pytest.raises(eglcuda.ClosedError, match="dropped"):
+        plane.__cuda_array_interface__
+    with pytest.raises(eglcuda.Dropped, match="every_timeout"):
+        sub.receive(1)
+    message.release()
+    sub.close()
+    pub.close()
+
+
+@fake_driver_test
+@pytest.mark.parametrize("source_layout", ["pitch", "array"])
+def test_publish_from_a_frame_into_a_topic_of_cuda_arrays_copies_every_byte(source_layout):
+    """A ``layout="array"`` topic's pool frames are CUDA arrays: ``publish_from(frame)`` copies a
+    pitch-linear or CUDA-array frame into them (it used to refuse every frame source), and an
+    EGLStream subscriber receives every byte."""
+    folder = tempfile.mkdtemp(prefix="eglcuda-fake-topic-")
+    path = os.path.join(folder, "t.topic")
+    rng = np.random.default_rng(11)
+    pub = eglcuda.Publisher("t", 64, 48, "NV12", layout="array", path=path)
+    sub = eglcuda.Subscriber("t", path=path, qos="every", transport="eglstream")
+    source = eglcuda.Frame.allocate(64, 48, "NV12", layout=source_layout)
+    for round in range(3):
+        data = [rng.integers(0, 256, plane.shape, np.uint8) for plane in source.planes]
+        for plane, values in zip(source.planes, data):
+            plane.copy_from(values)
+        seq = pub.publish_from(source)
+        with sub.receive(5) as message:
+            assert message.seq == seq
+            for plane, values in zip(message.frame.planes, data):
+                assert np.array_equal(plane.to_numpy(), values)
+    sub.close()
+    pub.close()
+    source.close()

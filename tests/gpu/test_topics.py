@@ -829,3 +829,79 @@ def test_subscribers_wait_for_a_write_still_running_at_publish(display, topic, w
         finally:
             peer.stop()
             cupy.cuda.Device().synchronize()
+
+
+_HOLD_THROUGH_THE_DROP = r'''
+import json, sys
+import numpy as np
+import eglcuda
+name, path, transport = sys.argv[1:4]
+sub = eglcuda.Subscriber(name, path=path, qos="every", transport=transport, timeout=20)
+message = sub.receive(20)
+print(json.dumps({"event": "held", "sum": int(message.frame.planes[0].to_numpy().sum(dtype=np.uint64))}), flush=True)
+sys.stdin.readline()  # (the publisher has dropped this subscriber and written its slot again)
+try:
+    read = int(message.frame.planes[0].to_numpy().sum(dtype=np.uint64))
+except eglcuda.ClosedError as exc:
+    read = str(exc)
+try:
+    sub.receive(5)
+    then = "a message"
+except eglcuda.EglCudaError as exc:
+    then = type(exc).__name__
+message.release()
+sub.close()
+print(json.dumps({"event": "after", "read": read, "then": then}), flush=True)
+'''
+
+
+@pytest.mark.parametrize("pool", ["cuda-ipc", "cuda-vmm"])
+def test_a_message_held_past_the_subscribers_drop_raises_instead_of_showing_the_next_frame(display, topic, pool):
+    """An ``every`` subscriber in another process holds its only frame past the publisher's
+    ``every_timeout`` (a pool of one): the publisher drops it and writes the slot again. The
+    held message's plane then raises ClosedError (it used to read the next frame's bytes), and
+    receive() raises Dropped."""
+    name, path = topic
+    rng = np.random.default_rng(7)
+    with eglcuda.Publisher(name, 640, 480, "NV12", path=path, pool=1, max_pool=1, every_timeout=0.3,
+                           **offered(pool)) as pub:
+        sub = JsonPeer(["-c", _HOLD_THROUGH_THE_DROP, name, path, pool])
+        try:
+            while not pub.subscribers:
+                time.sleep(0.01)
+            first = [rng.integers(0, 256, (480, 640), np.uint8), rng.integers(0, 256, (240, 320, 2), np.uint8)]
+            pub.publish_from(first)
+            held = sub.wait_for(lambda m: m["event"] == "held", timeout=60)
+            assert held["sum"] == int(first[0].sum(dtype=np.uint64))
+            second = [rng.integers(0, 256, (480, 640), np.uint8), rng.integers(0, 256, (240, 320, 2), np.uint8)]
+            pub.publish_from(second, timeout=10)  # (waits every_timeout, drops it, writes the slot)
+            assert len(pub.dropped) == 1
+            sub.send("go")
+            after = sub.wait_for(lambda m: m["event"] == "after", timeout=60)
+            assert isinstance(after["read"], str) and "dropped" in after["read"], after
+            assert after["then"] == "Dropped", after
+        finally:
+            sub.stop()
+
+
+def test_publish_from_a_frame_into_a_topic_of_cuda_arrays(display, topic):
+    """A ``layout="array"`` topic's pool frames are CUDA arrays: publish_from(frame) copies a
+    pitch-linear and a CUDA-array frame into them, and an EGLStream subscriber in this process
+    receives every byte."""
+    name, path = topic
+    rng = np.random.default_rng(8)
+    with eglcuda.Publisher(name, 640, 480, "NV12", layout="array", path=path) as pub, \
+            eglcuda.Subscriber(name, path=path, qos="every", transport="eglstream", timeout=20) as sub:
+        for layout in ("pitch", "array", "pitch", "array"):
+            source = eglcuda.Frame.allocate(640, 480, "NV12", layout=layout)
+            try:
+                data = [rng.integers(0, 256, plane.shape, np.uint8) for plane in source.planes]
+                for plane, values in zip(source.planes, data):
+                    plane.copy_from(values)
+                seq = pub.publish_from(source)
+                with sub.receive(20) as message:
+                    assert message.seq == seq
+                    for plane, values in zip(message.frame.planes, data):
+                        assert np.array_equal(plane.to_numpy(), values)
+            finally:
+                source.close()

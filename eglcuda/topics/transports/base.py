@@ -195,6 +195,9 @@ class SubscriberTransport(abc.ABC):
 
     name: str
     exclusive = False  # True: holds one frame at a time (an EGLStream consumer's rule)
+    # The subscriber's frame ring, where there is one (set as it joins): the views it hands out
+    # ask it whether the publisher dropped the subscriber, which frees their slots.
+    ring: Any = None
 
     def attach(self) -> tuple[bytes, list[int]]:
         """Transport data and descriptors for ATTACH (the descriptors are closed by the caller

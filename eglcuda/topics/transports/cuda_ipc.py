@@ -326,7 +326,7 @@ class CudaIpcSubscriber(SubscriberTransport):
         # needs no done event either (see _wire.ipc_release).
         _wire.ipc_order_after(self._context, self.stream or 0, entry[2].address,
                               "ordering the subscriber's stream after the frame's event")
-        return SlotView(self._spec, entry[1], self.device, self.stream, frame.slot), None
+        return SlotView(self._spec, entry[1], self.device, self.stream, frame.slot, self.ring), None
 
     def release(self, obj: Any, frame: protocol.Frame, cuda_stream: int | None) -> tuple[int, bytes]:
         obj._released = True

@@ -209,7 +209,7 @@ class CudaVmmSubscriber(SubscriberTransport):
         if entry is None:
             raise protocol.ProtocolError(f"frame {frame.seq} is in slot {frame.slot}, which was never described")
         # (The publisher's writes landed before the FRAME went out: nothing to wait for here.)
-        return SlotView(self._spec, entry[0], self.device, self.stream, frame.slot), None
+        return SlotView(self._spec, entry[0], self.device, self.stream, frame.slot, self.ring), None
 
     def release(self, obj: Any, frame: protocol.Frame, cuda_stream: int | None) -> tuple[int, bytes]:
         obj._released = True

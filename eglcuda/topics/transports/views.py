@@ -3,7 +3,7 @@
 :class:`eglcuda.AcquiredFrame`."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..._bind import cuda
 from ..._lifecycle import stay_if_ended_by_exit
@@ -34,12 +34,16 @@ class SlotView(FrameBase):
     the publisher may then write the slot again."""
 
     __slots__ = ("_spec", "_base", "device", "_stream", "_released", "slot", "_plane_cache", "_handed_to",
-                 "__weakref__")
+                 "_ring", "__weakref__")
 
     read_only = True
 
-    def __init__(self, spec: _ViewSpec, base: int, device: "CudaDevice", stream: int | None, slot: int) -> None:
+    def __init__(self, spec: _ViewSpec, base: int, device: "CudaDevice", stream: int | None, slot: int,
+                 ring: Any = None) -> None:
         self._spec = spec
+        # The subscriber's frame ring (its ``dropped()``): once the publisher dropped the subscriber
+        # it may write the slot again, before the subscriber has read of the drop.
+        self._ring = ring
         self._base = base
         self.device = device
         self.slot = slot
@@ -76,9 +80,13 @@ class SlotView(FrameBase):
         return self._released
 
     def _check_usable(self) -> None:
-        if self._released:
-            error = ClosedError("the message was released (or the subscriber lost its publisher): the publisher may "
-                                "have written this slot again; receive a new message")
+        if self._released or (self._ring is not None and self._ring.dropped()):
+            if self._released:
+                error = ClosedError("the message was released (or the subscriber lost its publisher): the publisher "
+                                    "may have written this slot again; receive a new message")
+            else:
+                error = ClosedError("the publisher dropped this subscriber and may have written this slot again: "
+                                    "receive() says why")
             # (a daemon thread reading a message as the exit closes its subscriber waits to be
             # stopped with the interpreter, as in receive(), rather than die with a traceback)
             stay_if_ended_by_exit(error)
