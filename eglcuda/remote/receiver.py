@@ -160,6 +160,7 @@ class Receiver:
         self._loop = loop
         self._landing = landing
         self._readiness: Readiness | None = None  # fileno()'s descriptor, set as frames arrive or the link ends
+        self._full = False  # the subscriber holds all it may: arrivals leave the descriptor quiet
         self._cond = threading.Condition()
         self._ready: collections.deque[Arrival] = collections.deque()  # in the relay's order
         self._free: collections.deque[int] = collections.deque(range(len(window)))
@@ -298,11 +299,14 @@ class Receiver:
                 return True
             return self.lost if self.lost is not None else False
 
-    def show(self, readiness: Readiness) -> None:
+    def show(self, readiness: Readiness, full: bool = False) -> None:
         """Make ``readiness`` say whether a frame is there or the link ended (set or cleared under
-        the lock the engine's thread sets it under: a frame that arrives meanwhile is not missed)."""
+        the lock the engine's thread sets it under: a frame that arrives meanwhile is not missed).
+        ``full``: the subscriber holds all it may, so only the link's end sets it, until the next
+        call says otherwise."""
         with self._cond:
-            if self._ready or self.lost is not None:
+            self._full = full
+            if self.lost is not None or (self._ready and not full):
                 readiness.set()
             else:
                 readiness.clear()
@@ -433,7 +437,7 @@ class Receiver:
                     self._let_go_older(len(self._ready) - 1, unused)
                 owed = self._owed
                 self._cond.notify_all()
-                if self._readiness is not None and self._ready:
+                if self._readiness is not None and self._ready and not self._full:
                     self._readiness.set()  # (fileno()'s watchers; a write only when it was quiet)
             if unused:
                 self._landing.unused(self, unused)

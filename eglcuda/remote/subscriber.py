@@ -413,6 +413,8 @@ class RemoteFeed:
             if message._released:
                 return
             message._released = True
+            if self._ready is not None and len(self._held) >= self._hold_limit:
+                self._ready.set()  # (quiet while all were held: the watcher looks again, and says what is there)
             self._held.discard(message)
             view = message._frame
             own = self._backend.cuda_stream
@@ -542,7 +544,7 @@ class RemoteFeed:
         if link is None or self._lost is not None or self._closed or self._closing:
             ready.set()
         else:
-            link.show(ready)
+            link.show(ready, len(self._held) >= self._hold_limit)
 
     def wait_ready(self) -> "bool | BaseException":
         """For :class:`eglcuda.WaitSet`, as :meth:`eglcuda.Subscriber._wait_ready`."""
@@ -557,7 +559,10 @@ class RemoteFeed:
                 link = self._link
                 if link is None:
                     return StreamDisconnected(f"not connected to topic {self.name!r}")
-                return link.state()
+                state = link.state()
+                if state is True and len(self._held) >= self._hold_limit:
+                    return False  # (holding all it may, it can be handed nothing: quiet until a release)
+                return state
             finally:
                 self._refresh_ready()
 

@@ -39,3 +39,6 @@ class RingInbox:
     def arm(self) -> bool:
         """True when something is there to read now; else the ring's "sleeps" flag is set (the
         next entry makes the socket readable) and False."""
+    def quiet(self) -> bool:
+        """The socket's WAKE bytes read, the "sleeps" flag not set (frames wake nobody); True when
+        something besides frames is there (a message read early, the connection's end)."""

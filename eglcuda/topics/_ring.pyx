@@ -472,6 +472,16 @@ cdef class RingInbox:
         flag_set(self.ring.flag(AT_SUB_SLEEPS), 1)
         return self.ring.waiting()
 
+    def quiet(self):
+        """For a watcher of the socket while the subscriber can take nothing (it holds all it
+        may): the socket's WAKE bytes are read (what else came is kept, in order) and the "sleeps"
+        flag is not set, so that frames send no WAKE; True when something besides frames is there
+        (a message read early, the connection's end)."""
+        if self.fd < 0 or self.ended or self.early:
+            return True
+        self.take_socket()
+        return bool(self.ended or self.early)
+
     def next(self, deadline=None):
         return self.read(deadline, False)
 

@@ -18,6 +18,8 @@ class Inbox:
         """Whether the next message, read earlier and waiting here, is a FRAME (nothing is taken)."""
     def arm(self) -> bool:
         """True when messages read earlier wait here; False: the socket's readiness says when."""
+    def quiet(self) -> bool:
+        """As arm(), for a subscriber that holds all it may."""
 
 def drain(epoll_fd: int, timeout: float, inboxes: dict[int, tuple[Inbox, Any]], limit: int) -> list[tuple[Any, Any]]: ...
 def ipc_record(context: int, event: int, stream: int, query: bool = ...) -> bool: ...

@@ -329,6 +329,11 @@ cdef class Inbox:
         readiness then says when the next one comes."""
         return self.fd < 0 or self.at < self.count
 
+    def quiet(self):
+        """As :meth:`arm`, for a subscriber that can take nothing (it holds all it may): its
+        frames come as messages, which a watcher sees on the socket."""
+        return self.fd < 0 or self.at < self.count
+
     def queued_kinds(self):
         """The kind byte of each message read from the socket but not handed out yet (0 for the
         connection's end), as bytes: whether a goodbye is already on its way."""

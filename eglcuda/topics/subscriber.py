@@ -108,6 +108,7 @@ class Subscriber:
         # descriptor it watches on its loop: a new one may take over from a waiter that was
         # cancelled but has not run since (and then takes its reader off the loop).
         self._async_waiter: asyncio.Task[Any] | None = None
+        self._async_cancels = 0  # the waiter's count of cancels not taken back (uncancel) as it began
         self._async_woken: asyncio.Future[None] | None = None
         self._async_reader: int | None = None
         self._remote: RemoteFeed | None = None  # the frames come through a relay (remote=): see remote_feed
@@ -352,8 +353,9 @@ class Subscriber:
                 if message._released:
                     return
                 message._released = True
-                self._held.discard(message)
                 conn = self._conn
+                full = self._ready is not None and conn is not None and len(self._held) >= conn.limit
+                self._held.discard(message)
                 if self._lost is not None or self._closed or conn is None:
                     let_go(message)  # nobody to tell; its view must still stop working before the unmap
                 else:
@@ -374,9 +376,22 @@ class Subscriber:
                         # the transport could not let go (its publisher may be gone): the next receive says so
                     else:
                         conn.send_release(message.seq, flags, extra)
+                if full:
+                    self._wake_watcher()
         finally:
             if self._deferral.thread:  # (a close put off)
                 self._finish_deferred_close()
+
+    def _wake_watcher(self) -> None:
+        """A release made room in a subscriber that held all it may, whose descriptor was quiet:
+        it says again what is there (under ``_state``)."""
+        if self._busy.acquire(False):
+            try:
+                self._refresh_ready()
+            finally:
+                self._busy.release()
+        elif self._ready is not None:
+            self._ready.set()  # (a receive of another thread meanwhile: it may have looked before this release)
 
     def _flush(self) -> None:
         """Send queued releases; if the publisher's socket is full, they wait for the next call."""
@@ -566,6 +581,8 @@ class Subscriber:
 
         Level-triggered: after it said readable, receive with ``timeout=0`` until
         :class:`eglcuda.Timeout`, or at least once; a message left unreceived keeps it readable.
+        While the subscriber holds as many messages as it may, it stays quiet until one is
+        released (a drop or the publisher's end still makes it readable).
         Now and then it is readable with nothing to receive (a ``latest`` frame that turned
         stale, a message the publisher sent that is not a frame): ``receive(timeout=0)`` then
         raises :class:`eglcuda.Timeout`, and the descriptor is quiet again. The first call
@@ -628,6 +645,13 @@ class Subscriber:
         conn = self._conn
         if conn is None or self._lost is not None or self._closed or self._closing:
             ready.set()
+        elif len(self._held) >= conn.limit:
+            # Nothing to hand out until a release (which looks again): not armed, so the
+            # publisher's frames send no WAKE meanwhile; a drop or goodbye still shows.
+            if conn.inbox.quiet():
+                ready.set()
+            elif ready.due:
+                ready.clear()
         elif conn.pending or conn.inbox.arm():
             ready.set()
         elif ready.due:  # (the usual case, a frame taken and none behind it: nothing to clear)
@@ -642,6 +666,7 @@ class Subscriber:
             return self._remote.wait_ready()
         conn = self._conn
         if (conn is not None and self._every and not self._closing and self._lost is None and not self._forked
+                and len(self._held) < conn.limit
                 and ((conn.pending and not conn.dropped_meanwhile()) or conn.inbox.frame_next())):
             # The usual case of an ``every`` subscriber, a look without the lock (the compiled look
             # holds the GIL: a close on another thread cannot unmap the ring meanwhile): a frame's
@@ -673,6 +698,15 @@ class Subscriber:
             try:
                 if conn.dropped_meanwhile():  # (as receive says: the drop, not a frame announced before it)
                     conn.lose_to_the_drop()
+                if len(self._held) >= conn.limit:
+                    # Holding all it may, it can be handed nothing: quiet (not a "message" at every
+                    # wait) until a release says so. What is waiting is read, as receive would, so
+                    # that a drop or the publisher's end among it is reported now.
+                    while True:
+                        header = conn.read(None)
+                        if header is None:
+                            return False
+                        conn.pending.append(header)
                 if conn.pending and self.qos is Qos.EVERY:
                     return True
                 header = conn.pending.popleft() if conn.pending else conn.read(None)
@@ -709,6 +743,9 @@ class Subscriber:
             self._stop_async_reader(loop)
         deadline = loop.time() + wait
         self._async_waiter, self._async_woken = task, None
+        cancelling = getattr(task, "cancelling", None)  # (Python 3.11 on)
+        # (a task that caught an earlier cancel without uncancel() waits here with its count above 0)
+        self._async_cancels = cancelling() if cancelling is not None else 0
         try:
             # (The descriptor is made once; while another thread's receive holds the subscriber
             # as it is first asked for, the loop runs on: asked again every few milliseconds.)
@@ -754,7 +791,7 @@ class Subscriber:
             return True
         cancelling = getattr(waiter, "cancelling", None)  # (Python 3.11 on)
         if cancelling is not None:
-            return bool(cancelling())
+            return bool(cancelling() > self._async_cancels)  # (cancelled since it began to wait)
         # (Python 3.10: a cancel that came after its future was settled, its reader having run,
         # waits for the task's next step in _must_cancel)
         return bool(getattr(waiter, "_must_cancel", False))

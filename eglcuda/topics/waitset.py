@@ -13,7 +13,7 @@ import weakref
 from typing import Any, Literal
 
 from .._integers import as_int
-from ..errors import ClosedError, UsageError
+from ..errors import ClosedError, EglCudaError, UsageError
 from .subscriber import Subscriber
 
 EventKind = Literal["message", "missed", "interval", "error", "readable"]
@@ -162,6 +162,8 @@ class WaitSet:
             try:
                 fd = source.fileno()
             except ValueError as exc:  # (a closed file; io.UnsupportedOperation)
+                if isinstance(exc, EglCudaError):  # (a subscriber's own: closed, another process's)
+                    raise
                 raise UsageError(f"{source!r} has no open descriptor ({exc})") from None
             except OSError as exc:
                 # (a closed multiprocessing Connection, a closed serial port; a subscriber's own
@@ -283,6 +285,8 @@ class WaitSet:
             for fd, _ in ready:
                 event = by_fd.get(fd)
                 if event is None:
+                    if fd == self._wake:  # (written by a child forked from C, no at-fork hook: not a close)
+                        self._drain_wake()
                     continue
                 attachment = event.attachment
                 probe = attachment._probe
@@ -356,8 +360,19 @@ class WaitSet:
     def _not_forked(self) -> None:
         # In a forked child the set's descriptor is the parent's epoll instance: an attach or
         # detach here would change what the parent's waits see.
-        if self._fork != _forks[0]:
+        if self._forked():
             raise self._forked_error()
+
+    def _forked(self) -> bool:
+        # (the at-fork count, and the process id for a fork made from C, which runs no hook;
+        # wait() asks the count only: one system call fewer a wait)
+        return self._fork != _forks[0] or self._pid != os.getpid()
+
+    def _drain_wake(self) -> None:
+        try:
+            os.eventfd_read(self._wake)
+        except OSError:  # (read meanwhile, or closed by a close() racing this wait)
+            pass
 
     def _forked_error(self) -> UsageError:
         return UsageError(f"this wait set belongs to process {self._pid}, not to this forked child: make a new "
@@ -371,7 +386,7 @@ class WaitSet:
         set as it was (its waits are not woken)."""
         epoll, self._epoll = self._epoll, None  # (one close() goes on: two threads may call it at once)
         if epoll is not None:
-            forked = self._fork != _forks[0]
+            forked = self._forked()
             if not forked:  # (in a forked child the eventfd is the parent's too: no write)
                 os.eventfd_write(self._wake, 1)
                 self._woken = True  # (only now may a wait close it: never a write to a closed descriptor)

@@ -544,3 +544,62 @@ def test_serve_forever_restores_a_handler_python_did_not_install_as_the_default(
     out = subprocess.run([sys.executable, "-c", _FOREIGN_HANDLER, cluster.path], env=env, cwd=str(ROOT),
                          capture_output=True, text=True, timeout=120)
     assert (out.returncode, out.stdout.strip()) == (0, "True True"), out.stderr[-2000:]
+
+
+# A remote subscriber that holds all it may (qos latest: two messages) in a WaitSet, its relay's
+# publisher going on at 300 frames/s: the set sleeps; a release makes it report a frame again.
+_HOLDING_ALL = r'''
+import json, resource, sys, time
+sys.path.insert(0, "tests/gpu")
+import eglcuda
+from topics_peer import check
+relay = eglcuda.Relay("t", "127.0.0.1:0", path=sys.argv[1])
+sub = eglcuda.Subscriber("t", remote=f"127.0.0.1:{relay.address[1]}", qos="latest")
+waits = eglcuda.WaitSet()
+waits.attach(sub)
+held = []
+while len(held) < 2:
+    if [e.kind for e in waits.wait(10)] == ["message"]:
+        try:
+            held.append(sub.receive(0))
+        except eglcuda.Timeout:
+            pass
+def cpu():
+    usage = resource.getrusage(resource.RUSAGE_THREAD)
+    return usage.ru_utime + usage.ru_stime
+spent, started, made, events = cpu(), time.monotonic(), 0, []
+while time.monotonic() - started < 1.0:
+    events += waits.wait(1.0 - (time.monotonic() - started))
+    made += 1
+quiet = {"waits": made, "events": [e.kind for e in events], "cpu": cpu() - spent}
+try:
+    sub.receive(0)
+    refused = None
+except eglcuda.UsageError as exc:
+    refused = str(exc)
+held.pop(0).release()
+after = [e.kind for e in waits.wait(5)]
+with sub.receive(0) as message:
+    ok = check(message, 5)[0]
+for message in held:
+    message.release()
+waits.close()
+sub.close()
+relay.close()
+print(json.dumps({"quiet": quiet, "refused": refused, "after": after, "ok": ok}), flush=True)
+'''
+
+
+def test_a_remote_subscriber_holding_all_it_may_leaves_its_wait_set_asleep(cluster, env):
+    """A remote subscriber that holds all it may can be handed nothing while frames keep
+    arriving: the wait set sleeps (it used to report a "message" at every wait that
+    receive(timeout=0) refused: a spin); a release makes it report a frame, every byte right."""
+    cluster.publisher(rate=300)
+    out = subprocess.run([sys.executable, "-c", _HOLDING_ALL, cluster.path], env=env, cwd=str(ROOT),
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    said = json.loads(out.stdout.splitlines()[-1])
+    assert said["quiet"]["events"] == [] and said["quiet"]["waits"] <= 3, said
+    assert said["quiet"]["cpu"] < 0.2, said
+    assert "as many as it may" in said["refused"], said
+    assert said["after"] == ["message"] and said["ok"], said

@@ -215,6 +215,101 @@ def test_a_forked_childs_close_lets_go_of_its_copies_and_leaves_the_parents_wait
         assert not waits.closed
 
 
+
+def test_a_childs_close_after_a_fork_made_from_c_leaves_the_parents_set_asleep(path):
+    """A child made by fork() from C (no Python at-fork hook runs: ctypes, an extension) closes
+    the set it inherited: that close must not wake the parent's set for good (it used to write
+    the shared wake descriptor, and every wait of the parent returned at once, spinning)."""
+    import ctypes
+
+    with publisher(path, True), subscriber(path, qos="every") as sub, eglcuda.WaitSet() as waits:
+        waits.attach(sub)
+        pid = ctypes.CDLL(None).fork()
+        if pid == 0:
+            try:
+                waits.close()
+            finally:
+                os._exit(0)
+        os.waitpid(pid, 0)
+        spent = cpu_seconds()
+        started = time.monotonic()
+        assert waits.wait(0.3) == []
+        assert waits.wait(0.3) == []
+        assert time.monotonic() - started >= 0.55
+        assert cpu_seconds() - spent < 0.2, "the waits spun"
+        assert not waits.closed
+
+
+def test_attaching_the_parents_subscriber_in_a_forked_child_says_whose_it_is(path):
+    with publisher(path, True), subscriber(path, qos="every") as sub:
+        sub.fileno()
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                with eglcuda.WaitSet() as waits:
+                    try:
+                        waits.attach(sub)
+                    except eglcuda.UsageError as exc:
+                        code = 0 if "forked child" in str(exc) and "no open descriptor" not in str(exc) else 3
+            finally:
+                os._exit(code)
+        assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+
+
+def test_a_subscriber_holding_all_it_may_is_quiet_until_a_release(path, ring):
+    """A ``latest`` subscriber that holds as many messages as it may (two) can be handed nothing:
+    with a newer frame published, its descriptor is quiet and the set sleeps (it used to report
+    a "message" at every wait, which receive(timeout=0) refused: a spin). A release makes it
+    report the frame that waited, where the publisher announced it (the frame ring), and the
+    next frame in any case, every byte. (An ``every`` subscriber that holds its queue has no frame
+    waiting: its publisher waits for room, then drops it: the next test.)"""
+    with publisher(path, ring) as pub, subscriber(path, qos="latest") as sub, eglcuda.WaitSet() as waits:
+        waits.attach(sub)
+        held = []
+        for key in (b"a", b"b"):
+            put(pub, key)
+            assert [e.kind for e in waits.wait(5)] == ["message"]
+            held.append(sub.receive(0))
+        put(pub, b"c")
+        spent = cpu_seconds()
+        started = time.monotonic()
+        waits_made = 0
+        while time.monotonic() - started < 0.5:
+            assert waits.wait(0.5 - (time.monotonic() - started)) == []
+            waits_made += 1
+        assert waits_made <= 3 and cpu_seconds() - spent < 0.2, waits_made
+        assert not readable(sub.fileno())
+        with pytest.raises(eglcuda.UsageError, match="as many as it may"):
+            sub.receive(0)
+        held.pop(0).release()
+        if ring:  # (the frame ring announced "c": the release alone makes it ready)
+            assert [e.kind for e in waits.wait(5)] == ["message"]
+        put(pub, b"d")
+        assert [e.kind for e in waits.wait(5)] == ["message"]
+        with sub.receive(0) as message:
+            assert message.payload == b"d" and message.frame.data == pattern(b"d")
+        held.pop().release()
+        assert waits.wait(0) == []
+
+
+def test_a_subscriber_holding_all_it_may_still_reports_its_drop(path, ring):
+    """Quiet while it holds all it may, an ``every`` subscriber the publisher drops for it (its
+    ``every_timeout``) is reported at once, with the drop."""
+    with publisher(path, ring, every_timeout=0.2) as pub, subscriber(path, qos="every", queue=2) as sub, \
+            eglcuda.WaitSet() as waits:
+        waits.attach(sub)
+        held = []
+        for key in (b"a", b"b"):
+            put(pub, key)
+            held.append(sub.receive(5))
+        assert waits.wait(0.1) == []
+        threading.Thread(target=put, args=(pub, b"c"), daemon=True).start()  # (waits 0.2 s, then drops it)
+        events = waits.wait(5)
+        assert [e.kind for e in events] == ["error"] and isinstance(events[0].error, eglcuda.Dropped), events
+        for message in held:
+            message.release()
+
 # ---- WaitSet ----------------------------------------------------------------------------------
 
 def test_a_wait_set_wakes_on_any_and_reports_each_ready_subscriber(folder, ring):
@@ -935,6 +1030,39 @@ def test_receive_async_right_after_cancelling_the_waiting_one(path):
                 assert loop.remove_reader(fd) is False, "a reader was left on the loop"
             with pytest.raises(eglcuda.Timeout):
                 await sub.receive_async(0.01)
+
+        asyncio.run(main())
+
+
+def test_a_waiter_that_caught_its_cancel_and_waits_again_is_still_the_one_waiting(path):
+    """A task whose receive_async() was cancelled catches the CancelledError (without
+    uncancel(), as much code does) and awaits receive_async() again: it is the waiter. Another
+    task's receive_async() is refused as a second waiter (it used to take over and take the
+    first one's reader off the loop), and the frame that comes wakes the first at once."""
+    with publisher(path, True) as pub, subscriber(path, qos="every") as sub:
+        async def main():
+            got = []
+
+            async def first():
+                try:
+                    await sub.receive_async(5)
+                except asyncio.CancelledError:
+                    pass
+                started = time.monotonic()
+                message = await sub.receive_async(5)
+                got.append((message.payload, time.monotonic() - started))
+                message.release()
+
+            task = asyncio.ensure_future(first())
+            await asyncio.sleep(0.05)
+            task.cancel()
+            await asyncio.sleep(0.05)
+            with pytest.raises(eglcuda.UsageError, match="one at a time"):
+                await sub.receive_async(0.2)
+            await asyncio.sleep(0.1)
+            put(pub, b"x")
+            await asyncio.wait_for(task, 5)
+            assert got[0][0] == b"x" and got[0][1] < 1.0, got
 
         asyncio.run(main())
 
