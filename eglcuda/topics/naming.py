@@ -77,8 +77,8 @@ def topic_directory(create: bool = False, directory: str | os.PathLike[str] | No
     directory of this user (``shared``: or one others may reach but not write to, where
     ``access="group"`` or ``"all"`` publishers put their sockets); ``create`` makes it (mode
     0700) when missing. Raises
-    :class:`UsageError` for a directory that is not safe to use, and ``FileNotFoundError`` when it
-    is missing and not to be created."""
+    :class:`UsageError` for a directory that is not safe to use or cannot be made, and
+    ``FileNotFoundError`` when it is missing and not to be created."""
     if directory is None:
         path = default_directory()
     else:
@@ -94,6 +94,9 @@ def topic_directory(create: bool = False, directory: str | os.PathLike[str] | No
             os.mkdir(path, 0o700)
         except FileExistsError:
             pass
+        except OSError as exc:  # (its parent missing, read-only or not ours: XDG_RUNTIME_DIR, say)
+            raise UsageError(f"cannot make the eglcuda topic directory {path}: {exc.strerror}; give the topic a "
+                             "path= in a directory of yours, or set XDG_RUNTIME_DIR to one") from None
     problem = _owned_private_directory(path, shared)
     if problem == "it does not exist":
         raise FileNotFoundError(path)

@@ -46,6 +46,9 @@ def test_topic_directory_is_made_private_and_unsafe_ones_are_refused(tmp_path, m
         os.chown(directory, 65534, 65534)
         with pytest.raises(eglcuda.UsageError, match="belongs to uid 65534"):
             naming.topic_directory(create=True)
+    missing = tmp_path / "missing" / "eglcuda"  # (mkdir fails: a UsageError that names it, not an OSError)
+    with pytest.raises(eglcuda.UsageError, match=f"cannot make the eglcuda topic directory {missing}: No such file"):
+        naming.topic_directory(create=True, directory=missing)
     monkeypatch.setenv("XDG_RUNTIME_DIR", "relative/dir")
     assert naming.default_directory() == f"/tmp/eglcuda-{os.geteuid()}"
     monkeypatch.delenv("XDG_RUNTIME_DIR")
