@@ -32,6 +32,12 @@ def open_fds() -> int:
 
 
 def relay(args) -> int:
+    if args.join_timeout:
+        # (the relay's own join to its publisher gets this, its remotes' limits keep --timeout: a
+        # test of a tiny timeout then does not depend on a local join finishing within it)
+        import eglcuda.remote.relay as relay_module
+        made = relay_module.Subscriber
+        relay_module.Subscriber = lambda *a, **k: made(*a, **{**k, "timeout": args.join_timeout})  # type: ignore
     with eglcuda.Relay(args.name, args.listen, qos=args.qos, queue=args.queue, device=args.device,
                        timeout=args.timeout, path=args.path, every_timeout=args.every_timeout,
                        max_remotes=args.max_remotes, frames=args.frames) as server:
@@ -574,6 +580,7 @@ def main() -> int:
     parser.add_argument("--receive-timeout", type=float, default=0.0)
     parser.add_argument("--stop-on-timeout", action="store_true")
     parser.add_argument("--every-timeout", type=float, default=1.0)
+    parser.add_argument("--join-timeout", type=float, default=0.0, help="relay: its own join to the publisher (0: --timeout)")
     parser.add_argument("--max-remotes", type=int, default=16)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--count", type=int, default=0)

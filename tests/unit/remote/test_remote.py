@@ -363,18 +363,9 @@ def test_a_relay_timeout_shorter_than_a_handshake_still_lets_remotes_join(cluste
     remote's handshake over UCX takes longer than that, and each one ran out of that time, so no
     remote could join and none was told why. A handshake has a second at least, as silence has."""
     cluster.publisher(rate=100)
-    # (The relay's own wait for its publisher has 1 ms too: it may miss it, and on a loaded
-    # machine it misses it many times in a row. Tries go on for a minute.)
-    tries, until = 0, time.monotonic() + 60
-    while True:
-        tries += 1
-        try:
-            relay, address = cluster.relay("--timeout", "0.001")
-            break
-        except AssertionError as exc:
-            assert "Timeout" in str(exc) and "no publisher" in str(exc), exc
-        if time.monotonic() > until:
-            pytest.fail(f"no relay found its publisher in 1 ms in {tries} tries")
+    # (The relay's own join to its publisher would have 1 ms too, which a loaded machine misses
+    # many times in a row: the peer gives that join 10 s, the relay's limits keep 1 ms.)
+    relay, address = cluster.relay("--timeout", "0.001", "--join-timeout", "10")
     sub = cluster.subscriber(address, "--count", "20", "--receive-timeout", "3")
     done = sub.wait_for(lambda m: m["event"] in ("done", "disconnected", "error"), timeout=30)
     assert done["event"] == "done", done
