@@ -240,22 +240,17 @@ class Plane:
         ``cuda_stream`` (default: the frame's stream); does not wait. Another stream is ordered
         after the frame's and counts as one of its readers (docs/ordering.md)."""
         source = self._location()
-        frame = self._frame
-        g = self.geometry
-        pointer, pitch = _check_linear(pointer, pitch, g)
-        if cuda_stream is None:
-            stream = frame.cuda_stream or 0
-        else:
-            stream = stream_handle(cuda_stream)
-            frame._hand_to(stream)
-        _copy_2d(frame.device, stream, src=source, dst=("device", pointer, pitch), width_bytes=g.row_bytes,
-                 height=g.height, wait=False)
+        pointer, pitch = _check_linear(pointer, pitch, self.geometry)
+        self._queue_copy_out(source, ("device", pointer, pitch), cuda_stream)
 
     def _copy_to_plane(self, target: "Plane", cuda_stream: Any = None) -> None:
         """As :meth:`copy_to_device`, into ``target``, a plane of the same shape, pitch-linear or
         a CUDA array (either side): ``publish_from(frame)``'s copy into a pool frame."""
-        source = self._location()
-        into = target._location(writing=True)
+        self._queue_copy_out(self._location(), target._location(writing=True), cuda_stream)
+
+    def _queue_copy_out(self, source: Any, into: Any, cuda_stream: Any) -> None:
+        """Queue the copy of the plane (``source``, its location) to ``into`` on ``cuda_stream``
+        (None: the frame's stream; another is ordered after it and counts as a reader)."""
         frame = self._frame
         if cuda_stream is None:
             stream = frame.cuda_stream or 0
