@@ -75,12 +75,12 @@ class Handshake:
 
 
 def serve(ref: "weakref.ref[Admission]", listener: socket.socket, wake: int,
-          pending: dict[int, "Handshake"]) -> None:
+          pending: dict[int, "Handshake"], poller: select.epoll) -> None:
     """The service thread's body: accept connections, answer status requests and run handshakes
     until the publisher stops. Holds the publisher only weakly between events. ``pending``: the
     connections in their handshake, by descriptor, oldest first (a dict keeps insertion order);
-    the publisher's, whose copies a forked child closes (see :func:`forget`)."""
-    poller = select.epoll()
+    ``poller``: the thread's epoll set, which it closes as it ends. Both are the publisher's too,
+    whose copies a forked child closes (see :func:`forget`)."""
     paused_until = 0.0  # the listener is not watched until then (no descriptor to accept with)
     try:
         try:

@@ -21,6 +21,7 @@ import logging
 import numbers
 import os
 import secrets
+import select
 import socket
 import threading
 import time
@@ -144,6 +145,7 @@ class Publisher:
         self._listener: socket.socket | None = None
         self._handshakes: dict[int, handshake.Handshake] = {}  # the service thread's (a forked child closes them)
         self._thread: threading.Thread | None = None
+        self._service_poller: select.epoll | None = None  # the service thread's (it closes it as it ends)
         self._backend: PublisherBackend | None = None
         self._transports: dict[str, PublisherTransport] = {}
         self._pool: Pool | None = None
@@ -178,9 +180,10 @@ class Publisher:
             self._hot: tuple[PublisherBackend, Pool, Delivery] | None = (_backend, self._pool, self._delivery)
             self._files.wake = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
             self._listener, self._files.bound = sockets.bind_listener(self.path, ACCESS_MODES[access])
+            self._service_poller = select.epoll()
             self._thread = threading.Thread(target=handshake.serve,
                                             args=(weakref.ref(self), self._listener, self._files.wake[0],
-                                                  self._handshakes),
+                                                  self._handshakes, self._service_poller),
                                             name=f"eglcuda-topic-{self.name}", daemon=True)
             self._thread.start()
         except BaseException:
@@ -575,6 +578,8 @@ class Publisher:
         if self._listener is not None:
             self._listener.close()
         handshake.forget(self._handshakes)
+        if self._service_poller is not None:  # (the parent's thread has its own copy)
+            self._service_poller.close()
         if self._pool is not None:
             self._pool.forget()
         self._listener, self._backend = None, None
@@ -607,6 +612,8 @@ class Publisher:
                 log.warning("topic %s: closing the transports failed: %s", self.name, exc)
         if self._delivery is not None:
             self._delivery.close_epoll()
+        if self._service_poller is not None and (self._thread is None or not self._thread.is_alive()):
+            self._service_poller.close()  # (a thread that never started; closing twice is fine)
         self._files.release()
         self._hot = None
         self._stop_flag.set()

@@ -216,6 +216,42 @@ def test_a_forked_worker_keeps_no_connection_in_its_handshake_open(path):
         os.waitpid(worker, 0)
 
 
+def _descriptors(kind: str) -> set[int]:
+    """This process's descriptors of one kind of anonymous inode (``eventpoll``, ``eventfd``)."""
+    found = set()
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{name}") == f"anon_inode:[{kind}]":
+                found.add(int(name))
+        except OSError:  # (the listing's own descriptor, gone)
+            pass
+    return found
+
+
+def test_a_forked_child_s_close_leaves_none_of_the_publisher_s_poll_sets_open(path):
+    """A publisher with a subscriber: in a forked child, close() lets go of the child's copies of
+    every epoll set the publisher made, its service thread's too (no thread runs it there)."""
+    before = _descriptors("eventpoll")
+    with publisher(path) as pub, subscriber(path, qos="every") as sub:
+        put(pub, b"x")
+        sub.receive(5).release()
+        assert _descriptors("eventpoll") - before  # (what the child must let go of)
+
+        def child() -> bool:
+            signal.alarm(5)
+            sub.close()
+            pub.close()
+            left = _descriptors("eventpoll") - before
+            if left:
+                print("left open in the child:", left, flush=True)
+            return not left
+
+        assert _in_child(child) == 0
+        put(pub, b"after")  # (the parent's topic goes on)
+        with sub.receive(5) as message:
+            assert message.frame.data == pattern(b"after")
+
+
 def test_a_subscriber_open_at_exit_says_goodbye(path):
     """A program that ends without closing its subscriber: the exit hook closes it, and the
     publisher counts it as having left, not as dropped."""
