@@ -247,16 +247,27 @@ def hold_limit(args) -> int:
 
 def dropped(args) -> int:
     """A remote subscriber receives a frame and is dropped without close(); once collected, it
-    leaves the relay (the relay's listing says so) while this process lives on."""
+    leaves the relay (the relay's listing says so) while this process lives on. ``--message``:
+    what becomes of its message: ``released`` first, or ``kept``: still held, every byte checked
+    again after the test's first line, then released."""
     import gc
 
     sub = eglcuda.Subscriber(args.name, qos=args.qos, timeout=args.timeout, remote=args.remote)
-    with sub.receive(args.timeout) as message:
-        ok = check(message, args.seed)[0]
+    message = sub.receive(args.timeout)
+    ok = check(message, args.seed)[0]
+    kept = message if args.message == "kept" else None
+    if kept is None:
+        message.release()
     del sub, message
     gc.collect()
     say(event="dropped", ok=ok)
     sys.stdin.readline()  # (alive until the test looked at the relay)
+    if kept is not None:
+        time.sleep(0.2)
+        ok = check(kept, args.seed)[0]
+        kept.release()
+        say(event="released", ok=ok)
+        sys.stdin.readline()
     return 0
 
 
@@ -563,6 +574,8 @@ def main() -> int:
     parser.add_argument("role", choices=["relay", "subscribe", "garbage", "cycles", "pair", "forked", "mitm",
                                            "forge", "deaf", "flood", "dropped", "hold-limit"])
     parser.add_argument("--mode", default="magic")
+    parser.add_argument("--message", choices=["released", "kept"], default="released",
+                        help="dropped: what becomes of its message")
     parser.add_argument("--frames", default="plain")
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--rate", type=float, default=20.0, help="flood: MB/s")

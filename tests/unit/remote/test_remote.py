@@ -688,14 +688,24 @@ def test_an_every_remote_holding_most_of_its_pool_gets_every_frame_in_order(clus
     assert seqs == list(range(seqs[0], seqs[0] + 60))
 
 
-@pytest.mark.parametrize("qos", ["latest", "every"])
-def test_a_remote_subscriber_dropped_without_close_leaves_the_relay_once_collected(cluster, env, qos):
-    # (A 'latest' one would otherwise go on taking the topic's frames until its process exits.)
+@pytest.mark.parametrize("qos, message", [("latest", "released"), ("every", "released"), ("latest", "kept")])
+def test_a_remote_subscriber_dropped_without_close_leaves_the_relay_once_collected(cluster, env, qos, message):
+    """Collected, it leaves the relay: at once, or, while the program still holds a message it
+    handed out (its pool's bytes, still intact), once that is released. (A 'latest' one would
+    otherwise go on taking the topic's frames until its process exits.)"""
     cluster.publisher(rate=300)
     relay, address = cluster.relay("--qos", "latest")
-    peer = Peer(env, REMOTE_PEER, "dropped", "--name", "t", "--remote", address, "--qos", qos, "--seed", "5")
+    peer = Peer(env, REMOTE_PEER, "dropped", "--name", "t", "--remote", address, "--qos", qos, "--seed", "5",
+                "--message", message)
     cluster.peers.append(peer)
     assert peer.wait_for(lambda m: m["event"] == "dropped", timeout=30)["ok"]
+    if message == "kept":
+        time.sleep(0.5)
+        relay.send("remotes")
+        remotes = relay.wait_for(lambda m: m["event"] == "remotes")["remotes"]
+        assert [r for r in remotes if r["connected"]], remotes  # (its message is still the program's)
+        peer.send("")
+        assert peer.wait_for(lambda m: m["event"] == "released", timeout=30)["ok"]  # every byte, still
     _until_none_connected(relay, 10, 0.2)
     peer.send("")
 
