@@ -41,7 +41,7 @@ from ..topics.info import TopicInfo
 from ..topics.message import Message, let_go
 from ..topics.protocol import Qos
 from ..topics.readiness import Readiness
-from ..topics.subscriber import Subscriber, _acquire, closed_error, forked_error, hold_limit_error, take_turn
+from ..topics.subscriber import LOOK_WAIT_S, Subscriber, _acquire, closed_error, forked_error, hold_limit_error, take_turn
 from ..topics.transports import CudaSubscriberBackend
 from ..topics.transports.base import UNMAP_WAIT_S, Geometry
 from ..topics.transports.views import SlotView, _ViewSpec, join_readers
@@ -550,21 +550,25 @@ class RemoteFeed:
         """For :class:`eglcuda.WaitSet`, as :meth:`eglcuda.Subscriber._wait_ready`."""
         if os.getpid() != self._pid:
             return self._forked_error()
-        with self._busy:
+        if not _acquire(self._busy, LOOK_WAIT_S):
+            return False  # (another thread receives or joins again: what it finds, it says)
+        try:
+            if self._closed or self._closing:
+                return self._closed_error()
+            if self._lost is not None:
+                return self._lost
+            link = self._link
+            if link is None:
+                return StreamDisconnected(f"not connected to topic {self.name!r}")
+            state = link.state()
+            if state is True and len(self._held) >= self._hold_limit:
+                return False  # (holding all it may, it can be handed nothing: quiet until a release)
+            return state
+        finally:
             try:
-                if self._closed or self._closing:
-                    return self._closed_error()
-                if self._lost is not None:
-                    return self._lost
-                link = self._link
-                if link is None:
-                    return StreamDisconnected(f"not connected to topic {self.name!r}")
-                state = link.state()
-                if state is True and len(self._held) >= self._hold_limit:
-                    return False  # (holding all it may, it can be handed nothing: quiet until a release)
-                return state
-            finally:
                 self._refresh_ready()
+            finally:
+                self._busy.release()
 
     @property
     def connected(self) -> bool:

@@ -646,6 +646,54 @@ def test_a_killed_publisher_shows_as_an_error_and_a_restarted_one_on_the_same_de
         first.stop()
 
 
+def test_a_wait_keeps_its_timeout_and_other_sources_while_another_thread_joins_one_again(folder):
+    """One subscriber's publisher ended, and another thread waits in its wait_for_publisher() (no
+    publisher comes back): a set of it and a second source still ends a wait at its timeout,
+    reports the second source's frame at once, and a close() from a third thread ends a wait at
+    once (the look at the first used to wait for the lock the join holds, all its 3 s)."""
+    first, second = paths(folder, 2)
+    gone = publisher(first, True)
+    with publisher(second, True) as other, subscriber(first, qos="every") as joining, \
+            subscriber(second, qos="every") as sub, eglcuda.WaitSet() as waits:
+        waits.attach(joining)
+        watched = waits.attach(sub)
+        gone.close()
+        (event,) = waits.wait(5)
+        assert event.kind == "error", event
+        outcome: list[BaseException] = []
+
+        def join_again():
+            try:
+                joining.wait_for_publisher(3)
+            except eglcuda.EglCudaError as exc:
+                outcome.append(exc)
+
+        joiner = threading.Thread(target=join_again)
+        joiner.start()
+        try:
+            time.sleep(0.2)  # (it is inside wait_for_publisher() now)
+            started = time.monotonic()
+            assert waits.wait(0.3) == []
+            assert time.monotonic() - started < 1.0
+            put(other, b"other")
+            started = time.monotonic()
+            events = waits.wait(5)
+            assert [(e.kind, e.attachment) for e in events] == [("message", watched)], events
+            assert time.monotonic() - started < 1.0
+            with sub.receive(0) as message:
+                assert message.frame.data == pattern(b"other")
+            closer = threading.Timer(0.2, waits.close)
+            closer.start()
+            started = time.monotonic()
+            with pytest.raises(eglcuda.ClosedError):
+                waits.wait(10)
+            assert time.monotonic() - started < 1.0
+            closer.join(5)
+        finally:
+            joiner.join(10)
+        assert not joiner.is_alive() and len(outcome) == 1 and isinstance(outcome[0], eglcuda.Timeout), outcome
+
+
 def test_a_deadline_counts_again_once_wait_for_publisher_joined_a_restarted_publisher(path, ring):
     """A publisher process killed: the attachment reports its error, and no "missed" while the
     error stands. Once wait_for_publisher() joined a restarted publisher that sends nothing, the
