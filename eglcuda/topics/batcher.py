@@ -176,7 +176,7 @@ class Batch(FrameBase):
         self._batcher = weakref.ref(batcher)
         self._memory = memory  # (the planes' views keep it alive through the batch)
         self._stream = batcher._stream  # (a stream the batcher made lives while a batch ordered on it does)
-        self._cuda_stream = batcher.cuda_stream
+        self._cuda_stream = batcher._cuda_stream
         self._slot = slot
         self.frames = frames
         self.size = len(frames)
@@ -206,10 +206,12 @@ class Batch(FrameBase):
 
     @property
     def cuda_stream(self) -> int | None:
-        """The stream the batch's copies were queued on (the batcher's); None once the batcher's
-        close destroyed the stream it made for itself."""
-        if self._stream is not None and self._stream.closed:
-            return None
+        """The stream the batch's copies were queued on (the batcher's); None once the batcher
+        that made that stream for itself is closed (the stream goes with its last batch)."""
+        if self._stream is not None:
+            batcher = self._batcher()
+            if self._stream.closed or (batcher is not None and batcher._closed):
+                return None
         return self._cuda_stream
 
     @property
@@ -709,9 +711,9 @@ class Batcher:
     @property
     def cuda_stream(self) -> int | None:
         """The stream the copies are queued on and batches are ordered on (a ``CUstream``
-        handle); None once :meth:`close` destroyed the stream the batcher made for itself (a
-        caller's or the subscribers' stream stays named)."""
-        if self._stream is not None and self._stream.closed:
+        handle); None once the batcher that made it for itself is closed (it is destroyed then, or
+        with the last batch still out; a caller's or the subscribers' stream stays named)."""
+        if self._stream is not None and (self._closed or self._stream.closed):
             return None
         return self._cuda_stream
 
@@ -787,8 +789,10 @@ class Batcher:
                 # (A buffer whose batch is out may still be viewed, by a tensor made from it: its
                 # memory goes when the batch and every view of it are gone.)
             self._memory = []
-            if self._stream is not None:
-                self._stream.close()  # (kept: a batch still out reads its closed flag)
+            # With a batch out, the stream goes with the last of them, as its buffer does: a read
+            # of it that began before this close (another thread's to_numpy(), say) still queues on it.
+            if self._stream is not None and not out:
+                self._stream.close()
 
     def __enter__(self) -> "Batcher":
         return self

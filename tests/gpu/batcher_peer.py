@@ -324,6 +324,36 @@ def lifecycle(args) -> int:
         out_at_close = first.next()
     streams_after_close = [own_stream is not None, first.cuda_stream, out_at_close.cuda_stream]
     del out_at_close
+    # A batch out, read on another thread (to_numpy() again and again) as this thread closes the
+    # batcher: each read returns or raises ClosedError (the stream the batcher made for itself
+    # went under a read in progress: the driver's invalid handle), and the stream goes with the batch.
+    gc.collect()
+    ahead = counts()
+    read_during_close: dict[str, int] = {}
+    for _ in range(30):
+        batcher = eglcuda.Batcher(subs, args.batch_size)
+        plane = batcher.next().planes[0]
+        reading = threading.Event()
+
+        def read() -> None:
+            while True:
+                try:
+                    plane.to_numpy()
+                    reading.set()
+                except Exception as exc:  # noqa: BLE001 - what it raised is the report
+                    name = type(exc).__name__
+                    read_during_close[name] = read_during_close.get(name, 0) + 1
+                    reading.set()
+                    return
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        reading.wait(5)
+        batcher.close()
+        reader.join(5)
+        del batcher, plane
+    gc.collect()
+    read_leftovers = [now - then for now, then in zip(counts(), ahead)]
     before = counts() + [descriptors()]
     gc.disable()  # (what a drop leaves must go at once, not at the cycle collector's next pass)
     try:
@@ -378,7 +408,8 @@ def lifecycle(args) -> int:
     for sub in subs:
         sub.close()
     say(event="lifecycle", before=before, dropped=dropped, child=child, wrong=wrong,
-        streams_after_close=streams_after_close)
+        streams_after_close=streams_after_close, read_during_close=read_during_close,
+        read_leftovers=read_leftovers)
     return 0
 
 

@@ -122,7 +122,9 @@ def test_a_dropped_batcher_leaves_no_stream_and_a_forked_child_leaves_the_parent
     (saying they are the parent's, not that they are not connected), and the release of a batch
     handed to a stream and close() make no driver call (the stream and the buffers are the
     parent's); the parent's next batch is whole. A closed batcher, and a batch it held out, name
-    no stream once the stream the batcher made is destroyed."""
+    no stream once the batcher is closed. A batch read on another thread as the batcher closes:
+    each read returns or raises ClosedError, never the driver's error for a stream destroyed
+    under it, and the batcher's stream goes with the batch."""
     sources.add(95, rate=100)
     sources.add(96, rate=100)
     peer = sources.batcher("lifecycle", "--batch-size", "2")
@@ -137,6 +139,8 @@ def test_a_dropped_batcher_leaves_no_stream_and_a_forked_child_leaves_the_parent
     assert report["child"]["driver_calls"] is False and report["child"]["released"] == "", report
     assert report["wrong"] == [], report
     assert report["streams_after_close"] == [True, None, None], report
+    assert report["read_during_close"] == {"ClosedError": 30}, report
+    assert report["read_leftovers"] == [0, 0], report
 
 
 def test_a_source_joined_again_behind_the_batcher_counts_its_skips_from_its_new_publisher(sources):
