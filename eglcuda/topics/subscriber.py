@@ -694,51 +694,47 @@ class Subscriber:
         if not _acquire(self._busy, LOOK_WAIT_S):
             return False  # (another thread receives or joins again: what it finds, it says)
         try:
-            return self._look_held()
+            if self._closed or self._closing:
+                return self._closed_error()
+            if self._lost is not None:
+                return self._lost
+            conn = self._conn
+            if conn is None:  # pragma: no cover - _lost is set whenever the connection goes
+                return self._not_connected()
+            try:
+                if conn.dropped_meanwhile():  # (as receive says: the drop, not a frame announced before it)
+                    conn.lose_to_the_drop()
+                if len(self._held) >= conn.limit:
+                    # Holding all it may, it can be handed nothing: quiet (not a "message" at every
+                    # wait) until a release says so. What is waiting is read, as receive would, so
+                    # that a drop or the publisher's end among it is reported now.
+                    while True:
+                        header = conn.read(None)
+                        if header is None:
+                            return False
+                        conn.pending.append(header)
+                if conn.pending and self.qos is Qos.EVERY:
+                    return True
+                header = conn.pending.popleft() if conn.pending else conn.read(None)
+                if header is None:
+                    return False
+                if self.qos is Qos.LATEST:  # (as receive does: a frame already stale is passed over)
+                    header = conn.newest(header, self._skip)
+                    if header.seq < conn.notice:
+                        self._skip(header)
+                        return False
+                conn.pending.append(header)
+                return True
+            except ClosedError as exc:
+                return exc
+            except Lost as lost:
+                self._lost = lost.error
+                self._disconnect()
+                return lost.error
+            finally:
+                self._refresh_ready()
         finally:
             self._busy.release()
-
-    def _look_held(self) -> "bool | BaseException":
-        """_look_locked's look, with the lock held."""
-        if self._closed or self._closing:
-            return self._closed_error()
-        if self._lost is not None:
-            return self._lost
-        conn = self._conn
-        if conn is None:  # pragma: no cover - _lost is set whenever the connection goes
-            return self._not_connected()
-        try:
-            if conn.dropped_meanwhile():  # (as receive says: the drop, not a frame announced before it)
-                conn.lose_to_the_drop()
-            if len(self._held) >= conn.limit:
-                # Holding all it may, it can be handed nothing: quiet (not a "message" at every
-                # wait) until a release says so. What is waiting is read, as receive would, so
-                # that a drop or the publisher's end among it is reported now.
-                while True:
-                    header = conn.read(None)
-                    if header is None:
-                        return False
-                    conn.pending.append(header)
-            if conn.pending and self.qos is Qos.EVERY:
-                return True
-            header = conn.pending.popleft() if conn.pending else conn.read(None)
-            if header is None:
-                return False
-            if self.qos is Qos.LATEST:  # (as receive does: a frame already stale is passed over)
-                header = conn.newest(header, self._skip)
-                if header.seq < conn.notice:
-                    self._skip(header)
-                    return False
-            conn.pending.append(header)
-            return True
-        except ClosedError as exc:
-            return exc
-        except Lost as lost:
-            self._lost = lost.error
-            self._disconnect()
-            return lost.error
-        finally:
-            self._refresh_ready()
 
     async def receive_async(self, timeout: float | None = None) -> Message:
         """As :meth:`receive`, awaited in an asyncio event loop, which runs meanwhile (the wait

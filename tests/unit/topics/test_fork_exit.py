@@ -16,7 +16,7 @@ import eglcuda
 
 from eglcuda.topics import protocol
 
-from .helpers import ENV, HERE, _in_child, answer, pattern, publisher, put, raw, subscriber
+from .helpers import ENV, HERE, _in_child, answer, pattern, publisher, put, raw, subscriber, waiting_fds
 
 
 def test_a_forked_child_closes_a_subscriber_whose_locks_another_thread_held(path):
@@ -216,35 +216,23 @@ def test_a_forked_worker_keeps_no_connection_in_its_handshake_open(path):
         os.waitpid(worker, 0)
 
 
-def _descriptors(kind: str) -> set[int]:
-    """This process's descriptors of one kind of anonymous inode (``eventpoll``, ``eventfd``)."""
-    found = set()
-    for name in os.listdir("/proc/self/fd"):
-        try:
-            if os.readlink(f"/proc/self/fd/{name}") == f"anon_inode:[{kind}]":
-                found.add(int(name))
-        except OSError:  # (the listing's own descriptor, gone)
-            pass
-    return found
-
-
 def test_a_forked_child_s_close_leaves_none_of_the_publisher_s_poll_sets_open(path):
     """A publisher with a subscriber: in a forked child, close() lets go of the child's copies of
     every epoll set the publisher made, its service thread's too (no thread runs it there)."""
-    before = _descriptors("eventpoll")
+    before = waiting_fds()
     with publisher(path) as pub, subscriber(path, qos="every") as sub:
         put(pub, b"x")
         sub.receive(5).release()
-        assert _descriptors("eventpoll") - before  # (what the child must let go of)
+        assert waiting_fds() > before  # (what the child must let go of)
 
         def child() -> bool:
             signal.alarm(5)
             sub.close()
             pub.close()
-            left = _descriptors("eventpoll") - before
-            if left:
+            left = waiting_fds() - before
+            if left > 0:
                 print("left open in the child:", left, flush=True)
-            return not left
+            return left <= 0
 
         assert _in_child(child) == 0
         put(pub, b"after")  # (the parent's topic goes on)
