@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numbers
 
-from .errors import UsageError
+from .errors import UsageError, shown
 
 
 def as_int(value: object) -> int | None:
@@ -40,4 +40,4 @@ def check_flag(value: object, what: str) -> bool:
         return value
     if is_bool(value):
         return bool(value)
-    raise UsageError(f"{what} is True or False, got {value!r}")
+    raise UsageError(f"{what} is True or False, got {shown(value)}")

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
 from ._integers import as_int, check_flag
-from .errors import ClosedError, PeerError, Timeout, UsageError
+from .errors import ClosedError, PeerError, Timeout, UsageError, shown
 
 _SEND_FLAGS = int(getattr(socket, "MSG_NOSIGNAL", 0))
 
@@ -74,16 +74,16 @@ def numeric_ids(value: Any, what: str, default: frozenset[int]) -> frozenset[int
     if single is not None:
         value = (single,)
     if isinstance(value, (str, bytes)):
-        raise UsageError(f"{what} is a set of numeric ids, got {value!r}")
+        raise UsageError(f"{what} is a set of numeric ids, got {shown(value)}")
     try:
         items = list(value)
     except TypeError:
-        raise UsageError(f"{what} is a set of numeric ids, got {value!r}") from None
+        raise UsageError(f"{what} is a set of numeric ids, got {shown(value)}") from None
     ids = []
     for item in items:
         number = as_int(item)
         if number is None or not 0 <= number < 2**32:
-            raise UsageError(f"{what} holds numeric ids (0 .. 2**32-1), got {item!r}")
+            raise UsageError(f"{what} holds numeric ids (0 .. 2**32-1), got {shown(item)}")
         ids.append(number)
     return frozenset(ids)
 
@@ -94,9 +94,10 @@ def positive_seconds(value: Any, what: str) -> float:
         import numbers  # (rare: numpy's numbers, taken as wait_seconds takes them)
 
         if not isinstance(value, numbers.Real) or isinstance(value, bool):
-            raise UsageError(f"{what} is a positive number of seconds (at most {_LONGEST_WAIT_S:.0e}), got {value!r}")
+            raise UsageError(f"{what} is a positive number of seconds (at most {_LONGEST_WAIT_S:.0e}), "
+                             f"got {shown(value)}")
     if not 0 < value <= _LONGEST_WAIT_S:
-        raise UsageError(f"{what} is a positive number of seconds (at most {_LONGEST_WAIT_S:.0e}), got {value!r}")
+        raise UsageError(f"{what} is a positive number of seconds (at most {_LONGEST_WAIT_S:.0e}), got {shown(value)}")
     return float(value)
 
 
@@ -108,9 +109,9 @@ def wait_seconds(value: Any, what: str = "timeout") -> float:
         import numbers  # (rare: numpy's numbers, fractions)
 
         if not isinstance(value, numbers.Real) or isinstance(value, bool):
-            raise UsageError(f"{what} is a number of seconds >= 0, got {value!r}")
+            raise UsageError(f"{what} is a number of seconds >= 0, got {shown(value)}")
     if not value >= 0:
-        raise UsageError(f"{what} is a number of seconds >= 0, got {value!r}")
+        raise UsageError(f"{what} is a number of seconds >= 0, got {shown(value)}")
     try:
         return float(value)
     except OverflowError:  # (an int beyond any float: as good as forever)

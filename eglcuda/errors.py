@@ -94,6 +94,19 @@ def cuda_error_name(code: int) -> str:
     return CUDA_ERROR_NAMES.get(code, f"CUresult {code}")
 
 
+
+def shown(value: object, limit: int = 60) -> str:
+    """``value`` as an error message shows it: its ``repr``, cut to ``limit`` characters (an int
+    of thousands of digits has a repr too long to read, or none at all)."""
+    try:
+        text = repr(value)
+    except Exception:  # noqa: BLE001 - (ValueError: an int past Python's digit limit; a broken __repr__)
+        if isinstance(value, int):
+            return f"{'a negative' if value < 0 else 'an'} int of {value.bit_length()} bits"
+        name = type(value).__name__
+        return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
 class EglCudaError(Exception):
     """Base class of every error raised by eglcuda."""
 

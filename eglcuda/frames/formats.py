@@ -18,7 +18,7 @@ import numbers
 from dataclasses import dataclass
 
 from .._integers import as_int
-from ..errors import UsageError
+from ..errors import UsageError, shown
 from .._bind import cuda_egl
 
 
@@ -104,7 +104,7 @@ def color_format(value: "ColorFormat | str | int") -> ColorFormat:
         return found
     # An IntEnum takes True for 1 and 1.0 for 1: a bool or a float would name a format by accident.
     if isinstance(value, bool) or not isinstance(value, (str, numbers.Integral)):
-        raise UsageError(f"a color format is an eglcuda.ColorFormat, its name or its driver value, got {value!r}")
+        raise UsageError(f"a color format is an eglcuda.ColorFormat, its name or its driver value, got {shown(value)}")
     try:
         if isinstance(value, str):
             return ColorFormat[value.upper()]
@@ -148,7 +148,7 @@ def check_size(width: int, height: int, fmt: ColorFormat | None = None) -> tuple
     for name, value in (("width", width), ("height", height)):
         size = as_int(value)
         if size is None or not 1 <= size <= MAX_DIMENSION:
-            raise UsageError(f"frame {name} must be an int in 1..{MAX_DIMENSION}, got {value!r}")
+            raise UsageError(f"frame {name} must be an int in 1..{MAX_DIMENSION}, got {shown(value)}")
         sizes.append(size)
     width, height = sizes
     if fmt in EVEN_SIZE_ONLY and (width % 2 or height % 2):
@@ -178,7 +178,7 @@ def plane_geometry(fmt: ColorFormat | str, width: int, height: int, pitch: int) 
     width, height = check_size(width, height)
     checked = as_int(pitch)
     if checked is None or checked < 0:
-        raise UsageError(f"pitch is an int >= 0 (0: CUDA-array planes), got {pitch!r}")
+        raise UsageError(f"pitch is an int >= 0 (0: CUDA-array planes), got {shown(pitch)}")
     pitch = checked
     if pitch:
         check_pitch(fmt, width, pitch)
@@ -230,7 +230,7 @@ def check_pitch(fmt: ColorFormat, width: int, pitch: int) -> int:
     divisor = max(spec.pitch_div for spec in _SPECS[fmt])
     checked = as_int(pitch)
     if checked is None or checked > MAX_PITCH:
-        raise UsageError(f"pitch is an int of at most {MAX_PITCH} bytes, got {pitch!r}")
+        raise UsageError(f"pitch is an int of at most {MAX_PITCH} bytes, got {shown(pitch)}")
     pitch = checked
     if pitch < need or pitch % divisor:
         raise UsageError(

@@ -25,7 +25,7 @@ from .._integers import as_int
 from .._lifecycle import Tracked
 from .._resource import Resource
 from ..cuda_device import CudaDevice, get_device
-from ..errors import ClosedError, Dropped, EglCudaError, MismatchedSource, StreamDisconnected, Timeout, UsageError
+from ..errors import ClosedError, Dropped, EglCudaError, MismatchedSource, StreamDisconnected, Timeout, UsageError, shown
 from ..frames.formats import PLANE_ALIGNMENT, ColorFormat, Layout, PlaneGeometry, _plane_geometry
 from ..frames.frame import FrameBase, Plane
 from ..frames.interop import stream_handle
@@ -300,7 +300,7 @@ class Batcher:
         for label, value, most in (("batch_size", batch_size, MAX_BATCH), ("pool", pool, MAX_POOL)):
             count = as_int(value)
             if count is None or not 1 <= count <= most:
-                raise UsageError(f"{label} is an int in 1..{most}, got {value!r}")
+                raise UsageError(f"{label} is an int in 1..{most}, got {shown(value)}")
             counts.append(count)
         batch_size, pool = counts
         self.formation_timeout = wait_seconds(formation_timeout, "formation_timeout")

@@ -31,7 +31,7 @@ from typing import Any, Sequence
 
 from .._integers import as_int
 from .._lifecycle import Deferral, Tracked, stay_if_ended_by_exit
-from ..errors import ClosedError, EglCudaError, UsageError
+from ..errors import ClosedError, EglCudaError, UsageError, shown
 from ..frames.formats import ColorFormat, Layout, color_format, check_size, layout_of
 from .._unix import Policy, positive_seconds
 from . import handshake, naming, protocol, registry, sockets
@@ -102,12 +102,12 @@ class Publisher:
         width, height = check_size(width, height, fmt)
         layout = layout_of(layout)
         if fps is not None and (not isinstance(fps, numbers.Real) or isinstance(fps, bool) or not 0 < fps <= 1e6):
-            raise UsageError(f"fps is a positive number (or None), got {fps!r}")
+            raise UsageError(f"fps is a positive number (or None), got {shown(fps)}")
         counts = []
         for label, value in (("pool", pool), ("max_pool", max_pool)):
             count = as_int(value)
             if count is None or not 1 <= count <= protocol.MAX_POOL:
-                raise UsageError(f"{label} is an int in 1..{protocol.MAX_POOL}, got {value!r}")
+                raise UsageError(f"{label} is an int in 1..{protocol.MAX_POOL}, got {shown(value)}")
             counts.append(count)
         pool, max_pool = counts
         if max_pool < pool:
@@ -264,7 +264,7 @@ class Publisher:
         else:
             stamp = as_int(timestamp_ns)  # (a NumPy integer too, read from an array of timestamps)
             if stamp is None or not 0 <= stamp < 2**64:
-                raise UsageError(f"timestamp_ns is an int in 0..2**64-1, got {timestamp_ns!r}")
+                raise UsageError(f"timestamp_ns is an int in 0..2**64-1, got {shown(timestamp_ns)}")
             timestamp_ns = stamp
         try:
             with self._lock:

@@ -7,7 +7,9 @@ dropped, disconnected). Two things make it so:
 - the connection's socket, watched through an ``epoll`` set of our own (its descriptor is the
   one handed out, so it stays the same when the subscriber joins a restarted publisher): a
   message, a WAKE byte of the frame ring (_ring.pyx, sent because the subscriber declared itself
-  asleep, ``arm()``) or the connection's end make it readable;
+  asleep, ``arm()``) or the connection's end make it readable; while the subscriber holds all it
+  may, only the connection's end does (a publisher closes the connection after a drop, and
+  shuts its sending half after a goodbye);
 - a "due" ``eventfd`` in the same set, written when something is there that the socket does not
   show: messages read earlier and not handed out yet, an error, a close.
 
@@ -29,6 +31,7 @@ class Readiness:
         self._lock = threading.RLock()  # (RLock: a signal handler's close() may set it inside a set or clear)
         self.due = False  # the eventfd holds a count (is readable)
         self._socket = -1  # the socket watched (-1: none)
+        self._end_only = False  # the socket watched for the connection's end only (not for messages)
         self._due_fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
         self._epoll: select.epoll | None = None
         if combine:
@@ -49,6 +52,17 @@ class Readiness:
             if self._epoll is not None and fd >= 0:
                 self._epoll.register(fd, select.EPOLLIN)
                 self._socket = fd
+                self._end_only = False
+
+    def watch_end_only(self, end_only: bool) -> None:
+        """Watch the socket for the connection's end only (its peer closed it, or shut its sending
+        half), or again for any message too. While its subscriber holds all it may, a message that
+        only says frames were skipped must not make the descriptor readable: nobody would read it."""
+        if end_only != self._end_only:
+            with self._lock:
+                if end_only != self._end_only and self._socket >= 0 and self._epoll is not None:
+                    self._epoll.modify(self._socket, select.EPOLLRDHUP if end_only else select.EPOLLIN)
+                    self._end_only = end_only
 
     def unwatch(self) -> None:
         """Stop watching the socket (before it is closed: its number may be reused)."""
@@ -62,6 +76,7 @@ class Readiness:
             except OSError:  # (closed already: the set forgot it)
                 pass
         self._socket = -1
+        self._end_only = False
 
     def set(self) -> None:
         """Readable from now on, until :meth:`clear`."""

@@ -13,7 +13,7 @@ from typing import Any, AsyncIterator, Iterable, Iterator, NoReturn, Protocol
 
 from .._integers import as_int
 from .._lifecycle import Deferral, Tracked, stay_if_ended_by_exit
-from ..errors import ClosedError, Dropped, EglCudaError, PeerError, StreamDisconnected, Timeout, UsageError
+from ..errors import ClosedError, Dropped, EglCudaError, PeerError, StreamDisconnected, Timeout, UsageError, shown
 from ..cuda_device import CudaDevice
 from ..frames.interop import stream_handle
 from .._unix import numeric_ids, positive_seconds
@@ -33,6 +33,8 @@ _MAX_BUSY_WAIT = 0.01  # seconds: longer asking without sleeping is a CPU burner
 # wait_for_publisher() to let go of it; then it says nothing is there yet (the wait set looks again
 # at its next turn), so that the set's own timeout, its close() and its other sources go on.
 LOOK_WAIT_S = 0.002
+# How often a receive_async() looks again while another thread holds the subscriber.
+_ASYNC_LOOK_S = 0.002
 _SECONDS = (float, int)  # the types of a timeout that needs no conversion (a bool is neither)
 
 class Subscriber:
@@ -102,12 +104,12 @@ class Subscriber:
         self._every = self.qos is Qos.EVERY  # (asked on every receive and wake-up)
         depth = as_int(queue)
         if depth is None or not 1 <= depth <= protocol.MAX_QUEUE:
-            raise UsageError(f"queue is an int in 1..{protocol.MAX_QUEUE}, got {queue!r}")
+            raise UsageError(f"queue is an int in 1..{protocol.MAX_QUEUE}, got {shown(queue)}")
         self.queue = depth
         self.timeout = positive_seconds(timeout, "timeout")
         self._busy_wait = sockets.wait_seconds(busy_wait, "busy_wait")
         if self._busy_wait > _MAX_BUSY_WAIT:
-            raise UsageError(f"busy_wait is at most {_MAX_BUSY_WAIT} seconds, got {busy_wait!r}")
+            raise UsageError(f"busy_wait is at most {_MAX_BUSY_WAIT} seconds, got {shown(busy_wait)}")
         # The task of the receive_async() waiting (one at a time), the future it sleeps on and the
         # descriptor it watches on its loop: a new one may take over from a waiter that was
         # cancelled but has not run since (and then takes its reader off the loop).
@@ -651,15 +653,21 @@ class Subscriber:
             ready.set()
         elif len(self._held) >= conn.limit:
             # Nothing to hand out until a release (which looks again): not armed, so the
-            # publisher's frames send no WAKE meanwhile; a drop or goodbye still shows.
+            # publisher's frames send no WAKE meanwhile, and the socket is watched for its end
+            # only, so that a NOTICE of frames skipped does not wake a watcher that can take
+            # nothing; a drop (the connection closed) or a goodbye (its sending half shut) shows.
             if conn.inbox.quiet():
                 ready.set()
-            elif ready.due:
+            else:
+                ready.watch_end_only(True)
+                if ready.due:
+                    ready.clear()
+        else:
+            ready.watch_end_only(False)  # (a no-op but after the subscriber held all it may)
+            if conn.pending or conn.inbox.arm():
+                ready.set()
+            elif ready.due:  # (the usual case, a frame taken and none behind it: nothing to clear)
                 ready.clear()
-        elif conn.pending or conn.inbox.arm():
-            ready.set()
-        elif ready.due:  # (the usual case, a frame taken and none behind it: nothing to clear)
-            ready.clear()
 
     def _wait_ready(self) -> "bool | BaseException":
         """For :class:`eglcuda.WaitSet`, once fileno() said readable: True when
@@ -764,6 +772,16 @@ class Subscriber:
                 await asyncio.sleep(0.005)
                 fd = self._readiness_fd(0)
             while True:
+                if not self._busy.acquire(False):
+                    # Another thread receives, joins again or closes, within its own call's time.
+                    # The descriptor may stay readable meanwhile (what made it so is that thread's to
+                    # take): a reader would fire again at once, so look again in a moment instead.
+                    left = deadline - loop.time()
+                    if left <= 0:
+                        raise Timeout(f"no frame of topic {self.name!r} arrived in time (another thread was receiving)")
+                    await asyncio.sleep(min(_ASYNC_LOOK_S, left))
+                    continue
+                self._busy.release()
                 try:
                     return self.receive(0)
                 except Timeout:

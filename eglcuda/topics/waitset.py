@@ -13,7 +13,7 @@ import weakref
 from typing import Any, Literal
 
 from .._integers import as_int
-from ..errors import ClosedError, EglCudaError, UsageError
+from ..errors import ClosedError, EglCudaError, UsageError, shown
 from .subscriber import Subscriber
 
 EventKind = Literal["message", "missed", "interval", "error", "readable"]
@@ -428,5 +428,5 @@ def _seconds(value: Any, what: str, zero: bool = False, forever: bool = False) -
         bound = "0 or more" if zero else "more than 0"
         # (inf is more than 0: where it is refused, the words say so)
         kind = "a number of seconds" if forever else "a finite number of seconds"
-        raise UsageError(f"{what} is {kind} {bound}{' (or inf)' if forever else ''}, got {value!r}")
+        raise UsageError(f"{what} is {kind} {bound}{' (or inf)' if forever else ''}, got {shown(value)}")
     return seconds

@@ -307,6 +307,116 @@ def test_a_subscriber_holding_all_it_may_is_quiet_until_a_release(path, ring):
         assert waits.wait(0) == []
 
 
+@pytest.mark.parametrize("qos", ["latest", "every"])
+def test_a_selector_over_a_subscriber_holding_all_it_may_sleeps_until_a_release_or_the_end(path, ring, qos):
+    """Watched by ``selectors`` alone (no wait set looks at it), a subscriber that holds all it may
+    stays quiet while frames come: the publisher's NOTICE of frames skipped for a ``latest`` one
+    used to make it readable for good (a watcher spun, and its receive(0) met the hold limit).
+    A release makes the next frame show; the publisher's goodbye shows while it holds all it may."""
+    with publisher(path, ring, every_timeout=30) as pub, subscriber(path, qos=qos, queue=2) as sub, \
+            selectors.DefaultSelector() as selector:
+        selector.register(sub.fileno(), selectors.EVENT_READ)
+        held = []
+        for key in (b"a", b"b"):
+            put(pub, key)
+            assert selector.select(5)
+            held.append(sub.receive(0))
+        if qos == "latest":
+            for key in (b"c", b"d", b"e"):
+                put(pub, key)
+        else:  # (an 'every' publisher waits for room: from a thread)
+            threading.Thread(target=put, args=(pub, b"c"), daemon=True).start()
+        spent = cpu_seconds()
+        started = time.monotonic()
+        wakes = 0
+        while time.monotonic() - started < 0.4:
+            wakes += bool(selector.select(0.05))
+        assert wakes == 0 and cpu_seconds() - spent < 0.2, wakes
+        held.pop(0).release()
+        if qos == "latest":
+            put(pub, b"f")
+        with _selected(selector, sub) as message:
+            expected = b"f" if qos == "latest" else b"c"
+            assert message.payload == expected and message.frame.data == pattern(expected)
+            held.append(message)
+            put(pub, b"g") if qos == "latest" else None
+            assert not selector.select(0.2)
+            closing = threading.Thread(target=pub.close, daemon=True)  # (it waits for the frames held)
+            closing.start()
+            assert selector.select(5), "the goodbye did not show"
+            with pytest.raises(eglcuda.Dropped, match="closed the topic"):
+                sub.receive(0)
+            held.pop(0).release()
+        closing.join(10)
+        assert not closing.is_alive()
+
+
+def _selected(selector, sub, seconds=5.0):
+    """The next message, taken as the docs' selectors loop takes it (a wake whose receive(0) finds
+    nothing yet, a Timeout, is waited past)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if selector.select(deadline - time.monotonic()):
+            try:
+                return sub.receive(0)
+            except eglcuda.Timeout:
+                pass
+    pytest.fail(f"no message in {seconds} s")
+
+
+def test_a_receive_async_beside_another_threads_join_sleeps(path):
+    """receive_async() while another thread's wait_for_publisher() holds the subscriber, whose
+    descriptor is readable (its publisher gone): it waits without spinning the loop (it used to
+    add its reader again and again, a core's worth), and times out after its own time."""
+    pub = publisher(path, True)
+    sub = subscriber(path, qos="every")
+    try:
+        sub.fileno()
+        pub.close()
+        with pytest.raises(eglcuda.StreamDisconnected):
+            sub.receive(1)
+        joining = threading.Thread(target=lambda: pytest.raises(eglcuda.Timeout, sub.wait_for_publisher, 1.5))
+        joining.start()
+        time.sleep(0.2)
+
+        async def main():
+            turns = 0
+
+            async def count():
+                nonlocal turns
+                while True:
+                    turns += 1
+                    await asyncio.sleep(0.01)
+
+            counting = asyncio.ensure_future(count())
+            spent, started = time.thread_time(), time.monotonic()
+            with pytest.raises(eglcuda.Timeout):
+                await sub.receive_async(0.5)
+            counting.cancel()
+            return time.thread_time() - spent, time.monotonic() - started, turns
+
+        used, took, turns = asyncio.run(main())
+        joining.join(5)
+        assert 0.45 <= took < 1.5 and used < 0.15 and turns < 100, (used, took, turns)
+    finally:
+        sub.close()
+
+
+def test_a_time_or_count_with_thousands_of_digits_is_refused_with_a_short_message(path):
+    huge = 10 ** 5000
+    with eglcuda.WaitSet() as waits:
+        with pytest.raises(eglcuda.UsageError, match=r"got a negative int of 1661\d bits$"):
+            waits.wait(-huge)
+        with pytest.raises(eglcuda.UsageError, match=r"got an int of 1661\d bits$"):
+            waits.attach_interval(huge)
+    with pytest.raises(eglcuda.UsageError, match=r"got a negative int of 1661\d bits$"):
+        eglcuda.Publisher("t", 64, 32, "Y", path=path, every_timeout=-huge)
+    with pytest.raises(eglcuda.UsageError, match=r"queue is an int in 1\.\.\d+, got an int of"):
+        eglcuda.Subscriber("t", path=path, queue=huge)
+    with pytest.raises(eglcuda.UsageError, match=r"width must be an int in 1\.\.\d+, got an int of"):
+        eglcuda.Publisher("t", huge, 32, "Y", path=path)
+
+
 def test_a_subscriber_holding_all_it_may_still_reports_its_drop(path, ring):
     """Quiet while it holds all it may, an ``every`` subscriber the publisher drops for it (its
     ``every_timeout``) is reported at once, with the drop."""
@@ -1434,8 +1544,10 @@ def test_the_sources_bench_measures_each_variant():
                               env=env, cwd=str(root), capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
         rows = json.loads(pathlib.Path(out).read_text())
-    assert [r["variant"] for r in rows] == ["waitset", "threads", "selectors", "asyncio"]
+    # (the floors, c and python-floor, run beside each paced row, for as many sources)
+    assert [r["variant"] for r in rows] == ["waitset", "threads", "selectors", "asyncio", "c", "python-floor"]
     for row in rows:
         assert row["sources"] == 2 and 40 <= row["fps"] <= 75, row
-        assert row["cpu_us"] > 0 and row["p50_us"] <= row["p99_us"]
+        assert row["p50_us"] <= row["p99_us"]
+        assert row["calls_us"] > 0 if row["variant"] in ("c", "python-floor") else row["cpu_us"] > 0, row
     assert "| 2 x 30 fps | waitset |" in done.stdout
