@@ -940,7 +940,10 @@ def host_ip(host: str) -> str | None:
                 probe.bind((address[0], 0))  # (only an address of this host can be bound)
         except OSError:
             continue
-        return str(ipaddress.ip_address(address[0]))
+        found = ipaddress.ip_address(address[0])
+        if found.is_unspecified:  # ("0", "0.0": other spellings of 0.0.0.0, every address)
+            return None
+        return str(found)
     raise UsageError(f"listen: {host!r} is not an address of this host: a relay can listen on its own addresses "
                      "only (or 0.0.0.0 for all)")
 

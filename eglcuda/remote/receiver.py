@@ -77,15 +77,16 @@ class Terms:
         return f"{self.remote[0]}:{self.remote[1]}"
 
 
-async def join(terms: Terms) -> tuple[Any, wire.Welcome]:
-    """Connect to the relay and run the handshake (on the engine): the endpoint and the welcome.
-    Raises :class:`eglcuda.Refused` (refused, or not a relay this subscriber can use) or
-    :class:`eglcuda.StreamDisconnected` (the connection failed)."""
-    host, port = terms.remote
+async def join(terms: Terms, address: str) -> tuple[Any, wire.Welcome]:
+    """Connect to the relay at IPv4 ``address`` (``terms.remote``'s host, looked up) and run the
+    handshake (on the engine): the endpoint and the welcome. Raises :class:`eglcuda.Refused`
+    (refused, or not a relay this subscriber can use) or :class:`eglcuda.StreamDisconnected` (the
+    connection failed)."""
+    port = terms.remote[1]
     try:
-        ep = _ucx.engine().connect(host, port)
+        ep = _ucx.engine().connect(address, port)
     except Exception as exc:  # noqa: BLE001 - any failure to connect
-        raise StreamDisconnected(f"connecting to the relay at {host}:{port} failed: {exc}") from None
+        raise StreamDisconnected(f"connecting to the relay at {terms.where} failed: {exc}") from None
     try:
         return ep, await _greet(ep, terms)
     except BaseException:

@@ -92,6 +92,9 @@ class RemoteFeed:
 
     def __init__(self, name: str, qos: Qos, queue: int, device: Any, timeout: float, gl_context: Any,
                  cuda_stream: Any, remote: str, key: bytes | None, frames: str | None) -> None:
+        # (the join's time counts from here: the first remote subscriber of a process also imports
+        # UCXX and starts the engine, which must not make its timeout longer)
+        deadline = time.monotonic() + timeout
         self.name = name
         mode = frame_mode("plain" if frames is None else frames)
         if gl_context is not None:
@@ -145,7 +148,7 @@ class RemoteFeed:
             self._device.make_current()
             self._copy_stream = cuda.stream_create(non_blocking=True)
             self._copy_arg = cuda.stream_arg(self._copy_stream)
-            self._connect(time.monotonic() + self.timeout)
+            self._connect(deadline, timeout)
         except BaseException:
             self._closed = True
             self._teardown()
@@ -153,22 +156,29 @@ class RemoteFeed:
         _ucx.track(self)
 
     # ---- joining ----------------------------------------------------------------------------------
-    def _connect(self, deadline: float) -> None:
-        """Join through the relay by ``deadline``, retrying while it has no publisher."""
-        _check_host_known(self.remote[0], max(0.0, deadline - time.monotonic()))
+    def _connect(self, deadline: float, waited: float) -> None:
+        """Join through the relay by ``deadline``, retrying while it has no publisher (``waited``:
+        the whole time given, for the Timeout's words)."""
+        # The relay's IPv4 address, looked up here, not on the engine's thread (where UCXX would
+        # look a name up, holding every other link of the process meanwhile, and take an IPv6
+        # address the relay does not listen on); again at each join, as a name may move.
+        address = _ipv4_address(self.remote[0], deadline, self._wake)
         last: str = "no answer"
-        waited = max(0.0, deadline - time.monotonic())
         while True:
             if self._closing:
                 raise self._closed_error()
             left = deadline - time.monotonic()
+            if address is None and left > 0:
+                last = f"the host name {self.remote[0]!r} did not resolve in time"
+                address = _ipv4_address(self.remote[0], deadline, self._wake)
+                continue
             if left <= 0:
                 raise Timeout(f"no relay of topic {self.name!r} with a publisher answered at "
                               f"{self._terms.where} within {waited:.3g} s ({last}; a relay of "
                               f"another protocol version does not answer either)")
             loop = self._loop
             assert loop is not None
-            joining = asyncio.run_coroutine_threadsafe(join(self._terms), loop)
+            joining = asyncio.run_coroutine_threadsafe(join(self._terms, address), loop)
             self._joining = joining
             if self._closing:  # (close() came between its check and this join: it may not have seen it)
                 joining.cancel()
@@ -496,7 +506,7 @@ class RemoteFeed:
                     self._let_go_held()
                     self._settle()
                     self._drop_link()
-                    self._connect(started + wait)
+                    self._connect(started + wait, wait)
             finally:
                 if self._ready is not None:
                     self._refresh_ready()
@@ -721,35 +731,43 @@ class RemoteFeed:
         return f"disconnected ({self._lost})"
 
 
-def _check_host_known(host: str, wait: float) -> None:
-    """:class:`UsageError` at once for a relay host name that no resolver knows (a mistyped
-    name would otherwise be retried until the timeout). A resolver that cannot answer now
-    (``EAI_AGAIN``), or not within ``wait`` seconds, leaves it to the retries: the lookup runs on
-    a thread of its own, so a slow resolver never holds the caller past its timeout."""
+def _ipv4_address(host: str, deadline: float, woken: threading.Event) -> str | None:
+    """The relay host's IPv4 address: ``host`` itself when it is one, else the first IPv4 address
+    the resolver gives for the name. :class:`UsageError` at once for a name no resolver knows (a
+    mistyped name would otherwise be retried until the timeout). None when the resolver gave no
+    answer by ``deadline`` (or could not answer now, ``EAI_AGAIN``, then again after a moment):
+    the lookup runs on a thread of its own, so a slow resolver holds nobody past the deadline."""
     try:
-        ipaddress.IPv4Address(host)
-        return  # (an address: nothing to look up)
+        return str(ipaddress.IPv4Address(host))
     except ValueError:
         pass
-    refused: list[socket.gaierror] = []
+    while True:
+        answer: list[Any] = []
 
-    def look_up() -> None:
-        try:
-            socket.getaddrinfo(host, None, family=socket.AF_INET, type=socket.SOCK_STREAM)
-        except socket.gaierror as exc:
-            refused.append(exc)
-        except OSError:
-            pass
+        def look_up() -> None:
+            try:
+                answer.append(socket.getaddrinfo(host, None, family=socket.AF_INET, type=socket.SOCK_STREAM))
+            except OSError as exc:
+                answer.append(exc)
 
-    looking = threading.Thread(target=look_up, name="eglcuda-remote-resolve", daemon=True)
-    looking.start()
-    looking.join(min(wait, _RESOLVE_WAIT_S))
-    if refused and refused[0].errno in _UNKNOWN_NAME:
-        raise UsageError(f"remote: the relay host {host!r} is not known ({refused[0].strerror}): give its IPv4 "
-                         "address or a name that resolves")
-
-
-_RESOLVE_WAIT_S = 2.0  # the longest a join waits for the resolver's word on a host name
+        looking = threading.Thread(target=look_up, name="eglcuda-remote-resolve", daemon=True)
+        looking.start()
+        while looking.is_alive() and not woken.is_set():  # (close() ends the wait: woken)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            looking.join(min(left, 0.05))
+        if not answer:
+            return None  # (not in time, or closed: the thread ends on its own)
+        found = answer[0]
+        if not isinstance(found, OSError):
+            if found:
+                return str(found[0][4][0])
+        elif isinstance(found, socket.gaierror) and found.errno in _UNKNOWN_NAME:
+            raise UsageError(f"remote: the relay host {host!r} is not known ({found.strerror}): give its IPv4 "
+                             "address or a name that resolves")
+        if woken.wait(min(_RETRY_S, max(0.0, deadline - time.monotonic()))) or time.monotonic() >= deadline:
+            return None
 
 
 _UNKNOWN_NAME = {socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socket.EAI_NONAME),

@@ -87,6 +87,23 @@ def build_cross_process(out_dir: str | pathlib.Path) -> tuple[pathlib.Path, path
     return egl, cuda
 
 
+def build_resolver(out_dir: str | pathlib.Path) -> pathlib.Path:
+    """``out_dir``/libfake_resolver.so from resolver/resolver.c: a getaddrinfo that answers two
+    made-up names (a slow one, one with an IPv6 address first), for LD_PRELOAD. Returns its path."""
+    cc = compiler()
+    if cc is None:
+        raise BuildError("no C compiler (gcc or cc) on PATH")
+    out = pathlib.Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    library = out / "libfake_resolver.so"
+    step = [cc, "-std=gnu11", "-O1", "-fPIC", "-shared", "-Wall", "-Wextra", "-Werror", "-o", str(library),
+            str(HERE / "resolver" / "resolver.c"), "-ldl"]
+    result = subprocess.run(step, capture_output=True, text=True)
+    if result.returncode:
+        raise BuildError(f"{' '.join(step)}\n{result.stdout}{result.stderr}")
+    return library
+
+
 if __name__ == "__main__":
     if len(sys.argv) < 2:
         sys.exit(__doc__)
