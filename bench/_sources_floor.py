@@ -1,25 +1,29 @@
-"""bench/sources.py's floors: what one subscriber's frame costs at a camera's rate when nobody
-pays for eglcuda (``python-floor``) or for Python either (``c``), beside its 1-topic paced rows.
+"""bench/sources.py's floors: what a subscriber's frame costs at a camera's rate when nobody
+pays for eglcuda (``python-floor``) or for Python either (``c``), beside its paced rows, for
+the same number of sources.
 
 - ``c``: bench/c/subscriber_wake.c, built here with gcc into bench/build/: a forked publisher
-  writes a stamped 64-byte message on a SOCK_SEQPACKET socketpair every 1/rate seconds from a
-  random phase; the subscriber sleeps in ``epoll_wait``, reads the message and writes an 11-byte
-  release, plus the cuda-ipc subscriber's four driver calls of a frame when libcuda.so.1 is there
-  (``cuda`` mode; ``bare`` without it).
+  writes a stamped 64-byte message on each source's SOCK_SEQPACKET socketpair every 1/rate
+  seconds, each source from a random phase of its own; the subscriber sleeps in one
+  ``epoll_wait`` on all of them, reads each ready source's message and writes an 11-byte release,
+  plus the cuda-ipc subscriber's four driver calls of a frame when libcuda.so.1 is there (``cuda``
+  mode, an event and a stream per source; ``bare`` without it).
 - ``python-floor``: the same as the C program's ``bare`` mode written in Python, in a fresh
   interpreter (this module run as a script): ``select.epoll``, ``os.read``, ``os.write``.
 
-Both measure the subscriber thread's CPU time of each frame, from before the wait that returns
-it to after the release is written, and the latency from the publisher's stamp to the wait's
-return; the first second is not counted. Both print one line:
+Both measure the subscriber thread's CPU time of each wake, from before the wait that returns it
+to after the last release is written, shared out evenly between the frames it took, and each
+frame's latency from the publisher's stamp to the wait's return; the first second is not
+counted. Both print one line:
 
     frames=N cpu_us_mean=.. cpu_us_p50=.. cpu_us_p99=.. wake_us_p50=.. wake_us_p99=..
 
-    python bench/_sources_floor.py --rate 30 --seconds 4     # the Python floor on its own
+    python bench/_sources_floor.py --rate 30 --seconds 4 [--sources 32]   # the Python floor alone
 """
 from __future__ import annotations
 
 import argparse
+import heapq
 import math
 import os
 import pathlib
@@ -43,68 +47,87 @@ MESSAGE, RELEASE = 64, 11
 
 # ---- the Python floor (this module as a script) ------------------------------------------------
 
-def publish(sock: socket.socket, rate: float, seconds: float) -> None:
-    """The publisher child: a stamped message every 1/rate seconds from a random phase, then the
-    end message; drains the releases; returns once the subscriber closed its end."""
+def publish(socks: list[socket.socket], rate: float, seconds: float) -> None:
+    """The publisher child: on each socket, a stamped message every 1/rate seconds from a random
+    phase of its own, then the end message; drains the releases; returns once the subscriber
+    closed its ends."""
     period = 1.0 / rate
-    next_at = time.monotonic() + period * random.random()
-    end = next_at + seconds
-    while next_at < end:
-        pause = next_at - time.monotonic()
+    now = time.monotonic()
+    due = [(now + period * random.random(), i) for i in range(len(socks))]
+    heapq.heapify(due)
+    end = now + period + seconds
+    while due[0][0] < end:
+        at, i = heapq.heappop(due)
+        pause = at - time.monotonic()
         if pause > 0:
             time.sleep(pause)
+        sock = socks[i]
         sock.send(struct.pack("=d?", time.monotonic(), False).ljust(MESSAGE, b"\0"))
         try:
             while sock.recv(RELEASE * 8, socket.MSG_DONTWAIT):
                 pass
         except BlockingIOError:
             pass
-        next_at += period
-    sock.send(struct.pack("=d?", time.monotonic(), True).ljust(MESSAGE, b"\0"))  # the end
-    while sock.recv(RELEASE * 8):
-        pass
+        heapq.heappush(due, (at + period, i))
+    for sock in socks:
+        sock.send(struct.pack("=d?", time.monotonic(), True).ljust(MESSAGE, b"\0"))  # the end
+    for sock in socks:
+        while sock.recv(RELEASE * 8):
+            pass
 
 
-def python_floor(rate: float, seconds: float) -> str:
-    """The subscriber: wait, read, release, each frame timed; the result line."""
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+def python_floor(rate: float, seconds: float, sources: int = 1) -> str:
+    """The subscriber of ``sources`` sockets: wait on all, read each ready one's message, release
+    it; each wake's CPU shared out between its frames; the result line."""
+    pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET) for _ in range(sources)]
     child = os.fork()
     if child == 0:
-        ours.close()
+        for ours, _ in pairs:
+            ours.close()
         try:
-            publish(theirs, rate, seconds)
+            publish([theirs for _, theirs in pairs], rate, seconds)
         finally:
             os._exit(0)
-    theirs.close()
-    fd = ours.fileno()
     poll = select.epoll()
-    poll.register(fd, select.EPOLLIN)
+    for ours, theirs in pairs:
+        theirs.close()
+        poll.register(ours.fileno(), select.EPOLLIN)
     release = bytes(RELEASE)
     used: list[float] = []
     wakes: list[float] = []
-    skip = int(rate)  # the first second: warm-up, not counted
+    skip = int(rate * sources)  # the first second: warm-up, not counted
     cpu, now = time.thread_time, time.monotonic
+    stamps: list[float] = []
+    open_ = sources
     try:
-        while True:
+        while open_:
             started = cpu()
-            if not poll.poll(10.0):
+            ready = poll.poll(10.0, sources)
+            if not ready:
                 raise SystemExit("no frame for 10 s")
             woke = now()
-            message = os.read(fd, MESSAGE)
-            if len(message) != MESSAGE:
-                raise SystemExit("the publisher is gone")
-            if message[8]:
-                break
-            os.write(fd, release)
+            stamps.clear()
+            for fd, _ in ready:
+                message = os.read(fd, MESSAGE)
+                if len(message) != MESSAGE:
+                    raise SystemExit("the publisher is gone")
+                if message[8]:  # (this source's end)
+                    poll.unregister(fd)
+                    open_ -= 1
+                    continue
+                os.write(fd, release)
+                stamps.append(struct.unpack_from("=d", message)[0])
             spent = cpu() - started
-            if skip > 0:
-                skip -= 1
-                continue
-            used.append(spent)
-            wakes.append(woke - struct.unpack_from("=d", message)[0])
+            for stamp in stamps:
+                if skip > 0:
+                    skip -= 1
+                    continue
+                used.append(spent / len(stamps))
+                wakes.append(woke - stamp)
     finally:
         poll.close()
-        ours.close()
+        for ours, _ in pairs:
+            ours.close()
         os.waitpid(child, 0)
     if not used:
         raise SystemExit("no frames measured")
@@ -148,21 +171,23 @@ def has_libcuda() -> bool:
     return done.returncode == 0
 
 
-def measure(variant: str, rate: float, seconds: float, build: pathlib.Path = HERE / "build") -> dict[str, Any]:
-    """One floor's row at ``rate`` for ``seconds`` counted (after the uncounted first second),
-    in bench/sources.py's columns: ``calls_us`` is the floor's CPU a frame, ``calls_pct`` its
-    share of a core, p50/p99 its wake latency; the process columns are NaN. A floor that cannot
-    run here gives a row with ``skipped``, the reason, and NaN figures."""
-    row: dict[str, Any] = {"variant": variant, "sources": 1, "rate": rate, "mode": "", "skipped": ""}
+def measure(variant: str, rate: float, seconds: float, build: pathlib.Path = HERE / "build",
+            sources: int = 1) -> dict[str, Any]:
+    """One floor's row of ``sources`` at ``rate`` each for ``seconds`` counted (after the
+    uncounted first second), in bench/sources.py's columns: ``calls_us`` is the floor's CPU a
+    frame, ``calls_pct`` its share of a core, p50/p99 its wake latency; the process columns are
+    NaN. A floor that cannot run here gives a row with ``skipped``, the reason, and NaN figures."""
+    row: dict[str, Any] = {"variant": variant, "sources": sources, "rate": rate, "mode": "", "skipped": ""}
     if variant == "c":
         binary = build_c(build)
         if isinstance(binary, str):
             return not_run(row, binary)
         row["mode"] = "cuda" if has_libcuda() else "bare"
-        command = [str(binary), f"{rate:g}", f"{seconds + 1:g}", row["mode"]]
+        command = [str(binary), f"{rate:g}", f"{seconds + 1:g}", row["mode"], str(sources)]
     elif variant == "python-floor":
         row["mode"] = "bare"
-        command = [sys.executable, __file__, "--rate", f"{rate:g}", "--seconds", f"{seconds + 1:g}"]
+        command = [sys.executable, __file__, "--rate", f"{rate:g}", "--seconds", f"{seconds + 1:g}", "--sources",
+                   str(sources)]
     else:
         raise ValueError(f"no floor {variant!r}: from {', '.join(FLOORS)}")
     try:
@@ -197,10 +222,11 @@ def main() -> int:
                                                  "epoll, read, release, no eglcuda")
     parser.add_argument("--rate", type=float, default=30.0, help="frames/s")
     parser.add_argument("--seconds", type=float, default=4.0, help="seconds in all (the first is not counted)")
+    parser.add_argument("--sources", type=int, default=1, help="sources, each at --rate")
     args = parser.parse_args()
-    if args.rate <= 0 or args.seconds <= 1:
-        parser.error("needs --rate > 0 and --seconds > 1")
-    print(python_floor(args.rate, args.seconds), flush=True)
+    if args.rate <= 0 or args.seconds <= 1 or not 1 <= args.sources <= 256:
+        parser.error("needs --rate > 0, --seconds > 1 and --sources in 1..256")
+    print(python_floor(args.rate, args.seconds, args.sources), flush=True)
     return 0
 
 

@@ -144,3 +144,42 @@ def test_the_sources_bench_puts_its_floors_beside_eglcuda(libcuda, binary, tmp_p
         assert 20 <= row["fps"] <= 45 and row["calls_us"] > 0 and row["p50_us"] <= row["p99_us"], row
     assert "| 1 x 30 fps | c (cuda) | " in done.stdout and "| 1 x 30 fps | python-floor | " in done.stdout
     assert f"1 x 30 fps waitset: {rows[0]['calls_us']:.1f} us a frame in calls = " in done.stdout
+
+
+@pytest.mark.parametrize("floor", ["c", "python"])
+def test_the_floors_wait_on_many_sources_and_count_every_frame(binary, libcuda, floor):
+    """Four sources, each at the rate from a phase of its own: one wait on all of them, every
+    frame after the first second counted once, each wake's CPU shared out between its frames."""
+    sources = 4
+    if floor == "c":
+        command = [str(binary), str(RATE), str(SECONDS), "cuda", str(sources)]
+    else:
+        command = [sys.executable, str(ROOT / "bench" / "_sources_floor.py"), "--rate", str(RATE), "--seconds",
+                   str(SECONDS), "--sources", str(sources)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=30,
+                          env={**os.environ, "LD_LIBRARY_PATH": str(libcuda)})
+    assert done.returncode == 0, done.stderr
+    import _sources_floor as floors
+
+    values = floors.parse(done.stdout.strip())
+    expected = RATE * sources * (SECONDS - 1)
+    assert 0.85 * expected <= values["frames"] <= 1.1 * expected + 2 * sources, values
+    assert 0 < values["cpu_us_p50"] <= values["cpu_us_p99"] and 0 < values["wake_us_p50"] <= values["wake_us_p99"]
+
+
+def test_a_32_source_wait_set_row_is_held_against_the_floors_of_32_sources():
+    import sources
+
+    def floor(name: str, us: float, pct: float, count: int) -> dict:
+        return {"variant": name, "sources": count, "rate": 30.0, "mode": "cuda" if name == "c" else "bare",
+                "skipped": "", "calls_us": us, "calls_pct": pct}
+
+    rows = [{"variant": "waitset", "sources": 32, "rate": 30.0, "calls_us": 60.0, "calls_pct": 5.76},
+            {"variant": "selectors", "sources": 32, "rate": 30.0, "calls_us": 66.0, "calls_pct": 6.34},
+            floor("c", 20.0, 1.92, 32), floor("python-floor", 30.0, 2.88, 32), floor("c", 90.0, 0.27, 1)]
+    said = sources.against_floors(rows)
+    assert said == [
+        "32 x 30 fps waitset: 60.0 us a frame in calls = 3.0 x the C floor (cuda, 20.0 us), 2.0 x the Python floor "
+        "(30.0 us); 5.76 % of a core against C's 1.92 % for the same wakes: the 5 % goal is above what C pays",
+        "32 x 30 fps selectors: 66.0 us a frame in calls = 3.3 x the C floor (cuda, 20.0 us), 2.2 x the Python floor "
+        "(30.0 us)"]
