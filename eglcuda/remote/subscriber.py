@@ -92,9 +92,6 @@ class RemoteFeed:
 
     def __init__(self, name: str, qos: Qos, queue: int, device: Any, timeout: float, gl_context: Any,
                  cuda_stream: Any, remote: str, key: bytes | None, frames: str | None) -> None:
-        # (the join's time counts from here: the first remote subscriber of a process also imports
-        # UCXX and starts the engine, which must not make its timeout longer)
-        deadline = time.monotonic() + timeout
         self.name = name
         mode = frame_mode("plain" if frames is None else frames)
         if gl_context is not None:
@@ -148,7 +145,10 @@ class RemoteFeed:
             self._device.make_current()
             self._copy_stream = cuda.stream_create(non_blocking=True)
             self._copy_arg = cuda.stream_arg(self._copy_stream)
-            self._connect(deadline, timeout)
+            # (The join's time counts from here: the first remote subscriber of a process also
+            # imports UCXX and starts its engine, a once-a-process cost that would leave a short
+            # timeout, one meant for the relay's silence, no time to join at all.)
+            self._connect(time.monotonic() + timeout, timeout)
         except BaseException:
             self._closed = True
             self._teardown()
@@ -579,6 +579,12 @@ class RemoteFeed:
                 self._refresh_ready()
             finally:
                 self._busy.release()
+
+    @property
+    def busy(self) -> threading.RLock:
+        """The lock :meth:`receive` and :meth:`wait_for_publisher` hold (a receive_async() that
+        finds it taken looks again a moment later)."""
+        return self._busy
 
     @property
     def connected(self) -> bool:

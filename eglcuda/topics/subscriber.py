@@ -771,8 +771,9 @@ class Subscriber:
                     raise Timeout(f"no frame of topic {self.name!r} arrived in time (another thread was receiving)")
                 await asyncio.sleep(0.005)
                 fd = self._readiness_fd(0)
+            busy = self._busy if self._remote is None else self._remote.busy
             while True:
-                if not self._busy.acquire(False):
+                if not busy.acquire(False):
                     # Another thread receives, joins again or closes, within its own call's time.
                     # The descriptor may stay readable meanwhile (what made it so is that thread's to
                     # take): a reader would fire again at once, so look again in a moment instead.
@@ -781,7 +782,7 @@ class Subscriber:
                         raise Timeout(f"no frame of topic {self.name!r} arrived in time (another thread was receiving)")
                     await asyncio.sleep(min(_ASYNC_LOOK_S, left))
                     continue
-                self._busy.release()
+                busy.release()
                 try:
                     return self.receive(0)
                 except Timeout:
