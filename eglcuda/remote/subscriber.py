@@ -178,6 +178,7 @@ class RemoteFeed:
                               f"another protocol version does not answer either)")
             loop = self._loop
             assert loop is not None
+            assert address is not None  # (looked up again above until the deadline)
             joining = asyncio.run_coroutine_threadsafe(join(self._terms, address), loop)
             self._joining = joining
             if self._closing:  # (close() came between its check and this join: it may not have seen it)
@@ -579,12 +580,6 @@ class RemoteFeed:
                 self._refresh_ready()
             finally:
                 self._busy.release()
-
-    @property
-    def busy(self) -> threading.RLock:
-        """The lock :meth:`receive` and :meth:`wait_for_publisher` hold (a receive_async() that
-        finds it taken looks again a moment later)."""
-        return self._busy
 
     @property
     def connected(self) -> bool:

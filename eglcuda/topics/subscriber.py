@@ -771,7 +771,7 @@ class Subscriber:
                     raise Timeout(f"no frame of topic {self.name!r} arrived in time (another thread was receiving)")
                 await asyncio.sleep(0.005)
                 fd = self._readiness_fd(0)
-            busy = self._busy if self._remote is None else self._remote.busy
+            busy = self._busy if self._remote is None else self._remote._busy  # (the feed's receive lock)
             while True:
                 if not busy.acquire(False):
                     # Another thread receives, joins again or closes, within its own call's time.
