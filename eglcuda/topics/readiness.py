@@ -31,7 +31,7 @@ class Readiness:
         self._lock = threading.RLock()  # (RLock: a signal handler's close() may set it inside a set or clear)
         self.due = False  # the eventfd holds a count (is readable)
         self._socket = -1  # the socket watched (-1: none)
-        self._end_only = False  # the socket watched for the connection's end only (not for messages)
+        self.end_only = False  # the socket is watched for the connection's end only (not for messages)
         self._due_fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
         self._epoll: select.epoll | None = None
         if combine:
@@ -52,17 +52,20 @@ class Readiness:
             if self._epoll is not None and fd >= 0:
                 self._epoll.register(fd, select.EPOLLIN)
                 self._socket = fd
-                self._end_only = False
+                self.end_only = False
 
     def watch_end_only(self, end_only: bool) -> None:
         """Watch the socket for the connection's end only (its peer closed it, or shut its sending
         half), or again for any message too. While its subscriber holds all it may, a message that
         only says frames were skipped must not make the descriptor readable: nobody would read it."""
-        if end_only != self._end_only:
+        if end_only != self.end_only:
             with self._lock:
-                if end_only != self._end_only and self._socket >= 0 and self._epoll is not None:
-                    self._epoll.modify(self._socket, select.EPOLLRDHUP if end_only else select.EPOLLIN)
-                    self._end_only = end_only
+                if end_only != self.end_only and self._socket >= 0 and self._epoll is not None:
+                    try:
+                        self._epoll.modify(self._socket, select.EPOLLRDHUP if end_only else select.EPOLLIN)
+                    except (OSError, ValueError):  # (closed meanwhile: the set forgot it, or is gone)
+                        return
+                    self.end_only = end_only
 
     def unwatch(self) -> None:
         """Stop watching the socket (before it is closed: its number may be reused)."""
@@ -76,7 +79,7 @@ class Readiness:
             except OSError:  # (closed already: the set forgot it)
                 pass
         self._socket = -1
-        self._end_only = False
+        self.end_only = False
 
     def set(self) -> None:
         """Readable from now on, until :meth:`clear`."""

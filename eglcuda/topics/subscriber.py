@@ -663,7 +663,8 @@ class Subscriber:
                 if ready.due:
                     ready.clear()
         else:
-            ready.watch_end_only(False)  # (a no-op but after the subscriber held all it may)
+            if ready.end_only:  # (only after the subscriber held all it may)
+                ready.watch_end_only(False)
             if conn.pending or conn.inbox.arm():
                 ready.set()
             elif ready.due:  # (the usual case, a frame taken and none behind it: nothing to clear)
