@@ -513,6 +513,9 @@ class Frame(FrameCore, FrameBase):
         self._host_views: weakref.WeakSet[_HostView] = weakref.WeakSet()
         self._host_watch: list[weakref.ReferenceType[_HostView]] = []
         self._closed_early = False  # closed by the user while views lived: freed when they die
+        # Who lends the frame out (a publisher's pool, which set it): close() is refused meanwhile,
+        # as the frame's memory is exported to other processes, which read it after a publish.
+        self.held_by: str | None = None
         self._view_gone = _view_callback(weakref.ref(self))
         self.height = height
         self.format = format
@@ -756,6 +759,9 @@ class Frame(FrameCore, FrameBase):
         if self.presented:
             raise UsageError("the frame was presented on a producer that is still connected; "
                              "the driver may still use it: disconnect the producer first")
+        if self.held_by is not None and not exiting():
+            raise UsageError(f"the frame belongs to {self.held_by}, whose subscribers read its memory: publish() or "
+                             "discard() it; the publisher frees it at its close()")
         if self._viewed() and not exiting():
             # Arrays still point into the memory: free it when the last one goes (a weak
             # reference callback of each view), not now, which would leave them dangling. (At

@@ -9,6 +9,7 @@ from typing import Any, Callable, Sequence
 
 from ..errors import UsageError
 from ..frames.formats import ColorFormat, Layout
+from ..frames.frame import Frame
 from . import _delivery
 from ._delivery import FREE, PUBLISHED, WRITING, Member, Slot
 from .transports import PublisherBackend, PublisherTransport
@@ -21,8 +22,9 @@ class Pool:
     """The slots of one publisher, made by its backend and exported by each of its transports."""
 
     def __init__(self, backend: PublisherBackend, spec: tuple[int, int, ColorFormat, Layout], max_pool: int,
-                 transports: Sequence[PublisherTransport]) -> None:
+                 transports: Sequence[PublisherTransport], owner: str = "a publisher's pool") -> None:
         self.backend = backend
+        self.owner = owner  # what a pool frame's refused close() names
         self.spec = spec  # width, height, format, layout
         self.max_pool = max_pool
         self._transports = transports
@@ -37,7 +39,10 @@ class Pool:
     def grow(self) -> Slot:
         """A new free slot (every transport exports it)."""
         width, height, fmt, layout = self.spec
-        slot = Slot(len(self.slots), self.backend.allocate(width, height, fmt, layout))
+        frame = self.backend.allocate(width, height, fmt, layout)
+        if isinstance(frame, Frame):
+            frame.held_by = self.owner  # (the user's close() of it is refused: it is the pool's)
+        slot = Slot(len(self.slots), frame)
         self.slots.append(slot)
         self._by_frame[id(slot.frame)] = slot
         for transport in self._transports:
@@ -99,6 +104,8 @@ class Pool:
     def free_all(self, name: str) -> None:
         """Free every frame (after every link let go of it)."""
         for slot in self.slots:
+            if isinstance(slot.frame, Frame):
+                slot.frame.held_by = None
             try:
                 self.backend.free(slot.frame)
             except Exception as exc:  # noqa: BLE001 - teardown goes on

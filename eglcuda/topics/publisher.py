@@ -168,7 +168,8 @@ class Publisher:
                 _backend = CudaPublisherBackend(device, offer)
             self._backend = _backend
             self._transports = {t.name: t for t in _backend.transports()}
-            self._pool = Pool(_backend, (width, height, fmt, layout), max_pool, list(self._transports.values()))
+            self._pool = Pool(_backend, (width, height, fmt, layout), max_pool, list(self._transports.values()),
+                              owner=f"the pool of publisher {self.name!r}")
             for _ in range(pool):
                 self._pool.grow()
             self.geometry = _backend.geometry(self._pool.slots[0].frame)

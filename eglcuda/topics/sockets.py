@@ -128,6 +128,8 @@ def connect(path: str, deadline: float, what: str, wait: bool = True, wake_fd: i
             if isinstance(exc, PermissionError):  # (a socket of another user's access="user" topic, a private folder)
                 raise UsageError(f"no permission to connect to {path} ({exc.strerror}): the topic's access= or "
                                  "its folder's mode keeps this user out") from None
+            if exc.errno in (errno.ENOTDIR, errno.ELOOP, errno.ENAMETOOLONG):  # (a path no topic can be at)
+                raise UsageError(f"cannot connect to {path}: {exc.strerror}") from None
             raise
         except BaseException:
             sock.close()

@@ -527,3 +527,42 @@ def test_a_dropped_subscriber_hears_the_drop_after_its_publisher_exited(env, pat
             if process is not None and process.poll() is None:
                 process.kill()
                 process.wait()
+
+
+POOL_FRAME_CLOSED_READER = r"""
+import sys, numpy as np, eglcuda
+with eglcuda.Subscriber("t", path=sys.argv[1], timeout=10, qos="every") as subscriber:
+    print("joined", flush=True)
+    with subscriber.receive(timeout=10) as message:
+        plane = message.frame.planes[0].to_numpy()
+        print("read", int(plane.min()), int(plane.max()), flush=True)
+"""
+POOL_FRAME_CLOSED = r"""
+import subprocess, sys, numpy as np, eglcuda
+path, read = sys.argv[1], sys.argv[2]
+with eglcuda.Publisher("t", 64, 48, "NV12", path=path, pool=2, max_pool=2) as publisher:
+    reader = subprocess.Popen([sys.executable, "-c", read, path], stdout=subprocess.PIPE, text=True)
+    assert reader.stdout.readline() == "joined\n"
+    frame = publisher.next_frame(timeout=5)
+    try:
+        frame.close()
+        print("closed")
+    except eglcuda.UsageError as exc:
+        print("refused", "the pool of publisher 't'" in str(exc))
+    frame.planes[0].copy_from(np.full(frame.planes[0].shape, 7, np.uint8))
+    publisher.publish(frame)
+    print(reader.stdout.readline().strip())
+    reader.wait(30)
+print("after close", frame.closed)
+"""
+
+
+def test_a_pool_frame_cannot_be_closed_by_the_user(env, path):
+    """next_frame()'s frame is the pool's: Frame.close() on it is a UsageError naming the
+    publisher (it freed the exported memory, which publish() then handed to subscribers: they
+    failed to open it, or on a GPU could read reused memory), and the frame goes on working; the
+    publisher's close() frees it."""
+    done = subprocess.run([sys.executable, "-c", POOL_FRAME_CLOSED, path, POOL_FRAME_CLOSED_READER], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split("\n")[:3] == ["refused True", "read 7 7", "after close True"], done.stdout
