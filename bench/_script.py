@@ -102,6 +102,16 @@ def mps_daemon() -> Iterator[str]:
         daemon.apply(children_only=True)  # the processes started from now on are its clients
         yield f"eglcuda.mps.MPSDaemon ({daemon.describe()})"
 
+def mps_binaries(program: str) -> None:
+    """Exit with status 2 and one line when this machine has no MPS control daemon or server."""
+    from eglcuda import mps
+
+    for name in (mps.CONTROL, mps.SERVER):
+        if mps.find_binary(name) is None:
+            fail(program, f"needs {name} (CUDA MPS), found neither on PATH nor in {', '.join(mps.SEARCH_DIRECTORIES)}: "
+                          f"{mps.INSTALL_HINT}", 2)
+
+
 def require(program: str, *capabilities: str, modules: Sequence[tuple[str, str, str]] = (),
             gcc: bool = False, in_child: bool = False) -> None:
     """Exit with status 2 and one line unless everything the benchmark needs is here (see the

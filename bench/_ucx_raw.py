@@ -34,6 +34,7 @@ frames/s, bytes/s and the per-frame send-to-acknowledgement time (p50 / p99, mic
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import resource
@@ -43,6 +44,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # (its siblings, under PYTHONSAFEPATH too)
 
+PROGRAM = "bench/_ucx_raw.py"
 MODES = ("blocking", "polling", "thread", "asyncio-blocking", "asyncio-polling", "asyncio-thread")
 WARMUP = 20
 ACK = 8
@@ -352,10 +354,20 @@ def main() -> int:
         parser.error("--window and --buffers must be >= 1 and --size >= 8")
     if args.gpu and (args.mode.startswith("asyncio") or (args.role == "send" and args.buffers <= args.window)):
         parser.error("--gpu takes a core API mode and more --buffers than --window")
-    if args.mode.startswith("asyncio"):
-        (_async_receive if args.role == "receive" else _async_send)(args)
-    else:
-        (_core_receive if args.role == "receive" else _core_send)(args)
+    # What it needs, first (one line, status 2): UCXX, and for --gpu a GPU.
+    from _script import fail, require
+
+    if importlib.util.find_spec("ucxx") is None:
+        fail(PROGRAM, "needs ucxx (RAPIDS' UCX bindings): pip install -e '.[remote-cu13]' (or remote-cu12)", 2)
+    if args.gpu:
+        require(PROGRAM, "cuda")
+    try:
+        if args.mode.startswith("asyncio"):
+            (_async_receive if args.role == "receive" else _async_send)(args)
+        else:
+            (_core_receive if args.role == "receive" else _core_send)(args)
+    except Exception as exc:  # noqa: BLE001 - a failed connection, say: one line, not a traceback
+        fail(PROGRAM, f"{type(exc).__name__}: {exc}", 1)
     return 0
 
 

@@ -77,7 +77,7 @@ sys.path.insert(0, str(HERE))
 from _remote_common import TAIL_S, Pacer, RoleProcess, Tally, Window, emit, frame_bytes, now_ns  # noqa: E402
 from _remote_report import goals, markdown, plot, summarize  # noqa: E402
 from _remote_zmq import role_zmq_publisher, role_zmq_subscriber  # noqa: E402
-from _script import BENCH_HINT, CRYPTOGRAPHY, MATPLOTLIB, at_least, fail, listed, mps_daemon, require, run  # noqa: E402
+from _script import BENCH_HINT, CRYPTOGRAPHY, MATPLOTLIB, at_least, fail, listed, mps_binaries, mps_daemon, require, run  # noqa: E402
 
 PROGRAM = "bench/remote.py"
 SIZES = {"1080p-nv12": (1920, 1080, "NV12"), "4k-argb": (3840, 2160, "ARGB")}
@@ -339,6 +339,8 @@ def main() -> int:
                         help="also each eglcuda configuration with the relay and its remotes taking every frame "
                              "(qos='every', queue = the relay's deepest window) beside 'latest', in the same round")
     parser.add_argument("--no-plots", action="store_true", help="write no plots (no matplotlib needed)")
+    parser.add_argument("--check", action="store_true",
+                        help="only check what these arguments need (one line and status 2 when something is missing)")
     parser.add_argument("--replot", metavar="DIR", help="only draw the plots of DIR/results.json (into DIR)")
     # the roles of the processes this script spawns
     parser.add_argument("--role", choices=["pub", "local", "relay", "remote", "zmq-pub", "zmq-sub"],
@@ -415,6 +417,10 @@ def main() -> int:
     missing = ucxx_missing()
     if missing:
         fail(PROGRAM, missing, 2)
+    if args.check:
+        if args.mps:
+            mps_binaries(PROGRAM)
+        return 0
     with (mps_daemon() if args.mps else contextlib.nullcontext("off")) as mps_mode:
         print(f"MPS: {mps_mode}", flush=True)
         args.mps_note = mps_mode

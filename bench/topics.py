@@ -84,7 +84,7 @@ import time
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from _script import at_least, fail, listed, mps_daemon, require, run  # noqa: E402
+from _script import at_least, fail, listed, mps_binaries, mps_daemon, require, run  # noqa: E402
 from _topics_baselines import ring_publisher, ring_subscriber, torch_run  # noqa: E402
 from _topics_common import (POOL, PROGRAM, ROOT, SIZES, TRANSPORTS, WARMUP, emit, now_ns, pin,  # noqa: E402
                             plane_rows, summarize)
@@ -393,6 +393,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="1080p only, N = 1, 4, 8, one second each")
     parser.add_argument("--mps", action="store_true", help="run everything under a private MPS daemon")
+    parser.add_argument("--check", action="store_true",
+                        help="only check what these arguments need (one line and status 2 when something is missing)")
     parser.add_argument("--out", default="bench-topics", help="folder for results and plots")
     parser.add_argument("--duration", type=at_least(0, float, above=True), default=None, help="timed seconds per configuration")
     parser.add_argument("--sync", action="store_true", help="latency includes the subscriber's stream catching up")
@@ -455,6 +457,10 @@ def main() -> int:
         fail(PROGRAM, "needs PyTorch for --transports torch-mp: pip install -e '.[bench]'", 2)
     # Probed in a child: this process never initializes CUDA, so an MPS daemon serves every process.
     require(PROGRAM, *needs(transports), in_child=True)
+    if args.check:
+        if args.mps:
+            mps_binaries(PROGRAM)
+        return 0
     if args.baseline:
         args.baseline = os.path.abspath(args.baseline)
         if not os.path.isfile(os.path.join(args.baseline, "eglcuda", "__init__.py")):

@@ -150,6 +150,12 @@ cdef class Resource:
             self._parent._child_releases[:] = [release for release in self._parent._child_releases
                                                if release.alive]
 
+    def __reduce__(self):
+        # (copy.copy, deepcopy and pickle would make a second object over the same handle, which
+        # neither its close nor its finalizer knows of: Cython's own refusal names neither)
+        raise TypeError(f"a {type(self).__name__} cannot be copied or pickled: it owns a driver handle that only it "
+                        "releases; make another one where it is needed")
+
     def __enter__(self):
         return self
 

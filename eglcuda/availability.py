@@ -162,7 +162,8 @@ def _cuda_display(ordinal: int = 0) -> tuple[_DisplayFacts | None, str]:
         return None, why
     ok, _ = _loader.egl_available()
     if not ok:
-        return None, f"no {_loader.EGL_LIBRARY} on this machine (NVIDIA's EGL {NVIDIA_DRIVER})"
+        return None, (f"no {_loader.EGL_LIBRARY} on this machine (NVIDIA's EGL comes with the NVIDIA driver; in a "
+                      "container, add graphics to NVIDIA_DRIVER_CAPABILITIES)")
     found: list[Device] = devices()
     for device in found:
         if device.cuda_ordinal == ordinal:

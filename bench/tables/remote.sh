@@ -11,8 +11,8 @@
 # UCX's TCP segments are enlarged for every process (UCX_TCP_TX_SEG_SIZE=256K, UCX_TCP_RX_SEG_SIZE=1M;
 # docs/remote.md says why). About four minutes.
 # Needs eglcuda installed from this checkout with the bench extra and the remote extra of the CUDA
-# version nvidia-smi shows (pip install -e '.[bench,remote-cu13]', or remote-cu12). bench/remote.py
-# checks what it needs first and stops with one line and exit status 2 when something is missing.
+# version nvidia-smi shows (pip install -e '.[bench,remote-cu13]', or remote-cu12). What the rows need
+# is checked first (bench/remote.py --check): one line and exit status 2 when something is missing.
 set -euo pipefail
 case "${1:-}" in
   -h|--help) sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"; exit 0 ;;
@@ -24,6 +24,10 @@ OUT=${1:-bench-tables/remote}
 PYTHON=${PYTHON:-python3}
 COMMON=(--ucx-env UCX_TCP_TX_SEG_SIZE=256K,UCX_TCP_RX_SEG_SIZE=1M --no-plots)
 RAW=(--variants eglcuda,ucx-raw --engine-modes blocking)
+if ! command -v "$PYTHON" >/dev/null; then
+  echo "bench/tables/remote.sh: no $PYTHON here: set PYTHON to the Python that has eglcuda installed" >&2; exit 2
+fi
+"$PYTHON" bench/remote.py "${COMMON[@]}" --check  # (what every row needs, before any row: one line, status 2)
 
 row() {  # row NAME bench/remote.py arguments...
   local name=$1; shift

@@ -5,8 +5,8 @@
 # processes, qos every, eglcuda's cuda-ipc transport against a hand-written CUDA IPC ring (the C-style
 # baseline), three rounds, the tables giving the medians. A few minutes.
 # Needs eglcuda installed from this checkout with the bench extra (pip install -e '.[bench]') and,
-# for the MPS half, the NVIDIA driver's nvidia-cuda-mps-control. Each benchmark checks what it needs
-# first and stops with one line and exit status 2 when something is missing.
+# for the MPS half, the NVIDIA driver's nvidia-cuda-mps-control. What both halves need (MPS's too)
+# is checked first (bench/topics.py --check): one line and exit status 2 when something is missing.
 set -euo pipefail
 case "${1:-}" in
   -h|--help) sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"; exit 0 ;;
@@ -17,6 +17,10 @@ cd "$(dirname "$0")/../.."
 OUT=${1:-bench-tables/topics}
 PYTHON=${PYTHON:-python3}
 COMMON=(--sizes 1080p-nv12 --subscribers 1,8 --duration 1 --transports cuda-ipc,ipc-ring --rounds 3 --qos every)
+if ! command -v "$PYTHON" >/dev/null; then
+  echo "bench/tables/topics.sh: no $PYTHON here: set PYTHON to the Python that has eglcuda installed" >&2; exit 2
+fi
+"$PYTHON" bench/topics.py "${COMMON[@]}" --mps --check  # (both halves' needs, MPS's too, before either: one line)
 
 echo "== without MPS"
 "$PYTHON" bench/topics.py "${COMMON[@]}" --out "$OUT/no-mps"

@@ -195,6 +195,20 @@ def pointer_is_managed(pointer: int) -> bool:
     return status == 0 and bool(flag[0])
 
 
+def pointer_device(pointer: int) -> int | None:
+    """The ordinal of the device whose memory ``pointer`` points into; None for memory that is not
+    one device's (host, managed) or that the driver cannot place (in the current context)."""
+    kind = ffi.new("unsigned int *")
+    if lib.cuPointerGetAttribute(kind, lib.CU_POINTER_ATTRIBUTE_MEMORY_TYPE, pointer) != 0:
+        return None
+    if kind[0] != lib.CU_MEMORYTYPE_DEVICE or pointer_is_managed(pointer):
+        return None
+    ordinal = ffi.new("int *")
+    if lib.cuPointerGetAttribute(ordinal, lib.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, pointer) != 0:
+        return None
+    return int(ordinal[0])
+
+
 def attach_managed(stream: int, pointer: int, flag: int) -> None:
     """Queue ``cuStreamAttachMemAsync`` of the managed allocation at ``pointer`` on ``stream``."""
     check(lib.cuStreamAttachMemAsync(ffi.cast("CUstream", stream), pointer, 0, flag), "cuStreamAttachMemAsync",

@@ -444,6 +444,19 @@ def _allocate_linear(device: CudaDevice, memory: MemoryKind, size: int, what: st
     return pointer, pointer, pointer
 
 
+def _check_device(device: CudaDevice, addresses: Sequence[int]) -> None:
+    """Raise :class:`UsageError` when wrapped memory is another device's: the frame, its planes'
+    DLPack device and its ``__cuda_array_interface__`` would name ``device``, and a present would
+    hand the driver another GPU's memory. (``__cuda_array_interface__`` names no device: the
+    driver says where each plane is; memory it cannot place is left to it.)"""
+    device.make_current()
+    for index, address in enumerate(addresses):
+        found = cuda.pointer_device(address)
+        if found is not None and found != device.ordinal:
+            raise UsageError(f"plane {index} is memory of CUDA device {found}, and this frame would be device "
+                             f"{device.ordinal}'s: pass device={found}")
+
+
 def _check_driver_extents(device: CudaDevice, fmt: ColorFormat, width: int, height: int, pitch: int,
                           addresses: Sequence[int]) -> None:
     """Raise :class:`UsageError` when wrapped memory ends before what the driver reads of a plane.
@@ -502,6 +515,8 @@ class Frame(FrameCore, FrameBase):
     Once presented on a stream the frame belongs to the stream until the producer disconnects
     (the driver's rule): it cannot be closed before.
     """
+
+    __reduce__ = FrameBase.__reduce__  # (its own words, not those of Resource, before it in the bases)
 
     def __init__(self, *, width: int, height: int, format: ColorFormat, layout: Layout, pitch: int,
                  device: CudaDevice, addresses: tuple[int, ...], plane_addresses: tuple[int, ...],
@@ -626,6 +641,7 @@ class Frame(FrameCore, FrameBase):
             raise UsageError(f"a {fmt.name} frame needs {len(geometry)} non-null 64-bit plane address(es) whose "
                              f"planes end below 2**64, got {pointer!r}")
         device = get_device(device)
+        _check_device(device, addresses)
         _check_driver_extents(device, fmt, width, height, pitch, addresses)
         return cls(width=width, height=height, format=fmt, layout=Layout.PITCH, pitch=pitch, device=device,
                    addresses=(), plane_addresses=tuple(addresses), owned=False, keep=owner)
@@ -675,6 +691,7 @@ class Frame(FrameCore, FrameBase):
             if row != g.pitch:
                 raise UsageError(f"plane {i} rows must be {g.pitch} bytes apart, got strides {strides}")
         device = get_device(device)
+        _check_device(device, [d[0] for d in described])
         _check_driver_extents(device, fmt, width, height, pitch, [d[0] for d in described])
         frame = cls(width=width, height=height, format=fmt, layout=Layout.PITCH, pitch=pitch, device=device,
                     addresses=(), plane_addresses=tuple(d[0] for d in described), owned=False, keep=list(arrays))

@@ -441,6 +441,44 @@ def test_an_acquired_frame_cannot_be_copied_past_its_release():
         acquired.release()
 
 
+@fake_driver_test(env={"FAKE_CUDA_DEVICE_COUNT": "2"})
+def test_memory_of_another_device_is_not_wrapped_as_this_ones():
+    """Frame.from_arrays and from_pointer ask the driver where each plane's memory is: another
+    device's is a UsageError naming it (it was taken as device 0's: the frame's DLPack device
+    said cuda:0 over GPU 1's memory, and a present handed the driver another GPU's memory);
+    with device= that device, the same memory is wrapped, and host memory is left as it was."""
+    class Foreign:  # what CuPy or PyTorch hands out (the interface names no device)
+        def __init__(self, pointer, shape, strides):
+            self.__cuda_array_interface__ = {"shape": shape, "strides": strides, "typestr": "|u1",
+                                             "data": (pointer, False), "version": 3, "stream": None}
+
+    other = eglcuda.Frame.allocate(8, 4, device=1)
+    pointer, pitch = other.planes[0].pointer, other.pitch
+    with pytest.raises(eglcuda.UsageError, match="plane 0 is memory of CUDA device 1, .* pass device=1"):
+        eglcuda.Frame.from_arrays(Foreign(pointer, (4, 8, 4), (pitch, 4, 1)))
+    with pytest.raises(eglcuda.UsageError, match="plane 0 is memory of CUDA device 1"):
+        eglcuda.Frame.from_pointer(pointer, 8, 4, pitch)
+    wrapped = eglcuda.Frame.from_pointer(pointer, 8, 4, pitch, device=1)
+    assert wrapped.device.ordinal == 1 and wrapped.planes[0].__dlpack_device__() == (2, 1)
+    wrapped.close()
+    other.close()
+
+
+@fake_driver_test
+def test_a_display_stream_or_endpoint_cannot_be_copied_or_pickled():
+    """copy.copy, deepcopy and pickle of an object that owns a driver handle are refused naming
+    the object (they raised Cython's "no default __reduce__ due to non-trivial __cinit__")."""
+    import copy
+    import pickle
+
+    with stream_of(8, 4) as (display, stream, producer, consumer):
+        for owner in (display, stream, producer, consumer):
+            for duplicate in (copy.copy, copy.deepcopy, pickle.dumps):
+                with pytest.raises(TypeError, match=f"^a {type(owner).__name__} cannot be copied or pickled: it owns "
+                                                    "a driver handle"):
+                    duplicate(owner)
+
+
 @fake_driver_test
 def test_bools_and_floats_name_no_format_device_location_or_timeout():
     """An IntEnum takes True for 1 and 1.0 for 1: format=True would be NV12, location=True VIDMEM,

@@ -719,14 +719,19 @@ FAKE_EXPORT CUresult cuPointerGetAttribute(void *data, int attribute, CUdevicept
     CUresult status = need_context("cuPointerGetAttribute");
     if (status)
         return status;
-    if (data == NULL || attribute != 8 /* CU_POINTER_ATTRIBUTE_IS_MANAGED */)
+    /* CU_POINTER_ATTRIBUTE_MEMORY_TYPE (2), _IS_MANAGED (8), _DEVICE_ORDINAL (9) */
+    if (data == NULL || (attribute != 2 && attribute != 8 && attribute != 9))
         return CUDA_ERROR_INVALID_VALUE;
     fake__lock();
     struct alloc *a = find_range((uintptr_t)ptr, 1, NULL);
     if (a == NULL)
         status = CUDA_ERROR_INVALID_VALUE; /* not memory this driver knows */
-    else
+    else if (attribute == 2) /* managed memory reports as device memory, as the real driver's does */
+        *(unsigned int *)data = a->kind == KIND_HOST ? 0x01 /* HOST */ : 0x02 /* DEVICE */;
+    else if (attribute == 8)
         *(unsigned int *)data = a->kind == KIND_MANAGED;
+    else
+        *(int *)data = a->device;
     fake__unlock();
     return status;
 }
