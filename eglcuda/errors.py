@@ -94,7 +94,6 @@ def cuda_error_name(code: int) -> str:
     return CUDA_ERROR_NAMES.get(code, f"CUresult {code}")
 
 
-
 def shown(value: object, limit: int = 60) -> str:
     """``value`` as an error message shows it: its ``repr``, cut to ``limit`` characters (an int
     of thousands of digits has a repr too long to read, or none at all)."""
@@ -106,6 +105,7 @@ def shown(value: object, limit: int = 60) -> str:
         name = type(value).__name__
         return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
     return text if len(text) <= limit else text[:limit - 3] + "..."
+
 
 class EglCudaError(Exception):
     """Base class of every error raised by eglcuda."""

@@ -162,23 +162,19 @@ class RemoteFeed:
         # The relay's IPv4 address, looked up here, not on the engine's thread (where UCXX would
         # look a name up, holding every other link of the process meanwhile, and take an IPv6
         # address the relay does not listen on); again at each join, as a name may move.
+        # (None only past the deadline, or once close() woke the lookup)
         address = _ipv4_address(self.remote[0], deadline, self._wake)
-        last: str = "no answer"
+        last = "no answer" if address is not None else f"the host name {self.remote[0]!r} did not resolve in time"
         while True:
             if self._closing:
                 raise self._closed_error()
             left = deadline - time.monotonic()
-            if address is None and left > 0:
-                last = f"the host name {self.remote[0]!r} did not resolve in time"
-                address = _ipv4_address(self.remote[0], deadline, self._wake)
-                continue
-            if left <= 0:
+            if left <= 0 or address is None:
                 raise Timeout(f"no relay of topic {self.name!r} with a publisher answered at "
                               f"{self._terms.where} within {waited:.3g} s ({last}; a relay of "
                               f"another protocol version does not answer either)")
             loop = self._loop
             assert loop is not None
-            assert address is not None  # (looked up again above until the deadline)
             joining = asyncio.run_coroutine_threadsafe(join(self._terms, address), loop)
             self._joining = joining
             if self._closing:  # (close() came between its check and this join: it may not have seen it)

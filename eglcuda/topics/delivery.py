@@ -531,12 +531,12 @@ class Delivery:
             try:
                 sockets.send(sub.sock, protocol.encode(protocol.Bye(int(Reason.CLOSING), "the publisher closed the topic")))
                 self._mark(sub)
+                if sub.peer.pid != own_pid:  # one in this process may be this very thread
+                    waiting.append(sub)
                 # Nothing follows the goodbye: its sending half shut, the end shows to a subscriber
                 # that watches its connection for that only (it holds all it may). Its releases
                 # still come in.
                 sub.sock.shutdown(socket.SHUT_WR)
-                if sub.peer.pid != own_pid:  # one in this process may be this very thread
-                    waiting.append(sub)
             except OSError:
                 pass
         while waiting and time.monotonic() < deadline:
