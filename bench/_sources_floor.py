@@ -174,8 +174,8 @@ def has_libcuda() -> bool:
 def measure(variant: str, rate: float, seconds: float, build: pathlib.Path = HERE / "build",
             sources: int = 1) -> dict[str, Any]:
     """One floor's row of ``sources`` at ``rate`` each for ``seconds`` counted (after the
-    uncounted first second), in bench/sources.py's columns: ``calls_us`` is the floor's CPU a
-    frame, ``calls_pct`` its share of a core, p50/p99 its wake latency; the process columns are
+    uncounted first second), in bench/sources.py's columns: ``thread_us`` is the floor's CPU a
+    frame, ``thread_pct`` its share of a core, p50/p99 its wake latency; the process columns are
     NaN. A floor that cannot run here gives a row with ``skipped``, the reason, and NaN figures."""
     row: dict[str, Any] = {"variant": variant, "sources": sources, "rate": rate, "mode": "", "skipped": ""}
     if variant == "c":
@@ -203,16 +203,16 @@ def measure(variant: str, rate: float, seconds: float, build: pathlib.Path = HER
         said = [line for line in done.stderr.splitlines() if line.strip()]
         return not_run(row, f"{variant} failed (status {done.returncode}){': ' + said[-1] if said else ''}")
     frames = values["frames"]
-    row.update(frames=int(frames), fps=frames / seconds, calls_us=values["cpu_us_mean"],
-               calls_pct=100 * values["cpu_us_mean"] * 1e-6 * frames / seconds, p50_us=values["wake_us_p50"],
+    row.update(frames=int(frames), fps=frames / seconds, thread_us=values["cpu_us_mean"],
+               thread_pct=100 * values["cpu_us_mean"] * 1e-6 * frames / seconds, p50_us=values["wake_us_p50"],
                p99_us=values["wake_us_p99"], cpu_p50_us=values["cpu_us_p50"], cpu_p99_us=values["cpu_us_p99"],
-               cpu_us=math.nan, loop_us=math.nan, other_us=math.nan, core_pct=math.nan, clock_us=math.nan)
+               inside_us=math.nan, cpu_us=math.nan, loop_us=math.nan, other_us=math.nan, core_pct=math.nan, clock_us=math.nan)
     return row
 
 
 def not_run(row: dict[str, Any], why: str) -> dict[str, Any]:
-    row.update(skipped=why, frames=0, fps=math.nan, calls_us=math.nan, calls_pct=math.nan, p50_us=math.nan,
-               p99_us=math.nan, cpu_us=math.nan, loop_us=math.nan, other_us=math.nan, core_pct=math.nan,
+    row.update(skipped=why, frames=0, fps=math.nan, thread_us=math.nan, thread_pct=math.nan, p50_us=math.nan,
+               p99_us=math.nan, inside_us=math.nan, cpu_us=math.nan, loop_us=math.nan, other_us=math.nan, core_pct=math.nan,
                clock_us=math.nan)
     return row
 

@@ -22,30 +22,32 @@ what any implementation pays for a thread woken from idle for the frames of N so
 - ``python-floor``: the same as the C program's bare mode in Python, in a fresh interpreter
   (``select.epoll``, ``os.read``, ``os.write``).
 
-Their "in calls" figure is their thread's whole CPU time a frame (wait to release), p50/p99 the
-latency from the publisher's stamp to the wake; their process columns are n/a, and without gcc
-the ``c`` row is n/a and says why.
+Their figure is their waiting thread's whole CPU time a frame (wait to release; their clock is
+read twice a wake, which their figure includes), p50/p99 the latency from the publisher's stamp
+to the wake; their process columns are n/a, and without gcc the ``c`` row is n/a and says why.
 
 Each message is released as soon as it is received: what is measured is eglcuda's part, waiting
-included. Per row: frames received in the timed window; the CPU time spent inside eglcuda's calls
-per frame and as a share of one core (``time.thread_time`` around each ``wait``, ``select``,
-``receive`` and release on the waiting threads, plus every Python thread of the process that is
-not the bench's: a thread eglcuda started counts); beside it the whole process's CPU time per
-frame (``time.process_time``: the bench's own loop and the CUDA driver's threads as well), split
-into the bench's loop outside the calls and the other threads (the driver's); and
-the latency from the publisher's stamp (taken as ``publish`` starts) to the subscriber holding the
-frame (p50, p99). The 30 frames/s rows are checked against the goals, on the CPU inside eglcuda's
-calls: at most 30 us a frame for one topic, at most 5 % of one core for 32 topics through one wait
-set, p99 at most 200 us. (asyncio's rows give the process's figures only: its waiting is the event
-loop's, interleaved with the tasks', and cannot be told apart from outside.) After the table, a
-line per paced eglcuda row gives its CPU in calls a frame as a multiple of the C and the Python
-floor's of the same sources and rate in the same run, and says where the goal of that row (30 us
-for one topic, 5 % of a core for 32) stands against what C pays.
+included. Per row: frames received in the timed window; the waiting threads' CPU time per frame
+and as a share of one core (``time.thread_time`` at the start and the end of the window on each
+waiting thread: eglcuda's ``wait``, ``select``, ``receive`` and release calls and the few lines
+of the loop around them; plus every Python thread of the process that is not the bench's: a
+thread eglcuda started counts), the figure the floors give for their thread; with ``--split``,
+of it the CPU inside eglcuda's calls (``time.thread_time`` around each call: a system call a
+reading, which the waiting thread's figure then includes too); beside it the whole process's
+CPU time per frame (``time.process_time``: the CUDA driver's threads as well) and of it the
+threads other than the waiting ones (the driver's); and the latency from the publisher's stamp
+(taken as ``publish`` starts) to the subscriber holding the frame (p50, p99). The 30 frames/s
+rows are checked against the goals, on the waiting threads' CPU (eglcuda's calls, and no more
+than the loop's lines besides): at most 30 us a frame for one topic, at most 5 % of one core for
+32 topics through one wait set, p99 at most 200 us. After the table, a line per paced eglcuda
+row gives its CPU a frame as a multiple of the C and the Python floor's of the same sources and
+rate in the same run, and says where the goal of that row (30 us for one topic, 5 % of a core for
+32) stands against what C pays.
 
     python bench/sources.py [--sources 1,8,32] [--rates 30,0]
                             [--variants waitset,threads,selectors,asyncio,c,python-floor]
                             [--seconds 10] [--warmup 2] [--size 1920x1080:NV12] [--transport cuda-ipc]
-                            [--json FILE] [--quick]
+                            [--json FILE] [--quick] [--split]
     python bench/sources.py --batcher [--sources 1,8,32] [--rates 30,0] [--seconds 10] [--quick]
 
 --batcher answers another question, with the same sources: what ``eglcuda.Batcher`` costs
@@ -88,16 +90,23 @@ TRANSPORTS = ("cuda-ipc", "cuda-vmm", "eglstream")
 cpu = time.thread_time  # this thread's CPU seconds
 
 
+def unread() -> float:
+    """The clock of a row that reads no clock around each call (without ``--split``)."""
+    return 0.0
+
+
 class Calls:
-    """One waiting thread's CPU seconds: inside eglcuda's calls (``inside``) and in all
-    (``total``, from its making to :meth:`done`)."""
+    """One waiting thread's CPU seconds: in all (``total``, from its making to :meth:`done`: two
+    readings of the thread's clock a row) and, with ``--split``, inside eglcuda's calls
+    (``inside``, a reading before and after each call through ``clock``)."""
 
-    __slots__ = ("inside", "total", "started", "tid")
+    __slots__ = ("inside", "total", "started", "tid", "clock")
 
-    def __init__(self) -> None:
-        self.inside = 0.0
+    def __init__(self, split: bool) -> None:
+        self.inside = 0.0 if split else math.nan
         self.total = 0.0
         self.tid = threading.get_native_id()
+        self.clock: Callable[[], float] = cpu if split else unread
         self.started = cpu()
 
     def done(self) -> None:
@@ -111,12 +120,13 @@ class Take(Protocol):
 class Meters:
     """The waiting threads' :class:`Calls` of one timed window (a variant makes one per thread)."""
 
-    def __init__(self) -> None:
+    def __init__(self, split: bool) -> None:
         self.threads: list[Calls] = []
         self.lock = threading.Lock()
+        self.split = split
 
     def thread(self) -> Calls:
-        calls = Calls()
+        calls = Calls(self.split)
         with self.lock:
             self.threads.append(calls)
         return calls
@@ -132,19 +142,20 @@ def wait_set(subs: list[Any], seconds: float, take: Take, meters: Meters) -> Non
         for sub in subs:
             waits.attach(sub)
         calls = meters.thread()
+        clock = calls.clock
         try:
             while True:
                 left = until - time.monotonic()
                 if left <= 0:
                     return
-                started = cpu()
+                started = clock()
                 events = waits.wait(left)
-                calls.inside += cpu() - started
+                calls.inside += clock() - started
                 for event in events:
                     if event.kind == "message":
-                        started = cpu()
+                        started = clock()
                         message = event.source.receive(0)
-                        calls.inside += cpu() - started
+                        calls.inside += clock() - started
                         take(message, calls)
                     elif event.kind == "error":
                         raise event.error
@@ -160,18 +171,19 @@ def threads(subs: list[Any], seconds: float, take: Take, meters: Meters) -> None
 
     def loop(sub: Any) -> None:
         calls = meters.thread()
+        clock = calls.clock
         try:
             while True:
                 left = until - time.monotonic()
                 if left <= 0:
                     return
-                started = cpu()
+                started = clock()
                 try:
                     message = sub.receive(left)
                 except eglcuda.Timeout:
-                    calls.inside += cpu() - started
+                    calls.inside += clock() - started
                     continue
-                calls.inside += cpu() - started
+                calls.inside += clock() - started
                 take(message, calls)
         except BaseException as exc:  # noqa: BLE001 - said by the main thread
             failed.append(exc)
@@ -195,22 +207,23 @@ def selector(subs: list[Any], seconds: float, take: Take, meters: Meters) -> Non
         for sub in subs:
             chosen.register(sub, selectors.EVENT_READ)
         calls = meters.thread()
+        clock = calls.clock
         try:
             while True:
                 left = until - time.monotonic()
                 if left <= 0:
                     return
-                started = cpu()
+                started = clock()
                 ready = chosen.select(left)  # (the selector is Python's, as a user would have it: counted)
-                calls.inside += cpu() - started
+                calls.inside += clock() - started
                 for key, _ in ready:
-                    started = cpu()
+                    started = clock()
                     try:
                         message = key.fileobj.receive(0)  # type: ignore[union-attr]
                     except eglcuda.Timeout:
-                        calls.inside += cpu() - started
+                        calls.inside += clock() - started
                         continue
-                    calls.inside += cpu() - started
+                    calls.inside += clock() - started
                     take(message, calls)
         finally:
             calls.done()
@@ -237,6 +250,7 @@ def event_loop(subs: list[Any], seconds: float, take: Take, meters: Meters) -> N
 
     calls = meters.thread()
     calls.inside = math.nan  # (the event loop's waiting and the tasks' interleave: not told apart)
+    calls.clock = unread
     try:
         asyncio.run(every())
     finally:
@@ -282,12 +296,12 @@ def subscriber_role(args: argparse.Namespace) -> int:
         woke = time.monotonic_ns()
         if counting[0]:
             latencies.append(woke - message.timestamp_ns)
-        started = cpu()
+        started = calls.clock()
         message.release()
-        calls.inside += cpu() - started
+        calls.inside += calls.clock() - started
 
-    variant(subs, args.warmup, take, Meters())
-    meters = Meters()
+    variant(subs, args.warmup, take, Meters(args.split))
+    meters = Meters(args.split)
     counting[0] = True
     before = python_threads_cpu()
     process, wall = time.process_time(), time.monotonic()
@@ -304,18 +318,18 @@ def subscriber_role(args: argparse.Namespace) -> int:
         return values[min(frames - 1, int(q * (frames - 1)))] / 1e3 if frames else math.nan
 
     # Python threads that are not the bench's (the waiting ones, the main one) and lived through
-    # the window: a thread a library started (eglcuda's would be counted as inside its calls).
+    # the window: a thread a library started (eglcuda's, counted with the waiting threads).
     ours = {calls.tid for calls in meters.threads} | {threading.main_thread().native_id}
     started_threads = sum(after[tid] - before[tid] for tid in after if tid in before and tid not in ours)
-    inside = sum(calls.inside for calls in meters.threads) + started_threads
-    waiting = sum(calls.total for calls in meters.threads)
+    waiting = sum(calls.total for calls in meters.threads) + started_threads
+    inside = sum(calls.inside for calls in meters.threads) + started_threads  # (NaN without --split)
     per_frame = 1e6 / frames if frames else math.nan
     print("RESULT " + json.dumps({
-        "frames": frames, "fps": frames / wall, "calls_us": inside * per_frame, "calls_pct": 100 * inside / wall,
-        "threads_us": started_threads * per_frame, "loop_us": (waiting - inside + started_threads) * per_frame,
-        "other_us": (process - waiting - started_threads) * per_frame, "cpu_us": process * per_frame,
-        "core_pct": 100 * process / wall, "p50_us": pick(0.5), "p99_us": pick(0.99), "clock_us": clock_cost() * 1e6}),
-        flush=True)
+        "frames": frames, "fps": frames / wall, "thread_us": waiting * per_frame, "thread_pct": 100 * waiting / wall,
+        "inside_us": inside * per_frame, "loop_us": (waiting - inside) * per_frame,
+        "other_us": (process - waiting) * per_frame, "cpu_us": process * per_frame,
+        "core_pct": 100 * process / wall, "p50_us": pick(0.5), "p99_us": pick(0.99),
+        "clock_us": clock_cost() * 1e6 if args.split else math.nan}), flush=True)
     return 0
 
 
@@ -360,7 +374,7 @@ def measure(variant: str, sources: int, rate: float, args: argparse.Namespace) -
                     raise RuntimeError(f"a publisher did not start (exit {process.wait()})")
             subscriber = subprocess.run([sys.executable, HERE, "--role", "sub", "--paths", ",".join(paths),
                                          "--variant", variant, "--seconds", str(args.seconds), "--warmup",
-                                         str(args.warmup), *common], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                         str(args.warmup), *common, *(["--split"] if args.split else [])], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                         text=True, cwd=ROOT, timeout=args.seconds + args.warmup + 120)
         finally:
             for process in publishers:
@@ -373,16 +387,15 @@ def measure(variant: str, sources: int, rate: float, args: argparse.Namespace) -
 
 
 def verdicts(row: dict[str, Any]) -> str:
-    """The goals a 30 frames/s row is held to (others: none), on the CPU time inside eglcuda's
-    calls (a row without it, asyncio's: the latency only)."""
+    """The goals a 30 frames/s row is held to (others: none), on the waiting threads' CPU time."""
     if row["rate"] != 30:
         return ""
     said = []
-    measured = not math.isnan(row["calls_us"])
+    measured = not math.isnan(row["thread_us"])
     if row["sources"] == 1 and measured:
-        said.append(f"cpu {'PASS' if row['calls_us'] <= GOAL_CPU_ONE_US else 'FAIL'}")
+        said.append(f"cpu {'PASS' if row['thread_us'] <= GOAL_CPU_ONE_US else 'FAIL'}")
     if row["sources"] == 32 and row["variant"] == "waitset":
-        said.append(f"core {'PASS' if row['calls_pct'] <= GOAL_CORE_32 else 'FAIL'}")
+        said.append(f"core {'PASS' if row['thread_pct'] <= GOAL_CORE_32 else 'FAIL'}")
     said.append(f"p99 {'PASS' if row['p99_us'] <= GOAL_P99_US else 'FAIL'}")
     return ", ".join(said)
 
@@ -396,15 +409,15 @@ def table_row(row: dict[str, Any]) -> str:
     variant = row["variant"] + (f" ({row['mode']})" if row["variant"] == "c" and row["mode"] else "")
     goals = f"n/a: {row['skipped']}" if row.get("skipped") else (
         "floor (no goal)" if row["variant"] in floors.FLOORS else verdicts(row))
-    cells = [f"{row['sources']} x {rate}", variant, shown("fps", 0), shown("calls_us", 1), shown("calls_pct", 2),
-             shown("cpu_us", 1), shown("loop_us", 1), shown("other_us", 1), shown("core_pct", 2), shown("p50_us", 0),
+    cells = [f"{row['sources']} x {rate}", variant, shown("fps", 0), shown("thread_us", 1), shown("thread_pct", 2),
+             shown("inside_us", 1), shown("cpu_us", 1), shown("other_us", 1), shown("core_pct", 2), shown("p50_us", 0),
              shown("p99_us", 0), goals]
     return "| " + " | ".join(cells) + " |"
 
 
 def against_floors(rows: list[dict[str, Any]]) -> list[str]:
-    """A line per paced eglcuda row that has floors of its sources and rate in this run: its CPU
-    in calls a frame as a multiple of the C and the Python floor's, and where the goal of the row
+    """A line per paced eglcuda row that has floors of its sources and rate in this run: its
+    waiting thread's CPU a frame as a multiple of the C and the Python floor's, and where the goal of the row
     (30 us a frame for one topic, 5 % of a core for 32 through a wait set) stands against C's."""
     said = []
     for row in rows:
@@ -415,8 +428,8 @@ def against_floors(rows: list[dict[str, Any]]) -> list[str]:
         if not beside:
             continue
         head = f"{row['sources']} x {row['rate']:g} fps {row['variant']}: "
-        if math.isnan(row["calls_us"]):
-            said.append(head + "in calls n/a (not told apart), no ratio to the floors")
+        if math.isnan(row["thread_us"]):
+            said.append(head + "n/a (not measured), no ratio to the floors")
             continue
         parts = []
         for name, floor in beside.items():
@@ -425,16 +438,16 @@ def against_floors(rows: list[dict[str, Any]]) -> list[str]:
                 parts.append(f"the {label} n/a ({floor['skipped']})")
             else:
                 mode = f"{floor['mode']}, " if name == "c" else ""
-                parts.append(f"{row['calls_us'] / floor['calls_us']:.1f} x the {label} ({mode}{floor['calls_us']:.1f} us)")
-        line = head + f"{row['calls_us']:.1f} us a frame in calls = " + ", ".join(parts)
+                parts.append(f"{row['thread_us'] / floor['thread_us']:.1f} x the {label} ({mode}{floor['thread_us']:.1f} us)")
+        line = head + f"{row['thread_us']:.1f} us a frame = " + ", ".join(parts)
         c_floor = beside.get("c", {"skipped": "not run"})
         if row["rate"] == 30 and not c_floor["skipped"] and row["sources"] == 1:
             line += ("; the 30 us goal is below what C pays for the same wake on this machine"
-                     if GOAL_CPU_ONE_US < c_floor["calls_us"] else
-                     f"; the 30 us goal is above the C floor ({c_floor['calls_us']:.1f} us)")
+                     if GOAL_CPU_ONE_US < c_floor["thread_us"] else
+                     f"; the 30 us goal is above the C floor ({c_floor['thread_us']:.1f} us)")
         elif row["rate"] == 30 and not c_floor["skipped"] and row["sources"] == 32 and row["variant"] == "waitset":
-            line += (f"; {row['calls_pct']:.2f} % of a core against C's {c_floor['calls_pct']:.2f} % for the same "
-                     f"wakes: the 5 % goal is {'below' if GOAL_CORE_32 < c_floor['calls_pct'] else 'above'} what C pays")
+            line += (f"; {row['thread_pct']:.2f} % of a core against C's {c_floor['thread_pct']:.2f} % for the same "
+                     f"wakes: the 5 % goal is {'below' if GOAL_CORE_32 < c_floor['thread_pct'] else 'above'} what C pays")
         said.append(line)
     return said
 
@@ -480,6 +493,9 @@ def main() -> int:
     parser.add_argument("--transport", default="cuda-ipc", help="cuda-ipc or cuda-vmm (or eglstream)")
     parser.add_argument("--json", default=None, help="also write the rows to this file")
     parser.add_argument("--quick", action="store_true", help="3 timed seconds a row, 1 of warm-up")
+    parser.add_argument("--split", action="store_true",
+                        help="also read the thread's CPU clock around each call: the CPU inside eglcuda's calls "
+                             "(each reading costs the waiting thread a system call)")
     parser.add_argument("--batcher", action="store_true",
                         help="the batcher's rows instead: eglcuda.Batcher against receive + torch.stack (NV12)")
     # the roles of the processes this script spawns
@@ -518,14 +534,16 @@ def main() -> int:
     require(PROGRAM, *needs, in_child=True)
     rows = []
     print(f"{args.size} through {args.transport}; {args.seconds:g} s a row after {args.warmup:g} s of warm-up")
-    print("CPU us a frame: inside eglcuda's calls (and their share of a core); the whole process, and of it the "
-          "bench's loop outside the calls and the other threads (the CUDA driver's; for threads, the main one that joins)")
+    print("CPU us a frame: the waiting threads' (eglcuda's calls and the few lines of the loop around them; threads "
+          "eglcuda started too) and their share of a core; of it inside eglcuda's calls (--split: the thread's clock "
+          "read around each call); the whole process, and of it the other threads (the CUDA driver's; for threads, "
+          "the main one that joins)")
     if any(v in floors.FLOORS for v in variants):
         print("c, python-floor (paced rows only): the same wakes of as many sources with no eglcuda, in C "
               "(bench/c/subscriber_wake.c; cuda: with the subscriber's driver calls) and in Python (epoll, read, "
-              "release); their in-calls figure is their whole thread's CPU a frame, p50/p99 their wake latency")
-    print("| sources x rate | variant | frames/s | in calls us/frame | in calls % of a core | process us/frame | "
-          "loop us | other threads us | process % of a core | p50 us | p99 us | goals (in calls) |")
+              "release); their figure is their waiting thread's CPU a frame, p50/p99 their wake latency")
+    print("| sources x rate | variant | frames/s | waiting thread us/frame | its % of a core | in calls us/frame | "
+          "process us/frame | other threads us | process % of a core | p50 us | p99 us | goals (waiting thread) |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     for rate in [float(r) for r in args.rates.split(",")]:
         for sources in [int(n) for n in args.sources.split(",")]:
@@ -540,7 +558,8 @@ def main() -> int:
                 print(table_row(row), flush=True)
     clock = [row["clock_us"] for row in rows if not math.isnan(row["clock_us"])]
     if clock:
-        print(f"(each timed call includes about one reading of the thread's CPU clock: {sorted(clock)[len(clock) // 2]:.2f} us)")
+        print(f"(--split: each timed call includes about one reading of the thread's CPU clock, "
+              f"{sorted(clock)[len(clock) // 2]:.2f} us, and the waiting thread's figure every reading)")
     if any(v in floors.FLOORS for v in variants) and not any(row["variant"] in floors.FLOORS for row in rows):
         print("(c, python-floor: they run in paced rows only, and there are none here)")
     for line in against_floors(rows):

@@ -92,15 +92,15 @@ def test_without_gcc_the_c_row_is_na_and_says_why(monkeypatch, tmp_path):
 
     monkeypatch.setattr(floors.shutil, "which", lambda name: None)
     row = floors.measure("c", 30.0, 1.0, build=tmp_path)
-    assert row["skipped"].startswith("needs gcc") and math.isnan(row["calls_us"])
+    assert row["skipped"].startswith("needs gcc") and math.isnan(row["thread_us"])
     assert not list(tmp_path.iterdir())
     shown = sources.table_row(row)
     assert shown.startswith("| 1 x 30 fps | c | n/a | n/a |") and "| n/a: needs gcc" in shown
-    eglcuda_row = {"variant": "waitset", "sources": 1, "rate": 30.0, "calls_us": 150.0}
+    eglcuda_row = {"variant": "waitset", "sources": 1, "rate": 30.0, "thread_us": 150.0}
     python_row = {"variant": "python-floor", "sources": 1, "rate": 30.0, "mode": "bare", "skipped": "",
-                  "calls_us": 100.0}
+                  "thread_us": 100.0}
     assert sources.against_floors([eglcuda_row, row, python_row]) == [
-        "1 x 30 fps waitset: 150.0 us a frame in calls = the C floor n/a (needs gcc to build "
+        "1 x 30 fps waitset: 150.0 us a frame = the C floor n/a (needs gcc to build "
         "bench/c/subscriber_wake.c (apt-get install gcc)), 1.5 x the Python floor (100.0 us)"]
 
 
@@ -109,41 +109,47 @@ def test_the_lines_against_the_floors_say_where_the_goal_stands():
 
     def floor(name: str, us: float, rate: float = 30.0) -> dict:
         return {"variant": name, "sources": 1, "rate": rate, "mode": "cuda" if name == "c" else "bare",
-                "skipped": "", "calls_us": us}
+                "skipped": "", "thread_us": us}
 
-    rows = [{"variant": "waitset", "sources": 1, "rate": 30.0, "calls_us": 190.0},
-            {"variant": "waitset", "sources": 32, "rate": 30.0, "calls_us": 47.0},
-            {"variant": "asyncio", "sources": 1, "rate": 30.0, "calls_us": math.nan},
-            {"variant": "selectors", "sources": 1, "rate": 0.0, "calls_us": 20.0},
+    rows = [{"variant": "waitset", "sources": 1, "rate": 30.0, "thread_us": 190.0},
+            {"variant": "waitset", "sources": 32, "rate": 30.0, "thread_us": 47.0},
+            {"variant": "asyncio", "sources": 1, "rate": 30.0, "thread_us": math.nan},
+            {"variant": "selectors", "sources": 1, "rate": 0.0, "thread_us": 20.0},
             floor("c", 95.0), floor("python-floor", 115.0)]
     said = sources.against_floors(rows)
-    assert said[0] == ("1 x 30 fps waitset: 190.0 us a frame in calls = 2.0 x the C floor (cuda, 95.0 us), "
+    assert said[0] == ("1 x 30 fps waitset: 190.0 us a frame = 2.0 x the C floor (cuda, 95.0 us), "
                        "1.7 x the Python floor (115.0 us); the 30 us goal is below what C pays for the same wake "
                        "on this machine")
-    assert said[1] == "1 x 30 fps asyncio: in calls n/a (not told apart), no ratio to the floors"
+    assert said[1] == "1 x 30 fps asyncio: n/a (not measured), no ratio to the floors"
     assert len(said) == 2  # (32 topics and flat out: no floor beside them)
     rows[-2] = floor("c", 20.0)
     assert sources.against_floors(rows)[0].endswith("; the 30 us goal is above the C floor (20.0 us)")
 
 
-def test_the_sources_bench_puts_its_floors_beside_eglcuda(libcuda, binary, tmp_path):
+@pytest.mark.parametrize("split", [False, True])
+def test_the_sources_bench_puts_its_floors_beside_eglcuda(libcuda, binary, tmp_path, split):
     """bench/sources.py on the stand-in libcuda: a waitset row, the C floor (cuda mode: the
     stand-in is libcuda.so.1 here) and the Python floor, each at about the rate, and the line
-    that holds the first against the other two."""
+    that holds the first against the other two; with --split, the part of the waiting thread's
+    CPU inside eglcuda's calls too."""
     env = {**os.environ, "LD_LIBRARY_PATH": str(libcuda), "__EGL_VENDOR_LIBRARY_FILENAMES": "/nonexistent.json"}
     out = tmp_path / "rows.json"
     done = subprocess.run([sys.executable, str(ROOT / "bench" / "sources.py"), "--sources", "1", "--rates", "30",
                            "--seconds", "1", "--warmup", "0.5", "--size", "64x48:NV12", "--variants",
-                           "waitset,c,python-floor", "--json", str(out)], env=env, cwd=str(ROOT),
-                          capture_output=True, text=True, timeout=120)
+                           "waitset,c,python-floor", "--json", str(out), *(["--split"] if split else [])],
+                          env=env, cwd=str(ROOT), capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     rows = json.loads(out.read_text())
     assert [r["variant"] for r in rows] == ["waitset", "c", "python-floor"]
     assert rows[1]["mode"] == "cuda" and not rows[1]["skipped"]
     for row in rows:
-        assert 20 <= row["fps"] <= 45 and row["calls_us"] > 0 and row["p50_us"] <= row["p99_us"], row
+        assert 20 <= row["fps"] <= 45 and row["thread_us"] > 0 and row["p50_us"] <= row["p99_us"], row
     assert "| 1 x 30 fps | c (cuda) | " in done.stdout and "| 1 x 30 fps | python-floor | " in done.stdout
-    assert f"1 x 30 fps waitset: {rows[0]['calls_us']:.1f} us a frame in calls = " in done.stdout
+    assert f"1 x 30 fps waitset: {rows[0]['thread_us']:.1f} us a frame = " in done.stdout
+    if split:
+        assert 0 < rows[0]["inside_us"] < rows[0]["thread_us"], rows[0]
+    else:
+        assert math.isnan(rows[0]["inside_us"]) and "| n/a |" in done.stdout
 
 
 @pytest.mark.parametrize("floor", ["c", "python"])
@@ -172,14 +178,14 @@ def test_a_32_source_wait_set_row_is_held_against_the_floors_of_32_sources():
 
     def floor(name: str, us: float, pct: float, count: int) -> dict:
         return {"variant": name, "sources": count, "rate": 30.0, "mode": "cuda" if name == "c" else "bare",
-                "skipped": "", "calls_us": us, "calls_pct": pct}
+                "skipped": "", "thread_us": us, "thread_pct": pct}
 
-    rows = [{"variant": "waitset", "sources": 32, "rate": 30.0, "calls_us": 60.0, "calls_pct": 5.76},
-            {"variant": "selectors", "sources": 32, "rate": 30.0, "calls_us": 66.0, "calls_pct": 6.34},
+    rows = [{"variant": "waitset", "sources": 32, "rate": 30.0, "thread_us": 60.0, "thread_pct": 5.76},
+            {"variant": "selectors", "sources": 32, "rate": 30.0, "thread_us": 66.0, "thread_pct": 6.34},
             floor("c", 20.0, 1.92, 32), floor("python-floor", 30.0, 2.88, 32), floor("c", 90.0, 0.27, 1)]
     said = sources.against_floors(rows)
     assert said == [
-        "32 x 30 fps waitset: 60.0 us a frame in calls = 3.0 x the C floor (cuda, 20.0 us), 2.0 x the Python floor "
+        "32 x 30 fps waitset: 60.0 us a frame = 3.0 x the C floor (cuda, 20.0 us), 2.0 x the Python floor "
         "(30.0 us); 5.76 % of a core against C's 1.92 % for the same wakes: the 5 % goal is above what C pays",
-        "32 x 30 fps selectors: 66.0 us a frame in calls = 3.3 x the C floor (cuda, 20.0 us), 2.2 x the Python floor "
+        "32 x 30 fps selectors: 66.0 us a frame = 3.3 x the C floor (cuda, 20.0 us), 2.2 x the Python floor "
         "(30.0 us)"]
