@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import numbers
 import sys
+from collections.abc import Mapping
 from typing import Any, Sequence
 
 from .._integers import as_int, is_bool
@@ -126,6 +127,9 @@ def foreign_device_pointer(obj: Any) -> tuple[int, tuple[int, ...], tuple[int, .
     interface = getattr(obj, "__cuda_array_interface__", None)
     if interface is None:
         raise UsageError(f"{type(obj).__name__} has no __cuda_array_interface__")
+    if not isinstance(interface, Mapping):
+        raise UsageError(f"{type(obj).__name__}'s __cuda_array_interface__ is malformed (a dict with 'data': "
+                         f"(pointer, read_only), 'shape' and 'typestr'), got a {type(interface).__name__}")
     if interface.get("mask") is not None:  # (the protocol: a consumer without masks refuses a masked array)
         raise UsageError(f"{type(obj).__name__} is a masked array (its __cuda_array_interface__ has a mask): "
                          "eglcuda reads every element; pass the array without its mask")

@@ -36,12 +36,12 @@ from .._bind import cuda, cuda_graphics, egl, egl_image
 from .._bind import gl as _gl
 from .._bind.gl import TextureBinding, current_extensions, gl
 from .._bind.loader import bind_egl_extensions, require_cuda_entry
-from .._integers import check_flag
+from .._integers import as_int, check_flag
 from .._resource import Resource
 from ..context import GLContext, on_context_destroyed
 from ..cuda_device import CudaDevice, get_device
 from ..display import Display
-from ..errors import ClosedError, NotCoherent, Unsupported, UsageError
+from ..errors import ClosedError, NotCoherent, Unsupported, UsageError, shown
 from ..frames.formats import ColorFormat, Layout
 from ..frames.interop import stream_handle
 
@@ -142,8 +142,10 @@ class Image(Resource):
             raise UsageError(f"context must be an eglcuda.GLContext, got {type(context).__name__}")
         context._check_open()  # (in a forked child: says the context is the parent's)
         texture = _texture_name(texture)
-        if type(level) is not int or not 0 <= level < _MAX_LEVELS:
-            raise UsageError(f"level must be a mipmap level, an int in 0..{_MAX_LEVELS - 1}, got {level!r}")
+        mip_level = as_int(level)  # (a NumPy integer too, not a bool)
+        if mip_level is None or not 0 <= mip_level < _MAX_LEVELS:
+            raise UsageError(f"level must be a mipmap level, an int in 0..{_MAX_LEVELS - 1}, got {shown(level)}")
+        level = mip_level
         display = context.display
         display.require("EGL_KHR_image_base", "EGL_KHR_gl_texture_2D_image")
         GL = gl()

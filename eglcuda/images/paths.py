@@ -14,11 +14,12 @@ import threading
 import numpy as np
 
 from .._bind.gl import TextureBinding, gl
+from .._integers import check_flag
 from .._bind.loader import require_cuda_entry
 from ..context import GLContext
 from ..cuda_device import CudaDevice
 from ..display import Display, check_display
-from ..errors import EglCudaError, Unsupported, UsageError
+from ..errors import ClosedError, EglCudaError, Unsupported, UsageError
 from .image import TEXTURE_FORMATS, CudaImage, Image, ImagePath, TextureFormat
 
 
@@ -43,6 +44,8 @@ def image_path(display: Display, device: int | CudaDevice | None = None, refresh
     """The path ``Image.register_cuda(path="auto")`` takes on this display and CUDA device, decided
     once (cached) by the coherence self-test. ``refresh`` runs the test again."""
     check_display(display, "image_path")
+    refresh = check_flag(refresh, "refresh")
+    display.require()  # (ClosedError once closed: a closed display's failed self-test is no verdict to keep)
     device = display.cuda_device(device)
     key = (display._address, device.ordinal)
     with _choice_lock:
@@ -59,6 +62,8 @@ def _decide(display: Display, device: CudaDevice) -> PathChoice:
             verdicts[path] = _self_test(display, device, path)
         except (Unsupported, UsageError) as exc:
             verdicts[path] = (None, f"could not run: {exc}")
+        except ClosedError:
+            raise  # (the display closed meanwhile: no verdict on the path)
         except EglCudaError as exc:  # the driver refused a step of the path: not usable
             verdicts[path] = (False, f"{type(exc).__name__}: {exc}")
     (native, native_why), (interop, interop_why) = verdicts[ImagePath.NATIVE], verdicts[ImagePath.GL_INTEROP]
@@ -107,22 +112,29 @@ _sibling_verdicts: dict[int, bool] = {}
 def siblings_alias(display: Display) -> bool:
     """Whether two GL textures of one EGLImage (the source and one bound with
     ``glEGLImageTargetTexture2DOES``) share storage after binding: a GL write to either is seen
-    by the other. Tested once per display (cached) with random texels."""
+    by the other. Tested once per display (cached) with random texels, in a context of its own;
+    the context current on the calling thread before stays current."""
+    check_display(display, "siblings_alias")
+    display.require()  # (ClosedError once closed)
     if display._address not in _sibling_verdicts:
         rng = np.random.default_rng()
         fmt = TEXTURE_FORMATS[0x8058]
         GL = gl()
-        with GLContext(display) as context:
-            source = make_texture(fmt, rng.integers(0, 256, (4, 8, 4), dtype=np.uint8))
-            with Image(context, source) as image:
-                alias = image.bind_texture()
-                agree = True
-                for writer, reader in ((source, alias), (alias, source)):
-                    data = rng.integers(0, 256, (4, 8, 4), dtype=np.uint8)
-                    write_texture(fmt, writer, data)
-                    GL.glFinish()
-                    agree = agree and np.array_equal(read_texture(fmt, reader, 8, 4), data)
-            GL.glDeleteTextures([source, alias])
+        context = GLContext(display)
+        try:
+            with context.current():
+                source = make_texture(fmt, rng.integers(0, 256, (4, 8, 4), dtype=np.uint8))
+                with Image(context, source) as image:
+                    alias = image.bind_texture()
+                    agree = True
+                    for writer, reader in ((source, alias), (alias, source)):
+                        data = rng.integers(0, 256, (4, 8, 4), dtype=np.uint8)
+                        write_texture(fmt, writer, data)
+                        GL.glFinish()
+                        agree = agree and np.array_equal(read_texture(fmt, reader, 8, 4), data)
+                GL.glDeleteTextures([source, alias])
+        finally:
+            context.close()
         _sibling_verdicts[display._address] = bool(agree)
     return _sibling_verdicts[display._address]
 

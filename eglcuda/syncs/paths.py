@@ -12,7 +12,7 @@ import enum
 from .._bind import egl_sync
 from .._bind.loader import cuda, is_bound
 from ..cuda_device import CudaDevice
-from ..display import Display
+from ..display import Display, check_display
 from ..errors import EglCudaError
 from .timeline import bridge_for
 
@@ -40,6 +40,7 @@ class ServerWaitPath(str, enum.Enum):
 
 
 _server_wait_verdicts: dict[int, bool] = {}
+_EARLIER_WORK_NS = 10_000_000_000  # how long the probe waits for the context's earlier GL work
 
 
 def server_waits_reusable(display: Display) -> bool:
@@ -53,11 +54,21 @@ def server_waits_reusable(display: Display) -> bool:
 
 def _probe_server_wait(display: Display) -> bool:
     display.require("EGL_KHR_reusable_sync")
+    display.require("EGL_KHR_fence_sync")
     dpy = display.handle
+    # The context's earlier GL work finishes first: a fence queued behind it would otherwise be
+    # late for that alone, and a driver that ignores the wait would pass for one that honours it
+    # (later server waits would then order nothing). Work that does not finish in time leaves
+    # the verdict at "ignored", whose paths are right on any driver.
+    earlier = egl_sync.create(dpy, egl_sync.FENCE, "creating a fence sync (is a GL context of this display current?)")
+    try:
+        if not _wait(dpy, earlier, _EARLIER_WORK_NS):
+            return False
+    finally:
+        egl_sync.destroy(dpy, earlier)
     blocker = egl_sync.create(dpy, egl_sync.REUSABLE, "creating a reusable sync")
     try:
         egl_sync.server_wait(dpy, blocker, "testing server waits on reusable syncs (is a GL context current?)")
-        display.require("EGL_KHR_fence_sync")
         fence = egl_sync.create(dpy, egl_sync.FENCE, "creating a fence sync (is a GL context of this display current?)")
         try:
             held_back = not _wait(dpy, fence, 50_000_000)
@@ -91,6 +102,8 @@ class SyncPaths:
 
 def sync_paths(display: Display) -> SyncPaths:
     """How :func:`sync_after_cuda` and :func:`cuda_wait_sync` work on this display, and why."""
+    check_display(display, "sync_paths")
+    display.require()  # (ClosedError once closed: a closed display supports nothing)
     cuda()
     if display.supports("EGL_NV_cuda_event"):
         to_egl, to_egl_why = SyncPath.NATIVE, "EGL_NV_cuda_event: an EGLSync made from a CUDA event"
@@ -114,6 +127,8 @@ def gl_server_wait_path(display: Display, device: int | CudaDevice | None = None
     """How :meth:`Sync.server_wait` on a sync from :func:`sync_after_cuda` works for the GL
     context current on this thread: (:class:`ServerWaitPath`, why). Builds what the semaphore
     path needs, so the first call can take tens of milliseconds."""
+    check_display(display, "gl_server_wait_path")
+    display.require()  # (ClosedError once closed)
     if display.supports("EGL_NV_cuda_event"):
         return ServerWaitPath.EGL, "eglWaitSyncKHR on an EGL_NV_cuda_event sync"
     if server_waits_reusable(display):

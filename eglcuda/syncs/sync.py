@@ -255,7 +255,9 @@ class _FlagPool:
             if not self.free:
                 raise UsageError(f"{self.SLOTS} EGLSync waits are pending on CUDA streams; let some finish")
             slot = self.free.pop()
-        return slot, cuda.flag_load(self.host + 4 * slot) + 1
+        # (32 bits that wrap: a stream's wait for "at least" compares cyclically, so the wait
+        # after 2**32 - 1 on one word asks for 0, which holds at the next store)
+        return slot, (cuda.flag_load(self.host + 4 * slot) + 1) & 0xFFFFFFFF
 
     def release(self, slot: int, value: int) -> None:
         """Store ``value`` into the slot's word (releasing the stream waiting on it), then hand
@@ -298,8 +300,12 @@ class CudaWait:
         return self._released.is_set()
 
     def join(self, timeout: float | None = None) -> bool:
-        """Wait until the stream has been released (emulation); True when it has."""
-        return self._released.wait(timeout)
+        """Wait until the stream has been released (emulation), up to ``timeout`` seconds (None:
+        until it is); True when it has."""
+        if timeout is None:
+            return self._released.wait()
+        seconds = wait_seconds(timeout, "timeout (seconds >= 0, or None: until released)")
+        return self._released.wait(None if seconds == float("inf") else seconds)
 
     def cancel(self) -> None:
         self._cancel.set()
@@ -318,12 +324,13 @@ def cuda_wait_sync(sync: Sync, cuda_stream: Any = None, device: int | CudaDevice
         raise UsageError(f"cuda_wait_sync takes an eglcuda.Sync, got {type(sync).__name__}")
     if path not in ("auto", *SyncPath):
         raise UsageError(f"path is 'auto', 'native' or 'emulated', got {path!r}")
+    deadline_ns = _timeout_ns(timeout)
+    sync._check_open()  # (ClosedError once closed, before asking which path there is)
     display = sync.display
     paths = sync_paths(display)
     chosen = paths.egl_to_cuda if path == "auto" else path
     if chosen is None:
         raise Unsupported("EGLSync -> CUDA", where=display.description, hint=paths.egl_to_cuda_reason)
-    deadline_ns = _timeout_ns(timeout)
     cuda_device = display.cuda_device(device)
     cuda_device.make_current()
     stream = stream_handle(cuda_stream)
@@ -364,9 +371,11 @@ def cuda_wait_sync(sync: Sync, cuda_stream: Any = None, device: int | CudaDevice
                     wait.timed_out = True
                     break
         finally:
-            pool.release(slot, value)
-            wait._released.set()
-            _waiters.discard(threading.current_thread())
+            try:
+                pool.release(slot, value)
+            finally:
+                wait._released.set()  # (also when the store failed: join() must not wait for good)
+                _waiters.discard(threading.current_thread())
 
     thread = threading.Thread(target=waiter, name="eglcuda-sync-waiter", daemon=True)
     wait._keep = sync  # the sync must outlive the waiter's EGL calls

@@ -123,9 +123,11 @@ def test_levels_past_the_texture_are_refused(image_context):
     for level in (1, 20):  # no storage there; 20 is past any context's mipmap chain (a GL error)
         with pytest.raises(eglcuda.UsageError, match="no storage at level"):
             eglcuda.Image(image_context, texture, level=level)
-    for level in (32, 2**40, True):
+    for level in (32, 2**40, True, np.int64(-1), 0.0):
         with pytest.raises(eglcuda.UsageError, match="mipmap level"):
             eglcuda.Image(image_context, texture, level=level)
+    with eglcuda.Image(image_context, texture, level=np.int64(0)) as image:  # a NumPy integer is an integer
+        assert image.level == 0 and type(image.level) is int
 
 
 def test_bind_texture_refuses_names_a_gluint_cannot_hold(image_context):
@@ -184,6 +186,34 @@ def test_closed_objects(display):
         image.bind_texture()
     with pytest.raises(eglcuda.ClosedError):
         eglcuda.Image(context, texture)
+
+
+def test_the_self_tests_keep_the_current_context_and_give_a_closed_display_no_verdict(egl_device):
+    """siblings_alias() tested in a context of its own and left none current: the caller's next
+    GL call went nowhere (glGenTextures gave 0). image_path() of a closed display answered "no
+    path" and kept that answer for the display's address, which the next display of the device
+    gets: register_cuda(path="auto") then failed on it for good."""
+    GL = gl_module()
+    from eglcuda._bind import egl
+
+    with eglcuda.Display.for_device(egl_device) as display:
+        require_extension(display, "EGL_KHR_image_base", "EGL_KHR_gl_texture_2D_image")
+        eglcuda.images.paths._sibling_verdicts.pop(display._address, None)  # (a first call: the test runs)
+        with display.create_context() as context:
+            before = egl.current()
+            eglcuda.siblings_alias(display)
+            assert egl.current() == before
+            texture = int(GL.glGenTextures(1))
+            assert texture > 0
+            GL.glDeleteTextures([texture])
+        for query in (eglcuda.siblings_alias, eglcuda.image_path):
+            with pytest.raises(eglcuda.UsageError, match="takes an eglcuda.Display, got str"):
+                query("display")
+    for query in (eglcuda.siblings_alias, eglcuda.image_path):
+        with pytest.raises(eglcuda.ClosedError):
+            query(display)
+    with eglcuda.Display.for_device(egl_device) as other, pytest.raises(eglcuda.UsageError, match="refresh"):
+        eglcuda.image_path(other, refresh="yes")
 
 
 def test_closing_the_context_closes_its_images(display):

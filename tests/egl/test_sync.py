@@ -202,3 +202,85 @@ def test_a_forked_child_is_told_its_syncs_are_the_parents(sync_display):
     sync.signal()
     assert sync.wait(0) is True
     sync.close()
+
+
+def _queue_gl_work(GL, seconds: float) -> None:
+    """Queue (and flush, without waiting) about ``seconds`` of GL work in the current context:
+    draws of a costly fragment shader into a framebuffer of its own, as many as one timed draw says."""
+    from OpenGL.GL import shaders
+
+    size = 512
+    texture = int(GL.glGenTextures(1))
+    GL.glBindTexture(GL.GL_TEXTURE_2D, texture)
+    GL.glTexImage2D(GL.GL_TEXTURE_2D, 0, GL.GL_RGBA8, size, size, 0, GL.GL_RGBA, GL.GL_UNSIGNED_BYTE, None)
+    framebuffer = int(GL.glGenFramebuffers(1))
+    GL.glBindFramebuffer(GL.GL_FRAMEBUFFER, framebuffer)
+    GL.glFramebufferTexture2D(GL.GL_FRAMEBUFFER, GL.GL_COLOR_ATTACHMENT0, GL.GL_TEXTURE_2D, texture, 0)
+    GL.glViewport(0, 0, size, size)
+    GL.glUseProgram(shaders.compileProgram(
+        shaders.compileShader("#version 120\nvoid main() { gl_Position = gl_Vertex; }", GL.GL_VERTEX_SHADER),
+        shaders.compileShader("#version 120\nvoid main() { float a = gl_FragCoord.x;"
+                              " for (int i = 0; i < 2000; i++) { a = sin(a) * 1.0001 + cos(a * 0.5); }"
+                              " gl_FragColor = vec4(a); }", GL.GL_FRAGMENT_SHADER)))
+
+    def draw() -> None:
+        GL.glBegin(GL.GL_TRIANGLE_STRIP)
+        for x, y in ((-1, -1), (1, -1), (-1, 1), (1, 1)):
+            GL.glVertex2f(x, y)
+        GL.glEnd()
+
+    GL.glFinish()
+    started = time.perf_counter()
+    draw()
+    GL.glFinish()
+    one = max(time.perf_counter() - started, 1e-5)
+    for _ in range(min(5000, int(seconds / one) + 1)):
+        draw()
+    GL.glFlush()
+
+
+def test_the_server_wait_probe_is_not_fooled_by_gl_work_queued_before_it(sync_display):
+    """Whether the driver honours GL server waits on reusable syncs is tested once per display, in
+    the caller's context: a fence queued after the wait must stay unsignaled. GL work queued
+    before the probe made that fence late by itself, so a driver that ignores the wait was taken
+    for one that honours it, and every later server wait on that display ordered nothing."""
+    require_extension(sync_display, "EGL_KHR_wait_sync")
+    GL = gl_module()
+    verdicts = eglcuda.syncs.paths._server_wait_verdicts
+    with sync_display.create_context():
+        idle = eglcuda.syncs.paths._probe_server_wait(sync_display)
+        verdicts.pop(sync_display._address, None)
+        try:
+            _queue_gl_work(GL, 0.5)
+            assert eglcuda.syncs.paths.server_waits_reusable(sync_display) == idle
+            GL.glFinish()
+        finally:
+            verdicts.pop(sync_display._address, None)
+
+
+def test_the_path_queries_and_cuda_waits_check_what_they_are_given_first(sync_display):
+    """sync_paths and gl_server_wait_path raised a bare AttributeError for what is not a display
+    and answered for a closed one; cuda_wait_sync looked its path up before its timeout and its
+    sync, so a bad timeout or a closed sync was told as "no path" (Unsupported) where there is
+    none; CudaWait.join took a negative or NaN timeout as "not yet" and a string as a TypeError."""
+    for query in (eglcuda.sync_paths, eglcuda.gl_server_wait_path):
+        with pytest.raises(eglcuda.UsageError, match="takes an eglcuda.Display, got str"):
+            query("display")
+    sync = eglcuda.Sync.reusable(sync_display)
+    for bad in (-1, float("nan"), "1", True):
+        with pytest.raises(eglcuda.UsageError, match="timeout"):
+            eglcuda.cuda_wait_sync(sync, timeout=bad)
+    sync.close()
+    with pytest.raises(eglcuda.ClosedError):
+        eglcuda.cuda_wait_sync(sync)
+    wait = eglcuda.CudaWait(eglcuda.SyncPath.EMULATED)
+    for bad in (-1, float("nan"), "1", True, np.float64(-5)):
+        with pytest.raises(eglcuda.UsageError, match="timeout"):
+            wait.join(bad)
+    assert wait.join(0) is False and wait.join(np.float64(0.01)) is False
+    wait._released.set()  # (as its waiter thread does once the sync signals)
+    assert wait.join(0) is True and wait.join(float("inf")) is True and wait.join() is True
+    sync_display.close()
+    for query in (eglcuda.sync_paths, eglcuda.gl_server_wait_path):
+        with pytest.raises(eglcuda.ClosedError):
+            query(sync_display)

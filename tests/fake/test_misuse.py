@@ -530,7 +530,8 @@ def test_numpy_ordinals_names_in_any_case_and_malformed_array_interfaces():
 
     good = {"data": (frame.planes[0].pointer, False), "shape": (4, 8, 4), "typestr": "|u1", "version": 3}
     for broken in ({k: v for k, v in good.items() if k != "data"}, {**good, "data": 5},
-                   {k: v for k, v in good.items() if k != "shape"}, {**good, "shape": None}):
+                   {k: v for k, v in good.items() if k != "shape"}, {**good, "shape": None},
+                   list(good.items()), tuple(good.values()), "data"):  # (not a mapping at all: was an AttributeError)
         with pytest.raises(UsageError, match="malformed"):
             eglcuda.Frame.from_arrays(Malformed(broken))
     frame.close()

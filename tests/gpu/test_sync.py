@@ -346,3 +346,32 @@ def test_server_waits_in_many_gl_contexts_leave_no_fds(sync_display, cupy, spin)
     gc.collect()
     stream.synchronize()
     assert open_fds() - before <= 2
+
+
+def test_emulated_waits_go_on_past_the_flag_word_wrapping(sync_display, cupy, spin):
+    """The emulated EGLSync -> CUDA wait makes the stream wait for a 32-bit word to reach one
+    more than it held; after 2**32 - 1 waits on one word that is 2**32, which no word holds:
+    the wait failed with a bare OverflowError, its slot was lost, and join() waited for good."""
+    from eglcuda._bind import cuda
+    from eglcuda.syncs import sync as syncs
+
+    rng = np.random.default_rng()
+    stream = cupy.cuda.Stream(non_blocking=True)
+    pool = syncs._pool(sync_display.cuda_device())
+    slot = pool.free[-1]  # the slot the next wait takes
+    cuda.flag_store(pool.host + 4 * slot, 0xFFFFFFFF)  # where 2**32 - 1 waits on it leave it
+    for _ in range(2):  # the wait that wraps, then the one after it
+        src = cupy.asarray(rng.integers(0, 2**32, 4096, dtype=np.uint32))
+        dst = cupy.zeros_like(src)
+        cupy.cuda.Device().synchronize()
+        sync = eglcuda.Sync.reusable(sync_display)
+        wait = eglcuda.cuda_wait_sync(sync, cuda_stream=stream, path="emulated")
+        spin(stream, src, dst, 0.0)  # queued after the wait
+        time.sleep(0.2)
+        assert not wait.done() and not np.array_equal(cupy.asnumpy(dst), cupy.asnumpy(src))
+        sync.signal()
+        assert wait.join(5) and not wait.timed_out
+        stream.synchronize()
+        np.testing.assert_array_equal(cupy.asnumpy(dst), cupy.asnumpy(src))
+        sync.close()
+    assert slot in pool.free
