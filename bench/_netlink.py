@@ -346,7 +346,10 @@ OPERATIONS: dict[str, Callable[..., None]] = {
 
 def _main(argv: list[str]) -> int:
     """``python _netlink.py OP ARGS``: one operation in this process's network namespace; an error
-    is one line on stderr and status 1."""
+    is one line on stderr and status 1; ``--help`` says the usage (status 0)."""
+    if argv[:1] in (["-h"], ["--help"]):
+        print(f"usage: _netlink.py {{{','.join(OPERATIONS)}}} ARGS\n{__doc__.splitlines()[0]}")
+        return 0
     try:
         OPERATIONS[argv[0]](*argv[1:])
     except (KeyError, IndexError, TypeError):

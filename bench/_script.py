@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import math
 import os
 import pathlib
 import shutil
@@ -65,19 +66,23 @@ def listed(parser: argparse.ArgumentParser, option: str, text: str, what: str,
             value = kind(item.strip())
         except ValueError:
             parser.error(f"{option} takes {what}, got {item!r}")
-        if (choices and item.strip() not in choices) or (least is not None and value < least):
+        if (choices and item.strip() not in choices) or (least is not None and not value >= least) \
+                or (isinstance(value, float) and not math.isfinite(value)):  # (NaN, inf: no rate, no count)
             parser.error(f"{option} takes {what}, got {item!r}")
         values.append(value)
     return values
 
 
 def at_least(least: float, kind: Callable[[str], float] = int, *, above: bool = False) -> Callable[[str], float]:
-    """An argparse ``type`` for a number of ``kind`` at least ``least`` (``above``: more than it):
-    a value below it (or NaN) is argparse's usage error as the command line is read."""
+    """An argparse ``type`` for a finite number of ``kind`` at least ``least`` (``above``: more
+    than it): a value below it, NaN or infinity is argparse's usage error as the command line is
+    read."""
     def convert(text: str) -> float:
         value = kind(text)  # (a ValueError: argparse's "invalid int value")
         if not (value > least if above else value >= least):
             raise argparse.ArgumentTypeError(f"is {'more than' if above else 'at least'} {least:g}, got {text}")
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"is a finite number, got {text}")
         return value
     convert.__name__ = getattr(kind, "__name__", "number")
     return convert
@@ -90,6 +95,25 @@ def size(text: str) -> tuple[int, int]:
         raise ValueError(text)
     return int(width), int(height)
 
+
+def output_file(parser: argparse.ArgumentParser, option: str, path: str | None) -> None:
+    """A file ``option`` names for results written at the end of the run, checked before the run:
+    a path that is empty, a folder, in a folder that does not exist, or not writable ends the run
+    with argparse's usage error at once, not after the run with its results lost. None: no file."""
+    if path is None:
+        return
+    folder = os.path.dirname(os.path.abspath(path)) if path else ""
+    if not path:
+        why = "an empty path"
+    elif os.path.isdir(path):
+        why = "a folder: name a file in it"
+    elif not os.path.isdir(folder):
+        why = f"in a folder that does not exist ({folder})"
+    elif not os.access(path if os.path.exists(path) else folder, os.W_OK):
+        why = "not writable here"
+    else:
+        return
+    parser.error(f"{option} {path!r} is {why}")
 
 
 @contextlib.contextmanager

@@ -43,7 +43,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _script import CUDA_PYTHON, lazy, listed, one_line, require, run, size  # noqa: E402
+from _script import CUDA_PYTHON, lazy, listed, one_line, output_file, require, run, size  # noqa: E402
 
 PROGRAM = "bench/cross_process.py"
 np = lazy("numpy")  # imported at first use, once require() has checked it is there
@@ -459,6 +459,7 @@ def main() -> int:
     parser.add_argument("--mps", action="store_true",
                         help="run the processes under CUDA MPS (a private daemon, or the one already running)")
     args = parser.parse_args()
+    output_file(parser, "--markdown", args.markdown)
     listed(parser, "--transports", args.transports, f"transports from {','.join(TRANSPORTS)}", choices=TRANSPORTS)
     listed(parser, "--sizes", args.sizes, "WIDTHxHEIGHT sizes, e.g. 1920x1080", size)
     if CHECK not in CHECKS:

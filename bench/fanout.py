@@ -48,7 +48,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _script import CUDA_PYTHON, at_least, listed, one_line, require, run, size  # noqa: E402
+from _script import CUDA_PYTHON, at_least, listed, one_line, output_file, require, run, size  # noqa: E402
 from cross_process import Cuda as PairCuda, driver  # noqa: E402
 
 PROGRAM = "bench/fanout.py"
@@ -501,6 +501,7 @@ def main() -> int:
                                                            "or the one already running)")
     parser.add_argument("--json", help="write the rows to this file")
     args = parser.parse_args()
+    output_file(parser, "--json", args.json)
     consumers = listed(parser, "--consumers", args.consumers, "numbers of consumers, e.g. 1,2,4,8", int, least=1)
     cases = listed(parser, "--cases", args.cases, "WIDTHxHEIGHT:FORMAT cases, NV12 (even sizes) or ARGB, "
                    "e.g. 1920x1080:NV12", parse_case)

@@ -30,7 +30,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _script import CUPY, MATPLOTLIB, SCIPY, lazy, plot_bars, require, run  # noqa: E402
+from _script import CUPY, MATPLOTLIB, SCIPY, lazy, output_file, plot_bars, require, run  # noqa: E402
 
 PROGRAM = "bench/memory_kinds.py"
 # Imported at first use, once require() has checked they are there (and so --help always works).
@@ -136,6 +136,8 @@ def main() -> int:
     parser.add_argument("--plot", "--svg", dest="plot", metavar="FILE",
                         help="write a bar chart of ms per kernel size and kind to this file (.svg, .png)")
     args = parser.parse_args()
+    output_file(parser, "--markdown", args.markdown)
+    output_file(parser, "--plot", args.plot)
     require(PROGRAM, "cuda", modules=[CUPY, SCIPY] + ([MATPLOTLIB] if args.plot else []))
     repeats = 3 if args.quick else 7
     rng = np.random.default_rng()

@@ -78,7 +78,7 @@ from typing import Any, Callable, Protocol
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _sources_floor as floors  # noqa: E402
-from _script import at_least, listed, require, run  # noqa: E402
+from _script import at_least, listed, output_file, require, run  # noqa: E402
 
 PROGRAM = "bench/sources.py"
 HERE = os.path.abspath(__file__)
@@ -506,6 +506,7 @@ def main() -> int:
     parser.add_argument("--rate", type=float, default=0.0, help=argparse.SUPPRESS)
     parser.add_argument("--variant", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    output_file(parser, "--json", args.json)
     if args.role == "pub":
         return publisher_role(args)
     if args.role == "sub":

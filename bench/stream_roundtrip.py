@@ -41,7 +41,8 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _script import MATPLOTLIB, at_least, build_reference, lazy, listed, one_line, plot_bars, require, run  # noqa: E402
+from _script import (MATPLOTLIB, at_least, build_reference, lazy, listed, one_line,  # noqa: E402
+                     output_file, plot_bars, require, run)
 
 PROGRAM = "bench/stream_roundtrip.py"
 eglcuda = lazy("eglcuda")  # imported at first use, once require() has checked it is there
@@ -430,6 +431,8 @@ def main() -> int:
                         help="comma-separated CPUs to pin the serial loops to, one row each (default: the "
                              "lowest CPU this process may use); C and eglcuda run on the same CPU")
     args = parser.parse_args()
+    output_file(parser, "--markdown", args.markdown)
+    output_file(parser, "--plot", args.plot and args.plot.replace("MODE", "serial"))
     if args.child:
         mode, width, height, iterations = args.child
         return child(mode, int(width), int(height), int(iterations))

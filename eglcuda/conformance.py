@@ -677,7 +677,8 @@ def run_command(args: argparse.Namespace) -> int:
     if unknown:
         print(f"python -m eglcuda check: unknown name(s): {', '.join(unknown)}", file=sys.stderr)
         return 2
-    unwritable = None if args.json == "-" else _unwritable(pathlib.Path(args.json))
+    unwritable = None if args.json == "-" else "is an empty path: name a file, or '-' for none" if not args.json \
+        else _unwritable(pathlib.Path(args.json))
     if unwritable is not None:
         print(f"python -m eglcuda check: --json {args.json}: {unwritable}", file=sys.stderr)
         return 2

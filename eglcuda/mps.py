@@ -872,6 +872,10 @@ def stop(directory: str | os.PathLike[str] | None = None, *, all: bool = False, 
     or with ``all`` every one. Raises :class:`UsageError` when it is not clear which, or when
     ``timeout`` is not a positive number of seconds."""
     timeout = positive_seconds(timeout, "timeout")
+    if directory is not None and not os.fspath(directory):
+        # (an empty path, as a shell's unset "$DIR" gives: it names no instance, so none is stopped
+        # in its place)
+        raise UsageError("the MPS directory to stop is an empty path: name an instance, or leave it out")
     reaped = [{"directory": path, "stopped": True, "stale": True} for path in reap_stale()]
     found = instances()
     if all:

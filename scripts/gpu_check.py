@@ -99,12 +99,18 @@ def main() -> int:
     parser.add_argument("--out", default="gpu-check-logs", help="folder for the logs")
     parser.add_argument("--only", choices=["tests", "samples", "bench"], help="run one part")
     args = parser.parse_args()
+    out = pathlib.Path(args.out).resolve()
+    if not args.out or (out.exists() and not out.is_dir()):
+        parser.error(f"--out names the folder for the logs, got {args.out!r} ({'empty' if not args.out else 'a file'})")
     why = no_gpu()
     if why:
         print(f"scripts/gpu_check.py: {why}", file=sys.stderr)
         return 2
-    out = pathlib.Path(args.out).resolve()
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        print(f"scripts/gpu_check.py: --out {args.out}: {exc.strerror}", file=sys.stderr)
+        return 2
     env = dict(os.environ, EGLCUDA_REQUIRE_GPU="1", PYOPENGL_PLATFORM="egl", PYTHONUNBUFFERED="1")
     rows: list[tuple[str, str, str]] = []
 

@@ -3,6 +3,7 @@ as a key, making one (``python -m eglcuda keygen``), and the Noise pre-shared ke
 (session.py proves it; docs/security.md, "Remote subscribers")."""
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import secrets
@@ -38,7 +39,10 @@ def load_key(key: bytes | None) -> bytes:
         return check_key(bytes(key), "key=")
     path = os.environ.get(KEY_FILE_VARIABLE)
     if path:
-        return read_key_file(path)
+        try:
+            return read_key_file(path)
+        except UsageError as exc:
+            raise UsageError(f"{KEY_FILE_VARIABLE}: {exc}") from None  # (the file came from the environment: say so)
     if _from_environment is not None:
         try:
             raw = bytes.fromhex(_from_environment.strip())
@@ -58,6 +62,8 @@ def read_key_file(path: str) -> bytes:
         # (O_NONBLOCK: opening a FIFO would wait for a writer, before the check that it is no file)
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError as exc:
+        if exc.errno == errno.ELOOP and os.path.islink(path):
+            raise UsageError(f"key file {path} is a symbolic link: name the key file itself") from None
         raise UsageError(f"key file {path}: {exc.strerror}") from None
     try:
         info = os.fstat(fd)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import stat
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -25,6 +26,7 @@ STATUS_VERSION = 1
 MAX_LISTED = 256  # subscribers listed in one status (the total is given too)
 RELAY_SUFFIX = ".relay"  # <topic socket>.<pid>.relay: a relay's status (eglcuda.Relay writes it)
 MAX_RELAY_STATUS = 65536  # bytes
+_MAX_PID = 2**22  # (Linux's pid_max at most: a larger "pid" is no process)
 
 _TOPIC_KEYS = {
     "version": int, "name": str, "pid": int, "uid": int, "instance": str, "width": int, "height": int,
@@ -247,15 +249,25 @@ def write_relay_status(path: str, body: dict[str, Any]) -> None:
 def _relay_status(path: str, clean: bool) -> dict[str, Any] | None:
     """A live relay's status file (a dead relay's is removed when ``clean``; a broken one is skipped)."""
     try:
-        with open(path, "rb") as source:
+        # (O_NONBLOCK: a FIFO of that name would wait for a writer; only a regular file is read)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        with os.fdopen(fd, "rb") as source:
+            if not stat.S_ISREG(os.fstat(source.fileno()).st_mode):
+                return None
             data = source.read(MAX_RELAY_STATUS + 1)
         body = json.loads(data) if len(data) <= MAX_RELAY_STATUS else None
     except (OSError, ValueError):
         return None
-    if not isinstance(body, dict) or not isinstance(body.get("pid"), int) or not isinstance(body.get("remotes"), list):
+    if not isinstance(body, dict) or not isinstance(body.get("remotes"), list):
+        return None
+    pid = body.get("pid")
+    if pid.__class__ is not int or not 0 < pid <= _MAX_PID:  # (0, -1 or a bool would ask about other processes)
         return None
     try:
-        os.kill(body["pid"], 0)
+        os.kill(pid, 0)
     except ProcessLookupError:
         if clean:
             try:

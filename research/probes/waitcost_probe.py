@@ -130,14 +130,15 @@ def main() -> int:
             return 0
         import sources
 
-        bench = argparse.Namespace(size=args.size, transport="cuda-ipc", seconds=args.seconds, warmup=1.0)
+        bench = argparse.Namespace(size=args.size, transport="cuda-ipc", seconds=args.seconds, warmup=1.0, split=True)
         print(f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC, stand-in libcuda, {args.size}, {args.rate:g} frames/s")
-        print("| sources | variant | frames/s | in calls us/frame | in calls % core | process us/frame | loop us | p50 us | p99 us |")
+        print("| sources | variant | frames/s | in calls us/frame | waiting thread % core | process us/frame | loop us "
+              "| p50 us | p99 us |")
         print("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
         for count in [int(n) for n in args.sources.split(",")]:
             for variant in args.variants.split(","):
                 row = sources.measure(variant, count, args.rate, bench)
-                print(f"| {count} | {variant} | {row['fps']:.0f} | {row['calls_us']:.1f} | {row['calls_pct']:.2f} | "
+                print(f"| {count} | {variant} | {row['fps']:.0f} | {row['inside_us']:.1f} | {row['thread_pct']:.2f} | "
                       f"{row['cpu_us']:.1f} | {row['loop_us']:.1f} | {row['p50_us']:.0f} | {row['p99_us']:.0f} |",
                       flush=True)
     return 0

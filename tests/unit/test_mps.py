@@ -458,6 +458,9 @@ def test_command_line_start_status_stop(fake):
     status = json.loads(cli("status", "--json").stdout)
     assert [i["pipe_directory"] for i in status["instances"]] == [pipe] and status["instances"][0]["running"]
     assert "running" in cli("status").stdout
+    empty = cli("stop", "--dir", "")  # (a shell's unset "$DIR": it stopped the only daemon)
+    assert empty.returncode == 2 and "empty path" in empty.stderr and len(empty.stderr.splitlines()) == 1, empty.stderr
+    assert [p.kind for p in processes_under(pipe)] == ["control"]
     again = cli("start")
     assert again.returncode == 1 and "already serves this machine" in again.stderr
     assert again.stderr.startswith("python -m eglcuda mps start: ") and "MPSInUse" not in again.stderr

@@ -153,6 +153,19 @@ BAD_ARGUMENTS = [
     ("bench/remote.py", "--ucx-env", "TLS=tcp"),
     ("bench/remote_link.py", "--rate", "0"),
     ("bench/ordering.py", "--width", "0"),
+    # non-finite numbers (they passed and ended the run midway, or never)
+    ("bench/sources.py", "--rates", "nan"),
+    ("bench/sources.py", "--rates", "30,inf"),
+    ("bench/sources.py", "--warmup", "inf"),
+    ("bench/topics.py", "--duration", "inf"),
+    # a results file the run could not write at its end, checked before the run
+    ("bench/sources.py", "--json", "/"),
+    ("bench/sources.py", "--json", "/nonexistent-folder/rows.json"),
+    ("bench/fanout.py", "--json", ""),
+    ("bench/cross_process.py", "--markdown", "/"),
+    ("bench/memory_kinds.py", "--plot", "/nonexistent-folder/plot.svg"),
+    ("bench/stream_roundtrip.py", "--markdown", "/"),
+    ("scripts/gpu_check.py", "--out", "/etc/hostname"),
 ]
 
 

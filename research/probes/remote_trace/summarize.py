@@ -8,7 +8,14 @@ import glob
 import statistics
 import sys
 
+if sys.argv[1:2] in (["-h"], ["--help"]):
+    print(__doc__.strip())
+    sys.exit(0)
 folder = sys.argv[1] if len(sys.argv) > 1 else "/tmp/eglcuda-trace"
+if not glob.glob(f"{folder}/*.txt"):
+    print(f"summarize.py: no trace files (*.txt) in {folder}: run a traced bench first (sitecustomize.py here)",
+          file=sys.stderr)
+    sys.exit(2)
 CHAIN = [("M_frame", "M_take"), ("M_take", "M_gbw"), ("M_gbw", "M_credit"), ("M_credit", "send3"),
          ("send3", "M_frame")]
 for path in sorted(glob.glob(f"{folder}/*.txt")):

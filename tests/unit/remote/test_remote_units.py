@@ -47,6 +47,18 @@ def test_keys_from_argument_file_and_environment(tmp_path, monkeypatch):
         keys.load_key(None)
     path.chmod(0o600)
     assert keys.load_key(None) == secret
+    # A file named by the variable that is refused says where its name came from; a link to the
+    # key says it is a link (O_NOFOLLOW's "too many levels of symbolic links" said neither).
+    link = tmp_path / "link"
+    link.symlink_to(path)
+    monkeypatch.setenv(keys.KEY_FILE_VARIABLE, str(link))
+    with pytest.raises(UsageError, match=f"^{keys.KEY_FILE_VARIABLE}: key file {link} is a symbolic link: name"):
+        keys.load_key(None)
+    with pytest.raises(UsageError, match=f"^key file {link} is a symbolic link"):
+        keys.read_key_file(str(link))
+    monkeypatch.setenv(keys.KEY_FILE_VARIABLE, str(tmp_path / "missing"))
+    with pytest.raises(UsageError, match=f"^{keys.KEY_FILE_VARIABLE}: key file .*missing: No such file"):
+        keys.load_key(None)
 
 
 def test_wire_round_trips_and_refuses_what_it_does_not_allow():

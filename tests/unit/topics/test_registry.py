@@ -295,3 +295,24 @@ def test_a_shared_topic_folder_of_this_user_is_listed(folder):
         os.chmod(shared, 0o770)
         with pytest.raises(eglcuda.UsageError, match="may write"):
             eglcuda.list_topics(shared)
+
+
+def test_relay_status_files_that_are_no_files_or_name_no_process_are_skipped(tmp_path):
+    """`python -m eglcuda topics` hung for good on a FIFO named like a relay's status file (its
+    open waited for a writer), ended in an OverflowError for a pid beyond a C int, and listed a
+    relay for a pid of 0 or -1 (a signal 0 to those succeeds). Each is skipped now; a live
+    relay's file is still listed."""
+    from eglcuda.topics import registry
+
+    folder = tmp_path / "topics"
+    folder.mkdir(mode=0o700)
+    os.mkfifo(folder / f"fifo.topic.1{registry.RELAY_SUFFIX}")
+    for i, pid in enumerate([2**31, 2**70, 0, -1, True, "1"]):
+        (folder / f"odd{i}.topic.{i + 2}{registry.RELAY_SUFFIX}").write_text(json.dumps({"pid": pid, "remotes": []}))
+    live = folder / f"live.topic.{os.getpid()}{registry.RELAY_SUFFIX}"
+    live.write_text(json.dumps({"pid": os.getpid(), "remotes": []}))
+    done = subprocess.run([sys.executable, "-m", "eglcuda", "topics", "--dir", str(folder), "--json"],
+                          capture_output=True, text=True, timeout=60, env=ENV)
+    assert done.returncode == 0, done.stderr
+    relays = json.loads(done.stdout)["relays"]
+    assert [relay["pid"] for relay in relays] == [os.getpid()]
