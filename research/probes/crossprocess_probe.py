@@ -18,6 +18,8 @@ import tempfile
 
 import numpy as np
 
+import _needs  # research/probes/_needs.py: a missing need is one line and status 2
+
 
 def init_cuda(how: str) -> None:
     if how == "eglcuda":
@@ -87,7 +89,7 @@ def producer(path: str, cuda_first: str, close_late: bool, pause: bool = False) 
 
 
 def main() -> int:
-    if len(sys.argv) > 1:
+    if len(sys.argv) == 5 and sys.argv[1] in ("consumer", "producer"):  # a child: ROLE PATH CUDA_FIRST CLOSE_LATE
         role, path, cuda_first, close_late = sys.argv[1:5]
         try:
             result = consumer(path, cuda_first) if role == "consumer" else producer(path, cuda_first, close_late == "1", close_late == "s")
@@ -95,6 +97,11 @@ def main() -> int:
             result = {"error": repr(exc)}
         print("RESULT " + json.dumps(result), flush=True)
         return 0
+    _needs.answer_help(__doc__)
+    if len(sys.argv) > 1:
+        _needs.unmet(__file__, f"takes no arguments: usage: python {_needs.program_path(__file__)}")
+    _needs.needs_cuda(__file__, "cuda", "cross-process")
+    connected = 0
     variants = [("no", "no", "0"), ("no", "eglcuda", "0"), ("eglcuda", "no", "0"), ("eglcuda", "eglcuda", "0"),
                 ("no", "no", "1"), ("eglcuda", "eglcuda", "1"), ("cudapython", "cudapython", "0"),
                 ("no", "no", "s"), ("eglcuda", "eglcuda", "s"), ("no", "no", "0"), ("eglcuda", "eglcuda", "0")]
@@ -110,9 +117,10 @@ def main() -> int:
                 cons.kill(); prod.kill()
                 c_out = p_out = "TIMEOUT"
         pick = lambda text: next((l[7:] for l in text.splitlines() if l.startswith("RESULT ")), text[-300:])
+        connected += '"connected": true' in pick(p_out)
         print(f"consumer cuda first={c_first:<10} producer cuda first={p_first:<10} close fd late={late}: "
               f"producer {pick(p_out)} | consumer {pick(c_out)}", flush=True)
-    return 0
+    return 0 if connected else 1  # no producer connected in any variant: nothing was measured
 
 
 if __name__ == "__main__":

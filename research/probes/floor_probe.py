@@ -17,6 +17,8 @@ import argparse, importlib.util, json, os, pathlib, statistics, subprocess, sys,
 
 import eglcuda
 
+import _needs  # research/probes/_needs.py: a missing need is one line and status 2
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 from stream_roundtrip import SIZES, build_c, run_c, eglcuda_serial, eglcuda_serial_steps  # noqa: E402
@@ -81,6 +83,10 @@ def main():
     parser.add_argument("--lean", action="store_true",
                         help="only C, the GIL-released floor with the context check, eglcuda's four calls and the trees")
     args = parser.parse_args()
+    _needs.needs_command(__file__, "gcc", "apt install gcc")
+    _needs.needs_cuda(__file__, "cuda", "cuda-stream")
+    if args.cpus:
+        _needs.needs_cpus(__file__, 1, (int(c) for c in args.cpus.split(",")))
     sizes = [tuple(int(v) for v in s.split("x")) for s in args.sizes] or SIZES
     cpus = [int(c) for c in args.cpus.split(",")] if args.cpus else [min(os.sched_getaffinity(0))]
     ext, binary = load_ext(), build_c()

@@ -6,6 +6,11 @@ Per CPU (argv[1], comma-separated) and size, 5 interleaved rounds of: the standa
 four calls, steps and bare steps. Then a GL context is made current on this thread (what the
 benchmark's PyOpenGL stack does) and the in-process rows run again: does a current context
 change the driver calls' cost?"""
+import _needs  # research/probes/_needs.py: a missing need is one line and status 2
+
+_needs.answer_help(__doc__)
+_needs.frozen(__file__, "c68e07a")  # (the commit its first line names)
+
 import ctypes, os, pathlib, statistics, subprocess, sys
 import eglcuda
 from eglcuda._native import ffi

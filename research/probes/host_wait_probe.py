@@ -6,6 +6,13 @@ call's duration and whether that kernel is still running when the call returns s
 call waited for it. Also: does a return_frame right after the consumer's release (its work still
 running) come back at once, and does a present into a full FIFO wait?"""
 import threading, time
+
+import _needs  # research/probes/_needs.py: a missing need is one line and status 2
+
+_needs.answer_help(__doc__)
+_needs.needs_cuda(__file__, "cuda", "cuda-stream")
+_needs.needs_module(__file__, "cupy", _needs.CUPY_HOW)
+
 import cupy as cp
 import eglcuda
 

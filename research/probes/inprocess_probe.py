@@ -4,6 +4,11 @@
 Runs, interleaved, at 1920x1080 ARGB pitch: the standalone C binary; the same C loop inside this
 Python process on eglcuda's connections (plain, with a busy gap after each call, with memory
 written after each call); the raw cffi loop; the public API loop."""
+import _needs  # research/probes/_needs.py: a missing need is one line and status 2
+
+_needs.answer_help(__doc__)
+_needs.frozen(__file__, "fb5b502")  # (the commit its first line names)
+
 import ctypes, pathlib, statistics, subprocess, sys
 import eglcuda
 from eglcuda._native import ffi

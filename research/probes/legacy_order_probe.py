@@ -24,6 +24,8 @@ import numpy as np
 
 import eglcuda
 
+import _needs  # research/probes/_needs.py: a missing need is one line and status 2
+
 
 def driver():
     try:
@@ -94,14 +96,18 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--frames", type=int, default=2000)
     args = parser.parse_args()
+    _needs.needs_cuda(__file__, "cuda", "cuda-stream")
+    _needs.needs_module(__file__, ("cuda.bindings.driver", "cuda.cuda"), _needs.CUDA_PYTHON_HOW)
+    rows = []
     with eglcuda.Display.for_cuda_device(0) as display:
         for threaded in (False, True):
             for shared in (False, True):
                 try:
-                    print(run(display, args.frames, shared, threaded), flush=True)
+                    rows.append(run(display, args.frames, shared, threaded))
                 except eglcuda.EglCudaError as exc:
-                    print({"shared": shared, "threaded": threaded, "error": str(exc)}, flush=True)
-    return 0
+                    rows.append({"shared": shared, "threaded": threaded, "error": str(exc)})
+                print(rows[-1], flush=True)
+    return 1 if _needs.every_row_failed(rows) else 0
 
 
 if __name__ == "__main__":

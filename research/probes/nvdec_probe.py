@@ -34,8 +34,14 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from tests.data import make_clips as mc  # noqa: E402
 
-import cupy as cp  # noqa: E402
-import PyNvVideoCodec as nvc  # noqa: E402
+import _needs  # noqa: E402  (research/probes/_needs.py: a missing need is one line and status 2)
+
+if not _needs.help_asked():  # (--help works without them)
+    _needs.needs_module(__file__, "cupy", _needs.CUPY_HOW)
+    _needs.needs_module(__file__, "PyNvVideoCodec", "pip install PyNvVideoCodec, or its wheel in .whl/: "
+                        "research/probes/video_run.sh")
+    import cupy as cp  # noqa: E402
+    import PyNvVideoCodec as nvc  # noqa: E402
 
 
 def section(title):

@@ -1,5 +1,10 @@
 # Research record (see research/README.md): runs against the current package (import paths updated to eglcuda._bind).
 """Probe: which one-channel 8-bit color formats a CUDA->CUDA EGLStream carries (raw calls)."""
+import _needs  # research/probes/_needs.py: a missing need is one line and status 2
+
+_needs.answer_help(__doc__)
+_needs.needs_cuda(__file__, "cuda", "cuda-stream")
+
 import eglcuda
 from eglcuda._bind.cuda import check
 from eglcuda.cuda_device import get_device

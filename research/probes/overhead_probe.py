@@ -1,6 +1,11 @@
 # Research record (see research/README.md): frozen record (uses the old layout: eglcuda._hotpath ProducerCore/ConsumerCore/AcquiredCore and bind(); ran 419c99e to 9e8cabf).
 """Probe: the Python-side CPU cost of eglcuda's per-frame C methods, with fake driver helpers
 (research/probes/fake_driver.c: no GPU, no driver; the bookkeeping a real stream would do)."""
+import _needs  # research/probes/_needs.py: a missing need is one line and status 2
+
+_needs.answer_help(__doc__)
+_needs.frozen(__file__, "9e8cabf")  # (the commit its first line names)
+
 import ctypes, pathlib, statistics, subprocess, sys, time
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))

@@ -2,12 +2,22 @@
 """Probe: per-call medians of the serial round trip, C reference vs eglcuda's four calls, pinned to
 one CPU (argv[1]), interleaved: which call carries eglcuda's extra time?"""
 import os, pathlib, statistics, subprocess, sys
+
+import _needs  # research/probes/_needs.py: a missing need is one line and status 2
+
+_needs.answer_help(__doc__)
+if len(sys.argv) > 1 and not sys.argv[1].isdigit():
+    _needs.unmet(__file__, f"usage: python {_needs.program_path(__file__)} [CPU] (a CPU number to pin to, default 2)")
+CPU = int(sys.argv[1]) if len(sys.argv) > 1 else 2
+_needs.needs_cuda(__file__, "cuda", "cuda-stream")
+_needs.needs_command(__file__, "gcc", "apt install gcc")
+_needs.needs_cpus(__file__, 1, {CPU})
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 import eglcuda  # noqa: E402
 from stream_roundtrip import build_c, eglcuda_breakdown  # noqa: E402
 
-os.sched_setaffinity(0, {int(sys.argv[1]) if len(sys.argv) > 1 else 2})
+os.sched_setaffinity(0, {CPU})
 binary = build_c()
 display = eglcuda.Display.for_cuda_device(0)
 W, H, N = 1920, 1080, 10000

@@ -9,6 +9,12 @@ start of the allocation (no neighbour problem) as the control.
     python research/probes/plane_extent_probe.py FORMAT WIDTH HEIGHT PITCH"""
 import sys
 
+import _needs  # research/probes/_needs.py: a missing need is one line and status 2
+
+_needs.answer_help(__doc__)
+_needs.needs_args(__file__, 4, "FORMAT WIDTH HEIGHT PITCH (e.g. YUV420_PLANAR 640 480 768)")
+_needs.needs_cuda(__file__, "cuda", "cuda-stream")
+
 import numpy as np
 
 import eglcuda
@@ -18,7 +24,11 @@ from eglcuda.cuda_device import get_device
 from eglcuda.frames.formats import plane_geometry
 from eglcuda._bind._native import ffi, lib
 
-fmt, width, height, pitch = ColorFormat[sys.argv[1]], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+try:
+    fmt, width, height, pitch = ColorFormat[sys.argv[1]], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+except (KeyError, ValueError):
+    _needs.unmet(__file__, f"usage: python {_needs.program_path(__file__)} FORMAT WIDTH HEIGHT PITCH: FORMAT one of "
+                           f"{', '.join(ColorFormat.__members__)}, the others whole numbers")
 display = eglcuda.Display.for_cuda_device(0)
 get_device(0).make_current()
 rng = np.random.default_rng()

@@ -32,6 +32,8 @@ import sys
 import tempfile
 import time
 
+import _needs  # research/probes/_needs.py: a missing need is one line and status 2
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 BENCH = ROOT / "bench"
 SIZE = ("--width", "320", "--height", "240", "--format", "NV12")
@@ -180,6 +182,9 @@ def main() -> int:
     parser.add_argument("--duration", type=float, default=2.0)
     parser.add_argument("--label", default="")
     args = parser.parse_args()
+    _needs.needs_module(__file__, "ucxx", _needs.UCXX_HOW)
+    _needs.needs_cuda(__file__, hint="or the stand-in of tests/fakes in LD_LIBRARY_PATH, as "
+                                     "research/probes/remote_handover_probe.sh builds it")
     row = measure(args.duration)
     print(f"{args.label:>7}: remote {row['remote_fps']:6.0f} frames/s, raw {row['raw_fps']:6.0f} "
           f"({row['remote_fps'] / row['raw_fps']:.2f}x); per frame sent: wakes {row.get('wakes', 0)}, stages "

@@ -14,6 +14,12 @@ import time
 
 os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
 
+import _needs  # noqa: E402  (research/probes/_needs.py: a missing need is one line and status 2)
+
+_needs.answer_help(__doc__)
+_needs.needs_cuda(__file__, "cuda", "cuda-egl", "gl")
+_needs.needs_module(__file__, "cupy", _needs.CUPY_HOW)
+
 import cupy as cp  # noqa: E402
 import numpy as np  # noqa: E402
 from OpenGL import GL  # noqa: E402

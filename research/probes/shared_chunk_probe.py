@@ -8,6 +8,15 @@ Layout copied from the failing test run: a 640x480 one-channel pitch frame X at 
 then three 640x480 YUV420 planar frames (pitch 768) right after it."""
 import sys
 
+import _needs  # research/probes/_needs.py: a missing need is one line and status 2
+
+VARIANTS = ("dead", "never", "live", "dead_argb_x", "separate_dead", "separate_never", "fresh_region")
+_needs.answer_help(__doc__)
+_needs.needs_args(__file__, 1, f"VARIANT (one of {', '.join(VARIANTS)})")
+if sys.argv[1] not in VARIANTS:
+    _needs.unmet(__file__, f"unknown variant {sys.argv[1]}: one of {', '.join(VARIANTS)}")
+_needs.needs_cuda(__file__, "cuda", "cuda-stream")
+
 import numpy as np
 
 import eglcuda

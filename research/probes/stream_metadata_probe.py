@@ -28,6 +28,8 @@ import sys
 import tempfile
 import time
 
+import _needs  # research/probes/_needs.py: a missing need is one line and status 2
+
 EGL_METADATA0_SIZE_NV = 0x3255
 EGL_CONSUMER_METADATA_NV = 0x3254
 EGL_MAX_STREAM_METADATA_BLOCK_SIZE_NV = 0x3251
@@ -42,8 +44,13 @@ def egl_functions():
                                  ctypes.c_int32, ctypes.c_void_p)
     proto_query = ctypes.CFUNCTYPE(ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint, ctypes.c_int32,
                                    ctypes.c_int32, ctypes.c_int32, ctypes.c_void_p)
-    set_fn = proto_set(egl.eglGetProcAddress(b"eglSetStreamMetadataNV"))
-    query_fn = proto_query(egl.eglGetProcAddress(b"eglQueryStreamMetadataNV"))
+    set_address = egl.eglGetProcAddress(b"eglSetStreamMetadataNV")
+    query_address = egl.eglGetProcAddress(b"eglQueryStreamMetadataNV")
+    if not set_address or not query_address:
+        _needs.unmet(__file__, "needs EGL_NV_stream_metadata (NVIDIA's EGL): libEGL.so.1 has no "
+                               "eglSetStreamMetadataNV / eglQueryStreamMetadataNV")
+    set_fn = proto_set(set_address)
+    query_fn = proto_query(query_address)
     return egl, set_fn, query_fn
 
 
@@ -150,6 +157,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.role == "producer":
         return producer(args)
+    _needs.needs_cuda(__file__, "cuda", "cross-process")
     result = consumer(args)
     result["socket_message_us_p50"] = socket_message_cost()
     print(json.dumps(result))

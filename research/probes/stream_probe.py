@@ -6,6 +6,11 @@ a chosen geometry, whether each plane's bytes arrive under the geometry we assum
 acquire with no new frame takes and what it returns, and what the first return gives."""
 import time
 
+import _needs  # research/probes/_needs.py: a missing need is one line and status 2
+
+_needs.answer_help(__doc__)
+_needs.needs_cuda(__file__, "cuda", "cuda-stream")
+
 import numpy as np
 
 import eglcuda

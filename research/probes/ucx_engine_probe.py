@@ -33,6 +33,8 @@ import sys
 import time
 from typing import Any
 
+import _needs  # research/probes/_needs.py: a missing need is one line and status 2
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 for key, value in {"UCX_TLS": "tcp", "UCX_NET_DEVICES": "lo", "UCX_WARN_UNUSED_ENV_VARS": "n"}.items():
@@ -215,6 +217,8 @@ def main() -> int:
     if args.role == "send":
         _send(args)
         return 0
+    _needs.needs_module(__file__, "numpy", "pip install numpy")
+    _needs.needs_module(__file__, "ucxx", _needs.UCXX_HOW)
     import _ucx_raw
 
     windows = [int(w) for w in args.windows.split(",")]
@@ -253,7 +257,7 @@ def main() -> int:
         if "idle_pct" in good[0][0]:
             line += f"  idle {statistics.median(r['idle_pct'] for r, _ in good):.1f} % of a core"
         _emit(line)
-    return 0
+    return 1 if _needs.every_row_failed(r for results in rows.values() for r in results) else 0  # nothing measured
 
 
 if __name__ == "__main__":

@@ -19,6 +19,8 @@ import sys
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "bench"))
 import _ucx_raw  # noqa: E402
 
+import _needs  # noqa: E402  (research/probes/_needs.py: a missing need is one line and status 2)
+
 BASE = {"UCX_TLS": "tcp", "UCX_NET_DEVICES": "lo", "UCX_WARN_UNUSED_ENV_VARS": "n"}
 # name -> (window, mode, extra environment)
 GRIDS = {
@@ -57,6 +59,7 @@ def main() -> int:
     parser.add_argument("--grid", default="modes,window,tcp")
     parser.add_argument("--json", help="also write every measurement here")
     args = parser.parse_args()
+    _needs.needs_module(__file__, "ucxx", _needs.UCXX_HOW)
     configs = {f"{grid}: {name}": spec for grid in args.grid.split(",") for name, spec in GRIDS[grid].items()}
     results: dict[str, list[dict]] = {name: [] for name in configs}
     for rep in range(args.reps):
@@ -82,7 +85,7 @@ def main() -> int:
               f"{p50:.0f} / {p99:.0f} |")
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps({"size": args.size, "results": results}, indent=1))
-    return 0
+    return 1 if _needs.every_row_failed(r for runs in results.values() for r in runs) else 0  # nothing measured
 
 
 if __name__ == "__main__":

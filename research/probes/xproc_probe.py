@@ -37,6 +37,8 @@ from __future__ import annotations
 import argparse, functools, importlib.util, json, os, pathlib, statistics, subprocess, sys, sysconfig, tempfile
 import time
 
+import _needs  # research/probes/_needs.py: a missing need is one line and status 2
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 EXT = pathlib.Path("/tmp") / ("xproc_ext" + sysconfig.get_config_var("EXT_SUFFIX"))
 C_BINARY = pathlib.Path("/tmp/xproc_cross_gpu")
@@ -254,6 +256,10 @@ def main() -> int:
     args = parser.parse_args()
     width, height = (int(v) for v in args.size.split("x"))
     cpus = {int(c) for c in args.cpus.split(",")} if args.cpus else None
+    _needs.needs_cuda(__file__, start=False)  # (only loads libcuda: the parent never starts CUDA, see below)
+    _needs.needs_command(__file__, "gcc", "apt install gcc")
+    if cpus:
+        _needs.needs_cpus(__file__, 1, cpus)
     variants = args.variants.split(",")
     trees = {name: str(pathlib.Path(path).resolve()) for name, path in (t.split("=", 1) for t in args.tree)}
     build()
@@ -287,7 +293,7 @@ def main() -> int:
         print(f"  {v:12s} {statistics.median(ok) if ok else float('nan'):9.0f}  "
               f"x{statistics.median(ratios) if ratios else float('nan'):.3f}   "
               + " ".join(f"{f:.0f}" if f else "err" for f in fps), flush=True)
-    return 0
+    return 1 if _needs.every_row_failed(r for rs in runs.values() for r in rs) else 0  # nothing measured: 1
 
 
 if __name__ == "__main__":
