@@ -41,13 +41,13 @@ import time
 import weakref
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, NoReturn
 
 from ._bind import cuda as _cuda
 from ._bind import loader as _loader
 from ._integers import as_int, check_flag
 from ._unix import positive_seconds
-from .errors import EglCudaError, MPSError, MPSInUse, Timeout, Unsupported, UsageError
+from .errors import ClosedError, EglCudaError, MPSError, MPSInUse, Timeout, Unsupported, UsageError
 
 CONTROL = "nvidia-cuda-mps-control"
 SERVER = "nvidia-cuda-mps-server"
@@ -380,6 +380,7 @@ def _instance_paths(directory: Path) -> tuple[Path, Path]:
 
 # What each field of an instance's state file may hold; a field of another type (a file damaged
 # or written by hand) is read as absent.
+_MAX_STATE_BYTES = 65536  # (a state file is a few hundred bytes: more is no state file of ours)
 _STATE_TYPES: dict[str, tuple[type, ...]] = {
     "watchdog_pid": (int,), "watchdog_start": (int,), "owner_pid": (int,), "watch_pid": (int,),
     "created": (int, float), "timeout": (int, float), "binary": (str,), "detached": (bool,),
@@ -388,7 +389,15 @@ _STATE_TYPES: dict[str, tuple[type, ...]] = {
 
 def _read_state(directory: Path) -> dict[str, Any]:
     try:
-        loaded = json.loads((directory / _STATE_FILE).read_text())
+        # (O_NONBLOCK: a FIFO in its place would wait for a writer; only a regular file is read)
+        fd = os.open(directory / _STATE_FILE, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return {}
+    try:
+        with os.fdopen(fd, "rb") as source:
+            if not stat.S_ISREG(os.fstat(source.fileno()).st_mode):
+                return {}
+            loaded = json.loads(source.read(_MAX_STATE_BYTES))
     except (OSError, ValueError):
         return {}
     if not isinstance(loaded, dict):
@@ -570,6 +579,19 @@ class MPSDaemon:
         self._watchdog: subprocess.Popen[bytes] | None = None
         self._saved_environment: dict[str, str | None] | None = None
         self._stopped = False
+        self._pid = os.getpid()  # the process that may stop the daemon (a forked child only lets go)
+
+    def __reduce__(self) -> NoReturn:
+        # (a copy would share the watchdog pipe's descriptor: closed by one, written by the other
+        # after the number is reused)
+        raise TypeError("an eglcuda.mps.MPSDaemon owns a daemon process and its watchdog: it cannot be copied or "
+                        "pickled; pass its env() to other processes")
+
+    def __copy__(self) -> NoReturn:
+        self.__reduce__()
+
+    def __deepcopy__(self, memo: object) -> NoReturn:
+        self.__reduce__()
 
     # -- life cycle
 
@@ -736,6 +758,10 @@ class MPSDaemon:
                 self._stopped = True
                 return {"stopped": False}
             self._stopped = True
+            if os.getpid() != self._pid:
+                # A forked child leaving its copy's ``with`` block: the daemon is its parent's. The
+                # child's copy of the watchdog pipe closes as it exits; the parent stops the daemon.
+                return {"stopped": False, "forked": True}
             if not self.owned:
                 return {"stopped": False, "adopted": self.pipe_directory}
             directory = self.directory
@@ -770,6 +796,8 @@ class MPSDaemon:
     def env(self) -> dict[str, str]:
         """The variables a process needs to be a client of this daemon (set them before it starts
         CUDA): CUDA_MPS_PIPE_DIRECTORY, and CUDA_MPS_LOG_DIRECTORY when known."""
+        if self._stopped:
+            raise ClosedError("the MPS daemon is stopped: its pipe directory is gone")
         if self.pipe_directory is None:
             raise UsageError("the MPS daemon is not started")
         variables = {PIPE_VARIABLE: self.pipe_directory}
@@ -872,6 +900,7 @@ def stop(directory: str | os.PathLike[str] | None = None, *, all: bool = False, 
     or with ``all`` every one. Raises :class:`UsageError` when it is not clear which, or when
     ``timeout`` is not a positive number of seconds."""
     timeout = positive_seconds(timeout, "timeout")
+    all = check_flag(all, "all")  # noqa: A001 - the CLI's word
     if directory is not None and not os.fspath(directory):
         # (an empty path, as a shell's unset "$DIR" gives: it names no instance, so none is stopped
         # in its place)

@@ -36,6 +36,7 @@ import argparse
 import contextlib
 import importlib
 import os
+import signal
 import sys
 from types import ModuleType
 from typing import Any, Callable, Iterator, Sequence
@@ -176,8 +177,16 @@ def missing(exc: BaseException) -> str | None:
     return f"needs {exc.missing}: {' '.join(str(exc).split())}"
 
 
+def _terminated(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def run(main: Callable[[], int], program: str) -> int:
-    """``sys.exit(run(main, PROGRAM))``: the sample's exit status, and one line for an error."""
+    """``sys.exit(run(main, PROGRAM))``: the sample's exit status, and one line for an error.
+    SIGTERM (``timeout``, systemd, a CI runner) ends it as Ctrl-C does: its ``with`` blocks run,
+    so its temporary folders, topics and child processes go too."""
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _terminated)
     try:
         return main()
     except KeyboardInterrupt:

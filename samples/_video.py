@@ -107,7 +107,8 @@ def open_video(nvc: Any, path: str) -> VideoInfo:
     """The stream facts of ``path`` from PyNvVideoCodec's demuxer; :class:`VideoProblem` when it is
     not an 8-bit 4:2:0 H.264 or HEVC video."""
     if not os.path.isfile(path):
-        raise VideoProblem(f"needs a video file to decode: {path} does not exist")
+        why = "is not a regular file" if os.path.exists(path) else "does not exist"
+        raise VideoProblem(f"needs a video file to decode: {path} {why}")
     try:
         demuxer = nvc.CreateDemuxer(filename=str(path))
         codec_id = demuxer.GetNvCodecId()
@@ -236,11 +237,13 @@ class NvdecReader:
                 self.decoded += 1
 
     def _check_size(self) -> None:
-        if self.decoded == 0:
-            got = (int(self.decoder.GetWidth()), int(self.decoder.GetHeight()))
-            if got != (self.info.width, self.info.height):
-                raise VideoProblem(f"the decoder outputs {got[0]}x{got[1]} frames, the demuxer said "
-                                   f"{self.info.width}x{self.info.height}")
+        # Every frame: a stream whose size changes midway has the decoder reconfigure, and its
+        # frames are then copied as the wrong size (scrambled, or read past the decoder's buffer).
+        got = (int(self.decoder.GetWidth()), int(self.decoder.GetHeight()))
+        if got != (self.info.width, self.info.height):
+            where = "" if self.decoded == 0 else f" from frame {self.decoded} on (the stream changes size)"
+            raise VideoProblem(f"the decoder outputs {got[0]}x{got[1]} frames{where}, the demuxer said "
+                               f"{self.info.width}x{self.info.height}")
 
     def unlock(self, frame: Decoded) -> None:
         if frame.locked:

@@ -89,14 +89,24 @@ def manifest_entry(path: str) -> dict | None:
     """The CPU decoder's digests of ``path``: its entry in tests/data/clips.json, or FILE.json."""
     name = os.path.basename(path)
     for candidate in (pathlib.Path(path).with_name(name + ".json"), ROOT / "tests" / "data" / "clips.json"):
+        if not candidate.is_file():  # (a FIFO there would wait for a writer)
+            continue
         try:
             entries = json.loads(candidate.read_text())
         except (OSError, ValueError):
             continue
-        entry = entries.get(name)
-        if entry and entry.get("bytes") == os.path.getsize(path):
+        entry = entries.get(name) if isinstance(entries, dict) else None
+        if isinstance(entry, dict) and entry.get("bytes") == os.path.getsize(path) and digests_of(entry):
             return entry
     return None
+
+
+def digests_of(entry: dict) -> bool:
+    """Whether a manifest entry is one: a frame count and that many Y and UV digests (else it is
+    not used, rather than read as one)."""
+    frames = entry.get("frames")
+    return (type(frames) is int and frames >= 0
+            and all(isinstance(entry.get(key), list) and len(entry[key]) >= frames for key in ("y_sha256", "uv_sha256")))
 
 
 # ==== subscribers ====================================================================================
@@ -586,6 +596,10 @@ def main() -> int:
     unknown = [r for r in args.roles if r not in ROLES]
     if unknown or not args.roles:
         parser.error(f"--subscribers takes names from {','.join(ROLES)}, got {args.subscribers!r}")
+    if len(set(args.roles)) != len(args.roles):  # (two of one kind would write the same files in --out)
+        parser.error(f"--subscribers names each kind once, got {args.subscribers!r}")
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        parser.error(f"--out names the folder for the results, and {args.out} is a file")
     if args.loop < 1 or args.frames < 0 or (args.sheet_every is not None and args.sheet_every < 1):
         parser.error("--loop and --sheet-every are at least 1, --frames at least 0")
     if args.check and args.loop > 1:

@@ -142,6 +142,52 @@ def test_stop_leaves_no_process_and_no_directory(fake, monkeypatch):
     assert daemon.closed
 
 
+def test_a_forked_child_copies_and_use_after_stop_leave_the_daemon_alone(fake):
+    """A forked child leaving its copy's ``with`` block stopped the parent's daemon and removed its
+    directories; a copy of the object shared its watchdog pipe's descriptor (stopping both wrote
+    into whatever file took the number next); env() and apply() after stop() handed out the removed
+    pipe directory; stop(all="no") stopped every instance."""
+    import copy
+    import pickle
+
+    with mps.MPSDaemon() as daemon:
+        pipe = daemon.pipe_directory
+        child = os.fork()
+        if child == 0:
+            code = 1
+            try:
+                with daemon:
+                    pass  # (the child's copy ends here: the daemon is the parent's)
+                code = 0 if daemon.closed else 1
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(child, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert daemon.running and os.path.isdir(pipe)
+        for duplicate in (copy.copy, copy.deepcopy, pickle.dumps):
+            with pytest.raises(TypeError, match="MPSDaemon owns a daemon process"):
+                duplicate(daemon)
+        with pytest.raises(eglcuda.UsageError, match="all is True or False"):
+            mps.stop("/nonexistent", all="no")
+        assert daemon.running
+    assert not os.path.isdir(pipe) and mps.instances() == []
+    for use in (daemon.env, daemon.exports, daemon.apply):
+        with pytest.raises(eglcuda.ClosedError, match="stopped"):
+            use()
+    assert mps.PIPE_VARIABLE not in os.environ
+
+
+def test_a_state_file_that_is_no_regular_file_is_read_as_unknown(fake):
+    """An instance's state file that is a FIFO hung `mps status`, `mps stop` and `mps start` for good."""
+    folder = mps.base_directory(create=True) / f"{mps._INSTANCE_PREFIX}fifo"
+    folder.mkdir(mode=0o700)
+    os.mkfifo(folder / mps._STATE_FILE)
+    for action in (["status"], ["stop", "--all"]):
+        done = cli(*action)
+        assert done.returncode == 0, done.stderr
+    assert not folder.exists()  # (a dead instance: removed)
+
+
 def test_status_lists_the_instance_and_its_server(fake):
     with mps.MPSDaemon() as daemon:
         server = int(control(daemon.pipe_directory, "start_server -uid 0").stdout)

@@ -5,12 +5,15 @@ the topic (cuda-ipc through the fake driver), a stats subscriber process and eve
 real; NVDEC, the GPU's asynchrony, PyTorch and GL do not (tests/gpu/test_video.py runs those)."""
 from __future__ import annotations
 
+import glob
 import json
 import os
 import pathlib
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 
 import numpy as np
 import pytest
@@ -256,3 +259,82 @@ def test_bench_rows_that_need_no_torch(fake_env, tmp_path):
         assert rows[name]["rate"] > 0, rows[name]
     assert rows["publish-3"]["p50_us"] > 0 and rows["publish-3"]["subscribers"] == 3
     assert (tmp_path / "results.md").read_text().startswith("Video pipeline")
+
+
+def _ts_clip(path: pathlib.Path, sizes: list[tuple[int, int]], frames: int = 8) -> None:
+    """An H.264 MPEG-TS clip of ``frames`` frames of each size in turn (segments joined as they
+    are: a stream whose size changes midway), encoded with PyAV."""
+    import av
+
+    with open(path, "wb") as out:
+        for width, height in sizes:
+            segment = path.with_suffix(f".{width}x{height}.ts")
+            with av.open(str(segment), "w", format="mpegts") as container:
+                stream = container.add_stream("libx264", rate=30)
+                stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+                for i in range(frames):
+                    picture = np.full((height, width, 3), (i * 29) % 256, np.uint8)
+                    for packet in stream.encode(av.VideoFrame.from_ndarray(picture, format="rgb24")):
+                        container.mux(packet)
+                for packet in stream.encode():
+                    container.mux(packet)
+            out.write(segment.read_bytes())
+
+
+@pytest.mark.parametrize("sizes", [[(320, 240), (640, 480)], [(640, 480), (320, 240)]], ids=["grows", "shrinks"])
+def test_a_stream_that_changes_size_midway_is_refused_at_the_change(fake_env, tmp_path, sizes):
+    """Only the first frame's size was checked: a stream that grew was published scrambled (and
+    --check passed it), one that shrank was copied from past the decoder's buffer."""
+    clip = tmp_path / "change.ts"
+    try:
+        _ts_clip(clip, sizes)
+    except Exception as exc:  # noqa: BLE001 - a PyAV without libx264
+        pytest.skip(f"PyAV cannot encode H.264 here: {exc}")
+    done = run(fake_env, SAMPLE, clip, "--max", "--check", "--subscribers", "stats", "--out", tmp_path / "out")
+    assert done.returncode == 1, done.stdout + done.stderr
+    (first, second) = sizes
+    assert done.stderr.splitlines() == [
+        f"samples/video_pipeline.py: VideoProblem: the decoder outputs {second[0]}x{second[1]} frames from frame 8 on "
+        f"(the stream changes size), the demuxer said {first[0]}x{first[1]}"], done.stderr
+
+
+def test_a_manifest_beside_the_clip_that_is_none_is_not_used(fake_env, tmp_path):
+    """--check reads FILE.json beside the clip for the CPU decoder's digests: a malformed one ended
+    the run in a bare AttributeError, KeyError or IndexError."""
+    clip = tmp_path / CLIP.name
+    clip.write_bytes(CLIP.read_bytes())
+    size = clip.stat().st_size
+    manifest = tmp_path / (CLIP.name + ".json")
+    for body in ([1, 2], {CLIP.name: [1]}, {CLIP.name: {"bytes": size}},
+                 {CLIP.name: {"bytes": size, "frames": 30, "y_sha256": ["a"], "uv_sha256": ["b"]}}):
+        manifest.write_text(json.dumps(body))
+        done = run(fake_env, SAMPLE, clip, "--max", "--check", "--subscribers", "stats", "--out", tmp_path / "out")
+        assert done.returncode == 0, done.stdout + done.stderr
+        result = result_of(done)
+        compared = result["decoder"]["cpu_decoder"]  # (from tests/data/clips.json, the next manifest looked at)
+        assert result["ok"] and compared["compared"] == compared["bit_exact"] == 30, body
+
+
+def test_sigterm_cleans_up_like_ctrl_c(fake_env, tmp_path):
+    """A SIGTERM (timeout, a supervisor) left the topic's temporary folder behind."""
+    before = set(glob.glob(os.path.join(tempfile.gettempdir(), "eglcuda-video-*")))
+    process = subprocess.Popen([sys.executable, str(SAMPLE), str(CLIP), "--loop", "100", "--subscribers", "stats",
+                                "--out", str(tmp_path)], env=fake_env, cwd=ROOT, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout.readline().startswith("decoding ")  # (running: the topic is up)
+        time.sleep(1.0)
+        process.send_signal(signal.SIGTERM)
+        process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == 128 + signal.SIGTERM
+    assert set(glob.glob(os.path.join(tempfile.gettempdir(), "eglcuda-video-*"))) <= before
+
+
+@pytest.mark.parametrize("args, said", [(["--subscribers", "stats,stats"], "names each kind once"),
+                                        (["--out", "/etc/hostname"], "is a file")])
+def test_arguments_that_would_clash_are_usage_errors(args, said):
+    done = subprocess.run([sys.executable, str(SAMPLE), str(CLIP), "--subscribers", "stats", *args],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert done.returncode == 2 and said in done.stderr.splitlines()[-1], done.stderr

@@ -179,6 +179,8 @@ class _Decoder:
         for number, (nv12, pts) in enumerate(self._decode(packet)):
             if number == len(self._slots):
                 self._slots.append(_device_buffer(nv12.size))
+            elif self._slots[number].size != nv12.size:  # (a stream that changes size: NvDecoder reconfigures)
+                self._slots[number] = _device_buffer(nv12.size)
             slot = self._slots[number]
             slot[:] = nv12.reshape(-1)
             result.append(_DecodedFrame(slot, self.width, self.height, pts))
