@@ -206,14 +206,15 @@ def measure(variant: str, rate: float, seconds: float, build: pathlib.Path = HER
     row.update(frames=int(frames), fps=frames / seconds, thread_us=values["cpu_us_mean"],
                thread_pct=100 * values["cpu_us_mean"] * 1e-6 * frames / seconds, p50_us=values["wake_us_p50"],
                p99_us=values["wake_us_p99"], cpu_p50_us=values["cpu_us_p50"], cpu_p99_us=values["cpu_us_p99"],
-               inside_us=math.nan, cpu_us=math.nan, loop_us=math.nan, other_us=math.nan, core_pct=math.nan, clock_us=math.nan)
+               inside_us=math.nan, cpu_us=math.nan, loop_us=math.nan, other_us=math.nan, core_pct=math.nan,
+               clock_us=math.nan)
     return row
 
 
 def not_run(row: dict[str, Any], why: str) -> dict[str, Any]:
     row.update(skipped=why, frames=0, fps=math.nan, thread_us=math.nan, thread_pct=math.nan, p50_us=math.nan,
-               p99_us=math.nan, inside_us=math.nan, cpu_us=math.nan, loop_us=math.nan, other_us=math.nan, core_pct=math.nan,
-               clock_us=math.nan)
+               p99_us=math.nan, inside_us=math.nan, cpu_us=math.nan, loop_us=math.nan, other_us=math.nan,
+               core_pct=math.nan, clock_us=math.nan)
     return row
 
 

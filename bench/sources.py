@@ -374,7 +374,8 @@ def measure(variant: str, sources: int, rate: float, args: argparse.Namespace) -
                     raise RuntimeError(f"a publisher did not start (exit {process.wait()})")
             subscriber = subprocess.run([sys.executable, HERE, "--role", "sub", "--paths", ",".join(paths),
                                          "--variant", variant, "--seconds", str(args.seconds), "--warmup",
-                                         str(args.warmup), *common, *(["--split"] if args.split else [])], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                         str(args.warmup), *common, *(["--split"] if args.split else [])],
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                         text=True, cwd=ROOT, timeout=args.seconds + args.warmup + 120)
         finally:
             for process in publishers:
@@ -417,8 +418,9 @@ def table_row(row: dict[str, Any]) -> str:
 
 def against_floors(rows: list[dict[str, Any]]) -> list[str]:
     """A line per paced eglcuda row that has floors of its sources and rate in this run: its
-    waiting thread's CPU a frame as a multiple of the C and the Python floor's, and where the goal of the row
-    (30 us a frame for one topic, 5 % of a core for 32 through a wait set) stands against C's."""
+    waiting thread's CPU a frame as a multiple of the C and the Python floor's, and where the goal
+    of the row (30 us a frame for one topic, 5 % of a core for 32 through a wait set) stands
+    against C's."""
     said = []
     for row in rows:
         if row["variant"] in floors.FLOORS or not row["rate"]:
@@ -438,7 +440,8 @@ def against_floors(rows: list[dict[str, Any]]) -> list[str]:
                 parts.append(f"the {label} n/a ({floor['skipped']})")
             else:
                 mode = f"{floor['mode']}, " if name == "c" else ""
-                parts.append(f"{row['thread_us'] / floor['thread_us']:.1f} x the {label} ({mode}{floor['thread_us']:.1f} us)")
+                parts.append(f"{row['thread_us'] / floor['thread_us']:.1f} x the {label} "
+                             f"({mode}{floor['thread_us']:.1f} us)")
         line = head + f"{row['thread_us']:.1f} us a frame = " + ", ".join(parts)
         c_floor = beside.get("c", {"skipped": "not run"})
         if row["rate"] == 30 and not c_floor["skipped"] and row["sources"] == 1:
@@ -447,7 +450,8 @@ def against_floors(rows: list[dict[str, Any]]) -> list[str]:
                      f"; the 30 us goal is above the C floor ({c_floor['thread_us']:.1f} us)")
         elif row["rate"] == 30 and not c_floor["skipped"] and row["sources"] == 32 and row["variant"] == "waitset":
             line += (f"; {row['thread_pct']:.2f} % of a core against C's {c_floor['thread_pct']:.2f} % for the same "
-                     f"wakes: the 5 % goal is {'below' if GOAL_CORE_32 < c_floor['thread_pct'] else 'above'} what C pays")
+                     f"wakes: the 5 % goal is {'below' if GOAL_CORE_32 < c_floor['thread_pct'] else 'above'} "
+                     "what C pays")
         said.append(line)
     return said
 

@@ -262,6 +262,22 @@ def check_socket_file(path: str, policy: Policy) -> bool:
     return True
 
 
+def read_regular_file(path: str | os.PathLike[str], limit: int) -> bytes | None:
+    """Up to ``limit`` bytes of the regular file at ``path``; None when it cannot be read or is no
+    regular file (a link is not followed; a FIFO is not waited on: ``O_NONBLOCK`` opens it at once)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        with os.fdopen(fd, "rb") as source:
+            if not stat.S_ISREG(os.fstat(source.fileno()).st_mode):
+                return None
+            return source.read(limit)
+    except OSError:
+        return None
+
+
 # ---- descriptors (SCM_RIGHTS) -----------------------------------------------------------------------
 
 def send(sock: socket.socket, data: bytes, fds: Sequence[int] = ()) -> None:

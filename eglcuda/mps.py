@@ -46,7 +46,7 @@ from typing import Any, Callable, Iterable, Iterator, NoReturn
 from ._bind import cuda as _cuda
 from ._bind import loader as _loader
 from ._integers import as_int, check_flag
-from ._unix import positive_seconds
+from ._unix import positive_seconds, read_regular_file
 from .errors import ClosedError, EglCudaError, MPSError, MPSInUse, Timeout, Unsupported, UsageError
 
 CONTROL = "nvidia-cuda-mps-control"
@@ -388,17 +388,10 @@ _STATE_TYPES: dict[str, tuple[type, ...]] = {
 
 
 def _read_state(directory: Path) -> dict[str, Any]:
+    data = read_regular_file(directory / _STATE_FILE, _MAX_STATE_BYTES)  # (a FIFO there is not waited on)
     try:
-        # (O_NONBLOCK: a FIFO in its place would wait for a writer; only a regular file is read)
-        fd = os.open(directory / _STATE_FILE, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
-        return {}
-    try:
-        with os.fdopen(fd, "rb") as source:
-            if not stat.S_ISREG(os.fstat(source.fileno()).st_mode):
-                return {}
-            loaded = json.loads(source.read(_MAX_STATE_BYTES))
-    except (OSError, ValueError):
+        loaded = json.loads(data) if data is not None else None
+    except ValueError:
         return {}
     if not isinstance(loaded, dict):
         return {}

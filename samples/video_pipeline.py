@@ -106,7 +106,8 @@ def digests_of(entry: dict) -> bool:
     not used, rather than read as one)."""
     frames = entry.get("frames")
     return (type(frames) is int and frames >= 0
-            and all(isinstance(entry.get(key), list) and len(entry[key]) >= frames for key in ("y_sha256", "uv_sha256")))
+            and all(isinstance(entry.get(key), list) and len(entry[key]) >= frames
+                    for key in ("y_sha256", "uv_sha256")))
 
 
 # ==== subscribers ====================================================================================

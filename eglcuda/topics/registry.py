@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import stat
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -248,18 +247,10 @@ def write_relay_status(path: str, body: dict[str, Any]) -> None:
 
 def _relay_status(path: str, clean: bool) -> dict[str, Any] | None:
     """A live relay's status file (a dead relay's is removed when ``clean``; a broken one is skipped)."""
+    data = _unix.read_regular_file(path, MAX_RELAY_STATUS + 1)  # (a FIFO of that name is not waited on)
     try:
-        # (O_NONBLOCK: a FIFO of that name would wait for a writer; only a regular file is read)
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
-        return None
-    try:
-        with os.fdopen(fd, "rb") as source:
-            if not stat.S_ISREG(os.fstat(source.fileno()).st_mode):
-                return None
-            data = source.read(MAX_RELAY_STATUS + 1)
-        body = json.loads(data) if len(data) <= MAX_RELAY_STATUS else None
-    except (OSError, ValueError):
+        body = json.loads(data) if data is not None and len(data) <= MAX_RELAY_STATUS else None
+    except ValueError:
         return None
     if not isinstance(body, dict) or not isinstance(body.get("remotes"), list):
         return None

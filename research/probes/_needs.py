@@ -21,7 +21,6 @@ from typing import Iterable, Mapping, NoReturn, Sequence
 
 UCXX_HOW = "pip install -e '.[remote-cu13]' or '.[remote-cu12]'"
 CUPY_HOW = "pip install cupy-cuda12x or cupy-cuda13x"
-PYOPENGL_HOW = "pip install PyOpenGL"
 CUDA_PYTHON_HOW = "pip install cuda-python"
 
 
