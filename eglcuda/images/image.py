@@ -201,18 +201,21 @@ class Image(Resource):
         with context.current():
             # GL_OES_EGL_image defines the call; the external-image extension requires it.
             _require_gl_extension(context, "GL_OES_EGL_image", "GL_OES_EGL_image_external")
-            if texture is None:
-                texture = int(GL.glGenTextures(1))
-            else:
-                texture = _texture_name(texture)
-            with TextureBinding():
-                _gl.clear_errors()
-                if not _gl.accepted(lambda: GL.glBindTexture(GL.GL_TEXTURE_2D, texture)):
-                    raise UsageError(f"texture {texture} is not a 2D texture (GL_TEXTURE_2D)")
-                GL.glTexParameteri(GL.GL_TEXTURE_2D, GL.GL_TEXTURE_MIN_FILTER, GL.GL_NEAREST)
-                GL.glTexParameteri(GL.GL_TEXTURE_2D, GL.GL_TEXTURE_MAG_FILTER, GL.GL_NEAREST)
-                egl_image.target_texture_2d(handle)
-                _gl.check("glEGLImageTargetTexture2DOES", f"binding texture {texture} to the EGLImage")
+            made = texture is None
+            texture = int(GL.glGenTextures(1)) if made else _texture_name(texture)
+            try:
+                with TextureBinding():
+                    _gl.clear_errors()
+                    if not _gl.accepted(lambda: GL.glBindTexture(GL.GL_TEXTURE_2D, texture)):
+                        raise UsageError(f"texture {texture} is not a 2D texture (GL_TEXTURE_2D)")
+                    GL.glTexParameteri(GL.GL_TEXTURE_2D, GL.GL_TEXTURE_MIN_FILTER, GL.GL_NEAREST)
+                    GL.glTexParameteri(GL.GL_TEXTURE_2D, GL.GL_TEXTURE_MAG_FILTER, GL.GL_NEAREST)
+                    egl_image.target_texture_2d(handle)
+                    _gl.check("glEGLImageTargetTexture2DOES", f"binding texture {texture} to the EGLImage")
+            except BaseException:
+                if made:  # (a texture the caller never saw: nobody else would delete it)
+                    GL.glDeleteTextures([texture])
+                raise
         return texture
 
     def finish_gl(self) -> None:

@@ -288,13 +288,17 @@ class CudaWait:
 
     ``path`` is a :class:`SyncPath`. For the emulation, :meth:`done` says whether the sync has
     released the stream, and :meth:`cancel` releases the stream without the sync (for teardown:
-    the stream then runs on unordered)."""
+    the stream then runs on unordered). A stream released without the sync signaling says why:
+    :attr:`timed_out` (the ``timeout`` passed) or :attr:`error` (the sync could not be waited on:
+    closed while the stream waited, or its display gone; an :class:`eglcuda.ClosedError` or
+    :class:`eglcuda.EGLError`). Either way the work queued after the wait ran unordered."""
 
     def __init__(self, path: SyncPath) -> None:
         self.path = path
         self._released = threading.Event()
         self._cancel = threading.Event()
         self.timed_out = False
+        self.error: EglCudaError | None = None
 
     def done(self) -> bool:
         return self._released.is_set()
@@ -362,9 +366,13 @@ def cuda_wait_sync(sync: Sync, cuda_stream: Any = None, device: int | CudaDevice
                 step = _WAIT_SLICE_NS if deadline_ns == EGL_FOREVER else max(0, min(_WAIT_SLICE_NS, deadline_ns - waited))
                 try:
                     result = egl_sync.client_wait(dpy, handle, False, step)
-                except EGLError:
-                    break  # a broken or destroyed sync releases the stream rather than hang it
+                except EGLError as exc:
+                    # A broken or destroyed sync releases the stream rather than hang it, and says so.
+                    wait.error = _unwaitable(sync) or exc
+                    break
                 if result:
+                    # (EGL wakes a wait on a sync destroyed meanwhile as if it were signaled)
+                    wait.error = _unwaitable(sync)
                     break
                 waited += step
                 if deadline_ns != EGL_FOREVER and waited >= deadline_ns:
@@ -382,6 +390,15 @@ def cuda_wait_sync(sync: Sync, cuda_stream: Any = None, device: int | CudaDevice
     _waiters.add(thread)
     thread.start()
     return wait
+
+
+def _unwaitable(sync: Sync) -> ClosedError | None:
+    """Why a sync no longer orders the stream that waits on it: closed (by its owner or with its
+    display) while the stream waited."""
+    if not sync.closed:
+        return None
+    return ClosedError("the sync was closed while a CUDA stream waited on it: the stream was released "
+                       "without it, and the work queued after the wait ran unordered")
 
 
 def pending_waiters() -> int:

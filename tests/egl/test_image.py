@@ -152,6 +152,35 @@ def test_bind_texture_refuses_what_is_not_a_context(image_context):
                 image.bind_texture(context=bad)
 
 
+def test_bind_texture_deletes_the_texture_it_made_when_the_bind_fails(image_context, monkeypatch):
+    """A bind_texture() that made its own texture and then failed (the driver refusing
+    glEGLImageTargetTexture2DOES) left that texture behind: the caller never got its name."""
+    GL = gl_module()
+    from eglcuda.images import image as image_module
+
+    texture = make_texture(RGBA8, np.ones((2, 2, 4), np.uint8))
+    made = []
+
+    def refuse(handle):
+        made.append(int(np.asarray(GL.glGetIntegerv(GL.GL_TEXTURE_BINDING_2D)).ravel()[0]))
+        raise eglcuda.EGLError(0x300C, "glEGLImageTargetTexture2DOES", "injected")
+
+    with eglcuda.Image(image_context, texture) as image:
+        monkeypatch.setattr(image_module.egl_image, "target_texture_2d", refuse)
+        with pytest.raises(eglcuda.EGLError, match="injected"):
+            image.bind_texture()
+        assert made and made[0] not in (0, texture)
+        with image_context.current():
+            assert not GL.glIsTexture(made[0])  # deleted
+            assert GL.glIsTexture(texture)  # the caller's own stays
+            given = int(GL.glGenTextures(1))
+        with pytest.raises(eglcuda.EGLError, match="injected"):
+            image.bind_texture(texture=given)
+        with image_context.current():
+            assert GL.glIsTexture(given)  # a texture the caller gave is the caller's to delete
+            GL.glDeleteTextures([given, texture])
+
+
 def test_texture_of_another_context_is_refused(display, image_context):
     texture = make_texture(RGBA8, np.ones((2, 2, 4), np.uint8))
     with display.create_context() as other:  # not sharing with image_context

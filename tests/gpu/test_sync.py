@@ -375,3 +375,22 @@ def test_emulated_waits_go_on_past_the_flag_word_wrapping(sync_display, cupy, sp
         np.testing.assert_array_equal(cupy.asnumpy(dst), cupy.asnumpy(src))
         sync.close()
     assert slot in pool.free
+
+
+def test_a_sync_closed_while_a_stream_waits_on_it_says_so(sync_display, cupy):
+    """Closing the sync that an emulated wait was waiting on released the stream as if the sync
+    had signaled: the work after the wait ran unordered, and nothing on the CudaWait said so."""
+    stream = cupy.cuda.Stream(non_blocking=True)
+    sync = eglcuda.Sync.reusable(sync_display)
+    wait = eglcuda.cuda_wait_sync(sync, cuda_stream=stream, path="emulated")
+    time.sleep(0.15)
+    assert not wait.done()
+    sync.close()
+    assert wait.join(5) and not wait.timed_out
+    assert isinstance(wait.error, eglcuda.ClosedError)
+    stream.synchronize()  # released, not hung
+    signaled = eglcuda.Sync.reusable(sync_display)
+    wait = eglcuda.cuda_wait_sync(signaled, cuda_stream=stream, path="emulated")
+    signaled.signal()
+    assert wait.join(5) and wait.error is None and not wait.timed_out
+    signaled.close()
