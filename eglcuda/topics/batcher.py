@@ -22,7 +22,7 @@ import numpy as np
 
 from .._bind import cuda, cuda_egl
 from .._integers import as_int
-from .._lifecycle import Tracked
+from .._lifecycle import Tracked, stay_if_ended_by_exit
 from .._resource import Resource
 from ..cuda_device import CudaDevice, get_device
 from ..errors import ClosedError, Dropped, EglCudaError, MismatchedSource, StreamDisconnected, Timeout, UsageError, shown
@@ -422,6 +422,7 @@ class Batcher:
                              "Batcher here (close() here only lets go of its copy)")
         wait = self.timeout if timeout is None else wait_seconds(timeout)
         nested = False
+        error: BaseException | None = None
         if not self._call_lock.acquire(blocking=False):
             if self._closing:
                 raise ClosedError("the batcher is closed")
@@ -434,11 +435,18 @@ class Batcher:
             if self._closed or self._closing:  # (closed as this call began)
                 raise ClosedError("the batcher is closed")
             return self._form(wait)
+        except BaseException as exc:
+            error = exc
+            raise
         finally:
             if nested:
                 self._call_lock.release()  # (the outer next() goes on as it was)
             else:
                 self._end_call()
+                if error is not None:
+                    # The exit hooks closed the sources under a daemon thread's next(): it stays
+                    # here, no lock held, to be stopped with the interpreter (as a receive does).
+                    stay_if_ended_by_exit(error)
 
     def _end_call(self) -> None:
         """next()'s end, lock held: the teardown a close() left to it, then the lock."""
@@ -480,6 +488,8 @@ class Batcher:
                     if frames:
                         break
                     raise self._all_ended()
+                if frames and time.monotonic() >= deadline:
+                    break  # (the formation time is up: sources that keep sending cannot stretch it)
                 # Every source asked in the pass is now waited for (none is left ready): one wait
                 # collects each source that has frames, returning at once when any has (past the
                 # deadline it only asks), so a source that always has one is never the only one asked.

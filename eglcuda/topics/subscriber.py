@@ -217,7 +217,7 @@ class Subscriber:
             try:
                 return self._remote.receive(timeout)
             except BaseException as exc:
-                stay_if_ended_by_exit(exc)
+                self._stay_if_ended_by_exit(exc)
                 raise
         if self._forked:
             raise self._forked_error()
@@ -247,11 +247,18 @@ class Subscriber:
         except BaseException as exc:
             if self._deferral.thread:  # (a close put off)
                 self._close_put_off_during_call(exc)
-            stay_if_ended_by_exit(exc)
+            self._stay_if_ended_by_exit(exc)
             raise
         if self._deferral.thread:  # (a close put off)
             self._close_put_off_during_call(None)  # (the message was let go if it closed)
         return message
+
+    def _stay_if_ended_by_exit(self, error: BaseException) -> None:
+        """receive()'s end at interpreter exit (see stay_if_ended_by_exit), unless its caller
+        still holds the receive turn (a Batcher's pass): the exit's close() waits for that lock,
+        so the caller stays once it let go."""
+        if not self._receive_turn()._is_owned():  # type: ignore[attr-defined]
+            stay_if_ended_by_exit(error)
 
     def _wait_for_receiver(self, timeout: float | None) -> float:
         """Another thread is inside receive() or wait_for_publisher(): take the lock within this

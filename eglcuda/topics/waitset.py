@@ -155,7 +155,7 @@ class WaitSet:
             deadline = _seconds(deadline, "deadline")
         if as_int(source) is not None:  # (a descriptor number, a NumPy integer too)
             fd = source
-        elif hasattr(source, "fileno"):
+        elif callable(getattr(source, "fileno", None)):
             if isinstance(source, Subscriber) and source.closed:
                 # (a subscriber closed before it was attached, whether or not its fileno() was asked for)
                 raise ClosedError(f"{source!r} is closed: it cannot be attached")

@@ -149,6 +149,7 @@ def batch(args) -> int:
                           shapes=[list(p.shape) for p in b.planes],
                           call_ms=(returned - started) / 1e6,
                           formed_ms=(returned - b.frames[0].received_ns) / 1e6,
+                          received_ms=[(f.received_ns - b.frames[0].received_ns) / 1e6 for f in b.frames],
                           batcher_waits_for_sources=waits_for_sources)
             if args.fake_hold:
                 # Sources released before this returned, on the batcher's stream: the done event

@@ -78,6 +78,20 @@ def test_the_formation_clock_starts_at_the_first_frame(sources):
     assert max(b["call_ms"] for b in batches[1:]) > 100, batches
 
 
+def test_sources_that_keep_sending_do_not_stretch_the_formation_time(sources):
+    """Two flooding sources, batches of up to 1024 frames, a formation timeout of 5 ms: a batch
+    is handed out once 5 ms passed since its first frame. Formation went on while any source
+    had a frame, until the batch was full (hundreds of frames received past the timeout). Past
+    it, only the pass under way ends: at most one frame a source."""
+    for seed in (71, 72):
+        sources.add(seed, rate=0)
+    batches = run(sources.batcher("batch", "--batch-size", "1024", "--count", "5", "--queue", "8",
+                                  "--formation-ms", "5"), 5)
+    for b in batches:
+        late = [ms for ms in b["received_ms"] if ms > 5.0]
+        assert b["size"] == 1024 or len(late) <= 2, (b["size"], len(late), late[:4])
+
+
 def test_a_released_source_frame_waits_for_its_copy_and_a_batch_buffer_for_its_reader(sources):
     """With the batcher's stream held busy, each source frame of a batch has been released with
     a done event pending behind the batcher's copies (the publisher waits for it before writing
@@ -323,3 +337,44 @@ def test_a_signal_handlers_close_of_a_source_during_its_copy_is_finished_as_the_
     assert result["taken"] == 1 and result["raised"] == [], result
     assert result["closed_as_returned"] == [True], result
     assert result["ended"] == {"0": "ClosedError"} and result["wrong"] == [], result
+
+
+def test_a_daemon_thread_inside_next_at_exit_lets_the_interpreter_end(sources):
+    """A daemon thread forms batches in a loop and the main thread ends. The exit hooks close the
+    sources; one of them was inside the batcher's pass, which holds the source's receive lock
+    around its receive: the receive then waited for good at exit with the lock held, and the
+    exit's close() waited for the lock (the process never ended). Here the pass is held at
+    that point while the exit begins, every time."""
+    import os
+    import subprocess
+    import sys
+
+    for seed in (61, 62):
+        sources.add(seed, rate=0)
+    paths = [spec.split(":")[1] for spec in sources.specs]
+    code = ("import atexit, threading, time\n"
+            "import eglcuda\n"
+            "exit_begun, paused = threading.Event(), threading.Event()\n"
+            "class Held(eglcuda.Subscriber):\n"
+            "    def receive(self, timeout=None):\n"
+            "        if exit_begun.is_set() and not paused.is_set():\n"
+            "            paused.set()\n"
+            "            time.sleep(0.3)  # (inside the pass, the receive lock held)\n"
+            "        return super().receive(timeout)\n"
+            f"subs = [Held(f'cam{{i}}', qos='every', path=p, timeout=20) for i, p in enumerate({paths!r})]\n"
+            "batcher = eglcuda.Batcher(subs, 4, formation_timeout=0.01)\n"
+            "def forming():\n"
+            "    while True:\n"
+            "        with batcher.next(5):\n"
+            "            pass\n"
+            "threading.Thread(target=forming, daemon=True).start()\n"
+            "time.sleep(0.3)\n"
+            "def before_eglcuda_s_hooks():  # (registered last: runs first)\n"
+            "    exit_begun.set()\n"
+            "    paused.wait(5)\n"
+            "atexit.register(before_eglcuda_s_hooks)\n"
+            "print('ending', flush=True)\n")
+    for _ in range(2):
+        child = subprocess.run([sys.executable, "-c", code], env=sources.env, capture_output=True, text=True,
+                               timeout=30, cwd=os.path.dirname(paths[0]))
+        assert (child.returncode, child.stdout.strip(), child.stderr) == (0, "ending", "")

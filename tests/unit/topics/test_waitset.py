@@ -574,6 +574,8 @@ def test_other_descriptors_attach_and_bad_input_is_refused(path):
             waits.attach(left)
         with pytest.raises(eglcuda.UsageError):
             waits.attach(object())
+        with pytest.raises(eglcuda.UsageError, match="fileno"):  # (a fileno that is no method: TypeError)
+            waits.attach(type("NotCallable", (), {"fileno": left.fileno()})())
         for fileno in (True, 2**40, -1, "3"):  # (what a broken fileno() may give)
             with pytest.raises(eglcuda.UsageError):
                 waits.attach(type("Broken", (), {"fileno": lambda self, fileno=fileno: fileno})())
