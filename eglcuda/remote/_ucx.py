@@ -82,6 +82,7 @@ SWEEP_MAX = 4096  # unexpected tagged messages dropped in one go (then the loop'
 UNCLAIMED_S = 1.0  # a message of one of our connections not received within this is dropped too
 PENDING_MAX = 64  # connections in their handshake at once, in all (more are closed at once)
 PENDING_PER_ADDRESS = 8  # ... and from one address
+HANDSHAKES_END_S = 1.0  # how long a closing listener waits for the handshakes it reset to end
 LOOK_S = 0.5  # how often a relay's listener looks for connections that never made a request (unheard.py)
 
 _lock = threading.Lock()
@@ -154,6 +155,7 @@ class Endpoint:
         self._tags: dict[tuple[int, bool], Any] = {}
         self.session: Any = None  # the connection's session.Session, once its handshake made one
         self.lost = asyncio.Event()  # the peer closed, the link failed, or abort()
+        self.posted = 0  # requests of stream_send/stream_recv/send/recv that UCX has not completed
         if engine.threaded:  # (no Python called from UCX's progress thread: it holds UCXX's locks meanwhile)
             engine._watched.add(self)  # (asked each fallback pass: check_alive)
         else:
@@ -236,7 +238,11 @@ class Endpoint:
         # (No frame of a request's wait keeps the request: a LinkError's traceback holds the
         # frames it passed, and a request keeps its endpoint, which keeps the listener's port.
         # The buffer is kept until UCX is done with it, also when this wait is cancelled.)
-        await self._engine.wait(request.pop(), array)
+        self.posted += 1
+        await self._engine.wait(request.pop(), array, self._completed)
+
+    def _completed(self) -> None:
+        self.posted -= 1
 
     def abort(self) -> None:
         """Close at once, without waiting on UCX here (the engine's thread carries every frame):
@@ -352,11 +358,50 @@ class Listener:
         self._engine.loop.call_later(LOOK_S, self._look)
 
     def close(self) -> None:
-        """Stop listening (the connections accepted stay; those whose request has not come are
-        reset); on the engine's thread. Connection requests already handed to the loop are turned
-        away first."""
+        """Stop listening (the connections accepted stay, but for handshakes still under way,
+        which end; those whose request has not come are reset); on the engine's thread.
+        Connection requests already handed to the loop are turned away first."""
         self._closing = True
-        self._engine.loop.call_soon(self._release)
+        self._engine.loop.call_soon(self._end_handshakes, time.monotonic() + HANDSHAKES_END_S)
+
+    def _handshakes(self) -> list[Endpoint]:
+        return [e for e in self._handshaking if e.handshaking and not e.closed]
+
+    def _end_handshakes(self, until: float, reset: bool = False) -> None:
+        """Before the listener goes: the connections still in their handshake are reset, as if
+        their peers died, so that the receive each has posted ends with an error (its handler
+        then aborts the endpoint); closed from here with that receive posted, an endpoint would
+        keep the listener's port bound for as long as the process lives (Unheard.reset)."""
+        if self._listener is None:
+            return
+        pending = self._handshakes()
+        if pending and time.monotonic() < until:
+            if not reset:  # (once; then it looks again until they ended)
+                try:
+                    self.unheard.reset({e.peer for e in pending})
+                except Exception:  # noqa: BLE001 - a guard: the close goes on
+                    log.exception("eglcuda remote: ending the handshakes under way failed")
+            self._engine.loop.call_later(0.02, self._end_handshakes, until, True)
+            return
+        self._release()
+
+    async def drop(self, endpoints: list[Endpoint]) -> None:
+        """End accepted ``endpoints`` whose peers are still there and may have receives posted on
+        them (a handshake past its time, a remote subscriber that does not answer a closing
+        relay): each connection is reset first, as if its peer died, and each endpoint closed
+        once UCX failed it or ended what was posted on it (up to HANDSHAKES_END_S): closed with a
+        receive posted, it would keep the listener's port bound for good (Unheard.reset)."""
+        live = [e for e in endpoints if not e.closed]
+        if live:
+            try:
+                self.unheard.reset({e.peer for e in live})
+            except Exception:  # noqa: BLE001 - a guard: the endpoints are closed regardless
+                log.exception("eglcuda remote: resetting connections failed")
+            until = time.monotonic() + HANDSHAKES_END_S
+            while any(e.posted and not e.closed for e in live) and time.monotonic() < until:
+                await asyncio.sleep(0.02)
+        for endpoint in endpoints:
+            endpoint.abort()
 
     def _release(self) -> None:
         listener, self._listener = self._listener, None
@@ -365,6 +410,8 @@ class Listener:
         if exiting():
             _keep_for_good(listener)
             return
+        for endpoint in self._handshakes():  # (not ended in time: closed now, before the listener)
+            endpoint.abort()
         self._engine.keep_callback_data(listener)
         # (UCXX's listener ends with its last reference: on the closer thread, after the endpoints
         # it accepted that are closing there, once its port is sealed (Unheard.seal). Let go of
@@ -631,12 +678,15 @@ class Engine:
             del exc  # (UCXX's exception holds frames that hold the request)
         _call(entry[1], error)
 
-    async def wait(self, request: Any, buffer: Any = None) -> None:
+    async def wait(self, request: Any, buffer: Any = None, completed: Callable[[], None] | None = None) -> None:
         """Until ``request`` completed (:class:`LinkError` if it failed), without spinning.
         ``buffer`` (what UCX reads or writes) is kept until the request completed, not only while
         this waits: a wait cancelled (a time limit, an endpoint aborted) would otherwise free it
-        under a send that UCX still reads or a receive that it still writes."""
+        under a send that UCX still reads or a receive that it still writes. ``completed`` is
+        called once the request completed, also after a cancelled wait."""
         if request.completed:
+            if completed is not None:
+                completed()
             if self.threaded:
                 _consume_future(request)
             try:
@@ -647,6 +697,8 @@ class Engine:
         future = self.loop.create_future()
 
         def done(error: LinkError | None, buffer: Any = buffer) -> None:
+            if completed is not None:
+                completed()
             if future.done():  # (its waiter was cancelled)
                 return
             if error is None:

@@ -389,8 +389,9 @@ class Relay:
         deadline = time.monotonic() + 2.0
         while self._senders and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
-        for sender in list(self._senders):
-            sender.abort()
+        # Those still there did not answer the end (a stopped process, say): reset, not only
+        # closed, so that nothing they left posted keeps the port bound.
+        await self._server.drop([sender.ep for sender in self._senders])
         await asyncio.sleep(0.05)
         self._server.close()
         if watchdog is not None:

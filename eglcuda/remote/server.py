@@ -79,6 +79,15 @@ class Server:
         self._listener = _ucx.engine().listen(port, self._serve, ip, unheard_s=self._timeout)
         return int(self._listener.port)
 
+    async def drop(self, endpoints: list[Any]) -> None:
+        """End connections of this listener whose peers do not answer (Listener.drop)."""
+        listener = self._listener
+        if listener is not None:
+            await listener.drop(endpoints)
+        else:
+            for ep in endpoints:
+                ep.abort()
+
     def close(self) -> None:
         listener, self._listener = self._listener, None
         if listener is not None:
@@ -92,7 +101,11 @@ class Server:
         except (asyncio.TimeoutError, TimeoutError):
             log.info("relay %s: a peer at %s did not finish its handshake in %.3g s", self._topic, peer,
                      self._timeout)
-            ep.abort()
+            listener = self._listener
+            if listener is not None:
+                await listener.drop([ep])  # (its receive is still posted)
+            else:
+                ep.abort()
             return
         except Exception as exc:  # noqa: BLE001 - a broken peer is refused, nothing else changes
             log.info("relay %s: a peer at %s was refused: %s", self._topic, peer, exc)

@@ -151,6 +151,26 @@ class Unheard:
                     except OSError:
                         pass
 
+    def reset(self, peers: set[str]) -> int:
+        """Reset the connections to this port from ``peers`` (``IP:PORT``, heard ones: endpoints
+        whose handshake is not over), as a peer that died would; how many. UCX then fails their
+        endpoints, and the receives posted on them end with an error: an endpoint closed from
+        this side with a receive still posted keeps the listener's port bound for good (UCXX
+        0.52; research/probes/ucx_pending_recv_probe.py)."""
+        done = 0
+        for fd, inode in _sockets():
+            if self._peer_on_port(fd, inode) not in peers:
+                continue
+            with _borrowed(fd, inode) as sock:
+                if sock is not None:
+                    try:
+                        sock.shutdown(socket.SHUT_RDWR)
+                        _reset(sock)
+                        done += 1
+                    except OSError:
+                        pass
+        return done
+
     def _peer_on_port(self, fd: int, inode: int) -> str | None:
         """The peer of descriptor ``fd`` when it is a TCP connection accepted on this port (still
         socket ``inode``); None otherwise."""

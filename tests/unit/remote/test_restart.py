@@ -33,15 +33,19 @@ def test_a_relay_killed_under_a_receiving_remote_restarts_on_its_port_at_once(cl
     assert len(got) == 5 and all(m["ok"] for m in got), got
 
 
-# A relay that served a remote, closed while the program still refers to it (the name a `with`
-# block binds): another relay of the same process binds its port at once.
-SERVE_CLOSE_REBIND = """
-import os, socket, sys, threading, time, eglcuda
+# The start of a relay script: a key, a free port of the loopback address, the topic's path.
+FREE_ADDRESS = """
+import os, signal, socket, subprocess, sys, threading, time, eglcuda
 path = sys.argv[1]
 key = os.urandom(32)
 with socket.socket() as probe:
     probe.bind(("127.0.0.1", 0))
     address = f"127.0.0.1:{probe.getsockname()[1]}"
+"""
+
+# A relay that served a remote, closed while the program still refers to it (the name a `with`
+# block binds): another relay of the same process binds its port at once.
+SERVE_CLOSE_REBIND = FREE_ADDRESS + """
 with eglcuda.Relay("t", address, key=key, path=path, timeout=5) as relay:
     serving = threading.Thread(target=relay.serve_forever)
     serving.start()
@@ -65,6 +69,91 @@ def test_a_closed_relay_still_referred_to_frees_its_port_at_once(cluster, env, p
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split()[0] == "rebound" and out.stdout.split()[2] == "True", out.stdout
+
+
+# A key-less peer that opens a connection, reads the relay's first message and says nothing.
+SILENT_PEER = """
+import asyncio, sys
+import numpy as np
+from eglcuda.remote import _ucx, wire
+async def main():
+    host, port = sys.argv[1].rsplit(":", 1)
+    ep = _ucx.engine().connect(host, int(port))
+    await asyncio.wait_for(ep.stream_recv(np.zeros(wire.HANDSHAKE, np.uint8)), 10)
+    print("heard", flush=True)
+    await asyncio.sleep(120)
+_ucx.run(_ucx.acquire(), main(), 200)
+"""
+
+# A relay closed with such a peer in its handshake, or after the peer's handshake ran out of time
+# (the peer still there): another relay of the same process binds its port at once.
+SILENT_CLOSE_REBIND = FREE_ADDRESS + """
+wait, peer_code = float(sys.argv[2]), sys.argv[3]
+relay = eglcuda.Relay("t", address, key=key, path=path, timeout=1.0)
+peer = subprocess.Popen([sys.executable, "-c", peer_code, address], stdout=subprocess.PIPE, text=True)
+try:
+    assert peer.stdout.readline().strip() == "heard"
+    time.sleep(wait)
+    started = time.monotonic()
+    relay.close()
+    closed = time.monotonic() - started
+    again = eglcuda.Relay("t", address, key=key, path=path, timeout=5)
+    print("rebound", round(closed, 3), round(time.monotonic() - started, 3), flush=True)
+    again.close()
+finally:
+    peer.kill()
+"""
+
+
+@pytest.mark.parametrize("wait", [0.2, 2.5], ids=["in-handshake", "handshake-timed-out"])
+def test_a_relay_closed_beside_a_silent_peer_frees_its_port_at_once(cluster, env, path, wait):
+    """A receive posted on an accepted connection that is closed from this side (the relay's
+    close, or the handshake's time limit) kept UCX's listener, and the port stayed bound as
+    long as the process lived: the next relay on it failed with "port in use"."""
+    cluster.publisher()
+    out = subprocess.run([sys.executable, "-c", SILENT_CLOSE_REBIND, path, str(wait), SILENT_PEER], env=env,
+                         cwd=str(ROOT), capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    words = out.stdout.split()
+    assert words[0] == "rebound" and float(words[1]) < 2.0, out.stdout
+
+
+# A relay closed while its one remote subscriber is stopped (SIGSTOP): it cannot take the
+# relay's goodbye, and the relay of the same process made next binds the port at once.
+STOPPED_CLOSE_REBIND = FREE_ADDRESS + """
+relay = eglcuda.Relay("t", address, key=key, path=path, timeout=5)
+receiving = (
+    "import sys, eglcuda\\n"
+    "sub = eglcuda.Subscriber('t', remote=sys.argv[1], key=bytes.fromhex(sys.argv[2]), qos='every', timeout=10)\\n"
+    "sub.receive(10).release()\\n"
+    "print('got', flush=True)\\n"
+    "while True:\\n"
+    "    sub.receive(10).release()\\n")
+remote = subprocess.Popen([sys.executable, "-c", receiving, address, key.hex()], stdout=subprocess.PIPE, text=True)
+try:
+    assert remote.stdout.readline().strip() == "got"
+    os.kill(remote.pid, signal.SIGSTOP)
+    time.sleep(0.5)
+    started = time.monotonic()
+    relay.close()
+    closed = time.monotonic() - started
+    again = eglcuda.Relay("t", address, key=key, path=path, timeout=5)
+    print("rebound", round(closed, 3), flush=True)
+    again.close()
+finally:
+    remote.kill()
+"""
+
+
+def test_a_relay_closed_under_a_stopped_remote_frees_its_port_at_once(cluster, env, path):
+    """The stopped remote's connection, closed from the relay's side with its receives still
+    posted, kept UCX's listener: the port stayed bound as long as the process lived."""
+    cluster.publisher()
+    out = subprocess.run([sys.executable, "-c", STOPPED_CLOSE_REBIND, path], env=env, cwd=str(ROOT),
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    words = out.stdout.split()
+    assert words[0] == "rebound" and float(words[1]) < 4.0, out.stdout
 
 
 def test_a_port_in_use_is_named_in_one_line(cluster, env, path):
