@@ -17,7 +17,10 @@ def copy_into(frame: Any, source: Any, cuda_stream: Any) -> None:
     """publish_from's copy of ``source`` into pool frame ``frame``."""
     planes = frame.planes
     if hasattr(source, "planes"):
-        sources = list(source.planes)
+        try:
+            sources = list(source.planes)
+        except TypeError:
+            raise UsageError(f"the source's planes are no sequence (got {type(source.planes).__name__})") from None
         if len(sources) != len(planes):
             raise UsageError(f"the source has {len(sources)} planes, the topic's frames {len(planes)}")
         writers = getattr(source, "_handed_to", None)
@@ -27,6 +30,9 @@ def copy_into(frame: Any, source: Any, cuda_stream: Any) -> None:
             source.device.make_current()
             cuda.join_streams(stream_handle(cuda_stream), writers, "ordering a copy after the streams that wrote it")
         for target, plane in zip(planes, sources):
+            if not all(hasattr(plane, a) for a in ("width", "height", "channels", "copy_to_device")):
+                raise UsageError(f"the source's planes are eglcuda planes (width, height, channels, copy_to_device), "
+                                 f"got {type(plane).__name__}")
             if (plane.width, plane.height, plane.channels) != (target.width, target.height, target.channels):
                 raise UsageError(f"source plane {plane.index} is {plane.shape}, the topic's {target.shape}")
             if isinstance(plane, Plane):  # (either may be a CUDA array: a layout="array" topic's pool)
@@ -71,6 +77,8 @@ def _split_stacked(array: Any, planes: Sequence[Any]) -> list[Any]:
                          "pass one array per plane")
     (width_bytes,) = row_bytes
     if isinstance(array, np.ndarray):
+        if array.ndim < 2 or array.shape[0] != total or array.size != total * width_bytes:
+            raise UsageError(f"a stacked source is ({total}, {width_bytes}) uint8, got {array.shape}")
         flat = array.reshape(array.shape[0], -1)
         if flat.shape != (total, width_bytes):
             raise UsageError(f"a stacked source is ({total}, {width_bytes}) uint8, got {array.shape}")

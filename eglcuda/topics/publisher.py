@@ -328,7 +328,17 @@ class Publisher:
         except BaseException:
             self.discard(frame)
             raise
-        return self.publish(frame, cuda_stream, payload, timestamp_ns)
+        try:
+            return self.publish(frame, cuda_stream, payload, timestamp_ns)
+        except BaseException:
+            # Refused before its hand-out (a bad payload, say), the frame is still taken from the
+            # pool, by nobody the caller knows: it goes back. (Once the hand-out began it went back
+            # by itself, and discard says so.)
+            try:
+                self.discard(frame)
+            except (UsageError, ClosedError):
+                pass
+            raise
 
     def _measure(self, now: float) -> None:
         interval = now - self._last_publish

@@ -560,7 +560,9 @@ class Subscriber:
 
     def __iter__(self) -> Iterator[Message]:
         """Messages until the publisher closes the topic; each step releases the previous message
-        if it is still held. Drops and crashes raise as in :meth:`receive`."""
+        if it is still held. Drops and crashes raise as in :meth:`receive`, and so does a wait
+        longer than the subscriber's ``timeout`` for the next message (:class:`eglcuda.Timeout`:
+        a publisher that goes quiet for longer needs a longer ``timeout``)."""
         if self._ending():
             raise self._closed_error()  # (a close() later, from another thread, just ends the loop)
         previous = None

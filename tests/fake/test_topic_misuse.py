@@ -172,3 +172,32 @@ def test_publish_from_a_frame_into_a_topic_of_cuda_arrays_copies_every_byte(sour
     sub.close()
     pub.close()
     source.close()
+
+
+@fake_driver_test
+def test_publish_from_gives_back_its_frame_when_publish_refuses_an_argument():
+    """publish_from() took a pool frame, copied into it, and then publish() refused a payload or
+    a timestamp: the frame stayed taken for good (nobody but publish_from ever had it), and a
+    small pool ran dry after as many refusals. Sources that are no frame's planes, or a NumPy
+    array of no rows, are refused with the reason (they were bare IndexError/TypeError)."""
+    folder = tempfile.mkdtemp(prefix="eglcuda-fake-topic-")
+    path = os.path.join(folder, "t.topic")
+    pub = eglcuda.Publisher("t", 64, 48, "NV12", path=path, pool=1, max_pool=2)
+    sub = eglcuda.Subscriber("t", path=path, qos="every")
+    rng = np.random.default_rng()
+    for bad in (dict(payload="text"), dict(payload=b"x" * 20000), dict(timestamp_ns=-1)) * 2:
+        with pytest.raises(UsageError):
+            pub.publish_from(np.zeros((72, 64), np.uint8), **bad)
+    for source in (np.zeros(()), np.zeros((0,), np.uint8), np.zeros((0, 64), np.uint8),
+                   type("NoPlanes", (), {"planes": None})(), type("Odd", (), {"planes": [object(), object()]})()):
+        with pytest.raises(UsageError):
+            pub.publish_from(source)
+    assert pub.published == 0
+    stacked = rng.integers(0, 256, (72, 64), dtype=np.uint8)
+    seq = pub.publish_from(stacked, timeout=1.0, payload=b"ok")
+    with sub.receive(5) as message:
+        assert (message.seq, message.payload) == (seq, b"ok")
+        assert np.array_equal(message.frame.planes[0].to_numpy(), stacked[:48])
+        assert np.array_equal(message.frame.planes[1].to_numpy().reshape(24, 64), stacked[48:])
+    sub.close()
+    pub.close()
