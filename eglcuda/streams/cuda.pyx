@@ -1187,6 +1187,7 @@ cdef class CudaConsumer(Resource):
         cdef uint64_t value
         cdef bint fresh = False
         cdef AcquiredFrame frame
+        cdef unsigned long long asked_us = timeout_us  # (what a timeout's message says)
         if not self.producer_seen:
             # Until a producer connects, acquire must not reach the driver (see _wait_for_producer).
             timeout_us = self._wait_for_producer(timeout_us)
@@ -1231,7 +1232,7 @@ cdef class CudaConsumer(Resource):
             else:
                 raise self.stream._driver_failure(
                     status, CALL_NAMES.get(self.failed_call, "the acquire"), "acquiring a frame", "producer",
-                    timeout_us if self.failed_call == EGLCUDA_CALL_ACQUIRE else None)
+                    asked_us if self.failed_call == EGLCUDA_CALL_ACQUIRE else None)
         self.held_resource = self.resource
         value = self.counter
         if derive == 2 and self.producer.presents_started != started:
