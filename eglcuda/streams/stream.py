@@ -67,6 +67,9 @@ def check_microseconds(name: str, value: Any, allow_none: bool = False) -> Any:
     return us
 
 
+_PRESENT_LOOK_S = 0.05  # how long Stream.close waits for a present under way before it disconnects the consumer
+
+
 class Stream(Resource):
     """An EGLStream on a display: one producer and one consumer exchange frames through it.
 
@@ -143,6 +146,22 @@ class Stream(Resource):
         self.consumer: CudaConsumer | GLTextureConsumer | None = None
         self.producer: CudaProducer | GLSurfaceProducer | None = None
         self._own(_destroy_stream, display._address, self._address, self._fd_box, parent=display)
+
+    def close(self) -> None:
+        """Disconnect the producer and the consumer (newest first) and destroy the stream. Safe
+        to call twice. A thread waiting in the CUDA producer's ``present()`` for room in a full
+        FIFO waits for the consumer, so then the consumer is disconnected first, which ends that
+        wait, and the producer after it (as the producer's own ``close()``, up to 10 s)."""
+        from .cuda import CudaProducer  # (the endpoints import this module)
+
+        producer, consumer = self.producer, self.consumer
+        if (isinstance(producer, CudaProducer) and consumer is not None and not producer.closed
+                and not consumer.closed):  # (closed in a forked child)
+            try:
+                producer.close(timeout=_PRESENT_LOOK_S)
+            except Timeout:
+                consumer.close()
+        super().close()
 
     @classmethod
     def from_fd(cls, display: Display, fd: int) -> "Stream":

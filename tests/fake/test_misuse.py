@@ -863,6 +863,27 @@ def test_a_gl_frame_cannot_be_copied_past_its_release():
             duplicate(frame)
 
 
+@fake_driver_test(env={"FAKE_FIFO_WAIT_MS": "30000"})
+def test_closing_the_stream_ends_a_present_that_waits_on_a_full_fifo():
+    """stream.close() closed the producer first, which waited 10 s for a present into a full FIFO
+    (it waits for the consumer) and raised Timeout, the stream left open: the consumer goes first."""
+    with stream_of(8, 4, fifo_length=1) as (_, stream, producer, consumer):
+        a, b = producer.allocate_frame(), producer.allocate_frame()
+        producer.present(a)
+        presenting = threading.Thread(target=producer.present, args=(b,), daemon=True)
+        presenting.start()
+        deadline = time.monotonic() + 5
+        while fake.calls("cuEGLStreamProducerPresentFrame") < 2 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        time.sleep(0.05)  # (inside the driver's wait for room)
+        started = time.monotonic()
+        stream.close()
+        assert time.monotonic() - started < 2
+        assert stream.closed and producer.closed and consumer.closed
+        presenting.join(10)
+        assert not presenting.is_alive()
+
+
 @pytest.mark.parametrize("fused", [False, True], ids=["present", "present_and_return"])
 @fake_driver_test(env={"FAKE_FIFO_WAIT_MS": "5000"})
 def test_a_frame_is_not_freed_while_its_first_present_waits(fused):

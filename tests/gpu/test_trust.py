@@ -166,6 +166,34 @@ def test_close_waits_for_a_present_into_a_full_fifo_only_up_to_its_timeout(displ
         assert producer.closed
 
 
+def test_closing_the_stream_ends_a_present_that_waits_on_a_full_fifo(display):
+    """stream.close() closed the producer first, which waited 10 s for the present (it waits for
+    the consumer, still connected) and raised Timeout, leaving the stream open: the consumer
+    goes first now, and the whole close takes no time."""
+    with connected(display, 64, 48, fifo_length=1) as (stream, producer, consumer):
+        frames = [producer.allocate_frame() for _ in range(2)]
+        ended = []
+
+        def fill() -> None:
+            producer.present(frames[0])
+            try:
+                producer.present(frames[1])  # the FIFO (1) is full: this waits for the consumer
+                ended.append("presented")
+            except eglcuda.EglCudaError as exc:
+                ended.append(exc)
+
+        worker = threading.Thread(target=fill, daemon=True)
+        worker.start()
+        time.sleep(0.3)
+        assert not ended, "the driver did not wait: the test's premise is gone"
+        started = time.monotonic()
+        stream.close()
+        assert time.monotonic() - started < 3
+        assert stream.closed and producer.closed and consumer.closed
+        worker.join(10)
+        assert not worker.is_alive() and len(ended) == 1, ended
+
+
 def test_reentry_from_a_signal_handler_raises_instead_of_hanging(display):
     with display.create_stream() as stream:
         consumer = stream.connect_cuda_consumer()  # no producer: acquire waits in its slow path
