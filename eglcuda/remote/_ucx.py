@@ -82,7 +82,7 @@ SWEEP_MAX = 4096  # unexpected tagged messages dropped in one go (then the loop'
 UNCLAIMED_S = 1.0  # a message of one of our connections not received within this is dropped too
 PENDING_MAX = 64  # connections in their handshake at once, in all (more are closed at once)
 PENDING_PER_ADDRESS = 8  # ... and from one address
-HANDSHAKES_END_S = 1.0  # how long a closing listener waits for the handshakes it reset to end
+ENDPOINTS_END_S = 1.0  # how long Listener.drop waits for what was posted on the connections it reset
 LOOK_S = 0.5  # how often a relay's listener looks for connections that never made a request (unheard.py)
 
 _lock = threading.Lock()
@@ -362,34 +362,21 @@ class Listener:
         which end; those whose request has not come are reset); on the engine's thread.
         Connection requests already handed to the loop are turned away first."""
         self._closing = True
-        self._engine.loop.call_soon(self._end_handshakes, time.monotonic() + HANDSHAKES_END_S)
+        task = self._engine.loop.create_task(self._close())
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
 
-    def _handshakes(self) -> list[Endpoint]:
-        return [e for e in self._handshaking if e.handshaking and not e.closed]
-
-    def _end_handshakes(self, until: float, reset: bool = False) -> None:
-        """Before the listener goes: the connections still in their handshake are reset, as if
-        their peers died, so that the receive each has posted ends with an error (its handler
-        then aborts the endpoint); closed from here with that receive posted, an endpoint would
-        keep the listener's port bound for as long as the process lives (Unheard.reset)."""
-        if self._listener is None:
-            return
-        pending = self._handshakes()
-        if pending and time.monotonic() < until:
-            if not reset:  # (once; then it looks again until they ended)
-                try:
-                    self.unheard.reset({e.peer for e in pending})
-                except Exception:  # noqa: BLE001 - a guard: the close goes on
-                    log.exception("eglcuda remote: ending the handshakes under way failed")
-            self._engine.loop.call_later(0.02, self._end_handshakes, until, True)
-            return
+    async def _close(self) -> None:
+        # Handshakes under way end before the listener goes, as those past their time do: their
+        # receives are posted (drop).
+        await self.drop([e for e in self._handshaking if e.handshaking])
         self._release()
 
     async def drop(self, endpoints: list[Endpoint]) -> None:
         """End accepted ``endpoints`` whose peers are still there and may have receives posted on
         them (a handshake past its time, a remote subscriber that does not answer a closing
         relay): each connection is reset first, as if its peer died, and each endpoint closed
-        once UCX failed it or ended what was posted on it (up to HANDSHAKES_END_S): closed with a
+        once UCX failed it or ended what was posted on it (up to ENDPOINTS_END_S): closed with a
         receive posted, it would keep the listener's port bound for good (Unheard.reset)."""
         live = [e for e in endpoints if not e.closed]
         if live:
@@ -397,7 +384,7 @@ class Listener:
                 self.unheard.reset({e.peer for e in live})
             except Exception:  # noqa: BLE001 - a guard: the endpoints are closed regardless
                 log.exception("eglcuda remote: resetting connections failed")
-            until = time.monotonic() + HANDSHAKES_END_S
+            until = time.monotonic() + ENDPOINTS_END_S
             while any(e.posted and not e.closed for e in live) and time.monotonic() < until:
                 await asyncio.sleep(0.02)
         for endpoint in endpoints:
@@ -410,8 +397,6 @@ class Listener:
         if exiting():
             _keep_for_good(listener)
             return
-        for endpoint in self._handshakes():  # (not ended in time: closed now, before the listener)
-            endpoint.abort()
         self._engine.keep_callback_data(listener)
         # (UCXX's listener ends with its last reference: on the closer thread, after the endpoints
         # it accepted that are closing there, once its port is sealed (Unheard.seal). Let go of

@@ -101,11 +101,7 @@ class Server:
         except (asyncio.TimeoutError, TimeoutError):
             log.info("relay %s: a peer at %s did not finish its handshake in %.3g s", self._topic, peer,
                      self._timeout)
-            listener = self._listener
-            if listener is not None:
-                await listener.drop([ep])  # (its receive is still posted)
-            else:
-                ep.abort()
+            await self.drop([ep])  # (its receive is still posted)
             return
         except Exception as exc:  # noqa: BLE001 - a broken peer is refused, nothing else changes
             log.info("relay %s: a peer at %s was refused: %s", self._topic, peer, exc)

@@ -106,15 +106,8 @@ class Unheard:
                     self._unread.add(inode)
                     kept += 1
                     continue
-            with _borrowed(fd, inode) as sock:
-                if sock is not None:
-                    try:
-                        sock.shutdown(socket.SHUT_RDWR)
-                        shut.append(peer)
-                        _drain(sock)
-                        _reset(sock)
-                    except OSError:
-                        pass
+            if _end_connection(fd, inode, drain=True):
+                shut.append(peer)
             del self._accepted[inode]
         self.shut += len(shut)
         return shut
@@ -142,34 +135,18 @@ class Unheard:
             peer = self._peer_on_port(fd, inode)
             if peer is None or peer in self.heard:
                 continue
-            with _borrowed(fd, inode) as sock:
-                if sock is not None:
-                    try:
-                        sock.shutdown(socket.SHUT_RDWR)  # (wakes UCX's thread: it reads the end and closes it)
-                        _reset(sock)
-                        self.shut += 1
-                    except OSError:
-                        pass
+            if _end_connection(fd, inode):
+                self.shut += 1
 
-    def reset(self, peers: set[str]) -> int:
+    def reset(self, peers: set[str]) -> None:
         """Reset the connections to this port from ``peers`` (``IP:PORT``, heard ones: endpoints
-        whose handshake is not over), as a peer that died would; how many. UCX then fails their
+        whose handshake is not over), as a peer that died would. UCX then fails their
         endpoints, and the receives posted on them end with an error: an endpoint closed from
         this side with a receive still posted keeps the listener's port bound for good (UCXX
         0.52; research/probes/ucx_pending_recv_probe.py)."""
-        done = 0
         for fd, inode in _sockets():
-            if self._peer_on_port(fd, inode) not in peers:
-                continue
-            with _borrowed(fd, inode) as sock:
-                if sock is not None:
-                    try:
-                        sock.shutdown(socket.SHUT_RDWR)
-                        _reset(sock)
-                        done += 1
-                    except OSError:
-                        pass
-        return done
+            if self._peer_on_port(fd, inode) in peers:
+                _end_connection(fd, inode)
 
     def _peer_on_port(self, fd: int, inode: int) -> str | None:
         """The peer of descriptor ``fd`` when it is a TCP connection accepted on this port (still
@@ -184,6 +161,23 @@ class Unheard:
                 return address_text(sock.family, sock.getpeername())
             except (OSError, ValueError):  # (ENOTCONN: the listening socket itself)
                 return None
+
+
+def _end_connection(fd: int, inode: int, drain: bool = False) -> bool:
+    """Shut down and reset the connection on descriptor ``fd`` (still socket ``inode``): UCX's
+    thread reads its end and closes it. ``drain``: read away what it holds first (see _drain).
+    Whether it was shut down."""
+    with _borrowed(fd, inode) as sock:
+        if sock is None:
+            return False
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:  # (ended by UCX meanwhile)
+            return False
+        if drain:
+            _drain(sock)
+        _reset(sock)
+        return True
 
 
 def _drain(sock: socket.socket) -> None:

@@ -30,10 +30,12 @@ def copy_into(frame: Any, source: Any, cuda_stream: Any) -> None:
             source.device.make_current()
             cuda.join_streams(stream_handle(cuda_stream), writers, "ordering a copy after the streams that wrote it")
         for target, plane in zip(planes, sources):
-            if not all(hasattr(plane, a) for a in ("width", "height", "channels", "copy_to_device")):
-                raise UsageError(f"the source's planes are eglcuda planes (width, height, channels, copy_to_device), "
-                                 f"got {type(plane).__name__}")
-            if (plane.width, plane.height, plane.channels) != (target.width, target.height, target.channels):
+            try:
+                plane_size = (plane.width, plane.height, plane.channels)
+            except AttributeError:
+                raise UsageError(f"the source's planes are eglcuda planes (width, height, channels), "
+                                 f"got {type(plane).__name__}") from None
+            if plane_size != (target.width, target.height, target.channels):
                 raise UsageError(f"source plane {plane.index} is {plane.shape}, the topic's {target.shape}")
             if isinstance(plane, Plane):  # (either may be a CUDA array: a layout="array" topic's pool)
                 plane._copy_to_plane(target, cuda_stream)
@@ -79,9 +81,7 @@ def _split_stacked(array: Any, planes: Sequence[Any]) -> list[Any]:
     if isinstance(array, np.ndarray):
         if array.ndim < 2 or array.shape[0] != total or array.size != total * width_bytes:
             raise UsageError(f"a stacked source is ({total}, {width_bytes}) uint8, got {array.shape}")
-        flat = array.reshape(array.shape[0], -1)
-        if flat.shape != (total, width_bytes):
-            raise UsageError(f"a stacked source is ({total}, {width_bytes}) uint8, got {array.shape}")
+        flat = array.reshape(total, width_bytes)
         out, at = [], 0
         for plane in planes:
             out.append(flat[at: at + plane.height].reshape(plane.shape))
