@@ -309,10 +309,14 @@ async def send_raw(ep, prefix: int, kind: int, data) -> None:
     await engine.wait(ep._ep.tag_send(engine.arr(array), engine.api.UCXXTag((prefix << 8) | kind)))
 
 
+FLOOD_BYTES = 48_000_000  # (forge: what would stay in the relay's memory if nothing dropped it)
+
+
 def forge(args) -> int:
     """A subscriber with the key that joins the relay, then sends, on another subscriber's tag
     (read from stdin: what an observer of the wire learns), a BYE and a credit sealed under its own
-    session, and random bytes. Says when it did."""
+    session, random bytes, a control message too long for any buffer, and FLOOD_BYTES of messages
+    of the kinds the relay never receives (FRAME, NOTE). Says when it did."""
     import numpy as np
 
     from eglcuda.remote import _ucx, wire
@@ -325,8 +329,12 @@ def forge(args) -> int:
 
     async def run() -> None:
         for data in (wire.encode_control(ep.session, wire.Control.BYE),
-                     wire.encode_control(ep.session, wire.Control.CREDIT, wire.MAX_WINDOW), np.random.bytes(wire.CONTROL)):
+                     wire.encode_control(ep.session, wire.Control.CREDIT, wire.MAX_WINDOW), np.random.bytes(wire.CONTROL),
+                     np.random.bytes(4096)):
             await send_raw(ep, prefix, wire.CONTROL_TAG, data)
+        chunk = np.random.bytes(8000)
+        for index in range(FLOOD_BYTES // len(chunk)):
+            await send_raw(ep, prefix, (wire.FRAME_TAG, wire.NOTE_TAG)[index % 2], chunk)
 
     _ucx.run(_ucx.acquire(), run(), 10)
     say(event="forged")

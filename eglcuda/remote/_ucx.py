@@ -140,6 +140,18 @@ class LinkError(Exception):
     """A UCX request on a connection failed (the peer left, the link broke, a message did not fit)."""
 
 
+class Truncated(LinkError):
+    """A message longer than the receive's buffer came (UCX dropped it): the connection itself is
+    fine. Anyone who saw a connection's tags on the wire can send one, so it ends nothing."""
+
+
+def link_error(exc: BaseException) -> LinkError:
+    """UCXX's exception of a failed request as a :class:`LinkError` (:class:`Truncated` for a
+    message that did not fit)."""
+    kind = Truncated if "Truncated" in type(exc).__name__ else LinkError
+    return kind(f"{type(exc).__name__}: {exc}")
+
+
 class Endpoint:
     """One UCX connection, used on the engine's thread only: the handshake over its stream,
     then tagged messages (``kind`` 1..255) under the prefixes both sides agreed on."""
@@ -422,7 +434,7 @@ class Engine:
         self._scheduled = False
         self._in_pass = False  # (a request posted meanwhile is progressed by the pass itself)
         self._posted = False
-        self._prefixes: set[int] = set()
+        self._prefixes: dict[int, tuple[int, ...]] = {}  # a connection's receive prefix: the kinds it receives
         self._pid = os.getpid()
         self._watched: "weakref.WeakSet[Endpoint]" = weakref.WeakSet()  # thread mode: asked whether alive
         self._posts = 0
@@ -517,9 +529,11 @@ class Engine:
         """Drop the tagged messages nobody will receive: UCX keeps an unmatched message in its
         unexpected queue for the worker's life, so a peer without the key (or any peer, on tags
         that are no connection's) could grow this process's memory for good. A message on one of
-        our connections' tags stays (its receive is being posted) unless it is still the first
-        unmatched one UNCLAIMED_S later. Each is received into a small scratch buffer (a longer
-        one ends truncated, which frees it too)."""
+        our connections' tags, of a kind that connection receives, stays (its receive is being
+        posted) unless it is still the first unmatched one UNCLAIMED_S later; one of another kind
+        (a relay's own FRAME tag, say: anyone who saw it on the wire can send there) goes at once.
+        Each is received into a small scratch buffer (a longer one ends truncated, which frees
+        it too)."""
         api, worker = self.api, self.worker
         everything = api.UCXXTagMask(0)
         for round_ in range(SWEEP_MAX + 1):
@@ -534,7 +548,7 @@ class Engine:
                 self._unclaimed = None
                 return
             tag = int(probe.sender_tag.value)
-            if (tag >> 8) in self._prefixes and (tag & 0xFF) in KINDS:
+            if (tag & 0xFF) in self._prefixes.get(tag >> 8, ()):
                 now = time.monotonic()
                 first = self._unclaimed
                 if first is None or first[0] != tag:
@@ -642,7 +656,7 @@ class Engine:
             try:
                 request.check_error()
             except Exception as exc:  # noqa: BLE001 - UCXX's errors, said as one kind
-                error: LinkError | None = LinkError(f"{type(exc).__name__}: {exc}")
+                error: LinkError | None = link_error(exc)
             else:
                 error = None
             if self.threaded:
@@ -659,7 +673,7 @@ class Engine:
             error: LinkError | None = LinkError("the request was cancelled")
         else:
             exc = future.exception()
-            error = None if exc is None else LinkError(f"{type(exc).__name__}: {exc}")
+            error = None if exc is None else link_error(exc)
             del exc  # (UCXX's exception holds frames that hold the request)
         _call(entry[1], error)
 
@@ -677,7 +691,7 @@ class Engine:
             try:
                 request.check_error()
             except Exception as exc:  # noqa: BLE001
-                raise LinkError(f"{type(exc).__name__}: {exc}") from None
+                raise link_error(exc) from None
             return
         future = self.loop.create_future()
 
@@ -725,24 +739,26 @@ class Engine:
         except RuntimeError:  # (the loop closed)
             pass
 
-    def new_prefix(self) -> int:
-        """A tag prefix for what one connection receives: random, and unique in this process."""
+    def new_prefix(self, kinds: tuple[int, ...] = KINDS) -> int:
+        """A tag prefix for what one connection receives (messages of ``kinds``): random, and
+        unique in this process."""
         while True:
             prefix = secrets.randbits(PREFIX_BITS)
             if prefix and prefix not in self._prefixes:
-                self._prefixes.add(prefix)
+                self._prefixes[prefix] = kinds
                 return prefix
 
-    def claim_prefix(self, prefix: int) -> bool:
-        """Take ``prefix`` (one a session derived) for one connection's receives; False when
-        another connection of this process has it."""
+    def claim_prefix(self, prefix: int, kinds: tuple[int, ...] = KINDS) -> bool:
+        """Take ``prefix`` (one a session derived) for one connection's receives of messages of
+        ``kinds`` (the sweep drops any other kind on it at once); False when another connection
+        of this process has it."""
         if not prefix or prefix in self._prefixes:
             return False
-        self._prefixes.add(prefix)
+        self._prefixes[prefix] = kinds
         return True
 
     def forget_prefix(self, prefix: int) -> None:
-        self._prefixes.discard(prefix)
+        self._prefixes.pop(prefix, None)
 
     def connect(self, host: str, port: int) -> Endpoint:
         """An endpoint to ``host:port`` (it connects in the background: its first request says

@@ -120,7 +120,8 @@ async def _greet(ep: Any, terms: Terms) -> wire.Welcome:
         # come before the WELCOME is read, and the engine's sweep drops messages on prefixes
         # that are nobody's.)
         tags = session.tag_prefix(receiving=True)
-        if not _ucx.engine().claim_prefix(tags):  # (another connection of this process has it: 2**-56)
+        # (False: another connection of this process has it, 2**-56)
+        if not _ucx.engine().claim_prefix(tags, (wire.FRAME_TAG, wire.NOTE_TAG)):
             raise StreamDisconnected("a tag collision with another connection: join again")
         ep.recv_prefix = tags  # (given back when the endpoint ends)
         await ep.stream_send(wire.encode_confirm(session))
@@ -488,7 +489,10 @@ class Receiver:
         note = np.zeros(wire.NOTE, np.uint8)
         try:
             while True:
-                await self.ep.recv(note, wire.NOTE_TAG)
+                try:
+                    await self.ep.recv(note, wire.NOTE_TAG)
+                except _ucx.Truncated:  # (longer than any note: anyone's who saw the tags; it changes nothing)
+                    continue
                 try:
                     kind, sent, code, reason = wire.decode_note(self.ep.session, note.tobytes())  # (sealed)
                 except AuthenticationFailed:  # (forged or replayed: it changes nothing, not even 'heard')

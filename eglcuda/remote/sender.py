@@ -393,7 +393,11 @@ class Sender:
         buf = np.zeros(wire.CONTROL, np.uint8)
         try:
             while True:
-                await ep.recv(buf, wire.CONTROL_TAG)
+                try:
+                    await ep.recv(buf, wire.CONTROL_TAG)
+                except _ucx.Truncated:  # (longer than any control message: anyone's who saw the tags)
+                    log.info("relay %s: an oversized control message for %s: ignored", self._limits.topic, self.peer)
+                    continue
                 try:
                     kind, count = wire.decode_control(ep.session, buf.tobytes())  # (sealed)
                 except AuthenticationFailed:  # (forged or replayed: it changes nothing, not even 'heard')

@@ -167,7 +167,7 @@ class Server:
             return None
         engine = _ucx.engine()
         mine_tags = session.tag_prefix(receiving=True)
-        if not engine.claim_prefix(mine_tags):  # (another connection of this process has it: 2**-56)
+        if not engine.claim_prefix(mine_tags, (wire.CONTROL_TAG,)):  # (another connection has it: 2**-56)
             await self._refuse(ep, Reason.BUSY, "a tag collision: connect again", session)
             return None
         # From here on nothing waits: the deadline and the slot are decided together, so a

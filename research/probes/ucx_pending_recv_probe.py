@@ -1,17 +1,18 @@
 """Does an accepted UCX endpoint closed from this side with a receive still posted keep its
 listener's port bound? One process listens (eglcuda's UCX engine, TCP loopback); a child
-connects and says nothing; the listener's handler posts a stream receive (``recv``) or none
-(``none``); then this side closes the endpoint and the listener and asks, once a second for 6 s,
+connects and says nothing; the listener's handler posts a stream receive (``recv``), a tagged
+receive (``tag``) or none (``none``); then this side closes the endpoint and the listener and asks, once a second for 6 s,
 whether the port can be bound again. ``reset``: the connection is first reset from this side
 (``Unheard.reset``, as if the peer died), then the same.
 
 Measured 2026-12-06 on a 2-core CPU machine (UCXX 0.52, UCX_TLS=tcp): ``none``: the port is free
 within 1 s; ``recv``: the receive ends with an error, and the port stays bound for as long as the
 process lives (also after the peer died); ``reset``: the receive ends with an error and the port is
-free within 1 s. eglcuda's relay therefore resets a connection still in its
+free within 1 s. Measured again 2026-12-06 with ``tag``: the receive ends with an error and the
+port is free within 1 s (only a stream receive holds it). eglcuda's relay therefore resets a connection still in its
 handshake before it closes it (the handshake's time limit, the relay's close).
 
-    python research/probes/ucx_pending_recv_probe.py [none|recv|reset ...]
+    python research/probes/ucx_pending_recv_probe.py [none|recv|tag|reset ...]
 """
 from __future__ import annotations
 
@@ -63,7 +64,11 @@ def one(mode: str) -> str:
             await asyncio.sleep(60)
             return
         try:
-            await ep.stream_recv(np.zeros(64, np.uint8))
+            if mode == "tag":
+                ep.use_tags(12345, 54321)
+                await ep.recv(np.zeros(64, np.uint8), 3)
+            else:
+                await ep.stream_recv(np.zeros(64, np.uint8))
             ended.append("completed")
         except Exception as exc:  # noqa: BLE001 - what ended it is the finding
             ended.append(type(exc).__name__)
@@ -100,10 +105,10 @@ def one(mode: str) -> str:
 def main() -> int:
     answer_help(__doc__)
     needs_module(__file__, "ucxx", UCXX_HOW)
-    modes = sys.argv[1:] or ["none", "recv", "reset"]
+    modes = sys.argv[1:] or ["none", "recv", "tag", "reset"]
     for mode in modes:
-        if mode not in ("none", "recv", "reset"):
-            print(f"ucx_pending_recv_probe.py: a mode is none, recv or reset, got {mode!r}", file=sys.stderr)
+        if mode not in ("none", "recv", "tag", "reset"):
+            print(f"ucx_pending_recv_probe.py: a mode is none, recv, tag or reset, got {mode!r}", file=sys.stderr)
             return 2
     for mode in modes:  # (each in a process of its own: a port left bound stays with its process)
         out = subprocess.run([sys.executable, __file__, "--one", mode], capture_output=True, text=True, timeout=120)

@@ -515,21 +515,32 @@ def test_a_relay_in_the_middle_without_the_key_can_neither_welcome_nor_feed_a_su
     assert "mitm-note" not in gone["reason"]  # (the note of its own making changed nothing)
 
 
+def _rss_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as status:
+        line = next(line for line in status if line.startswith("VmRSS:"))
+    return int(line.split()[1]) * 1024
+
+
 def test_forged_credits_and_bye_on_another_subscribers_tag_change_nothing(cluster, env):
     """A subscriber with the key sends, on another subscriber's tag (as seen on the wire), a BYE
-    and a credit sealed under its own session, and random bytes: the relay opens none of them and
-    the other subscriber goes on receiving every frame."""
+    and a credit sealed under its own session, random bytes and a message too long for a control
+    message: the relay opens none of them, and the other subscriber goes on receiving every frame.
+    48 MB of messages of kinds the relay never receives on that tag do not stay in its memory."""
+    from tests.remote_peer import FLOOD_BYTES
+
     from .conftest import Peer
     cluster.publisher()
     relay, address = cluster.relay()
+    relay_pid = next(m for m in relay.messages if m["event"] == "ready")["pid"]
     victim = cluster.subscriber(address, "--count", "0")
     ready = victim.wait_for(lambda m: m["event"] == "ready")
     tags = ready["tags"]
     forger = Peer(env, REMOTE_PEER, "forge", "--name", "t", "--remote", address)
     cluster.peers.append(forger)
     forger.wait_for(lambda m: m["event"] == "ready")
+    before = _rss_bytes(relay_pid)
     forger.send(str(tags[1]))
-    forger.wait_for(lambda m: m["event"] == "forged")
+    forger.wait_for(lambda m: m["event"] == "forged", timeout=60)
     count = len(victim.got())
     victim.wait_for(lambda m: len(victim.got()) >= count + 60)
     assert not [m for m in victim.messages if m["event"] == "disconnected"]
@@ -540,6 +551,8 @@ def test_forged_credits_and_bye_on_another_subscribers_tag_change_nothing(cluste
     mine = [r for r in remotes if r["sent"] >= count + 60]
     assert len(mine) == 1 and mine[0]["connected"] and mine[0]["dropped"] is None, remotes
     _frames_ok(victim)
+    grown = _rss_bytes(relay_pid) - before
+    assert grown < FLOOD_BYTES // 2, f"the relay grew by {grown / 1e6:.0f} MB"
 
 
 def test_integrity_and_encrypted_frames_arrive_byte_for_byte_and_a_stricter_subscriber_is_refused(cluster):
