@@ -124,6 +124,23 @@ def _require_gl_extension(context: GLContext, *names: str) -> None:
     bind_egl_extensions(frozenset(names))
 
 
+def _level_geometry(texture: int, level: int) -> tuple[int, int, int] | None:
+    """Width, height and internal format of ``texture`` at ``level`` in the current context (zeros
+    for a level without storage), or None when the name is not a 2D texture."""
+    GL = gl()
+    with TextureBinding():
+        _gl.clear_errors()
+        if not _gl.accepted(lambda: GL.glBindTexture(GL.GL_TEXTURE_2D, texture)):
+            return None
+        sizes: list[int] = []
+        # A level past the context's largest mipmap is a GL error, not an empty level.
+        if not _gl.accepted(lambda: sizes.extend(
+                int(GL.glGetTexLevelParameteriv(GL.GL_TEXTURE_2D, level, query))
+                for query in (GL.GL_TEXTURE_WIDTH, GL.GL_TEXTURE_HEIGHT, GL.GL_TEXTURE_INTERNAL_FORMAT))):
+            return 0, 0, 0
+        return sizes[0], sizes[1], sizes[2]
+
+
 class Image(Resource):
     """An EGLImage made from a GL 2D texture (``EGL_GL_TEXTURE_2D_KHR``, contents preserved).
 
@@ -152,17 +169,10 @@ class Image(Resource):
         with context.current():
             if not GL.glIsTexture(texture):
                 raise UsageError(f"texture {texture} is not a texture of this GL context (deleted, or never bound)")
-            with TextureBinding():
-                _gl.clear_errors()
-                if not _gl.accepted(lambda: GL.glBindTexture(GL.GL_TEXTURE_2D, texture)):
-                    raise UsageError(f"texture {texture} is not a 2D texture (GL_TEXTURE_2D)")
-                sizes: list[int] = []
-                # A level past the context's largest mipmap is a GL error, not an empty level.
-                if not _gl.accepted(lambda: sizes.extend(
-                        int(GL.glGetTexLevelParameteriv(GL.GL_TEXTURE_2D, level, query))
-                        for query in (GL.GL_TEXTURE_WIDTH, GL.GL_TEXTURE_HEIGHT, GL.GL_TEXTURE_INTERNAL_FORMAT))):
-                    sizes = [0, 0, 0]
-                width, height, internal = sizes
+            geometry = _level_geometry(texture, level)
+            if geometry is None:
+                raise UsageError(f"texture {texture} is not a 2D texture (GL_TEXTURE_2D)")
+            width, height, internal = geometry
             if width == 0 or height == 0:
                 raise UsageError(f"texture {texture} has no storage at level {level}")
             handle = egl_image.create_from_texture(display.handle, context.handle, texture, level)
@@ -305,9 +315,14 @@ class CudaImage(Resource):
         else:
             require_cuda_entry("cuGraphicsGLRegisterImage")
             with image.context.current():
-                if not gl().glIsTexture(image.texture):
-                    raise UsageError(f"the image's source texture {image.texture} was deleted; the GL-interop path "
-                                     "maps that texture, so keep it while the image is used from CUDA")
+                if (not gl().glIsTexture(image.texture)
+                        or _level_geometry(image.texture, image.level) != (image.width, image.height,
+                                                                            image.internal_format)):
+                    # (a deleted texture whose name GL gave to another one shows as a texture of
+                    # another size or format; one of the same geometry cannot be told apart)
+                    raise UsageError(f"the image's source texture {image.texture} was deleted (or its name reused "
+                                     "by another texture); the GL-interop path maps that texture, so keep it while "
+                                     "the image is used from CUDA")
                 resource = cuda_graphics.register_gl_texture(image.texture)
             context_address = image.context._context_address
             surface_address = image.context._surface_address

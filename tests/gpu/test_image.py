@@ -186,6 +186,26 @@ def test_gl_interop_needs_the_source_texture(cuda_display, context):
             image.register_cuda()
 
 
+def test_gl_interop_refuses_a_texture_that_took_the_deleted_ones_name(cuda_display, context):
+    """The source texture deleted and its name given to a texture of another size: the GL-interop
+    registration would map the new texture, so it is refused, as a deleted one is."""
+    from OpenGL import GL
+
+    if eglcuda.image_path(cuda_display).path != ImagePath.GL_INTEROP:
+        pytest.skip("the native path is used here")
+    texture = make_texture(RGBA8, np.zeros((4, 4, 4), np.uint8))
+    with eglcuda.Image(context, texture) as image:
+        GL.glDeleteTextures([texture])
+        GL.glBindTexture(GL.GL_TEXTURE_2D, texture)  # (the name made a texture again, as glGenTextures may)
+        GL.glTexImage2D(GL.GL_TEXTURE_2D, 0, GL.GL_RGBA8, 8, 2, 0, GL.GL_RGBA, GL.GL_UNSIGNED_BYTE, None)
+        GL.glBindTexture(GL.GL_TEXTURE_2D, 0)
+        assert GL.glIsTexture(texture)
+        with pytest.raises(eglcuda.UsageError, match="name reused"):
+            image.register_cuda()
+    with context.current():
+        GL.glDeleteTextures([texture])
+
+
 def test_wrong_size_upload_is_refused(context):
     texture = make_texture(RGBA8, np.zeros((4, 5, 4), np.uint8))
     with eglcuda.Image(context, texture) as image, image.register_cuda() as registration:
