@@ -160,15 +160,23 @@ class Plane:
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]:
         frame = self._frame
+        if self.geometry.pitch == 0 and frame.layout is Layout.ARRAY:
+            # (AttributeError: hasattr() and the probes of CuPy and Numba read a CUDA-array plane
+            # as one with no such interface, which it is)
+            raise AttributeError("a CUDA-array plane has no __cuda_array_interface__ (no linear memory); use .array")
+        pointer = self.pointer  # (checks the frame is usable before anything is remembered)
         stream = frame.cuda_stream
         # The consumer never says which stream it reads on: the streams it most likely uses count
-        # as the frame's users (docs/ordering.md).
-        frame._note_users(cai_reader_streams(frame.device.ordinal))
+        # as the frame's users (docs/ordering.md), after the frame's other writers.
+        readers = cai_reader_streams(frame.device.ordinal)
+        if not frame.read_only:  # (an acquired frame or a message is only read: nothing to wait for)
+            frame._order_after_writers(readers)
+        frame._note_users(readers)
         return {
             "shape": self.shape,
             "strides": self.strides,
             "typestr": "|u1",
-            "data": (self.pointer, self.read_only),
+            "data": (pointer, self.read_only),
             "version": 3,
             # v3: None = nothing to wait for; the legacy default stream is spelled 1.
             "stream": None if stream is None else (stream or 1),
@@ -183,6 +191,8 @@ class Plane:
         legacy default stream, as the protocol says) is made to wait for the frame's work first,
         without a host wait, and is remembered: the frame's release, present or publish is ordered
         after it (docs/ordering.md). ``stream=-1`` asks for neither."""
+        if self.geometry.pitch == 0 and self._frame.layout is Layout.ARRAY:
+            raise BufferError("a CUDA-array plane cannot be exported through DLPack (no linear memory); use .array")
         pointer = self.pointer
         if copy:
             raise BufferError("eglcuda planes export without copying only (copy=True refused)")
@@ -366,10 +376,26 @@ class FrameBase(abc.ABC):
         """Raise :class:`ClosedError` unless the frame's memory may be used."""
 
     def _hand_to(self, consumer_stream: int) -> None:
-        """Make ``consumer_stream`` wait for the frame's stream, without blocking the host, and
-        remember it as one of the frame's users."""
+        """Make ``consumer_stream`` wait for the frame's stream (and, for a frame one may write, the
+        other streams it was handed to), without blocking the host, and remember it as one of the
+        frame's users."""
         order_after(self.device, self.cuda_stream, consumer_stream)
+        self._order_after_writers((consumer_stream,))
         self._note_users((consumer_stream,))
+
+    def _order_after_writers(self, streams: Sequence[int]) -> None:
+        """A writable frame (a producer's): make each of ``streams`` wait, on the GPU, for the
+        streams the frame was handed to before that are not among them (a DLPack consumer or a
+        copy that wrote it), so that a new user sees what they wrote. (A read-only frame's users
+        only read it: nothing to wait for.)"""
+        users = self._handed_to
+        if users is None or self.read_only:
+            return
+        writers = [stream for stream in users if stream not in streams]
+        if writers:
+            self.device.make_current()
+            for stream in streams:
+                cuda.join_streams(stream, writers, "ordering a new user of a frame after the streams that wrote it")
 
     def _note_users(self, streams: Sequence[int]) -> None:
         """Remember ``streams`` as users of the frame (work there may read or write it)."""

@@ -820,6 +820,10 @@ def _forked(batcher: Batcher) -> None:
     # fork, and nothing in the child would let it go; the child's close() and release() take them).
     batcher._call_lock = threading.RLock()
     batcher._release_lock = threading.RLock()
+    # Batches handed out stop working here: their buffers and stream are the parent's (exporting
+    # or releasing one would be driver calls), as a subscriber's messages do.
+    for batch in batcher._out.values():
+        batch._released = True
 
 
 def _at_exit(batcher: Batcher) -> None:

@@ -14,8 +14,10 @@ from ..frames.interop import cai_stream, foreign_device_pointer, row_pitch, stre
 
 
 def copy_into(frame: Any, source: Any, cuda_stream: Any) -> None:
-    """publish_from's copy of ``source`` into pool frame ``frame``."""
+    """publish_from's copy of ``source`` into pool frame ``frame``, queued on ``cuda_stream`` (None:
+    the legacy default stream, the one the publish that follows is ordered on)."""
     planes = frame.planes
+    stream = stream_handle(cuda_stream)  # (explicit: a source frame's copy would default to its own stream)
     if hasattr(source, "planes"):
         try:
             sources = list(source.planes)
@@ -28,7 +30,7 @@ def copy_into(frame: Any, source: Any, cuda_stream: Any) -> None:
             # Streams the source was handed to since it came to its holder (a DLPack consumer that
             # wrote it, a copy into it): the copies wait for them on the GPU (docs/ordering.md).
             source.device.make_current()
-            cuda.join_streams(stream_handle(cuda_stream), writers, "ordering a copy after the streams that wrote it")
+            cuda.join_streams(stream, writers, "ordering a copy after the streams that wrote it")
         for target, plane in zip(planes, sources):
             try:
                 plane_size = (plane.width, plane.height, plane.channels)
@@ -38,9 +40,9 @@ def copy_into(frame: Any, source: Any, cuda_stream: Any) -> None:
             if plane_size != (target.width, target.height, target.channels):
                 raise UsageError(f"source plane {plane.index} is {plane.shape}, the topic's {target.shape}")
             if isinstance(plane, Plane):  # (either may be a CUDA array: a layout="array" topic's pool)
-                plane._copy_to_plane(target, cuda_stream)
+                plane._copy_to_plane(target, stream)
             else:
-                plane.copy_to_device(target.pointer, target.pitch, cuda_stream)
+                plane.copy_to_device(target.pointer, target.pitch, stream)
         return
     arrays = list(source) if isinstance(source, (list, tuple)) else [source]
     if len(arrays) == 1 and len(planes) > 1:
@@ -58,8 +60,8 @@ def copy_into(frame: Any, source: Any, cuda_stream: Any) -> None:
         if source_stream is not None:
             # The array's exporter named the stream its data is ordered on (CuPy's and PyTorch's
             # current stream): the copy waits for it on the GPU.
-            order_after(frame.device, source_stream, stream_handle(cuda_stream))
-        target.copy_from_device(pointer, pitch, cuda_stream)
+            order_after(frame.device, source_stream, stream)
+        target.copy_from_device(pointer, pitch, stream)
 
 
 class _Rows:

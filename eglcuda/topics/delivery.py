@@ -72,6 +72,36 @@ class Delivery:
             log.info("topic %s: subscriber %d joined (pid %d, %s, %s)", self.name, sub.id, sub.peer.pid,
                      sub.qos.name.lower(), sub.transport)
 
+    def reap_joined(self) -> None:
+        """Close the subscribers handed over whose connection ended before the publishing thread
+        took them in (it does at its next call, which an idle publisher may not make for long):
+        their descriptors and rings go now, on the caller's thread (the handshake service's), so
+        that subscribers that join and die beside an idle publisher do not pile up. One that said
+        something first (its goodbye) has left; one that said nothing was dropped."""
+        with self.join_lock:
+            ended = [(sub, said) for sub in self.joined for said in (_ended(sub.sock),) if said is not None]
+            if not ended:
+                return
+            gone = {id(sub) for sub, _ in ended}
+            self.joined = [sub for sub in self.joined if id(sub) not in gone]
+        for sub, said in ended:
+            sub.alive = False
+            if sub.ring is not None:
+                sub.ring.close()
+            sub.inbox.close()  # before its descriptor is closed (and its number reused)
+            sockets.close_quietly(sub.sock)
+            try:
+                sub.link.close()
+            except Exception as exc:  # noqa: BLE001 - the subscriber is gone either way
+                log.warning("topic %s: closing subscriber %d's %s link failed: %s", self.name, sub.id, sub.transport,
+                            exc)
+            if said:
+                log.info("topic %s: subscriber %d (pid %d) left before its first frame", self.name, sub.id,
+                         sub.peer.pid)
+                continue
+            self._note_drop(sub, Reason.TRANSPORT, "its connection closed without a goodbye before its first frame "
+                            "(its process exited or was killed)")
+
     def poll(self, timeout: float, awaited: list[Member] | None = None) -> None:
         """Wait up to ``timeout`` seconds for subscribers' messages and handle them; a release in a
         ring wakes the wait when it comes from ``awaited`` (None: any subscriber)."""
@@ -511,6 +541,10 @@ class Delivery:
         if left:
             log.info("topic %s: subscriber %d (pid %d) left", self.name, sub.id, sub.peer.pid)
             return
+        self._note_drop(sub, code, reason)
+
+    def _note_drop(self, sub: Member, code: Reason, reason: str) -> None:
+        """Count and record a dropped subscriber (the topic's status lists the last 256)."""
         self.drop_count += 1
         self.dropped.append(DropRecord(id=sub.id, pid=sub.peer.pid, qos=sub.qos.name.lower(), transport=sub.transport,
                                        code=Reason(code).name if code in Reason._value2member_map_ else str(code),
@@ -567,6 +601,20 @@ def new_member(ident: int, sock: socket.socket, peer: Any, hello: protocol.Hello
     them): a link whose FRAME message is the whole hand-over gets a ring (_ring.pyx), its memfd."""
     ring, fd = _ring.create() if link.message_only else (None, -1)
     return Member(ident, sock, peer, hello, link, transport, RECV_LIMIT, READ_BATCH, ring), [fd] if fd >= 0 else []
+
+
+def _ended(sock: socket.socket) -> bool | None:
+    """Whether the peer of ``sock`` closed its end: None while it has not; else whether a message
+    of its still waits to be read (its goodbye, most likely) before the end."""
+    waiter = select.poll()
+    waiter.register(sock.fileno(), select.POLLIN | select.POLLRDHUP)
+    ready = waiter.poll(0)
+    if not ready or not ready[0][1] & (select.POLLHUP | select.POLLRDHUP | select.POLLERR):
+        return None
+    try:
+        return bool(sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
+    except OSError:
+        return False
 
 
 def _tell(sock: socket.socket, data: bytes) -> bool:

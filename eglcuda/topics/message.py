@@ -84,6 +84,12 @@ class Message:
         if not self._released:
             self._subscriber._release(self, cuda_stream)
 
+    def __reduce__(self) -> Any:
+        # A copy would be a second message of the same frame: each one's release would reach the
+        # publisher, which drops a subscriber that releases a frame twice.
+        raise TypeError("a Message cannot be copied or pickled: it lends its frame until its release; copy "
+                        "the frame's data (to_numpy, copy_to_device) and its metadata instead")
+
     def __enter__(self) -> "Message":
         return self
 

@@ -227,12 +227,20 @@ class Publisher:
                 self._finish_deferred_close()
 
     def discard(self, frame: Any) -> None:
-        """Give back a frame from :meth:`next_frame` without publishing it."""
+        """Give back a frame from :meth:`next_frame` without publishing it. Streams it was handed to
+        in this cycle (a DLPack consumer writing it, say) are waited for on the host first: the
+        frame's next cycle starts with nothing of this one still running, or remembered."""
         try:
             with self._lock:
-                _, pool, _ = self._parts()
-                pool.published(pool.take_written(
-                    frame, "discard takes a frame from this publisher's next_frame() that was not published"))
+                backend, pool, _ = self._parts()
+                slot = pool.take_written(
+                    frame, "discard takes a frame from this publisher's next_frame() that was not published")
+                try:
+                    backend.forget_writes(frame)
+                except BaseException:
+                    pool.write_again(slot)  # (still the caller's: the discard may be tried again)
+                    raise
+                pool.published(slot)
         finally:
             if self._deferral.thread:  # (a close put off: see close())
                 self._finish_deferred_close()
@@ -387,6 +395,8 @@ class Publisher:
 
     def status(self) -> dict[str, Any]:
         delivery = self._delivery
+        if delivery is not None:
+            delivery.reap_joined()
         subs = [] if delivery is None else [s for s in list(delivery.subs) if s.alive] + list(delivery.joined)
         g = self.geometry
         return {
@@ -411,6 +421,7 @@ class Publisher:
             link.close()
             sock.close()
             return sockets.close_fds(fds)
+        delivery.reap_joined()  # (those that died waiting for an idle publisher to take them in)
         # READY goes out while the subscriber is handed over, under the lock the publishing thread
         # adopts with: once the subscriber reads READY the next publish includes it, and no frame can
         # reach it before READY.

@@ -1140,6 +1140,10 @@ def _forked(subscriber: Subscriber) -> None:
     subscriber._busy = threading.RLock()
     subscriber._state = threading.RLock()
     subscriber._wake_lock = threading.RLock()
+    # Its messages stop working here at once: their views are the parent's mappings, and exporting
+    # them (DLPack orders a stream: driver calls) is no more the child's to do than a receive.
+    for message in subscriber._held:
+        let_go(message)
     # The child's copy of the connection goes now, not at its close(): a child that outlives the
     # parent (a worker) would keep it open, and the publisher would not see the parent die.
     conn, subscriber._conn = subscriber._conn, None

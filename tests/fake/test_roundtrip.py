@@ -588,3 +588,22 @@ def test_a_ring_taken_last_in_first_out_keeps_the_fifo_full():
         assert most_in_flight >= 4, most_in_flight
         assert len(used) >= 5, f"only {len(used)} frames of the ring of 6 were presented"
 
+
+
+@fake_driver_test
+def test_every_plane_of_an_acquired_frame_exports_its_interfaces():
+    """An acquired frame's planes (read-only) and a producer's (writable) both give
+    ``__cuda_array_interface__`` (what CuPy and Numba probe with hasattr) and DLPack capsules,
+    at the plane's address."""
+    with stream_of(66, 34, format=eglcuda.ColorFormat.NV12) as (_, stream, producer, consumer):
+        frame = producer.allocate_frame()
+        for plane in frame.planes:
+            assert hasattr(plane, "__cuda_array_interface__")
+            assert plane.__cuda_array_interface__["data"] == (plane.pointer, False)
+        producer.present(frame)
+        with consumer.acquire() as acquired:
+            for plane in acquired.planes:
+                assert hasattr(plane, "__cuda_array_interface__")
+                interface = plane.__cuda_array_interface__
+                assert interface["data"] == (plane.pointer, True) and interface["version"] == 3
+                assert plane.__dlpack__(stream=2) is not None

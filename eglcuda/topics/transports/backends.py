@@ -56,6 +56,14 @@ class CudaPublisherBackend(PublisherBackend):
             self.device.make_current()
             cuda.join_streams(stream or 0, writers, "ordering a publish after the streams that wrote the frame")
 
+    def forget_writes(self, frame: Any) -> None:
+        writers = frame._handed_to
+        if writers is not None:
+            self.device.make_current()
+            for stream in writers:
+                cuda.stream_synchronize(stream, "discarding a frame: waiting for the streams that wrote it")
+            frame._handed_to = None
+
     def free(self, frame: Any) -> None:
         frame.close()
 

@@ -186,6 +186,10 @@ class PublisherBackend(abc.ABC):
         that stream wait for every other stream the frame was handed to while it was written
         (docs/ordering.md)."""
 
+    def forget_writes(self, frame: Any) -> None:
+        """``frame`` was discarded: wait on the host for every stream it was handed to in this
+        cycle, and forget them (its next cycle starts with nothing of this one running)."""
+
     def close(self) -> None:
         """After every frame is freed."""
 

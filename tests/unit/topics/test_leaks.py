@@ -50,6 +50,48 @@ def test_a_thousand_join_leave_cycles_leak_nothing(path, folder):
     assert backend.closed and all(f.freed for f in backend.frames)
 
 
+def test_subscribers_killed_beside_an_idle_publisher_leave_nothing_behind(path):
+    """An idle publisher (no frame call after its first) and forty subscriber processes that join
+    and are killed: each one's connection, ring and link go as the next subscriber joins, not at
+    the publisher's next call, so that such deaths do not pile up descriptors until joins fail."""
+    import signal
+
+    with publisher(path) as pub:
+        put(pub, b"first")
+        backend = pub._backend
+
+        def join_and_die():
+            sub = subscriber(path, qos="every")
+            sub.wait_for_publisher(5)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        def killed_child():
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    join_and_die()
+                finally:
+                    os._exit(1)
+            _, status = os.waitpid(pid, 0)
+            assert os.waitstatus_to_exitcode(status) == -signal.SIGKILL
+
+        killed_child()
+        time.sleep(0.05)
+        fds = open_fds()
+        for _ in range(40):
+            killed_child()
+        time.sleep(0.05)
+        assert open_fds() <= fds + 2, (fds, open_fds())  # (the last one's connection, until a join or a call)
+        status = pub.status()
+        assert status["subscribers_total"] == 0 and status["dropped"] == 41, status
+        links = backend.transports()[0].links
+        assert len(links) == 41 and all(link.closed for link in links)
+        with subscriber(path, qos="every") as alive:  # a live one still joins, and gets frames
+            put(pub, b"after")
+            with alive.receive(2) as message:
+                assert message.payload == b"after"
+
+
 def test_without_cuda_the_gpu_backends_say_so_and_leave_nothing(folder):
     from eglcuda._bind import loader
 
