@@ -812,6 +812,7 @@ class Frame(FrameCore, FrameBase):
             self._closed_early = True
             return
         super().close()
+        self._keep = None  # (what owned wrapped memory goes with it: a closed frame keeps it alive no more)
 
     def __repr__(self) -> str:
         state = " closed" if self.closed else ""

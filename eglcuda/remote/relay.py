@@ -149,6 +149,7 @@ class Relay:
                 self._loop = None
                 _ucx.release()
                 raise
+            #: ``(host, port)`` the relay listens on: the port the system chose for ``listen="HOST:0"``.
             self.address: tuple[str, int] = (host, bound)
             self._watchdog = asyncio.run_coroutine_threadsafe(self._watch(), self._loop)
             self._thread = threading.Thread(target=self._local, name=f"eglcuda-relay-{self.name}", daemon=True)

@@ -311,6 +311,7 @@ class Batcher:
             raise UsageError("subscribers is a list of eglcuda.Subscriber, got one Subscriber: Batcher([sub], ...)")
         if isinstance(subscribers, (str, bytes)) or not isinstance(subscribers, Iterable):
             raise UsageError(f"subscribers is a list of eglcuda.Subscriber, got {type(subscribers).__name__}")
+        #: The sources, in the order given (a batch frame's ``source`` is an index into it).
         self.subscribers: tuple[Subscriber, ...] = tuple(subscribers)
         if not self.subscribers:
             raise UsageError("a batcher needs at least one subscriber")
@@ -370,7 +371,8 @@ class Batcher:
         self._slot_planes: list[tuple[Any, tuple[tuple[Any, int, int, int, int], ...]] | None] = \
             [None] * len(self.subscribers)
         self._stream_arg = cuda.stream_arg(self._cuda_stream)
-        self.ended: dict[int, BaseException] = {}  # source index -> why it left the rotation
+        #: Sources that left the rotation: their index -> the error that ended them.
+        self.ended: dict[int, BaseException] = {}
         self._errors: dict[int, BaseException] = {}  # sources the wait set reported ended
 
     @staticmethod

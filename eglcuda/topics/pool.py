@@ -37,16 +37,25 @@ class Pool:
         return len(self.slots)
 
     def grow(self) -> Slot:
-        """A new free slot (every transport exports it)."""
+        """A new free slot (every transport exports it). When a transport cannot (the driver
+        refused an export), the pool stays as it was and the error is raised."""
         width, height, fmt, layout = self.spec
         frame = self.backend.allocate(width, height, fmt, layout)
+        slot = Slot(len(self.slots), frame)
+        added: list[PublisherTransport] = []
+        try:
+            for transport in self._transports:
+                transport.add_slot(slot)
+                added.append(transport)
+        except BaseException:
+            for transport in added:
+                transport.remove_slot(slot)
+            self.backend.free(frame)
+            raise
         if isinstance(frame, Frame):
             frame.held_by = self.owner  # (the user's close() of it is refused: it is the pool's)
-        slot = Slot(len(self.slots), frame)
         self.slots.append(slot)
         self._by_frame[id(slot.frame)] = slot
-        for transport in self._transports:
-            transport.add_slot(slot)
         self.free.append(slot)
         return slot
 

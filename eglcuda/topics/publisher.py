@@ -260,21 +260,7 @@ class Publisher:
         here, and the subscribers that had not got the frame do not get it; none is dropped. An
         error raised before the frame is handed out (bad arguments) leaves it yours, to publish or
         :meth:`discard`; once the hand-out began, the frame goes back to the pool by itself."""
-        if not isinstance(payload, (bytes, bytearray, memoryview)):
-            raise UsageError(f"payload is bytes, got {type(payload).__name__}")
-        try:
-            payload = bytes(payload)
-        except ValueError as exc:  # (a released memoryview)
-            raise UsageError(f"payload cannot be read: {exc}") from None
-        if len(payload) > protocol.MAX_PAYLOAD:
-            raise UsageError(f"payload is at most {protocol.MAX_PAYLOAD} bytes, got {len(payload)}")
-        if timestamp_ns is None:
-            timestamp_ns = time.monotonic_ns()
-        else:
-            stamp = as_int(timestamp_ns)  # (a NumPy integer too, read from an array of timestamps)
-            if stamp is None or not 0 <= stamp < 2**64:
-                raise UsageError(f"timestamp_ns is an int in 0..2**64-1, got {shown(timestamp_ns)}")
-            timestamp_ns = stamp
+        payload, timestamp_ns = _frame_metadata(payload, timestamp_ns)
         try:
             with self._lock:
                 backend, pool, delivery = self._hot or self._parts()
@@ -329,7 +315,14 @@ class Publisher:
         Numba) or NumPy (host) arrays, or for formats whose planes have equal row sizes (NV12) a
         single array of all planes' rows one after the other (a decoder's ``(H*3/2, W)``
         output). Device copies are queued on ``cuda_stream``; host arrays are copied before this
-        returns."""
+        returns. A source of another size or color format than the topic's is refused."""
+        payload, stamp = _frame_metadata(payload, timestamp_ns)  # (checked before a pool frame is taken)
+        if timestamp_ns is not None:
+            timestamp_ns = stamp  # (None stays None: the stamp is taken as publish() starts)
+        fmt = getattr(source, "format", None)
+        if isinstance(fmt, ColorFormat) and fmt is not self.geometry.format:
+            raise UsageError(f"the source is {fmt.name}, the topic's frames {self.geometry.format.name}: "
+                             "publish_from copies bytes, it does not convert colors")
         frame = self.next_frame(timeout, cuda_stream)
         try:
             copy_into(frame, source, cuda_stream)
@@ -651,6 +644,24 @@ class Publisher:
         subs = 0 if self._delivery is None else len(self._delivery.subs)
         state = "closed" if self._closed else f"{subs} subscriber(s), {self.published} published"
         return f"<Publisher {self.name!r}: {state}>"
+
+
+def _frame_metadata(payload: Any, timestamp_ns: Any) -> tuple[bytes, int]:
+    """``publish``'s payload and time stamp, checked (the time stamp: now when None)."""
+    if not isinstance(payload, (bytes, bytearray, memoryview)):
+        raise UsageError(f"payload is bytes, got {type(payload).__name__}")
+    try:
+        payload = bytes(payload)
+    except ValueError as exc:  # (a released memoryview)
+        raise UsageError(f"payload cannot be read: {exc}") from None
+    if len(payload) > protocol.MAX_PAYLOAD:
+        raise UsageError(f"payload is at most {protocol.MAX_PAYLOAD} bytes, got {len(payload)}")
+    if timestamp_ns is None:
+        return payload, time.monotonic_ns()
+    stamp = as_int(timestamp_ns)  # (a NumPy integer too, read from an array of timestamps)
+    if stamp is None or not 0 <= stamp < 2**64:
+        raise UsageError(f"timestamp_ns is an int in 0..2**64-1, got {shown(timestamp_ns)}")
+    return payload, stamp
 
 
 def _closed_error(name: str) -> ClosedError:

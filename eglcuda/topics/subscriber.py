@@ -665,8 +665,8 @@ class Subscriber:
             # publisher's frames send no WAKE meanwhile, and the socket is watched for its end
             # only, so that a NOTICE of frames skipped does not wake a watcher that can take
             # nothing; a drop (the connection closed) or a goodbye (its sending half shut) shows.
-            if conn.inbox.quiet():
-                ready.set()
+            if conn.inbox.quiet() and any(kind not in _ANNOUNCEMENTS for kind in conn.inbox.queued_kinds()):
+                ready.set()  # (read already: the connection's end, a drop or a goodbye, which receive raises)
             else:
                 ready.watch_end_only(True)
                 if ready.due:
@@ -1051,6 +1051,11 @@ class _AsyncMessages:
             self._let_go()
         except Exception:  # pragma: no cover - a finalizer must not raise
             pass
+
+
+# Messages that announce frames (an EGLStream's come this way) or say some were skipped: nothing a
+# subscriber that holds all it may can take or raise.
+_ANNOUNCEMENTS = frozenset((int(protocol.Kind.FRAME), int(protocol.Kind.NOTICE)))
 
 
 def take_turn(lock: "threading.RLock", wait: float, name: str) -> float:

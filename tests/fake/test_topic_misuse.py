@@ -201,3 +201,41 @@ def test_publish_from_gives_back_its_frame_when_publish_refuses_an_argument():
         assert np.array_equal(message.frame.planes[1].to_numpy().reshape(24, 64), stacked[48:])
     sub.close()
     pub.close()
+
+
+@fake_driver_test
+def test_an_eglstream_subscriber_waits_forever_and_its_descriptor_stays_quiet_while_it_holds_all_it_may():
+    """Through an EGLStream (one process: both ends on the fake's streams): ``receive(math.inf)``
+    and a timeout beyond any float wait for the next frame as ``None`` would; an ``every``
+    subscriber holding its one message is not readable while more frames are announced (nothing
+    it could take), and readable again once it released it."""
+    import math
+    import select
+    import threading
+
+    folder = tempfile.mkdtemp(prefix="eglcuda-fake-topic-")
+    path = os.path.join(folder, "t.topic")
+    pub = eglcuda.Publisher("t", 64, 48, "NV12", path=path, transports=["eglstream"])
+    sub = eglcuda.Subscriber("t", path=path, qos="every", transport="eglstream", timeout=0.2)
+
+    def publish_soon() -> None:
+        pub.publish_from([np.zeros((48, 64), np.uint8), np.zeros((24, 32, 2), np.uint8)])
+
+    for forever in (math.inf, 10**400):
+        timer = threading.Timer(0.3, publish_soon)
+        timer.start()
+        with sub.receive(forever) as message:  # (longer than the subscriber's own timeout)
+            assert message.frame is not None
+        timer.join()
+    fd = sub.fileno()
+    publish_soon()
+    held = sub.receive(2)
+    publish_soon()  # (announced to a subscriber that can take nothing more)
+    publish_soon()
+    assert select.select([fd], [], [], 0.3)[0] == []
+    held.release()
+    assert select.select([fd], [], [], 2)[0] == [fd]
+    with sub.receive(0) as message:
+        assert message.seq == held.seq + 1
+    sub.close()
+    pub.close()

@@ -140,7 +140,11 @@ class PublisherTransport(abc.ABC):
         return None
 
     def add_slot(self, slot: Any) -> None:
-        """A pool slot was made (on the publishing thread)."""
+        """A pool slot was made (on the publishing thread). An error raised here undoes the slot
+        (``remove_slot`` of the transports that took it), and the pool stays as it was."""
+
+    def remove_slot(self, slot: Any) -> None:
+        """Undo :meth:`add_slot` of a slot that another transport could not take."""
 
     def on_publish(self, slot: Any, cuda_stream: int | None) -> None:
         """Once per published frame, before its first delivery on this transport."""

@@ -127,9 +127,16 @@ class CudaIpcPublisher(PublisherTransport):
                 owner.close()
                 raise
         except EglCudaError as exc:
+            if self._slots:  # (a pool growing: the export of the frames before went through)
+                raise
             self._unavailable = f"exporting the pool through CUDA IPC failed: {exc}"
             return
         self._slots[slot.index] = _IpcSlot(handle, owner, event_handle, where[1])
+
+    def remove_slot(self, slot: Any) -> None:
+        entry = self._slots.pop(slot.index, None)
+        if entry is not None:
+            entry.owner.close()
 
     def refusal(self, hello: protocol.Hello, peer_pid: int) -> str | None:
         if not self._checked:

@@ -96,7 +96,9 @@ def allocate_frame(device: CudaDevice, width: int, height: int, format: ColorFor
     mapping = _Mapping(address, size, handle, fd)
     weakref.finalize(mapping, _unmap, device, address, size, handle, fd)
     frame = Frame.from_pointer([address + o for o in offsets], width, height, pitch, format, device, owner=mapping)
-    frame._vmm = mapping  # type: ignore[attr-defined]  # (the transport reads the slot's descriptor here)
+    # (The transport reads the slot's descriptor here; a proxy: a frame the program still refers to
+    # after its publisher closed keeps the mapping no more than a closed frame keeps its memory.)
+    frame._vmm = weakref.proxy(mapping)  # type: ignore[attr-defined]
     return frame
 
 

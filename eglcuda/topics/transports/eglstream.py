@@ -232,7 +232,8 @@ class EglStreamSubscriber(SubscriberTransport):
         tried = False
         deadline = max(deadline, time.monotonic() + ANNOUNCED_GRACE_S)
         while True:
-            left_us = int((deadline - time.monotonic()) * 1e6)
+            left = (deadline - time.monotonic()) * 1e6
+            left_us = ACQUIRE_STEP_US if left > ACQUIRE_STEP_US else int(left)  # (an infinite deadline too)
             if left_us <= 0 and tried:
                 raise Timeout(f"frame {frame.seq} was announced but did not arrive on the EGLStream in time")
             tried = True

@@ -5,15 +5,9 @@ and a copied message. Each case runs in a fresh interpreter and prints what it s
 from __future__ import annotations
 
 import json
-import os
-import pathlib
 import subprocess
 import sys
 import textwrap
-
-import pytest
-
-ROOT = pathlib.Path(__file__).resolve().parents[3]
 
 PRELUDE = textwrap.dedent("""
     import ctypes, json, os, sys, tempfile
@@ -43,8 +37,8 @@ PRELUDE = textwrap.dedent("""
 
 def run(fake_env: dict, body: str) -> dict:
     code = PRELUDE + textwrap.dedent(body) + "\nprint(json.dumps(out))\n"
-    child = subprocess.run([sys.executable, "-c", code], env={**fake_env, "PYTHONPATH": str(ROOT)},
-                           capture_output=True, text=True, timeout=120, cwd=str(ROOT))
+    # (fake_env is this process's environment: tests/conftest.py made children import this eglcuda)
+    child = subprocess.run([sys.executable, "-c", code], env=fake_env, capture_output=True, text=True, timeout=120)
     assert child.returncode == 0, child.stderr[-3000:]
     return json.loads(child.stdout.strip().splitlines()[-1])
 
@@ -170,3 +164,78 @@ def test_a_message_is_neither_copied_nor_usable_in_a_forked_child(fake_env):
         pub.close()
     """)
     assert seen == {"copy": "TypeError", "pickle": "TypeError", "child": "ClosedError", "parent_reads": True}
+
+
+def test_a_pool_that_failed_to_grow_stays_as_it_was(fake_env):
+    """The driver refuses to export a pool frame through CUDA IPC as the pool grows (out of
+    memory, once): next_frame raises that CUDAError, the pool keeps its size, and the next growth
+    works; every frame published after it goes out (no slot left unexported)."""
+    seen = run(fake_env, """
+        CU.fake_fail.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int]
+        pub = eglcuda.Publisher("a", 64, 48, "NV12", pool=1, max_pool=4, path=os.path.join(folder, "a"),
+                                transports=["cuda-ipc"])
+        kept = pub.next_frame()  # (held unpublished: the next frame needs the pool to grow)
+        CU.fake_fail(b"cuIpcGetMemHandle", 1, 2)
+        try:
+            pub.next_frame(timeout=0.5)
+            out["failed_growth"] = "no error"
+        except eglcuda.CUDAError as exc:
+            out["failed_growth"] = "CUDAError" if "cuIpcGetMemHandle" in str(exc) else str(exc)
+        out["pool_after_failure"] = pub.pool_size
+        grown = pub.next_frame(timeout=0.5)
+        out["pool_after_growth"] = pub.pool_size
+        out["seqs"] = [pub.publish(grown), pub.publish(kept)]
+        out["seqs"] += [pub.publish(pub.next_frame(timeout=0.5)) for _ in range(4)]
+        pub.close()
+    """)
+    assert seen == {"failed_growth": "CUDAError", "pool_after_failure": 1, "pool_after_growth": 2,
+                    "seqs": [0, 1, 2, 3, 4, 5]}
+
+
+def test_a_closed_cuda_vmm_publisher_frees_its_pool_though_a_frame_is_still_referred_to(fake_env):
+    """A program's variable still holds the last pool frame it published: the publisher's close()
+    frees every VMM handle, mapping and descriptor all the same."""
+    seen = run(fake_env, """
+        CU.fake_cuda_count.argtypes = [ctypes.c_char_p]
+        pub = eglcuda.Publisher("a", 64, 48, "NV12", **topic("a"))
+        frame = pub.next_frame()
+        pub.publish(frame)
+        out["open"] = CU.fake_cuda_count(b"vmm_mappings") > 0
+        pub.close()
+        import gc
+        gc.collect()
+        out["after_close"] = [CU.fake_cuda_count(b"vmm_handles"), CU.fake_cuda_count(b"vmm_mappings")]
+        out["frame_closed"] = frame.closed
+    """)
+    assert seen == {"open": True, "after_close": [0, 0], "frame_closed": True}
+
+
+def test_publish_from_refuses_before_taking_a_pool_frame(fake_env):
+    """A source of another color format (BGRA bytes into an RGBA topic would arrive as other
+    colors) and a bad payload or time stamp are refused at once, also while every pool frame is
+    taken (the call would otherwise wait for one first)."""
+    seen = run(fake_env, """
+        import time
+        pub = eglcuda.Publisher("a", 64, 48, "RGBA", pool=1, max_pool=1, **topic("a"))
+        source = eglcuda.Frame.allocate(64, 48, "BGRA")
+        try:
+            pub.publish_from(source)
+            out["format"] = "published"
+        except eglcuda.UsageError as exc:
+            out["format"] = "refused" if "BGRA" in str(exc) else str(exc)
+        taken = pub.next_frame()
+        same = eglcuda.Frame.allocate(64, 48, "RGBA")
+        for name, options in (("payload", dict(payload="text")), ("stamp", dict(timestamp_ns=-5))):
+            started = time.monotonic()
+            try:
+                pub.publish_from(same, timeout=2, **options)
+                out[name] = "published"
+            except eglcuda.UsageError:
+                out[name] = "at once" if time.monotonic() - started < 0.5 else "late"
+        pub.discard(taken)
+        out["published"] = pub.publish_from(same)
+        for frame in (source, same):
+            frame.close()
+        pub.close()
+    """)
+    assert seen == {"format": "refused", "payload": "at once", "stamp": "at once", "published": 0}
