@@ -305,7 +305,13 @@ class Subscriber:
             except StreamDisconnected as exc:
                 raise Lost(conn.drop_waiting() or StreamDisconnected(f"the publisher of topic {self.name!r} is gone ({exc})"))
             except EglCudaError as exc:
-                raise Lost(conn.drop_waiting() or StreamDisconnected(f"receiving from topic {self.name!r} failed: {exc}"))
+                dropped = conn.drop_waiting()
+                if dropped is None:  # (this end failed, not the publisher: it hears why, not of a killed process)
+                    try:
+                        conn.sock.send(protocol.encode(protocol.Bye(int(Reason.TRANSPORT), f"receiving failed: {exc}")))
+                    except OSError:
+                        pass
+                raise Lost(dropped or StreamDisconnected(f"receiving from topic {self.name!r} failed: {exc}"))
             if ring is not None and ring.dropped():
                 # The publisher dropped this subscriber after announcing the frame and freed its
                 # slot, which it may be writing again: the drop is raised, not a frame gone bad.

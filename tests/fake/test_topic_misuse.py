@@ -239,3 +239,33 @@ def test_an_eglstream_subscriber_waits_forever_and_its_descriptor_stays_quiet_wh
         assert message.seq == held.seq + 1
     sub.close()
     pub.close()
+
+
+@fake_driver_test
+def test_a_subscriber_whose_own_transport_fails_tells_its_publisher_why():
+    """The subscriber's acquire fails in the driver (an EGLStream subscriber, one process): it raises
+    StreamDisconnected naming the call, rejoins with wait_for_publisher(), and the publisher counts
+    it as having left with that reason, not as a process that died; the others go on."""
+    from .harness import fake
+
+    folder = tempfile.mkdtemp(prefix="eglcuda-fake-topic-")
+    path = os.path.join(folder, "t.topic")
+    pub = eglcuda.Publisher("t", 64, 48, "NV12", path=path, transports=["eglstream"])
+    failing = eglcuda.Subscriber("t", path=path, qos="every", transport="eglstream", timeout=1)
+    other = eglcuda.Subscriber("t", path=path, qos="every", transport="eglstream", timeout=1)
+    planes = [np.zeros((48, 64), np.uint8), np.zeros((24, 32, 2), np.uint8)]
+    pub.publish_from(planes)
+    with other.receive(1):
+        pass
+    fake.fail("cuEGLStreamConsumerAcquireFrame", 999)
+    with pytest.raises(eglcuda.StreamDisconnected, match="cuEGLStreamConsumerAcquireFrame"):
+        failing.receive(1)
+    failing.wait_for_publisher(2)
+    pub.publish_from(planes)
+    for sub in (failing, other):
+        with sub.receive(1) as message:
+            assert message.seq == 1
+    assert pub.dropped == [], pub.dropped
+    failing.close()
+    other.close()
+    pub.close()
