@@ -139,12 +139,16 @@ class Plane:
         return self._frame.read_only
 
     @property
+    def _in_array(self) -> bool:
+        """Whether the plane is a CUDA array (no device pointer, no linear memory to export)."""
+        # (A pitch-linear plane has a pitch: the layout is asked only where it has none.)
+        return not self.geometry.pitch and self._frame.layout is not Layout.PITCH
+
+    @property
     def pointer(self) -> int:
         """The device address of the plane's first byte (pitch-linear frames only)."""
-        frame = self._frame
-        frame._check_usable()
-        # (A pitch-linear plane has a pitch: the layout is asked only where it has none.)
-        if not self.geometry.pitch and frame.layout is not Layout.PITCH:
+        self._frame._check_usable()
+        if self._in_array:
             raise UsageError("a CUDA-array plane has no device pointer; use .array")
         return self._address
 
@@ -160,7 +164,7 @@ class Plane:
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]:
         frame = self._frame
-        if self.geometry.pitch == 0 and frame.layout is Layout.ARRAY:
+        if self._in_array:
             # (AttributeError: hasattr() and the probes of CuPy and Numba read a CUDA-array plane
             # as one with no such interface, which it is)
             raise AttributeError("a CUDA-array plane has no __cuda_array_interface__ (no linear memory); use .array")
@@ -191,7 +195,7 @@ class Plane:
         legacy default stream, as the protocol says) is made to wait for the frame's work first,
         without a host wait, and is remembered: the frame's release, present or publish is ordered
         after it (docs/ordering.md). ``stream=-1`` asks for neither."""
-        if self.geometry.pitch == 0 and self._frame.layout is Layout.ARRAY:
+        if self._in_array:
             raise BufferError("a CUDA-array plane cannot be exported through DLPack (no linear memory); use .array")
         pointer = self.pointer
         if copy:

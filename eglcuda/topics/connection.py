@@ -198,6 +198,13 @@ class Connection:
                                                   int(Reason.UNSPECIFIED)))
 
     # ---- writing (under the subscriber's state lock) ------------------------------------------------
+    def say_goodbye(self, code: int, reason: str) -> None:
+        """Tell the publisher this subscriber leaves, and why (nothing when the socket is gone)."""
+        try:
+            self.sock.send(protocol.encode(protocol.Bye(code, reason)))
+        except OSError:
+            pass
+
     def send_release(self, seq: int, flags: int, extra: bytes) -> None:
         """Send the RELEASE of frame ``seq`` (encoded and sent in one compiled call), or queue it
         behind the releases waiting for room. A failed connection drops it: the next read says so."""

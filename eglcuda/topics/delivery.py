@@ -86,15 +86,7 @@ class Delivery:
             self.joined = [sub for sub in self.joined if id(sub) not in gone]
         for sub, said in ended:
             sub.alive = False
-            if sub.ring is not None:
-                sub.ring.close()
-            sub.inbox.close()  # before its descriptor is closed (and its number reused)
-            sockets.close_quietly(sub.sock)
-            try:
-                sub.link.close()
-            except Exception as exc:  # noqa: BLE001 - the subscriber is gone either way
-                log.warning("topic %s: closing subscriber %d's %s link failed: %s", self.name, sub.id, sub.transport,
-                            exc)
+            self._close_member(sub)
             if said:
                 log.info("topic %s: subscriber %d (pid %d) left before its first frame", self.name, sub.id,
                          sub.peer.pid)
@@ -521,27 +513,32 @@ class Delivery:
             ring.drop()
         if notify and _tell(sub.sock, protocol.encode(protocol.Drop(int(code), reason))) and ring is not None:
             ring.mark(sub.fd)  # (in a full ring it is not read: the connection's end says it is over)
-        if ring is not None:
-            ring.close()  # (the subscriber keeps its own mapping)
         if self.epoll is not None:  # (always: a subscriber is adopted into it)
             try:
                 self.epoll.unregister(sub.fd)
             except (OSError, ValueError):
                 pass
         self._inboxes.pop(sub.fd, None)
-        sub.inbox.close()  # before its descriptor is closed (and its number reused)
-        sockets.close_quietly(sub.sock)
         if sub in self.subs:
             self.subs.remove(sub)
-        try:
-            sub.link.close()
-        except Exception as exc:  # noqa: BLE001 - the subscriber is gone either way
-            log.warning("topic %s: closing subscriber %d's %s link failed: %s", self.name, sub.id, sub.transport, exc)
+        self._close_member(sub)
         _delivery.forget(sub, self.pool.slots, self.pool.free)
         if left:
             log.info("topic %s: subscriber %d (pid %d) left", self.name, sub.id, sub.peer.pid)
             return
         self._note_drop(sub, code, reason)
+
+    def _close_member(self, sub: Member) -> None:
+        """Close what this process holds of a subscriber that is gone: its ring (it keeps its own
+        mapping), its inbox, its connection and its transport's link."""
+        if sub.ring is not None:
+            sub.ring.close()
+        sub.inbox.close()  # before its descriptor is closed (and its number reused)
+        sockets.close_quietly(sub.sock)
+        try:
+            sub.link.close()
+        except Exception as exc:  # noqa: BLE001 - the subscriber is gone either way
+            log.warning("topic %s: closing subscriber %d's %s link failed: %s", self.name, sub.id, sub.transport, exc)
 
     def _note_drop(self, sub: Member, code: Reason, reason: str) -> None:
         """Count and record a dropped subscriber (the topic's status lists the last 256)."""

@@ -307,10 +307,7 @@ class Subscriber:
             except EglCudaError as exc:
                 dropped = conn.drop_waiting()
                 if dropped is None:  # (this end failed, not the publisher: it hears why, not of a killed process)
-                    try:
-                        conn.sock.send(protocol.encode(protocol.Bye(int(Reason.TRANSPORT), f"receiving failed: {exc}")))
-                    except OSError:
-                        pass
+                    conn.say_goodbye(int(Reason.TRANSPORT), f"receiving failed: {exc}")
                 raise Lost(dropped or StreamDisconnected(f"receiving from topic {self.name!r} failed: {exc}"))
             if ring is not None and ring.dropped():
                 # The publisher dropped this subscriber after announcing the frame and freed its
@@ -940,10 +937,7 @@ class Subscriber:
                         conn.transport.finish_reading(UNMAP_WAIT_S)
                     except EglCudaError as exc:
                         log.warning("topic %s: waiting for the subscriber's GPU work failed: %s", self.name, exc)
-                    try:
-                        conn.sock.send(protocol.encode(protocol.Bye(int(Reason.CLOSING), "the subscriber closed")))
-                    except OSError:
-                        pass
+                    conn.say_goodbye(int(Reason.CLOSING), "the subscriber closed")
             finally:
                 try:
                     self._disconnect()
