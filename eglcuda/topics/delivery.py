@@ -32,6 +32,9 @@ _SETTLE_POLL = 0.001  # seconds between the questions of a publisher waiting for
 CLOSE_CHECK_S = 0.05  # seconds: the longest a wait goes on after close() in another thread
 _READ_LIMIT = protocol.MAX_QUEUE + 2  # messages read from one subscriber per poll (the rest: next poll)
 _KIND_BYE = int(protocol.Kind.BYE)
+_KIND_RELEASE = int(protocol.Kind.RELEASE)
+_OWN_READER_IDLE = 0.25  # seconds a closing publisher waits for a subscriber of its own process to take a frame
+_LEAVING_GRACE = 0.05  # seconds a subscriber whose frames could not be taken back has to say goodbye
 _MESSAGE_OVERHEAD = 4096  # bytes a message costs a socket's send buffer beyond its data (generous)
 
 
@@ -57,6 +60,9 @@ class Delivery:
         self.closing = False  # the publisher said goodbye: a subscriber closing its end now has left
         self.dropped: collections.deque[DropRecord] = collections.deque(maxlen=256)
         self.drop_count = 0
+        # Subscribers whose frames could not be taken back while their later messages (releases,
+        # then perhaps a goodbye) were still unread: by when each must have left, and the failure
+        self._unreclaimed: dict[Member, tuple[float, str]] = {}
 
     # ---- subscribers coming and reading ------------------------------------------------------------
     def adopt(self) -> None:
@@ -122,6 +128,8 @@ class Delivery:
                 self._handle(sub, message)
             elif message.__class__ is protocol.Carried:  # (of a subscriber dropped: nobody else closes them)
                 sockets.close_fds(message.fds)
+        if self._unreclaimed:
+            self._drop_unreclaimed()
 
     def poll_if_due(self) -> None:
         """Read the subscribers' messages when the last read is _READ_INTERVAL old. A fast
@@ -189,14 +197,21 @@ class Delivery:
             self._reclaim(sub)
 
     def _reclaim(self, sub: Member) -> None:
+        if sub in self._unreclaimed:
+            return  # (it failed already: its goodbye, or the deadline, decides)
         try:
             frames = sub.link.reclaim()
         except EglCudaError as exc:
-            if self._is_leaving(sub):
+            leaving = self._is_leaving(sub)
+            if leaving:
                 # It said goodbye (or its connection closed) while its end was coming down: the
                 # driver's refusal is its leaving, not a failure (measured: EGLStream returns
                 # CUDA_ERROR_UNKNOWN to a producer whose consumer process is disconnecting).
                 self.drop(sub, Reason.CLOSING, "it left", notify=False, left=True)
+            elif leaving is None:
+                # Releases come first: a closing subscriber releases what it holds, then says
+                # goodbye. Those are read before the goodbye, which decides.
+                self._unreclaimed[sub] = (time.monotonic() + _LEAVING_GRACE, f"taking frames back failed: {exc}")
             else:
                 self.drop(sub, Reason.TRANSPORT, f"taking frames back failed: {exc}")
             return
@@ -205,17 +220,32 @@ class Delivery:
             if slot is not None:
                 _delivery.released(sub, slot, False, 0.0, self.pool.free)
 
+    def _drop_unreclaimed(self) -> None:
+        """Drop the subscribers whose frames could not be taken back and that did not say goodbye
+        by their deadline: their transport failed."""
+        now = time.monotonic()
+        for sub, (deadline, reason) in list(self._unreclaimed.items()):
+            if not sub.alive:
+                del self._unreclaimed[sub]
+            elif now >= deadline:
+                self.drop(sub, Reason.TRANSPORT, reason)
+
     def reclaim_all(self) -> None:
+        if self._unreclaimed:
+            self._drop_unreclaimed()
         for sub in list(self.subs):
             if sub.alive and self.pool.held(sub):
                 self._reclaim(sub)
 
-    def _is_leaving(self, sub: Member, within: float = 0.05) -> bool:
+    def _is_leaving(self, sub: Member, within: float = _LEAVING_GRACE) -> bool | None:
         """Whether a goodbye or the end of the connection is (or within ``within`` seconds comes)
-        next on the subscriber's socket, or was read with its last messages. Reads nothing: the
-        message stays for _read."""
+        next on the subscriber's socket, or was read with its last messages; None when a release
+        comes next (what follows it is not seen without reading it). Reads nothing: the message
+        stays for _read."""
         if sub.leaving or any(kind in (0, _KIND_BYE) for kind in sub.inbox.queued_kinds()):
             return True  # (a goodbye or the end read already, waiting in its inbox's batch)
+        if any(kind == _KIND_RELEASE for kind in sub.inbox.queued_kinds()):
+            return None
         deadline = time.monotonic() + within
         while True:
             try:
@@ -227,6 +257,8 @@ class Delivery:
             if data is not None:
                 if not data:
                     return True
+                if data[0] == _KIND_RELEASE:
+                    return None
                 try:
                     return isinstance(protocol.decode(data), protocol.Bye)
                 except protocol.ProtocolError:
@@ -523,6 +555,7 @@ class Delivery:
             self.subs.remove(sub)
         self._close_member(sub)
         _delivery.forget(sub, self.pool.slots, self.pool.free)
+        self._unreclaimed.pop(sub, None)
         if left:
             log.info("topic %s: subscriber %d (pid %d) left", self.name, sub.id, sub.peer.pid)
             return
@@ -558,21 +591,35 @@ class Delivery:
             self.adopt()
         deadline = time.monotonic() + wait
         waiting = []
+        # Subscribers in this process may be read by this very thread, which cannot read while it
+        # waits here: they are waited for only while they take frames announced to them that
+        # tearing down their link would lose (an EGLStream's), each within _OWN_READER_IDLE.
+        own: dict[Member, tuple[int, float]] = {}
         for sub in list(self.subs):
             try:
                 sockets.send(sub.sock, protocol.encode(protocol.Bye(int(Reason.CLOSING), "the publisher closed the topic")))
                 self._mark(sub)
-                if sub.peer.pid != own_pid:  # one in this process may be this very thread
+                if sub.peer.pid != own_pid:
                     waiting.append(sub)
+                elif sub.outstanding and not sub.link.message_only:
+                    own[sub] = (len(sub.outstanding), time.monotonic() + _OWN_READER_IDLE)
                 # Nothing follows the goodbye: its sending half shut, the end shows to a subscriber
                 # that watches its connection for that only (it holds all it may). Its releases
                 # still come in.
                 sub.sock.shutdown(socket.SHUT_WR)
             except OSError:
                 pass
-        while waiting and time.monotonic() < deadline:
-            self.poll(deadline - time.monotonic())
+        while (waiting or own) and time.monotonic() < deadline:
+            self.poll(min(deadline - time.monotonic(), _OWN_READER_IDLE) if own else deadline - time.monotonic())
             waiting = [s for s in waiting if s.alive]
+            now = time.monotonic()
+            for sub, (held, idle_at) in list(own.items()):
+                if not sub.alive or not sub.outstanding:
+                    del own[sub]
+                elif len(sub.outstanding) < held:
+                    own[sub] = (len(sub.outstanding), now + _OWN_READER_IDLE)
+                elif now >= idle_at:
+                    del own[sub]  # (not read meanwhile: by this thread, or by none)
         for sub in list(self.subs):
             self.drop(sub, Reason.CLOSING, "the publisher closed the topic", notify=False)
 

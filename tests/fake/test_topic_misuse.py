@@ -269,3 +269,95 @@ def test_a_subscriber_whose_own_transport_fails_tells_its_publisher_why():
     failing.close()
     other.close()
     pub.close()
+
+
+@fake_driver_test
+def test_subscribers_that_close_while_the_publisher_publishes_flat_out_have_left_not_dropped():
+    """Four threads join an EGLStream topic, take a few frames each and close, again and again,
+    while another publishes flat out. A subscriber closing releases its frames, says goodbye and
+    disconnects its consumer; the publisher may read a release, fail to take the frame back from
+    the disconnected consumer and find only the next release on the socket: every close must
+    still count as having left (docs/topics.md, Failures), none as a transport failure."""
+    import random
+    import threading
+    import time
+
+    folder = tempfile.mkdtemp(prefix="eglcuda-fake-topic-")
+    path = os.path.join(folder, "t.topic")
+    pub = eglcuda.Publisher("t", 64, 48, "NV12", path=path, transports=["eglstream"])
+    planes = [np.zeros((48, 64), np.uint8), np.zeros((24, 32, 2), np.uint8)]
+    stop = threading.Event()
+    closes = [0]
+    errors: list[BaseException] = []
+
+    def publish() -> None:
+        while not stop.is_set():
+            pub.publish_from(planes)
+
+    def churn(seed: int) -> None:
+        rnd = random.Random(seed)
+        try:
+            while not stop.is_set():
+                with eglcuda.Subscriber("t", path=path, qos=rnd.choice(["every", "latest"]), transport="eglstream",
+                                        timeout=5) as sub:
+                    for _ in range(rnd.randint(1, 20)):
+                        try:
+                            with sub.receive(2):
+                                pass
+                        except eglcuda.Timeout:
+                            if not stop.is_set():
+                                raise
+                            break
+                closes[0] += 1
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            errors.append(exc)
+
+    threads = [threading.Thread(target=publish)] + [threading.Thread(target=churn, args=(k,)) for k in range(4)]
+    for thread in threads:
+        thread.start()
+    time.sleep(5)
+    stop.set()
+    for thread in threads:
+        thread.join(30)
+    assert not errors, errors
+    assert closes[0] > 100
+    assert [(drop.code, drop.reason) for drop in pub.dropped] == []
+    pub.close()
+
+
+@fake_driver_test
+def test_a_subscriber_read_by_another_thread_of_the_publishers_process_gets_the_frames_announced_before_close():
+    """An 'every' EGLStream subscriber in the publisher's own process, read by another thread that
+    takes 50 ms a frame: the publisher announces four frames of random bytes and closes. The
+    subscriber reads all four, byte for byte, in order, then its iteration ends (docs/topics.md,
+    Failures: the frames announced before the goodbye come first)."""
+    import threading
+    import time
+
+    folder = tempfile.mkdtemp(prefix="eglcuda-fake-topic-")
+    path = os.path.join(folder, "t.topic")
+    pub = eglcuda.Publisher("t", 64, 48, "NV12", path=path, transports=["eglstream"])
+    sub = eglcuda.Subscriber("t", path=path, qos="every", queue=4, transport="eglstream", timeout=2)
+    rng = np.random.default_rng()
+    sent = [[rng.integers(0, 256, (48, 64), np.uint8), rng.integers(0, 256, (24, 32, 2), np.uint8)] for _ in range(4)]
+    got: list[tuple[int, bool]] = []
+    errors: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            for message in sub:
+                planes = message.frame.to_numpy()
+                got.append((message.seq, all(np.array_equal(a, b) for a, b in zip(planes, sent[message.seq]))))
+                time.sleep(0.05)
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            errors.append(exc)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    for planes in sent:
+        pub.publish_from(planes)
+    pub.close()
+    reader.join(10)
+    assert not errors, errors
+    assert got == [(0, True), (1, True), (2, True), (3, True)]
+    sub.close()
