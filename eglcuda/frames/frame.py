@@ -232,7 +232,10 @@ class Plane:
         frame = self._frame
         out = np.empty(self.shape, np.uint8)
         g = self.geometry
-        _copy_2d(frame.device, frame.cuda_stream or 0, src=source, dst=("host", out, g.row_bytes),
+        stream = frame.cuda_stream or 0
+        if not frame.read_only:  # (a copy written on another stream lands first)
+            frame._order_after_writers((stream,))
+        _copy_2d(frame.device, stream, src=source, dst=("host", out, g.row_bytes),
                  width_bytes=g.row_bytes, height=g.height)
         return out
 
@@ -246,7 +249,9 @@ class Plane:
         if data.dtype != np.uint8 or data.shape not in (self.shape, (self.height, self.geometry.row_bytes)):
             raise UsageError(f"expected uint8 data of shape {self.shape}, got {data.dtype} {data.shape}")
         g = self.geometry
-        _copy_2d(frame.device, frame.cuda_stream or 0, src=("host", data, g.row_bytes), dst=target,
+        stream = frame.cuda_stream or 0
+        frame._order_after_writers((stream,))  # (work of other streams on the plane ends first)
+        _copy_2d(frame.device, stream, src=("host", data, g.row_bytes), dst=target,
                  width_bytes=g.row_bytes, height=g.height)
 
     def copy_to_device(self, pointer: int, pitch: int, cuda_stream: Any = None) -> None:
@@ -268,6 +273,8 @@ class Plane:
         frame = self._frame
         if cuda_stream is None:
             stream = frame.cuda_stream or 0
+            if not frame.read_only:
+                frame._order_after_writers((stream,))
         else:
             stream = stream_handle(cuda_stream)
             frame._hand_to(stream)
@@ -283,6 +290,7 @@ class Plane:
         g = self.geometry
         pointer, pitch = _check_linear(pointer, pitch, g)
         stream = stream_handle(cuda_stream)
+        frame._order_after_writers((stream,))  # (another stream's work on the plane ends first)
         frame._note_users((stream,))
         _copy_2d(frame.device, stream, src=("device", pointer, pitch), dst=target,
                  width_bytes=g.row_bytes, height=g.height, wait=False)

@@ -34,7 +34,7 @@ from .._bind.hot import table_address
 from .._integers import as_int, check_flag
 from .._resource import abandon, exiting
 from .._unix import wait_seconds
-from ..errors import ClosedError, StreamDisconnected, Timeout, Unsupported, UsageError
+from ..errors import ClosedError, EglCudaError, StreamDisconnected, Timeout, Unsupported, UsageError
 from ..frames.formats import (ColorFormat, Layout, _plane_geometry, check_size, color_format, layout_of,
                               producer_format)
 from ..frames.frame import Frame, FrameBase, Plane, note_users, order_after
@@ -1009,6 +1009,11 @@ cdef class CudaConsumer(Resource):
     cdef uint64_t counter, last_number
     cdef int failed_call
     cdef bint use_counter, has_last, producer_seen, connected
+    # Without frame numbers: the last frame's first plane, and the in-process producer's presents
+    # then (to tell a frame handed out again, once its producer is gone, from a new one).
+    cdef void *last_plane
+    cdef long long last_presented
+    cdef object loop_release_error  # the failed release of a frames() loop's last frame, for the next acquire
     # Its stream is the legacy default stream and the EGLStream is shared with another process: a
     # release waits for that stream's work on the host first (as CudaProducer.shared).
     cdef bint sync_before_release
@@ -1153,7 +1158,13 @@ cdef class CudaConsumer(Resource):
             # Only the frame this loop handed out: the consumer may hold another by now, acquired
             # outside the loop after that one was released (the loop then left behind, or dropped).
             if frame is not None and self.held is frame and self.connected:
-                frame.release()
+                try:
+                    frame.release()
+                except EglCudaError as exc:
+                    # Raised here, it would only be printed ("Exception ignored") when the loop
+                    # ends by break: the next acquire() says it, with the frame still held.
+                    self.loop_release_error = exc
+                    raise
 
     cdef AcquiredFrame _acquire(self, unsigned long long timeout_us, bint release_held):
         cdef AcquiredFrame frame
@@ -1162,8 +1173,13 @@ cdef class CudaConsumer(Resource):
             if not self.connected:
                 raise ClosedError("the consumer is disconnected (or its stream closed)")
             if not release_held and self.held is not None:
+                failed, self.loop_release_error = self.loop_release_error, None
+                if failed is not None:
+                    raise UsageError(f"the consumer still holds the last frame of a frames() loop, whose release "
+                                     f"failed: {failed}; release it (or use acquire_next, which does both)") from failed
                 raise UsageError("the consumer still holds a frame: release it before acquiring another "
                                  "(or use acquire_next, which does both)")
+            self.loop_release_error = None
             frame = self._acquire_inside(timeout_us, release_held)
         finally:
             # What the call let go of is dropped after the gate: a weak reference callback of a
@@ -1254,6 +1270,8 @@ cdef class CudaConsumer(Resource):
             self.last_number = value
             if not fresh:
                 self._check_disconnected(value)
+        elif self._repeated():
+            self._check_disconnected(None)
         frame = self._frame_for()
         frame._numbered = self.use_counter
         frame._number = value
@@ -1437,15 +1455,49 @@ cdef class CudaConsumer(Resource):
         self.use_counter = False
         return 0
 
-    cdef int _check_disconnected(self, uint64_t number) except -1:
+    cdef bint _repeated(self):
+        """Without frame numbers: whether the frame just acquired may be the last one again: its
+        memory is the last frame's, and (a producer in this process) nothing was presented since.
+        (A producer in another process presenting the same frame twice in a row, then leaving:
+        that last frame reads as an old one.)"""
+        cdef void *plane = <void *>self.egl_frame.frame.pPitch[0]
+        cdef bint repeated = plane == self.last_plane
+        if self.producer is not None:
+            repeated = repeated and self.producer.frames_presented == self.last_presented
+            self.last_presented = self.producer.frames_presented
+        self.last_plane = plane
+        return repeated
+
+    cdef int _check_disconnected(self, object number) except -1:
         """A frame handed out again (not new): if the producer is gone, release it and say so."""
         cdef CUresult status
-        if self.stream.state is StreamState.DISCONNECTED:
+        try:
+            state = self.stream.state
+        except BaseException:
+            # The driver refused the question: the frame (acquired and mapped) goes back to the
+            # stream, and the error says why; one the driver will not take back stays held.
+            with nogil:
+                status = hot.consumer_release(self.ctx, self.conn, self.resource, &self.cu_stream, &self.failed_call)
+            if status:
+                self._hold_after_failure()
+            raise
+        if state is StreamState.DISCONNECTED:
             # The stream hands out its last frame forever once the producer is gone (its process
             # may have died): say so instead of repeating a frame that never changes.
             with nogil:
                 status = hot.consumer_release(self.ctx, self.conn, self.resource, &self.cu_stream, &self.failed_call)
-            raise StreamDisconnected(f"the producer disconnected from the stream (last frame {number})")
+            last = f" (last frame {number})" if number is not None else ""
+            raise StreamDisconnected(f"the producer disconnected from the stream{last}")
+        return 0
+
+    cdef int _hold_after_failure(self) except -1:
+        """A frame acquired and mapped whose handing out failed after the driver's acquire: held, as
+        a frame handed out is, so that a release (or the next acquire) gives it back to the stream."""
+        cdef AcquiredFrame frame = self._frame_for()
+        frame._numbered = False
+        frame._number = 0
+        frame._fresh = False
+        self.held = frame
         return 0
 
     cdef unsigned long long _wait_for_producer(self, unsigned long long timeout_us) except? 0xFFFFFFFFFFFFFFFF:

@@ -308,7 +308,10 @@ class Stream(Resource):
         (:attr:`AcquiredFrame.is_new`). With the producer in another process that costs one EGL
         query per acquire. With a :class:`CudaProducer` on this stream in this process, a new frame
         waiting when the acquire begins is numbered from the producer's present counts instead, and
-        EGL is asked only in the other cases. Turned off, ``number`` and ``is_new`` are None."""
+        EGL is asked only in the other cases. Turned off, ``number`` and ``is_new`` are None, and a
+        frame handed out again is told by its memory (and, with the producer in this process, by
+        its present count): once the producer has disconnected, that acquire raises
+        :class:`StreamDisconnected`, as with numbers."""
         from .cuda import CudaConsumer  # a factory for the layer's endpoints (they import this module)
 
         return CudaConsumer(self, device, cuda_stream, location, frame_numbers)

@@ -454,3 +454,44 @@ def test_disconnect_failures_are_not_raised_at_close():
         assert fake.calls("cuEGLStreamProducerDisconnect") == fake.calls("cuEGLStreamConsumerDisconnect") == 1
         assert fake.count("stream_handles") == 0
         assert fake.count("connections") == 2  # what the driver refused stays the driver's
+
+
+@fake_driver_test
+def test_state_query_fails_as_an_old_frame_is_acquired_again():
+    """The question whether the producer is still there (asked when the acquire handed out the
+    last frame again) fails: the error names the call, the frame goes back to the stream, and the
+    next acquire hands it out."""
+    random = rng()
+    with stream_of(32, 8) as (_, stream, producer, consumer):
+        frame = producer.allocate_frame()
+        sent = fill_random(frame, random)
+        producer.present(frame)
+        consumer.acquire(1_000_000).release()
+        fake.fail("eglQueryStreamKHR", EGL_BAD_ALLOC)
+        with pytest.raises(eglcuda.EGLError, match="eglQueryStreamKHR"):
+            consumer.acquire(0)
+        assert fake.count("held") == 0
+        with consumer.acquire(0) as acquired:
+            assert acquired.is_new is False
+            assert_frame_equals(acquired, sent)
+
+
+@fake_driver_test(misuse_ok=True)
+def test_release_fails_as_a_frames_loop_ends():
+    """A frames() loop left with break whose release of the last frame fails: the next acquire()
+    says so (the frame is still held, and why), and acquire_next releases it and goes on."""
+    random = rng()
+    with stream_of(32, 8, fifo_length=2) as (_, stream, producer, consumer):
+        ring = [producer.allocate_frame() for _ in range(2)]
+        fill_random(ring[0], random)
+        producer.present(ring[0])
+        for _ in consumer.frames(1_000_000):
+            fake.fail(RELEASE, CUDA_ERROR_UNKNOWN)
+            break
+        sent = fill_random(ring[1], random)
+        producer.present(ring[1])
+        with pytest.raises(eglcuda.UsageError, match="frames\\(\\) loop.*cuEGLStreamConsumerReleaseFrame") as info:
+            consumer.acquire(1_000_000)
+        assert isinstance(info.value.__cause__, eglcuda.CUDAError)
+        with consumer.acquire_next(1_000_000) as acquired:
+            assert_frame_equals(acquired, sent)

@@ -1002,3 +1002,68 @@ def test_numpy_bools_and_floats_name_no_resource_location():
                 assert stream.consumer is None
         with opened.create_stream() as stream:
             assert stream.connect_cuda_consumer(location=np.int64(1)).location is ResourceLocation.VIDMEM
+
+
+@pytest.mark.parametrize("how", ["to_numpy", "copy_from", "copy_to_device", "copy_from_device"])
+@fake_driver_test
+def test_a_plane_copied_on_the_default_stream_waits_for_a_write_queued_on_another(how):
+    """A producer frame written by a copy on a side stream (a PyTorch stream, say) that still has
+    work queued: reading it back (``to_numpy``, ``copy_to_device`` on the frame's stream) or
+    writing it again (``copy_from``, ``copy_from_device`` on the legacy stream) is ordered after
+    that write, as a ``__cuda_array_interface__`` view is (docs/ordering.md): the legacy default
+    stream is left waiting for the side stream."""
+    import ctypes
+
+    library = ctypes.CDLL(os.environ["EGLCUDA_LIBCUDA"])
+    library.fake_cuda_hold.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    library.cuStreamQuery.argtypes = [ctypes.c_void_p]
+    not_ready = 600
+    eglcuda.get_device(0).make_current()
+    side = cuda.stream_create(non_blocking=True)
+    frame, source, target = (eglcuda.Frame.allocate(64, 48, "Y") for _ in range(3))
+    source.planes[0].copy_from(rng().integers(0, 256, (48, 64), np.uint8))
+    library.fake_cuda_hold(side, 1)
+    frame.planes[0].copy_from_device(source.planes[0].pointer, source.pitch, cuda_stream=side)
+    assert library.cuStreamQuery(None) != not_ready
+    plane = frame.planes[0]
+    if how == "to_numpy":
+        plane.to_numpy()
+    elif how == "copy_from":
+        plane.copy_from(np.zeros((48, 64), np.uint8))
+    elif how == "copy_to_device":
+        plane.copy_to_device(target.planes[0].pointer, target.pitch)
+    else:
+        plane.copy_from_device(target.planes[0].pointer, target.pitch)
+    assert library.cuStreamQuery(None) == not_ready, f"{how} did not wait for the write on the side stream"
+    library.fake_cuda_hold(side, 0)
+    for each in (frame, source, target):
+        each.close()
+
+
+@fake_driver_test
+def test_a_consumer_without_frame_numbers_learns_that_its_producer_left():
+    """``frame_numbers=False`` (mailbox): while the producer is connected, an acquire with no new
+    frame hands out the last one again; once it disconnected, acquire raises StreamDisconnected
+    (not the last frame, whose memory the producer may have freed) and a frames() loop ends."""
+    random = rng()
+    with display() as opened:
+        stream = opened.create_stream()
+        consumer = stream.connect_cuda_consumer(frame_numbers=False)
+        producer = stream.connect_cuda_producer(64, 48, format="Y")
+        frames = [producer.allocate_frame() for _ in range(2)]
+        for frame in frames:
+            sent = [random.integers(0, 256, (48, 64), np.uint8)]
+            frame.planes[0].copy_from(sent[0])
+            producer.present(frame)
+            for _ in range(2):  # the new frame, then the same one again
+                with consumer.acquire(1_000_000) as acquired:
+                    assert acquired.number is None
+                    assert np.array_equal(acquired.to_numpy()[0], sent[0])
+        producer.close()
+        for frame in frames:
+            frame.close()
+        with pytest.raises(eglcuda.StreamDisconnected):
+            consumer.acquire(1_000_000)
+        assert list(consumer.frames(1_000_000)) == []
+        assert fake.count("held") == 0
+        stream.close()
