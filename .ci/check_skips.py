@@ -25,7 +25,12 @@ def main() -> int:
     args = parser.parse_args()
     reasons: collections.Counter[str] = collections.Counter()
     vague = []
-    for case in ET.parse(args.report).getroot().iter("testcase"):
+    try:
+        report = ET.parse(args.report).getroot()
+    except (OSError, ET.ParseError) as exc:
+        print(f"{sys.argv[0]}: cannot read the JUnit report {args.report}: {exc}", file=sys.stderr)
+        return 2
+    for case in report.iter("testcase"):
         for skipped in case.findall("skipped"):
             reason = skipped.get("message", "").strip()
             if reason == "collection skipped":  # a whole module: the reason is in the text, (path, line, 'Skipped: ...')

@@ -116,6 +116,26 @@ def output_file(parser: argparse.ArgumentParser, option: str, path: str | None) 
     parser.error(f"{option} {path!r} is {why}")
 
 
+def output_folder(parser: argparse.ArgumentParser, option: str, path: str | None) -> None:
+    """A folder ``option`` names for results written during and after the run, checked before the
+    run: an empty path, a file, or a place where the folder cannot be made ends the run with
+    argparse's usage error at once. None or "": no folder."""
+    if not path:
+        return
+    existing = os.path.abspath(path)
+    while not os.path.exists(existing):  # (the nearest part that exists must be a writable folder)
+        existing = os.path.dirname(existing)
+    if existing == os.path.abspath(path) and not os.path.isdir(existing):
+        why = "a file, not a folder"
+    elif not os.path.isdir(existing):
+        why = f"under a file ({existing})"
+    elif not os.access(existing, os.W_OK | os.X_OK):
+        why = f"not writable here ({existing})"
+    else:
+        return
+    parser.error(f"{option} {path!r} is {why}")
+
+
 @contextlib.contextmanager
 def mps_daemon() -> Iterator[str]:
     """A private MPS daemon for this run (eglcuda.mps.MPSDaemon: it also stops the daemon if this

@@ -42,7 +42,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _script import CUDA_PYTHON, build_reference, fail, listed, require, run  # noqa: E402
+from _script import CUDA_PYTHON, build_reference, fail, listed, output_folder, require, run  # noqa: E402
 
 PROGRAM = "bench/cross_gpu.py"
 HERE = pathlib.Path(__file__).resolve().parent
@@ -304,6 +304,7 @@ def main() -> int:
     parser.add_argument("--out", default=None, help="folder for results.json and the markdown table")
     parser.add_argument("--directions", default="0:1,1:0", help="producer:consumer GPU pairs")
     args = parser.parse_args()
+    output_folder(parser, "--out", args.out)
     directions = listed(parser, "--directions", args.directions, "producer:consumer GPU pairs, e.g. 0:1,1:0", pair)
     require(PROGRAM, "two-gpus", "cross-process", modules=[CUDA_PYTHON], gcc=True)
     if not (HERE / "c" / "cross_gpu.c").exists():

@@ -54,7 +54,7 @@ from typing import Any, Callable
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # _script.py, fanout.py and cross_process.py, for this process and the spawned ones
-from _script import CUDA_PYTHON, build_reference, fail, one_line, require, run  # noqa: E402
+from _script import CUDA_PYTHON, build_reference, fail, one_line, output_folder, require, run  # noqa: E402
 
 PROGRAM = "bench/mps.py"
 NUMPY = ("numpy", "numpy for bench/cross_process.py", "pip install numpy")
@@ -376,6 +376,7 @@ def main() -> int:
                                                       "DIR/results.json; no GPU needed")
     parser.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    output_folder(parser, "--out", args.out)
     if args.probe:
         return probe()
     if args.plot:
@@ -704,8 +705,13 @@ def redraw(folder: pathlib.Path) -> int:
     except (OSError, ValueError) as exc:
         print(f"{PROGRAM}: cannot read {folder / 'results.json'}: {one_line(exc)}", file=sys.stderr)
         return 2
-    (folder / "table.md").write_text(markdown(results) + "\n")
-    said = plot(results, folder / "fanout.png")
+    try:
+        table = markdown(results)
+        said = plot(results, folder / "fanout.png")
+    except (KeyError, TypeError, AttributeError, ValueError) as exc:  # (a file of another shape)
+        print(f"{PROGRAM}: {folder / 'results.json'} is not this benchmark's results ({one_line(exc)})", file=sys.stderr)
+        return 2
+    (folder / "table.md").write_text(table + "\n")
     print(said)
     return 0 if said.startswith("wrote") else 1
 

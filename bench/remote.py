@@ -77,7 +77,7 @@ sys.path.insert(0, str(HERE))
 from _remote_common import TAIL_S, Pacer, RoleProcess, Tally, Window, emit, frame_bytes, now_ns  # noqa: E402
 from _remote_report import goals, markdown, plot, summarize  # noqa: E402
 from _remote_zmq import role_zmq_publisher, role_zmq_subscriber  # noqa: E402
-from _script import BENCH_HINT, CRYPTOGRAPHY, MATPLOTLIB, at_least, fail, listed, mps_binaries, mps_daemon, require, run  # noqa: E402
+from _script import BENCH_HINT, CRYPTOGRAPHY, MATPLOTLIB, at_least, fail, listed, mps_binaries, mps_daemon, output_folder, require, run  # noqa: E402
 
 PROGRAM = "bench/remote.py"
 SIZES = {"1080p-nv12": (1920, 1080, "NV12"), "4k-argb": (3840, 2160, "ARGB")}
@@ -353,6 +353,7 @@ def main() -> int:
     parser.add_argument("--qos", default="latest", choices=["latest", "every"], help=argparse.SUPPRESS)
     parser.add_argument("--rate", type=float, default=0.0, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    output_folder(parser, "--out", args.out)
     if args.role:
         return {"pub": role_publisher, "local": role_local, "relay": role_relay, "remote": role_remote,
                 "zmq-pub": role_zmq_publisher, "zmq-sub": role_zmq_subscriber}[args.role](args)

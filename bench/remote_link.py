@@ -42,7 +42,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import _netlink  # noqa: E402
 from _remote_common import TAIL_S, Pacer, RoleProcess, Tally, Window, emit, now_ns  # noqa: E402
-from _script import CRYPTOGRAPHY, at_least, fail, lazy, require, run  # noqa: E402
+from _script import CRYPTOGRAPHY, at_least, fail, lazy, output_folder, require, run  # noqa: E402
 
 np = lazy("numpy")
 PROGRAM = "bench/remote_link.py"
@@ -228,6 +228,7 @@ def main() -> int:
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--key-file", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    output_folder(parser, "--out", args.out)
     if args.role:
         return {"pub": role_publisher, "relay": role_relay, "remote": role_remote}[args.role](args)
 

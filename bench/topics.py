@@ -84,7 +84,7 @@ import time
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from _script import at_least, fail, listed, mps_binaries, mps_daemon, require, run  # noqa: E402
+from _script import at_least, fail, listed, mps_binaries, mps_daemon, output_folder, require, run  # noqa: E402
 from _topics_baselines import ring_publisher, ring_subscriber, torch_run  # noqa: E402
 from _topics_common import (POOL, PROGRAM, ROOT, SIZES, TRANSPORTS, WARMUP, emit, now_ns, pin,  # noqa: E402
                             plane_rows, summarize)
@@ -430,6 +430,7 @@ def main() -> int:
     parser.add_argument("--fd", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--times", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    output_folder(parser, "--out", args.out)
     if args.stall_pairs < 0 or not args.stall_phase > 0:
         parser.error("--stall-pairs is 0 or more and --stall-phase more than 0")
     if not 0 <= args.rate <= 1e6:

@@ -48,7 +48,7 @@ import time
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
-from _script import at_least, fail, require, run  # noqa: E402
+from _script import at_least, fail, output_folder, require, run  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "samples"))
 import _video as video  # noqa: E402
@@ -527,6 +527,7 @@ def main() -> int:
     parser.add_argument("--paced", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--infer", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    output_folder(parser, "--out", args.out)
     if args.role:
         {"decode": role_decode, "publish": role_publish, "subscribe": role_subscribe, "oneproc": role_oneproc,
          "cpu": role_cpu, "copy": role_copy}[args.role](args)
@@ -537,8 +538,13 @@ def main() -> int:
             doc = json.loads((folder / "results.json").read_text())
         except (OSError, ValueError) as exc:
             fail(PROGRAM, f"cannot read {folder / 'results.json'}: {exc}", 2)  # a bad --plot-only DIR
-        (folder / "results.md").write_text(markdown(doc) + "\n")
-        print(f"wrote {folder}/results.md, {', '.join(plot(doc, folder)) or 'no plots (no matplotlib)'}")
+        try:
+            table = markdown(doc)
+            plots = plot(doc, folder)
+        except (KeyError, TypeError, AttributeError, ValueError) as exc:  # (a file of another shape)
+            fail(PROGRAM, f"{folder / 'results.json'} is not this benchmark's results ({exc!r})", 2)
+        (folder / "results.md").write_text(table + "\n")
+        print(f"wrote {folder}/results.md, {', '.join(plots) or 'no plots (no matplotlib)'}")
         return 0
 
     rows = [r for r in args.rows.split(",") if r]

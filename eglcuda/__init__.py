@@ -3,6 +3,20 @@
 Importing eglcuda loads no driver library: libEGL and libcuda are opened at first use, and a
 missing one raises :class:`Unsupported` then.
 """
+import os as _os
+import sys as _sys
+
+try:
+    from ._bind import _native  # noqa: F401 - the compiled EGL/CUDA bindings every part uses
+except ImportError as _missing:
+    _where = _os.path.dirname(_os.path.abspath(__file__))
+    _why = (f"eglcuda at {_where} has no compiled modules (a source tree that was not built): build it there "
+            f"(pip install -e .), or run from another folder (or with python -P) to use the installed eglcuda")
+    if _sys.argv[:1] == ["-m"]:  # (python -m eglcuda ...: one line, not a traceback)
+        print(f"python -m eglcuda: {_why}", file=_sys.stderr)
+        raise SystemExit(2) from None
+    raise ImportError(_why) from _missing
+
 from .context import GLContext
 from .cuda_device import CudaDevice, driver_version, get_device
 from .display import Device, Display, client_extensions, devices

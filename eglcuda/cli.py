@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import shlex
@@ -63,8 +64,12 @@ def main(argv: list[str] | None = None) -> int:
     _add_relay(commands)
     _add_keygen(commands)
     args, extra = parser.parse_known_args(argv)
-    if extra:  # (said by the command's parser, which names the command)
-        commands.choices.get(args.command, parser).error(f"unrecognized arguments: {' '.join(extra)}")
+    if extra:  # (said by the parser of the command, or of its action: `mps start`)
+        said_by = commands.choices.get(args.command, parser)
+        for action in said_by._actions:
+            if isinstance(action, argparse._SubParsersAction) and getattr(args, action.dest or "", None) in action.choices:
+                said_by = action.choices[getattr(args, action.dest)]
+        said_by.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command is None:  # bare `python -m eglcuda`: say what there is
         parser.print_help()
         return 0
@@ -111,16 +116,42 @@ def _add_check(commands: "argparse._SubParsersAction[_Parser]") -> None:
 
 def _pipe_safe(run: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
     """Run a command whose output may go to a pipe that closes early (``| head``): stop quietly
-    instead of ending in a BrokenPipeError traceback."""
+    instead of ending in a BrokenPipeError traceback. Output that cannot be written at all (a
+    full disk, a closed standard output) is one line on standard error and status 1."""
+    if sys.stdout is None:
+        print(f"python -m eglcuda {args.command}: standard output is closed: nothing can be written", file=sys.stderr)
+        return 1
     try:
         code = run(args)
         sys.stdout.flush()
         return code
     except BrokenPipeError:
-        # Python flushes stdout again at exit: point it at /dev/null so that flush cannot fail.
+        _silence_stdout()
+        return 1
+    except OSError as exc:
+        if not _stdout_failed(exc):
+            raise
+        _silence_stdout()
+        print(f"python -m eglcuda {args.command}: writing its output failed: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+
+
+def _stdout_failed(exc: OSError) -> bool:
+    """Whether ``exc`` came from writing standard output (the traceback's last frame wrote it)."""
+    try:
+        sys.stdout.flush()
+    except OSError:
+        return True
+    return exc.errno in (errno.ENOSPC, errno.EIO, errno.EBADF) and exc.filename is None
+
+
+def _silence_stdout() -> None:
+    """Python flushes stdout again at exit: point it at /dev/null so that flush cannot fail."""
+    try:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
-        return 1
+    except (OSError, ValueError):
+        pass
 
 
 def _add_mps(commands: "argparse._SubParsersAction[_Parser]") -> None:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import errno
 import json
 import os
 import pathlib
@@ -708,9 +709,11 @@ def _unwritable(path: pathlib.Path) -> str | None:
         return f"no such folder {path.parent}"
     existed = path.exists()
     try:
-        with open(path, "a"):
-            pass
+        # (O_NONBLOCK: a FIFO nobody reads is refused at once rather than waited on)
+        os.close(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o666))
     except OSError as exc:
+        if exc.errno == errno.ENXIO:
+            return "is a pipe that nobody reads: start its reader first, or pass --json PATH elsewhere"
         return f"cannot be written ({exc.strerror}): pass --json PATH elsewhere, or '-' for none"
     if not existed:
         path.unlink(missing_ok=True)

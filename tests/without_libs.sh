@@ -50,9 +50,13 @@ matches() {
   return 1
 }
 
-# The folders the loader searches: those in its cache, and the standard ones.
-mapfile -t folders < <({ ldconfig -p | sed -n 's/.* => \(.*\)\/[^/]*$/\1/p'
-                         printf '%s\n' /lib /usr/lib /lib64 /usr/lib64 /usr/local/lib; } | sort -u)
+# ldconfig lives in /sbin, which a user's PATH may lack.
+ldconfig=$(PATH="$PATH:/sbin:/usr/sbin" command -v ldconfig) || {
+  echo "$0: needs ldconfig (libc-bin) to find the loader's folders" >&2; exit 2; }
+# The folders the loader searches: those in its cache, and the standard ones (multiarch too).
+mapfile -t folders < <({ "$ldconfig" -p | sed -n 's/.* => \(.*\)\/[^/]*$/\1/p'
+                         printf '%s\n' /lib /usr/lib /lib64 /usr/lib64 /usr/local/lib
+                         arch=$(uname -m)-linux-gnu; printf '%s\n' "/lib/$arch" "/usr/lib/$arch"; } | sort -u)
 declare -A done_folders=()
 hidden=()
 count=0
@@ -79,8 +83,13 @@ for folder in "${folders[@]}"; do
 done
 
 if [ -f /etc/ld.so.cache ]; then
-  ldconfig -X -C "$scratch/ld.so.cache" 2>/dev/null || true
+  "$ldconfig" -X -C "$scratch/ld.so.cache" 2>/dev/null || true
   [ -f "$scratch/ld.so.cache" ] && mount --bind "$scratch/ld.so.cache" /etc/ld.so.cache
 fi
-echo "without_libs: hidden ${#hidden[@]} files matching ${patterns[*]}" >&2
+if [ ${#hidden[@]} -eq 0 ]; then
+  # (a machine without them already: the command runs as it would there, which is the point)
+  echo "without_libs: WARNING: no file in the loader's folders matches ${patterns[*]}: nothing hidden" >&2
+else
+  echo "without_libs: hidden ${#hidden[@]} files matching ${patterns[*]}" >&2
+fi
 exec "$@"

@@ -19,8 +19,9 @@ case "${1:-}" in
   -*) echo "usage: bash $0 [OUT] (--help: what it runs)" >&2; exit 2 ;;  # not a folder name: an option
 esac
 if [ $# -gt 1 ]; then echo "usage: bash $0 [OUT] (--help: what it runs)" >&2; exit 2; fi
-cd "$(dirname "$0")/../.."
 OUT=${1:-bench-tables/remote}
+case "$OUT" in /*) ;; *) OUT="$PWD/$OUT" ;; esac  # (relative to where it was run, before the cd)
+cd "$(dirname "$0")/../.."
 PYTHON=${PYTHON:-python3}
 COMMON=(--ucx-env UCX_TCP_TX_SEG_SIZE=256K,UCX_TCP_RX_SEG_SIZE=1M --no-plots)
 RAW=(--variants eglcuda,ucx-raw --engine-modes blocking)

@@ -13,8 +13,9 @@ case "${1:-}" in
   -*) echo "usage: bash $0 [OUT] (--help: what it runs)" >&2; exit 2 ;;  # not a folder name: an option
 esac
 if [ $# -gt 1 ]; then echo "usage: bash $0 [OUT] (--help: what it runs)" >&2; exit 2; fi
-cd "$(dirname "$0")/../.."
 OUT=${1:-bench-tables/topics}
+case "$OUT" in /*) ;; *) OUT="$PWD/$OUT" ;; esac  # (relative to where it was run, before the cd)
+cd "$(dirname "$0")/../.."
 PYTHON=${PYTHON:-python3}
 COMMON=(--sizes 1080p-nv12 --subscribers 1,8 --duration 1 --transports cuda-ipc,ipc-ring --rounds 3 --qos every)
 if ! command -v "$PYTHON" >/dev/null; then

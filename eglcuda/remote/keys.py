@@ -111,7 +111,8 @@ def check_key(key: bytes, where: str) -> bytes:
     offline by whoever poses as the relay, so a key must be random bytes), the same byte
     repeated, a short repeated or counting pattern, or too few different byte values."""
     if not MIN_KEY <= len(key) <= MAX_KEY:
-        raise UsageError(f"{where}: a key is {MIN_KEY}..{MAX_KEY} random bytes, got {len(key)} ({KEYGEN} makes one)")
+        got = f"more than {MAX_KEY}" if len(key) > MAX_KEY else str(len(key))  # (a file is read no further)
+        raise UsageError(f"{where}: a key is {MIN_KEY}..{MAX_KEY} random bytes, got {got} ({KEYGEN} makes one)")
     why = _weakness(key)
     if why is not None:
         raise UsageError(f"{where}: not a usable key: {why}; a key is random bytes: make one with {KEYGEN}")

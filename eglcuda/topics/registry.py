@@ -252,7 +252,7 @@ def _relay_status(path: str, clean: bool) -> dict[str, Any] | None:
         body = json.loads(data) if data is not None and len(data) <= MAX_RELAY_STATUS else None
     except ValueError:
         return None
-    if not isinstance(body, dict) or not isinstance(body.get("remotes"), list):
+    if not isinstance(body, dict) or not isinstance(body.get("remotes"), list) or not isinstance(body.get("name"), str):
         return None
     pid = body.get("pid")
     if pid.__class__ is not int or not 0 < pid <= _MAX_PID:  # (0, -1 or a bool would ask about other processes)

@@ -213,3 +213,57 @@ def test_an_abbreviated_option_is_refused_not_taken_for_the_one_it_begins(args):
     abbreviation = [arg for arg in args if arg.startswith("--")][0]
     lines = result.stderr.splitlines()
     assert len(lines) == 1 and f"unrecognized arguments: {abbreviation}" in lines[0], lines
+
+
+@pytest.mark.parametrize("command", [("info",), ("topics",), ("mps", "status")])
+def test_output_that_cannot_be_written_is_one_line_not_a_traceback(command, tmp_path):
+    """Standard output on a full disk (/dev/full) or closed: one line on standard error, status 1."""
+    with open("/dev/full", "w") as full:
+        result = subprocess.run([sys.executable, "-m", "eglcuda", *command], stdout=full, stderr=subprocess.PIPE,
+                                text=True, timeout=120)
+    lines = result.stderr.splitlines()
+    assert result.returncode == 1 and len(lines) == 1 and "writing its output failed" in lines[0], lines
+    result = subprocess.run([sys.executable, "-c", "import os, runpy, sys; os.close(1); sys.stdout = None; "
+                             "sys.argv = ['eglcuda', *sys.argv[1:]]; runpy.run_module('eglcuda', run_name='__main__')",
+                             *command], stderr=subprocess.PIPE, text=True, timeout=120)
+    lines = result.stderr.splitlines()
+    assert result.returncode == 1 and len(lines) == 1 and "standard output is closed" in lines[0], lines
+
+
+def test_check_refuses_a_pipe_nobody_reads_at_once(tmp_path):
+    fifo = tmp_path / "results.fifo"
+    os.mkfifo(fifo)
+    result = run("check", "--only", "fence-sync", "--json", str(fifo))
+    lines = result.stderr.splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and "a pipe that nobody reads" in lines[0], lines
+
+
+def test_an_unknown_option_of_an_mps_action_points_at_that_actions_help():
+    result = run("mps", "start", "--bogus")
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        "python -m eglcuda mps start: unrecognized arguments: --bogus ('python -m eglcuda mps start --help' lists "
+        "the options)"]
+
+
+def test_topics_skips_a_relay_status_whose_name_is_not_text(tmp_path):
+    folder = tmp_path / "topics"
+    folder.mkdir(mode=0o700)
+    (folder / "cam.topic.1.relay").write_text(json.dumps({"pid": os.getpid(), "remotes": [], "name": ["a"]}))
+    for args in ((), ("--json",)):
+        result = run("topics", "--dir", str(folder), *args)
+        assert result.returncode == 0 and result.stderr == "", result.stderr
+
+
+def test_a_source_tree_without_compiled_modules_says_so_in_one_line(tmp_path):
+    """``python -m eglcuda`` in a checkout that was never built (the installed package elsewhere):
+    the tree's eglcuda shadows it; one line says so and how to get past it."""
+    source = pathlib.Path(eglcuda.__file__).resolve().parent
+    copy = tmp_path / "checkout" / "eglcuda"
+    import shutil
+
+    shutil.copytree(source, copy, ignore=shutil.ignore_patterns("*.so", "__pycache__"))
+    result = run("info", cwd=copy.parent)
+    lines = result.stderr.splitlines()
+    assert result.returncode == 2 and len(lines) == 1, result.stderr
+    assert "has no compiled modules" in lines[0] and "pip install -e ." in lines[0], lines

@@ -166,6 +166,13 @@ BAD_ARGUMENTS = [
     ("bench/memory_kinds.py", "--plot", "/nonexistent-folder/plot.svg"),
     ("bench/stream_roundtrip.py", "--markdown", "/"),
     ("scripts/gpu_check.py", "--out", "/etc/hostname"),
+    # a results folder that is a file (it failed after the run's first row, or at its end)
+    ("bench/topics.py", "--out", "/etc/hostname"),
+    ("bench/remote.py", "--out", "/etc/hostname"),
+    ("bench/video.py", "--out", "/etc/hostname"),
+    ("bench/mps.py", "--out", "/etc/hostname/results"),
+    ("bench/cross_gpu.py", "--out", "/etc/hostname"),
+    ("bench/remote_link.py", "--out", "/etc/hostname"),
 ]
 
 
@@ -190,6 +197,17 @@ def test_plots_of_a_folder_without_results_is_a_bad_argument(tmp_path):
     assert result.returncode == 2, result.stdout + result.stderr
     lines = result.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("bench/video.py: cannot read "), lines
+
+
+@pytest.mark.parametrize("script, option", [("bench/video.py", "--plot-only"), ("bench/mps.py", "--plot")])
+@pytest.mark.parametrize("body", ["{}", "[1, 2]", '{"cells": 3}'])
+def test_plots_of_results_of_another_shape_is_a_bad_argument(script, option, body, tmp_path):
+    (tmp_path / "results.json").write_text(body)
+    result = subprocess.run([sys.executable, str(ROOT / script), option, str(tmp_path)], capture_output=True,
+                            text=True, timeout=120, cwd=tmp_path)
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and "is not this benchmark's results" in lines[0], lines
 
 
 def _wheel(path: pathlib.Path, *, record: bool = True) -> pathlib.Path:
@@ -365,9 +383,11 @@ def test_the_table_scripts_pass_their_benchmarks_valid_options(script, calls, tm
     shim.write_text(f'#!/bin/sh\nerr=$("{sys.executable}" "$@" 2>&1 >/dev/null); rc=$?\n'
                     f'printf "%s\\t%s\\n" "$rc" "$err" >> "{log}"\n[ "$rc" = 2 ] && exit 0\nexit "$rc"\n')
     shim.chmod(0o755)
-    result = subprocess.run(["bash", str(ROOT / script), str(tmp_path / "out")], capture_output=True, text=True,
+    # (OUT relative to where the script runs, not to the checkout it changes into)
+    result = subprocess.run(["bash", str(ROOT / script), "out"], capture_output=True, text=True, cwd=tmp_path,
                             timeout=600, env={**__import__("os").environ, "PYTHON": str(shim)})
     assert result.returncode == 0, result.stdout + result.stderr
+    assert f"results: {tmp_path}/out/" in result.stdout, result.stdout
     answers = log.read_text().splitlines()
     assert len(answers) == calls, answers
     for answer in answers:
