@@ -26,7 +26,7 @@ from .._lifecycle import Tracked, stay_if_ended_by_exit
 from .._resource import Resource
 from ..cuda_device import CudaDevice, get_device
 from ..errors import ClosedError, Dropped, EglCudaError, MismatchedSource, StreamDisconnected, Timeout, UsageError, shown
-from ..frames.formats import PLANE_ALIGNMENT, ColorFormat, Layout, PlaneGeometry, _plane_geometry
+from ..frames.formats import PLANE_ALIGNMENT, SAME_GEOMETRY, ColorFormat, Layout, PlaneGeometry, _plane_geometry
 from ..frames.frame import FrameBase, Plane
 from ..frames.interop import stream_handle
 from .protocol import Reason
@@ -327,7 +327,8 @@ class Batcher:
         # the bytes from one image to the next in the buffer.
         self._plans = tuple((cuda.copy_plan(g.row_bytes, g.height, g.pitch), offset, g.height * g.pitch)
                             for offset, g in self._layout)
-        self._stream: _BatchStream | None = None  # the stream the batcher made for itself, if it did
+        self._stream: _BatchStream | None = None  # the stream the batcher made for itself, while it is open
+        self._made_stream = False
         self._pid = os.getpid()  # (in a forked child the batcher is the parent's: no driver call there)
         self._memory: list[_BatchMemory] = []
         self._waitset: WaitSet | None = None
@@ -342,6 +343,7 @@ class Batcher:
                 else:
                     self._stream = _BatchStream(self.device)
                     self._cuda_stream = self._stream.handle
+                    self._made_stream = True
             else:
                 self._cuda_stream = stream_handle(cuda_stream)
             self._memory = [_BatchMemory(self.device, size) for _ in range(pool)]
@@ -603,11 +605,16 @@ class Batcher:
         checks their geometry once); False when the frame does not fit the batch (its source ended)."""
         planes = frame.planes
         if frame.width != self.width or frame.height != self.height or frame.format is not self.format:
-            # (Plane shapes follow from size and format: the full check only for a frame that differs.)
+            # (Plane shapes follow from size and format: the full check only for a frame that differs.
+            # A format of the same bytes under another name, as the driver labels NV12, is the
+            # batch's; another one with planes of the same shapes, BGRA for ARGB, is not.)
             shapes = tuple((p.height, p.width, p.channels) for p in planes)
-            if shapes != self._plane_shapes:
-                error = MismatchedSource(f"source {index} (topic {self.subscribers[index].name!r}) sent a frame "
-                                         f"of planes {shapes}, the batch's are {self._plane_shapes}")
+            label = SAME_GEOMETRY.get(frame.format, frame.format)
+            if shapes != self._plane_shapes or label is not SAME_GEOMETRY.get(self.format, self.format):
+                error = MismatchedSource(f"source {index} (topic {self.subscribers[index].name!r}) sent a "
+                                         f"{frame.width}x{frame.height} {frame.format.name} frame of planes {shapes}, "
+                                         f"the batch's are {self.width}x{self.height} {self.format.name}, planes "
+                                         f"{self._plane_shapes}")
                 self._end(index, error)
                 return False
         stream = self._cuda_stream
@@ -725,7 +732,7 @@ class Batcher:
         """The stream the copies are queued on and batches are ordered on (a ``CUstream``
         handle); None once the batcher that made it for itself is closed (it is destroyed then, or
         with the last batch still out; a caller's or the subscribers' stream stays named)."""
-        if self._stream is not None and (self._closed or self._stream.closed):
+        if self._made_stream and (self._closed or self._stream is None or self._stream.closed):
             return None
         return self._cuda_stream
 
@@ -805,6 +812,7 @@ class Batcher:
             # of it that began before this close (another thread's to_numpy(), say) still queues on it.
             if self._stream is not None and not out:
                 self._stream.close()
+            self._stream = None  # (the batches out hold it: it goes with the last of them, not with this object)
 
     def __enter__(self) -> "Batcher":
         return self

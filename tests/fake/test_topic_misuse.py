@@ -361,3 +361,32 @@ def test_a_subscriber_read_by_another_thread_of_the_publishers_process_gets_the_
     assert not errors, errors
     assert got == [(0, True), (1, True), (2, True), (3, True)]
     sub.close()
+
+
+@fake_driver_test
+def test_a_batcher_closed_with_a_batch_out_lets_its_stream_go_with_that_batch():
+    """Batcher.close() with a batch still out: the batcher's own CUDA stream stays for that batch,
+    and goes once the batch is released and dropped, while the closed batcher object lives on."""
+    import gc
+
+    from .harness import fake
+
+    folder = tempfile.mkdtemp(prefix="eglcuda-fake-topic-")
+    path = os.path.join(folder, "t.topic")
+    streams = fake.count("cuda_streams")
+    pub = eglcuda.Publisher("t", 64, 48, "NV12", path=path, transports=["cuda-vmm"])
+    sub = eglcuda.Subscriber("t", path=path, qos="every", transport="cuda-vmm", timeout=2)
+    before = fake.count("cuda_streams")
+    batcher = eglcuda.Batcher([sub], batch_size=1)
+    assert fake.count("cuda_streams") == before + 1
+    pub.publish_from([np.full((48, 64), 3, np.uint8), np.full((24, 32, 2), 5, np.uint8)])
+    batch = batcher.next(timeout=2)
+    batcher.close()
+    assert fake.count("cuda_streams") == before + 1  # (the batch out still orders its reads on it)
+    batch.release()
+    del batch
+    gc.collect()
+    assert fake.count("cuda_streams") == before and batcher.cuda_stream is None
+    sub.close()
+    pub.close()
+    assert fake.count("cuda_streams") == streams

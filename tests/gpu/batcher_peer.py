@@ -647,14 +647,15 @@ def rejoin(args) -> int:
     subs[0].wait_for_publisher(20.0)
     after: list[list[int]] = []
     wrong: list[str] = []
-    while len(after) < 6:
+    while len(after) < 6 and 0 not in batcher.ended:  # (a publisher of another format: the source ends)
         with batcher.next() as formed:
             after += [[f.seq, f.skipped] for f in formed.frames if f.source == 0]
             wrong += check_batch(formed, source_seeds)
     batcher.close()
     for sub in subs:
         sub.close()
-    say(event="rejoined", ended=ended, after=after, wrong=wrong[:3], left=sorted(batcher.ended))
+    say(event="rejoined", ended=ended, after=after, wrong=wrong[:3], left=sorted(batcher.ended),
+        why={str(k): type(v).__name__ for k, v in batcher.ended.items()})
     return 0
 
 

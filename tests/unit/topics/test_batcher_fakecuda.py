@@ -180,6 +180,24 @@ def test_a_source_joined_again_behind_the_batcher_counts_its_skips_from_its_new_
     assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), report
 
 
+def test_a_source_joined_again_to_a_publisher_of_another_format_leaves_the_rotation(sources):
+    """As above, the new publisher sends BGRA where the batch is ARGB: planes of the same shape,
+    other bytes. The source leaves the rotation with MismatchedSource; none of its frames is
+    batched as ARGB, and the other source's frames stay whole."""
+    sources.add(85, rate=100, fmt="ARGB")
+    sources.add(86, rate=100, fmt="ARGB")
+    peer = sources.batcher("rejoin", "--batch-size", "2", "--count", "10")
+    try:
+        peer.wait_for(lambda m: m["event"] == "formed")
+        sources.replace(0, seed=87, rate=100, fmt="BGRA")
+        peer.send("go 87")
+        report = peer.wait_for(lambda m: m["event"] == "rejoined")
+    finally:
+        peer.stop()
+    assert report["left"] == [0] and report["why"] == {"0": "MismatchedSource"}, report
+    assert report["after"] == [] and report["wrong"] == [], report
+
+
 def test_bad_input_is_refused_with_the_reason(sources):
     sources.add(61, rate=100)
     sources.add(62, rate=100, width=32)
