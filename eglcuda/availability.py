@@ -90,10 +90,19 @@ _displays: dict[str, _DisplayFacts] = {}
 _egl_error = ["not probed"]
 
 
+def _not_loaded(which: str, name: str, hint: str) -> str:
+    """Why a driver library did not load: not there (and how to get it), or there but broken (the
+    loader's words: a dependency missing, not a library at all)."""
+    broken = _loader.load_failure(which)
+    if broken is not None:
+        return f"{name} is there but does not load ({broken})"
+    return f"no {name} on this machine ({hint})"
+
+
 def _egl() -> tuple[bool, str]:
     ok, _ = _loader.egl_available()
     if not ok:
-        return False, f"no {_loader.EGL_LIBRARY} on this machine ({MESA_EGL})"
+        return False, _not_loaded("egl", _loader.EGL_LIBRARY, MESA_EGL)
     display = _egl_display()
     if display is None:
         return False, f"{_loader.EGL_LIBRARY} loads but no EGL display opens ({_egl_error[0]})"
@@ -140,7 +149,7 @@ def _sync() -> tuple[bool, str]:
 def _cuda() -> tuple[bool, str]:
     ok, _ = _loader.cuda_available()
     if not ok:
-        return False, f"no {_loader.CUDA_LIBRARY} on this machine ({NVIDIA_DRIVER})"
+        return False, _not_loaded("cuda", _loader.CUDA_LIBRARY, NVIDIA_DRIVER)
     try:
         count = _driver.device_count()
     except EglCudaError as exc:
@@ -162,8 +171,8 @@ def _cuda_display(ordinal: int = 0) -> tuple[_DisplayFacts | None, str]:
         return None, why
     ok, _ = _loader.egl_available()
     if not ok:
-        return None, (f"no {_loader.EGL_LIBRARY} on this machine (NVIDIA's EGL comes with the NVIDIA driver; in a "
-                      "container, add graphics to NVIDIA_DRIVER_CAPABILITIES)")
+        return None, _not_loaded("egl", _loader.EGL_LIBRARY, "NVIDIA's EGL comes with the NVIDIA driver; in a "
+                                 "container, add graphics to NVIDIA_DRIVER_CAPABILITIES")
     found: list[Device] = devices()
     for device in found:
         if device.cuda_ordinal == ordinal:

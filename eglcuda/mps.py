@@ -448,7 +448,12 @@ def _shutdown(directory: Path, timeout: float = 10.0) -> dict[str, Any]:
     state = _read_state(directory)
     report: dict[str, Any] = {"directory": str(directory), "signalled": []}
     deadline = time.monotonic() + timeout
-    if _instance_processes(pipe) or (pipe / PID_FILE).exists():
+    if not (pipe / CONTROL_SOCKET).exists():
+        # (no socket to say quit through, the directory removed under the daemon, say: nothing
+        # to wait for, signals at once)
+        report["quit"] = "no control socket"
+        deadline = time.monotonic()
+    elif _instance_processes(pipe) or (pipe / PID_FILE).exists():
         report["quit"] = _send(state.get("binary") or find_binary(), pipe, log, "quit", max(timeout, 1.0))
     steps: tuple[tuple[signal.Signals | None, float], ...] = ((None, 0.0), (signal.SIGTERM, 3.0), (signal.SIGKILL, 2.0))
     for sig, grace in steps:
@@ -747,6 +752,7 @@ class MPSDaemon:
         is left running. Idempotent. Returns what was done (plain data)."""
         with self._lock:
             self._restore_environment()
+            _applied.discard(self)
             if self._stopped or self.pipe_directory is None:
                 self._stopped = True
                 return {"stopped": False}
@@ -793,6 +799,9 @@ class MPSDaemon:
             raise ClosedError("the MPS daemon is stopped: its pipe directory is gone")
         if self.pipe_directory is None:
             raise UsageError("the MPS daemon is not started")
+        if self.owned and self.directory is not None and not self.directory.exists():
+            raise ClosedError(f"the MPS daemon was stopped elsewhere (python -m eglcuda mps stop?): its directory "
+                              f"{self.directory} is gone")
         variables = {PIPE_VARIABLE: self.pipe_directory}
         if self.log_directory:
             variables[LOG_VARIABLE] = self.log_directory
@@ -802,8 +811,10 @@ class MPSDaemon:
         """Put :meth:`env` into ``os.environ``: processes started from now on are clients, and so
         is this one if CUDA is not initialized in it yet. Raises :class:`UsageError` when eglcuda
         already initialized CUDA here (this process would silently stay outside MPS), unless
-        ``children_only``. Undone by :meth:`stop`. (CUDA started by another library, CuPy or
-        PyTorch, is not seen here: apply before using them.)"""
+        ``children_only``. Undone by :meth:`stop`. Once applied, the daemon runs until
+        :meth:`stop` or this process's exit, also when the object is dropped (a daemon never
+        applied stops with its object). (CUDA started by another library, CuPy or PyTorch, is not
+        seen here: apply before using them.)"""
         variables = self.env()
         children_only = check_flag(children_only, "children_only")
         if not children_only and _cuda.initialized():
@@ -812,6 +823,9 @@ class MPSDaemon:
                              "for the processes started from here only")
         if self._saved_environment is None:
             self._saved_environment = {key: os.environ.get(key) for key in (PIPE_VARIABLE, LOG_VARIABLE)}
+        # The environment now names the daemon: it lives until stop() or this process's exit, not
+        # until this object is dropped (``env = mps.start().apply()`` keeps no reference).
+        _applied.add(self)
         os.environ.update(variables)
         if LOG_VARIABLE not in variables:
             os.environ.pop(LOG_VARIABLE, None)
@@ -847,6 +861,9 @@ class MPSDaemon:
 
     def __repr__(self) -> str:
         return f"<{self.describe()}>"
+
+
+_applied: set[MPSDaemon] = set()  # daemons whose environment is in os.environ: kept until stop() or exit
 
 
 def _close_quietly(fd: int) -> None:

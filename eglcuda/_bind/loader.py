@@ -130,6 +130,17 @@ def vulkan() -> None:
             raise Unsupported(", ".join(sorted(library.missing)), where=VULKAN_LIBRARY)
 
 
+def load_failure(which: str) -> str | None:
+    """Why ``which`` ("egl" or "cuda") did not load when it is there but broken (a dependency
+    missing, not a library, the wrong architecture): the loader's words; None when it loaded, was
+    not tried yet, or is not there at all."""
+    library = {"egl": _egl, "cuda": _cuda}[which]
+    error = library.error
+    if error is None or (error.startswith(f"{library.soname}:") and "No such file" in error):
+        return None
+    return error
+
+
 def egl_available() -> tuple[bool, str]:
     """Whether libEGL loads, and why not (never raises)."""
     try:

@@ -1,6 +1,7 @@
 """eglcuda.available(): names, answers, caching, and the one-line reasons scripts print."""
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -77,3 +78,22 @@ def test_gpu_names_rest_on_cuda():
     for name in ("cuda-egl", "cuda-stream", "cross-process", "gl-stream", "eglimage-cuda", "cuda-sync", "two-gpus"):
         if eglcuda.available(name):
             assert cuda, name
+
+
+@pytest.mark.parametrize("which, variable, name", [("cuda", "EGLCUDA_LIBCUDA", "libcuda.so.1"),
+                                                   ("egl", "EGLCUDA_LIBEGL", "libEGL.so.1")])
+def test_a_driver_library_that_is_there_but_does_not_load_is_not_called_missing(which, variable, name, tmp_path):
+    """A file in the library's place that does not load (here: not a library at all; on a
+    machine, a dependency missing): the reason says it is there and gives the loader's words,
+    not "no libcuda.so.1 on this machine" and how to install it."""
+    import subprocess
+    import sys
+
+    broken = tmp_path / "broken.so"
+    broken.write_text("not a library\n")
+    code = f"import eglcuda; print(eglcuda.available({which!r}, reason=True)[1])"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                            env={**os.environ, variable: str(broken)})
+    said = result.stdout.strip()
+    assert result.returncode == 0 and said.startswith(f"{name} is there but does not load ("), result
+    assert str(broken) in said, said

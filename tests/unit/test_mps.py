@@ -321,6 +321,43 @@ def test_dropping_the_object_stops_the_daemon(fake):
     assert wait_until(lambda: not directory.exists() and not processes_under(pipe), 10)
 
 
+def test_an_applied_daemon_outlives_its_dropped_object_until_stopped(fake, monkeypatch):
+    """``env = mps.start().apply()`` keeps no reference: the environment names the daemon, which
+    must serve until stop() or the process's exit, not stop under os.environ at the next collection."""
+    import gc
+
+    monkeypatch.delenv(mps.PIPE_VARIABLE, raising=False)
+    monkeypatch.delenv(mps.LOG_VARIABLE, raising=False)
+    env = mps.start().apply(children_only=True)
+    pipe = env[mps.PIPE_VARIABLE]
+    gc.collect()
+    time.sleep(1.0)  # (the watchdog acts on EOF at once: it would be gone by now)
+    assert os.path.isdir(pipe) and processes_under(pipe), "the daemon stopped under the applied environment"
+    assert os.environ[mps.PIPE_VARIABLE] == pipe
+    (daemon,) = list(mps._applied)
+    daemon.stop()
+    assert mps.PIPE_VARIABLE not in os.environ
+    assert wait_until(lambda: not os.path.exists(pipe) and not processes_under(pipe), 10)
+
+
+def test_a_daemon_stopped_from_elsewhere_or_whose_directory_went_says_so(fake):
+    """Stopped by another process (``python -m eglcuda mps stop``): env() and apply() raise
+    ClosedError, not a removed pipe directory. A daemon whose instance directory was removed under
+    it (nobody can reach its socket) is stopped at once, not after the whole timeout."""
+    daemon = mps.MPSDaemon(timeout=30).start()
+    assert cli("stop", "--dir", str(daemon.directory)).returncode == 0
+    for call in (daemon.env, daemon.apply):
+        with pytest.raises(eglcuda.ClosedError, match="stopped elsewhere"):
+            call()
+    daemon.stop()
+    other = mps.MPSDaemon(timeout=30).start()
+    pipe = other.pipe_directory
+    shutil.rmtree(other.directory)
+    started = time.monotonic()
+    other.stop()
+    assert not processes_under(pipe) and time.monotonic() - started < 10
+
+
 def test_a_leftover_instance_is_reaped(fake):
     daemon = mps.MPSDaemon().start()
     watchdog = daemon.status()["watchdog_pid"]
