@@ -71,6 +71,8 @@ class Staging:
         """Buffers for frames of ``frame_bytes`` (all of them free: no send may read them)."""
         size = wire.message_bytes(frame_bytes)
         self._plans = [None] * STAGING  # (a new publisher's planes may lie otherwise in the same bytes)
+        with self._room_lock:
+            self._skipped = -1  # (a new publisher numbers its frames from 0 again: nothing of its was skipped)
         if self._ring is not None and self._ring.size == size:
             return  # (a restarted publisher of the same frame size: the ring serves as it is)
         old, self._ring = self._ring, None

@@ -52,6 +52,10 @@ from .session import frame_mode
 from .wire import NO_PUBLISHER, parse_address
 
 log = logging.getLogger("eglcuda.remote")
+
+
+class _NoFreeSlot(Exception):
+    """No pool slot is free for a frame that arrived (exceptions interrupted receives halfway)."""
 _RETRY_S = 0.1  # between attempts to join a relay that has no publisher yet
 
 
@@ -258,14 +262,23 @@ class RemoteFeed:
         # (another thread inside receive() or wait_for_publisher() is waited for within this
         # call's own time, not as long as that call waits: an event loop's receive(0) too)
         left = take_turn(self._busy, wait, self.name)
+        message: Message | None = None
         try:
-            return self._receive_locked(left)
+            message = self._receive_locked(left)
         finally:
             try:
-                if self._ready is not None:
-                    self._refresh_ready()
-            finally:
-                self._busy.release()
+                try:
+                    if self._ready is not None:
+                        self._refresh_ready()
+                finally:
+                    self._busy.release()
+            except BaseException:
+                # (a KeyboardInterrupt on the way out, say: the caller never gets the message, so
+                # it is not held, and its slot goes back)
+                if message is not None:
+                    message.release()
+                raise
+        return message
 
     def _receive_locked(self, wait: float) -> Message:
         if self._closing or self._closed:
@@ -283,7 +296,13 @@ class RemoteFeed:
         if isinstance(arrival, BaseException):
             self._lose(arrival)
         seq, timestamp_ns, payload, index, slot = arrival
-        return self._deliver(link, seq, timestamp_ns, payload, index, slot)
+        try:
+            return self._deliver(link, seq, timestamp_ns, payload, index, slot)
+        except _NoFreeSlot:
+            # (only after exceptions interrupted receives halfway: the join is over, and
+            # wait_for_publisher makes a new one, with every slot free)
+            self._lose(StreamDisconnected(f"topic {self.name!r}: no pool slot is free for the next frame; join "
+                                          "again (wait_for_publisher)"))
 
     def _deliver(self, link: Receiver, seq: int, timestamp_ns: int, payload: bytes, index: int,
                  slot: int) -> Message:
@@ -291,8 +310,7 @@ class RemoteFeed:
             try:
                 with self._state:
                     if not self._free_slots:  # (only after an exception interrupted a receive halfway)
-                        raise StreamDisconnected(f"topic {self.name!r}: no pool slot is free for the next "
-                                                 "frame; join again (wait_for_publisher)")
+                        raise _NoFreeSlot()
                     slot = self._free_slots.popleft()
                     try:
                         event, read = self._copy_into(link, index, slot)

@@ -603,3 +603,56 @@ def test_a_remote_subscriber_holding_all_it_may_leaves_its_wait_set_asleep(clust
     assert said["quiet"]["cpu"] < 0.2, said
     assert "as many as it may" in said["refused"], said
     assert said["after"] == ["message"] and said["ok"], said
+
+
+_INTERRUPTED = r"""
+import json, signal, sys
+sys.path.insert(0, "tests/gpu")
+import eglcuda
+from topics_peer import check
+sub = eglcuda.Subscriber("t", remote=sys.argv[1], qos=sys.argv[2], timeout=10)
+out = {}
+with sub.receive(5) as message:
+    out["first"] = check(message, 5)[0]
+# A Ctrl-C on the way out of receive(): the message is the caller's to release only once returned.
+signal.signal(signal.SIGALRM, signal.default_int_handler)
+remote = sub._remote
+refresh = remote._refresh_ready
+def interrupted() -> None:
+    remote._refresh_ready = refresh
+    raise KeyboardInterrupt
+remote._ready = remote._ready or object()  # (so that receive() refreshes its readiness on the way out)
+remote._refresh_ready = interrupted
+try:
+    sub.receive(5)
+except KeyboardInterrupt:
+    out["held_after_interrupt"] = remote.held
+remote._ready = None
+# Pool slots lost to interrupts that landed between a frame's arrival and its hand-over, all of them:
+remote._free_slots.clear()
+try:
+    sub.receive(5).release()
+except eglcuda.StreamDisconnected as exc:
+    out["no_slot"] = str(exc)
+sub.wait_for_publisher(10)  # (as the error says)
+with sub.receive(5) as message:
+    out["after"] = check(message, 5)[0]
+sub.close()
+print(json.dumps(out), flush=True)
+"""
+
+
+@pytest.mark.parametrize("qos", ["latest", "every"])
+def test_receives_interrupted_halfway_never_leave_a_remote_subscriber_stuck(cluster, env, qos):
+    """Ctrl-C (a KeyboardInterrupt from a signal handler, as in a notebook) on the way out of
+    receive() leaves no message held that the program never got; and once interrupts that landed
+    between a frame's arrival and its hand-over cost the subscriber every pool slot, the error
+    says to join again and wait_for_publisher() does (it rejoined nothing: the link was alive)."""
+    cluster.publisher(rate=300)
+    _, address = cluster.relay("--timeout", "3")
+    out = subprocess.run([sys.executable, "-c", _INTERRUPTED, address, qos], env=env, cwd=str(ROOT),
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    line = json.loads(out.stdout.splitlines()[-1])
+    assert line["first"] is True and line["held_after_interrupt"] == 0, line
+    assert "no pool slot is free" in line["no_slot"] and line["after"] is True, line

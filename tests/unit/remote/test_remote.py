@@ -259,6 +259,33 @@ def test_publisher_closes_dies_and_restarts_behind_the_relay(cluster):
     _frames_ok(sub)
 
 
+def test_an_every_remote_gets_a_restarted_publishers_frames_at_once(cluster):
+    """An 'every' relay that served nobody for a while skipped the first publisher's frames (up to
+    seq ~300 here). After that publisher closes and a new one starts, numbering from 0 again, the
+    remote that joins again gets the new frames at once: the relay's record of what it skipped
+    belongs to the old publisher (it refused every new frame up to that old seq: at 20 frames/s,
+    15 s of nothing)."""
+    publisher = cluster.publisher("--until-told", rate=100)
+    relay, address = cluster.relay("--qos", "every")
+    time.sleep(3)  # (the relay serves nobody: it skips the publisher's frames)
+    sub = cluster.subscriber(address, "--count", "0", "--rejoin", "--timeout", "10", "--rejoin-timeout", "60",
+                             "--qos", "every")
+    instances = [sub.wait_for(lambda m: m["event"] == "ready")["instance"]]
+    sub.wait_for(lambda m: m["event"] == "got")
+    publisher.send("bye")
+    gone = sub.wait_for(lambda m: m["event"] == "disconnected", timeout=15)
+    assert gone["kind"] == "Dropped", gone
+    cluster.publisher(rate=20)
+    rejoined = sub.wait_for(lambda m: m["event"] in ("rejoined", "rejoin-failed") and m.get("instance") not in
+                            instances, timeout=60)
+    assert rejoined["event"] == "rejoined", rejoined
+    count = len(sub.got())
+    sub.wait_for(lambda m: len(sub.got()) >= count + 10, timeout=12)
+    after = [m["seq"] for m in sub.got()[count:]]
+    assert after == list(range(after[0], after[0] + len(after))), after
+    _frames_ok(sub)
+
+
 def test_close_from_another_thread_ends_wait_for_publisher_at_once(cluster):
     """wait_for_publisher(20) while the relay refuses (its publisher died), and while the relay
     is stopped (SIGSTOP: a handshake hangs): close() from another thread ends it with
