@@ -103,6 +103,10 @@ cdef enum:
     READY_EVENTS = 256  # epoll events taken per wait (more ready connections: the next wait)
     MAX_CARRIED = 2  # descriptors a message may bring: one more than any message carries, to notice extras
     RELEASE_EXTRA_ROOM = 128  # send_release's room for a RELEASE's extra bytes (protocol.MAX_RELEASE_EXTRA)
+    # WAKEs read past in a row before the next one is handed out as a message: a peer sends one
+    # only after the other said it sleeps, so a run this long is a flood, which its reader then
+    # refuses as it refuses any message it may not get
+    WAKE_RUN = 64
 
 if (protocol.FRAME_HEAD.size != FRAME_HEAD_SIZE or protocol.RELEASE_HEAD.size != RELEASE_HEAD_SIZE
         or protocol.MAX_RELEASE_EXTRA > RELEASE_EXTRA_ROOM):
@@ -349,8 +353,12 @@ cdef class Inbox:
     cdef object read(self, object deadline, bint rest):
         # next()'s and rest()'s body, which drain() calls without a Python method lookup. A WAKE
         # (the peer's shared-memory ring has news, _ring.pyx) has done its work by waking a wait.
+        cdef int wakes = 0
         message = self.read_one(deadline, rest)
         while message.__class__ is bytes and len(<bytes>message) == 1 and (<bytes>message)[0] == KIND_WAKE:
+            wakes += 1
+            if wakes > WAKE_RUN:
+                return message
             # (without a deadline, after a read made just now: what it found, no read of the socket
             # it emptied; a WAKE left from an earlier batch says nothing about the socket now)
             message = self.read_one(None, rest or self.fresh) if deadline is None else self.read_one(deadline, rest)

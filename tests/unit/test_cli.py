@@ -263,7 +263,10 @@ def test_a_source_tree_without_compiled_modules_says_so_in_one_line(tmp_path):
     import shutil
 
     shutil.copytree(source, copy, ignore=shutil.ignore_patterns("*.so", "__pycache__"))
-    result = run("info", cwd=copy.parent)
+    # (the folder first on sys.path as `python -m` puts it, also where PYTHONSAFEPATH keeps it off)
+    environment = {key: value for key, value in os.environ.items() if key != "PYTHONSAFEPATH"}
+    environment["PYTHONPATH"] = str(copy.parent)
+    result = run("info", cwd=copy.parent, env=environment)
     lines = result.stderr.splitlines()
     assert result.returncode == 2 and len(lines) == 1, result.stderr
     assert "has no compiled modules" in lines[0] and "pip install -e ." in lines[0], lines

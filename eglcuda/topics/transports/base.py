@@ -58,6 +58,15 @@ class Geometry:
         if len(planes) != len(welcome.plane_offsets):
             raise protocol.ProtocolError(f"a {fmt.name} topic has {len(planes)} planes, the publisher described "
                                          f"{len(welcome.plane_offsets)}")
+        if layout is Layout.PITCH:
+            # Each plane after the one before, none overlapping it: the slot's size (the end of the
+            # last plane, which SLOT messages are checked against) then covers every plane.
+            end = 0
+            for index, (offset, plane) in enumerate(zip(welcome.plane_offsets, planes)):
+                if offset < end:
+                    raise protocol.ProtocolError(f"plane {index} of a {fmt.name} frame starts at byte {offset}, inside "
+                                                 f"the plane before it (which ends at byte {end})")
+                end = offset + plane.nbytes
         return cls(welcome.width, welcome.height, fmt, layout, welcome.pitch, tuple(welcome.plane_offsets))
 
 

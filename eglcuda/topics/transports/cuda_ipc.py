@@ -318,6 +318,12 @@ class CudaIpcSubscriber(SubscriberTransport):
         base = _imports.open(handle, self.device)
         try:
             self.device.make_current()
+            # The size said is the publisher's word; the allocation the handle opened is the
+            # driver's (None: it cannot say, and the word stands).
+            extent = cuda.address_range(base)
+            if extent is not None and extent[0] + extent[1] < base + self._slot_bytes:
+                raise protocol.ProtocolError(f"slot {slot.slot} was said to be {size} bytes, its memory holds "
+                                             f"{extent[0] + extent[1] - base}; its frame needs {self._slot_bytes}")
             event = cuda_ipc.open_event_handle(event_handle)
         except BaseException:
             _imports.close(handle, self.device)

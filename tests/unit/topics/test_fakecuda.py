@@ -566,3 +566,47 @@ def test_a_pool_frame_cannot_be_closed_by_the_user(env, path):
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split("\n")[:3] == ["refused True", "read 7 7", "after close True"], done.stdout
+
+
+_LYING_SLOT_SIZE = """
+import dataclasses, json, sys, time, eglcuda
+import eglcuda.topics.transports.cuda_ipc as cuda_ipc
+path = sys.argv[1]
+pub = eglcuda.Publisher("t", 64, 48, "NV12", path=path, transports=["cuda-ipc"])
+# The lie: frames 64 times taller than the pool holds, and each slot said to be 1 GiB, where the
+# memory handle opens the real, smaller allocation.
+honest = pub.welcome
+def taller(hello, transport):
+    welcome = honest(hello, transport)
+    return dataclasses.replace(welcome, height=48 * 64, plane_offsets=(0, welcome.pitch * 48 * 64))
+pub.welcome = taller
+slot_extra = cuda_ipc.CudaIpcLink.slot_extra
+def claim_a_gigabyte(link, slot):
+    handle, event, size = cuda_ipc._IPC_SLOT.unpack(slot_extra(link, slot))
+    return cuda_ipc._IPC_SLOT.pack(handle, event, 1 << 30)
+cuda_ipc.CudaIpcLink.slot_extra = claim_a_gigabyte
+print(json.dumps({"event": "ready"}), flush=True)
+deadline = time.monotonic() + 30
+while time.monotonic() < deadline and not pub.dropped:
+    pub.discard(pub.next_frame(5)) if not pub.subscribers else pub.publish(pub.next_frame(5))
+    time.sleep(0.01)
+pub.close()
+"""
+
+
+def test_a_cuda_ipc_subscriber_refuses_a_slot_smaller_than_its_publisher_says(env, path):
+    """A lying publisher: its WELCOME describes frames larger than its pool's, and each SLOT says
+    the memory is large enough. The subscriber measures the memory the handle opened and leaves
+    with the reason, before any frame is read outside it (which on a GPU is an illegal address,
+    fatal to the subscriber's CUDA context)."""
+    liar = JsonPeer(["-c", _LYING_SLOT_SIZE, path], env=env, cwd=str(ROOT))
+    try:
+        liar.wait_for(lambda m: m["event"] == "ready", timeout=60)
+        sub = Peer(env, "subscribe", path, "--transport", "cuda-ipc", "--count", "3", "--timeout", "10")
+        try:
+            gone = sub.wait_for(lambda m: m["event"] in ("disconnected", "got"), timeout=60)
+        finally:
+            sub.stop()
+    finally:
+        liar.stop()
+    assert gone["event"] == "disconnected" and "its memory holds" in gone["reason"], gone

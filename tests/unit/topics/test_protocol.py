@@ -636,3 +636,19 @@ def test_releases_wait_in_order_while_the_publishers_socket_is_full():
             conn.send_queued()
         assert not conn.unsent
         assert got == [protocol.Release(*release) for release in sent]
+
+
+@pytest.mark.parametrize("offsets", [(12288, 12288), (0, 100), (1 << 40, 12288)],
+                         ids=["planes-overlap", "chroma-inside-luma", "luma-after-chroma"])
+def test_a_welcome_whose_planes_overlap_or_leave_the_slot_is_refused(offsets):
+    """A lying publisher's WELCOME places a plane inside another, or past where the slot's size
+    (the end of the last plane, which each SLOT is checked against) reaches: the subscriber
+    refuses it before any frame, where such a plane read memory outside the slot."""
+    from eglcuda.frames.formats import ColorFormat
+    from eglcuda.topics.transports.base import Geometry
+
+    welcome = protocol.Welcome(1, 2, 128, 96, int(ColorFormat.NV12), 0, 128, offsets, 30.0, 4, 0, "cuda-ipc", "t")
+    with pytest.raises(protocol.ProtocolError, match="inside the plane before it"):
+        Geometry.from_welcome(welcome)
+    honest = protocol.Welcome(1, 2, 128, 96, int(ColorFormat.NV12), 0, 128, (0, 128 * 96), 30.0, 4, 0, "cuda-ipc", "t")
+    assert Geometry.from_welcome(honest).plane_offsets == (0, 128 * 96)

@@ -219,6 +219,33 @@ def test_a_subscriber_writing_garbage_in_its_ring_is_dropped(path, garbage):
             bad.close()
 
 
+def test_a_subscriber_flooding_wake_bytes_is_dropped_and_costs_the_other_nothing(path):
+    """A hostile subscriber sends one-byte WAKEs without end (a WAKE is due only after the
+    publisher said it sleeps): it is dropped with that reason; a well-behaved subscriber beside
+    it gets every frame, byte for byte."""
+    with ring_publisher(path, pool=2, max_pool=4, every_timeout=2.0) as pub, subscriber(path, qos="every", queue=2) as good:
+        bad = Hostile(path)
+        try:
+            wake = bytes([protocol.Kind.WAKE])
+            bad.sock.setblocking(False)
+            sent = 0
+            try:
+                while sent < 5000:
+                    bad.sock.send(wake)
+                    sent += 1
+            except (BlockingIOError, ConnectionError):
+                pass
+            for k in range(20):
+                put(pub, b"frame %d" % k)
+                with good.receive(5) as message:
+                    assert message.payload == b"frame %d" % k and message.frame.data == pattern(b"frame %d" % k)
+            bad.sock.setblocking(True)
+            assert "flooded WAKE" in bad.drop_reason()
+            assert [d.code for d in pub.dropped] == ["PROTOCOL"]
+        finally:
+            bad.close()
+
+
 def test_an_old_subscriber_is_refused_with_the_reason(path):
     with ring_publisher(path):
         sock = raw(path)
