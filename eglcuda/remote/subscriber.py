@@ -52,11 +52,11 @@ from .session import frame_mode
 from .wire import NO_PUBLISHER, parse_address
 
 log = logging.getLogger("eglcuda.remote")
+_RETRY_S = 0.1  # between attempts to join a relay that has no publisher yet
 
 
 class _NoFreeSlot(Exception):
     """No pool slot is free for a frame that arrived (exceptions interrupted receives halfway)."""
-_RETRY_S = 0.1  # between attempts to join a relay that has no publisher yet
 
 
 class RemoteSubscriber(Subscriber):

@@ -1179,7 +1179,8 @@ cdef class CudaConsumer(Resource):
                                      f"failed: {failed}; release it (or use acquire_next, which does both)") from failed
                 raise UsageError("the consumer still holds a frame: release it before acquiring another "
                                  "(or use acquire_next, which does both)")
-            self.loop_release_error = None
+            if self.loop_release_error is not None:  # (said, or moot: acquire_next released the frame)
+                self.loop_release_error = None
             frame = self._acquire_inside(timeout_us, release_held)
         finally:
             # What the call let go of is dropped after the gate: a weak reference callback of a

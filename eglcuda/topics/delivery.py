@@ -247,9 +247,10 @@ class Delivery:
         next on the subscriber's socket, or was read with its last messages; None when a release
         comes next (what follows it is not seen without reading it). Reads nothing: the message
         stays for _read."""
-        if sub.leaving or any(kind in (0, _KIND_BYE) for kind in sub.inbox.queued_kinds()):
+        queued = sub.inbox.queued_kinds()
+        if sub.leaving or any(kind in (0, _KIND_BYE) for kind in queued):
             return True  # (a goodbye or the end read already, waiting in its inbox's batch)
-        if any(kind == _KIND_RELEASE for kind in sub.inbox.queued_kinds()):
+        if _KIND_RELEASE in queued:
             return None
         deadline = time.monotonic() + within
         while True:
