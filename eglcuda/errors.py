@@ -108,7 +108,24 @@ def shown(value: object, limit: int = 60) -> str:
 
 
 class EglCudaError(Exception):
-    """Base class of every error raised by eglcuda."""
+    """Base class of every error raised by eglcuda.
+
+    Every eglcuda error pickles and copies as it was raised (message, class and attributes), so
+    one raised in a worker process reaches the parent of a ``multiprocessing`` pool intact.
+    """
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # Subclasses take their own arguments (a code, a call) and hand Exception only the
+        # message, so rebuilding by calling the class with ``args`` would fail or garble it.
+        return (_rebuilt_error, (type(self), self.args, self.__dict__))
+
+
+def _rebuilt_error(cls: type[EglCudaError], args: tuple[object, ...], state: dict[str, object]) -> EglCudaError:
+    """An unpickled or copied eglcuda error: its message and attributes, no ``__init__`` again."""
+    error = cls.__new__(cls, *args)
+    error.args = args
+    error.__dict__.update(state)
+    return error
 
 
 class EGLError(EglCudaError):

@@ -98,3 +98,54 @@ def test_objects_of_the_wrong_kind_are_named_before_any_driver_call(tmp_path):
     with pytest.raises(eglcuda.UsageError, match="unknown capability"):
         eglcuda.available(["egl"])
     assert not (tmp_path / "s.sock").exists()
+
+
+def _errors_as_raised():
+    from eglcuda.errors import MPSError, MPSInUse, VulkanError
+    from eglcuda.remote.wire import WireError
+    from eglcuda.topics.protocol import ProtocolError, VersionError
+    return [
+        eglcuda.EGLError(0x300C, "eglCreateStreamKHR", doing="making a stream"),
+        eglcuda.CUDAError(201, "cuCtxPushCurrent", description="invalid device context", doing="importing"),
+        eglcuda.GLError(0x0502, "glTexImage2D"),
+        VulkanError("vkCreateSemaphore", -3),
+        eglcuda.Unsupported("libcuda.so.1", "this machine", "install the NVIDIA driver"),
+        MPSError("the daemon did not start", log="line one\nline two"),
+        MPSInUse("another daemon serves", pipe_directory="/tmp/mps-pipes"),
+        eglcuda.Dropped("it fell behind", code=3),
+        eglcuda.Refused("wrong user", code=1),
+        eglcuda.MismatchedSource("320x240 NV12 against 640x480 NV12"),
+        eglcuda.Timeout("no frame in 0.5 s"),
+        eglcuda.ClosedError("closed"),
+        ProtocolError("a message of 9 bytes"),
+        VersionError("protocol 9"),
+        WireError("bad tag"),
+    ]
+
+
+def _public_state(error):
+    return type(error), str(error), error.args, vars(error)
+
+
+def test_every_error_pickles_and_copies_with_its_message_and_attributes():
+    import copy
+    import pickle
+    for error in _errors_as_raised():
+        for again in (pickle.loads(pickle.dumps(error)), copy.copy(error), copy.deepcopy(error)):
+            assert _public_state(again) == _public_state(error)
+
+
+def _raise_in_worker(index):
+    raise _errors_as_raised()[index]
+
+
+def test_an_error_raised_in_a_process_pool_worker_reaches_the_parent_intact():
+    import concurrent.futures
+    import multiprocessing
+    expected = _errors_as_raised()
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(2, mp_context=context) as pool:
+        futures = [pool.submit(_raise_in_worker, index) for index in range(len(expected))]
+        for future, error in zip(futures, expected):
+            raised = future.exception(timeout=60)
+            assert _public_state(raised) == _public_state(error)
