@@ -391,7 +391,7 @@ def _read_state(directory: Path) -> dict[str, Any]:
     data = read_regular_file(directory / _STATE_FILE, _MAX_STATE_BYTES)  # (a FIFO there is not waited on)
     try:
         loaded = json.loads(data) if data is not None else None
-    except ValueError:
+    except (ValueError, RecursionError):  # (RecursionError: arrays nested thousands deep)
         return {}
     if not isinstance(loaded, dict):
         return {}
@@ -955,6 +955,7 @@ def session(enabled: bool = True, *, children_only: bool = False, quiet: bool = 
     """What a sample's or benchmark's ``--mps`` does: a daemon (a running one is used as is), its
     environment applied for this process and the ones it starts, everything undone at the end.
     Yields None when not ``enabled``."""
+    enabled, quiet = check_flag(enabled, "enabled"), check_flag(quiet, "quiet")
     if not enabled:
         yield None
         return

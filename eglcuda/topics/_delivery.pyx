@@ -41,6 +41,12 @@ cdef object Carried = protocol.Carried
 cdef object LATEST = protocol.Qos.LATEST
 cdef unsigned int RELEASE_RECORDED = protocol.RELEASE_RECORDED
 cdef int KIND_BYE = int(protocol.Kind.BYE)
+# A subscriber sends a WAKE only after writing a release into its ring (and only when the publisher
+# said it sleeps): its WAKEs can run ahead of the releases read by those still unread in the ring
+# (256 at most) and a few in flight; more, paced to stay under _wire's run of WAKEs, only cost the
+# publisher wake-ups.
+cdef unsigned long long WAKE_ALLOWANCE = 256 + 64
+cdef str WAKES_PAST_RELEASES = "it flooded WAKE messages (more than the releases it wrote into its ring)"
 
 
 cdef class Slot:
@@ -269,7 +275,13 @@ def collect(list subs, object free):
     cdef int got
     for sub in subs:
         ring = sub.ring
-        if ring is None or not sub.alive:
+        if not sub.alive:
+            continue
+        if ring is None:
+            if sub.inbox.wakes > WAKE_ALLOWANCE:  # (a subscriber without a ring has nothing to wake for)
+                if bad is None:
+                    bad = []
+                bad.append((sub, WAKES_PAST_RELEASES))
             continue
         while True:
             got = ring.take_release(&seq)
@@ -283,6 +295,10 @@ def collect(list subs, object free):
                             "its ring's release count or entry is not one it can have written"))
                 break
             let_go(sub, <Slot>found, False, 0.0, free)
+        if sub.inbox.wakes > ring.taken + WAKE_ALLOWANCE:
+            if bad is None:
+                bad = []
+            bad.append((sub, WAKES_PAST_RELEASES))
     return bad or []
 
 

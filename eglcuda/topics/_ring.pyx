@@ -426,6 +426,7 @@ cdef class RingInbox:
     cdef Ring ring
     cdef object inner  # the socket's Inbox
     cdef object early  # socket messages read while the ring was empty, before their SOCKET entry
+    cdef bint overrun  # more messages came ahead of their SOCKET entries than the ring can hold entries
     cdef bint ended  # the socket said the connection ended
     cdef int fd
     cdef int wake_fd
@@ -446,6 +447,17 @@ cdef class RingInbox:
         self.fd = -1
         self.inner.close()
         self.ring.close()
+        self.forget_early()
+
+    cdef void forget_early(self):
+        """Let go of the messages read early, closing the descriptors any of them brought."""
+        for message in self.early:
+            if message.__class__ is protocol.Carried:
+                for fd in message.fds:
+                    try:
+                        os.close(fd)
+                    except OSError:
+                        pass
         self.early.clear()
 
     def queued_kinds(self):
@@ -464,10 +476,10 @@ cdef class RingInbox:
         WAKE bytes are read, the "sleeps" flag is set, so that the publisher's next entry sends a
         WAKE (the socket becomes readable), and False. The eventcount's order: the flag is set
         before the count is read again, so an entry written meanwhile is seen here or wakes."""
-        if self.fd < 0 or self.ended or self.early or self.ring.waiting():
+        if self.fd < 0 or self.ended or self.early or self.overrun or self.ring.waiting():
             return True
         self.take_socket()  # (WAKEs that did their work, and what else came, kept in order)
-        if self.ended or self.early:
+        if self.ended or self.early or self.overrun:
             return True
         flag_set(self.ring.flag(AT_SUB_SLEEPS), 1)
         return self.ring.waiting()
@@ -477,10 +489,10 @@ cdef class RingInbox:
         may): the socket's WAKE bytes are read (what else came is kept, in order) and the "sleeps"
         flag is not set, so that frames send no WAKE; True when something besides frames is there
         (a message read early, the connection's end)."""
-        if self.fd < 0 or self.ended or self.early:
+        if self.fd < 0 or self.ended or self.early or self.overrun:
             return True
         self.take_socket()
-        return bool(self.ended or self.early)
+        return bool(self.ended or self.early or self.overrun)
 
     def next(self, deadline=None):
         return self.read(deadline, False)
@@ -495,6 +507,10 @@ cdef class RingInbox:
             if message.__class__ is bytes and not message:
                 self.ended = True
                 return 0
+            if len(self.early) > ENTRIES:  # (a publisher marks each message it sends: a lie or a bug)
+                self.overrun = True
+                self.forget_early()
+                return 0
             self.early.append(message)
             message = self.inner.rest()
         return 0
@@ -508,6 +524,8 @@ cdef class RingInbox:
         while True:
             if self.fd < 0:
                 return NO_BYTES
+            if self.overrun:
+                return MALFORMED
             found = self.ring.pop()
             if found is MARKER:
                 if self.early:

@@ -241,6 +241,7 @@ cdef class Inbox:
     cdef bint fresh  # the message handed out last came from a read made for it (not an earlier batch)
     cdef int wake_fd  # readable: stop waiting (another thread is closing the owner); -1: none
     cdef double busy_wait  # seconds a wait asks without sleeping before it sleeps in poll()
+    cdef public unsigned long long wakes  # WAKE messages read so far (a publisher holds them against releases)
 
     def __cinit__(self, int fd, ssize_t capacity=protocol.MAX_MESSAGE + 1, unsigned int batch=4, int wake_fd=-1,
                   double busy_wait=0.0):
@@ -357,6 +358,7 @@ cdef class Inbox:
         message = self.read_one(deadline, rest)
         while message.__class__ is bytes and len(<bytes>message) == 1 and (<bytes>message)[0] == KIND_WAKE:
             wakes += 1
+            self.wakes += 1
             if wakes > WAKE_RUN:
                 return message
             # (without a deadline, after a read made just now: what it found, no read of the socket

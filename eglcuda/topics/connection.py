@@ -15,6 +15,10 @@ from .protocol import Reason
 # Messages a subscriber reads past, looking for its drop, when one before it cannot be used: more
 # than a publisher sends before a drop (a SLOT and a FRAME per frame of the queue, NOTICEs).
 _READ_AHEAD = 4 * protocol.MAX_POOL + 4 * protocol.MAX_QUEUE
+# Frames announced and not taken, and releases the publisher's full socket did not take, at most:
+# a publisher announces a frame only within the subscriber's credit (at most MAX_QUEUE frames it has
+# not read the release of), so more than this is a publisher that lies or announces without reading.
+_AHEAD_MAX = 4 * protocol.MAX_QUEUE
 _Frame = protocol.Frame
 
 
@@ -130,6 +134,13 @@ class Connection:
                 self._lose(PeerError(f"the publisher of topic {self.name!r} sent {type(message).__name__} mid-stream"))
             received = inbox.rest() if deadline is None else inbox.next(deadline)
 
+    def hold_back(self, header: protocol.Frame) -> None:
+        """Keep an announced frame for a later receive (this subscriber holds all it may now)."""
+        if len(self.pending) >= _AHEAD_MAX:
+            self._lose(PeerError(f"the publisher of topic {self.name!r} announced more than {_AHEAD_MAX} frames "
+                                 "beyond this subscriber's credit"))
+        self.pending.append(header)
+
     def newest(self, header: protocol.Frame, skip: Callable[[protocol.Frame], None]) -> protocol.Frame:
         """The newest frame already announced (older ones go to ``skip``, unread). A goodbye
         read past it ends the subscription at the next read: the frames announced before the
@@ -218,6 +229,11 @@ class Connection:
                 if sent == 0 and ring is not None:
                     ring.sent_on_socket()  # (the publisher reads its socket when this count moves)
                 return
+        if len(self.unsent) >= _AHEAD_MAX:  # (it goes on announcing frames without reading releases)
+            if self.ended is None:  # (a release raises nothing: the next read says it)
+                self.ended = Lost(PeerError(f"the publisher of topic {self.name!r} stopped reading this "
+                                            f"subscriber's releases ({_AHEAD_MAX} wait) while it announced frames"))
+            return
         self.unsent.append(protocol.encode_release(seq, flags, extra))
         self.send_queued()
 

@@ -541,7 +541,7 @@ def _decode_status(data: bytes) -> Status:
     try:
         body = json.loads(data[_STATUS.size:].decode("utf-8", "strict"),
                           parse_constant=lambda name: _fail(f"non-finite number {name}"))
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # (RecursionError: arrays nested thousands deep)
         raise ProtocolError(f"status is not JSON: {exc}") from None
     _check(isinstance(body, dict), "status is not a JSON object")
     return Status(body)

@@ -250,7 +250,7 @@ def _relay_status(path: str, clean: bool) -> dict[str, Any] | None:
     data = _unix.read_regular_file(path, MAX_RELAY_STATUS + 1)  # (a FIFO of that name is not waited on)
     try:
         body = json.loads(data) if data is not None and len(data) <= MAX_RELAY_STATUS else None
-    except ValueError:
+    except (ValueError, RecursionError):  # (RecursionError: arrays nested thousands deep)
         return None
     if not isinstance(body, dict) or not isinstance(body.get("remotes"), list) or not isinstance(body.get("name"), str):
         return None

@@ -272,7 +272,7 @@ class Subscriber:
                 header = conn.read(None)
                 if header is None:
                     break
-                conn.pending.append(header)
+                conn.hold_back(header)
             raise hold_limit_error(len(self._held))
         if timeout is None:
             timeout = self.timeout
@@ -733,7 +733,7 @@ class Subscriber:
                         header = conn.read(None)
                         if header is None:
                             return False
-                        conn.pending.append(header)
+                        conn.hold_back(header)
                 if conn.pending and self.qos is Qos.EVERY:
                     return True
                 header = conn.pending.popleft() if conn.pending else conn.read(None)
@@ -744,7 +744,7 @@ class Subscriber:
                     if header.seq < conn.notice:
                         self._skip(header)
                         return False
-                conn.pending.append(header)
+                conn.hold_back(header)
                 return True
             except ClosedError as exc:
                 return exc

@@ -231,7 +231,8 @@ def test_status_is_a_json_object(body):
 
 
 def test_status_refuses_non_objects_and_non_finite_numbers():
-    for text in (b"[1, 2]", b"nope", b'{"a": NaN}', b'{"a": Infinity}', b'"x"'):
+    deep = b"[" * 2000 + b"]" * 2000  # (4 KB, a RecursionError in json.loads)
+    for text in (b"[1, 2]", b"nope", b'{"a": NaN}', b'{"a": Infinity}', b'"x"', deep, b'{"a": ' + deep + b"}"):
         with pytest.raises(ProtocolError):
             protocol.decode(protocol._STATUS.pack(protocol.Kind.STATUS, len(text)) + text)
     assert json.loads(b"{}") == protocol.decode(protocol._STATUS.pack(protocol.Kind.STATUS, 2) + b"{}").body

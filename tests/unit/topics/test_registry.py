@@ -309,6 +309,7 @@ def test_relay_status_files_that_are_no_files_or_name_no_process_are_skipped(tmp
     os.mkfifo(folder / f"fifo.topic.1{registry.RELAY_SUFFIX}")
     for i, pid in enumerate([2**31, 2**70, 0, -1, True, "1"]):
         (folder / f"odd{i}.topic.{i + 2}{registry.RELAY_SUFFIX}").write_text(json.dumps({"pid": pid, "remotes": []}))
+    (folder / f"deep.topic.9{registry.RELAY_SUFFIX}").write_text("[" * 3000 + "]" * 3000)  # (json.loads recursed out)
     live = folder / f"live.topic.{os.getpid()}{registry.RELAY_SUFFIX}"
     live.write_text(json.dumps({"pid": os.getpid(), "remotes": [], "name": "live"}))
     done = subprocess.run([sys.executable, "-m", "eglcuda", "topics", "--dir", str(folder), "--json"],

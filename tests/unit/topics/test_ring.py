@@ -13,6 +13,7 @@ import random
 import signal
 import socket
 import struct
+import threading
 import time
 
 import pytest
@@ -244,6 +245,97 @@ def test_a_subscriber_flooding_wake_bytes_is_dropped_and_costs_the_other_nothing
             assert [d.code for d in pub.dropped] == ["PROTOCOL"]
         finally:
             bad.close()
+
+
+def test_a_subscriber_pacing_wake_bytes_under_a_run_is_dropped_and_costs_the_other_nothing(path):
+    """The same hostile subscriber releases each frame it gets but keeps sending WAKEs in short
+    bursts (fewer in a row than a read drops for) while the publisher waits for a slow subscriber,
+    each WAKE costing the publisher a wake-up: a WAKE follows a release written into the ring, so it
+    is dropped once its WAKEs run past what its releases explain; the slow subscriber beside it gets
+    every frame, byte for byte."""
+    count = 60
+    with ring_publisher(path, pool=2, max_pool=4, every_timeout=2.0) as pub, subscriber(path, qos="every", queue=1) as good:
+        bad = Hostile(path)
+        got, stop = [], threading.Event()
+
+        def slow_reader():
+            for _ in range(count):
+                with good.receive(5) as message:
+                    got.append((message.payload, message.frame.data == pattern(message.payload)))
+                    time.sleep(0.005)
+
+        def flood():
+            burst, released = bytes([protocol.Kind.WAKE]), 0
+            while not stop.is_set():
+                for seq in bad.frames():
+                    bad.release(released, seq)
+                    released += 1
+                try:
+                    for _ in range(8):
+                        bad.sock.send(burst, socket.MSG_DONTWAIT)
+                except (BlockingIOError, ConnectionError):
+                    pass
+                time.sleep(0.001)
+
+        threads = [threading.Thread(target=slow_reader), threading.Thread(target=flood)]
+        try:
+            for thread in threads:
+                thread.start()
+            for k in range(count):
+                put(pub, b"frame %d" % k)
+            threads[0].join(10)
+            stop.set()
+            threads[1].join(10)
+            assert got == [(b"frame %d" % k, True) for k in range(count)]
+            assert "flooded WAKE" in bad.drop_reason()
+            assert [d.code for d in pub.dropped] == ["PROTOCOL"]
+        finally:
+            stop.set()
+            bad.close()
+
+
+def test_a_publisher_sending_messages_without_their_ring_entries_is_lost_not_kept(path):
+    """A lying (or broken) publisher sends socket messages whose SOCKET entry never comes in the
+    ring: the subscriber keeps no more of them than the ring has entries, then ends with
+    PeerError instead of holding each one (memory without bound)."""
+    with ring_publisher(path) as pub, subscriber(path, qos="latest", timeout=5) as sub:
+        put(pub, b"first")
+        with sub.receive(5) as message:
+            assert message.payload == b"first"
+        sock = pub._delivery.subs[0].sock
+        notice = protocol.encode(protocol.Notice(1))
+        sent = 0
+        with pytest.raises(eglcuda.PeerError, match="malformed"):
+            while sent < 5000:
+                try:
+                    for _ in range(64):
+                        sock.send(notice, socket.MSG_DONTWAIT)
+                        sent += 1
+                except BlockingIOError:
+                    pass
+                try:
+                    sub.receive(0).release()
+                except eglcuda.Timeout:
+                    pass
+        assert 256 < sent < 1000
+
+
+def test_a_publisher_announcing_past_the_credit_of_a_full_subscriber_is_lost(path):
+    """A lying publisher announces frame after frame to a subscriber that holds all it may (its
+    credit): those waiting are kept up to a bound, then the subscriber ends with PeerError."""
+    with ring_publisher(path, every_timeout=2.0) as pub, subscriber(path, qos="every", queue=1, timeout=5) as sub:
+        put(pub, b"first")
+        held = sub.receive(5)
+        member = pub._delivery.subs[0]
+        seq = 1000
+        with pytest.raises(eglcuda.PeerError, match="beyond this subscriber's credit"):
+            for _ in range(4):
+                for _ in range(200):
+                    seq += 1
+                    assert member.ring.frame(member.fd, seq, 0, 0, b"") == 0
+                with pytest.raises(eglcuda.UsageError):  # (it holds its one: what waits is read and kept)
+                    sub.receive(0)
+        held.release()
 
 
 def test_an_old_subscriber_is_refused_with_the_reason(path):
