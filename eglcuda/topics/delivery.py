@@ -615,19 +615,21 @@ class Delivery:
                 sub.sock.shutdown(socket.SHUT_WR)
             except OSError:
                 pass
-        while (waiting or own) and time.monotonic() < deadline:
-            self.poll(min(deadline - time.monotonic(), _OWN_READER_IDLE) if own else deadline - time.monotonic())
-            waiting = [s for s in waiting if s.alive]
-            now = time.monotonic()
-            for sub, (held, idle_at) in list(own.items()):
-                if not sub.alive or not sub.outstanding:
-                    del own[sub]
-                elif len(sub.outstanding) < held:
-                    own[sub] = (len(sub.outstanding), now + _OWN_READER_IDLE)
-                elif now >= idle_at:
-                    del own[sub]  # (not read meanwhile: by this thread, or by none)
-        for sub in list(self.subs):
-            self.drop(sub, Reason.CLOSING, "the publisher closed the topic", notify=False)
+        try:
+            while (waiting or own) and time.monotonic() < deadline:
+                self.poll(min(deadline - time.monotonic(), _OWN_READER_IDLE) if own else deadline - time.monotonic())
+                waiting = [s for s in waiting if s.alive]
+                now = time.monotonic()
+                for sub, (held, idle_at) in list(own.items()):
+                    if not sub.alive or not sub.outstanding:
+                        del own[sub]
+                    elif len(sub.outstanding) < held:
+                        own[sub] = (len(sub.outstanding), now + _OWN_READER_IDLE)
+                    elif now >= idle_at:
+                        del own[sub]  # (not read meanwhile: by this thread, or by none)
+        finally:  # (a wait cut short, by Ctrl-C say, still lets every connection go)
+            for sub in list(self.subs):
+                self.drop(sub, Reason.CLOSING, "the publisher closed the topic", notify=False)
 
     def forget(self) -> None:
         """A forked child: close this process's copies of the subscribers' sockets, say nothing

@@ -573,12 +573,17 @@ class Publisher:
         try:
             _open.discard(self)
             with self._lock:
-                if self._delivery is not None:
-                    self._delivery.closing = True  # (before the service stops: a leaving subscriber has left)
-                self._stop_service()
-                if self._delivery is not None:
-                    self._delivery.say_goodbye(wait, os.getpid())
-                self._teardown()
+                try:
+                    if self._delivery is not None:
+                        self._delivery.closing = True  # (before the service stops: a leaving subscriber has left)
+                    self._stop_service()
+                    if self._delivery is not None:
+                        self._delivery.say_goodbye(wait, os.getpid())
+                finally:
+                    # (also when the goodbye's wait was cut short, by Ctrl-C say: else the topic's
+                    # lock, socket and pool stayed held while the process lived, and no later
+                    # close() would let them go)
+                    self._teardown()
         finally:
             self._torn_down.set()
 

@@ -335,6 +335,40 @@ def test_a_close_interrupted_before_its_work_is_done_by_the_next_close(path, mon
     assert time.monotonic() - started < 0.5 and not os.path.exists(path)
 
 
+def test_a_close_interrupted_while_it_waits_for_a_goodbye_still_lets_everything_go(path):
+    """Ctrl-C (a KeyboardInterrupt from a signal handler) while close() waits for a stopped
+    subscriber to let go: the interrupt reaches the caller, and the topic's socket, lock, pool,
+    connections and descriptors are gone all the same, so the topic can be published again in
+    this process at once."""
+    before = open_fds()
+    pub = publisher(path)
+    peer = Peer("subscribe", "--path", path)
+    previous = signal.getsignal(signal.SIGALRM)
+    try:
+        peer.wait_for(lambda m: m.get("event") == "ready")
+        pub.discard(pub.next_frame(5))  # (the subscriber is adopted)
+        os.kill(peer.process.pid, signal.SIGSTOP)
+
+        def interrupt(signum, frame):
+            raise KeyboardInterrupt
+
+        signal.signal(signal.SIGALRM, interrupt)
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        started = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            pub.close(5)
+        assert time.monotonic() - started < 2
+        assert pub.closed and os.listdir(os.path.dirname(path)) == []
+        assert open_fds() == before + 3  # (the peer's three pipes)
+        again = publisher(path)
+        again.close()
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        os.kill(peer.process.pid, signal.SIGCONT)
+        peer.stop()
+
+
 @pytest.mark.parametrize("timeout", [float("inf"), 1e10], ids=["inf", "1e10"])
 def test_a_close_without_limit_beside_another_thread_s_close_waits_for_it(path, timeout):
     """A subscriber in another process is stopped (SIGSTOP): one thread's close(0.5) waits for
