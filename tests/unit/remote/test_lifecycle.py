@@ -660,3 +660,44 @@ def test_receives_interrupted_halfway_never_leave_a_remote_subscriber_stuck(clus
     line = json.loads(out.stdout.splitlines()[-1])
     assert line["first"] is True and line["held_after_interrupt"] == 0, line
     assert "no pool slot is free" in line["no_slot"] and line["after"] is True, line
+
+
+_CLOSED_HALFWAY = r"""
+import json, sys
+sys.path.insert(0, "tests/gpu")
+import eglcuda
+from topics_peer import check
+sub = eglcuda.Subscriber("t", remote=sys.argv[1], qos="every", timeout=10)
+out = {}
+with sub.receive(5) as message:
+    out["first"] = check(message, 5)[0]
+remote = sub._remote
+step = getattr(remote, sys.argv[2])
+def closed_first(*args):
+    # (what a signal handler that closes the subscriber does when it lands just before this step)
+    setattr(remote, sys.argv[2], step)
+    sub.close()
+    return step(*args)
+setattr(remote, sys.argv[2], closed_first)
+try:
+    sub.receive(5)
+    out["ended"] = "returned"
+except Exception as exc:
+    out["ended"] = type(exc).__name__
+out["closed"], out["held"] = sub.closed, remote.held
+print(json.dumps(out), flush=True)
+"""
+
+
+def test_a_close_landing_between_a_frames_arrival_and_its_hand_over_ends_the_receive_with_closed_error(
+        cluster, env):
+    """A signal handler on the receiving thread closes the subscriber between a frame's arrival
+    and its hand-over (before its view is made): the receive ends with ClosedError, not an
+    IndexError from the freed pool."""
+    cluster.publisher(rate=300)
+    _, address = cluster.relay()
+    out = subprocess.run([sys.executable, "-c", _CLOSED_HALFWAY, address, "_views_of"], env=env, cwd=str(ROOT),
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    line = json.loads(out.stdout.splitlines()[-1])
+    assert line == {"first": True, "ended": "ClosedError", "closed": True, "held": 0}, line
