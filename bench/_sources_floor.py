@@ -225,8 +225,8 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=4.0, help="seconds in all (the first is not counted)")
     parser.add_argument("--sources", type=int, default=1, help="sources, each at --rate")
     args = parser.parse_args()
-    if args.rate <= 0 or args.seconds <= 1 or not 1 <= args.sources <= 256:
-        parser.error("needs --rate > 0, --seconds > 1 and --sources in 1..256")
+    if not (0 < args.rate < math.inf and 1 < args.seconds < math.inf and 1 <= args.sources <= 256):  # (NaN too)
+        parser.error("needs a finite --rate > 0, a finite --seconds > 1 and --sources in 1..256")
     print(python_floor(args.rate, args.seconds, args.sources), flush=True)
     return 0
 

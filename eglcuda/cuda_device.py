@@ -39,6 +39,8 @@ class CudaDevice(Resource):
     _exit_rank = 2
 
     def __init__(self, ordinal: int) -> None:
+        if ordinal < 0:  # (a bug of the caller's, not a device this machine lacks)
+            raise UsageError(f"a CUDA device ordinal is 0 or more, got {ordinal}")
         cuda.init()
         count = cuda.device_count()
         if not 0 <= ordinal < count:
@@ -93,6 +95,8 @@ def device_info(ordinal: int) -> DeviceInfo:
     device = _devices.get(ordinal)
     if device is not None:
         return device.info
+    if isinstance(ordinal, int) and ordinal < 0:
+        raise UsageError(f"a CUDA device ordinal is 0 or more, got {ordinal}")
     cuda.init()
     count = cuda.device_count()
     if not isinstance(ordinal, int) or not 0 <= ordinal < count:

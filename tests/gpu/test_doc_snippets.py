@@ -44,6 +44,8 @@ def _finish(block: Block, child: subprocess.Popen) -> str:
     if child.returncode == 2 and out.strip().splitlines() and "needs" in out.strip().splitlines()[-1]:
         pytest.skip(f"{block.where}: {out.strip().splitlines()[-1]}")
     assert child.returncode == 0, f"{block.where} exited with status {child.returncode}:\n{out}"
+    # A block prints its checks as "what: True": a reader who runs it sees a False as a failure.
+    assert ": False" not in out, f"{block.where} printed a failed check:\n{out}"
     return out
 
 

@@ -225,6 +225,14 @@ def test_apply_after_cuda_was_initialized_is_refused(fake, monkeypatch):
     assert mps.PIPE_VARIABLE not in os.environ
 
 
+@pytest.mark.parametrize("flags", [{"enabled": "no"}, {"enabled": 0}, {"enabled": None}, {"quiet": "yes"}])
+def test_session_takes_its_flags_as_bools_only(flags):
+    """A flag read from a config file ("no") is not taken by its truth: nothing starts."""
+    with pytest.raises(eglcuda.UsageError, match="enabled|quiet"):
+        with mps.session(**flags):
+            pass  # pragma: no cover - refused before
+
+
 def test_session_is_what_the_samples_use(fake):
     with mps.session(False) as nothing:
         assert nothing is None and mps.PIPE_VARIABLE not in os.environ

@@ -158,6 +158,8 @@ BAD_ARGUMENTS = [
     ("bench/sources.py", "--rates", "30,inf"),
     ("bench/sources.py", "--warmup", "inf"),
     ("bench/topics.py", "--duration", "inf"),
+    ("bench/_sources_floor.py", "--rate", "nan"),
+    ("bench/_sources_floor.py", "--seconds", "inf"),
     # a results file the run could not write at its end, checked before the run
     ("bench/sources.py", "--json", "/"),
     ("bench/sources.py", "--json", "/nonexistent-folder/rows.json"),
