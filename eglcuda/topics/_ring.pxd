@@ -24,4 +24,5 @@ cdef class Ring:
     cdef int push_marker(self) noexcept
     cdef int take_release(self, uint64_t *seq) noexcept
     cdef void wake(self, int fd) noexcept
+    cdef uint64_t releases_written(self) noexcept
     cdef bint released_since(self) noexcept

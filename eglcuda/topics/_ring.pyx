@@ -314,6 +314,11 @@ cdef class Ring:
         if self.base != NULL and self.publisher:
             flag_set(self.flag(AT_DROPPED), 1)
 
+    cdef uint64_t releases_written(self) noexcept:
+        """The subscriber's count of releases written into the ring (the publisher's end; as the
+        subscriber wrote it, which take_release checks)."""
+        return ring_load(self.count(AT_RELEASES)) if self.base != NULL else 0
+
     cdef bint released_since(self) noexcept:
         """Whether the subscriber released a frame the publisher has not read yet: one waits in
         the ring, or one was sent on the socket since :meth:`note_socket` (the publisher's end)."""

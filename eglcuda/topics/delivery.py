@@ -33,7 +33,7 @@ CLOSE_CHECK_S = 0.05  # seconds: the longest a wait goes on after close() in ano
 _READ_LIMIT = protocol.MAX_QUEUE + 2  # messages read from one subscriber per poll (the rest: next poll)
 _KIND_BYE = int(protocol.Kind.BYE)
 _KIND_RELEASE = int(protocol.Kind.RELEASE)
-_WAKE_RUN = bytes([int(protocol.Kind.WAKE)])  # what _wire.Inbox hands out after a run of WAKEs
+_WAKE_RUN = bytes([int(protocol.Kind.WAKE)])  # what _wire.Inbox hands out after a run of WAKEs, or a count of them
 _OWN_READER_IDLE = 0.25  # seconds a closing publisher waits for a subscriber of its own process to take a frame
 _LEAVING_GRACE = 0.05  # seconds a subscriber whose frames could not be taken back has to say goodbye
 _MESSAGE_OVERHEAD = 4096  # bytes a message costs a socket's send buffer beyond its data (generous)
@@ -169,9 +169,13 @@ class Delivery:
             self.drop(sub, Reason.TRANSPORT, "its connection closed without a goodbye (its process exited or "
                       "was killed)", notify=False, left=self.closing)
             return
-        if message == _WAKE_RUN:  # (_wire hands out a WAKE only after a run of them no peer sends)
-            self.drop(sub, Reason.PROTOCOL, "it flooded WAKE messages (one is sent only after the publisher said it "
-                      "sleeps)")
+        if message == _WAKE_RUN:  # (_wire hands out a WAKE after a run no peer sends, or every WAKE_CHECK-th)
+            if sub.inbox.wake_run:
+                self.drop(sub, Reason.PROTOCOL, "it flooded WAKE messages (one is sent only after the publisher said "
+                          "it sleeps)")
+            elif _delivery.wakes_past_releases(sub):
+                self.drop(sub, Reason.PROTOCOL, "it flooded WAKE messages (more than the releases it wrote into its "
+                          "ring)")
             return
         # After its handshake a subscriber sends no descriptors (the kernel drops any that come),
         # and a message longer than any valid one arrives cut, then fails to decode.
