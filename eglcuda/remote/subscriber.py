@@ -117,6 +117,7 @@ class RemoteFeed:
         self._joining: concurrent.futures.Future[Any] | None = None  # a handshake in progress
         self._pid = os.getpid()
         self._busy = threading.RLock()
+        self._close_put_off = False  # a close() from a signal handler on a thread holding _busy: see close()
         self._state = threading.RLock()
         self._held: set[Message] = set()
         self._last_seq: int | None = None
@@ -271,13 +272,15 @@ class RemoteFeed:
                     if self._ready is not None:
                         self._refresh_ready()
                 finally:
-                    self._busy.release()
+                    self._turn_over()
             except BaseException:
                 # (a KeyboardInterrupt on the way out, say: the caller never gets the message, so
                 # it is not held, and its slot goes back)
                 if message is not None:
                     message.release()
                 raise
+        if self._closed:  # (closed on the way out: a close() a signal handler put off, which let go of it)
+            raise self._closed_error()
         return message
 
     def _receive_locked(self, wait: float) -> Message:
@@ -536,7 +539,7 @@ class RemoteFeed:
                 if self._ready is not None:
                     self._refresh_ready()
         finally:
-            self._busy.release()
+            self._turn_over()
         info = self.info
         if info is None:  # pragma: no cover - every join sets it
             raise StreamDisconnected(f"not connected to topic {self.name!r}")
@@ -569,7 +572,7 @@ class RemoteFeed:
                 self._refresh_ready()
             return self._ready.fileno()
         finally:
-            self._busy.release()
+            self._turn_over()
 
     def _refresh_ready(self) -> None:
         ready = self._ready
@@ -603,7 +606,7 @@ class RemoteFeed:
             try:
                 self._refresh_ready()
             finally:
-                self._busy.release()
+                self._turn_over()
 
     @property
     def connected(self) -> bool:
@@ -660,6 +663,12 @@ class RemoteFeed:
         link = self._link
         if link is not None:
             link.wake()
+        if self._busy._is_owned():  # type: ignore[attr-defined]
+            # A signal handler on a thread inside receive(), wait_for_publisher() or a wait set's
+            # look: tearing down here would wait for the link's locks that call holds. It ends
+            # with ClosedError, and closes on its way out.
+            self._close_put_off = True
+            return
         with self._busy:
             if self._closed:
                 return
@@ -670,6 +679,14 @@ class RemoteFeed:
                 link.say_bye()
             self._teardown()
         _ucx.untrack(self)
+
+    def _turn_over(self) -> None:
+        """Give up this thread's turn (``_busy``); a close() put off by a signal handler meanwhile
+        is done once no call of this thread holds the turn."""
+        self._busy.release()
+        if self._close_put_off and not self._busy._is_owned():  # type: ignore[attr-defined]
+            self._close_put_off = False
+            self.close()
 
     def orphaned(self) -> None:
         """Its :class:`eglcuda.Subscriber` was collected without close(): close it once no

@@ -135,17 +135,16 @@ def test_every_error_pickles_and_copies_with_its_message_and_attributes():
             assert _public_state(again) == _public_state(error)
 
 
-def _raise_in_worker(index):
-    raise _errors_as_raised()[index]
-
-
 def test_an_error_raised_in_a_process_pool_worker_reaches_the_parent_intact():
     import concurrent.futures
     import multiprocessing
+    import pickle
     expected = _errors_as_raised()
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(2, mp_context=context) as pool:
-        futures = [pool.submit(_raise_in_worker, index) for index in range(len(expected))]
+        # (exec: a worker needs nothing of this test module, which it may not be able to import)
+        futures = [pool.submit(exec, f"import pickle\nraise pickle.loads({pickle.dumps(error)!r})")
+                   for error in expected]
         for future, error in zip(futures, expected):
             raised = future.exception(timeout=60)
             assert _public_state(raised) == _public_state(error)

@@ -663,7 +663,7 @@ def test_receives_interrupted_halfway_never_leave_a_remote_subscriber_stuck(clus
 
 
 _CLOSED_HALFWAY = r"""
-import json, sys
+import json, sys, time
 sys.path.insert(0, "tests/gpu")
 import eglcuda
 from topics_peer import check
@@ -672,13 +672,21 @@ out = {}
 with sub.receive(5) as message:
     out["first"] = check(message, 5)[0]
 remote = sub._remote
-step = getattr(remote, sys.argv[2])
+owner = remote if sys.argv[2] == "_views_of" else remote._link
+step = getattr(owner, sys.argv[2])
 def closed_first(*args):
-    # (what a signal handler that closes the subscriber does when it lands just before this step)
-    setattr(remote, sys.argv[2], step)
-    sub.close()
+    # (what a signal handler that closes the subscriber does when it lands just before this step;
+    # in the link's take, while that call holds the link's lock, which the engine's thread takes too)
+    setattr(owner, sys.argv[2], step)
+    started = time.monotonic()
+    if owner is remote:
+        sub.close()
+    else:
+        with owner._cond:
+            sub.close()
+    out["close_s"] = round(time.monotonic() - started, 1)
     return step(*args)
-setattr(remote, sys.argv[2], closed_first)
+setattr(owner, sys.argv[2], closed_first)
 try:
     sub.receive(5)
     out["ended"] = "returned"
@@ -689,15 +697,18 @@ print(json.dumps(out), flush=True)
 """
 
 
-def test_a_close_landing_between_a_frames_arrival_and_its_hand_over_ends_the_receive_with_closed_error(
-        cluster, env):
-    """A signal handler on the receiving thread closes the subscriber between a frame's arrival
-    and its hand-over (before its view is made): the receive ends with ClosedError, not an
-    IndexError from the freed pool."""
+@pytest.mark.parametrize("step", ["_views_of", "take"])
+def test_a_close_landing_inside_a_receive_returns_at_once_and_ends_the_receive_with_closed_error(
+        cluster, env, step):
+    """A signal handler on the receiving thread closes the subscriber inside receive(): between a
+    frame's arrival and its hand-over (before its view is made), or in the link's take while it
+    holds the lock the engine's thread needs to end the link. The handler's close returns at once
+    (it waited 10 s for that lock), the receive ends with ClosedError (not an IndexError from a
+    pool freed under it), and the subscriber is closed."""
     cluster.publisher(rate=300)
     _, address = cluster.relay()
-    out = subprocess.run([sys.executable, "-c", _CLOSED_HALFWAY, address, "_views_of"], env=env, cwd=str(ROOT),
+    out = subprocess.run([sys.executable, "-c", _CLOSED_HALFWAY, address, step], env=env, cwd=str(ROOT),
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
     line = json.loads(out.stdout.splitlines()[-1])
-    assert line == {"first": True, "ended": "ClosedError", "closed": True, "held": 0}, line
+    assert line == {"first": True, "close_s": 0.0, "ended": "ClosedError", "closed": True, "held": 0}, line
