@@ -556,7 +556,9 @@ class Engine:
                     return
                 if now - first[1] < UNCLAIMED_S:
                     return
-                self._unclaimed = None
+            # (the first unmatched message changes: a later one on a claimed tag starts its own
+            # UNCLAIMED_S, however long a flood of others kept the queue from emptying)
+            self._unclaimed = None
             try:
                 taken = worker.tag_probe(api.UCXXTag(tag), api.UCXXTagMaskFull, True)
                 if not taken.matched:

@@ -156,6 +156,10 @@ class Staging:
                     self._waiting -= 1
             return self._free.popleft() if self._free else None
 
+    def exhausted(self) -> bool:
+        """Whether no buffer is free now (a look from any thread: one read of the deque)."""
+        return self._ring is not None and not self._free
+
     def _give(self, index: int) -> None:
         with self._free_cond:
             self._free.append(index)

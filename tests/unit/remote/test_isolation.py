@@ -134,3 +134,39 @@ def test_a_remote_that_never_receives_is_dropped_and_holds_nothing_the_others_ne
         peer.send("bye")
         done = peer.wait_for(lambda m: m["event"] == "done", timeout=15)
         assert done["kind"] == "Dropped" and done["reason"] in [r["dropped"] for r in dropped], done
+
+
+def test_remotes_stopped_one_after_another_do_not_take_the_staging_ring_from_the_others(cluster, env, path):
+    """Four 'latest' remote subscribers stopped with SIGSTOP 0.4 s apart, each keeping its sends
+    in flight (rendezvous: a send ends only once its receiver took it): between them they held
+    all twelve staging buffers, and the two remotes beside them got nothing until the relay's
+    timeout (10 s). A silent remote whose sends hold buffers while none is free is dropped after
+    three missed beats: the others keep getting frames, every byte right."""
+    rndv = {**env, "UCX_RNDV_THRESH": "1K"}
+    cluster.publisher(rate=RATE)
+    relay, address = cluster.relay("--qos", "latest", "--every-timeout", "1", "--timeout", "10", env=rndv)
+    victims = [cluster.subscriber(address, "--qos", "latest", "--count", "0", "--timeout", "30", env=rndv)
+               for _ in range(4)]
+    others = [cluster.subscriber(address, "--qos", qos, "--queue", "4", "--count", "0", env=rndv)
+              for qos in ("latest", "every")]
+    for peer in (*victims, *others):
+        peer.wait_for(lambda m: m["event"] == "got", timeout=30)
+    time.sleep(1.0)
+    try:
+        for victim in victims:
+            os.kill(victim.process.pid, signal.SIGSTOP)
+            time.sleep(0.4)
+        time.sleep(2.0)  # (three beats missed by the last one stopped)
+        marks = [len(peer.got()) for peer in others]
+        time.sleep(4.0)
+        counts = [len(peer.got()) - mark for peer, mark in zip(others, marks)]
+        dropped = [r["dropped"] for r in _listing(relay) if r["dropped"]]
+    finally:
+        for victim in victims:
+            os.kill(victim.process.pid, signal.SIGCONT)
+    # (the others' rate while all four stay stopped: 60/s; 50 % on this tier's two shared cores,
+    # where before they got none)
+    assert all(count >= 0.5 * RATE * 4.0 for count in counts), counts
+    assert dropped and all("staging buffers" in reason for reason in dropped), dropped
+    for peer in others:
+        _frames_ok(peer)

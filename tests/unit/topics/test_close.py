@@ -359,7 +359,7 @@ def test_a_close_interrupted_while_it_waits_for_a_goodbye_still_lets_everything_
             pub.close(5)
         assert time.monotonic() - started < 2
         assert pub.closed and os.listdir(os.path.dirname(path)) == []
-        assert open_fds() == before + 3  # (the peer's three pipes)
+        assert open_fds() <= before + 3  # (the peer's three pipes; a collection may close others meanwhile)
         again = publisher(path)
         again.close()
     finally:
