@@ -12,6 +12,7 @@ driver and allocate nothing in the common case; checks, messages and rare paths 
 methods below.
 """
 cimport cython
+from cpython.exc cimport PyErr_CheckSignals
 from cpython.list cimport PyList_GET_ITEM, PyList_SET_ITEM
 from cpython.long cimport PyLong_AsLongLongAndOverflow
 from cpython.pystate cimport PyThreadState_Get
@@ -71,6 +72,9 @@ assert EGLCUDA_DEFAULT_ACQUIRE_TIMEOUT_US == 1000000, "acquire's default timeout
 cdef enum:
     MAX_TIMEOUT_US = 0x7FFFFFFF  # what the driver's unsigned int microseconds take, kept positive
     FLIGHT_MASK = EGLCUDA_MAX_FRAMES_IN_FLIGHT - 1  # the in-flight ring's slots (a power of two)
+    # A return_frame wait longer than this asks the driver in slices of it: a close() of another
+    # thread, Ctrl-C or a consumer gone ends the wait between two (_return_in_slices)
+    RETURN_SLICE_US = 50000
 assert EGLCUDA_MAX_FRAMES_IN_FLIGHT & FLIGHT_MASK == 0, "the in-flight ring needs a power of two slots"
 
 cdef class CudaConsumer
@@ -323,9 +327,10 @@ cdef object _endpoint_busy(Resource endpoint, str what, double timeout):
     if exiting():
         abandon(endpoint)
         return None
-    raise Timeout(f"another thread has been inside this {what}'s {'present' if what == 'producer' else 'acquire'} "
-                  f"for {timeout} s (a present into a full FIFO waits for the consumer to acquire): close it once "
-                  "that call returns")
+    calls = ("present (a present into a full FIFO waits for the consumer to acquire)" if what == "producer" else
+             "acquire (it waits for the producer's next frame)")
+    raise Timeout(f"another thread has been inside this {what}'s {calls} for {timeout} s: close it once that call "
+                  "returns")
 
 
 def _disconnect_producer(uintptr_t context, connection, ProducerLink link) -> None:
@@ -364,6 +369,7 @@ cdef class CudaProducer(Resource):
     cdef unsigned long long returned_key
     cdef int failed_call
     cdef bint reuse, connected
+    cdef bint closing  # a close() waits for another thread's call: a sliced wait ends (return_frame)
     cdef int fifo_length  # the stream's (0: mailbox)
     # The stream is shared with another process (or opened on another GPU's display): a present
     # naming the legacy default stream waits for that stream's work on the host first, because the
@@ -507,6 +513,8 @@ cdef class CudaProducer(Resource):
                 # With reuse on, the stream keeps its newest frame: a single frame in flight cannot
                 # come back, so one try answers at once.
                 wait_us = 0
+            if wait_us > RETURN_SLICE_US:
+                return self._return_in_slices(wait_us)
             with nogil:
                 status = hot.producer_return(self.ctx, self.conn, &self.returned, &self.return_stream, wait_us,
                                              &self.returned_key, &self.failed_call)
@@ -695,6 +703,32 @@ cdef class CudaProducer(Resource):
             return cuda_error(status, CALL_NAMES[EGLCUDA_CALL_SYNCHRONIZE], "presenting a frame")
         return self.stream._driver_failure(status, CALL_NAMES[self.failed_call], "presenting a frame", "consumer")
 
+    cdef object _return_in_slices(self, unsigned long long wait_us):
+        """return_frame's long wait (under the gate): the driver is asked in slices of
+        RETURN_SLICE_US, and between them a close() of another thread (ClosedError), a signal's
+        handler (Ctrl-C) or a consumer gone (StreamDisconnected) ends it, where the whole wait in
+        one call would run to its end regardless."""
+        cdef CUresult status
+        cdef unsigned long long step
+        cdef double left
+        deadline = time.monotonic() + wait_us / 1e6
+        while True:
+            left = (deadline - time.monotonic()) * 1e6
+            step = RETURN_SLICE_US if left > RETURN_SLICE_US else (<unsigned long long>left if left > 0 else 0)
+            with nogil:
+                status = hot.producer_return(self.ctx, self.conn, &self.returned, &self.return_stream, step,
+                                             &self.returned_key, &self.failed_call)
+            if status != CUDA_ERROR_LAUNCH_TIMEOUT or self.failed_call == EGLCUDA_CALL_CONTEXT or step == 0:
+                break
+            if self.closing:
+                raise ClosedError("the producer was closed by another thread while return_frame waited")
+            PyErr_CheckSignals()
+            if self.stream.state is StreamState.DISCONNECTED:
+                break  # (_return_failed says so)
+        if status:
+            return self._return_failed(status, wait_us)
+        return self._take_returned()
+
     cdef object _return_failed(self, CUresult status, unsigned long long waited_us):
         """A failed return: None for 'none came back yet', else the error."""
         if self.failed_call == EGLCUDA_CALL_CONTEXT:
@@ -778,13 +812,16 @@ cdef class CudaProducer(Resource):
     @cython.annotation_typing(False)  # a str or a bool reaches _close_timeout, which says what it takes
     def close(self, timeout: float | None = None) -> None:
         """Disconnect; every frame presented is then free to close (unless another producer it was
-        presented on is still connected). Safe to call twice. Waits up to ``timeout`` seconds
-        (default 10) for a call of another thread to leave (a present into a full FIFO waits for the
-        consumer) and raises :class:`Timeout` if it does not."""
+        presented on is still connected). Safe to call twice. A :meth:`return_frame` of another
+        thread waiting longer than 50 ms ends with :class:`eglcuda.ClosedError` within 50 ms;
+        for another call (a present into a full FIFO waits for the consumer in the driver) it waits
+        up to ``timeout`` seconds (default 10) and raises :class:`Timeout` if it does not leave."""
         if self._inherited() or (self.closed and not self.connected):
             return
         timeout = _close_timeout(timeout)
+        self.closing = True  # (a return_frame waiting in slices ends at its next one)
         if not gate_enter_within(&self.gate, "producer", timeout):
+            self.closing = False
             self._busy_at_close(timeout)
             return
         try:
@@ -1009,6 +1046,7 @@ cdef class CudaConsumer(Resource):
     cdef uint64_t counter, last_number
     cdef int failed_call
     cdef bint use_counter, has_last, producer_seen, connected
+    cdef bint closing  # a close() waits for another thread's call: the wait for a producer ends
     # Without frame numbers: the last frame's first plane, and the in-process producer's presents
     # then (to tell a frame handed out again, once its producer is gone, from a new one).
     cdef void *last_plane
@@ -1517,6 +1555,8 @@ cdef class CudaConsumer(Resource):
             left = deadline - time.monotonic()
             if left <= 0:
                 raise Timeout(f"no producer connected within {timeout_us} us (stream CONNECTING)")
+            if self.closing:
+                raise ClosedError("the consumer was closed by another thread while acquire waited for a producer")
             time.sleep(min(0.001, left))
 
     # ---- state ----------------------------------------------------------------------------------
@@ -1537,13 +1577,16 @@ cdef class CudaConsumer(Resource):
 
     @cython.annotation_typing(False)  # a str or a bool reaches _close_timeout, which says what it takes
     def close(self, timeout: float | None = None) -> None:
-        """Release a held frame and disconnect. Safe to call twice. Waits up to ``timeout`` seconds
-        (default 10) for a call of another thread to leave (an acquire waits up to its own timeout)
-        and raises :class:`Timeout` if it does not."""
+        """Release a held frame and disconnect. Safe to call twice. An acquire of another thread
+        still waiting for a producer to connect ends with :class:`eglcuda.ClosedError` within a
+        millisecond; for an acquire in the driver (it waits up to its own timeout) it waits up to
+        ``timeout`` seconds (default 10) and raises :class:`Timeout` if it does not leave."""
         if self._inherited() or (self.closed and not self.connected):
             return
         timeout = _close_timeout(timeout)
+        self.closing = True  # (an acquire waiting for a producer ends within a millisecond)
         if not gate_enter_within(&self.gate, "consumer", timeout):
+            self.closing = False
             self._busy_at_close(timeout)
             return
         try:

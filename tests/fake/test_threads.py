@@ -89,3 +89,74 @@ def test_calls_on_one_endpoint_from_a_thread_without_a_current_context():
         thread.start()
         thread.join(10)
         assert results == ["ok"], results
+
+
+def _in_thread(call):
+    """Run ``call`` in a thread; what it returned or raised, and how long it took."""
+    import time
+
+    out: dict = {}
+
+    def run() -> None:
+        started = time.monotonic()
+        try:
+            out["result"] = call()
+        except BaseException as exc:  # noqa: BLE001 - the test looks at it
+            out["result"] = exc
+        out["seconds"] = time.monotonic() - started
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, out
+
+
+@fake_driver_test
+def test_closing_the_stream_ends_a_long_return_frame_of_another_thread_at_once():
+    """A producer thread waits in return_frame (30 s) for frames a consumer holds on to; the main
+    thread closes the stream. The wait ends within a fraction of a second (ClosedError, or
+    StreamDisconnected for the consumer gone first) and every endpoint is closed: the close used
+    to raise Timeout after 10 s, leaving the producer and the stream open, and the wait ran on."""
+    import time
+
+    import eglcuda
+
+    with display() as opened:
+        stream = opened.create_stream(fifo_length=4)
+        consumer = stream.connect_cuda_consumer()
+        producer = stream.connect_cuda_producer(24, 8)
+        frames = [producer.allocate_frame() for _ in range(3)]
+        producer.present(frames[0])
+        producer.present(frames[1])
+        thread, out = _in_thread(lambda: producer.return_frame(timeout_us=30_000_000))
+        time.sleep(0.3)
+        started = time.monotonic()
+        stream.close()
+        assert time.monotonic() - started < 2.0
+        thread.join(5)
+        assert not thread.is_alive() and out["seconds"] < 2.0, out
+        assert isinstance(out["result"], (eglcuda.ClosedError, eglcuda.StreamDisconnected)), out
+        assert stream.closed and producer.closed and consumer.closed
+
+
+@fake_driver_test
+def test_closing_a_consumer_ends_its_wait_for_a_producer_at_once():
+    """A consumer thread's first acquire waits for a producer to connect (30 s); the main thread
+    closes the stream: the acquire ends with ClosedError within a fraction of a second, and the
+    stream and consumer are closed (the close used to raise Timeout after 10 s and leave both
+    open while the wait ran its 30 s)."""
+    import time
+
+    import eglcuda
+
+    with display() as opened:
+        stream = opened.create_stream(fifo_length=4)
+        consumer = stream.connect_cuda_consumer()
+        thread, out = _in_thread(lambda: consumer.acquire(timeout_us=30_000_000))
+        time.sleep(0.3)
+        started = time.monotonic()
+        stream.close()
+        assert time.monotonic() - started < 2.0
+        thread.join(5)
+        assert not thread.is_alive() and out["seconds"] < 2.0, out
+        assert isinstance(out["result"], eglcuda.ClosedError), out
+        assert stream.closed and consumer.closed
