@@ -4,6 +4,10 @@ from typing import Any
 class Inbox:
     """The receiving side of one topic connection after its handshake."""
 
+    wakes: int  # WAKE messages read so far
+    counts_wakes: bool  # every WAKE_CHECK-th WAKE is handed out
+    wake_run: bool  # a WAKE was handed out for ending a run of WAKE_RUN
+
     def __init__(self, fd: int, capacity: int = ..., batch: int = ..., wake_fd: int = ...,
                  busy_wait: float = ...) -> None: ...
     def close(self) -> None: ...
