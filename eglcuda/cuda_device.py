@@ -95,8 +95,9 @@ def device_info(ordinal: int) -> DeviceInfo:
     device = _devices.get(ordinal)
     if device is not None:
         return device.info
-    if isinstance(ordinal, int) and ordinal < 0:
-        raise UsageError(f"a CUDA device ordinal is 0 or more, got {ordinal}")
+    number = as_int(ordinal)  # (a NumPy integer too)
+    if number is not None and number < 0:
+        raise UsageError(f"a CUDA device ordinal is 0 or more, got {number}")
     cuda.init()
     count = cuda.device_count()
     if not isinstance(ordinal, int) or not 0 <= ordinal < count:

@@ -37,9 +37,10 @@ SEND_DEADLINE_S = 2.0
 # older than this is let go instead of sent (a fresh one is staged), and none is staged again
 # until a credit came: a stopped remote holds no buffer for it, and a woken one gets a fresh frame.
 AHEAD_FRESH_S = 0.01
-# A remote subscriber silent this long (two beats missed) whose sends hold staging buffers while
-# none is free is dropped then, not at the relay's ``timeout``: a few remotes stopped one after
-# another would hold the whole ring, and every other remote would get nothing until then.
+# A 'latest' remote subscriber silent this long (three beats) whose sends hold staging buffers
+# while the ring had none free for a frame lately is dropped then, not at the relay's ``timeout``:
+# a few remotes stopped one after another would hold the whole ring, and every other remote would
+# get nothing until then. (An 'every' one is its every_timeout's business.)
 SILENT_HOLDING_S = 3 * BEAT_S
 
 
@@ -197,7 +198,8 @@ class Sender:
         if now - self._heard > limits.silence:
             self.end(Reason.TIMEOUT, f"the remote subscriber said nothing for {limits.silence:.3g} s", dropped=True)
             asyncio.get_running_loop().call_later(1.0, self.abort)
-        elif now - self._heard > SILENT_HOLDING_S and self.held and self._staging.exhausted():
+        elif (self.qos is Qos.LATEST and now - self._heard > SILENT_HOLDING_S and self.held
+              and self._staging.refused_since(now - BEAT_S)):
             self.end(Reason.TIMEOUT, f"the remote subscriber said nothing for {now - self._heard:.3g} s while its "
                      "frames held staging buffers the relay's other remote subscribers needed", dropped=True)
             asyncio.get_running_loop().call_later(0.25, self.abort)

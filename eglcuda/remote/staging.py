@@ -53,6 +53,7 @@ class Staging:
         self._free: collections.deque[int] = collections.deque()
         self._free_cond = threading.Condition(threading.Lock())
         self._waiting = 0
+        self._refused_at = -1.0  # when a frame last found no free buffer (monotonic)
         # Set while some remote subscriber can take a frame now, waited on by the local thread.
         # Under _room_lock: _room (the most frames one remote can take now: the engine's count)
         # and _staged (frames the local thread copied or is copying, not yet dispatched): a frame
@@ -154,11 +155,15 @@ class Staging:
                     self._free_cond.wait_for(lambda: bool(self._free), self._wait)
                 finally:
                     self._waiting -= 1
-            return self._free.popleft() if self._free else None
+            if self._free:
+                return self._free.popleft()
+            self._refused_at = time.monotonic()
+            return None
 
-    def exhausted(self) -> bool:
-        """Whether no buffer is free now (a look from any thread: one read of the deque)."""
-        return self._ring is not None and not self._free
+    def refused_since(self, since: float) -> bool:
+        """Whether a frame found no free buffer at or after monotonic time ``since`` (some remote
+        subscriber had room for it)."""
+        return self._refused_at >= since
 
     def _give(self, index: int) -> None:
         with self._free_cond:

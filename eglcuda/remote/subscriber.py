@@ -330,7 +330,7 @@ class RemoteFeed:
             link.give_back_when(index, lambda: self._copied(read))
         else:
             events = self._slot_events
-            if slot >= len(events):  # (closed from a signal handler on this thread)
+            if slot >= len(events):  # (closed meanwhile)
                 raise self._closed_error()
             event = events[slot]
         view = self._views_of(slot)
@@ -340,7 +340,7 @@ class RemoteFeed:
         except BaseException:
             with self._state:
                 self._free_slots.appendleft(slot)
-            if self._closing or self._closed:  # (closed meanwhile, from a signal handler on this thread)
+            if self._closing or self._closed:  # (closed meanwhile: its events may be gone)
                 view._released = True
                 raise self._closed_error() from None
             raise
@@ -359,7 +359,7 @@ class RemoteFeed:
         stream, after the slot's readers; the slot's event and the window buffer's, recorded
         after it (under _state; on any thread)."""
         copy, spec, pool = self._copy_stream, self._spec, self._pool
-        if copy is None or spec is None or slot >= len(pool):  # (closed from a signal handler on this thread)
+        if copy is None or spec is None or slot >= len(pool):  # (closed meanwhile)
             raise self._closed_error()
         base = pool[slot].planes[0].pointer
         self._device.make_current()
@@ -428,7 +428,7 @@ class RemoteFeed:
             return cuda.event_done(event, "asking whether a remote frame's copy is done")
 
     def _views_of(self, slot: int) -> SlotView:
-        # (read once: a close() from a signal handler on this thread may free the pool meanwhile)
+        # (read once: a close() may free the pool meanwhile)
         spec, pool, views = self._spec, self._pool, self._views
         if spec is None or slot >= len(pool):
             raise self._closed_error()
@@ -681,9 +681,13 @@ class RemoteFeed:
         _ucx.untrack(self)
 
     def _turn_over(self) -> None:
-        """Give up this thread's turn (``_busy``); a close() put off by a signal handler meanwhile
-        is done once no call of this thread holds the turn."""
+        """Give up this thread's turn (``_busy``), then :meth:`finish_put_off_close`."""
         self._busy.release()
+        self.finish_put_off_close()
+
+    def finish_put_off_close(self) -> None:
+        """A close() a signal handler put off is done once no call of this thread holds the turn
+        (also after a hold of the turn outside these calls: a Batcher's pass)."""
         if self._close_put_off and not self._busy._is_owned():  # type: ignore[attr-defined]
             self._close_put_off = False
             self.close()

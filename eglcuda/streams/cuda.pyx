@@ -369,7 +369,7 @@ cdef class CudaProducer(Resource):
     cdef unsigned long long returned_key
     cdef int failed_call
     cdef bint reuse, connected
-    cdef bint closing  # a close() waits for another thread's call: a sliced wait ends (return_frame)
+    cdef int closing  # close() calls waiting for another thread's call: a sliced wait ends (return_frame)
     cdef int fifo_length  # the stream's (0: mailbox)
     # The stream is shared with another process (or opened on another GPU's display): a present
     # naming the legacy default stream waits for that stream's work on the host first, because the
@@ -536,7 +536,9 @@ cdef class CudaProducer(Resource):
         flight than the stream's FIFO holds (always in mailbox mode). Asking earlier takes frames back while the consumer is still busy
         with the ones before: on driver 580 that made a two-thread loop about 1.5x slower a frame.
         A frame not asked for comes back at a later step or from :meth:`return_frame`. With a
-        ``timeout_us`` above 0 the call always waits for one, as :meth:`return_frame` does."""
+        ``timeout_us`` above 0 the call always waits for one, as :meth:`return_frame` does, but in
+        one call into the driver: a close of another thread, or Ctrl-C, waits for its end (a long
+        wait is :meth:`return_frame`'s, which ends at either)."""
         cdef unsigned long long wait_us = self._timeout(timeout_us)
         cdef FrameCore core
         cdef CUstream *stream_box
@@ -723,8 +725,11 @@ cdef class CudaProducer(Resource):
             if self.closing:
                 raise ClosedError("the producer was closed by another thread while return_frame waited")
             PyErr_CheckSignals()
-            if self.stream.state is StreamState.DISCONNECTED:
-                break  # (_return_failed says so)
+            try:
+                if self.stream.state is StreamState.DISCONNECTED:
+                    break  # (_return_failed says so)
+            except EglCudaError:
+                break  # (the stream can no longer say: _return_failed asks again, and says why)
         if status:
             return self._return_failed(status, wait_us)
         return self._take_returned()
@@ -819,9 +824,12 @@ cdef class CudaProducer(Resource):
         if self._inherited() or (self.closed and not self.connected):
             return
         timeout = _close_timeout(timeout)
-        self.closing = True  # (a return_frame waiting in slices ends at its next one)
-        if not gate_enter_within(&self.gate, "producer", timeout):
-            self.closing = False
+        self.closing += 1  # (a return_frame waiting in slices ends at its next one)
+        try:
+            entered = gate_enter_within(&self.gate, "producer", timeout)
+        finally:
+            self.closing -= 1
+        if not entered:
             self._busy_at_close(timeout)
             return
         try:
@@ -1046,7 +1054,7 @@ cdef class CudaConsumer(Resource):
     cdef uint64_t counter, last_number
     cdef int failed_call
     cdef bint use_counter, has_last, producer_seen, connected
-    cdef bint closing  # a close() waits for another thread's call: the wait for a producer ends
+    cdef int closing  # close() calls waiting for another thread's call: the wait for a producer ends
     # Without frame numbers: the last frame's first plane, and the in-process producer's presents
     # then (to tell a frame handed out again, once its producer is gone, from a new one).
     cdef void *last_plane
@@ -1584,9 +1592,12 @@ cdef class CudaConsumer(Resource):
         if self._inherited() or (self.closed and not self.connected):
             return
         timeout = _close_timeout(timeout)
-        self.closing = True  # (an acquire waiting for a producer ends within a millisecond)
-        if not gate_enter_within(&self.gate, "consumer", timeout):
-            self.closing = False
+        self.closing += 1  # (an acquire waiting for a producer ends within a millisecond)
+        try:
+            entered = gate_enter_within(&self.gate, "consumer", timeout)
+        finally:
+            self.closing -= 1
+        if not entered:
             self._busy_at_close(timeout)
             return
         try:

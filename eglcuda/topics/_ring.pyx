@@ -472,7 +472,8 @@ cdef class RingInbox:
         """Whether the next thing to read is a frame's entry (a receive hands it out without
         asking the socket) and the publisher has not dropped this subscriber (then no frame
         announced before the drop is handed out); nothing is taken."""
-        return (self.fd >= 0 and not self.early and not self.ended and self.ring.next_kind() == KIND_FRAME_ENTRY
+        return (self.fd >= 0 and not self.early and not self.ended and not self.overrun
+                and self.ring.next_kind() == KIND_FRAME_ENTRY
                 and not self.ring.is_dropped())
 
     def arm(self):
@@ -512,11 +513,11 @@ cdef class RingInbox:
             if message.__class__ is bytes and not message:
                 self.ended = True
                 return 0
-            if len(self.early) > ENTRIES:  # (a publisher marks each message it sends: a lie or a bug)
+            self.early.append(message)
+            if len(self.early) > ENTRIES + 1:  # (a publisher marks each message it sends: a lie or a bug)
                 self.overrun = True
                 self.forget_early()
                 return 0
-            self.early.append(message)
             message = self.inner.rest()
         return 0
 

@@ -5,8 +5,7 @@ class Inbox:
     """The receiving side of one topic connection after its handshake."""
 
     wakes: int  # WAKE messages read so far
-    counts_wakes: bool  # every WAKE_CHECK-th WAKE is handed out
-    wake_run: bool  # a WAKE was handed out for ending a run of WAKE_RUN
+    counts_wakes: bool  # every WAKE_CHECK-th WAKE is handed out, none for a run
 
     def __init__(self, fd: int, capacity: int = ..., batch: int = ..., wake_fd: int = ...,
                  busy_wait: float = ...) -> None: ...

@@ -107,9 +107,9 @@ cdef enum:
     # only after the other said it sleeps, so a run this long is a flood, which its reader then
     # refuses as it refuses any message it may not get
     WAKE_RUN = 64
-    # An Inbox that counts WAKEs (a publisher's, of a subscriber) also hands out every this-many-th,
-    # so that its owner holds them against the releases they must follow (a paced flood keeps its
-    # runs short); a power of two
+    # An Inbox that counts WAKEs (a publisher's, of a subscriber) hands out every this-many-th
+    # instead, so that its owner holds them against the releases they must follow (a flood paced
+    # to keep its runs short is caught too); a power of two
     WAKE_CHECK = 64
 
 if (protocol.FRAME_HEAD.size != FRAME_HEAD_SIZE or protocol.RELEASE_HEAD.size != RELEASE_HEAD_SIZE
@@ -246,8 +246,7 @@ cdef class Inbox:
     cdef int wake_fd  # readable: stop waiting (another thread is closing the owner); -1: none
     cdef double busy_wait  # seconds a wait asks without sleeping before it sleeps in poll()
     cdef public unsigned long long wakes  # WAKE messages read so far
-    cdef public bint counts_wakes  # every WAKE_CHECK-th WAKE is handed out (see WAKE_CHECK)
-    cdef public bint wake_run  # a WAKE was handed out for ending a run of WAKE_RUN
+    cdef public bint counts_wakes  # every WAKE_CHECK-th WAKE is handed out, none for a run (see WAKE_CHECK)
 
     def __cinit__(self, int fd, ssize_t capacity=protocol.MAX_MESSAGE + 1, unsigned int batch=4, int wake_fd=-1,
                   double busy_wait=0.0):
@@ -365,10 +364,10 @@ cdef class Inbox:
         while message.__class__ is bytes and len(<bytes>message) == 1 and (<bytes>message)[0] == KIND_WAKE:
             wakes += 1
             self.wakes += 1
-            if wakes > WAKE_RUN:
-                self.wake_run = True
-                return message
-            if self.counts_wakes and not self.wakes & (WAKE_CHECK - 1):
+            if self.counts_wakes:
+                if not self.wakes & (WAKE_CHECK - 1):
+                    return message
+            elif wakes > WAKE_RUN:
                 return message
             # (without a deadline, after a read made just now: what it found, no read of the socket
             # it emptied; a WAKE left from an earlier batch says nothing about the socket now)

@@ -33,7 +33,7 @@ CLOSE_CHECK_S = 0.05  # seconds: the longest a wait goes on after close() in ano
 _READ_LIMIT = protocol.MAX_QUEUE + 2  # messages read from one subscriber per poll (the rest: next poll)
 _KIND_BYE = int(protocol.Kind.BYE)
 _KIND_RELEASE = int(protocol.Kind.RELEASE)
-_WAKE_RUN = bytes([int(protocol.Kind.WAKE)])  # what _wire.Inbox hands out after a run of WAKEs, or a count of them
+_WAKE = bytes([int(protocol.Kind.WAKE)])  # what _wire.Inbox hands out of a subscriber's WAKEs (every WAKE_CHECK-th)
 _OWN_READER_IDLE = 0.25  # seconds a closing publisher waits for a subscriber of its own process to take a frame
 _LEAVING_GRACE = 0.05  # seconds a subscriber whose frames could not be taken back has to say goodbye
 _MESSAGE_OVERHEAD = 4096  # bytes a message costs a socket's send buffer beyond its data (generous)
@@ -169,11 +169,8 @@ class Delivery:
             self.drop(sub, Reason.TRANSPORT, "its connection closed without a goodbye (its process exited or "
                       "was killed)", notify=False, left=self.closing)
             return
-        if message == _WAKE_RUN:  # (_wire hands out a WAKE after a run no peer sends, or every WAKE_CHECK-th)
-            if sub.inbox.wake_run:
-                self.drop(sub, Reason.PROTOCOL, "it flooded WAKE messages (one is sent only after the publisher said "
-                          "it sleeps)")
-            elif _delivery.wakes_past_releases(sub):
+        if message == _WAKE:  # (_wire hands out every WAKE_CHECK-th WAKE of a subscriber: held against its releases)
+            if _delivery.wakes_past_releases(sub):
                 self.drop(sub, Reason.PROTOCOL, "it flooded WAKE messages (more than the releases it wrote into its "
                           "ring)")
             return
@@ -632,8 +629,12 @@ class Delivery:
                     elif now >= idle_at:
                         del own[sub]  # (not read meanwhile: by this thread, or by none)
         finally:  # (a wait cut short, by Ctrl-C say, still lets every connection go)
-            for sub in list(self.subs):
-                self.drop(sub, Reason.CLOSING, "the publisher closed the topic", notify=False)
+            self.drop_all()
+
+    def drop_all(self) -> None:
+        """The topic closes: let go of every subscriber, saying nothing more."""
+        for sub in list(self.subs):
+            self.drop(sub, Reason.CLOSING, "the publisher closed the topic", notify=False)
 
     def forget(self) -> None:
         """A forked child: close this process's copies of the subscribers' sockets, say nothing

@@ -580,9 +580,11 @@ class Publisher:
                     if self._delivery is not None:
                         self._delivery.say_goodbye(wait, os.getpid())
                 finally:
-                    # (also when the goodbye's wait was cut short, by Ctrl-C say: else the topic's
-                    # lock, socket and pool stayed held while the process lived, and no later
-                    # close() would let them go)
+                    # (also when the goodbye or the service's stop was cut short, by Ctrl-C say:
+                    # else the topic's connections, lock, socket and pool stayed held while the
+                    # process lived, and no later close() would let them go)
+                    if self._delivery is not None:
+                        self._delivery.drop_all()
                     self._teardown()
         finally:
             self._torn_down.set()

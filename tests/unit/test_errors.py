@@ -151,6 +151,7 @@ def test_an_error_raised_in_a_process_pool_worker_reaches_the_parent_intact():
 
 
 @pytest.mark.parametrize("call", [lambda: eglcuda.get_device(-1), lambda: eglcuda.cuda_device.device_info(-2),
+                                  lambda: eglcuda.cuda_device.device_info(__import__("numpy").int64(-1)),
                                   lambda: eglcuda.Frame.allocate(8, 8, device=-1)])
 def test_a_negative_cuda_ordinal_is_a_usage_error_not_a_missing_device(call):
     """A program that falls back to the CPU on Unsupported must not take its own bug for a

@@ -164,9 +164,9 @@ def test_remotes_stopped_one_after_another_do_not_take_the_staging_ring_from_the
     finally:
         for victim in victims:
             os.kill(victim.process.pid, signal.SIGCONT)
-    # (the others' rate while all four stay stopped: 60/s; 50 % on this tier's two shared cores,
-    # where before they got none)
-    assert all(count >= 0.5 * RATE * 4.0 for count in counts), counts
+    # (the others' rate while all four stay stopped: 60/s; a quarter of it on this tier's two
+    # shared cores running eight processes, where before they got none)
+    assert all(count >= 0.25 * RATE * 4.0 for count in counts), counts
     assert dropped and all("staging buffers" in reason for reason in dropped), dropped
     for peer in others:
         _frames_ok(peer)
