@@ -235,6 +235,17 @@ cdef bint gate_enter_within(Gate *gate, str endpoint, double timeout_s) except -
     return gate_wait(gate, endpoint, &deadline)
 
 
+cdef bint gate_enter_to_close(Gate *gate, int *closing, str endpoint, double timeout_s) except -1:
+    """close()'s gate_enter_within: while it waits, ``closing`` counts it, which a wait of
+    eglcuda's own inside another thread's call (a sliced return_frame, the wait for a producer)
+    watches to end at once."""
+    closing[0] += 1
+    try:
+        return gate_enter_within(gate, endpoint, timeout_s)
+    finally:
+        closing[0] -= 1
+
+
 cdef inline bint gate_enter_for(Gate *gate, str endpoint, unsigned long long *wait_us) except -1:
     """gate_enter for a call that waits at most ``*wait_us``: while another thread is inside (a
     present into a full FIFO waits for the consumer, without limit), wait for the gate no longer
@@ -824,12 +835,7 @@ cdef class CudaProducer(Resource):
         if self._inherited() or (self.closed and not self.connected):
             return
         timeout = _close_timeout(timeout)
-        self.closing += 1  # (a return_frame waiting in slices ends at its next one)
-        try:
-            entered = gate_enter_within(&self.gate, "producer", timeout)
-        finally:
-            self.closing -= 1
-        if not entered:
+        if not gate_enter_to_close(&self.gate, &self.closing, "producer", timeout):  # (a sliced return_frame ends)
             self._busy_at_close(timeout)
             return
         try:
@@ -1592,12 +1598,7 @@ cdef class CudaConsumer(Resource):
         if self._inherited() or (self.closed and not self.connected):
             return
         timeout = _close_timeout(timeout)
-        self.closing += 1  # (an acquire waiting for a producer ends within a millisecond)
-        try:
-            entered = gate_enter_within(&self.gate, "consumer", timeout)
-        finally:
-            self.closing -= 1
-        if not entered:
+        if not gate_enter_to_close(&self.gate, &self.closing, "consumer", timeout):  # (a wait for a producer ends)
             self._busy_at_close(timeout)
             return
         try:

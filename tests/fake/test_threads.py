@@ -91,8 +91,9 @@ def test_calls_on_one_endpoint_from_a_thread_without_a_current_context():
         assert results == ["ok"], results
 
 
-def _in_thread(call):
-    """Run ``call`` in a thread; what it returned or raised, and how long it took."""
+def _closed_while_waiting(stream, call) -> dict:
+    """Run ``call`` (a long wait) in a thread, close ``stream`` 0.3 s later from this one: the
+    close and the call both end within 2 s. What the call returned or raised, and its seconds."""
     import time
 
     out: dict = {}
@@ -107,7 +108,13 @@ def _in_thread(call):
 
     thread = threading.Thread(target=run)
     thread.start()
-    return thread, out
+    time.sleep(0.3)
+    started = time.monotonic()
+    stream.close()
+    assert time.monotonic() - started < 2.0
+    thread.join(5)
+    assert not thread.is_alive() and out["seconds"] < 2.0, out
+    return out
 
 
 @fake_driver_test
@@ -116,8 +123,6 @@ def test_closing_the_stream_ends_a_long_return_frame_of_another_thread_at_once()
     thread closes the stream. The wait ends within a fraction of a second (ClosedError, or
     StreamDisconnected for the consumer gone first) and every endpoint is closed: the close used
     to raise Timeout after 10 s, leaving the producer and the stream open, and the wait ran on."""
-    import time
-
     import eglcuda
 
     with display() as opened:
@@ -127,13 +132,7 @@ def test_closing_the_stream_ends_a_long_return_frame_of_another_thread_at_once()
         frames = [producer.allocate_frame() for _ in range(3)]
         producer.present(frames[0])
         producer.present(frames[1])
-        thread, out = _in_thread(lambda: producer.return_frame(timeout_us=30_000_000))
-        time.sleep(0.3)
-        started = time.monotonic()
-        stream.close()
-        assert time.monotonic() - started < 2.0
-        thread.join(5)
-        assert not thread.is_alive() and out["seconds"] < 2.0, out
+        out = _closed_while_waiting(stream, lambda: producer.return_frame(timeout_us=30_000_000))
         assert isinstance(out["result"], (eglcuda.ClosedError, eglcuda.StreamDisconnected)), out
         assert stream.closed and producer.closed and consumer.closed
 
@@ -144,19 +143,11 @@ def test_closing_a_consumer_ends_its_wait_for_a_producer_at_once():
     closes the stream: the acquire ends with ClosedError within a fraction of a second, and the
     stream and consumer are closed (the close used to raise Timeout after 10 s and leave both
     open while the wait ran its 30 s)."""
-    import time
-
     import eglcuda
 
     with display() as opened:
         stream = opened.create_stream(fifo_length=4)
         consumer = stream.connect_cuda_consumer()
-        thread, out = _in_thread(lambda: consumer.acquire(timeout_us=30_000_000))
-        time.sleep(0.3)
-        started = time.monotonic()
-        stream.close()
-        assert time.monotonic() - started < 2.0
-        thread.join(5)
-        assert not thread.is_alive() and out["seconds"] < 2.0, out
+        out = _closed_while_waiting(stream, lambda: consumer.acquire(timeout_us=30_000_000))
         assert isinstance(out["result"], eglcuda.ClosedError), out
         assert stream.closed and consumer.closed
