@@ -135,19 +135,31 @@ def test_every_error_pickles_and_copies_with_its_message_and_attributes():
             assert _public_state(again) == _public_state(error)
 
 
-def test_an_error_raised_in_a_process_pool_worker_reaches_the_parent_intact():
-    import concurrent.futures
-    import multiprocessing
+_POOL_ROUND_TRIP = """
+import concurrent.futures, multiprocessing, pickle, sys
+errors = pickle.loads(sys.stdin.buffer.read())
+state = lambda error: (type(error), str(error), error.args, vars(error))
+with concurrent.futures.ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
+    futures = [pool.submit(exec, f"import pickle\\nraise pickle.loads({pickle.dumps(error)!r})") for error in errors]
+    for future, error in zip(futures, errors):
+        raised = future.exception(timeout=60)
+        print(type(error).__name__, "intact" if state(raised) == state(error) else f"arrived as {state(raised)!r}")
+"""
+
+
+def test_an_error_raised_in_a_process_pool_worker_reaches_the_parent_intact(tmp_path):
+    """Each error raised in a spawned worker of a process pool reaches the parent as it was. (In
+    a fresh interpreter outside the checkout: a spawned worker imports eglcuda again, and must
+    find the same one as its parent.)"""
     import pickle
+    import subprocess
+    import sys
+
     expected = _errors_as_raised()
-    context = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(2, mp_context=context) as pool:
-        # (exec: a worker needs nothing of this test module, which it may not be able to import)
-        futures = [pool.submit(exec, f"import pickle\nraise pickle.loads({pickle.dumps(error)!r})")
-                   for error in expected]
-        for future, error in zip(futures, expected):
-            raised = future.exception(timeout=60)
-            assert _public_state(raised) == _public_state(error)
+    done = subprocess.run([sys.executable, "-c", _POOL_ROUND_TRIP], input=pickle.dumps(expected), cwd=tmp_path,
+                          capture_output=True, timeout=120)
+    assert done.returncode == 0, done.stderr.decode()[-3000:]
+    assert done.stdout.decode().splitlines() == [f"{type(error).__name__} intact" for error in expected]
 
 
 @pytest.mark.parametrize("call", [lambda: eglcuda.get_device(-1), lambda: eglcuda.cuda_device.device_info(-2),
