@@ -39,8 +39,7 @@ class CudaDevice(Resource):
     _exit_rank = 2
 
     def __init__(self, ordinal: int) -> None:
-        if ordinal < 0:  # (a bug of the caller's, not a device this machine lacks)
-            raise UsageError(f"a CUDA device ordinal is 0 or more, got {ordinal}")
+        _not_negative(ordinal)
         cuda.init()
         count = cuda.device_count()
         if not 0 <= ordinal < count:
@@ -96,8 +95,8 @@ def device_info(ordinal: int) -> DeviceInfo:
     if device is not None:
         return device.info
     number = as_int(ordinal)  # (a NumPy integer too)
-    if number is not None and number < 0:
-        raise UsageError(f"a CUDA device ordinal is 0 or more, got {number}")
+    if number is not None:
+        _not_negative(number)
     cuda.init()
     count = cuda.device_count()
     if not isinstance(ordinal, int) or not 0 <= ordinal < count:
@@ -106,6 +105,13 @@ def device_info(ordinal: int) -> DeviceInfo:
 
 
 _devices: dict[int, CudaDevice] = {}
+
+
+def _not_negative(ordinal: int) -> None:
+    """A negative ordinal is a bug of the caller's, not a device this machine lacks: UsageError,
+    before the driver is asked (a program may take Unsupported for "no GPU here")."""
+    if ordinal < 0:
+        raise UsageError(f"a CUDA device ordinal is 0 or more, got {ordinal}")
 
 
 def _ordinal(value: object) -> int:

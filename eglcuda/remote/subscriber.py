@@ -329,10 +329,7 @@ class RemoteFeed:
             # after this thread woke from its wait and handed it over.
             link.give_back_when(index, lambda: self._copied(read))
         else:
-            events = self._slot_events
-            if slot >= len(events):  # (closed meanwhile)
-                raise self._closed_error()
-            event = events[slot]
+            event = self._slot_events[slot]
         view = self._views_of(slot)
         try:
             self._device.make_current()  # (this thread may never have touched the device: a reader thread's first receive)
@@ -340,17 +337,11 @@ class RemoteFeed:
         except BaseException:
             with self._state:
                 self._free_slots.appendleft(slot)
-            if self._closing or self._closed:  # (closed meanwhile: its events may be gone)
-                view._released = True
-                raise self._closed_error() from None
             raise
         skipped = 0 if self._last_seq is None else max(0, seq - self._last_seq - 1)
         self._last_seq = seq
         message = Message(self, view, protocol.Frame(seq, slot, timestamp_ns, 0, payload), skipped, None)
         with self._state:
-            if self._closing or self._closed:  # (as above: the close let go of what was held before)
-                view._released = True
-                raise self._closed_error()
             self._held.add(message)
         return message
 
@@ -358,10 +349,10 @@ class RemoteFeed:
         """Queue the copy of ``link``'s window buffer ``index`` into pool ``slot`` on the copy
         stream, after the slot's readers; the slot's event and the window buffer's, recorded
         after it (under _state; on any thread)."""
-        copy, spec, pool = self._copy_stream, self._spec, self._pool
-        if copy is None or spec is None or slot >= len(pool):  # (closed meanwhile)
-            raise self._closed_error()
-        base = pool[slot].planes[0].pointer
+        copy = self._copy_stream
+        spec = self._spec
+        assert copy is not None and spec is not None
+        base = self._pool[slot].planes[0].pointer
         self._device.make_current()
         # The slot's readers were joined, at its release, into an event recorded on the thread
         # that released it (a per-thread default stream names that thread's; docs/ordering.md).
@@ -428,17 +419,16 @@ class RemoteFeed:
             return cuda.event_done(event, "asking whether a remote frame's copy is done")
 
     def _views_of(self, slot: int) -> SlotView:
-        # (read once: a close() may free the pool meanwhile)
-        spec, pool, views = self._spec, self._pool, self._views
-        if spec is None or slot >= len(pool):
-            raise self._closed_error()
-        while len(views) <= slot:
-            index = len(views)
-            views.append(SlotView(spec, pool[index].planes[0].pointer, self._device, self._backend.cuda_stream, index))
-        view = views[slot]
+        spec = self._spec
+        assert spec is not None
+        while len(self._views) <= slot:
+            index = len(self._views)
+            self._views.append(SlotView(spec, self._pool[index].planes[0].pointer, self._device,
+                                        self._backend.cuda_stream, index))
+        view = self._views[slot]
         # A new view object per message: a user's old reference must stay released.
         fresh = SlotView(spec, view._base, self._device, self._backend.cuda_stream, slot)
-        views[slot] = fresh
+        self._views[slot] = fresh
         return fresh
 
     def _release(self, message: Message, cuda_stream: Any) -> None:

@@ -616,23 +616,22 @@ class Delivery:
                 sub.sock.shutdown(socket.SHUT_WR)
             except OSError:
                 pass
-        try:
-            while (waiting or own) and time.monotonic() < deadline:
-                self.poll(min(deadline - time.monotonic(), _OWN_READER_IDLE) if own else deadline - time.monotonic())
-                waiting = [s for s in waiting if s.alive]
-                now = time.monotonic()
-                for sub, (held, idle_at) in list(own.items()):
-                    if not sub.alive or not sub.outstanding:
-                        del own[sub]
-                    elif len(sub.outstanding) < held:
-                        own[sub] = (len(sub.outstanding), now + _OWN_READER_IDLE)
-                    elif now >= idle_at:
-                        del own[sub]  # (not read meanwhile: by this thread, or by none)
-        finally:  # (a wait cut short, by Ctrl-C say, still lets every connection go)
-            self.drop_all()
+        while (waiting or own) and time.monotonic() < deadline:
+            self.poll(min(deadline - time.monotonic(), _OWN_READER_IDLE) if own else deadline - time.monotonic())
+            waiting = [s for s in waiting if s.alive]
+            now = time.monotonic()
+            for sub, (held, idle_at) in list(own.items()):
+                if not sub.alive or not sub.outstanding:
+                    del own[sub]
+                elif len(sub.outstanding) < held:
+                    own[sub] = (len(sub.outstanding), now + _OWN_READER_IDLE)
+                elif now >= idle_at:
+                    del own[sub]  # (not read meanwhile: by this thread, or by none)
+        self.drop_all()
 
     def drop_all(self) -> None:
-        """The topic closes: let go of every subscriber, saying nothing more."""
+        """The topic closes: let go of every subscriber, saying nothing more (also what the
+        publisher's close does when its goodbye was cut short)."""
         for sub in list(self.subs):
             self.drop(sub, Reason.CLOSING, "the publisher closed the topic", notify=False)
 
