@@ -343,6 +343,46 @@ def forge(args) -> int:
     return 0
 
 
+def beats(args) -> int:
+    """A subscriber with the key that joins, then sends ``--count`` BEATs sealed under its own
+    session on its own control tag as fast as UCX takes them (each opens at the relay: only their
+    number is wrong). Says how many it sent and how its link ended."""
+    import numpy as np
+
+    from eglcuda.remote import _ucx, wire
+
+    sub = eglcuda.Subscriber(args.name, qos=args.qos, queue=4, device=args.device, timeout=args.timeout,
+                             remote=args.remote)
+    sub.receive(args.timeout).release()
+    link = sub._remote._link  # (the remote feed's receiver)
+    ep = link.ep
+    say(event="ready", pid=os.getpid())
+    engine = _ucx.engine()
+    sent = 0
+
+    async def run() -> None:
+        nonlocal sent
+        for _ in range(args.count):
+            if link.lost is not None:
+                return
+            sealed = wire.encode_control(ep.session, wire.Control.BEAT, 0)  # (sealed and posted in one step: in order)
+            await engine.wait(ep._ep.tag_send(engine.arr(np.frombuffer(sealed, np.uint8)),
+                                              engine.api.UCXXTag((ep.send_prefix << 8) | wire.CONTROL_TAG)))
+            sent += 1
+
+    try:
+        _ucx.run(_ucx.acquire(), run(), 120)
+    except Exception as exc:  # noqa: BLE001 - the relay cut it off
+        say(event="send-failed", error=f"{type(exc).__name__}: {exc}")
+    deadline = time.monotonic() + 30
+    while link.lost is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    lost = link.lost
+    say(event="done", sent=sent, kind=type(lost).__name__ if lost else None, reason=str(lost) if lost else None)
+    sub.close()
+    return 0
+
+
 def deaf(args) -> int:
     """A remote subscriber with the key that beats and reads the relay's notes but never posts a
     frame receive (nor gives credit): the relay's sends to it never end once UCX needs the
@@ -579,7 +619,7 @@ def main() -> int:
         import logging
         logging.basicConfig(level=logging.DEBUG, stream=sys.stderr, format="%(relativeCreated)d %(message)s")
     parser = argparse.ArgumentParser()
-    parser.add_argument("role", choices=["relay", "subscribe", "garbage", "cycles", "pair", "forked", "mitm",
+    parser.add_argument("role", choices=["relay", "subscribe", "garbage", "cycles", "pair", "forked", "mitm", "beats",
                                            "forge", "deaf", "flood", "dropped", "hold-limit"])
     parser.add_argument("--mode", default="magic")
     parser.add_argument("--message", choices=["released", "kept"], default="released",
@@ -620,7 +660,7 @@ def main() -> int:
     parser.add_argument("--wait-go", action="store_true")
     args = parser.parse_args()
     return {"relay": relay, "subscribe": subscribe, "garbage": garbage, "cycles": cycles, "pair": pair, "forked": forked,
-            "mitm": mitm, "forge": forge, "deaf": deaf, "flood": flood, "dropped": dropped, "hold-limit": hold_limit}[args.role](args)
+            "mitm": mitm, "forge": forge, "deaf": deaf, "beats": beats, "flood": flood, "dropped": dropped, "hold-limit": hold_limit}[args.role](args)
 
 
 if __name__ == "__main__":

@@ -42,6 +42,12 @@ AHEAD_FRESH_S = 0.01
 # a few remotes stopped one after another would hold the whole ring, and every other remote would
 # get nothing until then. (An 'every' one is its every_timeout's business.)
 SILENT_HOLDING_S = 3 * BEAT_S
+# A remote subscriber beats once each BEAT_S (receiver.py). It may beat ahead of that pace by this
+# many, plus the beats of two silences (a stalled link delivers them together; a longer stall is
+# the silence limit's business): more opened beats than that are a flood from a key holder, each
+# costing the relay's loop a decrypt while UCX keeps in memory what the loop has not read yet. It
+# is dropped.
+BEATS_AHEAD = 8
 
 
 @dataclass(frozen=True)
@@ -123,6 +129,9 @@ class Sender:
         self._flush_until = 0.0
         self._since = time.time()
         self._heard = time.monotonic()
+        self._beats_most = BEATS_AHEAD + 2 * limits.silence / BEAT_S
+        self._beats_left = self._beats_most  # beats it may send ahead of its pace (BEATS_AHEAD)
+        self._beat_at = self._heard
         self._starved_since: float | None = None  # an 'every' remote that could not take a frame since
         self._connected = True
 
@@ -398,6 +407,28 @@ class Sender:
         self.pump()
         self._changed()
 
+    def control(self, kind: wire.Control, count: int) -> bool:
+        """Act on a control message of the remote subscriber's that opened under its session:
+        True when it said BYE (it reads no more). :class:`wire.WireError` for one the protocol
+        never sends: a credit of no frame, credit beyond the window, beats faster than it beats."""
+        now = time.monotonic()
+        self._heard = now
+        if kind is wire.Control.CREDIT:
+            if count <= 0:
+                raise wire.WireError("a credit of no frame")
+            self.credit(count)
+        elif kind is wire.Control.BEAT:
+            self._beats_left = min(self._beats_most, self._beats_left + (now - self._beat_at) / BEAT_S) - 1
+            self._beat_at = now
+            if self._beats_left < 0:
+                raise wire.WireError(f"beats faster than one each {BEAT_S} s (a flood)")
+        elif kind is wire.Control.BYE:
+            self.left = True
+            self._let_go_pending()  # (a leaving subscriber takes no more frames: their buffers back)
+            self.end(Reason.CLOSING, "the subscriber closed", dropped=False)
+            return True
+        return False
+
     async def _read_credits(self) -> None:
         ep = self.ep
         buf = np.zeros(wire.CONTROL, np.uint8)
@@ -414,13 +445,7 @@ class Sender:
                     log.info("relay %s: a control message for %s did not open: ignored", self._limits.topic,
                              self.peer)
                     continue
-                self._heard = time.monotonic()
-                if kind is wire.Control.CREDIT:
-                    self.credit(count)
-                elif kind is wire.Control.BYE:
-                    self.left = True
-                    self._let_go_pending()  # (a leaving subscriber takes no more frames: their buffers back)
-                    self.end(Reason.CLOSING, "the subscriber closed", dropped=False)
+                if self.control(kind, count):
                     return
         except asyncio.CancelledError:
             raise

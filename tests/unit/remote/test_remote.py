@@ -582,6 +582,37 @@ def test_forged_credits_and_bye_on_another_subscribers_tag_change_nothing(cluste
     assert grown < FLOOD_BYTES // 2, f"the relay grew by {grown / 1e6:.0f} MB"
 
 
+def test_a_key_holder_flooding_beats_is_dropped_at_once_and_costs_the_others_nothing(cluster, env):
+    """A 'latest' subscriber with the key floods its own control tag with beats that open (200,000
+    as fast as it can post them, where the protocol beats once each half second): the relay drops it with the
+    reason within a few of them, its memory does not grow with the flood, and another subscriber
+    goes on receiving every frame."""
+    cluster.publisher(rate=60.0)
+    relay, address = cluster.relay()
+    relay_pid = next(m for m in relay.messages if m["event"] == "ready")["pid"]
+    honest = cluster.subscriber(address, "--count", "0")
+    honest.wait_for(lambda m: m["event"] == "got", timeout=30)
+    before = _rss_bytes(relay_pid)
+    flooder = Peer(env, REMOTE_PEER, "beats", "--name", "t", "--remote", address, "--count", "200000",
+                   "--qos", "latest")  # (a 'latest' one that stops receiving is not dropped for it)
+    cluster.peers.append(flooder)
+    flooder.wait_for(lambda m: m["event"] == "ready", timeout=30)
+    count = len(honest.got())
+    done = flooder.wait_for(lambda m: m["event"] == "done", timeout=90)
+    assert done["kind"] == "Dropped" and "a flood" in done["reason"], done
+    assert done["sent"] < 200_000, done  # (cut off, not served to the end)
+    honest.wait_for(lambda m: len(honest.got()) >= count + 60, timeout=30)
+    assert not [m for m in honest.messages if m["event"] == "disconnected"]
+    _frames_ok(honest)
+    seqs = [m["seq"] for m in honest.got()[count:]]
+    assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), "the honest 'every' subscriber missed frames"
+    relay.send("remotes")
+    remotes = relay.wait_for(lambda m: m["event"] == "remotes")["remotes"]
+    assert sorted(r["dropped"] is None for r in remotes) == [False, True], remotes
+    grown = _rss_bytes(relay_pid) - before
+    assert grown < 30e6, f"the relay grew by {grown / 1e6:.0f} MB"
+
+
 def test_integrity_and_encrypted_frames_arrive_byte_for_byte_and_a_stricter_subscriber_is_refused(cluster):
     cluster.publisher()
     _, encrypted = cluster.relay("--frames", "encrypted")

@@ -161,3 +161,30 @@ def test_random_credits_sends_and_delays_keep_the_window_and_freshness(clock, se
     queued = {b for b, _ in sender._pending}
     assert set(staged_at) == set(sent) | set(let_go) | queued
     assert sender.info().sent == completed
+
+
+def test_beats_at_the_protocols_pace_pass_a_burst_after_a_stall_passes_and_a_flood_is_refused(clock):
+    """A remote beats once each BEAT_S: an hour of that passes, and so do beats held up by a stalled
+    link that arrive together (no more than the time allowed); beats beyond it, a credit of no
+    frame, are the peer's fault (WireError: it is dropped with that reason)."""
+    from eglcuda.remote import wire
+    from eglcuda.remote.sender import BEATS_AHEAD
+
+    sender = make_sender(Link(), Ring())
+    for _ in range(7200):  # (an hour)
+        clock.now += wire.BEAT_S
+        assert not sender.control(wire.Control.BEAT, 0)
+    silence = 5.0  # (make_sender's Limits: a timeout of 5 s)
+    clock.now += 2 * silence  # (a stalled link: its beats arrive at once, and a few ahead of them)
+    for _ in range(int(2 * silence / wire.BEAT_S) + BEATS_AHEAD):
+        sender.control(wire.Control.BEAT, 0)
+    with pytest.raises(wire.WireError, match="a flood"):
+        for _ in range(3 * BEATS_AHEAD):  # (beats faster than the pace, after an hour at it)
+            sender.control(wire.Control.BEAT, 0)
+    flooder = make_sender(Link(), Ring())
+    with pytest.raises(wire.WireError, match="a flood"):
+        for _ in range(int(2 * silence / wire.BEAT_S) + BEATS_AHEAD + 1):
+            flooder.control(wire.Control.BEAT, 0)
+    with pytest.raises(wire.WireError, match="no frame"):
+        make_sender(Link(), Ring()).control(wire.Control.CREDIT, 0)
+    assert make_sender(Link(), Ring()).control(wire.Control.BYE, 0)
