@@ -229,11 +229,17 @@ class Relay:
                 continue
             except ClosedError:
                 return False
-            # New frames may have another size: staging again once every send of the old ended
-            # (never sooner: UCX may still read a buffer). Every remote was told GONE and its
-            # sender aborts its endpoint, so they all come back; a close ends the wait too.
-            while not self._closing and not staging.sends_ended(0.25):
-                pass
+            # Frames of the same size: the ring serves as it is, at once (the old publisher's sends
+            # keep their buffers until they end; the new frames take the free ones): a remote that
+            # stopped, whose sends end only when its sender lets go, seconds from now, delays
+            # nobody. Another size: a new ring once every send of the old ended (never sooner: UCX
+            # may still read a buffer); every remote was told GONE and takes no new frame, so the
+            # senders still holding buffers are ended now, not waited for; a close ends the wait too.
+            info = self._sub.info
+            if info is not None and staging.reallocates(wire.frame_bytes(info.format, info.width, info.height)):
+                self._call(self._end_holders)
+                while not self._closing and not staging.sends_ended(0.25):
+                    pass
             if self._closing:
                 return False
             try:
@@ -294,6 +300,13 @@ class Relay:
             self._senders.remove(sender)
         self._want()
         self._history.append(sender.info())
+
+    def _end_holders(self) -> None:
+        """The senders whose sends still hold staging buffers: ended now (their sends end with
+        the endpoint, and the buffers come back)."""
+        for sender in list(self._senders):
+            if sender.held:
+                sender.abort()
 
     def _set_live(self, live: bool) -> None:
         self._live = live

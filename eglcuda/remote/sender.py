@@ -364,6 +364,7 @@ class Sender:
         assert self._gone is not None
         limits = self._limits
         self._closing = True  # (a late credit must not send frames after the GONE says how many)
+        self._let_go_pending()  # (never sent now: their buffers back at once, not when it has gone)
         wait = 0.0 if self._dropped is not None else max(1.0, limits.every_timeout)
         deadline = time.monotonic() + wait  # (a dropped one's sends may never end: the reason goes now)
         while self._inflight and self._failure is None and time.monotonic() < deadline:

@@ -68,6 +68,11 @@ class Staging:
         self._plans: list[list[tuple[Any, int]] | None] = []  # (parameters, offset in the buffer)
         self._stream_arg = cuda.stream_arg(stream)
 
+    def reallocates(self, frame_bytes: int) -> bool:
+        """Whether :meth:`allocate` for frames of ``frame_bytes`` makes a new ring (the ring it
+        has is for another size), which it may only once every send of the old one ended."""
+        return self._ring is None or self._ring.size != wire.message_bytes(frame_bytes)
+
     def allocate(self, frame_bytes: int, what: str) -> None:
         """Buffers for frames of ``frame_bytes`` (all of them free: no send may read them)."""
         size = wire.message_bytes(frame_bytes)

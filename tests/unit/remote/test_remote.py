@@ -286,6 +286,55 @@ def test_an_every_remote_gets_a_restarted_publishers_frames_at_once(cluster):
     _frames_ok(sub)
 
 
+@pytest.mark.parametrize("relay_qos, remote_qos, size_after", [
+    ("latest", "every", "1280x720"), ("every", "every", "1280x720"), ("latest", "latest", "1280x720"),
+    ("every", "latest", "1280x720"), ("latest", "every", "640x480")])
+def test_a_stopped_remote_costs_the_others_nothing_when_the_publisher_restarts(cluster, relay_qos, remote_qos,
+                                                                                size_after):
+    """Two remotes; one is stopped (SIGSTOP), then the publisher closes and a new one comes at
+    once. Frames of 1.4 MB (sent by rendezvous, which a stopped peer never completes): the
+    stopped one's sends keep their staging buffers until its sender lets go of it (every_timeout
+    and more), and the relay waited for every buffer before it took the new publisher on, so the
+    other one got nothing for seconds. It gets the new publisher's frames at once, of the same
+    size or of another; the stopped one, woken, hears that it lost the old one and joins the new."""
+    size = ("--width", "1280", "--height", "720")
+    publisher = cluster.publisher("--until-told", *size, rate=30)
+    _, address = cluster.relay("--qos", relay_qos, "--every-timeout", "2")
+    args = ("--count", "0", "--rejoin", "--timeout", "10", "--rejoin-timeout", "60", "--qos", remote_qos)
+    other = cluster.subscriber(address, *args)
+    stopped = cluster.subscriber(address, *args)
+    instances = [other.wait_for(lambda m: m["event"] == "ready")["instance"]]
+    for peer in (other, stopped):
+        peer.wait_for(lambda m: m["event"] == "got")
+    os.kill(stopped.process.pid, signal.SIGSTOP)
+    try:
+        time.sleep(0.3)  # (frames are sent to it meanwhile, up to its credit: those sends never end)
+        publisher.send("bye")
+        publisher.wait_for(lambda m: m["event"] == "published")
+        width, height = size_after.split("x")
+        cluster.publisher("--width", width, "--height", height, rate=30)
+        up_ns = time.monotonic_ns()  # (its first frame is published about now)
+        rejoined = other.wait_for(lambda m: m["event"] in ("rejoined", "rejoin-failed") and m.get("instance") not in
+                                  instances, timeout=60)
+        assert rejoined["event"] == "rejoined", rejoined
+        after = other.messages.index(rejoined)
+        other.wait_for(lambda m: any(n["event"] == "got" for n in other.messages[after:]), timeout=60)
+        first = next(n for n in other.messages[after:] if n["event"] == "got")
+        late = (first["received_ns"] - up_ns) / 1e9
+        assert late < 1.5, f"the other remote's first frame of the new publisher came {late:.2f} s after it"
+    finally:
+        os.kill(stopped.process.pid, signal.SIGCONT)
+    gone = stopped.wait_for(lambda m: m["event"] == "disconnected", timeout=30)
+    assert gone["kind"] in ("Dropped", "StreamDisconnected"), gone
+    back = stopped.wait_for(lambda m: m["event"] in ("rejoined", "rejoin-failed") and m.get("instance") not in
+                            instances, timeout=60)
+    assert back["event"] == "rejoined", back
+    at = stopped.messages.index(back)
+    stopped.wait_for(lambda m: any(n["event"] == "got" for n in stopped.messages[at:]), timeout=30)
+    _frames_ok(other)
+    _frames_ok(stopped)
+
+
 def test_close_from_another_thread_ends_wait_for_publisher_at_once(cluster):
     """wait_for_publisher(20) while the relay refuses (its publisher died), and while the relay
     is stopped (SIGSTOP: a handshake hangs): close() from another thread ends it with
