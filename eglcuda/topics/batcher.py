@@ -303,8 +303,8 @@ class Batcher:
                 raise UsageError(f"{label} is an int in 1..{most}, got {shown(value)}")
             counts.append(count)
         batch_size, pool = counts
-        self.formation_timeout = wait_seconds(formation_timeout, "formation_timeout")
-        self.timeout = wait_seconds(timeout, "timeout")
+        self._formation_timeout = wait_seconds(formation_timeout, "formation_timeout")
+        self._timeout = wait_seconds(timeout, "timeout")
         if isinstance(subscribers, Subscriber):
             # (A subscriber is iterable too, message after message: taken as the list, it would
             # receive until its publisher closed.)
@@ -315,7 +315,7 @@ class Batcher:
         self.subscribers: tuple[Subscriber, ...] = tuple(subscribers)
         if not self.subscribers:
             raise UsageError("a batcher needs at least one subscriber")
-        self.batch_size = batch_size
+        self._batch_size = batch_size
         self.device: CudaDevice = self._check_sources(self.subscribers)
         first = self.subscribers[0]
         info = first.info
@@ -424,7 +424,7 @@ class Batcher:
         if os.getpid() != self._pid:
             raise UsageError(f"this batcher belongs to process {self._pid}, not to this forked child: make a new "
                              "Batcher here (close() here only lets go of its copy)")
-        wait = self.timeout if timeout is None else wait_seconds(timeout)
+        wait = self._timeout if timeout is None else wait_seconds(timeout)
         nested = False
         error: BaseException | None = None
         if not self._call_lock.acquire(blocking=False):
@@ -478,15 +478,15 @@ class Batcher:
         memory = self._memory[slot]
         # For the first frame; then the formation clock's, which starts at the batch's first
         # frame (received_ns: the same clock).
-        deadline = frames[0].received_ns / 1e9 + self.formation_timeout if frames else time.monotonic() + wait
+        deadline = frames[0].received_ns / 1e9 + self._formation_timeout if frames else time.monotonic() + wait
         self.device.make_current()
         try:
             while True:
                 empty = not frames
                 self._pass(memory.pointer, frames)
                 if empty and frames:
-                    deadline = frames[0].received_ns / 1e9 + self.formation_timeout
-                if len(frames) == self.batch_size:
+                    deadline = frames[0].received_ns / 1e9 + self._formation_timeout
+                if len(frames) == self._batch_size:
                     break
                 if len(self.ended) == len(self.subscribers):
                     if frames:
@@ -518,7 +518,7 @@ class Batcher:
         """One round-robin pass: one frame from each source that has one ready, starting at the
         cursor, until the batch is full."""
         ready = self._ready
-        if not ready or len(frames) >= self.batch_size:  # (a batch carried over full: no room)
+        if not ready or len(frames) >= self._batch_size:  # (a batch carried over full: no room)
             return
         subscribers = self.subscribers
         count = len(subscribers)
@@ -566,7 +566,7 @@ class Batcher:
             # none costs an exception).
             ready.discard(index)
             self._cursor = (index + 1) % count
-            if len(frames) == self.batch_size:
+            if len(frames) == self._batch_size:
                 break
 
     def _copy(self, index: int, message: Any, base: int, frames: list[BatchFrame]) -> None:
@@ -726,6 +726,31 @@ class Batcher:
         finally:
             if previous is not None:
                 previous.release()
+
+    @property
+    def batch_size(self) -> int:
+        """The most frames in a batch (the images each buffer was made for: fixed)."""
+        return self._batch_size
+
+    @property
+    def formation_timeout(self) -> float:
+        """Seconds from a batch's first frame until it is handed out with what it has; may be
+        set (checked as at construction)."""
+        return self._formation_timeout
+
+    @formation_timeout.setter
+    def formation_timeout(self, seconds: float) -> None:
+        self._formation_timeout = wait_seconds(seconds, "formation_timeout")
+
+    @property
+    def timeout(self) -> float:
+        """How long :meth:`next` waits for a batch's first frame by default; may be set (checked
+        as at construction)."""
+        return self._timeout
+
+    @timeout.setter
+    def timeout(self, seconds: float) -> None:
+        self._timeout = wait_seconds(seconds, "timeout")
 
     @property
     def cuda_stream(self) -> int | None:

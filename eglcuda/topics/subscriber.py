@@ -165,6 +165,7 @@ class Subscriber:
         self._lost: BaseException | None = None
         self._held: set[Message] = set()
         self._last_seq: int | None = None  # the last frame received
+        self._promised = False  # a wait set's "message" promised this ('latest') subscriber a frame (_take)
         self._info: TopicInfo | None = None
         self._ready: Readiness | None = None  # fileno()'s descriptor, made by its first call
         if _backend is None:
@@ -197,6 +198,7 @@ class Subscriber:
         self._info = joined.info
         self._lost = None
         self._last_seq = None
+        self._promised = False
 
     # ---- the handshake ----------------------------------------------------------------------------
     # ---- receiving --------------------------------------------------------------------------------
@@ -284,15 +286,41 @@ class Subscriber:
         transport = conn.transport
         ring = conn.ring
         latest = not self._every
+        # A wait set's "message" for this 'latest' subscriber (_look_locked) promised a frame: one
+        # made stale since by a NOTICE is kept until the deadline, and comes if nothing newer did.
+        promised, self._promised = self._promised, False
+        stale: protocol.Frame | None = None
         while True:
-            header = conn.next_frame(deadline)
-            if latest:
-                header = conn.newest(header, self._skip)
-                if header.seq < conn.notice:
-                    # A newer frame was published while this subscriber could take no more: this
-                    # one is stale. Give it back; the next frame published comes instead.
-                    self._skip(header)
-                    continue
+            try:
+                header = conn.next_frame(deadline)
+            except Timeout:
+                if stale is None:
+                    raise
+                header, stale = stale, None  # (nothing newer came in time)
+            except Lost as lost:
+                if stale is None or not lost.goodbye:  # (a drop: the publisher let go of its frames)
+                    raise
+                conn.ended = lost  # (nothing newer will come: this frame, then the goodbye at the next receive)
+                header, stale = stale, None
+            except BaseException:
+                if stale is not None:  # (kept for the next receive, as announced)
+                    conn.pending.appendleft(stale)
+                raise
+            else:
+                if latest:
+                    header = conn.newest(header, self._skip)
+                    if stale is not None:  # (a newer one came)
+                        self._skip(stale)
+                        stale = None
+                    if header.seq < conn.notice:
+                        # A newer frame was published while this subscriber could take no more:
+                        # this one is stale. Give it back; the next frame published comes
+                        # instead (unless a "message" promised this one: kept, as above).
+                        if promised:
+                            stale = header
+                        else:
+                            self._skip(header)
+                        continue
             try:
                 frame, number = transport.take(header, deadline, self._stop)
             except Timeout:
@@ -746,6 +774,10 @@ class Subscriber:
                     if header.seq < conn.notice:
                         self._skip(header)
                         return False
+                    # The "message" it reports is a promise: a NOTICE read by the receive that
+                    # follows may make this frame stale, and then the newest announced comes
+                    # rather than a Timeout (_take).
+                    self._promised = True
                 conn.hold_back(header)
                 return True
             except ClosedError as exc:

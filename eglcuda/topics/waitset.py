@@ -10,7 +10,7 @@ import os
 import select
 import time
 import weakref
-from typing import Any, Literal
+from typing import Any, Callable, Literal, TypeVar
 
 from .._integers import as_int
 from ..errors import ClosedError, EglCudaError, UsageError, shown
@@ -22,6 +22,7 @@ _MAX_EVENTS = 1024  # descriptors taken per epoll_wait (more ready ones: the nex
 # one belongs to the parent, whose epoll instance the child's descriptor still refers to.
 _forks = [0]
 os.register_at_fork(after_in_child=lambda: _forks.__setitem__(0, _forks[0] + 1))
+T = TypeVar("T")
 _MAX_SLEEP = 86400.0  # seconds slept per epoll_wait at most (its limit is 2**31-1 ms: longer waits loop)
 
 
@@ -30,12 +31,12 @@ class Attachment:
     or an interval. ``source`` is what was attached (None for an interval), ``deadline`` and
     ``period`` the seconds given to :meth:`WaitSet.attach` and :meth:`WaitSet.attach_interval`."""
 
-    __slots__ = ("source", "deadline", "period", "_fd", "_probe", "_due", "__weakref__")
+    __slots__ = ("_source", "_deadline", "_period", "_fd", "_probe", "_due", "__weakref__")
 
     def __init__(self, source: Any, fd: int, deadline: float | None, period: float | None, now: float) -> None:
-        self.source = source
-        self.deadline = deadline
-        self.period = period
+        self._source = source
+        self._deadline = deadline
+        self._period = period
         self._fd = fd  # -1: an interval
         # A subscriber's own look at what it holds (bound once: the wait calls it per wake-up).
         self._probe = source._wait_ready if isinstance(source, Subscriber) else None
@@ -44,6 +45,19 @@ class Attachment:
         self._due = now + step if step is not None else math.inf
         # (No reference to the set or to an event: a set dropped unclosed, and what it attached,
         # go at once by reference counting.)
+
+    # (Read-only: the set's schedule was made from them.)
+    @property
+    def source(self) -> Any:
+        return self._source
+
+    @property
+    def deadline(self) -> float | None:
+        return self._deadline
+
+    @property
+    def period(self) -> float | None:
+        return self._period
 
     def __repr__(self) -> str:
         if self._fd < 0:
@@ -80,7 +94,7 @@ class Event:
     @property
     def source(self) -> Any:
         """The subscriber or object attached (None for an interval)."""
-        return self.attachment.source
+        return self.attachment._source
 
     def __repr__(self) -> str:
         error = f" {self.error!r}" if self.error is not None else ""
@@ -150,6 +164,9 @@ class WaitSet:
         event (none while the subscriber reports an error; again once ``wait_for_publisher``
         joined it to a publisher). Attaching the same descriptor twice, or an object whose
         ``fileno()`` fails (a closed file), raises :class:`eglcuda.UsageError`."""
+        return self._closed_during("attach", self._attach, source, deadline)
+
+    def _attach(self, source: Any, deadline: float | None) -> Attachment:
         epoll = self._open()
         if deadline is not None:
             deadline = _seconds(deadline, "deadline")
@@ -195,6 +212,9 @@ class WaitSet:
         inf), from now (a wait that comes late gets one event, and the next one a period after
         the time it was due; periods missed entirely are skipped, not bunched). A period below
         the clock's resolution (a subnormal one, say) gives an event at every wait."""
+        return self._closed_during("attach_interval", self._attach_interval, period)
+
+    def _attach_interval(self, period: float) -> Attachment:
         self._open()
         attachment = Attachment(None, -1, None, _seconds(period, "period"), time.monotonic())
         self._attachments.append(attachment)
@@ -204,6 +224,9 @@ class WaitSet:
     def detach(self, attachment: Attachment) -> None:
         """Stop waiting on ``attachment`` (an attachment of another set, or one detached
         already: :class:`eglcuda.UsageError`; on a closed set: :class:`eglcuda.ClosedError`)."""
+        self._closed_during("detach", self._detach, attachment)
+
+    def _detach(self, attachment: Attachment) -> None:
         self._open()
         if attachment not in self._attachments:
             raise UsageError(f"{attachment!r} is not attached to this wait set")
@@ -293,12 +316,12 @@ class WaitSet:
                 state = True if probe is None else probe()
                 if state is True:
                     events.append(event)
-                    if attachment.deadline is not None:
+                    if attachment._deadline is not None:
                         attachment._due = -math.inf  # (set from the clock below: a message in time)
                 elif state is not False:  # (False: nothing after all; the descriptor is quiet again)
                     events.append(Event(attachment, "error", state))
                     attachment._due = math.inf  # (no "missed" for a source that failed: its error says it)
-                    if attachment.deadline is not None:
+                    if attachment._deadline is not None:
                         self._failed.add(attachment)  # (its deadline counts again once it is not failed)
             if events and not timed:
                 if self._epoll is None:  # (closed as the events were gathered: a signal handler's close, say)
@@ -308,7 +331,7 @@ class WaitSet:
             if timed:
                 for attachment in timed:
                     if attachment._due == -math.inf:
-                        attachment._due = now + attachment.deadline  # type: ignore[operator]  # (a deadline: set above)
+                        attachment._due = now + attachment._deadline  # type: ignore[operator]  # (a deadline: set above)
                 if due <= now:
                     for attachment in timed:
                         if attachment._due <= now:
@@ -330,11 +353,11 @@ class WaitSet:
             probe = attachment._probe
             if probe is None or not isinstance(probe(), BaseException):
                 self._failed.discard(attachment)
-                attachment._due = now + attachment.deadline  # type: ignore[operator]  # (only those with one)
+                attachment._due = now + attachment._deadline  # type: ignore[operator]  # (only those with one)
 
     def _lapsed(self, attachment: Attachment, now: float, events: list[Event]) -> None:
         if attachment._fd < 0:
-            period = attachment.period
+            period = attachment._period
             assert period is not None
             events.append(Event(attachment, "interval"))
             attachment._due += period
@@ -345,12 +368,29 @@ class WaitSet:
                 if attachment._due <= now:
                     attachment._due = now + period
             return
-        deadline = attachment.deadline
+        deadline = attachment._deadline
         assert deadline is not None
         events.append(Event(attachment, "missed"))
         attachment._due = now + deadline
 
     # ---- the end ----------------------------------------------------------------------------------
+    def _closed_during(self, call: str, work: Callable[..., T], *args: Any) -> T:
+        """``work(*args)`` for :meth:`attach` or :meth:`detach`; a close() that came meanwhile
+        (a signal handler's, on this thread) makes it :class:`eglcuda.ClosedError`, whatever
+        the half-done work raised, and leaves nothing of it in the closed set."""
+        try:
+            result = work(*args)
+        except Exception:
+            if self._epoll is None:
+                raise ClosedError(f"the wait set was closed during {call}()") from None
+            raise
+        if self._epoll is None:
+            self._by_fd.clear()
+            self._attachments.clear()
+            self._timed.clear()
+            raise ClosedError(f"the wait set was closed during {call}()")
+        return result
+
     def _open(self) -> select.epoll:
         if self._epoll is None:
             raise ClosedError("the wait set is closed")

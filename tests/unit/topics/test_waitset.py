@@ -1554,3 +1554,107 @@ def test_the_sources_bench_measures_each_variant():
         assert row["thread_us"] > 0, row
         assert row["variant"] in ("c", "python-floor") or row["cpu_us"] >= row["thread_us"], row
     assert "| 2 x 30 fps | waitset |" in done.stdout
+
+
+def test_after_a_message_event_a_latest_subscriber_gets_one_at_once(path, ring):
+    """Random bursts of publishes, some between a wait set's "message" and the receive, while a
+    'latest' subscriber holds one frame or none: every "message" is followed by a frame from
+    receive(timeout=0), never a Timeout (frames published meanwhile may have made the announced
+    one stale: with nothing newer announced it still comes), newer than the last, bytes right."""
+    rng = random.Random(11 + ring)
+    with publisher(path, ring) as pub, subscriber(path, qos="latest") as sub, eglcuda.WaitSet() as waits:
+        waits.attach(sub)
+        last, held, got = -1, [], 0
+        for step in range(400):
+            for _ in range(rng.choice([0, 1, 1, 2])):
+                put(pub, rng.randbytes(rng.choice([0, 7])))
+            events = waits.wait(0.05)
+            for _ in range(rng.choice([0, 0, 1, 2, 3])):  # (published after the look, before the receive)
+                put(pub, rng.randbytes(rng.choice([0, 7])))
+            if any(event.kind == "message" for event in events):
+                message = sub.receive(0)
+                assert message.seq > last, f"step {step}: frame {message.seq} after {last}"
+                assert message.frame.data == pattern(message.payload)
+                last = message.seq
+                held.append(message)
+                got += 1
+            while len(held) > rng.choice([0, 1]):
+                held.pop(0).release()
+        assert got > 150
+        for message in held:
+            message.release()
+
+
+def test_a_frame_a_message_event_promised_comes_though_stale_and_before_the_goodbye(path):
+    """A wait set reports a 'latest' subscriber's announced frame (socket announcements); frames
+    published before it receives are skipped for it (it holds its credit): the announced one is
+    stale now, yet the receive gets it (nothing newer comes) rather than a Timeout, also after
+    the publisher's close, before the goodbye (Dropped, code CLOSING). Without the wait set's
+    promise, a stale frame is given back and receive waits for a fresh one."""
+    for closing in (False, True, None):  # (None: no wait set)
+        pub = publisher(path, False)
+        try:
+            with subscriber(path, qos="latest") as sub, eglcuda.WaitSet() as waits:
+                sent = [put(pub, bytes([i])) for i in range(2)]
+                first = sub.receive(1.0)  # (the newest: holds it)
+                assert first.seq == sent[1]
+                sent.append(put(pub, b"2"))  # (announced: at its credit now)
+                if closing is not None:
+                    waits.attach(sub)
+                    assert [event.kind for event in waits.wait(1.0)] == ["message"]
+                sent += [put(pub, bytes([i])) for i in range(3, 5)]  # (skipped for it, and a NOTICE)
+                first.release()
+                closer = threading.Thread(target=pub.close, args=(5.0,))
+                if closing:
+                    closer.start()
+                    time.sleep(0.2)
+                if closing is None:
+                    with pytest.raises(eglcuda.Timeout):
+                        sub.receive(0.1)
+                    continue
+                started = time.monotonic()
+                with sub.receive(0.3) as message:
+                    assert message.seq == sent[2] and message.frame.data == pattern(message.payload)
+                assert time.monotonic() - started < (0.1 if closing else 1.0)
+                if closing:
+                    with pytest.raises(eglcuda.Dropped) as ended:
+                        sub.receive(1.0)
+                    assert ended.value.code == Reason.CLOSING
+                    closer.join(10)
+        finally:
+            pub.close()
+
+
+def test_a_close_from_a_signal_handler_during_attach_or_detach_is_a_closed_error():
+    """close() from a signal handler that lands anywhere inside attach() or detach() (a timer
+    every 0.3 ms over a loop of both): every failure is eglcuda.ClosedError, and a closed set
+    keeps nothing attached."""
+    reader, writer = os.pipe()
+    others = []
+    current = [eglcuda.WaitSet()]
+    previous = signal.signal(signal.SIGALRM, lambda *_: current[0].close())
+    errors: dict[str, int] = {}
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.0003, 0.0003)
+        ended = time.monotonic() + 2.0
+        while time.monotonic() < ended:
+            waits = current[0]
+            try:
+                attachment = waits.attach(reader)
+                waits.attach_interval(0.5)
+                waits.detach(attachment)
+            except eglcuda.ClosedError:
+                errors["ClosedError"] = errors.get("ClosedError", 0) + 1
+            except Exception as exc:  # noqa: BLE001 - counted: the assertion names it
+                errors[type(exc).__name__] = errors.get(type(exc).__name__, 0) + 1
+            if waits.closed:
+                assert len(waits) == 0 and not waits._by_fd, waits
+                others.append(waits)
+                current[0] = eglcuda.WaitSet()
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0, 0)
+        signal.signal(signal.SIGALRM, previous)
+        current[0].close()
+        os.close(reader)
+        os.close(writer)
+    assert list(errors) == ["ClosedError"] and errors["ClosedError"] > 20, errors
