@@ -289,6 +289,16 @@ def misuse(args) -> int:
     attempt("formation_negative", lambda: eglcuda.Batcher(subs[:1], 4, formation_timeout=-1))
     attempt("mixed", lambda: eglcuda.Batcher(subs, 4))
     with eglcuda.Batcher(subs[:1], 2, pool=1) as b:
+        for label, name, value in (("set_batch_size", "batch_size", 64), ("set_formation_negative", "formation_timeout", -5),
+                                   ("set_timeout_text", "timeout", "x")):
+            try:
+                setattr(b, name, value)
+            except Exception as exc:
+                results[label] = [type(exc).__name__, str(exc)]
+            else:
+                results[label] = ["ok", ""]
+        b.formation_timeout = 0.01  # (a valid value is taken)
+        results["formation_set"] = ["ok" if b.formation_timeout == 0.01 and b.batch_size == 2 else "wrong", ""]
         first = b.next()
         try:
             b.next()

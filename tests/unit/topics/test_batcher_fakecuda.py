@@ -219,6 +219,10 @@ def test_bad_input_is_refused_with_the_reason(sources):
         "pool_exhausted": ("UsageError", "release one first"),
         "released_batch": ("ClosedError", "released"),
         "closed_subscriber": ("ClosedError", "is closed"),
+        "set_batch_size": ("AttributeError", ""),  # (the buffers were made for it: fixed)
+        "set_formation_negative": ("UsageError", "formation_timeout"),
+        "set_timeout_text": ("UsageError", "timeout"),
+        "formation_set": ("ok", ""),
     }
     for label, (kind, words) in expected.items():
         assert results[label][0] == kind and words in results[label][1], (label, results[label])

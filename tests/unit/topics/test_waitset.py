@@ -1658,3 +1658,21 @@ def test_a_close_from_a_signal_handler_during_attach_or_detach_is_a_closed_error
         os.close(reader)
         os.close(writer)
     assert list(errors) == ["ClosedError"] and errors["ClosedError"] > 20, errors
+
+
+def test_an_attachments_fields_are_read_only():
+    """The set's schedule is made from an attachment's period and deadline: they cannot be
+    changed behind it (a period of 0 made wait() divide by zero)."""
+    reader, writer = os.pipe()
+    try:
+        with eglcuda.WaitSet() as waits:
+            interval = waits.attach_interval(0.5)
+            timed = waits.attach(reader, deadline=1.0)
+            for attachment, name in ((interval, "period"), (timed, "deadline"), (timed, "source")):
+                with pytest.raises(AttributeError):
+                    setattr(attachment, name, 0)
+            assert (interval.period, timed.deadline, timed.source) == (0.5, 1.0, reader)
+            assert waits.wait(0) == []
+    finally:
+        os.close(reader)
+        os.close(writer)
