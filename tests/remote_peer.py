@@ -346,7 +346,8 @@ def forge(args) -> int:
 def beats(args) -> int:
     """A subscriber with the key that joins, then sends ``--count`` BEATs sealed under its own
     session on its own control tag as fast as UCX takes them (each opens at the relay: only their
-    number is wrong). Says how many it sent and how its link ended."""
+    number is wrong), going on for 3 s after it was dropped. Says how many it sent and how its
+    link ended."""
     import numpy as np
 
     from eglcuda.remote import _ucx, wire
@@ -362,9 +363,12 @@ def beats(args) -> int:
 
     async def run() -> None:
         nonlocal sent
+        lost_at = None
         for _ in range(args.count):
-            if link.lost is not None:
-                return
+            if link.lost is not None:  # (dropped: it floods on for 3 s, as a peer that ignores it would)
+                lost_at = lost_at or time.monotonic()
+                if time.monotonic() - lost_at > 3.0:
+                    return
             sealed = wire.encode_control(ep.session, wire.Control.BEAT, 0)  # (sealed and posted in one step: in order)
             await engine.wait(ep._ep.tag_send(engine.arr(np.frombuffer(sealed, np.uint8)),
                                               engine.api.UCXXTag((ep.send_prefix << 8) | wire.CONTROL_TAG)))

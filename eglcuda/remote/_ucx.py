@@ -256,6 +256,13 @@ class Endpoint:
     def _completed(self) -> None:
         self.posted -= 1
 
+    def forget_tags(self) -> None:
+        """Receive nothing more on this connection's tags (a peer dropped for what it sent, while
+        its goodbye is read): the sweep drops what it goes on sending there at once, not one
+        message each ``UNCLAIMED_S``."""
+        if self.recv_prefix is not None:
+            self._engine.forget_prefix(self.recv_prefix)
+
     def abort(self) -> None:
         """Close at once, without waiting on UCX here (the engine's thread carries every frame):
         the closer thread closes the UCX endpoint (up to CLOSE_NS), and the requests still posted

@@ -233,13 +233,13 @@ class Relay:
             # keep their buffers until they end; the new frames take the free ones): a remote that
             # stopped, whose sends end only when its sender lets go, seconds from now, delays
             # nobody. Another size: a new ring once every send of the old ended (never sooner: UCX
-            # may still read a buffer); every remote was told GONE and takes no new frame, so the
-            # senders still holding buffers are ended now, not waited for; a close ends the wait too.
+            # may still read a buffer). Remotes that receive finish theirs (the last frames of the
+            # old publisher, then its GONE); one whose send has not ended for a while does not
+            # receive, and is ended now rather than waited for. A close ends the wait too.
             info = self._sub.info
             if info is not None and staging.reallocates(wire.frame_bytes(info.format, info.width, info.height)):
-                self._call(self._end_holders)
                 while not self._closing and not staging.sends_ended(0.25):
-                    pass
+                    self._call(self._end_stuck)
             if self._closing:
                 return False
             try:
@@ -301,11 +301,12 @@ class Relay:
         self._want()
         self._history.append(sender.info())
 
-    def _end_holders(self) -> None:
-        """The senders whose sends still hold staging buffers: ended now (their sends end with
-        the endpoint, and the buffers come back)."""
+    def _end_stuck(self) -> None:
+        """The senders holding staging buffers that do not receive (:meth:`Sender.stuck`): ended
+        now (their sends end with the endpoint, and the buffers come back)."""
+        now = time.monotonic()
         for sender in list(self._senders):
-            if sender.held:
+            if sender.stuck(now):
                 sender.abort()
 
     def _set_live(self, live: bool) -> None:

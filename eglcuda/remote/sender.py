@@ -42,6 +42,10 @@ AHEAD_FRESH_S = 0.01
 # a few remotes stopped one after another would hold the whole ring, and every other remote would
 # get nothing until then. (An 'every' one is its every_timeout's business.)
 SILENT_HOLDING_S = 3 * BEAT_S
+# Silence, or a send in flight, this long while the relay needs every staging buffer back (its
+# publisher came back with frames of another size) means that remote does not receive: it is
+# ended then, not waited for.
+STUCK_S = 2 * BEAT_S
 # A remote subscriber beats once each BEAT_S (receiver.py). It may beat ahead of that pace by this
 # many, plus the beats of two silences (a stalled link delivers them together; a longer stall is
 # the silence limit's business): more opened beats than that are a flood from a key holder, each
@@ -145,6 +149,13 @@ class Sender:
     def held(self) -> int:
         """Staging buffers this remote holds: frames queued for it and sends in flight."""
         return len(self._pending) + self._inflight
+
+    def stuck(self, now: float) -> bool:
+        """Whether it holds staging buffers and either said nothing, or has had a send in flight,
+        for more than STUCK_S before ``now`` (a remote that receives beats, and its sends end)."""
+        if not self.held:
+            return False
+        return now - self._heard > STUCK_S or (bool(self._posted) and now - self._posted[0] > STUCK_S)
 
     def info(self) -> RemoteInfo:
         return RemoteInfo(self.peer, self.qos.name.lower(), self.queue, self._sent, self._skipped, self._dropped,
@@ -452,6 +463,7 @@ class Sender:
             raise
         except wire.WireError as exc:
             self.end(Reason.PROTOCOL, str(exc), dropped=True)
+            self.ep.forget_tags()  # (nothing more is read from it: a flood goes on being dropped)
         except Exception as exc:  # noqa: BLE001 - the endpoint failed: the remote is gone
             self._gone = self._gone or (Reason.TRANSPORT, f"the connection failed: {exc}")
             self._connected = False

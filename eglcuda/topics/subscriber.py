@@ -269,6 +269,9 @@ class Subscriber:
 
     def _take(self, conn: Connection, timeout: float | None) -> Message:
         """receive()'s work on an open connection; its end is raised as :class:`Lost`."""
+        # A wait set's "message" for this 'latest' subscriber (_look_locked) promised a frame: one
+        # made stale since by a NOTICE is kept until the deadline, and comes if nothing newer did.
+        promised, self._promised = self._promised, False
         if len(self._held) >= conn.limit:
             while True:  # a drop or goodbye already waiting says more than this usage error
                 header = conn.read(None)
@@ -286,9 +289,6 @@ class Subscriber:
         transport = conn.transport
         ring = conn.ring
         latest = not self._every
-        # A wait set's "message" for this 'latest' subscriber (_look_locked) promised a frame: one
-        # made stale since by a NOTICE is kept until the deadline, and comes if nothing newer did.
-        promised, self._promised = self._promised, False
         stale: protocol.Frame | None = None
         while True:
             try:
@@ -308,10 +308,15 @@ class Subscriber:
                 raise
             else:
                 if latest:
-                    header = conn.newest(header, self._skip)
+                    try:
+                        header = conn.newest(header, self._skip)
+                    except BaseException:
+                        if stale is not None:  # (kept for the next receive, as announced)
+                            conn.pending.appendleft(stale)
+                        raise
                     if stale is not None:  # (a newer one came)
-                        self._skip(stale)
-                        stale = None
+                        older, stale = stale, None
+                        self._skip(older)
                     if header.seq < conn.notice:
                         # A newer frame was published while this subscriber could take no more:
                         # this one is stale. Give it back; the next frame published comes
@@ -752,6 +757,7 @@ class Subscriber:
             conn = self._conn
             if conn is None:  # pragma: no cover - _lost is set whenever the connection goes
                 return self._not_connected()
+            self._promised = False  # (each look answers anew: only a "message" promises)
             try:
                 if conn.dropped_meanwhile():  # (as receive says: the drop, not a frame announced before it)
                     conn.lose_to_the_drop()

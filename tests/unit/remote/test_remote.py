@@ -633,9 +633,9 @@ def test_forged_credits_and_bye_on_another_subscribers_tag_change_nothing(cluste
 
 def test_a_key_holder_flooding_beats_is_dropped_at_once_and_costs_the_others_nothing(cluster, env):
     """A 'latest' subscriber with the key floods its own control tag with beats that open (200,000
-    as fast as it can post them, where the protocol beats once each half second): the relay drops it with the
-    reason within a few of them, its memory does not grow with the flood, and another subscriber
-    goes on receiving every frame."""
+    as fast as it can post them, where the protocol beats once each half second, and on for 3 s
+    after it was dropped): the relay drops it with the reason within a few of them, its memory does
+    not grow with the flood, and another subscriber goes on receiving every frame."""
     cluster.publisher(rate=60.0)
     relay, address = cluster.relay()
     relay_pid = next(m for m in relay.messages if m["event"] == "ready")["pid"]

@@ -1676,3 +1676,56 @@ def test_an_attachments_fields_are_read_only():
     finally:
         os.close(reader)
         os.close(writer)
+
+
+def test_a_promise_lasts_until_the_next_look_and_an_interrupt_keeps_the_frame(path):
+    """A "message" promises a 'latest' subscriber's frame to the receive that follows, not to a
+    receive after a later look that found nothing: then a stale frame is given back as without a
+    wait set (Timeout). And a KeyboardInterrupt in the receive's wait for a newer frame, with a
+    promised one kept, gives nothing up: the frames published next all come."""
+    with publisher(path, False) as pub, subscriber(path, qos="latest") as sub, eglcuda.WaitSet() as waits:
+        first = [sub.receive(1.0) for _ in range(1) if [put(pub, bytes([i])) for i in range(2)]][0]
+        put(pub, b"2")  # (announced: at its credit)
+        attachment = waits.attach(sub)
+        assert [event.kind for event in waits.wait(1.0)] == ["message"]
+        put(pub, b"3")  # (skipped for it: a NOTICE)
+        time.sleep(0.1)
+        assert waits.wait(0.2) == []  # (this look read the NOTICE: frame 2 is stale, given back)
+        first.release()
+        for payload in (b"4", b"5", b"6"):  # (two announced, the third skipped: a NOTICE)
+            put(pub, payload)
+        time.sleep(0.1)
+        waits.detach(attachment)
+        with pytest.raises(eglcuda.Timeout):
+            sub.receive(0.3)
+
+    with publisher(path, False) as pub, subscriber(path, qos="latest") as sub, eglcuda.WaitSet() as waits:
+        first = [sub.receive(1.0) for _ in range(1) if [put(pub, bytes([i])) for i in range(2)]][0]
+        put(pub, b"2")
+        waits.attach(sub)
+        assert [event.kind for event in waits.wait(1.0)] == ["message"]
+        for payload in (b"3", b"4"):  # (skipped: frame 2 is stale, but promised)
+            put(pub, payload)
+        first.release()
+        conn = sub._conn
+        next_frame, calls = conn.next_frame, []
+
+        def interrupted(deadline):
+            calls.append(deadline)
+            if len(calls) == 2:  # (Ctrl-C in the wait for a newer frame, the promised one kept)
+                raise KeyboardInterrupt
+            return next_frame(deadline)
+
+        conn.next_frame = interrupted
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                sub.receive(1.0)
+        finally:
+            conn.next_frame = next_frame
+        got = []
+        for payload in (b"6", b"7", b"8", b"9"):
+            put(pub, payload)
+            with sub.receive(1.0) as message:
+                got.append(message.payload)
+                assert message.frame.data == pattern(message.payload)
+        assert got[-3:] == [b"7", b"8", b"9"], got  # (nothing of its credit was lost)
