@@ -365,6 +365,8 @@ def main() -> int:
             saved = json.loads((folder / "results.json").read_text())
         except (OSError, ValueError) as exc:
             fail(PROGRAM, f"cannot read {folder / 'results.json'}: {exc}", 2)  # a bad --replot DIR
+        if not (isinstance(saved, dict) and isinstance(saved.get("rows"), list) and "window" in saved):
+            fail(PROGRAM, f"{folder / 'results.json'} is not this benchmark's results (no rows and window)", 2)
         written = plot(saved["rows"], folder, saved["window"])
         print(f"wrote {', '.join(str(folder / name) for name in written) or 'no plots (no rows to plot)'}")
         return 0

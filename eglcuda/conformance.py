@@ -661,7 +661,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``python -m eglcuda check``."""
     parser.add_argument("--json", default="eglcuda-check.json", metavar="PATH",
                         help="where to write the results (default: %(default)s; '-' for none)")
-    parser.add_argument("--only", default="", metavar="NAMES",
+    parser.add_argument("--only", default=None, metavar="NAMES",
                         help="comma-separated checks to run (default: all): " + ", ".join(c.name for c in CHECKS))
     parser.add_argument("--require", default="", metavar="NAMES",
                         help="comma-separated capabilities this machine must have (a missing one fails), e.g. "
@@ -671,7 +671,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_command(args: argparse.Namespace) -> int:
     """``python -m eglcuda check``: print the table, write the JSON, exit 1 on a failure."""
-    names = [n.strip() for n in args.only.split(",") if n.strip()]
+    names = [n.strip() for n in (args.only or "").split(",") if n.strip()]
+    if args.only is not None and not names:  # (`--only ''`: naming no check is not "all of them")
+        print("python -m eglcuda check: --only names no check", file=sys.stderr)
+        return 2
     unknown = [n for n in names if n not in {c.name for c in CHECKS}]
     require = [n.strip() for n in args.require.split(",") if n.strip()]
     unknown += [n for n in require if n not in CAPABILITIES]

@@ -188,9 +188,17 @@ def run(main: Callable[[], int], program: str) -> int:
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
         signal.signal(signal.SIGTERM, _terminated)
     try:
-        return main()
+        code = main()
+        sys.stdout.flush()  # (here: a reader gone, `| head`, is the BrokenPipeError below, not one at exit)
+        return code
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # (its output's reader stopped early: quiet, as `python -m eglcuda` is)
+        try:  # (Python flushes stdout again at exit: it goes to /dev/null then)
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        return 1
     except Exception as exc:
         if os.environ.get("EGLCUDA_TRACEBACK") == "1":
             raise

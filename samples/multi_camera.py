@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -93,8 +94,8 @@ def main() -> int:
     args = parser.parse_args()
     at_least(parser, args, {**FRAME, "--cameras": 1, "--batch": 0})
     frame_size(parser, args, ["NV12"])
-    if not (args.fps > 0 and args.seconds > 0):
-        parser.error("--fps and --seconds are more than 0")
+    if not (0 < args.fps < math.inf and 0 < args.seconds < math.inf):
+        parser.error("--fps and --seconds are finite numbers more than 0")
     require(PROGRAM, "cuda-ipc", modules=[CUPY])
     if args.role == "camera":
         return camera(args)

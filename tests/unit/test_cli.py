@@ -99,6 +99,9 @@ def test_check_rejects_unknown_names():
     result = run("check", "--only", "no-such-check", "--json", "-")
     assert result.returncode == 2
     assert "no-such-check" in result.stderr and "Traceback" not in result.stderr
+    for empty in ("", " , "):  # (naming no check is not a run of all of them)
+        result = run("check", "--only", empty, "--json", "-")
+        assert result.returncode == 2 and result.stderr.strip() == "python -m eglcuda check: --only names no check"
 
 
 def test_the_command_reference_names_every_command_sample_and_benchmark():
