@@ -79,7 +79,7 @@ class Staging:
         self._plans = [None] * STAGING  # (a new publisher's planes may lie otherwise in the same bytes)
         with self._room_lock:
             self._skipped = -1  # (a new publisher numbers its frames from 0 again: nothing of its was skipped)
-        if self._ring is not None and self._ring.size == size:
+        if not self.reallocates(frame_bytes):
             return  # (a restarted publisher of the same frame size: the ring serves as it is)
         old, self._ring = self._ring, None
         if old is not None:

@@ -293,6 +293,8 @@ class Subscriber:
         while True:
             try:
                 header = conn.next_frame(deadline)
+                if latest:
+                    header = conn.newest(header, self._skip)
             except Timeout:
                 if stale is None:
                     raise
@@ -308,12 +310,6 @@ class Subscriber:
                 raise
             else:
                 if latest:
-                    try:
-                        header = conn.newest(header, self._skip)
-                    except BaseException:
-                        if stale is not None:  # (kept for the next receive, as announced)
-                            conn.pending.appendleft(stale)
-                        raise
                     if stale is not None:  # (a newer one came)
                         older, stale = stale, None
                         self._skip(older)

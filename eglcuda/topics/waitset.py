@@ -385,9 +385,7 @@ class WaitSet:
                 raise ClosedError(f"the wait set was closed during {call}()") from None
             raise
         if self._epoll is None:
-            self._by_fd.clear()
-            self._attachments.clear()
-            self._timed.clear()
+            self._forget_all()
             raise ClosedError(f"the wait set was closed during {call}()")
         return result
 
@@ -435,6 +433,9 @@ class WaitSet:
             # in a forked child no wait runs (a count copied from a parent's wait says nothing).
             if not self._waiting or forked:
                 self._wake_closer()
+        self._forget_all()
+
+    def _forget_all(self) -> None:
         self._by_fd.clear()
         self._attachments.clear()
         self._timed.clear()
