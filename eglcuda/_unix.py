@@ -154,8 +154,9 @@ class Policy:
     """Who may be at the other end of the socket, and which directories we trust.
 
     A peer is allowed when its uid is in ``uids`` or its gid in ``gids`` (the credentials the
-    kernel recorded when it connected or listened: effective uid and primary gid; supplementary
-    groups are not seen). Default: our own effective uid only, root included only when we are
+    kernel recorded when it connected or listened: effective uid and primary gid). :meth:`allows`
+    sees only those (the stream hand-over's check); :meth:`refusal` (the topics' check) also
+    counts the peer's supplementary groups. Default: our own effective uid only, root included only when we are
     root. A directory (or socket file) is trusted when it belongs to us, to root, or to an
     allowed uid."""
 
