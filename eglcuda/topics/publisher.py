@@ -432,6 +432,8 @@ class Publisher:
     # ---- state -----------------------------------------------------------------------------------
     @property
     def info(self) -> TopicInfo:
+        """The topic as a subscriber's WELCOME describes it (size, format, layout, pitch, fps or
+        the rate measured so far, pool size, this publisher's pid and instance, the next seq)."""
         g = self.geometry
         return TopicInfo(name=self.name, path=self.path, width=g.width, height=g.height, format=g.format,
                          layout=g.layout, pitch=g.pitch, fps=self.fps if self.fps is not None else self._measured_fps,
@@ -480,10 +482,12 @@ class Publisher:
 
     @property
     def pool_size(self) -> int:
+        """Pool frames made so far: ``pool`` at start, grown up to ``max_pool`` when none was free."""
         return 0 if self._pool is None else len(self._pool)
 
     @property
     def measured_fps(self) -> float | None:
+        """The publish rate measured so far (frames/s, smoothed); None before the second publish."""
         return self._measured_fps
 
     @property
