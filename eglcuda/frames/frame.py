@@ -108,10 +108,12 @@ class Plane:
     # ---- geometry ----------------------------------------------------------------------------
     @property
     def width(self) -> int:
+        """Columns of this plane (in elements of :attr:`channels` bytes)."""
         return self.geometry.width
 
     @property
     def height(self) -> int:
+        """Rows of this plane."""
         return self.geometry.height
 
     @property
@@ -125,6 +127,8 @@ class Plane:
 
     @property
     def shape(self) -> tuple[int, ...]:
+        """``(height, width)``, or ``(height, width, channels)`` for interleaved planes: the
+        shape DLPack and ``__cuda_array_interface__`` export."""
         g = self.geometry
         return (g.height, g.width, g.channels) if g.channels > 1 else (g.height, g.width)
 
@@ -136,6 +140,8 @@ class Plane:
 
     @property
     def read_only(self) -> bool:
+        """Whether the plane is only to be read (an acquired frame, a subscriber's message): its
+        exports say so and eglcuda's copies refuse to write into it."""
         return self._frame.read_only
 
     @property

@@ -249,6 +249,7 @@ class Stream(Resource):
 
     @property
     def state(self) -> StreamState:
+        """The stream's state as EGL reports it (``EGL_STREAM_STATE_KHR``)."""
         return StreamState(self._query(egl_stream.STATE))
 
     def _driver_failure(self, status: int, call: str, doing: str, peer: str,
@@ -285,6 +286,7 @@ class Stream(Resource):
 
     @property
     def latency_us(self) -> int:
+        """The consumer's latency in microseconds (``EGL_CONSUMER_LATENCY_USEC_KHR``); settable."""
         return self._query(egl_stream.CONSUMER_LATENCY_USEC)
 
     @latency_us.setter
@@ -295,6 +297,8 @@ class Stream(Resource):
 
     @property
     def acquire_timeout_us(self) -> int:
+        """How long an acquire waits for a frame, in microseconds
+        (``EGL_CONSUMER_ACQUIRE_TIMEOUT_USEC_KHR``), as set when the stream was made."""
         return self._query(egl_stream.CONSUMER_ACQUIRE_TIMEOUT_USEC)
 
     # ---- endpoints ---------------------------------------------------------------------------

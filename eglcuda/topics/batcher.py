@@ -257,7 +257,7 @@ class Batcher:
     """Batches of up to ``batch_size`` frames from ``subscribers`` (an nvstreammux for topics).
 
     :param subscribers: the sources, :class:`eglcuda.Subscriber` objects (local or remote) of
-        topics with one size, format and layout, on one CUDA device; a source of another size or
+        topics with one size and format, on one CUDA device; a source of another size or
         format is refused with :class:`eglcuda.MismatchedSource`. The batcher receives from them;
         they stay the caller's (close them after the batcher).
     :param batch_size: the most frames in a batch (1..1024); also the images in each buffer.

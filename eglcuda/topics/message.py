@@ -61,6 +61,8 @@ class Message:
 
     @property
     def frame(self) -> Any:
+        """The frame in place (planes for DLPack and ``__cuda_array_interface__``); reading it
+        after :meth:`release` raises :class:`ClosedError`."""
         if self._released:
             error = ClosedError("the message was released; its frame is no longer readable")
             stay_if_ended_by_exit(error)  # (a daemon thread's read as the exit closed the subscriber)
@@ -69,6 +71,8 @@ class Message:
 
     @property
     def released(self) -> bool:
+        """Whether the frame was given back (by :meth:`release`, the next step of a loop, or
+        the subscriber's close)."""
         return self._released
 
     def release(self, cuda_stream: Any = None) -> None:

@@ -65,7 +65,7 @@ class Publisher:
         :meth:`publish`). It also grows when every free frame is still read by a subscriber's
         GPU work (CUDA IPC), rather than wait for that work (then :meth:`next_frame` waits on the
         host). ``max_pool`` bounds the memory (a 4K ARGB frame is 33 MB); it must leave room
-        for what the subscribers may keep (4 frames for a ``latest`` subscriber through CUDA IPC,
+        for what the subscribers may keep (4 frames for a ``latest`` subscriber through cuda-ipc or cuda-vmm,
         ``queue`` for an ``every`` one) and one frame to write, or a stalled subscriber can keep
         the whole pool (docs/topics.md, QoS).
     :param device: the CUDA device of the pool.

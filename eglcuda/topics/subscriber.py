@@ -523,6 +523,8 @@ class Subscriber:
 
     @property
     def connected(self) -> bool:
+        """Joined to a live publisher (or relay): False before the join, after the publisher's
+        goodbye or loss, and once closed."""
         if self._remote is not None:
             return self._remote.connected
         return self._conn is not None and self._lost is None and not self._closed

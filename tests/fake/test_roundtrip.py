@@ -243,7 +243,7 @@ def test_timeout_while_no_producer_connected():
         acquires = fake.calls("cuEGLStreamConsumerAcquireFrame")
         with pytest.raises(eglcuda.Timeout, match="CONNECTING"):
             consumer.acquire(timeout_us=30_000)
-        # eglcuda must not reach the driver's acquire before a producer connects (PLATFORM.md).
+        # eglcuda must not reach the driver's acquire before a producer connects (docs/platforms.md).
         assert fake.calls("cuEGLStreamConsumerAcquireFrame") == acquires
 
 

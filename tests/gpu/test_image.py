@@ -50,7 +50,7 @@ def test_path_decision_on_this_platform(cuda_display, context):
     device = eglcuda.get_device(0)
     assert choice.path in (ImagePath.NATIVE, ImagePath.GL_INTEROP)
     if not device.info.integrated:
-        # Measured on discrete GPUs (PLATFORM.md): native registration succeeds but does not alias.
+        # Measured on discrete GPUs (docs/platforms.md): native registration succeeds but does not alias.
         assert choice.native_coherent is False and choice.path == ImagePath.GL_INTEROP, choice
         assert choice.gl_interop_coherent is True
     assert eglcuda.image_path(cuda_display) is choice  # decided once per display and device

@@ -18,7 +18,8 @@ PATTERNS = {
     "a work session": r"\bsessions? \d+|\b(?:this|that|our|previous|next|earlier|later) session\b",
     "a seed thread": r"\bseed threads?\b",
     "our own machines": r"\bour (?:own )?(?:GPU |CPU |test |device )?(?:machines?|hosts?|set-?up|GPUs?)\b"
-                        r"|\bthe project's (?:[\w-]+ ){0,2}?machines?\b",
+                        r"|\bthe project's (?:[\w-]+ ){0,2}?machines?\b"
+                        r"|\bour [HAL]\d{2,3}s?\b|\bthe [HAL]\d{2,3} machines?\b|\bPLATFORM\.md\b",
     # .device/ is the developers' staging folder (.gitignore's /.device/ is left alone); frame.device and
     # torch.device(...) are attributes, not it.
     "the development set-up": r"\bdevice tool\b|\.device-run|/work/(?:wt\w*|main|notes|shared|helpers)\b"

@@ -11,7 +11,7 @@
  *
  * ---- the EGLStream model ---------------------------------------------------------------------
  * Written after NVIDIA's EGLStream as the CUDA/EGL interop guide (section 4.1) and eglcuda's
- * measurements (shared/PLATFORM.md) describe it; every frame a stream knows is one struct
+ * measurements on NVIDIA GPUs (docs/platforms.md) describe it; every frame a stream knows is one struct
  * fake_frame, in present order, with a status (fake_common.h):
  *   present    -> PENDING. Mailbox (FIFO length 0): an older PENDING frame is dropped (RETURNABLE).
  *                 Every older LATCHED frame becomes RETURNABLE (it is no longer the newest).
@@ -284,7 +284,7 @@ __attribute__((constructor)) static void fake_egl_load(void)
     value = getenv("FAKE_EGL_FRAME_BASE");
     if (value)
         frame_base = strtoull(value, NULL, 0);
-    /* EGL lists devices in another order than CUDA on multi-GPU hosts (PLATFORM.md): so here. */
+    /* EGL lists devices in another order than CUDA on multi-GPU hosts (docs/platforms.md): so here. */
     for (int i = 0; i < MAX_DEVICES; i++) {
         devices[i].magic = MAGIC_DEVICE;
         devices[i].cuda_ordinal = device_count - 1 - i;
