@@ -130,6 +130,19 @@ def goals(rows: list[dict], window: int) -> list[str]:
                     out.append(f"{verdict} {size} {pace}{_round(row.get('round'))}: local subscriber with {row['n']} "
                                f"remote: {row['local']['rate']:.0f} frames/s vs {alone['local']['rate']:.0f} without "
                                f"({100 * change:+.1f} %; goal within 5 %)")
+            for row in rows:  # (the same pair beside the raw engine instead of a relay: the host's share)
+                if row.get("size") == size and row.get("variant") == "local beside ucx-raw" and row.get("pace") == pace \
+                        and "local" in row and "error" not in row:
+                    alone = find(size=size, variant="local only", pace=pace, round=row.get("round"))
+                    if not alone or "local" not in alone:
+                        continue
+                    change = row["local"]["rate"] / alone["local"]["rate"] - 1
+                    engine = row.get("beside", {})
+                    moved = (f"the raw engine moving {engine['rate']:.0f} frames/s beside it" if "rate" in engine
+                             else f"the raw engine beside it failed: {engine.get('error', 'no result')}")
+                    out.append(f"INFO {size} {pace}{_round(row.get('round'))}: local subscriber with {moved}: "
+                               f"{row['local']['rate']:.0f} frames/s vs {alone['local']['rate']:.0f} without "
+                               f"({100 * change:+.1f} %)")
     return out
 
 

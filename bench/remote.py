@@ -17,7 +17,10 @@ shared-memory shortcuts), next to the alternatives in the same run:
   host-to-device copy on arrival (all with eglcuda's CUDA bindings, pinned by nothing: plain
   host memory, as ``cupy.asnumpy`` gives);
 - ``local only``: the publisher and the local subscriber without relay: the local subscriber's
-  rate with and without remote subscribers running.
+  rate with and without remote subscribers running;
+- ``local beside ucx-raw`` (--beside-raw): the same pair while the raw engine moves frames of the
+  same size flat out between two other processes: what the host's shared resources (the
+  loopback's copies, memory bandwidth, caches) take from the local subscriber with no relay.
 
 Each configuration runs for --duration seconds once every process joined; frames count when their
 publish time (``Message.timestamp_ns``, the publisher's CLOCK_MONOTONIC, shared by the host's
@@ -44,6 +47,7 @@ rate alone.
                            [--mps]                  (every process a client of a private MPS daemon)
                            [--frame-modes integrity,encrypted]  (also with the relay's frames so protected)
                            [--every]                (also a remote taking every frame: qos='every', the deepest window)
+                           [--beside-raw]           (also the local subscriber beside the raw engine, no relay)
     python bench/remote.py --replot DIR            (the plots of DIR/results.json, into DIR)
 
 Here: the eglcuda roles and the orchestrator; the zmq baseline's roles are in _remote_zmq.py, what the
@@ -84,6 +88,7 @@ SIZES = {"1080p-nv12": (1920, 1080, "NV12"), "4k-argb": (3840, 2160, "ARGB")}
 UCX_ENV = {"UCX_TLS": "tcp", "UCX_NET_DEVICES": "lo", "UCX_WARN_UNUSED_ENV_VARS": "n"}
 ZMQ = ("zmq", "pyzmq for the baseline", BENCH_HINT)
 JOIN_S = 60.0  # how long every process of a configuration may take to join
+BESIDE_MARGIN_S = 4.0  # the raw engine beside the local pair runs this much longer than their window
 NAME = "bench-remote"
 
 
@@ -263,15 +268,32 @@ def run_config(args, variant: str, n: int, rate: float, env: dict, frames: str =
                 child.stop()
 
 
-def raw_engine(args, size: int, window: int, mode: str, env: dict, buffers: int = 1, gpu: bool = False) -> dict:
+def raw_engine(args, size: int, window: int, mode: str, env: dict, buffers: int = 1, gpu: bool = False,
+               duration: float | None = None) -> dict:
     import _ucx_raw
 
     try:
-        result = _ucx_raw.measure(size, window, mode, args.duration, env, buffers=buffers, gpu=gpu)
+        result = _ucx_raw.measure(size, window, mode, duration or args.duration, env, buffers=buffers, gpu=gpu)
     except Exception as exc:  # noqa: BLE001 - reported in the row
         return {"error": " ".join(str(exc).split())[:300]}
     result.pop("size", None)  # (bytes: the row's "size" is the frame's name)
     return result
+
+
+def local_beside_raw(args, size: int, window: int, mode: str, rate: float, env: dict) -> dict:
+    """The publisher and the local subscriber alone (as ``local only``) while the raw engine moves
+    frames of the same size flat out between two other processes of the host: what the host's
+    shared resources (the loopback's copies, memory bandwidth, caches) take from the local pair
+    when no relay serves their topic. The raw engine starts first and runs past the local window."""
+    beside: dict = {}
+    engine = threading.Thread(target=lambda: beside.update(
+        raw_engine(args, size, window, mode, env, duration=args.duration + BESIDE_MARGIN_S)), daemon=True)
+    engine.start()
+    time.sleep(1.0)  # (its processes import UCXX and connect before the local pair's window)
+    row = run_config(args, "eglcuda", 0, rate, env)
+    engine.join(args.duration + BESIDE_MARGIN_S + 150)
+    row["beside"] = {k: beside[k] for k in ("rate", "error") if k in beside}
+    return row
 
 
 def relay_staging() -> int:
@@ -338,6 +360,10 @@ def main() -> int:
     parser.add_argument("--every", action="store_true",
                         help="also each eglcuda configuration with the relay and its remotes taking every frame "
                              "(qos='every', queue = the relay's deepest window) beside 'latest', in the same round")
+    parser.add_argument("--beside-raw", action="store_true",
+                        help="also the local subscriber alone while the raw engine moves the frame's size flat out "
+                             "beside it (the first --engine-modes, the relay's window): what the host's shared "
+                             "resources take from a local subscriber when no relay serves its topic")
     parser.add_argument("--no-plots", action="store_true", help="write no plots (no matplotlib needed)")
     parser.add_argument("--check", action="store_true",
                         help="only check what these arguments need (one line and status 2 when something is missing)")
@@ -475,6 +501,9 @@ def measure_all(args, parser, variants: list[str], sizes: dict, ns: list[int], p
                 if "eglcuda" in variants:
                     record({**base, "variant": "local only", "pace": label, "n": 0,
                             **run_config(args, "eglcuda", 0, pace, env)})
+                if args.beside_raw and "eglcuda" in variants:  # (after 'local only', same round)
+                    record({**base, "variant": "local beside ucx-raw", "pace": label, "n": 0,
+                            **local_beside_raw(args, nbytes, window, args.engine_modes.split(",")[0], pace, env)})
                 for n in ns:
                     for variant in ("eglcuda", "zmq"):
                         if variant in variants:

@@ -109,14 +109,19 @@ def test_bench_rounds_judge_the_goal_on_the_median_of_the_rounds(env, tmp_path):
     out = tmp_path / "out"
     result = subprocess.run([sys.executable, str(BENCH), "--width", "64", "--height", "48", "--subscribers", "1",
                              "--rates", "max", "--variants", "eglcuda,ucx-raw", "--engine-modes", "blocking",
-                             "--duration", "0.3", "--rounds", "2", "--no-plots", "--out", str(out)],
+                             "--duration", "0.3", "--rounds", "2", "--beside-raw", "--no-plots", "--out", str(out)],
                             capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     saved = json.loads((out / "results.json").read_text())
     rounds = {(row["round"], row["variant"]) for row in saved["rows"]}
     window = saved["window"]
     for round_ in (1, 2):  # (each round has the raw engine and the configurations)
-        assert {(round_, "eglcuda"), (round_, "local only"), (round_, f"ucx-raw blocking w{window}")} <= rounds
+        assert {(round_, "eglcuda"), (round_, "local only"), (round_, "local beside ucx-raw"),
+                (round_, f"ucx-raw blocking w{window}")} <= rounds
+    beside = [row for row in saved["rows"] if row["variant"] == "local beside ucx-raw"]
+    assert all(row["local"]["frames"] > 0 and row["beside"]["rate"] > 0 for row in beside), beside
+    told = [line for line in saved["goals"] if "local subscriber with the raw engine moving" in line]
+    assert len(told) == 2 and all(line.startswith("INFO") for line in told), saved["goals"]
     verdict = next(line for line in saved["goals"] if "1 remote subscriber, median of 2 rounds" in line)
     assert verdict.startswith(("PASS", "FAIL")) and verdict.count("x (") == 2, verdict
     assert "| eglcuda (round 2) | max | 1 |" in (out / "results.md").read_text()
