@@ -672,6 +672,11 @@ class Batcher:
         """Source ``index`` leaves the rotation, for ``error``."""
         if index in self.ended:
             return
+        # Kept without the traceback of its raise: that holds the frame of _pass (this batcher)
+        # and, for a subscriber's lasting error (its publisher gone), the subscriber keeps it too.
+        # With it, a batcher dropped unclosed stayed, with its buffers and stream, for as long as
+        # that subscriber lived (not "at once"), or until the cycle collector ran.
+        error.__traceback__ = None
         self.ended[index] = error
         self._ready.discard(index)
         attachment = self._attached[index]

@@ -400,3 +400,57 @@ def test_a_daemon_thread_inside_next_at_exit_lets_the_interpreter_end(sources):
         child = subprocess.run([sys.executable, "-c", code], env=sources.env, capture_output=True, text=True,
                                timeout=30, cwd=os.path.dirname(paths[0]))
         assert (child.returncode, child.stdout.strip(), child.stderr) == (0, "ending", "")
+
+
+_DROPPED_AFTER_AN_END = r"""
+import ctypes, gc, json, os, signal, sys, time, weakref
+import eglcuda
+count = ctypes.CDLL("libcuda.so.1").fake_cuda_count
+count.argtypes, count.restype = [ctypes.c_char_p], ctypes.c_int
+publisher_pid = int(sys.argv[1])
+subs = [eglcuda.Subscriber(name, qos="every", path=path, timeout=10) for name, path in
+        (spec.split(":")[:2] for spec in sys.argv[2:])]
+for sub in subs:
+    sub.fileno()  # (made before the count)
+gc.disable()  # (what a drop leaves must go at once, not at the cycle collector's next pass)
+before = count(b"device_allocations")
+report = {}
+for how in ("closed", "publisher gone"):
+    batcher = eglcuda.Batcher(subs, 2, formation_timeout=0.05)
+    batcher.next().release()
+    if how == "closed":
+        subs[0].close()
+    else:
+        os.kill(publisher_pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while 0 not in batcher.ended and time.monotonic() < deadline:
+        batcher.next().release()
+    ended = type(batcher.ended.get(0)).__name__
+    gone = weakref.ref(batcher)
+    del batcher
+    report[how] = [ended, gone() is None, count(b"device_allocations") - before]
+    if how == "closed":
+        subs[0] = eglcuda.Subscriber(subs[0].name, qos="every", path=subs[0].path, timeout=10)
+print(json.dumps(report), flush=True)
+"""
+
+
+def test_a_batcher_dropped_after_a_source_ended_goes_at_once(sources, env):  # noqa: F811
+    """A source that ended (its subscriber closed, its publisher killed) is kept in
+    ``batcher.ended`` with its error. The error's traceback held the frame of the batcher's
+    collection pass, and so the batcher: one dropped without close() stayed, with its buffers and
+    stream, until the cycle collector ran, and as long as the source's subscriber (which keeps a
+    lost publisher's error) lived. It goes at once, as a batcher without an ended source does."""
+    import json
+    import subprocess
+    import sys
+
+    from ...gpu.batcher_kit import ROOT
+
+    sources.add(101, rate=100)
+    sources.add(102, rate=100)
+    out = subprocess.run([sys.executable, "-c", _DROPPED_AFTER_AN_END, str(sources.peers[0].process.pid),
+                          *sources.specs], env=env, cwd=str(ROOT), capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads(out.stdout.splitlines()[-1])
+    assert report == {"closed": ["ClosedError", True, 0], "publisher gone": ["StreamDisconnected", True, 0]}, report
