@@ -1213,10 +1213,14 @@ cdef class CudaConsumer(Resource):
                 try:
                     frame.release()
                 except EglCudaError as exc:
-                    # Raised here, it would only be printed ("Exception ignored") when the loop
-                    # ends by break: the next acquire() says it, with the frame still held.
-                    self.loop_release_error = exc
-                    raise
+                    # The check above is made outside the consumer's gate: another thread's call
+                    # inside it (an acquire_next, a release) may have released this frame meanwhile,
+                    # and then there is nothing left to do.
+                    if not (<AcquiredFrame>frame)._released:
+                        # Raised here, it would only be printed ("Exception ignored") when the loop
+                        # ends by break: the next acquire() says it, with the frame still held.
+                        self.loop_release_error = exc
+                        raise
 
     cdef AcquiredFrame _acquire(self, unsigned long long timeout_us, bint release_held):
         cdef AcquiredFrame frame

@@ -151,3 +151,42 @@ def test_closing_a_consumer_ends_its_wait_for_a_producer_at_once():
         out = _closed_while_waiting(stream, lambda: consumer.acquire(timeout_us=30_000_000))
         assert isinstance(out["result"], eglcuda.ClosedError), out
         assert stream.closed and consumer.closed
+
+
+@fake_driver_test(env={"FAKE_H2D_DELAY_US": "300000"})
+def test_a_frames_loop_ended_while_another_thread_releases_its_frame_ends_quietly():
+    """A frames() loop ends (break, close) while another thread's acquire_next on the same
+    consumer is inside the consumer, releasing the loop's frame. The loop's end found the frame
+    still held, then waited for that call and released it again: ClosedError ("already released")
+    came out of the loop's end ("Exception ignored" when the generator was collected). The frame
+    is released either way: the loop ends quietly. (Made deterministic by a consumer on the legacy
+    stream of a shared stream: its release first synchronizes that stream, here busy 300 ms with a
+    queued host -> device copy.)"""
+    import time
+
+    import numpy as np
+
+    import eglcuda
+    from eglcuda._bind import cuda
+
+    with display() as opened, opened.create_stream(fifo_length=4, cross_process=True) as stream:
+        consumer = stream.connect_cuda_consumer(cuda_stream=0)
+        producer = stream.connect_cuda_producer(16, 8)
+        for frame in [producer.allocate_frame() for _ in range(2)]:
+            producer.present(frame)
+        loop = consumer.frames(1_000_000)
+        first = next(loop)
+        scratch = eglcuda.Frame.allocate(16, 8)
+        host = np.zeros((8, 64), np.uint8)
+        cuda.copy_2d(0, ("host", host, 64), ("device", scratch.planes[0].pointer, scratch.pitch), 64, 8, False)
+        out: dict = {}
+        thread = threading.Thread(target=lambda: out.setdefault("frame", consumer.acquire_next(1_000_000)))
+        thread.start()
+        time.sleep(0.1)  # the thread is inside the consumer, waiting for the legacy stream before the release
+        loop.close()
+        thread.join(5)
+        assert first.released and out["frame"].number == 2
+        out["frame"].release()
+        with consumer.acquire(1_000_000) as again:  # (no error of the loop's left behind)
+            assert again.number == 2
+        scratch.close()
