@@ -741,6 +741,11 @@ class Frame(FrameCore, FrameBase):
                     addresses=(), plane_addresses=tuple(d[0] for d in described), owned=False, keep=list(arrays))
         if any(read_only for *_, read_only in described):
             frame.read_only = True  # eglcuda writes none of it, and its views say so
+        # Planes of frames eglcuda only lends (an acquired frame until its release, a message):
+        # their memory is this frame's only as long as that frame is usable. (A Frame's plane keeps
+        # its memory alive by itself: see Frame.close.)
+        frame._sources = tuple(dict.fromkeys(array._frame for array in arrays
+                                             if isinstance(array, Plane) and not isinstance(array._frame, Frame)))
         if written_on:
             # The protocol leaves the wait to its consumer, where it consumes: here, as the frame
             # may be presented much later, once that stream is gone (a `with cupy.cuda.Stream():`
@@ -804,9 +809,17 @@ class Frame(FrameCore, FrameBase):
     def closed(self) -> bool:
         return self._closed_early or super().closed
 
+    # The frames of the eglcuda planes from_arrays wrapped (see there).
+    _sources: tuple[FrameBase, ...] = ()
+
     def _check_usable(self) -> None:
         if self.closed:
             raise ClosedError("the frame is closed")
+        for source in self._sources:
+            try:
+                source._check_usable()
+            except ClosedError as exc:
+                raise ClosedError(f"the frame wraps the plane of a frame that can no longer be used ({exc})") from None
 
     def close(self) -> None:
         """Free the frame's memory (if eglcuda allocated it). Safe to call twice. Raises

@@ -1067,3 +1067,31 @@ def test_a_consumer_without_frame_numbers_learns_that_its_producer_left():
         assert list(consumer.frames(1_000_000)) == []
         assert fake.count("held") == 0
         stream.close()
+
+
+@fake_driver_test
+def test_a_frame_wrapping_an_acquired_plane_is_unusable_after_its_release():
+    """Frame.from_arrays over an acquired frame's plane: once that frame is released its memory is
+    the stream's again, so the wrapping frame's planes raise ClosedError (they handed out the
+    address: a dangling pointer through __cuda_array_interface__ and DLPack). A producer frame's
+    plane keeps its memory alive, so a frame wrapping it stays usable after that frame's close."""
+    with stream_of(8, 4) as (_, stream, producer, consumer):
+        frame = producer.allocate_frame()
+        producer.present(frame)
+        acquired = consumer.acquire(timeout_us=1_000_000)
+        wrapper = eglcuda.Frame.from_arrays(acquired.planes[0])
+        assert wrapper.read_only and wrapper.planes[0].pointer == acquired.planes[0].pointer
+        plane = wrapper.planes[0]
+        acquired.release()
+        with pytest.raises(ClosedError, match="released"):
+            wrapper.planes
+        for use in (lambda: plane.pointer, lambda: plane.__cuda_array_interface__, lambda: plane.__dlpack__(stream=-1),
+                    plane.to_numpy):
+            with pytest.raises(ClosedError, match="released"):
+                use()
+        wrapper.close()
+        own = eglcuda.Frame.allocate(8, 4)
+        kept = eglcuda.Frame.from_arrays(own.planes[0])
+        own.close()
+        assert kept.planes[0].to_numpy().shape == (4, 8, 4)
+        kept.close()
