@@ -748,6 +748,7 @@ class RemoteFeed:
                 cuda.event_destroy(event)
         finally:
             self._backend.close()
+            self._lost = None  # (its traceback holds the frames of the call it ended, and their locals)
             if self._loop is not None:
                 self._loop = None
                 _ucx.release()

@@ -982,6 +982,10 @@ class Subscriber:
                 finally:
                     self._close_wake_fd()
                     self._backend.close()
+                    # (The error that ended the connection holds, through its traceback, the
+                    # frames of the call that first raised it and their locals: the caller's
+                    # exception keeps them if it wants; a closed subscriber keeps none.)
+                    self._lost = None
 
     def _closed_error(self) -> ClosedError:
         return closed_error(self.name)

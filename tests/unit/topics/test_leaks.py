@@ -171,6 +171,37 @@ def test_a_subscriber_collected_without_close_leaves_no_wake_up_descriptor(path)
         assert eventfds() == before
 
 
+def test_a_closed_subscriber_keeps_nothing_of_the_call_its_publisher_ended(path):
+    """The error that ended a subscription (its publisher closed) is raised with the frames of the
+    caller's chain: once the subscriber is closed, it keeps none of them (a caller's buffer, a
+    GPU tensor, goes with its function, the subscriber still referenced)."""
+    class Buffer:  # (stands for what the caller held: a tensor, a large host buffer)
+        pass
+
+    def step(sub, kept: list) -> None:
+        work = Buffer()
+        kept.append(weakref.ref(work))
+        with sub.receive(2):
+            pass
+
+    for qos in ("every", "latest"):
+        pub = publisher(path)
+        sub = subscriber(path, qos=qos)
+        pub.close()
+        kept: list = []
+        raised = None
+        try:
+            step(sub, kept)
+        except eglcuda.Dropped:  # (the caller's except clause lets go of it at its end)
+            raised = "Dropped"
+        assert raised == "Dropped", qos
+        sub.close()
+        gc.collect()  # (the error and the frames it passed through refer to each other)
+        assert kept[0]() is None, qos
+        with pytest.raises(eglcuda.ClosedError):  # (closed is what it says from now on)
+            sub.receive(0)
+
+
 def test_a_subscriber_works_with_descriptor_numbers_above_1024(path):
     """A program with many files open (a recorder, a server) gets descriptor numbers above
     1024, where select() cannot go: subscribing, receiving and closing still work."""
