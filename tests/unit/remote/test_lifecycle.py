@@ -721,3 +721,47 @@ def test_a_close_landing_inside_a_receive_returns_at_once_and_ends_the_receive_w
     # (a batcher whose only source ended says so, as test_close_from_a_signal_handler... expects)
     assert line["ended"] == "ClosedError" or (caller == "batcher" and line["ended"] == "StreamDisconnected"), line
     assert line == {**line, "first": True, "closed": True, "held": 0}, line
+
+
+_ENDED_CALL = r'''
+import gc, json, sys, weakref
+sys.path.insert(0, "tests/gpu")
+import eglcuda
+relay = eglcuda.Relay("t", "127.0.0.1:0", path=sys.argv[1])
+sub = eglcuda.Subscriber("t", remote=f"127.0.0.1:{relay.address[1]}", qos=sys.argv[2])
+sub.receive(10).release()
+relay.close()
+
+class Buffer:  # (stands for what the caller held: a tensor, a large host buffer)
+    pass
+
+kept = []
+
+def step():
+    work = Buffer()
+    kept.append(weakref.ref(work))
+    for _ in range(100):
+        sub.receive(10).release()
+
+raised = None
+try:
+    step()
+except eglcuda.EglCudaError as exc:
+    raised = type(exc).__name__
+sub.close()
+gc.collect()
+print(json.dumps({"raised": raised, "kept": kept[0]() is not None}), flush=True)
+'''
+
+
+@pytest.mark.parametrize("qos", ["latest", "every"])
+def test_a_closed_remote_subscriber_keeps_nothing_of_the_call_its_relay_ended(cluster, env, qos):
+    """The error that ended a remote subscription (its relay closed) is raised with the frames of
+    the caller's chain: once the subscriber is closed it keeps none of them (the caller's buffer
+    goes with its function, the subscriber still referenced)."""
+    cluster.publisher(rate=300)
+    out = subprocess.run([sys.executable, "-c", _ENDED_CALL, cluster.path, qos], env=env, cwd=str(ROOT),
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    said = json.loads(out.stdout.splitlines()[-1])
+    assert said["raised"] is not None and not said["kept"], said
