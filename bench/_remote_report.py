@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import pathlib
 import statistics
+from typing import Callable, Iterator
 
 
 def summarize(row: dict) -> dict:
@@ -119,31 +120,35 @@ def goals(rows: list[dict], window: int) -> list[str]:
             out.append(f"{'PASS' if ok else 'FAIL'} {size}: 8 remote subscribers at 60/s: slowest "
                        f"{eight['rate_min']:.1f} frames/s, worst p99 {eight['p99_us'] / 1e3:.2f} ms (goal 60/s, p99 < 10 ms)")
         for pace in ("max", "60/s"):
-            for row in rows:
-                if row.get("size") == size and row.get("variant") == "eglcuda" and row.get("pace") == pace \
-                        and "local" in row and "error" not in row:
-                    alone = find(size=size, variant="local only", pace=pace, round=row.get("round"))
-                    if not alone or "local" not in alone:
-                        continue
-                    change = row["local"]["rate"] / alone["local"]["rate"] - 1
-                    verdict = ("PASS" if change >= -0.05 else "FAIL") if pace == "max" and row["n"] == 1 else "INFO"
-                    out.append(f"{verdict} {size} {pace}{_round(row.get('round'))}: local subscriber with {row['n']} "
-                               f"remote: {row['local']['rate']:.0f} frames/s vs {alone['local']['rate']:.0f} without "
-                               f"({100 * change:+.1f} %; goal within 5 %)")
-            for row in rows:  # (the same pair beside the raw engine instead of a relay: the host's share)
-                if row.get("size") == size and row.get("variant") == "local beside ucx-raw" and row.get("pace") == pace \
-                        and "local" in row and "error" not in row:
-                    alone = find(size=size, variant="local only", pace=pace, round=row.get("round"))
-                    if not alone or "local" not in alone:
-                        continue
-                    change = row["local"]["rate"] / alone["local"]["rate"] - 1
-                    engine = row.get("beside", {})
-                    moved = (f"the raw engine moving {engine['rate']:.0f} frames/s beside it" if "rate" in engine
-                             else f"the raw engine beside it failed: {engine.get('error', 'no result')}")
-                    out.append(f"INFO {size} {pace}{_round(row.get('round'))}: local subscriber with {moved}: "
-                               f"{row['local']['rate']:.0f} frames/s vs {alone['local']['rate']:.0f} without "
-                               f"({100 * change:+.1f} %)")
+            for row, alone in _beside_alone(rows, find, size, pace, "eglcuda"):
+                change = row["local"]["rate"] / alone - 1
+                verdict = ("PASS" if change >= -0.05 else "FAIL") if pace == "max" and row["n"] == 1 else "INFO"
+                out.append(f"{verdict} {size} {pace}{_round(row.get('round'))}: local subscriber with {row['n']} "
+                           f"remote: {_against_alone(row, alone)}; goal within 5 %)")
+            for row, alone in _beside_alone(rows, find, size, pace, "local beside ucx-raw"):  # (the host's share)
+                engine = row.get("beside", {})
+                moved = (f"the raw engine moving {engine['rate']:.0f} frames/s beside it" if "rate" in engine
+                         else f"the raw engine beside it failed: {engine.get('error', 'no result')}")
+                out.append(f"INFO {size} {pace}{_round(row.get('round'))}: local subscriber with {moved}: "
+                           f"{_against_alone(row, alone)})")
     return out
+
+
+def _beside_alone(rows: list[dict], find: Callable[..., dict | None], size: str, pace: str,
+                  variant: str) -> Iterator[tuple[dict, float]]:
+    """(row, rate alone) for each row of ``variant`` with a local subscriber: the rate of the
+    local subscriber alone (``local only``) in the same round."""
+    for row in rows:
+        if row.get("size") == size and row.get("variant") == variant and row.get("pace") == pace \
+                and "local" in row and "error" not in row:
+            alone = find(size=size, variant="local only", pace=pace, round=row.get("round"))
+            if alone and "local" in alone:
+                yield row, alone["local"]["rate"]
+
+
+def _against_alone(row: dict, alone: float) -> str:
+    rate = row["local"]["rate"]
+    return f"{rate:.0f} frames/s vs {alone:.0f} without ({100 * (rate / alone - 1):+.1f} %"
 
 
 def _round(round_: int | None) -> str:
