@@ -38,7 +38,7 @@ import stat
 import struct
 import termios
 import time
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from .._unix import (Policy, check_directories, check_path, check_socket_file, deadline_in, peer_credentials,
                      positive_seconds, recv_fds, remaining)
@@ -527,6 +527,17 @@ def offer_fd(path: str | os.PathLike, fd: int, description: dict[str, Any], time
     other uids are allowed, or they cannot connect at all.
 
     The low-level half of :func:`serve_stream`, for any descriptor."""
+    return _offer(path, fd, description, timeout, allowed_uids, allowed_gids, allow_shared_dir, handshake_timeout,
+                  socket_mode, None)
+
+
+def _offer(path: str | os.PathLike, fd: int, description: dict[str, Any], timeout: float,
+           allowed_uids: Iterable[int] | int | None, allowed_gids: Iterable[int] | int | None,
+           allow_shared_dir: bool, handshake_timeout: float, socket_mode: int,
+           gone: Callable[[], str | None] | None) -> int:
+    """:func:`offer_fd`; ``gone`` (None: never) says why what ``fd`` stands for went meanwhile
+    (its stream closed by another thread, say): the serving then stops with ClosedError, before
+    anything more is handed over."""
     deadline = deadline_in(timeout)
     path = check_path(path)
     policy = Policy(allowed_uids, allowed_gids, allow_shared_dir)
@@ -565,7 +576,7 @@ def offer_fd(path: str | os.PathLike, fd: int, description: dict[str, Any], time
         finally:
             _remove_private(parent_fd, private, private_fd)
         listener.setblocking(False)
-        return _serve(listener, path, fd, payload, deadline, timeout, policy, handshake)
+        return _serve(listener, path, fd, payload, deadline, timeout, policy, handshake, gone)
     finally:
         # Remove the file while the listener is still open: as long as it is, any other server
         # probing the path finds it live and leaves it alone, so the file we see is ours.
@@ -581,8 +592,11 @@ def offer_fd(path: str | os.PathLike, fd: int, description: dict[str, Any], time
         os.close(parent_fd)
 
 
+_GONE_LOOK_S = 0.1  # how often a server with something that may go (``gone``) looks at it while it waits
+
+
 def _serve(listener: socket.socket, path: str, fd: int, payload: bytes, deadline: float, timeout: float,
-           policy: Policy, handshake: float) -> int:
+           policy: Policy, handshake: float, gone: Callable[[], str | None] | None = None) -> int:
     """Accept and greet connections concurrently (poll), each with its own handshake deadline,
     until one allowed receiver greets and takes the descriptor, or ``deadline`` passes."""
     tally = _Tally(path, timeout, policy)
@@ -604,7 +618,11 @@ def _serve(listener: socket.socket, path: str, fd: int, payload: bytes, deadline
                 tally.turned_away += 1
             if now >= deadline:
                 raise Timeout(tally.message())
-            wake = min([deadline] + [g.expires for g in pending.values()])
+            why = gone() if gone is not None else None
+            if why:
+                raise ClosedError(f"stopped serving at {path}: {why}")
+            wake = min([deadline] + [g.expires for g in pending.values()]
+                       + ([now + _GONE_LOOK_S] if gone is not None else []))
             for fileno, _mask in poller.poll(max(1, math.ceil((wake - now) * 1000))):
                 if fileno == listener.fileno():
                     _accept_all(listener, policy, handshake, tally, pending, poller)
@@ -619,6 +637,10 @@ def _serve(listener: socket.socket, path: str, fd: int, payload: bytes, deadline
                 elif state == "ready":
                     poller.unregister(fileno)
                     del pending[fileno]
+                    why = gone() if gone is not None else None
+                    if why:
+                        greeting.conn.close()
+                        raise ClosedError(f"stopped serving at {path}: {why}")
                     with greeting.conn:
                         if _hand_over(greeting.conn, payload, fd, deadline, path, greeting.pid, tally):
                             return greeting.pid
@@ -814,9 +836,19 @@ def serve_stream(stream: "Stream", path: str | os.PathLike, timeout: float = 30.
         raise UsageError(f"the stream cannot take a producer from another process now (state {state.name})")
     description = {"fifo_length": stream.fifo_length, "reuse_last_frame": bool(stream.reuse_last_frame),
                    "pid": os.getpid()}
-    return offer_fd(path, stream._fd_box[0], description, timeout, allowed_uids=allowed_uids,
-                    allowed_gids=allowed_gids, allow_shared_dir=allow_shared_dir,
-                    handshake_timeout=handshake_timeout, socket_mode=socket_mode)
+    # A duplicate of the stream's descriptor, ours until the serving ends: a close() of the stream
+    # by another thread meanwhile closes the stream's own, whose number the process may reuse at
+    # once (the receiver would get whatever file took it); serving then stops with ClosedError.
+    try:
+        fd = os.dup(stream._fd_box[0])
+    except (IndexError, OSError):
+        raise ClosedError("the stream is closed (or its display is)") from None
+    try:
+        return _offer(path, fd, description, timeout, allowed_uids, allowed_gids, allow_shared_dir,
+                      handshake_timeout, socket_mode,
+                      lambda: "the stream was closed (or its display was)" if stream.closed else None)
+    finally:
+        os.close(fd)
 
 
 def receive_stream(display: "Display", path: str | os.PathLike, timeout: float = 30.0, *,

@@ -230,6 +230,50 @@ def test_sharing_refuses_timeouts_no_socket_can_hold(timeout):
         consumer.close()
 
 
+@fake_driver_test
+def test_closing_the_stream_while_it_is_served_hands_over_nothing(tmp_path):
+    """stream.close() by another thread while serve_stream waits for its receiver: the serving
+    stops with ClosedError, and the receiver never gets a descriptor. (serve_stream sent the
+    stream's descriptor by number: once close() had closed it, the next file the process opened
+    took the number, and the receiver got that file.)"""
+    path = str(tmp_path / "s.sock")
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"not the stream")
+    outcome: dict = {}
+    with eglcuda.Display.for_cuda_device(0) as display:
+        stream = display.create_stream(fifo_length=4, cross_process=True)
+        stream.connect_cuda_consumer()
+        number = stream._fd_box[0]
+
+        def serve() -> None:
+            try:
+                outcome["pid"] = eglcuda.serve_stream(stream, path, timeout=10)
+            except BaseException as exc:  # noqa: BLE001 - inspected below
+                outcome["error"] = exc
+
+        thread = threading.Thread(target=serve)
+        thread.start()
+        deadline = time.monotonic() + 10
+        while not os.path.exists(path) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        stream.close()
+        reused = os.open(secret, os.O_RDONLY)
+        try:
+            assert reused == number  # (the lowest free number: the one the stream held)
+            with pytest.raises(eglcuda.EglCudaError):
+                fd, _, conn = eglcuda.receive_fd(path, timeout=5)
+                eglcuda.acknowledge(conn, True)
+                got = os.pread(fd, 64, 0)
+                os.close(fd)
+                raise AssertionError(f"the receiver got a descriptor: {got!r}")
+            thread.join(10)
+            assert not thread.is_alive()
+            assert isinstance(outcome.get("error"), ClosedError), outcome
+            assert not os.path.exists(path)
+        finally:
+            os.close(reused)
+
+
 class _Foreign:
     """A foreign CUDA array (as CuPy or PyTorch describe theirs) over eglcuda-allocated memory."""
 
