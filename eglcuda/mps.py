@@ -106,6 +106,10 @@ def _private_directory(path: Path) -> None:
         pass
     except PermissionError as exc:
         raise MPSError(f"not allowed to create {path}: {exc.strerror}") from None
+    except FileNotFoundError:
+        raise  # (its parent went: _start_private makes it again)
+    except OSError as exc:  # a read-only or full filesystem, say
+        raise MPSError(f"cannot create {path}: {exc.strerror or exc}") from None
     info = os.lstat(path)
     if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
         raise MPSError(f"{path} exists and is not a directory (a link or a file): refusing to use it for MPS")
@@ -647,12 +651,19 @@ class MPSDaemon:
             except FileNotFoundError:
                 if attempt == 2:
                     raise
-        for folder in (pipe, log):
-            _private_directory(folder)
         state = {"owner_pid": None if self.detach else os.getpid(), "watch_pid": self.owner_pid,
                  "detached": self.detach, "binary": binary, "created": time.time(),
                  "watchdog_pid": None, "watchdog_start": None, "timeout": self.timeout}
-        _write_state(directory, state)
+        try:
+            # (inside the try: a failure here, a full filesystem say, removes the instance too)
+            for folder in (pipe, log):
+                _private_directory(folder)
+            _write_state(directory, state)
+        except BaseException as exc:
+            self._abandon(directory)
+            if isinstance(exc, OSError):
+                raise MPSError(f"cannot set up the MPS instance in {directory}: {exc.strerror or exc}") from None
+            raise
         self.directory, self.pipe_directory, self.log_directory = directory, str(pipe), str(log)
         try:
             watchdog = self._spawn_watchdog(directory)
@@ -660,8 +671,10 @@ class MPSDaemon:
             _write_state(directory, state)
             self.owned = True
             self._launch(binary, directory, pipe, log)
-        except BaseException:
+        except BaseException as exc:
             self._abandon(directory)
+            if isinstance(exc, OSError) and not isinstance(exc, EglCudaError):
+                raise MPSError(f"cannot start the MPS daemon in {directory}: {exc.strerror or exc}") from None
             raise
 
     def _spawn_watchdog(self, directory: Path) -> subprocess.Popen[bytes]:

@@ -487,6 +487,46 @@ def test_directories_others_could_write_are_refused(fake):
         mps.MPSDaemon().start()
 
 
+def test_a_read_only_or_full_filesystem_is_an_mps_error_and_leaves_nothing(fake, monkeypatch, capsys):
+    """XDG_RUNTIME_DIR on a read-only filesystem (mkdir: EROFS) or a full one (the state file:
+    ENOSPC): MPSError naming the cause, `mps start` says it in one line, and no instance directory
+    is left. (EROFS came out as an OSError traceback; ENOSPC as "mps: writing its output failed"
+    with the instance's pipe and log directories left behind.)"""
+    import errno
+
+    from eglcuda import cli
+
+    base = pathlib.Path(fake["runtime"]) / "eglcuda"
+    real_mkdir = os.mkdir
+
+    def read_only(path, *args, **kwargs):
+        if str(path).startswith(fake["runtime"]):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+        return real_mkdir(path, *args, **kwargs)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(os, "mkdir", read_only)
+        with pytest.raises(mps.MPSError, match="Read-only file system"):
+            mps.MPSDaemon().start()
+        assert cli.main(["mps", "start"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("python -m eglcuda mps start: cannot create") and len(err.splitlines()) == 1, err
+
+    def full(directory, state):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(mps, "_write_state", full)
+    with pytest.raises(mps.MPSError, match="No space left on device"):
+        mps.MPSDaemon().start()
+    assert not base.exists() or list(base.iterdir()) == []
+    assert cli.main(["mps", "start"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("python -m eglcuda mps start: ") and "No space left" in err, err
+    assert len(err.splitlines()) == 1 and "writing its output" not in err, err
+    assert not base.exists() or list(base.iterdir()) == []
+    assert processes_under(fake["runtime"]) == []
+
+
 @pytest.mark.skipif(os.getuid() == 0, reason="needs a user other than root: root may write anywhere, so nothing is refused to it")
 def test_a_user_not_allowed_to_make_the_directories_is_refused(fake):
     os.chmod(fake["runtime"], 0o500)
