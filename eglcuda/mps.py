@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import json
 import os
 import secrets
@@ -475,9 +476,72 @@ def _shutdown(directory: Path, timeout: float = 10.0) -> dict[str, Any]:
     report["left"] = _instance_processes(pipe)
     shutil.rmtree(directory, ignore_errors=True)
     report["removed"] = not directory.exists()
-    with contextlib.suppress(OSError):
-        directory.parent.rmdir()  # the per-user directory too, when this was its last instance
+    _remove_base_if_empty(directory.parent)  # the per-user directory too, when this was its last instance
     return report
+
+
+def _open_directory(path: Path) -> int:
+    return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+
+
+def _remove_base_if_empty(base: Path) -> None:
+    """Remove the per-user directory if it is empty and no start holds it (:func:`_start_lock`)."""
+    try:
+        fd = _open_directory(base)
+    except OSError:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # (held: a start is about to use the directory)
+        os.rmdir(base)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def _start_lock(wait: float) -> Iterator[None]:
+    """One start at a time for this user: an exclusive flock on the per-user directory, held from
+    the look for running daemons until the new one runs. Without it, two processes starting
+    together both saw no daemon and both started one. :class:`Timeout` after ``wait`` s."""
+    deadline = time.monotonic() + wait
+    while True:
+        base = base_directory(create=False)
+        try:
+            base = base_directory()
+            fd = _open_directory(base)
+        except FileNotFoundError:  # (removed by the stop of its last instance meanwhile)
+            if time.monotonic() >= deadline:
+                raise Timeout(f"the per-user MPS directory kept disappearing for {wait:g} s") from None
+            continue
+        except OSError as exc:
+            raise MPSError(f"cannot open {base}: {exc.strerror or exc}") from None
+        try:
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        raise Timeout(f"another process kept starting an eglcuda MPS daemon (it holds {base}) "
+                                      f"for {wait:g} s") from None
+                    time.sleep(0.01)
+            try:  # the directory locked is still the one of that name (not removed before the lock)
+                named = os.stat(base, follow_symlinks=False)
+                held = os.fstat(fd)
+                same = (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino)
+            except OSError:
+                same = False
+        except BaseException:
+            os.close(fd)
+            raise
+        if same:
+            break
+        os.close(fd)
+    try:
+        yield
+    finally:
+        os.close(fd)  # (the lock goes with it)
 
 
 def instances() -> list[Path]:
@@ -605,19 +669,28 @@ class MPSDaemon:
         with self._lock:
             if self.pipe_directory is not None or self._stopped:
                 raise UsageError("an MPSDaemon starts once; make a new one")
-            reap_stale()
-            daemons = running_daemons()
-            if daemons:
-                usable = self._choose(daemons)
-                if self.reuse and usable is not None:
-                    self.adopted = usable
-                    self.pipe_directory = usable.pipe_directory
-                    self.log_directory = self._adopted_log(usable)
+            made = not os.path.lexists(base_directory(create=False))
+            tried = False
+            try:
+                with _start_lock(2 * self.timeout + 10.0):
+                    reap_stale()
+                    daemons = running_daemons()
+                    if daemons:
+                        usable = self._choose(daemons)
+                        if self.reuse and usable is not None:
+                            self.adopted = usable
+                            self.pipe_directory = usable.pipe_directory
+                            self.log_directory = self._adopted_log(usable)
+                            return self
+                        refused = usable or daemons[0]
+                        raise MPSInUse(_in_use_message(refused), refused.pipe_directory)
+                    binary = _require_binaries()
+                    tried = True
+                    self._start_private(binary)
                     return self
-                refused = usable or daemons[0]
-                raise MPSInUse(_in_use_message(refused), refused.pipe_directory)
-            self._start_private(_require_binaries())
-            return self
+            finally:
+                if not self.owned and (made or tried):  # (made for the lock, or a failed start's: not left behind)
+                    _remove_base_if_empty(base_directory(create=False))
 
     @staticmethod
     def _choose(daemons: list[RunningDaemon]) -> RunningDaemon | None:

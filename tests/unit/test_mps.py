@@ -275,6 +275,35 @@ def test_start_twice_is_a_usage_error(fake):
             daemon.start()
 
 
+RACER = """
+import json, sys, time
+from eglcuda import mps
+at = float(sys.argv[1])
+while time.time() < at:
+    pass
+try:
+    daemon = mps.MPSDaemon(detach=True).start()
+    print(json.dumps({"started": daemon.pipe_directory}), flush=True)
+except mps.MPSInUse as exc:
+    print(json.dumps({"refused": str(exc)}), flush=True)
+"""
+
+
+def test_two_processes_starting_together_make_one_daemon(fake):
+    """Two processes start at the same instant: one daemon, the other start refused with
+    MPSInUse. (Both looked for a running daemon before either had started one, and both started
+    one: two daemons on the machine.)"""
+    for _ in range(3):
+        at = time.time() + 2.0  # (both have imported eglcuda by then)
+        racers = [subprocess.Popen([sys.executable, "-c", RACER, str(at)], stdout=subprocess.PIPE, text=True)
+                  for _ in range(2)]
+        outcomes = [json.loads(racer.communicate(timeout=60)[0]) for racer in racers]
+        assert sorted(next(iter(o)) for o in outcomes) == ["refused", "started"], outcomes
+        assert [p.kind for p in processes_under(fake["runtime"])] == ["control"]
+        mps.stop(all=True, timeout=2)
+        assert processes_under(fake["runtime"]) == []
+
+
 # ---- the owner dies ------------------------------------------------------------------------------
 
 OWNER = """
