@@ -264,6 +264,10 @@ def _keygen(args: argparse.Namespace) -> int:
     except UsageError as exc:
         print(f"python -m eglcuda keygen: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # (writing the key failed: nothing is left of the file)
+        print(f"python -m eglcuda keygen: writing {exc.filename or args.path} failed: {exc.strerror or exc}",
+              file=sys.stderr)
+        return 1
     print(f"wrote a {keys.NEW_KEY}-byte key to {args.path} (mode 600)")
     return 0
 

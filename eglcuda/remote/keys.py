@@ -166,10 +166,14 @@ def write_new_key(path: str) -> None:
         # which read_key_file drops as a hand-written key's: such a key is drawn again.)
         while _weakness(key) is not None or key.endswith(b"\n"):
             key = secrets.token_bytes(NEW_KEY)
-        os.write(fd, key)
+        written = 0
+        while written < len(key):  # (a write may take part of it: a file size limit, a disk filling up)
+            written += os.write(fd, key[written:])
         os.fsync(fd)
-    except BaseException:
+    except BaseException as exc:
         os.close(fd)
         os.unlink(path)
+        if isinstance(exc, OSError) and exc.filename is None:  # (the file's, not standard output's)
+            raise OSError(exc.errno, exc.strerror, os.fspath(path)) from None
         raise
     os.close(fd)

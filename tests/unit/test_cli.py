@@ -191,6 +191,24 @@ def test_keygen_onto_a_folder_says_it_is_a_folder(tmp_path):
     assert list(folder.iterdir()) == []
 
 
+def test_keygen_that_cannot_write_the_whole_key_says_so_and_leaves_no_file(tmp_path):
+    # A file size limit of 16 bytes: the first write of the 32-byte key takes 16, the next fails
+    # (EFBIG), as a disk filling up would. It said "wrote a 32-byte key" over a 16-byte file.
+    import resource
+
+    path = tmp_path / "camera.key"
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (16, 16))
+
+    result = subprocess.run([sys.executable, "-m", "eglcuda", "keygen", str(path)], capture_output=True, text=True,
+                            timeout=120, preexec_fn=limit)
+    assert result.returncode == 1, (result.stdout, result.stderr)
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"python -m eglcuda keygen: writing {path} failed: "), lines
+    assert result.stdout == "" and not path.exists()
+
+
 @pytest.mark.parametrize("given", [("--key", "00112233445566778899aabbccddeeff"),
                                    ("--key=00112233445566778899aabbccddeeff",), ("--key",)])
 def test_relay_refuses_a_key_on_the_command_line_without_repeating_it(given):
