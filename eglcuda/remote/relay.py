@@ -494,7 +494,15 @@ class Relay:
                 self._close()
 
     def _close(self) -> None:
-        _ucx.untrack(self)
+        # (Untracked once torn down, not before: an exit while another thread's close() is under
+        # way closes it again, which waits for that close, instead of stopping the engine under
+        # it: its shutdown was cancelled and said so on stderr.)
+        try:
+            self._tear_down()
+        finally:
+            _ucx.untrack(self)
+
+    def _tear_down(self) -> None:
         self._closing = True
         loop = self._loop
         if loop is not None:

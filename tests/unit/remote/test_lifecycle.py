@@ -765,3 +765,31 @@ def test_a_closed_remote_subscriber_keeps_nothing_of_the_call_its_relay_ended(cl
     assert out.returncode == 0, out.stderr[-2000:]
     said = json.loads(out.stdout.splitlines()[-1])
     assert said["raised"] is not None and not said["kept"], said
+
+
+# A daemon thread of the program closes the relay (a remote subscriber of it connected) as the
+# main thread ends: the exit finds that close under way.
+_CLOSING_AT_EXIT = r'''
+import json, sys, threading, time
+import eglcuda
+relay = eglcuda.Relay("t", "127.0.0.1:0", path=sys.argv[1])
+sub = eglcuda.Subscriber("t", remote=f"127.0.0.1:{relay.address[1]}")
+sub.receive(10).release()
+threading.Thread(target=relay.close, daemon=True).start()
+time.sleep(0.05)
+print(json.dumps({"at": time.time()}), flush=True)
+'''
+
+
+def test_an_exit_while_another_thread_closes_the_relay_waits_for_that_close_and_says_nothing(cluster, env):
+    """The relay left the exit's list as its close began: the exit stopped the UCX engine under
+    that close, whose shutdown was cancelled, and said "relay t: shutting down its connections:"
+    (an empty reason) on stderr, every time. The exit now waits for the close under way."""
+    cluster.publisher(rate=300)
+    for _ in range(3):
+        out = subprocess.run([sys.executable, "-c", _CLOSING_AT_EXIT, cluster.path], env=env, cwd=str(ROOT),
+                             capture_output=True, text=True, timeout=60)
+        ended = time.time()
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert out.stderr == "", out.stderr[-2000:]
+        assert ended - json.loads(out.stdout.splitlines()[-1])["at"] < 3.0
