@@ -974,6 +974,10 @@ def check_port(port: int) -> None:
             if exc.errno == errno.EADDRINUSE:
                 raise UsageError(f"port {port} is in use (another relay or program listens on it): choose another "
                                  "port") from None
+            if exc.errno == errno.EACCES:  # (UCX would log two lines of its own, then fail with EIO)
+                raise UsageError(f"port {port} is a privileged port, which this process may not listen on "
+                                 f"({exc.strerror}; it takes CAP_NET_BIND_SERVICE): choose a port of 1024 or "
+                                 "more") from None
 
 
 def host_ip(host: str) -> str | None:

@@ -3,6 +3,7 @@ line naming it, and a relay serves only on the address it was told (TCP loopback
 libcuda)."""
 from __future__ import annotations
 
+import shutil
 import socket
 import subprocess
 import sys
@@ -335,3 +336,24 @@ def test_waiting_for_a_relay_that_is_down_prints_nothing(env):
                          env=env, cwd=str(ROOT), timeout=60)
     assert out.returncode == 0 and out.stdout == "timeout\n", (out.stdout, out.stderr[-2000:])
     assert out.stderr == "", out.stderr[-2000:]
+
+
+def test_a_privileged_port_the_process_may_not_bind_is_named_in_one_line(env, path):
+    """A port below 1024 without CAP_NET_BIND_SERVICE: the relay waited for its publisher, then UCX
+    printed two ERROR lines of its own and the relay raised 'listening on port 80 failed:
+    UCXXIOError: Input/output error', naming neither the port's privilege nor a remedy. It is a
+    UsageError naming the port at once, before the wait and with no UCX line."""
+    setpriv = shutil.which("setpriv")
+    drop = [setpriv, "--bounding-set", "-net_bind_service", "--inh-caps", "-net_bind_service"] if setpriv else []
+    probe = subprocess.run([*drop, sys.executable, "-c", "import socket; socket.socket().bind(('0.0.0.0', 80))"],
+                           capture_output=True, text=True, timeout=30)
+    if "Permission denied" not in probe.stderr:
+        pytest.skip("this process can bind port 80 (or setpriv cannot take the capability away)")
+    started = time.monotonic()
+    out = subprocess.run([*drop, sys.executable, "-m", "eglcuda", "relay", "t", "--path", path, "--listen",
+                          "127.0.0.1:80", "--timeout", "20"], env=env, cwd=str(ROOT), capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 2, (out.returncode, out.stderr[-2000:])
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "port 80" in lines[0] and "privileged" in lines[0], out.stderr[-2000:]
+    assert time.monotonic() - started < 10  # (no publisher: it did not wait for one first)
