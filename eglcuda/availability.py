@@ -41,6 +41,7 @@ otherwise prints what is missing and how to get it and exits with status 2.
 """
 from __future__ import annotations
 
+import os
 import sys
 import threading
 from dataclasses import dataclass
@@ -336,6 +337,17 @@ CAPABILITIES: dict[str, Callable[[], tuple[bool, str]]] = {
 
 _answers: dict[str, tuple[bool, str]] = {}
 _lock = threading.RLock()
+
+
+def _fresh_lock_in_child() -> None:
+    """In a child made by ``fork()``: a lock of its own. The parent's may have been held by a thread
+    inside a probe (one that does not exist in the child), and every available() there would wait
+    for it forever. Answers that thread had not finished are probed again in the child."""
+    global _lock
+    _lock = threading.RLock()
+
+
+os.register_at_fork(after_in_child=_fresh_lock_in_child)
 
 
 def _probe(what: str) -> tuple[bool, str]:

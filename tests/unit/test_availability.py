@@ -97,3 +97,47 @@ def test_a_driver_library_that_is_there_but_does_not_load_is_not_called_missing(
     said = result.stdout.strip()
     assert result.returncode == 0 and said.startswith(f"{name} is there but does not load ("), result
     assert str(broken) in said, said
+
+
+def test_a_child_forked_while_a_thread_probes_gets_answers(monkeypatch):
+    """available() in a child forked while another thread of the parent was inside a probe waited
+    forever: the child inherited the probes' lock held by a thread it does not have."""
+    import signal
+    import threading
+
+    inside, leave = threading.Event(), threading.Event()
+    parent = os.getpid()
+
+    def slow_probe() -> tuple[bool, str]:
+        if os.getpid() == parent:
+            inside.set()
+            leave.wait(30)
+        return True, "probed"
+
+    cuda = eglcuda.available("cuda", reason=True)  # (asked before: the parent's probes wait for the slow one)
+    monkeypatch.setitem(availability.CAPABILITIES, "two-gpus", slow_probe)
+    monkeypatch.delitem(availability._answers, "two-gpus", raising=False)
+    prober = threading.Thread(target=eglcuda.available, args=("two-gpus",), daemon=True)
+    prober.start()
+    try:
+        assert inside.wait(30)
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child reports through the pipe
+            signal.alarm(10)  # (a child that waits forever is killed, and says nothing)
+            try:
+                answer = eglcuda.available("cuda", reason=True)
+                os.write(write, f"{answer[0]}|{answer[1]}|{eglcuda.available('two-gpus')}".encode())
+            finally:
+                os._exit(0)
+        os.close(write)
+        with os.fdopen(read, "rb") as pipe:
+            said = pipe.read().decode()
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0, f"the child's available() hung (status {status})"
+        # The child's answers: the parent's cached one, and the probe the parent's thread was in, run again.
+        assert said == f"{cuda[0]}|{cuda[1]}|True"
+    finally:
+        leave.set()
+        prober.join(30)
+        availability._answers.pop("two-gpus", None)
