@@ -78,6 +78,17 @@ def _read_entries() -> dict[str, _Entry]:
 
 ENTRIES: dict[str, _Entry] = _read_entries()
 _lock = threading.Lock()
+
+
+def _fresh_lock_in_child() -> None:
+    """In a child made by ``fork()``: a lock of its own. The parent's may have been held by a thread
+    loading a library (one that does not exist in the child): the child's first EGL or CUDA call
+    would wait for it forever. A load that thread had not finished is done again in the child."""
+    global _lock
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_fresh_lock_in_child)
 _egl = _Library(os.environ.get("EGLCUDA_LIBEGL") or EGL_LIBRARY)
 _cuda = _Library(os.environ.get("EGLCUDA_LIBCUDA") or CUDA_LIBRARY)
 _vulkan = _Library(os.environ.get("EGLCUDA_LIBVULKAN") or VULKAN_LIBRARY)
@@ -92,7 +103,6 @@ def _open(library: _Library, hint: str, group: str) -> _Library:
             if handle == ffi.NULL:
                 library.error = ffi.string(lib.eglcuda_dlerror()).decode() or "not found"
             else:
-                library.handle = handle
                 for entry in ENTRIES.values():
                     if group not in entry.requires:
                         continue
@@ -102,6 +112,8 @@ def _open(library: _Library, hint: str, group: str) -> _Library:
                     else:
                         lib.eglcuda_bind(entry.index, address)
                         library.bound.add(entry.name)
+                # Last: a library with a handle is bound (a child forked during the binding binds it again).
+                library.handle = handle
     if library.handle is None:
         raise Unsupported(library.soname, where=f"this machine ({library.error})", hint=hint)
     return library

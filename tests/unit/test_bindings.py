@@ -151,3 +151,44 @@ def test_import_loads_no_driver_library_and_unbound_calls_fail_cleanly():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"
+
+
+def test_a_child_forked_while_a_thread_loads_a_library_can_load_them():
+    """The loader's lock held by a thread loading a library (the first EGL or CUDA use, one of the
+    probes of eglcuda.available()) when another thread forked: in the child, the first EGL or CUDA
+    call and every later look for a GL library waited for it forever."""
+    import os
+    import signal
+    import threading
+
+    holding, leave = threading.Event(), threading.Event()
+
+    def load() -> None:  # (what a thread inside _open does, as long as the test needs)
+        with _loader._lock:
+            holding.set()
+            leave.wait(30)
+
+    loader = threading.Thread(target=load, daemon=True)
+    loader.start()
+    try:
+        assert holding.wait(30)
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child reports through the pipe
+            signal.alarm(10)  # (a child that waits forever is killed, and says nothing)
+            try:
+                answers = (_loader.opengl_available(), _loader.egl_available(), _loader.cuda_available())
+                os.write(write, repr([ok for ok, _ in answers]).encode())
+            finally:
+                os._exit(0)
+        os.close(write)
+        with os.fdopen(read, "rb") as pipe:
+            said = pipe.read().decode()
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0, f"the child's loader calls hung (status {status})"
+        leave.set()
+        loader.join(30)
+        assert said == repr([_loader.opengl_available()[0], _loader.egl_available()[0], _loader.cuda_available()[0]])
+    finally:
+        leave.set()
+        loader.join(30)
