@@ -13,6 +13,7 @@ from ._native import ffi, lib
 # up its device) on a thread that holds it, at any allocation.
 _init_lock = threading.RLock()
 _initialized = False
+_initializing = False  # a thread is inside cuInit (which can take seconds)
 # True in a child made by fork() after this process initialized the driver: the driver cannot be
 # used there (its calls fail with CUDA_ERROR_INITIALIZATION_ERROR or worse).
 _forked_after_init = False
@@ -23,8 +24,11 @@ FORKED_CHILD = ("this process was forked from one that had initialized CUDA, and
 
 
 def _after_fork_in_child() -> None:
-    global _forked_after_init
-    _forked_after_init = _forked_after_init or _initialized
+    # A cuInit under way in another thread of the parent counts as made: the child must not call
+    # it after a half-finished one. The lock is the child's own (that thread does not exist here).
+    global _forked_after_init, _init_lock
+    _forked_after_init = _forked_after_init or _initialized or _initializing
+    _init_lock = threading.RLock()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -58,15 +62,19 @@ def check(code: int, call: str, doing: str = "") -> None:
 def init() -> None:
     """Load libcuda and call ``cuInit`` once per process. In a child forked after that, raise
     :class:`~eglcuda.UsageError` saying why the driver cannot be used there."""
-    global _initialized
+    global _initialized, _initializing
+    if _forked_after_init:
+        raise UsageError(FORKED_CHILD)
     if _initialized:
-        if _forked_after_init:
-            raise UsageError(FORKED_CHILD)
         return
     _loader.cuda()
     with _init_lock:
         if not _initialized:
-            check(lib.cuInit(0), "cuInit", "initializing the CUDA driver")
+            _initializing = True
+            try:
+                check(lib.cuInit(0), "cuInit", "initializing the CUDA driver")
+            finally:
+                _initializing = False
             _initialized = True
 
 

@@ -192,3 +192,55 @@ def test_a_child_forked_while_a_thread_loads_a_library_can_load_them():
     finally:
         leave.set()
         loader.join(30)
+
+
+def test_a_child_forked_while_a_thread_is_inside_cuinit_is_told_it_cannot_use_cuda():
+    """A thread inside cuInit (which can take seconds) when another thread forked: the child's first
+    CUDA call waited forever on the init lock (or, with no libcuda, said libcuda was missing);
+    it is the forked-child UsageError, as for a child of a process that had initialized CUDA."""
+    import os
+    import signal
+    import threading
+
+    from eglcuda._bind import cuda as _cuda
+    from eglcuda.errors import UsageError
+
+    inside, leave = threading.Event(), threading.Event()
+
+    def initialize() -> None:  # (what a thread inside cuInit does, as long as the test needs)
+        with _cuda._init_lock:
+            _cuda._initializing = True
+            try:
+                inside.set()
+                leave.wait(30)
+            finally:
+                _cuda._initializing = False
+
+    thread = threading.Thread(target=initialize, daemon=True)
+    thread.start()
+    try:
+        assert inside.wait(30)
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child reports through the pipe
+            signal.alarm(10)  # (a child that waits forever is killed, and says nothing)
+            try:
+                try:
+                    _cuda.init()
+                    said = "initialized"
+                except UsageError as exc:
+                    said = "forked child" if str(exc) == _cuda.FORKED_CHILD else f"UsageError: {exc}"
+                except Exception as exc:
+                    said = f"{type(exc).__name__}: {exc}"
+                os.write(write, said.encode())
+            finally:
+                os._exit(0)
+        os.close(write)
+        with os.fdopen(read, "rb") as pipe:
+            said = pipe.read().decode()
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0, f"the child's init() hung (status {status})"
+        assert said == "forked child", said
+    finally:
+        leave.set()
+        thread.join(30)
