@@ -31,3 +31,24 @@ def answers_in_forked_child(calls: Iterable[Callable[[], object]], error: type[B
         reported = pipe.read().decode()
     os.waitpid(pid, 0)
     return reported.split("|")
+
+
+def said_in_forked_child(report: Callable[[], str], limit_s: int = 10) -> tuple[int, str]:
+    """Fork; in the child ``report()`` and send what it returns. A child that waits longer than
+    ``limit_s`` is killed by its alarm and says nothing. Returns the child's exit code (-14 for
+    the alarm) and what it said. The child exits without running the parent's exit handlers."""
+    import signal
+
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through the pipe
+        signal.alarm(limit_s)
+        try:
+            os.write(write, report().encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        said = pipe.read().decode()
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status), said

@@ -9,6 +9,8 @@ import pytest
 import eglcuda
 from eglcuda import availability
 
+from ..forking import said_in_forked_child
+
 
 def test_every_name_answers_a_bool_or_a_bool_and_a_reason():
     for name in availability.CAPABILITIES:
@@ -102,7 +104,6 @@ def test_a_driver_library_that_is_there_but_does_not_load_is_not_called_missing(
 def test_a_child_forked_while_a_thread_probes_gets_answers(monkeypatch):
     """available() in a child forked while another thread of the parent was inside a probe waited
     forever: the child inherited the probes' lock held by a thread it does not have."""
-    import signal
     import threading
 
     inside, leave = threading.Event(), threading.Event()
@@ -121,20 +122,12 @@ def test_a_child_forked_while_a_thread_probes_gets_answers(monkeypatch):
     prober.start()
     try:
         assert inside.wait(30)
-        read, write = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover - the child reports through the pipe
-            signal.alarm(10)  # (a child that waits forever is killed, and says nothing)
-            try:
-                answer = eglcuda.available("cuda", reason=True)
-                os.write(write, f"{answer[0]}|{answer[1]}|{eglcuda.available('two-gpus')}".encode())
-            finally:
-                os._exit(0)
-        os.close(write)
-        with os.fdopen(read, "rb") as pipe:
-            said = pipe.read().decode()
-        _, status = os.waitpid(pid, 0)
-        assert os.waitstatus_to_exitcode(status) == 0, f"the child's available() hung (status {status})"
+        def report() -> str:
+            answer = eglcuda.available("cuda", reason=True)
+            return f"{answer[0]}|{answer[1]}|{eglcuda.available('two-gpus')}"
+
+        code, said = said_in_forked_child(report)
+        assert code == 0, f"the child's available() hung (status {code})"
         # The child's answers: the parent's cached one, and the probe the parent's thread was in, run again.
         assert said == f"{cuda[0]}|{cuda[1]}|True"
     finally:

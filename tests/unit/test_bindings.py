@@ -10,6 +10,8 @@ import pytest
 from eglcuda._bind import loader as _loader
 from eglcuda._bind._native import ffi, lib
 
+from ..forking import said_in_forked_child
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 import build_ffi  # noqa: E402
@@ -157,8 +159,6 @@ def test_a_child_forked_while_a_thread_loads_a_library_can_load_them():
     """The loader's lock held by a thread loading a library (the first EGL or CUDA use, one of the
     probes of eglcuda.available()) when another thread forked: in the child, the first EGL or CUDA
     call and every later look for a GL library waited for it forever."""
-    import os
-    import signal
     import threading
 
     holding, leave = threading.Event(), threading.Event()
@@ -172,20 +172,12 @@ def test_a_child_forked_while_a_thread_loads_a_library_can_load_them():
     loader.start()
     try:
         assert holding.wait(30)
-        read, write = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover - the child reports through the pipe
-            signal.alarm(10)  # (a child that waits forever is killed, and says nothing)
-            try:
-                answers = (_loader.opengl_available(), _loader.egl_available(), _loader.cuda_available())
-                os.write(write, repr([ok for ok, _ in answers]).encode())
-            finally:
-                os._exit(0)
-        os.close(write)
-        with os.fdopen(read, "rb") as pipe:
-            said = pipe.read().decode()
-        _, status = os.waitpid(pid, 0)
-        assert os.waitstatus_to_exitcode(status) == 0, f"the child's loader calls hung (status {status})"
+        def report() -> str:
+            answers = (_loader.opengl_available(), _loader.egl_available(), _loader.cuda_available())
+            return repr([ok for ok, _ in answers])
+
+        code, said = said_in_forked_child(report)
+        assert code == 0, f"the child's loader calls hung (status {code})"
         leave.set()
         loader.join(30)
         assert said == repr([_loader.opengl_available()[0], _loader.egl_available()[0], _loader.cuda_available()[0]])
@@ -198,8 +190,6 @@ def test_a_child_forked_while_a_thread_is_inside_cuinit_is_told_it_cannot_use_cu
     """A thread inside cuInit (which can take seconds) when another thread forked: the child's first
     CUDA call waited forever on the init lock (or, with no libcuda, said libcuda was missing);
     it is the forked-child UsageError, as for a child of a process that had initialized CUDA."""
-    import os
-    import signal
     import threading
 
     from eglcuda._bind import cuda as _cuda
@@ -220,26 +210,17 @@ def test_a_child_forked_while_a_thread_is_inside_cuinit_is_told_it_cannot_use_cu
     thread.start()
     try:
         assert inside.wait(30)
-        read, write = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover - the child reports through the pipe
-            signal.alarm(10)  # (a child that waits forever is killed, and says nothing)
+        def report() -> str:
             try:
-                try:
-                    _cuda.init()
-                    said = "initialized"
-                except UsageError as exc:
-                    said = "forked child" if str(exc) == _cuda.FORKED_CHILD else f"UsageError: {exc}"
-                except Exception as exc:
-                    said = f"{type(exc).__name__}: {exc}"
-                os.write(write, said.encode())
-            finally:
-                os._exit(0)
-        os.close(write)
-        with os.fdopen(read, "rb") as pipe:
-            said = pipe.read().decode()
-        _, status = os.waitpid(pid, 0)
-        assert os.waitstatus_to_exitcode(status) == 0, f"the child's init() hung (status {status})"
+                _cuda.init()
+                return "initialized"
+            except UsageError as exc:
+                return "forked child" if str(exc) == _cuda.FORKED_CHILD else f"UsageError: {exc}"
+            except Exception as exc:
+                return f"{type(exc).__name__}: {exc}"
+
+        code, said = said_in_forked_child(report)
+        assert code == 0, f"the child's init() hung (status {code})"
         assert said == "forked child", said
     finally:
         leave.set()
