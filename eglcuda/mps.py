@@ -499,6 +499,22 @@ def _remove_base_if_empty(base: Path) -> None:
         os.close(fd)
 
 
+# The descriptors of the start locks this process holds or is taking. A flock belongs to the
+# open file, which a child forked meanwhile (a fork-start worker pool) shares: the child closes
+# its copies, or the lock would stay held until that child exits.
+_start_lock_fds: set[int] = set()
+
+
+def _close_start_locks_in_child() -> None:
+    for fd in _start_lock_fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _start_lock_fds.clear()
+
+
+os.register_at_fork(after_in_child=_close_start_locks_in_child)
+
+
 @contextlib.contextmanager
 def _start_lock(wait: float) -> Iterator[None]:
     """One start at a time for this user: an exclusive flock on the per-user directory, held from
@@ -506,16 +522,20 @@ def _start_lock(wait: float) -> Iterator[None]:
     together both saw no daemon and both started one. :class:`Timeout` after ``wait`` s."""
     deadline = time.monotonic() + wait
     while True:
-        base = base_directory(create=False)
         try:
             base = base_directory()
+        except FileNotFoundError as exc:  # (the folder it goes in is gone: $XDG_RUNTIME_DIR removed)
+            raise MPSError(f"cannot create the per-user MPS directory: {exc.strerror or exc}") from None
+        try:
             fd = _open_directory(base)
         except FileNotFoundError:  # (removed by the stop of its last instance meanwhile)
             if time.monotonic() >= deadline:
                 raise Timeout(f"the per-user MPS directory kept disappearing for {wait:g} s") from None
+            time.sleep(0.01)
             continue
         except OSError as exc:
             raise MPSError(f"cannot open {base}: {exc.strerror or exc}") from None
+        _start_lock_fds.add(fd)
         try:
             while True:
                 try:
@@ -533,14 +553,17 @@ def _start_lock(wait: float) -> Iterator[None]:
             except OSError:
                 same = False
         except BaseException:
+            _start_lock_fds.discard(fd)
             os.close(fd)
             raise
         if same:
             break
+        _start_lock_fds.discard(fd)
         os.close(fd)
     try:
         yield
     finally:
+        _start_lock_fds.discard(fd)
         os.close(fd)  # (the lock goes with it)
 
 

@@ -45,3 +45,6 @@ cdef class FrameCore(Resource):
     # The CUDA streams the frame was handed to (DLPack, copies) since its last present or publish:
     # what the next one is ordered after (docs/ordering.md). None: none.
     cdef public list _handed_to
+    # The frames whose planes Frame.from_arrays wrapped while eglcuda only lends them (an acquired
+    # frame, a message): this frame is usable only while they are; () for any other frame.
+    cdef public tuple _sources

@@ -13,6 +13,7 @@ class FrameCore(Resource):
     """Base of :class:`eglcuda.Frame`: the driver's description of the frame and the producers
     it was presented on."""
 
+    _sources: tuple[Any, ...]
     @property
     def key(self) -> int: ...
     def _describe(self, array: bool, plane_addresses: tuple[int, ...], width: int, height: int, pitch: int,

@@ -31,6 +31,7 @@ cdef class FrameCore:
     def __cinit__(self, *args, **kwargs):
         # Frame's keyword arguments reach __cinit__ too; they are Frame.__init__'s to read.
         self.links = []
+        self._sources = ()
         memset(&self.egl, 0, sizeof(CUeglFrame))
 
     def _describe(self, bint array, tuple plane_addresses, unsigned int width, unsigned int height,

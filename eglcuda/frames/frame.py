@@ -742,10 +742,14 @@ class Frame(FrameCore, FrameBase):
         if any(read_only for *_, read_only in described):
             frame.read_only = True  # eglcuda writes none of it, and its views say so
         # Planes of frames eglcuda only lends (an acquired frame until its release, a message):
-        # their memory is this frame's only as long as that frame is usable. (A Frame's plane keeps
-        # its memory alive by itself: see Frame.close.)
-        frame._sources = tuple(dict.fromkeys(array._frame for array in arrays
-                                             if isinstance(array, Plane) and not isinstance(array._frame, Frame)))
+        # their memory is this frame's only as long as that frame is usable. A Frame's plane keeps
+        # its own memory alive (see Frame.close), but one that wraps lent planes passes them on.
+        lent: list[FrameBase] = []
+        for array in arrays:
+            if isinstance(array, Plane):
+                owner = array._frame
+                lent.extend(owner._sources if isinstance(owner, Frame) else (owner,))
+        frame._sources = tuple(dict.fromkeys(lent))
         if written_on:
             # The protocol leaves the wait to its consumer, where it consumes: here, as the frame
             # may be presented much later, once that stream is gone (a `with cupy.cuda.Stream():`
@@ -808,9 +812,6 @@ class Frame(FrameCore, FrameBase):
     @property
     def closed(self) -> bool:
         return self._closed_early or super().closed
-
-    # The frames of the eglcuda planes from_arrays wrapped (see there).
-    _sources: tuple[FrameBase, ...] = ()
 
     def _check_usable(self) -> None:
         if self.closed:

@@ -975,9 +975,23 @@ def check_port(port: int) -> None:
                 raise UsageError(f"port {port} is in use (another relay or program listens on it): choose another "
                                  "port") from None
             if exc.errno == errno.EACCES:  # (UCX would log two lines of its own, then fail with EIO)
-                raise UsageError(f"port {port} is a privileged port, which this process may not listen on "
-                                 f"({exc.strerror}; it takes CAP_NET_BIND_SERVICE): choose a port of 1024 or "
-                                 "more") from None
+                first = _first_unprivileged_port()
+                if port < first:
+                    raise UsageError(f"port {port} is a privileged port, which this process may not listen on "
+                                     f"({exc.strerror}; it takes CAP_NET_BIND_SERVICE): choose a port of {first} "
+                                     "or more") from None
+                raise UsageError(f"this process may not listen on port {port} ({exc.strerror}: a security "
+                                 "policy of this host refuses it): choose another port") from None
+
+
+def _first_unprivileged_port() -> int:
+    """The lowest port a process without CAP_NET_BIND_SERVICE may listen on (Linux's
+    ``net.ipv4.ip_unprivileged_port_start``, 1024 by default)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_unprivileged_port_start") as setting:
+            return int(setting.read())
+    except (OSError, ValueError):
+        return 1024
 
 
 def host_ip(host: str) -> str | None:

@@ -627,6 +627,8 @@ cdef class CudaProducer(Resource):
                 self._check_frame(frame)  # raises: already in flight
         if not known or self.flying >= EGLCUDA_MAX_FRAMES_IN_FLIGHT:
             self._check_frame(frame)
+        elif core._sources:  # (a wrapper of lent planes: usable only while the frames it wraps are)
+            frame._check_usable()
         if cuda_stream is not None:
             self.present_stream = <CUstream><uintptr_t>stream_handle(cuda_stream)
         return known

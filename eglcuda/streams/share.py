@@ -841,7 +841,11 @@ def serve_stream(stream: "Stream", path: str | os.PathLike, timeout: float = 30.
     # once (the receiver would get whatever file took it); serving then stops with ClosedError.
     try:
         fd = os.dup(stream._fd_box[0])
-    except (IndexError, OSError):
+    except IndexError:
+        raise ClosedError("the stream is closed (or its display is)") from None
+    except OSError as exc:
+        if exc.errno != errno.EBADF:
+            raise  # (out of descriptors, say: not a closed stream)
         raise ClosedError("the stream is closed (or its display is)") from None
     try:
         return _offer(path, fd, description, timeout, allowed_uids, allowed_gids, allow_shared_dir,

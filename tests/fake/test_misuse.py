@@ -19,7 +19,7 @@ from eglcuda import cuda_device
 from eglcuda._bind import cuda
 
 from .harness import fake, fake_driver_test
-from .kit import display, rng, stream_of
+from .kit import connected, display, rng, stream_of
 
 
 @fake_driver_test
@@ -257,9 +257,11 @@ def test_closing_the_stream_while_it_is_served_hands_over_nothing(tmp_path):
         while not os.path.exists(path) and time.monotonic() < deadline:
             time.sleep(0.005)
         stream.close()
-        reused = os.open(secret, os.O_RDONLY)
+        opened = [os.open(secret, os.O_RDONLY)]
+        while opened[-1] != number and len(opened) < 64:  # (lowest free numbers first: up to the stream's)
+            opened.append(os.open(secret, os.O_RDONLY))
         try:
-            assert reused == number  # (the lowest free number: the one the stream held)
+            assert opened[-1] == number, (opened, number)  # (the file took the number the stream held)
             with pytest.raises(eglcuda.EglCudaError):
                 fd, _, conn = eglcuda.receive_fd(path, timeout=5)
                 eglcuda.acknowledge(conn, True)
@@ -271,7 +273,8 @@ def test_closing_the_stream_while_it_is_served_hands_over_nothing(tmp_path):
             assert isinstance(outcome.get("error"), ClosedError), outcome
             assert not os.path.exists(path)
         finally:
-            os.close(reused)
+            for fd in opened:
+                os.close(fd)
 
 
 class _Foreign:
@@ -1139,3 +1142,30 @@ def test_a_frame_wrapping_an_acquired_plane_is_unusable_after_its_release():
         own.close()
         assert kept.planes[0].to_numpy().shape == (4, 8, 4)
         kept.close()
+
+
+@fake_driver_test
+def test_a_wrapper_of_an_acquired_plane_presented_before_is_refused_once_that_frame_is_released():
+    """A frame wrapping an acquired plane, presented on another stream and returned: once the
+    acquired frame is released, presenting the wrapper again is refused (ClosedError) before the
+    driver, though its producer knows it (a known frame skips the full checks). A wrapper of that
+    wrapper is unusable too."""
+    with stream_of(8, 4) as (opened, _, source_producer, source_consumer):
+        with connected(opened, 8, 4) as (_, producer, consumer):
+            frame = source_producer.allocate_frame()
+            source_producer.present(frame)
+            acquired = source_consumer.acquire(timeout_us=1_000_000)
+            wrapper = eglcuda.Frame.from_arrays(acquired.planes[0])
+            nested = eglcuda.Frame.from_arrays(wrapper.planes[0])
+            other = producer.allocate_frame()
+            for presented in (wrapper, other):  # (the next present gives the wrapper back)
+                producer.present(presented)
+                consumer.acquire(timeout_us=1_000_000).release()
+            assert producer.return_frame(1_000_000) is wrapper
+            acquired.release()
+            with pytest.raises(ClosedError, match="released"):
+                producer.present(wrapper)
+            with pytest.raises(ClosedError, match="released"):
+                nested.planes[0].pointer
+        nested.close()
+        wrapper.close()  # (once its producer is gone)

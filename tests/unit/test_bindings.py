@@ -186,7 +186,7 @@ def test_a_child_forked_while_a_thread_loads_a_library_can_load_them():
         loader.join(30)
 
 
-def test_a_child_forked_while_a_thread_is_inside_cuinit_is_told_it_cannot_use_cuda():
+def test_a_child_forked_while_a_thread_is_inside_cuinit_is_told_it_cannot_use_cuda(monkeypatch):
     """A thread inside cuInit (which can take seconds) when another thread forked: the child's first
     CUDA call waited forever on the init lock (or, with no libcuda, said libcuda was missing);
     it is the forked-child UsageError, as for a child of a process that had initialized CUDA."""
@@ -196,6 +196,9 @@ def test_a_child_forked_while_a_thread_is_inside_cuinit_is_told_it_cannot_use_cu
     from eglcuda.errors import UsageError
 
     inside, leave = threading.Event(), threading.Event()
+    # (As in a process whose first cuInit is still under way: one that initialized CUDA before,
+    # an earlier test's, tells a forked child so whatever the lock does.)
+    monkeypatch.setattr(_cuda, "_initialized", False)
 
     def initialize() -> None:  # (what a thread inside cuInit does, as long as the test needs)
         with _cuda._init_lock:

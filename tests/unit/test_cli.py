@@ -194,15 +194,10 @@ def test_keygen_onto_a_folder_says_it_is_a_folder(tmp_path):
 def test_keygen_that_cannot_write_the_whole_key_says_so_and_leaves_no_file(tmp_path):
     # A file size limit of 16 bytes: the first write of the 32-byte key takes 16, the next fails
     # (EFBIG), as a disk filling up would. It said "wrote a 32-byte key" over a 16-byte file.
-    import resource
-
     path = tmp_path / "camera.key"
-
-    def limit() -> None:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (16, 16))
-
-    result = subprocess.run([sys.executable, "-m", "eglcuda", "keygen", str(path)], capture_output=True, text=True,
-                            timeout=120, preexec_fn=limit)
+    limited = ("import resource, runpy, sys; resource.setrlimit(resource.RLIMIT_FSIZE, (16, 16)); "
+               "sys.argv = ['eglcuda', 'keygen', sys.argv[1]]; runpy.run_module('eglcuda', run_name='__main__')")
+    result = subprocess.run([sys.executable, "-c", limited, str(path)], capture_output=True, text=True, timeout=120)
     assert result.returncode == 1, (result.stdout, result.stderr)
     lines = result.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"python -m eglcuda keygen: writing {path} failed: "), lines

@@ -304,6 +304,33 @@ def test_two_processes_starting_together_make_one_daemon(fake):
         assert processes_under(fake["runtime"]) == []
 
 
+def test_a_child_forked_while_a_start_holds_the_lock_does_not_keep_it(fake):
+    """A child forked (without exec: a fork-start worker pool) while a start holds the per-user
+    lock: the lock is the open file's, which the child shared, so every later start waited for
+    that child to exit and then timed out. The child closes its copy."""
+    import fcntl
+
+    read, write = os.pipe()
+    with mps._start_lock(5):
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - a child that only lives on
+            os.write(write, b"up")  # (its at-fork hooks have run)
+            time.sleep(5)
+            os._exit(0)
+    os.close(write)
+    try:
+        assert os.read(read, 2) == b"up"
+        os.close(read)
+        fd = os.open(mps.base_directory(), os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # (BlockingIOError while the child keeps it)
+        finally:
+            os.close(fd)
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+
+
 # ---- the owner dies ------------------------------------------------------------------------------
 
 OWNER = """
