@@ -841,10 +841,8 @@ def serve_stream(stream: "Stream", path: str | os.PathLike, timeout: float = 30.
     # once (the receiver would get whatever file took it); serving then stops with ClosedError.
     try:
         fd = os.dup(stream._fd_box[0])
-    except IndexError:
-        raise ClosedError("the stream is closed (or its display is)") from None
-    except OSError as exc:
-        if exc.errno != errno.EBADF:
+    except (IndexError, OSError) as exc:
+        if isinstance(exc, OSError) and exc.errno != errno.EBADF:
             raise  # (out of descriptors, say: not a closed stream)
         raise ClosedError("the stream is closed (or its display is)") from None
     try:
